@@ -1,0 +1,80 @@
+"""The Redis connection that holds window state, and the Lua scripts run on it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import redis
+from celery import Celery
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript, Script
+from redis.retry import Retry
+
+from .errors import DebounceBackendError
+from .settings import Settings, settings_for
+
+SCRIPT_NAMES = (
+    "gate", "take", "ack", "release", "quarantine", "claim", "finish", "cancel", "flush",
+)
+
+
+def script_source(name: str) -> str:
+    return resources.files("celery_debounce").joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+class Backend:
+    """One app's Redis client and registered scripts, for the current process.
+
+    Scripts run with EVALSHA and are reloaded on NOSCRIPT (redis-py's Script).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        timeout = settings.redis_timeout_s
+        self.client: redis.Redis = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            health_check_interval=30,
+        )
+        self.scripts: dict[str, Script | AsyncScript] = {
+            name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
+        }
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        with translate_errors(name):
+            return self.scripts[name](keys=keys, args=args)
+
+
+_lock = threading.Lock()
+
+
+def backend_for(app: Celery) -> Backend:
+    """The app's backend in this process (a forked child builds its own)."""
+    pid = os.getpid()
+    cached: tuple[int, Backend] | None = getattr(app, "_debounce_backend", None)
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    with _lock:
+        cached = getattr(app, "_debounce_backend", None)
+        if cached is None or cached[0] != pid:
+            cached = (pid, Backend(settings_for(app)))
+            app._debounce_backend = cached  # type: ignore[attr-defined]
+    return cached[1]
+
+
+@contextmanager
+def translate_errors(operation: str) -> Iterator[None]:
+    """Turn redis-py errors into :class:`DebounceBackendError`."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}") from exc
+    except redis.RedisError as exc:
+        raise DebounceBackendError(f"debounce Redis refused {operation}: {exc}") from exc

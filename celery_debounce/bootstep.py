@@ -1,0 +1,52 @@
+"""The worker bootstep that runs a dispatcher inside ``celery worker``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery, bootsteps
+from celery.signals import worker_init
+
+from .dispatcher import Dispatcher
+
+
+class DispatcherStep(bootsteps.StartStopStep):
+    """Runs a :class:`Dispatcher` thread in the worker's main process.
+
+    Switched off with ``app.conf.debounce_dispatcher = False``.
+    """
+
+    label = "debounce dispatcher"
+
+    def include_if(self, parent: Any) -> bool:
+        value = parent.app.conf.get("debounce_dispatcher")
+        return True if value is None else bool(value)
+
+    def create(self, parent: Any) -> Dispatcher:
+        # The step framework calls start()/stop() on what create() returns.
+        return Dispatcher(parent.app, name=f"worker-{parent.hostname}")
+
+
+def install(app: Celery) -> None:
+    """Run a dispatcher in this app's workers even if it registers no DebouncedTask.
+
+    Needed only for workers of an app whose producers use
+    :func:`celery_debounce.send_task` for tasks that are not DebouncedTask.
+    """
+    app._debounce_installed = True  # type: ignore[attr-defined]
+    app.steps["worker"].add(DispatcherStep)
+
+
+def uses_debounce(app: Celery) -> bool:
+    from .task import DebouncedTask
+
+    if getattr(app, "_debounce_installed", False):
+        return True
+    return any(isinstance(task, DebouncedTask) for task in app.tasks.values())
+
+
+@worker_init.connect(weak=False)
+def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None and uses_debounce(app):
+        app.steps["worker"].add(DispatcherStep)

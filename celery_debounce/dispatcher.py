@@ -1,0 +1,276 @@
+"""The dispatcher: take due windows from Redis and publish them as Celery messages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.canvas import maybe_signature
+from kombu import serialization
+
+from .backend import Backend, backend_for, translate_errors
+from .errors import DebounceBackendError
+from .keys import split_ident
+
+logger = logging.getLogger("celery_debounce.dispatcher")
+
+#: Header that marks a published window; its value is the window's shard.
+SHARD_HEADER = "debounce_shard"
+
+
+@dataclass(frozen=True)
+class TakenWindow:
+    """A window taken out of the due set, ready to publish."""
+
+    shard: int
+    task_id: str
+    ident: str
+    first_seen_ms: int
+    deadline_ms: int
+    max_wait_ms: int
+    calls: int
+    content_type: str
+    payload: bytes
+    options_json: str
+    tries: int
+    taken_ms: int
+
+    @property
+    def task_name(self) -> str:
+        return split_ident(self.ident)[0]
+
+    @property
+    def key(self) -> str:
+        return split_ident(self.ident)[1]
+
+    @property
+    def lateness_ms(self) -> int:
+        return max(0, self.taken_ms - self.deadline_ms)
+
+
+@dataclass(frozen=True)
+class TakeResult:
+    now_ms: int
+    next_in_ms: int  # -1: nothing pending
+    windows: list[TakenWindow]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
+    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``."""
+    settings = backend.settings
+    tag = settings.tag(shard)
+    reply = backend.run(
+        "take",
+        [f"{tag}:due", f"{tag}:leased"],
+        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms],
+    )
+    now_ms = int(reply[0])
+    windows = []
+    for row in reply[2:]:
+        tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
+        windows.append(
+            TakenWindow(
+                shard=shard,
+                task_id=_text(tid),
+                ident=_text(ident),
+                first_seen_ms=int(fs),
+                deadline_ms=int(dl),
+                max_wait_ms=int(mw),
+                calls=int(n),
+                content_type=_text(ct),
+                payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
+                options_json=_text(opts) if opts is not None else "{}",
+                tries=int(tries or 1),
+                taken_ms=now_ms,
+            )
+        )
+    return TakeResult(now_ms, int(reply[1]), windows)
+
+
+class UnreadableWindow(Exception):
+    """A window record that cannot be turned into a message."""
+
+
+class Dispatcher:
+    """Publishes due windows. Any number may run at once; each window is taken once.
+
+    ``run()`` loops until ``stop()``; ``dispatch_once()`` does a single pass
+    (used by tests and by the beat scheduler).
+    """
+
+    def __init__(self, app: Celery, name: str = "dispatcher") -> None:
+        self.app = app
+        self.name = name
+        self.backend = backend_for(app)
+        self.settings = self.backend.settings
+        self.accept = serialization.prepare_accept_content(app.conf.accept_content)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pubsub: Any = None
+
+    # -- one pass -----------------------------------------------------------
+    def dispatch_once(self) -> tuple[int, int]:
+        """Publish every due window once. Returns (windows published, ms until next due)."""
+        published = 0
+        next_in = self.settings.poll_interval_ms
+        for shard in range(self.settings.shards):
+            while True:
+                taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                published += self._publish(shard, taken.windows)
+                if taken.next_in_ms >= 0:
+                    next_in = min(next_in, taken.next_in_ms)
+                if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
+                    break
+        return published, next_in
+
+    def _publish(self, shard: int, windows: list[TakenWindow]) -> int:
+        if not windows:
+            return 0
+        tag = self.settings.tag(shard)
+        sent: list[str] = []
+        failed: list[str] = []
+        with self.app.producer_or_acquire() as producer:
+            for window in windows:
+                if failed:
+                    failed.append(window.task_id)
+                    continue
+                try:
+                    self._send(producer, window)
+                except UnreadableWindow as exc:
+                    self._quarantine(window, str(exc))
+                except Exception as exc:  # the broker refused: keep the window, retry later
+                    logger.warning(
+                        "debounce: publishing %s[%s] key=%r failed, will retry: %r",
+                        window.task_name, window.task_id, window.key, exc,
+                    )
+                    failed.append(window.task_id)
+                else:
+                    sent.append(window.task_id)
+        if sent:
+            self.backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *sent])
+        if failed:
+            delay = min(self.settings.dispatch_lease_ms, 1000)
+            self.backend.run("release", [f"{tag}:leased"], [delay, *failed])
+        return len(sent)
+
+    def _send(self, producer: Any, window: TakenWindow) -> None:
+        try:
+            args, kwargs = serialization.loads(
+                window.payload, window.content_type, "utf-8", accept=self.accept
+            )
+            options = json.loads(window.options_json)
+            if not isinstance(options, dict):
+                raise ValueError("options are not a JSON object")
+        except Exception as exc:
+            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+        headers = dict(options.pop("headers", None) or {})
+        headers[SHARD_HEADER] = window.shard
+        if "expires" in options:
+            options["expires"] = datetime.now(timezone.utc) + timedelta(seconds=options["expires"])
+        if "expires_at" in options:
+            options["expires"] = datetime.fromisoformat(options.pop("expires_at"))
+        for name in ("link", "link_error"):
+            if name in options:
+                value = options[name]
+                items = value if isinstance(value, list) else [value]
+                options[name] = [maybe_signature(s, app=self.app) for s in items]
+        options.pop("task_id", None)
+        self.app.send_task(
+            window.task_name,
+            args=args,
+            kwargs=kwargs,
+            task_id=window.task_id,
+            producer=producer,
+            headers=headers,
+            retry=False,
+            **options,
+        )
+        log = logger.warning if window.tries > 1 else logger.info
+        log(
+            "debounce: dispatched %s[%s] key=%r calls=%d late=%dms%s",
+            window.task_name, window.task_id, window.key, window.calls, window.lateness_ms,
+            f" (attempt {window.tries}: an earlier publish was not confirmed)"
+            if window.tries > 1 else "",
+        )
+
+    def _quarantine(self, window: TakenWindow, reason: str) -> None:
+        tag = self.settings.tag(window.shard)
+        logger.error(
+            "debounce: quarantined %s[%s] key=%r: cannot build its message: %s",
+            window.task_name, window.task_id, window.key, reason,
+        )
+        self.backend.run(
+            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, window.task_id, reason]
+        )
+
+    # -- loop ---------------------------------------------------------------
+    def run(self) -> None:
+        """Dispatch until :meth:`stop` is called; survives Redis and broker outages."""
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                _, next_in = self.dispatch_once()
+                backoff = 0.1
+                self._wait(next_in / 1000)
+            except (DebounceBackendError, redis.RedisError) as exc:
+                logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
+                               self.name, backoff, exc)
+                self._close_pubsub()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception:
+                logger.exception("debounce: dispatcher %s: unexpected error", self.name)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self._close_pubsub()
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking when a gate call announces an earlier deadline."""
+        if seconds <= 0:
+            return
+        deadline = time.monotonic() + seconds
+        with translate_errors("wake subscription"):
+            if self._pubsub is None:
+                self._pubsub = self.backend.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self.settings.wake_channel)
+            while not self._stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                message = self._pubsub.get_message(timeout=min(remaining, 0.5))
+                if message is not None:
+                    while self._pubsub.get_message(timeout=0) is not None:
+                        pass
+                    return
+
+    def _close_pubsub(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except Exception:  # noqa: S110 - closing a broken connection
+                pass
+            self._pubsub = None
+
+    def start(self) -> threading.Thread:
+        """Run the loop in a daemon thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=f"debounce-{self.name}", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

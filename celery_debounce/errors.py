@@ -1,0 +1,23 @@
+"""Exceptions raised by celery_debounce."""
+
+from __future__ import annotations
+
+
+class DebounceError(Exception):
+    """Base class of every error celery_debounce raises."""
+
+
+class DebounceConfigError(DebounceError, ValueError):
+    """A debounce option or setting has a bad value."""
+
+
+class DebounceKeyError(DebounceError, ValueError):
+    """A key template could not be resolved against a call's arguments."""
+
+
+class DebounceBackendError(DebounceError):
+    """The debounce Redis could not be reached or refused a command."""
+
+
+class DebouncePayloadError(DebounceError, ValueError):
+    """A call's serialized arguments exceed ``debounce_max_payload_bytes``."""

@@ -1,0 +1,55 @@
+"""Run ``gate.lua``: open a window or join the open one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .backend import Backend
+from .call import PreparedCall
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the gate decided for one call (times are Redis server ms)."""
+
+    task_id: str
+    opened: bool
+    deadline_ms: int
+    calls: int
+    now_ms: int
+
+
+def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
+    tag = backend.settings.tag(call.shard)
+    return [f"{tag}:open:{call.ident}", f"{tag}:due"]
+
+
+def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
+    spec = call.spec
+    return [
+        call.task_id,
+        spec.window_ms,
+        spec.max_wait_ms,
+        1 if spec.replace_payload else 0,
+        call.content_type,
+        call.payload,
+        call.options_json,
+        call.ident,
+        backend.settings.wake_channel,
+    ]
+
+
+def parse_reply(reply: list[object]) -> GateResult:
+    task_id, opened, deadline, calls, now = reply
+    return GateResult(
+        task_id=task_id.decode() if isinstance(task_id, bytes) else str(task_id),
+        opened=bool(opened),
+        deadline_ms=int(deadline),  # type: ignore[call-overload]
+        calls=int(calls),  # type: ignore[call-overload]
+        now_ms=int(now),  # type: ignore[call-overload]
+    )
+
+
+def enter(backend: Backend, call: PreparedCall) -> GateResult:
+    """Send one call through the gate: one EVALSHA round trip."""
+    return parse_reply(backend.run("gate", gate_keys(backend, call), gate_args(backend, call)))

@@ -1,0 +1,18 @@
+-- flush.lua: make a pending window due now, as if its deadline had passed.
+--
+-- KEYS[1]  <tag>:open:<ident>  hash; dl -> now ms
+-- KEYS[2]  <tag>:due           zset; ident scored now
+-- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once)
+--
+-- Returns the window's task id, or false if no window is open for ident.
+
+local id = redis.call('HGET', KEYS[1], 'id')
+if not id then
+  return false
+end
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 'dl', now)
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('PUBLISH', ARGV[2], now)
+return id

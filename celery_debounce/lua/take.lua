@@ -1,0 +1,80 @@
+-- take.lua: take due windows out of the due set for publishing, atomically.
+--
+-- KEYS[1]  <tag>:due      zset ident -> deadline ms (pending windows)
+-- KEYS[2]  <tag>:leased   zset task id -> lease expiry ms (taken, publish not confirmed)
+-- Touches, by name (same hash tag):
+--   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls
+--   <tag>:win:<id>      hash, fields of gate.lua plus
+--                       st state ("dispatching", "queued", "claimed", "finished")
+--                       i  ident      ta taken ms     tries  times taken
+-- ARGV[1]  <tag>          ARGV[2]  max windows to take
+-- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
+--
+-- Windows whose lease expired while still "dispatching" are taken again first
+-- (their dispatcher died or their publish failed); claimed or queued ones are
+-- dropped from the lease set.
+-- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
+-- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries}.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tag = ARGV[1]
+local limit = tonumber(ARGV[2])
+local lease_until = string.format('%d', now + tonumber(ARGV[3]))
+local ttl = ARGV[4]
+local out = {}
+local taken = 0
+
+local function window(key)
+  return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries')
+end
+
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(expired) do
+  local key = tag .. ':win:' .. id
+  if redis.call('HGET', key, 'st') == 'dispatching' then
+    redis.call('ZADD', KEYS[2], lease_until, id)
+    redis.call('HINCRBY', key, 'tries', 1)
+    taken = taken + 1
+    out[taken] = window(key)
+  else
+    redis.call('ZREM', KEYS[2], id)
+  end
+end
+
+if taken < limit then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - taken)
+  for _, ident in ipairs(due) do
+    redis.call('ZREM', KEYS[1], ident)
+    local open = tag .. ':open:' .. ident
+    local id = redis.call('HGET', open, 'id')
+    if id then
+      local key = tag .. ':win:' .. id
+      redis.call('RENAME', open, key)
+      redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'ta', string.format('%d', now), 'tries', 1)
+      redis.call('PEXPIRE', key, ttl)
+      redis.call('ZADD', KEYS[2], lease_until, id)
+      taken = taken + 1
+      out[taken] = window(key)
+    end
+  end
+end
+
+local next_in = -1
+local first_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first_due[1] then
+  next_in = math.max(0, tonumber(first_due[2]) - now)
+end
+local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if first_lease[1] then
+  local lease_in = math.max(0, tonumber(first_lease[2]) - now)
+  if next_in < 0 or lease_in < next_in then
+    next_in = lease_in
+  end
+end
+
+local reply = {now, next_in}
+for i = 1, taken do
+  reply[i + 2] = out[i]
+end
+return reply

@@ -1,0 +1,113 @@
+"""Debounce options: validated at registration, merged with per-call overrides."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from .durations import parse_duration
+from .errors import DebounceConfigError
+from .keys import KeyTemplate, parse_template
+
+#: The options a task or a call may set.
+OPTION_NAMES = ("debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload")
+
+
+@dataclass(frozen=True)
+class DebounceSpec:
+    """How one call is debounced."""
+
+    window_ms: int
+    max_wait_ms: int
+    key: KeyTemplate | None  # None: a digest of all the call's arguments
+    replace_payload: bool
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """A task's own debounce options, validated when the task class is built."""
+
+    debounce: Any = None
+    debounce_key: Any = None
+    debounce_max_wait: Any = None
+    debounce_replace_payload: Any = False
+    spec: DebounceSpec | None = None
+
+    @classmethod
+    def validate(cls, values: dict[str, Any]) -> TaskDefaults:
+        defaults = cls(**{name: values.get(name, getattr(cls, name)) for name in OPTION_NAMES})
+        if defaults.debounce_key is not None:
+            parse_template(defaults.debounce_key)
+        if defaults.debounce_max_wait is not None:
+            parse_duration("debounce_max_wait", defaults.debounce_max_wait)
+        _check_bool(defaults.debounce_replace_payload)
+        spec = None
+        if defaults.debounce is not None:
+            spec = build_spec(
+                defaults.debounce,
+                defaults.debounce_key,
+                defaults.debounce_max_wait,
+                defaults.debounce_replace_payload,
+            )
+        return cls(
+            defaults.debounce,
+            defaults.debounce_key,
+            defaults.debounce_max_wait,
+            defaults.debounce_replace_payload,
+            spec,
+        )
+
+    def for_call(self, options: MutableMapping[str, Any]) -> DebounceSpec | None:
+        """Pop the debounce options from a call's ``options``; None: publish plainly."""
+        if not any(name in options for name in OPTION_NAMES):
+            return self.spec
+        debounce = options.pop("debounce", None)
+        key = options.pop("debounce_key", None)
+        max_wait = options.pop("debounce_max_wait", None)
+        replace = options.pop("debounce_replace_payload", None)
+        if debounce is False:
+            return None
+        return build_spec(
+            self.debounce if debounce is None else debounce,
+            self.debounce_key if key is None else key,
+            self.debounce_max_wait if max_wait is None else max_wait,
+            self.debounce_replace_payload if replace is None else replace,
+            given_on_call=True,
+        )
+
+
+def build_spec(
+    debounce: Any,
+    key: Any,
+    max_wait: Any,
+    replace: Any,
+    given_on_call: bool = False,
+) -> DebounceSpec:
+    """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
+    if debounce is None:
+        raise DebounceConfigError(
+            "debounce=None: debounce_key/debounce_max_wait/debounce_replace_payload were "
+            "given on a call of a task that has no debounce window; pass debounce= too"
+        )
+    window = parse_duration("debounce", debounce)
+    if max_wait is None:
+        where = "on the call" if given_on_call else "on the task"
+        raise DebounceConfigError(
+            f"debounce={debounce!r} needs debounce_max_wait (none given {where}): "
+            "the max wait is the ceiling that guarantees the task runs"
+        )
+    ceiling = parse_duration("debounce_max_wait", max_wait)
+    if ceiling < window:
+        raise DebounceConfigError(
+            f"debounce_max_wait={max_wait!r} is shorter than debounce={debounce!r}; "
+            "the max wait must be at least the window"
+        )
+    template = parse_template(key) if key is not None else None
+    return DebounceSpec(window, ceiling, template, _check_bool(replace))
+
+
+def _check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise DebounceConfigError(f"debounce_replace_payload={value!r}: expected True or False")
+    return value

@@ -1,0 +1,160 @@
+"""``DebouncedTask`` and the by-name producer ``send_task``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from celery import Celery, Task
+from celery.result import AsyncResult
+
+from .backend import backend_for
+from .call import prepare_call
+from .errors import DebounceConfigError
+from .gate import GateResult, enter
+from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
+from .settings import settings_for
+
+
+class DebouncedTask(Task):  # type: ignore[misc]
+    """A Celery task whose calls are collapsed into one run per window.
+
+    Task options: ``debounce`` (window), ``debounce_max_wait`` (ceiling, required
+    with ``debounce``), ``debounce_key`` (key template; default: a digest of the
+    arguments) and ``debounce_replace_payload``. The same names work per call on
+    ``apply_async``; ``debounce=False`` on a call publishes it plainly.
+    """
+
+    debounce: Any = None
+    debounce_key: str | None = None
+    debounce_max_wait: Any = None
+    debounce_replace_payload: bool = False
+
+    _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Runs inside Celery's type() call, so a bad option fails the registration.
+        cls._debounce_defaults = TaskDefaults.validate(
+            {name: getattr(cls, name) for name in OPTION_NAMES}
+        )
+
+    def debounce_signature(self) -> inspect.Signature:
+        """The run function's signature, used to bind arguments for key templates."""
+        sig: inspect.Signature | None = self.__dict__.get("_debounce_sig")
+        if sig is None:
+            sig = inspect.signature(self.run)
+            self.__dict__["_debounce_sig"] = sig
+        return sig
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        if "retries" in options:  # a retry of a run: never gated again
+            for name in OPTION_NAMES:
+                options.pop(name, None)
+            spec: DebounceSpec | None = None
+        else:
+            spec = self._debounce_defaults.for_call(options)
+        if spec is None or self.app.conf.task_always_eager:
+            if spec is not None:
+                _refuse_schedule(options)
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        if self.typing:
+            self.__header__(*(args or ()), **(kwargs or {}))
+        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options)
+        return self.AsyncResult(result.task_id)
+
+    def _gate(
+        self,
+        spec: DebounceSpec,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        task_id: str | None,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        options: dict[str, Any],
+    ) -> GateResult:
+        if link is not None:
+            options["link"] = link
+        if link_error is not None:
+            options["link_error"] = link_error
+        if shadow is not None:
+            options["shadow"] = shadow
+        call = prepare_call(
+            settings_for(self.app),
+            self.name,
+            spec,
+            args,
+            kwargs,
+            options,
+            self.debounce_signature(),
+            options.pop("serializer", None) or self.serializer,
+            task_id,
+        )
+        return enter(backend_for(self.app), call)
+
+
+def send_task(
+    app: Celery,
+    name: str,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    task_id: str | None = None,
+    **options: Any,
+) -> AsyncResult:
+    """Debounced counterpart of ``app.send_task``, for producers that do not import the task.
+
+    Takes the same debounce options as a call (``debounce``, ``debounce_key``,
+    ``debounce_max_wait``, ``debounce_replace_payload``) plus Celery's own. Without
+    a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
+    task is registered in this process, its signature and defaults are used.
+    """
+    local = app.tasks.get(name)
+    debounced = local if isinstance(local, DebouncedTask) else None
+    defaults = debounced._debounce_defaults if debounced else TaskDefaults()
+    spec = defaults.for_call(options)
+    if spec is None:
+        return app.send_task(name, args, kwargs, task_id=task_id, **options)
+    if app.conf.task_always_eager and debounced is not None:
+        return debounced.apply_async(args, kwargs, task_id=task_id, debounce=False, **options)
+    if local is not None and local.typing:
+        local.__header__(*(args or ()), **(kwargs or {}))
+    signature = debounced.debounce_signature() if debounced else _signature_of(local)
+    serializer = options.pop("serializer", None) or (
+        local.serializer if local is not None else app.conf.task_serializer
+    )
+    call = prepare_call(
+        settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id
+    )
+    return app.AsyncResult(enter(backend_for(app), call).task_id)
+
+
+def _signature_of(task: Task | None) -> inspect.Signature | None:
+    if task is None:
+        return None
+    try:
+        return inspect.signature(task.run)
+    except (TypeError, ValueError):
+        return None
+
+
+def _refuse_schedule(options: Mapping[str, Any]) -> None:
+    for name in ("countdown", "eta"):
+        if options.get(name) is not None:
+            raise DebounceConfigError(
+                f"{name}={options[name]!r}: cannot be combined with debounce"
+            )
