@@ -50,18 +50,20 @@ class Settings:
             value = conf.get(name)
             return DEFAULTS[name] if value is None else value
 
+        def duration(name: str) -> int:
+            return parse_duration(name, get(name))
+
         return cls(
             redis_url=_redis_url(app, get("debounce_redis_url")),
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
             dispatcher=bool(get("debounce_dispatcher")),
-            poll_interval_ms=parse_duration("debounce_poll_interval", get("debounce_poll_interval")),
+            poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
-            dispatch_lease_ms=parse_duration("debounce_dispatch_lease", get("debounce_dispatch_lease")),
-            history_ttl_ms=parse_duration("debounce_history_ttl", get("debounce_history_ttl")),
-            record_ttl_ms=parse_duration("debounce_record_ttl", get("debounce_record_ttl")),
-            redis_timeout_s=parse_duration("debounce_redis_timeout", get("debounce_redis_timeout"))
-            / 1000,
+            dispatch_lease_ms=duration("debounce_dispatch_lease"),
+            history_ttl_ms=duration("debounce_history_ttl"),
+            record_ttl_ms=duration("debounce_record_ttl"),
+            redis_timeout_s=duration("debounce_redis_timeout") / 1000,
             max_key_length=_positive_int("debounce_max_key_length", get("debounce_max_key_length")),
             max_payload_bytes=_positive_int(
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")

@@ -1,0 +1,143 @@
+"""Read-only view of windows for operators: the data behind ``celery debounce inspect``."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from celery import Celery
+
+from .backend import Backend, backend_for, translate_errors
+from .keys import split_ident
+
+#: States in the order a window goes through them.
+STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
+_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe")
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    """One window as operators see it. Times are epoch seconds (Redis clock)."""
+
+    task: str
+    key: str
+    task_id: str
+    state: str
+    first_seen: float
+    deadline: float
+    max_wait_at: float
+    calls: int
+    shard: int
+    error: str | None = None
+
+    @property
+    def forced_by_max_wait(self) -> bool:
+        return self.deadline >= self.max_wait_at
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["forced_by_max_wait"] = self.forced_by_max_wait
+        return data
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
+    tid, rec_ident, fs, dl, mw, n, st, qe = row
+    if tid is None:
+        return None
+    task, key = split_ident(ident if ident is not None else _text(rec_ident))
+    return WindowInfo(
+        task=task,
+        key=key,
+        task_id=_text(tid),
+        state=_text(st) if st is not None else state,
+        first_seen=int(fs) / 1000,
+        deadline=int(dl) / 1000,
+        max_wait_at=int(mw) / 1000,
+        calls=int(n),
+        shard=shard,
+        error=_text(qe) if qe is not None else None,
+    )
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def iter_windows(
+    app: Celery,
+    *,
+    states: Iterable[str] | None = None,
+    task: str | None = None,
+    key_glob: str | None = None,
+) -> Iterator[WindowInfo]:
+    """Yield windows, pending ones first, each group sorted by deadline per shard."""
+    backend = backend_for(app)
+    wanted = set(states) if states else set(STATES)
+    for shard in range(backend.settings.shards):
+        yield from _shard_windows(backend, shard, wanted, task, key_glob)
+
+
+def _shard_windows(
+    backend: Backend, shard: int, wanted: set[str], task: str | None, key_glob: str | None
+) -> Iterator[WindowInfo]:
+    tag = backend.settings.tag(shard)
+    client = backend.client
+    if "pending" in wanted:
+        with translate_errors("inspect"):
+            idents = [_text(m) for m in client.zrange(f"{tag}:due", 0, -1)]
+        if task is not None:
+            prefix = f"{len(task)}:{task}:"
+            idents = [i for i in idents if i.startswith(prefix)]
+        for chunk in _chunks(idents, _CHUNK):
+            with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
+                for ident in chunk:
+                    pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
+                rows = pipe.execute()
+            for ident, row in zip(chunk, rows, strict=True):
+                info = _info(ident, "pending", shard, row)
+                if info is not None and _matches(info, task, key_glob):
+                    yield info
+    for zset, states in (("leased", {"dispatching"}), ("active", {"queued", "claimed"}),
+                         ("quarantine", {"quarantined"})):
+        if not states & wanted:
+            continue
+        with translate_errors("inspect"):
+            ids = [_text(m) for m in client.zrange(f"{tag}:{zset}", 0, -1)]
+        for chunk in _chunks(ids, _CHUNK):
+            with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
+                for tid in chunk:
+                    pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
+                rows = pipe.execute()
+            for row in rows:
+                info = _info(None, "", shard, row)
+                if info is not None and info.state in wanted and _matches(info, task, key_glob):
+                    yield info
+
+
+def _matches(info: WindowInfo, task: str | None, key_glob: str | None) -> bool:
+    if task is not None and info.task != task:
+        return False
+    return key_glob is None or fnmatch.fnmatchcase(info.key, key_glob)
+
+
+def list_windows(
+    app: Celery,
+    *,
+    states: Iterable[str] | None = None,
+    task: str | None = None,
+    key_glob: str | None = None,
+    limit: int | None = None,
+) -> list[WindowInfo]:
+    """Windows matching the filters, sorted by deadline."""
+    found = sorted(
+        iter_windows(app, states=states, task=task, key_glob=key_glob), key=lambda w: w.deadline
+    )
+    return found if limit is None else found[:limit]

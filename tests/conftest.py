@@ -1,0 +1,50 @@
+"""Shared fixtures: a real redis-server for the session, fresh apps, real workers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from helpers import make_app
+
+from celery_debounce.local_redis import LocalRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """URL of a real redis-server (started here unless $DEBOUNCE_TEST_REDIS_URL is set)."""
+    url = os.environ.get("DEBOUNCE_TEST_REDIS_URL")
+    if url:
+        yield url.rstrip("/")
+        return
+    with LocalRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_client(redis_server: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(f"{redis_server}/0")
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app_factory(redis_client: redis.Redis, redis_server: str) -> Callable[..., Celery]:
+    """Build a fresh Celery app on the test Redis (window DB 0, broker 1, results 2)."""
+
+    def factory(**conf: Any) -> Celery:
+        return make_app(redis_server, **conf)
+
+    return factory
+
+
+@pytest.fixture
+def app(app_factory: Callable[..., Celery]) -> Celery:
+    return app_factory()
+
+

@@ -1,0 +1,56 @@
+"""Helpers shared by the tests (import them with ``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+_counter = itertools.count()
+
+
+def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:
+    """A fresh app: windows in DB 0, broker in DB 1, results in DB 2."""
+    app = Celery(name or f"t{next(_counter)}", set_as_current=False)
+    app.conf.update(
+        broker_url=f"{redis_url}/1",
+        result_backend=f"{redis_url}/2",
+        debounce_redis_url=f"{redis_url}/0",
+        debounce_poll_interval=0.2,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    app.conf.update(**conf)
+    return app
+
+
+@contextmanager
+def running_worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
+    """A real in-process Celery worker (solo pool) with the embedded dispatcher."""
+    kwargs.setdefault("pool", "solo")
+    kwargs.setdefault("perform_ping_check", False)
+    kwargs.setdefault("shutdown_timeout", 10)
+    with start_worker(app, **kwargs) as worker:
+        yield worker
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+def package_keys(client: redis.Redis, prefix: str = "debounce") -> list[bytes]:
+    return sorted(client.scan_iter(match=f"{prefix}:*"))

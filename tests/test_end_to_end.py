@@ -1,0 +1,512 @@
+"""End-to-end guarantees against a real redis-server and a real Celery worker."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from helpers import make_app, package_keys, running_worker, wait_until
+from kombu.exceptions import EncodeError
+
+from celery_debounce import (
+    DebounceBackendError,
+    DebounceConfigError,
+    DebouncedTask,
+    DebounceKeyError,
+    install,
+    send_task,
+)
+from celery_debounce.windows import list_windows
+
+
+def broker_is_empty(app: Celery) -> bool:
+    client = redis.Redis.from_url(app.conf.broker_url)
+    return not any(client.type(k) == b"list" for k in client.keys("*"))
+
+
+def test_burst_coalesces_into_one_run_with_the_openers_arguments(app: Celery) -> None:
+    runs: list[tuple[str, int]] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="300ms",
+              debounce_key="report:{user_id}", debounce_max_wait="10s")
+    def build_report(user_id: str, revision: int = 0) -> str:
+        runs.append((user_id, revision))
+        return f"built {user_id}@{revision}"
+
+    with running_worker(app):
+        results = [build_report.delay("u1", revision=i) for i in range(25)]
+        other = build_report.delay("u2", revision=7)
+        assert len({r.id for r in results}) == 1
+        assert other.id != results[0].id
+        assert results[0].get(timeout=10) == "built u1@0"
+        assert other.get(timeout=10) == "built u2@7"
+        wait_until(lambda: not list_windows(app))
+    assert sorted(runs) == [("u1", 0), ("u2", 7)]
+
+
+def test_every_coalesced_result_gets_the_one_runs_value(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
+              debounce_max_wait="5s")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with running_worker(app):
+        results = [add.delay(1, i) for i in range(5)]
+        assert [r.get(timeout=10) for r in results] == [1] * 5
+
+
+def test_calls_slide_the_deadline(app: Celery) -> None:
+    started: list[float] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="500ms", debounce_key="k",
+              debounce_max_wait="20s")
+    def work() -> None:
+        started.append(time.time())
+
+    with running_worker(app):
+        first = work.delay()
+        last_call = time.time()
+        for _ in range(8):  # 8 calls 200 ms apart: each pushes the deadline out again
+            time.sleep(0.2)
+            assert work.delay().id == first.id
+            last_call = time.time()
+            assert not started, "ran while calls were still arriving"
+        first.get(timeout=10)
+    assert len(started) == 1
+    # the run starts a full window after the last call, not after the first
+    assert started[0] >= last_call + 0.45
+
+
+def test_max_wait_forces_a_run_under_a_never_ending_stream(app: Celery) -> None:
+    started: list[float] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="400ms", debounce_key="k",
+              debounce_max_wait="1500ms")
+    def work() -> None:
+        started.append(time.time())
+
+    with running_worker(app):
+        stream_start = time.time()
+        ids = []
+        while time.time() < stream_start + 4.5:  # a call every 100 ms, never a 400 ms pause
+            ids.append(work.delay().id)
+            time.sleep(0.1)
+        stream_end = time.time()
+        wait_until(lambda: not list_windows(app), timeout=10)
+    assert len(started) >= 2, "the ceiling must force runs while calls keep coming"
+    # the first window opened at stream_start: its run is forced at +1.5 s (+ dispatch slack)
+    assert stream_start + 1.4 <= started[0] <= stream_start + 1.5 + 1.0
+    assert started[1] < stream_end
+    assert len(set(ids)) >= 2
+
+
+def test_replace_payload_runs_with_the_newest_arguments(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="doc:{0}",
+              debounce_max_wait="10s", debounce_replace_payload=True)
+    def index(doc: str, revision: int) -> int:
+        return revision
+
+    with running_worker(app):
+        results = [index.delay("d1", i) for i in range(6)]
+        assert results[0].get(timeout=10) == 5
+
+
+def test_per_call_options_override_the_task_defaults(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_key="slow:{0}",
+              debounce_max_wait="2h")
+    def work(user: str, revision: int) -> tuple[str, int]:
+        return user, revision
+
+    with running_worker(app):
+        opts = dict(debounce="300ms", debounce_key="fast:{user}", debounce_max_wait="5s",
+                    debounce_replace_payload=True)
+        a = work.apply_async(args=("u1", 1), **opts)
+        b = work.apply_async(args=("u1", 2), **opts)
+        assert a.id == b.id
+        assert tuple(a.get(timeout=10)) == ("u1", 2)
+        # the task's own (1 h) window is a different key: still pending
+        slow = work.delay("u1", 3)
+        assert slow.id != a.id
+        (pending,) = list_windows(app)
+        assert pending.key == "slow:u1" and pending.task_id == slow.id
+
+
+def test_task_without_debounce_behaves_like_a_plain_task(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False)
+    def plain(x: int) -> int:
+        return x * 2
+
+    with running_worker(app):
+        a, b = plain.delay(1), plain.delay(1)
+        assert a.id != b.id
+        assert (a.get(timeout=10), b.get(timeout=10)) == (2, 2)
+        c = plain.apply_async((5,), debounce="200ms", debounce_max_wait="2s")
+        d = plain.apply_async((5,), debounce="200ms", debounce_max_wait="2s")
+        assert c.id == d.id and c.get(timeout=10) == 10
+
+
+def test_debounce_false_on_a_call_publishes_plainly(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    def work(x: int) -> int:
+        return x
+
+    with running_worker(app):
+        assert work.apply_async((3,), debounce=False).get(timeout=10) == 3
+    assert not list_windows(app)
+
+
+def test_by_name_producer_that_never_imported_the_task(app_factory: Any) -> None:
+    worker_app = app_factory()
+
+    @worker_app.task(name="reports.build", shared=False)  # a plain task on the worker side
+    def build(user_id: str, revision: int = 0) -> str:
+        return f"{user_id}@{revision}"
+
+    install(worker_app)
+    producer_app = app_factory()  # knows nothing about reports.build
+    with running_worker(worker_app):
+        ids = {
+            send_task(producer_app, "reports.build", args=("u1",), kwargs={"revision": i},
+                      debounce="300ms", debounce_key="report:{0}", debounce_max_wait="5s").id
+            for i in range(5)
+        }
+        assert len(ids) == 1
+        assert producer_app.AsyncResult(ids.pop()).get(timeout=10) == "u1@0"
+        # by-name keys: {name} reads kwargs
+        r = send_task(producer_app, "reports.build", args=("u2",), kwargs={"revision": 9},
+                      debounce="200ms", debounce_key="rev:{revision}", debounce_max_wait="1s")
+        assert r.get(timeout=10) == "u2@9"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"debounce": "5m"}, "needs debounce_max_wait"),
+        ({"debounce": "5m", "debounce_max_wait": "1m"}, "shorter than"),
+        ({"debounce": "0s", "debounce_max_wait": "1m"}, "debounce='0s'"),
+        ({"debounce": -3, "debounce_max_wait": "1m"}, "debounce=-3"),
+        ({"debounce": "soon", "debounce_max_wait": "1m"}, "debounce='soon'"),
+        ({"debounce": "5m", "debounce_max_wait": "forever"}, "debounce_max_wait='forever'"),
+        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{0.__class__!r}"},
+         "bad placeholder"),
+        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a[0]}"},
+         "bad placeholder"),
+        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a:>10}"},
+         "bad placeholder"),
+        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_replace_payload": "yes"},
+         "debounce_replace_payload='yes'"),
+    ],
+)
+def test_registration_refuses_bad_options(
+    app: Celery, redis_client: redis.Redis, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(DebounceConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+
+        @app.task(base=DebouncedTask, shared=False, lazy=False, **options)
+        def task(a: Any = None) -> None:
+            pass
+
+    # lazy decoration: refused when the app finalizes, before any producer can enqueue
+    lazy_app = make_app("redis://unused")
+
+    @lazy_app.task(base=DebouncedTask, shared=False, **options)
+    def lazy(a: Any = None) -> None:
+        pass
+
+    with pytest.raises(DebounceConfigError):
+        lazy_app.finalize()
+    assert package_keys(redis_client) == []
+
+
+def test_fixed_window_when_max_wait_equals_window(app: Celery) -> None:
+    started: list[float] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="800ms", debounce_key="k",
+              debounce_max_wait="800ms")
+    def work() -> None:
+        started.append(time.time())
+
+    with running_worker(app):
+        t0 = time.time()
+        first = work.delay()
+        deadline = list_windows(app)[0].deadline
+        time.sleep(0.4)
+        assert work.delay().id == first.id
+        assert list_windows(app)[0].deadline == deadline  # later calls only join
+        first.get(timeout=10)
+    assert t0 + 0.75 <= started[0] <= t0 + 0.8 + 1.0
+
+
+@pytest.mark.parametrize(
+    ("template", "args", "kwargs"),
+    [
+        ("{missing}", ("u1",), {}),
+        ("{3}", ("u1",), {}),
+        ("{user}", (None,), {}),
+        ("{user}", ({"a": 1},), {}),
+        ("{user}", (["a"],), {}),
+        ("{user.id}", ({"name": "x"},), {}),
+        ("{user.id}", ("not-a-mapping",), {}),
+        ("{0.__class__}", ("text",), {}),
+        ("{0.__class__}", ({"x": 1},), {}),
+        ("{opts.a}", ("u1",), {"opts": {"a": None}}),
+    ],
+)
+def test_unresolvable_keys_raise_and_write_nothing(
+    app: Celery, redis_client: redis.Redis, template: str, args: tuple[Any, ...],
+    kwargs: dict[str, Any]
+) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key=template,
+              debounce_max_wait="1m")
+    def task(user: Any, opts: Any = None) -> None:
+        pass
+
+    with pytest.raises(DebounceKeyError):
+        task.apply_async(args, kwargs)
+    assert package_keys(redis_client) == []
+    assert broker_is_empty(app)
+
+
+def test_key_placeholders_bind_to_the_signature(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1m", debounce_key="{0}/{kind}/{meta.org}",
+              debounce_max_wait="1m")
+    def task(user: str, kind: str = "full", meta: Any = None) -> None:
+        pass
+
+    a = task.delay("u1", meta={"org": "acme"})
+    b = task.delay(user="u1", kind="full", meta={"org": "acme"})
+    assert a.id == b.id
+    assert [w.key for w in list_windows(app)] == ["u1/full/acme"]
+
+
+def test_no_key_means_a_digest_of_the_arguments(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1m", debounce_max_wait="1m")
+    def task(a: int, b: int = 2) -> None:
+        pass
+
+    assert task.delay(1).id == task.delay(1, 2).id == task.delay(a=1, b=2).id
+    assert task.delay(1, 3).id != task.delay(1).id
+
+
+def test_same_key_under_two_tasks_is_two_windows(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, name="a", debounce="1m", debounce_key="k:{0}",
+              debounce_max_wait="1m")
+    def a(x: str) -> None:
+        pass
+
+    @app.task(base=DebouncedTask, shared=False, name="a:k", debounce="1m",
+              debounce_key="{0}", debounce_max_wait="1m")
+    def b(x: str) -> None:
+        pass
+
+    # without the length prefix both would be "a:k:x"
+    assert a.delay("x").id != b.delay("k:x").id
+    assert len(list_windows(app)) == 2
+
+
+def test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one(app: Celery) -> None:
+    running = threading.Event()
+    release = threading.Event()
+    seen: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
+              debounce_max_wait="5s", debounce_replace_payload=True)
+    def slow(revision: int) -> int:
+        seen.append(revision)
+        if revision == 1:
+            running.set()
+            release.wait(10)
+        return revision
+
+    with running_worker(app):
+        first = slow.delay(1)
+        assert running.wait(10)
+        (claimed,) = list_windows(app)
+        assert claimed.state == "claimed" and claimed.task_id == first.id
+        second = slow.delay(2)  # arrives while the first run is in flight
+        assert second.id != first.id
+        assert slow.delay(3).id == second.id
+        release.set()
+        assert first.get(timeout=10) == 1
+        assert second.get(timeout=10) == 3
+    assert seen == [1, 3]
+
+
+def test_openers_routing_priority_headers_and_expires_win(app: Celery) -> None:
+    seen: dict[str, Any] = {}
+
+    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="300ms", debounce_key="k",
+              debounce_max_wait="5s")
+    def work(self: Any) -> None:
+        seen["queue"] = self.request.delivery_info.get("routing_key")
+        seen["tag"] = getattr(self.request, "tag", None)
+        seen["expires"] = self.request.expires
+
+    with running_worker(app, queues=["q1"]):
+        first = work.apply_async(queue="q1", headers={"tag": "opener"}, expires=60)
+        # later calls cannot move the run to a queue nobody consumes, nor change headers
+        assert work.apply_async(queue="q-nobody", headers={"tag": "late"}).id == first.id
+        first.get(timeout=10)
+    assert seen["queue"] == "q1"
+    assert seen["tag"] == "opener"
+    assert seen["expires"] is not None  # relative expires: measured from the dispatch
+
+
+def test_racing_producers_in_several_processes_open_one_window(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    from race_producer import produce
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        batches = pool.starmap(produce, [(redis_server, "race", 150)] * 4)
+    ids = {tid for batch in batches for tid in batch}
+    assert len(ids) == 1
+    windows = list_windows(make_app(redis_server, name="race"))
+    assert len(windows) == 1
+    assert windows[0].calls == 600 and windows[0].task_id == ids.pop()
+
+
+def test_no_keys_left_behind_after_the_history_ttl(
+    app_factory: Any, redis_client: redis.Redis
+) -> None:
+    app = app_factory(debounce_history_ttl="300ms")
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k:{0}",
+              debounce_max_wait="1s")
+    def work(x: int) -> int:
+        return x
+
+    with running_worker(app):
+        results = [work.delay(i % 5) for i in range(50)]
+        for r in results:
+            r.get(timeout=10)
+        assert package_keys(redis_client)  # the finished windows' history
+        wait_until(lambda: package_keys(redis_client) == [], timeout=10)
+
+
+def test_retries_never_pass_through_the_gate_again(app: Celery) -> None:
+    attempts: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="200ms", debounce_key="k",
+              debounce_max_wait="2s", max_retries=3, default_retry_delay=0.05)
+    def flaky(self: Any) -> str:
+        attempts.append(self.request.retries)
+        if self.request.retries < 2:
+            raise self.retry()
+        return "ok"
+
+    with running_worker(app):
+        result = flaky.delay()
+        assert result.get(timeout=15) == "ok"
+    assert attempts == [0, 1, 2]
+    assert list_windows(app) == []
+
+
+def test_countdown_or_eta_with_debounce_is_refused(app: Celery, redis_client: redis.Redis) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    def task() -> None:
+        pass
+
+    with pytest.raises(DebounceConfigError, match="countdown=5"):
+        task.apply_async(countdown=5)
+    with pytest.raises(DebounceConfigError, match="eta="):
+        task.apply_async(eta=time.time() + 5)
+    assert package_keys(redis_client) == []
+
+
+def test_bad_call_signature_raises_celerys_type_error(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    def task(a: int) -> None:
+        pass
+
+    with pytest.raises(TypeError):
+        task.delay(1, 2, 3)
+    with pytest.raises(TypeError):
+        task.delay(b=1)
+    assert package_keys(redis_client) == []
+
+
+def test_unserializable_argument_raises_and_writes_nothing(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
+              debounce_max_wait="1m")
+    def task(a: Any) -> None:
+        pass
+
+    with pytest.raises(EncodeError):
+        task.delay(object())
+    assert package_keys(redis_client) == []
+
+
+def test_payload_the_app_does_not_accept_is_quarantined_not_unpickled(app_factory: Any) -> None:
+    producer = app_factory(task_serializer="pickle", accept_content=["json", "pickle"])
+    consumer = app_factory(accept_content=["json"])
+    for app in (producer, consumer):
+
+        @app.task(base=DebouncedTask, shared=False, name="pickled", debounce="100ms",
+                  debounce_key="k", debounce_max_wait="1s")
+        def pickled(x: Any) -> None:
+            raise AssertionError("must never run")
+
+        @app.task(base=DebouncedTask, shared=False, name="fine", debounce="100ms",
+                  debounce_key="k", debounce_max_wait="1s")
+        def fine(x: int) -> int:
+            return x
+
+    bad = producer.tasks["pickled"].delay({1, 2})  # a set: pickle only
+    with running_worker(consumer):
+        ok = consumer.tasks["fine"].delay(5)
+        assert ok.get(timeout=10) == 5  # the bad record does not block other windows
+        (quarantined,) = wait_until(lambda: list_windows(consumer, states=["quarantined"]))
+    assert quarantined.task_id == bad.id
+    assert "ContentDisallowed" in (quarantined.error or "")
+
+
+def test_redis_outage_is_an_error_within_seconds(app_factory: Any) -> None:
+    from celery_debounce.local_redis import free_port
+
+    app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                      debounce_redis_timeout=1)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    def task() -> None:
+        pass
+
+    start = time.monotonic()
+    with pytest.raises(DebounceBackendError, match="unreachable"):
+        task.delay()
+    assert time.monotonic() - start < 5
+
+
+def test_non_redis_broker_without_debounce_redis_url_is_a_clear_error() -> None:
+    app = Celery("memory", broker="memory://", set_as_current=False)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    def task() -> None:
+        pass
+
+    with pytest.raises(DebounceConfigError, match="debounce_redis_url"):
+        task.delay()
+
+
+def test_eager_mode_runs_inline_without_redis() -> None:
+    app = Celery("eager", broker="memory://", set_as_current=False)
+    app.conf.task_always_eager = True
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    def double(x: int) -> int:
+        return x * 2
+
+    assert double.delay(21).get() == 42
+    with pytest.raises(DebounceConfigError):
+        double.apply_async((1,), countdown=3)
+
