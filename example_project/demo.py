@@ -1,0 +1,107 @@
+"""A burst of autosaves becoming a handful of runs, shown on the terminal.
+
+    python -m example_project.demo          # starts its own redis-server if REDIS_URL is unset
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from contextlib import ExitStack
+
+from celery_debounce.local_redis import LocalRedis
+
+
+def main() -> int:
+    with ExitStack() as stack:
+        if "REDIS_URL" not in os.environ:
+            server = stack.enter_context(LocalRedis())
+            os.environ["REDIS_URL"] = server.url
+            print(f"started a local redis-server at {server.url}")
+        from celery_debounce.cli import render_table
+        from celery_debounce.windows import list_windows
+        from example_project import editor
+
+        editor._runs.delete("demo:runs")
+        log = stack.enter_context(open(os.path.join(_tmpdir(), "worker.log"), "wb"))
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-q", "-A", "example_project.editor", "worker",
+             "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        print(f"started a worker (log: {log.name})")
+        stack.callback(_stop, worker)
+        _wait_for_worker(editor.app)
+
+        print("\nalice edits two documents, bob one; an autosave every 0.1-0.3 s for 3 s:")
+        start = time.time()
+        calls = 0
+        saves = [("alice", "doc-a"), ("alice", "doc-b"), ("bob", "doc-c")]
+        revision = 0
+        while time.time() - start < 3:
+            user, doc = saves[revision % 3]
+            revision += 1
+            editor.save(user, doc, revision)
+            calls += 2
+            time.sleep(0.1 + 0.1 * (revision % 3))
+        print(f"  {calls} calls made ({revision} saves x 2 tasks)\n")
+
+        print("the open windows (celery -A example_project.editor debounce inspect):")
+        print(textwrap.indent(render_table(list_windows(editor.app), time.time()), "  "))
+        print()
+        tty = sys.stdout.isatty()
+        while True:
+            windows = list_windows(editor.app, states=["pending"])
+            if not windows:
+                break
+            soonest = min(w.deadline for w in windows) - time.time()
+            absorbed = sum(w.calls for w in windows)
+            line = (f"  waiting: {len(windows)} windows pending ({absorbed} calls), "
+                    f"next run in {max(soonest, 0):.1f}s")
+            print(f"\r{line:<72}" if tty else line, end="" if tty else "\n", flush=True)
+            time.sleep(0.25 if tty else 0.5)
+        _wait_for_runs(editor, expected=len(saves) + 2, timeout=10)
+        print("\n\nruns (each started after the last call of its window):")
+        runs = [json.loads(r) for r in editor._runs.lrange("demo:runs", 0, -1)]
+        for run in runs:
+            details = {k: v for k, v in run.items() if k not in ("task", "at")}
+            print(f"  +{run['at'] - start:5.2f}s  {run['task']}({details})")
+        print(f"\n{calls} calls -> {len(runs)} runs")
+        return 0 if runs else 1
+
+
+def _wait_for_worker(app: object, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if app.control.ping(timeout=0.5):  # type: ignore[attr-defined]
+            return
+    raise SystemExit("the worker did not start")
+
+
+def _wait_for_runs(editor: object, expected: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    runs = editor._runs  # type: ignore[attr-defined]
+    while time.time() < deadline and runs.llen("demo:runs") < expected:
+        time.sleep(0.1)
+
+
+def _tmpdir() -> str:
+    return tempfile.mkdtemp(prefix="celery-debounce-demo-")
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(15)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

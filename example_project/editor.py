@@ -1,0 +1,60 @@
+"""A document editor's background jobs: every "save" asks for work, debouncing collapses it.
+
+Run a worker with ``REDIS_URL=redis://localhost:6379 celery -A example_project.editor worker``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+from celery import Celery
+
+from celery_debounce import DebouncedTask
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379").rstrip("/")
+
+app = Celery("editor", broker=f"{REDIS_URL}/0", backend=f"{REDIS_URL}/1")
+app.conf.update(
+    debounce_redis_url=f"{REDIS_URL}/2",  # window state; defaults to the broker when it is Redis
+    debounce_poll_interval=0.5,
+    broker_connection_retry_on_startup=True,
+)
+
+_runs = redis.Redis.from_url(f"{REDIS_URL}/3")
+
+
+def _record(task: str, **details: object) -> None:
+    """Let the demo show what ran and when."""
+    _runs.rpush("demo:runs", json.dumps({"task": task, "at": time.time(), **details}))
+
+
+@app.task(
+    base=DebouncedTask,
+    debounce="2s",                      # rebuild once the user pauses for 2 seconds...
+    debounce_max_wait="6s",             # ...but never later than 6 s after the first save
+    debounce_key="report:{user_id}",
+)
+def rebuild_report(user_id: str) -> str:
+    _record("rebuild_report", user_id=user_id)
+    return f"report for {user_id} rebuilt"
+
+
+@app.task(
+    base=DebouncedTask,
+    debounce="1s",
+    debounce_max_wait="4s",
+    debounce_key="doc:{doc_id}",
+    debounce_replace_payload=True,      # index the newest revision, not the first one
+)
+def reindex_document(doc_id: str, revision: int) -> str:
+    _record("reindex_document", doc_id=doc_id, revision=revision)
+    return f"{doc_id} indexed at revision {revision}"
+
+
+def save(user_id: str, doc_id: str, revision: int) -> None:
+    """What the web app calls on every autosave."""
+    reindex_document.delay(doc_id, revision)
+    rebuild_report.delay(user_id)
