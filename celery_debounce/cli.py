@@ -17,14 +17,15 @@ def relative(seconds: float) -> str:
     """'in 4.2s', '12m ago': a human offset from now."""
     future = seconds >= 0
     s = abs(seconds)
+    whole = int(s)
     if s < 60:
         text = f"{s:.1f}s"
     elif s < 3600:
-        text = f"{s / 60:.0f}m"
+        text = f"{whole // 60}m{whole % 60:02d}s"
     elif s < 86400:
-        text = f"{s / 3600:.1f}h"
+        text = f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     else:
-        text = f"{s / 86400:.1f}d"
+        text = f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
     return f"in {text}" if future else f"{text} ago"
 
 

@@ -1,0 +1,63 @@
+"""`celery -A app debounce inspect` through the real celery entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+HERE = Path(__file__).parent
+
+
+def celery(redis_server: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server,
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", *args],
+        capture_output=True, text=True, env=env, timeout=60, cwd=HERE,
+    )
+
+
+def test_inspect_empty(redis_server: str, redis_client: redis.Redis) -> None:
+    out = celery(redis_server, "inspect")
+    assert out.returncode == 0, out.stderr
+    assert "No debounce windows" in out.stdout
+    out = celery(redis_server, "inspect", "--json")
+    assert json.loads(out.stdout) == []
+
+
+def test_inspect_table_and_json(redis_server: str, redis_client: redis.Redis) -> None:
+    os.environ["DEBOUNCE_TEST_REDIS_URL"] = redis_server
+    sys.path.insert(0, str(HERE))
+    import cli_app
+
+    first = cli_app.build.delay("u1")
+    for _ in range(4):
+        cli_app.build.delay("u1")
+    other = cli_app.build.delay("u2")
+
+    table = celery(redis_server, "inspect")
+    assert table.returncode == 0, table.stderr
+    assert "report:u1" in table.stdout and first.id in table.stdout
+    assert re.search(r"in (59m\d\ds|1h00m)", table.stdout)
+
+    rows = json.loads(celery(redis_server, "inspect", "--json").stdout)
+    assert {r["task_id"] for r in rows} == {first.id, other.id}
+    row = next(r for r in rows if r["task_id"] == first.id)
+    assert row["task"] == "reports.build"
+    assert row["key"] == "report:u1"
+    assert row["state"] == "pending"
+    assert row["calls"] == 5
+    assert isinstance(row["first_seen"], float)
+    assert row["deadline"] - row["first_seen"] > 3590  # a 1 h window, slid by each call
+    assert row["max_wait_at"] - row["first_seen"] == 7200
+
+    limited = json.loads(celery(redis_server, "inspect", "--json", "--limit", "1").stdout)
+    assert [r["task_id"] for r in limited] == [first.id]  # earliest deadline first
+    filtered = json.loads(celery(redis_server, "inspect", "--json", "--key", "*u2").stdout)
+    assert [r["task_id"] for r in filtered] == [other.id]
