@@ -33,14 +33,14 @@ class Backend:
     Scripts run with EVALSHA and are reloaded on NOSCRIPT (redis-py's Script).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         timeout = settings.redis_timeout_s
-        self.client: redis.Redis = redis.Redis.from_url(
+        self.client: redis.Redis = client or redis.Redis.from_url(
             settings.redis_url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
             health_check_interval=30,
         )
         self.scripts: dict[str, Script | AsyncScript] = {

@@ -21,7 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_dispatch_lease": 30.0,
     "debounce_history_ttl": 3600,
     "debounce_record_ttl": 7 * 86400,
-    "debounce_redis_timeout": 3.0,
+    "debounce_redis_timeout": 2.0,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
 }

@@ -510,3 +510,26 @@ def test_eager_mode_runs_inline_without_redis() -> None:
     with pytest.raises(DebounceConfigError):
         double.apply_async((1,), countdown=3)
 
+
+
+def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> None:
+    from celery_debounce import Dispatcher, DispatcherStep
+
+    app = app_factory(debounce_dispatcher=False)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
+              debounce_max_wait="1s")
+    def work() -> str:
+        return "ran"
+
+    with running_worker(app) as worker:
+        assert not any(isinstance(step, DispatcherStep) for step in worker.steps)
+        result = work.delay()
+        wait_until(lambda: list_windows(app)[0].deadline < time.time() - 0.3)
+        assert [w.state for w in list_windows(app)] == ["pending"]  # nobody dispatches it
+        dispatcher = Dispatcher(app, name="standalone")
+        dispatcher.start()
+        try:
+            assert result.get(timeout=10) == "ran"
+        finally:
+            dispatcher.stop()

@@ -1,0 +1,94 @@
+"""Fast unit tests of the pieces: durations, key templates, options."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from celery_debounce import DebounceConfigError, DebounceKeyError
+from celery_debounce.durations import parse_duration
+from celery_debounce.keys import parse_template, resolve, split_ident, window_ident
+from celery_debounce.options import TaskDefaults, build_spec
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [("250ms", 250), ("10s", 10_000), ("5m", 300_000), ("2h", 7_200_000), ("1d", 86_400_000),
+     ("1h30m", 5_400_000), ("1m30s", 90_000), (10, 10_000), (0.25, 250), ("1.5", 1500),
+     (timedelta(minutes=2), 120_000), (" 5 m ", 300_000)],
+)
+def test_durations_parse(value: Any, ms: int) -> None:
+    assert parse_duration("debounce", value) == ms
+
+
+@pytest.mark.parametrize(
+    "value", [0, -1, "0s", "-5m", "soon", "5x", "", "1h-30m", None, True, [1], float("inf"),
+              float("nan"), timedelta(0), timedelta(seconds=-1), "0.1ms"],
+)
+def test_bad_durations_name_the_option_and_value(value: Any) -> None:
+    with pytest.raises(DebounceConfigError) as info:
+        parse_duration("debounce_max_wait", value)
+    assert "debounce_max_wait=" in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_template_parts_and_literal_braces() -> None:
+    tpl = parse_template("a{{b}}:{user}:{0}:{meta.org.id}")
+    assert resolve(tpl, ("u", 1), {"user": "u", "meta": {"org": {"id": 7}}}) == "a{b}:u:u:7"
+
+
+@pytest.mark.parametrize(
+    "source", ["{", "}", "{a", "{a!r}", "{a:>4}", "{a[0]}", "{0.__class__[x]}", "{}", "{a b}",
+               "{-1}", "{a.}"],
+)
+def test_bad_templates_are_config_errors(source: str) -> None:
+    with pytest.raises(DebounceConfigError, match="debounce_key="):
+        parse_template(source)
+
+
+def test_dunder_placeholders_never_evaluate_attributes() -> None:
+    tpl = parse_template("{0.__class__}")
+    with pytest.raises(DebounceKeyError, match="mapping"):
+        resolve(tpl, ("text",), {})
+    # on a mapping it is just a key lookup
+    assert resolve(tpl, ({"__class__": "x"},), {}) == "x"
+
+
+@pytest.mark.parametrize("value", [None, {"a": 1}, ["a"], ("a",), {"a"}, object(), b"raw"])
+def test_non_scalars_are_key_errors(value: Any) -> None:
+    with pytest.raises(DebounceKeyError):
+        resolve(parse_template("{0}"), (value,), {})
+
+
+@given(st.text(min_size=1), st.text(), st.text(min_size=1), st.text())
+def test_window_idents_never_collide_across_tasks(t1: str, k1: str, t2: str, k2: str) -> None:
+    if (t1, k1) != (t2, k2):
+        assert window_ident(t1, k1) != window_ident(t2, k2)
+    assert split_ident(window_ident(t1, k1)) == (t1, k1)
+
+
+def test_task_defaults_and_call_overrides() -> None:
+    defaults = TaskDefaults.validate(
+        {"debounce": "1m", "debounce_max_wait": "5m", "debounce_key": "k:{0}"}
+    )
+    assert defaults.spec is not None and defaults.spec.window_ms == 60_000
+    options: dict[str, Any] = {"debounce": "10s", "queue": "q"}
+    spec = defaults.for_call(options)
+    assert spec is not None and spec.window_ms == 10_000 and spec.max_wait_ms == 300_000
+    assert options == {"queue": "q"}  # debounce options never leak into the message
+    assert defaults.for_call({"debounce": False}) is None
+    plain = TaskDefaults.validate({})
+    assert plain.for_call({}) is None
+    with pytest.raises(DebounceConfigError, match="debounce_max_wait"):
+        plain.for_call({"debounce": "1s"})
+    with pytest.raises(DebounceConfigError):
+        plain.for_call({"debounce_key": "x"})
+
+
+def test_max_wait_equal_to_window_is_a_fixed_window() -> None:
+    spec = build_spec("5s", None, "5s", False)
+    assert spec.window_ms == spec.max_wait_ms == 5000
