@@ -24,7 +24,8 @@ SCRIPT_NAMES = (
 
 
 def script_source(name: str) -> str:
-    return resources.files("celery_debounce").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    lua = resources.files("celery_debounce").joinpath("lua")
+    return lua.joinpath(f"{name}.lua").read_text("utf-8")
 
 
 class Backend:
@@ -65,7 +66,7 @@ def backend_for(app: Celery) -> Backend:
         cached = getattr(app, "_debounce_backend", None)
         if cached is None or cached[0] != pid:
             cached = (pid, Backend(settings_for(app)))
-            app._debounce_backend = cached  # type: ignore[attr-defined]
+            app._debounce_backend = cached  # type: ignore[attr-defined, unused-ignore]
     return cached[1]
 
 

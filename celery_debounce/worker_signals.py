@@ -25,7 +25,6 @@ def _window_shard(task: Task) -> int | None:
     return None if value is None else int(value)
 
 
-@task_prerun.connect(weak=False)
 def _claim(task_id: str, task: Task, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None:
@@ -46,7 +45,6 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         )
 
 
-@task_postrun.connect(weak=False)
 def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None or state not in _FINAL:
@@ -61,3 +59,7 @@ def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> Non
         )
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", task.name, task_id, exc)
+
+
+task_prerun.connect(_claim, weak=False)
+task_postrun.connect(_finish, weak=False)
