@@ -350,7 +350,8 @@ class DebounceAdmin:
     def _cancel_one(self, ident: str, info: WindowInfo, task_id: str) -> bool:
         tag = self.settings.tag(info.shard)
         reply = self.backend.run(
-            "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"], [ident, task_id])
+            "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
+            [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
             return False
         cancelled_id, calls = _text(reply[0]), int(reply[1])

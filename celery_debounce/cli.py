@@ -18,7 +18,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import DebounceAdmin, Stats, TaskStats
-from .errors import DebounceError, WindowNotFound, WindowNotPending
+from .errors import DebounceError, WindowNotPending
 from .windows import STATES, WindowInfo
 
 logger = logging.getLogger("celery_debounce.cli")
@@ -112,13 +112,6 @@ def _admin(ctx: click.Context) -> DebounceAdmin:
 @click.pass_context
 def debounce(ctx: click.Context) -> None:
     """See and steer debounced-task windows, or run a dispatcher.
-
-    \b
-    inspect   list windows, earliest deadline first
-    flush     run pending windows now, as if their deadline had passed
-    cancel    drop pending windows so they never run (results marked revoked)
-    stats     open/due windows, calls per run, forced runs, dispatch lateness
-    dispatch  run a standalone dispatcher until SIGTERM/SIGINT
 
     Exit status: 0 success; 1 the operation failed (unknown window, window
     already dispatched, Redis unreachable, bad configuration); 2 usage error.
@@ -230,8 +223,6 @@ def flush(ctx: click.Context, task: str | None, key: str | None, task_id: str | 
             click.echo(f"Flushed {count} window(s)" + (f" of {task}." if task else "."))
             return
         info = admin.flush_id(task_id) if mode == "id" else admin.flush(task, key)  # type: ignore[arg-type]
-    except (WindowNotFound, WindowNotPending) as exc:
-        raise click.ClickException(str(exc)) from exc
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"Flushed {info.task}[{info.task_id}] key={info.key!r} calls={info.calls}.")
@@ -262,6 +253,9 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
             click.echo(f"Cancelled {count} window(s)" + (f" of {task}." if task else "."))
             return
         info = admin.cancel_id(task_id) if mode == "id" else admin.cancel(task, key)  # type: ignore[arg-type]
+    except WindowNotPending as exc:
+        raise click.ClickException(
+            f"{exc}; to stop its run use: celery -A <app> control revoke {task_id}") from exc
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"Cancelled {info.task}[{info.task_id}] key={info.key!r} calls={info.calls}; "
@@ -279,8 +273,11 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
               help="Zero the counters (runs, calls, forced, cancelled, lateness) after printing.")
 @click.pass_context
 def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
-    """Open and due windows, calls absorbed, calls per run, runs forced by the
-    max wait, cancelled windows and dispatch lateness percentiles, per task.
+    """Show window counts, calls per run and dispatch lateness per task.
+
+    Open and due windows, the oldest open window, calls waiting, runs, calls
+    absorbed, calls per run, runs forced by the max wait, cancelled windows and
+    dispatch lateness percentiles, per task and in total.
 
     RUNS, CALLS, FORCED, CANCELLED and LATE count windows taken for dispatch
     (or cancelled) since the last --reset. CALLS/RUN is the coalescing ratio.

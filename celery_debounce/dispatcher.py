@@ -79,7 +79,8 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
     reply = backend.run(
         "take",
         [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
-        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms],
+        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
+         settings.history_ttl_ms],
     )
     now_ms = int(reply[0])
     windows = []
