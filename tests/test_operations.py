@@ -298,7 +298,6 @@ def test_beat_scheduler_tick_dispatches_and_wakes_at_the_next_deadline(
 ) -> None:
     from celery_debounce.beat import DebounceScheduler
 
-    ops.app.conf.debounce_poll_interval = 0.2
     scheduler = DebounceScheduler(app=ops.app, schedule_filename=str(tmp_path / "sched"))
     try:
         due = ops.sync.delay("now")
