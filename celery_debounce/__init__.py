@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from . import signals
 from . import worker_signals as _worker_signals  # noqa: F401  (connects the signals)
+from .admin import DebounceAdmin
 from .bootstep import DispatcherStep, install
 from .dispatcher import Dispatcher
 from .errors import (
@@ -11,12 +13,15 @@ from .errors import (
     DebounceError,
     DebounceKeyError,
     DebouncePayloadError,
+    WindowNotFound,
+    WindowNotPending,
 )
 from .task import DebouncedTask, send_task
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DebounceAdmin",
     "DebounceBackendError",
     "DebounceConfigError",
     "DebounceError",
@@ -25,6 +30,9 @@ __all__ = [
     "DebouncedTask",
     "Dispatcher",
     "DispatcherStep",
+    "WindowNotFound",
+    "WindowNotPending",
     "install",
     "send_task",
+    "signals",
 ]

@@ -20,6 +20,7 @@ from .settings import Settings, settings_for
 
 SCRIPT_NAMES = (
     "gate", "take", "ack", "release", "quarantine", "claim", "finish", "cancel", "flush",
+    "list", "find", "census",
 )
 
 

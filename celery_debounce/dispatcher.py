@@ -18,6 +18,7 @@ from kombu import serialization
 from .backend import Backend, backend_for, translate_errors
 from .errors import DebounceBackendError
 from .keys import split_ident
+from .signals import window_dispatched, window_forced_by_max_wait
 
 logger = logging.getLogger("celery_debounce.dispatcher")
 
@@ -54,6 +55,11 @@ class TakenWindow:
     def lateness_ms(self) -> int:
         return max(0, self.taken_ms - self.deadline_ms)
 
+    @property
+    def forced_by_max_wait(self) -> bool:
+        """The max wait, not a quiet period, set this window's deadline."""
+        return self.deadline_ms >= self.max_wait_ms
+
 
 @dataclass(frozen=True)
 class TakeResult:
@@ -72,8 +78,9 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
     tag = settings.tag(shard)
     reply = backend.run(
         "take",
-        [f"{tag}:due", f"{tag}:leased"],
-        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms],
+        [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
+        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
+         settings.history_ttl_ms],
     )
     now_ms = int(reply[0])
     windows = []
@@ -96,6 +103,19 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
             )
         )
     return TakeResult(now_ms, int(reply[1]), windows)
+
+
+def _announce(window: TakenWindow) -> None:
+    """Send ``window_dispatched`` (and ``window_forced_by_max_wait``) if anyone listens."""
+    if not (window_dispatched.receivers or window_forced_by_max_wait.receivers):
+        return
+    fields = {"task_id": window.task_id, "key": window.key, "calls": window.calls,
+              "lateness": window.lateness_ms / 1000}
+    window_dispatched.send(sender=window.task_name, **fields)
+    if window.forced_by_max_wait and window.tries == 1:
+        window_forced_by_max_wait.send(
+            sender=window.task_name, max_wait_at=window.max_wait_ms / 1000, **fields
+        )
 
 
 class UnreadableWindow(Exception):
@@ -203,6 +223,7 @@ class Dispatcher:
             f" (attempt {window.tries}: an earlier publish was not confirmed)"
             if window.tries > 1 else "",
         )
+        _announce(window)
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         tag = self.settings.tag(window.shard)

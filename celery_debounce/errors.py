@@ -21,3 +21,15 @@ class DebounceBackendError(DebounceError):
 
 class DebouncePayloadError(DebounceError, ValueError):
     """A call's serialized arguments exceed ``debounce_max_payload_bytes``."""
+
+
+class WindowNotFound(DebounceError, LookupError):
+    """No window matches the task and key, or the task id, given to an admin operation."""
+
+
+class WindowNotPending(DebounceError):
+    """The window was already taken for dispatch, so it can no longer be flushed or cancelled."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .backend import Backend
 from .call import PreparedCall
+from .signals import call_absorbed, window_opened
 
 
 @dataclass(frozen=True)
@@ -51,5 +52,18 @@ def parse_reply(reply: list[object]) -> GateResult:
 
 
 def enter(backend: Backend, call: PreparedCall) -> GateResult:
-    """Send one call through the gate: one EVALSHA round trip."""
-    return parse_reply(backend.run("gate", gate_keys(backend, call), gate_args(backend, call)))
+    """Send one call through the gate: one EVALSHA round trip.
+
+    Sends ``window_opened`` or ``call_absorbed`` (only if someone listens).
+    """
+    result = parse_reply(backend.run("gate", gate_keys(backend, call), gate_args(backend, call)))
+    signal = window_opened if result.opened else call_absorbed
+    if signal.receivers:
+        signal.send(
+            sender=call.task_name,
+            task_id=result.task_id,
+            key=call.key,
+            deadline=result.deadline_ms / 1000,
+            calls=result.calls,
+        )
+    return result

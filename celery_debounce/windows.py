@@ -86,25 +86,13 @@ def iter_windows(
 
 
 def _shard_windows(
-    backend: Backend, shard: int, wanted: set[str], task: str | None, key_glob: str | None
+    backend: Backend, shard: int, wanted: set[str], task: str | None, key_glob: str | None,
+    limit: int | None = None,
 ) -> Iterator[WindowInfo]:
     tag = backend.settings.tag(shard)
     client = backend.client
     if "pending" in wanted:
-        with translate_errors("inspect"):
-            idents = [_text(m) for m in client.zrange(f"{tag}:due", 0, -1)]
-        if task is not None:
-            prefix = f"{len(task)}:{task}:"
-            idents = [i for i in idents if i.startswith(prefix)]
-        for chunk in _chunks(idents, _CHUNK):
-            with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
-                for ident in chunk:
-                    pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
-                rows = pipe.execute()
-            for ident, row in zip(chunk, rows, strict=True):
-                info = _info(ident, "pending", shard, row)
-                if info is not None and _matches(info, task, key_glob):
-                    yield info
+        yield from walk_pending(backend, shard, task=task, key_glob=key_glob, limit=limit)
     for zset, states in (("leased", {"dispatching"}), ("active", {"queued", "claimed"}),
                          ("quarantine", {"quarantined"})):
         if not states & wanted:
@@ -122,6 +110,71 @@ def _shard_windows(
                     yield info
 
 
+#: Members list.lua examines per call: the first call is small (a limited listing
+#: usually stops there), later ones larger; each call blocks Redis for ~1 us a member.
+_WALK_FIRST = 1000
+_WALK_MAX = 20000
+
+
+def walk_pending(
+    backend: Backend,
+    shard: int,
+    *,
+    task: str | None = None,
+    key_glob: str | None = None,
+    limit: int | None = None,
+) -> Iterator[WindowInfo]:
+    """Pending windows of ``shard`` in deadline order, filtered inside Redis.
+
+    Runs ``list.lua`` in bounded steps along the due set and stops as soon as
+    ``limit`` windows matched: a limited listing reads only the front of the set.
+    """
+    tag = backend.settings.tag(shard)
+    prefix = f"{len(task)}:{task}:" if task is not None else ""
+    pattern = glob_to_lua(key_glob) if key_glob is not None else ""
+    start, skip, budget, found = "-inf", 0, _WALK_FIRST, 0
+    while limit is None or found < limit:
+        want = budget if limit is None else limit - found
+        reply = backend.run(
+            "list", [f"{tag}:due"], [tag, start, skip, budget, want, prefix, pattern]
+        )
+        examined, last, at_last, done = reply[:4]
+        for ident, tid, fs, dl, mw, n in reply[4:]:
+            info = _info(_text(ident), "pending", shard, [tid, None, fs, dl, mw, n, None, None])
+            if info is not None and _matches(info, task, key_glob):
+                found += 1
+                yield info
+        if int(done) or int(examined) == 0:
+            return
+        start, skip = _text(last), int(at_last)
+        budget = min(budget * 4, _WALK_MAX)
+
+
+_LUA_MAGIC = set("^$()%.[]*+-?")
+
+
+def glob_to_lua(glob: str) -> str:
+    """An anchored Lua pattern matching at least what the fnmatch ``glob`` matches.
+
+    Exact for ``*``, ``?`` and literal text; a glob with ``[...]`` sets gives ""
+    (match all), and the caller's exact fnmatch check does the filtering.
+    """
+    if "[" in glob:
+        return ""
+    out = ["^"]
+    for ch in glob:
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch in _LUA_MAGIC:
+            out.append("%" + ch)
+        else:
+            out.append(ch)
+    out.append("$")
+    return "".join(out)
+
+
 def _matches(info: WindowInfo, task: str | None, key_glob: str | None) -> bool:
     if task is not None and info.task != task:
         return False
@@ -136,8 +189,15 @@ def list_windows(
     key_glob: str | None = None,
     limit: int | None = None,
 ) -> list[WindowInfo]:
-    """Windows matching the filters, sorted by deadline."""
-    found = sorted(
-        iter_windows(app, states=states, task=task, key_glob=key_glob), key=lambda w: w.deadline
-    )
+    """Windows matching the filters, sorted by deadline (at most ``limit`` of them).
+
+    Pending windows are read along the due set in deadline order, so a limited
+    listing costs O(limit) reads per shard whatever the number of open windows.
+    """
+    backend = backend_for(app)
+    wanted = set(states) if states else set(STATES)
+    found: list[WindowInfo] = []
+    for shard in range(backend.settings.shards):
+        found.extend(_shard_windows(backend, shard, wanted, task, key_glob, limit))
+    found.sort(key=lambda w: w.deadline)
     return found if limit is None else found[:limit]

@@ -3,11 +3,13 @@
 -- KEYS[1]  <tag>:open:<ident>  hash; dl -> now ms
 -- KEYS[2]  <tag>:due           zset; ident scored now
 -- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once)
+-- ARGV[3]  task id the window must have ("" for whichever window is open): a
+--          by-id flush must not hit a newer window opened under the same ident
 --
--- Returns the window's task id, or false if no window is open for ident.
+-- Returns the window's task id, or false if no (matching) window is open for ident.
 
 local id = redis.call('HGET', KEYS[1], 'id')
-if not id then
+if not id or (ARGV[3] ~= '' and id ~= ARGV[3]) then
   return false
 end
 local t = redis.call('TIME')

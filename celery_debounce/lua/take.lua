@@ -2,6 +2,11 @@
 --
 -- KEYS[1]  <tag>:due      zset ident -> deadline ms (pending windows)
 -- KEYS[2]  <tag>:leased   zset task id -> lease expiry ms (taken, publish not confirmed)
+-- KEYS[3]  <tag>:stats    hash of counters per task, bumped once per window taken from
+--                         the due set (never per call; see docs/operations.md):
+--                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
+--                         l<b>|<task> windows taken late by lateness bucket b (see LATE_MS)
+--                         expires ARGV[5] ms after the last window counted
 -- Touches, by name (same hash tag):
 --   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls
 --   <tag>:win:<id>      hash, fields of gate.lua plus
@@ -9,6 +14,7 @@
 --                       i  ident      ta taken ms     tries  times taken
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
+-- ARGV[5]  history TTL ms (expiry of the stats hash)
 --
 -- Windows whose lease expired while still "dispatching" are taken again first
 -- (their dispatcher died or their publish failed); claimed or queued ones are
@@ -24,6 +30,30 @@ local lease_until = string.format('%d', now + tonumber(ARGV[3]))
 local ttl = ARGV[4]
 local out = {}
 local taken = 0
+local counted = 0
+
+-- Upper bounds (ms) of the lateness buckets; the last bucket is everything above.
+local LATE_MS = {1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000}
+
+local function count(ident, row)
+  local digits = string.match(ident, '^(%d+):')
+  local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+  local dl = tonumber(row[4])
+  redis.call('HINCRBY', KEYS[3], 'r|' .. task, 1)
+  redis.call('HINCRBY', KEYS[3], 'c|' .. task, tonumber(row[6]))
+  if dl >= tonumber(row[5]) then
+    redis.call('HINCRBY', KEYS[3], 'f|' .. task, 1)
+  end
+  local late = now - dl
+  local bucket = #LATE_MS
+  for b = 1, #LATE_MS do
+    if late <= LATE_MS[b] then
+      bucket = b - 1
+      break
+    end
+  end
+  redis.call('HINCRBY', KEYS[3], 'l' .. bucket .. '|' .. task, 1)
+end
 
 local function window(key)
   return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries')
@@ -56,8 +86,14 @@ if taken < limit then
       redis.call('ZADD', KEYS[2], lease_until, id)
       taken = taken + 1
       out[taken] = window(key)
+      count(ident, out[taken])
+      counted = counted + 1
     end
   end
+end
+
+if counted > 0 then
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
 end
 
 local next_in = -1

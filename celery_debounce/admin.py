@@ -1,0 +1,389 @@
+"""Admin API: list, look up, flush, cancel windows and read their statistics.
+
+The ``celery debounce`` command is a thin layer over :class:`DebounceAdmin`;
+admin pages and scripts can use it the same way::
+
+    admin = DebounceAdmin(app)
+    admin.windows(task="app.tasks.report", limit=20)
+    admin.flush("app.tasks.report", "user:42")      # run now
+    admin.cancel_id("6b2f...")                      # never run; result revoked
+    admin.stats().tasks["app.tasks.report"].coalescing_ratio
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+
+from .backend import Backend, backend_for, translate_errors
+from .errors import WindowNotFound, WindowNotPending
+from .keys import window_ident
+from .signals import window_cancelled
+from .windows import _FIELDS, WindowInfo, _info, _text, list_windows, walk_pending
+
+logger = logging.getLogger("celery_debounce.admin")
+
+__all__ = ["LATE_BUCKETS_MS", "DebounceAdmin", "Stats", "TaskStats"]
+
+#: Upper bounds (ms) of the dispatch lateness buckets counted by take.lua
+#: (the last bucket, index ``len(LATE_BUCKETS_MS)``, is everything above).
+LATE_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+_SCAN_COUNT = 1000
+_PIPE_CHUNK = 500
+_REVOKE_REASON = "debounce window cancelled"
+
+
+@dataclass
+class TaskStats:
+    """Figures for one task. Counters (``runs`` on) cover every window taken since
+    the stats were last reset; ``open`` on are the windows pending right now."""
+
+    task: str
+    open: int = 0
+    due: int = 0
+    oldest_first_seen: float | None = None
+    calls_waiting: int = 0
+    runs: int = 0
+    calls: int = 0
+    forced: int = 0
+    cancelled: int = 0
+    lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
+
+    @property
+    def coalescing_ratio(self) -> float | None:
+        """Calls per run: how many calls each dispatched window absorbed on average."""
+        return self.calls / self.runs if self.runs else None
+
+    def lateness_ms(self, quantile: float) -> float | None:
+        """Upper bound (ms) of the bucket holding that quantile of dispatch lateness;
+        ``inf`` when it falls above the last bound, None without runs."""
+        total = sum(self.lateness_buckets)
+        if not total:
+            return None
+        rank = quantile * total
+        seen = 0
+        for index, count in enumerate(self.lateness_buckets):
+            seen += count
+            if seen >= rank and count:
+                bounds = LATE_BUCKETS_MS
+                return float(bounds[index]) if index < len(bounds) else float("inf")
+        return float("inf")
+
+    def merge(self, other: TaskStats) -> None:
+        self.open += other.open
+        self.due += other.due
+        self.calls_waiting += other.calls_waiting
+        if other.oldest_first_seen is not None and (
+            self.oldest_first_seen is None or other.oldest_first_seen < self.oldest_first_seen
+        ):
+            self.oldest_first_seen = other.oldest_first_seen
+        self.runs += other.runs
+        self.calls += other.calls
+        self.forced += other.forced
+        self.cancelled += other.cancelled
+        self.lateness_buckets = [a + b for a, b in zip(
+            self.lateness_buckets, other.lateness_buckets, strict=True)]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task, "open": self.open, "due": self.due,
+            "oldest_first_seen": self.oldest_first_seen, "calls_waiting": self.calls_waiting,
+            "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
+            "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
+            "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
+                            for q in (0.5, 0.9, 0.99)},
+            "lateness_buckets": dict(zip(
+                [*(f"le_{b}" for b in LATE_BUCKETS_MS), "above"], self.lateness_buckets,
+                strict=True)),
+        }
+
+
+def _finite(value: float | None) -> float | str | None:
+    return "inf" if value == float("inf") else value
+
+
+@dataclass
+class Stats:
+    """What ``celery debounce stats`` shows. ``census`` is False when per-task
+    open counts and the oldest window were skipped (then ``open``/``due`` are
+    still exact totals, per-task ``open``/``due`` are 0)."""
+
+    now: float
+    open: int
+    due: int
+    census: bool
+    tasks: dict[str, TaskStats]
+
+    @property
+    def total(self) -> TaskStats:
+        total = TaskStats(task="*")
+        for stats in self.tasks.values():
+            total.merge(stats)
+        total.open, total.due = self.open, self.due
+        return total
+
+    def as_json(self) -> dict[str, Any]:
+        return {"now": self.now, "open": self.open, "due": self.due, "census": self.census,
+                "total": self.total.as_json(),
+                "tasks": [self.tasks[name].as_json() for name in sorted(self.tasks)]}
+
+
+class DebounceAdmin:
+    """Operator actions on one app's windows. Every method raises
+    :class:`~celery_debounce.DebounceBackendError` when Redis fails."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.backend: Backend = backend_for(app)
+        self.settings = self.backend.settings
+
+    # -- reading ------------------------------------------------------------
+    def windows(
+        self,
+        *,
+        task: str | None = None,
+        key_glob: str | None = None,
+        states: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[WindowInfo]:
+        """Windows sorted by deadline; see :func:`celery_debounce.windows.list_windows`."""
+        return list_windows(self.app, states=states, task=task, key_glob=key_glob, limit=limit)
+
+    def window(self, task: str, key: str) -> WindowInfo | None:
+        """The pending window of (task, key), or None. One HMGET."""
+        ident = window_ident(task, key)
+        shard = self._shard(ident)
+        with translate_errors("inspect"):
+            row = self.backend.client.hmget(f"{self.settings.tag(shard)}:open:{ident}", *_FIELDS)
+        return _info(ident, "pending", shard, row)
+
+    def find(self, task_id: str) -> WindowInfo | None:
+        """The window with this task id, in any state, or None.
+
+        Taken windows are one lookup per shard (``win:<task_id>``). Pending windows
+        are stored by (task, key), so finding one by id is a scan of the due set
+        inside Redis (``find.lua``, 1,000 members a step): about 1.5 s per million
+        open windows. Prefer ``window(task, key)`` when you know the key.
+        """
+        tagged = self._taken(task_id)
+        if tagged is not None:
+            return tagged
+        found = self._find_pending(task_id)
+        return found[1] if found else None
+
+    # -- flush ----------------------------------------------------------------
+    def flush(self, task: str, key: str) -> WindowInfo:
+        """Make the pending window of (task, key) due now; dispatchers publish it at
+        once, as if its deadline had passed. Raises WindowNotFound."""
+        info = self.window(task, key)
+        if info is None or not self._flush_one(window_ident(task, key), info.shard, ""):
+            raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
+        logger.info("debounce: flushed %s[%s] key=%r", task, info.task_id, key)
+        return info
+
+    def flush_id(self, task_id: str) -> WindowInfo:
+        """Flush the pending window with this task id. Raises WindowNotFound or
+        WindowNotPending (already taken for dispatch)."""
+        ident, info = self._pending_by_id(task_id)
+        if not self._flush_one(ident, info.shard, task_id):
+            raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
+        logger.info("debounce: flushed %s[%s] key=%r", info.task, task_id, info.key)
+        return info
+
+    def flush_all(self, task: str | None = None) -> int:
+        """Flush every pending window (of ``task`` if given). Returns how many."""
+        flushed = 0
+        for shard, idents in self._pending_idents(task):
+            tag = self.settings.tag(shard)
+            for chunk in _chunks(idents, _PIPE_CHUNK):
+                with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
+                    for ident in chunk:
+                        self.backend.scripts["flush"](
+                            keys=[f"{tag}:open:{ident}", f"{tag}:due"],
+                            args=[ident, self.settings.wake_channel, ""],
+                            client=pipe)  # type: ignore[arg-type]
+                    flushed += sum(1 for r in pipe.execute() if r)
+        logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
+        return flushed
+
+    # -- cancel ---------------------------------------------------------------
+    def cancel(self, task: str, key: str) -> WindowInfo:
+        """Drop the pending window of (task, key) so it never runs, and mark its
+        result revoked (``.get()`` raises TaskRevokedError). Raises WindowNotFound."""
+        info = self.window(task, key)
+        if info is None or not self._cancel_one(window_ident(task, key), info, ""):
+            raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
+        return info
+
+    def cancel_id(self, task_id: str) -> WindowInfo:
+        """Cancel the pending window with this task id. Raises WindowNotFound or
+        WindowNotPending (already taken: revoke it with ``celery control revoke``)."""
+        ident, info = self._pending_by_id(task_id)
+        if not self._cancel_one(ident, info, task_id):
+            raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
+        return info
+
+    def cancel_all(self, task: str | None = None) -> int:
+        """Cancel every pending window (of ``task`` if given). Returns how many."""
+        cancelled = 0
+        for shard, idents in self._pending_idents(task):
+            for ident in idents:
+                info = self._info_of(ident, shard)
+                if info is not None and self._cancel_one(ident, info, info.task_id):
+                    cancelled += 1
+        return cancelled
+
+    # -- stats ----------------------------------------------------------------
+    def stats(self, *, census: bool = True) -> Stats:
+        """Open and due windows, counters and lateness per task.
+
+        ``census=False`` skips the per-task scan of open windows (per-task open
+        counts, oldest window, calls waiting): with a million open windows the
+        scan takes about 1.5 s, the rest a few round trips.
+        """
+        tasks: dict[str, TaskStats] = {}
+        total_open = total_due = 0
+        client = self.backend.client
+        with translate_errors("stats"):
+            secs, micros = client.time()
+        now_ms = secs * 1000 + micros // 1000
+        for shard in range(self.settings.shards):
+            tag = self.settings.tag(shard)
+            with translate_errors("stats"), client.pipeline(False) as pipe:
+                pipe.zcard(f"{tag}:due")
+                pipe.zcount(f"{tag}:due", "-inf", now_ms)
+                pipe.hgetall(f"{tag}:stats")
+                zcard, zcount, counters = pipe.execute()
+            total_open += int(zcard)
+            total_due += int(zcount)
+            for name, value in counters.items():
+                _add_counter(tasks, _text(name), int(value))
+            if census:
+                cursor = "0"
+                while True:
+                    reply = self.backend.run(
+                        "census", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, now_ms])
+                    cursor = _text(reply[0])
+                    for task, n_open, n_due, oldest, waiting in reply[1:]:
+                        row = TaskStats(task=_text(task), open=int(n_open), due=int(n_due),
+                                        calls_waiting=int(waiting))
+                        if int(oldest) >= 0:
+                            row.oldest_first_seen = int(oldest) / 1000
+                        tasks.setdefault(row.task, TaskStats(task=row.task)).merge(row)
+                    if cursor == "0":
+                        break
+        return Stats(now=now_ms / 1000, open=total_open, due=total_due, census=census,
+                     tasks=tasks)
+
+    def reset_stats(self) -> None:
+        """Zero the counters (runs, calls, forced, cancelled, lateness)."""
+        with translate_errors("stats reset"):
+            self.backend.client.delete(
+                *(f"{self.settings.tag(s)}:stats" for s in range(self.settings.shards)))
+
+    # -- internals ------------------------------------------------------------
+    def _shard(self, ident: str) -> int:
+        shards = self.settings.shards
+        return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0  # as call.py
+
+    def _info_of(self, ident: str, shard: int) -> WindowInfo | None:
+        with translate_errors("inspect"):
+            row = self.backend.client.hmget(f"{self.settings.tag(shard)}:open:{ident}", *_FIELDS)
+        return _info(ident, "pending", shard, row)
+
+    def _taken(self, task_id: str) -> WindowInfo | None:
+        client = self.backend.client
+        with translate_errors("inspect"), client.pipeline(False) as pipe:
+            for shard in range(self.settings.shards):
+                pipe.hmget(f"{self.settings.tag(shard)}:win:{task_id}", *_FIELDS)
+            rows = pipe.execute()
+        for shard, row in enumerate(rows):
+            info = _info(None, "", shard, row)
+            if info is not None:
+                return info
+        return None
+
+    def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
+        for shard in range(self.settings.shards):
+            tag = self.settings.tag(shard)
+            cursor = "0"
+            while True:
+                next_cursor, ident = self.backend.run(
+                    "find", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, task_id])
+                if ident:
+                    info = self._info_of(_text(ident), shard)
+                    if info is not None and info.task_id == task_id:
+                        return _text(ident), info
+                cursor = _text(next_cursor)
+                if cursor == "0":
+                    break
+        return None
+
+    def _pending_by_id(self, task_id: str) -> tuple[str, WindowInfo]:
+        taken = self._taken(task_id)  # one lookup; spares the scan for taken windows
+        if taken is not None:
+            raise WindowNotPending(
+                f"window {task_id} ({taken.task} key {taken.key!r}) is {taken.state}: "
+                "already taken for dispatch", taken.state)
+        found = self._find_pending(task_id)
+        if found is not None:
+            return found
+        raise WindowNotFound(f"no window with task id {task_id!r}")
+
+    def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[str]]]:
+        for shard in range(self.settings.shards):
+            idents = [window_ident(w.task, w.key) for w in walk_pending(self.backend, shard,
+                                                                         task=task)]
+            if idents:
+                yield shard, idents
+
+    def _flush_one(self, ident: str, shard: int, task_id: str) -> bool:
+        tag = self.settings.tag(shard)
+        return bool(self.backend.run("flush", [f"{tag}:open:{ident}", f"{tag}:due"],
+                                     [ident, self.settings.wake_channel, task_id]))
+
+    def _cancel_one(self, ident: str, info: WindowInfo, task_id: str) -> bool:
+        tag = self.settings.tag(info.shard)
+        reply = self.backend.run(
+            "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
+            [ident, task_id, self.settings.history_ttl_ms])
+        if not reply:
+            return False
+        cancelled_id, calls = _text(reply[0]), int(reply[1])
+        try:
+            self.app.backend.mark_as_revoked(cancelled_id, _REVOKE_REASON)
+        except Exception as exc:  # no result backend, or it is down: the window is gone anyway
+            logger.warning("debounce: cancelled %s[%s] but could not mark its result revoked: %r",
+                           info.task, cancelled_id, exc)
+        logger.info("debounce: cancelled %s[%s] key=%r calls=%d",
+                    info.task, cancelled_id, info.key, calls)
+        if window_cancelled.receivers:
+            window_cancelled.send(sender=info.task, task_id=cancelled_id, key=info.key,
+                                  calls=calls)
+        return True
+
+
+def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
+    kind, _, task = name.partition("|")
+    row = tasks.setdefault(task, TaskStats(task=task))
+    if kind == "r":
+        row.runs += value
+    elif kind == "c":
+        row.calls += value
+    elif kind == "f":
+        row.forced += value
+    elif kind == "x":
+        row.cancelled += value
+    elif kind.startswith("l") and kind[1:].isdigit() and int(kind[1:]) < len(row.lateness_buckets):
+        row.lateness_buckets[int(kind[1:])] += value
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+

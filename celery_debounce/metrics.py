@@ -1,0 +1,106 @@
+"""Optional Prometheus metrics (``pip install celery-debounce[prometheus]``).
+
+Call :func:`enable` once in each process whose events you want counted
+(producers for opened/absorbed, dispatchers for dispatched/forced/lateness, the
+process that cancels for cancelled), then expose the registry as usual (e.g.
+``prometheus_client.start_http_server``). Every metric has a ``task`` label.
+
+Metrics (all labelled ``task``; see docs/operations.md):
+
+* ``celery_debounce_windows_opened_total``: windows opened (producers)
+* ``celery_debounce_calls_absorbed_total``: calls that joined an open window
+* ``celery_debounce_windows_dispatched_total``: windows published
+* ``celery_debounce_windows_forced_by_max_wait_total``: of those, deadline set by max wait
+* ``celery_debounce_windows_cancelled_total``: windows cancelled
+* ``celery_debounce_dispatched_calls_total``: calls carried by published windows
+* ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .signals import (
+    call_absorbed,
+    window_cancelled,
+    window_dispatched,
+    window_forced_by_max_wait,
+    window_opened,
+)
+
+LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The metric objects :func:`enable` registered."""
+
+    opened: Any
+    absorbed: Any
+    dispatched: Any
+    forced: Any
+    cancelled: Any
+    dispatched_calls: Any
+    lateness: Any
+    receivers: tuple[Any, ...]
+
+    def disable(self) -> None:
+        """Disconnect the signal receivers (the metrics stay registered)."""
+        for signal, receiver in zip(
+            (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
+             window_cancelled), self.receivers, strict=True):
+            signal.disconnect(receiver)
+
+
+def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
+    """Create the metrics in ``registry`` (default: prometheus_client's global one)
+    and connect them to the debounce signals."""
+    try:
+        from prometheus_client import REGISTRY, Counter, Histogram
+    except ImportError as exc:  # pragma: no cover - depends on the extra
+        raise ImportError(
+            "celery_debounce.metrics needs prometheus-client: "
+            "pip install 'celery-debounce[prometheus]'") from exc
+    registry = REGISTRY if registry is None else registry
+
+    def counter(name: str, doc: str) -> Any:
+        return Counter(name, doc, ["task"], namespace=namespace, registry=registry)
+
+    opened = counter("windows_opened", "Debounce windows opened by producers.")
+    absorbed = counter("calls_absorbed", "Calls that joined an already open window.")
+    dispatched = counter("windows_dispatched", "Debounce windows published to the broker.")
+    forced = counter("windows_forced_by_max_wait",
+                     "Published windows whose deadline was set by the max wait.")
+    cancelled = counter("windows_cancelled", "Debounce windows cancelled by an operator.")
+    dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
+    lateness = Histogram("dispatch_lateness_seconds",
+                         "Time from a window's deadline to its take by a dispatcher.",
+                         ["task"], namespace=namespace, registry=registry,
+                         buckets=LATENESS_BUCKETS)
+
+    def on_opened(sender: str, **_: Any) -> None:
+        opened.labels(task=sender).inc()
+
+    def on_absorbed(sender: str, **_: Any) -> None:
+        absorbed.labels(task=sender).inc()
+
+    def on_dispatched(sender: str, calls: int = 1, lateness: float = 0.0, **_: Any) -> None:
+        dispatched.labels(task=sender).inc()
+        dispatched_calls.labels(task=sender).inc(calls)
+        lateness_metric.labels(task=sender).observe(lateness)
+
+    def on_forced(sender: str, **_: Any) -> None:
+        forced.labels(task=sender).inc()
+
+    def on_cancelled(sender: str, **_: Any) -> None:
+        cancelled.labels(task=sender).inc()
+
+    lateness_metric = lateness
+    receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled)
+    for signal, receiver in zip(
+        (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
+         window_cancelled), receivers, strict=True):
+        signal.connect(receiver, weak=False)
+    return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
+                   receivers)

@@ -1,0 +1,44 @@
+"""Celery-style signals for debounce events; connect like ``celery.signals``.
+
+Every signal's ``sender`` is the task name, so ``window_dispatched.connect(f,
+sender="app.tasks.report")`` listens to one task. Receivers get keyword
+arguments (always accept ``**kwargs``). Sending with no receivers costs a
+truth test, so unused signals are free on the hot path.
+
+Where they fire:
+
+* ``window_opened``, ``call_absorbed``: the producer process, right after the
+  gate answered (``task_id, key, deadline, calls``; times are epoch seconds on
+  the Redis clock).
+* ``window_dispatched``, ``window_forced_by_max_wait``: the dispatcher process
+  (worker, beat or ``celery debounce dispatch``) after publishing
+  (``task_id, key, calls, lateness`` in seconds; forced also gets ``max_wait_at``).
+* ``window_cancelled``: the process that cancelled it (``task_id, key, calls``).
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "call_absorbed",
+    "window_cancelled",
+    "window_dispatched",
+    "window_forced_by_max_wait",
+    "window_opened",
+]
+
+window_opened = Signal(
+    name="window_opened", providing_args={"task_id", "key", "deadline", "calls"}
+)
+call_absorbed = Signal(
+    name="call_absorbed", providing_args={"task_id", "key", "deadline", "calls"}
+)
+window_dispatched = Signal(
+    name="window_dispatched", providing_args={"task_id", "key", "calls", "lateness"}
+)
+window_forced_by_max_wait = Signal(
+    name="window_forced_by_max_wait",
+    providing_args={"task_id", "key", "calls", "lateness", "max_wait_at"},
+)
+window_cancelled = Signal(name="window_cancelled", providing_args={"task_id", "key", "calls"})
