@@ -122,7 +122,9 @@ def _make_due(app: Celery, task: Any = None) -> list[str]:
     for backend, shard, ident, window in list(_pending(app, task)):
         tag = backend.settings.tag(shard)
         backend.run(
-            "flush", [f"{tag}:open:{ident}", f"{tag}:due"], [ident, backend.settings.wake_channel]
+            "flush",
+            [f"{tag}:open:{ident}", f"{tag}:due"],
+            [ident, backend.settings.wake_channel, window.task_id],
         )
         ids.append(window.task_id)
     return ids

@@ -96,4 +96,6 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: Backend) -> None:
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000]) == 1
     assert backend.client.hget(keys[0], "st") == b"finished"
     assert 0 < backend.client.pttl(keys[0]) <= 60_000
-    assert sorted(backend.client.keys("*")) == [keys[0].encode()]
+    # only the TTL'd history record and the TTL'd dispatch counters remain
+    assert sorted(backend.client.keys("*")) == sorted([keys[0].encode(), f"{tag}:stats".encode()])
+    assert backend.client.pttl(f"{tag}:stats") > 0
