@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite against a real redis-server that the tests start.
-# Extra arguments go to pytest.
+# The whole test suite against a real redis-server that the tests start, then the
+# lint, type and docs checks. Extra arguments go to pytest (and skip the checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+if [ "$#" -eq 0 ]; then
+  scripts/checks.sh
+fi
