@@ -241,6 +241,7 @@ class Dispatcher:
         backoff = 0.1
         while not self._stop.is_set():
             try:
+                self._subscribe()  # before taking: a wake sent after this take is not lost
                 _, next_in = self.dispatch_once()
                 backoff = 0.1
                 self._wait(next_in / 1000)
@@ -256,21 +257,35 @@ class Dispatcher:
                 backoff = min(backoff * 2, 5.0)
         self._close_pubsub()
 
+    def _subscribe(self) -> None:
+        """Subscribe to the wake channel and wait until Redis confirms it."""
+        if self._pubsub is not None:
+            return
+        with translate_errors("wake subscription"):
+            pubsub = self.backend.client.pubsub()
+            pubsub.subscribe(self.settings.wake_channel)
+            deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0)
+            while time.monotonic() < deadline:
+                message = pubsub.get_message(timeout=0.2)
+                if message is not None and message["type"] == "subscribe":
+                    self._pubsub = pubsub
+                    return
+        pubsub.close()
+        raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking when a gate call announces an earlier deadline."""
         if seconds <= 0:
             return
         deadline = time.monotonic() + seconds
+        self._subscribe()
         with translate_errors("wake subscription"):
-            if self._pubsub is None:
-                self._pubsub = self.backend.client.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(self.settings.wake_channel)
             while not self._stop.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 message = self._pubsub.get_message(timeout=min(remaining, 0.5))
-                if message is not None:
+                if message is not None and message["type"] == "message":
                     while self._pubsub.get_message(timeout=0) is not None:
                         pass
                     return

@@ -38,7 +38,7 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
         return
-    if before in (b"claimed", b"finished"):
+    if before in (b"claimed", b"finished") and not task.request.retries:
         logger.warning(
             "debounce: %s[%s] runs again (window was %s): redelivered or republished",
             task.name, task_id, before.decode(),

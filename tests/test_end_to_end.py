@@ -375,7 +375,7 @@ def test_racing_producers_in_several_processes_open_one_window(
 def test_no_keys_left_behind_after_the_history_ttl(
     app_factory: Any, redis_client: redis.Redis
 ) -> None:
-    app = app_factory(debounce_history_ttl="300ms")
+    app = app_factory(debounce_history_ttl="2s")
 
     @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k:{0}",
               debounce_max_wait="1s")
@@ -383,9 +383,10 @@ def test_no_keys_left_behind_after_the_history_ttl(
         return x
 
     with running_worker(app):
-        results = [work.delay(i % 5) for i in range(50)]
-        for r in results:
-            r.get(timeout=10)
+        results = {work.delay(i % 5).id: i % 5 for i in range(50)}
+        assert len(results) == 5
+        for task_id, value in results.items():
+            assert app.AsyncResult(task_id).get(timeout=10) == value
         assert package_keys(redis_client)  # the finished windows' history
         wait_until(lambda: package_keys(redis_client) == [], timeout=10)
 
