@@ -13,7 +13,6 @@ admin pages and scripts can use it the same way::
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from celery import Celery
 
 from .backend import Backend, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
-from .keys import window_ident
+from .keys import shard_of, window_ident
 from .signals import window_cancelled
 from .windows import _FIELDS, WindowInfo, _info, _text, list_windows, walk_pending
 
@@ -288,8 +287,7 @@ class DebounceAdmin:
 
     # -- internals ------------------------------------------------------------
     def _shard(self, ident: str) -> int:
-        shards = self.settings.shards
-        return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0  # as call.py
+        return shard_of(ident, self.settings.shards)
 
     def _info_of(self, ident: str, shard: int) -> WindowInfo | None:
         with translate_errors("inspect"):

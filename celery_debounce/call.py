@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import uuid
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,7 +13,7 @@ from typing import Any
 from kombu import serialization
 
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
-from .keys import digest_key, resolve, window_ident
+from .keys import digest_key, resolve, shard_of, window_ident
 from .options import DebounceSpec
 from .settings import Settings
 
@@ -78,7 +77,7 @@ def prepare_call(
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
     ident = window_ident(task_name, key)
-    shard = zlib.crc32(ident.encode("utf-8")) % settings.shards if settings.shards > 1 else 0
+    shard = shard_of(ident, settings.shards)
     return PreparedCall(
         task_name=task_name,
         key=key,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -174,6 +175,11 @@ def digest_key(serialized_arguments: bytes) -> str:
 def window_ident(task_name: str, key: str) -> str:
     """Injective encoding of (task, key): the task name is length-prefixed."""
     return f"{len(task_name)}:{task_name}:{key}"
+
+
+def shard_of(ident: str, shards: int) -> int:
+    """The shard a window lives in: ``crc32(ident) % shards``."""
+    return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0
 
 
 def split_ident(ident: str) -> tuple[str, str]:
