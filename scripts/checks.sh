@@ -6,4 +6,4 @@ VENV="${VENV:-.venv}"
 "$VENV/bin/pip" install -q -e ".[test,docs]" "ruff>=0.5" "mypy>=1.10"
 "$VENV/bin/ruff" check .
 "$VENV/bin/mypy" --strict celery_debounce
-"$VENV/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir "$(mktemp -d)"
