@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import worker_signals as _worker_signals  # noqa: F401  (connects the signals)
 from .bootstep import DispatcherStep, install
+from .bulk import enqueue_many
 from .dispatcher import Dispatcher
 from .errors import (
     DebounceBackendError,
@@ -25,6 +26,7 @@ __all__ = [
     "DebouncedTask",
     "Dispatcher",
     "DispatcherStep",
+    "enqueue_many",
     "install",
     "send_task",
 ]
