@@ -55,4 +55,9 @@ def register(app: Celery, url: str) -> None:
 
 
 if os.environ.get("BENCH_REDIS_URL"):
-    app = make_app(os.environ["BENCH_REDIS_URL"])
+    _conf: dict[str, Any] = {
+        name[len("BENCH_CONF_"):].lower(): float(value) if value.replace(".", "").isdigit()
+        else value
+        for name, value in os.environ.items() if name.startswith("BENCH_CONF_")
+    }
+    app = make_app(os.environ["BENCH_REDIS_URL"], **_conf)

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,126 @@ def _dispatch(ctx: dict[str, Any]) -> list[Row]:
 
     backlog = 5000 if ctx["quick"] else 20000
     return dispatch_rate(ctx["app"], ctx["url"], 3 if ctx["quick"] else ctx["rounds"], backlog)
+
+
+@bench("lateness", "5: deadline -> broker with the worker-embedded dispatcher vs countdown")
+def _lateness(ctx: dict[str, Any]) -> list[Row]:
+    from bench.lateness import countdown_lateness, debounce_lateness, summary
+    from bench.worker import celery_worker
+
+    app, url = ctx["app"], ctx["url"]
+    rounds, seconds = (1, 5.0) if ctx["quick"] else (3, 10.0)
+    pub: list[dict[str, float]] = []
+    start: list[dict[str, float]] = []
+    eta: list[dict[str, float]] = []
+    with celery_worker(url):
+        for _ in range(rounds):
+            got = debounce_lateness(app, url, 500, seconds)
+            pub.append(summary(got["published"]))
+            start.append(summary(got["started"]))
+            eta.append(summary(countdown_lateness(app, url, 500, seconds)))
+    rows = []
+    for q, limit in (("p50", 5.0), ("p99", 25.0)):
+        base = [e[q] for e in eta]
+        row = Row("5", f"deadline -> broker {q} (500 windows/s)", "ms", [p[q] for p in pub],
+                  f"countdown ETA -> start {q}", statistics.median(base), target=f"<= {limit:g} ms")
+        row.passed = row.median <= limit
+        rows.append(row)
+    for q in ("p50", "p99"):
+        rows.append(Row("5", f"deadline -> task start {q}", "ms", [s_[q] for s_ in start],
+                        f"countdown ETA -> start {q}", statistics.median([e[q] for e in eta])))
+    rows[0].note = (f"{int(sum(p['n'] for p in pub))} windows, max {max(p['max'] for p in pub):.0f} ms; "
+                    f"countdown max {max(e['max'] for e in eta):.0f} ms")
+    for row in rows[2:]:
+        row.ratio = row.median / row.baseline_value if row.baseline_value else None
+    return rows
+
+
+@bench("memory", "6: Redis bytes per open window; bytes left after history expired")
+def _memory(ctx: dict[str, Any]) -> list[Row]:
+    from bench.memory import bytes_after_history, bytes_per_open_window
+
+    count = 20_000 if ctx["quick"] else 100_000
+    m = bytes_per_open_window(ctx["app"], ctx["url"], count)
+    limit = 300 + m["payload"]
+    row = Row("6", f"bytes per open window, INFO memory over {count:,}", "bytes",
+              [m["info_per_window"]], target=f"<= {limit:.0f} (300 + payload)")
+    row.passed = m["info_per_window"] <= limit
+    row.note = (f"MEMORY USAGE: record {m['record_per_window']:.0f} B + due-set share "
+                f"{m['due_per_window']:.0f} B; payload {m['payload']:.0f} B")
+    row2 = Row("6", "MEMORY USAGE record + due share", "bytes",
+               [m["record_per_window"] + m["due_per_window"]], target=f"<= {limit:.0f}")
+    row2.passed = row2.median <= limit
+    done = 2_000 if ctx["quick"] else 10_000
+    h = bytes_after_history(ctx["app"], ctx["url"], done)
+    row3 = Row("6", f"bytes per finished window after history TTL ({done:,} run)", "bytes",
+               [h["per_window"]], target="~0 (< 1), no keys left")
+    row3.passed = h["per_window"] < 1 and h["keys_left"] == 0
+    row3.note = f"{h['keys_left']} window keys left in Redis"
+    return [row, row2, row3]
+
+
+@bench("scale", "7: call latency and dispatch lateness, 1,000 vs 1,000,000 open windows")
+def _scale(ctx: dict[str, Any]) -> list[Row]:
+    import redis
+
+    from bench.lateness import debounce_lateness, summary
+    from bench.scale import call_latencies, grow_to, p99
+    from bench.worker import celery_worker
+
+    app, url = ctx["app"], ctx["url"]
+    big = 100_000 if ctx["quick"] else 1_000_000
+    calls, seconds = (2000, 3.0) if ctx["quick"] else (4000, 6.0)
+    windows = redis.Redis.from_url(f"{url}/0")
+    windows.flushall()
+    small_lat: list[float] = []
+    small_late: list[dict[str, float]] = []
+    with celery_worker(url):
+        grow_to(app, url, 1000)
+        small_lat.append(p99(call_latencies(app, calls)))
+        small_late.append(summary(debounce_lateness(app, url, 200, seconds)["published"]))
+        grow_to(app, url, big)
+        big_lat = [p99(call_latencies(app, calls))]
+        big_late = [summary(debounce_lateness(app, url, 200, seconds)["published"])]
+        windows.flushdb()
+        grow_to(app, url, 1000)
+        small_lat.append(p99(call_latencies(app, calls)))
+        small_late.append(summary(debounce_lateness(app, url, 200, seconds)["published"]))
+    windows.flushall()
+    rows = []
+
+    def scaled(op: str, samples: list[float], base: list[float]) -> Row:
+        row = Row("7", op, "ms", samples, "same with 1,000 open", statistics.mean(base),
+                  target="<= 1.25x (or +1 ms)")
+        row.ratio = row.median / row.baseline_value if row.baseline_value else None
+        row.passed = row.ratio is not None and (
+            row.ratio <= 1.25 or row.median - (row.baseline_value or 0) <= 1.0)
+        return row
+
+    rows.append(scaled(f"call latency p99, {big:,} open", big_lat, small_lat))
+    rows.append(scaled(f"dispatch lateness p50, {big:,} open", [b["p50"] for b in big_late],
+                       [s_["p50"] for s_ in small_late]))
+    rows.append(scaled(f"dispatch lateness p99, {big:,} open", [b["p99"] for b in big_late],
+                       [s_["p99"] for s_ in small_late]))
+    rows[0].note = "1,000-window baseline measured before and after (mean); +1 ms: Redis TIME is in ms"
+    return rows
+
+
+@bench("rss", "8: producer RSS over many .delay() calls")
+def _rss(ctx: dict[str, Any]) -> list[Row]:
+    from bench.scale import producer_rss
+
+    calls = 100_000 if ctx["quick"] else 1_000_000
+    samples = producer_rss(ctx["url"], calls)
+    warm = samples[1][1]  # after 10% of the calls
+    growth = (samples[-1][1] - warm) / 2**20
+    row = Row("8", f"producer RSS growth, 10% -> {calls:,} calls", "MiB", [growth],
+              target="<= 1 MiB")
+    row.passed = growth <= 1.0
+    row.note = "RSS MiB: " + ", ".join(f"{n // 1000}k={r / 2**20:.1f}" for n, r in samples[::4])
+    redis_client = __import__("redis").Redis.from_url(f"{ctx['url']}/0")
+    redis_client.flushall()
+    return [row]
 
 
 def main(argv: list[str] | None = None) -> int:
