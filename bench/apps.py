@@ -61,3 +61,8 @@ if os.environ.get("BENCH_REDIS_URL"):
         for name, value in os.environ.items() if name.startswith("BENCH_CONF_")
     }
     app = make_app(os.environ["BENCH_REDIS_URL"], **_conf)
+
+if os.environ.get("BENCH_SWITCH"):  # experiment: GIL switch interval in the worker
+    import sys
+
+    sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))

@@ -18,6 +18,7 @@ from kombu import serialization
 
 from .backend import Backend, backend_for, translate_errors
 from .errors import DebounceBackendError
+from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 
 logger = logging.getLogger("celery_debounce.dispatcher")
@@ -89,7 +90,7 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
                 deadline_ms=int(dl),
                 max_wait_ms=int(mw),
                 calls=int(n),
-                content_type=_text(ct),
+                content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
                 payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
                 options_json=_text(opts) if opts is not None else "{}",
                 tries=int(tries or 1),

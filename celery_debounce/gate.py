@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from .backend import Backend
 from .call import PreparedCall
 
+#: Content type not stored in a window record (``ct`` absent means this).
+DEFAULT_CONTENT_TYPE = "application/json"
+
 
 @dataclass(frozen=True)
 class GateResult:
@@ -31,7 +34,7 @@ def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
         spec.window_ms,
         spec.max_wait_ms,
         1 if spec.replace_payload else 0,
-        call.content_type,
+        "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
         call.options_json,
         call.ident,
