@@ -108,7 +108,7 @@ def table(rows: list[Row]) -> str:
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = []
     for i, line in enumerate(lines):
-        out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip())
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
     notes = [f"  [{r.bench}] {r.operation}: {r.note}" for r in rows if r.note]

@@ -55,7 +55,7 @@ def debounce_lateness(app: Celery, url: str, rate: int, seconds: float,
             for tid in batch:
                 pipe.hmget(f"debounce:{{0}}:win:{tid}", "dl", "pa", "ca", "st")
             rows = pipe.execute()
-        for tid, (dl, pa, ca, st) in zip(batch, rows):
+        for tid, (dl, pa, ca, st) in zip(batch, rows, strict=True):
             if st in (b"claimed", b"finished") and ca is not None:
                 pending.discard(tid)
                 broker = int(pa) if pa is not None else int(ca)

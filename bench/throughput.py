@@ -107,7 +107,7 @@ def dispatch_rate(app: Celery, url: str, rounds: int, backlog: int) -> list[Row]
         _clear_broker(app)
         start = time.perf_counter()
         for i in range(backlog):
-            plain.apply_async(("d%d" % i,), {"n": 1})
+            plain.apply_async((f"d{i}",), {"n": 1})
         base.append(backlog / (time.perf_counter() - start))
         _clear_broker(app)
         windows.flushdb()

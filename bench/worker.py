@@ -17,14 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def celery_worker(url: str, concurrency: int = 1, **conf: str) -> Iterator[subprocess.Popen[bytes]]:
+def celery_worker(url: str, concurrency: int = 1, pool: str = "prefork", switch: float = 0.0,
+                  **conf: str) -> Iterator[subprocess.Popen[bytes]]:
     """Start a worker on ``bench.apps`` and wait until its dispatcher published a probe window."""
     env = dict(os.environ, BENCH_REDIS_URL=url, PYTHONPATH=str(ROOT))
+    if switch:
+        env["BENCH_SWITCH"] = str(switch)
     for name, value in conf.items():
         env[f"BENCH_CONF_{name.upper()}"] = value
     log = tempfile.NamedTemporaryFile(prefix="bench-worker-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "bench.apps", "worker", "--pool", "prefork",
+        [sys.executable, "-m", "celery", "-A", "bench.apps", "worker", "--pool", pool,
          "-c", str(concurrency), "-l", "warning", "--without-gossip", "--without-mingle",
          "--without-heartbeat"],
         env=env, cwd=str(ROOT), stdout=log, stderr=log,
@@ -62,5 +65,6 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: str, timeout: floa
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited: {Path(log).read_text()[-2000:]}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"worker did not run the probe window: {Path(log).read_text()[-2000:]}")
+            tail = Path(log).read_text()[-2000:]
+            raise TimeoutError(f"worker did not run the probe window: {tail}")
         time.sleep(0.02)

@@ -79,10 +79,12 @@ def enter_many(backend: Backend, calls: Sequence[PreparedCall]) -> list[GateResu
         for _attempt in range(2):
             with backend.client.pipeline(transaction=False) as pipe:
                 for i in todo:
-                    pipe.execute_command("EVALSHA", script.sha, 2, *commands[i])
+                    pipe.execute_command(  # type: ignore[no-untyped-call]
+                        "EVALSHA", script.sha, 2, *commands[i]
+                    )
                 answers = pipe.execute(raise_on_error=False)
             missing = []
-            for i, answer in zip(todo, answers):
+            for i, answer in zip(todo, answers, strict=True):
                 if isinstance(answer, NoScriptError):
                     missing.append(i)
                 elif isinstance(answer, Exception):

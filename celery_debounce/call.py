@@ -104,41 +104,43 @@ def encode(data: Any, serializer: str) -> tuple[str, bytes]:
     if codec is None:
         codec = serialization.registry._encoders.get(serializer)
         if codec is None or serializer == "raw":
-            content_type, _, raw = serialization.dumps(data, serializer=serializer)
+            content_type, _, raw = serialization.dumps(data, serializer=serializer)  # type: ignore[no-untyped-call]
             return content_type, raw if isinstance(raw, bytes) else raw.encode("utf-8")
         _codecs[serializer] = codec
     try:
         out = codec.encoder(data)
     except Exception:
-        serialization.dumps(data, serializer=serializer)  # raises kombu's EncodeError
+        serialization.dumps(data, serializer=serializer)  # raises kombu's EncodeError  # type: ignore[no-untyped-call]
         raise
     return codec.content_type, out if isinstance(out, bytes) else out.encode("utf-8")
 
 
 _codecs: dict[str, Any] = {}
 
-#: Simple signatures (positional-or-keyword parameters only), by id:
-#: (signature, parameter names, defaults).
-_simple: dict[int, tuple[inspect.Signature, tuple[str, ...], dict[str, Any]] | None] = {}
+#: (signature, parameter names, defaults) of a signature with positional-or-keyword
+#: parameters only; such calls are bound without ``Signature.bind``.
+_Simple = tuple[inspect.Signature, tuple[str, ...], dict[str, Any]]
+_simple: dict[int, _Simple | None] = {}
 
 
-def _simple_signature(
-    signature: inspect.Signature,
-) -> tuple[inspect.Signature, tuple[str, ...], dict[str, Any]] | None:
-    entry = _simple.get(id(signature), False)
-    if entry is False or (entry is not None and entry[0] is not signature):
-        params = signature.parameters.values()
-        entry = None
-        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
-            entry = (
-                signature,
-                tuple(p.name for p in params),
-                {p.name: p.default for p in params if p.default is not p.empty},
-            )
-        if len(_simple) > 4096:
-            _simple.clear()
-        _simple[id(signature)] = entry
-    return entry  # type: ignore[return-value]
+def _simple_signature(signature: inspect.Signature) -> _Simple | None:
+    key = id(signature)
+    if key in _simple:
+        entry = _simple[key]
+        if entry is None or entry[0] is signature:
+            return entry
+    params = signature.parameters.values()
+    entry = None
+    if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+        entry = (
+            signature,
+            tuple(p.name for p in params),
+            {p.name: p.default for p in params if p.default is not p.empty},
+        )
+    if len(_simple) > 4096:
+        _simple.clear()
+    _simple[key] = entry
+    return entry
 
 
 def bind_arguments(
@@ -150,19 +152,19 @@ def bind_arguments(
     simple = _simple_signature(signature)
     if simple is not None and len(args) <= len(simple[1]):
         names, defaults = simple[1], simple[2]
-        named = dict(zip(names, args))
+        fast = dict(zip(names, args, strict=False))
         used = 0
         for name in names[len(args):]:
             if name in kwargs:
-                named[name] = kwargs[name]
+                fast[name] = kwargs[name]
                 used += 1
             elif name in defaults:
-                named[name] = defaults[name]
+                fast[name] = defaults[name]
             else:
                 break
         else:
             if used == len(kwargs):
-                return tuple(named.values()), named
+                return tuple(fast.values()), fast
         # missing, duplicate or unknown arguments: let inspect raise its usual error
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
