@@ -104,13 +104,15 @@ def encode(data: Any, serializer: str) -> tuple[str, bytes]:
     if codec is None:
         codec = serialization.registry._encoders.get(serializer)
         if codec is None or serializer == "raw":
-            content_type, _, raw = serialization.dumps(data, serializer=serializer)  # type: ignore[no-untyped-call]
+            dumps: Any = serialization.dumps
+            content_type, _, raw = dumps(data, serializer=serializer)
             return content_type, raw if isinstance(raw, bytes) else raw.encode("utf-8")
         _codecs[serializer] = codec
     try:
         out = codec.encoder(data)
     except Exception:
-        serialization.dumps(data, serializer=serializer)  # raises kombu's EncodeError  # type: ignore[no-untyped-call]
+        kombu_dumps: Any = serialization.dumps
+        kombu_dumps(data, serializer=serializer)  # raises kombu's EncodeError
         raise
     return codec.content_type, out if isinstance(out, bytes) else out.encode("utf-8")
 
