@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from celery.result import AsyncResult
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .backend import Backend, backend_for, translate_errors
 from .call import PreparedCall, prepare_call
-from .errors import DebounceBackendError, DebounceConfigError
+from .errors import DebounceConfigError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .settings import settings_for
 from .task import DebouncedTask
@@ -61,43 +61,93 @@ def enqueue_many(
         prepared.append(prepare_call(
             settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
         ))
-    backend = backend_for(task.app)
-    results: list[AsyncResult] = []
-    for start in range(0, len(prepared), chunk_size):
-        for gate in enter_many(backend, prepared[start : start + chunk_size]):
-            results.append(task.AsyncResult(gate.task_id))
-    return results
+    results: list[AsyncResult | None] = [None] * len(prepared)
+    make = task.AsyncResult
+
+    def on_chunk(indexes: range, replies: list[Any]) -> None:
+        # built while Redis runs the next chunk; the reply's id is the window's
+        for i in indexes:
+            if results[i] is None and replies[i] is not None:
+                tid = replies[i][0]
+                results[i] = make(tid.decode() if isinstance(tid, bytes) else str(tid))
+
+    enter_many(backend_for(task.app), prepared, chunk_size, on_chunk)
+    return [r for r in results if r is not None]
 
 
-def enter_many(backend: Backend, calls: Sequence[PreparedCall]) -> list[GateResult]:
-    """Run ``gate.lua`` for each call, in order, in one pipeline (EVALSHA, NOSCRIPT reloaded)."""
+def enter_many(
+    backend: Backend, calls: Sequence[PreparedCall], chunk_size: int = 1000,
+    on_chunk: Callable[[range, list[Any]], None] | None = None,
+) -> list[GateResult]:
+    """Run ``gate.lua`` for each call, in order, pipelined on one connection.
+
+    Chunk ``k + 1`` is packed and sent before the replies of chunk ``k`` are read,
+    so the client's work overlaps Redis running the scripts. NOSCRIPT replies are
+    run again once the script is loaded. Nothing is retried after a connection
+    error: calls sent before it may have gone through. ``on_chunk(indexes, replies)``
+    runs as each chunk's replies arrive, while Redis works on the next chunk.
+    """
     script = backend.scripts["gate"]
-    commands = [(*gate_keys(backend, call), *gate_args(backend, call)) for call in calls]
-    replies: list[Any] = [None] * len(commands)
-    todo = list(range(len(commands)))
+    client = backend.client
+    pool = client.connection_pool
+    replies: list[Any] = [None] * len(calls)
+    missing: list[int] = []
+    errors: list[Exception] = []
     with translate_errors("gate (bulk)"):
-        for _attempt in range(2):
-            with backend.client.pipeline(transaction=False) as pipe:
-                for i in todo:
+        if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
+            script.sha = client.script_load(script.script)
+            setattr(script, "_loaded_by_bulk", True)  # noqa: B010
+        conn: Any = pool.get_connection()
+        try:
+            pending: range | None = None
+            for start in range(0, len(calls), chunk_size):
+                chunk = range(start, min(start + chunk_size, len(calls)))
+                conn.send_packed_command(conn.pack_commands([
+                    ("EVALSHA", script.sha, 2, *gate_keys(backend, calls[i]),
+                     *gate_args(backend, calls[i]))
+                    for i in chunk
+                ]))
+                if pending is not None:
+                    _read(conn, pending, replies, missing, errors)
+                    if on_chunk is not None and not errors:
+                        on_chunk(pending, replies)
+                pending = chunk
+            if pending is not None:
+                _read(conn, pending, replies, missing, errors)
+                if on_chunk is not None and not errors:
+                    on_chunk(pending, replies)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        if errors:
+            raise errors[0]
+        if missing:  # the server lost its scripts (restart, SCRIPT FLUSH)
+            script.sha = client.script_load(script.script)
+            with client.pipeline(transaction=False) as pipe:
+                for i in missing:
                     pipe.execute_command(  # type: ignore[no-untyped-call]
-                        "EVALSHA", script.sha, 2, *commands[i]
+                        "EVALSHA", script.sha, 2, *gate_keys(backend, calls[i]),
+                        *gate_args(backend, calls[i]),
                     )
-                answers = pipe.execute(raise_on_error=False)
-            missing = []
-            for i, answer in zip(todo, answers, strict=True):
-                if isinstance(answer, NoScriptError):
-                    missing.append(i)
-                elif isinstance(answer, Exception):
-                    raise answer
-                else:
+                for i, answer in zip(missing, pipe.execute(), strict=True):
                     replies[i] = answer
-            if not missing:
-                break
-            script.sha = backend.client.script_load(script.script)
-            todo = missing
-        else:
-            raise DebounceBackendError("gate (bulk): script could not be loaded")
+            if on_chunk is not None:
+                on_chunk(range(len(replies)), replies)
     return [parse_reply(reply) for reply in replies]
+
+
+def _read(
+    conn: Any, indexes: range, replies: list[Any], missing: list[int], errors: list[Exception]
+) -> None:
+    for i in indexes:
+        try:
+            replies[i] = conn.read_response()
+        except NoScriptError:
+            missing.append(i)
+        except ResponseError as exc:  # keep reading so the connection stays in step
+            errors.append(exc)
 
 
 def _pair(call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
