@@ -68,6 +68,7 @@ def compare(
         row.target = f">= {target_ratio:g}x"
         row.passed = row.ratio is not None and row.ratio >= target_ratio
     row.note = note
+    row.extra["baseline_samples"] = list(base)
     return row
 
 

@@ -134,7 +134,7 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
 
     app, url = ctx["app"], ctx["url"]
     big = 100_000 if ctx["quick"] else 1_000_000
-    calls, seconds = (2000, 3.0) if ctx["quick"] else (4000, 6.0)
+    calls, seconds = (2000, 3.0) if ctx["quick"] else (4000, 10.0)
     windows = redis.Redis.from_url(f"{url}/0")
     windows.flushall()
     small_lat: list[float] = []
@@ -142,14 +142,14 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     with celery_worker(url):
         grow_to(app, url, 1000)
         small_lat.append(p99(call_latencies(app, calls)))
-        small_late.append(summary(debounce_lateness(app, url, 200, seconds)["published"]))
+        small_late.append(summary(debounce_lateness(app, url, 300, seconds)["published"]))
         grow_to(app, url, big)
         big_lat = [p99(call_latencies(app, calls))]
-        big_late = [summary(debounce_lateness(app, url, 200, seconds)["published"])]
+        big_late = [summary(debounce_lateness(app, url, 300, seconds)["published"])]
         windows.flushdb()
         grow_to(app, url, 1000)
         small_lat.append(p99(call_latencies(app, calls)))
-        small_late.append(summary(debounce_lateness(app, url, 200, seconds)["published"]))
+        small_late.append(summary(debounce_lateness(app, url, 300, seconds)["published"]))
     windows.flushall()
     rows = []
 

@@ -39,6 +39,7 @@ def grow_to(app: Celery, url: str, count: int) -> None:
     have = client.zcard("debounce:{0}:due")
     if have < count:
         open_windows(app, count - have, f"bg{next(_ids)}-", chunk=10000)
+        time.sleep(2)  # let Redis finish rehashing its key space before measuring
 
 
 def producer_rss(url: str, calls: int) -> list[tuple[int, int]]:
