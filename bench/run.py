@@ -154,8 +154,10 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     rows = []
 
     def scaled(op: str, samples: list[float], base: list[float]) -> Row:
-        row = Row("7", op, "ms", samples, "same with 1,000 open", statistics.mean(base),
+        row = Row("7", op, "ms", samples, "same with 1,000 open (better of 2)", min(base),
                   target="<= 1.25x (or +1 ms)")
+        row.extra["baseline_samples"] = list(base)
+        row.note = "1,000 open, before/after: " + ", ".join(f"{b:.2f}" for b in base)
         row.ratio = row.median / row.baseline_value if row.baseline_value else None
         row.passed = row.ratio is not None and (
             row.ratio <= 1.25 or row.median - (row.baseline_value or 0) <= 1.0)
@@ -166,8 +168,7 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
                        [s_["p50"] for s_ in small_late]))
     rows.append(scaled(f"dispatch lateness p99, {big:,} open", [b["p99"] for b in big_late],
                        [s_["p99"] for s_ in small_late]))
-    rows[0].note = ("1,000-window baseline measured before and after (mean); "
-                    "+1 ms: Redis TIME is in ms")
+    rows[0].note += "; +1 ms allowed: Redis TIME is in ms"
     return rows
 
 
