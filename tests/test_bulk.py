@@ -80,3 +80,45 @@ def test_bulk_per_call_options_and_bypass(app: Celery) -> None:
         plain = enqueue_many(sync, [(("p",), {"n": 5}), (("p",), {"n": 6})], debounce=False)
         assert plain[0].id != plain[1].id
         assert [r.get(timeout=10) for r in plain] == [5, 6]
+
+
+def test_batched_publish_to_a_dead_broker_hands_windows_back(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """The dispatcher's pipelined publish fails as a whole: nothing acked, nothing lost."""
+    import time
+
+    from helpers import make_app
+
+    from celery_debounce import Dispatcher
+    from celery_debounce.local_redis import LocalRedis
+
+    broker = LocalRedis().start()
+    try:
+        app = make_app(redis_server, broker_url=f"{broker.url}/1",
+                       broker_connection_timeout=1, broker_connection_max_retries=0)
+        sync = _task(app, [])
+        enqueue_many(sync, [((f"k{i}",), {}) for i in range(5)],
+                     debounce="1ms", debounce_max_wait="1ms")
+        time.sleep(0.01)
+        dispatcher = Dispatcher(app)
+        assert dispatcher.dispatch_once()[0] == 5  # warm: the broker is up
+        assert redis.Redis.from_url(f"{broker.url}/1").llen("celery") == 5
+
+        enqueue_many(sync, [((f"j{i}",), {}) for i in range(3)],
+                     debounce="1ms", debounce_max_wait="1ms")
+        time.sleep(0.01)
+        port = broker.port
+        broker.cleanup()
+        started = time.monotonic()
+        assert dispatcher.dispatch_once()[0] == 0
+        assert time.monotonic() - started < 10
+        assert redis_client.zcard("debounce:{0}:leased") == 3  # handed back, not acked
+        assert redis_client.zcard("debounce:{0}:due") == 0
+
+        broker = LocalRedis(port=port).start()
+        published = wait_until(lambda: dispatcher.dispatch_once()[0], timeout=10, interval=0.2)
+        assert published == 3
+        assert redis.Redis.from_url(f"{broker.url}/1").llen("celery") == 3
+    finally:
+        broker.cleanup()
