@@ -62,7 +62,7 @@ if os.environ.get("BENCH_REDIS_URL"):
     }
     app = make_app(os.environ["BENCH_REDIS_URL"], **_conf)
 
-if os.environ.get("BENCH_SWITCH"):  # experiment: GIL switch interval in the worker
+if os.environ.get("BENCH_SWITCH"):  # benchmark 5: a worker with a shorter GIL switch interval
     import sys
 
     sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))
