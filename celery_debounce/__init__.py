@@ -6,6 +6,7 @@ from . import signals
 from . import worker_signals as _worker_signals  # noqa: F401  (connects the signals)
 from .admin import DebounceAdmin
 from .bootstep import DispatcherStep, install
+from .bulk import enqueue_many
 from .dispatcher import Dispatcher
 from .errors import (
     DebounceBackendError,
@@ -32,6 +33,7 @@ __all__ = [
     "DispatcherStep",
     "WindowNotFound",
     "WindowNotPending",
+    "enqueue_many",
     "install",
     "send_task",
     "signals",

@@ -13,6 +13,7 @@ import redis
 from celery import Celery
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .errors import DebounceBackendError
@@ -32,7 +33,7 @@ def script_source(name: str) -> str:
 class Backend:
     """One app's Redis client and registered scripts, for the current process.
 
-    Scripts run with EVALSHA and are reloaded on NOSCRIPT (redis-py's Script).
+    Scripts run with EVALSHA and are reloaded on NOSCRIPT.
     """
 
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
@@ -50,8 +51,15 @@ class Backend:
         }
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        with translate_errors(name):
-            return self.scripts[name](keys=keys, args=args)
+        script = self.scripts[name]
+        try:  # plain try rather than translate_errors: this is every call's hot path
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
+                script.sha = self.client.script_load(script.script)
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
 
 
 _lock = threading.Lock()
@@ -76,7 +84,11 @@ def translate_errors(operation: str) -> Iterator[None]:
     """Turn redis-py errors into :class:`DebounceBackendError`."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}") from exc
     except redis.RedisError as exc:
-        raise DebounceBackendError(f"debounce Redis refused {operation}: {exc}") from exc
+        raise _translated(operation, exc) from exc
+
+
+def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
-import uuid
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,17 +60,14 @@ def prepare_call(
     if spec.key is not None:
         key = resolve(spec.key, positional, named)
     else:
-        _, _, canonical = serialization.dumps(
-            [list(positional), sorted(named.items())], serializer=serializer
-        )
-        key = digest_key(canonical if isinstance(canonical, bytes) else canonical.encode())
+        _, canonical = encode([list(positional), sorted(named.items())], serializer)
+        key = digest_key(canonical)
     if len(key) > settings.max_key_length:
         raise DebounceKeyError(
             f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
             f"debounce_max_key_length={settings.max_key_length}"
         )
-    content_type, _encoding, data = serialization.dumps([list(args), kwargs], serializer=serializer)
-    payload = data if isinstance(data, bytes) else data.encode("utf-8")
+    content_type, payload = encode([list(args), kwargs], serializer)
     if len(payload) > settings.max_payload_bytes:
         raise DebouncePayloadError(
             f"{task_name}: arguments serialize to {len(payload)} bytes, above "
@@ -83,12 +80,68 @@ def prepare_call(
         key=key,
         ident=ident,
         shard=shard,
-        task_id=task_id or str(uuid.uuid4()),
+        task_id=task_id or new_task_id(),
         spec=spec,
         content_type=content_type,
         payload=payload,
         options_json=encode_options(options),
     )
+
+
+def new_task_id() -> str:
+    """A random (version 4) UUID as text, like ``str(uuid.uuid4())`` at a third of the cost."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def encode(data: Any, serializer: str) -> tuple[str, bytes]:
+    """``(content type, bytes)`` of ``data``, as kombu's ``dumps`` would encode it."""
+    codec = _codecs.get(serializer)
+    if codec is None:
+        codec = serialization.registry._encoders.get(serializer)
+        if codec is None or serializer == "raw":
+            dumps: Any = serialization.dumps
+            content_type, _, raw = dumps(data, serializer=serializer)
+            return content_type, raw if isinstance(raw, bytes) else raw.encode("utf-8")
+        _codecs[serializer] = codec
+    try:
+        out = codec.encoder(data)
+    except Exception:
+        kombu_dumps: Any = serialization.dumps
+        kombu_dumps(data, serializer=serializer)  # raises kombu's EncodeError
+        raise
+    return codec.content_type, out if isinstance(out, bytes) else out.encode("utf-8")
+
+
+_codecs: dict[str, Any] = {}
+
+#: (signature, parameter names, defaults) of a signature with positional-or-keyword
+#: parameters only; such calls are bound without ``Signature.bind``.
+_Simple = tuple[inspect.Signature, tuple[str, ...], dict[str, Any]]
+_simple: dict[int, _Simple | None] = {}
+
+
+def _simple_signature(signature: inspect.Signature) -> _Simple | None:
+    key = id(signature)
+    if key in _simple:
+        entry = _simple[key]
+        if entry is None or entry[0] is signature:
+            return entry
+    params = signature.parameters.values()
+    entry = None
+    if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+        entry = (
+            signature,
+            tuple(p.name for p in params),
+            {p.name: p.default for p in params if p.default is not p.empty},
+        )
+    if len(_simple) > 4096:
+        _simple.clear()
+    _simple[key] = entry
+    return entry
 
 
 def bind_arguments(
@@ -97,6 +150,23 @@ def bind_arguments(
     """Arguments by signature position and by name, defaults applied."""
     if signature is None:
         return args, kwargs
+    simple = _simple_signature(signature)
+    if simple is not None and len(args) <= len(simple[1]):
+        names, defaults = simple[1], simple[2]
+        fast = dict(zip(names, args, strict=False))
+        used = 0
+        for name in names[len(args):]:
+            if name in kwargs:
+                fast[name] = kwargs[name]
+                used += 1
+            elif name in defaults:
+                fast[name] = defaults[name]
+            else:
+                break
+        else:
+            if used == len(kwargs):
+                return tuple(fast.values()), fast
+        # missing, duplicate or unknown arguments: let inspect raise its usual error
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     positional: list[Any] = []

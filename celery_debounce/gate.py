@@ -8,6 +8,9 @@ from .backend import Backend
 from .call import PreparedCall
 from .signals import call_absorbed, window_opened
 
+#: Content type not stored in a window record (``ct`` absent means this).
+DEFAULT_CONTENT_TYPE = "application/json"
+
 
 @dataclass(frozen=True)
 class GateResult:
@@ -32,7 +35,7 @@ def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
         spec.window_ms,
         spec.max_wait_ms,
         1 if spec.replace_payload else 0,
-        call.content_type,
+        "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
         call.options_json,
         call.ident,

@@ -60,7 +60,7 @@ class TaskDefaults:
 
     def for_call(self, options: MutableMapping[str, Any]) -> DebounceSpec | None:
         """Pop the debounce options from a call's ``options``; None: publish plainly."""
-        if not any(name in options for name in OPTION_NAMES):
+        if not options or not any(name in options for name in OPTION_NAMES):
             return self.spec
         debounce = options.pop("debounce", None)
         key = options.pop("debounce_key", None)

@@ -4,11 +4,13 @@
 --            id  task id        fs  first_seen ms     dl  deadline ms
 --            mw  max-wait ms    n   calls absorbed    ct  payload content type
 --            p   payload        o   opener's options (JSON)
+--            ct is left out when it is application/json and o when it is {}
+--            (readers use those defaults): about 40 bytes less per window
 -- KEYS[2]  <tag>:due            zset ident -> deadline ms
 -- ARGV[1]  task id to use if this call opens the window
 -- ARGV[2]  window ms          ARGV[3]  max wait ms
 -- ARGV[4]  "1" to replace the payload of an open window, else "0"
--- ARGV[5]  payload content type
+-- ARGV[5]  payload content type, '' for application/json
 -- ARGV[6]  payload            ARGV[7]  opener's options JSON
 -- ARGV[8]  ident (the due member)
 -- ARGV[9]  wake channel, published to when this window becomes the earliest
@@ -27,7 +29,12 @@ if found[1] then
   deadline = math.min(now + window, tonumber(found[2]))
   calls = redis.call('HINCRBY', KEYS[1], 'n', 1)
   if ARGV[4] == '1' then
-    redis.call('HSET', KEYS[1], 'dl', string.format('%d', deadline), 'ct', ARGV[5], 'p', ARGV[6])
+    redis.call('HSET', KEYS[1], 'dl', string.format('%d', deadline), 'p', ARGV[6])
+    if ARGV[5] == '' then
+      redis.call('HDEL', KEYS[1], 'ct')
+    else
+      redis.call('HSET', KEYS[1], 'ct', ARGV[5])
+    end
   else
     redis.call('HSET', KEYS[1], 'dl', string.format('%d', deadline))
   end
@@ -42,9 +49,13 @@ else
     'dl', string.format('%d', deadline),
     'mw', string.format('%d', ceiling),
     'n', 1,
-    'ct', ARGV[5],
-    'p', ARGV[6],
-    'o', ARGV[7])
+    'p', ARGV[6])
+  if ARGV[5] ~= '' then
+    redis.call('HSET', KEYS[1], 'ct', ARGV[5])
+  end
+  if ARGV[7] ~= '{}' then
+    redis.call('HSET', KEYS[1], 'o', ARGV[7])
+  end
   opened = 1
   calls = 1
 end

@@ -20,7 +20,8 @@
 -- (their dispatcher died or their publish failed); claimed or queued ones are
 -- dropped from the lease set.
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
--- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries}.
+-- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries}; ct and o may be nil
+-- (application/json and {}: see gate.lua).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
