@@ -29,6 +29,7 @@ from kombu import serialization
 
 from .backend import SCRIPT_NAMES, Backend, backend_for, script_source
 from .dispatcher import SHARD_HEADER, Dispatcher, take_due
+from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 from .settings import settings_for
 
@@ -96,7 +97,7 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
             if tid is None:
                 continue
             task_name, key = split_ident(ident)
-            args, kwargs = _decode(app, _text(ct), p)
+            args, kwargs = _decode(app, _text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
             yield backend, shard, ident, PendingWindow(
                 task=task_name,
                 key=key,
