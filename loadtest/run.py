@@ -116,6 +116,13 @@ def main() -> int:
         for tid, start, _ in calls:
             first_call[tid] = min(first_call.get(tid, start), start)
         late = sorted(starts[t] - (first_call[t] + MAX_WAIT_MS) for t in ids if t in starts)
+        times = {k.decode(): [int(x) for x in v.split(b",")]
+                 for k, v in runs.hgetall("load:times").items()}
+        published = [t for t in times.values() if t[3]]
+        taken_late = sorted(ta - dl for dl, _, ta, _ in published)
+        publish_late = sorted(pa - dl for dl, _, _, pa in published)
+        past_ceiling = sum(1 for _, mw, ta, _ in published if ta > mw)
+        queue_wait = sorted(starts[i] - times[i][3] for i in times if times[i][3] and i in starts)
         print(f"windows opened: {len(ids)}  (calls coalesced per window: {total / len(ids):.1f})")
         print(f"runs: {sum(counts.values())}  windows run: {len(counts)}  "
               f"duplicate runs: {sum(n - 1 for n in dupes.values())}")
@@ -125,6 +132,16 @@ def main() -> int:
               f"p50 {statistics.median(late):.0f}  p99 {late[int(len(late) * 0.99)]:.0f}  "
               f"max {late[-1]:.0f}  (negative: ran before the ceiling)")
         print(f"all calls drained in {drain_s:.1f}s")
+
+        def pct(xs: list[float]) -> str:
+            return (f"p50 {statistics.median(xs):.0f}  p99 {xs[int(len(xs) * 0.99)]:.0f}  "
+                    f"max {xs[-1]:.0f}")
+
+        print(f"dispatch latency, deadline -> taken (ms): {pct(taken_late)}")
+        print(f"dispatch latency, deadline -> handed to the broker (ms): {pct(publish_late)}")
+        print(f"windows taken after their max-wait ceiling: {past_ceiling} "
+              "(those are the ones dispatch latency made late)")
+        print(f"broker queue wait, published -> run start (ms): {pct(queue_wait)}")
         ok = not never and not early and not dupes
         t1 = time.time()
         while time.time() < t1 + opts.history_ttl + 30 and package_keys(windows) > baseline_keys:
