@@ -205,7 +205,14 @@ def encode_options(options: Mapping[str, Any]) -> str:
                     f"expires={value!r}: expected seconds, a timedelta or a datetime"
                 )
         elif name in ("link", "link_error"):
-            value = [dict(s) for s in value] if isinstance(value, (list, tuple)) else dict(value)
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(s, Mapping) for s in items):
+                raise DebounceConfigError(
+                    f"{name}={value!r}: expected a signature or a list of them"
+                )
+            value = [dict(s) for s in items] if isinstance(value, (list, tuple)) else dict(value)
+        elif name == "headers" and not isinstance(value, Mapping):
+            raise DebounceConfigError(f"headers={value!r}: expected a mapping")
         stored[name] = value
     try:
         return json.dumps(stored, separators=(",", ":"), sort_keys=True)

@@ -15,6 +15,7 @@ import redis
 from celery import Celery
 from celery.canvas import maybe_signature
 from kombu import serialization
+from kombu.exceptions import EncodeError
 
 from .backend import Backend, backend_for, translate_errors
 from .errors import DebounceBackendError
@@ -163,20 +164,24 @@ class Dispatcher:
         next_in = self.settings.poll_interval_ms
         for shard in range(self.settings.shards):
             while True:
+                took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
-                published += self._publish(shard, taken.windows)
+                published += self._publish(shard, taken.windows, took_at)
                 if taken.next_in_ms >= 0:
                     next_in = min(next_in, taken.next_in_ms)
                 if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
                     break
         return published, next_in
 
-    def _publish(self, shard: int, windows: list[TakenWindow]) -> int:
+    def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         if not windows:
             return 0
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
         failed: list[str] = []
+        # Past half its lease a window may be taken again by another dispatcher: publishing
+        # it then would send it twice. Leave it leased; whoever takes it next publishes it.
+        lease_end = took_at + self.settings.dispatch_lease_ms / 2000
         with self.app.producer_or_acquire() as producer:
             try:
                 # One pipeline for the whole batch where kombu supports it (>= 5.7):
@@ -185,6 +190,14 @@ class Dispatcher:
                     for window in windows:
                         if failed:
                             failed.append(window.task_id)
+                            continue
+                        if time.monotonic() >= lease_end:
+                            logger.warning(
+                                "debounce: %s[%s] key=%r not published: half its %dms lease "
+                                "passed (slow broker?); it is published after the lease expires",
+                                window.task_name, window.task_id, window.key,
+                                self.settings.dispatch_lease_ms,
+                            )
                             continue
                         try:
                             self._send(producer, window)
@@ -216,16 +229,33 @@ class Dispatcher:
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
-            args, kwargs = serialization.loads(
-                window.payload, window.content_type, "utf-8", accept=self.accept
-            )
-            options = json.loads(window.options_json)
-            if not isinstance(options, dict):
-                raise ValueError("options are not a JSON object")
+            args, kwargs, options = self._message(window)
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            self.app.send_task(
+                window.task_name,
+                args=args,
+                kwargs=kwargs,
+                task_id=window.task_id,
+                producer=producer,
+                retry=False,
+                **options,
+            )
+        except (TypeError, ValueError, EncodeError) as exc:  # the message, not the broker
+            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+
+    def _message(self, window: TakenWindow) -> tuple[Any, Any, dict[str, Any]]:
+        """Decode a window's record into send_task's args, kwargs and options."""
+        args, kwargs = serialization.loads(
+            window.payload, window.content_type, "utf-8", accept=self.accept
+        )
+        options = json.loads(window.options_json)
+        if not isinstance(options, dict):
+            raise ValueError("options are not a JSON object")
         headers = dict(options.pop("headers", None) or {})
         headers[SHARD_HEADER] = window.shard
+        options["headers"] = headers
         if "expires" in options:
             options["expires"] = datetime.now(timezone.utc) + timedelta(seconds=options["expires"])
         if "expires_at" in options:
@@ -236,16 +266,7 @@ class Dispatcher:
                 items = value if isinstance(value, list) else [value]
                 options[name] = [maybe_signature(s, app=self.app) for s in items]
         options.pop("task_id", None)
-        self.app.send_task(
-            window.task_name,
-            args=args,
-            kwargs=kwargs,
-            task_id=window.task_id,
-            producer=producer,
-            headers=headers,
-            retry=False,
-            **options,
-        )
+        return args, kwargs, options
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         tag = self.settings.tag(window.shard)

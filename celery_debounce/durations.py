@@ -14,6 +14,9 @@ _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 
 Duration = str | int | float | timedelta
 
+#: Longest duration accepted (10 years): keeps every deadline an exact integer in Lua.
+MAX_MS = 10 * 365 * 86_400_000
+
 
 def parse_duration(option: str, value: object) -> int:
     """Return ``value`` as a positive number of milliseconds.
@@ -49,6 +52,8 @@ def parse_duration(option: str, value: object) -> int:
             f"{option}={value!r}: expected a duration (str, int, float or timedelta), "
             f"got {type(value).__name__}"
         )
+    if ms > MAX_MS:
+        raise DebounceConfigError(f"{option}={value!r}: duration longer than 10 years")
     result = round(ms)
     if result <= 0:
         raise DebounceConfigError(f"{option}={value!r}: duration must be positive")

@@ -48,11 +48,15 @@ class KeyTemplate:
         return tuple(p for p in self.parts if isinstance(p, Placeholder))
 
 
-@lru_cache(maxsize=1024)
 def parse_template(source: str, option: str = "debounce_key") -> KeyTemplate:
     """Parse ``source``; raise :class:`DebounceConfigError` on bad syntax."""
-    if not isinstance(source, str):
+    if not isinstance(source, str):  # checked before the cache: lists are unhashable
         raise DebounceConfigError(f"{option}={source!r}: expected a str template")
+    return _parse_template(source, option)
+
+
+@lru_cache(maxsize=1024)
+def _parse_template(source: str, option: str) -> KeyTemplate:
     parts: list[Part] = []
     literal: list[str] = []
     i, n = 0, len(source)

@@ -123,6 +123,8 @@ def send_task(
     a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
     task is registered in this process, its signature and defaults are used.
     """
+    if not isinstance(name, str) or not name:
+        raise DebounceConfigError(f"send_task name={name!r}: expected a non-empty task name")
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
     defaults = debounced._debounce_defaults if debounced else TaskDefaults()

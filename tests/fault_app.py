@@ -1,0 +1,80 @@
+"""The app the fault tests run in subprocesses (workers, a dispatcher that gets killed).
+
+Configured from the environment: FAULT_REDIS (windows DB 0, broker DB 1),
+FAULT_BROKER (default FAULT_REDIS DB 1). Every run appends its task id to the
+Redis list ``runs:<key>`` in DB 0 (outside the package's ``debounce:*`` keys).
+
+    python fault_app.py take [--publish]   take due windows, print their ids, then hang
+                                           (publishing them first with --publish) until killed
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import redis
+from celery import Celery
+
+from celery_debounce import DebouncedTask
+
+
+def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0) -> Celery:
+    """The fault-test app; the same task names in the test process and in subprocesses."""
+    app = Celery("fault_app", set_as_current=False)
+    app.conf.update(
+        broker_url=broker_url or f"{redis_url}/1",
+        task_ignore_result=True,  # runs are recorded in runs:<key> instead
+        debounce_redis_url=f"{redis_url}/0",
+        debounce_poll_interval=0.2,
+        debounce_dispatch_lease=lease,
+        debounce_redis_timeout=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": 2,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+        worker_prefetch_multiplier=1,
+        task_acks_late=True,
+        worker_hijack_root_logger=False,
+    )
+
+    @app.task(base=DebouncedTask, name="faults.record", bind=True, shared=False,
+              debounce="200ms", debounce_key="k:{0}", debounce_max_wait="2s")
+    def record(self: DebouncedTask, key: str, n: int = 0) -> str:
+        """Append this run's id to runs:<key>; block while ``block:<key>`` exists."""
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+        client.rpush(f"runs:{key}", self.request.id)
+        while client.exists(f"block:{key}"):
+            time.sleep(0.05)
+        client.close()
+        return key
+
+    return app
+
+
+app = build(
+    os.environ.get("FAULT_REDIS", "redis://127.0.0.1:6379"),
+    os.environ.get("FAULT_BROKER"),
+    float(os.environ.get("FAULT_LEASE", "1")),
+)
+
+
+def take_and_hang(publish: bool) -> None:
+    from celery_debounce.dispatcher import Dispatcher, take_due
+
+    dispatcher = Dispatcher(app, name="doomed")
+    taken = take_due(dispatcher.backend, 0, 100)
+    if publish:
+        with app.producer_or_acquire() as producer:
+            for window in taken.windows:
+                dispatcher._send(producer, window)
+    print("TAKEN", *[w.task_id for w in taken.windows], flush=True)
+    time.sleep(600)  # ack.lua never runs: the test SIGKILLs us here
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["take"]:
+    take_and_hang("--publish" in sys.argv)

@@ -1,0 +1,209 @@
+"""Hostile input: every row of the table in docs/guarantees.md.
+
+Each bad input raises a DebounceError subclass (or the serializer's own error)
+before anything is written: no package key, no broker message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from helpers import make_app, package_keys, running_worker, wait_until
+from kombu.exceptions import EncodeError
+
+from celery_debounce import (
+    DebounceConfigError,
+    DebouncedTask,
+    DebounceKeyError,
+    DebouncePayloadError,
+    send_task,
+)
+from celery_debounce.windows import list_windows
+
+Call = Callable[[Celery, Any], Any]
+
+
+def nothing_written(client: redis.Redis) -> bool:
+    """No package key in DB 0 and no message in the broker (DB 1)."""
+    broker = client.connection_pool.connection_kwargs
+    broker_client = redis.Redis(host=broker["host"], port=broker["port"], db=1)
+    return package_keys(client) == [] and broker_client.dbsize() == 0
+
+
+def task_on(app: Celery, **options: Any) -> Any:
+    options = {"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "u:{user}",
+               **options}
+
+    @app.task(base=DebouncedTask, shared=False, name="hostile.task", **options)
+    def task(user: Any = "u1", opts: Any = None) -> None:
+        pass
+
+    return task
+
+
+def call(*args: Any, **kwargs: Any) -> Call:
+    return lambda app, task: task.apply_async(args, kwargs.pop("kw", {}), **kwargs)
+
+
+HUGE = "x" * 1025
+
+# (row id, the call, the exception it gets). Option values are per call; the task's
+# own options are the ones of task_on().
+ROWS: list[tuple[str, Call, type[BaseException]]] = [
+    # placeholders
+    ("missing placeholder", call(debounce_key="{missing}"), DebounceKeyError),
+    ("positional placeholder past the arguments", call(debounce_key="{3}"), DebounceKeyError),
+    ("None value", call(None), DebounceKeyError),
+    ("nested: key absent", call({"name": "x"}, debounce_key="{user.id}"), DebounceKeyError),
+    ("nested: None leaf", call(kw={"opts": {"a": None}}, debounce_key="{opts.a}"),
+     DebounceKeyError),
+    ("nested: into a scalar", call("text", debounce_key="{user.id}"), DebounceKeyError),
+    ("list value", call(["a"]), DebounceKeyError),
+    ("dict value", call({"a": 1}), DebounceKeyError),
+    ("object value", call(object()), DebounceKeyError),
+    # sizes
+    ("key above debounce_max_key_length (1024)", call(HUGE), DebounceKeyError),
+    ("payload above debounce_max_payload_bytes", call("u1", kw={"opts": "y" * (1 << 20)}),
+     DebouncePayloadError),
+    ("non-serializable argument", call("u1", kw={"opts": object()}), EncodeError),
+    # durations
+    ("zero window", call(debounce="0s"), DebounceConfigError),
+    ("negative window", call(debounce=-3), DebounceConfigError),
+    ("unparsable window", call(debounce="soon"), DebounceConfigError),
+    ("infinite window", call(debounce=math.inf), DebounceConfigError),
+    ("NaN window", call(debounce=math.nan), DebounceConfigError),
+    ("bool window", call(debounce=True), DebounceConfigError),
+    ("window over 10 years", call(debounce="4000d", debounce_max_wait="5000d"),
+     DebounceConfigError),
+    ("unparsable max wait", call(debounce_max_wait="forever"), DebounceConfigError),
+    ("max wait shorter than the window", call(debounce="5m", debounce_max_wait="1m"),
+     DebounceConfigError),
+    # wrong types
+    ("debounce: list", call(debounce=[1]), DebounceConfigError),
+    ("debounce_max_wait: dict", call(debounce_max_wait={}), DebounceConfigError),
+    ("debounce_key: int", call(debounce_key=5), DebounceConfigError),
+    ("debounce_key: list", call(debounce_key=["u"]), DebounceConfigError),
+    ("debounce_replace_payload: str", call(debounce_replace_payload="yes"), DebounceConfigError),
+    ("debounce_replace_payload: int", call(debounce_replace_payload=1), DebounceConfigError),
+    ("headers: str", call(headers="x"), DebounceConfigError),
+    ("link: int", call(link=5), DebounceConfigError),
+    ("expires: str", call(expires="soon"), DebounceConfigError),
+    ("options not JSON-serializable", call(some_option=object()), DebounceConfigError),
+    ("countdown with debounce", call(countdown=5), DebounceConfigError),
+    # templates
+    ("attribute access", call(debounce_key="{user.__class__.__name__}"), DebounceKeyError),
+    ("attribute access on position", call(debounce_key="{0.__class__}"), DebounceKeyError),
+    ("indexing", call(debounce_key="{user[0]}"), DebounceConfigError),
+    ("format spec", call(debounce_key="{user:>10}"), DebounceConfigError),
+    ("conversion", call(debounce_key="{user!r}"), DebounceConfigError),
+    ("unclosed brace", call(debounce_key="{user"), DebounceConfigError),
+    ("single closing brace", call(debounce_key="user}"), DebounceConfigError),
+    # by-name producer
+    ("send_task: empty name", lambda app, t: send_task(
+        app, "", debounce="1s", debounce_max_wait="1m"), DebounceConfigError),
+    ("send_task: name not a str", lambda app, t: send_task(
+        app, None, debounce="1s", debounce_max_wait="1m"), DebounceConfigError),  # type: ignore[arg-type]
+    ("send_task: debounce without max wait", lambda app, t: send_task(
+        app, "x.y", debounce="1s"), DebounceConfigError),
+]
+
+
+@pytest.mark.parametrize(("row", "make_call", "error"), ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input_raises_and_writes_nothing(
+    app: Celery, redis_client: redis.Redis, row: str, make_call: Call,
+    error: type[BaseException],
+) -> None:
+    task = task_on(app)
+    with pytest.raises(error):
+        make_call(app, task)
+    assert nothing_written(redis_client)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("debounce_shards", "2"),
+        ("debounce_shards", 0),
+        ("debounce_max_key_length", -1),
+        ("debounce_max_payload_bytes", 1.5),
+        ("debounce_redis_url", "http://127.0.0.1:6379"),
+        ("debounce_key_prefix", "a{b}"),
+        ("debounce_key_prefix", ""),
+        ("debounce_dispatch_lease", "soon"),
+        ("debounce_history_ttl", -1),
+    ],
+)
+def test_bad_settings_raise_at_the_first_call_and_write_nothing(
+    redis_server: str, redis_client: redis.Redis, setting: str, value: Any
+) -> None:
+    app = make_app(redis_server, **{setting: value})
+    task = task_on(app)
+    with pytest.raises(DebounceConfigError, match=setting):
+        task.delay("u1")
+    assert nothing_written(redis_client)
+
+
+def test_key_at_the_length_limit_is_accepted(app: Celery, redis_client: redis.Redis) -> None:
+    task = task_on(app, debounce_key="{user}")
+    task.delay("x" * 1024)
+    assert [w.key for w in list_windows(app)] == ["x" * 1024]
+
+
+def test_payload_limit_is_configurable(app_factory: Any, redis_client: redis.Redis) -> None:
+    app = app_factory(debounce_max_payload_bytes=100)
+    task = task_on(app)
+    task.delay("u1", "y" * 10)
+    with pytest.raises(DebouncePayloadError, match="debounce_max_payload_bytes=100"):
+        task.delay("u2", "y" * 200)
+    assert [w.key for w in list_windows(app)] == ["u:u1"]
+
+
+SEPARATOR_KEYS = ["a:b", "a", "b", ":", "::", "{0}", "}{", "*", "?", "[x]", "a\nb", "é", " ",
+                  "debounce:{0}:due", "1:a:b"]
+
+
+def test_keys_with_separator_characters_are_distinct_windows(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    task = task_on(app, debounce_key="{user}")
+    ids = {key: task.delay(key).id for key in SEPARATOR_KEYS}
+    assert len(set(ids.values())) == len(SEPARATOR_KEYS)
+    assert {key: task.delay(key).id for key in SEPARATOR_KEYS} == ids  # and they coalesce
+    windows = list_windows(app)
+    assert sorted(w.key for w in windows) == sorted(SEPARATOR_KEYS)
+    assert {w.task for w in windows} == {"hostile.task"}
+    # glob characters in keys do not confuse the inspect filter
+    assert [w.key for w in list_windows(app, key_glob="[[]x]")] == ["[x]"]
+
+
+def test_task_names_with_separators_cannot_collide(app: Celery) -> None:
+    a = send_task(app, "a", args=("k:x",), debounce="1m", debounce_max_wait="1m",
+                  debounce_key="{0}")
+    b = send_task(app, "a:k", args=("x",), debounce="1m", debounce_max_wait="1m",
+                  debounce_key="{0}")
+    assert a.id != b.id
+    assert sorted((w.task, w.key) for w in list_windows(app)) == [("a", "k:x"), ("a:k", "x")]
+
+
+def test_unknown_task_name_by_name_producer(
+    app_factory: Any, redis_client: redis.Redis
+) -> None:
+    """A by-name producer cannot know the workers' tasks: the call is accepted (as with
+    Celery's send_task) and the worker rejects the message as an unregistered task."""
+    producer = app_factory()
+    worker_app = app_factory()
+    task_on(worker_app)  # the worker knows hostile.task only
+    result = send_task(producer, "no.such.task", args=(1,), debounce="100ms",
+                       debounce_max_wait="1s")
+    (window,) = list_windows(producer)
+    assert (window.task, window.task_id) == ("no.such.task", result.id)
+    with running_worker(worker_app):
+        queued = wait_until(lambda: list_windows(producer, states=["queued"]), 10)
+    # published once, never claimed: it stays queued until debounce_record_ttl
+    assert [w.task_id for w in queued] == [result.id]
+    assert not list_windows(producer, states=["pending", "dispatching", "claimed"])
