@@ -159,19 +159,24 @@ class Dispatcher:
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
-        """Publish every due window once. Returns (windows published, ms until next due)."""
+        """Publish every due window once. Returns (windows published, ms until next due).
+
+        A full batch is followed by another take at once. The time until the next
+        deadline is counted from each take, so publishing a batch does not push the
+        next wake-up past a deadline that came due meanwhile.
+        """
         published = 0
-        next_in = self.settings.poll_interval_ms
+        next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
                 published += self._publish(shard, taken.windows, took_at)
                 if taken.next_in_ms >= 0:
-                    next_in = min(next_in, taken.next_in_ms)
+                    next_at = min(next_at, took_at + taken.next_in_ms / 1000)
                 if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
                     break
-        return published, next_in
+        return published, max(0, int((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         if not windows:
