@@ -183,7 +183,7 @@ class Dispatcher:
             return 0
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
-        failed: list[str] = []
+        failed: list[TakenWindow] = []
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
@@ -194,7 +194,7 @@ class Dispatcher:
                 with _batch(producer, len(windows)):
                     for window in windows:
                         if failed:
-                            failed.append(window.task_id)
+                            failed.append(window)
                             continue
                         if time.monotonic() >= lease_end:
                             logger.warning(
@@ -213,13 +213,13 @@ class Dispatcher:
                                 "debounce: publishing %s[%s] key=%r failed, will retry: %r",
                                 window.task_name, window.task_id, window.key, exc,
                             )
-                            failed.append(window.task_id)
+                            failed.append(window)
                         else:
                             sent.append(window)
             except Exception as exc:  # the batched publish failed: none is confirmed
                 logger.warning("debounce: publishing a batch of %d failed, will retry: %r",
                                len(sent), exc)
-                failed = [w.task_id for w in sent] + failed
+                failed = sent + failed
                 sent = []
         if sent:
             self.backend.run(
@@ -229,7 +229,9 @@ class Dispatcher:
                 _announce(window)
         if failed:
             delay = min(self.settings.dispatch_lease_ms, 1000)
-            self.backend.run("release", [f"{tag}:leased"], [delay, *failed])
+            # (id, tries) pairs: a lease another dispatcher took over is not moved
+            pairs = [x for w in failed for x in (w.task_id, w.tries)]
+            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
         return len(sent)
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
