@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -69,6 +69,10 @@ class TakeResult:
     now_ms: int
     next_in_ms: int  # -1: nothing pending
     windows: list[TakenWindow]
+    #: (key, Redis error) of entries take.lua set aside: a key of the wrong type
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: (task id, reason) of taken records whose fields cannot be read
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _text(value: Any) -> str:
@@ -86,26 +90,36 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
          settings.history_ttl_ms],
     )
     now_ms = int(reply[0])
-    windows = []
+    result = TakeResult(now_ms, int(reply[1]), [])
     for row in reply[2:]:
-        tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
-        windows.append(
-            TakenWindow(
-                shard=shard,
-                task_id=_text(tid),
-                ident=_text(ident),
-                first_seen_ms=int(fs),
-                deadline_ms=int(dl),
-                max_wait_ms=int(mw),
-                calls=int(n),
-                content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
-                payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
-                options_json=_text(opts) if opts is not None else "{}",
-                tries=int(tries or 1),
-                taken_ms=now_ms,
-            )
-        )
-    return TakeResult(now_ms, int(reply[1]), windows)
+        if len(row) == 2:  # a key of the wrong type, set aside by take.lua
+            result.skipped.append((_text(row[0]), _text(row[1])))
+            continue
+        try:
+            result.windows.append(_taken(shard, now_ms, row))
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:  # fields missing or garbled
+            tid = _text(row[0]) if row[0] is not None else "?"
+            result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
+    return result
+
+
+def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
+    tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
+    split_ident(_text(ident))  # raises on a malformed ident
+    return TakenWindow(
+        shard=shard,
+        task_id=_text(tid),
+        ident=_text(ident),
+        first_seen_ms=int(fs),
+        deadline_ms=int(dl),
+        max_wait_ms=int(mw),
+        calls=int(n),
+        content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
+        payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
+        options_json=_text(opts) if opts is not None else "{}",
+        tries=int(tries or 1),
+        taken_ms=now_ms,
+    )
 
 
 def _announce(window: TakenWindow) -> None:
@@ -171,10 +185,12 @@ class Dispatcher:
             while True:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                self._set_aside(shard, taken)
                 published += self._publish(shard, taken.windows, took_at)
                 if taken.next_in_ms >= 0:
                     next_at = min(next_at, took_at + taken.next_in_ms / 1000)
-                if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
+                got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
+                if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
         return published, max(0, int((next_at - time.monotonic()) * 1000))
 
@@ -276,14 +292,30 @@ class Dispatcher:
         return args, kwargs, options
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
-        tag = self.settings.tag(window.shard)
         logger.error(
             "debounce: quarantined %s[%s] key=%r: cannot build its message: %s",
             window.task_name, window.task_id, window.key, reason,
         )
+        self._quarantine_id(window.shard, window.task_id, reason)
+
+    def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
+        tag = self.settings.tag(shard)
         self.backend.run(
-            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, window.task_id, reason]
+            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, task_id, reason]
         )
+
+    def _set_aside(self, shard: int, taken: TakeResult) -> None:
+        """Log the entries take.lua skipped; quarantine records that cannot be read."""
+        for key, error in taken.skipped:
+            logger.error(
+                "debounce: skipped %s: %s (not a window record: something else wrote this "
+                "key; it was taken out of the due/lease set, delete it to reuse the key)",
+                key, error,
+            )
+        for task_id, reason in taken.unreadable:
+            logger.error("debounce: quarantined window %s: %s", task_id, reason)
+            if task_id != "?":
+                self._quarantine_id(shard, task_id, reason)
 
     # -- loop ---------------------------------------------------------------
     def run(self) -> None:
