@@ -289,6 +289,12 @@ class Dispatcher:
                 items = value if isinstance(value, list) else [value]
                 options[name] = [maybe_signature(s, app=self.app) for s in items]
         options.pop("task_id", None)
+        # Publish with the serializer the payload was stored with: send_task would use
+        # the app's default where the task is not registered here (any standalone
+        # dispatcher, and every dispatcher on Celery < 5.4).
+        serializer = serialization.registry.type_to_name.get(window.content_type)
+        if serializer is not None:
+            options.setdefault("serializer", serializer)
         return args, kwargs, options
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from fault_app import build
 from helpers import running_worker, wait_until
 
-from celery_debounce import DebounceBackendError
+from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.backend import backend_for
 from celery_debounce.dispatcher import Dispatcher, take_due
 from celery_debounce.windows import list_windows
@@ -120,3 +122,32 @@ def test_an_expired_message_finishes_its_window_as_revoked(
     assert redis_client.hget(record, "rs") == b"REVOKED"
     assert not runs(redis_client, "exp")
     assert not redis_client.zrange("debounce:{0}:active", 0, -1)
+
+
+def test_a_dispatcher_without_the_task_publishes_with_the_payloads_serializer(
+    app_factory: Any, redis_client: redis.Redis,
+) -> None:
+    """A standalone dispatcher need not import the tasks; a pickled window stays pickled
+    (send_task would otherwise encode it with the app's default serializer, json)."""
+    runs: list[Any] = []
+
+    def register(app: Celery) -> Any:
+        @app.task(base=DebouncedTask, shared=False, name="rob.pickled", debounce="100ms",
+                  debounce_key="k", debounce_max_wait="1s", serializer="pickle")
+        def pickled(x: Any) -> None:
+            runs.append(x)
+
+        return pickled
+
+    producer, worker, dispatcher_app = (
+        app_factory(accept_content=["json", "pickle"], debounce_dispatcher=False)
+        for _ in range(3))
+    task = register(producer)
+    register(worker)
+    task.delay({1, 2})
+    with running_worker(worker):
+        dispatcher = Dispatcher(dispatcher_app, name="standalone")
+        wait_until(lambda: dispatcher.dispatch_once()[0], 5)
+        wait_until(lambda: runs, 10)
+    assert runs == [{1, 2}]
+    assert not list_windows(producer, states=["quarantined"])
