@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -69,6 +69,10 @@ class TakeResult:
     now_ms: int
     next_in_ms: int  # -1: nothing pending
     windows: list[TakenWindow]
+    #: (key, Redis error) of entries take.lua set aside: a key of the wrong type
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: (task id, reason) of taken records whose fields cannot be read
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _text(value: Any) -> str:
@@ -86,26 +90,36 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
          settings.history_ttl_ms],
     )
     now_ms = int(reply[0])
-    windows = []
+    result = TakeResult(now_ms, int(reply[1]), [])
     for row in reply[2:]:
-        tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
-        windows.append(
-            TakenWindow(
-                shard=shard,
-                task_id=_text(tid),
-                ident=_text(ident),
-                first_seen_ms=int(fs),
-                deadline_ms=int(dl),
-                max_wait_ms=int(mw),
-                calls=int(n),
-                content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
-                payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
-                options_json=_text(opts) if opts is not None else "{}",
-                tries=int(tries or 1),
-                taken_ms=now_ms,
-            )
-        )
-    return TakeResult(now_ms, int(reply[1]), windows)
+        if len(row) == 2:  # a key of the wrong type, set aside by take.lua
+            result.skipped.append((_text(row[0]), _text(row[1])))
+            continue
+        try:
+            result.windows.append(_taken(shard, now_ms, row))
+        except (TypeError, ValueError, UnicodeDecodeError) as exc:  # fields missing or garbled
+            tid = _text(row[0]) if row[0] is not None else "?"
+            result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
+    return result
+
+
+def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
+    tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
+    split_ident(_text(ident))  # raises on a malformed ident
+    return TakenWindow(
+        shard=shard,
+        task_id=_text(tid),
+        ident=_text(ident),
+        first_seen_ms=int(fs),
+        deadline_ms=int(dl),
+        max_wait_ms=int(mw),
+        calls=int(n),
+        content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
+        payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
+        options_json=_text(opts) if opts is not None else "{}",
+        tries=int(tries or 1),
+        taken_ms=now_ms,
+    )
 
 
 def _announce(window: TakenWindow) -> None:
@@ -159,26 +173,33 @@ class Dispatcher:
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
-        """Publish every due window once. Returns (windows published, ms until next due)."""
+        """Publish every due window once. Returns (windows published, ms until next due).
+
+        A full batch is followed by another take at once. The time until the next
+        deadline is counted from each take, so publishing a batch does not push the
+        next wake-up past a deadline that came due meanwhile.
+        """
         published = 0
-        next_in = self.settings.poll_interval_ms
+        next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                self._set_aside(shard, taken)
                 published += self._publish(shard, taken.windows, took_at)
                 if taken.next_in_ms >= 0:
-                    next_in = min(next_in, taken.next_in_ms)
-                if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
+                    next_at = min(next_at, took_at + taken.next_in_ms / 1000)
+                got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
+                if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
-        return published, next_in
+        return published, max(0, int((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         if not windows:
             return 0
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
-        failed: list[str] = []
+        failed: list[TakenWindow] = []
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
@@ -189,7 +210,7 @@ class Dispatcher:
                 with _batch(producer, len(windows)):
                     for window in windows:
                         if failed:
-                            failed.append(window.task_id)
+                            failed.append(window)
                             continue
                         if time.monotonic() >= lease_end:
                             logger.warning(
@@ -208,13 +229,13 @@ class Dispatcher:
                                 "debounce: publishing %s[%s] key=%r failed, will retry: %r",
                                 window.task_name, window.task_id, window.key, exc,
                             )
-                            failed.append(window.task_id)
+                            failed.append(window)
                         else:
                             sent.append(window)
             except Exception as exc:  # the batched publish failed: none is confirmed
                 logger.warning("debounce: publishing a batch of %d failed, will retry: %r",
                                len(sent), exc)
-                failed = [w.task_id for w in sent] + failed
+                failed = sent + failed
                 sent = []
         if sent:
             self.backend.run(
@@ -224,7 +245,9 @@ class Dispatcher:
                 _announce(window)
         if failed:
             delay = min(self.settings.dispatch_lease_ms, 1000)
-            self.backend.run("release", [f"{tag}:leased"], [delay, *failed])
+            # (id, tries) pairs: a lease another dispatcher took over is not moved
+            pairs = [x for w in failed for x in (w.task_id, w.tries)]
+            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
         return len(sent)
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
@@ -266,17 +289,39 @@ class Dispatcher:
                 items = value if isinstance(value, list) else [value]
                 options[name] = [maybe_signature(s, app=self.app) for s in items]
         options.pop("task_id", None)
+        # Publish with the serializer the payload was stored with: send_task would use
+        # the app's default where the task is not registered here (any standalone
+        # dispatcher, and every dispatcher on Celery < 5.4).
+        serializer = serialization.registry.type_to_name.get(window.content_type)
+        if serializer is not None:
+            options.setdefault("serializer", serializer)
         return args, kwargs, options
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
-        tag = self.settings.tag(window.shard)
         logger.error(
             "debounce: quarantined %s[%s] key=%r: cannot build its message: %s",
             window.task_name, window.task_id, window.key, reason,
         )
+        self._quarantine_id(window.shard, window.task_id, reason)
+
+    def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
+        tag = self.settings.tag(shard)
         self.backend.run(
-            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, window.task_id, reason]
+            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, task_id, reason]
         )
+
+    def _set_aside(self, shard: int, taken: TakeResult) -> None:
+        """Log the entries take.lua skipped; quarantine records that cannot be read."""
+        for key, error in taken.skipped:
+            logger.error(
+                "debounce: skipped %s: %s (not a window record: something else wrote this "
+                "key; it was taken out of the due/lease set, delete it to reuse the key)",
+                key, error,
+            )
+        for task_id, reason in taken.unreadable:
+            logger.error("debounce: quarantined window %s: %s", task_id, reason)
+            if task_id != "?":
+                self._quarantine_id(shard, task_id, reason)
 
     # -- loop ---------------------------------------------------------------
     def run(self) -> None:

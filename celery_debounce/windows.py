@@ -51,19 +51,31 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
     tid, rec_ident, fs, dl, mw, n, st, qe = row
     if tid is None:
         return None
-    task, key = split_ident(ident if ident is not None else _text(rec_ident))
+    raw = ident if ident is not None else _text(rec_ident or "")
+    try:
+        task, key = split_ident(raw)
+    except ValueError:  # a garbled record (quarantined by the dispatcher): show it as is
+        task, key = "?", raw
     return WindowInfo(
         task=task,
         key=key,
         task_id=_text(tid),
         state=_text(st) if st is not None else state,
-        first_seen=int(fs) / 1000,
-        deadline=int(dl) / 1000,
-        max_wait_at=int(mw) / 1000,
-        calls=int(n),
+        first_seen=_number(fs) / 1000,
+        deadline=_number(dl) / 1000,
+        max_wait_at=_number(mw) / 1000,
+        calls=_number(n),
         shard=shard,
         error=_text(qe) if qe is not None else None,
     )
+
+
+def _number(value: Any) -> int:
+    """A record's integer field; 0 when missing or garbled (an unreadable record)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -103,8 +115,13 @@ def _shard_windows(
             with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
                 for tid in chunk:
                     pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
-                rows = pipe.execute()
-            for row in rows:
+                rows = pipe.execute(raise_on_error=False)
+            for tid, row in zip(chunk, rows, strict=True):
+                if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
+                    if "quarantined" in wanted and task is None and key_glob is None:
+                        yield WindowInfo("?", "", tid, "quarantined", 0, 0, 0, 0, shard,
+                                         f"{tag}:win:{tid}: {row}")
+                    continue
                 info = _info(None, "", shard, row)
                 if info is not None and info.state in wanted and _matches(info, task, key_glob):
                     yield info

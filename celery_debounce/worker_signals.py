@@ -1,12 +1,19 @@
-"""Worker signals: mark a window claimed when its run starts, finished when it ends."""
+"""Worker signals: mark a window claimed when its run starts, finished when it ends.
+
+A message the worker drops without running it also finishes its window, so the
+record does not linger as ``queued`` until ``debounce_record_ttl``: an unregistered
+task name (``task_unknown``: state ``REJECTED``), an invalid message
+(``task_rejected``: ``REJECTED``) and a revoked or expired one (``task_revoked``:
+``REVOKED``).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from celery import Task, states
-from celery.signals import task_postrun, task_prerun
+from celery import Celery, Task, states
+from celery.signals import task_postrun, task_prerun, task_rejected, task_revoked, task_unknown
 
 from .backend import backend_for
 from .dispatcher import SHARD_HEADER
@@ -16,13 +23,18 @@ logger = logging.getLogger("celery_debounce.worker")
 _FINAL = frozenset(states.READY_STATES) | {states.IGNORED}
 
 
-def _window_shard(task: Task) -> int | None:
-    """The shard of the window this run belongs to, or None for other tasks."""
-    value = getattr(task.request, SHARD_HEADER, None)
+def _request_shard(request: Any) -> int | None:
+    """The shard of the window a task request belongs to, or None for other tasks."""
+    value = getattr(request, SHARD_HEADER, None)
     if value is None:
-        headers = getattr(task.request, "headers", None) or {}
+        headers = getattr(request, "headers", None) or {}
         value = headers.get(SHARD_HEADER)
     return None if value is None else int(value)
+
+
+def _window_shard(task: Task) -> int | None:
+    """The shard of the window this run belongs to, or None for other tasks."""
+    return _request_shard(task.request)
 
 
 def _claim(task_id: str, task: Task, **_: Any) -> None:
@@ -45,11 +57,8 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         )
 
 
-def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
-    shard = _window_shard(task)
-    if shard is None or state not in _FINAL:
-        return
-    backend = backend_for(task.app)
+def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str) -> None:
+    backend = backend_for(app)
     tag = backend.settings.tag(shard)
     try:
         backend.run(
@@ -58,8 +67,43 @@ def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> Non
             [task_id, state, backend.settings.history_ttl_ms],
         )
     except Exception as exc:
-        logger.warning("debounce: could not mark %s[%s] finished: %s", task.name, task_id, exc)
+        logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
+
+
+def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
+    shard = _window_shard(task)
+    if shard is None or state is None or state not in _FINAL:
+        return
+    _finish_window(task.app, shard, task_id, task.name, state)
+
+
+def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:
+    shard = _request_shard(request)
+    task_id = getattr(request, "id", None)
+    if sender is None or shard is None or not task_id:
+        return
+    _finish_window(sender.app, shard, task_id, sender.name, states.REVOKED)
+
+
+def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
+             id: str | None = None, **_: Any) -> None:
+    """A message the consumer rejected: unregistered task name or invalid message."""
+    headers = getattr(message, "headers", None) or {}
+    shard = headers.get(SHARD_HEADER)
+    task_id = id or headers.get("id")
+    app = getattr(sender, "app", None)
+    if shard is None or not task_id or app is None:
+        return
+    name = name or headers.get("task") or "?"
+    logger.warning(
+        "debounce: %s[%s] was rejected by the worker (%s): window finished as REJECTED",
+        name, task_id, "unregistered task" if id else "invalid message",
+    )
+    _finish_window(app, int(shard), task_id, name, states.REJECTED)
 
 
 task_prerun.connect(_claim, weak=False)
 task_postrun.connect(_finish, weak=False)
+task_revoked.connect(_revoked, weak=False)
+task_unknown.connect(_dropped, weak=False)
+task_rejected.connect(_dropped, weak=False)

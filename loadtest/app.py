@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import redis
 from celery import Celery
@@ -29,16 +28,15 @@ _windows: redis.Redis | None = None
 @app.task(base=DebouncedTask, name="load.touch", bind=True, debounce="200ms",
           debounce_key="k:{0}", debounce_max_wait="1s")
 def touch(self: DebouncedTask, key: str, seq: int) -> None:
-    """Record this run: run count, start time (ms) and the window's deadline, ceiling,
-    taken and published times (Redis ms, read from its record while it runs)."""
+    """Record this run: how many times it ran, and its window's deadline, ceiling, taken,
+    published and claimed times (Redis ms, read from its record while it runs; ``ca`` is
+    set by the worker's ``task_prerun`` handler just before this body starts)."""
     global _client, _windows
-    start_ms = time.time() * 1000
     if _client is None or _windows is None:
         _client = redis.Redis.from_url(f"{REDIS}/3")
         _windows = redis.Redis.from_url(f"{REDIS}/0")
-    times = _windows.hmget(f"debounce:{{0}}:win:{self.request.id}", "dl", "mw", "ta", "pa")
+    times = _windows.hmget(f"debounce:{{0}}:win:{self.request.id}", "dl", "mw", "ta", "pa", "ca")
     pipe = _client.pipeline(transaction=False)
     pipe.hincrby("load:runs", self.request.id, 1)
-    pipe.hsetnx("load:start", self.request.id, f"{start_ms:.3f}")
     pipe.hsetnx("load:times", self.request.id, b",".join(t or b"0" for t in times))
     pipe.execute()

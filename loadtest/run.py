@@ -1,13 +1,19 @@
 """Load test: N producer processes x M calls over K keys, 2 dispatchers, a real worker.
 
-    python loadtest/run.py                 # 8 x 10,000 calls over 1,000 keys
-    python loadtest/run.py --calls 2000    # scaled down
+    python loadtest/run.py                          # 8 x 10,000 calls over 1,000 keys
+    python loadtest/run.py --producers 4            # lighter: 4 x 10,000
+    python loadtest/run.py --rate 200               # each producer at most 200 calls/s
+    python loadtest/run.py --calls 2000             # scaled down
 
 Starts its own redis-server (LocalRedis) unless --redis-url is given (it FLUSHES
-that server). Checks, for every call: its window ran (never lost), the run
-started after the call began, and no later than the window's first call + max
-wait + dispatch latency (reported). Then waits for the history TTL and checks
-that the package's keyspace is back to its baseline.
+that server). Producers call the gate directly (``prepare_call`` + ``gate.enter``,
+what ``touch.delay`` does) to keep the gate's Redis time of every call. Checks, for
+every call: its window ran (never lost), at most once, and its run was claimed
+(``task_prerun``, Redis time) after the gate saw the call. Reports how late windows
+reached the broker against their max-wait ceiling, where the time went (dispatch
+latency, broker queue wait, worker throughput) and how long the dispatcher and
+worker processes waited for a CPU. Then waits for the history TTL and checks that
+the package's keyspace is back to its baseline.
 """
 
 from __future__ import annotations
@@ -28,18 +34,34 @@ HERE = Path(__file__).resolve().parent
 MAX_WAIT_MS = 1000
 
 
-def produce(redis_url: str, seed: int, calls: int, keys: int) -> list[tuple[str, float, float]]:
+def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> list[tuple[str, int]]:
+    """Make ``calls`` calls; returns (window id, gate's Redis time in ms) per call."""
     os.environ["LOAD_REDIS"] = redis_url
     sys.path.insert(0, str(HERE))
-    from app import touch
+    from app import app, touch
 
+    from celery_debounce.backend import backend_for
+    from celery_debounce.call import prepare_call
+    from celery_debounce.gate import enter
+    from celery_debounce.settings import settings_for
+
+    settings, backend = settings_for(app), backend_for(app)
+    spec = touch._debounce_defaults.spec
+    assert spec is not None
+    signature = touch.debounce_signature()
     rng = random.Random(seed)
     out = []
+    start = time.monotonic()
     for seq in range(calls):
+        if rate:
+            ahead = start + seq / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
         key = f"key{rng.randrange(keys)}"
-        start = time.time() * 1000
-        tid = touch.delay(key, seq).id
-        out.append((tid, start, time.time() * 1000))
+        call = prepare_call(settings, touch.name, spec, (key, seq), None, {}, signature,
+                            touch.serializer)
+        result = enter(backend, call)
+        out.append((result.task_id, result.now_ms))
     return out
 
 
@@ -47,11 +69,54 @@ def package_keys(client: redis.Redis) -> int:
     return sum(1 for _ in client.scan_iter(match="debounce:*", count=1000))
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU) of a process tree,
+    summed over its threads (/proc/<pid>/task/<tid>/schedstat)."""
+    ran = waited = 0
+    for p in process_tree(pid):
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/schedstat") as f:
+                    fields = f.read().split()
+                ran += int(fields[0])
+                waited += int(fields[1])
+        except OSError:
+            pass
+    return ran / 1e9, waited / 1e9
+
+
+def pct(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    xs = sorted(xs)
+    return (f"p50 {statistics.median(xs):.0f}  p99 {xs[int(len(xs) * 0.99)]:.0f}  "
+            f"max {xs[-1]:.0f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--calls", type=int, default=10_000, help="calls per producer")
     parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--rate", type=float, default=0,
+                        help="calls/s per producer (default 0: as fast as it can)")
+    parser.add_argument("--slack", type=int, default=250,
+                        help="X in 'reached the broker later than max_wait_at + X ms'")
     parser.add_argument("--history-ttl", type=float, default=5.0)
     parser.add_argument("--redis-url", help="use this server (flushed) instead of starting one")
     opts = parser.parse_args()
@@ -78,7 +143,8 @@ def main() -> int:
         celery = [sys.executable, "-m", "celery", "-A", "app"]
         with (logs / "worker.log").open("wb") as w_log, \
                 (logs / "dispatcher.log").open("wb") as d_log:
-            # worker 1: solo pool + its embedded dispatcher; process 2: a dispatcher only
+            # process 1: a worker (prefork, 2 children) + its embedded dispatcher;
+            # process 2: a standalone dispatcher
             procs.append(subprocess.Popen(
                 [*celery, "worker", "--pool", "prefork", "-c", "2", "--loglevel", "WARNING",
                  "--without-gossip", "--without-mingle", "--without-heartbeat"],
@@ -88,60 +154,78 @@ def main() -> int:
                  "Dispatcher\nDispatcher(app, name='standalone').run()"],
                 cwd=HERE, env=env, stdout=d_log, stderr=subprocess.STDOUT))
         time.sleep(3)
+        worker_pid, dispatcher_pid = procs[0].pid, procs[1].pid
         total = opts.producers * opts.calls
-        print(f"{opts.producers} producers x {opts.calls} calls over {opts.keys} keys "
+        rate = f", at most {opts.rate:g} calls/s each" if opts.rate else ""
+        print(f"{opts.producers} producers x {opts.calls} calls over {opts.keys} keys{rate} "
               f"(debounce 200ms, max wait {MAX_WAIT_MS}ms), 2 dispatchers, worker prefork -c 2")
+        cpu0 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         t0 = time.time()
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(opts.producers) as pool:
-            batches = pool.starmap(produce, [(url, i, opts.calls, opts.keys)
+            batches = pool.starmap(produce, [(url, i, opts.calls, opts.keys, opts.rate)
                                              for i in range(opts.producers)])
         produce_s = time.time() - t0
+        cpu_produce = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         calls = [c for b in batches for c in b]
         ids = {c[0] for c in calls}
         print(f"calls: {total} in {produce_s:.1f}s ({total / produce_s:,.0f} calls/s)")
-        deadline = time.time() + 600
+        deadline = time.time() + 900
         while time.time() < deadline:
             if runs.hlen("load:runs") >= len(ids):
                 break
             time.sleep(0.5)
         time.sleep(2)  # let late duplicates, if any, show up
         drain_s = time.time() - t0
+        cpu1 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         counts = {k.decode(): int(v) for k, v in runs.hgetall("load:runs").items()}
-        starts = {k.decode(): float(v) for k, v in runs.hgetall("load:start").items()}
-        never = [c for c in calls if c[0] not in counts]
-        dupes = {i: n for i, n in counts.items() if n > 1}
-        early = [c for c in calls if c[0] in starts and starts[c[0]] < c[1]]
-        first_call: dict[str, float] = {}
-        for tid, start, _ in calls:
-            first_call[tid] = min(first_call.get(tid, start), start)
-        late = sorted(starts[t] - (first_call[t] + MAX_WAIT_MS) for t in ids if t in starts)
+        # dl, mw, ta, pa, ca per window (Redis ms)
         times = {k.decode(): [int(x) for x in v.split(b",")]
                  for k, v in runs.hgetall("load:times").items()}
-        published = [t for t in times.values() if t[3]]
-        taken_late = sorted(ta - dl for dl, _, ta, _ in published)
-        publish_late = sorted(pa - dl for dl, _, _, pa in published)
-        past_ceiling = sum(1 for _, mw, ta, _ in published if ta > mw)
-        queue_wait = sorted(starts[i] - times[i][3] for i in times if times[i][3] and i in starts)
+        never = [c for c in calls if c[0] not in counts]
+        dupes = {i: n for i, n in counts.items() if n > 1}
+        early = [c for c in calls if c[0] in times and times[c[0]][4] < c[1]]
         print(f"windows opened: {len(ids)}  (calls coalesced per window: {total / len(ids):.1f})")
         print(f"runs: {sum(counts.values())}  windows run: {len(counts)}  "
               f"duplicate runs: {sum(n - 1 for n in dupes.values())}")
         print(f"calls whose window never ran: {len(never)}")
-        print(f"calls whose run started before the call: {len(early)}")
-        print("run start - (first call + max wait), ms: "
-              f"p50 {statistics.median(late):.0f}  p99 {late[int(len(late) * 0.99)]:.0f}  "
-              f"max {late[-1]:.0f}  (negative: ran before the ceiling)")
+        print(f"calls whose run started (claimed, Redis time) before the gate saw the call "
+              f"(Redis time): {len(early)}")
         print(f"all calls drained in {drain_s:.1f}s")
 
-        def pct(xs: list[float]) -> str:
-            return (f"p50 {statistics.median(xs):.0f}  p99 {xs[int(len(xs) * 0.99)]:.0f}  "
-                    f"max {xs[-1]:.0f}")
-
-        print(f"dispatch latency, deadline -> taken (ms): {pct(taken_late)}")
-        print(f"dispatch latency, deadline -> handed to the broker (ms): {pct(publish_late)}")
-        print(f"windows taken after their max-wait ceiling: {past_ceiling} "
-              "(those are the ones dispatch latency made late)")
-        print(f"broker queue wait, published -> run start (ms): {pct(queue_wait)}")
+        # pa is written by ack.lua; a worker that claimed the window first leaves it unset:
+        # count those by their claim time, a later (conservative) bound
+        before_ack = sum(1 for t in times.values() if not t[3] and t[4])
+        published = [[dl, mw, ta, pa or ca, ca] for dl, mw, ta, pa, ca in times.values()
+                     if pa or ca]
+        forced = sum(1 for dl, mw, *_ in published if dl >= mw)
+        over = sum(1 for _, mw, _, pa, _ in published if pa > mw + opts.slack)
+        print(f"windows whose message reached the broker later than max_wait_at + "
+              f"{opts.slack}ms: {over} of {len(published)} ({forced} were forced by max wait); "
+              f"'reached' is the ack time, just after the publish, or the claim time for "
+              f"the {before_ack} windows a worker claimed before the ack")
+        print("  broker time - max_wait_at (ms), windows forced by max wait: "
+              + pct([pa - mw for dl, mw, _, pa, _ in published if dl >= mw]))
+        print(f"dispatch latency, deadline -> taken (ms): "
+              f"{pct([ta - dl for dl, _, ta, _, _ in published])}")
+        print(f"dispatch latency, deadline -> handed to the broker (ms): "
+              f"{pct([pa - dl for dl, _, _, pa, _ in published])}")
+        print(f"broker queue wait, published -> run claimed (ms): "
+              f"{pct([ca - pa for _, _, _, pa, ca in published if ca])}")
+        claims = sorted(t[4] for t in times.values() if t[4])
+        if len(claims) > 1:
+            span = (claims[-1] - claims[0]) / 1000
+            print(f"worker throughput: {len(claims)} runs in {span:.1f}s "
+                  f"({len(claims) / max(span, 0.001):,.0f} runs/s)")
+        for name in ("dispatcher", "worker"):
+            ran_p = cpu_produce[name][0] - cpu0[name][0]
+            wait_p = cpu_produce[name][1] - cpu0[name][1]
+            ran = cpu1[name][0] - cpu0[name][0]
+            wait = cpu1[name][1] - cpu0[name][1]
+            label = ("standalone dispatcher process" if name == "dispatcher"
+                     else "worker (parent + 2 children, embedded dispatcher)")
+            print(f"{label}: on a CPU {ran:.1f}s, runnable but waiting for a CPU {wait:.1f}s "
+                  f"(while producing: {ran_p:.1f}s / {wait_p:.1f}s in {produce_s:.1f}s)")
         ok = not never and not early and not dupes
         t1 = time.time()
         while time.time() < t1 + opts.history_ttl + 30 and package_keys(windows) > baseline_keys:

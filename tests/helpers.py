@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 _counter = itertools.count()
 
@@ -36,8 +37,17 @@ def running_worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
     kwargs.setdefault("pool", "solo")
     kwargs.setdefault("perform_ping_check", False)
     kwargs.setdefault("shutdown_timeout", 10)
-    with start_worker(app, **kwargs) as worker:
-        yield worker
+    # A worker reuses kombu's process-wide event loop if one is set, and with it the
+    # timer of the worker that created it. On Celery 5.3 the new worker schedules
+    # ETA messages (a retry's countdown) on its own timer, which that loop never
+    # fires: each in-process worker gets a fresh loop (one worker per process in
+    # production never meets this).
+    set_event_loop(None)
+    try:
+        with start_worker(app, **kwargs) as worker:
+            yield worker
+    finally:
+        set_event_loop(None)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

@@ -144,7 +144,8 @@ class GateMachine(RuleBasedStateMachine):
         self.wins: dict[str, Win] = {}  # id -> every window ever opened
         self.leased: dict[str, int] = {}
         self.active: dict[str, int] = {}
-        self.inflight: list[str] = []  # ids a live dispatcher holds (taken, not yet published)
+        # (id, tries) a live dispatcher holds (taken, not yet published)
+        self.inflight: list[tuple[str, int]] = []
         self.broker: list[str] = []  # messages waiting for a worker
         self.running: list[str] = []  # runs in progress
         self.last_now = 0
@@ -233,7 +234,7 @@ class GateMachine(RuleBasedStateMachine):
             assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
-        self.inflight.extend(expected)
+        self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
         assert reply.next_in_ms == (min(nexts) if nexts else -1)
@@ -255,16 +256,19 @@ class GateMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.inflight)
     @rule(i=st.integers(0, 20))
     def publish_and_ack(self, i: int) -> None:
-        tid = self.inflight.pop(i % len(self.inflight))
+        tid, _ = self.inflight.pop(i % len(self.inflight))
         self._publish(tid)
         self._ack(tid)
 
     @precondition(lambda self: self.inflight)
     @rule(i=st.integers(0, 20))
     def publish_fails_and_release(self, i: int) -> None:
-        tid = self.inflight.pop(i % len(self.inflight))
-        released = self.backend.run("release", [f"{self.tag}:leased"], [self.release_ms, tid])
-        if tid in self.leased:
+        tid, tries = self.inflight.pop(i % len(self.inflight))
+        released = self.backend.run("release", [f"{self.tag}:leased"],
+                                    [self.release_ms, self.tag, tid, tries])
+        win = self.wins[tid]
+        # only a lease that is still this dispatcher's moves (not one taken over since)
+        if tid in self.leased and win.st == "dispatching" and win.tries == tries:
             if self.exact_clock:
                 new = self.now() + self.release_ms
                 assert released == (1 if new != self.leased[tid] else 0)
@@ -279,7 +283,7 @@ class GateMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 20), published=st.booleans())
     def dispatcher_dies(self, i: int, published: bool) -> None:
         """SIGKILL between take and ack: the message may or may not have reached the broker."""
-        tid = self.inflight.pop(i % len(self.inflight))
+        tid, _ = self.inflight.pop(i % len(self.inflight))
         if published:
             self._publish(tid)
 

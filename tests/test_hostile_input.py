@@ -194,7 +194,8 @@ def test_unknown_task_name_by_name_producer(
     app_factory: Any, redis_client: redis.Redis
 ) -> None:
     """A by-name producer cannot know the workers' tasks: the call is accepted (as with
-    Celery's send_task) and the worker rejects the message as an unregistered task."""
+    Celery's send_task) and the worker rejects the message as an unregistered task,
+    which finishes the window as REJECTED."""
     producer = app_factory()
     worker_app = app_factory()
     task_on(worker_app)  # the worker knows hostile.task only
@@ -202,8 +203,11 @@ def test_unknown_task_name_by_name_producer(
                        debounce_max_wait="1s")
     (window,) = list_windows(producer)
     assert (window.task, window.task_id) == ("no.such.task", result.id)
+    record = f"debounce:{{0}}:win:{result.id}"
     with running_worker(worker_app):
-        queued = wait_until(lambda: list_windows(producer, states=["queued"]), 10)
-    # published once, never claimed: it stays queued until debounce_record_ttl
-    assert [w.task_id for w in queued] == [result.id]
-    assert not list_windows(producer, states=["pending", "dispatching", "claimed"])
+        # the worker rejects it (task_unknown): the window is finished, not left queued
+        wait_until(lambda: redis_client.hget(record, "st") == b"finished", 10)
+    assert redis_client.hget(record, "rs") == b"REJECTED"
+    assert 0 < redis_client.pttl(record) <= 3600 * 1000  # the history TTL, not 7 days
+    assert not list_windows(producer)
+    assert not redis_client.zrange("debounce:{0}:active", 0, -1)

@@ -1,16 +1,25 @@
 -- release.lua: hand back windows whose publish failed, to be retried later.
 --
--- KEYS[1]  <tag>:leased   zset task id -> lease expiry ms
--- ARGV[1]  retry delay ms     ARGV[2..]  task ids
+-- KEYS[1]  <tag>:leased   zset task id -> lease expiry ms; the expiry moves to now + delay
+-- Reads, by name (same hash tag): <tag>:win:<id>  st, tries
+-- ARGV[1]  retry delay ms     ARGV[2]  <tag>
+-- ARGV[3..]  pairs: task id, its `tries` as take.lua returned it to this dispatcher
 --
--- Only windows still leased are touched (XX): a window claimed in the meantime
--- has left the lease set and stays out. Returns how many were released.
+-- Only leases that are still this dispatcher's are moved: the id is still leased (XX),
+-- the record is still "dispatching" and its `tries` is the caller's. A window claimed
+-- meanwhile has left the lease set; one whose lease expired and that another
+-- dispatcher took again has a higher `tries`, and that dispatcher's lease is left
+-- alone. Returns how many were released.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local at = string.format('%d', now + tonumber(ARGV[1]))
 local released = 0
-for i = 2, #ARGV do
-  released = released + redis.call('ZADD', KEYS[1], 'XX', 'CH', at, ARGV[i])
+for i = 3, #ARGV, 2 do
+  local id = ARGV[i]
+  local rec = redis.pcall('HMGET', ARGV[2] .. ':win:' .. id, 'st', 'tries')
+  if rec[1] == 'dispatching' and rec[2] == ARGV[i + 1] then
+    released = released + redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id)
+  end
 end
 return released

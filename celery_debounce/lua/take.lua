@@ -22,6 +22,13 @@
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
 -- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries}; ct and o may be nil
 -- (application/json and {}: see gate.lua).
+--
+-- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
+-- must not fail every pass and block the shard: such an entry leaves the due or
+-- lease set, a win:<id> one is listed in <tag>:quarantine (zset id -> ms), and the
+-- reply carries {key, error} (two elements) in place of a window for the dispatcher
+-- to log. The wrong-typed key itself is left for an operator. The stats counters
+-- are best effort: a wrong-typed stats key skips them.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -60,10 +67,20 @@ local function window(key)
   return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries')
 end
 
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
   local key = tag .. ':win:' .. id
-  if redis.call('HGET', key, 'st') == 'dispatching' then
+  local st = redis.pcall('HGET', key, 'st')
+  if failed(st) then
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZADD', tag .. ':quarantine', now, id)
+    taken = taken + 1
+    out[taken] = {key, st.err}
+  elseif st == 'dispatching' then
     redis.call('ZADD', KEYS[2], lease_until, id)
     redis.call('HINCRBY', key, 'tries', 1)
     taken = taken + 1
@@ -78,8 +95,11 @@ if taken < limit then
   for _, ident in ipairs(due) do
     redis.call('ZREM', KEYS[1], ident)
     local open = tag .. ':open:' .. ident
-    local id = redis.call('HGET', open, 'id')
-    if id then
+    local id = redis.pcall('HGET', open, 'id')
+    if failed(id) then
+      taken = taken + 1
+      out[taken] = {open, id.err}
+    elseif id then
       local key = tag .. ':win:' .. id
       redis.call('RENAME', open, key)
       redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'ta', string.format('%d', now), 'tries', 1)
@@ -87,8 +107,9 @@ if taken < limit then
       redis.call('ZADD', KEYS[2], lease_until, id)
       taken = taken + 1
       out[taken] = window(key)
-      count(ident, out[taken])
-      counted = counted + 1
+      if pcall(count, ident, out[taken]) then
+        counted = counted + 1
+      end
     end
   end
 end
