@@ -58,12 +58,25 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         task_id=_text(tid),
         state=_text(st) if st is not None else state,
         first_seen=int(fs) / 1000,
-        deadline=int(dl) / 1000,
-        max_wait_at=int(mw) / 1000,
+        deadline=int(float(dl)) / 1000,
+        max_wait_at=(int(fs) + int(mw)) / 1000,  # mw is the max wait, from first_seen
         calls=int(n),
         shard=shard,
         error=_text(qe) if qe is not None else None,
     )
+
+
+def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
+    """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
+    tag = backend.settings.tag(shard)
+    with translate_errors("inspect"), backend.client.pipeline(transaction=False) as pipe:
+        pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
+        pipe.zscore(f"{tag}:due", ident)
+        row, deadline = pipe.execute()
+    if deadline is None:
+        return None
+    row[3] = deadline  # a pending window's deadline is its due score
+    return _info(ident, "pending", shard, row)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
