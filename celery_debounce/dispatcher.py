@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from contextlib import nullcontext
@@ -96,7 +97,7 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
                 ident=_text(ident),
                 first_seen_ms=int(fs),
                 deadline_ms=int(dl),
-                max_wait_ms=int(mw),
+                max_wait_ms=int(fs) + int(mw),  # the record holds the max wait
                 calls=int(n),
                 content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
                 payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
@@ -161,17 +162,20 @@ class Dispatcher:
     def dispatch_once(self) -> tuple[int, int]:
         """Publish every due window once. Returns (windows published, ms until next due)."""
         published = 0
-        next_in = self.settings.poll_interval_ms
+        # next_in_ms is counted from the take; publishing takes time, so measure
+        # the wait from there rather than from the end of the pass
+        next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
+                    mid = (took_at + time.monotonic()) / 2
+                    next_at = min(next_at, mid + taken.next_in_ms / 1000)
                 published += self._publish(shard, taken.windows, took_at)
-                if taken.next_in_ms >= 0:
-                    next_in = min(next_in, taken.next_in_ms)
                 if len(taken.windows) < self.settings.dispatch_batch or self._stop.is_set():
                     break
-        return published, next_in
+        return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         if not windows:
