@@ -59,6 +59,11 @@ class Backend:
             and self.client.connection is None
         )
 
+    @property
+    def direct(self) -> bool:
+        """True when commands may be sent on pooled connections directly (see _evalsha)."""
+        return self._direct
+
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]
         evalsha = self._evalsha if self._direct else self.client.evalsha

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
+import redis
 from celery import Task, states
 from celery.signals import task_postrun, task_prerun
+from redis.exceptions import NoScriptError
 
 from .backend import backend_for
 from .dispatcher import SHARD_HEADER
@@ -25,19 +28,78 @@ def _window_shard(task: Task) -> int | None:
     return None if value is None else int(value)
 
 
+class _Pending(threading.local):
+    """Per thread: the connection holding a sent ``claim.lua`` whose reply is unread."""
+
+    conn: Any = None
+    task_id: str = ""
+    keys: list[str] = []  # replaced per run, never mutated
+
+
+_pending = _Pending()
+
+
 def _claim(task_id: str, task: Task, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None:
         return
     backend = backend_for(task.app)
     tag = backend.settings.tag(shard)
+    keys = [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"]
+    _read_claim(task)  # a run whose postrun never came: drain its reply first
+    if backend.direct:
+        # Send the claim now and read its reply when the run ends, before the finish
+        # is sent: Redis runs it at once all the same, and the worker does not wait
+        # a round trip before every run.
+        conn = backend.client.connection_pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_command(
+                "EVALSHA", backend.scripts["claim"].sha, len(keys), *keys, task_id))
+        except Exception:
+            conn.disconnect()
+            backend.client.connection_pool.release(conn)
+        else:
+            _pending.conn, _pending.task_id, _pending.keys = conn, task_id, keys
+            return
     try:
-        before = backend.run(
-            "claim", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id]
-        )
+        before = backend.run("claim", keys, [task_id])
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
         return
+    _check_claim(task, task_id, before)
+
+
+def _read_claim(task: Task) -> None:
+    """Read the reply of the claim this thread sent, if any, and give back its connection."""
+    conn, task_id = _pending.conn, _pending.task_id
+    if conn is None:
+        return
+    _pending.conn = None
+    backend = backend_for(task.app)
+    try:
+        before = conn.read_response()
+    except NoScriptError:  # not run: Redis lost its scripts; claim the usual way
+        backend.client.connection_pool.release(conn)
+        try:
+            before = backend.run("claim", _pending.keys, [task_id])
+        except Exception as exc:
+            logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
+            return
+    except redis.ResponseError as exc:
+        backend.client.connection_pool.release(conn)
+        logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
+        return
+    except Exception as exc:
+        conn.disconnect()
+        backend.client.connection_pool.release(conn)
+        logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
+        return
+    else:
+        backend.client.connection_pool.release(conn)
+    _check_claim(task, task_id, before)
+
+
+def _check_claim(task: Task, task_id: str, before: Any) -> None:
     if before in (b"claimed", b"finished") and not task.request.retries:
         logger.warning(
             "debounce: %s[%s] runs again (window was %s): redelivered or republished",
@@ -47,7 +109,10 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
 
 def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
     shard = _window_shard(task)
-    if shard is None or state not in _FINAL:
+    if shard is None:
+        return
+    _read_claim(task)
+    if state not in _FINAL:
         return
     backend = backend_for(task.app)
     tag = backend.settings.tag(shard)
