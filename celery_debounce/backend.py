@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ class Backend:
     """
 
     _direct = False  # see __init__ and _evalsha
+    _checkout_args: tuple[str, ...] = ()
 
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
@@ -58,6 +60,20 @@ class Backend:
             and type(self.client.connection_pool) is redis.ConnectionPool
             and self.client.connection is None
         )
+        # redis-py < 5.3 requires a command name here; later versions warn if given one
+        name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+            "command_name"
+        )
+        self._checkout_args: tuple[str, ...] = (
+            ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+        )
+
+    def connection(self) -> Any:
+        """A connection from the client's pool (give it back with ``release``)."""
+        return self.client.connection_pool.get_connection(*self._checkout_args)
+
+    def release(self, conn: Any) -> None:
+        self.client.connection_pool.release(conn)
 
     @property
     def direct(self) -> bool:
@@ -86,7 +102,7 @@ class Backend:
         connection usable.
         """
         pool = self.client.connection_pool
-        conn: Any = pool.get_connection()
+        conn: Any = pool.get_connection(*self._checkout_args)
         try:
             conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
             return conn.read_response()

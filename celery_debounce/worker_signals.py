@@ -51,13 +51,13 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         # Send the claim now and read its reply when the run ends, before the finish
         # is sent: Redis runs it at once all the same, and the worker does not wait
         # a round trip before every run.
-        conn = backend.client.connection_pool.get_connection()
+        conn = backend.connection()
         try:
             conn.send_packed_command(conn.pack_command(
                 "EVALSHA", backend.scripts["claim"].sha, len(keys), *keys, task_id))
         except Exception:
             conn.disconnect()
-            backend.client.connection_pool.release(conn)
+            backend.release(conn)
         else:
             _pending.conn, _pending.task_id, _pending.keys = conn, task_id, keys
             return
@@ -79,23 +79,23 @@ def _read_claim(task: Task) -> None:
     try:
         before = conn.read_response()
     except NoScriptError:  # not run: Redis lost its scripts; claim the usual way
-        backend.client.connection_pool.release(conn)
+        backend.release(conn)
         try:
             before = backend.run("claim", _pending.keys, [task_id])
         except Exception as exc:
             logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
             return
     except redis.ResponseError as exc:
-        backend.client.connection_pool.release(conn)
+        backend.release(conn)
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
         return
     except Exception as exc:
         conn.disconnect()
-        backend.client.connection_pool.release(conn)
+        backend.release(conn)
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
         return
     else:
-        backend.client.connection_pool.release(conn)
+        backend.release(conn)
     _check_claim(task, task_id, before)
 
 
