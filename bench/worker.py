@@ -47,6 +47,25 @@ def celery_worker(url: str, concurrency: int = 1, pool: str = "prefork", switch:
             os.unlink(log.name)
 
 
+@contextmanager
+def dispatcher_process(url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery debounce dispatch`` in its own process (start it before the worker)."""
+    env = dict(os.environ, BENCH_REDIS_URL=url, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "bench.apps:app", "debounce", "dispatch"],
+        env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: str, timeout: float = 120.0) -> None:
     from bench.apps import make_app
 

@@ -23,7 +23,15 @@ from .backend import Backend, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
 from .keys import shard_of, window_ident
 from .signals import window_cancelled
-from .windows import _FIELDS, WindowInfo, _info, _text, list_windows, walk_pending
+from .windows import (
+    _FIELDS,
+    WindowInfo,
+    _info,
+    _text,
+    list_windows,
+    pending_info,
+    walk_pending,
+)
 
 logger = logging.getLogger("celery_debounce.admin")
 
@@ -154,12 +162,9 @@ class DebounceAdmin:
         return list_windows(self.app, states=states, task=task, key_glob=key_glob, limit=limit)
 
     def window(self, task: str, key: str) -> WindowInfo | None:
-        """The pending window of (task, key), or None. One HMGET."""
+        """The pending window of (task, key), or None. One HMGET and one ZSCORE."""
         ident = window_ident(task, key)
-        shard = self._shard(ident)
-        with translate_errors("inspect"):
-            row = self.backend.client.hmget(f"{self.settings.tag(shard)}:open:{ident}", *_FIELDS)
-        return _info(ident, "pending", shard, row)
+        return pending_info(self.backend, ident, self._shard(ident))
 
     def find(self, task_id: str) -> WindowInfo | None:
         """The window with this task id, in any state, or None.
@@ -290,9 +295,7 @@ class DebounceAdmin:
         return shard_of(ident, self.settings.shards)
 
     def _info_of(self, ident: str, shard: int) -> WindowInfo | None:
-        with translate_errors("inspect"):
-            row = self.backend.client.hmget(f"{self.settings.tag(shard)}:open:{ident}", *_FIELDS)
-        return _info(ident, "pending", shard, row)
+        return pending_info(self.backend, ident, shard)
 
     def _taken(self, task_id: str) -> WindowInfo | None:
         client = self.backend.client

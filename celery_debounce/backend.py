@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Iterator
@@ -36,6 +37,9 @@ class Backend:
     Scripts run with EVALSHA and are reloaded on NOSCRIPT.
     """
 
+    _direct = False  # see __init__ and _evalsha
+    _checkout_args: tuple[str, ...] = ()
+
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         timeout = settings.redis_timeout_s
@@ -49,17 +53,72 @@ class Backend:
         self.scripts: dict[str, Script | AsyncScript] = {
             name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
         }
+        # The direct path below needs redis-py's own client and pool (not fakeredis,
+        # a cluster or a single-connection client).
+        self._direct = (
+            type(self.client) is redis.Redis
+            and type(self.client.connection_pool) is redis.ConnectionPool
+            and self.client.connection is None
+        )
+        # redis-py < 5.3 requires a command name here; later versions warn if given one
+        name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+            "command_name"
+        )
+        self._checkout_args: tuple[str, ...] = (
+            ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+        )
+
+    def connection(self) -> Any:
+        """A connection from the client's pool (give it back with ``release``)."""
+        return self.client.connection_pool.get_connection(*self._checkout_args)
+
+    def release(self, conn: Any) -> None:
+        self.client.connection_pool.release(conn)
+
+    @property
+    def direct(self) -> bool:
+        """True when commands may be sent on pooled connections directly (see _evalsha)."""
+        return self._direct
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]
+        evalsha = self._evalsha if self._direct else self.client.evalsha
         try:  # plain try rather than translate_errors: this is every call's hot path
             try:
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+                return evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
                 script.sha = self.client.script_load(script.script)
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+                return evalsha(script.sha, len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise _translated(name, exc) from exc
+
+    def _evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """``EVALSHA`` on a pooled connection, without redis-py's per-command wrapper.
+
+        That wrapper (retry closure, operation metrics) costs about a fifth of a
+        hot call. A connection error (say a pooled connection the server closed)
+        hands the command to ``client.evalsha`` and its retry policy; a timeout
+        is raised at once; an error reply (NOSCRIPT, a script error) leaves the
+        connection usable.
+        """
+        pool = self.client.connection_pool
+        conn: Any = pool.get_connection(*self._checkout_args)
+        try:
+            conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
+            return conn.read_response()
+        except redis.ResponseError:
+            raise
+        except redis.ConnectionError:
+            conn.disconnect()
+            pool.release(conn)
+            conn = None
+            return self.client.evalsha(sha, numkeys, *keys_and_args)
+        except BaseException:  # timeout, interrupt: the reply may still come, drop it
+            conn.disconnect()
+            raise
+        finally:
+            if conn is not None:
+                pool.release(conn)
 
 
 _lock = threading.Lock()

@@ -6,11 +6,11 @@ import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from kombu import serialization
+from kombu.utils import json as kombu_json
 
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .keys import digest_key, resolve, shard_of, window_ident
@@ -21,9 +21,8 @@ from .settings import Settings
 _DROPPED = frozenset({"producer", "connection", "publisher", "router", "add_to_parent"})
 
 
-@dataclass(frozen=True)
-class PreparedCall:
-    """Everything ``gate.lua`` needs for one call."""
+class PreparedCall(NamedTuple):
+    """Everything ``gate.lua`` needs for one call (a tuple: cheap to build per call)."""
 
     task_name: str
     key: str
@@ -50,12 +49,13 @@ def prepare_call(
     """Validate and encode a call; raises before anything is written."""
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
-    for name in ("countdown", "eta"):
-        if options.get(name) is not None:
-            raise DebounceConfigError(
-                f"{name}={options[name]!r}: cannot be combined with debounce; the window "
-                "decides when the task runs (use debounce=False on this call to bypass it)"
-            )
+    if options:
+        for name in ("countdown", "eta"):
+            if options.get(name) is not None:
+                raise DebounceConfigError(
+                    f"{name}={options[name]!r}: cannot be combined with debounce; the window "
+                    "decides when the task runs (use debounce=False on this call to bypass it)"
+                )
     positional, named = bind_arguments(signature, args, kwargs)
     if spec.key is not None:
         key = resolve(spec.key, positional, named)
@@ -74,17 +74,16 @@ def prepare_call(
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
     ident = window_ident(task_name, key)
-    shard = shard_of(ident, settings.shards)
     return PreparedCall(
-        task_name=task_name,
-        key=key,
-        ident=ident,
-        shard=shard,
-        task_id=task_id or new_task_id(),
-        spec=spec,
-        content_type=content_type,
-        payload=payload,
-        options_json=encode_options(options),
+        task_name,
+        key,
+        ident,
+        shard_of(ident, settings.shards),
+        task_id or new_task_id(),
+        spec,
+        content_type,
+        payload,
+        encode_options(options) if options else "{}",
     )
 
 
@@ -106,6 +105,8 @@ def encode(data: Any, serializer: str) -> tuple[str, bytes]:
             dumps: Any = serialization.dumps
             content_type, _, raw = dumps(data, serializer=serializer)
             return content_type, raw if isinstance(raw, bytes) else raw.encode("utf-8")
+        if codec.encoder is kombu_json.dumps:  # kombu's JSON: one encoder, not one per call
+            codec = codec._replace(encoder=kombu_json.JSONEncoder().encode)
         _codecs[serializer] = codec
     try:
         out = codec.encoder(data)

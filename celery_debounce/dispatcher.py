@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from contextlib import nullcontext
@@ -112,7 +113,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
         ident=_text(ident),
         first_seen_ms=int(fs),
         deadline_ms=int(dl),
-        max_wait_ms=int(mw),
+        max_wait_ms=int(fs) + int(mw),  # the record holds the max wait
         calls=int(n),
         content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
         payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
@@ -186,13 +187,14 @@ class Dispatcher:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch)
                 self._set_aside(shard, taken)
+                if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
+                    mid = (took_at + time.monotonic()) / 2
+                    next_at = min(next_at, mid + taken.next_in_ms / 1000)
                 published += self._publish(shard, taken.windows, took_at)
-                if taken.next_in_ms >= 0:
-                    next_at = min(next_at, took_at + taken.next_in_ms / 1000)
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
                 if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
-        return published, max(0, int((next_at - time.monotonic()) * 1000))
+        return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         if not windows:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .backend import Backend
 from .call import PreparedCall
@@ -12,8 +12,7 @@ from .signals import call_absorbed, window_opened
 DEFAULT_CONTENT_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
-class GateResult:
+class GateResult(NamedTuple):
     """What the gate decided for one call (times are Redis server ms)."""
 
     task_id: str
@@ -24,33 +23,32 @@ class GateResult:
 
 
 def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
-    tag = backend.settings.tag(call.shard)
+    tag = backend.settings.tags[call.shard]
     return [f"{tag}:open:{call.ident}", f"{tag}:due"]
 
 
 def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
-    spec = call.spec
+    """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''."""
+    window, max_wait, replace = call.spec.gate_argv
     return [
         call.task_id,
-        spec.window_ms,
-        spec.max_wait_ms,
-        1 if spec.replace_payload else 0,
+        window,
+        max_wait,
+        replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
-        call.options_json,
-        call.ident,
-        backend.settings.wake_channel,
+        "" if call.options_json == "{}" else call.options_json,
     ]
 
 
 def parse_reply(reply: list[object]) -> GateResult:
     task_id, opened, deadline, calls, now = reply
     return GateResult(
-        task_id=task_id.decode() if isinstance(task_id, bytes) else str(task_id),
-        opened=bool(opened),
-        deadline_ms=int(deadline),  # type: ignore[call-overload]
-        calls=int(calls),  # type: ignore[call-overload]
-        now_ms=int(now),  # type: ignore[call-overload]
+        task_id.decode() if isinstance(task_id, bytes) else str(task_id),
+        opened == 1,
+        int(deadline),  # type: ignore[call-overload]
+        int(calls),  # type: ignore[call-overload]
+        int(now),  # type: ignore[call-overload]
     )
 
 

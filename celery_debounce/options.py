@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .durations import parse_duration
@@ -22,6 +23,12 @@ class DebounceSpec:
     max_wait_ms: int
     key: KeyTemplate | None  # None: a digest of all the call's arguments
     replace_payload: bool
+
+    @cached_property
+    def gate_argv(self) -> tuple[bytes, bytes, bytes]:
+        """Window, max wait and replace flag as ``gate.lua`` takes them, encoded once."""
+        return (b"%d" % self.window_ms, b"%d" % self.max_wait_ms,
+                b"1" if self.replace_payload else b"0")
 
 
 @dataclass(frozen=True)

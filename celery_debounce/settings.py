@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -73,6 +74,11 @@ class Settings:
     def tag(self, shard: int) -> str:
         """The hash-tagged prefix every key of ``shard`` starts with."""
         return f"{self.key_prefix}:{{{shard}}}"
+
+    @cached_property
+    def tags(self) -> tuple[str, ...]:
+        """:meth:`tag` of every shard, built once."""
+        return tuple(self.tag(shard) for shard in range(self.shards))
 
     @property
     def wake_channel(self) -> str:

@@ -45,7 +45,7 @@ __all__ = [
     "use_fakeredis",
 ]
 
-_FIELDS = ("id", "fs", "dl", "mw", "n", "ct", "p", "o")
+_FIELDS = ("id", "fs", "mw", "n", "ct", "p", "o")
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,15 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
     prefix = None if name is None else f"{len(name)}:{name}:"
     for shard in range(backend.settings.shards):
         tag = backend.settings.tag(shard)
-        idents = [_text(m) for m in backend.client.zrange(f"{tag}:due", 0, -1)]
-        for ident in idents:
+        due: list[Any] = backend.client.zrange(
+            f"{tag}:due", 0, -1, withscores=True
+        )
+        for member, dl in due:  # a pending window's deadline is its due score
+            ident = _text(member)
             if prefix is not None and not ident.startswith(prefix):
                 continue
             row: list[Any] = backend.client.hmget(f"{tag}:open:{ident}", *_FIELDS)
-            tid, fs, dl, mw, n, ct, p, o = row
+            tid, fs, mw, n, ct, p, o = row
             if tid is None:
                 continue
             task_name, key = split_ident(ident)
@@ -107,8 +110,8 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
                 kwargs=kwargs,
                 options=json.loads(_text(o)) if o is not None else {},
                 first_seen=int(fs) / 1000,
-                deadline=int(dl) / 1000,
-                max_wait_at=int(mw) / 1000,
+                deadline=int(dl) / 1000,  # float score from zrange
+                max_wait_at=(int(fs) + int(mw)) / 1000,
                 shard=shard,
             )
 

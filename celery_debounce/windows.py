@@ -63,7 +63,7 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         state=_text(st) if st is not None else state,
         first_seen=_number(fs) / 1000,
         deadline=_number(dl) / 1000,
-        max_wait_at=_number(mw) / 1000,
+        max_wait_at=(_number(fs) + _number(mw)) / 1000,  # mw is the max wait, from first_seen
         calls=_number(n),
         shard=shard,
         error=_text(qe) if qe is not None else None,
@@ -73,9 +73,22 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
 def _number(value: Any) -> int:
     """A record's integer field; 0 when missing or garbled (an unreadable record)."""
     try:
-        return int(value)
+        return int(float(value))
     except (TypeError, ValueError):
         return 0
+
+
+def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
+    """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
+    tag = backend.settings.tag(shard)
+    with translate_errors("inspect"), backend.client.pipeline(transaction=False) as pipe:
+        pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
+        pipe.zscore(f"{tag}:due", ident)
+        row, deadline = pipe.execute()
+    if deadline is None:
+        return None
+    row[3] = deadline  # a pending window's deadline is its due score
+    return _info(ident, "pending", shard, row)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

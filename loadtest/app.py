@@ -35,7 +35,10 @@ def touch(self: DebouncedTask, key: str, seq: int) -> None:
     if _client is None or _windows is None:
         _client = redis.Redis.from_url(f"{REDIS}/3")
         _windows = redis.Redis.from_url(f"{REDIS}/0")
-    times = _windows.hmget(f"debounce:{{0}}:win:{self.request.id}", "dl", "mw", "ta", "pa", "ca")
+    dl, fs, mw, ta, pa, ca = _windows.hmget(f"debounce:{{0}}:win:{self.request.id}",
+                                            "dl", "fs", "mw", "ta", "pa", "ca")
+    ceiling = b"%d" % (int(fs) + int(mw)) if fs and mw else None  # mw: max wait from fs
+    times = (dl, ceiling, ta, pa, ca)
     pipe = _client.pipeline(transaction=False)
     pipe.hincrby("load:runs", self.request.id, 1)
     pipe.hsetnx("load:times", self.request.id, b",".join(t or b"0" for t in times))

@@ -80,3 +80,52 @@ def test_default_content_type_and_empty_options_are_not_stored(
 
         wait_until(lambda: len(runs) == 2)
     assert sorted(map(repr, runs)) == ["1", "{1, 2}"]
+
+
+def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    from celery_debounce.backend import backend_for
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_key="k",
+              debounce_max_wait="2h")
+    def hot(x: Any) -> None: ...
+
+    backend = backend_for(app)
+    assert backend.direct
+    first = hot.delay(1)
+    redis_client.script_flush()  # NOSCRIPT on the direct path: loaded again, run once
+    assert hot.delay(2).id == first.id
+    redis_client.client_kill_filter(_type="normal", skipme=True)  # pooled connections die
+    assert hot.delay(3).id == first.id  # the connection error falls back to redis-py's retry
+    record = redis_client.hgetall(next(redis_client.scan_iter(match="debounce:*:open:*")))
+    assert record[b"n"] == b"3"  # each call counted exactly once
+
+
+def test_wake_is_published_only_when_a_call_makes_its_window_the_earliest(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="10m", debounce_key="{0}",
+              debounce_max_wait="1h")
+    def task(key: str) -> None: ...
+
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe("debounce:wake")
+    assert pubsub.get_message(timeout=1)["type"] == "subscribe"  # type: ignore[index]
+
+    def wakes() -> list[bytes]:
+        got = []
+        while (message := pubsub.get_message(timeout=0.2)) is not None:
+            got.append(message["data"])
+        return got
+
+    task.delay("a")  # the only window: earliest
+    assert len(wakes()) == 1
+    task.apply_async(("b",), debounce="20m")  # later than a: no wake
+    task.delay("a")  # a moves later (GT applies): no wake
+    assert wakes() == []
+    task.apply_async(("b",), debounce="1s")  # b moves earlier than a: wake
+    assert len(wakes()) == 1
+    due = redis_client.zrange("debounce:{0}:due", 0, -1, withscores=True)
+    assert due[0][0].endswith(b":b") and due[1][0].endswith(b":a")
+    pubsub.close()

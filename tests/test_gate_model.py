@@ -354,10 +354,14 @@ class GateMachine(RuleBasedStateMachine):
             self._check_record(win, rec)
 
     def _check_record(self, win: Win, rec: dict[str, bytes]) -> None:
-        want: dict[str, Any] = {"id": win.id, "fs": win.fs, "dl": win.dl, "mw": win.mw,
+        # mw holds the max wait (ceiling = fs + mw); a pending window's deadline is
+        # only its due score (checked above), a taken one's is copied into dl
+        want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
                                 "n": win.n, "ct": "application/data"}
-        if win.st != "pending":
-            want.update(st=win.st, i=win.ident, ta=win.ta, tries=win.tries)
+        if win.st == "pending":
+            assert "dl" not in rec
+        else:
+            want.update(dl=win.dl, st=win.st, i=win.ident, ta=win.ta, tries=win.tries)
         if win.st == "finished":
             want.update(rs="SUCCESS")
         assert "o" not in rec  # default options ("{}") are not stored

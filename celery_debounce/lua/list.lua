@@ -1,7 +1,7 @@
 -- list.lua: walk pending windows in deadline order, filtered, for `celery debounce inspect`.
 --
 -- KEYS[1]  <tag>:due   zset ident -> deadline ms (read only)
--- Reads, by name (same hash tag): <tag>:open:<ident>  fields id fs dl mw n
+-- Reads, by name (same hash tag): <tag>:open:<ident>  fields id fs mw n
 -- ARGV[1]  <tag>
 -- ARGV[2]  start score: deadline ms to start from (inclusive) or "-inf"
 -- ARGV[3]  members with exactly that score already examined (skipped here)
@@ -15,7 +15,7 @@
 -- windows from the front. Read only.
 -- Returns {examined, last score, members at last score examined so far (incl. ARGV[3]
 -- when the score did not change), done (1 when the set has no more members), rows...}
--- where each row is {ident, id, fs, dl, mw, n}.
+-- where each row is {ident, id, fs, dl, mw, n}: dl is the due score, mw the max wait ms.
 
 local tag = ARGV[1]
 local start = ARGV[2]
@@ -57,10 +57,10 @@ for i = 1, #members, 2 do
     ok = string.find(key, pattern) ~= nil
   end
   if ok then
-    local row = redis.call('HMGET', tag .. ':open:' .. ident, 'id', 'fs', 'dl', 'mw', 'n')
+    local row = redis.call('HMGET', tag .. ':open:' .. ident, 'id', 'fs', 'mw', 'n')
     if row[1] then
       found = found + 1
-      out[found] = {ident, row[1], row[2], row[3], row[4], row[5]}
+      out[found] = {ident, row[1], row[2], score, row[3], row[4]}
       if found >= want then
         break
       end

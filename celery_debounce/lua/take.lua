@@ -10,6 +10,7 @@
 -- Touches, by name (same hash tag):
 --   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls
 --   <tag>:win:<id>      hash, fields of gate.lua plus
+--                       dl deadline ms (the window's due score when it was taken)
 --                       st state ("dispatching", "queued", "claimed", "finished")
 --                       i  ident      ta taken ms     tries  times taken
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
@@ -20,7 +21,8 @@
 -- (their dispatcher died or their publish failed); claimed or queued ones are
 -- dropped from the lease set.
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
--- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries}; ct and o may be nil
+-- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries} (mw: max wait ms, the
+-- ceiling is fs + mw); ct and o may be nil
 -- (application/json and {}: see gate.lua).
 --
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
@@ -49,7 +51,7 @@ local function count(ident, row)
   local dl = tonumber(row[4])
   redis.call('HINCRBY', KEYS[3], 'r|' .. task, 1)
   redis.call('HINCRBY', KEYS[3], 'c|' .. task, tonumber(row[6]))
-  if dl >= tonumber(row[5]) then
+  if dl >= tonumber(row[3]) + tonumber(row[5]) then
     redis.call('HINCRBY', KEYS[3], 'f|' .. task, 1)
   end
   local late = now - dl
@@ -91,8 +93,10 @@ for _, id in ipairs(expired) do
 end
 
 if taken < limit then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - taken)
-  for _, ident in ipairs(due) do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES',
+    'LIMIT', 0, limit - taken)
+  for d = 1, #due, 2 do
+    local ident = due[d]
     redis.call('ZREM', KEYS[1], ident)
     local open = tag .. ':open:' .. ident
     local id = redis.pcall('HGET', open, 'id')
@@ -102,7 +106,8 @@ if taken < limit then
     elseif id then
       local key = tag .. ':win:' .. id
       redis.call('RENAME', open, key)
-      redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'ta', string.format('%d', now), 'tries', 1)
+      redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', due[d + 1],
+        'ta', string.format('%d', now), 'tries', 1)
       redis.call('PEXPIRE', key, ttl)
       redis.call('ZADD', KEYS[2], lease_until, id)
       taken = taken + 1
