@@ -76,6 +76,21 @@ class DebouncedTask(Task):  # type: ignore[misc]
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options)
         return self.AsyncResult(result.task_id)
 
+    def _debounce_exec_defaults(self) -> dict[str, Any]:
+        """The task's routing and execution options (queue=, priority=, ... on the decorator).
+
+        Stored with the window so that any dispatcher publishes with them, whatever
+        Celery version it runs and whether or not it has the task registered.
+        """
+        cached: dict[str, Any] | None = self.__dict__.get("_debounce_exec")
+        if cached is None:
+            cached = {
+                k: v for k, v in self._get_exec_options().items()
+                if v is not None and k != "serializer"
+            }
+            self.__dict__["_debounce_exec"] = cached
+        return cached
+
     def _gate(
         self,
         spec: DebounceSpec,
@@ -87,6 +102,9 @@ class DebouncedTask(Task):  # type: ignore[misc]
         shadow: str | None,
         options: dict[str, Any],
     ) -> GateResult:
+        defaults = self._debounce_exec_defaults()
+        if defaults:  # the task's own queue, priority, ...: stored as the opener's
+            options = {**defaults, **options}
         if link is not None:
             options["link"] = link
         if link_error is not None:

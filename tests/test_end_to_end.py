@@ -534,3 +534,22 @@ def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> N
             assert result.get(timeout=10) == "ran"
         finally:
             dispatcher.stop()
+
+
+def test_task_level_queue_is_stored_with_the_window(app: Celery) -> None:
+    seen: dict[str, Any] = {}
+
+    @app.task(base=DebouncedTask, shared=False, bind=True, queue="reports", priority=3,
+              debounce="200ms", debounce_key="k", debounce_max_wait="2s")
+    def work(self: Any) -> str:
+        seen["queue"] = self.request.delivery_info.get("routing_key")
+        return "ran"
+
+    result = work.delay()
+    from celery_debounce.testing import debounce_windows
+
+    (window,) = debounce_windows(app)
+    assert window.options == {"priority": 3, "queue": "reports"}  # any dispatcher applies them
+    with running_worker(app, queues=["reports"]):
+        assert result.get(timeout=10) == "ran"
+    assert seen["queue"] == "reports"
