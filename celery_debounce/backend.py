@@ -47,8 +47,10 @@ class Backend:
             settings.redis_url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
+            # One retry after a dropped connection. No health_check_interval: a
+            # dead pooled connection already fails over to the retry, and redis-py 5
+            # recursed in its health check when a TLS handshake failed.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
-            health_check_interval=30,
         )
         self.scripts: dict[str, Script | AsyncScript] = {
             name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
@@ -67,13 +69,6 @@ class Backend:
         self._checkout_args: tuple[str, ...] = (
             ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
         )
-
-    def connection(self) -> Any:
-        """A connection from the client's pool (give it back with ``release``)."""
-        return self.client.connection_pool.get_connection(*self._checkout_args)
-
-    def release(self, conn: Any) -> None:
-        self.client.connection_pool.release(conn)
 
     @property
     def direct(self) -> bool:
