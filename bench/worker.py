@@ -36,12 +36,7 @@ def celery_worker(url: str, concurrency: int = 1, pool: str = "prefork", switch:
         _wait_ready(url, proc, log.name)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
         log.close()
         if not os.environ.get("BENCH_KEEP_LOGS"):
             os.unlink(log.name)
@@ -58,12 +53,16 @@ def dispatcher_process(url: str) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: str, timeout: float = 120.0) -> None:
