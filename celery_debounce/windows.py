@@ -223,11 +223,14 @@ def list_windows(
 
     Pending windows are read along the due set in deadline order, so a limited
     listing costs O(limit) reads per shard whatever the number of open windows.
+    The sets are read one after the other, not atomically: a window taken between
+    two reads is listed once, in its later state.
     """
     backend = backend_for(app)
     wanted = set(states) if states else set(STATES)
-    found: list[WindowInfo] = []
+    by_id: dict[str, WindowInfo] = {}
     for shard in range(backend.settings.shards):
-        found.extend(_shard_windows(backend, shard, wanted, task, key_glob, limit))
-    found.sort(key=lambda w: w.deadline)
+        for info in _shard_windows(backend, shard, wanted, task, key_glob, limit):
+            by_id[info.task_id] = info  # pending is read first: a later state wins
+    found = sorted(by_id.values(), key=lambda w: w.deadline)
     return found if limit is None else found[:limit]
