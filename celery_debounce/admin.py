@@ -19,7 +19,7 @@ from typing import Any
 
 from celery import Celery
 
-from .backend import Backend, backend_for, translate_errors
+from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
 from .keys import shard_of, window_ident
 from .signals import window_cancelled
@@ -27,7 +27,6 @@ from .windows import (
     _FIELDS,
     WindowInfo,
     _info,
-    _text,
     list_windows,
     pending_info,
     walk_pending,
@@ -266,15 +265,15 @@ class DebounceAdmin:
             total_open += int(zcard)
             total_due += int(zcount)
             for name, value in counters.items():
-                _add_counter(tasks, _text(name), int(value))
+                _add_counter(tasks, as_text(name), int(value))
             if census:
                 cursor = "0"
                 while True:
                     reply = self.backend.run(
                         "census", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, now_ms])
-                    cursor = _text(reply[0])
+                    cursor = as_text(reply[0])
                     for task, n_open, n_due, oldest, waiting in reply[1:]:
-                        row = TaskStats(task=_text(task), open=int(n_open), due=int(n_due),
+                        row = TaskStats(task=as_text(task), open=int(n_open), due=int(n_due),
                                         calls_waiting=int(waiting))
                         if int(oldest) >= 0:
                             row.oldest_first_seen = int(oldest) / 1000
@@ -317,10 +316,10 @@ class DebounceAdmin:
                 next_cursor, ident = self.backend.run(
                     "find", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, task_id])
                 if ident:
-                    info = self._info_of(_text(ident), shard)
+                    info = self._info_of(as_text(ident), shard)
                     if info is not None and info.task_id == task_id:
-                        return _text(ident), info
-                cursor = _text(next_cursor)
+                        return as_text(ident), info
+                cursor = as_text(next_cursor)
                 if cursor == "0":
                     break
         return None
@@ -355,7 +354,7 @@ class DebounceAdmin:
             [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
             return False
-        cancelled_id, calls = _text(reply[0]), int(reply[1])
+        cancelled_id, calls = as_text(reply[0]), int(reply[1])
         try:
             self.app.backend.mark_as_revoked(cancelled_id, _REVOKE_REASON)
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway

@@ -26,6 +26,11 @@ SCRIPT_NAMES = (
 )
 
 
+def as_text(value: Any) -> str:
+    """A Redis reply field (bytes) as text."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def script_source(name: str) -> str:
     lua = resources.files("celery_debounce").joinpath("lua")
     return lua.joinpath(f"{name}.lua").read_text("utf-8")

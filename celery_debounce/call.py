@@ -50,12 +50,7 @@ def prepare_call(
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     if options:
-        for name in ("countdown", "eta"):
-            if options.get(name) is not None:
-                raise DebounceConfigError(
-                    f"{name}={options[name]!r}: cannot be combined with debounce; the window "
-                    "decides when the task runs (use debounce=False on this call to bypass it)"
-                )
+        refuse_schedule(options)
     positional, named = bind_arguments(signature, args, kwargs)
     if spec.key is not None:
         key = resolve(spec.key, positional, named)
@@ -143,6 +138,16 @@ def _simple_signature(signature: inspect.Signature) -> _Simple | None:
         _simple.clear()
     _simple[key] = entry
     return entry
+
+
+def refuse_schedule(options: Mapping[str, Any]) -> None:
+    """``countdown``/``eta`` cannot be combined with debounce: the window decides."""
+    for name in ("countdown", "eta"):
+        if options.get(name) is not None:
+            raise DebounceConfigError(
+                f"{name}={options[name]!r}: cannot be combined with debounce; the window "
+                "decides when the task runs (use debounce=False on this call to bypass it)"
+            )
 
 
 def bind_arguments(

@@ -18,7 +18,7 @@ from celery.canvas import maybe_signature
 from kombu import serialization
 from kombu.exceptions import EncodeError
 
-from .backend import Backend, backend_for, translate_errors
+from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
@@ -76,9 +76,6 @@ class TakeResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
 
 def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
     """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``."""
@@ -94,30 +91,30 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
     result = TakeResult(now_ms, int(reply[1]), [])
     for row in reply[2:]:
         if len(row) == 2:  # a key of the wrong type, set aside by take.lua
-            result.skipped.append((_text(row[0]), _text(row[1])))
+            result.skipped.append((as_text(row[0]), as_text(row[1])))
             continue
         try:
             result.windows.append(_taken(shard, now_ms, row))
         except (TypeError, ValueError, UnicodeDecodeError) as exc:  # fields missing or garbled
-            tid = _text(row[0]) if row[0] is not None else "?"
+            tid = as_text(row[0]) if row[0] is not None else "?"
             result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
     return result
 
 
 def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
     tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
-    split_ident(_text(ident))  # raises on a malformed ident
+    split_ident(as_text(ident))  # raises on a malformed ident
     return TakenWindow(
         shard=shard,
-        task_id=_text(tid),
-        ident=_text(ident),
+        task_id=as_text(tid),
+        ident=as_text(ident),
         first_seen_ms=int(fs),
         deadline_ms=int(dl),
         max_wait_ms=int(fs) + int(mw),  # the record holds the max wait
         calls=int(n),
-        content_type=_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
-        payload=payload if isinstance(payload, bytes) else _text(payload).encode(),
-        options_json=_text(opts) if opts is not None else "{}",
+        content_type=as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
+        payload=payload if isinstance(payload, bytes) else as_text(payload).encode(),
+        options_json=as_text(opts) if opts is not None else "{}",
         tries=int(tries or 1),
         taken_ms=now_ms,
     )

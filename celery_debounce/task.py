@@ -10,7 +10,7 @@ from celery import Celery, Task
 from celery.result import AsyncResult
 
 from .backend import backend_for
-from .call import prepare_call
+from .call import prepare_call, refuse_schedule
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
@@ -67,7 +67,7 @@ class DebouncedTask(Task):  # type: ignore[misc]
             spec = self._debounce_defaults.for_call(options)
         if spec is None or self.app.conf.task_always_eager:
             if spec is not None:
-                _refuse_schedule(options)
+                refuse_schedule(options)
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
@@ -171,10 +171,3 @@ def _signature_of(task: Task | None) -> inspect.Signature | None:
     except (TypeError, ValueError):
         return None
 
-
-def _refuse_schedule(options: Mapping[str, Any]) -> None:
-    for name in ("countdown", "eta"):
-        if options.get(name) is not None:
-            raise DebounceConfigError(
-                f"{name}={options[name]!r}: cannot be combined with debounce"
-            )

@@ -27,7 +27,7 @@ from celery import Celery
 from celery.result import EagerResult
 from kombu import serialization
 
-from .backend import SCRIPT_NAMES, Backend, backend_for, script_source
+from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
 from .dispatcher import SHARD_HEADER, Dispatcher, take_due
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
@@ -65,9 +65,6 @@ class PendingWindow:
     shard: int = 0
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
 
 def _task_name(task: Any) -> str | None:
     return task if task is None or isinstance(task, str) else str(task.name)
@@ -92,7 +89,7 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
             f"{tag}:due", 0, -1, withscores=True
         )
         for member, dl in due:  # a pending window's deadline is its due score
-            ident = _text(member)
+            ident = as_text(member)
             if prefix is not None and not ident.startswith(prefix):
                 continue
             row: list[Any] = backend.client.hmget(f"{tag}:open:{ident}", *_FIELDS)
@@ -100,15 +97,15 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
             if tid is None:
                 continue
             task_name, key = split_ident(ident)
-            args, kwargs = _decode(app, _text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
+            args, kwargs = _decode(app, as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
             yield backend, shard, ident, PendingWindow(
                 task=task_name,
                 key=key,
-                task_id=_text(tid),
+                task_id=as_text(tid),
                 calls=int(n),
                 args=args,
                 kwargs=kwargs,
-                options=json.loads(_text(o)) if o is not None else {},
+                options=json.loads(as_text(o)) if o is not None else {},
                 first_seen=int(fs) / 1000,
                 deadline=int(dl) / 1000,  # float score from zrange
                 max_wait_at=(int(fs) + int(mw)) / 1000,

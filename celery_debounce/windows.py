@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import Celery
 
-from .backend import Backend, backend_for, translate_errors
+from .backend import Backend, as_text, backend_for, translate_errors
 from .keys import split_ident
 
 #: States in the order a window goes through them.
@@ -43,15 +43,12 @@ class WindowInfo:
         return data
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
 
 def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
     tid, rec_ident, fs, dl, mw, n, st, qe = row
     if tid is None:
         return None
-    raw = ident if ident is not None else _text(rec_ident or "")
+    raw = ident if ident is not None else as_text(rec_ident or "")
     try:
         task, key = split_ident(raw)
     except ValueError:  # a garbled record (quarantined by the dispatcher): show it as is
@@ -59,14 +56,14 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
     return WindowInfo(
         task=task,
         key=key,
-        task_id=_text(tid),
-        state=_text(st) if st is not None else state,
+        task_id=as_text(tid),
+        state=as_text(st) if st is not None else state,
         first_seen=_number(fs) / 1000,
         deadline=_number(dl) / 1000,
         max_wait_at=(_number(fs) + _number(mw)) / 1000,  # mw is the max wait, from first_seen
         calls=_number(n),
         shard=shard,
-        error=_text(qe) if qe is not None else None,
+        error=as_text(qe) if qe is not None else None,
     )
 
 
@@ -123,7 +120,7 @@ def _shard_windows(
         if not states & wanted:
             continue
         with translate_errors("inspect"):
-            ids = [_text(m) for m in client.zrange(f"{tag}:{zset}", 0, -1)]
+            ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", 0, -1)]
         for chunk in _chunks(ids, _CHUNK):
             with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
                 for tid in chunk:
@@ -170,13 +167,13 @@ def walk_pending(
         )
         examined, last, at_last, done = reply[:4]
         for ident, tid, fs, dl, mw, n in reply[4:]:
-            info = _info(_text(ident), "pending", shard, [tid, None, fs, dl, mw, n, None, None])
+            info = _info(as_text(ident), "pending", shard, [tid, None, fs, dl, mw, n, None, None])
             if info is not None and _matches(info, task, key_glob):
                 found += 1
                 yield info
         if int(done) or int(examined) == 0:
             return
-        start, skip = _text(last), int(at_last)
+        start, skip = as_text(last), int(at_last)
         budget = min(budget * 4, _WALK_MAX)
 
 
