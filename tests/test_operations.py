@@ -264,12 +264,9 @@ def test_standalone_dispatch_process_publishes_and_stops_on_sigterm(
     try:
         result = ops.quick.delay("standalone")
         wait_until(lambda: state_of(ops, result.id) == "queued", timeout=20)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=15)
+        err = _stop_with(proc, signal.SIGTERM)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _reap(proc)
     assert proc.returncode == 0, err
     assert "dispatched ops.quick" in err and "SIGTERM received, stopping" in err
     assert "stopped" in err.splitlines()[-1]
@@ -279,14 +276,24 @@ def test_standalone_dispatch_stops_on_sigint(ops: ModuleType, redis_server: str)
     proc = celery_subprocess(redis_server, "debounce", "dispatch")
     try:
         wait_until(lambda: proc.poll() is not None or _subscribers(ops) > 0, timeout=20)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
+        err = _stop_with(proc, signal.SIGINT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _reap(proc)
     assert proc.returncode == 0, err
     assert "SIGINT received" in err
+
+
+def _stop_with(proc: subprocess.Popen[str], sig: signal.Signals) -> str:
+    """Send ``sig`` and wait for a clean exit; returns what the process wrote to stderr."""
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=15)
+    return str(err)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
 
 
 def _subscribers(ops: ModuleType) -> int:
