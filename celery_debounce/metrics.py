@@ -1,4 +1,4 @@
-"""Optional Prometheus metrics (``pip install celery-debounce[prometheus]``).
+"""Optional Prometheus metrics (``pip install celery-debounced[prometheus]``).
 
 Call :func:`enable` once in each process whose events you want counted
 (producers for opened/absorbed, dispatchers for dispatched/forced/lateness, the
@@ -61,7 +61,7 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     except ImportError as exc:  # pragma: no cover - depends on the extra
         raise ImportError(
             "celery_debounce.metrics needs prometheus-client: "
-            "pip install 'celery-debounce[prometheus]'") from exc
+            "pip install 'celery-debounced[prometheus]'") from exc
     registry = REGISTRY if registry is None else registry
 
     def counter(name: str, doc: str) -> Any:

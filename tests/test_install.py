@@ -1,0 +1,84 @@
+"""Installs as users install it: a fresh venv, ``pip install <this package>``, the quickstart.
+
+Nothing but the package (and what it declares) is installed, so this fails if a
+dependency the Redis broker needs is missing (kombu's Redis transport needs
+``packaging``, which only ``celery[redis]`` brings).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROJ = """
+from celery import Celery
+from celery_debounce import DebouncedTask
+
+app = Celery("proj", broker="{url}/1", backend="{url}/2")
+app.conf.debounce_poll_interval = 0.2
+
+@app.task(base=DebouncedTask, debounce="300ms", debounce_max_wait="10s",
+          debounce_key="report:{{user_id}}")
+def rebuild_report(user_id, reason):
+    return [user_id, reason]
+"""
+
+CALLER = """
+import sys
+from proj import rebuild_report
+
+results = [rebuild_report.delay(42, reason=f"edit {{i}}") for i in range(20)]
+assert len({{r.id for r in results}}) == 1, results
+print("RESULT", results[0].get(timeout=60))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fresh_venv_with_only_the_package_runs_the_quickstart(
+    tmp_path: Path, redis_server: str
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
+        check=True, timeout=540,
+    )
+    freeze = subprocess.run(
+        [str(py), "-m", "pip", "freeze"], check=True, capture_output=True, text=True
+    ).stdout.lower()
+    assert "celery-debounced" in freeze
+    assert "pytest" not in freeze  # nothing from the test extra leaked in
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "proj.py").write_text(textwrap.dedent(PROJ.format(url=redis_server)))
+    (proj / "caller.py").write_text(textwrap.dedent(CALLER.format()))
+    worker = subprocess.Popen(
+        [str(venv / "bin" / "celery"), "-A", "proj", "worker", "--pool", "solo",
+         "--loglevel", "info"],
+        cwd=proj, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        out = subprocess.run(
+            [str(py), "caller.py"], cwd=proj, capture_output=True, text=True, timeout=90
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "RESULT [42, 'edit 0']" in out.stdout
+    finally:
+        worker.terminate()
+        try:
+            log, _ = worker.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            log, _ = worker.communicate()
+    # one window, one run: the dispatcher published it once with all 20 calls
+    assert log.count("debounce: dispatched proj.rebuild_report") == 1, log
+    assert "calls=20" in log
