@@ -82,3 +82,22 @@ def test_fresh_venv_with_only_the_package_runs_the_quickstart(
     # one window, one run: the dispatcher published it once with all 20 calls
     assert log.count("debounce: dispatched proj.rebuild_report") == 1, log
     assert "calls=20" in log
+
+
+def test_import_warns_when_the_2022_package_shares_the_folder(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "celery_debounce"
+    shutil.copytree(ROOT / "celery_debounce", copy)
+    clean = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import celery_debounce"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert clean.returncode == 0, clean.stderr
+    (copy / "celery_debounce.py").write_text("class DebouncedTask: pass\n")
+    out = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import celery_debounce"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert out.returncode != 0
+    assert "pip uninstall celery-debounce" in out.stderr
