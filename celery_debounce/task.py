@@ -13,11 +13,12 @@ from .backend import backend_for
 from .call import prepare_call, refuse_schedule
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
+from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .settings import settings_for
 
 
-class DebouncedTask(Task):  # type: ignore[misc]
+class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     """A Celery task whose calls are collapsed into one run per window.
 
     Task options: ``debounce`` (window), ``debounce_max_wait`` (ceiling, required

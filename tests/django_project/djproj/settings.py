@@ -1,0 +1,19 @@
+"""A minimal Django project whose Celery settings use the CELERY_ namespace."""
+
+import os
+
+REDIS = os.environ["DJPROJ_REDIS_URL"]
+SECRET_KEY = "test-only"
+DEBUG = False
+USE_TZ = True
+INSTALLED_APPS = ["notes"]
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DJPROJ_DB"]}
+}
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+
+CELERY_BROKER_URL = f"{REDIS}/1"
+CELERY_RESULT_BACKEND = f"{REDIS}/2"
+CELERY_DEBOUNCE_REDIS_URL = f"{REDIS}/0"
+CELERY_DEBOUNCE_KEY_PREFIX = "djdebounce"
+CELERY_DEBOUNCE_POLL_INTERVAL = 0.2

@@ -1,0 +1,8 @@
+from django.db import models
+
+
+class Note(models.Model):
+    text = models.CharField(max_length=200)
+
+    class Meta:
+        app_label = "notes"

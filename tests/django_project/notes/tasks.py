@@ -1,0 +1,16 @@
+from celery import shared_task
+
+from celery_debounce import DebouncedTask
+
+
+@shared_task(base=DebouncedTask, debounce="300ms", debounce_max_wait="10s",
+             debounce_key="note:{note_id}")
+def index_note(note_id: int) -> str:
+    from notes.models import Note
+
+    return Note.objects.get(pk=note_id).text
+
+
+@shared_task
+def plain(x: int) -> int:
+    return x

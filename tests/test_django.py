@@ -1,0 +1,58 @@
+"""Django: ``delay_on_commit`` / ``apply_async_on_commit`` and CELERY_-namespaced settings.
+
+A real (small) Django project in tests/django_project, sqlite, a real worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("django")
+
+PROJECT = Path(__file__).resolve().parent / "django_project"
+
+
+@pytest.mark.slow
+def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
+    tmp_path: Path, redis_server: str, redis_client: object
+) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": redis_server,
+        "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
+        "PYTHONPATH": str(PROJECT),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
+         "--loglevel", "info"],
+        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "scenario.py"], cwd=PROJECT, env=env,
+            capture_output=True, text=True, timeout=90,
+        )
+    finally:
+        worker.terminate()
+        try:
+            log, _ = worker.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            log, _ = worker.communicate()
+    assert run.returncode == 0, run.stdout + run.stderr + log
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["settings_prefix"] == "djdebounce"  # CELERY_DEBOUNCE_KEY_PREFIX was read
+    assert out["plain_has_on_commit"] is True  # Celery's DjangoTask, for comparison
+    assert out["keys_inside_transaction"] == 0  # nothing written before the commit
+    assert out["window_after_commit"] == 2  # both on-commit calls joined one window
+    assert out["window_after_rollback"] is None  # the rolled-back call wrote nothing
+    assert out["windows_after_rollback"] == 1  # only the committed one
+    assert out["result"] == "final text"  # the run read the committed row
+    assert log.count("debounce: dispatched notes.tasks.index_note") == 1, log
