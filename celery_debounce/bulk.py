@@ -79,18 +79,19 @@ def enqueue_many(
         elif outcome is WRITTEN:  # written, but the reply was lost and the window moved on
             results.append(None)
         else:
+            assert isinstance(outcome, BaseException)
             results.append(None)
             errors[i] = outcome
             if outcome is UNKNOWN_OUTCOME:
                 unknown.append(i)
-    if errors:
-        first = next(iter(errors.values()))
+    if errors or any(r is None for r in results):
+        first = next(iter(errors.values()), "reply lost")
         raise DebounceBulkError(
             f"enqueue_many: {len(errors)} of {len(prepared)} call(s) not written "
             f"(first error: {first}); see .unwritten",
             results=results, errors=errors, unknown=unknown,
         )
-    return results  # type: ignore[return-value]  # no None without an error
+    return [r for r in results if r is not None]
 
 
 class DebounceBulkError(DebounceBackendError):
@@ -213,9 +214,9 @@ def enter_many(
                 script.sha = client.script_load(script.script)
                 for i in missing:  # one by one: each reply is known
                     try:
+                        argv: list[Any] = gate_args(backend, calls[i])
                         outcomes[i] = parse_reply(client.evalsha(
-                            script.sha, 2, *gate_keys(backend, calls[i]),
-                            *gate_args(backend, calls[i])))
+                            script.sha, 2, *gate_keys(backend, calls[i]), *argv))
                     except redis.ResponseError as exc:
                         outcomes[i] = exc
         except DebounceBackendError as exc:

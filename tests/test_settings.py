@@ -58,7 +58,8 @@ def test_the_worker_step_refuses_a_garbled_switch() -> None:
              "debounce_max_payload_bytes"],
 )
 def test_integer_settings_refuse_strings_naming_the_setting(name: str) -> None:
-    with pytest.raises(DebounceConfigError, match=f"{name}='4': expected a positive int, got a str"):
+    expected = f"{name}='4': expected a positive int, got a str"
+    with pytest.raises(DebounceConfigError, match=expected):
         Settings.from_app(_app(**{name: "4"}))
 
 
@@ -70,8 +71,8 @@ def test_durations_from_strings_work() -> None:
 
 
 def test_record_ttl_shorter_than_the_lease_is_refused() -> None:
-    with pytest.raises(DebounceConfigError, match="debounce_record_ttl=10s .*"
-                       "debounce_dispatch_lease=30s"):
+    with pytest.raises(DebounceConfigError, match=r"debounce_record_ttl=10s .*"
+                       r"debounce_dispatch_lease=30s"):
         Settings.from_app(_app(debounce_record_ttl=10))
     floor = RECORD_TTL_LEASES * 30
     with pytest.raises(DebounceConfigError, match=f"at least {floor}s"):
