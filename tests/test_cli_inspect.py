@@ -61,3 +61,28 @@ def test_inspect_table_and_json(redis_server: str, redis_client: redis.Redis) ->
     assert [r["task_id"] for r in limited] == [first.id]  # earliest deadline first
     filtered = json.loads(celery(redis_server, "inspect", "--json", "--key", "*u2").stdout)
     assert [r["task_id"] for r in filtered] == [other.id]
+
+
+def test_control_characters_in_keys_cannot_forge_rows(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """A newline in a key must not add a fake row, nor an ANSI escape reach the terminal."""
+    os.environ["DEBOUNCE_TEST_REDIS_URL"] = redis_server
+    sys.path.insert(0, str(HERE))
+    import cli_app
+
+    forged = "x\nreports.build  report:admin  FAKE-ID  pending  99"
+    real = cli_app.build.delay(forged)
+    cli_app.build.delay("\x1b[2Jcleared\u2028sep")
+    table = celery(redis_server, "inspect")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == 3  # the header and one line per window
+    assert not any(line.startswith("reports.build  report:admin") for line in lines)
+    row = next(line for line in lines if real.id in line)
+    assert "report:x\\nreports.build" in row  # escaped, on its own row
+    assert "\x1b" not in table.stdout and "\u2028" not in table.stdout
+    assert "report:\\x1b[2Jcleared\\u2028sep" in table.stdout
+    # --json keeps the exact key
+    rows = json.loads(celery(redis_server, "inspect", "--json").stdout)
+    assert {r["key"] for r in rows} == {f"report:{forged}", "report:\x1b[2Jcleared\u2028sep"}
