@@ -102,3 +102,35 @@ def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
                 proc.wait()
         windows.cleanup()
         broker.cleanup()
+
+
+def test_kept_marks_are_bounded_and_refusals_are_not_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_debounce import marks
+    from celery_debounce.backend import Backend
+    from celery_debounce.local_redis import free_port
+    from celery_debounce.settings import Settings
+
+    app = build(f"redis://127.0.0.1:{free_port()}", "redis://127.0.0.1:1")  # nobody listens
+    backend = Backend(Settings.from_app(app))
+    monkeypatch.setattr(marks, "MAX_PENDING", 5)
+    monkeypatch.setattr(marks, "FIRST_DELAY", 30.0)  # the retry thread stays asleep
+    keys = ["debounce:{0}:win:x", "debounce:{0}:leased", "debounce:{0}:active"]
+    with pytest.raises(DebounceBackendError) as down:
+        backend.run("claim", keys, ["x"])
+    marks._pending.clear()
+    try:
+        for i in range(8):
+            marks.keep(backend, "claim", keys, [f"id{i}"], down.value)
+        assert marks.pending() == 5
+        assert [m.args for m in marks._pending] == [[f"id{i}"] for i in range(3, 8)]
+        assert "failed window mark(s) dropped" in caplog.text
+        refused = DebounceBackendError("refused")
+        refused.__cause__ = redis.ResponseError("NOPERM")
+        marks.keep(backend, "claim", keys, ["no"], refused)
+        assert marks.pending() == 5
+        assert marks.flush() is False  # still unreachable: all kept, in order
+        assert marks.pending() == 5
+    finally:
+        marks._pending.clear()
