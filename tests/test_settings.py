@@ -80,3 +80,23 @@ def test_record_ttl_shorter_than_the_lease_is_refused() -> None:
     assert Settings.from_app(_app(debounce_record_ttl=floor)).record_ttl_ms == floor * 1000
     short = Settings.from_app(_app(debounce_record_ttl="2s", debounce_dispatch_lease="500ms"))
     assert short.record_ttl_ms == 2000
+
+
+@pytest.mark.parametrize(("value", "runs"), [("False", False), ("off", False), ("true", True)])
+def test_a_real_worker_honours_string_switches(app_factory: Any, value: str, runs: bool) -> None:
+    """``debounce_dispatcher="False"`` (from the environment) starts no dispatcher."""
+    import threading
+
+    from helpers import running_worker
+
+    from celery_debounce import DebouncedTask
+
+    app = app_factory(debounce_dispatcher=value)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+    def noop() -> None:
+        pass
+
+    with running_worker(app):
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("debounce-worker")]
+    assert bool(threads) is runs, threads
