@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -89,6 +90,23 @@ def test_an_evicting_redis_is_reported_by_workers_and_stats(
     assert "maxmemory-policy: allkeys-lru  WARNING" in out.output
     data = json.loads(_cli(redis_server, "stats", "--json").output)
     assert (data["maxmemory_policy"], data["evicts_windows"]) == ("allkeys-lru", True)
+
+
+def test_a_standalone_dispatcher_warns_about_an_evicting_redis(
+    redis_server: str, evicting: None, tmp_path: Path
+) -> None:
+    env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server, "PYTHONPATH": str(HERE)}
+    log = tmp_path / "dispatch.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "cli_app", "debounce",
+                                 "dispatch"], env=env, cwd=HERE, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "maxmemory-policy allkeys-lru" in log.read_text(), timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+    assert "WARNING" in log.read_text()
 
 
 def test_a_refused_config_get_is_unknown_never_an_error(
