@@ -13,10 +13,12 @@ admin pages and scripts can use it the same way::
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from celery import Celery
 
 from .backend import Backend, as_text, backend_for, translate_errors
@@ -283,11 +285,30 @@ class DebounceAdmin:
         return Stats(now=now_ms / 1000, open=total_open, due=total_due, census=census,
                      tasks=tasks)
 
-    def reset_stats(self) -> None:
-        """Zero the counters (runs, calls, forced, cancelled, lateness)."""
+    def reset_stats(self) -> dict[str, TaskStats]:
+        """Zero the counters (runs, calls, forced, cancelled, lateness) atomically.
+
+        Returns the counters removed, per task: every increment is either in them or
+        counted after the reset, never lost. Each shard's hash is RENAMEd away (one
+        atomic step: later increments start a new hash), read, then deleted; the
+        renamed copy keeps the hash's TTL, so a crash in between leaves nothing forever.
+        """
+        removed: dict[str, TaskStats] = {}
+        client = self.backend.client
         with translate_errors("stats reset"):
-            self.backend.client.delete(
-                *(f"{self.settings.tag(s)}:stats" for s in range(self.settings.shards)))
+            for shard in range(self.settings.shards):
+                key = f"{self.settings.tag(shard)}:stats"
+                held = f"{key}:reset:{uuid.uuid4().hex}"  # same hash tag, same slot
+                try:
+                    client.rename(key, held)
+                except redis.ResponseError as exc:
+                    if "no such key" in str(exc).lower():
+                        continue
+                    raise
+                for name, value in client.hgetall(held).items():
+                    _add_counter(removed, as_text(name), int(value))
+                client.delete(held)
+        return removed
 
     # -- internals ------------------------------------------------------------
     def _shard(self, ident: str) -> int:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from celery import Celery, bootsteps
 from celery.signals import worker_init
 
+from .checks import warn_if_evicting
 from .dispatcher import Dispatcher
+from .settings import DEFAULTS, parse_bool
+
+logger = logging.getLogger("celery_debounce.worker")
 
 
 class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -20,11 +26,22 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def include_if(self, parent: Any) -> bool:
         value = parent.app.conf.get("debounce_dispatcher")
-        return True if value is None else bool(value)
+        # "False" from an environment-driven settings module means False; garbage is refused
+        return parse_bool("debounce_dispatcher",
+                          DEFAULTS["debounce_dispatcher"] if value is None else value)
 
     def create(self, parent: Any) -> Dispatcher:
         # The step framework calls start()/stop() on what create() returns.
         return Dispatcher(parent.app, name=f"worker-{parent.hostname}")
+
+    def start(self, parent: Any) -> None:
+        super().start(parent)
+        dispatcher: Dispatcher = self.obj
+        # beside the worker's start-up: a hung Redis must not hold the worker up
+        threading.Thread(
+            target=warn_if_evicting, args=(dispatcher.backend.client, dispatcher.name, logger),
+            name="debounce-eviction-check", daemon=True,
+        ).start()
 
 
 def install(app: Celery) -> None:

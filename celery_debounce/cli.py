@@ -18,6 +18,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import DebounceAdmin, Stats, TaskStats
+from .checks import describe_policy, evicts_windows, maxmemory_policy, warn_if_evicting
 from .errors import DebounceError, WindowNotPending
 from .windows import STATES, WindowInfo
 
@@ -40,6 +41,31 @@ def relative(seconds: float) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one table cell: control, format and line/paragraph separator
+    characters (and the backslash, so escapes stay unambiguous) are written as
+    Python escapes. A newline in a key can then never start a fake row, nor an
+    ANSI sequence repaint the terminal."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for char in text:
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif char.isprintable() or char == " ":
+            out.append(char)
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    return "".join(out)
+
+
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)) for r in [header, *rows])
@@ -58,8 +84,8 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
                 when = f"forced by max wait {when}"
         else:
             when = f"{w.state} (deadline {relative(w.deadline - now)})"
-        key = w.key if len(w.key) <= 40 else w.key[:37] + "..."
-        rows.append((w.task, key, w.task_id, w.state, str(w.calls),
+        key = printable(w.key if len(w.key) <= 40 else w.key[:37] + "...")
+        rows.append((printable(w.task), key, printable(w.task_id), w.state, str(w.calls),
                      relative(w.first_seen - now), when))
     return _table(header, rows)
 
@@ -89,7 +115,7 @@ def render_stats(stats: Stats) -> str:
         ratio = row.coalescing_ratio
         census = stats.census or row is total
         rows.append((
-            row.task if row is not total else "(all)",
+            printable(row.task) if row is not total else "(all)",
             str(row.open) if census else "-",
             str(row.due) if census else "-",
             relative(row.oldest_first_seen - stats.now)
@@ -271,7 +297,8 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
 @click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Output",
               help="Print a JSON object instead of a table.")
 @click.option("--reset", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Zero the counters (runs, calls, forced, cancelled, lateness) after printing.")
+              help="Zero the counters (runs, calls, forced, cancelled, lateness) and print "
+                   "the values zeroed (atomic: no increment is lost).")
 @click.pass_context
 def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     """Show window counts, calls per run and dispatch lateness per task.
@@ -284,18 +311,34 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     (or cancelled) since the last --reset. CALLS/RUN is the coalescing ratio.
     LATE is how long after its deadline a window was taken, as the upper bound
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
+
+    The last line is the windows' Redis maxmemory-policy, with a warning when
+    it can evict window records ("unknown" when CONFIG GET is refused).
     """
     admin = _admin(ctx)
     try:
         figures = admin.stats(census=not quick)
-        if reset:
-            admin.reset_stats()
+        if reset:  # print exactly the counters zeroed: none lost between read and reset
+            _use_counters(figures, admin.reset_stats())
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
+    policy = maxmemory_policy(admin.backend.client)
     if as_json:
-        click.echo(json.dumps(figures.as_json(), indent=2))
+        click.echo(json.dumps({**figures.as_json(), "maxmemory_policy": policy,
+                               "evicts_windows": evicts_windows(policy)}, indent=2))
     else:
         click.echo(render_stats(figures))
+        click.echo(describe_policy(policy))
+
+
+def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
+    """Replace the counters in ``figures`` by ``counters`` (what a reset removed)."""
+    for name in set(figures.tasks) | set(counters):
+        row = figures.tasks.setdefault(name, TaskStats(task=name))
+        new = counters.get(name, TaskStats(task=name))
+        row.runs, row.calls, row.forced, row.cancelled = (
+            new.runs, new.calls, new.forced, new.cancelled)
+        row.lateness_buckets = list(new.lateness_buckets)
 
 
 @debounce.command(cls=CeleryCommand)
@@ -335,5 +378,6 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
     settings = dispatcher.settings
     logger.info("debounce: dispatcher %s started (prefix %r, %d shard(s), poll %dms)",
                 dispatcher.name, settings.key_prefix, settings.shards, settings.poll_interval_ms)
+    warn_if_evicting(dispatcher.backend.client, dispatcher.name, logger)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)

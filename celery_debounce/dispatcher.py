@@ -134,7 +134,7 @@ def _announce(window: TakenWindow) -> None:
     fields = {"task_id": window.task_id, "key": window.key, "calls": window.calls,
               "lateness": window.lateness_ms / 1000}
     window_dispatched.send(sender=window.task_name, **fields)
-    if window.forced_by_max_wait and window.tries == 1:
+    if window.forced_by_max_wait:
         window_forced_by_max_wait.send(
             sender=window.task_name, max_wait_at=window.max_wait_ms / 1000, **fields
         )

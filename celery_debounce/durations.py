@@ -9,8 +9,14 @@ from datetime import timedelta
 from .errors import DebounceConfigError
 
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+# ASCII digits only ("1_000", Arabic-Indic or full-width digits are refused); each unit at
+# most once and largest first ("1h30m", not "30m1h" or "5s5s").
+_NUM = r"[0-9]+(?:\.[0-9]+)?"
+_WHOLE = re.compile(
+    rf"(?:(?P<d>{_NUM})d)?(?:(?P<h>{_NUM})h)?(?:(?P<m>{_NUM})m(?!s))?(?:(?P<s>{_NUM})s)?"
+    rf"(?:(?P<ms>{_NUM})ms)?"
+)
+_SECONDS = re.compile(rf"-?{_NUM}|-?\.[0-9]+")
 
 Duration = str | int | float | timedelta
 
@@ -35,18 +41,18 @@ def parse_duration(option: str, value: object) -> int:
         ms = value * 1000
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
-        if _WHOLE.fullmatch(text):
-            ms = sum(float(num) * _UNIT_MS[unit] for num, unit in _PART.findall(text))
+        whole = _WHOLE.fullmatch(text) if text else None
+        if whole is not None and any(whole.groupdict().values()):
+            ms = sum(float(num) * _UNIT_MS[unit] for unit, num in whole.groupdict().items()
+                     if num is not None)
+        elif _SECONDS.fullmatch(text):
+            ms = float(text) * 1000
         else:
-            try:
-                ms = float(text) * 1000
-            except ValueError:
-                raise DebounceConfigError(
-                    f"{option}={value!r}: cannot parse duration; use e.g. "
-                    "'250ms', '10s', '5m', '2h', '1d', '1h30m' or seconds as a number"
-                ) from None
-            if not math.isfinite(ms):
-                raise DebounceConfigError(f"{option}={value!r}: duration must be finite")
+            raise DebounceConfigError(
+                f"{option}={value!r}: cannot parse duration; use e.g. "
+                "'250ms', '10s', '5m', '2h', '1d', '1h30m' (each unit once, largest first) "
+                "or seconds as a number with ASCII digits"
+            )
     else:
         raise DebounceConfigError(
             f"{option}={value!r}: expected a duration (str, int, float or timedelta), "
@@ -54,7 +60,12 @@ def parse_duration(option: str, value: object) -> int:
         )
     if ms > MAX_MS:
         raise DebounceConfigError(f"{option}={value!r}: duration longer than 10 years")
+    if ms <= 0:
+        raise DebounceConfigError(f"{option}={value!r}: duration must be positive")
     result = round(ms)
     if result <= 0:
-        raise DebounceConfigError(f"{option}={value!r}: duration must be positive")
+        raise DebounceConfigError(
+            f"{option}={value!r}: duration below 1 ms (durations are whole milliseconds; "
+            "the shortest is '1ms')"
+        )
     return result

@@ -28,6 +28,32 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+#: debounce_record_ttl must be at least this many dispatch leases (see Settings.check).
+RECORD_TTL_LEASES = 4
+
+#: Strings accepted for a boolean setting (as environment-driven settings give them).
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def parse_bool(option: str, value: object) -> bool:
+    """A boolean setting: a bool, 0/1, or one of true/false/1/0/yes/no/on/off (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise DebounceConfigError(
+        f"{option}={value!r}: expected True or False (or one of the strings "
+        "true/false, 1/0, yes/no, on/off)"
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str
@@ -54,11 +80,11 @@ class Settings:
         def duration(name: str) -> int:
             return parse_duration(name, get(name))
 
-        return cls(
+        settings = cls(
             redis_url=_redis_url(app, get("debounce_redis_url")),
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
-            dispatcher=bool(get("debounce_dispatcher")),
+            dispatcher=parse_bool("debounce_dispatcher", get("debounce_dispatcher")),
             poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
             dispatch_lease_ms=duration("debounce_dispatch_lease"),
@@ -70,6 +96,20 @@ class Settings:
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
         )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse settings that contradict each other (each one alone is valid)."""
+        floor = RECORD_TTL_LEASES * self.dispatch_lease_ms
+        if self.record_ttl_ms < floor:
+            raise DebounceConfigError(
+                f"debounce_record_ttl={self.record_ttl_ms / 1000:g}s is too short for "
+                f"debounce_dispatch_lease={self.dispatch_lease_ms / 1000:g}s: a taken window's "
+                f"record must outlive {RECORD_TTL_LEASES} leases (a publish retried after lease "
+                f"expiries), so set debounce_record_ttl to at least {floor / 1000:g}s or "
+                "shorten the lease"
+            )
 
     def tag(self, shard: int) -> str:
         """The hash-tagged prefix every key of ``shard`` starts with."""
@@ -119,6 +159,11 @@ def _prefix(value: object) -> str:
 
 
 def _positive_int(option: str, value: object) -> int:
+    if isinstance(value, str):  # e.g. from os.environ: refused, never guessed
+        raise DebounceConfigError(
+            f"{option}={value!r}: expected a positive int, got a str (convert it, e.g. "
+            f"int(os.environ[...]))"
+        )
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise DebounceConfigError(f"{option}={value!r}: expected a positive int")
     return value

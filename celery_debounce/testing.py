@@ -11,8 +11,10 @@ never sleeps: windows are read straight from Redis and made due on demand.
 * :func:`use_fakeredis`: point an app's debounce backend at a fakeredis server.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
 
-The pytest plugin (entry point ``pytest11``) only defines the fixture
-``debounce_fakeredis``; it imports fakeredis only when that fixture is used.
+The pytest plugin (entry point ``pytest11``: the module ``celery_debounce_pytest``)
+only defines the fixture ``debounce_fakeredis``. It imports nothing of Celery, kombu,
+redis or this package until a test uses the fixture, so suites that never use it pay
+nothing and get no debounce signal handlers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from celery import Celery
+from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
@@ -147,30 +149,53 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     """Make pending windows due and run each due window inline, once, in this process.
 
     Uses ``Task.apply`` with the window's task id, so no broker or worker is needed;
-    the window is marked claimed and finished as a worker would. Returns the
-    results in deadline order. ``throw`` is passed to ``Task.apply`` (default:
-    ``task_eager_propagates``).
+    the window is marked claimed and finished as a worker would (a run that raises
+    is finished as ``FAILURE``). With ``task``, only that task's windows run (other
+    tasks' due windows are left for a dispatcher). Returns the results in deadline
+    order. ``throw`` is passed to ``Task.apply`` (default: ``task_eager_propagates``).
+
+    When a run raises (``throw=True`` or ``task_eager_propagates``), every other
+    due window still runs first, then the first exception is raised: no window is
+    left behind. A window whose task is not registered in ``app`` is not run (it is
+    handed back, due, for a dispatcher of an app that has the task).
     """
+    name = _task_name(task)
     _make_due(app, task)
     backend = backend_for(app)
     results: list[EagerResult] = []
+    errors: list[BaseException] = []
     for shard in range(backend.settings.shards):
         tag = backend.settings.tag(shard)
+        handed_back: list[Any] = []
         while True:
             taken = take_due(backend, shard, backend.settings.dispatch_batch)
-            if taken.windows:
-                ids = [w.task_id for w in taken.windows]
-                backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids])
             for window in taken.windows:
+                if (name is not None and window.task_name != name) or \
+                        window.task_name not in app.tasks:
+                    handed_back += (window.task_id, window.tries)  # not ours: due again below
+                    continue
                 args, kwargs = _decode(app, window.content_type, window.payload)
-                results.append(
-                    app.tasks[window.task_name].apply(
-                        args, kwargs, task_id=window.task_id,
-                        headers={SHARD_HEADER: shard}, throw=throw,
+                try:  # never acked: the run itself marks the window claimed, then finished
+                    results.append(
+                        app.tasks[window.task_name].apply(
+                            args, kwargs, task_id=window.task_id,
+                            headers={SHARD_HEADER: shard}, throw=throw,
+                        )
                     )
-                )
-            if len(taken.windows) < backend.settings.dispatch_batch:
+                except Exception as exc:  # propagated: finish it, run the rest, raise later
+                    backend.run(
+                        "finish", [f"{tag}:win:{window.task_id}", f"{tag}:leased",
+                                   f"{tag}:active"],
+                        [window.task_id, states.FAILURE, backend.settings.history_ttl_ms],
+                    )
+                    errors.append(exc)
+            got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
+            if got < backend.settings.dispatch_batch:
                 break
+        if handed_back:  # lease expiry := now: the next take (any dispatcher) publishes them
+            backend.run("release", [f"{tag}:leased"], [0, tag, *handed_back])
+    if errors:
+        raise errors[0]
     return results
 
 
@@ -187,13 +212,14 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
     Only this process sees the fake server: use it with inline runs
     (:func:`run_windows`) or an in-process worker, not with a prefork worker.
     If the app has no Redis URL for windows, a placeholder is set (never connected).
+    The ``debounce_fakeredis`` fixture undoes all of this when the test ends.
     """
     import fakeredis
 
     if not app.conf.get("debounce_redis_url") and not str(app.conf.broker_url or "").startswith(
         ("redis://", "rediss://")
     ):
-        app.conf.debounce_redis_url = "redis://fakeredis.invalid:6379/0"
+        app.conf.debounce_redis_url = PLACEHOLDER_URL
     backend = Backend(settings_for(app))
     client = fakeredis.FakeRedis(server=server or fakeredis.FakeServer())
     backend.client = client
@@ -202,25 +228,51 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
     return client
 
 
-@pytest.fixture
-def debounce_fakeredis() -> Iterator[Callable[[Celery], fakeredis.FakeRedis]]:
-    """``debounce_fakeredis(app)`` points ``app`` at a fakeredis server private to this test.
+#: The windows URL :func:`use_fakeredis` sets on an app that has none (never connected).
+PLACEHOLDER_URL = "redis://fakeredis.invalid:6379/0"
 
-    Every app passed in shares the same fake server; each app gets its previous
-    backend back when the test ends.
-    """
+_MISSING: Any = object()
+#: What use_fakeredis changes on an app: one conf key and two cached attributes.
+_APP_ATTRS = ("_debounce_settings", "_debounce_backend")
+
+
+def _snapshot(app: Celery) -> tuple[Any, ...]:
+    return (app.conf.changes.get("debounce_redis_url", _MISSING),
+            *(app.__dict__.get(attr, _MISSING) for attr in _APP_ATTRS))
+
+
+def _restore(app: Celery, snapshot: tuple[Any, ...]) -> None:
+    url, *attrs = snapshot
+    if url is _MISSING:
+        app.conf.changes.pop("debounce_redis_url", None)
+    else:
+        app.conf.changes["debounce_redis_url"] = url
+    for attr, value in zip(_APP_ATTRS, attrs, strict=True):
+        if value is _MISSING:
+            app.__dict__.pop(attr, None)
+        else:
+            app.__dict__[attr] = value
+
+
+def fakeredis_fixture() -> Iterator[Callable[[Celery], fakeredis.FakeRedis]]:
+    """The body of the ``debounce_fakeredis`` fixture (see celery_debounce_pytest)."""
     import fakeredis
 
     server = fakeredis.FakeServer()
-    saved: list[tuple[Celery, Any]] = []
+    saved: dict[int, tuple[Celery, tuple[Any, ...]]] = {}
 
     def use(app: Celery) -> fakeredis.FakeRedis:
-        saved.append((app, getattr(app, "_debounce_backend", None)))
+        saved.setdefault(id(app), (app, _snapshot(app)))  # as the test found it
         return use_fakeredis(app, server)
 
-    yield use
-    for app, previous in reversed(saved):
-        if previous is None:
-            del app._debounce_backend  # type: ignore[attr-defined, unused-ignore]
-        else:
-            app._debounce_backend = previous  # type: ignore[attr-defined, unused-ignore]
+    try:
+        yield use
+    finally:
+        for app, snapshot in reversed(saved.values()):
+            _restore(app, snapshot)
+
+
+debounce_fakeredis = pytest.fixture(name="debounce_fakeredis")(fakeredis_fixture)
+debounce_fakeredis.__doc__ = """``debounce_fakeredis(app)`` points ``app`` at a fakeredis server
+private to this test. Every app passed in shares that server; when the test ends each
+app is left as the test found it (its ``debounce_redis_url``, cached settings and backend)."""

@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery, Task, states
 from celery.signals import task_postrun, task_prerun, task_rejected, task_revoked, task_unknown
 
+from . import marks
 from .backend import backend_for
 from .dispatcher import SHARD_HEADER
 
@@ -49,6 +50,7 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         )
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
+        marks.keep(backend, "claim", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id], exc)  # noqa: E501
         return
     if before in (b"claimed", b"finished") and not task.request.retries:
         logger.warning(
@@ -68,6 +70,7 @@ def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str)
         )
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
+        marks.keep(backend, "finish", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id, state, backend.settings.history_ttl_ms], exc)  # noqa: E501
 
 
 def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:

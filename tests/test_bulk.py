@@ -122,3 +122,118 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
         assert redis.Redis.from_url(f"{broker.url}/1").llen("celery") == 3
     finally:
         broker.cleanup()
+
+
+def _windows_by_key(client: redis.Redis) -> dict[str, tuple[str, int]]:
+    """key -> (window id, calls) of every pending window, read straight from Redis."""
+    from celery_debounce.keys import split_ident
+
+    out = {}
+    for member in client.zrange("debounce:{0}:due", 0, -1):
+        ident = member.decode()
+        tid, n = client.hmget(f"debounce:{{0}}:open:{ident}", "id", "n")
+        out[split_ident(ident)[1]] = (tid.decode(), int(n))
+    return out
+
+
+def test_bulk_sends_the_same_signals_as_single_calls(app: Celery) -> None:
+    from celery_debounce.signals import call_absorbed, window_opened
+
+    sync = _task(app, [])
+    seen: list[tuple[str, str, str, int]] = []
+
+    def opened(sender: str, **kw: object) -> None:
+        seen.append(("opened", sender, str(kw["key"]), int(kw["calls"])))  # type: ignore[call-overload]
+
+    def absorbed(sender: str, **kw: object) -> None:
+        seen.append(("absorbed", sender, str(kw["key"]), int(kw["calls"])))  # type: ignore[call-overload]
+
+    window_opened.connect(opened, weak=False)
+    call_absorbed.connect(absorbed, weak=False)
+    try:
+        for account in ("a", "b", "a"):
+            sync.delay(account)
+        single = list(seen)
+        seen.clear()
+        enqueue_many(sync, [(("c",), {}), (("d",), {}), (("c",), {})])
+    finally:
+        window_opened.disconnect(opened)
+        call_absorbed.disconnect(absorbed)
+    assert single == [("opened", sync.name, "acct:a", 1), ("opened", sync.name, "acct:b", 1),
+                      ("absorbed", sync.name, "acct:a", 2)]
+    assert seen == [("opened", sync.name, "acct:c", 1), ("opened", sync.name, "acct:d", 1),
+                    ("absorbed", sync.name, "acct:c", 2)]
+
+
+def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    """One gate call fails inside Redis (its open: key is of the wrong type): the others are
+    written, the error names exactly the unwritten one, and retrying it counts nothing twice."""
+    from celery_debounce.bulk import DebounceBulkError
+    from celery_debounce.keys import window_ident
+
+    sync = _task(app, [])
+    calls = [((f"k{i % 40}",), {"n": i}) for i in range(100)]
+    bad = window_ident(sync.name, "acct:k7")
+    redis_client.set(f"debounce:{{0}}:open:{bad}", "foreign")
+    with pytest.raises(DebounceBulkError) as info:
+        enqueue_many(sync, calls, chunk_size=16)
+    error = info.value
+    assert error.unwritten == [i for i in range(100) if i % 40 == 7]
+    assert error.written == 100 - len(error.unwritten)
+    assert all((r is None) == (i in error.unwritten) for i, r in enumerate(error.results))
+    windows = _windows_by_key(redis_client)
+    for i, result in enumerate(error.results):
+        if result is not None:
+            assert windows[f"acct:k{i % 40}"][0] == result.id
+    redis_client.delete(f"debounce:{{0}}:open:{bad}")
+    retried = enqueue_many(sync, [calls[i] for i in error.unwritten])
+    windows = _windows_by_key(redis_client)
+    assert sum(n for _, n in windows.values()) == 100  # every call counted exactly once
+    assert windows["acct:k7"] == (retried[0].id, 3)
+
+
+def test_a_connection_killed_mid_batch_reports_exactly_what_was_written(
+    app: Celery, redis_client: redis.Redis, redis_server: str
+) -> None:
+    """CLIENT KILL while a large batch is in flight: every call is either written (with its
+    window's result) or listed in .unwritten; retrying those gives each call exactly once."""
+    import threading
+    import time
+
+    from celery_debounce.bulk import DebounceBulkError
+
+    sync = _task(app, [])
+    total = 60_000
+    calls = [((f"u{i % 30_000}",), {}) for i in range(total)]
+    killed = threading.Event()
+
+    def killer() -> None:
+        watcher = redis.Redis.from_url(f"{redis_server}/0")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if watcher.zcard("debounce:{0}:due") >= 3000:
+                watcher.client_kill_filter(_type="normal", skipme=True)
+                killed.set()
+                return
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.raises(DebounceBulkError) as info:
+        enqueue_many(sync, calls, chunk_size=500)
+    thread.join(10)
+    assert killed.is_set()
+    error = info.value
+    assert 0 < error.written < total and error.unknown == []
+    assert error.written + len(error.unwritten) == total
+    windows = _windows_by_key(redis_client)
+    assert sum(n for _, n in windows.values()) == error.written
+    for i, result in enumerate(error.results):
+        if result is not None:
+            assert windows[f"acct:u{i % 30_000}"][0] == result.id
+    enqueue_many(sync, [calls[i] for i in error.unwritten], chunk_size=500)
+    windows = _windows_by_key(redis_client)
+    assert len(windows) == 30_000
+    assert {n for _, n in windows.values()} == {2}  # each call counted exactly once

@@ -61,3 +61,60 @@ def test_inspect_table_and_json(redis_server: str, redis_client: redis.Redis) ->
     assert [r["task_id"] for r in limited] == [first.id]  # earliest deadline first
     filtered = json.loads(celery(redis_server, "inspect", "--json", "--key", "*u2").stdout)
     assert [r["task_id"] for r in filtered] == [other.id]
+
+
+def test_control_characters_in_keys_cannot_forge_rows(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """A newline in a key must not add a fake row, nor an ANSI escape reach the terminal."""
+    os.environ["DEBOUNCE_TEST_REDIS_URL"] = redis_server
+    sys.path.insert(0, str(HERE))
+    import cli_app
+
+    forged = "x\nreports.build  report:admin  FAKE-ID  pending  99"
+    real = cli_app.build.delay(forged)
+    cli_app.build.delay("\x1b[2Jcleared\u2028sep")
+    table = celery(redis_server, "inspect")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == 3  # the header and one line per window
+    assert not any(line.startswith("reports.build  report:admin") for line in lines)
+    row = next(line for line in lines if real.id in line)
+    assert "report:x\\nreports.build" in row  # escaped, on its own row
+    assert "\x1b" not in table.stdout and "\u2028" not in table.stdout
+    assert "report:\\x1b[2Jcleared\\u2028sep" in table.stdout
+    # --json keeps the exact key
+    rows = json.loads(celery(redis_server, "inspect", "--json").stdout)
+    assert {r["key"] for r in rows} == {f"report:{forged}", "report:\x1b[2Jcleared\u2028sep"}
+
+
+def test_listing_never_skips_a_window_when_one_at_the_same_deadline_leaves(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """flush --all gives many windows one deadline; one of those already listed is taken
+    between two steps of the walk: every window is still listed, none twice."""
+    from helpers import make_app
+
+    from celery_debounce import DebouncedTask, enqueue_many
+    from celery_debounce.backend import backend_for
+    from celery_debounce.windows import walk_pending
+
+    app = make_app(redis_server)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="{0}")
+    def job(key: str) -> None:
+        pass
+
+    enqueue_many(job, [((f"k{i:04d}",), {}) for i in range(2500)])
+    due = "debounce:{0}:due"
+    members = redis_client.zrange(due, 0, -1)
+    redis_client.zadd(due, dict.fromkeys(members, 1_700_000_000_000))  # one deadline
+    walk = walk_pending(backend_for(app), 0)
+    seen = [next(walk).task_id for _ in range(1000)]  # the first step examined 1,000
+    # two listed ones leave (a dispatcher took them): one in the middle of the step and
+    # the last one examined, where the next step resumes
+    members = redis_client.zrange(due, 0, -1)
+    redis_client.zrem(due, members[10], members[999])
+    seen += [w.task_id for w in walk]
+    assert len(seen) == len(set(seen)) == 2500

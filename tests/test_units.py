@@ -36,6 +36,29 @@ def test_bad_durations_name_the_option_and_value(value: Any) -> None:
     assert repr(value) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "value", ["1_000", "1_000s", "\u0661\u0662", "\uff15s", "5s5s", "1m1m", "30m1h", "1e3", "nan",
+              "inf", "5mm", "-5m", " "],
+)
+def test_durations_parse_strictly(value: str) -> None:
+    """Underscores, non-ASCII digits, repeated or unordered units, exponents: refused."""
+    with pytest.raises(DebounceConfigError, match="cannot parse") as info:
+        parse_duration("debounce_poll_interval", value)
+    assert f"debounce_poll_interval={value!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0.0004, "0.0004", "0.4ms", timedelta(microseconds=400)])
+def test_sub_millisecond_durations_say_below_1ms(value: Any) -> None:
+    with pytest.raises(DebounceConfigError, match="below 1 ms"):
+        parse_duration("debounce", value)
+
+
+@pytest.mark.parametrize("value", [0, "0", "-5", -0.5, "0s"])
+def test_zero_and_negative_durations_say_positive(value: Any) -> None:
+    with pytest.raises(DebounceConfigError, match="must be positive"):
+        parse_duration("debounce", value)
+
+
 def test_template_parts_and_literal_braces() -> None:
     tpl = parse_template("a{{b}}:{user}:{0}:{meta.org.id}")
     assert resolve(tpl, ("u", 1), {"user": "u", "meta": {"org": {"id": 7}}}) == "a{b}:u:u:7"

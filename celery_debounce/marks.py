@@ -1,0 +1,117 @@
+"""Claims and finishes that failed during a Redis blip, kept and retried.
+
+A worker marks a window ``claimed`` when its run starts and ``finished`` when it
+ends (worker_signals.py). If the windows' Redis is unreachable at that moment the
+mark is handed here: kept in memory (per process, at most :data:`MAX_PENDING`,
+oldest dropped first with a warning) and sent again, in order, by a short-lived
+daemon thread that starts only when something is kept and exits once everything
+is sent. Replaying is safe: ``claim.lua`` changes only a ``dispatching``/``queued``
+record and ``finish.lua`` is idempotent, so a late claim never reopens a finished
+window. A mark Redis refuses (a script error, NOPERM) is not retried: it would
+fail the same way again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from typing import Any, NamedTuple
+
+import redis
+
+from .backend import Backend
+
+logger = logging.getLogger("celery_debounce.worker")
+
+#: Most marks kept per process; beyond it the oldest is dropped (its record then waits
+#: for ``debounce_record_ttl``).
+MAX_PENDING = 10_000
+#: First and longest pause between retry rounds (seconds).
+FIRST_DELAY = 0.25
+MAX_DELAY = 5.0
+
+
+class Mark(NamedTuple):
+    backend: Backend
+    script: str  # "claim" or "finish"
+    keys: list[str]
+    args: list[Any]
+
+
+_lock = threading.Lock()
+_pending: deque[Mark] = deque()
+_state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True for an outage (worth retrying), False for an error Redis answered with."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError, OSError))
+
+
+def keep(backend: Backend, script: str, keys: list[str], args: list[Any],
+         error: BaseException) -> None:
+    """Keep a mark that failed with ``error``; it is sent again once Redis answers."""
+    if not unreachable(error):
+        return
+    with _lock:
+        if _state["pid"] != os.getpid():  # a forked child: the parent's thread is not here
+            _pending.clear()
+            _state.update(pid=os.getpid(), thread=None, dropped=0)
+        if len(_pending) >= MAX_PENDING:
+            _pending.popleft()
+            _state["dropped"] += 1
+            if _state["dropped"] in (1, 10, 100) or _state["dropped"] % 1000 == 0:
+                logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
+                               _state["dropped"], MAX_PENDING)
+        _pending.append(Mark(backend, script, keys, args))
+        thread = _state["thread"]
+        if thread is None or not thread.is_alive():
+            thread = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
+            _state["thread"] = thread
+            thread.start()
+
+
+def pending() -> int:
+    """How many marks wait to be sent again (in this process)."""
+    return len(_pending)
+
+
+def _retry() -> None:
+    delay = FIRST_DELAY
+    stop = threading.Event()  # never set: a sleep that is not time.sleep-patched in tests
+    while True:
+        stop.wait(delay)
+        with _lock:
+            if not _pending:
+                _state["thread"] = None
+                return
+        if flush():
+            delay = FIRST_DELAY
+        else:
+            delay = min(delay * 2, MAX_DELAY)
+
+
+def flush() -> bool:
+    """Send kept marks in order until one fails; True if all were sent."""
+    sent = 0
+    while True:
+        with _lock:
+            if not _pending:
+                break
+            mark = _pending[0]
+        try:
+            mark.backend.run(mark.script, mark.keys, mark.args)
+        except Exception as exc:
+            if unreachable(exc):
+                return False  # still down: keep it (and the rest), try again later
+            logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.script, exc)
+        with _lock:
+            if _pending and _pending[0] is mark:
+                _pending.popleft()
+        sent += 1
+    if sent:
+        logger.info("debounce: sent %d window mark(s) kept during a Redis outage", sent)
+    return True

@@ -1,0 +1,137 @@
+"""Every record reaches a final state once Redis is back: claims and finishes that failed
+during a windows-Redis outage are kept and sent again (celery_debounce.marks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import wait_until
+from marks_app import build
+
+from celery_debounce import DebounceBackendError
+from celery_debounce.local_redis import LocalRedis
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).parent
+
+
+def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    windows = LocalRedis(appendonly=True).start()
+    broker = LocalRedis().start()
+    log = tmp_path / "worker.log"
+    env = dict(os.environ, MARKS_WINDOWS=windows.url, MARKS_BROKER=broker.url,
+               PYTHONPATH=str(TESTS))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        app = build(windows.url, broker.url)
+        task = app.tasks["marks.work"]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "marks_app", "worker", "--pool", "solo",
+                 "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat"],
+                cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 30)
+        assert proc.poll() is None, log.read_text()
+        ok: list[str] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    ok.append(task.delay(f"k{i % 200}", i).id)
+                except DebounceBackendError:
+                    time.sleep(0.05)
+                i += 1
+                time.sleep(0.002)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        runs = redis.Redis.from_url(f"{broker.url}/2")
+        try:
+            # a backlog of published windows, so runs go on while the windows' Redis is down
+            wait_until(lambda: runs.llen("runs") > 30
+                       and redis.Redis.from_url(f"{broker.url}/1").llen("celery") > 20, 30)
+            windows.stop()  # SIGTERM: AOF flushed, the records survive the restart
+            ran_before = runs.llen("runs")
+            wait_until(lambda: runs.llen("runs") > ran_before + 10, 30)  # runs while it is down
+            windows.start()
+            done = len(ok)
+            wait_until(lambda: len(ok) > done + 100, 30)
+        finally:
+            stop.set()
+            producer.join(20)
+        assert not producer.is_alive(), "a producer call hung"
+        client = redis.Redis.from_url(f"{windows.url}/0")
+
+        def unfinished() -> dict[str, str]:
+            out = {}
+            for key in client.scan_iter("debounce:{0}:win:*"):
+                state = client.hget(key, "st")
+                if state != b"finished":
+                    out[key.decode()] = (state or b"-").decode()
+            return out
+
+        # every window produced runs, and every record of a run ends finished
+        wait_until(lambda: not client.zcard("debounce:{0}:due"), 30)
+        wait_until(lambda: not unfinished(), 40)
+        ran = {r.decode() for r in runs.lrange("runs", 0, -1)}
+        states = {tid: client.hget(f"debounce:{{0}}:win:{tid}", "st") for tid in ran}
+        assert set(states.values()) == {b"finished"}, states
+        text = log.read_text()
+        assert "could not mark" in text  # marks did fail during the outage ...
+        assert "window mark(s) kept during a Redis outage" in text  # ... and were sent later
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        windows.cleanup()
+        broker.cleanup()
+
+
+def test_kept_marks_are_bounded_and_refusals_are_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_debounce import marks
+    from celery_debounce.backend import Backend
+    from celery_debounce.local_redis import free_port
+    from celery_debounce.settings import Settings
+
+    app = build(f"redis://127.0.0.1:{free_port()}", "redis://127.0.0.1:1")  # nobody listens
+    backend = Backend(Settings.from_app(app))
+    monkeypatch.setattr(marks, "MAX_PENDING", 5)
+    monkeypatch.setattr(marks, "FIRST_DELAY", 30.0)  # the retry thread stays asleep
+    keys = ["debounce:{0}:win:x", "debounce:{0}:leased", "debounce:{0}:active"]
+    with pytest.raises(DebounceBackendError) as down:
+        backend.run("claim", keys, ["x"])
+    marks._pending.clear()
+    marks._state["dropped"] = 0
+    try:
+        for i in range(8):
+            marks.keep(backend, "claim", keys, [f"id{i}"], down.value)
+        assert marks.pending() == 5
+        assert [m.args for m in marks._pending] == [[f"id{i}"] for i in range(3, 8)]
+        assert marks._state["dropped"] == 3  # and logged (at the 1st, 10th, 100th ...)
+        refused = DebounceBackendError("refused")
+        refused.__cause__ = redis.ResponseError("NOPERM")
+        marks.keep(backend, "claim", keys, ["no"], refused)
+        assert marks.pending() == 5
+        assert marks.flush() is False  # still unreachable: all kept, in order
+        assert marks.pending() == 5
+    finally:
+        marks._pending.clear()
