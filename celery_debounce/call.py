@@ -88,16 +88,16 @@ def prepare_call(
         options_json = encode_stored(stored)
         if static is not None and "parent_id" not in stored:
             static[task_name] = options_json
+    positional, named = bind_arguments(signature, tuple(args), kwargs)
+    if spec.key is not None:  # a template error names the placeholder: report it first
+        key = resolve(spec.key, positional, named)
     content_type, payload = encode([args, kwargs, embed], serializer)
     if len(payload) > settings.max_payload_bytes:
         raise DebouncePayloadError(
             f"{task_name}: arguments serialize to {len(payload)} bytes, above "
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
-    positional, named = bind_arguments(signature, tuple(args), kwargs)
-    if spec.key is not None:
-        key = resolve(spec.key, positional, named)
-    else:
+    if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
         key = digest_key(canonical_arguments(positional, named, serializer))
     if len(key) > settings.max_key_length:
         raise DebounceKeyError(

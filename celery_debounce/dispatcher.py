@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 import threading
 import time
 from contextlib import nullcontext
@@ -18,7 +17,6 @@ from typing import Any
 
 import redis
 from celery import Celery
-from kombu.exceptions import OperationalError
 
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError
@@ -215,6 +213,16 @@ def _batch(producer: Any, size: int) -> Any:
     return batch(max_size=4 * size + 16)
 
 
+def _reached_broker(exc: BaseException) -> bool:
+    """True when a failed batch got an answer from the broker (an error reply)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.ResponseError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class UnreadableWindow(Exception):
     """A window record that cannot be turned into a message."""
 
@@ -284,7 +292,8 @@ class Dispatcher:
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
-        unsent: list[TakenWindow] = []  # not attempted or not confirmed: not counted
+        unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
+        uncertain: list[TakenWindow] = []  # a batch the broker answered in part
         bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
@@ -314,7 +323,11 @@ class Dispatcher:
                                 self._send(producer, window)
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
-                            except BrokerUnavailable:
+                            except BrokerUnavailable as exc:
+                                logger.warning(
+                                    "debounce: broker unavailable, %d window(s) not published, "
+                                    "will retry: %s", len(group) - i, exc,
+                                )
                                 unsent.extend(group[i:])
                                 break
                             except Exception as exc:  # this message: count it, go on
@@ -331,7 +344,10 @@ class Dispatcher:
                         "debounce: publishing a batch of %d failed, none is confirmed; "
                         "will retry: %r", len(ok), exc,
                     )
-                    unsent.extend(ok)
+                    if _reached_broker(exc):
+                        uncertain.extend(ok)
+                    else:
+                        unsent.extend(ok)
                     ok = []
                 sent.extend(ok)
         if sent:
@@ -344,21 +360,29 @@ class Dispatcher:
             if window.tries >= MAX_TRIES:
                 bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
         retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-        self._release(tag, unsent, retry)
+        self._release(tag, unsent, uncertain, retry)
         for window, reason in bad:
             self._quarantine(window, reason)
         return len(sent)
 
-    def _release(self, tag: str, unsent: list[TakenWindow], failed: list[TakenWindow]) -> None:
-        """Hand windows back: unconfirmed ones after a short delay, failed ones with back-off.
+    def _release(
+        self, tag: str, unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        failed: list[TakenWindow],
+    ) -> None:
+        """Hand windows back: unsent ones after a short delay, failed ones with back-off.
 
-        A batch that failed as a whole may have reached the broker in part
-        (kombu: "delivery is uncertain"): its windows are released for a full lease,
-        so a worker can claim the messages that did arrive before any is sent again.
+        A batch the broker answered with an error ran its other commands (the
+        pipeline is not a transaction): those messages reached the broker
+        (kombu: "delivery is uncertain"). Its windows are released for a full
+        lease, so a worker claims the messages that did arrive (a claimed window
+        is never taken again) before any is sent a second time. A batch that
+        could not reach the broker (connection refused or lost) is retried soon.
         """
         lease = self.settings.dispatch_lease_ms
         by_delay: dict[int, list[TakenWindow]] = {}
         for window in unsent:
+            by_delay.setdefault(min(lease, 1000), []).append(window)
+        for window in uncertain:
             by_delay.setdefault(lease, []).append(window)
         for window in failed:
             delay = min(lease, 250 * 2 ** min(window.tries, 10))
@@ -378,20 +402,31 @@ class Dispatcher:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
         try:
             self._send_message(producer, window.task_name, message, **options)
-        except self._broker_errors(producer) as exc:
-            raise BrokerUnavailable(str(exc)) from exc
+        except Exception as exc:
+            if self._broker_failure(producer, exc):
+                raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise
 
-    def _broker_errors(self, producer: Any) -> tuple[type[BaseException], ...]:
+    def _broker_failure(self, producer: Any, exc: BaseException) -> bool:
+        """True when ``exc`` (or what it wraps: kombu re-raises everything as
+        ``OperationalError``) is a connection failure rather than this message's fault."""
         errors: tuple[type[BaseException], ...] | None = self.__dict__.get("_errors")
         if errors is None:
             conn = producer.connection
-            errors = (
-                *tuple(getattr(conn, "connection_errors", ())),
-                *tuple(getattr(conn, "recoverable_connection_errors", ())),
-                OperationalError, socket.error, redis.ConnectionError, redis.TimeoutError,
+            errors = (  # kombu's Redis transport lists KeyError too: a missing queue
+                *(e for e in getattr(conn, "connection_errors", ())
+                  if not issubclass(e, LookupError)),
+                OSError, redis.ConnectionError, redis.TimeoutError,
             )
             self.__dict__["_errors"] = errors
-        return errors
+        seen: BaseException | None = exc
+        for _ in range(10):
+            if seen is None:
+                return False
+            if isinstance(seen, errors):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         logger.error(
