@@ -13,6 +13,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from json import loads as _json_loads
 from typing import Any
 
 import redis
@@ -213,6 +214,27 @@ def _batch(producer: Any, size: int) -> Any:
     return batch(max_size=4 * size + 16)
 
 
+def check_json_body(body: bytes) -> None:
+    """Refuse a JSON body that is not ``[list, object, object]``.
+
+    Celery's worker stops ("Unrecoverable error") on a body of another shape,
+    such as a 0.1 record's ``[args, kwargs]``. Parsing JSON runs no code; bodies of
+    other content types are never parsed here (see docs/guarantees.md).
+    """
+    try:
+        parsed = _json_loads(body)
+    except ValueError as exc:
+        raise ValueError(f"body is not JSON: {exc}") from None
+    if not (
+        isinstance(parsed, list) and len(parsed) == 3 and isinstance(parsed[0], list)
+        and isinstance(parsed[1], dict) and isinstance(parsed[2], dict)
+    ):
+        raise ValueError(
+            "body is not a Celery protocol-2 body [args, kwargs, embed] (a record "
+            "written by celery_debounce 0.1, or by something else)"
+        )
+
+
 def _reached_broker(exc: BaseException) -> bool:
     """True when a failed batch got an answer from the broker (an error reply)."""
     seen: BaseException | None = exc
@@ -394,6 +416,8 @@ class Dispatcher:
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
+            if window.content_type == DEFAULT_CONTENT_TYPE:
+                check_json_body(window.payload)
             message, options = self.messages.build(
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,

@@ -281,13 +281,12 @@ def test_corrupt_records_are_quarantined_and_do_not_block_others(
     tmp_path: Path,
 ) -> None:
     app = build(redis_server)
-    # The dispatcher never reads the body: a body the worker cannot decode is published
-    # and refused by the worker (as Celery always did), which finishes it as REJECTED.
-    rejected = [
-        corrupt(redis_client, app, "c1", ct="application/x-unknown"),
-        corrupt(redis_client, app, "c2", p=b"{not json"),
-    ]
+    # The dispatcher never decodes a body of another content type than JSON: one the
+    # worker cannot decode is published and refused by the worker (as Celery always
+    # did), which finishes it as REJECTED.
+    rejected = [corrupt(redis_client, app, "c1", ct="application/x-unknown")]
     bad = {
+        corrupt(redis_client, app, "c2", p=b"{not json"): "payload is not JSON",
         corrupt(redis_client, app, "c3", o=b"{broken"): "options are not JSON",
         corrupt(redis_client, app, "c4", o=b"[1, 2]"): "options are not an object",
         corrupt(redis_client, app, "c5", o=b'{"expires": "soon"}'): "bad option value",
