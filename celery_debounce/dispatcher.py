@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.exceptions import InconsistencyError
 
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError
@@ -437,9 +438,11 @@ class Dispatcher:
         errors: tuple[type[BaseException], ...] | None = self.__dict__.get("_errors")
         if errors is None:
             conn = producer.connection
-            errors = (  # kombu's Redis transport lists KeyError too: a missing queue
+            errors = (  # kombu's Redis transport also lists KeyError (a missing queue)
+                # and InconsistencyError (no route for the exchange): those are one
+                # message's fault, counted against its window
                 *(e for e in getattr(conn, "connection_errors", ())
-                  if not issubclass(e, LookupError)),
+                  if not issubclass(e, (LookupError, InconsistencyError))),
                 OSError, redis.ConnectionError, redis.TimeoutError,
             )
             self.__dict__["_errors"] = errors

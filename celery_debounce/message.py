@@ -24,10 +24,11 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import task_message
 from celery.utils.nodenames import anon_nodename
-from celery.utils.time import add_seconds_to_datetime, maybe_make_aware
+from celery.utils.time import add_seconds_to_datetime, maybe_make_aware, subtract_datetimes
 from kombu import compression
 from kombu.entity import Exchange, Queue, maybe_delivery_mode
 from kombu.utils import json as kombu_json
+from kombu.utils.functional import maybe_list
 
 from .errors import DebounceConfigError
 
@@ -86,6 +87,16 @@ def call_options(
             raise refuse(
                 "retry_policy", policy, f"expected a mapping of str keys ({exc})"
             ) from None
+        retry = options.get("retry")
+        if retry is None and app is not None:
+            retry = app.conf.task_publish_retry
+        unknown = set(policy) - _ensure_parameters()
+        if retry and unknown:  # kombu's Connection.ensure(**policy) refuses them
+            raise refuse(
+                "retry_policy", policy,
+                f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
+                f"{', '.join(sorted(_ensure_parameters()))})",
+            )
     if options.get("content_type") is not None:
         raise refuse(
             "content_type", options["content_type"],
@@ -101,20 +112,27 @@ def call_options(
         if name in EMBED:
             if embed is _EMPTY_EMBED:
                 embed = {}
-            embed[EMBED[name]] = (
-                list(value) if name.startswith("link") and isinstance(value, (list, tuple))
-                else [value] if name.startswith("link") else value
-            )
+            # as app.send_task: maybe_list(link), maybe_list(link_error)
+            embed[EMBED[name]] = maybe_list(value) if name.startswith("link") else value
             continue
         stored[name] = value
     if "expires" in stored:
+        stored.pop("expiration", None)  # app.send_task sets it from expires
         _expires(app, stored)
     headers = stored.get("headers")
-    if headers is not None:
+    if not headers:  # amqp.send_task_message: `if headers: headers2.update(headers)`
+        stored.pop("headers", None)
+    else:
         try:
             stored["headers"] = dict(headers)
         except (TypeError, ValueError) as exc:
             raise refuse("headers", headers, f"expected a mapping ({exc})") from None
+    if "expiration" in stored and "expires" not in stored and "expires_at" not in stored:
+        try:  # kombu's Producer.publish: str(int(expiration * 1000))
+            str(int(stored["expiration"] * 1000))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise refuse("expiration", stored["expiration"], f"expected seconds ({exc})") \
+                from None
     if stored.get("compression"):
         try:
             compression.get_encoder(stored["compression"])
@@ -151,6 +169,17 @@ def call_options(
     return embed, stored
 
 
+def _ensure_parameters() -> set[str]:
+    """The keyword arguments a retry policy may carry (``kombu.Connection.ensure``)."""
+    import inspect
+
+    from kombu.connection import Connection
+
+    params = inspect.signature(Connection.ensure).parameters
+    return {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or
+            (p.default is not p.empty and n not in ("self", "obj", "fun"))}
+
+
 def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
     """Check ``expires`` as ``app.send_task``/``as_task_v2`` would; keep it relative.
 
@@ -170,18 +199,19 @@ def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
             raise refuse("expires", value, f"not a usable number of seconds ({exc})") from None
         stored["expires"] = seconds
         return
-    if isinstance(value, datetime):
-        stored["expires_at"] = value.isoformat()
-        return
-    if isinstance(value, str):
-        from dateutil.parser import isoparse
+    try:  # app.send_task: subtract_datetimes(expires, now), isoparse for a string
+        if isinstance(value, datetime):
+            subtract_datetimes(value, datetime.now().astimezone())
+            stored["expires_at"] = value.isoformat()
+            return
+        if isinstance(value, str):
+            from dateutil.parser import isoparse
 
-        try:
-            isoparse(value)
-        except (ValueError, OverflowError) as exc:
-            raise refuse("expires", value, f"not an ISO 8601 time ({exc})") from None
-        stored["expires_at"] = value
-        return
+            subtract_datetimes(isoparse(value), datetime.now().astimezone())
+            stored["expires_at"] = value
+            return
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise refuse("expires", value, f"not a usable time ({exc})") from None
     raise refuse("expires", value, "expected seconds, a datetime or an ISO 8601 string")
 
 
@@ -199,13 +229,15 @@ def _route(
             "check queue=/exchange=/routing_key= and task_routes"
         ) from None
     queue = routed.pop("queue", None)
-    if isinstance(queue, Queue):
-        if queue.name != app.conf.task_default_queue:
-            stored["queue"] = queue.name
-        else:
-            stored.pop("queue", None)
-    elif queue is not None:
-        stored["queue"] = queue
+    name = queue.name if isinstance(queue, Queue) else queue
+    if name is not None and not isinstance(name, str):
+        raise refuse("queue", name, "expected a queue name (str) or a kombu Queue")
+    if name is not None and (
+        name != app.conf.task_default_queue or "exchange" in routed or "routing_key" in routed
+    ):
+        stored["queue"] = name
+    else:  # the default queue: the dispatcher's default, not stored (saves bytes per window)
+        stored.pop("queue", None)
     for key, value in routed.items():
         if key in ("exchange",) and isinstance(value, Exchange):
             value = value.name
@@ -283,7 +315,7 @@ class WindowMessage:
 
             when = isoparse(at) if isinstance(at, str) else at
             expires = when.isoformat()
-            left = (maybe_make_aware(when) - self.app.now()).total_seconds()
+            left = subtract_datetimes(when, self.app.now()).total_seconds()
             opts["expiration"] = max(0.0, left)
         stamped = pop("stamped_headers", None)
         headers = {
