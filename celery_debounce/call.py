@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import io
+import json as _json
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -88,7 +91,15 @@ def prepare_call(
         options_json = encode_stored(stored)
         if static is not None and "parent_id" not in stored:
             static[task_name] = options_json
-    positional, named = bind_arguments(signature, tuple(args), kwargs)
+    try:
+        positional, named = bind_arguments(signature, tuple(args), kwargs)
+    except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
+        if spec.key is not None:
+            raise DebounceKeyError(
+                f"{task_name}: debounce_key {spec.key.source!r} cannot be resolved: the "
+                f"arguments do not match the task's signature ({exc})"
+            ) from None
+        positional, named = tuple(args), kwargs
     if spec.key is not None:  # a template error names the placeholder: report it first
         key = resolve(spec.key, positional, named)
     content_type, payload = encode([args, kwargs, embed], serializer)
@@ -98,7 +109,13 @@ def prepare_call(
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
     if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
-        key = digest_key(canonical_arguments(positional, named, serializer))
+        try:
+            key = digest_key(canonical_arguments(positional, named, serializer))
+        except RecursionError:
+            raise DebounceKeyError(
+                f"{task_name}: the arguments refer to themselves; the default key cannot "
+                "digest them: pass debounce_key="
+            ) from None
     if len(key) > settings.max_key_length:
         raise DebounceKeyError(
             f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
@@ -149,44 +166,55 @@ def _short(value: object) -> str:
 
 
 def canonical_arguments(
-    positional: Sequence[Any], named: Mapping[str, Any], serializer: str
+    positional: Sequence[Any], named: Mapping[str, Any], serializer: str,
 ) -> bytes:
     """The bytes the default key digests: equal arguments give equal bytes.
 
-    Mappings are taken in sorted key order at every depth (``{"a": 1, "b": 2}``
-    equals ``{"b": 2, "a": 1}``). With JSON (the default serializer) that is
-    JSON with sorted keys, so tuples equal lists and ``1`` differs from ``1.0``;
-    with another serializer the arguments are rebuilt with sorted mappings (and
-    sets in sorted order) and encoded with it. Keys of mixed types that cannot be
-    ordered raise :class:`DebounceKeyError`.
+    Mappings count in sorted key order at every depth (``{"a": 1, "b": 2}`` equals
+    ``{"b": 2, "a": 1}``). With JSON (the default serializer) the digest is of JSON
+    with sorted keys: what the task receives, up to key order (tuples equal lists,
+    ``{1: "x"}`` equals ``{"1": "x"}``, ``1`` differs from ``1.0``). Mapping keys of
+    mixed types, which Python cannot sort, are compared as the JSON the task
+    receives (encoded, parsed back, encoded with sorted keys). With another serializer
+    the arguments are rebuilt with mappings as lists of pairs ordered by key type
+    and ``repr``, and sets and frozensets in that order too, then encoded with it
+    (pickle without its memo, so equal values pickle alike whether shared or not).
     """
-    try:
-        if serializer == "json":
+    if serializer == "json":
+        try:
             return _canonical_json([list(positional), named]).encode("utf-8")
-        return encode([list(positional), _canonical(named)], serializer)[1]
-    except TypeError as exc:
-        if "not supported between" not in str(exc):
-            raise
-        raise DebounceKeyError(
-            f"the default key cannot order the arguments' mapping keys ({exc}); use "
-            "keys of one type or pass debounce_key="
-        ) from None
+        except TypeError as exc:
+            if "not supported between" not in str(exc):
+                raise
+            # mixed key types: JSON turns every key into a string; compare that
+            as_sent = _json.loads(_plain_json([list(positional), named]))
+            return _canonical_json(as_sent).encode("utf-8")
+    canonical = _canonical([list(positional), named])
+    if serializer == "pickle":  # no memo: equal values shared or not pickle alike
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.fast = True
+        pickler.dump(canonical)
+        return out.getvalue()
+    return encode(canonical, serializer)[1]
+
+
+def _order(value: Any) -> tuple[str, str]:
+    return type(value).__qualname__, repr(value)
 
 
 def _canonical(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return [[k, _canonical(value[k])] for k in sorted(value)]
+        return [[k, _canonical(value[k])] for k in sorted(value, key=_order)]
     if isinstance(value, (list, tuple)):
         return type(value)(_canonical(v) for v in value)
     if isinstance(value, (set, frozenset)):
-        try:
-            return sorted(value)
-        except TypeError:
-            return [_canonical(v) for v in value]
+        return [_canonical(v) for v in sorted(value, key=_order)]
     return value
 
 
 _canonical_json = kombu_json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_plain_json = kombu_json.JSONEncoder(separators=(",", ":")).encode
 
 
 def new_task_id() -> str:

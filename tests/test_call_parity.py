@@ -163,3 +163,66 @@ def test_expires_relative_counts_from_the_publish_and_refuses_what_celery_refuse
     assert windows.keys("*") == []
     exp.apply_async((1,), expires=timedelta(seconds=30))  # accepted as seconds
     assert windows.keys("debounce:{0}:open:*")
+
+
+# -- the default key is a canonical digest (issue 9.7, 9.12) -------------------------
+
+
+def _digest_app(redis_server: str, **conf: Any) -> Any:
+    app = make_app(redis_server, **conf)
+    redis.Redis.from_url(f"{redis_server}/0").flushdb()
+    return app
+
+
+def test_equal_arguments_coalesce_whatever_the_order_of_nested_mappings(
+    redis_server: str,
+) -> None:
+    for serializer in ("json", "pickle"):
+        app = _digest_app(redis_server, task_serializer=serializer,
+                          accept_content=["json", "pickle"])
+
+        @app.task(base=DebouncedTask, shared=False, name=f"digest.{serializer}",
+                  debounce="1m", debounce_max_wait="1h")
+        def t(doc: Any, *, flags: Any = None) -> None:
+            pass
+
+        a = t.delay({"a": 1, "b": {"x": [1, {"p": 1, "q": 2}], "y": 2}}, flags={"m": 1, "n": 2})
+        b = t.delay({"b": {"y": 2, "x": [1, {"q": 2, "p": 1}]}, "a": 1}, flags={"n": 2, "m": 1})
+        c = t.apply_async(kwargs={"flags": {"m": 1, "n": 2},
+                                  "doc": {"b": {"y": 2, "x": [1, {"q": 2, "p": 1}]}, "a": 1}})
+        assert a.id == b.id == c.id, serializer
+        # keyword-only arguments are part of the key
+        assert t.delay({"a": 1}, flags=1).id != t.delay({"a": 1}, flags=2).id
+        # sets are compared in a canonical order under pickle
+        if serializer == "pickle":
+            s1 = t.delay({3, 1, 2, "a"})
+            s2 = t.delay({"a", 2, 1, 3})
+            assert s1.id == s2.id
+
+
+def test_a_by_name_producers_kwargs_are_part_of_the_key(redis_server: str) -> None:
+    from celery_debounce import send_task
+
+    app = _digest_app(redis_server)
+    opts = {"debounce": "1m", "debounce_max_wait": "1h"}
+    one = send_task(app, "digest.remote", kwargs={"x": 1, "y": {"b": 1, "a": 2}}, **opts)
+    same = send_task(app, "digest.remote", kwargs={"y": {"a": 2, "b": 1}, "x": 1}, **opts)
+    other = send_task(app, "digest.remote", kwargs={"x": 2, "y": {"b": 1, "a": 2}}, **opts)
+    assert one.id == same.id != other.id
+
+
+def test_mapping_keys_of_mixed_types_do_not_raise_and_compare_as_sent(
+    redis_server: str,
+) -> None:
+    """Python cannot sort {1: .., "b": ..}; JSON sends both keys as strings."""
+    app = _digest_app(redis_server)
+
+    @app.task(base=DebouncedTask, shared=False, name="digest.mixed", debounce="1m",
+              debounce_max_wait="1h")
+    def t(doc: Any) -> None:
+        pass
+
+    a = t.delay({1: "x", "b": 2})
+    b = t.delay({"b": 2, "1": "x"})  # the same JSON, keys in another order
+    assert a.id == b.id
+    assert t.delay({2: "x", "b": 2}).id != a.id
