@@ -52,8 +52,6 @@ def enqueue_many(
         if options.get(name) is None:
             options.pop(name, None)
     static = None if options else static_routing(task.app)
-    if task.ignore_result:
-        options.setdefault("ignore_result", True)
     options = {**task._debounce_exec_defaults(), **options}
     serializer = options.pop("serializer", None) or task.serializer
     settings = settings_for(task.app)

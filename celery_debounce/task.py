@@ -112,8 +112,6 @@ class DebouncedTask(Task):  # type: ignore[misc]
             options["link"] = link
         if link_error is not None:
             options["link_error"] = link_error
-        if self.ignore_result:
-            options.setdefault("ignore_result", True)
         call = prepare_call(
             settings_for(app),
             self.name,
