@@ -334,11 +334,13 @@ class WindowMessage:
             "argsrepr": f"<debounced: {calls} call{'s' if calls != 1 else ''}>",
             "kwargsrepr": "<debounced>",
             "origin": self.origin,
-            "ignore_result": pop("ignore_result", False),
             "replaced_task_nesting": pop("replaced_task_nesting", 0),
             "stamped_headers": stamped,
             "stamps": pop("stamps", None) or {},
         }
+        ignore = pop("ignore_result", None)
+        if ignore is not None:  # absent: the worker's task decides (a header overrides it)
+            headers["ignore_result"] = ignore
         extra = pop("headers", None)
         if extra:
             headers.update(extra)

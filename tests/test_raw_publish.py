@@ -165,3 +165,27 @@ def test_a_legacy_two_element_record_is_quarantined_not_sent_to_crash_a_worker(
         assert task.delay("new").get(timeout=10) == "new"
     reason = redis_client.hget(f"{TAG}:win:{old.id}", "qe").decode()
     assert "protocol-2 body" in reason and "0.1" in reason
+
+
+def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
+    app_factory: Any, redis_client: redis.Redis,
+) -> None:
+    """The header is left out unless the call passes ``ignore_result``: in Celery 5.7
+    a request's header overrides the task's own ``ignore_result``."""
+    app = app_factory()
+    done: list[str] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="raw.quiet", ignore_result=True,
+              debounce="1ms", debounce_max_wait="1ms", debounce_key="{0}")
+    def quiet(x: str) -> str:
+        done.append(x)
+        return x
+
+    results = redis.Redis.from_url(app.conf.result_backend)
+    with running_worker(app):
+        silent = quiet.delay("a")
+        kept = quiet.apply_async(("b",), ignore_result=False)
+        assert kept.get(timeout=10) == "b"
+        wait_until(lambda: "a" in done)
+    assert results.get(f"celery-task-meta-{silent.id}") is None
+    assert results.get(f"celery-task-meta-{kept.id}") is not None
