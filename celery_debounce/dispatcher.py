@@ -311,7 +311,6 @@ class Dispatcher:
         """
         if not windows:
             return 0
-        _count_forced(windows)
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
@@ -373,19 +372,22 @@ class Dispatcher:
                         unsent.extend(ok)
                     ok = []
                 sent.extend(ok)
-        if sent:
-            self.backend.run(
-                "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
-            )
-            for window in sent:
-                _announce(window)
-        for window, reason in failed:
-            if window.tries >= MAX_TRIES:
-                bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
-        retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-        self._release(tag, unsent, uncertain, retry)
-        for window, reason in bad:
-            self._quarantine(window, reason)
+        try:
+            if sent:
+                self.backend.run(
+                    "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
+                )
+                for window in sent:
+                    _announce(window)
+            for window, reason in failed:
+                if window.tries >= MAX_TRIES:
+                    bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
+            retry = [w for w, _ in failed if w.tries < MAX_TRIES]
+            self._release(tag, unsent, uncertain, retry)
+            for window, reason in bad:
+                self._quarantine(window, reason)
+        finally:
+            _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
 
     def _release(
