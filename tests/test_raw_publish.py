@@ -189,3 +189,32 @@ def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
         wait_until(lambda: "a" in done)
     assert results.get(f"celery-task-meta-{silent.id}") is None
     assert results.get(f"celery-task-meta-{kept.id}") is not None
+
+
+def test_an_opener_in_a_group_or_chord_carries_its_group_and_chord_as_plain_celery(
+    app_factory: Any, redis_client: redis.Redis,
+) -> None:
+    """group_id/group_index go to the headers and chord/chain into the stored body's
+    embed, as app.send_task puts them: members that open their own window complete
+    their group and chord (members joining one window: the canvas work of issue 9.6)."""
+    from celery import chain, chord, group
+
+    app = app_factory()
+
+    @app.task(base=DebouncedTask, shared=False, name="raw.member", debounce="50ms",
+              debounce_max_wait="1s", debounce_key="{0}")
+    def member(x: int) -> int:
+        return x * 2
+
+    @app.task(shared=False, name="raw.total")
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    @app.task(shared=False, name="raw.plus")
+    def plus(x: int, y: int) -> int:
+        return x + y
+
+    with running_worker(app):
+        assert group(member.s(1), member.s(2)).apply_async().get(timeout=15) == [2, 4]
+        assert chord([member.s(3), member.s(4)])(total.s()).get(timeout=15) == 14
+        assert chain(member.s(5), plus.s(1)).apply_async().get(timeout=15) == 11
