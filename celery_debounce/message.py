@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from celery import Celery
@@ -42,6 +43,7 @@ CALL_ONLY = frozenset({
     "producer", "connection", "publisher", "router", "add_to_parent", "retry",
     "retry_policy", "declare", "timeout", "confirm_timeout", "content_encoding",
     "result_cls", "task_type", "route_name", "serializer",
+    "retries",  # a window's run starts at retries=0
 })
 
 #: Call option -> key of the protocol-2 embed (the third element of the body).
@@ -169,15 +171,16 @@ def call_options(
     return embed, stored
 
 
-def _ensure_parameters() -> set[str]:
+@lru_cache(maxsize=1)
+def _ensure_parameters() -> frozenset[str]:
     """The keyword arguments a retry policy may carry (``kombu.Connection.ensure``)."""
     import inspect
 
     from kombu.connection import Connection
 
     params = inspect.signature(Connection.ensure).parameters
-    return {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or
-            (p.default is not p.empty and n not in ("self", "obj", "fun"))}
+    return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or
+                     (p.default is not p.empty and n not in ("self", "obj", "fun")))
 
 
 def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
