@@ -11,12 +11,12 @@ from celery.result import AsyncResult
 from redis.exceptions import NoScriptError
 
 from .backend import Backend, as_text, backend_for, translate_errors
-from .call import PreparedCall, prepare_call
+from .call import PreparedCall, prepare_call, static_routing
 from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .settings import settings_for
 from .signals import call_absorbed, window_opened
-from .task import DebouncedTask
+from .task import DebouncedTask, check_arguments
 
 #: One call: ``(args, kwargs)``.
 Call = tuple[Sequence[Any], Mapping[str, Any]]
@@ -54,15 +54,17 @@ def enqueue_many(
     for name in ("link", "link_error", "shadow"):
         if options.get(name) is None:
             options.pop(name, None)
+    static = None if options else static_routing(task.app)
+    options = {**task._debounce_exec_defaults(), **options}
     serializer = options.pop("serializer", None) or task.serializer
     settings = settings_for(task.app)
     signature = task.debounce_signature()
     prepared: list[PreparedCall] = []
     for args, kwargs in pairs:
-        if task.typing:
-            task.__header__(*args, **kwargs)
+        check_arguments(task, args, kwargs)
         prepared.append(prepare_call(
             settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
+            app=task.app, task_type=task, static=static,
         ))
     backend = backend_for(task.app)
     outcomes = enter_many(backend, prepared, chunk_size)

@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import inspect
-import json
+import io
+import json as _json
 import os
+import pickle
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from celery import Celery
+from celery.app.routes import MapRoute
 from kombu import serialization
 from kombu.utils import json as kombu_json
 
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .keys import digest_key, resolve, shard_of, window_ident
+from .message import call_options, encode_stored
 from .options import DebounceSpec
 from .settings import Settings
 
-#: Options that only make sense at call time and are never stored.
-_DROPPED = frozenset({"producer", "connection", "publisher", "router", "add_to_parent"})
-
 
 class PreparedCall(NamedTuple):
-    """Everything ``gate.lua`` needs for one call (a tuple: cheap to build per call)."""
+    """Everything ``gate.lua`` needs for one call (a tuple: cheap to build per call).
+
+    ``payload`` is the Celery protocol-2 body ``[args, kwargs, embed]`` serialized
+    with the task's serializer; the dispatcher publishes it as it is.
+    """
 
     task_name: str
     key: str
@@ -35,6 +40,10 @@ class PreparedCall(NamedTuple):
     options_json: str
 
 
+#: The protocol-2 embed of a call without links, chain or chord.
+_NO_EMBED: dict[str, Any] = {}
+
+
 def prepare_call(
     settings: Settings,
     task_name: str,
@@ -45,30 +54,82 @@ def prepare_call(
     signature: inspect.Signature | None,
     serializer: str,
     task_id: str | None = None,
+    *,
+    app: Celery | None = None,
+    task_type: Any = None,
+    static: dict[str, str] | None = None,
 ) -> PreparedCall:
-    """Validate and encode a call; raises before anything is written."""
-    args = tuple(args or ())
-    kwargs = dict(kwargs or {})
-    if options:
-        refuse_schedule(options)
-    positional, named = bind_arguments(signature, args, kwargs)
-    if spec.key is not None:
-        key = resolve(spec.key, positional, named)
-    else:
-        _, canonical = encode([list(positional), sorted(named.items())], serializer)
-        key = digest_key(canonical)
-    if len(key) > settings.max_key_length:
-        raise DebounceKeyError(
-            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
-            f"debounce_max_key_length={settings.max_key_length}"
+    """Validate and encode a call; raises before anything is written.
+
+    ``options`` (consumed) are the call's Celery options with the task's own
+    defaults merged in. With ``app``, the route is resolved here as
+    ``app.send_task`` would (``task_type`` is the task, when registered). Pass
+    ``static`` (see :func:`static_routing`) only for a call that has no options of
+    its own: its stored options are then computed once per task and reused.
+    """
+    if args is None:
+        args = ()
+    elif not isinstance(args, (list, tuple)):
+        raise DebounceConfigError(f"args={_short(args)}: task args must be a list or tuple")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, Mapping):
+        raise DebounceConfigError(
+            f"kwargs={_short(kwargs)}: task keyword arguments must be a mapping"
         )
-    content_type, payload = encode([list(args), kwargs], serializer)
+    else:
+        kwargs = dict(kwargs)
+    embed = _NO_EMBED
+    if static is not None and task_name in static and (
+        app is None or app.current_worker_task is None
+    ):
+        options_json = static[task_name]
+    else:
+        if options:
+            refuse_schedule(options)
+        embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
+        options_json = encode_stored(stored)
+        if static is not None and "parent_id" not in stored:
+            static[task_name] = options_json
+    try:
+        positional, named = bind_arguments(signature, tuple(args), kwargs)
+    except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
+        if spec.key is not None:
+            raise DebounceKeyError(
+                f"{task_name}: debounce_key {spec.key.source!r} cannot be resolved: the "
+                f"arguments do not match the task's signature ({exc})"
+            ) from None
+        positional, named = tuple(args), kwargs
+    if spec.key is not None:  # a template error names the placeholder: report it first
+        key = resolve(spec.key, positional, named)
+    content_type, payload = encode([args, kwargs, embed], serializer)
     if len(payload) > settings.max_payload_bytes:
         raise DebouncePayloadError(
             f"{task_name}: arguments serialize to {len(payload)} bytes, above "
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
+    if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
+        try:
+            key = digest_key(canonical_arguments(positional, named, serializer))
+        except RecursionError:
+            raise DebounceKeyError(
+                f"{task_name}: the arguments refer to themselves; the default key cannot "
+                "digest them: pass debounce_key="
+            ) from None
+    if len(key) > settings.max_key_length:
+        raise DebounceKeyError(
+            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
+            f"debounce_max_key_length={settings.max_key_length}"
+        )
     ident = window_ident(task_name, key)
+    if not ident.isascii():
+        try:
+            ident.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DebounceKeyError(
+                f"{task_name}: the task name or key {key[:40]!r} cannot be encoded as "
+                f"UTF-8 ({exc.reason} at {exc.start}): a lone surrogate?"
+            ) from None
     return PreparedCall(
         task_name,
         key,
@@ -78,8 +139,82 @@ def prepare_call(
         spec,
         content_type,
         payload,
-        encode_options(options) if options else "{}",
+        options_json,
     )
+
+
+def static_routing(app: Celery) -> dict[str, str] | None:
+    """A per-app cache for option-less calls, or None when routes may look at arguments.
+
+    ``task_routes`` made only of mappings/globs (``MapRoute``) route by task name,
+    so the stored options of a call without options depend only on the task.
+    """
+    cached: tuple[Any, dict[str, str] | None] | None = getattr(app, "_debounce_static", None)
+    routes = app.amqp.routes
+    if cached is not None and cached[0] is routes:
+        return cached[1]
+    static: dict[str, str] | None = (
+        {} if all(isinstance(r, MapRoute) for r in routes) else None
+    )
+    app._debounce_static = (routes, static)  # type: ignore[attr-defined, unused-ignore]
+    return static
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def canonical_arguments(
+    positional: Sequence[Any], named: Mapping[str, Any], serializer: str,
+) -> bytes:
+    """The bytes the default key digests: equal arguments give equal bytes.
+
+    Mappings count in sorted key order at every depth (``{"a": 1, "b": 2}`` equals
+    ``{"b": 2, "a": 1}``). With JSON (the default serializer) the digest is of JSON
+    with sorted keys: what the task receives, up to key order (tuples equal lists,
+    ``{1: "x"}`` equals ``{"1": "x"}``, ``1`` differs from ``1.0``). Mapping keys of
+    mixed types, which Python cannot sort, are compared as the JSON the task
+    receives (encoded, parsed back, encoded with sorted keys). With another serializer
+    the arguments are rebuilt with mappings as lists of pairs ordered by key type
+    and ``repr``, and sets and frozensets in that order too, then encoded with it
+    (pickle without its memo, so equal values pickle alike whether shared or not).
+    """
+    if serializer == "json":
+        try:
+            return _canonical_json([list(positional), named]).encode("utf-8")
+        except TypeError as exc:
+            if "not supported between" not in str(exc):
+                raise
+            # mixed key types: JSON turns every key into a string; compare that
+            as_sent = _json.loads(_plain_json([list(positional), named]))
+            return _canonical_json(as_sent).encode("utf-8")
+    canonical = _canonical([list(positional), named])
+    if serializer == "pickle":  # no memo: equal values shared or not pickle alike
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.fast = True
+        pickler.dump(canonical)
+        return out.getvalue()
+    return encode(canonical, serializer)[1]
+
+
+def _order(value: Any) -> tuple[str, str]:
+    return type(value).__qualname__, repr(value)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return [[k, _canonical(value[k])] for k in sorted(value, key=_order)]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_canonical(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return [_canonical(v) for v in sorted(value, key=_order)]
+    return value
+
+
+_canonical_json = kombu_json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+_plain_json = kombu_json.JSONEncoder(separators=(",", ":")).encode
 
 
 def new_task_id() -> str:
@@ -188,51 +323,3 @@ def bind_arguments(
                 positional.append(value)
             named[param.name] = value
     return tuple(positional), named
-
-
-def encode_options(options: Mapping[str, Any]) -> str:
-    """The opener's Celery options as JSON, stored with the window."""
-    if not options:
-        return "{}"
-    stored: dict[str, Any] = {}
-    for name, value in options.items():
-        if name in _DROPPED or value is None:
-            continue
-        if name in ("queue", "exchange") and not isinstance(value, str):
-            value = getattr(value, "name", value)
-        elif name == "expires":
-            if isinstance(value, datetime):
-                stored["expires_at"] = value.isoformat()
-                continue
-            if isinstance(value, timedelta):
-                value = value.total_seconds()
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise DebounceConfigError(
-                    f"expires={value!r}: expected seconds, a timedelta or a datetime"
-                )
-        elif name in ("link", "link_error"):
-            items = value if isinstance(value, (list, tuple)) else [value]
-            if not all(isinstance(s, Mapping) for s in items):
-                raise DebounceConfigError(
-                    f"{name}={value!r}: expected a signature or a list of them"
-                )
-            value = [dict(s) for s in items] if isinstance(value, (list, tuple)) else dict(value)
-        elif name == "headers" and not isinstance(value, Mapping):
-            raise DebounceConfigError(f"headers={value!r}: expected a mapping")
-        stored[name] = value
-    try:
-        return json.dumps(stored, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        bad = next((n for n, v in stored.items() if not _json_ok(v)), "?")
-        raise DebounceConfigError(
-            f"{bad}={stored.get(bad)!r}: a debounced call's options are stored until the "
-            f"window runs and must be JSON-serializable ({exc})"
-        ) from None
-
-
-def _json_ok(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True

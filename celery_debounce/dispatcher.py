@@ -1,33 +1,39 @@
-"""The dispatcher: take due windows from Redis and publish them as Celery messages."""
+"""The dispatcher: take due windows from Redis and publish them as Celery messages.
+
+A window's record holds the Celery protocol-2 body as the producer serialized it
+(see :mod:`celery_debounce.message`). The dispatcher publishes those bytes as they
+are, with headers it builds; it never deserializes a payload.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from json import loads as _json_loads
 from typing import Any
 
 import redis
 from celery import Celery
-from celery.canvas import maybe_signature
-from kombu import serialization
-from kombu.exceptions import EncodeError
+from kombu.exceptions import InconsistencyError
 
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
+from .message import SHARD_HEADER, WindowMessage
 from .signals import window_dispatched, window_forced_by_max_wait
+
+__all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
 
 logger = logging.getLogger("celery_debounce.dispatcher")
 
-#: Header that marks a published window; its value is the window's shard.
-SHARD_HEADER = "debounce_shard"
+#: Publish attempts (the record's ``tries``) before a window whose message fails
+#: is quarantined with the reason. Failures of the broker as a whole do not count.
+MAX_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class TakenWindow:
     max_wait_ms: int
     calls: int
     content_type: str
-    payload: bytes
+    payload: bytes  # the protocol-2 body, published as it is
     options_json: str
     tries: int
     taken_ms: int
@@ -76,13 +82,18 @@ class TakeResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
-
 def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
-    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``."""
+    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
+
+    ``take.lua`` is not idempotent (it leases what it returns), so it is sent once:
+    a connection lost after the command was written is not retried (a retry would
+    lease a second batch while the first one's reply is lost). The windows of a
+    take whose reply was lost are taken again when their lease expires.
+    """
     settings = backend.settings
     tag = settings.tag(shard)
-    reply = backend.run(
-        "take",
+    reply = run_once(
+        backend, "take",
         [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
         [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
          settings.history_ttl_ms],
@@ -101,9 +112,50 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
     return result
 
 
+def run_once(backend: Backend, name: str, keys: list[str], args: list[Any]) -> Any:
+    """Run a script that must not run twice: no retry once the command may have reached Redis.
+
+    A connection that fails while the command is being written (a pooled
+    connection the server closed) is replaced and the command sent once more;
+    a failure while waiting for the reply is raised as :class:`DebounceBackendError`.
+    """
+    client = backend.client
+    if not backend.direct:
+        return backend.run(name, keys, args)  # fakeredis, cluster: their own policy
+    script = backend.scripts[name]
+    pool = client.connection_pool
+    with translate_errors(name):
+        for attempt in (1, 2, 3):
+            conn: Any = pool.get_connection(*backend._checkout_args)
+            try:
+                try:
+                    conn.send_packed_command(
+                        conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    )
+                except (redis.ConnectionError, OSError):
+                    conn.disconnect()
+                    if attempt == 3:
+                        raise
+                    continue  # not sent: safe to send again on a fresh connection
+                try:
+                    return conn.read_response()
+                except redis.exceptions.NoScriptError:
+                    script.sha = client.script_load(script.script)
+                except redis.ResponseError:
+                    raise
+                except BaseException:
+                    conn.disconnect()  # the reply may still come: never reuse
+                    raise
+            finally:
+                pool.release(conn)
+    raise DebounceBackendError(f"debounce Redis: {name} could not be sent")
+
+
 def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
     tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
     split_ident(as_text(ident))  # raises on a malformed ident
+    if payload is None:
+        raise ValueError("no payload")
     return TakenWindow(
         shard=shard,
         task_id=as_text(tid),
@@ -121,7 +173,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
 
 
 def _announce(window: TakenWindow) -> None:
-    """Log a published window; send ``window_dispatched`` (and ``..._forced_by_max_wait``)."""
+    """Log a published window; send ``window_dispatched``."""
     log = logger.warning if window.tries > 1 else logger.info
     log(
         "debounce: dispatched %s[%s] key=%r calls=%d late=%dms%s",
@@ -129,15 +181,30 @@ def _announce(window: TakenWindow) -> None:
         f" (attempt {window.tries}: an earlier publish was not confirmed)"
         if window.tries > 1 else "",
     )
-    if not (window_dispatched.receivers or window_forced_by_max_wait.receivers):
+    if window_dispatched.receivers:
+        window_dispatched.send(sender=window.task_name, **_fields(window))
+
+
+def _fields(window: TakenWindow) -> dict[str, Any]:
+    return {"task_id": window.task_id, "key": window.key, "calls": window.calls,
+            "lateness": window.lateness_ms / 1000}
+
+
+def _count_forced(windows: list[TakenWindow]) -> None:
+    """``window_forced_by_max_wait`` once per window, when it is first taken.
+
+    Counted where ``take.lua`` counts ``f|<task>`` in the stats (the first take,
+    ``tries == 1``), whether or not that publish succeeds, so the signal and
+    ``celery debounce stats`` agree.
+    """
+    if not window_forced_by_max_wait.receivers:
         return
-    fields = {"task_id": window.task_id, "key": window.key, "calls": window.calls,
-              "lateness": window.lateness_ms / 1000}
-    window_dispatched.send(sender=window.task_name, **fields)
-    if window.forced_by_max_wait:
-        window_forced_by_max_wait.send(
-            sender=window.task_name, max_wait_at=window.max_wait_ms / 1000, **fields
-        )
+    for window in windows:
+        if window.tries == 1 and window.forced_by_max_wait:
+            window_forced_by_max_wait.send(
+                sender=window.task_name, max_wait_at=window.max_wait_ms / 1000,
+                **_fields(window),
+            )
 
 
 def _batch(producer: Any, size: int) -> Any:
@@ -148,8 +215,43 @@ def _batch(producer: Any, size: int) -> Any:
     return batch(max_size=4 * size + 16)
 
 
+def check_json_body(body: bytes) -> None:
+    """Refuse a JSON body that is not ``[list, object, object]``.
+
+    Celery's worker stops ("Unrecoverable error") on a body of another shape,
+    such as a 0.1 record's ``[args, kwargs]``. Parsing JSON runs no code; bodies of
+    other content types are never parsed here (see docs/guarantees.md).
+    """
+    try:
+        parsed = _json_loads(body)
+    except ValueError as exc:
+        raise ValueError(f"body is not JSON: {exc}") from None
+    if not (
+        isinstance(parsed, list) and len(parsed) == 3 and isinstance(parsed[0], list)
+        and isinstance(parsed[1], dict) and isinstance(parsed[2], dict)
+    ):
+        raise ValueError(
+            "body is not a Celery protocol-2 body [args, kwargs, embed] (a record "
+            "written by celery_debounce 0.1, or by something else)"
+        )
+
+
+def _reached_broker(exc: BaseException) -> bool:
+    """True when a failed batch got an answer from the broker (an error reply)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.ResponseError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class UnreadableWindow(Exception):
     """A window record that cannot be turned into a message."""
+
+
+class BrokerUnavailable(Exception):
+    """The broker as a whole failed (not one message): nothing after it is sent."""
 
 
 class Dispatcher:
@@ -164,7 +266,8 @@ class Dispatcher:
         self.name = name
         self.backend = backend_for(app)
         self.settings = self.backend.settings
-        self.accept = serialization.prepare_accept_content(app.conf.accept_content)
+        self.messages = WindowMessage(app)
+        self._send_message = app.amqp.send_task_message
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pubsub: Any = None
@@ -194,114 +297,175 @@ class Dispatcher:
         return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
+        """Publish one take's windows; ack those sent, release or quarantine the others.
+
+        A window that fails on its own (its message cannot be built, the broker
+        refuses that message) does not fail the others: it is released with a
+        back-off that grows with its ``tries`` and quarantined at ``MAX_TRIES``.
+        Windows taken again (``tries > 1``) are published one by one, outside the
+        batch, so a message that fails the batched pipeline is singled out on
+        its next attempt. A failure of the broker as a whole (the batched pipeline,
+        a lost connection) releases every window not confirmed, without counting
+        against them. Quarantines run after the ack, so a Redis error there cannot
+        release windows already sent.
+        """
         if not windows:
             return 0
         tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
-        failed: list[TakenWindow] = []
+        failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
+        unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
+        uncertain: list[TakenWindow] = []  # a batch the broker answered in part
+        bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
+        fresh = [w for w in windows if w.tries == 1]
+        retried = [w for w in windows if w.tries > 1]
         with self.app.producer_or_acquire() as producer:
-            try:
-                # One pipeline for the whole batch where kombu supports it (>= 5.7):
-                # the messages reach the broker together when the block exits.
-                with _batch(producer, len(windows)):
-                    for window in windows:
-                        if failed:
-                            failed.append(window)
-                            continue
-                        if time.monotonic() >= lease_end:
-                            logger.warning(
-                                "debounce: %s[%s] key=%r not published: half its %dms lease "
-                                "passed (slow broker?); it is published after the lease expires",
-                                window.task_name, window.task_id, window.key,
-                                self.settings.dispatch_lease_ms,
-                            )
-                            continue
-                        try:
-                            self._send(producer, window)
-                        except UnreadableWindow as exc:
-                            self._quarantine(window, str(exc))
-                        except Exception as exc:  # broker refused: keep the window, retry later
-                            logger.warning(
-                                "debounce: publishing %s[%s] key=%r failed, will retry: %r",
-                                window.task_name, window.task_id, window.key, exc,
-                            )
-                            failed.append(window)
-                        else:
-                            sent.append(window)
-            except Exception as exc:  # the batched publish failed: none is confirmed
-                logger.warning("debounce: publishing a batch of %d failed, will retry: %r",
-                               len(sent), exc)
-                failed = sent + failed
-                sent = []
-        if sent:
-            self.backend.run(
-                "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
-            )
-            for window in sent:
-                _announce(window)
-        if failed:
-            delay = min(self.settings.dispatch_lease_ms, 1000)
-            # (id, tries) pairs: a lease another dispatcher took over is not moved
-            pairs = [x for w in failed for x in (w.task_id, w.tries)]
-            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
+            for group, batched in ((fresh, True), (retried, False)):
+                if not group:
+                    continue
+                if unsent:  # the broker failed for an earlier group
+                    unsent.extend(group)
+                    continue
+                ok: list[TakenWindow] = []
+                try:
+                    with _batch(producer, len(group)) if batched else nullcontext():
+                        for i, window in enumerate(group):
+                            if time.monotonic() >= lease_end:
+                                logger.warning(
+                                    "debounce: %s[%s] key=%r not published: half its %dms "
+                                    "lease passed (slow broker?); it is published after the "
+                                    "lease expires", window.task_name, window.task_id,
+                                    window.key, self.settings.dispatch_lease_ms,
+                                )
+                                continue
+                            try:
+                                self._send(producer, window)
+                            except UnreadableWindow as exc:
+                                bad.append((window, str(exc)))
+                            except BrokerUnavailable as exc:
+                                logger.warning(
+                                    "debounce: broker unavailable, %d window(s) not published, "
+                                    "will retry: %s", len(group) - i, exc,
+                                )
+                                unsent.extend(group[i:])
+                                break
+                            except Exception as exc:  # this message: count it, go on
+                                logger.warning(
+                                    "debounce: publishing %s[%s] key=%r failed (attempt "
+                                    "%d of %d): %r", window.task_name, window.task_id,
+                                    window.key, window.tries, MAX_TRIES, exc,
+                                )
+                                failed.append((window, f"{type(exc).__name__}: {exc}"))
+                            else:
+                                ok.append(window)
+                except Exception as exc:  # the batched publish failed as a whole
+                    logger.warning(
+                        "debounce: publishing a batch of %d failed, none is confirmed; "
+                        "will retry: %r", len(ok), exc,
+                    )
+                    if _reached_broker(exc):
+                        uncertain.extend(ok)
+                    else:
+                        unsent.extend(ok)
+                    ok = []
+                sent.extend(ok)
+        try:
+            if sent:
+                self.backend.run(
+                    "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
+                )
+                for window in sent:
+                    _announce(window)
+            for window, reason in failed:
+                if window.tries >= MAX_TRIES:
+                    bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
+            retry = [w for w, _ in failed if w.tries < MAX_TRIES]
+            self._release(tag, unsent, uncertain, retry)
+            for window, reason in bad:
+                self._quarantine(window, reason)
+        finally:
+            _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
+
+    def _release(
+        self, tag: str, unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        failed: list[TakenWindow],
+    ) -> None:
+        """Hand windows back: unsent ones after a short delay, failed ones with back-off.
+
+        A batch the broker answered with an error ran its other commands (the
+        pipeline is not a transaction): those messages reached the broker
+        (kombu: "delivery is uncertain"). Its windows are released for a full
+        lease, so a worker claims the messages that did arrive (a claimed window
+        is never taken again) before any is sent a second time. A batch that
+        could not reach the broker (connection refused or lost) is retried soon.
+        """
+        lease = self.settings.dispatch_lease_ms
+        by_delay: dict[int, list[TakenWindow]] = {}
+        for window in unsent:
+            by_delay.setdefault(min(lease, 1000), []).append(window)
+        for window in uncertain:
+            by_delay.setdefault(lease, []).append(window)
+        for window in failed:
+            delay = min(lease, 250 * 2 ** min(window.tries, 10))
+            by_delay.setdefault(delay, []).append(window)
+        for delay, group in by_delay.items():
+            # (id, tries) pairs: a lease another dispatcher took over is not moved
+            pairs = [x for w in group for x in (w.task_id, w.tries)]
+            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
-            args, kwargs, options = self._message(window)
+            if window.content_type == DEFAULT_CONTENT_TYPE:
+                check_json_body(window.payload)
+            message, options = self.messages.build(
+                window.task_name, window.task_id, window.shard, window.calls,
+                window.content_type, window.payload, window.options_json,
+            )
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
         try:
-            self.app.send_task(
-                window.task_name,
-                args=args,
-                kwargs=kwargs,
-                task_id=window.task_id,
-                producer=producer,
-                retry=False,
-                **options,
-            )
-        except (TypeError, ValueError, EncodeError) as exc:  # the message, not the broker
-            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+            self._send_message(producer, window.task_name, message, **options)
+        except Exception as exc:
+            if self._broker_failure(producer, exc):
+                raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise
 
-    def _message(self, window: TakenWindow) -> tuple[Any, Any, dict[str, Any]]:
-        """Decode a window's record into send_task's args, kwargs and options."""
-        args, kwargs = serialization.loads(
-            window.payload, window.content_type, "utf-8", accept=self.accept
-        )
-        options = json.loads(window.options_json)
-        if not isinstance(options, dict):
-            raise ValueError("options are not a JSON object")
-        headers = dict(options.pop("headers", None) or {})
-        headers[SHARD_HEADER] = window.shard
-        options["headers"] = headers
-        if "expires" in options:
-            options["expires"] = datetime.now(timezone.utc) + timedelta(seconds=options["expires"])
-        if "expires_at" in options:
-            options["expires"] = datetime.fromisoformat(options.pop("expires_at"))
-        for name in ("link", "link_error"):
-            if name in options:
-                value = options[name]
-                items = value if isinstance(value, list) else [value]
-                options[name] = [maybe_signature(s, app=self.app) for s in items]
-        options.pop("task_id", None)
-        # Publish with the serializer the payload was stored with: send_task would use
-        # the app's default where the task is not registered here (any standalone
-        # dispatcher, and every dispatcher on Celery < 5.4).
-        serializer = serialization.registry.type_to_name.get(window.content_type)
-        if serializer is not None:
-            options.setdefault("serializer", serializer)
-        return args, kwargs, options
+    def _broker_failure(self, producer: Any, exc: BaseException) -> bool:
+        """True when ``exc`` (or what it wraps: kombu re-raises everything as
+        ``OperationalError``) is a connection failure rather than this message's fault."""
+        errors: tuple[type[BaseException], ...] | None = self.__dict__.get("_errors")
+        if errors is None:
+            conn = producer.connection
+            errors = (  # kombu's Redis transport also lists KeyError (a missing queue)
+                # and InconsistencyError (no route for the exchange): those are one
+                # message's fault, counted against its window
+                *(e for e in getattr(conn, "connection_errors", ())
+                  if not issubclass(e, (LookupError, InconsistencyError))),
+                OSError, redis.ConnectionError, redis.TimeoutError,
+            )
+            self.__dict__["_errors"] = errors
+        seen: BaseException | None = exc
+        for _ in range(10):
+            if seen is None:
+                return False
+            if isinstance(seen, errors):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         logger.error(
-            "debounce: quarantined %s[%s] key=%r: cannot build its message: %s",
+            "debounce: quarantined %s[%s] key=%r: cannot publish its message: %s",
             window.task_name, window.task_id, window.key, reason,
         )
-        self._quarantine_id(window.shard, window.task_id, reason)
+        try:
+            self._quarantine_id(window.shard, window.task_id, reason)
+        except DebounceBackendError as exc:  # stays leased: taken again after the lease
+            logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
 
     def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
         tag = self.settings.tag(shard)

@@ -11,7 +11,8 @@ Where they fire:
   gate answered (``task_id, key, deadline, calls``; times are epoch seconds on
   the Redis clock).
 * ``window_dispatched``, ``window_forced_by_max_wait``: the dispatcher process
-  (worker, beat or ``celery debounce dispatch``) after publishing
+  (worker, beat or ``celery debounce dispatch``); dispatched after publishing,
+  forced once per window when it is first taken, as the stats count it
   (``task_id, key, calls, lateness`` in seconds; forced also gets ``max_wait_at``).
 * ``window_cancelled``: the process that cancelled it (``task_id, key, calls``).
 """

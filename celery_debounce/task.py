@@ -10,7 +10,7 @@ from celery import Celery, Task
 from celery.result import AsyncResult
 
 from .backend import backend_for
-from .call import prepare_call, refuse_schedule
+from .call import prepare_call, refuse_schedule, static_routing
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
@@ -72,23 +72,20 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        if self.typing:
-            self.__header__(*(args or ()), **(kwargs or {}))
+        check_arguments(self, args, kwargs)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options)
         return self.AsyncResult(result.task_id)
 
     def _debounce_exec_defaults(self) -> dict[str, Any]:
-        """The task's routing and execution options (queue=, priority=, ... on the decorator).
+        """The task's own execution options (queue=, priority=, expires=, ... on the task).
 
-        Stored with the window so that any dispatcher publishes with them, whatever
-        Celery version it runs and whether or not it has the task registered.
+        Merged into every call's options as ``Task.apply_async`` does; the route they
+        give is resolved at call time and stored with the window, so any dispatcher
+        publishes with it, whether or not it has the task registered.
         """
         cached: dict[str, Any] | None = self.__dict__.get("_debounce_exec")
         if cached is None:
-            cached = {
-                k: v for k, v in self._get_exec_options().items()
-                if v is not None and k != "serializer"
-            }
+            cached = exec_defaults(self)
             self.__dict__["_debounce_exec"] = cached
         return cached
 
@@ -103,17 +100,21 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         shadow: str | None,
         options: dict[str, Any],
     ) -> GateResult:
+        app = self.app
+        own = bool(options) or link is not None or link_error is not None
+        shadow = shadow or self.shadow_name(args, kwargs, options)
+        if shadow is not None:
+            own = True
+            options["shadow"] = shadow
         defaults = self._debounce_exec_defaults()
-        if defaults:  # the task's own queue, priority, ...: stored as the opener's
+        if defaults:  # the task's own queue, priority, ...: as Task.apply_async merges them
             options = {**defaults, **options}
         if link is not None:
             options["link"] = link
         if link_error is not None:
             options["link_error"] = link_error
-        if shadow is not None:
-            options["shadow"] = shadow
         call = prepare_call(
-            settings_for(self.app),
+            settings_for(app),
             self.name,
             spec,
             args,
@@ -122,8 +123,11 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             self.debounce_signature(),
             options.pop("serializer", None) or self.serializer,
             task_id,
+            app=app,
+            task_type=self,
+            static=None if own else static_routing(app),
         )
-        return enter(backend_for(self.app), call)
+        return enter(backend_for(app), call)
 
 
 def send_task(
@@ -152,16 +156,37 @@ def send_task(
         return app.send_task(name, args, kwargs, task_id=task_id, **options)
     if app.conf.task_always_eager and debounced is not None:
         return debounced.apply_async(args, kwargs, task_id=task_id, debounce=False, **options)
-    if local is not None and local.typing:
-        local.__header__(*(args or ()), **(kwargs or {}))
+    if local is not None:
+        check_arguments(local, args, kwargs)
+        own = exec_defaults(local)
+        if own:  # as app.send_task: a locally registered task's options apply
+            options = {**own, **options}
     signature = debounced.debounce_signature() if debounced else _signature_of(local)
     serializer = options.pop("serializer", None) or (
         local.serializer if local is not None else app.conf.task_serializer
     )
     call = prepare_call(
-        settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id
+        settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
+        app=app, task_type=local,
     )
     return app.AsyncResult(enter(backend_for(app), call).task_id)
+
+
+def exec_defaults(task: Task) -> dict[str, Any]:
+    """A task's execution options that are set (``Task._get_exec_options``), by value."""
+    return {k: v for k, v in task._get_exec_options().items() if v is not None}
+
+
+def check_arguments(task: Task, args: Any, kwargs: Any) -> None:
+    """Celery's early signature check, where the task has one (``typing=True``).
+
+    Tasks built from functions have ``__header__``; class-based tasks registered
+    with ``app.register_task`` do not, and Celery skips the check for them too.
+    """
+    if task.typing:
+        header = getattr(task, "__header__", None)
+        if header is not None:
+            header(*(args or ()), **(kwargs or {}))
 
 
 def _signature_of(task: Task | None) -> inspect.Signature | None:

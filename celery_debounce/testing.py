@@ -75,7 +75,8 @@ def _task_name(task: Any) -> str | None:
 def _decode(app: Celery, content_type: str, payload: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     data = payload if isinstance(payload, bytes) else str(payload).encode("utf-8")
     accept = serialization.prepare_accept_content(app.conf.accept_content)
-    args, kwargs = serialization.loads(data, content_type, "utf-8", accept=accept)
+    # the stored payload is Celery's protocol-2 body: [args, kwargs, embed]
+    args, kwargs, _embed = serialization.loads(data, content_type, "utf-8", accept=accept)
     return tuple(args), dict(kwargs)
 
 

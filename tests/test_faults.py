@@ -281,14 +281,17 @@ def test_corrupt_records_are_quarantined_and_do_not_block_others(
     tmp_path: Path,
 ) -> None:
     app = build(redis_server)
+    # The dispatcher never decodes a body of another content type than JSON: one the
+    # worker cannot decode is published and refused by the worker (as Celery always
+    # did), which finishes it as REJECTED.
+    rejected = [corrupt(redis_client, app, "c1", ct="application/x-unknown")]
     bad = {
-        corrupt(redis_client, app, "c1", ct="application/x-unknown"): "unknown content type",
         corrupt(redis_client, app, "c2", p=b"{not json"): "payload is not JSON",
         corrupt(redis_client, app, "c3", o=b"{broken"): "options are not JSON",
         corrupt(redis_client, app, "c4", o=b"[1, 2]"): "options are not an object",
         corrupt(redis_client, app, "c5", o=b'{"expires": "soon"}'): "bad option value",
         corrupt(redis_client, app, "c6", o=b'{"headers": "x"}'): "headers not a mapping",
-        corrupt(redis_client, app, "c7", o=b'{"link": 5}'): "link not a signature",
+        corrupt(redis_client, app, "c7", o=b'{"expires_at": "not a time"}'): "bad time",
     }
     good = [app.tasks["faults.record"].delay(f"g{i}") for i in range(3)]
     caplog.set_level(logging.ERROR, "celery_debounce.dispatcher")
@@ -297,6 +300,9 @@ def test_corrupt_records_are_quarantined_and_do_not_block_others(
         quarantined = wait_until(
             lambda: (q := list_windows(app, states=["quarantined"])) and len(q) == len(bad)
             and q, 15)
+        wait_until(lambda: all(
+            redis_client.hget(f"debounce:{{0}}:win:{tid}", "rs") == b"REJECTED"
+            for tid in rejected), 15)
     assert {w.task_id for w in quarantined} == set(bad)
     assert all(w.error for w in quarantined)
     assert all(not runs(redis_client, f"c{i}") for i in range(1, 8))

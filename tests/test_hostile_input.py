@@ -91,7 +91,7 @@ ROWS: list[tuple[str, Call, type[BaseException]]] = [
     ("debounce_replace_payload: str", call(debounce_replace_payload="yes"), DebounceConfigError),
     ("debounce_replace_payload: int", call(debounce_replace_payload=1), DebounceConfigError),
     ("headers: str", call(headers="x"), DebounceConfigError),
-    ("link: int", call(link=5), DebounceConfigError),
+    # link=5 is not here: plain apply_async publishes it too (tests/test_call_parity.py)
     ("expires: str", call(expires="soon"), DebounceConfigError),
     ("options not JSON-serializable", call(some_option=object()), DebounceConfigError),
     ("countdown with debounce", call(countdown=5), DebounceConfigError),
@@ -103,6 +103,12 @@ ROWS: list[tuple[str, Call, type[BaseException]]] = [
     ("conversion", call(debounce_key="{user!r}"), DebounceConfigError),
     ("unclosed brace", call(debounce_key="{user"), DebounceConfigError),
     ("single closing brace", call(debounce_key="user}"), DebounceConfigError),
+    # text that cannot be encoded (issue 9.12): a clear error, not UnicodeEncodeError
+    ("lone surrogate in a templated key", call("\ud800"), DebounceKeyError),
+    ("lone surrogate in a by-name key", lambda app, t: send_task(
+        app, "x.y", ("\udfff",), debounce="1s", debounce_max_wait="1m",
+        debounce_key="{0}"), DebounceKeyError),
+    ("self-referencing argument, default key", lambda app, t: _self_ref(app), DebounceKeyError),
     # by-name producer
     ("send_task: empty name", lambda app, t: send_task(
         app, "", debounce="1s", debounce_max_wait="1m"), DebounceConfigError),
@@ -111,6 +117,13 @@ ROWS: list[tuple[str, Call, type[BaseException]]] = [
     ("send_task: debounce without max wait", lambda app, t: send_task(
         app, "x.y", debounce="1s"), DebounceConfigError),
 ]
+
+
+def _self_ref(app: Celery) -> Any:
+    loop: list[Any] = []
+    loop.append(loop)
+    return send_task(app, "x.y", (loop,), debounce="1s", debounce_max_wait="1m",
+                     serializer="pickle")
 
 
 @pytest.mark.parametrize(("row", "make_call", "error"), ROWS, ids=[r[0] for r in ROWS])
@@ -211,3 +224,30 @@ def test_unknown_task_name_by_name_producer(
     assert 0 < redis_client.pttl(record) <= 3600 * 1000  # the history TTL, not 7 days
     assert not list_windows(producer)
     assert not redis_client.zrange("debounce:{0}:active", 0, -1)
+
+
+def test_a_lone_surrogate_in_arguments_under_the_default_key_is_accepted(
+    app: Celery, redis_client: redis.Redis,
+) -> None:
+    """JSON escapes it (as plain Celery publishes it); the key is a digest."""
+    task = task_on(app, debounce_key=None)
+    task.delay("\ud800")
+    assert len(list_windows(app)) == 1
+
+
+def test_arguments_the_signature_refuses_with_typing_off(
+    app_factory: Any, redis_client: redis.Redis,
+) -> None:
+    """typing=False: Celery publishes such a call; the default key digests it as given,
+    a key template that needs the signature refuses it clearly."""
+    app = app_factory()
+
+    @app.task(base=DebouncedTask, shared=False, typing=False, debounce="1s",
+              debounce_max_wait="1m")
+    def loose(a: int) -> None:
+        pass
+
+    loose.delay(1, 2, extra=3)
+    assert len(list_windows(app)) == 1
+    with pytest.raises(DebounceKeyError, match="signature"):
+        loose.apply_async((1, 2), debounce_key="{a}")

@@ -71,7 +71,7 @@ def test_replace_payload_keeps_the_newest_arguments(backend: Backend) -> None:
     call(backend, "k", window="10ms", max_wait="1s", payload=2, replace=True)
     call(backend, "k", window="10ms", max_wait="1s", payload=3, replace=False)
     (window,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
-    assert window.payload == b'[["k", 2], {}]'
+    assert window.payload == b'[["k", 2], {}, {}]'  # protocol-2 body: args, kwargs, embed
 
 
 def test_an_unconfirmed_publish_is_taken_again_after_its_lease(backend: Backend) -> None:
