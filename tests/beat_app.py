@@ -21,6 +21,9 @@ def build(windows_url: str, broker_url: str, **conf: object) -> Celery:
         debounce_redis_url=windows_url,
         debounce_poll_interval=1.0,
         debounce_redis_timeout=3.0,
+        # small batches (env) make a backlog take seconds to publish, long enough
+        # to see whether beat keeps its schedule meanwhile
+        debounce_dispatch_batch=int(os.environ.get("DEBOUNCE_BEAT_BATCH", "500")),
         broker_connection_retry_on_startup=True,
         beat_schedule={
             "heartbeat": {"task": "beat_app.heartbeat", "schedule": 1.0,

@@ -26,9 +26,9 @@ TESTS = Path(__file__).resolve().parent
 MAX_GAP = 3.0
 
 
-def _beat(windows: str, broker: str, tmp_path: Path) -> subprocess.Popen[str]:
+def _beat(windows: str, broker: str, tmp_path: Path, batch: int = 500) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(TESTS), "DEBOUNCE_BEAT_WINDOWS": windows,
-           "DEBOUNCE_BEAT_BROKER": broker}
+           "DEBOUNCE_BEAT_BROKER": broker, "DEBOUNCE_BEAT_BATCH": str(batch)}
     with open(tmp_path / "beat.log", "w") as log:  # a file: a full pipe would block beat
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "beat_app", "beat", "-S", "debounce",
@@ -80,7 +80,8 @@ def test_beat_keeps_firing_while_20000_flushed_windows_are_dispatched(
     enqueue_many(sync, [((f"k{i}",), {}) for i in range(20_000)], chunk_size=2000)
     assert DebounceAdmin(app).flush_all() == 20_000
     broker = redis.Redis.from_url(f"{redis_server}/1")
-    proc = _beat(f"{redis_server}/0", f"{redis_server}/1", tmp_path)
+    # batches of 5: publishing the backlog takes several seconds (thousands of passes)
+    proc = _beat(f"{redis_server}/0", f"{redis_server}/1", tmp_path, batch=5)
     samples: list[tuple[float, int]] = []
     try:
         times = _heartbeats(broker, 8.0, samples=samples)
