@@ -7,6 +7,7 @@ Each test uses a 1 s dispatch lease and a 2 s broker visibility timeout
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -361,7 +362,7 @@ def test_redis_restart_with_aof_during_a_stream_of_calls(tmp_path: Path) -> None
         delays = [float(d) for d in re.findall(r"Redis error, retrying in ([\d.]+)s", text)]
         assert len(delays) >= 3, text[-3000:]
         assert delays[0] == 0.1, delays
-        for before, after in zip(delays, delays[1:], strict=False):
+        for before, after in itertools.pairwise(delays):
             assert after in (0.1, round(min(before * 2, 5.0), 1)), delays
     finally:
         server.cleanup()
@@ -397,7 +398,7 @@ def test_an_unresponsive_redis_is_an_error_within_the_timeout(redis_server: str,
             start = time.monotonic()
             try:
                 task.delay("during")
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 outcome.extend([exc, time.monotonic() - start])
 
         caller = threading.Thread(target=call, daemon=True)
