@@ -50,11 +50,12 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
     @app.task(base=DebouncedTask, name="faults.record", bind=True, shared=False,
               debounce="200ms", debounce_key="k:{0}", debounce_max_wait="2s")
     def record(self: DebouncedTask, key: str, n: int = 0) -> str:
-        """Append this run's id to runs:<key>; block while ``block:<key>`` exists."""
+        """Append this run's id to runs:<key>; block while ``block:<key>`` exists (or
+        ``block:<key>:<n>`` for the n-th run of that key)."""
         client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
                                       socket_connect_timeout=2)
-        client.rpush(f"runs:{key}", self.request.id)
-        while client.exists(f"block:{key}"):
+        nth = client.rpush(f"runs:{key}", self.request.id)
+        while client.exists(f"block:{key}", f"block:{key}:{nth}"):
             time.sleep(0.05)
         client.close()
         return key

@@ -114,7 +114,7 @@ def test_dispatcher_killed_between_take_and_publish_the_window_runs_once(
 
 
 def test_dispatcher_killed_after_publish_before_ack_runs_twice(
-    redis_server: str, redis_client: redis.Redis
+    redis_server: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The documented at-least-once case: the publish reached the broker, the ack did
     not reach Redis, no worker claimed the window before the lease expired."""
@@ -125,12 +125,22 @@ def test_dispatcher_killed_after_publish_before_ack_runs_twice(
     assert doomed_dispatcher(redis_server, publish=True) == [call.id]
     dispatcher = Dispatcher(app, name="survivor")
     wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)  # after the lease: republished
+    caplog.set_level(logging.WARNING, "celery_debounce.worker")
+    key = f"debounce:{{0}}:win:{call.id}"
+    redis_client.set("block:b:2", 1)  # hold the second run once it started
     with running_worker(app, loglevel="INFO"):
         wait_until(lambda: len(runs(redis_client, "b")) == 2, 15)
+        # the duplicate run does not reopen the finished window (claim.lua claims only
+        # dispatching or queued records): still finished, not active, first claim kept
+        first = redis_client.hgetall(key)
+        assert (first[b"st"], first[b"rs"]) == (b"finished", b"SUCCESS")
+        assert redis_client.zscore("debounce:{0}:active", call.id) is None
+        assert f"faults.record[{call.id}] runs again (window was finished)" in caplog.text
+        redis_client.delete("block:b:2")
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, "b") == [call.id, call.id]
-    record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
-    assert record[b"st"] == b"finished"
+    record = redis_client.hgetall(key)
+    assert record[b"st"] == b"finished" and record[b"ca"] == first[b"ca"]
     # the next call opens a new window, which runs once
     nxt = app.tasks["faults.record"].delay("b")
     assert nxt.id != call.id
@@ -157,6 +167,13 @@ def test_a_worker_claiming_before_the_lease_expires_stops_the_republish(
         wait_until(lambda: runs(redis_client, "c") == [call.id], 15)
         assert redis_client.hget(record, "st") == b"claimed"
         assert redis_client.zscore("debounce:{0}:leased", call.id) is None
+        claimed_at = redis_client.zscore("debounce:{0}:active", call.id)
+        # an ack arriving after the claim (a slow dispatcher) leaves the claim alone
+        backend = Dispatcher(app).backend
+        acked = backend.run("ack", ["debounce:{0}:leased", "debounce:{0}:active"],
+                            ["debounce:{0}", call.id])
+        assert acked == 0 and redis_client.hget(record, "st") == b"claimed"
+        assert redis_client.zscore("debounce:{0}:active", call.id) == claimed_at
         # well past the 1 s lease: passes of the embedded dispatcher leave it alone
         leased_at = time.time()
         wait_until(lambda: time.time() > leased_at + 2.5, 5)
