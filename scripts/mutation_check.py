@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
 
 from mutations import MUTATIONS, Mutation  # noqa: E402
 
@@ -152,6 +152,7 @@ def main() -> int:
         print("\n".join(f"  {p}" for p in problems))
         return 1
 
+    sys.path.insert(0, str(ROOT))
     from celery_debounce.local_redis import LocalRedis
 
     server = None

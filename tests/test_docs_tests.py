@@ -119,3 +119,23 @@ def test_the_checker_catches_a_missing_or_truncated_name() -> None:
     assert problem("tests/test_faults.py::test_no_such_test") is not None
     assert problem("tests/test_faults.py::test_producer_clock_skew_does_not_change_deadlines") \
         is None
+
+
+def test_the_mutation_list_matches_the_code_and_the_tests() -> None:
+    """scripts/mutations.py: every target text is in its file exactly once, and every
+    test a mutation selects exists (the mutation check itself fails on both, later)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mutation_check import stale
+        from mutations import MUTATIONS
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert stale(MUTATIONS, ROOT) == []
+    functions = collect_test_functions()
+    for mutation in MUTATIONS:
+        assert mutation.tests, mutation.name
+        for node in mutation.tests:
+            path, _, name = node.partition("::")
+            assert name.split("[")[0] in functions.get(path, {}), (mutation.name, node)
