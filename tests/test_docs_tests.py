@@ -77,6 +77,12 @@ def problem(ref: str) -> str | None:
     return None
 
 
+# Parse the test files now, at collection, before any test runs: CPython 3.11.7's
+# ast.parse can raise "SystemError: AST constructor recursion depth mismatch" in a
+# thread that caught a RecursionError earlier (seen once after the fault tests).
+collect_test_functions()
+
+
 def test_the_page_cites_tests() -> None:
     assert len(cited()) >= 20, cited()
 
