@@ -17,6 +17,8 @@ app.conf.update(
     debounce_redis_url=f"{REDIS}/0",
     debounce_history_ttl=float(os.environ.get("LOAD_HISTORY_TTL", "5")),
     debounce_poll_interval=0.5,
+    # shorter than the default 30 s so that run.py can wait past it for duplicates
+    debounce_dispatch_lease=float(os.environ.get("LOAD_LEASE", "5")),
     task_ignore_result=True,
     worker_prefetch_multiplier=32,
     worker_hijack_root_logger=False,

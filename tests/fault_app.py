@@ -16,12 +16,17 @@ import time
 
 import redis
 from celery import Celery
+from celery.exceptions import Ignore
 
 from celery_debounce import DebouncedTask
 
 
-def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0) -> Celery:
-    """The fault-test app; the same task names in the test process and in subprocesses."""
+def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
+          visibility: float = 2.0, **conf: object) -> Celery:
+    """The fault-test app; the same task names in the test process and in subprocesses.
+
+    ``visibility`` is the broker's visibility timeout (an unacked ``acks_late`` message
+    is delivered again after it); ``conf`` overrides any other setting."""
     app = Celery("fault_app", set_as_current=False)
     app.conf.update(
         broker_url=broker_url or f"{redis_url}/1",
@@ -32,7 +37,7 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0) -> 
         debounce_redis_timeout=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
-            "visibility_timeout": 2,
+            "visibility_timeout": visibility,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
         },
@@ -40,18 +45,30 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0) -> 
         task_acks_late=True,
         worker_hijack_root_logger=False,
     )
+    app.conf.update(conf)
 
     @app.task(base=DebouncedTask, name="faults.record", bind=True, shared=False,
               debounce="200ms", debounce_key="k:{0}", debounce_max_wait="2s")
     def record(self: DebouncedTask, key: str, n: int = 0) -> str:
-        """Append this run's id to runs:<key>; block while ``block:<key>`` exists."""
+        """Append this run's id to runs:<key>; block while ``block:<key>`` exists (or
+        ``block:<key>:<n>`` for the n-th run of that key)."""
         client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
                                       socket_connect_timeout=2)
-        client.rpush(f"runs:{key}", self.request.id)
-        while client.exists(f"block:{key}"):
+        nth = client.rpush(f"runs:{key}", self.request.id)
+        while client.exists(f"block:{key}", f"block:{key}:{nth}"):
             time.sleep(0.05)
         client.close()
         return key
+
+    @app.task(base=DebouncedTask, name="faults.ignored", bind=True, shared=False,
+              debounce="100ms", debounce_key="i:{0}", debounce_max_wait="2s")
+    def ignored(self: DebouncedTask, key: str) -> None:
+        """Record the run, then end it as IGNORED (``raise Ignore()``)."""
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+        client.rpush(f"runs:{key}", self.request.id)
+        client.close()
+        raise Ignore()
 
     return app
 
