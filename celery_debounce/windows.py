@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 
 from .backend import Backend, as_text, backend_for, translate_errors
-from .keys import split_ident
+from .keys import ident_prefix, split_ident
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
@@ -157,8 +157,8 @@ def walk_pending(
     ``limit`` windows matched: a limited listing reads only the front of the set.
     """
     tag = backend.settings.tag(shard)
-    prefix = f"{len(task)}:{task}:" if task is not None else ""
-    pattern = glob_to_lua(key_glob) if key_glob is not None else ""
+    prefix = ident_prefix(task) if task is not None else ""
+    pattern = glob_to_lua(key_glob) if key_glob is not None else b""
     start, skip, budget, found = "-inf", 0, _WALK_FIRST, 0
     while limit is None or found < limit:
         want = budget if limit is None else limit - found
@@ -177,29 +177,33 @@ def walk_pending(
         budget = min(budget * 4, _WALK_MAX)
 
 
-_LUA_MAGIC = set("^$()%.[]*+-?")
+_LUA_MAGIC = frozenset(b"^$()%.[]*+-?")
+#: One UTF-8 encoded character in a Lua pattern: a byte that does not continue a
+#: character, then any continuation bytes. Keys are valid UTF-8 (keys.resolve).
+_ONE_CHAR = b"[^\x80-\xbf][\x80-\xbf]*"
 
 
-def glob_to_lua(glob: str) -> str:
+def glob_to_lua(glob: str) -> bytes:
     """An anchored Lua pattern matching at least what the fnmatch ``glob`` matches.
 
-    Exact for ``*``, ``?`` and literal text; a glob with ``[...]`` sets gives ""
-    (match all), and the caller's exact fnmatch check does the filtering.
+    Lua patterns work on bytes; the pattern is built on the glob's UTF-8 bytes and
+    ``?`` matches one whole character (1 to 4 bytes), as fnmatch does on text. Exact
+    for ``*``, ``?`` and literal text; a glob with ``[...]`` sets gives b"" (match
+    all), and the caller's exact fnmatch check does the filtering.
     """
     if "[" in glob:
-        return ""
-    out = ["^"]
+        return b""
+    out = [b"^"]
     for ch in glob:
         if ch == "*":
-            out.append(".*")
+            out.append(b".*")
         elif ch == "?":
-            out.append(".")
-        elif ch in _LUA_MAGIC:
-            out.append("%" + ch)
+            out.append(_ONE_CHAR)
         else:
-            out.append(ch)
-    out.append("$")
-    return "".join(out)
+            raw = ch.encode("utf-8", "surrogatepass")
+            out.append(b"%" + raw if raw[0] in _LUA_MAGIC else raw)
+    out.append(b"$")
+    return b"".join(out)
 
 
 def _matches(info: WindowInfo, task: str | None, key_glob: str | None) -> bool:
