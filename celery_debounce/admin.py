@@ -181,10 +181,12 @@ class DebounceAdmin:
 
     # -- flush ----------------------------------------------------------------
     def flush(self, task: str, key: str) -> WindowInfo:
-        """Make the pending window of (task, key) due now; dispatchers publish it at
-        once, as if its deadline had passed. Raises WindowNotFound."""
-        info = self.window(task, key)
-        if info is None or not self._flush_one(window_ident(task, key), info.shard, ""):
+        """Close the pending window of (task, key) to new calls and make it due now;
+        dispatchers publish it at once. Returns the window as flushed (deadline now).
+        The next call for the key opens a new window. Raises WindowNotFound."""
+        ident = window_ident(task, key)
+        info = flush_window(self.backend, self._shard(ident), ident)
+        if info is None:
             raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
         logger.info("debounce: flushed %s[%s] key=%r", task, info.task_id, key)
         return info
@@ -192,8 +194,9 @@ class DebounceAdmin:
     def flush_id(self, task_id: str) -> WindowInfo:
         """Flush the pending window with this task id. Raises WindowNotFound or
         WindowNotPending (already taken for dispatch)."""
-        ident, info = self._pending_by_id(task_id)
-        if not self._flush_one(ident, info.shard, task_id):
+        ident, found = self._pending_by_id(task_id)
+        info = flush_window(self.backend, found.shard, ident, task_id)
+        if info is None:
             raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
         logger.info("debounce: flushed %s[%s] key=%r", info.task, task_id, info.key)
         return info
@@ -207,8 +210,7 @@ class DebounceAdmin:
                 with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
                     for ident in chunk:
                         self.backend.scripts["flush"](
-                            keys=[f"{tag}:open:{ident}", f"{tag}:due"],
-                            args=[ident, self.settings.wake_channel, ""],
+                            keys=_flush_keys(tag, ident), args=_flush_args(self.backend, ident),
                             client=pipe)  # type: ignore[arg-type]
                     flushed += sum(1 for r in pipe.execute() if r)
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
@@ -217,17 +219,20 @@ class DebounceAdmin:
     # -- cancel ---------------------------------------------------------------
     def cancel(self, task: str, key: str) -> WindowInfo:
         """Drop the pending window of (task, key) so it never runs, and mark its
-        result revoked (``.get()`` raises TaskRevokedError). Raises WindowNotFound."""
-        info = self.window(task, key)
-        if info is None or not self._cancel_one(window_ident(task, key), info, ""):
+        result revoked (``.get()`` raises TaskRevokedError). Returns the window
+        cancelled (read in the same script that drops it). Raises WindowNotFound."""
+        ident = window_ident(task, key)
+        info = self._cancel_one(ident, self._shard(ident), "")
+        if info is None:
             raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
         return info
 
     def cancel_id(self, task_id: str) -> WindowInfo:
         """Cancel the pending window with this task id. Raises WindowNotFound or
         WindowNotPending (already taken: revoke it with ``celery control revoke``)."""
-        ident, info = self._pending_by_id(task_id)
-        if not self._cancel_one(ident, info, task_id):
+        ident, found = self._pending_by_id(task_id)
+        info = self._cancel_one(ident, found.shard, task_id)
+        if info is None:
             raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
         return info
 
@@ -236,8 +241,7 @@ class DebounceAdmin:
         cancelled = 0
         for shard, idents in self._pending_idents(task):
             for ident in idents:
-                info = self._info_of(ident, shard)
-                if info is not None and self._cancel_one(ident, info, info.task_id):
+                if self._cancel_one(ident, shard, "") is not None:
                     cancelled += 1
         return cancelled
 
@@ -342,30 +346,46 @@ class DebounceAdmin:
             if idents:
                 yield shard, idents
 
-    def _flush_one(self, ident: str, shard: int, task_id: str) -> bool:
+    def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
         tag = self.settings.tag(shard)
-        return bool(self.backend.run("flush", [f"{tag}:open:{ident}", f"{tag}:due"],
-                                     [ident, self.settings.wake_channel, task_id]))
-
-    def _cancel_one(self, ident: str, info: WindowInfo, task_id: str) -> bool:
-        tag = self.settings.tag(info.shard)
         reply = self.backend.run(
             "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
             [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
-            return False
-        cancelled_id, calls = as_text(reply[0]), int(reply[1])
+            return None
+        cancelled_id, calls, fs, dl, mw = reply
+        info = _info(ident, "cancelled", shard, [cancelled_id, None, fs, dl, mw, calls, None, None])
+        assert info is not None
         try:
-            self.app.backend.mark_as_revoked(cancelled_id, _REVOKE_REASON)
+            self.app.backend.mark_as_revoked(info.task_id, _REVOKE_REASON)
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway
             logger.warning("debounce: cancelled %s[%s] but could not mark its result revoked: %r",
-                           info.task, cancelled_id, exc)
+                           info.task, info.task_id, exc)
         logger.info("debounce: cancelled %s[%s] key=%r calls=%d",
-                    info.task, cancelled_id, info.key, calls)
+                    info.task, info.task_id, info.key, info.calls)
         if window_cancelled.receivers:
-            window_cancelled.send(sender=info.task, task_id=cancelled_id, key=info.key,
-                                  calls=calls)
-        return True
+            window_cancelled.send(sender=info.task, task_id=info.task_id, key=info.key,
+                                  calls=info.calls)
+        return info
+
+
+def _flush_keys(tag: str, ident: str) -> list[str]:
+    return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
+
+
+def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[object]:
+    return [ident, backend.settings.wake_channel, task_id, backend.settings.record_ttl_ms]
+
+
+def flush_window(backend: Backend, shard: int, ident: str, task_id: str = "") -> WindowInfo | None:
+    """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
+    given) and make it due now. Returns the window as flushed, or None if none was open."""
+    tag = backend.settings.tag(shard)
+    reply = backend.run("flush", _flush_keys(tag, ident), _flush_args(backend, ident, task_id))
+    if not reply:
+        return None
+    tid, fs, dl, mw, n = reply
+    return _info(ident, "dispatching", shard, [tid, None, fs, dl, mw, n, None, None])
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:

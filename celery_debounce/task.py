@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
+from .aliases import FixedId, fixed_id, result_id
 from .backend import backend_for
 from .call import prepare_call, refuse_schedule
 from .errors import DebounceConfigError
@@ -73,8 +74,9 @@ class DebouncedTask(Task):  # type: ignore[misc]
             )
         if self.typing:
             self.__header__(*(args or ()), **(kwargs or {}))
-        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options)
-        return self.AsyncResult(result.task_id)
+        fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
+        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
+        return self.AsyncResult(result_id(result.task_id, fixed))
 
     def _debounce_exec_defaults(self) -> dict[str, Any]:
         """The task's routing and execution options (queue=, priority=, ... on the decorator).
@@ -101,6 +103,7 @@ class DebouncedTask(Task):  # type: ignore[misc]
         link_error: Any,
         shadow: str | None,
         options: dict[str, Any],
+        fixed: FixedId | None = None,
     ) -> GateResult:
         defaults = self._debounce_exec_defaults()
         if defaults:  # the task's own queue, priority, ...: stored as the opener's
@@ -122,7 +125,7 @@ class DebouncedTask(Task):  # type: ignore[misc]
             options.pop("serializer", None) or self.serializer,
             task_id,
         )
-        return enter(backend_for(self.app), call)
+        return enter(backend_for(self.app), call, fixed)
 
 
 def send_task(
@@ -157,10 +160,11 @@ def send_task(
     serializer = options.pop("serializer", None) or (
         local.serializer if local is not None else app.conf.task_serializer
     )
+    fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
     call = prepare_call(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id
     )
-    return app.AsyncResult(enter(backend_for(app), call).task_id)
+    return app.AsyncResult(result_id(enter(backend_for(app), call, fixed).task_id, fixed))
 
 
 def _signature_of(task: Task | None) -> inspect.Signature | None:

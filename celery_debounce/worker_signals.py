@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery, Task, states
 from celery.signals import task_postrun, task_prerun, task_rejected, task_revoked, task_unknown
 
+from .aliases import parse_aliases, resolve_aliases
 from .backend import backend_for
 from .dispatcher import SHARD_HEADER
 
@@ -44,7 +45,7 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
     backend = backend_for(task.app)
     tag = backend.settings.tag(shard)
     try:
-        before = backend.run(
+        before, _ = backend.run(
             "claim", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id]
         )
     except Exception as exc:
@@ -57,24 +58,30 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         )
 
 
-def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str) -> None:
+def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
+                   retval: Any = None) -> None:
+    """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
     backend = backend_for(app)
     tag = backend.settings.tag(shard)
     try:
-        backend.run(
+        reply = backend.run(
             "finish",
             [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"],
             [task_id, state, backend.settings.history_ttl_ms],
         )
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
+        return
+    if len(reply) > 2:
+        resolve_aliases(app, task_id, parse_aliases(reply[2:]), state, retval)
 
 
-def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
+def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
+            **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None or state is None or state not in _FINAL:
         return
-    _finish_window(task.app, shard, task_id, task.name, state)
+    _finish_window(task.app, shard, task_id, task.name, state, retval)
 
 
 def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:

@@ -14,7 +14,8 @@ from helpers import wait_until
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
-from celery_debounce.gate import enter
+from celery_debounce.aliases import fixed_id
+from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
 from celery_debounce.settings import Settings
 
@@ -35,10 +36,13 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 
 def call(backend: Backend, key: str, window: str = "1m", max_wait: str = "5m",
-         replace: bool = False, payload: int = 0, task: str = "t") -> object:
+         replace: bool = False, payload: int = 0, task: str = "t",
+         task_id: str | None = None) -> GateResult:
     spec = build_spec(window, "{0}", max_wait, replace)
-    prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, {}, None, "json")
-    return enter(backend, prepared)
+    options: dict[str, object] = {}
+    prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, options, None,
+                            "json", task_id)
+    return enter(backend, prepared, fixed_id(task_id, options))
 
 
 def test_open_then_join_moves_the_deadline_never_past_the_ceiling(backend: Backend) -> None:
@@ -92,10 +96,104 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: Backend) -> None:
     wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
     keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
-    assert backend.run("claim", keys, [first.task_id]) == b"dispatching"
-    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000]) == 1
+    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     assert backend.client.hget(keys[0], "st") == b"finished"
     assert 0 < backend.client.pttl(keys[0]) <= 60_000
     # only the TTL'd history record and the TTL'd dispatch counters remain
     assert sorted(backend.client.keys("*")) == sorted([keys[0].encode(), f"{tag}:stats".encode()])
     assert backend.client.pttl(f"{tag}:stats") > 0
+
+
+def test_claim_refuses_a_finished_or_claimed_record(backend: Backend) -> None:
+    first = call(backend, "k", window="1ms", max_wait="1s")
+    wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    tag = backend.settings.tag(0)
+    keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
+    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    claimed_at = backend.client.hget(keys[0], "ca")
+    # a redelivered message: claimed again -> left as it is
+    assert backend.run("claim", keys, [first.task_id])[0] == b"claimed"
+    assert backend.client.hget(keys[0], "ca") == claimed_at
+    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
+    record = backend.client.hgetall(keys[0])
+    # a republished message after the run: never claimed again
+    assert backend.run("claim", keys, [first.task_id])[0] == b"finished"
+    assert backend.client.hgetall(keys[0]) == record
+    assert backend.client.zscore(f"{tag}:active", first.task_id) is None
+    assert backend.client.zscore(f"{tag}:leased", first.task_id) is None
+    # a record that is gone
+    assert backend.run("claim", [f"{tag}:win:gone", *keys[1:]], ["gone"])[0] == b""
+
+
+def _record(backend: Backend, task_id: str) -> dict[bytes, bytes]:
+    return backend.client.hgetall(f"{backend.settings.tag(0)}:win:{task_id}")
+
+
+@pytest.mark.parametrize("stage", ["dispatching", "claimed", "finished", "lease expired"])
+def test_a_reused_caller_id_never_overwrites_a_record(backend: Backend, stage: str) -> None:
+    """Window 1 has id X; a call with id X while window 1 is at `stage` opens window 2
+    under another id; both are taken, neither record is touched by the other."""
+    backend.settings = replace(backend.settings, dispatch_lease_ms=50)
+    tag = backend.settings.tag(0)
+    first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
+    assert first.task_id == "reindex-7"
+    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    keys = [f"{tag}:win:reindex-7", f"{tag}:leased", f"{tag}:active"]
+    if stage in ("claimed", "finished"):
+        backend.run("claim", keys, ["reindex-7"])
+    if stage == "finished":
+        backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
+    before = _record(backend, "reindex-7")
+    second = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=2)
+    assert second.opened and second.task_id != "reindex-7"
+    assert _record(backend, "reindex-7") == before
+    ids = set()
+    for _ in range(2 if stage == "lease expired" else 1):  # the dead dispatcher's lease
+        ids |= {w.task_id for w in wait_until(lambda: take_due(backend, 0, 10).windows,
+                                               timeout=5)}
+    assert second.task_id in ids
+    assert ids == ({second.task_id, "reindex-7"} if stage == "lease expired"
+                   else {second.task_id})
+    rec2 = _record(backend, second.task_id)
+    assert rec2[b"st"] == b"dispatching" and rec2[b"p"] == b'[["k", 2], {}]'
+    assert rec2[b"a1"] == b'{"id": "reindex-7"}'  # the caller's id resolves to window 2 too
+    assert _record(backend, "reindex-7")[b"p" if stage != "finished" else b"st"] == (
+        b'[["k", 1], {}]' if stage != "finished" else b"finished")
+    # finishing run 1 leaves window 2 alone
+    backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
+    assert _record(backend, second.task_id)[b"st"] == b"dispatching"
+    assert backend.client.zscore(f"{tag}:leased", second.task_id) is not None
+
+
+def test_a_caller_id_in_use_by_a_pending_window_of_another_key(backend: Backend) -> None:
+    first = call(backend, "a", task_id="X")
+    second = call(backend, "b", task_id="X")
+    assert first.task_id == "X" and second.opened and second.task_id != "X"
+    # the same key with the same id joins its own window, no alias
+    again = call(backend, "a", task_id="X")
+    assert not again.opened and again.task_id == "X"
+    tag = backend.settings.tag(0)
+    assert backend.client.hget(f"{tag}:open:1:t:a", "na") is None
+    # joining a window with another id records the caller's id as an alias
+    third = call(backend, "b", task_id="Y")
+    assert third.task_id == second.task_id
+    assert backend.client.hmget(f"{tag}:open:1:t:b", "na", "a1", "a2") == [
+        b"2", b'{"id": "X"}', b'{"id": "Y"}']
+    # the id index forgets X once its window is taken or cancelled
+    assert backend.client.hgetall(f"{tag}:ids") == {b"X": b"1:t:a"}
+
+
+def test_a_window_taken_over_an_existing_record_gets_a_new_id(backend: Backend) -> None:
+    """A window opened under an id in use without the gate's check (a record written
+    before, a reused returned id) is never renamed over that record."""
+    tag = backend.settings.tag(0)
+    backend.client.hset(f"{tag}:win:X", mapping={"id": "X", "st": "claimed"})
+    call(backend, "k", window="1ms", max_wait="1s")
+    # make the open window carry the id in use
+    backend.client.hset(f"{tag}:open:1:t:k", "id", "X")
+    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    assert taken.task_id.startswith("X~")
+    assert backend.client.hgetall(f"{tag}:win:X") == {b"id": b"X", b"st": b"claimed"}
+    rec = _record(backend, taken.task_id)
+    assert rec[b"id"] == taken.task_id.encode() and rec[b"a1"] == b'{"id":"X"}'
