@@ -14,6 +14,7 @@ from helpers import wait_until
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
+from celery_debounce.admin import flush_window
 from celery_debounce.aliases import fixed_id
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
@@ -197,3 +198,44 @@ def test_a_window_taken_over_an_existing_record_gets_a_new_id(backend: Backend) 
     assert backend.client.hgetall(f"{tag}:win:X") == {b"id": b"X", b"st": b"claimed"}
     rec = _record(backend, taken.task_id)
     assert rec[b"id"] == taken.task_id.encode() and rec[b"a1"] == b'{"id":"X"}'
+
+
+def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: Backend) -> None:
+    """Runs claimed and never finished (worker killed without acks_late): once their
+    records expire, take.lua prunes their ids from the active set; nothing but the
+    TTL'd stats is left."""
+    backend.settings = replace(backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500)
+    tag = backend.settings.tag(0)
+    ids = [call(backend, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(5)]
+    ids += [call(backend, "chosen", window="1ms", max_wait="1s", task_id="mine").task_id]
+    taken: list[str] = []
+    wait_until(lambda: taken.extend(w.task_id for w in take_due(backend, 0, 10).windows)
+               or len(taken) == len(ids), timeout=5)
+    assert sorted(taken) == sorted(ids)
+    backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids[:3]])
+    for tid in ids[2:]:  # claimed, then the worker dies: no finish
+        backend.run("claim", [f"{tag}:win:{tid}", f"{tag}:leased", f"{tag}:active"], [tid])
+    assert backend.client.zcard(f"{tag}:active") == len(ids)
+    wait_until(lambda: not backend.client.exists(*(f"{tag}:win:{t}" for t in ids)), timeout=10)
+    wait_until(lambda: take_due(backend, 0, 10).next_in_ms == -1 and not backend.client.exists(
+        f"{tag}:active"), timeout=10)
+    assert backend.client.keys("*") == [f"{tag}:stats".encode()]
+    assert backend.client.pttl(f"{tag}:stats") > 0
+
+
+def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
+        backend: Backend) -> None:
+    first = call(backend, "k", window="1h", max_wait="2h", payload=1)
+    flushed = flush_window(backend, 0, "1:t:k")
+    assert flushed is not None and flushed.task_id == first.task_id and flushed.calls == 1
+    assert flushed.deadline * 1000 >= first.now_ms
+    # a call between the flush and the take: a new window; the flushed deadline stays
+    later = call(backend, "k", window="1h", max_wait="2h", payload=2)
+    assert later.opened and later.task_id != first.task_id
+    assert flush_window(backend, 0, "1:t:k", first.task_id) is None  # already closed
+    (taken,) = take_due(backend, 0, 10).windows
+    assert taken.task_id == first.task_id and taken.tries == 1
+    assert taken.deadline_ms == round(flushed.deadline * 1000) and taken.payload == b'[["k", 1], {}]'
+    assert take_due(backend, 0, 10).windows == []  # the new window waits for its hour
+    tag = backend.settings.tag(0)
+    assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken
