@@ -373,7 +373,7 @@ def _flush_keys(tag: str, ident: str) -> list[str]:
     return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
 
 
-def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[object]:
+def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[str | int]:
     return [ident, backend.settings.wake_channel, task_id, backend.settings.record_ttl_ms]
 
 

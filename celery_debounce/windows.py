@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,11 +89,6 @@ def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
     return _info(ident, "pending", shard, row)
 
 
-def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def iter_windows(
     app: Celery,
     *,
@@ -119,22 +115,31 @@ def _shard_windows(
                          ("quarantine", {"quarantined"})):
         if not states & wanted:
             continue
-        with translate_errors("inspect"):
-            ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", 0, -1)]
-        for chunk in _chunks(ids, _CHUNK):
+        found = 0
+        # Read the set a page at a time, in score order (lease expiry, hand-over time,
+        # quarantine time), and stop once `limit` windows matched: a limited listing
+        # does not read a large set whole.
+        for start in itertools.count(0, _CHUNK):
+            with translate_errors("inspect"):
+                ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", start,
+                                                         start + _CHUNK - 1)]
             with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
-                for tid in chunk:
+                for tid in ids:
                     pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
-                rows = pipe.execute(raise_on_error=False)
-            for tid, row in zip(chunk, rows, strict=True):
+                rows = pipe.execute(raise_on_error=False) if ids else []
+            for tid, row in zip(ids, rows, strict=True):
                 if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
+                        found += 1
                         yield WindowInfo("?", "", tid, "quarantined", 0, 0, 0, 0, shard,
                                          f"{tag}:win:{tid}: {row}")
                     continue
                 info = _info(None, "", shard, row)
                 if info is not None and info.state in wanted and _matches(info, task, key_glob):
+                    found += 1
                     yield info
+            if len(ids) < _CHUNK or (limit is not None and found >= limit):
+                break
 
 
 #: Members list.lua examines per call: the first call is small (a limited listing

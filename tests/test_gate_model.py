@@ -243,8 +243,8 @@ class GateMachine(RuleBasedStateMachine):
             assert info is None
             return
         assert info is not None
-        now = self.seen_now(int(round(info.deadline * 1000)))
-        assert (info.task_id, info.calls, int(round(info.first_seen * 1000))) == (
+        now = self.seen_now(round(info.deadline * 1000))
+        assert (info.task_id, info.calls, round(info.first_seen * 1000)) == (
             win.id, win.n, win.fs)
         # closed to new calls and due now: taken by the next pass, ahead of due windows
         win.st, win.dl, win.tries = "dispatching", now, 0

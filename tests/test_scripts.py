@@ -11,11 +11,11 @@ import redis
 from celery import Celery
 from helpers import wait_until
 
+from celery_debounce.admin import flush_window
+from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
-from celery_debounce.admin import flush_window
-from celery_debounce.aliases import fixed_id
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
 from celery_debounce.settings import Settings
@@ -139,7 +139,7 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: Backend, stage: s
     tag = backend.settings.tag(0)
     first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
     assert first.task_id == "reindex-7"
-    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    (_taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     keys = [f"{tag}:win:reindex-7", f"{tag}:leased", f"{tag}:active"]
     if stage in ("claimed", "finished"):
         backend.run("claim", keys, ["reindex-7"])
@@ -235,7 +235,8 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
     assert flush_window(backend, 0, "1:t:k", first.task_id) is None  # already closed
     (taken,) = take_due(backend, 0, 10).windows
     assert taken.task_id == first.task_id and taken.tries == 1
-    assert taken.deadline_ms == round(flushed.deadline * 1000) and taken.payload == b'[["k", 1], {}]'
+    assert taken.deadline_ms == round(flushed.deadline * 1000)
+    assert taken.payload == b'[["k", 1], {}]'
     assert take_due(backend, 0, 10).windows == []  # the new window waits for its hour
     tag = backend.settings.tag(0)
     assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken

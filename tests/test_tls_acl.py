@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app, running_worker, wait_until
-
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
+from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.admin import DebounceAdmin
