@@ -16,6 +16,7 @@ from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
+from celery_debounce.errors import DebounceBackendError
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
 from celery_debounce.settings import Settings
@@ -240,3 +241,19 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
     assert take_due(backend, 0, 10).windows == []  # the new window waits for its hour
     tag = backend.settings.tag(0)
     assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken
+
+
+def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
+        backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("celery_debounce.gate.MAX_ALIASES", 2)
+    first = call(backend, "k")
+    call(backend, "k", task_id="A")
+    call(backend, "k", task_id="B")
+    tag = backend.settings.tag(0)
+    before = backend.client.hgetall(f"{tag}:open:1:t:k")
+    due = backend.client.zscore(f"{tag}:due", "1:t:k")
+    with pytest.raises(DebounceBackendError, match="DEBOUNCE_ALIASES_FULL"):
+        call(backend, "k", task_id="C")
+    assert backend.client.hgetall(f"{tag}:open:1:t:k") == before
+    assert backend.client.zscore(f"{tag}:due", "1:t:k") == due
+    assert call(backend, "k").task_id == first.task_id  # default calls still join

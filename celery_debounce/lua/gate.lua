@@ -45,17 +45,14 @@ local deadline = now + tonumber(ARGV[2])
 local found = redis.call('HMGET', open, 'id', 'fs', 'mw')
 local id, opened, calls
 local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
-local function full(na)
-  return redis.error_reply('DEBOUNCE_ALIASES_FULL: window has ' .. na .. ' aliases (the most a ' ..
-    'window records); call with another key or without a fixed task id')
-end
 
 if found[1] then
   id = found[1]
   if fixed and id ~= ARGV[1] then
     local na = tonumber(redis.call('HGET', open, 'na') or '0')
     if na >= tonumber(ARGV[11]) then
-      return full(na)
+      return redis.error_reply('DEBOUNCE_ALIASES_FULL: window has ' .. na .. ' aliases (the ' ..
+        'most a window records); call with another key or without a fixed task id')
     end
     redis.call('HSET', open, 'na', na + 1, 'a' .. (na + 1), ARGV[8])
   end
