@@ -216,8 +216,15 @@ def split_ident(ident: str) -> tuple[str, str]:
     length, _, rest = ident.partition(":")
     size = int(length)
     if rest.isascii():
+        if rest[size : size + 1] != ":":
+            raise ValueError(f"malformed ident {ident!r}")
         return rest[:size], rest[size + 1 :]
     raw = rest.encode("utf-8")
-    if raw[size : size + 1] != b":":
-        raise ValueError(f"malformed ident {ident!r}")
-    return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
+    if raw[size : size + 1] == b":":
+        try:
+            return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if rest[size : size + 1] == ":":  # written before 0.2: the length in characters
+        return rest[:size], rest[size + 1 :]
+    raise ValueError(f"malformed ident {ident!r}")

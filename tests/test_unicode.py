@@ -80,3 +80,16 @@ def test_a_key_with_a_lone_surrogate_is_a_key_error_and_writes_nothing(
     with pytest.raises(DebounceKeyError, match="debounce_key"):
         uapp.tasks[NAMES[0]].delay("bad\ud800key")
     assert redis_client.keys("debounce:*") == []
+
+
+def test_split_ident_reads_byte_lengths_and_idents_written_before_them() -> None:
+    from celery_debounce.keys import split_ident, window_ident
+
+    for name in NAMES:
+        for key in [*KEYS, "a:b", ""]:
+            ident = window_ident(name, key)
+            assert ident.startswith(f"{len(name.encode())}:")
+            assert split_ident(ident) == (name, key)
+            assert split_ident(f"{len(name)}:{name}:{key}") == (name, key)  # older format
+    with pytest.raises(ValueError):
+        split_ident("3:ab")
