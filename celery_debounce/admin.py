@@ -204,13 +204,14 @@ class DebounceAdmin:
     def flush_all(self, task: str | None = None) -> int:
         """Flush every pending window (of ``task`` if given). Returns how many."""
         flushed = 0
-        for shard, idents in self._pending_idents(task):
+        for shard, listed in self._pending_idents(task):
             tag = self.settings.tag(shard)
-            for chunk in _chunks(idents, _PIPE_CHUNK):
+            for chunk in _chunks(listed, _PIPE_CHUNK):
                 with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
-                    for ident in chunk:
+                    for ident, task_id in chunk:  # only the windows listed, never a newer one
                         self.backend.scripts["flush"](
-                            keys=_flush_keys(tag, ident), args=_flush_args(self.backend, ident),
+                            keys=_flush_keys(tag, ident),
+                            args=_flush_args(self.backend, ident, task_id),
                             client=pipe)  # type: ignore[arg-type]
                     flushed += sum(1 for r in pipe.execute() if r)
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
@@ -239,9 +240,9 @@ class DebounceAdmin:
     def cancel_all(self, task: str | None = None) -> int:
         """Cancel every pending window (of ``task`` if given). Returns how many."""
         cancelled = 0
-        for shard, idents in self._pending_idents(task):
-            for ident in idents:
-                if self._cancel_one(ident, shard, "") is not None:
+        for shard, listed in self._pending_idents(task):
+            for ident, task_id in listed:  # only the windows listed, never a newer one
+                if self._cancel_one(ident, shard, task_id) is not None:
                     cancelled += 1
         return cancelled
 
@@ -339,12 +340,13 @@ class DebounceAdmin:
             return found
         raise WindowNotFound(f"no window with task id {task_id!r}")
 
-    def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[str]]]:
+    def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[tuple[str, str]]]]:
+        """Per shard, (ident, task id) of every pending window (of ``task``)."""
         for shard in range(self.settings.shards):
-            idents = [window_ident(w.task, w.key) for w in walk_pending(self.backend, shard,
-                                                                         task=task)]
-            if idents:
-                yield shard, idents
+            listed = [(window_ident(w.task, w.key), w.task_id)
+                      for w in walk_pending(self.backend, shard, task=task)]
+            if listed:
+                yield shard, listed
 
     def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
         tag = self.settings.tag(shard)
@@ -403,7 +405,7 @@ def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
         row.lateness_buckets[int(kind[1:])] += value
 
 
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str, str]]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
