@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
 
+from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
 from .keys import shard_of, window_ident
@@ -355,7 +356,7 @@ class DebounceAdmin:
             [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
             return None
-        cancelled_id, calls, fs, dl, mw = reply
+        cancelled_id, calls, fs, dl, mw, *aliases = reply
         info = _info(ident, "cancelled", shard, [cancelled_id, None, fs, dl, mw, calls, None, None])
         assert info is not None
         try:
@@ -363,6 +364,8 @@ class DebounceAdmin:
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway
             logger.warning("debounce: cancelled %s[%s] but could not mark its result revoked: %r",
                            info.task, info.task_id, exc)
+        if aliases:  # ids callers fixed (task_id=, canvas): revoked too, never left waiting
+            resolve_aliases(self.app, info.task_id, parse_aliases(aliases), states.REVOKED, None)
         logger.info("debounce: cancelled %s[%s] key=%r calls=%d",
                     info.task, info.task_id, info.key, info.calls)
         if window_cancelled.receivers:

@@ -261,9 +261,10 @@ class GateMachine(RuleBasedStateMachine):
         if win is None:
             assert reply is None
             return
-        tid, n, fs, dl, mw = reply
+        tid, n, fs, dl, mw, *aliases = reply
         assert (tid.decode(), n, int(fs), int(dl), int(mw)) == (
             win.id, win.n, win.fs, win.dl, win.mw - win.fs)
+        assert [json.loads(a)["id"] for a in aliases] == win.aliases  # revoked by the caller
         win.cancelled = True
         win.st = "cancelled"
         self._unindex(win)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, chain, chord, group
+from celery.exceptions import TaskRevokedError
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
@@ -112,3 +113,15 @@ def test_a_caller_id_reused_during_a_run_opens_a_new_window(capp: Celery) -> Non
         assert third.get(timeout=15) == 10
     assert [tid for tid, _ in capp.runs] == ["reindex-7", second.id, third.id]  # type: ignore[attr-defined]
     assert admin.find("reindex-7").state == "finished"  # type: ignore[union-attr]
+
+
+def test_cancelling_a_window_revokes_every_id_callers_hold(capp: Celery) -> None:
+    t = capp.tasks["canvas.t"]
+    plain = t.delay(9)
+    members = group(t.s(9), t.s(9)).apply_async()
+    chosen = t.apply_async((9,), task_id="mine")
+    assert chosen.id == plain.id  # joined: "mine" is an alias
+    DebounceAdmin(capp).cancel("canvas.t", "9")
+    for held in [plain, *members.results, capp.AsyncResult("mine")]:
+        with pytest.raises(TaskRevokedError):
+            held.get(timeout=5)
