@@ -22,6 +22,7 @@ from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.admin import DebounceAdmin
+from celery_debounce.bulk import enqueue_many
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_redis import LocalRedis, free_port
 from celery_debounce.windows import list_windows
@@ -107,7 +108,7 @@ def test_debounced_tasks_work_over_tls_with_the_minimal_acl_user(
 
 
 def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> None:
-    """Gate (default and caller-chosen ids, canvas), dispatch, worker signals (claim,
+    """Gate (default and caller-chosen ids, enqueue_many), dispatch, worker signals (claim,
     finish, aliases), every DebounceAdmin method and the inspect/flush/cancel/stats
     verbs, all as the documented ACL user. (`celery debounce dispatch` is the
     Dispatcher loop the worker runs here.)"""
@@ -157,10 +158,14 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
             d = work.delay(6)
             assert "Flushed" in cli("flush", "--task", "acl.work", "--key", "k:6")
             assert d.get(timeout=15) == 6
+            bulk = enqueue_many(work, [((7,), {}), ((7,), {})])
+            assert bulk[0].id == bulk[1].id
+            assert "Flushed" in cli("flush", "--id", bulk[0].id)
+            assert bulk[1].get(timeout=15) == 7
         assert admin.find(a.id).state == "finished"  # type: ignore[union-attr]
         Dispatcher(app).dispatch_once()
         stats = admin.stats()
-        assert stats.tasks["acl.work"].runs == 3 and stats.tasks["acl.work"].cancelled == 3
+        assert stats.tasks["acl.work"].runs == 4 and stats.tasks["acl.work"].cancelled == 3
         admin.reset_stats()
         assert cli("stats", "--reset", "--quick")
     finally:
