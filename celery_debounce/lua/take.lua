@@ -29,7 +29,7 @@
 -- Windows whose lease expired while still "dispatching" are taken again first
 -- (their dispatcher died or their publish failed); claimed or queued ones are
 -- dropped from the lease set. A window flush.lua closed has tries 0 and an expired
--- lease: it is taken here (tries 1) and counted in the stats like a due window.
+-- lease: it is taken here (tries 1, ta now) and counted in the stats like a due window.
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
 -- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries} (mw: max wait ms, the
 -- ceiling is fs + mw); ct and o may be nil
