@@ -22,6 +22,8 @@ from pathlib import Path
 
 import redis
 
+from celery_debounce.keys import window_ident
+
 URL = sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6399"
 N = int(os.environ.get("OPS_BENCH_WINDOWS", "1000000"))
 TASKS = [("app.tasks.index", 0.989), ("app.tasks.report", 0.01), ("app.tasks.rare", 0.001)]
@@ -48,11 +50,11 @@ def populate(client: redis.Redis) -> None:
                 TASKS[1][0] if roll < TASKS[0][1] + TASKS[1][1] else TASKS[2][0])
             counts[task] += 1
             key = f"user:{i}"
-            ident = f"{len(task)}:{task}:{key}"
+            ident = window_ident(task, key)
             window_ms = rng.randint(10_000, 3_600_000)
             gate(keys=[f"{tag}:open:{ident}", f"{tag}:due"],
                  args=[str(uuid.uuid4()), window_ms, 7_200_000, 0, "application/json",
-                       f'[["{key}"], {{}}]', "{}", ident, "debounce:wake"], client=pipe)
+                       f'[["{key}"], {{}}]', "{}"], client=pipe)
             if i % 2000 == 1999:
                 pipe.execute()
         pipe.execute()

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, states
 
+from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
 from .keys import shard_of, window_ident
@@ -183,10 +184,12 @@ class DebounceAdmin:
 
     # -- flush ----------------------------------------------------------------
     def flush(self, task: str, key: str) -> WindowInfo:
-        """Make the pending window of (task, key) due now; dispatchers publish it at
-        once, as if its deadline had passed. Raises WindowNotFound."""
-        info = self.window(task, key)
-        if info is None or not self._flush_one(window_ident(task, key), info.shard, ""):
+        """Close the pending window of (task, key) to new calls and make it due now;
+        dispatchers publish it at once. Returns the window as flushed (deadline now).
+        The next call for the key opens a new window. Raises WindowNotFound."""
+        ident = window_ident(task, key)
+        info = flush_window(self.backend, self._shard(ident), ident)
+        if info is None:
             raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
         logger.info("debounce: flushed %s[%s] key=%r", task, info.task_id, key)
         return info
@@ -194,8 +197,9 @@ class DebounceAdmin:
     def flush_id(self, task_id: str) -> WindowInfo:
         """Flush the pending window with this task id. Raises WindowNotFound or
         WindowNotPending (already taken for dispatch)."""
-        ident, info = self._pending_by_id(task_id)
-        if not self._flush_one(ident, info.shard, task_id):
+        ident, found = self._pending_by_id(task_id)
+        info = flush_window(self.backend, found.shard, ident, task_id)
+        if info is None:
             raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
         logger.info("debounce: flushed %s[%s] key=%r", info.task, task_id, info.key)
         return info
@@ -203,14 +207,14 @@ class DebounceAdmin:
     def flush_all(self, task: str | None = None) -> int:
         """Flush every pending window (of ``task`` if given). Returns how many."""
         flushed = 0
-        for shard, idents in self._pending_idents(task):
+        for shard, listed in self._pending_idents(task):
             tag = self.settings.tag(shard)
-            for chunk in _chunks(idents, _PIPE_CHUNK):
+            for chunk in _chunks(listed, _PIPE_CHUNK):
                 with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
-                    for ident in chunk:
+                    for ident, task_id in chunk:  # only the windows listed, never a newer one
                         self.backend.scripts["flush"](
-                            keys=[f"{tag}:open:{ident}", f"{tag}:due"],
-                            args=[ident, self.settings.wake_channel, ""],
+                            keys=_flush_keys(tag, ident),
+                            args=_flush_args(self.backend, ident, task_id),
                             client=pipe)  # type: ignore[arg-type]
                     flushed += sum(1 for r in pipe.execute() if r)
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
@@ -219,27 +223,29 @@ class DebounceAdmin:
     # -- cancel ---------------------------------------------------------------
     def cancel(self, task: str, key: str) -> WindowInfo:
         """Drop the pending window of (task, key) so it never runs, and mark its
-        result revoked (``.get()`` raises TaskRevokedError). Raises WindowNotFound."""
-        info = self.window(task, key)
-        if info is None or not self._cancel_one(window_ident(task, key), info, ""):
+        result revoked (``.get()`` raises TaskRevokedError). Returns the window
+        cancelled (read in the same script that drops it). Raises WindowNotFound."""
+        ident = window_ident(task, key)
+        info = self._cancel_one(ident, self._shard(ident), "")
+        if info is None:
             raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
         return info
 
     def cancel_id(self, task_id: str) -> WindowInfo:
         """Cancel the pending window with this task id. Raises WindowNotFound or
         WindowNotPending (already taken: revoke it with ``celery control revoke``)."""
-        ident, info = self._pending_by_id(task_id)
-        if not self._cancel_one(ident, info, task_id):
+        ident, found = self._pending_by_id(task_id)
+        info = self._cancel_one(ident, found.shard, task_id)
+        if info is None:
             raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
         return info
 
     def cancel_all(self, task: str | None = None) -> int:
         """Cancel every pending window (of ``task`` if given). Returns how many."""
         cancelled = 0
-        for shard, idents in self._pending_idents(task):
-            for ident in idents:
-                info = self._info_of(ident, shard)
-                if info is not None and self._cancel_one(ident, info, info.task_id):
+        for shard, listed in self._pending_idents(task):
+            for ident, task_id in listed:  # only the windows listed, never a newer one
+                if self._cancel_one(ident, shard, task_id) is not None:
                     cancelled += 1
         return cancelled
 
@@ -356,37 +362,56 @@ class DebounceAdmin:
             return found
         raise WindowNotFound(f"no window with task id {task_id!r}")
 
-    def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[str]]]:
+    def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[tuple[str, str]]]]:
+        """Per shard, (ident, task id) of every pending window (of ``task``)."""
         for shard in range(self.settings.shards):
-            idents = [window_ident(w.task, w.key) for w in walk_pending(self.backend, shard,
-                                                                         task=task)]
-            if idents:
-                yield shard, idents
+            listed = [(window_ident(w.task, w.key), w.task_id)
+                      for w in walk_pending(self.backend, shard, task=task)]
+            if listed:
+                yield shard, listed
 
-    def _flush_one(self, ident: str, shard: int, task_id: str) -> bool:
+    def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
         tag = self.settings.tag(shard)
-        return bool(self.backend.run("flush", [f"{tag}:open:{ident}", f"{tag}:due"],
-                                     [ident, self.settings.wake_channel, task_id]))
-
-    def _cancel_one(self, ident: str, info: WindowInfo, task_id: str) -> bool:
-        tag = self.settings.tag(info.shard)
         reply = self.backend.run(
             "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
             [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
-            return False
-        cancelled_id, calls = as_text(reply[0]), int(reply[1])
+            return None
+        cancelled_id, calls, fs, dl, mw, *aliases = reply
+        info = _info(ident, "cancelled", shard, [cancelled_id, None, fs, dl, mw, calls, None, None])
+        assert info is not None
         try:
-            self.app.backend.mark_as_revoked(cancelled_id, _REVOKE_REASON)
+            self.app.backend.mark_as_revoked(info.task_id, _REVOKE_REASON)
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway
             logger.warning("debounce: cancelled %s[%s] but could not mark its result revoked: %r",
-                           info.task, cancelled_id, exc)
+                           info.task, info.task_id, exc)
+        if aliases:  # ids callers fixed (task_id=, canvas): revoked too, never left waiting
+            resolve_aliases(self.app, info.task_id, parse_aliases(aliases), states.REVOKED, None)
         logger.info("debounce: cancelled %s[%s] key=%r calls=%d",
-                    info.task, cancelled_id, info.key, calls)
+                    info.task, info.task_id, info.key, info.calls)
         if window_cancelled.receivers:
-            window_cancelled.send(sender=info.task, task_id=cancelled_id, key=info.key,
-                                  calls=calls)
-        return True
+            window_cancelled.send(sender=info.task, task_id=info.task_id, key=info.key,
+                                  calls=info.calls)
+        return info
+
+
+def _flush_keys(tag: str, ident: str) -> list[str]:
+    return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
+
+
+def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[str | int]:
+    return [ident, backend.settings.wake_channel, task_id, backend.settings.record_ttl_ms]
+
+
+def flush_window(backend: Backend, shard: int, ident: str, task_id: str = "") -> WindowInfo | None:
+    """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
+    given) and make it due now. Returns the window as flushed, or None if none was open."""
+    tag = backend.settings.tag(shard)
+    reply = backend.run("flush", _flush_keys(tag, ident), _flush_args(backend, ident, task_id))
+    if not reply:
+        return None
+    tid, fs, dl, mw, n = reply
+    return _info(ident, "dispatching", shard, [tid, None, fs, dl, mw, n, None, None])
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
@@ -404,7 +429,7 @@ def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
         row.lateness_buckets[int(kind[1:])] += value
 
 
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str, str]]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 

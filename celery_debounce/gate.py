@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .aliases import MAX_ALIASES, FixedId
 from .backend import Backend
-from .call import PreparedCall
+from .call import PreparedCall, new_task_id
 from .signals import call_absorbed, window_opened
 
 #: Content type not stored in a window record (``ct`` absent means this).
@@ -52,12 +53,18 @@ def parse_reply(reply: list[object]) -> GateResult:
     )
 
 
-def enter(backend: Backend, call: PreparedCall) -> GateResult:
+def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
-    Sends ``window_opened`` or ``call_absorbed`` (only if someone listens).
+    ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
+    gate records it as an alias of the window it joins, and opens a window under
+    another id if that one is in use (see aliases.py). Sends ``window_opened`` or
+    ``call_absorbed`` (only if someone listens).
     """
-    result = parse_reply(backend.run("gate", gate_keys(backend, call), gate_args(backend, call)))
+    args = gate_args(backend, call)
+    if fixed is not None:
+        args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
+    result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(

@@ -163,7 +163,16 @@ def resolve(
                 "bool, UUID, Decimal or date"
             )
         out.append(text)
-    return "".join(out)
+    key = "".join(out)
+    if not key.isascii():  # the Lua scripts see UTF-8: refuse what cannot be encoded
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DebounceKeyError(
+                f"debounce_key {template.source!r} resolved to {_short(key)}, which is not "
+                f"valid Unicode text ({exc.reason} at position {exc.start})"
+            ) from None
+    return key
 
 
 def _short(value: object) -> str:
@@ -177,8 +186,24 @@ def digest_key(serialized_arguments: bytes) -> str:
 
 
 def window_ident(task_name: str, key: str) -> str:
-    """Injective encoding of (task, key): the task name is length-prefixed."""
-    return f"{len(task_name)}:{task_name}:{key}"
+    """Injective encoding of (task, key): ``<UTF-8 bytes of task>:<task>:<key>``.
+
+    The length counts UTF-8 bytes, as the Lua scripts do (``string.sub``), so both
+    sides cut the same task name out of an ident whatever characters it holds.
+    """
+    return ident_prefix(task_name) + key
+
+
+@lru_cache(maxsize=4096)
+def ident_prefix(task_name: str) -> str:
+    """``<UTF-8 bytes of task>:<task>:``, what every ident of ``task_name`` starts with."""
+    try:
+        size = len(task_name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise DebounceConfigError(
+            f"task name {task_name!r}: not valid Unicode text ({exc.reason})"
+        ) from None
+    return f"{size}:{task_name}:"
 
 
 def shard_of(ident: str, shards: int) -> int:
@@ -190,4 +215,16 @@ def split_ident(ident: str) -> tuple[str, str]:
     """Inverse of :func:`window_ident`."""
     length, _, rest = ident.partition(":")
     size = int(length)
-    return rest[:size], rest[size + 1 :]
+    if rest.isascii():
+        if rest[size : size + 1] != ":":
+            raise ValueError(f"malformed ident {ident!r}")
+        return rest[:size], rest[size + 1 :]
+    raw = rest.encode("utf-8")
+    if raw[size : size + 1] == b":":
+        try:
+            return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if rest[size : size + 1] == ":":  # written before 0.2: the length in characters
+        return rest[:size], rest[size + 1 :]
+    raise ValueError(f"malformed ident {ident!r}")

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
+from .aliases import FixedId, fixed_id, result_id
 from .backend import backend_for
 from .call import prepare_call, refuse_schedule, static_routing
 from .errors import DebounceConfigError
@@ -73,8 +74,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         check_arguments(self, args, kwargs)
-        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options)
-        return self.AsyncResult(result.task_id)
+        fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
+        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
+        return self.AsyncResult(result_id(result.task_id, fixed))
 
     def _debounce_exec_defaults(self) -> dict[str, Any]:
         """The task's own execution options (queue=, priority=, expires=, ... on the task).
@@ -99,6 +101,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         link_error: Any,
         shadow: str | None,
         options: dict[str, Any],
+        fixed: FixedId | None = None,
     ) -> GateResult:
         app = self.app
         own = bool(options) or link is not None or link_error is not None
@@ -127,7 +130,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             task_type=self,
             static=None if own else static_routing(app),
         )
-        return enter(backend_for(app), call)
+        return enter(backend_for(app), call, fixed)
 
 
 def send_task(
@@ -165,11 +168,12 @@ def send_task(
     serializer = options.pop("serializer", None) or (
         local.serializer if local is not None else app.conf.task_serializer
     )
+    fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
     call = prepare_call(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
         app=app, task_type=local,
     )
-    return app.AsyncResult(enter(backend_for(app), call).task_id)
+    return app.AsyncResult(result_id(enter(backend_for(app), call, fixed).task_id, fixed))
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:

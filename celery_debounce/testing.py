@@ -29,6 +29,7 @@ from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
+from .admin import flush_window
 from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
 from .dispatcher import SHARD_HEADER, Dispatcher, take_due
 from .gate import DEFAULT_CONTENT_TYPE
@@ -124,12 +125,7 @@ def debounce_windows(app: Celery, task: Any = None) -> list[PendingWindow]:
 def _make_due(app: Celery, task: Any = None) -> list[str]:
     ids = []
     for backend, shard, ident, window in list(_pending(app, task)):
-        tag = backend.settings.tag(shard)
-        backend.run(
-            "flush",
-            [f"{tag}:open:{ident}", f"{tag}:due"],
-            [ident, backend.settings.wake_channel, window.task_id],
-        )
+        flush_window(backend, shard, ident, window.task_id)
         ids.append(window.task_id)
     return ids
 

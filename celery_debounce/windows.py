@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from celery import Celery
 
 from .backend import Backend, as_text, backend_for, translate_errors
-from .keys import split_ident
+from .keys import ident_prefix, split_ident
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
@@ -88,11 +89,6 @@ def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
     return _info(ident, "pending", shard, row)
 
 
-def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def iter_windows(
     app: Celery,
     *,
@@ -119,22 +115,31 @@ def _shard_windows(
                          ("quarantine", {"quarantined"})):
         if not states & wanted:
             continue
-        with translate_errors("inspect"):
-            ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", 0, -1)]
-        for chunk in _chunks(ids, _CHUNK):
+        found = 0
+        # Read the set a page at a time, in score order (lease expiry, hand-over time,
+        # quarantine time), and stop once `limit` windows matched: a limited listing
+        # does not read a large set whole.
+        for start in itertools.count(0, _CHUNK):
+            with translate_errors("inspect"):
+                ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", start,
+                                                         start + _CHUNK - 1)]
             with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
-                for tid in chunk:
+                for tid in ids:
                     pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
-                rows = pipe.execute(raise_on_error=False)
-            for tid, row in zip(chunk, rows, strict=True):
+                rows = pipe.execute(raise_on_error=False) if ids else []
+            for tid, row in zip(ids, rows, strict=True):
                 if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
+                        found += 1
                         yield WindowInfo("?", "", tid, "quarantined", 0, 0, 0, 0, shard,
                                          f"{tag}:win:{tid}: {row}")
                     continue
                 info = _info(None, "", shard, row)
                 if info is not None and info.state in wanted and _matches(info, task, key_glob):
+                    found += 1
                     yield info
+            if len(ids) < _CHUNK or (limit is not None and found >= limit):
+                break
 
 
 #: Members list.lua examines per call: the first call is small (a limited listing
@@ -157,8 +162,8 @@ def walk_pending(
     ``limit`` windows matched: a limited listing reads only the front of the set.
     """
     tag = backend.settings.tag(shard)
-    prefix = f"{len(task)}:{task}:" if task is not None else ""
-    pattern = glob_to_lua(key_glob) if key_glob is not None else ""
+    prefix = ident_prefix(task) if task is not None else ""
+    pattern = glob_to_lua(key_glob) if key_glob is not None else b""
     start, skip, budget, found = "-inf", 0, _WALK_FIRST, 0
     while limit is None or found < limit:
         want = budget if limit is None else limit - found
@@ -177,29 +182,33 @@ def walk_pending(
         budget = min(budget * 4, _WALK_MAX)
 
 
-_LUA_MAGIC = set("^$()%.[]*+-?")
+_LUA_MAGIC = frozenset(b"^$()%.[]*+-?")
+#: One UTF-8 encoded character in a Lua pattern: a byte that does not continue a
+#: character, then any continuation bytes. Keys are valid UTF-8 (keys.resolve).
+_ONE_CHAR = b"[^\x80-\xbf][\x80-\xbf]*"
 
 
-def glob_to_lua(glob: str) -> str:
+def glob_to_lua(glob: str) -> bytes:
     """An anchored Lua pattern matching at least what the fnmatch ``glob`` matches.
 
-    Exact for ``*``, ``?`` and literal text; a glob with ``[...]`` sets gives ""
-    (match all), and the caller's exact fnmatch check does the filtering.
+    Lua patterns work on bytes; the pattern is built on the glob's UTF-8 bytes and
+    ``?`` matches one whole character (1 to 4 bytes), as fnmatch does on text. Exact
+    for ``*``, ``?`` and literal text; a glob with ``[...]`` sets gives b"" (match
+    all), and the caller's exact fnmatch check does the filtering.
     """
     if "[" in glob:
-        return ""
-    out = ["^"]
+        return b""
+    out = [b"^"]
     for ch in glob:
         if ch == "*":
-            out.append(".*")
+            out.append(b".*")
         elif ch == "?":
-            out.append(".")
-        elif ch in _LUA_MAGIC:
-            out.append("%" + ch)
+            out.append(_ONE_CHAR)
         else:
-            out.append(ch)
-    out.append("$")
-    return "".join(out)
+            raw = ch.encode("utf-8", "surrogatepass")
+            out.append(b"%" + raw if raw[0] in _LUA_MAGIC else raw)
+    out.append(b"$")
+    return b"".join(out)
 
 
 def _matches(info: WindowInfo, task: str | None, key_glob: str | None) -> bool:

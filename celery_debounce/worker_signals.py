@@ -16,6 +16,7 @@ from celery import Celery, Task, states
 from celery.signals import task_postrun, task_prerun, task_rejected, task_revoked, task_unknown
 
 from . import marks
+from .aliases import parse_aliases, resolve_aliases
 from .backend import backend_for
 from .dispatcher import SHARD_HEADER
 
@@ -38,19 +39,22 @@ def _window_shard(task: Task) -> int | None:
     return _request_shard(task.request)
 
 
+def _record_keys(tag: str, task_id: str) -> list[str]:
+    """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
+    return [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"]
+
+
 def _claim(task_id: str, task: Task, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None:
         return
     backend = backend_for(task.app)
-    tag = backend.settings.tag(shard)
+    keys = _record_keys(backend.settings.tag(shard), task_id)
     try:
-        before = backend.run(
-            "claim", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id]
-        )
+        before, _ = backend.run("claim", keys, [task_id])
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
-        marks.keep(backend, "claim", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id], exc)  # noqa: E501
+        marks.keep(backend, "claim", keys, [task_id], exc)
         return
     if before in (b"claimed", b"finished") and not task.request.retries:
         logger.warning(
@@ -59,25 +63,30 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         )
 
 
-def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str) -> None:
+def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
+                   retval: Any = None) -> None:
+    """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
     backend = backend_for(app)
-    tag = backend.settings.tag(shard)
+    keys = _record_keys(backend.settings.tag(shard), task_id)
+    args: list[Any] = [task_id, state, backend.settings.history_ttl_ms]
     try:
-        backend.run(
-            "finish",
-            [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"],
-            [task_id, state, backend.settings.history_ttl_ms],
-        )
+        reply = backend.run("finish", keys, args)
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
-        marks.keep(backend, "finish", [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"], [task_id, state, backend.settings.history_ttl_ms], exc)  # noqa: E501
+        # retried when Redis is back (marks.py); the aliases of a window whose finish
+        # is retried there keep their results pending (see docs/guarantees.md)
+        marks.keep(backend, "finish", keys, args, exc)
+        return
+    if len(reply) > 2:
+        resolve_aliases(app, task_id, parse_aliases(reply[2:]), state, retval)
 
 
-def _finish(task_id: str, task: Task, state: str | None = None, **_: Any) -> None:
+def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
+            **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None or state is None or state not in _FINAL:
         return
-    _finish_window(task.app, shard, task_id, task.name, state)
+    _finish_window(task.app, shard, task_id, task.name, state, retval)
 
 
 def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:

@@ -49,13 +49,14 @@ def test_chain_with_a_debounced_head_runs_its_tail_once(app: Celery) -> None:
     [window] = debounce_windows(app)
     assert window.calls == 2 and window.args == (1,)
     # a chain freezes its ids before calling the head: the opener's head id is the
-    # window id; the joiner's ids belong to runs that never happen
+    # window id; the joiner's head id is an alias of the window (docs/faq.md)
     assert opener.parent.id == window.task_id
     assert joiner.parent.id != window.task_id
     with running_worker(app):
         assert opener.get(timeout=10) == 11  # the opener's chain continues
-    assert tails == [10]  # the joiner's tail is never run
-    assert joiner.parent.state == "PENDING"
+        assert joiner.get(timeout=10) == 11  # so does the joiner's, after the one run
+        assert joiner.parent.get(timeout=10) == 10
+    assert tails == [10, 10]  # each chain's tail once, with the window's result
 
 
 def test_later_calls_move_the_deadline_with_their_own_window_under_the_openers_ceiling(

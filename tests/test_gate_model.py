@@ -20,6 +20,7 @@ Two runs of the same machine:
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,11 +37,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
 
+from celery_debounce.admin import flush_window
+from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend, script_source
 from celery_debounce.call import PreparedCall
 from celery_debounce.dispatcher import take_due
@@ -51,6 +53,7 @@ from celery_debounce.settings import Settings
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
+CHOSEN = [None, None, "X", "Y"]  # task ids a caller may choose (None: a default call)
 LEASE_MS = 1000
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
@@ -94,7 +97,7 @@ def backend_on(client: redis.Redis, settings: Settings) -> Backend:
     backend.client = client
     backend.scripts = {
         name: client.register_script(script_source(name))
-        for name in ("gate", "take", "ack", "release", "claim", "finish")
+        for name in ("gate", "take", "ack", "release", "claim", "finish", "flush", "cancel")
     }
     return backend
 
@@ -121,6 +124,10 @@ class Win:
     redeliveries: int = 0
     runs: list[int] = field(default_factory=list)  # claim times
     frozen: dict[str, bytes] | None = None  # record as handed to the broker
+    aliases: list[str] = field(default_factory=list)  # ids recorded as aliases (a1 ...)
+    taken: int = 0  # times a take.lua reply returned it (read from Redis, not modelled)
+    first_claims: int = 0  # claims whose reply said the record was not yet claimed
+    cancelled: bool = False
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -144,6 +151,7 @@ class GateMachine(RuleBasedStateMachine):
         self.wins: dict[str, Win] = {}  # id -> every window ever opened
         self.leased: dict[str, int] = {}
         self.active: dict[str, int] = {}
+        self.ids_index: dict[str, str] = {}  # id -> ident of windows opened under a fixed id
         # (id, tries) a live dispatcher holds (taken, not yet published)
         self.inflight: list[tuple[str, int]] = []
         self.broker: list[str] = []  # messages waiting for a worker
@@ -178,20 +186,35 @@ class GateMachine(RuleBasedStateMachine):
         window=st.integers(1, 800),
         extra=st.integers(0, 1500),
         replace=st.booleans(),
+        chosen=st.sampled_from(CHOSEN),
     )
-    def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool) -> None:
+    def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
+             chosen: str | None) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
         spec = DebounceSpec(window, window + extra, None, replace)
-        call = PreparedCall(TASK, key, ident, 0, f"id-{next(self.ids):05d}", spec,
-                            "application/data", payload, "{}")
-        result = enter(self.backend, call)
+        task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
+        call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data", payload, "{}")
+        fixed = fixed_id(chosen, {})
+        result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
         win = self.open.get(ident)
         if win is None:
-            assert result.opened and result.task_id == call.task_id
-            win = Win(call.task_id, ident, now, min(now + window, now + window + extra),
+            assert result.opened
+            in_use = chosen is not None and (
+                any(w.id == chosen and w.st != "pending" and not w.cancelled
+                    for w in self.wins.values())
+                or any(w.id == chosen for w in self.open.values()))
+            if in_use:  # a record is never overwritten: another id, the caller's as alias
+                assert result.task_id != chosen and result.task_id not in self.wins
+            else:
+                assert result.task_id == task_id
+                if chosen is not None:
+                    self.ids_index[chosen] = ident
+            win = Win(result.task_id, ident, now, min(now + window, now + window + extra),
                       now + window + extra, 1, payload)
+            if in_use:
+                win.aliases.append(chosen)  # type: ignore[arg-type]
             self.open[ident] = win
             self.wins[win.id] = win
         else:
@@ -200,9 +223,55 @@ class GateMachine(RuleBasedStateMachine):
             win.n += 1
             if replace:
                 win.payload = payload
+            if chosen is not None and chosen != win.id:
+                win.aliases.append(chosen)
         win.calls.append(now)
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
-        assert win.fs <= win.dl <= win.mw  # invariant 3: never past the ceiling
+        # invariant 3, read from Redis: never past the record's own ceiling; before now
+        # only when the ceiling has passed
+        fs, mw = self.client.hmget(f"{self.tag}:open:{ident}", "fs", "mw")
+        ceiling = int(fs) + int(mw)
+        assert min(result.now_ms, ceiling) <= result.deadline_ms <= ceiling
+
+    # -- operator ------------------------------------------------------------
+    @rule(key=st.sampled_from(KEYS))
+    def flush(self, key: str) -> None:
+        ident = window_ident(TASK, key)
+        info = flush_window(self.backend, 0, ident)
+        win = self.open.pop(ident, None)
+        if win is None:
+            assert info is None
+            return
+        assert info is not None
+        now = self.seen_now(round(info.deadline * 1000))
+        assert (info.task_id, info.calls, round(info.first_seen * 1000)) == (
+            win.id, win.n, win.fs)
+        # closed to new calls and due now: taken by the next pass, ahead of due windows
+        win.st, win.dl, win.tries = "dispatching", now, 0
+        self.leased[win.id] = now
+        self._unindex(win)
+
+    @rule(key=st.sampled_from(KEYS))
+    def cancel(self, key: str) -> None:
+        ident = window_ident(TASK, key)
+        reply = self.backend.run(
+            "cancel", [f"{self.tag}:open:{ident}", f"{self.tag}:due", f"{self.tag}:stats"],
+            [ident, "", self.settings.history_ttl_ms])
+        win = self.open.pop(ident, None)
+        if win is None:
+            assert reply is None
+            return
+        tid, n, fs, dl, mw, *aliases = reply
+        assert (tid.decode(), n, int(fs), int(dl), int(mw)) == (
+            win.id, win.n, win.fs, win.dl, win.mw - win.fs)
+        assert [json.loads(a)["id"] for a in aliases] == win.aliases  # revoked by the caller
+        win.cancelled = True
+        win.st = "cancelled"
+        self._unindex(win)
+
+    def _unindex(self, win: Win) -> None:
+        if self.ids_index.get(win.id) == win.ident:
+            del self.ids_index[win.id]
 
     # -- dispatcher ----------------------------------------------------------
     @rule(limit=st.integers(1, 4))
@@ -216,6 +285,8 @@ class GateMachine(RuleBasedStateMachine):
             if win.st == "dispatching":
                 self.leased[tid] = now + self.lease_ms
                 win.tries += 1
+                if win.tries == 1:  # a flushed window, taken for the first time
+                    win.ta = now
                 expected.append(tid)
             else:
                 del self.leased[tid]
@@ -224,12 +295,14 @@ class GateMachine(RuleBasedStateMachine):
             if win.dl > now or len(expected) >= limit:
                 break
             del self.open[win.ident]
+            self._unindex(win)
             win.st, win.ta, win.tries = "dispatching", now, 1
             self.leased[win.id] = now + self.lease_ms
             expected.append(win.id)
         assert [w.task_id for w in reply.windows] == expected
         for w in reply.windows:
             model = self.wins[w.task_id]
+            model.taken += 1
             assert w.ident == model.ident and w.payload == model.payload
             assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
@@ -242,47 +315,51 @@ class GateMachine(RuleBasedStateMachine):
             assert all(w.dl > now for w in self.open.values())
 
     def _ack(self, tid: str) -> None:
-        count = self.backend.run("ack", [f"{self.tag}:leased", f"{self.tag}:active"],
-                                 [self.tag, tid])
+        count, now = self.backend.run("ack", [f"{self.tag}:leased", f"{self.tag}:active"],
+                                      [self.tag, tid])
+        now = self.seen_now(now)
         win = self.wins[tid]
         self.leased.pop(tid, None)
         became = win.st == "dispatching"
         if became:
             win.st = "queued"
-            win.pa = self.now() if self.exact_clock else None
-            self.active[tid] = win.pa if win.pa is not None else -1
+            win.pa = now
+            self.active[tid] = now
         assert count == (1 if became else 0)
 
-    @precondition(lambda self: self.inflight)
+    # Rules are always enabled and do nothing when they do not apply: which rules
+    # apply depends on the real clock in the real-server run, and Hypothesis must
+    # draw the same rules whatever the timing.
     @rule(i=st.integers(0, 20))
     def publish_and_ack(self, i: int) -> None:
+        if not self.inflight:
+            return
         tid, _ = self.inflight.pop(i % len(self.inflight))
         self._publish(tid)
         self._ack(tid)
 
-    @precondition(lambda self: self.inflight)
     @rule(i=st.integers(0, 20))
     def publish_fails_and_release(self, i: int) -> None:
+        if not self.inflight:
+            return
         tid, tries = self.inflight.pop(i % len(self.inflight))
-        released = self.backend.run("release", [f"{self.tag}:leased"],
-                                    [self.release_ms, self.tag, tid, tries])
+        released, now = self.backend.run("release", [f"{self.tag}:leased"],
+                                         [self.release_ms, self.tag, tid, tries])
+        now = self.seen_now(now)
         win = self.wins[tid]
         # only a lease that is still this dispatcher's moves (not one taken over since)
         if tid in self.leased and win.st == "dispatching" and win.tries == tries:
-            if self.exact_clock:
-                new = self.now() + self.release_ms
-                assert released == (1 if new != self.leased[tid] else 0)
-                self.leased[tid] = new
-            else:  # release.lua reports no time: read the new expiry back
-                self.leased[tid] = int(self.client.zscore(f"{self.tag}:leased", tid) or 0)
-                assert self.leased[tid] >= self.last_now
+            new = now + self.release_ms
+            assert released == (1 if new != self.leased[tid] else 0)
+            self.leased[tid] = new
         else:
             assert released == 0
 
-    @precondition(lambda self: self.inflight)
     @rule(i=st.integers(0, 20), published=st.booleans())
     def dispatcher_dies(self, i: int, published: bool) -> None:
         """SIGKILL between take and ack: the message may or may not have reached the broker."""
+        if not self.inflight:
+            return
         tid, _ = self.inflight.pop(i % len(self.inflight))
         if published:
             self._publish(tid)
@@ -293,40 +370,45 @@ class GateMachine(RuleBasedStateMachine):
         self.broker.append(tid)
 
     # -- worker --------------------------------------------------------------
-    @precondition(lambda self: self.broker)
     @rule(i=st.integers(0, 20))
     def claim(self, i: int) -> None:
+        if not self.broker:
+            return
         tid = self.broker.pop(i % len(self.broker))
-        before = self.backend.run(
+        before, now = self.backend.run(
             "claim", [f"{self.tag}:win:{tid}", f"{self.tag}:leased", f"{self.tag}:active"], [tid])
+        now = self.seen_now(now)
         win = self.wins[tid]
         assert before == win.st.encode()
         self.leased.pop(tid, None)
-        now = self.now() if self.exact_clock else None
-        if win.st in ("dispatching", "queued"):
+        if before in (b"dispatching", b"queued"):
+            win.first_claims += 1
             win.st, win.ca = "claimed", now
-            self.active.setdefault(tid, now if now is not None else -1)
-        assert all(c <= (now if now is not None else c) for c in win.calls)
-        win.runs.append(now if now is not None else time.time_ns())
+            self.active.setdefault(tid, now)
+        assert all(c <= now for c in win.calls)  # invariant 2: the run starts after each call
+        win.runs.append(now)
         self.running.append(tid)
 
-    @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 20), dies=st.booleans())
     def run_ends(self, i: int, dies: bool) -> None:
+        if not self.running:
+            return
         tid = self.running.pop(i % len(self.running))
         win = self.wins[tid]
         if dies:  # worker killed mid-run with acks_late: the broker redelivers
             win.redeliveries += 1
             self.broker.append(tid)
             return
-        done = self.backend.run(
+        done, now, *aliases = self.backend.run(
             "finish", [f"{self.tag}:win:{tid}", f"{self.tag}:leased", f"{self.tag}:active"],
             [tid, "SUCCESS", self.settings.history_ttl_ms])
+        now = self.seen_now(now)
         assert done == 1
+        assert [json.loads(a)["id"] for a in aliases] == win.aliases
         self.leased.pop(tid, None)
         self.active.pop(tid, None)
         win.st = "finished"
-        win.fa = self.now() if self.exact_clock else None
+        win.fa = now
 
     # -- invariants ----------------------------------------------------------
     @invariant()
@@ -337,18 +419,22 @@ class GateMachine(RuleBasedStateMachine):
         leased = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:leased", 0, -1, withscores=True)}
         assert leased == self.leased
         active = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:active", 0, -1, withscores=True)}
-        assert set(active) == set(self.active)
-        if self.exact_clock:
-            assert active == self.active
+        assert active == self.active
+        assert {k.decode(): v.decode() for k, v in c.hgetall(f"{tag}:ids").items()} \
+            == self.ids_index
         keys = {k.decode() for k in c.scan_iter(match=f"{self.prefix}:*", count=1000)}
         keys.discard(f"{tag}:stats")  # dispatch counters, not window state
         expected_keys = {f"{tag}:open:{i}" for i in self.open}
-        expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values() if w.st != "pending"}
+        expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values()
+                          if w.st not in ("pending", "cancelled")}
         expected_keys |= {f"{tag}:{z}" for z, m in
-                          (("due", self.open), ("leased", self.leased), ("active", self.active))
+                          (("due", self.open), ("leased", self.leased), ("active", self.active),
+                           ("ids", self.ids_index))
                           if m}
         assert keys == expected_keys
         for win in self.wins.values():
+            if win.cancelled:
+                continue
             key = f"{tag}:open:{win.ident}" if win.st == "pending" else f"{tag}:win:{win.id}"
             rec = {k.decode(): v for k, v in c.hgetall(key).items()}
             self._check_record(win, rec)
@@ -358,20 +444,23 @@ class GateMachine(RuleBasedStateMachine):
         # only its due score (checked above), a taken one's is copied into dl
         want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
                                 "n": win.n, "ct": "application/data"}
-        if win.st == "pending":
-            assert "dl" not in rec
-        else:
-            want.update(dl=win.dl, st=win.st, i=win.ident, ta=win.ta, tries=win.tries)
+        if win.st != "pending":
+            want.update(dl=win.dl, st=win.st, i=win.ident, tries=win.tries)
         if win.st == "finished":
             want.update(rs="SUCCESS")
-        assert "o" not in rec  # default options ("{}") are not stored
-        got = {k: rec.get(k, b"").decode() for k in want}
-        assert got == {k: str(v) for k, v in want.items()}, win.id
-        assert rec.get("p") == (None if win.st == "finished" else win.payload)
-        if self.exact_clock:
-            for name in ("pa", "ca", "fa"):
-                value = getattr(win, name)
-                assert rec.get(name) == (None if value is None else str(value).encode())
+        for name in ("ta", "pa", "ca", "fa"):
+            value = getattr(win, name)
+            if value is not None and (name != "ta" or win.st != "pending"):
+                want[name] = value
+        if win.aliases:
+            want["na"] = len(win.aliases)
+            for k, alias in enumerate(win.aliases, 1):
+                want[f"a{k}"] = json.dumps({"id": alias})
+        if win.st != "finished":
+            want["p"] = win.payload
+        got = {k: v for k, v in rec.items()}
+        assert got == {k: v if isinstance(v, bytes) else str(v).encode()
+                       for k, v in want.items()}, win.id  # every field, nothing else
         # invariant 5: once handed to the broker, the record's call data never changes
         snapshot = {k: v for k, v in rec.items() if k in ("id", "fs", "dl", "mw", "n", "p", "o")}
         if win.st in ("queued", "claimed"):
@@ -382,8 +471,11 @@ class GateMachine(RuleBasedStateMachine):
     @invariant()
     def runs_once_unless_a_crash_case(self) -> None:
         for win in self.wins.values():
-            # invariant 4: more runs than one only from a duplicate publish or a redelivery
-            assert len(win.runs) <= 1 + max(0, win.publishes - 1) + win.redeliveries
+            # invariant 4, from what Redis replied: one first claim at most; any other
+            # run follows a second take (lease expired) or a redelivery
+            assert win.first_claims <= 1
+            assert len(win.runs) <= 1 + max(0, win.taken - 1) + win.redeliveries
+            assert win.publishes <= win.taken
 
     def teardown(self) -> None:
         try:
@@ -396,7 +488,8 @@ class GateMachine(RuleBasedStateMachine):
         """Let everything run; then every call's window has run, at or after the call."""
         self.inflight.clear()  # whoever held them is gone
         for _ in range(200):
-            if all(w.runs and w.st == "finished" for w in self.wins.values()) and not (
+            if all(w.cancelled or (w.runs and w.st == "finished")
+                   for w in self.wins.values()) and not (
                     self.broker or self.running):
                 break
             if self.exact_clock:
@@ -412,10 +505,12 @@ class GateMachine(RuleBasedStateMachine):
                 self.run_ends(0, False)
             self.redis_equals_model()
         for win in self.wins.values():
+            if win.cancelled:
+                assert not win.runs
+                continue
             assert win.runs, f"window {win.id} never ran: calls lost"
             assert win.st == "finished"
-            if self.exact_clock:  # invariant 2: the run starts at or after every call
-                assert min(win.runs) >= max(win.calls)
+            assert min(win.runs) >= max(win.calls)  # invariant 2
 
 
 @pytest.mark.timeout(600)

@@ -164,6 +164,22 @@ def test_flush_runs_a_pending_hour_long_window_now(ops: ModuleType) -> None:
         assert again.exit_code == 1 and "already taken for dispatch" in again.output
 
 
+def test_flush_closes_the_window_and_the_next_call_opens_a_new_one(ops: ModuleType) -> None:
+    """With a worker's dispatcher up, a call right after flush must not join the flushed
+    window (and push its deadline an hour out): it opens a new one."""
+    admin = DebounceAdmin(ops.app)
+    with running_worker(ops.app):
+        for i in range(5):
+            first = ops.report.delay(f"f{i}")
+            info = admin.flush("ops.report", f"user:f{i}")
+            assert info.task_id == first.id and info.deadline <= time.time() + 1
+            second = ops.report.delay(f"f{i}")
+            assert second.id != first.id
+            assert first.get(timeout=10) == f"report f{i}"
+            assert state_of(ops, second.id) == "pending"
+    assert sorted(ops.runs) == [("report", f"f{i}") for i in range(5)]
+
+
 def test_flush_all_of_a_task_and_everything(ops: ModuleType) -> None:
     results = [ops.report.delay(f"u{i}") for i in range(3)]
     kept = ops.sync.delay("x")

@@ -99,10 +99,10 @@ def test_release_leaves_a_lease_another_dispatcher_took_over(
     lease = redis_client.zscore(f"{tag}:leased", tid)
     # A's publish fails at last: its release must not move B's lease
     time.sleep(0.01)
-    assert backend.run("release", [f"{tag}:leased"], [1000, tag, tid, first.tries]) == 0
+    assert backend.run("release", [f"{tag}:leased"], [1000, tag, tid, first.tries])[0] == 0
     assert redis_client.zscore(f"{tag}:leased", tid) == lease
     # B's own failed publish is released
-    assert backend.run("release", [f"{tag}:leased"], [1000, tag, tid, second.tries]) == 1
+    assert backend.run("release", [f"{tag}:leased"], [1000, tag, tid, second.tries])[0] == 1
     assert redis_client.zscore(f"{tag}:leased", tid) > lease
 
 

@@ -11,10 +11,13 @@ import redis
 from celery import Celery
 from helpers import wait_until
 
+from celery_debounce.admin import flush_window
+from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
-from celery_debounce.gate import enter
+from celery_debounce.errors import DebounceBackendError
+from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
 from celery_debounce.settings import Settings
 
@@ -35,10 +38,13 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 
 def call(backend: Backend, key: str, window: str = "1m", max_wait: str = "5m",
-         replace: bool = False, payload: int = 0, task: str = "t") -> object:
+         replace: bool = False, payload: int = 0, task: str = "t",
+         task_id: str | None = None) -> GateResult:
     spec = build_spec(window, "{0}", max_wait, replace)
-    prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, {}, None, "json")
-    return enter(backend, prepared)
+    options: dict[str, object] = {}
+    prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, options, None,
+                            "json", task_id)
+    return enter(backend, prepared, fixed_id(task_id, options))
 
 
 def test_open_then_join_moves_the_deadline_never_past_the_ceiling(backend: Backend) -> None:
@@ -92,10 +98,162 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: Backend) -> None:
     wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
     keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
-    assert backend.run("claim", keys, [first.task_id]) == b"dispatching"
-    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000]) == 1
+    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     assert backend.client.hget(keys[0], "st") == b"finished"
     assert 0 < backend.client.pttl(keys[0]) <= 60_000
     # only the TTL'd history record and the TTL'd dispatch counters remain
     assert sorted(backend.client.keys("*")) == sorted([keys[0].encode(), f"{tag}:stats".encode()])
     assert backend.client.pttl(f"{tag}:stats") > 0
+
+
+def test_claim_refuses_a_finished_or_claimed_record(backend: Backend) -> None:
+    first = call(backend, "k", window="1ms", max_wait="1s")
+    wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    tag = backend.settings.tag(0)
+    keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
+    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    claimed_at = backend.client.hget(keys[0], "ca")
+    # a redelivered message: claimed again -> left as it is
+    assert backend.run("claim", keys, [first.task_id])[0] == b"claimed"
+    assert backend.client.hget(keys[0], "ca") == claimed_at
+    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
+    record = backend.client.hgetall(keys[0])
+    # a republished message after the run: never claimed again
+    assert backend.run("claim", keys, [first.task_id])[0] == b"finished"
+    assert backend.client.hgetall(keys[0]) == record
+    assert backend.client.zscore(f"{tag}:active", first.task_id) is None
+    assert backend.client.zscore(f"{tag}:leased", first.task_id) is None
+    # a record that is gone
+    assert backend.run("claim", [f"{tag}:win:gone", *keys[1:]], ["gone"])[0] == b""
+
+
+def _record(backend: Backend, task_id: str) -> dict[bytes, bytes]:
+    return backend.client.hgetall(f"{backend.settings.tag(0)}:win:{task_id}")
+
+
+@pytest.mark.parametrize("stage", ["dispatching", "claimed", "finished", "lease expired"])
+def test_a_reused_caller_id_never_overwrites_a_record(backend: Backend, stage: str) -> None:
+    """Window 1 has id X; a call with id X while window 1 is at `stage` opens window 2
+    under another id; both are taken, neither record is touched by the other."""
+    backend.settings = replace(backend.settings, dispatch_lease_ms=50)
+    tag = backend.settings.tag(0)
+    first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
+    assert first.task_id == "reindex-7"
+    (_taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    keys = [f"{tag}:win:reindex-7", f"{tag}:leased", f"{tag}:active"]
+    if stage in ("claimed", "finished"):
+        backend.run("claim", keys, ["reindex-7"])
+    if stage == "finished":
+        backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
+    before = _record(backend, "reindex-7")
+    second = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=2)
+    assert second.opened and second.task_id != "reindex-7"
+    assert _record(backend, "reindex-7") == before
+    ids = set()
+    for _ in range(2 if stage == "lease expired" else 1):  # the dead dispatcher's lease
+        ids |= {w.task_id for w in wait_until(lambda: take_due(backend, 0, 10).windows,
+                                               timeout=5)}
+    assert second.task_id in ids
+    assert ids == ({second.task_id, "reindex-7"} if stage == "lease expired"
+                   else {second.task_id})
+    rec2 = _record(backend, second.task_id)
+    assert rec2[b"st"] == b"dispatching" and rec2[b"p"] == b'[["k", 2], {}]'
+    assert rec2[b"a1"] == b'{"id": "reindex-7"}'  # the caller's id resolves to window 2 too
+    assert _record(backend, "reindex-7")[b"p" if stage != "finished" else b"st"] == (
+        b'[["k", 1], {}]' if stage != "finished" else b"finished")
+    # finishing run 1 leaves window 2 alone
+    backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
+    assert _record(backend, second.task_id)[b"st"] == b"dispatching"
+    assert backend.client.zscore(f"{tag}:leased", second.task_id) is not None
+
+
+def test_a_caller_id_in_use_by_a_pending_window_of_another_key(backend: Backend) -> None:
+    first = call(backend, "a", task_id="X")
+    second = call(backend, "b", task_id="X")
+    assert first.task_id == "X" and second.opened and second.task_id != "X"
+    # the same key with the same id joins its own window, no alias
+    again = call(backend, "a", task_id="X")
+    assert not again.opened and again.task_id == "X"
+    tag = backend.settings.tag(0)
+    assert backend.client.hget(f"{tag}:open:1:t:a", "na") is None
+    # joining a window with another id records the caller's id as an alias
+    third = call(backend, "b", task_id="Y")
+    assert third.task_id == second.task_id
+    assert backend.client.hmget(f"{tag}:open:1:t:b", "na", "a1", "a2") == [
+        b"2", b'{"id": "X"}', b'{"id": "Y"}']
+    # the id index forgets X once its window is taken or cancelled
+    assert backend.client.hgetall(f"{tag}:ids") == {b"X": b"1:t:a"}
+
+
+def test_a_window_taken_over_an_existing_record_gets_a_new_id(backend: Backend) -> None:
+    """A window opened under an id in use without the gate's check (a record written
+    before, a reused returned id) is never renamed over that record."""
+    tag = backend.settings.tag(0)
+    backend.client.hset(f"{tag}:win:X", mapping={"id": "X", "st": "claimed"})
+    call(backend, "k", window="1ms", max_wait="1s")
+    # make the open window carry the id in use
+    backend.client.hset(f"{tag}:open:1:t:k", "id", "X")
+    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    assert taken.task_id.startswith("X~")
+    assert backend.client.hgetall(f"{tag}:win:X") == {b"id": b"X", b"st": b"claimed"}
+    rec = _record(backend, taken.task_id)
+    assert rec[b"id"] == taken.task_id.encode() and rec[b"a1"] == b'{"id":"X"}'
+
+
+def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: Backend) -> None:
+    """Runs claimed and never finished (worker killed without acks_late): once their
+    records expire, take.lua prunes their ids from the active set; nothing but the
+    TTL'd stats is left."""
+    backend.settings = replace(backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500)
+    tag = backend.settings.tag(0)
+    ids = [call(backend, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(5)]
+    ids += [call(backend, "chosen", window="1ms", max_wait="1s", task_id="mine").task_id]
+    taken: list[str] = []
+    wait_until(lambda: taken.extend(w.task_id for w in take_due(backend, 0, 10).windows)
+               or len(taken) == len(ids), timeout=5)
+    assert sorted(taken) == sorted(ids)
+    backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids[:3]])
+    for tid in ids[2:]:  # claimed, then the worker dies: no finish
+        backend.run("claim", [f"{tag}:win:{tid}", f"{tag}:leased", f"{tag}:active"], [tid])
+    assert backend.client.zcard(f"{tag}:active") == len(ids)
+    wait_until(lambda: not backend.client.exists(*(f"{tag}:win:{t}" for t in ids)), timeout=10)
+    wait_until(lambda: take_due(backend, 0, 10).next_in_ms == -1 and not backend.client.exists(
+        f"{tag}:active"), timeout=10)
+    assert backend.client.keys("*") == [f"{tag}:stats".encode()]
+    assert backend.client.pttl(f"{tag}:stats") > 0
+
+
+def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
+        backend: Backend) -> None:
+    first = call(backend, "k", window="1h", max_wait="2h", payload=1)
+    flushed = flush_window(backend, 0, "1:t:k")
+    assert flushed is not None and flushed.task_id == first.task_id and flushed.calls == 1
+    assert flushed.deadline * 1000 >= first.now_ms
+    # a call between the flush and the take: a new window; the flushed deadline stays
+    later = call(backend, "k", window="1h", max_wait="2h", payload=2)
+    assert later.opened and later.task_id != first.task_id
+    assert flush_window(backend, 0, "1:t:k", first.task_id) is None  # already closed
+    (taken,) = take_due(backend, 0, 10).windows
+    assert taken.task_id == first.task_id and taken.tries == 1
+    assert taken.deadline_ms == round(flushed.deadline * 1000)
+    assert taken.payload == b'[["k", 1], {}]'
+    assert take_due(backend, 0, 10).windows == []  # the new window waits for its hour
+    tag = backend.settings.tag(0)
+    assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken
+
+
+def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
+        backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("celery_debounce.gate.MAX_ALIASES", 2)
+    first = call(backend, "k")
+    call(backend, "k", task_id="A")
+    call(backend, "k", task_id="B")
+    tag = backend.settings.tag(0)
+    before = backend.client.hgetall(f"{tag}:open:1:t:k")
+    due = backend.client.zscore(f"{tag}:due", "1:t:k")
+    with pytest.raises(DebounceBackendError, match="DEBOUNCE_ALIASES_FULL"):
+        call(backend, "k", task_id="C")
+    assert backend.client.hgetall(f"{tag}:open:1:t:k") == before
+    assert backend.client.zscore(f"{tag}:due", "1:t:k") == due
+    assert call(backend, "k").task_id == first.task_id  # default calls still join

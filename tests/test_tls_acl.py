@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from celery.bin.celery import celery as celery_cli
+from click.testing import CliRunner
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce.admin import DebounceAdmin
+from celery_debounce.bulk import enqueue_many
+from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_redis import LocalRedis, free_port
 from celery_debounce.windows import list_windows
 
@@ -27,12 +34,20 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs o
 #: dispatcher's wake subscription and health-check PING.
 ACL_RULES = (
     "resetkeys ~debounce:* resetchannels &debounce:wake -@all "
-    "+evalsha +script|load "
-    "+time +exists +del +rename +pexpire +persist "
-    "+hget +hmget +hset +hdel +hincrby "
-    "+zadd +zrem +zrange +zrangebyscore "
+    "+evalsha +script|load +script|exists "
+    "+time +exists +del +rename +renamenx +pexpire +persist "
+    "+hget +hmget +hset +hdel +hincrby +hgetall "
+    "+zadd +zrem +zrange +zrangebyscore +zscore +zscan +zcard +zcount "
+    "+multi +exec +set "
     "+publish +subscribe +unsubscribe +ping"
 )
+
+
+def test_the_documented_acl_line_is_the_one_tested() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "guarantees.md").read_text()
+    line = next(x for x in doc.splitlines() if x.startswith("ACL SETUSER debouncer"))
+    documented = line.split(">PASSWORD", 1)[1].split()
+    assert sorted(documented) == sorted(ACL_RULES.split())
 
 
 def make_certs(where: Path) -> dict[str, Path]:
@@ -98,6 +113,71 @@ def test_debounced_tasks_work_over_tls_with_the_minimal_acl_user(
     # a restarted server forgets scripts: SCRIPT LOAD is allowed, so calls still work
     admin.script_flush()
     assert work.delay(7).id
+
+
+def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> None:
+    """Gate (default and caller-chosen ids, enqueue_many), dispatch, worker signals (claim,
+    finish, aliases), every DebounceAdmin method and the inspect/flush/cancel/stats
+    verbs, all as the documented ACL user. (`celery debounce dispatch` is the
+    Dispatcher loop the worker runs here.)"""
+    tls_server["admin"].flushall()
+    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server))
+
+    @app.task(base=DebouncedTask, shared=False, name="acl.work", debounce="1h",
+              debounce_max_wait="2h", debounce_key="k:{0}")
+    def work(x: int) -> int:
+        return x
+
+    module = types.ModuleType("acl_app")
+    module.app = app  # type: ignore[attr-defined]
+    sys.modules["acl_app"] = module
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(celery_cli, ["-A", "acl_app", "debounce", *args],
+                                    input="y\n")
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    admin = DebounceAdmin(app)
+    try:
+        a = work.delay(1)
+        assert work.apply_async((1,), task_id="chosen").id == a.id  # joins: alias
+        b = work.apply_async((2,), task_id="chosen-2")
+        c = work.delay(3)
+        work.delay(4)
+        work.delay(5)
+        assert {w.task_id for w in admin.windows()} == {a.id, b.id, c.id} | {
+            w.task_id for w in admin.windows(key_glob="k:[45]")}
+        assert admin.window("acl.work", "k:1").task_id == a.id  # type: ignore[union-attr]
+        assert admin.find(b.id).state == "pending"  # type: ignore[union-attr]
+        assert admin.stats().tasks["acl.work"].open == 5
+        assert "acl.work" in cli("inspect") and "acl.work" in cli("stats")
+        assert admin.cancel("acl.work", "k:5").calls == 1
+        assert admin.cancel_id(c.id).task_id == c.id
+        assert "Cancelled" in cli("cancel", "--task", "acl.work", "--key", "k:4")
+        assert admin.flush("acl.work", "k:1").task_id == a.id
+        assert admin.flush_id(b.id).task_id == b.id
+        assert "Flushed 0" in cli("flush", "--all")
+        assert admin.flush_all() == 0 and admin.cancel_all() == 0
+        with running_worker(app):
+            assert a.get(timeout=15) == 1 and b.get(timeout=15) == 2
+            assert app.AsyncResult("chosen").get(timeout=15) == 1  # the alias resolved
+            wait_until(lambda: admin.find(a.id).state == "finished", 10)  # type: ignore[union-attr]
+            d = work.delay(6)
+            assert "Flushed" in cli("flush", "--task", "acl.work", "--key", "k:6")
+            assert d.get(timeout=15) == 6
+            bulk = enqueue_many(work, [((7,), {}), ((7,), {})])
+            assert bulk[0].id == bulk[1].id
+            assert "Flushed" in cli("flush", "--id", bulk[0].id)
+            assert bulk[1].get(timeout=15) == 7
+        assert admin.find(a.id).state == "finished"  # type: ignore[union-attr]
+        Dispatcher(app).dispatch_once()
+        stats = admin.stats()
+        assert stats.tasks["acl.work"].runs == 4 and stats.tasks["acl.work"].cancelled == 3
+        admin.reset_stats()
+        assert cli("stats", "--reset", "--quick")
+    finally:
+        sys.modules.pop("acl_app", None)
 
 
 def test_the_acl_user_is_confined_to_the_package_keys(tls_server: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@
 -- Touches, by name: <tag>:win:<id>  st "dispatching" -> "queued", pa published ms
 -- ARGV[1]  <tag>     ARGV[2..]  task ids that were published
 --
--- A window a worker already claimed keeps its state. Returns how many became queued.
+-- A window a worker already claimed keeps its state.
+-- Returns {how many became queued, now ms (their pa and active score)}.
 
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -20,4 +21,4 @@ for i = 2, #ARGV do
     queued = queued + 1
   end
 end
-return queued
+return {queued, tonumber(now)}

@@ -1,18 +1,23 @@
 -- cancel.lua: drop a pending window so that it never runs.
 --
--- KEYS[1]  <tag>:open:<ident>  hash; deleted
--- KEYS[2]  <tag>:due           zset; ident removed
+-- KEYS[1]  <tag>:open:<ident>  hash; fields id fs mw n and the aliases na, a1 .. a<na>
+--                              (see gate.lua) read, then deleted
+-- KEYS[2]  <tag>:due           zset; ident's score (the deadline) read, ident removed
 -- KEYS[3]  <tag>:stats         hash; x|<task> cancelled windows of the task, +1;
 --                              expires ARGV[3] ms later (history TTL)
 -- ARGV[1]  ident
 -- ARGV[2]  task id the window must have ("" for whichever window is open): a
 --          by-id cancel must not hit a newer window opened under the same ident
 -- ARGV[3]  history TTL ms
+-- Touches, by name (same hash tag): <tag>:ids  hash; <id> removed when it maps to ident
 --
 -- Only pending windows can be cancelled: once taken, a window is the broker's.
--- Returns {task id, calls absorbed} of the cancelled window, or false if none was open.
+-- The window is read and dropped in one step: what is returned is what was cancelled.
+-- Returns {task id, calls absorbed, first seen ms, deadline ms, max wait ms, alias 1, ...}
+-- of the cancelled window (the caller marks the aliases revoked too), or false if
+-- none (matching) was open.
 
-local found = redis.call('HMGET', KEYS[1], 'id', 'n')
+local found = redis.call('HMGET', KEYS[1], 'id', 'n', 'fs', 'mw', 'na')
 if not found[1] then
   redis.call('ZREM', KEYS[2], ARGV[1])
   return false
@@ -20,10 +25,29 @@ end
 if ARGV[2] ~= '' and found[1] ~= ARGV[2] then
   return false
 end
+local deadline = redis.call('ZSCORE', KEYS[2], ARGV[1]) or '0'
+local reply = {found[1], tonumber(found[2]), found[3], deadline, found[4]}
+local na = tonumber(found[5] or '0')
+if na > 0 then
+  local fields = {}
+  for k = 1, na do
+    fields[k] = 'a' .. k
+  end
+  local aliases = redis.call('HMGET', KEYS[1], unpack(fields))
+  for k = 1, na do
+    if aliases[k] then
+      reply[#reply + 1] = aliases[k]
+    end
+  end
+end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[1])
+local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+if redis.call('HGET', tag .. ':ids', found[1]) == ARGV[1] then
+  redis.call('HDEL', tag .. ':ids', found[1])
+end
 local digits = string.match(ARGV[1], '^(%d+):')
 local task = string.sub(ARGV[1], #digits + 2, #digits + 1 + tonumber(digits))
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return {found[1], tonumber(found[2])}
+return reply

@@ -1,21 +1,37 @@
 -- finish.lua: the window's run ended (task_postrun with a final state).
 --
 -- KEYS[1]  <tag>:win:<id>  hash; st -> "finished", rs final Celery state, fa finished ms;
---                          expires after the history TTL
+--                          p and o deleted; expires after the history TTL;
+--                          na and a1 .. a<na> (aliases, see gate.lua) read and kept, so a
+--                          redelivered run stores them again
 -- KEYS[2]  <tag>:leased    zset; the id leaves it
 -- KEYS[3]  <tag>:active    zset; the id leaves it
 -- ARGV[1]  task id    ARGV[2]  final Celery state    ARGV[3]  history TTL ms
 --
--- Returns 1 if a record was finished, 0 if there was none.
+-- Returns {1 if a record was finished else 0, now ms, alias 1, alias 2, ...}.
 
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
+  return {0, now}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'st', 'finished', 'rs', ARGV[2], 'fa', string.format('%d', now))
 redis.call('HDEL', KEYS[1], 'p', 'o')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
+local reply = {1, now}
+local na = tonumber(redis.call('HGET', KEYS[1], 'na') or '0')
+if na > 0 then
+  local fields = {}
+  for k = 1, na do
+    fields[k] = 'a' .. k
+  end
+  local aliases = redis.call('HMGET', KEYS[1], unpack(fields))
+  for k = 1, na do
+    if aliases[k] then
+      reply[#reply + 1] = aliases[k]
+    end
+  end
+end
+return reply

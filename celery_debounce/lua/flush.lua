@@ -1,19 +1,54 @@
--- flush.lua: make a pending window due now, as if its deadline had passed.
+-- flush.lua: close a pending window to new calls and make it due now.
 --
--- KEYS[1]  <tag>:open:<ident>  hash; field id read
--- KEYS[2]  <tag>:due           zset; ident scored now (the pending window's deadline)
+-- KEYS[1]  <tag>:open:<ident>  hash; fields id fs mw n read; renamed to <tag>:win:<id>
+-- KEYS[2]  <tag>:due           zset; ident removed
+-- KEYS[3]  <tag>:leased        zset; id scored now: a lease that has already expired, so
+--                              the next take.lua pass (of any dispatcher) takes it first
 -- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once)
 -- ARGV[3]  task id the window must have ("" for whichever window is open): a
 --          by-id flush must not hit a newer window opened under the same ident
+-- ARGV[4]  record TTL ms (safety expiry of win records, as take.lua sets it)
+-- Touches, by name (same hash tag):
+--   <tag>:win:<id>  the window, as take.lua leaves it but with tries 0 and no ta:
+--                   st "dispatching", i ident, dl now (the flushed deadline), tries 0;
+--                   take.lua sets ta and tries 1 and counts it in the stats.
+--                   Never renamed over an existing key: as in take.lua, a window whose
+--                   win:<id> exists is closed under <id>~<now>~<n> with <id> as alias
+--                   (fields na, a<na>)
+--   <tag>:ids       hash; <id> removed when it maps to ident
 --
--- Returns the window's task id, or false if no (matching) window is open for ident.
+-- The window is closed in the same step that reads it: the next call opens a new
+-- window, and nothing can move the flushed deadline back out.
+-- Returns {task id, first seen ms, deadline ms (now), max wait ms, calls} of the
+-- window flushed, or false if no (matching) window is open for ident.
 
-local id = redis.call('HGET', KEYS[1], 'id')
+local found = redis.call('HMGET', KEYS[1], 'id', 'fs', 'mw', 'n')
+local id = found[1]
 if not id or (ARGV[3] ~= '' and id ~= ARGV[3]) then
   return false
 end
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-redis.call('ZADD', KEYS[2], now, ARGV[1])
+local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('HGET', tag .. ':ids', id) == ARGV[1] then
+  redis.call('HDEL', tag .. ':ids', id)
+end
+local key = tag .. ':win:' .. id
+if redis.call('RENAMENX', KEYS[1], key) == 0 then
+  local held = id
+  local n = 0
+  repeat
+    n = n + 1
+    id = held .. '~' .. now .. '~' .. n
+    key = tag .. ':win:' .. id
+  until redis.call('EXISTS', key) == 0
+  redis.call('RENAME', KEYS[1], key)
+  local na = redis.call('HINCRBY', key, 'na', 1)
+  redis.call('HSET', key, 'id', id, 'a' .. na, cjson.encode({id = held}))
+end
+redis.call('HSET', key, 'st', 'dispatching', 'i', ARGV[1], 'dl', now, 'tries', 0)
+redis.call('PEXPIRE', key, ARGV[4])
+redis.call('ZADD', KEYS[3], now, id)
 redis.call('PUBLISH', ARGV[2], now)
-return id
+return {id, found[2], now, found[3], found[4]}

@@ -13,9 +13,25 @@
 -- ARGV[4]  "1" to replace the payload of an open window, else "0"
 -- ARGV[5]  payload content type, '' for application/json
 -- ARGV[6]  payload            ARGV[7]  opener's options JSON, '' for {}
+-- Only for a call whose id the caller fixed (task_id=, canvas); absent for default calls:
+-- ARGV[8]  the call's alias (JSON {"id": ARGV[1], canvas options}), see aliases.py
+-- ARGV[9]  fallback task id: used to open the window when ARGV[1] is already in use
+-- ARGV[10] "1" to record the alias also when the call opens the window under ARGV[1]
+--          (a canvas call), else "0"
+-- ARGV[11] most aliases a window records (MAX_ALIASES)
 -- The ident (the due member) and the wake channel <prefix>:wake are read from
 -- KEYS[1]: the prefix has no braces, so the first '}:open:' ends the tag.
 -- <prefix>:wake is published to when this window becomes the earliest one.
+-- Only with ARGV[8], touches by name (same hash tag <tag> as KEYS[1]):
+--   <tag>:win:<ARGV[1]>  EXISTS: a taken record holds the id, so it is in use
+--   <tag>:ids            hash id -> ident of the pending windows opened under a fixed id;
+--                        an id in it whose open:<ident> still has that id is in use;
+--                        set here when a window opens under ARGV[1]
+--   KEYS[1] also gets  na  aliases recorded    a<k>  the k-th alias (k = 1 .. na)
+-- A window never opens under an id in use (a record is never overwritten): it opens
+-- under ARGV[9] and records the alias. A call joining a window that has another id
+-- records its alias. Past ARGV[11] aliases the call is refused with an error reply
+-- starting DEBOUNCE_ALIASES_FULL, before anything is written.
 --
 -- Returns {task id, 1 if opened else 0, deadline ms, calls, now ms}.
 -- Time is Redis server time, never the producer's.
@@ -28,8 +44,18 @@ local deadline = now + tonumber(ARGV[2])
 
 local found = redis.call('HMGET', open, 'id', 'fs', 'mw')
 local id, opened, calls
+local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
+
 if found[1] then
   id = found[1]
+  if fixed and id ~= ARGV[1] then
+    local na = tonumber(redis.call('HGET', open, 'na') or '0')
+    if na >= tonumber(ARGV[11]) then
+      return redis.error_reply('DEBOUNCE_ALIASES_FULL: window has ' .. na .. ' aliases (the ' ..
+        'most a window records); call with another key or without a fixed task id')
+    end
+    redis.call('HSET', open, 'na', na + 1, 'a' .. (na + 1), ARGV[8])
+  end
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
   if ARGV[4] == '1' then
@@ -48,8 +74,28 @@ if found[1] then
   end
 else
   id = ARGV[1]
+  local alias = false
+  if fixed then
+    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+    local ids = tag .. ':ids'
+    local holder = redis.call('HGET', ids, id)
+    if redis.call('EXISTS', tag .. ':win:' .. id) == 1 or
+        (holder and redis.call('HGET', tag .. ':open:' .. holder, 'id') == id) then
+      id = ARGV[9]
+      alias = true
+    else
+      redis.call('HSET', ids, id, ident)
+      alias = ARGV[10] == '1'
+    end
+  end
   deadline = math.min(deadline, now + tonumber(ARGV[3]))
   local fields = {'id', id, 'fs', string.format('%d', now), 'mw', ARGV[3], 'n', 1, 'p', ARGV[6]}
+  if alias then
+    fields[#fields + 1] = 'na'
+    fields[#fields + 1] = 1
+    fields[#fields + 1] = 'a1'
+    fields[#fields + 1] = ARGV[8]
+  end
   if ARGV[5] ~= '' then
     fields[#fields + 1] = 'ct'
     fields[#fields + 1] = ARGV[5]

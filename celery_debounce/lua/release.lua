@@ -9,7 +9,7 @@
 -- the record is still "dispatching" and its `tries` is the caller's. A window claimed
 -- meanwhile has left the lease set; one whose lease expired and that another
 -- dispatcher took again has a higher `tries`, and that dispatcher's lease is left
--- alone. Returns how many were released.
+-- alone. Returns {how many were released, now ms (expiry = now + ARGV[1])}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -22,4 +22,4 @@ for i = 3, #ARGV, 2 do
     released = released + redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id)
   end
 end
-return released
+return {released, now}

@@ -8,18 +8,28 @@
 --                         l<b>|<task> windows taken late by lateness bucket b (see LATE_MS)
 --                         expires ARGV[5] ms after the last window counted
 -- Touches, by name (same hash tag):
---   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls
+--   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls.
+--                       Never renamed over an existing key (RENAMENX): if win:<id> exists
+--                       (a window opened under a reused id before gate.lua checked ids,
+--                       or a foreign key), the window is taken under the id
+--                       <id>~<now>~<n> instead and <id> is recorded as its alias
+--                       (fields na, a<na> = {"id": <id>}, see gate.lua)
 --   <tag>:win:<id>      hash, fields of gate.lua plus
 --                       dl deadline ms (the window's due score when it was taken)
 --                       st state ("dispatching", "queued", "claimed", "finished")
 --                       i  ident      ta taken ms     tries  times taken
+--   <tag>:ids           hash; <id> removed when it maps to the taken window's ident
+--   <tag>:active        zset task id -> ms handed to the broker; at most PRUNE ids
+--                       older than the record TTL whose win:<id> is gone are removed
+--                       (a run killed without acks_late never finishes its record)
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
 -- ARGV[5]  history TTL ms (expiry of the stats hash)
 --
 -- Windows whose lease expired while still "dispatching" are taken again first
 -- (their dispatcher died or their publish failed); claimed or queued ones are
--- dropped from the lease set.
+-- dropped from the lease set. A window flush.lua closed has tries 0 and an expired
+-- lease: it is taken here (tries 1, ta now) and counted in the stats like a due window.
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
 -- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries} (mw: max wait ms, the
 -- ceiling is fs + mw); ct and o may be nil
@@ -84,9 +94,15 @@ for _, id in ipairs(expired) do
     out[taken] = {key, st.err}
   elseif st == 'dispatching' then
     redis.call('ZADD', KEYS[2], lease_until, id)
-    redis.call('HINCRBY', key, 'tries', 1)
+    local tries = redis.call('HINCRBY', key, 'tries', 1)
     taken = taken + 1
     out[taken] = window(key)
+    if tries == 1 then  -- flushed (flush.lua): first taken now
+      redis.call('HSET', key, 'ta', string.format('%d', now))
+      if pcall(count, out[taken][2], out[taken]) then
+        counted = counted + 1
+      end
+    end
   else
     redis.call('ZREM', KEYS[2], id)
   end
@@ -105,7 +121,21 @@ if taken < limit then
       out[taken] = {open, id.err}
     elseif id then
       local key = tag .. ':win:' .. id
-      redis.call('RENAME', open, key)
+      if redis.call('HGET', tag .. ':ids', id) == ident then
+        redis.call('HDEL', tag .. ':ids', id)
+      end
+      if redis.call('RENAMENX', open, key) == 0 then
+        local held = id
+        local n = 0
+        repeat
+          n = n + 1
+          id = held .. '~' .. string.format('%d', now) .. '~' .. n
+          key = tag .. ':win:' .. id
+        until redis.call('EXISTS', key) == 0
+        redis.call('RENAME', open, key)
+        local na = redis.call('HINCRBY', key, 'na', 1)
+        redis.call('HSET', key, 'id', id, 'a' .. na, cjson.encode({id = held}))
+      end
       redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', due[d + 1],
         'ta', string.format('%d', now), 'tries', 1)
       redis.call('PEXPIRE', key, ttl)
@@ -121,6 +151,17 @@ end
 
 if counted > 0 then
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
+end
+
+-- Bounded pruning of active ids whose record expired (never finished).
+local PRUNE = 20
+local active = tag .. ':active'
+local stale = redis.call('ZRANGEBYSCORE', active, '-inf',
+  string.format('%d', now - tonumber(ttl)), 'LIMIT', 0, PRUNE)
+for _, id in ipairs(stale) do
+  if redis.call('EXISTS', tag .. ':win:' .. id) == 0 then
+    redis.call('ZREM', active, id)
+  end
 end
 
 local next_in = -1
