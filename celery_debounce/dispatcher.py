@@ -29,6 +29,9 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: Header that marks a published window; its value is the window's shard.
 SHARD_HEADER = "debounce_shard"
 
+#: How many idents ``<tag>:hot`` keeps (take.lua: calls absorbed per ident, for ``top``).
+HOT_KEYS_KEPT = 100
+
 
 @dataclass(frozen=True)
 class TakenWindow:
@@ -77,15 +80,19 @@ class TakeResult:
 
 
 
-def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
-    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``."""
+def take_due(backend: Backend, shard: int, limit: int, observer: str = "") -> TakeResult:
+    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
+
+    With ``observer`` (the dispatcher's name), a pass that takes windows also records
+    the name and time in ``<tag>:dispatchers`` and calls per ident in ``<tag>:hot``.
+    """
     settings = backend.settings
     tag = settings.tag(shard)
     reply = backend.run(
         "take",
         [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
         [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-         settings.history_ttl_ms],
+         settings.history_ttl_ms, observer, HOT_KEYS_KEPT],
     )
     now_ms = int(reply[0])
     result = TakeResult(now_ms, int(reply[1]), [])
@@ -182,7 +189,7 @@ class Dispatcher:
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
-                taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                taken = take_due(self.backend, shard, self.settings.dispatch_batch, self.name)
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2
