@@ -337,3 +337,8 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
                 dispatcher.name, settings.key_prefix, settings.shards, settings.poll_interval_ms)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
+
+
+from .top import top as _top  # noqa: E402  (its module formats times with relative() above)
+
+debounce.add_command(_top)
