@@ -406,6 +406,9 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
     minute, the hottest keys, dispatchers and when each last took a batch,
     quarantined windows. Quit with q or Ctrl-C.
 
+    Redis errors are shown in the view, which keeps retrying; with
+    --iterations the exit status is 1 when the last reading failed.
+
     Each refresh costs one pipeline of 9 cheap commands per shard (no scan of
     the windows), whatever the number of open windows.
     """
@@ -420,7 +423,9 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
         else:
             run_screen(view, iterations)
     except KeyboardInterrupt:
-        pass
+        return
+    if view.error:  # --iterations ended on a failed reading: say so in the exit status
+        raise click.ClickException(view.error)
 
 
 __all__ = ["COMMANDS_PER_SHARD", "History", "Snapshot", "Top", "read_snapshot", "render", "top"]
