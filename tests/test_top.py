@@ -116,8 +116,8 @@ class Tmux:
         return self.tmux("capture-pane", "-p", "-t", f"top:{name}")
 
     def dead(self, name: str) -> tuple[bool, str]:
-        out = self.tmux("display-message", "-p", "-t", f"top:{name}",
-                        "#{pane_dead} #{pane_dead_status}#{?pane_dead_signal,signal-#{pane_dead_signal},}").split()
+        fmt = "#{pane_dead} #{pane_dead_status}#{?pane_dead_signal,signal-#{pane_dead_signal},}"
+        out = self.tmux("display-message", "-p", "-t", f"top:{name}", fmt).split()
         # status (or "signal N"): "" while running
         return out[0] == "1", out[1] if len(out) > 1 else ""
 
@@ -189,9 +189,8 @@ def test_plain_printout_when_stdout_is_not_a_terminal(
 ) -> None:
     opener = (
         "import topapp\n"
-        "topapp.touch.apply_async(('a',), debounce='1h', debounce_max_wait='2h')\n"
-        "for user in 'bcdefg': topapp.touch.apply_async((user,), debounce='1h', debounce_max_wait='2h')\n"
-        "topapp.touch.apply_async(('a',), debounce='1h', debounce_max_wait='2h')\n"
+        "for user in 'abcdefga':\n"
+        "    topapp.touch.apply_async((user,), debounce='1h', debounce_max_wait='2h')\n"
     )
     subprocess.run([sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"],
                    check=True, timeout=60)
@@ -234,7 +233,8 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
 ) -> None:
     app = app_factory(debounce_shards=shards)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="u:{0}")
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
     def work(user: int) -> None:
         pass
 
@@ -257,7 +257,8 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
 ) -> None:
     app = app_factory(debounce_history_ttl="30s")
 
-    @app.task(base=DebouncedTask, shared=False, debounce="10ms", debounce_max_wait="1s", debounce_key="u:{0}")
+    @app.task(base=DebouncedTask, shared=False, debounce="10ms", debounce_max_wait="1s",
+              debounce_key="u:{0}")
     def work(user: int) -> None:
         pass
 
