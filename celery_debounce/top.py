@@ -429,3 +429,64 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
 
 
 __all__ = ["COMMANDS_PER_SHARD", "History", "Snapshot", "Top", "read_snapshot", "render", "top"]
+
+
+class StoreCollector:
+    """Prometheus gauges read from the debounce Redis at each scrape (one
+    :func:`read_snapshot`): open, due and in-flight windows, the most overdue
+    window's age, quarantined windows, each dispatcher's last batch, and
+    ``store_up`` (0 when Redis cannot be read). Register it with
+    :func:`celery_debounce.metrics.enable_store_gauges`; every process that does
+    exports the same store-wide values, so aggregate them with ``max``.
+    """
+
+    def __init__(self, app: Any, namespace: str = "celery_debounce") -> None:
+        self.app = app
+        self.namespace = namespace
+
+    def _families(self, snap: Snapshot | None, up: float | None) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        ns = self.namespace
+
+        def gauge(name: str, doc: str, value: float | None) -> Any:
+            family = GaugeMetricFamily(f"{ns}_{name}", doc)
+            if value is not None:
+                family.add_metric([], value)
+            return family
+
+        store_up = gauge("store_up", "1 when the debounce Redis answered this scrape.", up)
+        dispatchers = GaugeMetricFamily(
+            f"{ns}_dispatcher_last_batch_timestamp_seconds",
+            "When each dispatcher last took windows (Redis clock); kept for "
+            "debounce_history_ttl.", labels=["dispatcher"])
+        if snap is None:
+            return [store_up, gauge("open_windows", "Pending windows.", None),
+                    gauge("due_windows", "Pending windows whose deadline passed.", None),
+                    gauge("oldest_due_age_seconds", "How long the most overdue pending "
+                          "window has been due (0: none due).", None),
+                    gauge("inflight_windows", "Windows taken and not finished.", None),
+                    gauge("quarantined_windows", "Windows set aside.", None), dispatchers]
+        for name, at in sorted(snap.dispatchers.items()):
+            dispatchers.add_metric([name], at)
+        return [
+            store_up,
+            gauge("open_windows", "Pending windows.", snap.open),
+            gauge("due_windows", "Pending windows whose deadline passed.", snap.due),
+            gauge("oldest_due_age_seconds", "How long the most overdue pending window has "
+                  "been due (0: none due).", snap.oldest_due_s or 0.0),
+            gauge("inflight_windows", "Windows taken and not finished.", snap.leased + snap.active),
+            gauge("quarantined_windows", "Windows set aside.", snap.quarantined),
+            dispatchers,
+        ]
+
+    def describe(self) -> list[Any]:
+        """The metric names, without reading Redis (called at registration)."""
+        return self._families(None, None)
+
+    def collect(self) -> list[Any]:
+        try:
+            snap: Snapshot | None = read_snapshot(backend_for(self.app))
+        except DebounceError:
+            snap = None
+        return self._families(snap, float(snap is not None))
