@@ -29,10 +29,12 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
 from .backend import Backend, as_text, backend_for, translate_errors
+from .dispatcher import HOT_KEYS_KEPT
 from .errors import DebounceError
 from .keys import split_ident
 
-#: Hottest idents read per shard and refresh (``<tag>:hot`` keeps HOT_KEYS_KEPT).
+#: Hottest keys shown. Each refresh reads all of ``<tag>:hot`` (at most HOT_KEYS_KEPT
+#: entries per shard), so a key's calls in the last minute are a plain difference.
 HOT_SHOWN = 8
 #: How far back the per-minute figures (lateness, coalescing, forced) look.
 MINUTE_S = 60.0
@@ -89,7 +91,7 @@ def read_snapshot(backend: Backend) -> Snapshot:
             pipe.zcard(f"{tag}:active")
             pipe.zcard(f"{tag}:quarantine")
             pipe.hgetall(f"{tag}:stats")
-            pipe.zrevrange(f"{tag}:hot", 0, HOT_SHOWN - 1, withscores=True)
+            pipe.zrevrange(f"{tag}:hot", 0, HOT_KEYS_KEPT - 1, withscores=True)
             pipe.zrange(f"{tag}:dispatchers", 0, -1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
@@ -301,7 +303,8 @@ def _hot_lines(history: History) -> list[Line]:
         except ValueError:
             task, key = "?", ident
         key = key if len(key) <= 40 else key[:37] + "..."
-        recent = "-" if old is None or ident not in old.hot else f"{calls - old.hot[ident]:,}"
+        # a key absent a minute ago had no calls then (or had been trimmed out: approximate)
+        recent = "-" if old is None else f"{calls - old.hot.get(ident, 0):,}"
         rows.append((f"{task} {key}", f"{calls:,}", recent))
     return _table(("HOTTEST KEYS (task key)", "CALLS ABSORBED", "LAST 1m"), rows)
 

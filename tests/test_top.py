@@ -91,6 +91,7 @@ class Tmux:
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.socket = f"debounce-top-{os.getpid()}-{time.monotonic_ns()}"
+        self.panes: dict[str, str] = {}
         self.cwd = cwd
         self.env = env
 
@@ -99,30 +100,50 @@ class Tmux:
                               capture_output=True, text=True, timeout=10).stdout
 
     def start(self, name: str, command: str) -> None:
+        """Run ``command`` in a new pane. A bash wrapper records its exit status in a
+        file: tmux may leave an exited pane process unreaped for a while, so
+        ``pane_dead`` is not a reliable signal."""
+        wrapper = self.cwd / "run-in-pane.sh"
+        wrapper.write_text('#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
+                           'echo "[exited with status $status]"\nsleep 30\n')
         exports = " ".join(f"{k}={v}" for k, v in (
             ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]), ("PYTHONPATH", self.env["PYTHONPATH"])))
-        shell = f"cd {self.cwd} && exec env TERM=xterm-256color {exports} {command}"
+        shell = (f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
+                 f"{self.cwd / (name + '.status')} {command}")
         if self._running():
-            self.tmux("new-window", "-t", "top", "-n", name, shell)
+            pane = self.tmux("new-window", "-P", "-F", "#{pane_id}", "-t", "top", shell)
         else:
-            self.tmux("new-session", "-d", "-s", "top", "-n", name, "-x", "160", "-y", "50", shell)
-        self.tmux("set-option", "-t", f"top:{name}", "remain-on-exit", "on")
+            pane = self.tmux("new-session", "-d", "-P", "-F", "#{pane_id}", "-s", "top",
+                             "-x", "160", "-y", "50", shell)
+        self.panes[name] = pane.strip()
 
     def _running(self) -> bool:
         return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "top"],
                               capture_output=True, timeout=10).returncode == 0
 
     def screen(self, name: str) -> str:
-        return self.tmux("capture-pane", "-p", "-t", f"top:{name}")
+        return self.tmux("capture-pane", "-p", "-t", self.panes[name])
 
-    def dead(self, name: str) -> tuple[bool, str]:
-        fmt = "#{pane_dead} #{pane_dead_status}#{?pane_dead_signal,signal-#{pane_dead_signal},}"
-        out = self.tmux("display-message", "-p", "-t", f"top:{name}", fmt).split()
-        # status (or "signal N"): "" while running
-        return out[0] == "1", out[1] if len(out) > 1 else ""
+    def status(self, name: str) -> str:
+        """The program's exit status, "" while it runs."""
+        path = self.cwd / f"{name}.status"
+        return path.read_text().strip() if path.exists() else ""
 
     def keys(self, name: str, *keys: str) -> None:
-        self.tmux("send-keys", "-t", f"top:{name}", *keys)
+        self.tmux("send-keys", "-t", self.panes[name], *keys)
+
+    def quits(self, name: str, *keys: str) -> str:
+        """Type ``keys``; the exit status once the program ended (diagnosed if it does not)."""
+        self.keys(name, *keys)
+        try:
+            status = str(wait_until(lambda: self.status(name), timeout=10, interval=0.2))
+        except AssertionError:
+            raise AssertionError(f"{keys} did not end top:\n{self.screen(name)}") from None
+        # what the user sees: the terminal is back, the view gone
+        screen = wait_until(lambda: "[exited with status" in self.screen(name) and
+                            self.screen(name), timeout=10, interval=0.2)
+        assert "open windows" not in screen and "Traceback" not in screen, screen
+        return status
 
     def kill(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
@@ -173,11 +194,8 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
         redis_client.zadd("debounce:{0}:quarantine", {"set-aside-id": 1})
         wait_until(lambda: "quarantined 1" in tmux.screen("q"), timeout=10, interval=0.3)
 
-        tmux.keys("q", "q")
-        assert wait_until(lambda: tmux.dead("q")[1], timeout=10, interval=0.2) == "0"
-        tmux.keys("ctrlc", "C-c")
-        assert wait_until(lambda: tmux.dead("ctrlc")[1], timeout=10, interval=0.2) == "0"
-        assert "Traceback" not in tmux.screen("ctrlc")
+        assert tmux.quits("q", "q") == "0"
+        assert tmux.quits("ctrlc", "C-c") == "0"
     finally:
         tmux.kill()
         producer.kill()
@@ -320,3 +338,14 @@ def test_last_minute_figures_come_from_counter_differences() -> None:
     assert history.rates(60) is None
     assert "rates after the second reading" in "\n".join(
         line.text for line in render(history, "title"))
+
+
+def test_hot_keys_show_their_calls_of_the_last_minute_even_when_new() -> None:
+    history = History()
+    history.add(_snap(1000.0, runs=0, calls=0, buckets={}, hot={}))
+    history.add(_snap(1030.0, runs=10, calls=300, buckets={0: 10},
+                      hot={"1:t:hot": 290, "1:t:cold": 10}))
+    text = "\n".join(line.text for line in render(history, "title"))
+    hot = text.split("HOTTEST KEYS")[1].splitlines()[1:]
+    rows = {line.split()[1]: line.split()[2:] for line in hot if line.startswith("t ")}
+    assert rows == {"hot": ["290", "290"], "cold": ["10", "10"]}, text
