@@ -307,3 +307,40 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
         producer.wait(10)
         _stop(worker)
         prometheus.stop()
+
+
+def test_store_gauges_say_store_down_within_seconds_when_redis_is_unreachable() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    app = make_app(f"redis://127.0.0.1:{free_port()}", debounce_redis_timeout=1)
+    metrics.enable_store_gauges(app, registry=registry)  # registering reads nothing
+    start = time.monotonic()
+    text = generate_latest(registry).decode()
+    assert time.monotonic() - start < 10
+    assert "celery_debounce_store_up 0.0" in text
+    assert not re.search(r"^celery_debounce_open_windows ", text, re.M)  # no made-up values
+
+
+def test_store_gauges_read_the_store(app_factory: Callable[..., Any],
+                                     redis_client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_debounce import DebouncedTask, enqueue_many
+
+    app = app_factory(debounce_shards=2)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
+    def work(user: int) -> None:
+        pass
+
+    enqueue_many(work, [((i,), {}) for i in range(30)])
+    redis_client.zadd("debounce:{1}:quarantine", {"x": 1})
+    registry = CollectorRegistry()
+    metrics.enable_store_gauges(app, registry=registry)
+    assert registry.get_sample_value("celery_debounce_open_windows") == 30
+    assert registry.get_sample_value("celery_debounce_due_windows") == 0
+    assert registry.get_sample_value("celery_debounce_oldest_due_age_seconds") == 0
+    assert registry.get_sample_value("celery_debounce_quarantined_windows") == 1
+    assert registry.get_sample_value("celery_debounce_store_up") == 1
