@@ -3,7 +3,7 @@
 Each refresh reads a :class:`Snapshot` of the store with one pipeline per shard
 (``read_snapshot``): counts of the due, lease, active and quarantine sets
 (``ZCARD``/``ZCOUNT``, O(log N)), the front of the due set, the ``<tag>:stats``
-counters, the front of ``<tag>:hot`` and ``<tag>:dispatchers``. Nothing scans the
+counters, ``<tag>:hot`` (at most 100 entries) and ``<tag>:dispatchers``. Nothing scans the
 windows, so a refresh costs the same with 10 or 1,000,000 open windows
 (docs/monitoring.md has the measured figures). Rates and the last minute's
 lateness come from differences between the snapshots that ``top`` keeps itself
@@ -320,14 +320,15 @@ def _dispatcher_lines(snap: Snapshot) -> list[Line]:
 class Top:
     """Reads snapshots and renders them; the screen and the printout drive it."""
 
-    def __init__(self, app: Any, interval: float) -> None:
+    def __init__(self, app: Any, interval: float, screen: bool = False) -> None:
         self.backend = backend_for(app)
         self.interval = interval
         self.history = History()
         self.error: str | None = None
         settings = self.backend.settings
         self.title = (f"celery debounce top - prefix {settings.key_prefix!r}, "
-                      f"{settings.shards} shard(s), every {interval:g}s - q quits")
+                      f"{settings.shards} shard(s), every {interval:g}s"
+                      + (" - q quits" if screen else ""))
 
     def refresh(self) -> list[Line]:
         try:
@@ -415,13 +416,14 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
     Each refresh costs one pipeline of 9 cheap commands per shard (no scan of
     the windows), whatever the number of open windows.
     """
+    screen = not plain and sys.stdout.isatty()
     try:
-        view = Top(ctx.obj.app, interval)
+        view = Top(ctx.obj.app, interval, screen)
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     _stop_on_sigterm()
     try:
-        if plain or not sys.stdout.isatty():
+        if not screen:
             run_plain(view, sys.stdout, iterations)
         else:
             run_screen(view, iterations)
