@@ -12,6 +12,10 @@ with the embedded dispatcher), makes the calls, and plots what happened:
 * ``lateness.svg``: windows opened at a steady rate, each due once: how long
   after its deadline each was taken by the dispatcher and started by the worker
   (a small version of the lateness benchmark, docs/performance.md).
+* ``dashboard.svg``: every panel of dashboards/celery-debounce.json, drawn from
+  its own PromQL run against a real Prometheus (Debian's ``prometheus``) that
+  scraped this process while a stream of calls ran (skipped, with a note, when
+  ``prometheus`` is not installed).
 
 Every time on the plots comes from the run: call times from the producer,
 deadlines from the gate's reply (``window_opened``/``call_absorbed`` signals),
@@ -23,8 +27,16 @@ figures cannot go stale unnoticed). Prints one summary line per figure.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,7 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: The figures this script writes (docs link to docs/img/<name>).
-FIGURES = ("burst.svg", "max-wait.svg", "lateness.svg")
+FIGURES = ("burst.svg", "max-wait.svg", "lateness.svg", "dashboard.svg")
+DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"
 
 
 @dataclass
@@ -238,6 +251,161 @@ def plot_lateness(data: dict[str, Any], path: Path) -> str:
             f"p99 {_pct(started, 0.99):.1f}ms")
 
 
+# -- the dashboard, from a real Prometheus ----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _api(port: int, path: str, **params: Any) -> Any:
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as reply:  # loopback only
+        body = json.load(reply)
+    if body.get("status") != "success":
+        raise SystemExit(f"figures: Prometheus refused {params}: {body}")
+    return body["data"]
+
+
+def promql(expr: str) -> str:
+    """A panel's query as Grafana sends it with every task selected."""
+    return expr.replace("$__rate_interval", "10s").replace("$task", ".*")
+
+
+def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
+    """Scrape this process with a real Prometheus while calls stream in, then run
+    every panel's query over the run (``query_range``, 1 s steps)."""
+    if shutil.which("prometheus") is None:
+        print("figures: prometheus is not installed: dashboard.svg not drawn "
+              "(scripts/ensure-observability.sh installs it)", file=sys.stderr)
+        return None
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from celery_debounce import metrics
+
+    registry = CollectorRegistry()
+    events = metrics.enable(registry=registry)
+    metrics.enable_store_gauges(touch.app, registry=registry)
+    exporter = start_http_server(_free_port(), addr="127.0.0.1", registry=registry)
+    target = exporter[0].server_address[1] if isinstance(exporter, tuple) else None
+    workdir = Path(tempfile.mkdtemp(prefix="figures-prometheus-"))
+    port = _free_port()
+    (workdir / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: figures\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
+         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--log.level=error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _up(port), 30)
+        start = time.time()
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            touch.apply_async(("hot",), debounce="300ms", debounce_max_wait="1s")
+            if i % 10 == 0:
+                touch.apply_async((f"cold{i % 7}",), debounce="300ms", debounce_max_wait="1s")
+            # the middle third: 50 more keys a second, each called once (no coalescing)
+            if seconds / 3 < seconds - (end - time.monotonic()) < 2 * seconds / 3 and i % 2:
+                touch.apply_async((f"once{i}",), debounce="2s", debounce_max_wait="4s")
+            i += 1
+            time.sleep(0.02)
+        time.sleep(3)  # the last windows leave, the last scrapes land
+        stop = time.time()
+        panels = json.loads(DASHBOARD.read_text())["panels"]
+        results = {}
+        for panel in panels:
+            for t in panel["targets"]:
+                data = _api(port, "query_range", query=promql(t["expr"]), start=start,
+                            end=stop, step="1")
+                results[(panel["title"], t["refId"])] = data["result"]
+        return {"panels": panels, "results": results, "start": start}
+    finally:
+        server.terminate()
+        server.wait(15)
+        events.disable()
+        if isinstance(exporter, tuple):
+            exporter[0].shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _up(port: int) -> bool:
+    try:
+        return any(r["value"][1] == "1" for r in _api(port, "query", query="up")["result"])
+    except OSError:
+        return False
+
+
+def _legend(fmt: str, labels: dict[str, str]) -> str:
+    for name, value in labels.items():
+        fmt = fmt.replace("{{" + name + "}}", value)
+    return fmt
+
+
+def plot_dashboard(data: dict[str, Any], path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    panels = data["panels"]
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 2.4 * rows))
+    drawn = 0
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        ax.set_title(panel["title"], fontsize=9, loc="left")
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.tick_params(labelsize=7)
+        if panel["type"] == "heatmap":
+            drawn += _heatmap(ax, data, panel)
+            continue
+        for target in panel["targets"]:
+            for series in data["results"][(panel["title"], target["refId"])]:
+                xs = [float(t) - data["start"] for t, _ in series["values"]]
+                ys = [float(v) for _, v in series["values"]]
+                ax.plot(xs, ys, lw=1.2, label=_legend(target["legendFormat"], series["metric"]))
+                drawn += 1
+        ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]) if unit_is_count(panel) else None)
+        unit = panel["fieldConfig"]["defaults"].get("unit", "")
+        ax.set_ylabel({"s": "seconds", "reqps": "per second"}.get(unit, ""), fontsize=7)
+        ax.legend(fontsize=6, frameon=False, loc="upper left")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds", fontsize=7)
+    fig.suptitle("dashboards/celery-debounce.json: each panel's PromQL on a real Prometheus",
+                 fontsize=10, x=0.01, ha="left")
+    _save(fig, path)
+    return f"dashboard: {len(panels)} panels, {drawn} series drawn"
+
+
+def unit_is_count(panel: Any) -> bool:
+    """Counts (windows) get at least a 0..1 axis, so a flat 0 reads as 0."""
+    return bool(panel["fieldConfig"]["defaults"].get("unit") == "short")
+
+
+def _heatmap(ax: Any, data: dict[str, Any], panel: Any) -> int:
+    """Grafana de-accumulates ``le`` buckets for a heatmap; so does this."""
+    target = panel["targets"][0]
+    series = data["results"][(panel["title"], target["refId"])]
+    series = sorted(series, key=lambda s: float(s["metric"]["le"]))
+    if not series:
+        return 0
+    grid = [[float(v) for _, v in s["values"]] for s in series]
+    width = min(len(row) for row in grid)
+    cells = [[grid[0][j] for j in range(width)]]
+    for lower, upper in itertools.pairwise(grid):
+        cells.append([max(0.0, upper[j] - lower[j]) for j in range(width)])
+    times = [float(t) - data["start"] for t, _ in series[0]["values"][:width]]
+    ax.imshow(cells, aspect="auto", origin="lower", cmap="Oranges", interpolation="nearest",
+              extent=(times[0] - 0.5, times[-1] + 0.5, -0.5, len(cells) - 0.5))
+    labels = [s["metric"]["le"] for s in series]
+    ax.set_yticks(range(len(labels)), [f"<={x}s" if x != "+Inf" else ">30s" for x in labels],
+                  fontsize=6)
+    ax.set_ylabel("lateness", fontsize=7)
+    return len(series)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs (for the checks)")
@@ -260,11 +428,14 @@ def main(argv: list[str] | None = None) -> int:
         stream = stream_run(touch, recorder, 4.5 if args.quick else 7.0)
         late = lateness_run(touch, recorder, 100 if args.quick else 200,
                             2.0 if args.quick else 5.0)
-    burst_path, stream_path, late_path = (
+        board = dashboard_run(touch, 15.0 if args.quick else 45.0)
+    burst_path, stream_path, late_path, board_path = (
         args.out / (name.replace(".svg", ".png") if args.png else name) for name in FIGURES)
     print(plot_burst(burst, burst_path))
     print(plot_stream(stream, stream_path))
     print(plot_lateness(late, late_path))
+    if board is not None:
+        print(plot_dashboard(board, board_path))
     return 0
 
 
