@@ -182,6 +182,7 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
         # the worker's dispatcher took a batch moments ago, nothing is quarantined.
         assert number(r"calls/s ([\d,.]+)", screen) > number(r"runs/s ([\d,.]+)", screen)
         assert number(r"open windows ([\d,]+)", screen) >= 1
+        assert re.search(r"open windows [\d,]+ \([+-][\d,]+ in \d+s\)  [▁▂▃▄▅▆▇█]{2,}", screen)
         assert re.search(r"lateness p50 <=[\d.]+ms\s+p99 <=[\d.]+ms", screen), screen
         hot = screen.split("HOTTEST KEYS")[1].splitlines()[1]
         assert hot.startswith("topapp.touch u:hot"), screen
