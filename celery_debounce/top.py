@@ -41,6 +41,7 @@ MINUTE_S = 60.0
 #: How far back calls/s and runs/s look (short enough to follow a burst).
 RATE_S = 10.0
 _SPARK = "▁▂▃▄▅▆▇█"
+_SPARK_ASCII = "_.-=+*#@"  # where the output cannot encode the blocks
 
 
 @dataclass(frozen=True)
@@ -206,16 +207,24 @@ def _ago(seconds: float) -> str:
     return relative(-max(0.0, seconds))
 
 
-def sparkline(values: Sequence[int], width: int = 20) -> str:
-    """Unicode blocks scaled between the minimum and maximum of ``values``."""
+def sparkline(values: Sequence[int], width: int = 20, marks: str = _SPARK) -> str:
+    """Bars (unicode blocks) scaled between the minimum and maximum of ``values``."""
     values = list(values)[-width:]
     if not values:
         return ""
     low, high = min(values), max(values)
     if high == low:
-        return _SPARK[0] * len(values)
-    scale = (len(_SPARK) - 1) / (high - low)
-    return "".join(_SPARK[round((v - low) * scale)] for v in values)
+        return marks[0] * len(values)
+    scale = (len(marks) - 1) / (high - low)
+    return "".join(marks[round((v - low) * scale)] for v in values)
+
+
+def can_encode(out: TextIO, text: str = _SPARK) -> bool:
+    try:
+        text.encode(getattr(out, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -224,7 +233,8 @@ class Line:
     heading: bool = False
 
 
-def render(history: History, title: str, error: str | None = None) -> list[Line]:
+def render(history: History, title: str, error: str | None = None,
+           unicode: bool = True) -> list[Line]:
     """The lines of one refresh (the same for the screen and the plain printout)."""
     lines = [Line(title, heading=True)]
     if error:
@@ -237,7 +247,8 @@ def render(history: History, title: str, error: str | None = None) -> list[Line]
     trend = ""
     if minute is not None:
         trend = f" ({snap.open - minute.open:+,} in {snap.at - minute.at:.0f}s)"
-    spark = sparkline([s.open for s in history.snapshots])
+    spark = sparkline([s.open for s in history.snapshots],
+                      marks=_SPARK if unicode else _SPARK_ASCII)
     overdue = "-" if snap.oldest_due_s is None else f"{snap.oldest_due_s:.1f}s"
     lines.append(Line(f"open windows {snap.open:,}{trend}  {spark}"))
     lines.append(Line(f"due now {snap.due:,}   oldest overdue {overdue}   in flight "
@@ -330,24 +341,25 @@ class Top:
                       f"{settings.shards} shard(s), every {interval:g}s"
                       + (" - q quits" if screen else ""))
 
-    def refresh(self) -> list[Line]:
+    def refresh(self, unicode: bool = True) -> list[Line]:
         try:
             self.history.add(read_snapshot(self.backend))
             self.error = None
         except DebounceError as exc:
             self.error = str(exc)
         stamp = time.strftime("%H:%M:%S")
-        return render(self.history, f"{self.title}   {stamp}", self.error)
+        return render(self.history, f"{self.title}   {stamp}", self.error, unicode)
 
 
 def run_plain(top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None]
               = time.sleep) -> None:
     """The non-terminal printout: one block per refresh, separated by a blank line."""
+    unicode = can_encode(out)
     for index in _count(iterations):
         if index:
             sleep(top.interval)
             out.write("\n")
-        out.write("\n".join(line.text for line in top.refresh()) + "\n")
+        out.write("\n".join(line.text for line in top.refresh(unicode)) + "\n")
         out.flush()
 
 
@@ -368,8 +380,9 @@ def run_screen(top: Top, iterations: int | None) -> None:
         except curses.error:  # some terminals cannot hide the cursor
             pass
         screen.timeout(100)
+        unicode = can_encode(screen)
         for _ in _count(iterations):
-            lines = top.refresh()
+            lines = top.refresh(unicode)
             screen.erase()
             height, width = screen.getmaxyx()
             for row, line in enumerate(lines[: height - 1]):

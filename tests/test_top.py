@@ -350,3 +350,13 @@ def test_hot_keys_show_their_calls_of_the_last_minute_even_when_new() -> None:
     hot = text.split("HOTTEST KEYS")[1].splitlines()[1:]
     rows = {line.split()[1]: line.split()[2:] for line in hot if line.startswith("t ")}
     assert rows == {"hot": ["290", "290"], "cold": ["10", "10"]}, text
+
+
+def test_plain_printout_falls_back_to_ascii_where_the_output_cannot_encode_blocks(
+    topapp: dict[str, Any]
+) -> None:
+    env = {**topapp["env"], "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.3"],
+                          cwd=topapp["dir"], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert re.search(rb"open windows 0 \(\+0 in \ds\)  __\n", done.stdout), done.stdout
