@@ -21,8 +21,9 @@
 -- Written only when ARGV[6] is given and this pass took windows (best effort, like the
 -- stats; read by `celery debounce top` and the store gauges of metrics.py):
 --   <tag>:hot          zset ident -> calls absorbed by its windows taken from the due set
---                      (ZINCRBY n), trimmed to the ARGV[7] highest; expires ARGV[5] ms
---                      after the last update
+--                      (ZINCRBY n, for windows of more than one call: a single call
+--                      collapsed nothing), trimmed to the ARGV[7] highest; expires
+--                      ARGV[5] ms after the last update
 --   <tag>:dispatchers  zset dispatcher name -> ms of its last pass that took windows;
 --                      names older than ARGV[5] ms are dropped; expires ARGV[5] ms after
 --                      the last update
@@ -130,8 +131,9 @@ if taken < limit then
       if pcall(count, ident, out[taken]) then
         counted = counted + 1
       end
-      if hot then
-        redis.pcall('ZINCRBY', hot, tonumber(out[taken][6]) or 1, ident)
+      local calls = tonumber(out[taken][6])
+      if hot and calls and calls > 1 then
+        redis.pcall('ZINCRBY', hot, calls, ident)
       end
     end
   end
