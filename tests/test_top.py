@@ -281,7 +281,7 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
     def work(user: int) -> None:
         pass
 
-    # 150 keys, key i called i+1 times (one window each)
+    # 150 keys, key i called i+1 times (one window each); trimmed to the 100 hottest
     enqueue_many(work, [((i,), {}) for i in range(150) for _ in range(i + 1)], chunk_size=2000)
     backend = backend_for(app)
     time.sleep(0.05)
@@ -294,6 +294,8 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
     assert len(hot) == HOT_KEYS_KEPT  # trimmed to the hottest
     ident = f"{len(work.name)}:{work.name}:u:149"
     assert hot[0] == (ident.encode(), 150.0)
+    # a window of a single call collapsed nothing: never recorded (key 0 has one call)
+    assert redis_client.zscore("debounce:{0}:hot", f"{len(work.name)}:{work.name}:u:0") is None
     seen = redis_client.zrange("debounce:{0}:dispatchers", 0, -1, withscores=True)
     assert [name for name, _ in seen] == [b"obs-1"]
     for key in ("debounce:{0}:hot", "debounce:{0}:dispatchers"):
