@@ -142,11 +142,18 @@ class Rates:
 
 
 def _diff(new: TaskStats, old: TaskStats | None, seconds: float) -> Rates:
+    """Counter differences; one shard's counters may expire or reset on their own, so
+    a counter that went back counts as 0 rather than as a negative rate."""
     if old is None:
         old = TaskStats(task=new.task)
-    return Rates(seconds, new.calls - old.calls, new.runs - old.runs, new.forced - old.forced,
-                 new.cancelled - old.cancelled,
-                 [a - b for a, b in zip(new.lateness_buckets, old.lateness_buckets, strict=True)])
+
+    def up(a: int, b: int) -> int:
+        return max(0, a - b)
+
+    return Rates(seconds, up(new.calls, old.calls), up(new.runs, old.runs),
+                 up(new.forced, old.forced), up(new.cancelled, old.cancelled),
+                 [up(a, b) for a, b in zip(new.lateness_buckets, old.lateness_buckets,
+                                           strict=True)])
 
 
 @dataclass
@@ -315,7 +322,7 @@ def _hot_lines(history: History) -> list[Line]:
             task, key = "?", ident
         key = key if len(key) <= 40 else key[:37] + "..."
         # a key absent a minute ago had no calls then (or had been trimmed out: approximate)
-        recent = "-" if old is None else f"{calls - old.hot.get(ident, 0):,}"
+        recent = "-" if old is None else f"{max(0, calls - old.hot.get(ident, 0)):,}"
         rows.append((f"{task} {key}", f"{calls:,}", recent))
     return _table(("HOTTEST KEYS (task key)", "CALLS ABSORBED", "LAST 1m"), rows)
 

@@ -362,3 +362,18 @@ def test_plain_printout_falls_back_to_ascii_where_the_output_cannot_encode_block
                           cwd=topapp["dir"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert re.search(rb"open windows 0 \(\+0 in \ds\)  __\n", done.stdout), done.stdout
+
+
+def test_a_counter_that_goes_back_on_one_task_never_shows_a_negative_rate() -> None:
+    history = History()
+    history.add(_snap(1000.0, runs=50, calls=500, buckets={0: 50}))
+    # another task's counters grew (the totals did not go back) while this one's shard
+    # expired: its own counters dropped
+    newer = _snap(1005.0, runs=2, calls=4, buckets={0: 2})
+    newer.tasks["other"] = TaskStats(task="other", runs=100, calls=1000)
+    newer.tasks["other"].lateness_buckets[0] = 100
+    history.add(newer)
+    rates = history.rates(10, "t")
+    assert rates is not None and rates.runs == 0 and rates.calls == 0
+    row = [line.text for line in render(history, "title") if line.text.startswith("t ")]
+    assert row and not re.search(r"-\d", row[0]), row
