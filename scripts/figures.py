@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = stream_run(touch, recorder, 4.5 if args.quick else 7.0)
         late = lateness_run(touch, recorder, 100 if args.quick else 200,
                             2.0 if args.quick else 5.0)
-        board = dashboard_run(touch, 15.0 if args.quick else 45.0)
+        board = dashboard_run(touch, 10.0 if args.quick else 45.0)
     burst_path, stream_path, late_path, board_path = (
         args.out / (name.replace(".svg", ".png") if args.png else name) for name in FIGURES)
     print(plot_burst(burst, burst_path))
