@@ -381,3 +381,8 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
     warn_if_evicting(dispatcher.backend.client, dispatcher.name, logger)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
+
+
+from .top import top as _top  # noqa: E402  (its module formats times with relative() above)
+
+debounce.add_command(_top)

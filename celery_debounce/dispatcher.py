@@ -35,6 +35,9 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
+#: How many idents ``<tag>:hot`` keeps (take.lua: calls absorbed per ident, for ``top``).
+HOT_KEYS_KEPT = 100
+
 
 @dataclass(frozen=True)
 class TakenWindow:
@@ -82,13 +85,16 @@ class TakeResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
-def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
+def take_due(backend: Backend, shard: int, limit: int, observer: str = "") -> TakeResult:
     """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
     ``take.lua`` is not idempotent (it leases what it returns), so it is sent once:
     a connection lost after the command was written is not retried (a retry would
     lease a second batch while the first one's reply is lost). The windows of a
     take whose reply was lost are taken again when their lease expires.
+
+    With ``observer`` (the dispatcher's name), a pass that takes windows also records
+    the name and time in ``<tag>:dispatchers`` and calls per ident in ``<tag>:hot``.
     """
     settings = backend.settings
     tag = settings.tag(shard)
@@ -96,7 +102,7 @@ def take_due(backend: Backend, shard: int, limit: int) -> TakeResult:
         backend, "take",
         [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
         [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-         settings.history_ttl_ms],
+         settings.history_ttl_ms, observer, HOT_KEYS_KEPT],
     )
     now_ms = int(reply[0])
     result = TakeResult(now_ms, int(reply[1]), [])
@@ -285,7 +291,7 @@ class Dispatcher:
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
-                taken = take_due(self.backend, shard, self.settings.dispatch_batch)
+                taken = take_due(self.backend, shard, self.settings.dispatch_batch, self.name)
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2

@@ -14,6 +14,10 @@ Metrics (all labelled ``task``; see docs/operations.md):
 * ``celery_debounce_windows_cancelled_total``: windows cancelled
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
+
+:func:`enable_store_gauges` adds gauges read from Redis at each scrape (open,
+due, in-flight and quarantined windows, dispatchers' last batch): see
+:class:`celery_debounce.top.StoreCollector`.
 """
 
 from __future__ import annotations
@@ -104,3 +108,15 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         signal.connect(receiver, weak=False)
     return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
                    receivers)
+
+
+def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:
+    """Register gauges read from the app's debounce Redis at each scrape (a few
+    O(1)/O(log N) commands per shard, no scan); returns the collector."""
+    from prometheus_client import REGISTRY
+
+    from .top import StoreCollector
+
+    collector = StoreCollector(app, namespace)
+    (REGISTRY if registry is None else registry).register(collector)
+    return collector

@@ -11,3 +11,4 @@ fi
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q -e ".[test,hiredis]"
 scripts/ensure-redis.sh
+scripts/ensure-observability.sh

@@ -24,7 +24,18 @@
 --                       (a run killed without acks_late never finishes its record)
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
--- ARGV[5]  history TTL ms (expiry of the stats hash)
+-- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
+-- ARGV[6]  dispatcher name; '' or absent: the two zsets below are not written
+-- ARGV[7]  how many idents <tag>:hot keeps (the ARGV[7] with the most calls)
+-- Written only when ARGV[6] is given and this pass took windows (best effort, like the
+-- stats; read by `celery debounce top` and the store gauges of metrics.py):
+--   <tag>:hot          zset ident -> calls absorbed by its windows taken from the due set
+--                      (ZINCRBY n, for windows of more than one call: a single call
+--                      collapsed nothing), trimmed to the ARGV[7] highest; expires
+--                      ARGV[5] ms after the last update
+--   <tag>:dispatchers  zset dispatcher name -> ms of its last pass that took windows;
+--                      names older than ARGV[5] ms are dropped; expires ARGV[5] ms after
+--                      the last update
 --
 -- Windows whose lease expired while still "dispatching" are taken again first
 -- (their dispatcher died or their publish failed); claimed or queued ones are
@@ -51,6 +62,11 @@ local ttl = ARGV[4]
 local out = {}
 local taken = 0
 local counted = 0
+local observer = ARGV[6] or ''
+local hot = nil
+if observer ~= '' then
+  hot = tag .. ':hot'
+end
 
 -- Upper bounds (ms) of the lateness buckets; the last bucket is everything above.
 local LATE_MS = {1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000}
@@ -145,6 +161,10 @@ if taken < limit then
       if pcall(count, ident, out[taken]) then
         counted = counted + 1
       end
+      local calls = tonumber(out[taken][6])
+      if hot and calls and calls > 1 then
+        redis.pcall('ZINCRBY', hot, calls, ident)
+      end
     end
   end
 end
@@ -162,6 +182,15 @@ for _, id in ipairs(stale) do
   if redis.call('EXISTS', tag .. ':win:' .. id) == 0 then
     redis.call('ZREM', active, id)
   end
+end
+
+if hot and taken > 0 then
+  local seen = tag .. ':dispatchers'
+  redis.pcall('ZREMRANGEBYRANK', hot, 0, -1 - tonumber(ARGV[7]))
+  redis.pcall('PEXPIRE', hot, ARGV[5])
+  redis.pcall('ZADD', seen, now, observer)
+  redis.pcall('ZREMRANGEBYSCORE', seen, '-inf', now - tonumber(ARGV[5]))
+  redis.pcall('PEXPIRE', seen, ARGV[5])
 end
 
 local next_in = -1

@@ -1,0 +1,517 @@
+"""``celery -A proj debounce top``: a live view of debouncing, in the spirit of ``htop``.
+
+Each refresh reads a :class:`Snapshot` of the store with one pipeline per shard
+(``read_snapshot``): counts of the due, lease, active and quarantine sets
+(``ZCARD``/``ZCOUNT``, O(log N)), the front of the due set, the ``<tag>:stats``
+counters, ``<tag>:hot`` (at most 100 entries) and ``<tag>:dispatchers``. Nothing scans the
+windows, so a refresh costs the same with 10 or 1,000,000 open windows
+(docs/monitoring.md has the measured figures). Rates and the last minute's
+lateness come from differences between the snapshots that ``top`` keeps itself
+(:class:`History`): Redis stores only running totals.
+
+The screen is drawn with the standard library's :mod:`curses` (the ``top`` extra
+only brings ``windows-curses`` on Windows); when stdout is not a terminal, or with
+``--plain``, the same lines are printed as a block every refresh.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import click
+from celery.bin.base import CeleryCommand, CeleryOption
+
+from .admin import TaskStats, _add_counter
+from .backend import Backend, as_text, backend_for, translate_errors
+from .dispatcher import HOT_KEYS_KEPT
+from .errors import DebounceError
+from .keys import split_ident
+
+#: Hottest keys shown. Each refresh reads all of ``<tag>:hot`` (at most HOT_KEYS_KEPT
+#: entries per shard), so a key's calls in the last minute are a plain difference.
+HOT_SHOWN = 8
+#: How far back the per-minute figures (lateness, coalescing, forced) look.
+MINUTE_S = 60.0
+#: How far back calls/s and runs/s look (short enough to follow a burst).
+RATE_S = 10.0
+_SPARK = "▁▂▃▄▅▆▇█"
+_SPARK_ASCII = "_.-=+*#@"  # where the output cannot encode the blocks
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one refresh reads from Redis. ``at`` is the Redis clock, in seconds."""
+
+    at: float
+    open: int
+    due: int
+    oldest_due_s: float | None  # how long the most overdue pending window has been due
+    leased: int
+    active: int
+    quarantined: int
+    tasks: dict[str, TaskStats]
+    hot: dict[str, int]  # ident -> calls absorbed by its taken windows
+    dispatchers: dict[str, float]  # name -> Redis time (s) of its last pass that took windows
+
+    @property
+    def total(self) -> TaskStats:
+        total = TaskStats(task="*")
+        for row in self.tasks.values():
+            total.merge(row)
+        return total
+
+
+#: Redis commands one refresh sends per shard (plus one TIME).
+COMMANDS_PER_SHARD = 9
+
+
+def read_snapshot(backend: Backend) -> Snapshot:
+    """One pipeline per shard; see the module docstring for what it reads."""
+    settings = backend.settings
+    client = backend.client
+    with translate_errors("top"):
+        secs, micros = client.time()
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    tasks: dict[str, TaskStats] = {}
+    hot: dict[str, int] = {}
+    dispatchers: dict[str, float] = {}
+    n_open = n_due = leased = active = quarantined = 0
+    oldest_due: float | None = None
+    for tag in settings.tags:
+        with translate_errors("top"), client.pipeline(False) as pipe:
+            pipe.zcard(f"{tag}:due")
+            pipe.zcount(f"{tag}:due", "-inf", now_ms)
+            pipe.zrange(f"{tag}:due", 0, 0, withscores=True)
+            pipe.zcard(f"{tag}:leased")
+            pipe.zcard(f"{tag}:active")
+            pipe.zcard(f"{tag}:quarantine")
+            pipe.hgetall(f"{tag}:stats")
+            pipe.zrevrange(f"{tag}:hot", 0, HOT_KEYS_KEPT - 1, withscores=True)
+            pipe.zrange(f"{tag}:dispatchers", 0, -1, withscores=True)
+            replies = pipe.execute(raise_on_error=False)
+        # A key of the wrong type (someone wrote it by hand) must not blind the view.
+        z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (
+            r if not isinstance(r, Exception) else None for r in replies)
+        n_open += int(z_open or 0)
+        n_due += int(z_due or 0)
+        leased += int(z_leased or 0)
+        active += int(z_active or 0)
+        quarantined += int(z_quar or 0)
+        if first and first[0][1] <= now_ms:
+            late = (now_ms - first[0][1]) / 1000
+            oldest_due = late if oldest_due is None else max(oldest_due, late)
+        for name, value in (counters or {}).items():
+            try:
+                _add_counter(tasks, as_text(name), int(value))
+            except ValueError:
+                continue
+        for ident, calls in hot_rows or []:
+            hot[as_text(ident)] = hot.get(as_text(ident), 0) + int(calls)
+        for name, ms in seen or []:
+            dispatchers[as_text(name)] = max(dispatchers.get(as_text(name), 0.0), ms / 1000)
+    return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
+                    tasks, hot, dispatchers)
+
+
+@dataclass
+class Rates:
+    """Figures computed from two snapshots."""
+
+    seconds: float
+    calls: int
+    runs: int
+    forced: int
+    cancelled: int
+    lateness_buckets: list[int]
+
+    def per_s(self, value: int) -> float:
+        return value / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.calls / self.runs if self.runs else None
+
+    def lateness_ms(self, quantile: float) -> float | None:
+        return TaskStats(task="", lateness_buckets=self.lateness_buckets).lateness_ms(quantile)
+
+
+def _diff(new: TaskStats, old: TaskStats | None, seconds: float) -> Rates:
+    """Counter differences; one shard's counters may expire or reset on their own, so
+    a counter that went back counts as 0 rather than as a negative rate."""
+    if old is None:
+        old = TaskStats(task=new.task)
+
+    def up(a: int, b: int) -> int:
+        return max(0, a - b)
+
+    return Rates(seconds, up(new.calls, old.calls), up(new.runs, old.runs),
+                 up(new.forced, old.forced), up(new.cancelled, old.cancelled),
+                 [up(a, b) for a, b in zip(new.lateness_buckets, old.lateness_buckets,
+                                           strict=True)])
+
+
+@dataclass
+class History:
+    """The snapshots of the last minute; Redis keeps only running totals."""
+
+    keep_s: float = MINUTE_S
+    snapshots: deque[Snapshot] = field(default_factory=deque)
+
+    def add(self, snap: Snapshot) -> None:
+        if self.snapshots and self._went_back(self.snapshots[-1], snap):
+            self.snapshots.clear()  # counters reset (stats --reset, or expired): start over
+        self.snapshots.append(snap)
+        while len(self.snapshots) > 2 and snap.at - self.snapshots[1].at >= self.keep_s:
+            self.snapshots.popleft()
+
+    @staticmethod
+    def _went_back(old: Snapshot, new: Snapshot) -> bool:
+        a, b = old.total, new.total
+        return b.runs < a.runs or b.calls < a.calls or sum(b.lateness_buckets) < sum(
+            a.lateness_buckets)
+
+    def since(self, seconds: float) -> Snapshot | None:
+        """The oldest kept snapshot at most ``seconds`` older than the newest."""
+        if len(self.snapshots) < 2:
+            return None
+        newest = self.snapshots[-1]
+        for snap in self.snapshots:
+            if newest.at - snap.at <= seconds + 0.5:
+                return snap if snap is not newest else None
+        return None
+
+    def rates(self, seconds: float, task: str | None = None) -> Rates | None:
+        old = self.since(seconds)
+        if old is None:
+            return None
+        new = self.snapshots[-1]
+        span = new.at - old.at
+        if task is None:
+            return _diff(new.total, old.total, span)
+        row = new.tasks.get(task)
+        return None if row is None else _diff(row, old.tasks.get(task), span)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return ">30s" if value == float("inf") else f"<={value:g}ms"
+
+
+def _num(value: float) -> str:
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _ago(seconds: float) -> str:
+    from .cli import relative  # the CLI's formatting; imported late (cli imports this module)
+
+    return relative(-max(0.0, seconds))
+
+
+def sparkline(values: Sequence[int], width: int = 20, marks: str = _SPARK) -> str:
+    """Bars (unicode blocks) scaled between the minimum and maximum of ``values``."""
+    values = list(values)[-width:]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high == low:
+        return marks[0] * len(values)
+    scale = (len(marks) - 1) / (high - low)
+    return "".join(marks[round((v - low) * scale)] for v in values)
+
+
+def can_encode(out: TextIO, text: str = _SPARK) -> bool:
+    try:
+        text.encode(getattr(out, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    heading: bool = False
+
+
+def render(history: History, title: str, error: str | None = None,
+           unicode: bool = True) -> list[Line]:
+    """The lines of one refresh (the same for the screen and the plain printout)."""
+    lines = [Line(title, heading=True)]
+    if error:
+        lines.append(Line(f"!! {error} (retrying)"))
+    if not history.snapshots:
+        lines.append(Line("waiting for the first reading..."))
+        return lines
+    snap = history.snapshots[-1]
+    minute = history.since(MINUTE_S)
+    trend = ""
+    if minute is not None:
+        trend = f" ({snap.open - minute.open:+,} in {snap.at - minute.at:.0f}s)"
+    spark = sparkline([s.open for s in history.snapshots],
+                      marks=_SPARK if unicode else _SPARK_ASCII)
+    overdue = "-" if snap.oldest_due_s is None else f"{snap.oldest_due_s:.1f}s"
+    lines.append(Line(f"open windows {snap.open:,}{trend}  {spark}"))
+    lines.append(Line(f"due now {snap.due:,}   oldest overdue {overdue}   in flight "
+                      f"{snap.leased + snap.active:,}   quarantined {snap.quarantined:,}"))
+    fast = history.rates(RATE_S)
+    slow = history.rates(MINUTE_S)
+    if fast is None or slow is None:
+        lines.append(Line("calls/s -   runs/s -   (rates after the second reading)"))
+    else:
+        ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
+        share = f" ({100 * slow.forced / slow.runs:.0f}% of runs)" if slow.runs else ""
+        lines.append(Line(f"calls/s {_num(fast.per_s(fast.calls))}   runs/s "
+                          f"{_num(fast.per_s(fast.runs))}   coalescing {ratio} calls/run "
+                          f"(last {slow.seconds:.0f}s)"))
+        lines.append(Line(f"forced by max wait {slow.forced:,}{share}   cancelled "
+                          f"{slow.cancelled:,}   (last {slow.seconds:.0f}s)"))
+        lines.append(Line(f"lateness p50 {_ms(slow.lateness_ms(0.5))}   p99 "
+                          f"{_ms(slow.lateness_ms(0.99))}   over {sum(slow.lateness_buckets):,} "
+                          f"runs (last {slow.seconds:.0f}s)"))
+    lines.append(Line(""))
+    lines.extend(_task_lines(history))
+    lines.append(Line(""))
+    lines.extend(_hot_lines(history))
+    lines.append(Line(""))
+    lines.extend(_dispatcher_lines(snap))
+    return lines
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[Line]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = [Line("  ".join(c.ljust(widths[i]) for i, c in enumerate(header)).rstrip(), True)]
+    out += [Line("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()) for r in rows]
+    return out
+
+
+def _task_lines(history: History) -> list[Line]:
+    snap = history.snapshots[-1]
+    if not snap.tasks:
+        return [Line("No windows taken yet (counters expire an hour after the last one).")]
+    rows = []
+    for name in sorted(snap.tasks):
+        fast, slow = history.rates(RATE_S, name), history.rates(MINUTE_S, name)
+        if fast is None or slow is None:
+            rows.append((name, "-", "-", "-", "-", "-", str(snap.tasks[name].runs)))
+            continue
+        ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
+        late = f"{_ms(slow.lateness_ms(0.5))}/{_ms(slow.lateness_ms(0.99))}"
+        rows.append((name, _num(fast.per_s(fast.calls)), _num(fast.per_s(fast.runs)), ratio,
+                     str(slow.forced), late, str(snap.tasks[name].runs)))
+    return _table(("TASK", "CALLS/s", "RUNS/s", "CALLS/RUN 1m", "FORCED 1m", "LATE p50/p99 1m",
+                   "RUNS TOTAL"), rows)
+
+
+def _hot_lines(history: History) -> list[Line]:
+    snap = history.snapshots[-1]
+    if not snap.hot:
+        return [Line("HOTTEST KEYS: none yet", True)]
+    old = history.since(MINUTE_S)
+    rows = []
+    for ident, calls in sorted(snap.hot.items(), key=lambda kv: -kv[1])[:HOT_SHOWN]:
+        try:
+            task, key = split_ident(ident)
+        except ValueError:
+            task, key = "?", ident
+        key = key if len(key) <= 40 else key[:37] + "..."
+        # a key absent a minute ago had no calls then (or had been trimmed out: approximate)
+        recent = "-" if old is None else f"{max(0, calls - old.hot.get(ident, 0)):,}"
+        rows.append((f"{task} {key}", f"{calls:,}", recent))
+    return _table(("HOTTEST KEYS (task key)", "CALLS ABSORBED", "LAST 1m"), rows)
+
+
+def _dispatcher_lines(snap: Snapshot) -> list[Line]:
+    if not snap.dispatchers:
+        return [Line("DISPATCHERS: none took a batch in the last hour", True)]
+    rows = [(name, _ago(snap.at - at))
+            for name, at in sorted(snap.dispatchers.items(), key=lambda kv: -kv[1])]
+    return _table(("DISPATCHER", "LAST BATCH"), rows)
+
+
+class Top:
+    """Reads snapshots and renders them; the screen and the printout drive it."""
+
+    def __init__(self, app: Any, interval: float, screen: bool = False) -> None:
+        self.backend = backend_for(app)
+        self.interval = interval
+        self.history = History()
+        self.error: str | None = None
+        settings = self.backend.settings
+        self.title = (f"celery debounce top - prefix {settings.key_prefix!r}, "
+                      f"{settings.shards} shard(s), every {interval:g}s"
+                      + (" - q quits" if screen else ""))
+
+    def refresh(self, unicode: bool = True) -> list[Line]:
+        try:
+            self.history.add(read_snapshot(self.backend))
+            self.error = None
+        except DebounceError as exc:
+            self.error = str(exc)
+        stamp = time.strftime("%H:%M:%S")
+        return render(self.history, f"{self.title}   {stamp}", self.error, unicode)
+
+
+def run_plain(top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None]
+              = time.sleep) -> None:
+    """The non-terminal printout: one block per refresh, separated by a blank line."""
+    unicode = can_encode(out)
+    for index in _count(iterations):
+        if index:
+            sleep(top.interval)
+            out.write("\n")
+        out.write("\n".join(line.text for line in top.refresh(unicode)) + "\n")
+        out.flush()
+
+
+def _count(iterations: int | None) -> Iterator[int]:
+    index = 0
+    while iterations is None or index < iterations:
+        yield index
+        index += 1
+
+
+def run_screen(top: Top, iterations: int | None) -> None:
+    """The live view: redraw every ``interval``; ``q`` (or Ctrl-C) quits."""
+    import curses
+
+    def main(screen: Any) -> None:
+        try:
+            curses.curs_set(0)
+        except curses.error:  # some terminals cannot hide the cursor
+            pass
+        screen.timeout(100)
+        unicode = can_encode(screen)
+        for _ in _count(iterations):
+            lines = top.refresh(unicode)
+            screen.erase()
+            height, width = screen.getmaxyx()
+            for row, line in enumerate(lines[: height - 1]):
+                attr = curses.A_BOLD if line.heading else curses.A_NORMAL
+                try:
+                    screen.addnstr(row, 0, line.text, width - 1, attr)
+                except curses.error:
+                    pass
+            screen.refresh()
+            next_at = time.monotonic() + top.interval
+            while time.monotonic() < next_at:
+                key = screen.getch()
+                if key in (ord("q"), ord("Q")):
+                    return
+
+    curses.wrapper(main)
+
+
+def _stop_on_sigterm() -> None:
+    def handler(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@click.command(name="top", cls=CeleryCommand)
+@click.option("-i", "--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
+              cls=CeleryOption, help_group="Output", help="Seconds between refreshes.")
+@click.option("-n", "--iterations", type=click.IntRange(min=1), default=None, cls=CeleryOption,
+              help_group="Output", help="Stop after this many refreshes (default: until q).")
+@click.option("--plain", is_flag=True, cls=CeleryOption, help_group="Output",
+              help="Print a block of text every refresh instead of the full-screen view "
+                   "(the default when stdout is not a terminal).")
+@click.pass_context
+def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool) -> None:
+    """Live view: open windows and their trend, calls/s in and runs/s out,
+    calls per run, windows forced by max wait, lateness p50/p99 over the last
+    minute, the hottest keys, dispatchers and when each last took a batch,
+    quarantined windows. Quit with q or Ctrl-C.
+
+    Redis errors are shown in the view, which keeps retrying; with
+    --iterations the exit status is 1 when the last reading failed.
+
+    Each refresh costs one pipeline of 9 cheap commands per shard (no scan of
+    the windows), whatever the number of open windows.
+    """
+    screen = not plain and sys.stdout.isatty()
+    try:
+        view = Top(ctx.obj.app, interval, screen)
+    except DebounceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _stop_on_sigterm()
+    try:
+        if not screen:
+            run_plain(view, sys.stdout, iterations)
+        else:
+            run_screen(view, iterations)
+    except KeyboardInterrupt:
+        return
+    if view.error:  # --iterations ended on a failed reading: say so in the exit status
+        raise click.ClickException(view.error)
+
+
+__all__ = ["COMMANDS_PER_SHARD", "History", "Snapshot", "Top", "read_snapshot", "render", "top"]
+
+
+class StoreCollector:
+    """Prometheus gauges read from the debounce Redis at each scrape (one
+    :func:`read_snapshot`): open, due and in-flight windows, the most overdue
+    window's age, quarantined windows, each dispatcher's last batch, and
+    ``store_up`` (0 when Redis cannot be read). Register it with
+    :func:`celery_debounce.metrics.enable_store_gauges`; every process that does
+    exports the same store-wide values, so aggregate them with ``max``.
+    """
+
+    def __init__(self, app: Any, namespace: str = "celery_debounce") -> None:
+        self.app = app
+        self.namespace = namespace
+
+    def _families(self, snap: Snapshot | None, up: float | None) -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        ns = self.namespace
+
+        def gauge(name: str, doc: str, value: float | None) -> Any:
+            family = GaugeMetricFamily(f"{ns}_{name}", doc)
+            if value is not None:
+                family.add_metric([], value)
+            return family
+
+        store_up = gauge("store_up", "1 when the debounce Redis answered this scrape.", up)
+        dispatchers = GaugeMetricFamily(
+            f"{ns}_dispatcher_last_batch_timestamp_seconds",
+            "When each dispatcher last took windows (Redis clock); kept for "
+            "debounce_history_ttl.", labels=["dispatcher"])
+        if snap is None:
+            return [store_up, gauge("open_windows", "Pending windows.", None),
+                    gauge("due_windows", "Pending windows whose deadline passed.", None),
+                    gauge("oldest_due_age_seconds", "How long the most overdue pending "
+                          "window has been due (0: none due).", None),
+                    gauge("inflight_windows", "Windows taken and not finished.", None),
+                    gauge("quarantined_windows", "Windows set aside.", None), dispatchers]
+        for name, at in sorted(snap.dispatchers.items()):
+            dispatchers.add_metric([name], at)
+        return [
+            store_up,
+            gauge("open_windows", "Pending windows.", snap.open),
+            gauge("due_windows", "Pending windows whose deadline passed.", snap.due),
+            gauge("oldest_due_age_seconds", "How long the most overdue pending window has "
+                  "been due (0: none due).", snap.oldest_due_s or 0.0),
+            gauge("inflight_windows", "Windows taken and not finished.", snap.leased + snap.active),
+            gauge("quarantined_windows", "Windows set aside.", snap.quarantined),
+            dispatchers,
+        ]
+
+    def describe(self) -> list[Any]:
+        """The metric names, without reading Redis (called at registration)."""
+        return self._families(None, None)
+
+    def collect(self) -> list[Any]:
+        try:
+            snap: Snapshot | None = read_snapshot(backend_for(self.app))
+        except DebounceError:
+            snap = None
+        return self._families(snap, float(snap is not None))

@@ -1,0 +1,346 @@
+"""The Grafana dashboard and the alerting rules, checked against a real Prometheus.
+
+Grafana cannot be installed here, so the dashboard is proven through its queries:
+a real Prometheus (Debian's package) scrapes a real worker (metrics.enable() and
+the store gauges) and a producer while a stream of calls runs, and every panel's
+PromQL must return the series and values the panel promises. The alerting rules
+are checked and unit-tested with promtool, and loaded by that Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import make_app, wait_until
+
+from celery_debounce import metrics
+from celery_debounce.local_redis import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"
+ALERTS = ROOT / "dashboards" / "alerts.yml"
+ALERT_TESTS = ROOT / "dashboards" / "alerts.test.yml"
+CELERY = str(Path(sys.executable).with_name("celery"))
+TASK = "dashapp.touch"
+
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="prometheus/promtool not installed (scripts/ensure-observability.sh installs them)")
+
+APP = '''
+import os
+import time
+
+from celery import Celery
+from celery.signals import worker_init
+
+from celery_debounce import DebouncedTask, metrics
+
+URL = os.environ["DASHAPP_REDIS"]
+app = Celery("dashapp", broker=f"{URL}/1", backend=f"{URL}/2")
+app.conf.update(debounce_redis_url=f"{URL}/0", debounce_poll_interval=0.2,
+                worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
+
+
+@app.task(base=DebouncedTask, debounce="300ms", debounce_max_wait="1s", debounce_key="u:{0}")
+def touch(user):
+    return user
+
+
+@worker_init.connect
+def expose(**_):
+    from prometheus_client import start_http_server
+
+    metrics.enable()
+    metrics.enable_store_gauges(app)
+    start_http_server(int(os.environ["WORKER_METRICS_PORT"]), addr="127.0.0.1")
+
+
+def stream(seconds):
+    """Producer: a hot key every 20 ms (forced by the 1 s max wait), cold keys now and then."""
+    from prometheus_client import start_http_server
+
+    metrics.enable()
+    start_http_server(int(os.environ["PRODUCER_METRICS_PORT"]), addr="127.0.0.1")
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        touch.delay("hot")
+        if i % 10 == 0:
+            touch.delay(f"cold{i % 7}")
+        i += 1
+        time.sleep(0.02)
+'''
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def targets() -> Iterator[tuple[str, str, str]]:
+    for panel in dashboard()["panels"]:
+        for target in panel["targets"]:
+            yield panel["title"], target["refId"], target["expr"]
+
+
+def promql(expr: str) -> str:
+    """A panel's query as Grafana sends it with every task selected."""
+    return expr.replace("$__rate_interval", "10s").replace("$task", ".*")
+
+
+# -- static checks ----------------------------------------------------------------
+
+
+def test_dashboard_queries_name_only_metrics_the_package_exports(redis_server: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    metrics.enable(registry=registry).disable()
+    metrics.enable_store_gauges(make_app(redis_server), registry=registry)
+    exported = {f"{family.name}{suffix}" for family in registry.collect()
+                for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    used = {name for _, _, expr in targets()
+            for name in re.findall(r"celery_debounce_[a-z_]+", expr)}
+    assert used and used <= exported, used - exported
+    # the panels the issue asks for are all there
+    titles = {title for title, _, _ in targets()}
+    for wanted in ("Coalescing ratio", "Open windows", "Dispatch lateness",
+                   "Forced by max wait", "Quarantined", "Dispatcher liveness"):
+        assert any(title.startswith(wanted) for title in titles), wanted
+    # every query uses the dashboard's variables the way Grafana fills them
+    assert all("$__rate_interval" in expr for _, _, expr in targets() if "rate(" in expr)
+
+
+@needs_prometheus
+def test_alerting_rules_pass_promtool_check_and_unit_tests() -> None:
+    checked = subprocess.run(["promtool", "check", "rules", str(ALERTS)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 4 rules found" in checked.stdout
+    tested = subprocess.run(["promtool", "test", "rules", ALERT_TESTS.name], cwd=ALERT_TESTS.parent,
+                            capture_output=True, text=True, timeout=60)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+
+
+# -- against a real Prometheus -------------------------------------------------------
+
+
+def series(result: list[dict[str, Any]], **labels: str) -> list[float]:
+    return [float(r["value"][1]) for r in result
+            if all(r["metric"].get(k, "").startswith(v) for k, v in labels.items())]
+
+
+def one(result: list[dict[str, Any]], **labels: str) -> float:
+    values = series(result, **labels)
+    assert len(values) == 1, (labels, result)
+    return values[0]
+
+
+def _check_calls_in(results: dict[str, Any]) -> None:
+    calls_in, runs_out = one(results["A"], task=TASK), one(results["B"], task=TASK)
+    assert calls_in > runs_out > 0, (calls_in, runs_out)
+
+
+def _check_lateness_bounds(results: dict[str, Any]) -> None:
+    p50, p99 = one(results["A"]), one(results["B"])
+    assert 0 <= p50 <= p99 <= 5.0, (p50, p99)
+
+
+def _check_heatmap(results: dict[str, Any]) -> None:
+    bounds = {r["metric"]["le"] for r in results["A"]}
+    assert bounds == {*(str(float(b)) for b in metrics.LATENESS_BUCKETS), "+Inf"}, bounds
+    assert one(results["A"], le="+Inf") > 0
+
+
+def _check_forced(results: dict[str, Any]) -> None:
+    assert one(results["A"], task=TASK) > 0
+    assert 0 < one(results["B"], task=TASK) <= 1
+
+
+QUARANTINED = 2
+
+#: What each panel promises, per (panel title, refId). A panel without an entry fails.
+CHECKS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
+    ("Calls in and runs out", "A"): _check_calls_in,
+    ("Calls in and runs out", "B"): _check_calls_in,
+    ("Coalescing ratio (calls per run)", "A"): lambda r: _assert(one(r["A"], task=TASK) > 2),
+    ("Open windows", "A"): lambda r: _assert(one(r["A"]) >= 1),
+    ("Open windows", "B"): lambda r: _assert(one(r["B"]) >= 0),
+    ("Open windows", "C"): lambda r: _assert(one(r["C"]) >= 0),
+    ("Dispatch lateness p50 / p99", "A"): _check_lateness_bounds,
+    ("Dispatch lateness p50 / p99", "B"): _check_lateness_bounds,
+    ("Dispatch lateness distribution", "A"): _check_heatmap,
+    ("Forced by max wait", "A"): _check_forced,
+    ("Forced by max wait", "B"): _check_forced,
+    ("Quarantined windows", "A"): lambda r: _assert(one(r["A"]) == QUARANTINED),
+    ("Dispatcher liveness", "A"): lambda r: _assert(
+        0 <= one(r["A"], dispatcher="worker-dashworker@") < 10),
+    ("Dispatcher liveness", "B"): lambda r: _assert(0 <= one(r["B"]) < 5),
+    ("Dispatcher liveness", "C"): lambda r: _assert(one(r["C"]) == 1),
+}
+
+
+def _assert(ok: bool) -> None:
+    assert ok
+
+
+def test_every_panel_query_has_a_check() -> None:
+    assert {(title, ref) for title, ref, _ in targets()} == set(CHECKS)
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, scrape: dict[str, int]) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        jobs = "".join(
+            f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+            for job, port in scrape.items())
+        config = workdir / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                          f"rule_files:\n  - {ALERTS}\nscrape_configs:\n{jobs}")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=(workdir / "prometheus.log").open("wb"))
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body = json.load(reply)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        assert data["resultType"] == "vector", data
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready",
+                                        timeout=2) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.mark.slow
+@needs_prometheus
+def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
+    tmp_path: Path, redis_server: str, redis_client: redis.Redis
+) -> None:
+    (tmp_path / "dashapp.py").write_text(APP)
+    worker_port, producer_port = free_port(), free_port()
+    env = {**os.environ, "DASHAPP_REDIS": redis_server, "PYTHONPATH": str(tmp_path),
+           "WORKER_METRICS_PORT": str(worker_port), "PRODUCER_METRICS_PORT": str(producer_port)}
+    prometheus = Prometheus(tmp_path, {"worker": worker_port, "producer": producer_port})
+    worker = subprocess.Popen(
+        [CELERY, "-A", "dashapp", "worker", "-P", "solo", "-l", "warning", "-n", "dashworker@%h"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    producer = subprocess.Popen([sys.executable, "-c", "import dashapp; dashapp.stream(50)"],
+                                cwd=tmp_path, env=env)
+    try:
+        wait_until(prometheus.ready, timeout=30, interval=0.3)
+        # both targets scraped, and the alerting rules loaded without error
+        wait_until(lambda: series(prometheus.query("up")) == [1.0, 1.0], timeout=30,
+                   interval=0.5)
+        groups = prometheus.api("rules")["groups"]
+        assert [r["health"] for g in groups for r in g["rules"]] == ["ok"] * 4
+        redis_client.zadd("debounce:{0}:quarantine", {f"set-aside-{i}": 1
+                                                       for i in range(QUARANTINED)})
+
+        failures: dict[tuple[str, str], str] = {}
+
+        def all_panels_hold() -> bool:
+            failures.clear()
+            for panel in dashboard()["panels"]:
+                results = {t["refId"]: prometheus.query(promql(t["expr"]))
+                           for t in panel["targets"]}
+                for target in panel["targets"]:
+                    ref = target["refId"]
+                    try:
+                        CHECKS[(panel["title"], ref)](results)
+                    except AssertionError as exc:
+                        failures[(panel["title"], ref)] = (
+                            f"{promql(target['expr'])} -> {results[ref]} ({exc})")
+            return not failures
+
+        deadline = time.monotonic() + 40
+        while not all_panels_hold() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not failures, "\n".join(f"{k}: {v}" for k, v in failures.items())
+    finally:
+        producer.kill()
+        producer.wait(10)
+        _stop(worker)
+        prometheus.stop()
+
+
+def test_store_gauges_say_store_down_within_seconds_when_redis_is_unreachable() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    app = make_app(f"redis://127.0.0.1:{free_port()}", debounce_redis_timeout=1)
+    metrics.enable_store_gauges(app, registry=registry)  # registering reads nothing
+    start = time.monotonic()
+    text = generate_latest(registry).decode()
+    assert time.monotonic() - start < 10
+    assert "celery_debounce_store_up 0.0" in text
+    assert not re.search(r"^celery_debounce_open_windows ", text, re.M)  # no made-up values
+
+
+def test_store_gauges_read_the_store(app_factory: Callable[..., Any],
+                                     redis_client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_debounce import DebouncedTask, enqueue_many
+
+    app = app_factory(debounce_shards=2)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
+    def work(user: int) -> None:
+        pass
+
+    enqueue_many(work, [((i,), {}) for i in range(30)])
+    redis_client.zadd("debounce:{1}:quarantine", {"x": 1})
+    registry = CollectorRegistry()
+    metrics.enable_store_gauges(app, registry=registry)
+    assert registry.get_sample_value("celery_debounce_open_windows") == 30
+    assert registry.get_sample_value("celery_debounce_due_windows") == 0
+    assert registry.get_sample_value("celery_debounce_oldest_due_age_seconds") == 0
+    assert registry.get_sample_value("celery_debounce_quarantined_windows") == 1
+    assert registry.get_sample_value("celery_debounce_store_up") == 1

@@ -1,0 +1,379 @@
+"""`celery debounce top`: read as a person would, under tmux, against a real worker.
+
+Also: the plain printout off a terminal, the cost of a refresh (the same commands
+with 20 or 20,000 open windows), the last-minute figures computed from counter
+differences, and what take.lua records for top (hot keys, dispatchers).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import wait_until
+
+from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
+from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
+from celery_debounce.backend import backend_for
+from celery_debounce.dispatcher import HOT_KEYS_KEPT, take_due
+from celery_debounce.local_redis import free_port
+from celery_debounce.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
+
+CELERY = str(Path(sys.executable).with_name("celery"))
+
+APP = '''
+import os
+import time
+
+from celery import Celery
+
+from celery_debounce import DebouncedTask
+
+URL = os.environ["TOPAPP_REDIS"]
+app = Celery("topapp", broker=f"{URL}/1", backend=f"{URL}/2")
+app.conf.update(debounce_redis_url=f"{URL}/0", debounce_poll_interval=0.2,
+                worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
+
+
+@app.task(base=DebouncedTask, debounce="300ms", debounce_max_wait="1s", debounce_key="u:{0}")
+def touch(user):
+    return user
+
+
+def stream(seconds):
+    """A hot key every 20 ms (its windows are forced by the 1 s max wait) and a
+    few cold keys that settle."""
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        touch.delay("hot")
+        if i % 10 == 0:
+            touch.delay(f"cold{i % 7}")
+        i += 1
+        time.sleep(0.02)
+'''
+
+
+@pytest.fixture
+def topapp(tmp_path: Path, redis_server: str, redis_client: redis.Redis) -> dict[str, Any]:
+    (tmp_path / "topapp.py").write_text(APP)
+    env = {**os.environ, "TOPAPP_REDIS": redis_server, "PYTHONPATH": str(tmp_path)}
+    return {"dir": tmp_path, "env": env}
+
+
+@pytest.fixture
+def worker(topapp: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
+    """A real `celery worker` (solo pool, embedded dispatcher) named topworker."""
+    proc = subprocess.Popen(
+        [CELERY, "-A", "topapp", "worker", "-P", "solo", "-l", "warning", "-n", "topworker@%h"],
+        cwd=topapp["dir"], env=topapp["env"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class Tmux:
+    """A private tmux server (its own socket) with one window per program."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.socket = f"debounce-top-{os.getpid()}-{time.monotonic_ns()}"
+        self.panes: dict[str, str] = {}
+        self.cwd = cwd
+        self.env = env
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], check=True,
+                              capture_output=True, text=True, timeout=10).stdout
+
+    def start(self, name: str, command: str) -> None:
+        """Run ``command`` in a new pane. A bash wrapper records its exit status in a
+        file: tmux may leave an exited pane process unreaped for a while, so
+        ``pane_dead`` is not a reliable signal."""
+        wrapper = self.cwd / "run-in-pane.sh"
+        wrapper.write_text('#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
+                           'echo "[exited with status $status]"\nsleep 30\n')
+        exports = " ".join(f"{k}={v}" for k, v in (
+            ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]), ("PYTHONPATH", self.env["PYTHONPATH"])))
+        shell = (f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
+                 f"{self.cwd / (name + '.status')} {command}")
+        if self._running():
+            pane = self.tmux("new-window", "-P", "-F", "#{pane_id}", "-t", "top", shell)
+        else:
+            pane = self.tmux("new-session", "-d", "-P", "-F", "#{pane_id}", "-s", "top",
+                             "-x", "160", "-y", "50", shell)
+        self.panes[name] = pane.strip()
+
+    def _running(self) -> bool:
+        return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "top"],
+                              capture_output=True, timeout=10).returncode == 0
+
+    def screen(self, name: str) -> str:
+        return self.tmux("capture-pane", "-p", "-t", self.panes[name])
+
+    def status(self, name: str) -> str:
+        """The program's exit status, "" while it runs."""
+        path = self.cwd / f"{name}.status"
+        return path.read_text().strip() if path.exists() else ""
+
+    def keys(self, name: str, *keys: str) -> None:
+        self.tmux("send-keys", "-t", self.panes[name], *keys)
+
+    def quits(self, name: str, *keys: str) -> str:
+        """Type ``keys``; the exit status once the program ended (diagnosed if it does not)."""
+        self.keys(name, *keys)
+        try:
+            status = str(wait_until(lambda: self.status(name), timeout=10, interval=0.2))
+        except AssertionError:
+            raise AssertionError(f"{keys} did not end top:\n{self.screen(name)}") from None
+        # what the user sees: the terminal is back, the view gone
+        screen = wait_until(lambda: "[exited with status" in self.screen(name) and
+                            self.screen(name), timeout=10, interval=0.2)
+        assert "open windows" not in screen and "Traceback" not in screen, screen
+        return status
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def number(pattern: str, screen: str) -> float | None:
+    found = re.search(pattern, screen)
+    return float(found.group(1).replace(",", "")) if found else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
+                    "(scripts/ensure-observability.sh installs it)")
+def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
+    topapp: dict[str, Any], worker: subprocess.Popen[bytes], redis_client: redis.Redis
+) -> None:
+    producer = subprocess.Popen([sys.executable, "-c", "import topapp; topapp.stream(25)"],
+                                cwd=topapp["dir"], env=topapp["env"])
+    tmux = Tmux(topapp["dir"], topapp["env"])
+    try:
+        tmux.start("q", f"{CELERY} -A topapp debounce top -i 0.5")
+        tmux.start("ctrlc", f"{CELERY} -A topapp debounce top -i 0.5")
+
+        def settled() -> str | None:
+            screen = tmux.screen("q")
+            calls = number(r"calls/s ([\d,.]+)", screen)
+            runs = number(r"runs/s ([\d,.]+)", screen)
+            ratio = number(r"coalescing ([\d.]+) calls/run", screen)
+            forced = number(r"forced by max wait ([\d,]+)", screen)
+            ok = (calls and runs and ratio and ratio > 3 and forced
+                  and "worker-topworker@" in screen and "<=" in screen)
+            return screen if ok else None
+
+        screen = wait_until(settled, timeout=30, interval=0.5)
+        # What a user reads: calls in outnumber runs out, the hot key leads the table,
+        # the worker's dispatcher took a batch moments ago, nothing is quarantined.
+        assert number(r"calls/s ([\d,.]+)", screen) > number(r"runs/s ([\d,.]+)", screen)
+        assert number(r"open windows ([\d,]+)", screen) >= 1
+        assert re.search(r"open windows [\d,]+ \([+-][\d,]+ in \d+s\)  [▁▂▃▄▅▆▇█]{2,}", screen)
+        assert re.search(r"lateness p50 <=[\d.]+ms\s+p99 <=[\d.]+ms", screen), screen
+        hot = screen.split("HOTTEST KEYS")[1].splitlines()[1]
+        assert hot.startswith("topapp.touch u:hot"), screen
+        seen = re.search(r"worker-topworker@\S+\s+([\d.]+)s ago", screen)
+        assert seen and float(seen.group(1)) < 5, screen
+        assert "quarantined 0" in screen
+        assert "TASK" in screen and "topapp.touch" in screen
+
+        # An operator sets a window aside: top shows it at the next refresh.
+        redis_client.zadd("debounce:{0}:quarantine", {"set-aside-id": 1})
+        wait_until(lambda: "quarantined 1" in tmux.screen("q"), timeout=10, interval=0.3)
+
+        assert tmux.quits("q", "q") == "0"
+        assert tmux.quits("ctrlc", "C-c") == "0"
+    finally:
+        tmux.kill()
+        producer.kill()
+        producer.wait(10)
+
+
+def test_plain_printout_when_stdout_is_not_a_terminal(
+    topapp: dict[str, Any], redis_server: str
+) -> None:
+    opener = (
+        "import topapp\n"
+        "for user in 'abcdefga':\n"
+        "    topapp.touch.apply_async((user,), debounce='1h', debounce_max_wait='2h')\n"
+    )
+    subprocess.run([sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"],
+                   check=True, timeout=60)
+    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
+                          cwd=topapp["dir"], env=topapp["env"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "\x1b" not in out  # no terminal control sequences in a pipe
+    blocks = out.strip().split("\n\ncelery debounce top")
+    assert len(blocks) == 2, out
+    assert "open windows 7 " in blocks[0] and "open windows 7 (+0 in" in blocks[1]
+    assert "due now 0" in blocks[1] and "quarantined 0" in blocks[1]
+    assert "DISPATCHERS: none took a batch" in blocks[1]  # no worker ran
+
+
+def test_top_reports_an_unreachable_redis_within_seconds(tmp_path: Path) -> None:
+    (tmp_path / "topapp.py").write_text(APP)
+    env = {**os.environ, "TOPAPP_REDIS": f"redis://127.0.0.1:{free_port()}",
+           "PYTHONPATH": str(tmp_path)}
+    start = time.monotonic()
+    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - start < 30
+    assert done.returncode == 1
+    assert done.stdout.count("!! debounce Redis unreachable during top") == 2
+    assert "(retrying)" in done.stdout
+    assert "Error: debounce Redis unreachable" in done.stderr
+
+
+def _commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items()
+               if not k.startswith(("cmdstat_info", "cmdstat_config")))
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
+    app_factory: Callable[..., Any], redis_client: redis.Redis, shards: int
+) -> None:
+    app = app_factory(debounce_shards=shards)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
+    def work(user: int) -> None:
+        pass
+
+    backend = backend_for(app)
+    costs = {}
+    for total in (20, 20_000):
+        redis_client.flushdb()
+        enqueue_many(work, [((i,), {}) for i in range(total)], chunk_size=2000)
+        assert read_snapshot(backend).open == total
+        redis_client.config_resetstat()
+        for _ in range(5):
+            read_snapshot(backend)
+        costs[total] = _commands(redis_client)
+    # TIME plus one pipeline per shard, nothing that grows with the windows
+    assert costs[20] == costs[20_000] == 5 * (1 + COMMANDS_PER_SHARD * shards)
+
+
+def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
+    app_factory: Callable[..., Any], redis_client: redis.Redis
+) -> None:
+    app = app_factory(debounce_history_ttl="30s")
+
+    @app.task(base=DebouncedTask, shared=False, debounce="10ms", debounce_max_wait="1s",
+              debounce_key="u:{0}")
+    def work(user: int) -> None:
+        pass
+
+    # 150 keys, key i called i+1 times (one window each); trimmed to the 100 hottest
+    enqueue_many(work, [((i,), {}) for i in range(150) for _ in range(i + 1)], chunk_size=2000)
+    backend = backend_for(app)
+    time.sleep(0.05)
+    # Without a name (tests, tools calling take_due) nothing is recorded.
+    assert len(take_due(backend, 0, 10).windows) == 10
+    assert not redis_client.exists("debounce:{0}:hot", "debounce:{0}:dispatchers")
+    wait_until(lambda: Dispatcher(app, name="obs-1").dispatch_once()[0] == 0 and
+               not redis_client.zcard("debounce:{0}:due"), timeout=20)
+    hot = redis_client.zrevrange("debounce:{0}:hot", 0, -1, withscores=True)
+    assert len(hot) == HOT_KEYS_KEPT  # trimmed to the hottest
+    ident = f"{len(work.name)}:{work.name}:u:149"
+    assert hot[0] == (ident.encode(), 150.0)
+    # a window of a single call collapsed nothing: never recorded (key 0 has one call)
+    assert redis_client.zscore("debounce:{0}:hot", f"{len(work.name)}:{work.name}:u:0") is None
+    seen = redis_client.zrange("debounce:{0}:dispatchers", 0, -1, withscores=True)
+    assert [name for name, _ in seen] == [b"obs-1"]
+    for key in ("debounce:{0}:hot", "debounce:{0}:dispatchers"):
+        assert 0 < redis_client.pttl(key) <= 30_000
+    snap = read_snapshot(backend)
+    assert list(snap.dispatchers) == ["obs-1"] and snap.at - snap.dispatchers["obs-1"] < 10
+
+    # A wrong-typed hot key (someone wrote it) does not stop windows from being taken.
+    redis_client.delete("debounce:{0}:hot")
+    redis_client.set("debounce:{0}:hot", "x")
+    work.delay(7)
+    wait_until(lambda: Dispatcher(app, name="obs-2").dispatch_once()[0] == 1, timeout=10)
+    assert read_snapshot(backend).hot == {}  # the view still renders
+
+
+def _snap(at: float, runs: int, calls: int, buckets: dict[int, int], **extra: Any) -> Snapshot:
+    row = TaskStats(task="t", runs=runs, calls=calls)
+    for index, count in buckets.items():
+        row.lateness_buckets[index] = count
+    fields: dict[str, Any] = dict(open=5, due=0, oldest_due_s=None, leased=0, active=0,
+                                  quarantined=0, hot={}, dispatchers={})
+    fields.update(extra)
+    return Snapshot(at=at, tasks={"t": row}, **fields)
+
+
+def test_last_minute_figures_come_from_counter_differences() -> None:
+    slow = LATE_BUCKETS_MS.index(10000)
+    history = History()
+    # 1000 windows taken 10 s late long ago, then 100 on time over the last minute
+    history.add(_snap(1000.0, runs=1000, calls=1000, buckets={slow: 1000}))
+    history.add(_snap(1070.0, runs=1000, calls=1000, buckets={slow: 1000}))
+    for second in range(0, 61, 10):
+        history.add(_snap(1070.0 + second, runs=1000 + 2 * second, calls=1000 + 20 * second,
+                          buckets={slow: 1000, 0: 2 * second}))
+    minute = history.rates(60)
+    assert minute is not None and minute.runs == 120 and minute.calls == 1200
+    assert minute.ratio == 10 and minute.lateness_ms(0.99) == 1.0  # the old slow ones are gone
+    assert history.rates(10).per_s(history.rates(10).runs) == pytest.approx(2.0)  # type: ignore[union-attr]
+    text = "\n".join(line.text for line in render(history, "title"))
+    assert "coalescing 10.0 calls/run" in text and "p99 <=1ms" in text
+    # counters reset (stats --reset or expiry): rates start over instead of going negative
+    history.add(_snap(1140.0, runs=3, calls=3, buckets={0: 3}))
+    assert history.rates(60) is None
+    assert "rates after the second reading" in "\n".join(
+        line.text for line in render(history, "title"))
+
+
+def test_hot_keys_show_their_calls_of_the_last_minute_even_when_new() -> None:
+    history = History()
+    history.add(_snap(1000.0, runs=0, calls=0, buckets={}, hot={}))
+    history.add(_snap(1030.0, runs=10, calls=300, buckets={0: 10},
+                      hot={"1:t:hot": 290, "1:t:cold": 10}))
+    text = "\n".join(line.text for line in render(history, "title"))
+    hot = text.split("HOTTEST KEYS")[1].splitlines()[1:]
+    rows = {line.split()[1]: line.split()[2:] for line in hot if line.startswith("t ")}
+    assert rows == {"hot": ["290", "290"], "cold": ["10", "10"]}, text
+
+
+def test_plain_printout_falls_back_to_ascii_where_the_output_cannot_encode_blocks(
+    topapp: dict[str, Any]
+) -> None:
+    env = {**topapp["env"], "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.3"],
+                          cwd=topapp["dir"], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert re.search(rb"open windows 0 \(\+0 in \ds\)  __\n", done.stdout), done.stdout
+
+
+def test_a_counter_that_goes_back_on_one_task_never_shows_a_negative_rate() -> None:
+    history = History()
+    history.add(_snap(1000.0, runs=50, calls=500, buckets={0: 50}))
+    # another task's counters grew (the totals did not go back) while this one's shard
+    # expired: its own counters dropped
+    newer = _snap(1005.0, runs=2, calls=4, buckets={0: 2})
+    newer.tasks["other"] = TaskStats(task="other", runs=100, calls=1000)
+    newer.tasks["other"].lateness_buckets[0] = 100
+    history.add(newer)
+    rates = history.rates(10, "t")
+    assert rates is not None and rates.runs == 0 and rates.calls == 0
+    row = [line.text for line in render(history, "title") if line.text.startswith("t ")]
+    assert row and not re.search(r"-\d", row[0]), row
