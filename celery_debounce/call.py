@@ -121,15 +121,9 @@ def prepare_call(
             f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
             f"debounce_max_key_length={settings.max_key_length}"
         )
+    # a templated key is checked for UTF-8 in keys.resolve, the task name in
+    # keys.ident_prefix; a digest key is ASCII
     ident = window_ident(task_name, key)
-    if not ident.isascii():
-        try:
-            ident.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise DebounceKeyError(
-                f"{task_name}: the task name or key {key[:40]!r} cannot be encoded as "
-                f"UTF-8 ({exc.reason} at {exc.start}): a lone surrogate?"
-            ) from None
     return PreparedCall(
         task_name,
         key,

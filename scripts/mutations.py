@@ -62,8 +62,8 @@ MUTATIONS: list[Mutation] = [
     one("default-key digest drops keyword-only / by-name kwargs",
         "inv 1: a window per (task, key); no key = a digest of all arguments",
         PKG + "call.py",
-        "encode([list(positional), sorted(named.items())], serializer)",
-        "encode([list(positional)], serializer)",
+        "return _canonical_json([list(positional), named]).encode(\"utf-8\")",
+        "return _canonical_json([list(positional)]).encode(\"utf-8\")",
         E2E + "test_no_key_means_a_digest_of_the_arguments"),
     # -- invariants ----------------------------------------------------------------
     one("gate.lua never joins the open window",
@@ -75,8 +75,8 @@ MUTATIONS: list[Mutation] = [
     one("ident without the task-name length",
         "inv 1: the ident is injective in (task, key)",
         PKG + "keys.py",
-        'return f"{len(task_name)}:{task_name}:{key}"',
-        'return f"{task_name}:{key}"',
+        'return f"{size}:{task_name}:"',
+        'return f"{task_name}:"',
         HOSTILE + "test_task_names_with_separators_cannot_collide"),
     one("take.lua copies the open window instead of closing it",
         "inv 2: a call after the take opens a new window, never joins a taken one",
@@ -143,8 +143,12 @@ MUTATIONS: list[Mutation] = [
     one("batch error path forgets the windows already sent",
         "crash row 5: a failed batch is released as a whole",
         PKG + "dispatcher.py",
-        "failed = sent + failed",
-        "failed = failed",
+        "                    if _reached_broker(exc):\n"
+        "                        uncertain.extend(ok)\n"
+        "                    else:\n"
+        "                        unsent.extend(ok)\n"
+        "                    ok = []\n",
+        "                    pass\n",
         "tests/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
     one("redelivered run of a claimed window not logged",
         "crash row 6: acks_late redelivery logs 'runs again (window was claimed)'",
@@ -169,10 +173,12 @@ MUTATIONS: list[Mutation] = [
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
         PKG + "dispatcher.py",
-        "            args, kwargs, options = self._message(window)\n"
+        "                window.content_type, window.payload, window.options_json,\n"
+        "            )\n"
         "        except Exception as exc:\n"
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
-        "            args, kwargs, options = self._message(window)\n"
+        "                window.content_type, window.payload, window.options_json,\n"
+        "            )\n"
         "        except Exception as exc:\n"
         '            raise UnreadableWindow("cannot build the message") from exc',
         FAULTS + "test_corrupt_records_are_quarantined_and_do_not_block_others"),
@@ -237,6 +243,51 @@ MUTATIONS: list[Mutation] = [
         "redis.call('PEXPIRE', KEYS[1], ARGV[3])",
         "",
         FAULTS + "test_an_ignored_run_finishes_its_window"),
+    # -- issue 9 and 13 classes -----------------------------------------------------
+    one("take.lua renames a window over an existing record",
+        "records are never overwritten: a reused id gets a new record",
+        LUA + "take.lua",
+        "      if redis.call('RENAMENX', open, key) == 0 then",
+        "      if redis.call('RENAME', open, key) == 0 then",
+        "tests/test_scripts.py::test_a_window_taken_over_an_existing_record_gets_a_new_id"),
+    one("gate.lua opens under a caller id already in use",
+        "records are never overwritten: an id in use opens under a fallback id",
+        LUA + "gate.lua",
+        "    if redis.call('EXISTS', tag .. ':win:' .. id) == 1 or",
+        "    if false and redis.call('EXISTS', tag .. ':win:' .. id) == 1 or",
+        "tests/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record"),
+    one("flush.lua leaves the window open to calls",
+        "flush: the window is due and closed; the next call opens a new one",
+        LUA + "flush.lua",
+        "if redis.call('RENAMENX', KEYS[1], key) == 0 then",
+        "if redis.call('COPY', KEYS[1], key) == 0 then",
+        "tests/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one"),
+    one("a window failing every publish is never quarantined",
+        "no window waits on another: retried a bounded number of times, then quarantined",
+        PKG + "dispatcher.py",
+        "MAX_TRIES = 5",
+        "MAX_TRIES = 10**9",
+        "tests/test_dispatch_isolation.py::"
+        "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
+    one("take.lua retried after a lost reply",
+        "a lost take reply is not retried (it would lease a second batch)",
+        PKG + "dispatcher.py",
+        "    reply = run_once(\n        backend, \"take\",",
+        "    reply = backend.run(\n        \"take\",",
+        "tests/test_dispatch_isolation.py::"
+        "test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease"),
+    one("aliases of a window are not resolved",
+        "every id a caller holds resolves (groups, chords)",
+        PKG + "worker_signals.py",
+        "    if len(reply) > 2:",
+        "    if False:",
+        "tests/test_ids_and_canvas.py::test_a_group_whose_members_join_one_window_completes"),
+    one("active ids of expired records are never pruned",
+        "bounded structures: nothing but structural keys after the record TTL",
+        LUA + "take.lua",
+        "local PRUNE = 20",
+        "local PRUNE = 0",
+        FAULTS + "test_a_record_nobody_finishes_leaves_no_key_after_the_record_ttl"),
     # -- hostile input -----------------------------------------------------------------
     one("eta accepted with debounce",
         "hostile input: countdown/eta with debounce is refused",

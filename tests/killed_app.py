@@ -21,8 +21,8 @@ app.conf.update(
     task_ignore_result=True,
     debounce_redis_url=f"{redis_url}/0",
     debounce_poll_interval=0.2,
-    debounce_dispatch_lease=1,
-    debounce_record_ttl=3,
+    debounce_dispatch_lease=0.5,
+    debounce_record_ttl=3,  # at least 4 leases (settings rule)
     debounce_history_ttl=1,
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,

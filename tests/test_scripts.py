@@ -158,10 +158,10 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: Backend, stage: s
     assert ids == ({second.task_id, "reindex-7"} if stage == "lease expired"
                    else {second.task_id})
     rec2 = _record(backend, second.task_id)
-    assert rec2[b"st"] == b"dispatching" and rec2[b"p"] == b'[["k", 2], {}]'
+    assert rec2[b"st"] == b"dispatching" and rec2[b"p"] == b'[["k", 2], {}, {}]'
     assert rec2[b"a1"] == b'{"id": "reindex-7"}'  # the caller's id resolves to window 2 too
     assert _record(backend, "reindex-7")[b"p" if stage != "finished" else b"st"] == (
-        b'[["k", 1], {}]' if stage != "finished" else b"finished")
+        b'[["k", 1], {}, {}]' if stage != "finished" else b"finished")
     # finishing run 1 leaves window 2 alone
     backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
     assert _record(backend, second.task_id)[b"st"] == b"dispatching"
@@ -237,7 +237,7 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
     (taken,) = take_due(backend, 0, 10).windows
     assert taken.task_id == first.task_id and taken.tries == 1
     assert taken.deadline_ms == round(flushed.deadline * 1000)
-    assert taken.payload == b'[["k", 1], {}]'
+    assert taken.payload == b'[["k", 1], {}, {}]'
     assert take_due(backend, 0, 10).windows == []  # the new window waits for its hour
     tag = backend.settings.tag(0)
     assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken
