@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis
@@ -38,6 +39,7 @@ class Mark(NamedTuple):
     script: str  # "claim" or "finish"
     keys: list[str]
     args: list[Any]
+    then: Callable[[Any], None] | None = None  # given the script's reply once it ran
 
 
 _lock = threading.Lock()
@@ -52,8 +54,9 @@ def unreachable(exc: BaseException) -> bool:
 
 
 def keep(backend: Backend, script: str, keys: list[str], args: list[Any],
-         error: BaseException) -> None:
-    """Keep a mark that failed with ``error``; it is sent again once Redis answers."""
+         error: BaseException, then: Callable[[Any], None] | None = None) -> None:
+    """Keep a mark that failed with ``error``; it is sent again once Redis answers,
+    and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""
     if not unreachable(error):
         return
     with _lock:
@@ -66,7 +69,7 @@ def keep(backend: Backend, script: str, keys: list[str], args: list[Any],
             if _state["dropped"] in (1, 10, 100) or _state["dropped"] % 1000 == 0:
                 logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
                                _state["dropped"], MAX_PENDING)
-        _pending.append(Mark(backend, script, keys, args))
+        _pending.append(Mark(backend, script, keys, args, then))
         thread = _state["thread"]
         if thread is None or not thread.is_alive():
             thread = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
@@ -103,11 +106,18 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            mark.backend.run(mark.script, mark.keys, mark.args)
+            reply = mark.backend.run(mark.script, mark.keys, mark.args)
         except Exception as exc:
             if unreachable(exc):
                 return False  # still down: keep it (and the rest), try again later
             logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.script, exc)
+        else:
+            if mark.then is not None:
+                try:
+                    mark.then(reply)
+                except Exception:
+                    logger.exception("debounce: handling the reply of a kept %s mark failed",
+                                     mark.script)
         with _lock:
             if _pending and _pending[0] is mark:
                 _pending.popleft()

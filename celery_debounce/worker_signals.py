@@ -73,10 +73,15 @@ def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
         reply = backend.run("finish", keys, args)
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
-        # retried when Redis is back (marks.py); the aliases of a window whose finish
-        # is retried there keep their results pending (see docs/guarantees.md)
-        marks.keep(backend, "finish", keys, args, exc)
+        # sent again when Redis is back (marks.py), and its aliases resolved then
+        marks.keep(backend, "finish", keys, args, exc,
+                   then=lambda reply: _finished(app, task_id, reply, state, retval))
         return
+    _finished(app, task_id, reply, state, retval)
+
+
+def _finished(app: Celery, task_id: str, reply: Any, state: str, retval: Any) -> None:
+    """``finish.lua`` answered: store the run's outcome under the window's aliases."""
     if len(reply) > 2:
         resolve_aliases(app, task_id, parse_aliases(reply[2:]), state, retval)
 

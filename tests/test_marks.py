@@ -135,3 +135,39 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
         assert marks.pending() == 5
     finally:
         marks._pending.clear()
+
+
+def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
+    redis_server: str,
+) -> None:
+    """A caller-chosen id that joined a window is an alias; when the window's finish is
+    kept during an outage and sent later, the alias still gets the run's result."""
+    from celery import Celery
+    from helpers import make_app, running_worker
+
+    from celery_debounce import DebouncedTask, Dispatcher, marks
+
+    windows = LocalRedis(appendonly=True).start()
+    try:
+        app: Celery = make_app(redis_server, debounce_redis_url=f"{windows.url}/0",
+                               debounce_dispatcher=False)
+
+        @app.task(base=DebouncedTask, shared=False, name="marks.alias", debounce="50ms",
+                  debounce_max_wait="5s", debounce_key="{0}")
+        def work(key: str) -> str:
+            return f"ran {key}"
+
+        first = work.delay("a")
+        joined = work.apply_async(("a",), task_id="callers-own-id")
+        assert joined.id == first.id  # the call returns the window's id ...
+        dispatcher = Dispatcher(app, name="before-the-outage")
+        wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
+        windows.stop()  # SIGTERM: the AOF keeps the record and its alias
+        with running_worker(app):
+            assert first.get(timeout=20) == "ran a"  # ran while the windows' Redis is down
+            wait_until(lambda: marks.pending() >= 2, 20)  # its claim and finish were kept
+            windows.start()
+            # ... and its own id gets the run's result once the kept finish is sent
+            assert app.AsyncResult("callers-own-id").get(timeout=20) == "ran a"
+    finally:
+        windows.cleanup()
