@@ -62,7 +62,7 @@ def _lateness(ctx: dict[str, Any]) -> list[Row]:
         with ExitStack() as stack:
             if separate:
                 stack.enter_context(dispatcher_process(url))
-                worker["debounce_dispatcher"] = "0"
+                worker["debounce_dispatcher"] = "false"
             stack.enter_context(celery_worker(url, **worker))
             for _ in range(rounds):
                 got = debounce_lateness(app, url, rate, seconds)

@@ -176,6 +176,7 @@ def enter_many(
     token = uuid.uuid4().hex
     marker_prefix = f"{backend.settings.tag(0)}:bulk:{token}:"
     sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
+    answered: list[str] = []  # markers of the chunks whose replies were read
     failure: BaseException | None = None
     with translate_errors("gate (bulk)"):
         if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
@@ -196,10 +197,14 @@ def enter_many(
             ]))
             sent.append((marker, chunk))
             if len(sent) > 1:
-                _read_chunk(conn, sent.pop(0)[1], outcomes, missing)
+                _read_chunk(conn, sent[0][1], outcomes, missing)
+                answered.append(sent.pop(0)[0])
         while sent:
             _read_chunk(conn, sent[0][1], outcomes, missing)
-            sent.pop(0)
+            answered.append(sent.pop(0)[0])
+        # every reply arrived: the markers served their purpose (else they expire)
+        conn.send_command("DEL", *answered)
+        conn.read_response()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         conn.disconnect()
         failure = exc

@@ -38,6 +38,15 @@ def test_bulk_coalesces_like_single_calls_and_keeps_order(app: Celery) -> None:
     assert sorted(runs) == [("a0", 0), ("a1", 1), ("a2", 2)]
 
 
+def test_bulk_leaves_no_marker_key_once_every_chunk_answered(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    sync = _task(app, [])
+    enqueue_many(sync, [((f"m{i}",), {}) for i in range(25)], chunk_size=10)
+    assert redis_client.zcard("debounce:{0}:due") == 25
+    assert not list(redis_client.scan_iter("debounce:*:bulk:*"))  # 3 chunks, no marker left
+
+
 def test_bulk_joins_a_window_opened_by_a_single_call(app: Celery) -> None:
     sync = _task(app, [])
     first = sync.delay("x", n=1)
