@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -67,25 +67,34 @@ def enqueue_many(
             app=task.app, task_type=task, static=static,
         ))
     backend = backend_for(task.app)
-    outcomes = enter_many(backend, prepared, chunk_size)
     make = task.AsyncResult
-    results: list[AsyncResult | None] = []
+    results: list[AsyncResult | None] = [None] * len(prepared)
+    outcomes: list[Outcome] = []
+
+    def on_chunk(chunk: range) -> None:
+        # runs while Redis works on the next chunk: building results overlaps it
+        for i in chunk:
+            outcome = outcomes[i]
+            if isinstance(outcome, GateResult):
+                results[i] = make(outcome.task_id)
+
+    outcomes = enter_many(backend, prepared, chunk_size, on_chunk, outcomes)
     errors: dict[int, BaseException] = {}
     unknown: list[int] = []
     listening = window_opened.receivers or call_absorbed.receivers
     for i, (call, outcome) in enumerate(zip(prepared, outcomes, strict=True)):
         if isinstance(outcome, GateResult):
-            results.append(make(outcome.task_id))
+            if results[i] is None:
+                results[i] = make(outcome.task_id)
             if listening:
                 _announce(call, outcome)
-        elif outcome is WRITTEN:  # written, but the reply was lost and the window moved on
-            results.append(None)
-        else:
-            assert isinstance(outcome, BaseException)
-            results.append(None)
+        elif isinstance(outcome, BaseException):
+            results[i] = None
             errors[i] = outcome
             if outcome is UNKNOWN_OUTCOME:
                 unknown.append(i)
+        else:  # WRITTEN: written, but the reply was lost and the window moved on
+            results[i] = None
     if errors or any(r is None for r in results):
         first = next(iter(errors.values()), "reply lost")
         raise DebounceBulkError(
@@ -157,6 +166,7 @@ def _announce(call: PreparedCall, result: GateResult) -> None:
 
 def enter_many(
     backend: Backend, calls: Sequence[PreparedCall], chunk_size: int = 1000,
+    on_chunk: Callable[[range], None] | None = None, into: list[Outcome] | None = None,
 ) -> list[Outcome]:
     """Run ``gate.lua`` for each call, in order, pipelined on one connection.
 
@@ -167,11 +177,14 @@ def enter_many(
     Redis running the scripts. NOSCRIPT replies are run again once the script is
     loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
     (ran, reply lost, window id not found), or the exception that kept it out.
+    ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
+    chunk is already on its way (``into``, if given, is the list filled in).
     """
     script = backend.scripts["gate"]
     client = backend.client
     pool = client.connection_pool
-    outcomes: list[Any] = [None] * len(calls)
+    outcomes: list[Any] = into if into is not None else []
+    outcomes[:] = [None] * len(calls)
     missing: list[int] = []
     token = uuid.uuid4().hex
     marker_prefix = f"{backend.settings.tag(0)}:bulk:{token}:"
@@ -198,7 +211,10 @@ def enter_many(
             sent.append((marker, chunk))
             if len(sent) > 1:
                 _read_chunk(conn, sent[0][1], outcomes, missing)
-                answered.append(sent.pop(0)[0])
+                marker, done = sent.pop(0)
+                answered.append(marker)
+                if on_chunk is not None:
+                    on_chunk(done)
         while sent:
             _read_chunk(conn, sent[0][1], outcomes, missing)
             answered.append(sent.pop(0)[0])
