@@ -19,6 +19,12 @@
 -- ARGV[10] "1" to record the alias also when the call opens the window under ARGV[1]
 --          (a canvas call), else "0"
 -- ARGV[11] most aliases a window records (MAX_ALIASES)
+-- Only for a call with debounce_max_calls; absent otherwise (a call with a cap and no
+-- fixed id sends ARGV[8] .. ARGV[11] as ''):
+-- ARGV[12] the call's max calls (an integer >= 1); stored as field mc when the call
+--          opens the window: a window's cap is its opener's (like mw). A join reads mc
+--          whatever it sent itself.
+-- ARGV[13] record TTL ms (safety expiry of the win record of a window closed by the cap)
 -- The ident (the due member) and the wake channel <prefix>:wake are read from
 -- KEYS[1]: the prefix has no braces, so the first '}:open:' ends the tag.
 -- <prefix>:wake is published to when this window becomes the earliest one.
@@ -32,8 +38,18 @@
 -- under ARGV[9] and records the alias. A call joining a window that has another id
 -- records its alias. Past ARGV[11] aliases the call is refused with an error reply
 -- starting DEBOUNCE_ALIASES_FULL, before anything is written.
+-- The cap: when a window with mc reaches n >= mc calls (this call included), the call
+-- closes it as flush.lua does, in the same step: ident leaves KEYS[2], open:<ident> is
+-- renamed (never over an existing key: then <id>~<now>~<k> with <id> as alias, fields
+-- na, a<na>) to <tag>:win:<id> with st "dispatching", i ident, dl now, tries 0 and
+-- cx 1 (closed by the cap; take.lua counts m|<task> in the stats when it takes it),
+-- PEXPIRE ARGV[13]; <tag>:leased gets id scored now (a lease already expired: the next
+-- take.lua pass takes it first); <tag>:ids loses <id> when it maps to ident; the wake
+-- channel is published to. The next call opens a new window. Keys touched by name carry
+-- KEYS[1]'s tag. A window without mc costs one more HMGET field, nothing else.
 --
--- Returns {task id, 1 if opened else 0, deadline ms, calls, now ms}.
+-- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
+-- calls, now ms}.
 -- Time is Redis server time, never the producer's.
 
 local t = redis.call('TIME')
@@ -42,8 +58,39 @@ local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
 
-local found = redis.call('HMGET', open, 'id', 'fs', 'mw')
-local id, opened, calls
+-- The cap reached: close the window as flush.lua does (see the header).
+local function close(id, opened, calls)
+  local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+  local stamp = string.format('%d', now)
+  redis.call('ZREM', KEYS[2], ident)
+  if redis.call('HGET', tag .. ':ids', id) == ident then
+    redis.call('HDEL', tag .. ':ids', id)
+  end
+  local key = tag .. ':win:' .. id
+  if redis.call('RENAMENX', open, key) == 0 then
+    local k = 0
+    local taken_id
+    repeat
+      k = k + 1
+      taken_id = id .. '~' .. stamp .. '~' .. k
+      key = tag .. ':win:' .. taken_id
+    until redis.call('EXISTS', key) == 0
+    redis.call('RENAME', open, key)
+    local na = redis.call('HINCRBY', key, 'na', 1)
+    redis.call('HSET', key, 'id', taken_id, 'a' .. na, cjson.encode({id = id}))
+    redis.call('ZADD', tag .. ':leased', stamp, taken_id)
+  else
+    redis.call('ZADD', tag .. ':leased', stamp, id)
+  end
+  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, 'cx', 1)
+  redis.call('PEXPIRE', key, ARGV[13])
+  local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
+  redis.call('PUBLISH', prefix .. ':wake', stamp)
+  return {id, opened, now, calls, now}
+end
+
+local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc')
+local id, opened, calls, cap
 local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
 
 if found[1] then
@@ -58,6 +105,7 @@ if found[1] then
   end
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
+  cap = found[4]
   if ARGV[4] == '1' then
     if ARGV[5] == '' then
       redis.call('HSET', open, 'p', ARGV[6])
@@ -67,6 +115,9 @@ if found[1] then
     end
   end
   opened = 0
+  if cap and calls >= tonumber(cap) then
+    return close(id, opened, calls)
+  end
   -- Usually a call moves the deadline later: GT does that in one command and can
   -- never make this window the earliest one, so there is nothing to publish.
   if redis.call('ZADD', KEYS[2], 'GT', 'CH', deadline, ident) == 1 then
@@ -104,9 +155,17 @@ else
     fields[#fields + 1] = 'o'
     fields[#fields + 1] = ARGV[7]
   end
+  cap = ARGV[12]
+  if cap and cap ~= '' then
+    fields[#fields + 1] = 'mc'
+    fields[#fields + 1] = cap
+  end
   redis.call('HSET', open, unpack(fields))
   opened = 1
   calls = 1
+  if cap and cap ~= '' and tonumber(cap) <= 1 then
+    return close(id, opened, calls)
+  end
 end
 
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
