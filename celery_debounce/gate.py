@@ -38,7 +38,7 @@ def gate_args(
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
-    ``fixed``; the cap's two (ARGV[12..13]) only with ``debounce_max_calls``.
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``.
     """
     window, max_wait, replace = call.spec.gate_argv
     args: list[object] = [
@@ -55,7 +55,7 @@ def gate_args(
     if call.spec.max_calls is not None:
         if fixed is None:
             args += _NOT_FIXED
-        args += [call.spec.max_calls, backend.settings.record_ttl_ms]
+        args.append(call.spec.max_calls)
     return args
 
 

@@ -24,7 +24,6 @@
 -- ARGV[12] the call's max calls (an integer >= 1); stored as field mc when the call
 --          opens the window: a window's cap is its opener's (like mw). A join reads mc
 --          whatever it sent itself.
--- ARGV[13] record TTL ms (safety expiry of the win record of a window closed by the cap)
 -- The ident (the due member) and the wake channel <prefix>:wake are read from
 -- KEYS[1]: the prefix has no braces, so the first '}:open:' ends the tag.
 -- <prefix>:wake is published to when this window becomes the earliest one.
@@ -42,8 +41,8 @@
 -- closes it as flush.lua does, in the same step: ident leaves KEYS[2], open:<ident> is
 -- renamed (never over an existing key: then <id>~<now>~<k> with <id> as alias, fields
 -- na, a<na>) to <tag>:win:<id> with st "dispatching", i ident, dl now, tries 0 and
--- cx 1 (closed by the cap; take.lua counts m|<task> in the stats when it takes it),
--- PEXPIRE ARGV[13]; <tag>:leased gets id scored now (a lease already expired: the next
+-- cx 1 (closed by the cap; take.lua counts m|<task> in the stats and sets the record
+-- TTL when it takes it: a joiner may carry no cap, so no TTL is sent); <tag>:leased gets id scored now (a lease already expired: the next
 -- take.lua pass takes it first); <tag>:ids loses <id> when it maps to ident; the wake
 -- channel is published to. The next call opens a new window. Keys touched by name carry
 -- KEYS[1]'s tag. A window without mc costs one more HMGET field, nothing else.
@@ -83,7 +82,6 @@ local function close(id, opened, calls)
     redis.call('ZADD', tag .. ':leased', stamp, id)
   end
   redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, 'cx', 1)
-  redis.call('PEXPIRE', key, ARGV[13])
   local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
   redis.call('PUBLISH', prefix .. ':wake', stamp)
   return {id, opened, now, calls, now}

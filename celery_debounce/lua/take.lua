@@ -42,7 +42,8 @@
 -- (their dispatcher died or their publish failed); claimed or queued ones are
 -- dropped from the lease set. A window flush.lua closed has tries 0 and an expired
 -- lease: it is taken here (tries 1, ta now) and counted in the stats like a due window;
--- so is a window gate.lua closed at its call cap (field cx, read here: also m|<task>).
+-- so is a window gate.lua closed at its call cap (field cx, read here: also m|<task>);
+-- either gets the record TTL (ARGV[4]) again here (gate.lua's close sets none).
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
 -- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx} (mw: max wait ms, the
 -- ceiling is fs + mw; cx "1" for a window closed by its call cap); ct, o and cx may be nil
@@ -120,6 +121,7 @@ for _, id in ipairs(expired) do
     out[taken] = window(key)
     if tries == 1 then  -- flushed (flush.lua) or closed by its cap (gate.lua): first taken now
       redis.call('HSET', key, 'ta', string.format('%d', now))
+      redis.call('PEXPIRE', key, ttl)  -- gate.lua's cap close sets none
       if pcall(count, out[taken][2], out[taken], out[taken][11] ~= false) then
         counted = counted + 1
       end
