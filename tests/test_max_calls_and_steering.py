@@ -283,7 +283,7 @@ def test_steering_resolves_the_key_exactly_as_a_call(app: Celery) -> None:
     # what a call refuses, steering refuses the same way, before reading anything
     with pytest.raises(TypeError):
         templated.debounce_pending()  # Celery's signature check: a missing argument
-    with pytest.raises(DebounceConfigError, match="debounce_key='{zz'"):
+    with pytest.raises(DebounceConfigError, match=r"debounce_key='\{zz'"):
         templated.debounce_pending(1, debounce_key="{zz")
 
 
