@@ -121,7 +121,7 @@ for _, id in ipairs(expired) do
     out[taken] = window(key)
     if tries == 1 then  -- flushed (flush.lua) or closed by its cap (gate.lua): first taken now
       redis.call('HSET', key, 'ta', string.format('%d', now))
-      redis.call('PEXPIRE', key, ttl)  -- gate.lua's cap close sets none
+      redis.call('PEXPIRE', key, ARGV[4])  -- the record TTL: gate.lua's cap close sets none
       if pcall(count, out[taken][2], out[taken], out[taken][11] ~= false) then
         counted = counted + 1
       end
