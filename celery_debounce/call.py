@@ -67,7 +67,18 @@ def prepare_call(
     ``static`` (see :func:`static_routing`) only for a call that has no options of
     its own: its stored options are then computed once per task and reused.
     """
-    args, kwargs = _check_shapes(args, kwargs)
+    if args is None:
+        args = ()
+    elif not isinstance(args, (list, tuple)):
+        raise DebounceConfigError(f"args={_short(args)}: task args must be a list or tuple")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, Mapping):
+        raise DebounceConfigError(
+            f"kwargs={_short(kwargs)}: task keyword arguments must be a mapping"
+        )
+    else:
+        kwargs = dict(kwargs)
     embed = _NO_EMBED
     if static is not None and task_name in static and (
         app is None or app.current_worker_task is None
@@ -80,7 +91,15 @@ def prepare_call(
         options_json = encode_stored(stored)
         if static is not None and "parent_id" not in stored:
             static[task_name] = options_json
-    positional, named = _bind(task_name, spec, signature, args, kwargs)
+    try:
+        positional, named = bind_arguments(signature, tuple(args), kwargs)
+    except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
+        if spec.key is not None:
+            raise DebounceKeyError(
+                f"{task_name}: debounce_key {spec.key.source!r} cannot be resolved: the "
+                f"arguments do not match the task's signature ({exc})"
+            ) from None
+        positional, named = tuple(args), kwargs
     if spec.key is not None:  # a template error names the placeholder: report it first
         key = resolve(spec.key, positional, named)
     content_type, payload = encode([args, kwargs, embed], serializer)
@@ -90,8 +109,18 @@ def prepare_call(
             f"debounce_max_payload_bytes={settings.max_payload_bytes}"
         )
     if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
-        key = _digest(task_name, positional, named, serializer)
-    _check_key_length(settings, key)
+        try:
+            key = digest_key(canonical_arguments(positional, named, serializer))
+        except RecursionError:
+            raise DebounceKeyError(
+                f"{task_name}: the arguments refer to themselves; the default key cannot "
+                "digest them: pass debounce_key="
+            ) from None
+    if len(key) > settings.max_key_length:
+        raise DebounceKeyError(
+            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
+            f"debounce_max_key_length={settings.max_key_length}"
+        )
     # a templated key is checked for UTF-8 in keys.resolve, the task name in
     # keys.ident_prefix; a digest key is ASCII
     ident = window_ident(task_name, key)
@@ -117,71 +146,11 @@ def call_key(
     signature: inspect.Signature | None,
     serializer: str,
 ) -> str:
-    """The window key a call with these arguments resolves to, as :func:`prepare_call`
-    resolves it (same checks, binding, template or digest, length limit), without
-    encoding a payload or writing anything. Used to steer a window by arguments."""
-    args, kwargs = _check_shapes(args, kwargs)
-    positional, named = _bind(task_name, spec, signature, args, kwargs)
-    if spec.key is not None:
-        key = resolve(spec.key, positional, named)
-    else:
-        key = _digest(task_name, positional, named, serializer)
-    _check_key_length(settings, key)
-    return key
-
-
-def _check_shapes(
-    args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
-) -> tuple[Sequence[Any], dict[str, Any]]:
-    if args is None:
-        args = ()
-    elif not isinstance(args, (list, tuple)):
-        raise DebounceConfigError(f"args={_short(args)}: task args must be a list or tuple")
-    if kwargs is None:
-        return args, {}
-    if not isinstance(kwargs, Mapping):
-        raise DebounceConfigError(
-            f"kwargs={_short(kwargs)}: task keyword arguments must be a mapping"
-        )
-    return args, dict(kwargs)
-
-
-def _bind(
-    task_name: str,
-    spec: DebounceSpec,
-    signature: inspect.Signature | None,
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    try:
-        return bind_arguments(signature, tuple(args), kwargs)
-    except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
-        if spec.key is not None:
-            raise DebounceKeyError(
-                f"{task_name}: debounce_key {spec.key.source!r} cannot be resolved: the "
-                f"arguments do not match the task's signature ({exc})"
-            ) from None
-        return tuple(args), kwargs
-
-
-def _digest(
-    task_name: str, positional: Sequence[Any], named: Mapping[str, Any], serializer: str
-) -> str:
-    try:
-        return digest_key(canonical_arguments(positional, named, serializer))
-    except RecursionError:
-        raise DebounceKeyError(
-            f"{task_name}: the arguments refer to themselves; the default key cannot "
-            "digest them: pass debounce_key="
-        ) from None
-
-
-def _check_key_length(settings: Settings, key: str) -> None:
-    if len(key) > settings.max_key_length:
-        raise DebounceKeyError(
-            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
-            f"debounce_max_key_length={settings.max_key_length}"
-        )
+    """The window key a call with these arguments resolves to: :func:`prepare_call`
+    itself (same checks, binding, template or digest, limits), with no options of
+    its own and nothing written. Used to steer a window by the task's arguments."""
+    return prepare_call(settings, task_name, spec, args, kwargs, {}, signature, serializer,
+                        static={task_name: "{}"}).key
 
 
 def static_routing(app: Celery) -> dict[str, str] | None:

@@ -221,13 +221,11 @@ MUTATIONS: list[Mutation] = [
         "  if false then",
         CAP + "test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one",
         CAP + "test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5"),
-    one("steering digests the arguments without binding them as a call does",
+    one("steering ignores the per-call key override",
         "operations: debounce_pending/flush/cancel resolve the key exactly as a call",
-        PKG + "call.py",
-        "    positional, named = _bind(task_name, spec, signature, args, kwargs)\n"
-        "    if spec.key is not None:\n        key = resolve(",
-        "    positional, named = tuple(args), kwargs\n"
-        "    if spec.key is not None:\n        key = resolve(",
+        PKG + "task.py",
+        'for_call({} if key is None else {"debounce_key": key})',
+        "for_call({})",
         CAP + "test_steering_resolves_the_key_exactly_as_a_call"),
     # -- records that linger ---------------------------------------------------------
     one("IGNORED is not a final state",
