@@ -315,3 +315,20 @@ def test_assert_pending_and_assert_not_pending(app: Celery) -> None:
         assert_not_pending(touch, user="a")
     touch.debounce_cancel("a")
     assert_not_pending(touch, "a")
+
+
+def test_enqueue_many_and_send_task_honour_the_cap(app: Celery) -> None:
+    from celery_debounce import enqueue_many, send_task
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="k")
+    def job(i: int) -> None:  # pragma: no cover - never run
+        pass
+
+    results = enqueue_many(job, [((i,), {}) for i in range(7)], debounce_max_calls=3)
+    assert list(Counter(r.id for r in results).values()) == [3, 3, 1]
+    assert_pending(job, 0, calls=1)
+    by_name = [send_task(app, job.name, (i,), debounce_max_calls=2) for i in range(2)]
+    # joiners: the window closes at its 3rd call, the opener's cap (theirs, 2, is ignored)
+    assert by_name[0].id == by_name[1].id == results[6].id
+    assert_not_pending(job, 0)
