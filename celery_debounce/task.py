@@ -197,7 +197,8 @@ def send_task(
     """Debounced counterpart of ``app.send_task``, for producers that do not import the task.
 
     Takes the same debounce options as a call (``debounce``, ``debounce_key``,
-    ``debounce_max_wait``, ``debounce_replace_payload``) plus Celery's own. Without
+    ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``) plus
+    Celery's own. Without
     a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
     task is registered in this process, its signature and defaults are used.
     """
