@@ -37,15 +37,21 @@
 -- under ARGV[9] and records the alias. A call joining a window that has another id
 -- records its alias. Past ARGV[11] aliases the call is refused with an error reply
 -- starting DEBOUNCE_ALIASES_FULL, before anything is written.
--- The cap: when a window with mc reaches n >= mc calls (this call included), the call
--- closes it as flush.lua does, in the same step: ident leaves KEYS[2], open:<ident> is
--- renamed (never over an existing key: then <id>~<now>~<k> with <id> as alias, fields
--- na, a<na>) to <tag>:win:<id> with st "dispatching", i ident, dl now, tries 0 and
--- cx 1 (closed by the cap; take.lua counts m|<task> in the stats and sets the record
--- TTL when it takes it: a joiner may carry no cap, so no TTL is sent); <tag>:leased gets id scored now (a lease already expired: the next
--- take.lua pass takes it first); <tag>:ids loses <id> when it maps to ident; the wake
--- channel is published to. The next call opens a new window. Keys touched by name carry
--- KEYS[1]'s tag. A window without mc costs one more HMGET field, nothing else.
+-- The cap: when a window with mc reaches n >= mc calls (this call included; the
+-- opener itself when mc is 1), the call closes it as flush.lua does, in the same step:
+--   KEYS[2]              ident removed
+--   <tag>:ids            <id> removed when it maps to ident
+--   <tag>:open:<ident>   renamed to <tag>:win:<id> (never over an existing key: then
+--                        to <tag>:win:<id>~<now>~<k> with <id> as its alias, fields
+--                        na, a<na> = {"id": <id>}), then st "dispatching", i ident,
+--                        dl now, tries 0, cx 1 (closed by the cap). No TTL here (a
+--                        joiner may send no cap, so no settings): take.lua sets the
+--                        record TTL when it first takes it and counts m|<task>
+--   <tag>:leased         the window's id scored now: a lease already expired, so the
+--                        next take.lua pass (of any dispatcher) takes it first
+--   <prefix>:wake        published to (now)
+-- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
+-- mc costs one more HMGET field, nothing else.
 --
 -- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
 -- calls, now ms}.
