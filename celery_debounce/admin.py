@@ -61,6 +61,7 @@ class TaskStats:
     calls: int = 0
     forced: int = 0
     cancelled: int = 0
+    closed_by_cap: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -95,6 +96,7 @@ class TaskStats:
         self.calls += other.calls
         self.forced += other.forced
         self.cancelled += other.cancelled
+        self.closed_by_cap += other.closed_by_cap
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -104,6 +106,7 @@ class TaskStats:
             "oldest_first_seen": self.oldest_first_seen, "calls_waiting": self.calls_waiting,
             "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
+            "closed_by_cap": self.closed_by_cap,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(
@@ -425,6 +428,8 @@ def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
         row.forced += value
     elif kind == "x":
         row.cancelled += value
+    elif kind == "m":
+        row.closed_by_cap += value
     elif kind.startswith("l") and kind[1:].isdigit() and int(kind[1:]) < len(row.lateness_buckets):
         row.lateness_buckets[int(kind[1:])] += value
 

@@ -137,6 +137,22 @@ def prepare_call(
     )
 
 
+def call_key(
+    settings: Settings,
+    task_name: str,
+    spec: DebounceSpec,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    signature: inspect.Signature | None,
+    serializer: str,
+) -> str:
+    """The window key a call with these arguments resolves to: :func:`prepare_call`
+    itself (same checks, binding, template or digest, limits), with no options of
+    its own and nothing written. Used to steer a window by the task's arguments."""
+    return prepare_call(settings, task_name, spec, args, kwargs, {}, signature, serializer,
+                        static={task_name: "{}"}).key
+
+
 def static_routing(app: Celery) -> dict[str, str] | None:
     """A per-app cache for option-less calls, or None when routes may look at arguments.
 

@@ -109,7 +109,7 @@ def render_stats(stats: Stats) -> str:
         lines.append("No debounce activity recorded.")
         return "\n".join(lines)
     header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "RUNS", "CALLS", "CALLS/RUN",
-              "FORCED", "CANCELLED", "LATE ms p50/p90/p99")
+              "FORCED", "CAPPED", "CANCELLED", "LATE ms p50/p90/p99")
     rows = []
     for row in [*(stats.tasks[name] for name in sorted(stats.tasks)), total]:
         ratio = row.coalescing_ratio
@@ -122,7 +122,7 @@ def render_stats(stats: Stats) -> str:
             if row.oldest_first_seen is not None else "-",
             str(row.calls_waiting) if stats.census else "-",
             str(row.runs), str(row.calls), f"{ratio:.1f}" if ratio is not None else "-",
-            str(row.forced), str(row.cancelled), _late(row),
+            str(row.forced), str(row.closed_by_cap), str(row.cancelled), _late(row),
         ))
     lines.append(_table(header, rows))
     return "\n".join(lines)
@@ -297,17 +297,18 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
 @click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Output",
               help="Print a JSON object instead of a table.")
 @click.option("--reset", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Zero the counters (runs, calls, forced, cancelled, lateness) and print "
+              help="Zero the counters (runs, calls, forced, capped, cancelled, lateness) and print "
                    "the values zeroed (atomic: no increment is lost).")
 @click.pass_context
 def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     """Show window counts, calls per run and dispatch lateness per task.
 
     Open and due windows, the oldest open window, calls waiting, runs, calls
-    absorbed, calls per run, runs forced by the max wait, cancelled windows and
+    absorbed, calls per run, runs forced by the max wait, windows closed by their
+    call cap (debounce_max_calls), cancelled windows and
     dispatch lateness percentiles, per task and in total.
 
-    RUNS, CALLS, FORCED, CANCELLED and LATE count windows taken for dispatch
+    RUNS, CALLS, FORCED, CAPPED, CANCELLED and LATE count windows taken for dispatch
     (or cancelled) since the last --reset. CALLS/RUN is the coalescing ratio.
     LATE is how long after its deadline a window was taken, as the upper bound
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
@@ -336,8 +337,8 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
     for name in set(figures.tasks) | set(counters):
         row = figures.tasks.setdefault(name, TaskStats(task=name))
         new = counters.get(name, TaskStats(task=name))
-        row.runs, row.calls, row.forced, row.cancelled = (
-            new.runs, new.calls, new.forced, new.cancelled)
+        row.runs, row.calls, row.forced, row.cancelled, row.closed_by_cap = (
+            new.runs, new.calls, new.forced, new.cancelled, new.closed_by_cap)
         row.lateness_buckets = list(new.lateness_buckets)
 
 

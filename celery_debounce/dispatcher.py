@@ -25,7 +25,7 @@ from .errors import DebounceBackendError
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 from .message import SHARD_HEADER, WindowMessage
-from .signals import window_dispatched, window_forced_by_max_wait
+from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
 
 __all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
 
@@ -55,6 +55,7 @@ class TakenWindow:
     options_json: str
     tries: int
     taken_ms: int
+    capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
 
     @property
     def task_name(self) -> str:
@@ -158,7 +159,7 @@ def run_once(backend: Backend, name: str, keys: list[str], args: list[Any]) -> A
 
 
 def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
-    tid, ident, fs, dl, mw, n, ct, payload, opts, tries = row
+    tid, ident, fs, dl, mw, n, ct, payload, opts, tries, *rest = row
     split_ident(as_text(ident))  # raises on a malformed ident
     if payload is None:
         raise ValueError("no payload")
@@ -175,6 +176,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
         options_json=as_text(opts) if opts is not None else "{}",
         tries=int(tries or 1),
         taken_ms=now_ms,
+        capped=bool(rest and rest[0] is not None),
     )
 
 
@@ -197,12 +199,17 @@ def _fields(window: TakenWindow) -> dict[str, Any]:
 
 
 def _count_forced(windows: list[TakenWindow]) -> None:
-    """``window_forced_by_max_wait`` once per window, when it is first taken.
+    """``window_forced_by_max_wait`` (and ``window_closed_by_cap``) once per window,
+    when it is first taken.
 
-    Counted where ``take.lua`` counts ``f|<task>`` in the stats (the first take,
-    ``tries == 1``), whether or not that publish succeeds, so the signal and
-    ``celery debounce stats`` agree.
+    Counted where ``take.lua`` counts ``f|<task>`` (``m|<task>``) in the stats (the
+    first take, ``tries == 1``), whether or not that publish succeeds, so the signal
+    and ``celery debounce stats`` agree.
     """
+    if window_closed_by_cap.receivers:
+        for window in windows:
+            if window.tries == 1 and window.capped:
+                window_closed_by_cap.send(sender=window.task_name, **_fields(window))
     if not window_forced_by_max_wait.receivers:
         return
     for window in windows:

@@ -28,10 +28,20 @@ def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
     return [f"{tag}:open:{call.ident}", f"{tag}:due"]
 
 
-def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
-    """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''."""
+#: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).
+_NOT_FIXED = ("", "", "", "")
+
+
+def gate_args(
+    backend: Backend, call: PreparedCall, fixed: FixedId | None = None
+) -> list[object]:
+    """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
+
+    Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``.
+    """
     window, max_wait, replace = call.spec.gate_argv
-    return [
+    args: list[object] = [
         call.task_id,
         window,
         max_wait,
@@ -40,6 +50,13 @@ def gate_args(backend: Backend, call: PreparedCall) -> list[object]:
         call.payload,
         "" if call.options_json == "{}" else call.options_json,
     ]
+    if fixed is not None:
+        args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
+    if call.spec.max_calls is not None:
+        if fixed is None:
+            args += _NOT_FIXED
+        args.append(call.spec.max_calls)
+    return args
 
 
 def parse_reply(reply: list[object]) -> GateResult:
@@ -61,9 +78,7 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     another id if that one is in use (see aliases.py). Sends ``window_opened`` or
     ``call_absorbed`` (only if someone listens).
     """
-    args = gate_args(backend, call)
-    if fixed is not None:
-        args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
+    args = gate_args(backend, call, fixed)
     result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:

@@ -12,6 +12,8 @@ Metrics (all labelled ``task``; see docs/operations.md):
 * ``celery_debounce_windows_dispatched_total``: windows published
 * ``celery_debounce_windows_forced_by_max_wait_total``: of those, deadline set by max wait
 * ``celery_debounce_windows_cancelled_total``: windows cancelled
+* ``celery_debounce_windows_closed_by_cap_total``: windows closed by ``debounce_max_calls``
+  (dispatchers, when first taken)
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
 
@@ -28,6 +30,7 @@ from typing import Any
 from .signals import (
     call_absorbed,
     window_cancelled,
+    window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
     window_opened,
@@ -48,12 +51,13 @@ class Metrics:
     dispatched_calls: Any
     lateness: Any
     receivers: tuple[Any, ...]
+    closed_by_cap: Any = None
 
     def disable(self) -> None:
         """Disconnect the signal receivers (the metrics stay registered)."""
         for signal, receiver in zip(
             (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-             window_cancelled), self.receivers, strict=True):
+             window_cancelled, window_closed_by_cap), self.receivers, strict=True):
             signal.disconnect(receiver)
 
 
@@ -77,6 +81,8 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     forced = counter("windows_forced_by_max_wait",
                      "Published windows whose deadline was set by the max wait.")
     cancelled = counter("windows_cancelled", "Debounce windows cancelled by an operator.")
+    closed_by_cap = counter("windows_closed_by_cap",
+                            "Debounce windows closed by their call cap (debounce_max_calls).")
     dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
     lateness = Histogram("dispatch_lateness_seconds",
                          "Time from a window's deadline to its take by a dispatcher.",
@@ -100,14 +106,18 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_cancelled(sender: str, **_: Any) -> None:
         cancelled.labels(task=sender).inc()
 
+    def on_closed_by_cap(sender: str, **_: Any) -> None:
+        closed_by_cap.labels(task=sender).inc()
+
     lateness_metric = lateness
-    receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled)
+    receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
+                 on_closed_by_cap)
     for signal, receiver in zip(
         (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-         window_cancelled), receivers, strict=True):
+         window_cancelled, window_closed_by_cap), receivers, strict=True):
         signal.connect(receiver, weak=False)
     return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
-                   receivers)
+                   receivers, closed_by_cap)
 
 
 def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:

@@ -12,7 +12,10 @@ from .errors import DebounceConfigError
 from .keys import KeyTemplate, parse_template
 
 #: The options a task or a call may set.
-OPTION_NAMES = ("debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload")
+OPTION_NAMES = (
+    "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
+    "debounce_max_calls",
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class DebounceSpec:
     max_wait_ms: int
     key: KeyTemplate | None  # None: a digest of all the call's arguments
     replace_payload: bool
+    max_calls: int | None = None  # None: no cap (gate.lua gets no extra ARGV)
 
     @cached_property
     def gate_argv(self) -> tuple[bytes, bytes, bytes]:
@@ -39,6 +43,7 @@ class TaskDefaults:
     debounce_key: Any = None
     debounce_max_wait: Any = None
     debounce_replace_payload: Any = False
+    debounce_max_calls: Any = None
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -49,6 +54,7 @@ class TaskDefaults:
         if defaults.debounce_max_wait is not None:
             parse_duration("debounce_max_wait", defaults.debounce_max_wait)
         _check_bool(defaults.debounce_replace_payload)
+        check_max_calls(defaults.debounce_max_calls)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -56,12 +62,14 @@ class TaskDefaults:
                 defaults.debounce_key,
                 defaults.debounce_max_wait,
                 defaults.debounce_replace_payload,
+                defaults.debounce_max_calls,
             )
         return cls(
             defaults.debounce,
             defaults.debounce_key,
             defaults.debounce_max_wait,
             defaults.debounce_replace_payload,
+            defaults.debounce_max_calls,
             spec,
         )
 
@@ -73,6 +81,7 @@ class TaskDefaults:
         key = options.pop("debounce_key", None)
         max_wait = options.pop("debounce_max_wait", None)
         replace = options.pop("debounce_replace_payload", None)
+        max_calls = options.pop("debounce_max_calls", None)
         if debounce is False:
             return None
         return build_spec(
@@ -80,6 +89,7 @@ class TaskDefaults:
             self.debounce_key if key is None else key,
             self.debounce_max_wait if max_wait is None else max_wait,
             self.debounce_replace_payload if replace is None else replace,
+            self.debounce_max_calls if max_calls is None else max_calls,
             given_on_call=True,
         )
 
@@ -89,12 +99,14 @@ def build_spec(
     key: Any,
     max_wait: Any,
     replace: Any,
+    max_calls: Any = None,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
     if debounce is None:
         raise DebounceConfigError(
-            "debounce=None: debounce_key/debounce_max_wait/debounce_replace_payload were "
+            "debounce=None: debounce_key/debounce_max_wait/debounce_replace_payload/"
+            "debounce_max_calls were "
             "given on a call of a task that has no debounce window; pass debounce= too"
         )
     window = parse_duration("debounce", debounce)
@@ -111,10 +123,29 @@ def build_spec(
             "the max wait must be at least the window"
         )
     template = parse_template(key) if key is not None else None
-    return DebounceSpec(window, ceiling, template, _check_bool(replace))
+    return DebounceSpec(window, ceiling, template, _check_bool(replace),
+                        check_max_calls(max_calls))
 
 
 def _check_bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise DebounceConfigError(f"debounce_replace_payload={value!r}: expected True or False")
+    return value
+
+
+#: The largest cap accepted (a window's call count is a Redis integer; far above any
+#: sensible cap, it keeps the value exact in Lua's doubles).
+MAX_CALLS_LIMIT = 2**31 - 1
+
+
+def check_max_calls(value: Any) -> int | None:
+    """``debounce_max_calls``: None (no cap) or a positive integer (not a bool)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_CALLS_LIMIT):
+        raise DebounceConfigError(
+            f"debounce_max_calls={value!r}: expected a positive integer (at most "
+            f"{MAX_CALLS_LIMIT}) or None for no cap"
+        )
     return value

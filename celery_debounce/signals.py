@@ -14,6 +14,9 @@ Where they fire:
   (worker, beat or ``celery debounce dispatch``); dispatched after publishing,
   forced once per window when it is first taken, as the stats count it
   (``task_id, key, calls, lateness`` in seconds; forced also gets ``max_wait_at``).
+* ``window_closed_by_cap``: the dispatcher process, once per window its
+  ``debounce_max_calls`` closed, when it is first taken (``task_id, key, calls,
+  lateness``), as the stats count ``m|<task>``.
 * ``window_cancelled``: the process that cancelled it (``task_id, key, calls``).
 """
 
@@ -24,6 +27,7 @@ from celery.utils.dispatch import Signal
 __all__ = [
     "call_absorbed",
     "window_cancelled",
+    "window_closed_by_cap",
     "window_dispatched",
     "window_forced_by_max_wait",
     "window_opened",
@@ -41,5 +45,8 @@ window_dispatched = Signal(
 window_forced_by_max_wait = Signal(
     name="window_forced_by_max_wait",
     providing_args={"task_id", "key", "calls", "lateness", "max_wait_at"},
+)
+window_closed_by_cap = Signal(
+    name="window_closed_by_cap", providing_args={"task_id", "key", "calls", "lateness"}
 )
 window_cancelled = Signal(name="window_cancelled", providing_args={"task_id", "key", "calls"})

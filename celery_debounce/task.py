@@ -9,14 +9,16 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
+from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .backend import backend_for
-from .call import prepare_call, refuse_schedule, static_routing
+from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .settings import settings_for
+from .windows import WindowInfo
 
 
 class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
@@ -24,7 +26,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
 
     Task options: ``debounce`` (window), ``debounce_max_wait`` (ceiling, required
     with ``debounce``), ``debounce_key`` (key template; default: a digest of the
-    arguments) and ``debounce_replace_payload``. The same names work per call on
+    arguments), ``debounce_replace_payload`` and ``debounce_max_calls`` (a cap on
+    calls per window). The same names work per call on
     ``apply_async``; ``debounce=False`` on a call publishes it plainly.
     """
 
@@ -32,6 +35,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_key: str | None = None
     debounce_max_wait: Any = None
     debounce_replace_payload: bool = False
+    debounce_max_calls: int | None = None
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 
@@ -77,6 +81,54 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
         return self.AsyncResult(result_id(result.task_id, fixed))
+
+    # -- steering a window by the task's own arguments -------------------------
+    def debounce_pending(
+        self, *args: Any, debounce_key: str | None = None, **kwargs: Any
+    ) -> WindowInfo | None:
+        """The pending window a call with these arguments would join, or None.
+
+        The key is resolved exactly as ``delay(*args, **kwargs)`` resolves it (same
+        binding, template or default digest); pass ``debounce_key=`` if the calls
+        override the task's template. Reads only (one HMGET and one ZSCORE).
+        """
+        return self._debounce_admin().window(self.name, self._debounce_key_of(
+            args, kwargs, debounce_key))
+
+    def debounce_flush(
+        self, *args: Any, debounce_key: str | None = None, **kwargs: Any
+    ) -> WindowInfo:
+        """Run the pending window for these arguments now: close it to new calls and
+        make it due at once (the next call opens a new window). Returns the window as
+        flushed; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
+        return self._debounce_admin().flush(self.name, self._debounce_key_of(
+            args, kwargs, debounce_key))
+
+    def debounce_cancel(
+        self, *args: Any, debounce_key: str | None = None, **kwargs: Any
+    ) -> WindowInfo:
+        """Drop the pending window for these arguments so it never runs; its result
+        (and every caller-chosen id it absorbed) is marked revoked. Returns the window
+        cancelled; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
+        return self._debounce_admin().cancel(self.name, self._debounce_key_of(
+            args, kwargs, debounce_key))
+
+    def _debounce_key_of(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], key: str | None
+    ) -> str:
+        """The key a call with these arguments resolves to: ``call.call_key``, the
+        code path ``prepare_call`` uses, after Celery's signature check as a call."""
+        spec = self._debounce_defaults.for_call({} if key is None else {"debounce_key": key})
+        if spec is None:
+            raise DebounceConfigError(
+                f"{self.name}: debounce=None on the task: it has no debounce window to steer"
+            )
+        check_arguments(self, args, kwargs)
+        return call_key(settings_for(self.app), self.name, spec, args, kwargs,
+                        self.debounce_signature(), self.serializer)
+
+    def _debounce_admin(self) -> DebounceAdmin:
+        return DebounceAdmin(self.app)
 
     def _debounce_exec_defaults(self) -> dict[str, Any]:
         """The task's own execution options (queue=, priority=, expires=, ... on the task).
@@ -145,7 +197,8 @@ def send_task(
     """Debounced counterpart of ``app.send_task``, for producers that do not import the task.
 
     Takes the same debounce options as a call (``debounce``, ``debounce_key``,
-    ``debounce_max_wait``, ``debounce_replace_payload``) plus Celery's own. Without
+    ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``) plus
+    Celery's own. Without
     a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
     task is registered in this process, its signature and defaults are used.
     """

@@ -9,6 +9,8 @@ never sleeps: windows are read straight from Redis and made due on demand.
 * :func:`run_windows`: make them due and run them inline in this process
   (``Task.apply``), without a broker or a worker.
 * :func:`use_fakeredis`: point an app's debounce backend at a fakeredis server.
+* :func:`assert_pending` / :func:`assert_not_pending`: a task's window for given
+  arguments (the key resolved as a call resolves it) is open, with ``calls`` calls.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
 
 The pytest plugin (entry point ``pytest11``: the module ``celery_debounce_pytest``)
@@ -35,12 +37,15 @@ from .dispatcher import SHARD_HEADER, Dispatcher, take_due
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 from .settings import settings_for
+from .windows import WindowInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import fakeredis
 
 __all__ = [
     "PendingWindow",
+    "assert_not_pending",
+    "assert_pending",
     "clear_windows",
     "debounce_windows",
     "flush_windows",
@@ -194,6 +199,44 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     if errors:
         raise errors[0]
     return results
+
+
+def assert_pending(
+    task: Any, *args: Any, calls: int | None = None, debounce_key: str | None = None,
+    **kwargs: Any,
+) -> WindowInfo:
+    """Assert that ``task`` has a pending window for these arguments (and, with
+    ``calls``, that it absorbed exactly that many calls); return it.
+
+    The key is resolved as ``task.delay(*args, **kwargs)`` resolves it
+    (``task.debounce_pending``); pass ``debounce_key=`` if the calls override it.
+    """
+    window: WindowInfo | None = task.debounce_pending(*args, debounce_key=debounce_key, **kwargs)
+    where = f"{task.name}{_call_repr(args, kwargs)}"
+    if window is None:
+        raise AssertionError(f"no pending debounce window for {where}")
+    if calls is not None and window.calls != calls:
+        raise AssertionError(
+            f"pending debounce window for {where} (key {window.key!r}) has "
+            f"{window.calls} call(s), expected {calls}")
+    return window
+
+
+def assert_not_pending(
+    task: Any, *args: Any, debounce_key: str | None = None, **kwargs: Any
+) -> None:
+    """Assert that ``task`` has no pending window for these arguments (none opened,
+    or already taken for dispatch, flushed or cancelled)."""
+    window: WindowInfo | None = task.debounce_pending(*args, debounce_key=debounce_key, **kwargs)
+    if window is not None:
+        raise AssertionError(
+            f"unexpected pending debounce window for {task.name}{_call_repr(args, kwargs)}: "
+            f"{window.task_id} (key {window.key!r}, {window.calls} call(s))")
+
+
+def _call_repr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"({', '.join(parts)})"
 
 
 def clear_windows(app: Celery) -> int:

@@ -15,7 +15,7 @@ from .keys import ident_prefix, split_ident
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
-_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe")
+_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc")
 _CHUNK = 500
 
 
@@ -33,6 +33,7 @@ class WindowInfo:
     calls: int
     shard: int
     error: str | None = None
+    max_calls: int | None = None  # the window's debounce_max_calls, when it has one
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -46,7 +47,8 @@ class WindowInfo:
 
 
 def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
-    tid, rec_ident, fs, dl, mw, n, st, qe = row
+    tid, rec_ident, fs, dl, mw, n, st, qe, *rest = row
+    mc = rest[0] if rest else None
     if tid is None:
         return None
     raw = ident if ident is not None else as_text(rec_ident or "")
@@ -65,6 +67,7 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         calls=_number(n),
         shard=shard,
         error=as_text(qe) if qe is not None else None,
+        max_calls=_number(mc) if mc is not None else None,
     )
 
 
@@ -171,8 +174,9 @@ def walk_pending(
             "list", [f"{tag}:due"], [tag, start, skip, budget, want, prefix, pattern]
         )
         examined, last, at_last, done = reply[:4]
-        for ident, tid, fs, dl, mw, n in reply[4:]:
-            info = _info(as_text(ident), "pending", shard, [tid, None, fs, dl, mw, n, None, None])
+        for ident, tid, fs, dl, mw, n, *mc in reply[4:]:
+            info = _info(as_text(ident), "pending", shard,
+                         [tid, None, fs, dl, mw, n, None, None, *mc])
             if info is not None and _matches(info, task, key_glob):
                 found += 1
                 yield info

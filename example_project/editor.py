@@ -12,7 +12,7 @@ import time
 import redis
 from celery import Celery
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebouncedTask, WindowNotFound
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379").rstrip("/")
 
@@ -58,3 +58,16 @@ def save(user_id: str, doc_id: str, revision: int) -> None:
     """What the web app calls on every autosave."""
     reindex_document.delay(doc_id, revision)
     rebuild_report.delay(user_id)
+
+
+def publish_now(user_id: str) -> bool:
+    """The "publish" button: rebuild the report at once instead of after the pause.
+
+    The pending window is found from the task's own arguments (the key is resolved
+    as ``rebuild_report.delay(user_id)`` resolves it). False if none was pending.
+    """
+    try:
+        rebuild_report.debounce_flush(user_id)
+    except WindowNotFound:
+        return False
+    return True

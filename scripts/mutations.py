@@ -38,6 +38,7 @@ def one(name: str, guarantee: str, path: str, find: str, replace: str, *tests: s
 
 
 LUA = "celery_debounce/lua/"
+CAP = "tests/test_max_calls_and_steering.py::"
 PKG = "celery_debounce/"
 E2E = "tests/test_end_to_end.py::"
 FAULTS = "tests/test_faults.py::"
@@ -212,6 +213,20 @@ MUTATIONS: list[Mutation] = [
               '        int(__import__("time").time() * 1000),\n')),
         (FAULTS + "test_producer_clock_skew_does_not_change_deadlines",),
         notes="two edits: the producer must send its clock for the script to use it"),
+    # -- issue 11: the call cap, steering by arguments --------------------------------------
+    one("gate.lua never closes a window at its call cap",
+        "concepts: the Nth call of a window with debounce_max_calls=N closes it, due at once",
+        LUA + "gate.lua",
+        "  if cap and calls >= tonumber(cap) then",
+        "  if false then",
+        CAP + "test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one",
+        CAP + "test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5"),
+    one("steering ignores the per-call key override",
+        "operations: debounce_pending/flush/cancel resolve the key exactly as a call",
+        PKG + "task.py",
+        'for_call({} if key is None else {"debounce_key": key})',
+        "for_call({})",
+        CAP + "test_steering_resolves_the_key_exactly_as_a_call"),
     # -- records that linger ---------------------------------------------------------
     one("IGNORED is not a final state",
         "lingering: a run ending IGNORED finishes its window",

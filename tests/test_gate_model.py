@@ -1,7 +1,7 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag), clock advances, dispatcher steps (take, publish+ack, failed
+replace flag, call cap), clock advances, dispatcher steps (take, publish+ack, failed
 publish+release, crash before or after publishing) and worker steps (claim,
 finish, death mid-run with redelivery). After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
@@ -54,6 +54,7 @@ from celery_debounce.settings import Settings
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
 CHOSEN = [None, None, "X", "Y"]  # task ids a caller may choose (None: a default call)
+CAPS = [None, None, None, 1, 2, 3]  # debounce_max_calls of a call (None: no cap)
 LEASE_MS = 1000
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
@@ -128,6 +129,8 @@ class Win:
     taken: int = 0  # times a take.lua reply returned it (read from Redis, not modelled)
     first_claims: int = 0  # claims whose reply said the record was not yet claimed
     cancelled: bool = False
+    mc: int | None = None  # the opener's debounce_max_calls (the window's cap)
+    capped: bool = False  # closed by gate.lua at its cap
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -187,12 +190,13 @@ class GateMachine(RuleBasedStateMachine):
         extra=st.integers(0, 1500),
         replace=st.booleans(),
         chosen=st.sampled_from(CHOSEN),
+        cap=st.sampled_from(CAPS),
     )
     def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
-             chosen: str | None) -> None:
+             chosen: str | None, cap: int | None = None) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
-        spec = DebounceSpec(window, window + extra, None, replace)
+        spec = DebounceSpec(window, window + extra, None, replace, cap)
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
         call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data", payload, "{}")
         fixed = fixed_id(chosen, {})
@@ -215,6 +219,7 @@ class GateMachine(RuleBasedStateMachine):
                       now + window + extra, 1, payload)
             if in_use:
                 win.aliases.append(chosen)  # type: ignore[arg-type]
+            win.mc = cap  # the window's cap is its opener's (like the max wait)
             self.open[ident] = win
             self.wins[win.id] = win
         else:
@@ -226,7 +231,15 @@ class GateMachine(RuleBasedStateMachine):
             if chosen is not None and chosen != win.id:
                 win.aliases.append(chosen)
         win.calls.append(now)
+        if win.mc is not None and win.n >= win.mc:
+            # the cap: this call closes the window as a flush does; the next one opens anew
+            del self.open[ident]
+            win.st, win.dl, win.tries, win.capped = "dispatching", now, 0, True
+            self.leased[win.id] = now
+            self._unindex(win)
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
+        if win.capped:
+            return
         # invariant 3, read from Redis: never past the record's own ceiling; before now
         # only when the ceiling has passed
         fs, mw = self.client.hmget(f"{self.tag}:open:{ident}", "fs", "mw")
@@ -307,6 +320,7 @@ class GateMachine(RuleBasedStateMachine):
             assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
+            assert w.capped == model.capped  # closed by its cap (gate.lua's cx)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
@@ -444,8 +458,12 @@ class GateMachine(RuleBasedStateMachine):
         # only its due score (checked above), a taken one's is copied into dl
         want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
                                 "n": win.n, "ct": "application/data"}
+        if win.mc is not None:
+            want["mc"] = win.mc
         if win.st != "pending":
             want.update(dl=win.dl, st=win.st, i=win.ident, tries=win.tries)
+            if win.capped:
+                want["cx"] = 1
         if win.st == "finished":
             want.update(rs="SUCCESS")
         for name in ("ta", "pa", "ca", "fa"):

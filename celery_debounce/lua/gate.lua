@@ -19,6 +19,11 @@
 -- ARGV[10] "1" to record the alias also when the call opens the window under ARGV[1]
 --          (a canvas call), else "0"
 -- ARGV[11] most aliases a window records (MAX_ALIASES)
+-- Only for a call with debounce_max_calls; absent otherwise (a call with a cap and no
+-- fixed id sends ARGV[8] .. ARGV[11] as ''):
+-- ARGV[12] the call's max calls (an integer >= 1); stored as field mc when the call
+--          opens the window: a window's cap is its opener's (like mw). A join reads mc
+--          whatever it sent itself.
 -- The ident (the due member) and the wake channel <prefix>:wake are read from
 -- KEYS[1]: the prefix has no braces, so the first '}:open:' ends the tag.
 -- <prefix>:wake is published to when this window becomes the earliest one.
@@ -32,8 +37,24 @@
 -- under ARGV[9] and records the alias. A call joining a window that has another id
 -- records its alias. Past ARGV[11] aliases the call is refused with an error reply
 -- starting DEBOUNCE_ALIASES_FULL, before anything is written.
+-- The cap: when a window with mc reaches n >= mc calls (this call included; the
+-- opener itself when mc is 1), the call closes it as flush.lua does, in the same step:
+--   KEYS[2]              ident removed
+--   <tag>:ids            <id> removed when it maps to ident
+--   <tag>:open:<ident>   renamed to <tag>:win:<id> (never over an existing key: then
+--                        to <tag>:win:<id>~<now>~<k> with <id> as its alias, fields
+--                        na, a<na> = {"id": <id>}), then st "dispatching", i ident,
+--                        dl now, tries 0, cx 1 (closed by the cap). No TTL here (a
+--                        joiner may send no cap, so no settings): take.lua sets the
+--                        record TTL when it first takes it and counts m|<task>
+--   <tag>:leased         the window's id scored now: a lease already expired, so the
+--                        next take.lua pass (of any dispatcher) takes it first
+--   <prefix>:wake        published to (now)
+-- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
+-- mc costs one more HMGET field, nothing else.
 --
--- Returns {task id, 1 if opened else 0, deadline ms, calls, now ms}.
+-- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
+-- calls, now ms}.
 -- Time is Redis server time, never the producer's.
 
 local t = redis.call('TIME')
@@ -42,8 +63,38 @@ local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
 
-local found = redis.call('HMGET', open, 'id', 'fs', 'mw')
-local id, opened, calls
+-- The cap reached: close the window as flush.lua does (see the header).
+local function close(id, opened, calls)
+  local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+  local stamp = string.format('%d', now)
+  redis.call('ZREM', KEYS[2], ident)
+  if redis.call('HGET', tag .. ':ids', id) == ident then
+    redis.call('HDEL', tag .. ':ids', id)
+  end
+  local key = tag .. ':win:' .. id
+  if redis.call('RENAMENX', open, key) == 0 then
+    local k = 0
+    local taken_id
+    repeat
+      k = k + 1
+      taken_id = id .. '~' .. stamp .. '~' .. k
+      key = tag .. ':win:' .. taken_id
+    until redis.call('EXISTS', key) == 0
+    redis.call('RENAME', open, key)
+    local na = redis.call('HINCRBY', key, 'na', 1)
+    redis.call('HSET', key, 'id', taken_id, 'a' .. na, cjson.encode({id = id}))
+    redis.call('ZADD', tag .. ':leased', stamp, taken_id)
+  else
+    redis.call('ZADD', tag .. ':leased', stamp, id)
+  end
+  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, 'cx', 1)
+  local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
+  redis.call('PUBLISH', prefix .. ':wake', stamp)
+  return {id, opened, now, calls, now}
+end
+
+local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc')
+local id, opened, calls, cap
 local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
 
 if found[1] then
@@ -58,6 +109,7 @@ if found[1] then
   end
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
+  cap = found[4]
   if ARGV[4] == '1' then
     if ARGV[5] == '' then
       redis.call('HSET', open, 'p', ARGV[6])
@@ -67,6 +119,9 @@ if found[1] then
     end
   end
   opened = 0
+  if cap and calls >= tonumber(cap) then
+    return close(id, opened, calls)
+  end
   -- Usually a call moves the deadline later: GT does that in one command and can
   -- never make this window the earliest one, so there is nothing to publish.
   if redis.call('ZADD', KEYS[2], 'GT', 'CH', deadline, ident) == 1 then
@@ -104,9 +159,17 @@ else
     fields[#fields + 1] = 'o'
     fields[#fields + 1] = ARGV[7]
   end
+  cap = ARGV[12]
+  if cap and cap ~= '' then
+    fields[#fields + 1] = 'mc'
+    fields[#fields + 1] = cap
+  end
   redis.call('HSET', open, unpack(fields))
   opened = 1
   calls = 1
+  if cap and cap ~= '' and tonumber(cap) <= 1 then
+    return close(id, opened, calls)
+  end
 end
 
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
