@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import wait_until
+from helpers import stop_process, wait_until
 from marks_app import build
 
 from celery_debounce import DebounceBackendError
@@ -93,13 +93,8 @@ def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
         assert "could not mark" in text  # marks did fail during the outage ...
         assert "window mark(s) kept during a Redis outage" in text  # ... and were sent later
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc)
         windows.cleanup()
         broker.cleanup()
 
@@ -135,6 +130,9 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
         assert marks.pending() == 5
     finally:
         marks._pending.clear()
+        # its retry thread sleeps the patched 30 s; the next keep() starts a fresh one
+        # (the sleeper then finds nothing to send and exits)
+        marks._state["thread"] = None
 
 
 def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
