@@ -11,7 +11,9 @@ import redis
 from celery import Celery
 from helpers import make_app
 
+from celery_debounce.backend import Backend
 from celery_debounce.local_redis import LocalRedis
+from celery_debounce.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +50,21 @@ def app(app_factory: Callable[..., Celery]) -> Celery:
     return app_factory()
 
 
+
+
+@pytest.fixture(params=["fakeredis", "redis-server"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A bare Backend for script-level tests, on fakeredis and on the real redis-server."""
+    app = Celery("scripts", set_as_current=False)
+    if request.param == "fakeredis":
+        import fakeredis
+
+        app.conf.debounce_redis_url = "redis://fake"
+        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    else:
+        url = request.getfixturevalue("redis_server")
+        request.getfixturevalue("redis_client")  # flushes
+        app.conf.debounce_redis_url = f"{url}/0"
+        client = redis.Redis.from_url(f"{url}/0")
+    yield Backend(Settings.from_app(app), client=client)
+    client.close()

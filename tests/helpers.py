@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,3 +65,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 def package_keys(client: redis.Redis, prefix: str = "debounce") -> list[bytes]:
     return sorted(client.scan_iter(match=f"{prefix}:*"))
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> Any:
+    """SIGTERM ``proc``, SIGKILL it if it has not exited within ``timeout`` seconds.
+
+    Returns what is left of its stdout (None when it has no pipe).
+    """
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from beat_app import build
-from helpers import wait_until
+from helpers import stop_process, wait_until
 
 from celery_debounce import DebounceAdmin, enqueue_many
 
@@ -38,12 +38,7 @@ def _beat(windows: str, broker: str, tmp_path: Path, batch: int = 500) -> subpro
 
 
 def _stop(proc: subprocess.Popen[str], tmp_path: Path) -> str:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
     return (tmp_path / "beat.log").read_text()
 
 

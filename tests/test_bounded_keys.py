@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import redis
-from helpers import package_keys, wait_until
+from helpers import package_keys, stop_process, wait_until
 
 from celery_debounce.admin import DebounceAdmin
 
@@ -46,9 +46,4 @@ def test_runs_killed_without_acks_late_leave_no_key_after_the_record_ttl(
         wait_until(lambda: package_keys(redis_client) == [], 20)
         assert admin.find(task_id) is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app, wait_until
+from helpers import make_app, stop_process, wait_until
 
 from celery_debounce import metrics
 from celery_debounce.local_redis import free_port
@@ -240,21 +240,7 @@ class Prometheus:
             return False
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+        stop_process(self.proc)
 
 
 @pytest.mark.slow
@@ -305,7 +291,7 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
     finally:
         producer.kill()
         producer.wait(10)
-        _stop(worker)
+        stop_process(worker)
         prometheus.stop()
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import stop_process
 
 pytest.importorskip("django")
 
@@ -40,12 +41,7 @@ def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
             capture_output=True, text=True, timeout=90,
         )
     finally:
-        worker.terminate()
-        try:
-            log, _ = worker.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            log, _ = worker.communicate()
+        log = stop_process(worker, timeout=20)
     assert run.returncode == 0, run.stdout + run.stderr + log
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["settings_prefix"] == "djdebounce"  # CELERY_DEBOUNCE_KEY_PREFIX was read

@@ -25,7 +25,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import running_worker, wait_until
+from helpers import running_worker, stop_process, wait_until
 
 from celery_debounce import DebounceBackendError
 from celery_debounce.dispatcher import Dispatcher
@@ -62,13 +62,7 @@ def worker_process(redis_url: str, log: Path, broker_url: str | None = None,
         assert proc.poll() is None, log.read_text()
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 def runs(client: redis.Redis, key: str) -> list[str]:

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,12 +74,7 @@ def test_fresh_venv_with_only_the_package_runs_the_quickstart(
         assert out.returncode == 0, out.stdout + out.stderr
         assert "RESULT [42, 'edit 0']" in out.stdout
     finally:
-        worker.terminate()
-        try:
-            log, _ = worker.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            log, _ = worker.communicate()
+        log = stop_process(worker, timeout=20)
     # one window, one run: the dispatcher published it once with all 20 calls
     assert log.count("debounce: dispatched proj.rebuild_report") == 1, log
     assert "calls=20" in log

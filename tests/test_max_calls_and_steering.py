@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
-import fakeredis
 import pytest
 import redis
 from celery import Celery
@@ -24,25 +22,9 @@ from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
 from celery_debounce.options import build_spec
-from celery_debounce.settings import Settings
 from celery_debounce.signals import window_closed_by_cap
 from celery_debounce.testing import assert_not_pending, assert_pending
 from celery_debounce.windows import list_windows
-
-
-@pytest.fixture(params=["fakeredis", "redis-server"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    app = Celery("cap", set_as_current=False)
-    if request.param == "fakeredis":
-        app.conf.debounce_redis_url = "redis://fake"
-        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    else:
-        url = request.getfixturevalue("redis_server")
-        request.getfixturevalue("redis_client")  # flushes
-        app.conf.debounce_redis_url = f"{url}/0"
-        client = redis.Redis.from_url(f"{url}/0")
-    yield Backend(Settings.from_app(app), client=client)
-    client.close()
 
 
 def call(backend: Backend, key: str, max_calls: int | None, *, payload: int = 0,

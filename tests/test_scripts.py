@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
-import fakeredis
 import pytest
-import redis
-from celery import Celery
 from helpers import wait_until
 
 from celery_debounce.admin import flush_window
@@ -19,22 +15,6 @@ from celery_debounce.dispatcher import take_due
 from celery_debounce.errors import DebounceBackendError
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
-from celery_debounce.settings import Settings
-
-
-@pytest.fixture(params=["fakeredis", "redis-server"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    app = Celery("scripts", set_as_current=False)
-    if request.param == "fakeredis":
-        app.conf.debounce_redis_url = "redis://fake"
-        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    else:
-        url = request.getfixturevalue("redis_server")
-        request.getfixturevalue("redis_client")  # flushes
-        app.conf.debounce_redis_url = f"{url}/0"
-        client = redis.Redis.from_url(f"{url}/0")
-    yield Backend(Settings.from_app(app), client=client)
-    client.close()
 
 
 def call(backend: Backend, key: str, window: str = "1m", max_wait: str = "5m",

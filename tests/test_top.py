@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import wait_until
+from helpers import stop_process, wait_until
 
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
@@ -78,12 +78,7 @@ def worker(topapp: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
         cwd=topapp["dir"], env=topapp["env"], stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    stop_process(proc)
 
 
 class Tmux:
