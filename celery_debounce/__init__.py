@@ -19,6 +19,7 @@ from .errors import (
     DebouncePayloadError,
     WindowNotFound,
     WindowNotPending,
+    WindowQuarantined,
 )
 from .task import DebouncedTask, send_task
 
@@ -47,6 +48,7 @@ __all__ = [
     "DispatcherStep",
     "WindowNotFound",
     "WindowNotPending",
+    "WindowQuarantined",
     "enqueue_many",
     "install",
     "send_task",

@@ -17,11 +17,12 @@ from json import loads as _json_loads
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, states
 from kombu.exceptions import InconsistencyError
 
+from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
-from .errors import DebounceBackendError
+from .errors import DebounceBackendError, WindowQuarantined
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 from .message import SHARD_HEADER, WindowMessage
@@ -481,10 +482,21 @@ class Dispatcher:
             logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
 
     def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
+        """Set the record aside, then fail the window's id and every id that joined
+        it, so no caller waits forever on a window that will not run."""
         tag = self.settings.tag(shard)
-        self.backend.run(
+        reply = self.backend.run(
             "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, task_id, reason]
         )
+        if not int(reply[0]):
+            return
+        exc = WindowQuarantined(f"debounce window {task_id} was quarantined: {reason}")
+        try:
+            self.app.backend.mark_as_failure(task_id, exc)
+        except Exception as error:  # no result backend, or it is down: logged, as cancel does
+            logger.warning("debounce: quarantined %s but could not store its failure: %r",
+                           task_id, error)
+        resolve_aliases(self.app, task_id, parse_aliases(reply[1:]), states.FAILURE, exc)
 
     def _set_aside(self, shard: int, taken: TakeResult) -> None:
         """Log the entries take.lua skipped; quarantine records that cannot be read."""

@@ -23,6 +23,12 @@ class DebouncePayloadError(DebounceError, ValueError):
     """A call's serialized arguments exceed ``debounce_max_payload_bytes``."""
 
 
+class WindowQuarantined(DebounceError):
+    """The window's message could not be built or published and it was set aside
+    (quarantined, see ``celery debounce inspect --state quarantined``): it did not
+    run. Stored as the result of the window's id and of every id that joined it."""
+
+
 class WindowNotFound(DebounceError, LookupError):
     """No window matches the task and key, or the task id, given to an admin operation."""
 

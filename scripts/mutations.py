@@ -284,6 +284,13 @@ MUTATIONS: list[Mutation] = [
         "MAX_TRIES = 10**9",
         "tests/test_dispatch_isolation.py::"
         "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
+    one("a quarantined window leaves its callers waiting",
+        "every id a caller holds resolves: a quarantined window fails with the reason",
+        PKG + "dispatcher.py",
+        "        if not int(reply[0]):\n            return\n",
+        "        return\n",
+        "tests/test_dispatch_isolation.py::"
+        "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
     one("take.lua retried after a lost reply",
         "a lost take reply is not retried (it would lease a second batch)",
         PKG + "dispatcher.py",

@@ -20,7 +20,12 @@ import redis
 from celery import Celery
 from helpers import running_worker, wait_until
 
-from celery_debounce import DebounceBackendError, DebouncedTask, enqueue_many
+from celery_debounce import (
+    DebounceBackendError,
+    DebouncedTask,
+    WindowQuarantined,
+    enqueue_many,
+)
 from celery_debounce.dispatcher import MAX_TRIES, Dispatcher
 from celery_debounce.keys import window_ident
 from celery_debounce.settings import settings_for
@@ -55,6 +60,7 @@ def test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_oth
     app = app_factory(debounce_dispatch_lease=3.0, worker_prefetch_multiplier=64)
     task = _task(app)
     bad = task.apply_async(("bad",))  # the earliest deadline: first in every take
+    task.apply_async(("bad",), task_id="joined-bad")  # a caller-chosen id joins it
     _spoil(redis_client, task, "bad", '{"compression":"bogus"}')
     rest = enqueue_many(task, [((f"k{i}",), {}) for i in range(499)])
     assert len(debounce_windows(app)) == 500
@@ -68,6 +74,10 @@ def test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_oth
     assert int(redis_client.hget(f"{TAG}:win:{bad.id}", "tries")) == MAX_TRIES
     assert redis_client.zscore(f"{TAG}:quarantine", bad.id) is not None
     assert redis_client.zcard(f"{TAG}:leased") == 0
+    # nobody waits forever: the window's id and the id that joined it fail with the reason
+    for held in (bad, app.AsyncResult("joined-bad")):
+        with pytest.raises(WindowQuarantined, match="publish failed 5 times"):
+            held.get(timeout=10)
 
 
 def test_only_the_windows_actually_published_are_acked(

@@ -3,19 +3,35 @@
 -- KEYS[1]  <tag>:leased       zset; the id leaves it (never retried)
 -- KEYS[2]  <tag>:quarantine   zset task id -> quarantined ms
 -- Touches, by name: <tag>:win:<id>  st -> "quarantined", qe reason; loses its TTL
---                   so an operator can look at it (celery debounce inspect)
+--                   so an operator can look at it (celery debounce inspect);
+--                   reads na and a1 .. a<na> (aliases, see gate.lua)
 -- ARGV[1]  <tag>    ARGV[2]  task id    ARGV[3]  reason
 --
--- Returns 1 if the record was quarantined, 0 if it was gone.
+-- Returns {1, alias 1, alias 2, ...} if the record was quarantined (the caller marks
+-- the window's id and its aliases failed, so nobody waits on them), {0} if it was gone.
 
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local key = ARGV[1] .. ':win:' .. ARGV[2]
 redis.call('ZREM', KEYS[1], ARGV[2])
 if redis.call('EXISTS', key) == 0 then
-  return 0
+  return {0}
 end
+redis.call('ZADD', KEYS[2], now, ARGV[2])
 redis.call('HSET', key, 'st', 'quarantined', 'qe', ARGV[3])
 redis.call('PERSIST', key)
-redis.call('ZADD', KEYS[2], now, ARGV[2])
-return 1
+local reply = {1}
+local na = tonumber(redis.call('HGET', key, 'na') or '0')
+if na > 0 then
+  local fields = {}
+  for k = 1, na do
+    fields[k] = 'a' .. k
+  end
+  local aliases = redis.call('HMGET', key, unpack(fields))
+  for k = 1, na do
+    if aliases[k] then
+      reply[#reply + 1] = aliases[k]
+    end
+  end
+end
+return reply
