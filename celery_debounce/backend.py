@@ -16,8 +16,10 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
 
 from .errors import DebounceBackendError
+from .sentinel import master_client
 from .settings import Settings, settings_for
 
 SCRIPT_NAMES = (
@@ -35,6 +37,9 @@ def script_source(name: str) -> str:
     lua = resources.files("celery_debounce").joinpath("lua")
     return lua.joinpath(f"{name}.lua").read_text("utf-8")
 
+#: Pools whose connections :meth:`Backend._evalsha` may use directly.
+_DIRECT_POOLS = (redis.ConnectionPool, SentinelConnectionPool)
+
 
 class Backend:
     """One app's Redis client and registered scripts, for the current process.
@@ -48,23 +53,30 @@ class Backend:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         timeout = settings.redis_timeout_s
+        # One retry after a dropped connection. No health_check_interval: a dead
+        # pooled connection already fails over to the retry, and redis-py 5
+        # recursed in its health check when a TLS handshake failed.
+        retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
+        if client is None and settings.sentinel is not None:
+            client = master_client(settings.sentinel, timeout, retry)
         self.client: redis.Redis = client or redis.Redis.from_url(
             settings.redis_url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            # One retry after a dropped connection. No health_check_interval: a
-            # dead pooled connection already fails over to the retry, and redis-py 5
-            # recursed in its health check when a TLS handshake failed.
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+            retry=retry,
         )
         self.scripts: dict[str, Script | AsyncScript] = {
             name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
         }
         # The direct path below needs redis-py's own client and pool (not fakeredis,
-        # a cluster or a single-connection client).
+        # a cluster or a single-connection client). Sentinel's pool qualifies: its
+        # connections find the master when they connect, turn a demoted master's
+        # READONLY into a ConnectionError (the command did not run: _evalsha sends it
+        # again through the client's retry) and are dropped on release once the
+        # master moved (docs/design.md, "Sentinel").
         self._direct = (
             type(self.client) is redis.Redis
-            and type(self.client.connection_pool) is redis.ConnectionPool
+            and type(self.client.connection_pool) in _DIRECT_POOLS
             and self.client.connection is None
         )
         # redis-py < 5.3 requires a command name here; later versions warn if given one

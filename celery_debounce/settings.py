@@ -10,6 +10,7 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
+from .sentinel import SentinelConfig, is_sentinel_url, sentinel_config
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -25,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "debounce_redis_timeout": 2.0,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
+    "debounce_redis_sentinel_master": None,
+    "debounce_redis_transport_options": None,
 }
 
 
@@ -68,6 +71,8 @@ class Settings:
     redis_timeout_s: float
     max_key_length: int
     max_payload_bytes: int
+    #: Set when ``redis_url`` is a ``sentinel://`` URL (see sentinel.py).
+    sentinel: SentinelConfig | None = None
 
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
@@ -80,8 +85,9 @@ class Settings:
         def duration(name: str) -> int:
             return parse_duration(name, get(name))
 
+        redis_url = _redis_url(app, get("debounce_redis_url"))
         settings = cls(
-            redis_url=_redis_url(app, get("debounce_redis_url")),
+            redis_url=redis_url,
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
             dispatcher=parse_bool("debounce_dispatcher", get("debounce_dispatcher")),
@@ -95,6 +101,9 @@ class Settings:
             max_payload_bytes=_positive_int(
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
+            sentinel=sentinel_config(
+                conf, redis_url, from_broker=not get("debounce_redis_url")
+            ) if is_sentinel_url(redis_url) else None,
         )
         settings.check()
         return settings
@@ -134,15 +143,19 @@ def settings_for(app: Celery) -> Settings:
     return cached
 
 
+_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+
+
 def _redis_url(app: Celery, value: object) -> str:
     if value:
-        if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        if not isinstance(value, str) or not value.startswith(_SCHEMES):
             raise DebounceConfigError(
-                f"debounce_redis_url={value!r}: expected a redis://, rediss:// or unix:// URL"
+                f"debounce_redis_url={value!r}: expected a redis://, rediss://, unix:// or "
+                "sentinel:// URL"
             )
         return value
     broker = app.conf.broker_url
-    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://")):
+    if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "sentinel://")):
         return broker
     raise DebounceConfigError(
         f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
