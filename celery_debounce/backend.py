@@ -19,7 +19,7 @@ from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
 from .errors import DebounceBackendError
-from .sentinel import master_client
+from .sentinel import master_client, switches
 from .settings import Settings, settings_for
 
 SCRIPT_NAMES = (
@@ -91,6 +91,11 @@ class Backend:
     def direct(self) -> bool:
         """True when commands may be sent on pooled connections directly (see _evalsha)."""
         return self._direct
+
+    @property
+    def master_switches(self) -> int:
+        """Master switches Sentinel announced since this client was built (0 without it)."""
+        return switches(self.client.connection_pool)
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self.scripts[name]

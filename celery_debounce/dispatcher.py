@@ -555,10 +555,14 @@ class Dispatcher:
             return
         deadline = time.monotonic() + seconds
         self._subscribe()
+        switches = self.backend.master_switches
         with translate_errors("wake subscription"):
             while not self._stop.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    return
+                if self.backend.master_switches != switches:  # Sentinel moved the master:
+                    self._close_pubsub()  # subscribe there (the old one may live on)
                     return
                 message = self._pubsub.get_message(timeout=min(remaining, 0.5))
                 if message is not None and message["type"] == "message":

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-
 #: Environment variables naming the server binary, first set wins: the tests' own
 #: (``CELERY_DEBOUNCE_TEST_SERVER=.venv/.../valkey-server`` runs the suite on Valkey),
 #: then the general one.
@@ -204,7 +203,7 @@ class LocalSentinels:
             except OSError:
                 return False
             fields = reply.split(b"\r\n")[2::2]
-            info = dict(zip(fields[::2], fields[1::2]))
+            info = dict(zip(fields[::2], fields[1::2], strict=False))
             if (info.get(b"num-slaves") != str(len(self.servers) - 1).encode()
                     or info.get(b"num-other-sentinels")
                     != str(len(self.sentinel_ports) - 1).encode()):
