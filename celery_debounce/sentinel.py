@@ -151,9 +151,9 @@ def sentinel_config(conf: Mapping[str, Any], url: str, *, from_broker: bool) -> 
         )
     kwargs = source.get("sentinel_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise DebounceConfigError(
-            f"sentinel_kwargs={kwargs!r}: expected a dict of connection arguments "
-            "for the sentinels"
+        raise DebounceConfigError(  # the value may hold a password: not shown
+            f"sentinel_kwargs: expected a dict of connection arguments for the sentinels, "
+            f"got a {type(kwargs).__name__}"
         )
     others = source.get("min_other_sentinels", 0)
     if isinstance(others, bool) or not isinstance(others, int) or others < 0:
@@ -171,15 +171,26 @@ def _transport_options(value: object) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise DebounceConfigError(
-            f"debounce_redis_transport_options={value!r}: expected a dict"
+            f"debounce_redis_transport_options: expected a dict, got a {type(value).__name__}"
         )
     unknown = sorted(str(k) for k in value if k not in TRANSPORT_OPTIONS)
-    if unknown:
+    if unknown:  # the values may hold a password (sentinel_kwargs): keys only
         raise DebounceConfigError(
-            f"debounce_redis_transport_options={dict(value)!r}: unknown option(s) "
-            f"{', '.join(unknown)} (known: {', '.join(TRANSPORT_OPTIONS)})"
+            f"debounce_redis_transport_options: unknown option(s) {', '.join(unknown)} "
+            f"(known: {', '.join(TRANSPORT_OPTIONS)})"
         )
     return dict(value)
+
+
+def refuse_without_sentinel(conf: Mapping[str, Any], url: str) -> None:
+    """The Sentinel settings are set but the windows' URL is not a Sentinel URL:
+    a half-changed configuration, refused rather than ignored."""
+    for name in ("debounce_redis_sentinel_master", "debounce_redis_transport_options"):
+        if conf.get(name):  # None or {}: not set
+            raise DebounceConfigError(
+                f"{name} is set but the windows' URL {redact(url)!r} is not a sentinel:// "
+                f"URL: set debounce_redis_url to the sentinels, or remove {name}"
+            )
 
 
 def master_client(config: SentinelConfig, timeout_s: float, retry: Retry) -> redis.Redis:

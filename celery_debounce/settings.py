@@ -10,7 +10,12 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
-from .sentinel import SentinelConfig, is_sentinel_url, sentinel_config
+from .sentinel import (
+    SentinelConfig,
+    is_sentinel_url,
+    refuse_without_sentinel,
+    sentinel_config,
+)
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -86,6 +91,8 @@ class Settings:
             return parse_duration(name, get(name))
 
         redis_url = _redis_url(app, get("debounce_redis_url"))
+        if not is_sentinel_url(redis_url):
+            refuse_without_sentinel(conf, redis_url)
         settings = cls(
             redis_url=redis_url,
             key_prefix=_prefix(get("debounce_key_prefix")),
