@@ -171,6 +171,8 @@ class Stream:
     refused: dict[int, float] = field(default_factory=dict)
     slowest: float = 0.0
     errors: list[str] = field(default_factory=list)
+    #: the master the producer's pool named when each call returned (for a lost call)
+    master: dict[int, Any] = field(default_factory=dict)
 
 
 def _produce(task: Any, stream: Stream, stop: threading.Event) -> None:
@@ -186,6 +188,7 @@ def _produce(task: Any, stream: Stream, stop: threading.Event) -> None:
                 stream.errors.append(str(exc))
         else:
             stream.accepted[n] = time.monotonic()
+            stream.master[n] = backend_for(task.app).client.connection_pool.master_address
         stream.slowest = max(stream.slowest, time.monotonic() - started)
         stop.wait(0.02)
 
@@ -268,6 +271,7 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
         "lost_after_switch": sum(1 for n in lost if stream.accepted[n] > switched + 0.5),
         "errors": stream.errors[:2],
         "lost_at_s": [round(stream.accepted[n] - began, 2) for n in lost][:10],
+        "lost_on": sorted({str(stream.master[n]) for n in lost}),
         # where the windows of lost calls would be: open ones left on any server
         "open_left": {("old" if s.port == old else "new" if s.port == new else s.port):
                       sum(1 for _ in redis.Redis(port=s.port).scan_iter("debounce:*:open:*"))
