@@ -316,6 +316,20 @@ MUTATIONS: list[Mutation] = [
         "local PRUNE = 20",
         "local PRUNE = 0",
         FAULTS + "test_a_record_nobody_finishes_leaves_no_key_after_the_record_ttl"),
+    # -- Sentinel ----------------------------------------------------------------------
+    one("no +switch-master watcher: pools stay on the old master until its demotion",
+        "failover (Sentinel): calls accepted after the switch go to the new master",
+        PKG + "sentinel.py",
+        "    SwitchWatcher(config, sentinel_kwargs, pool).start()",
+        "    pass",
+        "tests/test_sentinel.py::"
+        "test_calls_resume_after_a_failover_and_what_is_lost_is_measured[failover]"),
+    one("the dispatcher's wake subscription stays on the old master",
+        "failover (Sentinel): the dispatcher is woken by calls on the new master",
+        PKG + "dispatcher.py",
+        "if self.backend.master_switches != switches:",
+        "if False:",
+        "tests/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master"),
     # -- hostile input -----------------------------------------------------------------
     one("eta accepted with debounce",
         "hostile input: countdown/eta with debounce is refused",
