@@ -272,6 +272,10 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
         "errors": stream.errors[:2],
         "lost_at_s": [round(stream.accepted[n] - began, 2) for n in lost][:10],
         "lost_on": sorted({str(stream.master[n]) for n in lost}),
+        # records whose claim/finish marks did not reach the master that survived
+        "records_not_finished": sum(
+            1 for k in redis.Redis(port=new).scan_iter("debounce:{0}:win:*")
+            if redis.Redis(port=new).hget(k, "st") != b"finished"),
         # where the windows of lost calls would be: open ones left on any server
         "open_left": {("old" if s.port == old else "new" if s.port == new else s.port):
                       sum(1 for _ in redis.Redis(port=s.port).scan_iter("debounce:*:open:*"))
