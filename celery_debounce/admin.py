@@ -25,6 +25,15 @@ from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
 from .keys import shard_of, window_ident
+from .layout import (
+    LATE_BUCKETS_MS,
+    due_key,
+    leased_key,
+    open_key,
+    stats_key,
+    stats_reset_key,
+    win_key,
+)
 from .signals import window_cancelled
 from .windows import (
     _FIELDS,
@@ -39,9 +48,6 @@ logger = logging.getLogger("celery_debounce.admin")
 
 __all__ = ["LATE_BUCKETS_MS", "DebounceAdmin", "Stats", "TaskStats"]
 
-#: Upper bounds (ms) of the dispatch lateness buckets counted by take.lua
-#: (the last bucket, index ``len(LATE_BUCKETS_MS)``, is everything above).
-LATE_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
 _REVOKE_REASON = "debounce window cancelled"
@@ -269,9 +275,9 @@ class DebounceAdmin:
         for shard in range(self.settings.shards):
             tag = self.settings.tag(shard)
             with translate_errors("stats"), client.pipeline(False) as pipe:
-                pipe.zcard(f"{tag}:due")
-                pipe.zcount(f"{tag}:due", "-inf", now_ms)
-                pipe.hgetall(f"{tag}:stats")
+                pipe.zcard(due_key(tag))
+                pipe.zcount(due_key(tag), "-inf", now_ms)
+                pipe.hgetall(stats_key(tag))
                 zcard, zcount, counters = pipe.execute()
             total_open += int(zcard)
             total_due += int(zcount)
@@ -281,7 +287,7 @@ class DebounceAdmin:
                 cursor = "0"
                 while True:
                     reply = self.backend.run(
-                        "census", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, now_ms])
+                        "census", [due_key(tag)], [tag, cursor, _SCAN_COUNT, now_ms])
                     cursor = as_text(reply[0])
                     for task, n_open, n_due, oldest, waiting in reply[1:]:
                         row = TaskStats(task=as_text(task), open=int(n_open), due=int(n_due),
@@ -306,8 +312,8 @@ class DebounceAdmin:
         client = self.backend.client
         with translate_errors("stats reset"):
             for shard in range(self.settings.shards):
-                key = f"{self.settings.tag(shard)}:stats"
-                held = f"{key}:reset:{uuid.uuid4().hex}"  # same hash tag, same slot
+                key = stats_key(self.settings.tag(shard))
+                held = stats_reset_key(self.settings.tag(shard), uuid.uuid4().hex)  # same slot
                 try:
                     client.rename(key, held)
                 except redis.ResponseError as exc:
@@ -330,7 +336,7 @@ class DebounceAdmin:
         client = self.backend.client
         with translate_errors("inspect"), client.pipeline(False) as pipe:
             for shard in range(self.settings.shards):
-                pipe.hmget(f"{self.settings.tag(shard)}:win:{task_id}", *_FIELDS)
+                pipe.hmget(win_key(self.settings.tag(shard), task_id), *_FIELDS)
             rows = pipe.execute()
         for shard, row in enumerate(rows):
             info = _info(None, "", shard, row)
@@ -344,7 +350,7 @@ class DebounceAdmin:
             cursor = "0"
             while True:
                 next_cursor, ident = self.backend.run(
-                    "find", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, task_id])
+                    "find", [due_key(tag)], [tag, cursor, _SCAN_COUNT, task_id])
                 if ident:
                     info = self._info_of(as_text(ident), shard)
                     if info is not None and info.task_id == task_id:
@@ -376,7 +382,7 @@ class DebounceAdmin:
     def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
         tag = self.settings.tag(shard)
         reply = self.backend.run(
-            "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
+            "cancel", [open_key(tag, ident), due_key(tag), stats_key(tag)],
             [ident, task_id, self.settings.history_ttl_ms])
         if not reply:
             return None
@@ -399,7 +405,7 @@ class DebounceAdmin:
 
 
 def _flush_keys(tag: str, ident: str) -> list[str]:
-    return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
+    return [open_key(tag, ident), due_key(tag), leased_key(tag)]
 
 
 def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[str | int]:

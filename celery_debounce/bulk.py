@@ -14,6 +14,7 @@ from .backend import Backend, as_text, backend_for, translate_errors
 from .call import PreparedCall, prepare_call, static_routing
 from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
+from .layout import bulk_marker_prefix, open_key
 from .settings import settings_for
 from .signals import call_absorbed, window_opened
 from .task import DebouncedTask, check_arguments
@@ -187,7 +188,7 @@ def enter_many(
     outcomes[:] = [None] * len(calls)
     missing: list[int] = []
     token = uuid.uuid4().hex
-    marker_prefix = f"{backend.settings.tag(0)}:bulk:{token}:"
+    marker_prefix = bulk_marker_prefix(backend.settings.tag(0), token)
     sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
     answered: list[str] = []  # markers of the chunks whose replies were read
     failure: BaseException | None = None
@@ -296,7 +297,7 @@ def _settle(
                 with backend.client.pipeline(transaction=False) as pipe:
                     for i in chunk:
                         tag = backend.settings.tags[calls[i].shard]
-                        pipe.hget(f"{tag}:open:{calls[i].ident}", "id")
+                        pipe.hget(open_key(tag, calls[i].ident), "id")
                     ids = pipe.execute()
                 for i, tid in zip(chunk, ids, strict=True):
                     outcomes[i] = WRITTEN if tid is None else GateResult(

@@ -23,9 +23,19 @@ from kombu.exceptions import InconsistencyError
 from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError, WindowQuarantined
-from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
-from .message import SHARD_HEADER, WindowMessage
+from .layout import (
+    DEFAULT_CONTENT_TYPE,
+    HOT_KEYS_KEPT,
+    LATE_BUCKETS_MS,
+    SHARD_HEADER,
+    active_key,
+    due_key,
+    leased_key,
+    quarantine_key,
+    stats_key,
+)
+from .message import WindowMessage
 from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
 
 __all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
@@ -36,8 +46,6 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
-#: How many idents ``<tag>:hot`` keeps (take.lua: calls absorbed per ident, for ``top``).
-HOT_KEYS_KEPT = 100
 
 
 @dataclass(frozen=True)
@@ -102,9 +110,9 @@ def take_due(backend: Backend, shard: int, limit: int, observer: str = "") -> Ta
     tag = settings.tag(shard)
     reply = run_once(
         backend, "take",
-        [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
+        [due_key(tag), leased_key(tag), stats_key(tag)],
         [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-         settings.history_ttl_ms, observer, HOT_KEYS_KEPT],
+         settings.history_ttl_ms, observer, HOT_KEYS_KEPT, *LATE_BUCKETS_MS],
     )
     now_ms = int(reply[0])
     result = TakeResult(now_ms, int(reply[1]), [])
@@ -389,7 +397,7 @@ class Dispatcher:
         try:
             if sent:
                 self.backend.run(
-                    "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
+                    "ack", [leased_key(tag), active_key(tag)], [tag, *(w.task_id for w in sent)]
                 )
                 for window in sent:
                     _announce(window)
@@ -429,7 +437,7 @@ class Dispatcher:
         for delay, group in by_delay.items():
             # (id, tries) pairs: a lease another dispatcher took over is not moved
             pairs = [x for w in group for x in (w.task_id, w.tries)]
-            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
+            self.backend.run("release", [leased_key(tag)], [delay, tag, *pairs])
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
@@ -486,7 +494,7 @@ class Dispatcher:
         it, so no caller waits forever on a window that will not run."""
         tag = self.settings.tag(shard)
         reply = self.backend.run(
-            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, task_id, reason]
+            "quarantine", [leased_key(tag), quarantine_key(tag)], [tag, task_id, reason]
         )
         if not int(reply[0]):
             return

@@ -7,10 +7,8 @@ from typing import NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .backend import Backend
 from .call import PreparedCall, new_task_id
+from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS, due_key, open_key
 from .signals import call_absorbed, window_opened
-
-#: Content type not stored in a window record (``ct`` absent means this).
-DEFAULT_CONTENT_TYPE = "application/json"
 
 
 class GateResult(NamedTuple):
@@ -25,7 +23,7 @@ class GateResult(NamedTuple):
 
 def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
     tag = backend.settings.tags[call.shard]
-    return [f"{tag}:open:{call.ident}", f"{tag}:due"]
+    return [open_key(tag, call.ident), due_key(tag)]
 
 
 #: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).
@@ -48,7 +46,7 @@ def gate_args(
         replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
-        "" if call.options_json == "{}" else call.options_json,
+        "" if call.options_json == EMPTY_OPTIONS else call.options_json,
     ]
     if fixed is not None:
         args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]

@@ -10,6 +10,7 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
+from .layout import shard_tag, shard_tags, wake_channel
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -113,16 +114,16 @@ class Settings:
 
     def tag(self, shard: int) -> str:
         """The hash-tagged prefix every key of ``shard`` starts with."""
-        return f"{self.key_prefix}:{{{shard}}}"
+        return shard_tag(self.key_prefix, shard)
 
     @cached_property
     def tags(self) -> tuple[str, ...]:
         """:meth:`tag` of every shard, built once."""
-        return tuple(self.tag(shard) for shard in range(self.shards))
+        return shard_tags(self.key_prefix, self.shards)
 
     @property
     def wake_channel(self) -> str:
-        return f"{self.key_prefix}:wake"
+        return wake_channel(self.key_prefix)
 
 
 def settings_for(app: Celery) -> Settings:

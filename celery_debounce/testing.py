@@ -33,9 +33,17 @@ from kombu import serialization
 
 from .admin import flush_window
 from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
-from .dispatcher import SHARD_HEADER, Dispatcher, take_due
-from .gate import DEFAULT_CONTENT_TYPE
-from .keys import split_ident
+from .dispatcher import Dispatcher, take_due
+from .keys import ident_prefix, split_ident
+from .layout import (
+    DEFAULT_CONTENT_TYPE,
+    SHARD_HEADER,
+    active_key,
+    due_key,
+    leased_key,
+    open_key,
+    win_key,
+)
 from .settings import settings_for
 from .windows import WindowInfo
 
@@ -91,17 +99,17 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
 
     backend = backend_for(app)
     name = _task_name(task)
-    prefix = None if name is None else f"{len(name)}:{name}:"
+    prefix = None if name is None else ident_prefix(name)
     for shard in range(backend.settings.shards):
         tag = backend.settings.tag(shard)
         due: list[Any] = backend.client.zrange(
-            f"{tag}:due", 0, -1, withscores=True
+            due_key(tag), 0, -1, withscores=True
         )
         for member, dl in due:  # a pending window's deadline is its due score
             ident = as_text(member)
             if prefix is not None and not ident.startswith(prefix):
                 continue
-            row: list[Any] = backend.client.hmget(f"{tag}:open:{ident}", *_FIELDS)
+            row: list[Any] = backend.client.hmget(open_key(tag, ident), *_FIELDS)
             tid, fs, mw, n, ct, p, o = row
             if tid is None:
                 continue
@@ -186,8 +194,8 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
                     )
                 except Exception as exc:  # propagated: finish it, run the rest, raise later
                     backend.run(
-                        "finish", [f"{tag}:win:{window.task_id}", f"{tag}:leased",
-                                   f"{tag}:active"],
+                        "finish", [win_key(tag, window.task_id), leased_key(tag),
+                                   active_key(tag)],
                         [window.task_id, states.FAILURE, backend.settings.history_ttl_ms],
                     )
                     errors.append(exc)
@@ -195,7 +203,7 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
             if got < backend.settings.dispatch_batch:
                 break
         if handed_back:  # lease expiry := now: the next take (any dispatcher) publishes them
-            backend.run("release", [f"{tag}:leased"], [0, tag, *handed_back])
+            backend.run("release", [leased_key(tag)], [0, tag, *handed_back])
     if errors:
         raise errors[0]
     return results

@@ -29,9 +29,18 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
 from .backend import Backend, as_text, backend_for, translate_errors
-from .dispatcher import HOT_KEYS_KEPT
 from .errors import DebounceError
 from .keys import split_ident
+from .layout import (
+    HOT_KEYS_KEPT,
+    active_key,
+    dispatchers_key,
+    due_key,
+    hot_key,
+    leased_key,
+    quarantine_key,
+    stats_key,
+)
 
 #: Hottest keys shown. Each refresh reads all of ``<tag>:hot`` (at most HOT_KEYS_KEPT
 #: entries per shard), so a key's calls in the last minute are a plain difference.
@@ -85,15 +94,15 @@ def read_snapshot(backend: Backend) -> Snapshot:
     oldest_due: float | None = None
     for tag in settings.tags:
         with translate_errors("top"), client.pipeline(False) as pipe:
-            pipe.zcard(f"{tag}:due")
-            pipe.zcount(f"{tag}:due", "-inf", now_ms)
-            pipe.zrange(f"{tag}:due", 0, 0, withscores=True)
-            pipe.zcard(f"{tag}:leased")
-            pipe.zcard(f"{tag}:active")
-            pipe.zcard(f"{tag}:quarantine")
-            pipe.hgetall(f"{tag}:stats")
-            pipe.zrevrange(f"{tag}:hot", 0, HOT_KEYS_KEPT - 1, withscores=True)
-            pipe.zrange(f"{tag}:dispatchers", 0, -1, withscores=True)
+            pipe.zcard(due_key(tag))
+            pipe.zcount(due_key(tag), "-inf", now_ms)
+            pipe.zrange(due_key(tag), 0, 0, withscores=True)
+            pipe.zcard(leased_key(tag))
+            pipe.zcard(active_key(tag))
+            pipe.zcard(quarantine_key(tag))
+            pipe.hgetall(stats_key(tag))
+            pipe.zrevrange(hot_key(tag), 0, HOT_KEYS_KEPT - 1, withscores=True)
+            pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
         z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (

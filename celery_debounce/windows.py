@@ -12,6 +12,7 @@ from celery import Celery
 
 from .backend import Backend, as_text, backend_for, translate_errors
 from .keys import ident_prefix, split_ident
+from .layout import due_key, open_key, taken_set_key, win_key
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
@@ -83,8 +84,8 @@ def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
     """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
     tag = backend.settings.tag(shard)
     with translate_errors("inspect"), backend.client.pipeline(transaction=False) as pipe:
-        pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
-        pipe.zscore(f"{tag}:due", ident)
+        pipe.hmget(open_key(tag, ident), *_FIELDS)
+        pipe.zscore(due_key(tag), ident)
         row, deadline = pipe.execute()
     if deadline is None:
         return None
@@ -124,18 +125,18 @@ def _shard_windows(
         # does not read a large set whole.
         for start in itertools.count(0, _CHUNK):
             with translate_errors("inspect"):
-                ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", start,
+                ids = [as_text(m) for m in client.zrange(taken_set_key(tag, zset), start,
                                                          start + _CHUNK - 1)]
             with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
                 for tid in ids:
-                    pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
+                    pipe.hmget(win_key(tag, tid), *_FIELDS)
                 rows = pipe.execute(raise_on_error=False) if ids else []
             for tid, row in zip(ids, rows, strict=True):
                 if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
                         found += 1
                         yield WindowInfo("?", "", tid, "quarantined", 0, 0, 0, 0, shard,
-                                         f"{tag}:win:{tid}: {row}")
+                                         f"{win_key(tag, tid)}: {row}")
                     continue
                 info = _info(None, "", shard, row)
                 if info is not None and info.state in wanted and _matches(info, task, key_glob):
@@ -171,7 +172,7 @@ def walk_pending(
     while limit is None or found < limit:
         want = budget if limit is None else limit - found
         reply = backend.run(
-            "list", [f"{tag}:due"], [tag, start, skip, budget, want, prefix, pattern]
+            "list", [due_key(tag)], [tag, start, skip, budget, want, prefix, pattern]
         )
         examined, last, at_last, done = reply[:4]
         for ident, tid, fs, dl, mw, n, *mc in reply[4:]:

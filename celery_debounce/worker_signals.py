@@ -18,7 +18,7 @@ from celery.signals import task_postrun, task_prerun, task_rejected, task_revoke
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
 from .backend import backend_for
-from .dispatcher import SHARD_HEADER
+from .layout import SHARD_HEADER, active_key, leased_key, win_key
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -41,7 +41,7 @@ def _window_shard(task: Task) -> int | None:
 
 def _record_keys(tag: str, task_id: str) -> list[str]:
     """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
-    return [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"]
+    return [win_key(tag, task_id), leased_key(tag), active_key(tag)]
 
 
 def _claim(task_id: str, task: Task, **_: Any) -> None:

@@ -208,8 +208,8 @@ MUTATIONS: list[Mutation] = [
               "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
               "local now = tonumber(ARGV[8])"),
          Edit(PKG + "gate.py",
-              '"" if call.options_json == "{}" else call.options_json,\n',
-              '"" if call.options_json == "{}" else call.options_json,\n'
+              '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n',
+              '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n'
               '        int(__import__("time").time() * 1000),\n')),
         (FAULTS + "test_producer_clock_skew_does_not_change_deadlines",),
         notes="two edits: the producer must send its clock for the script to use it"),
