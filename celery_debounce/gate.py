@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
-from .backend import Backend
 from .call import PreparedCall, new_task_id
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS, due_key, open_key
 from .signals import call_absorbed, window_opened
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import WindowStore
 
 
 class GateResult(NamedTuple):
@@ -21,8 +23,8 @@ class GateResult(NamedTuple):
     now_ms: int
 
 
-def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
-    tag = backend.settings.tags[call.shard]
+def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
+    tag = store.settings.tags[call.shard]
     return [open_key(tag, call.ident), due_key(tag)]
 
 
@@ -31,7 +33,7 @@ _NOT_FIXED = ("", "", "", "")
 
 
 def gate_args(
-    backend: Backend, call: PreparedCall, fixed: FixedId | None = None
+    store: WindowStore, call: PreparedCall, fixed: FixedId | None = None
 ) -> list[object]:
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
@@ -68,7 +70,7 @@ def parse_reply(reply: list[object]) -> GateResult:
     )
 
 
-def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
@@ -76,8 +78,7 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     another id if that one is in use (see aliases.py). Sends ``window_opened`` or
     ``call_absorbed`` (only if someone listens).
     """
-    args = gate_args(backend, call, fixed)
-    result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+    result = store.gate(call, fixed)
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(

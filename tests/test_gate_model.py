@@ -317,7 +317,7 @@ class GateMachine(RuleBasedStateMachine):
             model = self.wins[w.task_id]
             model.taken += 1
             assert w.ident == model.ident and w.payload == model.payload
-            assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
+            assert (w.first_seen_ms, w.deadline_ms, w.ceiling_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
             assert w.capped == model.capped  # closed by its cap (gate.lua's cx)
