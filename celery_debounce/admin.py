@@ -21,8 +21,7 @@ from celery import Celery, states
 
 from .aliases import parse_aliases, resolve_aliases
 from .errors import WindowNotFound, WindowNotPending
-from .keys import shard_of, window_ident
-from .layout import LATE_BUCKETS_MS, split_counter
+from .layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
 from .signals import window_cancelled
 from .store import WindowStore, store_for
 from .windows import (
@@ -368,18 +367,12 @@ def flush_window(store: WindowStore, shard: int, ident: str,
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
+    """Add one ``<kind>|<task>`` counter (layout.COUNTER_KINDS) to its task's row."""
     kind, task = split_counter(name)
     row = tasks.setdefault(task, TaskStats(task=task))
-    if kind == "r":
-        row.runs += value
-    elif kind == "c":
-        row.calls += value
-    elif kind == "f":
-        row.forced += value
-    elif kind == "x":
-        row.cancelled += value
-    elif kind == "m":
-        row.closed_by_cap += value
+    attr = COUNTER_KINDS.get(kind)
+    if attr is not None:
+        setattr(row, attr, getattr(row, attr) + value)
     elif kind.startswith("l") and kind[1:].isdigit() and int(kind[1:]) < len(row.lateness_buckets):
         row.lateness_buckets[int(kind[1:])] += value
 

@@ -60,7 +60,6 @@ class Settings:
     redis_url: str
     key_prefix: str
     shards: int
-    dispatcher: bool
     poll_interval_ms: int
     dispatch_batch: int
     dispatch_lease_ms: int
@@ -85,7 +84,6 @@ class Settings:
             redis_url=_redis_url(app, get("debounce_redis_url")),
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
-            dispatcher=parse_bool("debounce_dispatcher", get("debounce_dispatcher")),
             poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
             dispatch_lease_ms=duration("debounce_dispatch_lease"),
@@ -97,6 +95,8 @@ class Settings:
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
         )
+        # read by the worker bootstep (bootstep.py) only; refused here too, early
+        parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
         settings.check()
         return settings
 

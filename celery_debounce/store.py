@@ -33,7 +33,6 @@ from redis.retry import Retry
 
 from .errors import DebounceBackendError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
-from .keys import split_ident
 from .layout import (
     CANCEL_FIELDS,
     FLUSH_FIELDS,
@@ -55,6 +54,7 @@ from .layout import (
     leased_key,
     open_key,
     quarantine_key,
+    split_ident,
     stats_key,
     stats_reset_key,
     taken_set_key,
@@ -504,12 +504,6 @@ class WindowStore:
                 for i in chunk:
                     if outcomes[i] is None:
                         outcomes[i] = UNKNOWN_OUTCOME
-
-    def pending_id(self, shard: int, ident: str) -> str | None:
-        """The task id of the pending window of ``ident``, or None."""
-        with translate_errors("inspect"):
-            tid = self.client.hget(open_key(self.tag(shard), ident), "id")
-        return None if tid is None else as_text(tid)
 
     # -- dispatchers -------------------------------------------------------------------------
     def take(self, shard: int, limit: int, observer: str = "") -> TakeResult:

@@ -32,8 +32,7 @@ from celery.result import EagerResult
 from kombu import serialization
 
 from .dispatcher import Dispatcher
-from .keys import ident_prefix, split_ident
-from .layout import SHARD_HEADER, decode_options
+from .layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
 from .settings import settings_for
 from .store import WindowStore, store_for
 from .windows import WindowInfo

@@ -29,7 +29,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
 from .errors import DebounceError
-from .keys import split_ident
+from .layout import split_ident
 from .store import WindowStore, store_for
 
 #: Hottest keys shown. Each refresh reads all of ``<tag>:hot`` (at most HOT_KEYS_KEPT

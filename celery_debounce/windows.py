@@ -10,8 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from .keys import ident_prefix, split_ident
-from .layout import TAKEN_SETS, Record
+from .layout import TAKEN_SETS, Record, ident_prefix, split_ident
 from .store import WindowStore, store_for
 
 #: States in the order a window goes through them.
@@ -145,7 +144,7 @@ def walk_pending(
 
 _LUA_MAGIC = frozenset(b"^$()%.[]*+-?")
 #: One UTF-8 encoded character in a Lua pattern: a byte that does not continue a
-#: character, then any continuation bytes. Keys are valid UTF-8 (keys.resolve).
+#: character, then any continuation bytes. Keys are valid UTF-8 (key_templates.resolve).
 _ONE_CHAR = b"[^\x80-\xbf][\x80-\xbf]*"
 
 

@@ -75,7 +75,7 @@ MUTATIONS: list[Mutation] = [
         E2E + "test_racing_producers_in_several_processes_open_one_window"),
     one("ident without the task-name length",
         "inv 1: the ident is injective in (task, key)",
-        PKG + "keys.py",
+        PKG + "layout.py",
         'return f"{size}:{task_name}:"',
         'return f"{task_name}:"',
         HOSTILE + "test_task_names_with_separators_cannot_collide"),

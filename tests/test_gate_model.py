@@ -47,7 +47,7 @@ from celery_debounce.backend import Backend, script_source
 from celery_debounce.call import PreparedCall
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import enter
-from celery_debounce.keys import window_ident
+from celery_debounce.layout import window_ident
 from celery_debounce.options import DebounceSpec
 from celery_debounce.settings import Settings
 
@@ -84,7 +84,7 @@ def fake_clock() -> Iterator[None]:
 
 def make_settings(prefix: str, lease_ms: int) -> Settings:
     return Settings(
-        redis_url="redis://unused", key_prefix=prefix, shards=1, dispatcher=False,
+        redis_url="redis://unused", key_prefix=prefix, shards=1,
         poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
         history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
         max_key_length=1024, max_payload_bytes=1 << 20,
