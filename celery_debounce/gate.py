@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
-from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS, due_key, open_key
+from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, window_opened
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,8 +24,10 @@ class GateResult(NamedTuple):
 
 
 def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
-    tag = store.settings.tags[call.shard]
-    return [open_key(tag, call.ident), due_key(tag)]
+    """KEYS of gate.lua: ``open_key(tag, ident)`` and ``due_key(tag)``, from prefixes the
+    store built once per shard with those builders (no call per call)."""
+    open_prefix, due = store.gate_prefixes[call.shard]
+    return [open_prefix + call.ident, due]
 
 
 #: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).

@@ -277,6 +277,9 @@ class WindowStore:
             # recursed in its health check when a TLS handshake failed.
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
         )
+        #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
+        self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
+            (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
         self.scripts: dict[str, Script] = {
             name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
         }

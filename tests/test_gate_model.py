@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 
 from celery_debounce.admin import flush_window
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend, script_source
+from celery_debounce.backend import Backend
 from celery_debounce.call import PreparedCall
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import enter
@@ -92,15 +92,8 @@ def make_settings(prefix: str, lease_ms: int) -> Settings:
 
 
 def backend_on(client: redis.Redis, settings: Settings) -> Backend:
-    """A Backend on an existing client (fakeredis or real)."""
-    backend = Backend.__new__(Backend)
-    backend.settings = settings
-    backend.client = client
-    backend.scripts = {
-        name: client.register_script(script_source(name))
-        for name in ("gate", "take", "ack", "release", "claim", "finish", "flush", "cancel")
-    }
-    return backend
+    """A Backend (the store) on an existing client (fakeredis or real)."""
+    return Backend(settings, client)
 
 
 @dataclass
