@@ -35,6 +35,7 @@ from .errors import DebounceBackendError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .layout import (
     CANCEL_FIELDS,
+    F_ID,
     FLUSH_FIELDS,
     HOT_KEYS_KEPT,
     INSPECT_FIELDS,
@@ -497,7 +498,7 @@ class WindowStore:
                         continue
                     with self.client.pipeline(transaction=False) as pipe:
                         for i in chunk:
-                            pipe.hget(open_key(self.tag(calls[i].shard), calls[i].ident), "id")
+                            pipe.hget(open_key(self.tag(calls[i].shard), calls[i].ident), F_ID)
                         ids = pipe.execute()
                     for i, tid in zip(chunk, ids, strict=True):
                         outcomes[i] = WRITTEN if tid is None else GateResult(
@@ -581,6 +582,11 @@ class WindowStore:
         return list(reply[2:])
 
     # -- operators -------------------------------------------------------------------------
+    def ping(self) -> bool:
+        """True when Redis answers (errors leave as DebounceBackendError)."""
+        with translate_errors("ping"):
+            return bool(self.client.ping())
+
     def time_ms(self, operation: str = "time") -> int:
         """The Redis clock, ms (``operation`` names the caller in an error)."""
         with translate_errors(operation):
