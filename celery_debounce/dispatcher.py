@@ -11,7 +11,8 @@ import logging
 import math
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from json import loads as _json_loads
 from typing import Any
@@ -22,6 +23,7 @@ from kombu.exceptions import InconsistencyError
 
 from .aliases import parse_aliases, resolve_aliases
 from .backend import Backend, as_text, backend_for, translate_errors
+from .confirms import ConfirmingPublisher, uses_confirms
 from .errors import DebounceBackendError, WindowQuarantined
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
@@ -250,6 +252,13 @@ def check_json_body(body: bytes) -> None:
         )
 
 
+def _channel_closed(exc: BaseException | None) -> bool:
+    """True when the broker closed the channel over a message (an AMQP channel error)."""
+    from amqp.exceptions import ChannelError
+
+    return isinstance(exc, ChannelError)
+
+
 def _reached_broker(exc: BaseException) -> bool:
     """True when a failed batch got an answer from the broker (an error reply)."""
     seen: BaseException | None = exc
@@ -285,6 +294,10 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pubsub: Any = None
+        #: an AMQP broker: publish on a confirming connection of our own (confirms.py)
+        self._confirms: ConfirmingPublisher | None = (
+            ConfirmingPublisher(app) if uses_confirms(app) else None
+        )
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -336,7 +349,7 @@ class Dispatcher:
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
         fresh = [w for w in windows if w.tries == 1]
         retried = [w for w in windows if w.tries > 1]
-        with self.app.producer_or_acquire() as producer:
+        with self._producer() as producer:
             for group, batched in ((fresh, True), (retried, False)):
                 if not group:
                     continue
@@ -344,6 +357,7 @@ class Dispatcher:
                     unsent.extend(group)
                     continue
                 ok: list[TakenWindow] = []
+                confirming: dict[int, TakenWindow] = {}  # AMQP: publish number -> window
                 try:
                     with _batch(producer, len(group)) if batched else nullcontext():
                         for i, window in enumerate(group):
@@ -357,6 +371,12 @@ class Dispatcher:
                                 continue
                             try:
                                 self._send(producer, window)
+                                if self._confirms is not None:
+                                    confirming[self._confirms.sent()] = window
+                                    if not batched:  # one by one: its answer before the next
+                                        self._confirmed(confirming, lease_end, batched, ok,
+                                                        failed, unsent, uncertain)
+                                    continue
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
                             except BrokerUnavailable as exc:
@@ -373,8 +393,16 @@ class Dispatcher:
                                     window.key, window.tries, MAX_TRIES, exc,
                                 )
                                 failed.append((window, f"{type(exc).__name__}: {exc}"))
+                                if self._confirms is not None and not self._confirms.usable():
+                                    # the broker closed the channel: nothing more goes out
+                                    # on it; the rest waits for the next pass
+                                    unsent.extend(group[i + 1:])
+                                    break
                             else:
                                 ok.append(window)
+                    if confirming:
+                        self._confirmed(confirming, lease_end, batched, ok, failed, unsent,
+                                        uncertain)
                 except Exception as exc:  # the batched publish failed as a whole
                     logger.warning(
                         "debounce: publishing a batch of %d failed, none is confirmed; "
@@ -403,6 +431,61 @@ class Dispatcher:
         finally:
             _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
+
+    @contextmanager
+    def _producer(self) -> Iterator[Any]:
+        """The producer to publish on: the app's pool, or (AMQP) our confirming channel."""
+        if self._confirms is None:
+            with self.app.producer_or_acquire() as producer:
+                yield producer
+            return
+        try:
+            producer = self._confirms.producer()
+        except Exception as exc:
+            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        yield producer
+
+    def _confirmed(
+        self, confirming: dict[int, TakenWindow], lease_end: float, batched: bool,
+        ok: list[TakenWindow], failed: list[tuple[TakenWindow, str]],
+        unsent: list[TakenWindow], uncertain: list[TakenWindow],
+    ) -> None:
+        """Wait for the broker's confirms of ``confirming`` (then emptied) and sort them.
+
+        Acked: sent. Nacked: the broker refused to take the message (a queue at its
+        length limit with ``reject-publish``, an internal error): not sent, released
+        and retried soon, not counted against the window. No answer (the connection
+        or channel failed, or the deadline passed): delivery is uncertain, released
+        for a full lease (as a Redis batch answered in part); a window published on
+        its own whose channel the broker closed is counted against it.
+        """
+        assert self._confirms is not None
+        # wait up to half the lease from the take, and at least a second
+        deadline = max(lease_end, time.monotonic() + 1.0)
+        result = self._confirms.wait(sorted(confirming), deadline)
+        for seq in sorted(confirming):
+            window = confirming[seq]
+            if seq in result.acked:
+                ok.append(window)
+            elif seq in result.nacked:
+                unsent.append(window)
+            elif not batched and _channel_closed(result.error):
+                failed.append((window, f"{type(result.error).__name__}: {result.error}"))
+            else:
+                uncertain.append(window)
+        if result.nacked:
+            logger.warning(
+                "debounce: the broker refused (nack) %d message(s); their windows are "
+                "retried: %s", len(result.nacked),
+                ", ".join(confirming[s].task_id for s in sorted(result.nacked)[:5]),
+            )
+        if result.unconfirmed:
+            logger.warning(
+                "debounce: %d message(s) not confirmed by the broker (%r); their windows "
+                "are not acked and are published again after the lease unless a worker "
+                "claims them", len(result.unconfirmed), result.error,
+            )
+        confirming.clear()
 
     def _release(
         self, tag: str, unsent: list[TakenWindow], uncertain: list[TakenWindow],
@@ -532,6 +615,8 @@ class Dispatcher:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
         self._close_pubsub()
+        if self._confirms is not None:
+            self._confirms.close()
 
     def _subscribe(self) -> None:
         """Subscribe to the wake channel and wait until Redis confirms it."""
