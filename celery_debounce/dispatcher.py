@@ -353,7 +353,7 @@ class Dispatcher:
             for group, batched in ((fresh, True), (retried, False)):
                 if not group:
                     continue
-                if unsent:  # the broker failed for an earlier group
+                if unsent or producer is None:  # the broker failed (for an earlier group)
                     unsent.extend(group)
                     continue
                 ok: list[TakenWindow] = []
@@ -434,15 +434,18 @@ class Dispatcher:
 
     @contextmanager
     def _producer(self) -> Iterator[Any]:
-        """The producer to publish on: the app's pool, or (AMQP) our confirming channel."""
+        """The producer to publish on: the app's pool, or (AMQP) our confirming channel
+        (None when it cannot connect)."""
         if self._confirms is None:
             with self.app.producer_or_acquire() as producer:
                 yield producer
             return
         try:
             producer = self._confirms.producer()
-        except Exception as exc:
-            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # cannot connect: nothing is sent, every window waits
+            logger.warning("debounce: broker unavailable, windows not published, will "
+                           "retry: %s: %s", type(exc).__name__, exc)
+            producer = None
         yield producer
 
     def _confirmed(
