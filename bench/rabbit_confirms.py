@@ -36,7 +36,7 @@ from celery_debounce import DebouncedTask, Dispatcher
 from celery_debounce.local_redis import LocalRedis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from rabbitmq_node import RabbitNode  # noqa: E402
+from rabbitmq_node import RabbitNode
 
 MODES = ("confirms", "none", "per-message", "apply_async")
 

@@ -63,13 +63,13 @@ class RabbitNode:
         cookie.chmod(0o400)
         (self.dir / "enabled_plugins").write_text("[].\n")
         (self.dir / "rabbitmq.conf").write_text(
-            "listeners.tcp.1 = 127.0.0.1:{port}\n"
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
             "loopback_users = none\n"
             # tests fill no disk and no memory; never block publishers on alarms
             "disk_free_limit.absolute = 1\n"
             "vm_memory_high_watermark.relative = 0.9\n"
             "log.file.level = info\n"
-            "log.console = false\n".format(port=self.port)
+            "log.console = false\n"
         )
         (self.dir / "rabbitmq-env.conf").write_text("")  # not /etc/rabbitmq's
 
