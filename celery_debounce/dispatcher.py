@@ -334,7 +334,9 @@ class Dispatcher:
         its next attempt. A failure of the broker as a whole (the batched pipeline,
         a lost connection) releases every window not confirmed, without counting
         against them. Quarantines run after the ack, so a Redis error there cannot
-        release windows already sent.
+        release windows already sent. On an AMQP broker "sent" means confirmed by
+        the broker (:meth:`_confirmed`): a nacked message is released like an unsent
+        one, a message with no answer like an uncertain one.
         """
         if not windows:
             return 0
@@ -343,6 +345,7 @@ class Dispatcher:
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
         unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
         uncertain: list[TakenWindow] = []  # a batch the broker answered in part
+        refused: list[TakenWindow] = []  # AMQP: nacked by the broker; not counted
         bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
@@ -375,7 +378,7 @@ class Dispatcher:
                                     confirming[self._confirms.sent()] = window
                                     if not batched:  # one by one: its answer before the next
                                         self._confirmed(confirming, lease_end, batched, ok,
-                                                        failed, unsent, uncertain)
+                                                        failed, refused, uncertain)
                                     continue
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
@@ -401,7 +404,7 @@ class Dispatcher:
                             else:
                                 ok.append(window)
                     if confirming:
-                        self._confirmed(confirming, lease_end, batched, ok, failed, unsent,
+                        self._confirmed(confirming, lease_end, batched, ok, failed, refused,
                                         uncertain)
                 except Exception as exc:  # the batched publish failed as a whole
                     logger.warning(
@@ -425,7 +428,7 @@ class Dispatcher:
                 if window.tries >= MAX_TRIES:
                     bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
             retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-            self._release(tag, unsent, uncertain, retry)
+            self._release(tag, unsent + refused, uncertain, retry)
             for window, reason in bad:
                 self._quarantine(window, reason)
         finally:
@@ -451,7 +454,7 @@ class Dispatcher:
     def _confirmed(
         self, confirming: dict[int, TakenWindow], lease_end: float, batched: bool,
         ok: list[TakenWindow], failed: list[tuple[TakenWindow, str]],
-        unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        refused: list[TakenWindow], uncertain: list[TakenWindow],
     ) -> None:
         """Wait for the broker's confirms of ``confirming`` (then emptied) and sort them.
 
@@ -471,7 +474,7 @@ class Dispatcher:
             if seq in result.acked:
                 ok.append(window)
             elif seq in result.nacked:
-                unsent.append(window)
+                refused.append(window)
             elif not batched and _channel_closed(result.error):
                 failed.append((window, f"{type(result.error).__name__}: {result.error}"))
             else:

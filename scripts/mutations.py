@@ -329,4 +329,17 @@ MUTATIONS: list[Mutation] = [
         "if len(key) > settings.max_key_length:",
         "if len(key) >= settings.max_key_length:",
         HOSTILE + "test_key_at_the_length_limit_is_accepted"),
+    # -- RabbitMQ broker: publisher confirms ---------------------------------------
+    one("a nacked publish is acked in Redis",
+        "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
+        PKG + "dispatcher.py",
+        "            elif seq in result.nacked:\n                refused.append(window)",
+        "            elif seq in result.nacked:\n                ok.append(window)",
+        "tests/test_rabbitmq.py::test_a_nacked_publish_is_not_acked_and_the_window_is_retried"),
+    one("an unconfirmed publish is acked in Redis",
+        "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
+        PKG + "dispatcher.py",
+        "            else:\n                uncertain.append(window)",
+        "            else:\n                ok.append(window)",
+        "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
 ]
