@@ -101,7 +101,9 @@ def test_burst_runs_once_and_every_caller_gets_the_result_on_rabbitmq(
         wait_until(lambda: not list_windows(app), 10)
     assert sorted(runs_seen) == [("u1", 0), ("u2", 7)]
     record = redis_client.hgetall(f"debounce:{{0}}:win:{other.id}")
-    assert record[b"st"] == b"finished" and b"pa" in record  # acked after the confirm
+    # published once (a worker may claim and finish it before the dispatcher's ack
+    # that follows the broker's confirm: then the record has no `pa`)
+    assert record[b"st"] == b"finished" and record[b"tries"] == b"1"
 
 
 def test_max_wait_forces_runs_under_a_stream_on_rabbitmq(
