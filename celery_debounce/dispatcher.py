@@ -620,6 +620,13 @@ class Dispatcher:
                 logger.exception("debounce: dispatcher %s: unexpected error", self.name)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        self.close()
+
+    def close(self) -> None:
+        """Close the wake subscription and (AMQP) the confirming broker connection.
+
+        ``run()`` does it when it ends; call it after ``dispatch_once()`` used alone.
+        The next pass opens them again."""
         self._close_pubsub()
         if self._confirms is not None:
             self._confirms.close()

@@ -188,6 +188,7 @@ def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
     published = [0]
     wait_until(lambda: published.__setitem__(0, published[0] + dispatcher.dispatch_once()[0])
                or published[0] == 3, 10)
+    dispatcher.close()
     assert queue_depth(app, qname) == 3  # all three wait in the priority queue
     with running_worker(app, queues=[qname]):
         assert [r.get(timeout=15) for r in results] == ["p1", "p9", "p5"]
