@@ -342,4 +342,10 @@ MUTATIONS: list[Mutation] = [
         "            else:\n                uncertain.append(window)",
         "            else:\n                ok.append(window)",
         "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
+    one("the confirming connection is not checked before a batch",
+        "RabbitMQ restarted between batches: the next batch is published at once",
+        PKG + "confirms.py",
+        "if self._producer is not None and not self._alive():",
+        "if self._producer is not None and not True:",
+        "tests/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
 ]

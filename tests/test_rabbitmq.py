@@ -319,3 +319,26 @@ def test_rabbitmq_killed_mid_batch_loses_no_window(
         dispatcher.stop()
     counts = [len(runs(redis_client, f"mb{i}")) for i in range(20)]
     assert all(1 <= c <= 2 for c in counts), counts
+
+
+def test_a_rabbitmq_restart_between_batches_costs_no_lease(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
+) -> None:
+    """The dispatcher keeps its confirming connection between batches. After RabbitMQ
+    restarted, the next batch finds that connection closed before publishing on it
+    (not by a missing confirm, which would hold its windows for a lease) and is
+    published and confirmed at once on a new one."""
+    app = rabbit_fault_app(redis_server, rabbit, debounce_dispatcher=False, lease=30.0)
+    task = app.tasks["faults.record"]
+    dispatcher = Dispatcher(app, name="kept-connection")
+    try:
+        task.delay("before")
+        wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
+        rabbit.stop()
+        rabbit.start()
+        after = task.delay("after").id
+        wait_until(lambda: list_windows(app, states=["pending"])[0].deadline <= time.time(), 5)
+        assert dispatcher.dispatch_once()[0] == 1  # the first pass after the restart
+        assert {w.task_id: w.state for w in list_windows(app)}[after] == "queued"
+    finally:
+        dispatcher.close()
