@@ -342,3 +342,26 @@ def test_a_rabbitmq_restart_between_batches_costs_no_lease(
         assert {w.task_id: w.state for w in list_windows(app)}[after] == "queued"
     finally:
         dispatcher.close()
+
+
+def test_confirm_bookkeeping_follows_amqp_numbering() -> None:
+    """Single and ``multiple`` acks and nacks, as RabbitMQ sends them, sort each
+    publish number (no broker needed: the channel's callbacks are called directly)."""
+    from celery_debounce.confirms import ConfirmingPublisher
+
+    pub = ConfirmingPublisher(Celery("bookkeeping", broker="memory://", set_as_current=False))
+    seqs = [pub.sent() for _ in range(8)]
+    assert seqs == [1, 2, 3, 4, 5, 6, 7, 8]
+    pub._on_ack(2, True)  # 1 and 2
+    pub._on_nack(3, False)
+    pub._on_ack(4, False)
+    pub._on_nack(6, True)  # 5 and 6 (4 was acked on its own)
+    pub._on_ack(7, False)
+    answers = {s: pub._answer(s) for s in seqs}
+    assert answers == {1: True, 2: True, 3: False, 4: True, 5: False, 6: False, 7: True,
+                       8: None}
+    result = pub.wait(seqs[:7], deadline=0)  # all of these answered: no waiting
+    assert (sorted(result.acked), sorted(result.nacked)) == ([1, 2, 4, 7], [3, 5, 6])
+    assert result.unconfirmed == set() and result.error is None
+    late = pub.wait([8], deadline=0)  # no answer, no time left: unconfirmed
+    assert late.unconfirmed == {8} and isinstance(late.error, TimeoutError)
