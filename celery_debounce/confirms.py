@@ -104,22 +104,23 @@ class ConfirmingPublisher:
     def _alive(self) -> bool:
         """False when the broker closed the connection or the channel since the last batch.
 
-        Peeks at the socket without reading: end of file (the broker closed it) or
-        unread bytes (with no publish pending and heartbeats off, only a
-        ``connection.close`` from the broker) mean: reconnect.
+        Peeks at the socket without reading: only "nothing to read" means alive.
+        End of file (the broker or the network closed it) or unread bytes (with
+        every confirm read and heartbeats off: a ``connection.close`` or
+        ``connection.blocked`` from the broker) mean: reconnect.
         """
         if self._channel is None or not getattr(self._channel, "is_open", False):
             return False
         try:
             sock = self._conn.connection.transport.sock
-            data = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return True  # nothing to read: open and quiet
         except ValueError:  # a TLS socket refuses recv flags: cannot peek, trust it
             return True
         except (OSError, AttributeError):
             return False
-        return not data
+        return False  # b"" (end of file) or bytes waiting: reconnect
 
     def usable(self) -> bool:
         """False once the broker closed the channel (a channel error): nothing more goes on it."""

@@ -321,20 +321,22 @@ def test_rabbitmq_killed_mid_batch_loses_no_window(
     assert all(1 <= c <= 2 for c in counts), counts
 
 
+@pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_rabbitmq_restart_between_batches_costs_no_lease(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, how: str
 ) -> None:
     """The dispatcher keeps its confirming connection between batches. After RabbitMQ
-    restarted, the next batch finds that connection closed before publishing on it
-    (not by a missing confirm, which would hold its windows for a lease) and is
-    published and confirmed at once on a new one."""
+    restarted (stopped: it sent ``connection.close``; killed: the socket just ended),
+    the next batch finds that connection closed before publishing on it (not by a
+    missing confirm, which would hold its windows for a lease) and is published and
+    confirmed at once on a new one."""
     app = rabbit_fault_app(redis_server, rabbit, debounce_dispatcher=False, lease=30.0)
     task = app.tasks["faults.record"]
     dispatcher = Dispatcher(app, name="kept-connection")
     try:
         task.delay("before")
         wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
-        rabbit.stop()
+        rabbit.stop(kill=how == "killed")
         rabbit.start()
         after = task.delay("after").id
         wait_until(lambda: list_windows(app, states=["pending"])[0].deadline <= time.time(), 5)
