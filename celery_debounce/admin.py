@@ -62,6 +62,8 @@ class TaskStats:
     forced: int = 0
     cancelled: int = 0
     closed_by_cap: int = 0
+    leading_runs: int = 0
+    suppressed: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -97,6 +99,8 @@ class TaskStats:
         self.forced += other.forced
         self.cancelled += other.cancelled
         self.closed_by_cap += other.closed_by_cap
+        self.leading_runs += other.leading_runs
+        self.suppressed += other.suppressed
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -107,6 +111,7 @@ class TaskStats:
             "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
+            "leading_runs": self.leading_runs, "suppressed": self.suppressed,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(
@@ -430,6 +435,10 @@ def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
         row.cancelled += value
     elif kind == "m":
         row.closed_by_cap += value
+    elif kind == "e":
+        row.leading_runs += value
+    elif kind == "s":
+        row.suppressed += value
     elif kind.startswith("l") and kind[1:].isdigit() and int(kind[1:]) < len(row.lateness_buckets):
         row.lateness_buckets[int(kind[1:])] += value
 

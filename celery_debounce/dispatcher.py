@@ -26,7 +26,12 @@ from .errors import DebounceBackendError, WindowQuarantined
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
 from .message import SHARD_HEADER, WindowMessage
-from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
+from .signals import (
+    leading_run,
+    window_closed_by_cap,
+    window_dispatched,
+    window_forced_by_max_wait,
+)
 
 __all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
 
@@ -57,6 +62,7 @@ class TakenWindow:
     tries: int
     taken_ms: int
     capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
+    leading: bool = False  # a leading run (debounce_leading=True), due at its first call
 
     @property
     def task_name(self) -> str:
@@ -178,6 +184,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
         tries=int(tries or 1),
         taken_ms=now_ms,
         capped=bool(rest and rest[0] is not None),
+        leading=len(rest) > 1 and rest[1] is not None,
     )
 
 
@@ -211,6 +218,10 @@ def _count_forced(windows: list[TakenWindow]) -> None:
         for window in windows:
             if window.tries == 1 and window.capped:
                 window_closed_by_cap.send(sender=window.task_name, **_fields(window))
+    if leading_run.receivers:  # e|<task> in the stats
+        for window in windows:
+            if window.tries == 1 and window.leading:
+                leading_run.send(sender=window.task_name, **_fields(window))
     if not window_forced_by_max_wait.receivers:
         return
     for window in windows:

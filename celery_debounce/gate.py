@@ -7,7 +7,7 @@ from typing import NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .backend import Backend
 from .call import PreparedCall, new_task_id
-from .signals import call_absorbed, window_opened
+from .signals import call_absorbed, call_suppressed, window_opened
 
 #: Content type not stored in a window record (``ct`` absent means this).
 DEFAULT_CONTENT_TYPE = "application/json"
@@ -21,6 +21,9 @@ class GateResult(NamedTuple):
     deadline_ms: int
     calls: int
     now_ms: int
+    #: ``"lead"``: this call is a leading run (published at once); ``"suppressed"``:
+    #: folded into the leading run ``task_id`` (leading only); ``""`` otherwise
+    edge: str = ""
 
 
 def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
@@ -38,7 +41,8 @@ def gate_args(
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
-    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``.
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``; the edge mode and
+    the history TTL (ARGV[13..14]) only with ``debounce_leading=True``.
     """
     window, max_wait, replace = call.spec.gate_argv
     args: list[object] = [
@@ -56,10 +60,18 @@ def gate_args(
         if fixed is None:
             args += _NOT_FIXED
         args.append(call.spec.max_calls)
+    if call.spec.leading:
+        if len(args) == 7:
+            args += _NOT_FIXED
+        if len(args) == 11:
+            args.append("")
+        args += [call.spec.edge, backend.settings.history_ttl_ms]
     return args
 
 
 def parse_reply(reply: list[object]) -> GateResult:
+    if len(reply) > 5:  # an edge call: "lead" or "suppressed"
+        return _edge_reply(reply)
     task_id, opened, deadline, calls, now = reply
     return GateResult(
         task_id.decode() if isinstance(task_id, bytes) else str(task_id),
@@ -68,6 +80,12 @@ def parse_reply(reply: list[object]) -> GateResult:
         int(calls),  # type: ignore[call-overload]
         int(now),  # type: ignore[call-overload]
     )
+
+
+def _edge_reply(reply: list[object]) -> GateResult:
+    base = parse_reply(reply[:5])
+    edge = reply[5]
+    return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))
 
 
 def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
@@ -80,7 +98,10 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     """
     args = gate_args(backend, call, fixed)
     result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
-    signal = window_opened if result.opened else call_absorbed
+    if result.edge == "suppressed":
+        signal = call_suppressed
+    else:
+        signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(
             sender=call.task_name,

@@ -15,7 +15,7 @@ from .keys import ident_prefix, split_ident
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
-_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc")
+_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc", "ld", "tr")
 _CHUNK = 500
 
 
@@ -34,6 +34,9 @@ class WindowInfo:
     shard: int
     error: str | None = None
     max_calls: int | None = None  # the window's debounce_max_calls, when it has one
+    #: "leading": a leading run (published at its first call); "trailing": a window
+    #: opened during the quiet period after a leading run (due at its end); None: neither
+    edge: str | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -49,6 +52,8 @@ class WindowInfo:
 def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
     tid, rec_ident, fs, dl, mw, n, st, qe, *rest = row
     mc = rest[0] if rest else None
+    ld = rest[1] if len(rest) > 1 else None
+    tr = rest[2] if len(rest) > 2 else None
     if tid is None:
         return None
     raw = ident if ident is not None else as_text(rec_ident or "")
@@ -68,6 +73,7 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         shard=shard,
         error=as_text(qe) if qe is not None else None,
         max_calls=_number(mc) if mc is not None else None,
+        edge="leading" if ld is not None else "trailing" if tr is not None else None,
     )
 
 
@@ -174,9 +180,10 @@ def walk_pending(
             "list", [f"{tag}:due"], [tag, start, skip, budget, want, prefix, pattern]
         )
         examined, last, at_last, done = reply[:4]
-        for ident, tid, fs, dl, mw, n, *mc in reply[4:]:
+        for ident, tid, fs, dl, mw, n, *rest in reply[4:]:
+            mc, tr = [*rest, None, None][:2]
             info = _info(as_text(ident), "pending", shard,
-                         [tid, None, fs, dl, mw, n, None, None, *mc])
+                         [tid, None, fs, dl, mw, n, None, None, mc, None, tr])
             if info is not None and _matches(info, task, key_glob):
                 found += 1
                 yield info
