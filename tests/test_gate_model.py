@@ -1,9 +1,9 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag, call cap, leading/trailing edge), clock advances, dispatcher steps (take, publish+ack, failed
-publish+release, crash before or after publishing) and worker steps (claim,
-finish, death mid-run with redelivery). After every step the whole Redis
+replace flag, call cap, leading/trailing edge), clock advances, dispatcher steps
+(take, publish+ack, failed publish+release, crash before or after publishing) and
+worker steps (claim, finish, death mid-run with redelivery). After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
 docs/guarantees.md must hold. At the end everything is drained: every call's
 window must have run, at or after the call.

@@ -12,11 +12,13 @@ import pytest
 import redis
 from celery import Celery
 from helpers import running_worker, wait_until
+from prometheus_client import CollectorRegistry
 
-from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask
+from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask, metrics
 from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
+from celery_debounce.cli import render_table
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
 from celery_debounce.keys import window_ident
@@ -261,6 +263,8 @@ def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(
         suppressed.append(kw)
 
     call_suppressed.connect(on_suppressed, weak=False)
+    registry = CollectorRegistry()
+    enabled = metrics.enable(registry)
     try:
         with running_worker(app):
             start = time.time()
@@ -275,6 +279,11 @@ def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(
             assert len(runs) == 1
     finally:
         call_suppressed.disconnect(on_suppressed)
+        enabled.disable()
+    labels = {"task": refresh.name}
+    assert registry.get_sample_value("celery_debounce_leading_runs_total", labels) == 1
+    assert registry.get_sample_value("celery_debounce_calls_suppressed_total", labels) == 9
+    assert registry.get_sample_value("celery_debounce_windows_opened_total", labels) == 1
     assert len(suppressed) == 9 and {s["task_id"] for s in suppressed} == {results[0].id}
     row = DebounceAdmin(app).stats().tasks[refresh.name]
     assert (row.runs, row.calls, row.leading_runs, row.suppressed) == (1, 1, 1, 9)
@@ -391,3 +400,24 @@ def test_worker_per_call_override(app: Celery) -> None:
         assert again.id == lead.id and again.get(timeout=5) == 0  # suppressed
         wait_until(lambda: _settled(app))
     assert runs == [0]
+
+
+def test_inspect_shows_the_edge_state(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_leading=True)
+    def job(x: int) -> None:  # pragma: no cover - never run (no worker)
+        pass
+
+    lead = job.delay(1)
+    trailing = job.delay(1)
+    plain = job.apply_async((2,), debounce_leading=False)
+    by_id = {w.task_id: w for w in list_windows(app)}
+    assert (by_id[lead.id].state, by_id[lead.id].edge) == ("dispatching", "leading")
+    assert (by_id[trailing.id].state, by_id[trailing.id].edge) == ("pending", "trailing")
+    assert by_id[plain.id].edge is None
+    assert by_id[trailing.id].as_json()["edge"] == "trailing"
+    assert by_id[trailing.id].first_seen == by_id[lead.id].first_seen  # inherited
+    assert DebounceAdmin(app).find(lead.id).edge == "leading"  # type: ignore[union-attr]
+    assert job.debounce_pending(1).edge == "trailing"  # type: ignore[union-attr]
+    table = render_table(list(by_id.values()), time.time())
+    assert "dispatching (leading)" in table and "pending (trailing)" in table
