@@ -14,7 +14,13 @@ from celery import Celery
 from helpers import running_worker, wait_until
 from prometheus_client import CollectorRegistry
 
-from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask, metrics
+from celery_debounce import (
+    DebounceAdmin,
+    DebounceConfigError,
+    DebouncedTask,
+    enqueue_many,
+    metrics,
+)
 from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
@@ -421,3 +427,17 @@ def test_inspect_shows_the_edge_state(app: Celery) -> None:
     assert job.debounce_pending(1).edge == "trailing"  # type: ignore[union-attr]
     table = render_table(list(by_id.values()), time.time())
     assert "dispatching (leading)" in table and "pending (trailing)" in table
+
+
+def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    def job(user: str, i: int) -> None:  # pragma: no cover - never run (no worker)
+        pass
+
+    results = enqueue_many(job, [(("u1", i), {}) for i in range(5)] + [(("u2", 0), {})])
+    assert len({r.id for r in results[:5]}) == 1  # one leading run, four suppressed
+    assert results[5].id != results[0].id
+    by_id = {w.task_id: w for w in list_windows(app)}
+    assert {by_id[r.id].edge for r in results} == {"leading"}
+    assert DebounceAdmin(app).stats().tasks[job.name].suppressed == 4
