@@ -4,6 +4,7 @@
 --            id  task id        fs  first_seen ms     mw  max wait ms (ceiling = fs + mw)
 --            n   calls absorbed ct  payload content type
 --            p   payload        o   opener's options (JSON)
+--            tr  1 on a trailing window (opened during a quiet period, see below)
 --            ct is left out when it is application/json and o when it is {}
 --            (readers use those defaults). The deadline is not stored here: it is
 --            the window's score in the due set.
@@ -41,14 +42,16 @@
 --          checks now < dl, so expiry timing never matters)
 --   <tag>:stats          hash; s|<task> + 1 for a suppressed call, PEXPIRE ARGV[14]
 -- An edge call:
---   * quiet period running, mode 'L': suppressed. Nothing else is written; returns
---     the leading run's id (the run that carries its effect)
---   * quiet period running, mode 'B': joins the open window, or opens one that
+--   * quiet period running (now < dl): the call moves dl and counts itself in n.
+--     Mode 'L': suppressed; it writes nothing else but the s|<task> counter and
+--     returns the leading run's id (the run that carries its effect).
+--     Mode 'B': joins the open window, or opens one that
 --     inherits fs and mw from the quiet period (deadline = the quiet period's end,
 --     never later than the leading call's ceiling) with field tr 1 (trailing)
 --   * no quiet period and no open window: a leading call. The window opens as usual
 --     and is closed at once as the cap closes it (below) with ld 1 (leading) instead
---     of cx 1: the dispatcher publishes it on its next pass; take.lua counts e|<task>.
+--     of cx 1: the dispatcher publishes it on its next pass; take.lua sets its record
+--     TTL and counts e|<task> when it first takes it.
 --     The quiet period starts (id, fs now, mw ARGV[3], dl now + window, n 1, m)
 --   * no quiet period and a window open (opened by a trailing-only call, or a
 --     trailing window past its deadline not yet taken): joins it as any call
