@@ -30,6 +30,7 @@ from .windows import (
     _FIELDS,
     WindowInfo,
     _info,
+    _with_quiet,
     list_windows,
     pending_info,
     walk_pending,
@@ -338,6 +339,7 @@ class DebounceAdmin:
                 pipe.hmget(f"{self.settings.tag(shard)}:win:{task_id}", *_FIELDS)
             rows = pipe.execute()
         for shard, row in enumerate(rows):
+            row = _with_quiet(self.backend, self.settings.tag(shard), [row])[0]
             info = _info(None, "", shard, row)
             if info is not None:
                 return info

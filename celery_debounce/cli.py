@@ -84,6 +84,8 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
                 when = f"forced by max wait {when}"
         else:
             when = f"{w.state} (deadline {relative(w.deadline - now)})"
+        if w.quiet_until is not None:  # a leading run whose quiet period still runs
+            when += f", quiet period ends {relative(w.quiet_until - now)}"
         key = printable(w.key if len(w.key) <= 40 else w.key[:37] + "...")
         state = w.state if w.edge is None else f"{w.state} ({w.edge})"
         rows.append((printable(w.task), key, printable(w.task_id), state, str(w.calls),
@@ -172,8 +174,9 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     relative times; --json prints an array of objects with the fields task,
     key, task_id, state, calls, first_seen, deadline, max_wait_at (epoch
     seconds, Redis clock), shard, error, max_calls, edge ("leading" for a leading
-    run, "trailing" for a window opened in the quiet period after one, else null)
-    and forced_by_max_wait; the STATE column shows the edge in parentheses.
+    run, "trailing" for a window opened in the quiet period after one, else null),
+    quiet_until (a leading run's quiet period end while it runs, else null) and
+    forced_by_max_wait; the STATE column shows the edge in parentheses.
     """
     admin = _admin(ctx)
     try:

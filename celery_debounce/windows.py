@@ -37,6 +37,9 @@ class WindowInfo:
     #: "leading": a leading run (published at its first call); "trailing": a window
     #: opened during the quiet period after a leading run (due at its end); None: neither
     edge: str | None = None
+    #: the end of the quiet period this window belongs to (epoch seconds), while it
+    #: runs: set on a leading run by listings and ``find``; None otherwise
+    quiet_until: float | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -54,6 +57,7 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
     mc = rest[0] if rest else None
     ld = rest[1] if len(rest) > 1 else None
     tr = rest[2] if len(rest) > 2 else None
+    quiet = rest[3] if len(rest) > 3 else None  # appended by _with_quiet
     if tid is None:
         return None
     raw = ident if ident is not None else as_text(rec_ident or "")
@@ -74,7 +78,27 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         error=as_text(qe) if qe is not None else None,
         max_calls=_number(mc) if mc is not None else None,
         edge="leading" if ld is not None else "trailing" if tr is not None else None,
+        quiet_until=_number(quiet) / 1000 if quiet is not None else None,
     )
+
+
+def _with_quiet(backend: Backend, tag: str, rows: list[Any]) -> list[Any]:
+    """``rows`` (``_FIELDS`` of taken records) with the quiet period's end appended to
+    each leading run whose quiet period (``<tag>:quiet:<ident>``) is still its own.
+    One more round trip, only when the rows hold leading runs."""
+    leading = [i for i, row in enumerate(rows)
+               if isinstance(row, list) and row[9] is not None and row[1] is not None]
+    if not leading:
+        return rows
+    with translate_errors("inspect"), backend.client.pipeline(transaction=False) as pipe:
+        for i in leading:
+            pipe.hmget(f"{tag}:quiet:{as_text(rows[i][1])}", "id", "dl")
+        quiet = pipe.execute(raise_on_error=False)
+    rows = list(rows)
+    for i, found in zip(leading, quiet, strict=True):
+        if isinstance(found, list) and found[0] is not None and found[0] == rows[i][0]:
+            rows[i] = [*rows[i], found[1]]
+    return rows
 
 
 def _number(value: Any) -> int:
@@ -136,6 +160,7 @@ def _shard_windows(
                 for tid in ids:
                     pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
                 rows = pipe.execute(raise_on_error=False) if ids else []
+            rows = _with_quiet(backend, tag, rows)
             for tid, row in zip(ids, rows, strict=True):
                 if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:

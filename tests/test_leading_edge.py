@@ -425,8 +425,13 @@ def test_inspect_shows_the_edge_state(app: Celery) -> None:
     assert by_id[trailing.id].first_seen == by_id[lead.id].first_seen  # inherited
     assert DebounceAdmin(app).find(lead.id).edge == "leading"  # type: ignore[union-attr]
     assert job.debounce_pending(1).edge == "trailing"  # type: ignore[union-attr]
+    # the leading run shows its quiet period's end: the trailing window's deadline
+    assert by_id[lead.id].quiet_until == by_id[trailing.id].deadline
+    assert by_id[trailing.id].quiet_until is None
+    assert DebounceAdmin(app).find(lead.id).quiet_until == by_id[trailing.id].deadline  # type: ignore[union-attr]
     table = render_table(list(by_id.values()), time.time())
     assert "dispatching (leading)" in table and "pending (trailing)" in table
+    assert "quiet period ends in 59m" in table or "quiet period ends in 1h" in table
 
 
 def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
