@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_debounce import (
     DebounceAdmin,
+    DebounceBackendError,
     DebounceConfigError,
     DebouncedTask,
     enqueue_many,
@@ -446,3 +447,28 @@ def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
     by_id = {w.task_id: w for w in list_windows(app)}
     assert {by_id[r.id].edge for r in results} == {"leading"}
     assert DebounceAdmin(app).stats().tasks[job.name].suppressed == 4
+
+
+def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
+        app_factory: Any, redis_client: redis.Redis) -> None:
+    """The leading run is a window written by the one gate call: with the windows'
+    Redis down the call raises DebounceBackendError in seconds and nothing is
+    written anywhere (no quiet period without its run)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    dead = listener.getsockname()[1]
+    listener.close()  # nothing listens there: connections are refused
+    app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_leading=True, debounce_trailing=False)
+    def job(x: int) -> None:  # pragma: no cover - never run
+        pass
+
+    start = time.monotonic()
+    with pytest.raises(DebounceBackendError):
+        job.delay(1)
+    assert time.monotonic() - start < 10
+    assert not list(redis_client.scan_iter(match="debounce:*"))
