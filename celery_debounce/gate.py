@@ -93,8 +93,9 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
     gate records it as an alias of the window it joins, and opens a window under
-    another id if that one is in use (see aliases.py). Sends ``window_opened`` or
-    ``call_absorbed`` (only if someone listens).
+    another id if that one is in use (see aliases.py). Sends ``window_opened``,
+    ``call_absorbed`` or (a call a leading-only quiet period suppressed)
+    ``call_suppressed``, only if someone listens.
     """
     args = gate_args(backend, call, fixed)
     result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
