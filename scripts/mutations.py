@@ -229,6 +229,13 @@ MUTATIONS: list[Mutation] = [
         "    close(id, opened, calls, 'ld')\n    redis.call('HSET', open, unpack(fields))\n",
         EDGE + "test_rule_6_a_burst_of_one_runs_once",
         EDGE + "test_worker_a_burst_of_one_runs_once"),
+    one("gate.lua: the quiet period never slides",
+        "concepts: the quiet period after a leading run slides with each call, up to "
+        "the leading call's ceiling",
+        LUA + "gate.lua",
+        "    qend = math.min(deadline, tonumber(q[2]) + tonumber(q[3]))\n",
+        "    qend = tonumber(q[4])\n",
+        EDGE + "test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling"),
     one("steering ignores the per-call key override",
         "operations: debounce_pending/flush/cancel resolve the key exactly as a call",
         PKG + "task.py",
