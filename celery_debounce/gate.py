@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
-from .backend import Backend
 from .call import PreparedCall, new_task_id
+from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, call_suppressed, window_opened
 
-#: Content type not stored in a window record (``ct`` absent means this).
-DEFAULT_CONTENT_TYPE = "application/json"
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import WindowStore
 
 
 class GateResult(NamedTuple):
@@ -26,9 +26,11 @@ class GateResult(NamedTuple):
     edge: str = ""
 
 
-def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
-    tag = backend.settings.tags[call.shard]
-    return [f"{tag}:open:{call.ident}", f"{tag}:due"]
+def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
+    """KEYS of gate.lua: ``open_key(tag, ident)`` and ``due_key(tag)``, from prefixes the
+    store built once per shard with those builders (no call per call)."""
+    open_prefix, due = store.gate_prefixes[call.shard]
+    return [open_prefix + call.ident, due]
 
 
 #: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).
@@ -36,7 +38,7 @@ _NOT_FIXED = ("", "", "", "")
 
 
 def gate_args(
-    backend: Backend, call: PreparedCall, fixed: FixedId | None = None
+    store: WindowStore, call: PreparedCall, fixed: FixedId | None = None
 ) -> list[object]:
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
@@ -52,7 +54,7 @@ def gate_args(
         replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
-        "" if call.options_json == "{}" else call.options_json,
+        "" if call.options_json == EMPTY_OPTIONS else call.options_json,
     ]
     if fixed is not None:
         args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
@@ -65,7 +67,7 @@ def gate_args(
             args += _NOT_FIXED
         if len(args) == 11:
             args.append("")
-        args += [call.spec.edge, backend.settings.history_ttl_ms]
+        args += [call.spec.edge, store.settings.history_ttl_ms]
     return args
 
 
@@ -88,7 +90,7 @@ def _edge_reply(reply: list[object]) -> GateResult:
     return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))
 
 
-def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
@@ -97,8 +99,7 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     ``call_absorbed`` or (a call a leading-only quiet period suppressed)
     ``call_suppressed``, only if someone listens.
     """
-    args = gate_args(backend, call, fixed)
-    result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+    result = store.gate(call, fixed)
     if result.edge == "suppressed":
         signal = call_suppressed
     else:

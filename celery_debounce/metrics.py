@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .layout import LATE_BUCKETS_MS
 from .signals import (
     call_absorbed,
     call_suppressed,
@@ -46,7 +47,8 @@ from .signals import (
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
             window_cancelled, window_closed_by_cap, leading_run, call_suppressed)
 
-LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
+LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,14 @@ from celery_debounce import (
     metrics,
 )
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.cli import render_table
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
-from celery_debounce.keys import window_ident
+from celery_debounce.layout import quiet_key, window_ident
 from celery_debounce.options import build_spec
 from celery_debounce.signals import call_suppressed, leading_run
+from celery_debounce.store import WindowStore
 from celery_debounce.windows import list_windows
 
 LEAD = (True, False)
@@ -38,7 +38,7 @@ BOTH = (True, True)
 TRAIL = (False, True)
 
 
-def call(backend: Backend, key: str, edge: tuple[bool, bool], *, payload: int = 0,
+def call(backend: WindowStore, key: str, edge: tuple[bool, bool], *, payload: int = 0,
          window: str = "1h", max_wait: str = "2h", replace: bool = False,
          task_id: str | None = None) -> GateResult:
     spec = build_spec(window, "{0}", max_wait, replace, None, *edge)
@@ -48,20 +48,20 @@ def call(backend: Backend, key: str, edge: tuple[bool, bool], *, payload: int = 
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
-def record(backend: Backend, key: str) -> dict[str, str]:
+def record(backend: WindowStore, key: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in backend.client.hgetall(key).items()
             if k != b"p"}
 
 
-def admin_of(backend: Backend) -> DebounceAdmin:
+def admin_of(backend: WindowStore) -> DebounceAdmin:
     admin = DebounceAdmin.__new__(DebounceAdmin)
-    admin.app, admin.backend, admin.settings = None, backend, backend.settings  # type: ignore[assignment]
+    admin.app, admin.store, admin.settings = None, backend, backend.settings  # type: ignore[assignment]
     return admin
 
 
 # -- rule 1: a leading call runs at once --------------------------------------------------
 def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD)
     assert first.opened and first.edge == "lead" and first.calls == 1
@@ -83,7 +83,7 @@ def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
 
 
 # -- rule 2: leading only, calls in the quiet period are suppressed ------------------------
-def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: Backend) -> None:
+def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD)
     later = [call(backend, "k", LEAD, payload=i) for i in range(1, 4)]
@@ -99,7 +99,7 @@ def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: Backe
 
 # -- rule 3: the quiet period slides, bounded by the leading call's max wait ----------------
 def test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD, window="1h", max_wait="90m")
     later = call(backend, "k", LEAD, window="1h")
@@ -111,7 +111,7 @@ def test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling(
 
 
 # -- rule 4: after the quiet period the next call is a new leading call -------------------
-def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: Backend) -> None:
+def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD, window="1s", max_wait="1s")
     # end the quiet period (as time would): its end is in the past
@@ -125,7 +125,7 @@ def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: Backen
 
 # -- rule 5: leading and trailing ----------------------------------------------------------
 def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_period(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", BOTH, window="1h", max_wait="90m")
     assert first.edge == "lead"
@@ -149,7 +149,7 @@ def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_peri
 
 
 def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     call(backend, "k", BOTH, replace=True)
     call(backend, "k", BOTH, payload=1, replace=True)
@@ -161,7 +161,7 @@ def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
 
 
 # -- rule 6: a burst of one runs once ------------------------------------------------------
-def test_rule_6_a_burst_of_one_runs_once(backend: Backend) -> None:
+def test_rule_6_a_burst_of_one_runs_once(backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     only = call(backend, "k", BOTH)
     assert only.edge == "lead"
@@ -174,7 +174,7 @@ def test_rule_6_a_burst_of_one_runs_once(backend: Backend) -> None:
 
 # -- rule 7: the mode is per call; trailing-only calls ignore the quiet period -------------
 def test_rule_7_a_trailing_only_call_ignores_the_quiet_period_and_leading_calls_join_it(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     plain = call(backend, "k", TRAIL)
     assert plain.opened and plain.edge == ""
@@ -187,7 +187,7 @@ def test_rule_7_a_trailing_only_call_ignores_the_quiet_period_and_leading_calls_
     assert after.opened and after.task_id != lead.task_id and after.edge == ""
 
 
-def test_a_trailing_only_call_sends_nothing_extra(backend: Backend) -> None:
+def test_a_trailing_only_call_sends_nothing_extra(backend: WindowStore) -> None:
     spec = build_spec("1h", "{0}", "2h", False)
     assert spec.edge is None
     prepared = prepare_call(backend.settings, "t", spec, ("k",), {}, {}, None, "json")
@@ -204,7 +204,7 @@ def test_a_trailing_only_call_sends_nothing_extra(backend: Backend) -> None:
                                               backend.settings.history_ttl_ms]
 
 
-def test_a_leading_call_with_a_caller_chosen_id(backend: Backend) -> None:
+def test_a_leading_call_with_a_caller_chosen_id(backend: WindowStore) -> None:
     first = call(backend, "k", BOTH, task_id="mine")
     assert first.task_id == "mine" and first.edge == "lead"
     second = call(backend, "k", BOTH, task_id="other")
@@ -358,7 +358,7 @@ def test_worker_a_burst_of_one_runs_once(app: Celery) -> None:
 def quiet_running(task: Any, *args: Any) -> bool:
     admin = DebounceAdmin(task.app)
     ident = window_ident(task.name, task._debounce_key_of(args, {}, None))
-    return bool(admin.backend.client.exists(f"{admin.settings.tag(0)}:quiet:{ident}"))
+    return bool(admin.store.client.exists(quiet_key(admin.settings.tag(0), ident)))
 
 
 def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:
