@@ -72,9 +72,10 @@ def gate_args(
 
 
 def parse_reply(reply: list[object]) -> GateResult:
-    if len(reply) > 5:  # an edge call: "lead" or "suppressed"
+    try:
+        task_id, opened, deadline, calls, now = reply
+    except ValueError:  # an edge call's sixth element, "lead" or "suppressed"
         return _edge_reply(reply)
-    task_id, opened, deadline, calls, now = reply
     return GateResult(
         task_id.decode() if isinstance(task_id, bytes) else str(task_id),
         opened == 1,
