@@ -24,7 +24,7 @@ from celery_debounce import (
 )
 from celery_debounce.aliases import fixed_id
 from celery_debounce.call import prepare_call
-from celery_debounce.cli import render_table
+from celery_debounce.cli import render_stats, render_table
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
 from celery_debounce.layout import quiet_key, window_ident
@@ -446,7 +446,14 @@ def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
     assert results[5].id != results[0].id
     by_id = {w.task_id: w for w in list_windows(app)}
     assert {by_id[r.id].edge for r in results} == {"leading"}
-    assert DebounceAdmin(app).stats().tasks[job.name].suppressed == 4
+    stats = DebounceAdmin(app).stats()
+    assert stats.tasks[job.name].suppressed == 4
+    as_json = stats.as_json()["tasks"][0]
+    assert (as_json["leading_runs"], as_json["suppressed"]) == (0, 4)  # runs: when taken
+    header, row = render_stats(stats).splitlines()[1:3]
+    assert "LEADING" in header
+    at = header.index("SUPPRESSED")  # the table's columns are aligned
+    assert row[at:].split()[0] == "4"
 
 
 def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
