@@ -27,7 +27,12 @@ from .layout import (
     SHARD_HEADER,
 )
 from .message import WindowMessage
-from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
+from .signals import (
+    leading_run,
+    window_closed_by_cap,
+    window_dispatched,
+    window_forced_by_max_wait,
+)
 from .store import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
@@ -84,6 +89,10 @@ def _count_forced(windows: list[TakenWindow]) -> None:
         for window in windows:
             if window.tries == 1 and window.capped:
                 window_closed_by_cap.send(sender=window.task_name, **_fields(window))
+    if leading_run.receivers:  # e|<task> in the stats
+        for window in windows:
+            if window.tries == 1 and window.leading:
+                leading_run.send(sender=window.task_name, **_fields(window))
     if not window_forced_by_max_wait.receivers:
         return
     for window in windows:
