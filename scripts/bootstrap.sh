@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with the package and its test tools, and make sure a real
-# redis-server is installed. Safe to run again.
+# redis-server (and rabbitmq-server, for the RabbitMQ-broker tests) is installed.
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -20,4 +21,5 @@ S(replicas=0, sentinels=1).start().cleanup()" || {
   echo "the server binary does not run as a sentinel (redis-server <conf> --sentinel)" >&2
   exit 1
 }
+scripts/ensure-rabbitmq.sh
 scripts/ensure-observability.sh
