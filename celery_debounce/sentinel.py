@@ -74,7 +74,7 @@ def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ..
         if not chunk.startswith(SCHEME):
             raise DebounceConfigError(
                 f"{option}={shown!r}: every ';'-separated part must be a sentinel:// URL, "
-                f"got {chunk!r}"
+                f"got {redact(chunk)!r}"
             )
         if "?" in chunk:
             raise DebounceConfigError(
@@ -85,9 +85,11 @@ def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ..
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError as exc:
-            raise DebounceConfigError(f"{option}={shown!r}: bad port in {chunk!r}") from exc
+            raise DebounceConfigError(
+                f"{option}={shown!r}: bad port in {redact(chunk)!r}"
+            ) from exc
         if not parts.hostname:
-            raise DebounceConfigError(f"{option}={shown!r}: no host in {chunk!r}")
+            raise DebounceConfigError(f"{option}={shown!r}: no host in {redact(chunk)!r}")
         hosts.append((parts.hostname, port))
         if index == 0:  # Celery's rule: the first URL carries the master's credentials
             path = parts.path.strip("/")

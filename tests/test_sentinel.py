@@ -118,9 +118,11 @@ def test_bad_sentinel_settings_are_refused_naming_the_option(
         _settings(**conf)
 
 
-def test_an_error_never_shows_the_sentinel_password() -> None:
+@pytest.mark.parametrize("url", ["sentinel://:hunter2@h:1", "sentinel://:hunter2@h:port",
+                                 "sentinel://u:hunter2@h:1;redis://:hunter2@h:2"])
+def test_an_error_never_shows_the_sentinel_password(url: str) -> None:
     with pytest.raises(DebounceConfigError) as caught:
-        _settings(debounce_redis_url="sentinel://:hunter2@h:1")
+        _settings(debounce_redis_url=url)
     assert "hunter2" not in str(caught.value)
     assert parse_sentinel_url("o", "sentinel://:hunter2@h:1")[3] == "hunter2"
 
