@@ -352,19 +352,26 @@ class SwitchWatcher(threading.Thread):
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
         if text.split(" ", 1)[0] == self.config.master_name:
             _logger.warning("debounce: Sentinel switched master %s", text)
-            self._refresh()
+            if not self._refresh():
+                # counted whatever the pool's address was: a connection opened
+                # meanwhile may have found the new master already, a wake
+                # subscription opened before it has not
+                self.switches += 1
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> bool:
+        """Re-read the master's address; True (and a switch counted) if it moved."""
         pool = self._pool()
         if pool is None:
-            return
+            return False
         before = pool.master_address
         try:
             after = pool.get_master_address()  # drops idle connections if it moved
         except redis.ConnectionError:  # no sentinel knows a master right now
-            return
+            return False
         if before is not None and after != before:
             self.switches += 1
+            return True
+        return False
 
 
 def master_switches(pool: object) -> int:
