@@ -49,7 +49,8 @@ class SentinelConfig:
     db: int = 0
     username: str | None = None
     password: str | None = None
-    #: Connection arguments for the sentinels (``None``: the timeouts of the master's).
+    #: Connection arguments for the sentinels, over the defaults (the master's
+    #: timeouts, no retry: see ``store.sentinel_client``).
     sentinel_kwargs: tuple[tuple[str, Any], ...] | None = None
     min_other_sentinels: int = 0
 

@@ -349,3 +349,23 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
         assert ran.wait(5), "the window did not run within 5 s of its deadline"
         assert redis.Redis(port=old).info("replication")["role"] == "master", \
             "the old master was demoted already: the test proved nothing"
+
+
+def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
+    redis_client: redis.Redis, redis_server: str
+) -> None:
+    from celery_debounce.local_redis import free_port
+
+    url = ";".join(f"sentinel://127.0.0.1:{free_port()}" for _ in range(3))
+    app = make_app(redis_server, debounce_redis_url=url, debounce_redis_sentinel_master="m",
+                   debounce_redis_timeout=1.0)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    def work() -> None:
+        pass
+
+    started = time.monotonic()
+    with pytest.raises(DebounceBackendError, match=r"unreachable.*No master found for 'm'"):
+        work.delay()
+    assert time.monotonic() - started < 5
+    assert not redis_client.keys("debounce:*")
