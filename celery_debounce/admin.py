@@ -212,12 +212,16 @@ class DebounceAdmin:
         flushed = 0
         for shard, listed in self._pending_idents(task):
             tag = self.settings.tag(shard)
+            if self.backend.cluster:  # redis-py refuses scripts in a cluster pipeline
+                flushed += sum(1 for ident, task_id in listed
+                               if flush_window(self.backend, shard, ident, task_id))
+                continue
             for chunk in _chunks(listed, _PIPE_CHUNK):
                 with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
                     for ident, task_id in chunk:  # only the windows listed, never a newer one
                         self.backend.scripts["flush"](
                             keys=_flush_keys(tag, ident),
-                            args=_flush_args(self.backend, ident, task_id),
+                            args=_flush_args(self.backend, tag, ident, task_id),
                             client=pipe)  # type: ignore[arg-type]
                     flushed += sum(1 for r in pipe.execute() if r)
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
@@ -402,15 +406,17 @@ def _flush_keys(tag: str, ident: str) -> list[str]:
     return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
 
 
-def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[str | int]:
-    return [ident, backend.settings.wake_channel, task_id, backend.settings.record_ttl_ms]
+def _flush_args(backend: Backend, tag: str, ident: str, task_id: str = "") -> list[str | int]:
+    channel = f"{tag}:wake" if backend.sharded_wake else backend.settings.wake_channel
+    return [ident, channel, task_id, backend.settings.record_ttl_ms]
 
 
 def flush_window(backend: Backend, shard: int, ident: str, task_id: str = "") -> WindowInfo | None:
     """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
     given) and make it due now. Returns the window as flushed, or None if none was open."""
     tag = backend.settings.tag(shard)
-    reply = backend.run("flush", _flush_keys(tag, ident), _flush_args(backend, ident, task_id))
+    reply = backend.run("flush", _flush_keys(tag, ident),
+                        _flush_args(backend, tag, ident, task_id))
     if not reply:
         return None
     tid, fs, dl, mw, n = reply

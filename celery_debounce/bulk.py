@@ -91,7 +91,7 @@ def enqueue_many(
         elif isinstance(outcome, BaseException):
             results[i] = None
             errors[i] = outcome
-            if outcome is UNKNOWN_OUTCOME:
+            if isinstance(outcome, _UnknownOutcome):
                 unknown.append(i)
         else:  # WRITTEN: written, but the reply was lost and the window moved on
             results[i] = None
@@ -182,10 +182,15 @@ def enter_many(
     """
     script = backend.scripts["gate"]
     client = backend.client
-    pool = client.connection_pool
     outcomes: list[Any] = into if into is not None else []
     outcomes[:] = [None] * len(calls)
     missing: list[int] = []
+    if backend.cluster:
+        _enter_many_cluster(backend, calls, chunk_size, on_chunk, outcomes, missing)
+        _rerun_missing(backend, calls, outcomes, missing)
+        return outcomes
+    pool = client.connection_pool
+    waited = _wait_command(backend)
     token = uuid.uuid4().hex
     marker_prefix = f"{backend.settings.tag(0)}:bulk:{token}:"
     sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
@@ -207,16 +212,21 @@ def enter_many(
                    *gate_args(backend, calls[i])) for i in chunk),
                 ("SET", marker, 1, "PX", _MARKER_TTL_MS),
                 ("EXEC",),
+                *waited,
             ]))
             sent.append((marker, chunk))
             if len(sent) > 1:
                 _read_chunk(conn, sent[0][1], outcomes, missing)
+                if waited:
+                    _check_acks(backend, conn.read_response(), sent[0][1], outcomes)
                 marker, done = sent.pop(0)
                 answered.append(marker)
                 if on_chunk is not None:
                     on_chunk(done)
         while sent:
             _read_chunk(conn, sent[0][1], outcomes, missing)
+            if waited:
+                _check_acks(backend, conn.read_response(), sent[0][1], outcomes)
             answered.append(sent.pop(0)[0])
         # every reply arrived: the markers served their purpose (else they expire)
         conn.send_command("DEL", *answered)
@@ -231,6 +241,104 @@ def enter_many(
         pool.release(conn)
     if failure is not None:
         _settle(backend, calls, sent, outcomes, failure)
+    _rerun_missing(backend, calls, outcomes, missing)
+    return outcomes
+
+
+def _wait_command(backend: Backend) -> tuple[tuple[Any, ...], ...]:
+    """``WAIT n timeout`` after each chunk with ``debounce_redis_wait_replicas``, else ()."""
+    wanted = backend.settings.wait_replicas
+    if not wanted:
+        return ()
+    return (("WAIT", wanted, max(1, int(backend.settings.redis_timeout_s * 1000))),)
+
+
+def _check_acks(backend: Backend, acks: Any, chunk: Iterable[int], outcomes: list[Any]) -> None:
+    """Fewer replicas than ``debounce_redis_wait_replicas`` acknowledged a chunk: its
+    written calls may not survive a failover (retrying them may count them twice)."""
+    wanted = backend.settings.wait_replicas
+    if isinstance(acks, Exception) or int(acks) >= wanted:
+        if isinstance(acks, Exception):
+            raise acks
+        return
+    error = _UnknownOutcome(
+        f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) acknowledged "
+        "this chunk; its calls were written on the master but may not survive a failover"
+    )
+    for i in chunk:
+        if isinstance(outcomes[i], GateResult):
+            outcomes[i] = error
+
+
+def _enter_many_cluster(
+    backend: Backend, calls: Sequence[PreparedCall], chunk_size: int,
+    on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+) -> None:
+    """:func:`enter_many` on a Redis Cluster: a ``MULTI``/``EXEC`` chunk may hold one
+    slot only, so calls are grouped by shard (in order within each shard: a window's
+    calls are all in one shard) and each chunk goes to its shard's master, one chunk
+    at a time. The marker key carries the shard's tag."""
+    script = backend.scripts["gate"]
+    token = uuid.uuid4().hex
+    waited = _wait_command(backend)
+    by_shard: dict[int, list[int]] = {}
+    for i, call in enumerate(calls):
+        by_shard.setdefault(call.shard, []).append(i)
+    markers: list[str] = []
+    for shard, indexes in by_shard.items():
+        tag = backend.settings.tags[shard]
+        for start in range(0, len(indexes), chunk_size):
+            chunk = indexes[start : start + chunk_size]
+            marker = f"{tag}:bulk:{token}:{shard}:{start}"
+            commands: list[tuple[Any, ...]] = [
+                ("MULTI",),
+                *(("EVALSHA", script.sha, 2, *gate_keys(backend, calls[i]),
+                   *gate_args(backend, calls[i])) for i in chunk),
+                ("SET", marker, 1, "PX", _MARKER_TTL_MS),
+                ("EXEC",),
+                *waited,
+            ]
+            try:
+                with translate_errors("gate (bulk)"):
+                    replies = backend.send_on_node(marker, commands)
+            except DebounceBackendError as exc:
+                if isinstance(exc.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+                    _settle(backend, calls, [(marker, chunk)], outcomes, exc)  # type: ignore[list-item]
+                else:
+                    for i in chunk:
+                        outcomes[i] = exc
+                continue
+            executed = replies[len(chunk) + 2]
+            if isinstance(executed, Exception):  # EXECABORT: nothing of this chunk ran
+                for i in chunk:
+                    outcomes[i] = executed
+                continue
+            for i, reply in zip(chunk, executed, strict=False):
+                if isinstance(reply, NoScriptError):
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    outcomes[i] = reply
+                else:
+                    outcomes[i] = parse_reply(reply)
+            if waited:
+                _check_acks(backend, replies[-1], chunk, outcomes)
+            markers.append(marker)
+            if on_chunk is not None:
+                for i in chunk:
+                    on_chunk(range(i, i + 1))
+    if markers:
+        try:
+            backend.client.delete(*markers)  # split by slot by the cluster client
+        except redis.RedisError:
+            pass  # they expire
+
+
+def _rerun_missing(
+    backend: Backend, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
+) -> None:
+    """Run again, one by one, the calls that met NOSCRIPT (server restart, SCRIPT FLUSH)."""
+    script = backend.scripts["gate"]
+    client = backend.client
     if missing:  # the server lost its scripts (restart, SCRIPT FLUSH)
         try:
             with translate_errors("gate (bulk)"):
@@ -238,15 +346,18 @@ def enter_many(
                 for i in missing:  # one by one: each reply is known
                     try:
                         argv: list[Any] = gate_args(backend, calls[i])
-                        outcomes[i] = parse_reply(client.evalsha(
-                            script.sha, 2, *gate_keys(backend, calls[i]), *argv))
+                        outcomes[i] = parse_reply(
+                            backend.run_gate(gate_keys(backend, calls[i]), argv))
                     except redis.ResponseError as exc:
                         outcomes[i] = exc
+                    except DebounceBackendError as exc:
+                        if not isinstance(exc.__cause__, redis.ResponseError):
+                            raise
+                        outcomes[i] = exc.__cause__
         except DebounceBackendError as exc:
             for i in missing:
                 if outcomes[i] is None:
                     outcomes[i] = exc
-    return outcomes
 
 
 def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:

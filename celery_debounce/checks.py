@@ -21,11 +21,27 @@ def maxmemory_policy(client: Any) -> str:
 
     ``CONFIG GET`` is often refused to a least-privilege ACL user or by managed
     services; that is never an error here.
+    On a Redis Cluster every master is asked: the answer is the policy of the
+    master that can evict windows if one can, else the common policy (``unknown``
+    when a master does not say or they differ).
     """
+    import redis
+
     try:
-        reply = client.config_get("maxmemory-policy")
+        if isinstance(client, redis.RedisCluster):
+            replies = client.config_get(
+                "maxmemory-policy", target_nodes=redis.RedisCluster.PRIMARIES)
+            policies = [_policy(reply) for reply in replies.values()]
+            evicting = [p for p in policies if evicts_windows(p)]
+            if evicting:
+                return evicting[0]
+            return policies[0] if policies and len(set(policies)) == 1 else UNKNOWN
+        return _policy(client.config_get("maxmemory-policy"))
     except Exception:  # NOPERM, unknown command, outage: say unknown, never fail
         return UNKNOWN
+
+
+def _policy(reply: Any) -> str:
     value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy")) if reply else None
     if value is None:
         return UNKNOWN

@@ -129,8 +129,12 @@ def run_once(backend: Backend, name: str, keys: list[str], args: list[Any]) -> A
     """
     client = backend.client
     if not backend.direct:
-        return backend.run(name, keys, args)  # fakeredis, cluster: their own policy
+        return backend.run(name, keys, args)  # fakeredis: its own policy
     script = backend.scripts[name]
+    if backend.cluster:  # the node of the keys' slot, following redirections
+        with translate_errors(name):
+            return backend.send_on_node(
+                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name)[0]
     pool = client.connection_pool
     with translate_errors(name):
         for attempt in (1, 2, 3):
@@ -537,6 +541,9 @@ class Dispatcher:
         """Subscribe to the wake channel and wait until Redis confirms it."""
         if self._pubsub is not None:
             return
+        if self.backend.sharded_wake:
+            self._subscribe_sharded()
+            return
         with translate_errors("wake subscription"):
             pubsub = self.backend.client.pubsub()
             pubsub.subscribe(self.settings.wake_channel)
@@ -549,6 +556,42 @@ class Dispatcher:
         pubsub.close()
         raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
 
+    def _subscribe_sharded(self) -> None:
+        """SSUBSCRIBE to every shard's ``<tag>:wake`` on the master serving it (cluster).
+
+        One connection per master holding shards. A master that fails, or a slot
+        that moves (the server ends the subscription with ``sunsubscribe``), ends
+        the wait; the loop subscribes again on the new owner.
+        """
+        channels = [self.settings.shard_wake_channel(s) for s in range(self.settings.shards)]
+        with translate_errors("wake subscription"):
+            pubsub: Any = self.backend.client.pubsub()
+            try:
+                pubsub.ssubscribe(*channels)
+                confirmed: set[Any] = set()
+                deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0)
+                while time.monotonic() < deadline and len(confirmed) < len(channels):
+                    message = pubsub.get_sharded_message(timeout=0.05)
+                    if message is not None and message["type"] == "ssubscribe":
+                        confirmed.add(message["channel"])
+            except BaseException:
+                pubsub.close()
+                raise
+        if len(confirmed) < len(channels):
+            pubsub.close()
+            raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+        self._pubsub = pubsub
+
+    def _next_wake(self, timeout: float) -> Any:
+        if self.backend.sharded_wake:
+            # round robin over the masters' connections, a short wait on each
+            message = self._pubsub.get_sharded_message(timeout=min(timeout, 0.02))
+            if message is not None and message["type"] == "sunsubscribe":
+                self._close_pubsub()  # slot moved: subscribe again on its new owner
+                return {"type": "message"}
+            return message
+        return self._pubsub.get_message(timeout=timeout)
+
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking when a gate call announces an earlier deadline."""
         if seconds <= 0:
@@ -560,9 +603,9 @@ class Dispatcher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                message = self._pubsub.get_message(timeout=min(remaining, 0.5))
-                if message is not None and message["type"] == "message":
-                    while self._pubsub.get_message(timeout=0) is not None:
+                message = self._next_wake(min(remaining, 0.5))
+                if message is not None and message["type"] in ("message", "smessage"):
+                    while self._pubsub is not None and self._next_wake(0) is not None:
                         pass
                     return
 

@@ -79,7 +79,7 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     ``call_absorbed`` (only if someone listens).
     """
     args = gate_args(backend, call, fixed)
-    result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+    result = parse_reply(backend.run_gate(gate_keys(backend, call), args))
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from celery import Celery
+from redis.crc import key_slot
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
@@ -25,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "debounce_redis_timeout": 2.0,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
+    "debounce_redis_cluster": False,
+    "debounce_redis_wait_replicas": 0,
 }
 
 
@@ -68,6 +72,9 @@ class Settings:
     redis_timeout_s: float
     max_key_length: int
     max_payload_bytes: int
+    redis_cluster: bool = False
+    #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
+    wait_replicas: int = 0
 
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
@@ -95,12 +102,21 @@ class Settings:
             max_payload_bytes=_positive_int(
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
+            redis_cluster=parse_bool("debounce_redis_cluster", get("debounce_redis_cluster")),
+            wait_replicas=_non_negative_int(
+                "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
+            ),
         )
         settings.check()
         return settings
 
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
+        if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
+            raise DebounceConfigError(
+                f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
+                f"cluster node, got debounce_redis_url={self.redis_url!r}"
+            )
         floor = RECORD_TTL_LEASES * self.dispatch_lease_ms
         if self.record_ttl_ms < floor:
             raise DebounceConfigError(
@@ -112,7 +128,15 @@ class Settings:
             )
 
     def tag(self, shard: int) -> str:
-        """The hash-tagged prefix every key of ``shard`` starts with."""
+        """The hash-tagged prefix every key of ``shard`` starts with.
+
+        ``{<shard>}`` on a single node; on a cluster the tag of
+        :func:`cluster_shard_tag`, so shard ``i`` of ``N`` lands in the ``i``-th
+        ``N``-th of the slot range (and so on its own master when ``N`` is a
+        multiple of the masters).
+        """
+        if self.redis_cluster:
+            return f"{self.key_prefix}:{{{cluster_shard_tag(shard, self.shards)}}}"
         return f"{self.key_prefix}:{{{shard}}}"
 
     @cached_property
@@ -123,6 +147,10 @@ class Settings:
     @property
     def wake_channel(self) -> str:
         return f"{self.key_prefix}:wake"
+
+    def shard_wake_channel(self, shard: int) -> str:
+        """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
+        return f"{self.tag(shard)}:wake"
 
 
 def settings_for(app: Celery) -> Settings:
@@ -155,6 +183,38 @@ def _prefix(value: object) -> str:
         raise DebounceConfigError(
             f"debounce_key_prefix={value!r}: expected a non-empty str without braces"
         )
+    return value
+
+
+#: Redis Cluster's hash slots (CRC16 of the hash tag, modulo this).
+CLUSTER_SLOTS = 16384
+
+
+@lru_cache(maxsize=256)
+def cluster_shard_tag(shard: int, shards: int) -> str:
+    """The hash tag (without braces) of ``shard`` of ``shards`` on a Redis Cluster.
+
+    Its slot falls in ``[shard * 16384 // shards, (shard + 1) * 16384 // shards)``:
+    ``redis-cli --cluster create`` gives each master one contiguous range, so
+    with ``shards`` a multiple of the masters the shards spread evenly. The tag
+    is ``<shard>`` itself when its slot already falls there (always for one
+    shard: ``{0}``, the single-node tag), else ``<shard>.<k>`` for the smallest
+    ``k`` that does. Deterministic: every process computes the same tags.
+    """
+    low = shard * CLUSTER_SLOTS // shards
+    high = (shard + 1) * CLUSTER_SLOTS // shards
+    if low <= key_slot(str(shard).encode()) < high:
+        return str(shard)
+    for k in itertools.count():
+        candidate = f"{shard}.{k}"
+        if low <= key_slot(candidate.encode()) < high:
+            return candidate
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _non_negative_int(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DebounceConfigError(f"{option}={value!r}: expected an int >= 0")
     return value
 
 
