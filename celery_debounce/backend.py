@@ -144,7 +144,7 @@ class Backend:
         may or may not be recorded).
         """
         wanted = self.settings.wait_replicas
-        wait_ms = max(1, int(self.settings.redis_timeout_s * 1000))
+        wait_ms = self.settings.wait_replicas_ms
         commands: list[tuple[Any, ...]] = [
             ("EVALSHA", self.scripts["gate"].sha, len(keys), *keys, *args),
             ("WAIT", wanted, wait_ms),

@@ -250,7 +250,7 @@ def _wait_command(backend: Backend) -> tuple[tuple[Any, ...], ...]:
     wanted = backend.settings.wait_replicas
     if not wanted:
         return ()
-    return (("WAIT", wanted, max(1, int(backend.settings.redis_timeout_s * 1000))),)
+    return (("WAIT", wanted, backend.settings.wait_replicas_ms),)
 
 
 def _check_acks(backend: Backend, acks: Any, chunk: Iterable[int], outcomes: list[Any]) -> None:

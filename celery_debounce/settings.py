@@ -148,6 +148,12 @@ class Settings:
     def wake_channel(self) -> str:
         return f"{self.key_prefix}:wake"
 
+    @property
+    def wait_replicas_ms(self) -> int:
+        """WAIT's timeout: half of ``debounce_redis_timeout``, so the reply arrives before
+        the socket timeout (the rest is for the script and the network)."""
+        return max(1, int(self.redis_timeout_s * 500))
+
     def shard_wake_channel(self, shard: int) -> str:
         """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
         return f"{self.tag(shard)}:wake"
