@@ -98,13 +98,21 @@ class LocalCluster:
             try:
                 states = [self.cli(node.port, "cluster", "info") for node in self.running()]
                 if all("cluster_state:ok" in s for s in states) and len(
-                    self.master_ports()) == self.masters:
+                    self.master_ports()) == self.masters and self._replicas_in_sync():
                     return
                 last = states[0]
             except subprocess.SubprocessError as exc:
                 last = str(exc)
             time.sleep(0.1)
         raise TimeoutError(f"cluster not ok after {timeout}s: {last[:200]}")
+
+    def _replicas_in_sync(self) -> bool:
+        """Every running replica has its master link up (initial sync done)."""
+        for node in self.running():
+            info = self.cli(node.port, "info", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
 
     def running(self) -> list[LocalRedis]:
         return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
@@ -133,6 +141,59 @@ class LocalCluster:
                 if int(low) <= slot <= int(high or low):
                     return int(fields[1].split("@")[0].rsplit(":", 1)[1])
         raise LookupError(f"no master serves slot {slot}")
+
+    def node_id(self, port: int) -> str:
+        return self.cli(port, "cluster", "myid").strip()
+
+    def replica_of(self, port: int) -> int:
+        """Port of a replica of the master on ``port``."""
+        master_id = self.node_id(port)
+        text = self.cli(self.running()[0].port, "cluster", "nodes")
+        for line in text.splitlines():
+            fields = line.split()
+            if "slave" in fields[2] and fields[3] == master_id:
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise LookupError(f"no replica of {port}")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port`` (no persistence: it comes back empty)."""
+        node = self.node(port)
+        assert node.process is not None
+        node.process.kill()
+        node.process.wait(10)
+        node.process = None
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start a killed node again (it rejoins as a replica) and wait for the cluster.
+
+        Only once its replica took over: a master without persistence that comes back
+        before that returns empty, and its replica would copy the emptiness."""
+        node = self.node(port)
+        if node.process is None:
+            node.start()
+        self.wait_ok(timeout)
+
+    def migrate_slot(self, slot: int, source: int, target: int, pause: float = 0.0) -> int:
+        """Move ``slot`` from master ``source`` to master ``target`` as ``redis-cli
+        --cluster reshard`` does (IMPORTING/MIGRATING, MIGRATE of its keys, SETSLOT
+        NODE on every master). ``pause``: seconds between the last MIGRATE and SETSLOT
+        NODE, while the source answers ASK for the slot. Returns how many keys moved."""
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        self.cli(target, "cluster", "setslot", str(slot), "importing", source_id)
+        self.cli(source, "cluster", "setslot", str(slot), "migrating", target_id)
+        moved = 0
+        while True:
+            keys = self.cli(source, "cluster", "getkeysinslot", str(slot), "1000").split()
+            if not keys:
+                break
+            self.cli(source, "migrate", "127.0.0.1", str(target), "", "0", "5000",
+                     "keys", *keys)
+            moved += len(keys)
+        time.sleep(pause)
+        others = [p for p in self.master_ports() if p not in (source, target)]
+        for port in (target, source, *others):  # the target first, as redis-cli does
+            self.cli(port, "cluster", "setslot", str(slot), "node", target_id)
+        return moved
 
     def node(self, port: int) -> LocalRedis:
         return next(n for n in self.nodes if n.port == port)
