@@ -126,8 +126,14 @@ class Backend:
         if not self.cluster:
             return self.client.connection_pool
         client: Any = self.client
-        node = client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
-        return client.get_redis_connection(node).connection_pool
+        # redis-py's slot table read without its lock (the hot path): a dict and a list
+        # read, each atomic; a stale entry is answered with MOVED, which is followed
+        nodes = client.nodes_manager.slots_cache.get(key_slot(key.encode()))
+        if not nodes:
+            node = client.nodes_manager.get_node_from_slot(key_slot(key.encode()))  # raises
+        else:
+            node = nodes[0]
+        return (node.redis_connection or client.get_redis_connection(node)).connection_pool
 
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua`` (with ``debounce_redis_wait_replicas``: followed by WAIT)."""
