@@ -80,14 +80,14 @@ class Backend:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         timeout = settings.redis_timeout_s
-        options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
+        options: dict[str, Any] = dict(  # the same for a single node and a cluster
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
             # One retry after a dropped connection. No health_check_interval: a
             # dead pooled connection already fails over to the retry, and redis-py 5
             # recursed in its health check when a TLS handshake failed.
-            "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
-        }
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+        )
         if client is None and settings.redis_cluster:
             client = redis.RedisCluster.from_url(settings.redis_url, **options)  # type: ignore[assignment]
         self.client: redis.Redis = client or redis.Redis.from_url(settings.redis_url, **options)
