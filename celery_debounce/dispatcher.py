@@ -289,6 +289,8 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pubsub: Any = None
+        #: legacy shards (settings.legacy_shards) not yet seen empty by this dispatcher
+        self._draining: list[int] = list(self.settings.legacy_shards)
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -300,10 +302,13 @@ class Dispatcher:
         """
         published = 0
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
-        for shard in range(self.settings.shards):
+        for shard in (*range(self.settings.shards), *self._draining):
             while True:
                 took_at = time.monotonic()
                 taken = take_due(self.backend, shard, self.settings.dispatch_batch, self.name)
+                if shard >= self.settings.shards and taken.next_in_ms < 0 and not (
+                        taken.windows or taken.skipped or taken.unreadable):
+                    self._draining.remove(shard)  # a legacy shard left empty: done
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2

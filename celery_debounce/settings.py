@@ -136,8 +136,22 @@ class Settings:
         multiple of the masters).
         """
         if self.redis_cluster:
+            if shard >= self.shards:  # see legacy_shards
+                return f"{self.key_prefix}:{{{shard - self.shards}}}"
             return f"{self.key_prefix}:{{{cluster_shard_tag(shard, self.shards)}}}"
         return f"{self.key_prefix}:{{{shard}}}"
+
+    @cached_property
+    def legacy_shards(self) -> tuple[int, ...]:
+        """On a cluster, the shards of the single-node layout (``{<i>}``) whose tag
+        differs from the cluster tag, numbered ``shards + i``: windows a release
+        before cluster support wrote there are drained by the dispatchers (taken and
+        published as usual; their runs find their records by this number), never
+        written again. Empty on a single node and with one shard (same tag)."""
+        if not self.redis_cluster:
+            return ()
+        return tuple(self.shards + i for i in range(self.shards)
+                     if cluster_shard_tag(i, self.shards) != str(i))
 
     @cached_property
     def tags(self) -> tuple[str, ...]:

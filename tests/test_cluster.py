@@ -6,6 +6,8 @@ conftest.py); the broker and results stay on the single test redis-server.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,13 +19,13 @@ from helpers import make_app, package_keys, running_worker, wait_until
 from redis.crc import key_slot
 
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
-from celery_debounce.backend import backend_for
+from celery_debounce.backend import Backend, backend_for
 from celery_debounce.checks import maxmemory_policy
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.local_redis import LocalRedis
-from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag
+from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
 from celery_debounce.testing import clear_windows
 from celery_debounce.top import read_snapshot
 
@@ -270,3 +272,36 @@ def test_wait_replicas_on_the_cluster_waits_on_the_shards_master(
     waits = sum(redis.Redis(port=p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
                 for p in redis_cluster.master_ports())
     assert waits >= 12 + 3  # one per call, one per shard's chunk (at least 3 shards)
+
+
+@pytest.mark.cluster
+def test_windows_written_before_cluster_support_run_after_the_upgrade(
+    cluster_app: Callable[..., Celery], redis_cluster: LocalCluster
+) -> None:
+    """A release before cluster support wrote shard i under ``{i}``; with
+    ``debounce_redis_cluster=True`` new windows go under the cluster tags, and the
+    dispatchers drain the old shards: those windows run, and their records finish."""
+    old_app = cluster_app(debounce_shards=4, debounce_dispatcher=False)
+    old_settings = dataclasses.replace(settings_for(old_app), redis_cluster=False)
+    old_client = redis.RedisCluster.from_url(f"{redis_cluster.url}/0")
+    old_app._debounce_backend = (  # type: ignore[attr-defined]
+        os.getpid(), Backend(old_settings, client=old_client))
+    old_work = _task(old_app, window="500ms")
+    old = {x: old_work.delay(x).id for x in range(12)}
+    assert {k.split(b"}")[0] for k in old_client.scan_iter(match="debounce:*:open:*")} == {
+        b"debounce:{0", b"debounce:{1", b"debounce:{2", b"debounce:{3"}
+    app = cluster_app(debounce_shards=4)
+    assert settings_for(app).legacy_shards == (4, 5, 6, 7)  # none of {0}..{3} fits
+    work = _task(app, window="500ms")
+    with running_worker(app):
+        new = work.delay(100)
+        assert sorted(work.AsyncResult(i).get(timeout=15) for i in old.values()) == list(
+            range(12))
+        assert new.get(timeout=15) == 100
+
+        def finished() -> bool:
+            states = [old_client.hget(f"debounce:{{{s}}}:win:{i}", "st")
+                      for i in old.values() for s in range(4)]
+            return states.count(b"finished") == 12
+        wait_until(finished, timeout=10)
+    assert not list(old_client.scan_iter(match="debounce:{[0-3]}:open:*"))
