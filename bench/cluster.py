@@ -33,14 +33,17 @@ SHARDS = 6
 
 
 def _apps(single: str, cluster: str) -> dict[str, Celery]:
+    on_cluster = {"debounce_redis_url": f"{cluster}/0", "debounce_redis_cluster": True}
     return {
         "single": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS),
         "cluster": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS,
-                            debounce_redis_url=f"{cluster}/0", debounce_redis_cluster=True),
+                            **on_cluster),
+        "cluster+wait": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS,
+                                 debounce_redis_wait_replicas=1, **on_cluster),
     }
 
 
-def hot_call(apps: dict[str, Celery], rounds: int, n: int) -> Row:
+def hot_call(apps: dict[str, Celery], rounds: int, n: int) -> list[Row]:
     tasks = {name: app.tasks["bench.debounced"] for name, app in apps.items()}
     for task in tasks.values():
         task.delay("hot")  # open the window, load the script
@@ -53,8 +56,12 @@ def hot_call(apps: dict[str, Celery], rounds: int, n: int) -> Row:
         return go
 
     rates = interleaved(rounds, n, {name: run(t) for name, t in tasks.items()})
-    return compare("C1", "hot call .delay(), windows on the cluster (6 shards)",
-                   rates["cluster"], "single node", rates["single"], 0.8)
+    return [
+        compare("C1", "hot call .delay(), windows on the cluster (6 shards)",
+                rates["cluster"], "single node", rates["single"], 0.8),
+        compare("C1b", "same, debounce_redis_wait_replicas=1 (EVALSHA + WAIT 1)",
+                rates["cluster+wait"], "cluster", rates["cluster"], None),
+    ]
 
 
 def spread(app: Celery, cluster: LocalCluster, calls: int) -> list[Row]:
@@ -133,8 +140,9 @@ def main() -> None:
     rounds, n = (3, 1000) if args.quick else (5, 3000)
     with LocalRedis() as single, LocalCluster(masters=3, replicas=1) as cluster:
         apps = _apps(single.url, cluster.url)
-        rows = [hot_call(apps, rounds, n)]
+        rows = hot_call(apps, rounds, n)
         rows += spread(apps["cluster"], cluster, 3000 if args.quick else 12000)
+        del apps["cluster+wait"]
         rows.append(throughput(single.url, cluster.url, 1000 if args.quick else 3000,
                                2 if args.quick else 3))
     print(table(rows))
