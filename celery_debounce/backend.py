@@ -219,7 +219,11 @@ class Backend:
             # A redirection anywhere means nothing ran: the command itself was refused,
             # or (MULTI) a queued one was and EXEC aborted.
             if isinstance(error, MovedError):
-                self.client.nodes_manager.move_slot(error)  # type: ignore[attr-defined]
+                manager: Any = self.client.nodes_manager  # type: ignore[attr-defined]
+                if hasattr(manager, "move_slot"):  # redis-py >= 6
+                    manager.move_slot(error)
+                else:  # redis-py 5: applied by the next slot lookup
+                    manager.update_moved_exception(error)
                 continue
             if isinstance(error, AskError):
                 asking = (error.host, error.port)

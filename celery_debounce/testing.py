@@ -32,7 +32,7 @@ from celery.result import EagerResult
 from kombu import serialization
 
 from .admin import flush_window
-from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
+from .backend import Backend, as_text, backend_for
 from .dispatcher import SHARD_HEADER, Dispatcher, take_due
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
@@ -260,10 +260,9 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
         ("redis://", "rediss://")
     ):
         app.conf.debounce_redis_url = PLACEHOLDER_URL
-    backend = Backend(settings_for(app))
     client = fakeredis.FakeRedis(server=server or fakeredis.FakeServer())
-    backend.client = client
-    backend.scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+    # the client given: an app configured for a Redis Cluster never connects to it
+    backend = Backend(settings_for(app), client=client)
     app._debounce_backend = (os.getpid(), backend)  # type: ignore[attr-defined, unused-ignore]
     return client
 

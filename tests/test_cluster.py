@@ -305,3 +305,26 @@ def test_windows_written_before_cluster_support_run_after_the_upgrade(
             return states.count(b"finished") == 12
         wait_until(finished, timeout=10)
     assert not list(old_client.scan_iter(match="debounce:{[0-3]}:open:*"))
+
+
+def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
+    """A suite of a cluster-configured app tests with fakeredis: nothing connects to
+    the cluster URL (before, the backend built a cluster client first)."""
+    from celery_debounce.testing import run_windows, use_fakeredis
+
+    app = Celery("fake", set_as_current=False)
+    app.conf.update(debounce_redis_url="redis://cluster.invalid:7000/0",
+                    debounce_redis_cluster=True, debounce_shards=6,
+                    broker_url="memory://", debounce_dispatcher=False)
+    use_fakeredis(app)
+    ran: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
+              debounce_max_wait="5s")
+    def work(x: int) -> None:
+        ran.append(x)
+
+    first = work.delay(1)
+    assert work.delay(2).id == first.id
+    run_windows(app)
+    assert ran == [1]
