@@ -170,6 +170,7 @@ class LocalCluster:
         before that returns empty, and its replica would copy the emptiness."""
         node = self.node(port)
         if node.process is None:
+            self.wait_ok(timeout)  # its slots served by a promoted replica first
             node.start()
         self.wait_ok(timeout)
 
