@@ -315,6 +315,7 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
     app = Celery("fake", set_as_current=False)
     app.conf.update(debounce_redis_url="redis://cluster.invalid:7000/0",
                     debounce_redis_cluster=True, debounce_shards=6,
+                    debounce_redis_wait_replicas=1,  # fakeredis has no replicas: off there
                     broker_url="memory://", debounce_dispatcher=False)
     use_fakeredis(app)
     ran: list[int] = []
