@@ -22,6 +22,7 @@ from redis.exceptions import (
     ClusterDownError,
     MovedError,
     NoScriptError,
+    RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -89,7 +90,14 @@ class Backend:
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
         )
         if client is None and settings.redis_cluster:
-            client = redis.RedisCluster.from_url(settings.redis_url, **options)  # type: ignore[assignment]
+            # reads the topology now (a single-node client connects on first use)
+            try:
+                client = redis.RedisCluster.from_url(  # type: ignore[assignment]
+                    settings.redis_url, **options)
+            except (redis.RedisError, RedisClusterException) as exc:
+                raise DebounceBackendError(
+                    f"debounce Redis Cluster unreachable at {_safe_url(settings.redis_url)}: "
+                    f"{exc}") from exc
         self.client: redis.Redis = client or redis.Redis.from_url(settings.redis_url, **options)
         self.cluster = isinstance(self.client, redis.RedisCluster)
         if self.cluster:
@@ -298,6 +306,14 @@ class Backend:
         finally:
             if conn is not None:
                 pool.release(conn)
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
 
 
 def _every_master_has_sharded_pubsub(client: Any) -> bool:

@@ -329,3 +329,18 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
     assert work.delay(2).id == first.id
     run_windows(app)
     assert ran == [1]
+
+
+def test_an_unreachable_cluster_is_a_debounce_error_within_seconds(
+    app_factory: Callable[..., Celery]
+) -> None:
+    from celery_debounce.local_redis import free_port
+
+    app = app_factory(debounce_redis_url=f"redis://user:secret@127.0.0.1:{free_port()}/0",
+                      debounce_redis_cluster=True, debounce_redis_timeout="1s")
+    work = _task(app)
+    started = time.monotonic()
+    with pytest.raises(DebounceBackendError, match="Redis Cluster unreachable") as caught:
+        work.delay(1)
+    assert time.monotonic() - started < 5
+    assert "secret" not in str(caught.value)
