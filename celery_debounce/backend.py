@@ -202,7 +202,7 @@ class Backend:
                     conn.send_packed_command(conn.pack_commands(wire))
                 except (redis.ConnectionError, OSError):
                     conn.disconnect()
-                    self._refresh_topology()
+                    self.refresh_topology()
                     if attempt >= 2:
                         raise
                     continue  # not sent: safe to send again
@@ -214,7 +214,7 @@ class Backend:
                         replies.append(exc)
                     except BaseException:
                         conn.disconnect()  # the replies may still come: never reuse
-                        self._refresh_topology()
+                        self.refresh_topology()
                         raise
             finally:
                 pool.release(conn)
@@ -242,7 +242,7 @@ class Backend:
                 if time.monotonic() >= deadline:
                     raise error
                 time.sleep(0.05)
-                self._refresh_topology()
+                self.refresh_topology()
                 continue
             if error is replies[0]:
                 if isinstance(error, NoScriptError) and script:
@@ -254,7 +254,7 @@ class Backend:
             return replies  # errors of later commands: the caller reads them
         raise DebounceBackendError("debounce Redis: too many redirections")
 
-    def _refresh_topology(self) -> None:
+    def refresh_topology(self) -> None:
         """On a cluster, read the slot table again (a failover or resharding)."""
         if not self.cluster:
             return

@@ -533,6 +533,7 @@ class Dispatcher:
             except (DebounceBackendError, redis.RedisError) as exc:
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
                                self.name, backoff, exc)
+                self.backend.refresh_topology()  # a cluster's failover or resharding
                 self._close_pubsub()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)

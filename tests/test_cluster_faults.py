@@ -137,7 +137,7 @@ def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
     backend = backend_for(app)
     victim = cluster.node_of_slot(key_slot(backend.settings.tags[0].encode()))
     shards = _shards_on(cluster, app, victim)
-    dispatcher = Dispatcher(app, name="survivor")
+    dispatcher = Dispatcher(factory(), name="survivor")  # its own cluster client
     dispatcher.start()
     stream = Stream(hold).start()
     try:
@@ -245,7 +245,7 @@ def test_slot_migrated_during_a_stream_loses_nothing_and_dispatchers_follow(
     slot = key_slot(tag.encode())
     source = cluster.node_of_slot(slot)
     target = next(p for p in cluster.master_ports() if p != source)
-    dispatcher = Dispatcher(app, name="follower")
+    dispatcher = Dispatcher(factory(), name="follower")  # its own cluster client
     dispatcher.start()
     stream = Stream(hold).start()
     try:
