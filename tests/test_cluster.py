@@ -197,6 +197,33 @@ def test_wake_ups_use_sharded_pub_sub_on_each_shards_master(
 
 
 @pytest.mark.cluster
+def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
+    cluster_app: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Masters older than Redis 7.0 have no SPUBLISH: the scripts PUBLISH to
+    ``<prefix>:wake`` (the cluster forwards it) and dispatchers SUBSCRIBE to it."""
+    import celery_debounce.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "_every_master_has_sharded_pubsub", lambda c: False)
+    app = cluster_app(debounce_poll_interval="30s")
+    backend = backend_for(app)
+    assert not backend.sharded_wake
+    assert "local SHARDED_WAKE = false" in backend.scripts["gate"].script
+    work = _task(app, window="200ms")
+    dispatcher = Dispatcher(app, name="plain-wake")
+    dispatcher.start()
+    try:
+        wait_until(lambda: dispatcher._pubsub is not None, timeout=10)
+        time.sleep(0.5)  # in its 30 s sleep
+        broker = redis.Redis.from_url(app.conf.broker_url)
+        for x in range(6):
+            work.delay(x)
+        wait_until(lambda: broker.llen("celery") == 6, timeout=8)
+    finally:
+        dispatcher.stop()
+
+
+@pytest.mark.cluster
 def test_a_worker_runs_windows_of_every_shard_on_the_cluster(
     cluster_app: Callable[..., Celery]
 ) -> None:
