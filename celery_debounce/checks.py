@@ -21,31 +21,25 @@ def maxmemory_policy(client: Any) -> str:
 
     ``CONFIG GET`` is often refused to a least-privilege ACL user or by managed
     services; that is never an error here.
-    On a Redis Cluster every master is asked: the answer is the policy of the
-    master that can evict windows if one can, else the common policy (``unknown``
-    when a master does not say or they differ).
     """
-    import redis
-
     try:
-        if isinstance(client, redis.RedisCluster):
-            replies = client.config_get(
-                "maxmemory-policy", target_nodes=redis.RedisCluster.PRIMARIES)
-            policies = [_policy(reply) for reply in replies.values()]
-            evicting = [p for p in policies if evicts_windows(p)]
-            if evicting:
-                return evicting[0]
-            return policies[0] if policies and len(set(policies)) == 1 else UNKNOWN
-        return _policy(client.config_get("maxmemory-policy"))
+        reply = client.config_get("maxmemory-policy")
     except Exception:  # NOPERM, unknown command, outage: say unknown, never fail
         return UNKNOWN
-
-
-def _policy(reply: Any) -> str:
     value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy")) if reply else None
     if value is None:
         return UNKNOWN
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def combined_policy(policies: list[str]) -> str:
+    """One answer for several servers (a cluster's masters): the policy of one that can
+    evict windows if any can, else the common policy (``unknown`` when one does not
+    say, or they differ)."""
+    evicting = [p for p in policies if evicts_windows(p)]
+    if evicting:
+        return evicting[0]
+    return policies[0] if policies and len(set(policies)) == 1 else UNKNOWN
 
 
 def evicts_windows(policy: str) -> bool | None:
@@ -66,10 +60,11 @@ def describe_policy(policy: str) -> str:
     return f"maxmemory-policy: {policy}"
 
 
-def warn_if_evicting(client: Any, who: str, logger: logging.Logger | None = None) -> str:
-    """Log a WARNING if the windows' Redis may evict window keys; return the policy."""
+def warn_if_evicting(store: Any, who: str, logger: logging.Logger | None = None) -> str:
+    """Log a WARNING if the windows' Redis may evict window keys; return the policy.
+    ``store``: a :class:`~celery_debounce.store.WindowStore`."""
     log = logger or logging.getLogger("celery_debounce")
-    policy = maxmemory_policy(client)
+    policy: str = store.maxmemory_policy()
     evicts = evicts_windows(policy)
     if evicts:
         log.warning(

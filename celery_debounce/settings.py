@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
-from redis.crc import key_slot
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
+from .layout import (
+    CLUSTER_SLOTS,
+    cluster_shard_tag,
+    cluster_shard_tags,
+    shard_tag,
+    shard_tags,
+    shard_wake_channel,
+    wake_channel,
+)
+
+__all__ = ["CLUSTER_SLOTS", "DEFAULTS", "Settings", "cluster_shard_tag", "settings_for"]
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -63,7 +72,6 @@ class Settings:
     redis_url: str
     key_prefix: str
     shards: int
-    dispatcher: bool
     poll_interval_ms: int
     dispatch_batch: int
     dispatch_lease_ms: int
@@ -91,7 +99,6 @@ class Settings:
             redis_url=_redis_url(app, get("debounce_redis_url")),
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
-            dispatcher=parse_bool("debounce_dispatcher", get("debounce_dispatcher")),
             poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
             dispatch_lease_ms=duration("debounce_dispatch_lease"),
@@ -107,6 +114,8 @@ class Settings:
                 "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
             ),
         )
+        # read by the worker bootstep (bootstep.py) only; refused here too, early
+        parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
         settings.check()
         return settings
 
@@ -131,15 +140,23 @@ class Settings:
         """The hash-tagged prefix every key of ``shard`` starts with.
 
         ``{<shard>}`` on a single node; on a cluster the tag of
-        :func:`cluster_shard_tag`, so shard ``i`` of ``N`` lands in the ``i``-th
-        ``N``-th of the slot range (and so on its own master when ``N`` is a
-        multiple of the masters).
+        :func:`~celery_debounce.layout.cluster_shard_tag`, so shard ``i`` of ``N``
+        lands in the ``i``-th ``N``-th of the slot range (and so on its own master
+        when ``N`` is a multiple of the masters). On a cluster, ``shards + i`` is the
+        single-node tag of shard ``i`` (see :attr:`legacy_shards`).
         """
         if self.redis_cluster:
-            if shard >= self.shards:  # see legacy_shards
-                return f"{self.key_prefix}:{{{shard - self.shards}}}"
-            return f"{self.key_prefix}:{{{cluster_shard_tag(shard, self.shards)}}}"
-        return f"{self.key_prefix}:{{{shard}}}"
+            if shard >= self.shards:
+                return shard_tag(self.key_prefix, shard - self.shards)
+            return self.tags[shard]
+        return shard_tag(self.key_prefix, shard)
+
+    @cached_property
+    def tags(self) -> tuple[str, ...]:
+        """:meth:`tag` of every shard, built once."""
+        if self.redis_cluster:
+            return cluster_shard_tags(self.key_prefix, self.shards)
+        return shard_tags(self.key_prefix, self.shards)
 
     @cached_property
     def legacy_shards(self) -> tuple[int, ...]:
@@ -153,24 +170,19 @@ class Settings:
         return tuple(self.shards + i for i in range(self.shards)
                      if cluster_shard_tag(i, self.shards) != str(i))
 
-    @cached_property
-    def tags(self) -> tuple[str, ...]:
-        """:meth:`tag` of every shard, built once."""
-        return tuple(self.tag(shard) for shard in range(self.shards))
-
     @property
     def wake_channel(self) -> str:
-        return f"{self.key_prefix}:wake"
+        return wake_channel(self.key_prefix)
+
+    def shard_wake_channel(self, shard: int) -> str:
+        """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
+        return shard_wake_channel(self.tag(shard))
 
     @property
     def wait_replicas_ms(self) -> int:
         """WAIT's timeout: half of ``debounce_redis_timeout``, so the reply arrives before
         the socket timeout (the rest is for the script and the network)."""
         return max(1, int(self.redis_timeout_s * 500))
-
-    def shard_wake_channel(self, shard: int) -> str:
-        """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
-        return f"{self.tag(shard)}:wake"
 
 
 def settings_for(app: Celery) -> Settings:
@@ -204,32 +216,6 @@ def _prefix(value: object) -> str:
             f"debounce_key_prefix={value!r}: expected a non-empty str without braces"
         )
     return value
-
-
-#: Redis Cluster's hash slots (CRC16 of the hash tag, modulo this).
-CLUSTER_SLOTS = 16384
-
-
-@lru_cache(maxsize=256)
-def cluster_shard_tag(shard: int, shards: int) -> str:
-    """The hash tag (without braces) of ``shard`` of ``shards`` on a Redis Cluster.
-
-    Its slot falls in ``[shard * 16384 // shards, (shard + 1) * 16384 // shards)``:
-    ``redis-cli --cluster create`` gives each master one contiguous range, so
-    with ``shards`` a multiple of the masters the shards spread evenly. The tag
-    is ``<shard>`` itself when its slot already falls there (always for one
-    shard: ``{0}``, the single-node tag), else ``<shard>.<k>`` for the smallest
-    ``k`` that does. Deterministic: every process computes the same tags.
-    """
-    low = shard * CLUSTER_SLOTS // shards
-    high = (shard + 1) * CLUSTER_SLOTS // shards
-    if low <= key_slot(str(shard).encode()) < high:
-        return str(shard)
-    for k in itertools.count():
-        candidate = f"{shard}.{k}"
-        if low <= key_slot(candidate.encode()) < high:
-            return candidate
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _non_negative_int(option: str, value: object) -> int:

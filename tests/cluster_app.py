@@ -52,11 +52,10 @@ app = build(os.environ.get("CLUSTER_REDIS", "redis://127.0.0.1:7000"),
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["take"]:
-    from celery_debounce.backend import backend_for
-    from celery_debounce.dispatcher import take_due
+    from celery_debounce.store import store_for
 
-    backend = backend_for(app)
-    taken = [w.task_id for shard in range(6) for w in take_due(backend, shard, 100).windows]
+    store = store_for(app)
+    taken = [w.task_id for shard in range(6) for w in store.take(shard, 100).windows]
     print("TAKEN", *taken, flush=True)
     while True:
         time.sleep(1)

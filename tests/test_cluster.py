@@ -20,7 +20,6 @@ from redis.crc import key_slot
 
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
 from celery_debounce.backend import Backend, backend_for
-from celery_debounce.checks import maxmemory_policy
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.local_cluster import LocalCluster
@@ -144,7 +143,7 @@ def test_operator_commands_and_helpers_work_on_the_cluster(
     assert admin.stats().tasks["cl.work"].runs == 39
     removed = admin.reset_stats()
     assert removed["cl.work"].runs == 39 and removed["cl.work"].cancelled == 2
-    assert maxmemory_policy(backend_for(app).client) == "noeviction"
+    assert backend_for(app).maxmemory_policy() == "noeviction"
     assert clear_windows(app) > 0
     assert package_keys(backend_for(app).client) == []
 
@@ -157,7 +156,7 @@ def test_maxmemory_policy_is_read_from_every_master(
     last = redis_cluster.master_ports()[-1]
     redis_cluster.cli(last, "config", "set", "maxmemory-policy", "allkeys-lru")
     try:
-        assert maxmemory_policy(backend_for(app).client) == "allkeys-lru"
+        assert backend_for(app).maxmemory_policy() == "allkeys-lru"
     finally:
         redis_cluster.cli(last, "config", "set", "maxmemory-policy", "noeviction")
 
@@ -202,9 +201,9 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
 ) -> None:
     """Masters older than Redis 7.0 have no SPUBLISH: the scripts PUBLISH to
     ``<prefix>:wake`` (the cluster forwards it) and dispatchers SUBSCRIBE to it."""
-    import celery_debounce.backend as backend_module
+    import celery_debounce.store as store_module
 
-    monkeypatch.setattr(backend_module, "_every_master_has_sharded_pubsub", lambda c: False)
+    monkeypatch.setattr(store_module, "_every_master_has_sharded_pubsub", lambda c: False)
     app = cluster_app(debounce_poll_interval="30s")
     backend = backend_for(app)
     assert not backend.sharded_wake
@@ -213,7 +212,8 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
     dispatcher = Dispatcher(app, name="plain-wake")
     dispatcher.start()
     try:
-        wait_until(lambda: dispatcher._pubsub is not None, timeout=10)
+        wait_until(lambda: dispatcher._wake is not None and dispatcher._wake.subscribed,
+                   timeout=10)
         time.sleep(0.5)  # in its 30 s sleep
         broker = redis.Redis.from_url(app.conf.broker_url)
         for x in range(6):

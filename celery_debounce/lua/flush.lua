@@ -6,8 +6,8 @@
 --                              the next take.lua pass (of any dispatcher) takes it first
 -- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once):
 --          <prefix>:wake (PUBLISH) on a single node; on a Redis Cluster with sharded
---          pub/sub <tag>:wake (KEYS[1]'s slot), sent with SPUBLISH: the backend loads
---          this script with SHARDED_WAKE true there (backend.script_source)
+--          pub/sub <tag>:wake (KEYS[1]'s slot), sent with SPUBLISH: the store loads
+--          this script with SHARDED_WAKE true there (store.script_source)
 -- ARGV[3]  task id the window must have ("" for whichever window is open): a
 --          by-id flush must not hit a newer window opened under the same ident
 -- ARGV[4]  record TTL ms (safety expiry of win records, as take.lua sets it)

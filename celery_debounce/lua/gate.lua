@@ -55,8 +55,8 @@
 -- mc costs one more HMGET field, nothing else.
 --
 -- Wake-ups: with SHARDED_WAKE false (as stored; a single node) PUBLISH to <prefix>:wake.
--- On a Redis Cluster whose masters have sharded pub/sub the backend loads this script
--- with SHARDED_WAKE true (backend.script_source): SPUBLISH to <tag>:wake instead, a
+-- On a Redis Cluster whose masters have sharded pub/sub the store loads this script
+-- with SHARDED_WAKE true (store.script_source): SPUBLISH to <tag>:wake instead, a
 -- channel in KEYS[1]'s slot (<tag> = <prefix>:{<shard tag>}, read from KEYS[1]).
 --
 -- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
