@@ -343,6 +343,7 @@ class WindowStore:
         )
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
+            self.gate = self._gate_waited  # type: ignore[method-assign]
         # redis-py < 5.3 requires a command name here; later versions warn if given one
         name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
             "command_name"
@@ -549,9 +550,14 @@ class WindowStore:
 
     # -- producers ---------------------------------------------------------------------------
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
-        """One call through ``gate.lua``: one EVALSHA round trip (the hot path); with
-        ``debounce_redis_wait_replicas``, followed by WAIT on the same connection."""
-        return parse_reply(self.run_gate(gate_keys(self, call), gate_args(self, call, fixed)))
+        """One call through ``gate.lua``: one EVALSHA round trip (the hot path). With
+        ``debounce_redis_wait_replicas`` this is :meth:`_gate_waited` (see __init__), so
+        the default path has nothing extra."""
+        return parse_reply(self.run("gate", gate_keys(self, call), gate_args(self, call, fixed)))
+
+    def _gate_waited(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        return parse_reply(self._run_gate_waited(
+            gate_keys(self, call), gate_args(self, call, fixed)))
 
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua``'s raw reply (the waited variant replaces this, see __init__)."""
