@@ -1,9 +1,12 @@
 """``python -m bench.cluster``: Redis Cluster against a single node, side by side, one run.
 
-Starts a single redis-server and a local 3-master, 3-replica cluster, then measures:
+Starts a single redis-server, a local 3-master, 3-replica cluster (and a 3-master one
+without replicas), then measures:
 
 * C1: the hot call (``.delay()`` joining an open window), windows on the cluster
   (6 shards) against windows on the single node (goal >= 0.8x);
+* C1b: the same with ``debounce_redis_wait_replicas=1``; C1c: on 3 masters without
+  replicas (a second local cluster), to see where C1's difference goes;
 * C2: with 6 shards on 3 masters, the spread of window keys and of EVALSHA ``usec``
   (``INFO commandstats``) over the masters (goal: each within 20% of an even share);
 * C3: gate throughput from 4 producer processes (new windows, then joins), cluster
@@ -32,9 +35,12 @@ from celery_debounce.local_redis import LocalRedis
 SHARDS = 6
 
 
-def _apps(single: str, cluster: str) -> dict[str, Celery]:
+def _apps(single: str, cluster: str, bare: str) -> dict[str, Celery]:
     on_cluster = {"debounce_redis_url": f"{cluster}/0", "debounce_redis_cluster": True}
     return {
+        "cluster, no replicas": make_app(single, debounce_dispatcher=False,
+                                         debounce_shards=SHARDS, debounce_redis_cluster=True,
+                                         debounce_redis_url=f"{bare}/0"),
         "single": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS),
         "cluster": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS,
                             **on_cluster),
@@ -61,6 +67,9 @@ def hot_call(apps: dict[str, Celery], rounds: int, n: int) -> list[Row]:
                 rates["cluster"], "single node", rates["single"], 0.8),
         compare("C1b", "same, debounce_redis_wait_replicas=1 (EVALSHA + WAIT 1)",
                 rates["cluster+wait"], "cluster", rates["cluster"], None),
+        compare("C1c", "same on a cluster of 3 masters without replicas",
+                rates["cluster, no replicas"], "single node", rates["single"], None,
+                note="where C1's gap goes: replication to the replicas on the same 2 cores"),
     ]
 
 
@@ -138,9 +147,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
     args = parser.parse_args()
     rounds, n = (3, 1000) if args.quick else (5, 3000)
-    with LocalRedis() as single, LocalCluster(masters=3, replicas=1) as cluster:
-        apps = _apps(single.url, cluster.url)
+    with LocalRedis() as single, LocalCluster(masters=3, replicas=1) as cluster, \
+            LocalCluster(masters=3, replicas=0) as bare:
+        apps = _apps(single.url, cluster.url, bare.url)
         rows = hot_call(apps, rounds, n)
+        del apps["cluster, no replicas"]
         rows += spread(apps["cluster"], cluster, 3000 if args.quick else 12000)
         del apps["cluster+wait"]
         rows.append(throughput(single.url, cluster.url, 1000 if args.quick else 3000,
