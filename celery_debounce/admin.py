@@ -56,6 +56,8 @@ class TaskStats:
     forced: int = 0
     cancelled: int = 0
     closed_by_cap: int = 0
+    leading_runs: int = 0
+    suppressed: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -91,6 +93,8 @@ class TaskStats:
         self.forced += other.forced
         self.cancelled += other.cancelled
         self.closed_by_cap += other.closed_by_cap
+        self.leading_runs += other.leading_runs
+        self.suppressed += other.suppressed
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -101,6 +105,7 @@ class TaskStats:
             "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
+            "leading_runs": self.leading_runs, "suppressed": self.suppressed,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(
@@ -303,7 +308,11 @@ class DebounceAdmin:
 
     def _taken(self, task_id: str) -> WindowInfo | None:
         found = self.store.taken(task_id)
-        return None if found is None else window_info(found[1], found[0], "")
+        if found is None:
+            return None
+        shard, record = found
+        quiet = self.store.quiet_ends(shard, [record])
+        return window_info(record, shard, "", quiet.get(record.task_id))
 
     def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
         for shard in range(self.settings.shards):

@@ -84,8 +84,11 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
                 when = f"forced by max wait {when}"
         else:
             when = f"{w.state} (deadline {relative(w.deadline - now)})"
+        if w.quiet_until is not None:  # a leading run whose quiet period still runs
+            when += f", quiet period ends {relative(w.quiet_until - now)}"
         key = printable(w.key if len(w.key) <= 40 else w.key[:37] + "...")
-        rows.append((printable(w.task), key, printable(w.task_id), w.state, str(w.calls),
+        state = w.state if w.edge is None else f"{w.state} ({w.edge})"
+        rows.append((printable(w.task), key, printable(w.task_id), state, str(w.calls),
                      relative(w.first_seen - now), when))
     return _table(header, rows)
 
@@ -109,7 +112,7 @@ def render_stats(stats: Stats) -> str:
         lines.append("No debounce activity recorded.")
         return "\n".join(lines)
     header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "RUNS", "CALLS", "CALLS/RUN",
-              "FORCED", "CAPPED", "CANCELLED", "LATE ms p50/p90/p99")
+              "FORCED", "CAPPED", "LEADING", "SUPPRESSED", "CANCELLED", "LATE ms p50/p90/p99")
     rows = []
     for row in [*(stats.tasks[name] for name in sorted(stats.tasks)), total]:
         ratio = row.coalescing_ratio
@@ -122,7 +125,8 @@ def render_stats(stats: Stats) -> str:
             if row.oldest_first_seen is not None else "-",
             str(row.calls_waiting) if stats.census else "-",
             str(row.runs), str(row.calls), f"{ratio:.1f}" if ratio is not None else "-",
-            str(row.forced), str(row.closed_by_cap), str(row.cancelled), _late(row),
+            str(row.forced), str(row.closed_by_cap), str(row.leading_runs), str(row.suppressed),
+            str(row.cancelled), _late(row),
         ))
     lines.append(_table(header, rows))
     return "\n".join(lines)
@@ -169,7 +173,10 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     taken for a run; quarantined ones could not be published. The table shows
     relative times; --json prints an array of objects with the fields task,
     key, task_id, state, calls, first_seen, deadline, max_wait_at (epoch
-    seconds, Redis clock), shard, error and forced_by_max_wait.
+    seconds, Redis clock), shard, error, max_calls, edge ("leading" for a leading
+    run, "trailing" for a window opened in the quiet period after one, else null),
+    quiet_until (a leading run's quiet period end while it runs, else null) and
+    forced_by_max_wait; the STATE column shows the edge in parentheses.
     """
     admin = _admin(ctx)
     try:
@@ -305,11 +312,13 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
 
     Open and due windows, the oldest open window, calls waiting, runs, calls
     absorbed, calls per run, runs forced by the max wait, windows closed by their
-    call cap (debounce_max_calls), cancelled windows and
+    call cap (debounce_max_calls), leading runs and calls suppressed after one
+    (debounce_leading), cancelled windows and
     dispatch lateness percentiles, per task and in total.
 
-    RUNS, CALLS, FORCED, CAPPED, CANCELLED and LATE count windows taken for dispatch
-    (or cancelled) since the last --reset. CALLS/RUN is the coalescing ratio.
+    RUNS, CALLS, FORCED, CAPPED, LEADING, CANCELLED and LATE count windows taken for
+    dispatch (or cancelled) since the last --reset; SUPPRESSED counts calls, when
+    the gate suppressed them. CALLS/RUN is the coalescing ratio.
     LATE is how long after its deadline a window was taken, as the upper bound
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
 
@@ -339,6 +348,7 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
         new = counters.get(name, TaskStats(task=name))
         row.runs, row.calls, row.forced, row.cancelled, row.closed_by_cap = (
             new.runs, new.calls, new.forced, new.cancelled, new.closed_by_cap)
+        row.leading_runs, row.suppressed = new.leading_runs, new.suppressed
         row.lateness_buckets = list(new.lateness_buckets)
 
 

@@ -11,7 +11,8 @@ import logging
 import math
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from json import loads as _json_loads
 from typing import Any
 
@@ -19,13 +20,19 @@ from celery import Celery, states
 from kombu.exceptions import InconsistencyError
 
 from .aliases import parse_aliases, resolve_aliases
+from .confirms import ConfirmingPublisher, uses_confirms
 from .errors import DebounceBackendError, WindowQuarantined
 from .layout import (
     DEFAULT_CONTENT_TYPE,
     SHARD_HEADER,
 )
 from .message import WindowMessage
-from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
+from .signals import (
+    leading_run,
+    window_closed_by_cap,
+    window_dispatched,
+    window_forced_by_max_wait,
+)
 from .store import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
@@ -82,6 +89,10 @@ def _count_forced(windows: list[TakenWindow]) -> None:
         for window in windows:
             if window.tries == 1 and window.capped:
                 window_closed_by_cap.send(sender=window.task_name, **_fields(window))
+    if leading_run.receivers:  # e|<task> in the stats
+        for window in windows:
+            if window.tries == 1 and window.leading:
+                leading_run.send(sender=window.task_name, **_fields(window))
     if not window_forced_by_max_wait.receivers:
         return
     for window in windows:
@@ -121,6 +132,13 @@ def check_json_body(body: bytes) -> None:
         )
 
 
+def _channel_closed(exc: BaseException | None) -> bool:
+    """True when the broker closed the channel over a message (an AMQP channel error)."""
+    from amqp.exceptions import ChannelError
+
+    return isinstance(exc, ChannelError)
+
+
 class UnreadableWindow(Exception):
     """A window record that cannot be turned into a message."""
 
@@ -149,6 +167,10 @@ class Dispatcher:
         self._wake: WakeListener | None = None
         #: legacy shards (settings.legacy_shards) not yet seen empty by this dispatcher
         self._draining: list[int] = list(self.settings.legacy_shards)
+        #: an AMQP broker: publish on a confirming connection of our own (confirms.py)
+        self._confirms: ConfirmingPublisher | None = (
+            ConfirmingPublisher(app) if uses_confirms(app) else None
+        )
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -188,7 +210,9 @@ class Dispatcher:
         its next attempt. A failure of the broker as a whole (the batched pipeline,
         a lost connection) releases every window not confirmed, without counting
         against them. Quarantines run after the ack, so a Redis error there cannot
-        release windows already sent.
+        release windows already sent. On an AMQP broker "sent" means confirmed by
+        the broker (:meth:`_confirmed`): a nacked message is released like an unsent
+        one, a message with no answer like an uncertain one.
         """
         if not windows:
             return 0
@@ -196,20 +220,22 @@ class Dispatcher:
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
         unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
         uncertain: list[TakenWindow] = []  # a batch the broker answered in part
+        refused: list[TakenWindow] = []  # AMQP: nacked by the broker; not counted
         bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
         fresh = [w for w in windows if w.tries == 1]
         retried = [w for w in windows if w.tries > 1]
-        with self.app.producer_or_acquire() as producer:
+        with self._producer() as producer:
             for group, batched in ((fresh, True), (retried, False)):
                 if not group:
                     continue
-                if unsent:  # the broker failed for an earlier group
+                if unsent or producer is None:  # the broker failed (for an earlier group)
                     unsent.extend(group)
                     continue
                 ok: list[TakenWindow] = []
+                confirming: dict[int, TakenWindow] = {}  # AMQP: publish number -> window
                 try:
                     with _batch(producer, len(group)) if batched else nullcontext():
                         for i, window in enumerate(group):
@@ -223,6 +249,12 @@ class Dispatcher:
                                 continue
                             try:
                                 self._send(producer, window)
+                                if self._confirms is not None:
+                                    confirming[self._confirms.sent()] = window
+                                    if not batched:  # one by one: its answer before the next
+                                        self._confirmed(confirming, lease_end, batched, ok,
+                                                        failed, refused, uncertain)
+                                    continue
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
                             except BrokerUnavailable as exc:
@@ -239,8 +271,16 @@ class Dispatcher:
                                     window.key, window.tries, MAX_TRIES, exc,
                                 )
                                 failed.append((window, f"{type(exc).__name__}: {exc}"))
+                                if self._confirms is not None and not self._confirms.usable():
+                                    # the broker closed the channel: nothing more goes out
+                                    # on it; the rest waits for the next pass
+                                    unsent.extend(group[i + 1:])
+                                    break
                             else:
                                 ok.append(window)
+                    if confirming:
+                        self._confirmed(confirming, lease_end, batched, ok, failed, refused,
+                                        uncertain)
                 except Exception as exc:  # the batched publish failed as a whole
                     logger.warning(
                         "debounce: publishing a batch of %d failed, none is confirmed; "
@@ -261,12 +301,70 @@ class Dispatcher:
                 if window.tries >= MAX_TRIES:
                     bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
             retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-            self._release(shard, unsent, uncertain, retry)
+            self._release(shard, unsent + refused, uncertain, retry)
             for window, reason in bad:
                 self._quarantine(window, reason)
         finally:
             _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
+
+    @contextmanager
+    def _producer(self) -> Iterator[Any]:
+        """The producer to publish on: the app's pool, or (AMQP) our confirming channel
+        (None when it cannot connect)."""
+        if self._confirms is None:
+            with self.app.producer_or_acquire() as producer:
+                yield producer
+            return
+        try:
+            producer = self._confirms.producer()
+        except Exception as exc:  # cannot connect: nothing is sent, every window waits
+            logger.warning("debounce: broker unavailable, windows not published, will "
+                           "retry: %s: %s", type(exc).__name__, exc)
+            producer = None
+        yield producer
+
+    def _confirmed(
+        self, confirming: dict[int, TakenWindow], lease_end: float, batched: bool,
+        ok: list[TakenWindow], failed: list[tuple[TakenWindow, str]],
+        refused: list[TakenWindow], uncertain: list[TakenWindow],
+    ) -> None:
+        """Wait for the broker's confirms of ``confirming`` (then emptied) and sort them.
+
+        Acked: sent. Nacked: the broker refused to take the message (a queue at its
+        length limit with ``reject-publish``, an internal error): not sent, released
+        and retried soon, not counted against the window. No answer (the connection
+        or channel failed, or the deadline passed): delivery is uncertain, released
+        for a full lease (as a Redis batch answered in part); a window published on
+        its own whose channel the broker closed is counted against it.
+        """
+        assert self._confirms is not None
+        # wait up to half the lease from the take, and at least a second
+        deadline = max(lease_end, time.monotonic() + 1.0)
+        result = self._confirms.wait(sorted(confirming), deadline)
+        for seq in sorted(confirming):
+            window = confirming[seq]
+            if seq in result.acked:
+                ok.append(window)
+            elif seq in result.nacked:
+                refused.append(window)
+            elif not batched and _channel_closed(result.error):
+                failed.append((window, f"{type(result.error).__name__}: {result.error}"))
+            else:
+                uncertain.append(window)
+        if result.nacked:
+            logger.warning(
+                "debounce: the broker refused (nack) %d message(s); their windows are "
+                "retried: %s", len(result.nacked),
+                ", ".join(confirming[s].task_id for s in sorted(result.nacked)[:5]),
+            )
+        if result.unconfirmed:
+            logger.warning(
+                "debounce: %d message(s) not confirmed by the broker (%r); their windows "
+                "are not acked and are published again after the lease unless a worker "
+                "claims them", len(result.unconfirmed), result.error,
+            )
+        confirming.clear()
 
     def _release(
         self, shard: int, unsent: list[TakenWindow], uncertain: list[TakenWindow],
@@ -392,7 +490,16 @@ class Dispatcher:
                 logger.exception("debounce: dispatcher %s: unexpected error", self.name)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        self.close()
+
+    def close(self) -> None:
+        """Close the wake subscription and (AMQP) the confirming broker connection.
+
+        ``run()`` does it when it ends; call it after ``dispatch_once()`` used alone.
+        The next pass opens them again."""
         self._close_pubsub()
+        if self._confirms is not None:
+            self._confirms.close()
 
     def _subscribe(self) -> None:
         """Subscribe to the wake channel and wait until Redis confirms it."""

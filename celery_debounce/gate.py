@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
-from .signals import call_absorbed, window_opened
+from .signals import call_absorbed, call_suppressed, window_opened
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import WindowStore
@@ -21,6 +21,9 @@ class GateResult(NamedTuple):
     deadline_ms: int
     calls: int
     now_ms: int
+    #: ``"lead"``: this call is a leading run (published at once); ``"suppressed"``:
+    #: folded into the leading run ``task_id`` (leading only); ``""`` otherwise
+    edge: str = ""
 
 
 def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
@@ -40,7 +43,8 @@ def gate_args(
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
-    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``.
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``; the edge mode and
+    the history TTL (ARGV[13..14]) only with ``debounce_leading=True``.
     """
     window, max_wait, replace = call.spec.gate_argv
     args: list[object] = [
@@ -58,11 +62,20 @@ def gate_args(
         if fixed is None:
             args += _NOT_FIXED
         args.append(call.spec.max_calls)
+    if call.spec.leading:
+        if len(args) == 7:
+            args += _NOT_FIXED
+        if len(args) == 11:
+            args.append("")
+        args += [call.spec.edge, store.settings.history_ttl_ms]
     return args
 
 
 def parse_reply(reply: list[object]) -> GateResult:
-    task_id, opened, deadline, calls, now = reply
+    try:
+        task_id, opened, deadline, calls, now = reply
+    except ValueError:  # an edge call's sixth element, "lead" or "suppressed"
+        return _edge_reply(reply)
     return GateResult(
         task_id.decode() if isinstance(task_id, bytes) else str(task_id),
         opened == 1,
@@ -72,16 +85,26 @@ def parse_reply(reply: list[object]) -> GateResult:
     )
 
 
+def _edge_reply(reply: list[object]) -> GateResult:
+    base = parse_reply(reply[:5])
+    edge = reply[5]
+    return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))
+
+
 def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
     gate records it as an alias of the window it joins, and opens a window under
-    another id if that one is in use (see aliases.py). Sends ``window_opened`` or
-    ``call_absorbed`` (only if someone listens).
+    another id if that one is in use (see aliases.py). Sends ``window_opened``,
+    ``call_absorbed`` or (a call a leading-only quiet period suppressed)
+    ``call_suppressed``, only if someone listens.
     """
     result = store.gate(call, fixed)
-    signal = window_opened if result.opened else call_absorbed
+    if result.edge == "suppressed":
+        signal = call_suppressed
+    else:
+        signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(
             sender=call.task_name,

@@ -192,6 +192,12 @@ def stats_reset_key(tag: str, token: str) -> str:
     return f"{stats_key(tag)}:reset:{token}"
 
 
+def quiet_key(tag: str, ident: str) -> str:
+    """hash: the quiet period after a leading run of ``ident`` (gate.lua writes it;
+    fields :data:`QUIET_FIELDS`)."""
+    return f"{tag}:quiet:{ident}"
+
+
 def hot_key(tag: str) -> str:
     """zset ident -> calls absorbed by its taken windows (top 100)."""
     return f"{tag}:hot"
@@ -230,9 +236,10 @@ def taken_set_key(tag: str, name: str) -> str:
 # -- stats counters ----------------------------------------------------------------------
 
 #: Counter kinds in ``<tag>:stats`` (field ``<kind>|<task>``): runs, calls in them,
-#: forced by max wait, cancelled, closed by the call cap; ``l<b>`` is lateness bucket b.
+#: forced by max wait, cancelled, closed by the call cap, leading runs (take.lua), calls
+#: suppressed after a leading run (gate.lua); ``l<b>`` is lateness bucket b.
 COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
-                 "m": "closed_by_cap"}
+                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed"}
 
 
 def split_counter(name: str) -> tuple[str, str]:
@@ -257,18 +264,24 @@ F_ERROR = "qe"         # quarantine reason
 F_MAX_CALLS = "mc"     # debounce_max_calls of the opener
 F_CAPPED = "cx"        # 1: closed by the call cap
 F_TRIES = "tries"      # times taken
+F_LEADING = "ld"       # 1: a leading run (debounce_leading), closed by gate.lua at once
+F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
+
+#: The quiet period's hash (:func:`quiet_key`): the leading run's id, the leading
+#: call's first seen and max wait, the quiet period's end (ms), calls, mode (L or B).
+QUIET_FIELDS = ("id", "fs", "mw", "dl", "n", "m")
 
 #: Fields an operator view reads (HMGET) from a record.
 INSPECT_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_STATE,
-                  F_ERROR, F_MAX_CALLS)
+                  F_ERROR, F_MAX_CALLS, F_LEADING, F_TRAILING)
 #: Fields the testing helpers read from a pending record (its payload and options too).
 PAYLOAD_FIELDS = (F_ID, F_FIRST_SEEN, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE, F_PAYLOAD,
                   F_OPTIONS)
 #: The order of each window in take.lua's reply.
 TAKE_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE,
-               F_PAYLOAD, F_OPTIONS, F_TRIES, F_CAPPED)
+               F_PAYLOAD, F_OPTIONS, F_TRIES, F_CAPPED, F_LEADING)
 #: The order of each window in list.lua's reply (after its ident).
-LIST_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_MAX_CALLS)
+LIST_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_MAX_CALLS, F_TRAILING)
 #: flush.lua's reply.
 FLUSH_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS)
 #: cancel.lua's reply (then the aliases).
@@ -292,6 +305,8 @@ class Record(NamedTuple):
     options_json: str = EMPTY_OPTIONS
     tries: int = 1
     capped: bool = False
+    leading: bool = False  # ld: a leading run
+    trailing: bool = False  # tr: a trailing window
 
     @property
     def ceiling_ms(self) -> int:
@@ -358,6 +373,8 @@ def decode_record(
         options_json=as_text(opts) if opts is not None else EMPTY_OPTIONS,
         tries=int(tries or 1) if strict else _lenient_int(tries or 1),
         capped=get(F_CAPPED) is not None,
+        leading=get(F_LEADING) is not None,
+        trailing=get(F_TRAILING) is not None,
     )
 
 

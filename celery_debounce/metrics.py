@@ -14,6 +14,10 @@ Metrics (all labelled ``task``; see docs/operations.md):
 * ``celery_debounce_windows_cancelled_total``: windows cancelled
 * ``celery_debounce_windows_closed_by_cap_total``: windows closed by ``debounce_max_calls``
   (dispatchers, when first taken)
+* ``celery_debounce_leading_runs_total``: leading runs (``debounce_leading=True``;
+  dispatchers, when first taken)
+* ``celery_debounce_calls_suppressed_total``: calls a leading-only quiet period
+  suppressed (producers)
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
 
@@ -30,12 +34,18 @@ from typing import Any
 from .layout import LATE_BUCKETS_MS
 from .signals import (
     call_absorbed,
+    call_suppressed,
+    leading_run,
     window_cancelled,
     window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
     window_opened,
 )
+
+#: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
+_SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
+            window_cancelled, window_closed_by_cap, leading_run, call_suppressed)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
@@ -54,12 +64,12 @@ class Metrics:
     lateness: Any
     receivers: tuple[Any, ...]
     closed_by_cap: Any = None
+    leading_runs: Any = None
+    suppressed: Any = None
 
     def disable(self) -> None:
         """Disconnect the signal receivers (the metrics stay registered)."""
-        for signal, receiver in zip(
-            (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-             window_cancelled, window_closed_by_cap), self.receivers, strict=True):
+        for signal, receiver in zip(_SIGNALS, self.receivers, strict=True):
             signal.disconnect(receiver)
 
 
@@ -85,6 +95,11 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     cancelled = counter("windows_cancelled", "Debounce windows cancelled by an operator.")
     closed_by_cap = counter("windows_closed_by_cap",
                             "Debounce windows closed by their call cap (debounce_max_calls).")
+    leading_runs = counter("leading_runs",
+                           "Leading runs (debounce_leading=True), published at their first call.")
+    suppressed = counter("calls_suppressed",
+                         "Calls suppressed by the quiet period after a leading run "
+                         "(debounce_leading=True, debounce_trailing=False).")
     dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
     lateness = Histogram("dispatch_lateness_seconds",
                          "Time from a window's deadline to its take by a dispatcher.",
@@ -111,15 +126,19 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_closed_by_cap(sender: str, **_: Any) -> None:
         closed_by_cap.labels(task=sender).inc()
 
+    def on_leading(sender: str, **_: Any) -> None:
+        leading_runs.labels(task=sender).inc()
+
+    def on_suppressed(sender: str, **_: Any) -> None:
+        suppressed.labels(task=sender).inc()
+
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
-                 on_closed_by_cap)
-    for signal, receiver in zip(
-        (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-         window_cancelled, window_closed_by_cap), receivers, strict=True):
+                 on_closed_by_cap, on_leading, on_suppressed)
+    for signal, receiver in zip(_SIGNALS, receivers, strict=True):
         signal.connect(receiver, weak=False)
     return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
-                   receivers, closed_by_cap)
+                   receivers, closed_by_cap, leading_runs, suppressed)
 
 
 def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:

@@ -14,8 +14,13 @@ from .key_templates import KeyTemplate, parse_template
 #: The options a task or a call may set.
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
-    "debounce_max_calls",
+    "debounce_max_calls", "debounce_leading", "debounce_trailing",
 )
+
+#: ``gate.lua``'s ARGV[13] per (leading, trailing); trailing only sends nothing.
+EDGE_MODES: dict[tuple[bool, bool], bytes | None] = {
+    (False, True): None, (True, False): b"L", (True, True): b"B",
+}
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class DebounceSpec:
     key: KeyTemplate | None  # None: a digest of all the call's arguments
     replace_payload: bool
     max_calls: int | None = None  # None: no cap (gate.lua gets no extra ARGV)
+    leading: bool = False
+    trailing: bool = True
+
+    @cached_property
+    def edge(self) -> bytes | None:
+        """``gate.lua``'s ARGV[13]: None for trailing only (nothing more is sent)."""
+        return EDGE_MODES[self.leading, self.trailing]
 
     @cached_property
     def gate_argv(self) -> tuple[bytes, bytes, bytes]:
@@ -44,6 +56,8 @@ class TaskDefaults:
     debounce_max_wait: Any = None
     debounce_replace_payload: Any = False
     debounce_max_calls: Any = None
+    debounce_leading: Any = False
+    debounce_trailing: Any = True
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -55,6 +69,7 @@ class TaskDefaults:
             parse_duration("debounce_max_wait", defaults.debounce_max_wait)
         _check_bool(defaults.debounce_replace_payload)
         check_max_calls(defaults.debounce_max_calls)
+        check_edges(defaults.debounce_leading, defaults.debounce_trailing)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -63,6 +78,8 @@ class TaskDefaults:
                 defaults.debounce_max_wait,
                 defaults.debounce_replace_payload,
                 defaults.debounce_max_calls,
+                defaults.debounce_leading,
+                defaults.debounce_trailing,
             )
         return cls(
             defaults.debounce,
@@ -70,6 +87,8 @@ class TaskDefaults:
             defaults.debounce_max_wait,
             defaults.debounce_replace_payload,
             defaults.debounce_max_calls,
+            defaults.debounce_leading,
+            defaults.debounce_trailing,
             spec,
         )
 
@@ -82,6 +101,8 @@ class TaskDefaults:
         max_wait = options.pop("debounce_max_wait", None)
         replace = options.pop("debounce_replace_payload", None)
         max_calls = options.pop("debounce_max_calls", None)
+        leading = options.pop("debounce_leading", None)
+        trailing = options.pop("debounce_trailing", None)
         if debounce is False:
             return None
         return build_spec(
@@ -90,6 +111,8 @@ class TaskDefaults:
             self.debounce_max_wait if max_wait is None else max_wait,
             self.debounce_replace_payload if replace is None else replace,
             self.debounce_max_calls if max_calls is None else max_calls,
+            self.debounce_leading if leading is None else leading,
+            self.debounce_trailing if trailing is None else trailing,
             given_on_call=True,
         )
 
@@ -100,13 +123,15 @@ def build_spec(
     max_wait: Any,
     replace: Any,
     max_calls: Any = None,
+    leading: Any = False,
+    trailing: Any = True,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
     if debounce is None:
         raise DebounceConfigError(
             "debounce=None: debounce_key/debounce_max_wait/debounce_replace_payload/"
-            "debounce_max_calls were "
+            "debounce_max_calls/debounce_leading/debounce_trailing were "
             "given on a call of a task that has no debounce window; pass debounce= too"
         )
     window = parse_duration("debounce", debounce)
@@ -123,14 +148,27 @@ def build_spec(
             "the max wait must be at least the window"
         )
     template = parse_template(key) if key is not None else None
+    lead, trail = check_edges(leading, trailing)
     return DebounceSpec(window, ceiling, template, _check_bool(replace),
-                        check_max_calls(max_calls))
+                        check_max_calls(max_calls), lead, trail)
 
 
-def _check_bool(value: Any) -> bool:
+def _check_bool(value: Any, name: str = "debounce_replace_payload") -> bool:
     if not isinstance(value, bool):
-        raise DebounceConfigError(f"debounce_replace_payload={value!r}: expected True or False")
+        raise DebounceConfigError(f"{name}={value!r}: expected True or False")
     return value
+
+
+def check_edges(leading: Any, trailing: Any) -> tuple[bool, bool]:
+    """``debounce_leading`` / ``debounce_trailing``: strict bools, not both False."""
+    lead = _check_bool(leading, "debounce_leading")
+    trail = _check_bool(trailing, "debounce_trailing")
+    if not lead and not trail:
+        raise DebounceConfigError(
+            "debounce_leading=False, debounce_trailing=False: the task would never run; "
+            "set at least one of them to True"
+        )
+    return lead, trail
 
 
 #: The largest cap accepted (a window's call count is a Redis integer; far above any

@@ -17,6 +17,13 @@ Where they fire:
 * ``window_closed_by_cap``: the dispatcher process, once per window its
   ``debounce_max_calls`` closed, when it is first taken (``task_id, key, calls,
   lateness``), as the stats count ``m|<task>``.
+* ``leading_run``: the dispatcher process, once per leading run
+  (``debounce_leading=True``), when it is first taken (``task_id, key, calls,
+  lateness``), as the stats count ``e|<task>``.
+* ``call_suppressed``: the producer process, for a call that a quiet period of
+  ``debounce_leading=True, debounce_trailing=False`` suppressed (``task_id`` of the
+  leading run it was folded into, ``key, deadline`` (the quiet period's end), ``calls``
+  (the quiet period's, leading call included)), as the stats count ``s|<task>``.
 * ``window_cancelled``: the process that cancelled it (``task_id, key, calls``).
 """
 
@@ -26,6 +33,8 @@ from celery.utils.dispatch import Signal
 
 __all__ = [
     "call_absorbed",
+    "call_suppressed",
+    "leading_run",
     "window_cancelled",
     "window_closed_by_cap",
     "window_dispatched",
@@ -50,3 +59,9 @@ window_closed_by_cap = Signal(
     name="window_closed_by_cap", providing_args={"task_id", "key", "calls", "lateness"}
 )
 window_cancelled = Signal(name="window_cancelled", providing_args={"task_id", "key", "calls"})
+leading_run = Signal(
+    name="leading_run", providing_args={"task_id", "key", "calls", "lateness"}
+)
+call_suppressed = Signal(
+    name="call_suppressed", providing_args={"task_id", "key", "deadline", "calls"}
+)

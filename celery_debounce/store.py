@@ -65,6 +65,7 @@ from .layout import (
     leased_key,
     open_key,
     quarantine_key,
+    quiet_key,
     shard_wake_channel,
     split_ident,
     stats_key,
@@ -134,6 +135,7 @@ class TakenWindow:
     tries: int
     taken_ms: int
     capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
+    leading: bool = False  # a leading run (debounce_leading=True), due at its first call
 
     @property
     def task_name(self) -> str:
@@ -952,6 +954,24 @@ class WindowStore:
                 out.append(TakenEntry(tid, decode_record(INSPECT_FIELDS, row), None))
         return out
 
+    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
+        """Task id -> end (ms) of the quiet period each leading run of ``leading`` still
+        owns (``quiet_key`` of its ident holds its id): one pipelined HMGET per run."""
+        tag = self.tag(shard)
+        runs = [r for r in leading if r.leading and r.ident is not None]
+        if not runs:
+            return {}
+        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
+            for record in runs:
+                pipe.hmget(quiet_key(tag, record.ident), "id", "dl")  # type: ignore[arg-type]
+            rows = pipe.execute(raise_on_error=False)
+        ends = {}
+        for record, row in zip(runs, rows, strict=True):
+            if isinstance(row, list) and row[0] is not None and row[1] is not None and \
+                    as_text(row[0]) == record.task_id:
+                ends[record.task_id] = int(row[1])
+        return ends
+
     def find_step(self, shard: int, cursor: str, task_id: str,
                   count: int) -> tuple[str, str | None]:
         """One ``find.lua`` step: ``(next cursor, ident of the pending window with this id
@@ -1126,6 +1146,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
         tries=record.tries,
         taken_ms=now_ms,
         capped=record.capped,
+        leading=record.leading,
     )
 
 

@@ -26,8 +26,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
 
     Task options: ``debounce`` (window), ``debounce_max_wait`` (ceiling, required
     with ``debounce``), ``debounce_key`` (key template; default: a digest of the
-    arguments), ``debounce_replace_payload`` and ``debounce_max_calls`` (a cap on
-    calls per window). The same names work per call on
+    arguments), ``debounce_replace_payload``, ``debounce_max_calls`` (a cap on
+    calls per window) and ``debounce_leading`` / ``debounce_trailing`` (which edge of
+    a burst runs, as lodash's ``debounce``). The same names work per call on
     ``apply_async``; ``debounce=False`` on a call publishes it plainly.
     """
 
@@ -36,6 +37,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_max_wait: Any = None
     debounce_replace_payload: bool = False
     debounce_max_calls: int | None = None
+    debounce_leading: bool = False
+    debounce_trailing: bool = True
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 
@@ -79,6 +82,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             )
         check_arguments(self, args, kwargs)
         fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
+        if fixed is not None and spec.leading and not spec.trailing:
+            refuse_fixed_leading(self.name)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
         return self.AsyncResult(result_id(result.task_id, fixed))
 
@@ -197,7 +202,8 @@ def send_task(
     """Debounced counterpart of ``app.send_task``, for producers that do not import the task.
 
     Takes the same debounce options as a call (``debounce``, ``debounce_key``,
-    ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``) plus
+    ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``,
+    ``debounce_leading``, ``debounce_trailing``) plus
     Celery's own. Without
     a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
     task is registered in this process, its signature and defaults are used.
@@ -222,11 +228,24 @@ def send_task(
         local.serializer if local is not None else app.conf.task_serializer
     )
     fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
+    if fixed is not None and spec.leading and not spec.trailing:
+        refuse_fixed_leading(name)
     call = prepare_call(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
         app=app, task_type=local,
     )
     return app.AsyncResult(result_id(enter(store_for(app), call, fixed).task_id, fixed))
+
+
+def refuse_fixed_leading(name: str) -> None:
+    """A caller-chosen or canvas id cannot be combined with leading only: a call the
+    quiet period suppresses has no window to record its id in, so it would never
+    resolve (see docs/design.md, "Leading and trailing edge")."""
+    raise DebounceConfigError(
+        f"{name}: debounce_leading=True, debounce_trailing=False cannot be combined with "
+        "task_id= or canvas (group, chord, chain): a suppressed call's id would never get "
+        "a result; use debounce_trailing=True, or no fixed id"
+    )
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:

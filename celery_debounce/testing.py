@@ -131,7 +131,11 @@ def flush_windows(app: Celery, task: Any = None) -> list[str]:
     or a real one) then runs them; ``AsyncResult(id).get()`` waits for the run.
     """
     flushed = _make_due(app, task)
-    Dispatcher(app, name="testing").dispatch_once()
+    dispatcher = Dispatcher(app, name="testing")
+    try:
+        dispatcher.dispatch_once()
+    finally:
+        dispatcher.close()
     return flushed
 
 

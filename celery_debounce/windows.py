@@ -33,6 +33,12 @@ class WindowInfo:
     shard: int
     error: str | None = None
     max_calls: int | None = None  # the window's debounce_max_calls, when it has one
+    #: "leading": a leading run (published at its first call); "trailing": a window
+    #: opened during the quiet period after a leading run (due at its end); None: neither
+    edge: str | None = None
+    #: the end of the quiet period this window belongs to (epoch seconds), while it
+    #: runs: set on a leading run by listings and ``find``; None otherwise
+    quiet_until: float | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -45,9 +51,11 @@ class WindowInfo:
 
 
 
-def window_info(record: Record, shard: int, state: str) -> WindowInfo:
+def window_info(record: Record, shard: int, state: str,
+                quiet_until_ms: int | None = None) -> WindowInfo:
     """A decoded record (layout.decode_record) as operators see it; ``state`` is used
-    when the record holds none (a pending window)."""
+    when the record holds none (a pending window); ``quiet_until_ms``: the end of the
+    quiet period a leading run still owns (``WindowStore.quiet_ends``)."""
     raw = record.ident or ""
     try:
         task, key = split_ident(raw)
@@ -65,6 +73,8 @@ def window_info(record: Record, shard: int, state: str) -> WindowInfo:
         shard=shard,
         error=record.error,
         max_calls=record.max_calls,
+        edge="leading" if record.leading else "trailing" if record.trailing else None,
+        quiet_until=quiet_until_ms / 1000 if quiet_until_ms is not None else None,
     )
 
 
@@ -89,6 +99,7 @@ def _shard_windows(
         # does not read a large set whole.
         for start in itertools.count(0, _CHUNK):
             page = store.taken_page(shard, zset, start, _CHUNK)
+            quiet = store.quiet_ends(shard, [e.record for e in page if e.record is not None])
             for entry in page:
                 if entry.error is not None:  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
@@ -98,7 +109,7 @@ def _shard_windows(
                     continue
                 if entry.record is None:
                     continue
-                info = window_info(entry.record, shard, "")
+                info = window_info(entry.record, shard, "", quiet.get(entry.task_id))
                 if info.state in wanted and _matches(info, task, key_glob):
                     found += 1
                     yield info

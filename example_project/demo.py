@@ -48,9 +48,9 @@ def main() -> int:
             user, doc = saves[revision % 3]
             revision += 1
             editor.save(user, doc, revision)
-            calls += 2
+            calls += 3
             time.sleep(0.1 + 0.1 * (revision % 3))
-        print(f"  {calls} calls made ({revision} saves x 2 tasks)\n")
+        print(f"  {calls} calls made ({revision} saves x 3 tasks)\n")
 
         print("the open windows (celery -A example_project.editor debounce inspect):")
         print(textwrap.indent(render_table(list_windows(editor.app), time.time()), "  "))
@@ -66,8 +66,9 @@ def main() -> int:
                     f"next run in {max(soonest, 0):.1f}s")
             print(f"\r{line:<72}" if tty else line, end="" if tty else "\n", flush=True)
             time.sleep(0.25 if tty else 0.5)
-        _wait_for_runs(editor, expected=len(saves) + 2, timeout=10)
-        print("\n\nruns (each started after the last call of its window):")
+        _wait_for_runs(editor, expected=2 * len(saves) + 2, timeout=10)
+        print("\n\nruns (notify_collaborators: leading edge, at the first save of each "
+              "document; the others after the last call of their window):")
         runs = [json.loads(r) for r in editor._runs.lrange("demo:runs", 0, -1)]
         for run in runs:
             details = {k: v for k, v in run.items() if k not in ("task", "at")}

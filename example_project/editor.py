@@ -54,8 +54,22 @@ def reindex_document(doc_id: str, revision: int) -> str:
     return f"{doc_id} indexed at revision {revision}"
 
 
+@app.task(
+    base=DebouncedTask,
+    debounce="5s",                      # quiet period: until the edits pause for 5 s
+    debounce_max_wait="1m",             # (at most a minute: then collaborators hear again)
+    debounce_key="doc:{doc_id}",
+    debounce_leading=True,              # tell collaborators at the FIRST save, at once...
+    debounce_trailing=False,            # ...and not again for the rest of the burst
+)
+def notify_collaborators(doc_id: str, user_id: str) -> str:
+    _record("notify_collaborators", doc_id=doc_id, user_id=user_id)
+    return f"collaborators of {doc_id} told that {user_id} is editing"
+
+
 def save(user_id: str, doc_id: str, revision: int) -> None:
     """What the web app calls on every autosave."""
+    notify_collaborators.delay(doc_id, user_id)
     reindex_document.delay(doc_id, revision)
     rebuild_report.delay(user_id)
 

@@ -39,6 +39,7 @@ def one(name: str, guarantee: str, path: str, find: str, replace: str, *tests: s
 
 LUA = "celery_debounce/lua/"
 CAP = "tests/test_max_calls_and_steering.py::"
+EDGE = "tests/test_leading_edge.py::"
 PKG = "celery_debounce/"
 E2E = "tests/test_end_to_end.py::"
 FAULTS = "tests/test_faults.py::"
@@ -221,6 +222,20 @@ MUTATIONS: list[Mutation] = [
         "  if false then",
         CAP + "test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one",
         CAP + "test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5"),
+    one("a leading call also opens the trailing window",
+        "concepts: leading and trailing, a burst of one call runs once, not twice",
+        LUA + "gate.lua",
+        "    return close(id, opened, calls, 'ld')\n",
+        "    close(id, opened, calls, 'ld')\n    redis.call('HSET', open, unpack(fields))\n",
+        EDGE + "test_rule_6_a_burst_of_one_runs_once",
+        EDGE + "test_worker_a_burst_of_one_runs_once"),
+    one("gate.lua: the quiet period never slides",
+        "concepts: the quiet period after a leading run slides with each call, up to "
+        "the leading call's ceiling",
+        LUA + "gate.lua",
+        "    qend = math.min(deadline, tonumber(q[2]) + tonumber(q[3]))\n",
+        "    qend = tonumber(q[4])\n",
+        EDGE + "test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling"),
     one("steering ignores the per-call key override",
         "operations: debounce_pending/flush/cancel resolve the key exactly as a call",
         PKG + "task.py",
@@ -329,4 +344,23 @@ MUTATIONS: list[Mutation] = [
         "if len(key) > settings.max_key_length:",
         "if len(key) >= settings.max_key_length:",
         HOSTILE + "test_key_at_the_length_limit_is_accepted"),
+    # -- RabbitMQ broker: publisher confirms ---------------------------------------
+    one("a nacked publish is acked in Redis",
+        "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
+        PKG + "dispatcher.py",
+        "            elif seq in result.nacked:\n                refused.append(window)",
+        "            elif seq in result.nacked:\n                ok.append(window)",
+        "tests/test_rabbitmq.py::test_a_nacked_publish_is_not_acked_and_the_window_is_retried"),
+    one("an unconfirmed publish is acked in Redis",
+        "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
+        PKG + "dispatcher.py",
+        "            else:\n                uncertain.append(window)",
+        "            else:\n                ok.append(window)",
+        "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
+    one("the confirming connection is not checked before a batch",
+        "RabbitMQ restarted between batches: the next batch is published at once",
+        PKG + "confirms.py",
+        "if self._producer is not None and not self._alive():",
+        "if self._producer is not None and not True:",
+        "tests/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
 ]

@@ -10,6 +10,7 @@ import pytest
 import redis
 from celery import Celery
 from helpers import make_app
+from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
 from celery_debounce.backend import Backend
 from celery_debounce.local_cluster import LocalCluster
@@ -34,6 +35,28 @@ def redis_cluster() -> Iterator[LocalCluster]:
     (for the tests marked ``cluster``). Tests that kill or move things put it back."""
     with LocalCluster(masters=3, replicas=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitNode]:
+    """A private RabbitMQ node for the session (tests/rabbitmq_node.py), stopped at the end.
+
+    When rabbitmq-server is not installed the test fails (CI installs it with
+    scripts/ensure-rabbitmq.sh), unless $DEBOUNCE_SKIP_RABBITMQ is set: then it skips.
+    """
+    if rabbitmq_server_path() is None:
+        reason = (f"rabbitmq-server is not installed (scripts/ensure-rabbitmq.sh installs it; "
+                  f"{SKIP_ENV} is set)")
+        if os.environ.get(SKIP_ENV):
+            pytest.skip(reason)
+        pytest.fail(f"rabbitmq-server is not installed: run scripts/ensure-rabbitmq.sh, or set "
+                    f"{SKIP_ENV}=1 to skip the rabbitmq tests")
+    node = RabbitNode()
+    try:
+        node.start()
+        yield node
+    finally:
+        node.cleanup()
 
 
 @pytest.fixture

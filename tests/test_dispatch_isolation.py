@@ -30,6 +30,7 @@ from celery_debounce.dispatcher import MAX_TRIES, Dispatcher
 from celery_debounce.layout import window_ident
 from celery_debounce.settings import settings_for
 from celery_debounce.signals import window_forced_by_max_wait
+from celery_debounce.store import script_source
 from celery_debounce.testing import debounce_windows
 
 TAG = "debounce:{0}"
@@ -176,10 +177,13 @@ def _flaky_proxy(target_port: int) -> Iterator[tuple[int, threading.Event]]:
 
     def pipe(client: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", target_port))
+        muted = threading.Event()  # replies from here on are swallowed, never forwarded
 
         def down() -> None:
             try:
                 while data := upstream.recv(65536):
+                    if muted.is_set():
+                        continue
                     client.sendall(data)
             except OSError:
                 pass
@@ -187,8 +191,11 @@ def _flaky_proxy(target_port: int) -> Iterator[tuple[int, threading.Event]]:
         threading.Thread(target=down, daemon=True).start()
         try:
             while data := client.recv(65536):
+                lose = drop.is_set() and b"EVALSHA" in data
+                if lose:
+                    muted.set()  # before forwarding: the reply cannot overtake the close
                 upstream.sendall(data)
-                if drop.is_set() and b"EVALSHA" in data:
+                if lose:
                     drop.clear()
                     client.shutdown(socket.SHUT_RDWR)
                     client.close()
@@ -231,6 +238,8 @@ def test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease(
 
         time.sleep(0.01)
         dispatcher = Dispatcher(app)
+        # a fresh server has no take.lua yet: the lost EVALSHA would only be a NOSCRIPT
+        redis_client.script_load(script_source("take"))
         drop.set()
         with pytest.raises(DebounceBackendError):
             dispatcher.dispatch_once()

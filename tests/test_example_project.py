@@ -18,6 +18,7 @@ def test_demo_starts_its_own_redis_and_collapses_the_burst() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "started a local redis-server" in out.stdout
-    assert "-> 5 runs" in out.stdout
+    assert "-> 8 runs" in out.stdout
+    assert out.stdout.count("notify_collaborators(") == 3  # leading edge: once per document
     assert out.stdout.count("reindex_document(") == 3
     assert out.stdout.count("rebuild_report(") == 2

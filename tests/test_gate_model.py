@@ -1,9 +1,9 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag, call cap), clock advances, dispatcher steps (take, publish+ack, failed
-publish+release, crash before or after publishing) and worker steps (claim,
-finish, death mid-run with redelivery). After every step the whole Redis
+replace flag, call cap, leading/trailing edge), clock advances, dispatcher steps
+(take, publish+ack, failed publish+release, crash before or after publishing) and
+worker steps (claim, finish, death mid-run with redelivery). After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
 docs/guarantees.md must hold. At the end everything is drained: every call's
 window must have run, at or after the call.
@@ -12,7 +12,9 @@ Two runs of the same machine:
 
 * fakeredis + lupa with a controlled clock: the seam is fakeredis's ``TIME``
   command, whose module-level ``time`` is replaced for the test
-  (``fakeredis.commands_mixins.server_mixin.time``). The scripts are unchanged.
+  (``fakeredis.commands_mixins.server_mixin.time``), and its key expiry clock
+  (``fakeredis._socket._base.time``), so a quiet period's ``PEXPIREAT`` follows the
+  same clock. The scripts are unchanged.
 * a real redis-server with the real clock (shorter): the model then takes
   "now" from each script's own reply, so it stays exact.
 """
@@ -31,6 +33,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from fakeredis._socket import _base as fake_socket
 from fakeredis.commands_mixins import server_mixin
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -55,6 +58,8 @@ TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
 CHOSEN = [None, None, "X", "Y"]  # task ids a caller may choose (None: a default call)
 CAPS = [None, None, None, 1, 2, 3]  # debounce_max_calls of a call (None: no cap)
+#: (debounce_leading, debounce_trailing) of a call; trailing only is the default
+EDGES = [(False, True), (False, True), (False, True), (True, False), (True, True)]
 LEASE_MS = 1000
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
@@ -72,13 +77,14 @@ class Clock:
 
 @contextmanager
 def fake_clock() -> Iterator[None]:
-    saved = server_mixin.time
+    saved, saved_expiry = server_mixin.time, fake_socket.time
     server_mixin.time = Clock  # type: ignore[assignment]
+    fake_socket.time = Clock  # type: ignore[assignment]
     Clock.now_ms = T0
     try:
         yield
     finally:
-        server_mixin.time = saved
+        server_mixin.time, fake_socket.time = saved, saved_expiry
         Clock.now_ms = None
 
 
@@ -124,6 +130,20 @@ class Win:
     cancelled: bool = False
     mc: int | None = None  # the opener's debounce_max_calls (the window's cap)
     capped: bool = False  # closed by gate.lua at its cap
+    leading: bool = False  # a leading run (gate.lua's ld): closed at its first call
+    trailing: bool = False  # opened during a quiet period (gate.lua's tr)
+
+
+@dataclass
+class Quiet:
+    """The model of a quiet period (``<tag>:quiet:<ident>``)."""
+
+    id: str  # the leading run's
+    fs: int
+    mw: int  # the leading call's max wait (relative, as stored)
+    dl: int  # its end
+    n: int
+    m: str  # "L" or "B"
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -148,6 +168,8 @@ class GateMachine(RuleBasedStateMachine):
         self.leased: dict[str, int] = {}
         self.active: dict[str, int] = {}
         self.ids_index: dict[str, str] = {}  # id -> ident of windows opened under a fixed id
+        self.quiet: dict[str, Quiet] = {}  # ident -> its latest quiet period
+        self.suppressed = 0
         # (id, tries) a live dispatcher holds (taken, not yet published)
         self.inflight: list[tuple[str, int]] = []
         self.broker: list[str] = []  # messages waiting for a worker
@@ -184,17 +206,35 @@ class GateMachine(RuleBasedStateMachine):
         replace=st.booleans(),
         chosen=st.sampled_from(CHOSEN),
         cap=st.sampled_from(CAPS),
+        edge=st.sampled_from(EDGES),
     )
     def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
-             chosen: str | None, cap: int | None = None) -> None:
+             chosen: str | None, cap: int | None = None,
+             edge: tuple[bool, bool] = (False, True)) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
-        spec = DebounceSpec(window, window + extra, None, replace, cap)
+        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge)
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
         call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data", payload, "{}")
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
+        inherit: Quiet | None = None
+        leading = False
+        quiet = self.quiet.get(ident)
+        if edge[0]:  # an edge call: see gate.lua's header
+            if quiet is not None and quiet.dl > now:
+                quiet.dl = min(now + window, quiet.fs + quiet.mw)  # slides, up to the ceiling
+                quiet.n += 1
+                if not edge[1]:  # leading only: suppressed, folded into the leading run
+                    assert (result.task_id, result.opened, result.deadline_ms, result.calls,
+                            result.edge) == (quiet.id, False, quiet.dl, quiet.n, "suppressed")
+                    self.suppressed += 1
+                    return
+                inherit = quiet
+            elif ident not in self.open:
+                leading = True
+        assert result.edge == ("lead" if leading else "")
         win = self.open.get(ident)
         if win is None:
             assert result.opened
@@ -208,8 +248,11 @@ class GateMachine(RuleBasedStateMachine):
                 assert result.task_id == task_id
                 if chosen is not None:
                     self.ids_index[chosen] = ident
-            win = Win(result.task_id, ident, now, min(now + window, now + window + extra),
-                      now + window + extra, 1, payload)
+            fs, ceiling = now, now + window + extra
+            if inherit is not None:  # a trailing window: the quiet period's fs and max wait
+                fs, ceiling = inherit.fs, inherit.fs + inherit.mw
+            win = Win(result.task_id, ident, fs, min(now + window, ceiling), ceiling, 1, payload)
+            win.trailing = inherit is not None
             if in_use:
                 win.aliases.append(chosen)  # type: ignore[arg-type]
             win.mc = cap  # the window's cap is its opener's (like the max wait)
@@ -224,14 +267,21 @@ class GateMachine(RuleBasedStateMachine):
             if chosen is not None and chosen != win.id:
                 win.aliases.append(chosen)
         win.calls.append(now)
-        if win.mc is not None and win.n >= win.mc:
+        if leading:  # due at once through the dispatcher; the quiet period starts
+            self.quiet[ident] = Quiet(win.id, now, window + extra, now + window, 1,
+                                      "B" if edge[1] else "L")
+            del self.open[ident]
+            win.st, win.dl, win.tries, win.leading = "dispatching", now, 0, True
+            self.leased[win.id] = now
+            self._unindex(win)
+        elif win.mc is not None and win.n >= win.mc:
             # the cap: this call closes the window as a flush does; the next one opens anew
             del self.open[ident]
             win.st, win.dl, win.tries, win.capped = "dispatching", now, 0, True
             self.leased[win.id] = now
             self._unindex(win)
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
-        if win.capped:
+        if win.capped or win.leading:
             return
         # invariant 3, read from Redis: never past the record's own ceiling; before now
         # only when the ceiling has passed
@@ -314,6 +364,7 @@ class GateMachine(RuleBasedStateMachine):
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
             assert w.capped == model.capped  # closed by its cap (gate.lua's cx)
+            assert w.leading == model.leading  # a leading run (gate.lua's ld)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
@@ -431,6 +482,18 @@ class GateMachine(RuleBasedStateMachine):
             == self.ids_index
         keys = {k.decode() for k in c.scan_iter(match=f"{self.prefix}:*", count=1000)}
         keys.discard(f"{tag}:stats")  # dispatch counters, not window state
+        quiet_keys = {k for k in keys if k.startswith(f"{tag}:quiet:")}
+        for qkey in quiet_keys:  # a quiet period's record, while its key lives
+            q = self.quiet[qkey[len(f"{tag}:quiet:"):]]
+            got = c.hgetall(qkey)
+            if not got and not self.exact_clock:
+                continue  # on the real clock it may expire between the SCAN and here
+            assert got == {b"id": q.id.encode(), b"fs": b"%d" % q.fs, b"mw": b"%d" % q.mw,
+                           b"dl": b"%d" % q.dl, b"n": b"%d" % q.n, b"m": q.m.encode()}
+        if self.exact_clock:  # PEXPIREAT its end (Redis keeps a key until past it)
+            assert quiet_keys == {f"{tag}:quiet:{i}" for i, q in self.quiet.items()
+                                  if q.dl >= self.now()}
+        keys -= quiet_keys
         expected_keys = {f"{tag}:open:{i}" for i in self.open}
         expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values()
                           if w.st not in ("pending", "cancelled")}
@@ -457,6 +520,10 @@ class GateMachine(RuleBasedStateMachine):
             want.update(dl=win.dl, st=win.st, i=win.ident, tries=win.tries)
             if win.capped:
                 want["cx"] = 1
+            if win.leading:
+                want["ld"] = 1
+        if win.trailing:
+            want["tr"] = 1
         if win.st == "finished":
             want.update(rs="SUCCESS")
         for name in ("ta", "pa", "ca", "fa"):

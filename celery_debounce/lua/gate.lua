@@ -4,6 +4,7 @@
 --            id  task id        fs  first_seen ms     mw  max wait ms (ceiling = fs + mw)
 --            n   calls absorbed ct  payload content type
 --            p   payload        o   opener's options (JSON)
+--            tr  1 on a trailing window (opened during a quiet period, see below)
 --            ct is left out when it is application/json and o when it is {}
 --            (readers use those defaults). The deadline is not stored here: it is
 --            the window's score in the due set.
@@ -24,6 +25,36 @@
 -- ARGV[12] the call's max calls (an integer >= 1); stored as field mc when the call
 --          opens the window: a window's cap is its opener's (like mw). A join reads mc
 --          whatever it sent itself.
+-- Only for a call with debounce_leading=True; absent for a trailing-only call, which
+-- ignores the edge state entirely (a leading call with no cap and no fixed id sends
+-- ARGV[8] .. ARGV[12] as ''):
+-- ARGV[13] the call's edge mode: 'L' leading only, 'B' leading and trailing
+-- ARGV[14] history TTL ms: expiry of <tag>:stats, bumped for a suppressed call
+-- The quiet period, by name with KEYS[1]'s tag:
+--   <tag>:quiet:<ident>  hash, the quiet period that follows a leading run
+--            id  the leading run's task id    fs  the leading call's time ms
+--            mw  the leading call's max wait ms (the quiet period never outlasts fs + mw)
+--            dl  end of the quiet period ms: min(now + window, fs + mw), moved by every
+--                edge call (ARGV[13] given) that finds it running (now < dl)
+--            n   calls it holds, the leading call included
+--            m   the leading call's ARGV[13]
+--          PEXPIREAT dl (the key lives as long as the quiet period; a reader also
+--          checks now < dl, so expiry timing never matters)
+--   <tag>:stats          hash; s|<task> + 1 for a suppressed call, PEXPIRE ARGV[14]
+-- An edge call:
+--   * quiet period running (now < dl): the call moves dl and counts itself in n.
+--     Mode 'L': suppressed; it writes nothing else but the s|<task> counter and
+--     returns the leading run's id (the run that carries its effect).
+--     Mode 'B': joins the open window, or opens one that
+--     inherits fs and mw from the quiet period (deadline = the quiet period's end,
+--     never later than the leading call's ceiling) with field tr 1 (trailing)
+--   * no quiet period and no open window: a leading call. The window opens as usual
+--     and is closed at once as the cap closes it (below) with ld 1 (leading) instead
+--     of cx 1: the dispatcher publishes it on its next pass; take.lua sets its record
+--     TTL and counts e|<task> when it first takes it.
+--     The quiet period starts (id, fs now, mw ARGV[3], dl now + window, n 1, m)
+--   * no quiet period and a window open (opened by a trailing-only call, or a
+--     trailing window past its deadline not yet taken): joins it as any call
 -- The ident (the due member) and the wake channel (<prefix>:wake, or <tag>:wake, see
 -- "Wake-ups" below) are read from KEYS[1]: the prefix has no braces, so the first
 -- '}:open:' ends the tag. The wake channel is published to when this window becomes
@@ -60,7 +91,8 @@
 -- channel in KEYS[1]'s slot (<tag> = <prefix>:{<shard tag>}, read from KEYS[1]).
 --
 -- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
--- calls, now ms}.
+-- calls, now ms}; a leading call adds a sixth element 'lead', a suppressed call
+-- 'suppressed' (then the deadline is the quiet period's end and calls its n).
 -- Time is Redis server time, never the producer's.
 
 local SHARDED_WAKE = false
@@ -82,8 +114,9 @@ local function wake(message)
   end
 end
 
--- The cap reached: close the window as flush.lua does (see the header).
-local function close(id, opened, calls)
+-- The cap reached, or a leading call: close the window as flush.lua does (see the
+-- header); mark is 'cx' (closed by the cap) or 'ld' (a leading run).
+local function close(id, opened, calls, mark)
   local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
   local stamp = string.format('%d', now)
   redis.call('ZREM', KEYS[2], ident)
@@ -106,9 +139,46 @@ local function close(id, opened, calls)
   else
     redis.call('ZADD', tag .. ':leased', stamp, id)
   end
-  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, 'cx', 1)
+  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, 1)
   wake(stamp)
+  if mark == 'ld' then
+    return {id, opened, now, calls, now, 'lead'}
+  end
   return {id, opened, now, calls, now}
+end
+
+-- Leading / trailing edge (see the header): only with ARGV[13].
+local edge = ARGV[13]
+local leading = false
+local inherit = nil  -- {fs, mw} of the quiet period, for a trailing window opened in it
+local quiet = nil
+local qend = nil
+-- A call during the quiet period moves its end and counts itself in it (called once
+-- the call can no longer be refused, so a refused call writes nothing).
+local function hold()
+  local stamp = string.format('%d', qend)
+  redis.call('HSET', quiet, 'dl', stamp)
+  redis.call('PEXPIREAT', quiet, stamp)
+  return redis.call('HINCRBY', quiet, 'n', 1)
+end
+if edge and edge ~= '' then
+  quiet = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':quiet:' .. ident
+  local q = redis.call('HMGET', quiet, 'id', 'fs', 'mw', 'dl')
+  if q[1] and tonumber(q[4]) > now then
+    qend = math.min(deadline, tonumber(q[2]) + tonumber(q[3]))
+    if edge == 'L' then
+      local held = hold()
+      local stats = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':stats'
+      local digits = string.match(ident, '^(%d+):')
+      local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+      redis.call('HINCRBY', stats, 's|' .. task, 1)
+      redis.call('PEXPIRE', stats, ARGV[14])
+      return {q[1], 0, qend, held, now, 'suppressed'}
+    end
+    inherit = {q[2], q[3]}
+  elseif redis.call('EXISTS', open) == 0 then
+    leading = true
+  end
 end
 
 local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc')
@@ -125,6 +195,9 @@ if found[1] then
     end
     redis.call('HSET', open, 'na', na + 1, 'a' .. (na + 1), ARGV[8])
   end
+  if inherit then
+    hold()
+  end
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
   cap = found[4]
@@ -138,7 +211,7 @@ if found[1] then
   end
   opened = 0
   if cap and calls >= tonumber(cap) then
-    return close(id, opened, calls)
+    return close(id, opened, calls, 'cx')
   end
   -- Usually a call moves the deadline later: GT does that in one command and can
   -- never make this window the earliest one, so there is nothing to publish.
@@ -161,8 +234,17 @@ else
       alias = ARGV[10] == '1'
     end
   end
-  deadline = math.min(deadline, now + tonumber(ARGV[3]))
-  local fields = {'id', id, 'fs', string.format('%d', now), 'mw', ARGV[3], 'n', 1, 'p', ARGV[6]}
+  local fs, mw = string.format('%d', now), ARGV[3]
+  if inherit then  -- a trailing window: the quiet period's first seen and max wait
+    fs, mw = inherit[1], inherit[2]
+    hold()
+  end
+  deadline = math.min(deadline, tonumber(fs) + tonumber(mw))
+  local fields = {'id', id, 'fs', fs, 'mw', mw, 'n', 1, 'p', ARGV[6]}
+  if inherit then
+    fields[#fields + 1] = 'tr'
+    fields[#fields + 1] = 1
+  end
   if alias then
     fields[#fields + 1] = 'na'
     fields[#fields + 1] = 1
@@ -185,8 +267,14 @@ else
   redis.call('HSET', open, unpack(fields))
   opened = 1
   calls = 1
+  if leading then
+    redis.call('HSET', quiet, 'id', id, 'fs', fs, 'mw', mw, 'dl', string.format('%d', deadline),
+      'n', 1, 'm', edge)
+    redis.call('PEXPIREAT', quiet, string.format('%d', deadline))
+    return close(id, opened, calls, 'ld')
+  end
   if cap and cap ~= '' and tonumber(cap) <= 1 then
-    return close(id, opened, calls)
+    return close(id, opened, calls, 'cx')
   end
 end
 

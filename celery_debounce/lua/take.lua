@@ -7,6 +7,8 @@
 --                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
 --                         l<b>|<task> windows taken late by lateness bucket b (ARGV[8..])
 --                         m|<task> windows closed by their call cap (gate.lua set cx)
+--                         e|<task> leading runs (gate.lua set ld)
+--                         (gate.lua also bumps s|<task>, suppressed calls, here)
 --                         expires ARGV[5] ms after the last window counted
 -- Touches, by name (same hash tag):
 --   <tag>:open:<ident>  renamed to <tag>:win:<id>; closes the window to new calls.
@@ -45,12 +47,13 @@
 -- (their dispatcher died or their publish failed); claimed or queued ones are
 -- dropped from the lease set. A window flush.lua closed has tries 0 and an expired
 -- lease: it is taken here (tries 1, ta now) and counted in the stats like a due window;
--- so is a window gate.lua closed at its call cap (field cx, read here: also m|<task>);
+-- so is a window gate.lua closed at its call cap (field cx, read here: also m|<task>)
+-- or as a leading run (field ld, read here: also e|<task>);
 -- either gets the record TTL (ARGV[4]) again here (gate.lua's close sets none).
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
--- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx} (mw: max wait ms, the
--- ceiling is fs + mw; cx "1" for a window closed by its call cap); ct, o and cx may be nil
--- (application/json and {}: see gate.lua).
+-- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx, ld} (mw: max wait ms,
+-- the ceiling is fs + mw; cx "1" for a window closed by its call cap, ld "1" for a
+-- leading run); ct, o, cx and ld may be nil (application/json and {}: see gate.lua).
 --
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
 -- must not fail every pass and block the shard: such an entry leaves the due or
@@ -80,13 +83,16 @@ for b = 8, #ARGV do
   LATE_MS[#LATE_MS + 1] = tonumber(ARGV[b])
 end
 
-local function count(ident, row, capped)
+local function count(ident, row, capped, leading)
   local digits = string.match(ident, '^(%d+):')
   local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
   local dl = tonumber(row[4])
   redis.call('HINCRBY', KEYS[3], 'r|' .. task, 1)
   if capped then
     redis.call('HINCRBY', KEYS[3], 'm|' .. task, 1)
+  end
+  if leading then
+    redis.call('HINCRBY', KEYS[3], 'e|' .. task, 1)
   end
   redis.call('HINCRBY', KEYS[3], 'c|' .. task, tonumber(row[6]))
   if dl >= tonumber(row[3]) + tonumber(row[5]) then
@@ -104,7 +110,7 @@ local function count(ident, row, capped)
 end
 
 local function window(key)
-  return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries', 'cx')
+  return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries', 'cx', 'ld')
 end
 
 local function failed(reply)
@@ -128,7 +134,8 @@ for _, id in ipairs(expired) do
     if tries == 1 then  -- flushed (flush.lua) or closed by its cap (gate.lua): first taken now
       redis.call('HSET', key, 'ta', string.format('%d', now))
       redis.call('PEXPIRE', key, ARGV[4])  -- the record TTL: gate.lua's cap close sets none
-      if pcall(count, out[taken][2], out[taken], out[taken][11] ~= false) then
+      if pcall(count, out[taken][2], out[taken], out[taken][11] ~= false,
+          out[taken][12] ~= false) then
         counted = counted + 1
       end
     end
