@@ -1,6 +1,7 @@
 """The key end-to-end tests again, with the windows on a real Redis Cluster.
 
-The tests are the functions of test_end_to_end.py, imported here: pytest runs them a
+The tests are functions of test_end_to_end.py (and the worker tests of the leading
+edge in test_leading_edge.py), imported here: pytest runs them a
 second time with this module's fixtures, which keep the windows on a 3-master,
 3-replica cluster (``debounce_redis_cluster=True``, 6 shards, so every master holds
 windows) while the broker and results stay on the single test redis-server.
@@ -35,6 +36,11 @@ from test_end_to_end import (  # noqa: F401 - collected again here
     test_same_key_under_two_tasks_is_two_windows,
     test_task_level_queue_is_stored_with_the_window,
     test_unresolvable_keys_raise_and_write_nothing,
+)
+from test_leading_edge import (  # noqa: F401 - collected again here
+    test_enqueue_many_follows_the_edge_rules,
+    test_worker_leading_and_trailing_burst_runs_first_then_trailing,
+    test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest,
 )
 
 from celery_debounce.local_cluster import LocalCluster
