@@ -12,7 +12,7 @@ from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult
 from .settings import settings_for
 from .signals import call_absorbed, window_opened
-from .store import UNKNOWN_OUTCOME, WRITTEN, Outcome, store_for
+from .store import UNKNOWN_OUTCOME, WRITTEN, Outcome, is_unknown_outcome, store_for
 from .task import DebouncedTask, check_arguments
 
 __all__ = ["UNKNOWN_OUTCOME", "WRITTEN", "Call", "DebounceBulkError", "enqueue_many"]
@@ -90,7 +90,7 @@ def enqueue_many(
         elif isinstance(outcome, BaseException):
             results[i] = None
             errors[i] = outcome
-            if outcome is UNKNOWN_OUTCOME:
+            if is_unknown_outcome(outcome):
                 unknown.append(i)
         else:  # WRITTEN: written, but the reply was lost and the window moved on
             results[i] = None

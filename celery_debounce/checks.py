@@ -32,6 +32,16 @@ def maxmemory_policy(client: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def combined_policy(policies: list[str]) -> str:
+    """One answer for several servers (a cluster's masters): the policy of one that can
+    evict windows if any can, else the common policy (``unknown`` when one does not
+    say, or they differ)."""
+    evicting = [p for p in policies if evicts_windows(p)]
+    if evicting:
+        return evicting[0]
+    return policies[0] if policies and len(set(policies)) == 1 else UNKNOWN
+
+
 def evicts_windows(policy: str) -> bool | None:
     """True if ``policy`` can evict window keys, False if not, None when unknown."""
     if policy == UNKNOWN:

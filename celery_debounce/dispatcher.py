@@ -165,6 +165,8 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake: WakeListener | None = None
+        #: legacy shards (settings.legacy_shards) not yet seen empty by this dispatcher
+        self._draining: list[int] = list(self.settings.legacy_shards)
         #: an AMQP broker: publish on a confirming connection of our own (confirms.py)
         self._confirms: ConfirmingPublisher | None = (
             ConfirmingPublisher(app) if uses_confirms(app) else None
@@ -180,10 +182,13 @@ class Dispatcher:
         """
         published = 0
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
-        for shard in range(self.settings.shards):
+        for shard in (*range(self.settings.shards), *self._draining):
             while True:
                 took_at = time.monotonic()
                 taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
+                if shard >= self.settings.shards and taken.next_in_ms < 0 and not (
+                        taken.windows or taken.skipped or taken.unreadable):
+                    self._draining.remove(shard)  # a legacy shard left empty: done
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2
@@ -477,6 +482,7 @@ class Dispatcher:
             except (DebounceBackendError, REDIS_ERROR) as exc:
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
                                self.name, backoff, exc)
+                self.store.refresh_topology()  # a cluster's failover or resharding
                 self._close_pubsub()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -10,6 +10,8 @@ so every key of one window is in one cluster slot.
 
 from __future__ import annotations
 
+import binascii
+import itertools
 import zlib
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -98,6 +100,51 @@ def shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
 def wake_channel(prefix: str) -> str:
     """The pub/sub channel gate.lua and flush.lua publish "an earlier deadline" on."""
     return f"{prefix}:wake"
+
+
+#: Redis Cluster's hash slots.
+CLUSTER_SLOTS = 16384
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster hash slot of ``key``: CRC16 (XMODEM) of its hash tag (the
+    text between the first ``{`` and the next ``}``, when not empty), else of the key."""
+    raw = key.encode("utf-8")
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return binascii.crc_hqx(raw, 0) % CLUSTER_SLOTS
+
+
+@lru_cache(maxsize=256)
+def cluster_shard_tag(shard: int, shards: int) -> str:
+    """The hash tag (without braces) of ``shard`` of ``shards`` on a Redis Cluster.
+
+    Its slot falls in ``[shard * 16384 // shards, (shard + 1) * 16384 // shards)``:
+    ``redis-cli --cluster create`` gives each master one contiguous range, so with
+    ``shards`` a multiple of the masters the shards spread evenly. The tag is
+    ``<shard>`` itself when its slot already falls there (always for one shard:
+    ``{0}``, the single-node tag), else ``<shard>.<k>`` for the smallest ``k`` that
+    does. Deterministic: every process computes the same tags.
+    """
+    low = shard * CLUSTER_SLOTS // shards
+    high = (shard + 1) * CLUSTER_SLOTS // shards
+    for candidate in itertools.chain((str(shard),), (f"{shard}.{k}" for k in itertools.count())):
+        if low <= key_slot(candidate) < high:
+            return candidate
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def cluster_shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
+    """``<prefix>:{<cluster_shard_tag>}`` of every shard (``debounce_redis_cluster``)."""
+    return tuple(f"{prefix}:{{{cluster_shard_tag(shard, shards)}}}" for shard in range(shards))
+
+
+def shard_wake_channel(tag: str) -> str:
+    """The sharded pub/sub channel of one shard (a cluster with SPUBLISH): in its slot."""
+    return f"{tag}:wake"
 
 
 def open_key(tag: str, ident: str) -> str:

@@ -10,13 +10,23 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
-from .layout import shard_tag, shard_tags, wake_channel
+from .layout import (
+    CLUSTER_SLOTS,
+    cluster_shard_tag,
+    cluster_shard_tags,
+    shard_tag,
+    shard_tags,
+    shard_wake_channel,
+    wake_channel,
+)
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
     refuse_without_sentinel,
     sentinel_config,
 )
+
+__all__ = ["CLUSTER_SLOTS", "DEFAULTS", "Settings", "cluster_shard_tag", "settings_for"]
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -34,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "debounce_max_payload_bytes": 1024 * 1024,
     "debounce_redis_sentinel_master": None,
     "debounce_redis_transport_options": None,
+    "debounce_redis_cluster": False,
+    "debounce_redis_wait_replicas": 0,
 }
 
 
@@ -78,6 +90,9 @@ class Settings:
     max_payload_bytes: int
     #: Set when ``redis_url`` is a ``sentinel://`` URL (see sentinel.py).
     sentinel: SentinelConfig | None = None
+    redis_cluster: bool = False
+    #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
+    wait_replicas: int = 0
 
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
@@ -110,6 +125,10 @@ class Settings:
             sentinel=sentinel_config(
                 conf, redis_url, from_broker=not get("debounce_redis_url")
             ) if is_sentinel_url(redis_url) else None,
+            redis_cluster=parse_bool("debounce_redis_cluster", get("debounce_redis_cluster")),
+            wait_replicas=_non_negative_int(
+                "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
+            ),
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
@@ -118,6 +137,11 @@ class Settings:
 
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
+        if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
+            raise DebounceConfigError(
+                f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
+                f"cluster node, got debounce_redis_url={self.redis_url!r}"
+            )
         floor = RECORD_TTL_LEASES * self.dispatch_lease_ms
         if self.record_ttl_ms < floor:
             raise DebounceConfigError(
@@ -129,17 +153,52 @@ class Settings:
             )
 
     def tag(self, shard: int) -> str:
-        """The hash-tagged prefix every key of ``shard`` starts with."""
+        """The hash-tagged prefix every key of ``shard`` starts with.
+
+        ``{<shard>}`` on a single node; on a cluster the tag of
+        :func:`~celery_debounce.layout.cluster_shard_tag`, so shard ``i`` of ``N``
+        lands in the ``i``-th ``N``-th of the slot range (and so on its own master
+        when ``N`` is a multiple of the masters). On a cluster, ``shards + i`` is the
+        single-node tag of shard ``i`` (see :attr:`legacy_shards`).
+        """
+        if self.redis_cluster:
+            if shard >= self.shards:
+                return shard_tag(self.key_prefix, shard - self.shards)
+            return self.tags[shard]
         return shard_tag(self.key_prefix, shard)
 
     @cached_property
     def tags(self) -> tuple[str, ...]:
         """:meth:`tag` of every shard, built once."""
+        if self.redis_cluster:
+            return cluster_shard_tags(self.key_prefix, self.shards)
         return shard_tags(self.key_prefix, self.shards)
+
+    @cached_property
+    def legacy_shards(self) -> tuple[int, ...]:
+        """On a cluster, the shards of the single-node layout (``{<i>}``) whose tag
+        differs from the cluster tag, numbered ``shards + i``: windows a release
+        before cluster support wrote there are drained by the dispatchers (taken and
+        published as usual; their runs find their records by this number), never
+        written again. Empty on a single node and with one shard (same tag)."""
+        if not self.redis_cluster:
+            return ()
+        return tuple(self.shards + i for i in range(self.shards)
+                     if cluster_shard_tag(i, self.shards) != str(i))
 
     @property
     def wake_channel(self) -> str:
         return wake_channel(self.key_prefix)
+
+    def shard_wake_channel(self, shard: int) -> str:
+        """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
+        return shard_wake_channel(self.tag(shard))
+
+    @property
+    def wait_replicas_ms(self) -> int:
+        """WAIT's timeout: half of ``debounce_redis_timeout``, so the reply arrives before
+        the socket timeout (the rest is for the script and the network)."""
+        return max(1, int(self.redis_timeout_s * 500))
 
 
 def settings_for(app: Celery) -> Settings:
@@ -176,6 +235,12 @@ def _prefix(value: object) -> str:
         raise DebounceConfigError(
             f"debounce_key_prefix={value!r}: expected a non-empty str without braces"
         )
+    return value
+
+
+def _non_negative_int(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DebounceConfigError(f"{option}={value!r}: expected an int >= 0")
     return value
 
 

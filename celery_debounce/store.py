@@ -30,7 +30,15 @@ import redis
 from celery import Celery
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
@@ -55,10 +63,12 @@ from .layout import (
     dispatchers_key,
     due_key,
     hot_key,
+    key_slot,
     leased_key,
     open_key,
     quarantine_key,
     quiet_key,
+    shard_wake_channel,
     split_ident,
     stats_key,
     stats_reset_key,
@@ -77,7 +87,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CensusRow", "Outcome", "ShardCounts",
     "ShardSnapshot", "TakeResult", "TakenWindow", "WakeListener", "WindowStore", "as_text",
-    "is_outage", "script_source", "store_for", "translate_errors",
+    "is_outage", "is_unknown_outcome", "script_source", "store_for", "translate_errors",
 ]
 
 
@@ -90,9 +100,25 @@ def _script_names() -> tuple[str, ...]:
 SCRIPT_NAMES = _script_names()
 
 
-def script_source(name: str) -> str:
+logger = logging.getLogger("celery_debounce.store")
+
+#: The line of gate.lua and flush.lua that chooses plain PUBLISH to ``<prefix>:wake``;
+#: :func:`script_source` turns it on (SPUBLISH to ``<tag>:wake``) for a cluster.
+SHARDED_WAKE_OFF = "local SHARDED_WAKE = false"
+SHARDED_WAKE_ON = "local SHARDED_WAKE = true"
+
+
+def script_source(name: str, sharded_wake: bool = False) -> str:
     lua = resources.files("celery_debounce").joinpath("lua")
-    return lua.joinpath(f"{name}.lua").read_text("utf-8")
+    source = lua.joinpath(f"{name}.lua").read_text("utf-8")
+    if sharded_wake and SHARDED_WAKE_OFF in source:
+        source = source.replace(SHARDED_WAKE_OFF, SHARDED_WAKE_ON, 1)
+    return source
+
+
+#: Errors of a cluster node that mean "this command did not run here": the direct
+#: cluster path hands the command to redis-py's cluster client, which follows them.
+_REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
 
 
 # -- typed results ----------------------------------------------------------------------
@@ -219,6 +245,12 @@ class _UnknownOutcome(DebounceBackendError):
 UNKNOWN_OUTCOME = _UnknownOutcome("debounce Redis unreachable: outcome of this call unknown")
 
 Outcome = GateResult | _Marker | BaseException
+
+
+def is_unknown_outcome(outcome: object) -> bool:
+    """True for a bulk call that may or may not have survived: its chunk's outcome is
+    unknown (Redis unreachable), or too few replicas acknowledged it (``WAIT``)."""
+    return isinstance(outcome, _UnknownOutcome)
 
 #: How long a bulk chunk's "this chunk ran" marker key lives (ms).
 _MARKER_TTL_MS = 60_000
@@ -399,6 +431,11 @@ class WindowStore:
 
     _direct = False  # see __init__ and _evalsha
     _checkout_args: tuple[str, ...] = ()
+    #: A Redis Cluster client (``debounce_redis_cluster``): commands go to the master of
+    #: their key's slot, wake-ups use sharded pub/sub where every master has it.
+    cluster = False
+    #: Scripts publish wake-ups with SPUBLISH to ``<tag>:wake`` (one channel per shard).
+    sharded_wake = False
 
     def __init__(self, settings: Settings, client: Any = None) -> None:
         self.settings = settings
@@ -409,29 +446,44 @@ class WindowStore:
         retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
         if client is None and settings.sentinel is not None:
             client = sentinel_client(settings.sentinel, timeout, retry)
-        self.client: Any = client or redis.Redis.from_url(
-            settings.redis_url,
+        options: dict[str, Any] = dict(  # the same for a single node and a cluster
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=retry,
         )
+        if client is None and settings.redis_cluster:
+            # reads the topology now (a single-node client connects on first use)
+            try:
+                client = redis.RedisCluster.from_url(settings.redis_url, **options)
+            except (redis.RedisError, RedisClusterException) as exc:
+                raise DebounceBackendError(
+                    f"debounce Redis Cluster unreachable at {_safe_url(settings.redis_url)}: "
+                    f"{exc}") from exc
+        self.client: Any = client or redis.Redis.from_url(settings.redis_url, **options)
+        self.cluster = isinstance(self.client, redis.RedisCluster)
+        if self.cluster:
+            self.sharded_wake = _every_master_has_sharded_pubsub(self.client)
         #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
         self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
             (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
         self.scripts: dict[str, Script] = {
-            name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
+            name: self.client.register_script(script_source(name, self.sharded_wake))
+            for name in SCRIPT_NAMES
         }
         # The direct path below needs redis-py's own client and pool (not fakeredis,
-        # a cluster or a single-connection client). Sentinel's pool qualifies: its
-        # connections find the master when they connect, turn a demoted master's
-        # READONLY into a ConnectionError (the command did not run: _evalsha sends it
-        # again through the client's retry) and are dropped on release once the
-        # master moved (docs/design.md, "Sentinel").
-        self._direct = (
+        # or a single-connection client); on a cluster, the pool of the key's master.
+        # Sentinel's pool qualifies: its connections find the master when they
+        # connect, turn a demoted master's READONLY into a ConnectionError (the
+        # command did not run: _evalsha sends it again through the client's retry)
+        # and are dropped on release once the master moved (docs/design.md, "Sentinel").
+        self._direct = self.cluster or (
             type(self.client) is redis.Redis
             and type(self.client.connection_pool) in _DIRECT_POOLS
             and self.client.connection is None
         )
+        if settings.wait_replicas:
+            self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
+            self.gate = self._gate_waited  # type: ignore[method-assign]
         # redis-py < 5.3 requires a command name here; later versions warn if given one
         name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
             "command_name"
@@ -448,10 +500,31 @@ class WindowStore:
     @property
     def master_switches(self) -> int:
         """Master switches Sentinel announced since this client was built (0 without it)."""
-        return master_switches(self.client.connection_pool)
+        return master_switches(getattr(self.client, "connection_pool", None))  # none on a cluster
 
     def tag(self, shard: int) -> str:
-        return self.settings.tags[shard]
+        return self.settings.tag(shard)  # shards + i: a legacy shard (settings.legacy_shards)
+
+    def pool_for(self, key: str) -> Any:
+        """The connection pool serving ``key``: the client's, or on a cluster the pool
+        of the master that redis-py's slot table names for the key's slot."""
+        if not self.cluster:
+            return self.client.connection_pool
+        client = self.client
+        # redis-py's slot table read without its lock (the hot path): a dict and a list
+        # read, each atomic; a stale entry is answered with MOVED, which is followed
+        nodes = client.nodes_manager.slots_cache.get(key_slot(key))
+        node = nodes[0] if nodes else client.nodes_manager.get_node_from_slot(key_slot(key))
+        return (node.redis_connection or client.get_redis_connection(node)).connection_pool
+
+    def refresh_topology(self) -> None:
+        """On a cluster, read the slot table again (after a failover or resharding)."""
+        if not self.cluster:
+            return
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception as exc:  # no node answers: the caller's error says so
+            logger.debug("debounce: cluster topology refresh failed: %r", exc)
 
     # -- scripts ---------------------------------------------------------------------------
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -476,11 +549,15 @@ class WindowStore:
         is raised at once; an error reply (NOSCRIPT, a script error) leaves the
         connection usable.
         """
-        pool = self.client.connection_pool
+        pool = self.pool_for(keys_and_args[0]) if self.cluster else self.client.connection_pool
         conn: Any = pool.get_connection(*self._checkout_args)
         try:
             conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
             return conn.read_response()
+        except _REDIRECTS:  # not run on this node: the cluster client follows the redirection
+            pool.release(conn)
+            conn = None
+            return self.client.evalsha(sha, numkeys, *keys_and_args)
         except redis.ResponseError:
             raise
         except redis.ConnectionError:
@@ -504,8 +581,12 @@ class WindowStore:
         a failure while waiting for the reply is raised as :class:`DebounceBackendError`.
         """
         if not self._direct:
-            return self.run(name, keys, args)  # fakeredis, cluster: their own policy
+            return self.run(name, keys, args)  # fakeredis: its own policy
         script = self.scripts[name]
+        if self.cluster:  # the master of the keys' slot, following redirections
+            with translate_errors(name):
+                return self.send_on_node(
+                    keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name)[0]
         pool = self.client.connection_pool
         with translate_errors(name):
             for attempt in (1, 2, 3):
@@ -533,10 +614,147 @@ class WindowStore:
                     pool.release(conn)
         raise DebounceBackendError(f"debounce Redis: {name} could not be sent")
 
+    def send_on_node(
+        self, key: str, commands: list[tuple[Any, ...]], script: str = "",
+    ) -> list[Any]:
+        """Send ``commands`` (the first an EVALSHA of ``script`` when given) in one write
+        on one connection of the node serving ``key``; return their replies (error
+        replies of later commands as exceptions, for the caller to read).
+
+        Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
+        CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
+        NOSCRIPT of the first command, or a connection that failed while writing. A
+        connection lost after sending raises (nothing is sent twice).
+        """
+        asking: tuple[str, int] | None = None
+        deadline = None
+        for attempt in range(8):
+            if asking is not None:
+                pool = self.client.get_redis_connection(
+                    self.client.get_node(*asking)).connection_pool
+            else:
+                pool = self.pool_for(key)
+            conn: Any = pool.get_connection(*self._checkout_args)
+            wire = [("ASKING",), *commands] if asking is not None else commands
+            try:
+                try:
+                    conn.send_packed_command(conn.pack_commands(wire))
+                except (redis.ConnectionError, OSError):
+                    conn.disconnect()
+                    self.refresh_topology()
+                    if attempt >= 2:
+                        raise
+                    continue  # not sent: safe to send again
+                replies: list[Any] = []
+                for _ in wire:
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.ResponseError as exc:
+                        replies.append(exc)
+                    except BaseException:
+                        conn.disconnect()  # the replies may still come: never reuse
+                        self.refresh_topology()
+                        raise
+            finally:
+                pool.release(conn)
+            if asking is not None:
+                replies = replies[1:]
+            asking = None
+            error = next((r for r in replies if isinstance(r, Exception)), None)
+            if error is None:
+                return replies
+            # A redirection anywhere means nothing ran: the command itself was refused,
+            # or (MULTI) a queued one was and EXEC aborted.
+            if isinstance(error, MovedError):
+                manager = self.client.nodes_manager
+                if hasattr(manager, "move_slot"):  # redis-py >= 6
+                    manager.move_slot(error)
+                else:  # redis-py 5: applied by the next slot lookup
+                    manager.update_moved_exception(error)
+                continue
+            if isinstance(error, AskError):
+                asking = (error.host, error.port)
+                continue
+            if isinstance(error, (TryAgainError, ClusterDownError)):
+                if deadline is None:
+                    deadline = time.monotonic() + self.settings.redis_timeout_s
+                if time.monotonic() >= deadline:
+                    raise error
+                time.sleep(0.05)
+                self.refresh_topology()
+                continue
+            if error is replies[0]:
+                if isinstance(error, NoScriptError) and script:
+                    sha = self.client.script_load(self.scripts[script].script)
+                    self.scripts[script].sha = sha
+                    commands = [(commands[0][0], sha, *commands[0][2:]), *commands[1:]]
+                    continue
+                raise error
+            return replies
+        raise DebounceBackendError("debounce Redis: too many redirections")
+
     # -- producers ---------------------------------------------------------------------------
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
-        """One call through ``gate.lua``: one EVALSHA round trip (the hot path)."""
+        """One call through ``gate.lua``: one EVALSHA round trip (the hot path). With
+        ``debounce_redis_wait_replicas`` this is :meth:`_gate_waited` (see __init__), so
+        the default path has nothing extra."""
         return parse_reply(self.run("gate", gate_keys(self, call), gate_args(self, call, fixed)))
+
+    def _gate_waited(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        return parse_reply(self._run_gate_waited(
+            gate_keys(self, call), gate_args(self, call, fixed)))
+
+    def run_gate(self, keys: list[str], args: list[Any]) -> Any:
+        """``gate.lua``'s raw reply (the waited variant replaces this, see __init__)."""
+        return self.run("gate", keys, args)
+
+    def _run_gate_waited(self, keys: list[str], args: list[Any]) -> Any:
+        """``gate.lua`` then ``WAIT n timeout`` on the same connection, in one write.
+
+        Fewer acknowledgements than ``n`` (within half of ``debounce_redis_timeout``)
+        raise :class:`DebounceBackendError`: the call was written on the master but
+        may not survive a failover. A redirection or a refused connection before
+        anything was sent is retried on the current master; a connection lost after
+        the command was sent is an error (the call may or may not be recorded).
+        """
+        wanted = self.settings.wait_replicas
+        wait_ms = self.settings.wait_replicas_ms
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self.scripts["gate"].sha, len(keys), *keys, *args),
+            ("WAIT", wanted, wait_ms),
+        ]
+        with translate_errors("gate"):
+            reply, acks = self.send_on_node(keys[0], commands, "gate")
+            if isinstance(acks, redis.RedisError):
+                raise acks
+        if int(acks) < wanted:
+            raise DebounceBackendError(
+                f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
+                f"acknowledged the call within {wait_ms} ms; it was written on the master "
+                "but may not survive a failover"
+            )
+        return reply
+
+    def _wait_command(self) -> tuple[tuple[Any, ...], ...]:
+        """``WAIT n timeout`` after each bulk chunk with ``debounce_redis_wait_replicas``."""
+        wanted = self.settings.wait_replicas
+        return (("WAIT", wanted, self.settings.wait_replicas_ms),) if wanted else ()
+
+    def _check_acks(self, acks: Any, chunk: Sequence[int], outcomes: list[Any]) -> None:
+        """Fewer replicas than ``debounce_redis_wait_replicas`` acknowledged a chunk: its
+        written calls may not survive a failover (retrying them may count them twice)."""
+        if isinstance(acks, Exception):
+            raise acks
+        wanted = self.settings.wait_replicas
+        if int(acks) >= wanted:
+            return
+        error = _UnknownOutcome(
+            f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) acknowledged "
+            "this chunk; its calls were written on the master but may not survive a failover"
+        )
+        for i in chunk:
+            if isinstance(outcomes[i], GateResult):
+                outcomes[i] = error
 
     def gate_many(
         self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
@@ -556,10 +774,15 @@ class WindowStore:
         """
         script = self.scripts["gate"]
         client = self.client
-        pool = client.connection_pool
         outcomes: list[Any] = into if into is not None else []
         outcomes[:] = [None] * len(calls)
         missing: list[int] = []
+        if self.cluster:
+            self._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
+            self._rerun_missing(calls, outcomes, missing)
+            return outcomes
+        pool = client.connection_pool
+        waited = self._wait_command()
         marker_prefix = bulk_marker_prefix(self.tag(0), uuid.uuid4().hex)
         sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
         answered: list[str] = []  # markers of the chunks whose replies were read
@@ -579,16 +802,21 @@ class WindowStore:
                        *gate_args(self, calls[i])) for i in chunk),
                     ("SET", marker, 1, "PX", _MARKER_TTL_MS),
                     ("EXEC",),
+                    *waited,
                 ]))
                 sent.append((marker, chunk))
                 if len(sent) > 1:
                     _read_chunk(conn, sent[0][1], outcomes, missing)
+                    if waited:
+                        self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
                     marker, done = sent.pop(0)
                     answered.append(marker)
                     if on_chunk is not None:
                         on_chunk(done)
             while sent:
                 _read_chunk(conn, sent[0][1], outcomes, missing)
+                if waited:
+                    self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
                 answered.append(sent.pop(0)[0])
             # every reply arrived: the markers served their purpose (else they expire)
             conn.send_command("DEL", *answered)
@@ -603,25 +831,97 @@ class WindowStore:
             pool.release(conn)
         if failure is not None:
             self._settle(calls, sent, outcomes, failure)
-        if missing:  # the server lost its scripts (restart, SCRIPT FLUSH)
-            try:
-                with translate_errors("gate (bulk)"):
-                    script.sha = client.script_load(script.script)
-                    for i in missing:  # one by one: each reply is known
-                        try:
-                            argv: list[Any] = gate_args(self, calls[i])
-                            outcomes[i] = parse_reply(client.evalsha(
-                                script.sha, 2, *gate_keys(self, calls[i]), *argv))
-                        except redis.ResponseError as exc:
-                            outcomes[i] = exc
-            except DebounceBackendError as exc:
-                for i in missing:
-                    if outcomes[i] is None:
-                        outcomes[i] = exc
+        self._rerun_missing(calls, outcomes, missing)
         return outcomes
 
+    def _rerun_missing(
+        self, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """Run again, one by one, the bulk calls that met NOSCRIPT (a restart, SCRIPT
+        FLUSH, a promoted replica)."""
+        if not missing:
+            return
+        script = self.scripts["gate"]
+        try:
+            with translate_errors("gate (bulk)"):
+                script.sha = self.client.script_load(script.script)
+                for i in missing:  # one by one: each reply is known
+                    try:
+                        argv: list[Any] = gate_args(self, calls[i])
+                        outcomes[i] = parse_reply(self.run_gate(gate_keys(self, calls[i]), argv))
+                    except DebounceBackendError as exc:
+                        if not isinstance(exc.__cause__, redis.ResponseError):
+                            raise
+                        outcomes[i] = exc.__cause__
+        except DebounceBackendError as exc:
+            for i in missing:
+                if outcomes[i] is None:
+                    outcomes[i] = exc
+
+    def _gate_many_cluster(
+        self, calls: Sequence[PreparedCall], chunk_size: int,
+        on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """:meth:`gate_many` on a Redis Cluster: a ``MULTI``/``EXEC`` may hold one slot
+        only, so calls are grouped by shard (in order within a shard: a window's calls
+        are all in one shard) and each chunk goes to its shard's master, one chunk at a
+        time; the marker key carries the shard's tag."""
+        script = self.scripts["gate"]
+        token = uuid.uuid4().hex
+        waited = self._wait_command()
+        by_shard: dict[int, list[int]] = {}
+        for i, call in enumerate(calls):
+            by_shard.setdefault(call.shard, []).append(i)
+        markers: list[str] = []
+        for shard, indexes in by_shard.items():
+            prefix = bulk_marker_prefix(self.tag(shard), token)
+            for start in range(0, len(indexes), chunk_size):
+                chunk = indexes[start : start + chunk_size]
+                marker = f"{prefix}{shard}:{start}"
+                commands: list[tuple[Any, ...]] = [
+                    ("MULTI",),
+                    *(("EVALSHA", script.sha, 2, *gate_keys(self, calls[i]),
+                       *gate_args(self, calls[i])) for i in chunk),
+                    ("SET", marker, 1, "PX", _MARKER_TTL_MS),
+                    ("EXEC",),
+                    *waited,
+                ]
+                try:
+                    with translate_errors("gate (bulk)"):
+                        replies = self.send_on_node(marker, commands)
+                except DebounceBackendError as exc:
+                    if is_outage(exc):  # the chunk may have run: its marker says
+                        self._settle(calls, [(marker, chunk)], outcomes, exc)
+                    else:
+                        for i in chunk:
+                            outcomes[i] = exc
+                    continue
+                executed = replies[len(chunk) + 2]
+                if isinstance(executed, Exception):  # EXECABORT: nothing of this chunk ran
+                    for i in chunk:
+                        outcomes[i] = executed
+                    continue
+                for i, reply in zip(chunk, executed, strict=False):
+                    if isinstance(reply, NoScriptError):
+                        missing.append(i)
+                    elif isinstance(reply, Exception):
+                        outcomes[i] = reply
+                    else:
+                        outcomes[i] = parse_reply(reply)
+                if waited:
+                    self._check_acks(replies[-1], chunk, outcomes)
+                markers.append(marker)
+                if on_chunk is not None:
+                    for i in chunk:
+                        on_chunk(range(i, i + 1))
+        if markers:
+            try:
+                self.client.delete(*markers)  # split by slot by the cluster client
+            except redis.RedisError:
+                pass  # they expire
+
     def _settle(
-        self, calls: Sequence[PreparedCall], unanswered: list[tuple[str, range]],
+        self, calls: Sequence[PreparedCall], unanswered: Sequence[tuple[str, Sequence[int]]],
         outcomes: list[Any], failure: BaseException,
     ) -> None:
         """After a connection error: find out which unanswered chunks ran (their marker
@@ -825,8 +1125,9 @@ class WindowStore:
 
     def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
         tag = self.tag(shard)
+        channel = shard_wake_channel(tag) if self.sharded_wake else self.settings.wake_channel
         return ([open_key(tag, ident), due_key(tag), leased_key(tag)],
-                [ident, self.settings.wake_channel, task_id, self.settings.record_ttl_ms])
+                [ident, channel, task_id, self.settings.record_ttl_ms])
 
     def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
         """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
@@ -836,6 +1137,8 @@ class WindowStore:
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
+        if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one by one
+            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
         script = self.scripts["flush"]
         with translate_errors("flush"), self.client.pipeline(False) as pipe:
             for ident, task_id in windows:
@@ -931,8 +1234,12 @@ class WindowStore:
 
     def maxmemory_policy(self) -> str:
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
-        from .checks import maxmemory_policy
+        from .checks import combined_policy, maxmemory_policy
 
+        if self.cluster:  # every master: the worst answer wins
+            return combined_policy([
+                maxmemory_policy(self.client.get_redis_connection(node))
+                for node in self.client.get_primaries()])
         return maxmemory_policy(self.client)
 
     # -- tests -------------------------------------------------------------------------------
@@ -986,6 +1293,14 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
     )
 
 
+def _reply_or_error(conn: Any) -> Any:
+    """The next reply on ``conn``; an error reply as the exception (not raised)."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        return exc
+
+
 def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:
     """Read one chunk's MULTI/QUEUED.../EXEC replies into ``outcomes``."""
     queue_error: redis.ResponseError | None = None
@@ -1021,6 +1336,9 @@ class WakeListener:
         """Subscribe and wait until Redis confirms it (no-op when subscribed)."""
         if self._pubsub is not None:
             return
+        if self.store.sharded_wake:
+            self._subscribe_sharded()
+            return
         settings = self.store.settings
         with translate_errors("wake subscription"):
             pubsub = self.store.client.pubsub()
@@ -1033,6 +1351,47 @@ class WakeListener:
                     return
         pubsub.close()
         raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+
+    def _subscribe_sharded(self) -> None:
+        """SSUBSCRIBE to every shard's ``<tag>:wake`` on the master serving it (cluster).
+
+        One connection per master holding shards (redis-py's ``ClusterPubSub``). A
+        master that fails, or a slot that moves (the server ends the subscription with
+        ``sunsubscribe``), ends the wait; the dispatcher subscribes again on the new owner.
+        """
+        settings = self.store.settings
+        channels = [settings.shard_wake_channel(s) for s in range(settings.shards)]
+        with translate_errors("wake subscription"):
+            pubsub: Any = self.store.client.pubsub()
+            try:
+                pubsub.ssubscribe(*channels)
+                confirmed: set[Any] = set()
+                deadline = time.monotonic() + max(settings.redis_timeout_s, 1.0)
+                while time.monotonic() < deadline and len(confirmed) < len(channels):
+                    message = pubsub.get_sharded_message(timeout=0.05)
+                    if message is not None and message["type"] == "ssubscribe":
+                        confirmed.add(message["channel"])
+            except BaseException:
+                pubsub.close()
+                raise
+        if len(confirmed) < len(channels):
+            pubsub.close()
+            raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+        self._pubsub = pubsub
+
+    def _next(self, timeout: float) -> Any:
+        if self.store.sharded_wake:
+            # round robin over the masters' connections, a short wait on each
+            message = self._pubsub.get_sharded_message(timeout=min(timeout, 0.02))
+            if message is not None and message["type"] == "sunsubscribe":
+                self.close()  # the slot moved: subscribe again on its new owner
+                return {"type": "message"}
+            return message
+        return self._pubsub.get_message(timeout=timeout)
+
+    @property
+    def subscribed(self) -> bool:
+        return self._pubsub is not None
 
     def wait(self, seconds: float, stop: threading.Event) -> None:
         """Sleep up to ``seconds`` or until a wake-up arrives or ``stop`` is set."""
@@ -1049,9 +1408,9 @@ class WakeListener:
                 if self.store.master_switches != switches:  # Sentinel moved the master:
                     self.close()  # subscribe there (the old one may live on)
                     return
-                message = self._pubsub.get_message(timeout=min(remaining, 0.5))
-                if message is not None and message["type"] == "message":
-                    while self._pubsub.get_message(timeout=0) is not None:
+                message = self._next(min(remaining, 0.5))
+                if message is not None and message["type"] in ("message", "smessage"):
+                    while self._pubsub is not None and self._next(0) is not None:
                         pass
                     return
 
@@ -1062,6 +1421,29 @@ class WakeListener:
             except Exception:  # noqa: S110 - closing a broken connection
                 pass
             self._pubsub = None
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def _every_master_has_sharded_pubsub(client: Any) -> bool:
+    """True when every master runs Redis >= 7.0 (SPUBLISH/SSUBSCRIBE)."""
+    try:
+        replies = client.info("server", target_nodes=redis.RedisCluster.PRIMARIES)
+    except redis.RedisError:
+        return False
+    rows = replies.values() if isinstance(replies, dict) and "redis_version" not in replies \
+        else [replies]
+    for row in rows:
+        version = str(row.get("redis_version", "0")) if isinstance(row, dict) else "0"
+        if int(version.split(".")[0] or 0) < 7:
+            return False
+    return True
 
 
 _lock = threading.Lock()

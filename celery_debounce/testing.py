@@ -21,6 +21,7 @@ nothing and get no debounce signal handlers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -245,7 +246,9 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
     ):
         app.conf.debounce_redis_url = PLACEHOLDER_URL
     client = fakeredis.FakeRedis(server=server or fakeredis.FakeServer())
-    store = WindowStore(settings_for(app), client)
+    # the client given: an app configured for a Redis Cluster never connects to it;
+    # fakeredis has no replicas (and no WAIT): debounce_redis_wait_replicas is off here
+    store = WindowStore(dataclasses.replace(settings_for(app), wait_replicas=0), client)
     app._debounce_backend = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
     return client
 

@@ -13,6 +13,7 @@ from helpers import make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
 from celery_debounce.backend import Backend
+from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import Settings
 
@@ -26,6 +27,14 @@ def redis_server() -> Iterator[str]:
         return
     with LocalRedis() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A real Redis Cluster on loopback: 3 masters, 3 replicas, started once per session
+    (for the tests marked ``cluster``). Tests that kill or move things put it back."""
+    with LocalCluster(masters=3, replicas=1) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ import redis
 from celery import Celery
 from helpers import make_app, running_worker, wait_until
 
-import celery_debounce.settings
 from celery_debounce import DebounceBackendError, DebounceConfigError, DebouncedTask
 from celery_debounce.backend import backend_for
 from celery_debounce.local_redis import LocalSentinels
@@ -304,10 +303,6 @@ def test_calls_resume_after_a_failover_and_what_is_lost_is_measured(
 
 
 @pytest.mark.sentinel
-@pytest.mark.skipif(
-    "debounce_redis_wait_replicas" not in celery_debounce.settings.DEFAULTS,
-    reason="debounce_redis_wait_replicas comes with the Redis Cluster branch",
-)
 @pytest.mark.parametrize("how", ["failover", "kill"])
 @pytest.mark.parametrize("sentinels", [2], indirect=True)
 def test_with_wait_replicas_a_failover_loses_no_accepted_call(

@@ -4,7 +4,10 @@
 -- KEYS[2]  <tag>:due           zset; ident removed
 -- KEYS[3]  <tag>:leased        zset; id scored now: a lease that has already expired, so
 --                              the next take.lua pass (of any dispatcher) takes it first
--- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once)
+-- ARGV[1]  ident     ARGV[2]  wake channel (published to, so dispatchers take it at once):
+--          <prefix>:wake (PUBLISH) on a single node; on a Redis Cluster with sharded
+--          pub/sub <tag>:wake (KEYS[1]'s slot), sent with SPUBLISH: the store loads
+--          this script with SHARDED_WAKE true there (store.script_source)
 -- ARGV[3]  task id the window must have ("" for whichever window is open): a
 --          by-id flush must not hit a newer window opened under the same ident
 -- ARGV[4]  record TTL ms (safety expiry of win records, as take.lua sets it)
@@ -21,6 +24,8 @@
 -- window, and nothing can move the flushed deadline back out.
 -- Returns {task id, first seen ms, deadline ms (now), max wait ms, calls} of the
 -- window flushed, or false if no (matching) window is open for ident.
+
+local SHARDED_WAKE = false
 
 local found = redis.call('HMGET', KEYS[1], 'id', 'fs', 'mw', 'n')
 local id = found[1]
@@ -50,5 +55,5 @@ end
 redis.call('HSET', key, 'st', 'dispatching', 'i', ARGV[1], 'dl', now, 'tries', 0)
 redis.call('PEXPIRE', key, ARGV[4])
 redis.call('ZADD', KEYS[3], now, id)
-redis.call('PUBLISH', ARGV[2], now)
+redis.call(SHARDED_WAKE and 'SPUBLISH' or 'PUBLISH', ARGV[2], now)
 return {id, found[2], now, found[3], found[4]}

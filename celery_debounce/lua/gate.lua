@@ -55,9 +55,10 @@
 --     The quiet period starts (id, fs now, mw ARGV[3], dl now + window, n 1, m)
 --   * no quiet period and a window open (opened by a trailing-only call, or a
 --     trailing window past its deadline not yet taken): joins it as any call
--- The ident (the due member) and the wake channel <prefix>:wake are read from
--- KEYS[1]: the prefix has no braces, so the first '}:open:' ends the tag.
--- <prefix>:wake is published to when this window becomes the earliest one.
+-- The ident (the due member) and the wake channel (<prefix>:wake, or <tag>:wake, see
+-- "Wake-ups" below) are read from KEYS[1]: the prefix has no braces, so the first
+-- '}:open:' ends the tag. The wake channel is published to when this window becomes
+-- the earliest one.
 -- Only with ARGV[8], touches by name (same hash tag <tag> as KEYS[1]):
 --   <tag>:win:<ARGV[1]>  EXISTS: a taken record holds the id, so it is in use
 --   <tag>:ids            hash id -> ident of the pending windows opened under a fixed id;
@@ -80,20 +81,38 @@
 --                        record TTL when it first takes it and counts m|<task>
 --   <tag>:leased         the window's id scored now: a lease already expired, so the
 --                        next take.lua pass (of any dispatcher) takes it first
---   <prefix>:wake        published to (now)
+--   the wake channel     published to (now)
 -- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
 -- mc costs one more HMGET field, nothing else.
+--
+-- Wake-ups: with SHARDED_WAKE false (as stored; a single node) PUBLISH to <prefix>:wake.
+-- On a Redis Cluster whose masters have sharded pub/sub the store loads this script
+-- with SHARDED_WAKE true (store.script_source): SPUBLISH to <tag>:wake instead, a
+-- channel in KEYS[1]'s slot (<tag> = <prefix>:{<shard tag>}, read from KEYS[1]).
 --
 -- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
 -- calls, now ms}; a leading call adds a sixth element 'lead', a suppressed call
 -- 'suppressed' (then the deadline is the quiet period's end and calls its n).
 -- Time is Redis server time, never the producer's.
 
+local SHARDED_WAKE = false
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
+
+-- Tell dispatchers an earlier deadline exists (see the header).
+local function wake(message)
+  if SHARDED_WAKE then
+    redis.call('SPUBLISH', string.sub(open, 1, string.find(open, '}:open:', 1, true)) ..
+      ':wake', message)
+  else
+    redis.call('PUBLISH', string.sub(open, 1, string.find(open, ':{', 1, true) - 1) ..
+      ':wake', message)
+  end
+end
 
 -- The cap reached, or a leading call: close the window as flush.lua does (see the
 -- header); mark is 'cx' (closed by the cap) or 'ld' (a leading run).
@@ -121,8 +140,7 @@ local function close(id, opened, calls, mark)
     redis.call('ZADD', tag .. ':leased', stamp, id)
   end
   redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, 1)
-  local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
-  redis.call('PUBLISH', prefix .. ':wake', stamp)
+  wake(stamp)
   if mark == 'ld' then
     return {id, opened, now, calls, now, 'lead'}
   end
@@ -263,8 +281,7 @@ end
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 redis.call('ZADD', KEYS[2], deadline, ident)
 if first[1] == nil or deadline < tonumber(first[2]) then
-  local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
-  redis.call('PUBLISH', prefix .. ':wake', string.format('%d', deadline))
+  wake(string.format('%d', deadline))
 end
 
 return {id, opened, deadline, calls, now}
