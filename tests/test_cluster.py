@@ -58,6 +58,9 @@ def test_single_node_keys_are_unchanged_by_the_cluster_support() -> None:
     ({"debounce_redis_wait_replicas": "1"}, "debounce_redis_wait_replicas='1'"),
     ({"debounce_redis_cluster": True, "debounce_redis_url": "unix:///tmp/r.sock"},
      "debounce_redis_cluster=True needs a redis:// or rediss:// URL"),
+    ({"debounce_redis_cluster": True, "debounce_redis_url": "sentinel://127.0.0.1:26379",
+      "debounce_redis_sentinel_master": "m"},
+     "debounce_redis_cluster=True needs a redis:// or rediss:// URL"),
 ])
 def test_bad_cluster_settings_are_refused_by_name(conf: dict[str, Any], message: str) -> None:
     app = Celery("t", set_as_current=False)
