@@ -7,6 +7,8 @@ from typing import NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .backend import Backend
 from .call import PreparedCall, new_task_id
+from .collect import PAYLOAD_TOO_LARGE
+from .errors import DebounceBackendError, DebouncePayloadError
 from .signals import call_absorbed, window_opened
 
 #: Content type not stored in a window record (``ct`` absent means this).
@@ -38,7 +40,8 @@ def gate_args(
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
-    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``.
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``; the window's
+    byte budget and the embed (ARGV[15..16]) only with ``debounce_collect``.
     """
     window, max_wait, replace = call.spec.gate_argv
     args: list[object] = [
@@ -56,7 +59,14 @@ def gate_args(
         if fixed is None:
             args += _NOT_FIXED
         args.append(call.spec.max_calls)
+    if call.spec.collect:  # ARGV[15..16], after '' for each ARGV not given up to 14
+        args += [""] * (COLLECT_ARGV - 1 - len(args))
+        args += [backend.settings.max_payload_bytes, call.collect_embed]
     return args
+
+
+#: The first ARGV of a debounce_collect call (ARGV[13..14] are the edge options).
+COLLECT_ARGV = 15
 
 
 def parse_reply(reply: list[object]) -> GateResult:
@@ -79,7 +89,12 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     ``call_absorbed`` (only if someone listens).
     """
     args = gate_args(backend, call, fixed)
-    result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+    try:
+        result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+    except DebounceBackendError as exc:
+        if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
+            raise DebouncePayloadError(str(exc)) from None
+        raise
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(

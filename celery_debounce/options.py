@@ -14,7 +14,7 @@ from .keys import KeyTemplate, parse_template
 #: The options a task or a call may set.
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
-    "debounce_max_calls",
+    "debounce_max_calls", "debounce_collect",
 )
 
 
@@ -27,6 +27,7 @@ class DebounceSpec:
     key: KeyTemplate | None  # None: a digest of all the call's arguments
     replace_payload: bool
     max_calls: int | None = None  # None: no cap (gate.lua gets no extra ARGV)
+    collect: bool = False  # True: the run receives every call (see collect.py)
 
     @cached_property
     def gate_argv(self) -> tuple[bytes, bytes, bytes]:
@@ -44,6 +45,7 @@ class TaskDefaults:
     debounce_max_wait: Any = None
     debounce_replace_payload: Any = False
     debounce_max_calls: Any = None
+    debounce_collect: Any = False
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -55,6 +57,7 @@ class TaskDefaults:
             parse_duration("debounce_max_wait", defaults.debounce_max_wait)
         _check_bool(defaults.debounce_replace_payload)
         check_max_calls(defaults.debounce_max_calls)
+        check_collect(defaults.debounce_collect, defaults.debounce_replace_payload)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -63,6 +66,7 @@ class TaskDefaults:
                 defaults.debounce_max_wait,
                 defaults.debounce_replace_payload,
                 defaults.debounce_max_calls,
+                defaults.debounce_collect,
             )
         return cls(
             defaults.debounce,
@@ -70,11 +74,19 @@ class TaskDefaults:
             defaults.debounce_max_wait,
             defaults.debounce_replace_payload,
             defaults.debounce_max_calls,
+            defaults.debounce_collect,
             spec,
         )
 
-    def for_call(self, options: MutableMapping[str, Any]) -> DebounceSpec | None:
-        """Pop the debounce options from a call's ``options``; None: publish plainly."""
+    def for_call(
+        self, options: MutableMapping[str, Any], *, collect_fixed: bool = True,
+    ) -> DebounceSpec | None:
+        """Pop the debounce options from a call's ``options``; None: publish plainly.
+
+        ``debounce_collect`` on a call must equal the task's own (the task function's
+        shape decides it) unless ``collect_fixed`` is False: a by-name producer
+        (``send_task``) of a task it does not have registered declares it per call.
+        """
         if not options or not any(name in options for name in OPTION_NAMES):
             return self.spec
         debounce = options.pop("debounce", None)
@@ -82,6 +94,13 @@ class TaskDefaults:
         max_wait = options.pop("debounce_max_wait", None)
         replace = options.pop("debounce_replace_payload", None)
         max_calls = options.pop("debounce_max_calls", None)
+        collect = options.pop("debounce_collect", None)
+        if collect is not None and collect_fixed and collect != self.debounce_collect:
+            raise DebounceConfigError(
+                f"debounce_collect={collect!r} on a call of a task with "
+                f"debounce_collect={self.debounce_collect!r}: it is a task option (the task "
+                "function takes either the list of calls or the call's own arguments)"
+            )
         if debounce is False:
             return None
         return build_spec(
@@ -90,6 +109,7 @@ class TaskDefaults:
             self.debounce_max_wait if max_wait is None else max_wait,
             self.debounce_replace_payload if replace is None else replace,
             self.debounce_max_calls if max_calls is None else max_calls,
+            self.debounce_collect if collect is None else collect,
             given_on_call=True,
         )
 
@@ -100,6 +120,7 @@ def build_spec(
     max_wait: Any,
     replace: Any,
     max_calls: Any = None,
+    collect: Any = False,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
@@ -123,8 +144,9 @@ def build_spec(
             "the max wait must be at least the window"
         )
     template = parse_template(key) if key is not None else None
-    return DebounceSpec(window, ceiling, template, _check_bool(replace),
-                        check_max_calls(max_calls))
+    replace = _check_bool(replace)
+    return DebounceSpec(window, ceiling, template, replace, check_max_calls(max_calls),
+                        check_collect(collect, replace))
 
 
 def _check_bool(value: Any) -> bool:
@@ -147,5 +169,18 @@ def check_max_calls(value: Any) -> int | None:
         raise DebounceConfigError(
             f"debounce_max_calls={value!r}: expected a positive integer (at most "
             f"{MAX_CALLS_LIMIT}) or None for no cap"
+        )
+    return value
+
+
+def check_collect(value: Any, replace: Any = False) -> bool:
+    """``debounce_collect``: True or False; it keeps every payload, so it cannot be
+    combined with ``debounce_replace_payload=True`` (which keeps one)."""
+    if not isinstance(value, bool):
+        raise DebounceConfigError(f"debounce_collect={value!r}: expected True or False")
+    if value and replace is True:
+        raise DebounceConfigError(
+            "debounce_collect=True with debounce_replace_payload=True: a collect window "
+            "keeps every call's payload, there is none to replace"
         )
     return value

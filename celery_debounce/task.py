@@ -13,6 +13,7 @@ from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .backend import backend_for
 from .call import call_key, prepare_call, refuse_schedule, static_routing
+from .collect import single_call_args, wrap_run
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
@@ -36,6 +37,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_max_wait: Any = None
     debounce_replace_payload: bool = False
     debounce_max_calls: int | None = None
+    debounce_collect: bool = False
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 
@@ -45,9 +47,28 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         cls._debounce_defaults = TaskDefaults.validate(
             {name: getattr(cls, name) for name in OPTION_NAMES}
         )
+        if cls._debounce_defaults.debounce_collect:
+            _collect_class(cls)
 
-    def debounce_signature(self) -> inspect.Signature:
-        """The run function's signature, used to bind arguments for key templates."""
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        super().on_bound(app)
+        if cls.__dict__.get("debounce_collect") and cls.serializer != "json":
+            # the app's task_serializer, known once the task is bound to the app
+            raise DebounceConfigError(
+                f"{cls.name}: debounce_collect=True needs serializer='json' (the task's "
+                f"serializer is {cls.serializer!r}): the run's body is spliced from the "
+                "calls' JSON"
+            )
+
+    def debounce_signature(self) -> inspect.Signature | None:
+        """The run function's signature, used to bind arguments for key templates.
+
+        None for a ``debounce_collect`` task: its function takes the list of calls,
+        so ``{name}`` and ``{0}`` resolve against each call's own kwargs and args.
+        """
+        if self._debounce_defaults.debounce_collect:
+            return None
         sig: inspect.Signature | None = self.__dict__.get("_debounce_sig")
         if sig is None:
             sig = inspect.signature(self.run)
@@ -74,6 +95,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         if spec is None or self.app.conf.task_always_eager:
             if spec is not None:
                 refuse_schedule(options)
+            if self._debounce_defaults.debounce_collect and "retries" not in options:
+                # published without a window: the run still gets a list, of this call
+                args, kwargs = single_call_args(args, kwargs, task_id), {}
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
@@ -207,7 +231,7 @@ def send_task(
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
     defaults = debounced._debounce_defaults if debounced else TaskDefaults()
-    spec = defaults.for_call(options)
+    spec = defaults.for_call(options, collect_fixed=debounced is not None)
     if spec is None:
         return app.send_task(name, args, kwargs, task_id=task_id, **options)
     if app.conf.task_always_eager and debounced is not None:
@@ -227,6 +251,27 @@ def send_task(
         app=app, task_type=local,
     )
     return app.AsyncResult(result_id(enter(backend_for(app), call, fixed).task_id, fixed))
+
+
+def _collect_class(cls: type[DebouncedTask]) -> None:
+    """Make a ``debounce_collect`` task class take the list of its window's calls.
+
+    Its ``run`` converts the body's call elements into :class:`DebouncedCall`; the
+    function's own signature ``(calls)`` is not the calls' one, so Celery's argument
+    check is off (``typing=False``) and key templates bind to each call's own args
+    and kwargs. A serializer other than JSON is refused here when the task names
+    one, else when it is bound to the app (``on_bound``).
+    """
+    serializer = cls.__dict__.get("serializer")
+    if serializer is not None and serializer != "json":
+        raise DebounceConfigError(
+            f"debounce_collect=True needs serializer='json' (got serializer={serializer!r}): "
+            "the run's body is spliced from the calls' JSON"
+        )
+    run = cls.__dict__.get("run")
+    if run is not None:
+        cls.run = wrap_run(run)
+    cls.typing = False
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:

@@ -52,6 +52,27 @@
 --   <prefix>:wake        published to (now)
 -- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
 -- mc costs one more HMGET field, nothing else.
+-- ARGV[13], ARGV[14]: the edge options (see their own lines); a collect call with none
+-- sends them as ''.
+-- Only for a debounce_collect call; absent otherwise (ARGV[8..14] sent as '' when not given):
+-- ARGV[15] the call's byte budget (debounce_max_payload_bytes): stored as cz when the
+--          call opens the window (a window's budget is its opener's, like mc)
+-- ARGV[16] the call's protocol-2 embed JSON ({} without links), stored as p when the call
+--          opens the window
+-- ARGV[6] is then the call's JSON [args, kwargs(, id)]; its element is
+-- '[' .. now .. ',' followed by ARGV[6] without its '[' (collect.py owns the format).
+-- A collect window's record also has (all read by one more HMGET field, cl, per call):
+--   cl  the suffix of its call list <tag>:calls:<cl> (the id it opened under, with
+--       ~<k> appended if such a list exists): a list of elements, in call order
+--   cb  bytes of the body take.lua will splice: 10 + #embed + the elements + commas
+--   cz  its byte budget; cb never exceeds it
+-- A collect call that does not fit (cb + 1 + #element > cz) closes the window as the
+-- cap does (cx 2: full) and opens a new one (it never joins, is never dropped); one
+-- whose element cannot fit an empty window (10 + #ARGV[16] + #element > ARGV[15]) is
+-- refused with an error reply starting DEBOUNCE_PAYLOAD_TOO_LARGE, nothing written.
+-- A call whose mode differs from the open window's (a collect call and a window
+-- without cl, or the reverse: a deploy changed the task) closes that window as flush.lua
+-- does (no cx) and opens a new one.
 --
 -- Returns {task id, 1 if opened else 0, deadline ms (now when the cap closed it),
 -- calls, now ms}.
@@ -63,8 +84,9 @@ local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
 
--- The cap reached: close the window as flush.lua does (see the header).
-local function close(id, opened, calls)
+-- The cap reached, the window full or of the other mode: close it as flush.lua does
+-- (see the header); cx '1' (cap), '2' (full) or false (mode changed).
+local function shut(id, cx)
   local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
   local stamp = string.format('%d', now)
   redis.call('ZREM', KEYS[2], ident)
@@ -87,15 +109,43 @@ local function close(id, opened, calls)
   else
     redis.call('ZADD', tag .. ':leased', stamp, id)
   end
-  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, 'cx', 1)
+  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0)
+  if cx then
+    redis.call('HSET', key, 'cx', cx)
+  end
   local prefix = string.sub(open, 1, string.find(open, ':{', 1, true) - 1)
   redis.call('PUBLISH', prefix .. ':wake', stamp)
+end
+
+local function close(id, opened, calls)
+  shut(id, 1)
   return {id, opened, now, calls, now}
 end
 
-local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc')
+local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc', 'cl')
 local id, opened, calls, cap
 local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
+local collect = ARGV[15] ~= nil and ARGV[15] ~= ''
+local element
+if collect then
+  element = '[' .. string.format('%d', now) .. ',' .. string.sub(ARGV[6], 2)
+  if 10 + #ARGV[16] + #element > tonumber(ARGV[15]) then
+    return redis.error_reply('DEBOUNCE_PAYLOAD_TOO_LARGE: this call makes a body of ' ..
+      (10 + #ARGV[16] + #element) .. ' bytes, above debounce_max_payload_bytes=' .. ARGV[15])
+  end
+end
+if found[1] then
+  if (found[5] and true or false) ~= collect then  -- the other mode: close it, open a new one
+    shut(found[1], false)
+    found[1] = false
+  elseif collect then
+    local size = redis.call('HMGET', open, 'cb', 'cz')
+    if tonumber(size[1]) + 1 + #element > tonumber(size[2]) then  -- full: the same
+      shut(found[1], 2)
+      found[1] = false
+    end
+  end
+end
 
 if found[1] then
   id = found[1]
@@ -110,7 +160,11 @@ if found[1] then
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
   cap = found[4]
-  if ARGV[4] == '1' then
+  if collect then
+    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+    redis.call('RPUSH', tag .. ':calls:' .. found[5], element)
+    redis.call('HINCRBY', open, 'cb', #element + 1)
+  elseif ARGV[4] == '1' then
     if ARGV[5] == '' then
       redis.call('HSET', open, 'p', ARGV[6])
       redis.call('HDEL', open, 'ct')
@@ -163,6 +217,23 @@ else
   if cap and cap ~= '' then
     fields[#fields + 1] = 'mc'
     fields[#fields + 1] = cap
+  end
+  if collect then
+    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+    local cl = id
+    local k = 0
+    while redis.call('EXISTS', tag .. ':calls:' .. cl) == 1 do
+      k = k + 1
+      cl = id .. '~' .. k
+    end
+    redis.call('RPUSH', tag .. ':calls:' .. cl, element)
+    fields[10] = ARGV[16]  -- p: the embed; take.lua splices the body around it
+    fields[#fields + 1] = 'cl'
+    fields[#fields + 1] = cl
+    fields[#fields + 1] = 'cb'
+    fields[#fields + 1] = 10 + #ARGV[16] + #element
+    fields[#fields + 1] = 'cz'
+    fields[#fields + 1] = ARGV[15]
   end
   redis.call('HSET', open, unpack(fields))
   opened = 1

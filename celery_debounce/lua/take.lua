@@ -49,6 +49,12 @@
 -- ceiling is fs + mw; cx "1" for a window closed by its call cap); ct, o and cx may be nil
 -- (application/json and {}: see gate.lua).
 --
+-- A collect window (field cl, see gate.lua) gets its body here, the first time it is
+-- taken: p becomes '[[[' .. the elements of <tag>:calls:<cl> joined by ',' .. ']],{},'
+-- .. p (the embed) .. ']', cb its length, cl is removed and the list deleted; later
+-- takes and the dispatcher see an ordinary window. A list that is missing or of the
+-- wrong type gives no elements.
+--
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
 -- must not fail every pass and block the shard: such an entry leaves the due or
 -- lease set, a win:<id> one is listed in <tag>:quarantine (zset id -> ms), and the
@@ -97,13 +103,29 @@ local function count(ident, row, capped)
   redis.call('HINCRBY', KEYS[3], 'l' .. bucket .. '|' .. task, 1)
 end
 
-local function window(key)
-  return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries', 'cx')
-end
-
 local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
 end
+
+local function window(key)
+  local row = redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries',
+    'cx', 'cl')
+  if row[12] then  -- a collect window: splice its body (see the header)
+    local list = tag .. ':calls:' .. row[12]
+    local elements = redis.pcall('LRANGE', list, 0, -1)
+    if failed(elements) then
+      elements = {}
+    end
+    local body = '[[[' .. table.concat(elements, ',') .. ']],{},' .. (row[8] or '{}') .. ']'
+    redis.call('HSET', key, 'p', body, 'cb', #body)
+    redis.call('HDEL', key, 'cl')
+    redis.call('DEL', list)
+    row[8] = body
+  end
+  row[12] = nil
+  return row
+end
+
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
