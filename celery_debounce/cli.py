@@ -169,7 +169,9 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     taken for a run; quarantined ones could not be published. The table shows
     relative times; --json prints an array of objects with the fields task,
     key, task_id, state, calls, first_seen, deadline, max_wait_at (epoch
-    seconds, Redis clock), shard, error and forced_by_max_wait.
+    seconds, Redis clock), shard, error, max_calls, collected_bytes (a
+    debounce_collect window: bytes of the body its run gets) and
+    forced_by_max_wait.
     """
     admin = _admin(ctx)
     try:

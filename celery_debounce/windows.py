@@ -15,7 +15,7 @@ from .keys import ident_prefix, split_ident
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
-_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc")
+_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc", "cb")
 _CHUNK = 500
 
 
@@ -34,6 +34,8 @@ class WindowInfo:
     shard: int
     error: str | None = None
     max_calls: int | None = None  # the window's debounce_max_calls, when it has one
+    #: a debounce_collect window: bytes of the body its run gets (``calls`` calls)
+    collected_bytes: int | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -49,6 +51,7 @@ class WindowInfo:
 def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
     tid, rec_ident, fs, dl, mw, n, st, qe, *rest = row
     mc = rest[0] if rest else None
+    cb = rest[1] if len(rest) > 1 else None
     if tid is None:
         return None
     raw = ident if ident is not None else as_text(rec_ident or "")
@@ -68,6 +71,7 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
         shard=shard,
         error=as_text(qe) if qe is not None else None,
         max_calls=_number(mc) if mc is not None else None,
+        collected_bytes=_number(cb) if cb is not None else None,
     )
 
 
