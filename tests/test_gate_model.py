@@ -1,7 +1,7 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag, call cap), clock advances, dispatcher steps (take, publish+ack, failed
+replace flag, call cap, collect mode: every call kept in order, bounded by bytes), clock advances, dispatcher steps (take, publish+ack, failed
 publish+release, crash before or after publishing) and worker steps (claim,
 finish, death mid-run with redelivery). After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
@@ -58,6 +58,8 @@ CAPS = [None, None, None, 1, 2, 3]  # debounce_max_calls of a call (None: no cap
 LEASE_MS = 1000
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
+#: debounce_max_payload_bytes of the model's calls: a collect window holds 1 to 3 calls
+COLLECT_BYTES = 70
 
 
 class Clock:
@@ -87,7 +89,7 @@ def make_settings(prefix: str, lease_ms: int) -> Settings:
         redis_url="redis://unused", key_prefix=prefix, shards=1, dispatcher=False,
         poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
         history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
-        max_key_length=1024, max_payload_bytes=1 << 20,
+        max_key_length=1024, max_payload_bytes=COLLECT_BYTES,
     )
 
 
@@ -131,6 +133,22 @@ class Win:
     cancelled: bool = False
     mc: int | None = None  # the opener's debounce_max_calls (the window's cap)
     capped: bool = False  # closed by gate.lua at its cap
+    # debounce_collect: every call's element, in call order (None: not a collect window)
+    elements: list[bytes] | None = None
+    cl: str = ""  # the suffix of its call list <tag>:calls:<cl>
+    cz: int = 0  # its byte budget
+    full: bool = False  # closed by gate.lua because a call did not fit (cx 2)
+    built: bool = False  # take.lua spliced the body (payload) out of the list
+
+    @property
+    def cb(self) -> int:
+        """Bytes of the body take.lua splices: [[[e1,e2,...]],{},{}]."""
+        assert self.elements is not None
+        return 10 + 2 + sum(len(e) for e in self.elements) + len(self.elements) - 1
+
+    def body(self) -> bytes:
+        assert self.elements is not None
+        return b"[[[" + b",".join(self.elements) + b"]],{},{}]"
 
 
 class GateMachine(RuleBasedStateMachine):
@@ -191,18 +209,36 @@ class GateMachine(RuleBasedStateMachine):
         replace=st.booleans(),
         chosen=st.sampled_from(CHOSEN),
         cap=st.sampled_from(CAPS),
+        collect=st.booleans(),
     )
     def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
-             chosen: str | None, cap: int | None = None) -> None:
+             chosen: str | None, cap: int | None = None, collect: bool = False) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
-        spec = DebounceSpec(window, window + extra, None, replace, cap)
+        replace = replace and not collect
+        spec = DebounceSpec(window, window + extra, None, replace, cap, collect)
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
-        call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data", payload, "{}")
+        if collect:  # the call's JSON [args, kwargs(, id)], as call.py encodes it
+            payload = json.dumps([[int.from_bytes(payload[:2], "big")], {}]
+                                 + ([chosen] if chosen else []),
+                                 separators=(",", ":")).encode()
+            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/json",
+                                payload, "{}", "{}")
+        else:
+            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data",
+                                payload, "{}")
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
+        element = b"[%d," % now + payload[1:]
         win = self.open.get(ident)
+        if win is not None and (win.elements is not None) != collect:
+            self._close(win, now)  # the other mode: closed as a flush, a new window opens
+            win = None
+        elif win is not None and collect and win.cb + 1 + len(element) > win.cz:
+            self._close(win, now)  # full: closed at once; this call opens the next window
+            win.full = True
+            win = None
         if win is None:
             assert result.opened
             in_use = chosen is not None and (
@@ -220,6 +256,14 @@ class GateMachine(RuleBasedStateMachine):
             if in_use:
                 win.aliases.append(chosen)  # type: ignore[arg-type]
             win.mc = cap  # the window's cap is its opener's (like the max wait)
+            if collect:
+                win.elements, win.cz, win.payload = [], COLLECT_BYTES, b"{}"
+                live = {w.cl for w in self.wins.values()
+                        if w.elements is not None and not w.built and not w.cancelled}
+                win.cl, k = win.id, 0
+                while win.cl in live:
+                    k += 1
+                    win.cl = f"{win.id}~{k}"
             self.open[ident] = win
             self.wins[win.id] = win
         else:
@@ -231,12 +275,14 @@ class GateMachine(RuleBasedStateMachine):
             if chosen is not None and chosen != win.id:
                 win.aliases.append(chosen)
         win.calls.append(now)
+        if collect:
+            assert win.elements is not None
+            win.elements.append(element)
+            assert win.cb <= win.cz  # bounded: the whole window, not each call
         if win.mc is not None and win.n >= win.mc:
             # the cap: this call closes the window as a flush does; the next one opens anew
-            del self.open[ident]
-            win.st, win.dl, win.tries, win.capped = "dispatching", now, 0, True
-            self.leased[win.id] = now
-            self._unindex(win)
+            self._close(win, now)
+            win.capped = True
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
         if win.capped:
             return
@@ -282,6 +328,19 @@ class GateMachine(RuleBasedStateMachine):
         win.st = "cancelled"
         self._unindex(win)
 
+    def _close(self, win: Win, now: int) -> None:
+        """gate.lua closed the window (cap, full, other mode): due now, as a flush."""
+        del self.open[win.ident]
+        win.st, win.dl, win.tries = "dispatching", now, 0
+        self.leased[win.id] = now
+        self._unindex(win)
+
+    def _build(self, win: Win) -> None:
+        """take.lua splices a collect window's body the first time it takes it."""
+        if win.elements is not None and not win.built:
+            win.payload, win.built = win.body(), True
+            assert len(win.payload) == win.cb <= win.cz
+
     def _unindex(self, win: Win) -> None:
         if self.ids_index.get(win.id) == win.ident:
             del self.ids_index[win.id]
@@ -300,6 +359,7 @@ class GateMachine(RuleBasedStateMachine):
                 win.tries += 1
                 if win.tries == 1:  # a flushed window, taken for the first time
                     win.ta = now
+                self._build(win)
                 expected.append(tid)
             else:
                 del self.leased[tid]
@@ -310,6 +370,7 @@ class GateMachine(RuleBasedStateMachine):
             del self.open[win.ident]
             self._unindex(win)
             win.st, win.ta, win.tries = "dispatching", now, 1
+            self._build(win)
             self.leased[win.id] = now + self.lease_ms
             expected.append(win.id)
         assert [w.task_id for w in reply.windows] == expected
@@ -320,7 +381,7 @@ class GateMachine(RuleBasedStateMachine):
             assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
-            assert w.capped == model.capped  # closed by its cap (gate.lua's cx)
+            assert w.capped == (model.capped or model.full)  # closed by gate.lua (cx)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
@@ -441,6 +502,11 @@ class GateMachine(RuleBasedStateMachine):
         expected_keys = {f"{tag}:open:{i}" for i in self.open}
         expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values()
                           if w.st not in ("pending", "cancelled")}
+        lists = {w.cl: w for w in self.wins.values()
+                 if w.elements is not None and not w.built and not w.cancelled}
+        expected_keys |= {f"{tag}:calls:{cl}" for cl in lists}
+        for cl, w in lists.items():  # every call of the window, in call order
+            assert c.lrange(f"{tag}:calls:{cl}", 0, -1) == w.elements
         expected_keys |= {f"{tag}:{z}" for z, m in
                           (("due", self.open), ("leased", self.leased), ("active", self.active),
                            ("ids", self.ids_index))
@@ -458,12 +524,20 @@ class GateMachine(RuleBasedStateMachine):
         # only its due score (checked above), a taken one's is copied into dl
         want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
                                 "n": win.n, "ct": "application/data"}
+        if win.elements is not None:  # collect: JSON (no ct), its list until taken
+            del want["ct"]
+            want["cz"] = win.cz
+            want["cb"] = len(win.payload) if win.built else win.cb
+            if not win.built:
+                want["cl"] = win.cl
         if win.mc is not None:
             want["mc"] = win.mc
         if win.st != "pending":
             want.update(dl=win.dl, st=win.st, i=win.ident, tries=win.tries)
             if win.capped:
                 want["cx"] = 1
+            if win.full:
+                want["cx"] = 2
         if win.st == "finished":
             want.update(rs="SUCCESS")
         for name in ("ta", "pa", "ca", "fa"):

@@ -134,16 +134,15 @@ if collect then
       (10 + #ARGV[16] + #element) .. ' bytes, above debounce_max_payload_bytes=' .. ARGV[15])
   end
 end
-if found[1] then
-  if (found[5] and true or false) ~= collect then  -- the other mode: close it, open a new one
-    shut(found[1], false)
+local mode = found[5] and true or false  -- the open window collects
+if found[1] and mode ~= collect then  -- the other mode: close it, open a new one
+  shut(found[1], false)
+  found[1] = false
+elseif found[1] and collect then
+  local size = redis.call('HMGET', open, 'cb', 'cz')
+  if tonumber(size[1]) + 1 + #element > tonumber(size[2]) then  -- full: the same
+    shut(found[1], 2)
     found[1] = false
-  elseif collect then
-    local size = redis.call('HMGET', open, 'cb', 'cz')
-    if tonumber(size[1]) + 1 + #element > tonumber(size[2]) then  -- full: the same
-      shut(found[1], 2)
-      found[1] = false
-    end
   end
 end
 
