@@ -33,6 +33,7 @@ from kombu import serialization
 
 from .admin import flush_window
 from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
+from .collect import DebouncedCall
 from .dispatcher import SHARD_HEADER, Dispatcher, take_due
 from .gate import DEFAULT_CONTENT_TYPE
 from .keys import split_ident
@@ -53,7 +54,7 @@ __all__ = [
     "use_fakeredis",
 ]
 
-_FIELDS = ("id", "fs", "mw", "n", "ct", "p", "o")
+_FIELDS = ("id", "fs", "mw", "n", "ct", "p", "o", "cl")
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,17 @@ def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str,
             if prefix is not None and not ident.startswith(prefix):
                 continue
             row: list[Any] = backend.client.hmget(f"{tag}:open:{ident}", *_FIELDS)
-            tid, fs, mw, n, ct, p, o = row
+            tid, fs, mw, n, ct, p, o, cl = row
             if tid is None:
                 continue
             task_name, key = split_ident(ident)
-            args, kwargs = _decode(app, as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
+            if cl is not None:  # debounce_collect: what the run gets, the list of calls
+                listed = backend.client.lrange(f"{tag}:calls:{as_text(cl)}", 0, -1)
+                args = ([DebouncedCall.from_element(json.loads(e)) for e in listed],)
+                kwargs: dict[str, Any] = {}
+            else:
+                args, kwargs = _decode(
+                    app, as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
             yield backend, shard, ident, PendingWindow(
                 task=task_name,
                 key=key,

@@ -195,7 +195,7 @@ def test_a_per_call_serializer_or_mode_change_is_refused(app: Celery,
     def report(calls: list[DebouncedCall]) -> None:
         pass
 
-    with pytest.raises(DebounceConfigError, match="serializer='json'.*'pickle'"):
+    with pytest.raises(DebounceConfigError, match=r"serializer='json'.*'pickle'"):
         report.apply_async(kwargs={"x": 1}, serializer="pickle")
     with pytest.raises(DebounceConfigError, match="debounce_collect=False on a call"):
         report.apply_async(kwargs={"x": 1}, debounce_collect=False)
@@ -361,3 +361,20 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
                                                      f"collect.inspected:u1", "cb"))
     elements = client.lrange(f"{tag}:calls:{row['task_id']}", 0, -1)
     assert row["collected_bytes"] == 10 + 2 + sum(len(e) for e in elements) + len(elements) - 1
+
+
+def test_testing_helpers_show_and_run_a_collect_window(app: Celery) -> None:
+    from celery_debounce.testing import debounce_windows, run_windows
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="{user_id}", debounce_collect=True)
+    def report(calls: list[DebouncedCall]) -> list[int]:
+        return [c.kwargs["change"] for c in calls]
+
+    for i in range(3):
+        report.delay(user_id="u1", change=i)
+    (window,) = debounce_windows(app, report)
+    (calls,) = window.args
+    assert [c.kwargs["change"] for c in calls] == [0, 1, 2] and window.kwargs == {}
+    (result,) = run_windows(app, report)
+    assert result.get() == [0, 1, 2]

@@ -1,7 +1,8 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag, call cap, collect mode: every call kept in order, bounded by bytes), clock advances, dispatcher steps (take, publish+ack, failed
+replace flag, call cap, collect mode: every call kept in order, bounded by bytes),
+clock advances, dispatcher steps (take, publish+ack, failed
 publish+release, crash before or after publishing) and worker steps (claim,
 finish, death mid-run with redelivery). After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
