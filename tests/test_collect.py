@@ -378,3 +378,25 @@ def test_testing_helpers_show_and_run_a_collect_window(app: Celery) -> None:
     assert [c.kwargs["change"] for c in calls] == [0, 1, 2] and window.kwargs == {}
     (result,) = run_windows(app, report)
     assert result.get() == [0, 1, 2]
+
+
+def test_enqueue_many_and_a_retried_run_keep_every_call(app: Celery) -> None:
+    from celery_debounce import enqueue_many
+
+    attempts: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="1h",
+              debounce_max_wait="2h", debounce_key="{k}", debounce_collect=True,
+              max_retries=2, default_retry_delay=0.05)
+    def flaky(self: Any, calls: list[DebouncedCall]) -> list[int]:
+        attempts.append(self.request.retries)
+        if self.request.retries < 1:
+            raise self.retry()
+        return [c.kwargs["v"] for c in calls]
+
+    results = enqueue_many(flaky, [((), {"k": "a", "v": i}) for i in range(50)])
+    assert len({r.id for r in results}) == 1
+    with running_worker(app):
+        flaky.debounce_flush(k="a")
+        assert results[0].get(timeout=20) == list(range(50))  # the retry got every call
+    assert attempts == [0, 1]

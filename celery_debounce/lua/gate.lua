@@ -51,9 +51,9 @@
 --                        next take.lua pass (of any dispatcher) takes it first
 --   <prefix>:wake        published to (now)
 -- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
--- mc costs one more HMGET field, nothing else.
--- ARGV[13], ARGV[14]: the edge options (see their own lines); a collect call with none
--- sends them as ''.
+-- mc (or cl, below) costs one more HMGET field each, nothing else.
+-- ARGV[13], ARGV[14]: reserved for the edge options (leading/trailing); a collect call
+-- that does not give them sends ''.
 -- Only for a debounce_collect call; absent otherwise (ARGV[8..14] sent as '' when not given):
 -- ARGV[15] the call's byte budget (debounce_max_payload_bytes): stored as cz when the
 --          call opens the window (a window's budget is its opener's, like mc)
@@ -61,7 +61,10 @@
 --          opens the window
 -- ARGV[6] is then the call's JSON [args, kwargs(, id)]; its element is
 -- '[' .. now .. ',' followed by ARGV[6] without its '[' (collect.py owns the format).
--- A collect window's record also has (all read by one more HMGET field, cl, per call):
+-- Only for a collect call, touches by name (same hash tag <tag> as KEYS[1]):
+--   <tag>:calls:<cl>     list: the call's element RPUSHed (EXISTS when a window opens,
+--                        to pick a cl no live list has)
+-- A collect window's record also has (every call reads cl, one more HMGET field):
 --   cl  the suffix of its call list <tag>:calls:<cl> (the id it opened under, with
 --       ~<k> appended if such a list exists): a list of elements, in call order
 --   cb  bytes of the body take.lua will splice: 10 + #embed + the elements + commas

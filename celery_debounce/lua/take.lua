@@ -20,6 +20,9 @@
 --                       st state ("dispatching", "queued", "claimed", "finished")
 --                       i  ident      ta taken ms     tries  times taken
 --   <tag>:ids           hash; <id> removed when it maps to the taken window's ident
+--   <tag>:calls:<cl>    a collect window's call list (record field cl): read and
+--                       deleted when the window is first taken; the record's p, cb
+--                       written, cl removed (see below)
 --   <tag>:active        zset task id -> ms handed to the broker; at most PRUNE ids
 --                       older than the record TTL whose win:<id> is gone are removed
 --                       (a run killed without acks_late never finishes its record)
