@@ -53,7 +53,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
-        if cls.__dict__.get("debounce_collect") and cls.serializer != "json":
+        if cls._debounce_defaults.debounce_collect and cls.serializer != "json":
             # the app's task_serializer, known once the task is bound to the app
             raise DebounceConfigError(
                 f"{cls.name}: debounce_collect=True needs serializer='json' (the task's "

@@ -257,6 +257,15 @@ def test_bypass_eager_and_direct_calls_still_get_a_list(app_factory: Any) -> Non
     with pytest.raises(TypeError, match="list of its window's calls"):
         report(5)
 
+    class Collecting(DebouncedTask):  # an intermediate base class carrying the option
+        debounce_collect = True
+
+    @app.task(base=Collecting, shared=False, bind=True, debounce="1h", debounce_max_wait="2h")
+    def bound(self: Any, calls: list[DebouncedCall]) -> list[Any]:
+        return [list(c.args) for c in calls]
+
+    assert bound.delay("x").get() == [["x"]]
+
 
 def test_inspect_shows_collected_calls_and_bytes(app: Celery) -> None:
     @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
