@@ -13,35 +13,29 @@ admin pages and scripts can use it the same way::
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from celery import Celery, states
 
 from .aliases import parse_aliases, resolve_aliases
-from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import WindowNotFound, WindowNotPending
-from .keys import shard_of, window_ident
+from .layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
 from .signals import window_cancelled
+from .store import WindowStore, store_for
 from .windows import (
-    _FIELDS,
     WindowInfo,
-    _info,
     list_windows,
     pending_info,
     walk_pending,
+    window_info,
 )
 
 logger = logging.getLogger("celery_debounce.admin")
 
 __all__ = ["LATE_BUCKETS_MS", "DebounceAdmin", "Stats", "TaskStats"]
 
-#: Upper bounds (ms) of the dispatch lateness buckets counted by take.lua
-#: (the last bucket, index ``len(LATE_BUCKETS_MS)``, is everything above).
-LATE_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
 _REVOKE_REASON = "debounce window cancelled"
@@ -151,8 +145,17 @@ class DebounceAdmin:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
-        self.backend: Backend = backend_for(app)
-        self.settings = self.backend.settings
+        self.store: WindowStore = store_for(app)
+        self.settings = self.store.settings
+
+    @property
+    def backend(self) -> WindowStore:
+        """:attr:`store` under its name before store.py."""
+        return self.store
+
+    @backend.setter
+    def backend(self, store: WindowStore) -> None:
+        self.store = store
 
     # -- reading ------------------------------------------------------------
     def windows(
@@ -169,7 +172,7 @@ class DebounceAdmin:
     def window(self, task: str, key: str) -> WindowInfo | None:
         """The pending window of (task, key), or None. One HMGET and one ZSCORE."""
         ident = window_ident(task, key)
-        return pending_info(self.backend, ident, self._shard(ident))
+        return pending_info(self.store, ident, self._shard(ident))
 
     def find(self, task_id: str) -> WindowInfo | None:
         """The window with this task id, in any state, or None.
@@ -191,7 +194,7 @@ class DebounceAdmin:
         dispatchers publish it at once. Returns the window as flushed (deadline now).
         The next call for the key opens a new window. Raises WindowNotFound."""
         ident = window_ident(task, key)
-        info = flush_window(self.backend, self._shard(ident), ident)
+        info = flush_window(self.store, self._shard(ident), ident)
         if info is None:
             raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
         logger.info("debounce: flushed %s[%s] key=%r", task, info.task_id, key)
@@ -201,7 +204,7 @@ class DebounceAdmin:
         """Flush the pending window with this task id. Raises WindowNotFound or
         WindowNotPending (already taken for dispatch)."""
         ident, found = self._pending_by_id(task_id)
-        info = flush_window(self.backend, found.shard, ident, task_id)
+        info = flush_window(self.store, found.shard, ident, task_id)
         if info is None:
             raise WindowNotPending(f"window {task_id} was dispatched meanwhile", "dispatching")
         logger.info("debounce: flushed %s[%s] key=%r", info.task, task_id, info.key)
@@ -211,15 +214,8 @@ class DebounceAdmin:
         """Flush every pending window (of ``task`` if given). Returns how many."""
         flushed = 0
         for shard, listed in self._pending_idents(task):
-            tag = self.settings.tag(shard)
-            for chunk in _chunks(listed, _PIPE_CHUNK):
-                with translate_errors("flush"), self.backend.client.pipeline(False) as pipe:
-                    for ident, task_id in chunk:  # only the windows listed, never a newer one
-                        self.backend.scripts["flush"](
-                            keys=_flush_keys(tag, ident),
-                            args=_flush_args(self.backend, ident, task_id),
-                            client=pipe)  # type: ignore[arg-type]
-                    flushed += sum(1 for r in pipe.execute() if r)
+            for chunk in _chunks(listed, _PIPE_CHUNK):  # only the windows listed, never a newer one
+                flushed += self.store.flush_many(shard, chunk)
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
         return flushed
 
@@ -262,32 +258,22 @@ class DebounceAdmin:
         """
         tasks: dict[str, TaskStats] = {}
         total_open = total_due = 0
-        client = self.backend.client
-        with translate_errors("stats"):
-            secs, micros = client.time()
-        now_ms = secs * 1000 + micros // 1000
+        now_ms = self.store.time_ms("stats")
         for shard in range(self.settings.shards):
-            tag = self.settings.tag(shard)
-            with translate_errors("stats"), client.pipeline(False) as pipe:
-                pipe.zcard(f"{tag}:due")
-                pipe.zcount(f"{tag}:due", "-inf", now_ms)
-                pipe.hgetall(f"{tag}:stats")
-                zcard, zcount, counters = pipe.execute()
-            total_open += int(zcard)
-            total_due += int(zcount)
-            for name, value in counters.items():
-                _add_counter(tasks, as_text(name), int(value))
+            counts = self.store.counts(shard, now_ms)
+            total_open += counts.open
+            total_due += counts.due
+            for name, value in counts.counters.items():
+                _add_counter(tasks, name, value)
             if census:
                 cursor = "0"
                 while True:
-                    reply = self.backend.run(
-                        "census", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, now_ms])
-                    cursor = as_text(reply[0])
-                    for task, n_open, n_due, oldest, waiting in reply[1:]:
-                        row = TaskStats(task=as_text(task), open=int(n_open), due=int(n_due),
-                                        calls_waiting=int(waiting))
-                        if int(oldest) >= 0:
-                            row.oldest_first_seen = int(oldest) / 1000
+                    cursor, rows = self.store.census_step(shard, cursor, _SCAN_COUNT, now_ms)
+                    for found in rows:
+                        row = TaskStats(task=found.task, open=found.open, due=found.due,
+                                        calls_waiting=found.calls_waiting)
+                        if found.oldest_first_seen_ms >= 0:
+                            row.oldest_first_seen = found.oldest_first_seen_ms / 1000
                         tasks.setdefault(row.task, TaskStats(task=row.task)).merge(row)
                     if cursor == "0":
                         break
@@ -303,20 +289,9 @@ class DebounceAdmin:
         renamed copy keeps the hash's TTL, so a crash in between leaves nothing forever.
         """
         removed: dict[str, TaskStats] = {}
-        client = self.backend.client
-        with translate_errors("stats reset"):
-            for shard in range(self.settings.shards):
-                key = f"{self.settings.tag(shard)}:stats"
-                held = f"{key}:reset:{uuid.uuid4().hex}"  # same hash tag, same slot
-                try:
-                    client.rename(key, held)
-                except redis.ResponseError as exc:
-                    if "no such key" in str(exc).lower():
-                        continue
-                    raise
-                for name, value in client.hgetall(held).items():
-                    _add_counter(removed, as_text(name), int(value))
-                client.delete(held)
+        for shard in range(self.settings.shards):
+            for name, value in self.store.reset_counters(shard).items():
+                _add_counter(removed, name, value)
         return removed
 
     # -- internals ------------------------------------------------------------
@@ -324,32 +299,21 @@ class DebounceAdmin:
         return shard_of(ident, self.settings.shards)
 
     def _info_of(self, ident: str, shard: int) -> WindowInfo | None:
-        return pending_info(self.backend, ident, shard)
+        return pending_info(self.store, ident, shard)
 
     def _taken(self, task_id: str) -> WindowInfo | None:
-        client = self.backend.client
-        with translate_errors("inspect"), client.pipeline(False) as pipe:
-            for shard in range(self.settings.shards):
-                pipe.hmget(f"{self.settings.tag(shard)}:win:{task_id}", *_FIELDS)
-            rows = pipe.execute()
-        for shard, row in enumerate(rows):
-            info = _info(None, "", shard, row)
-            if info is not None:
-                return info
-        return None
+        found = self.store.taken(task_id)
+        return None if found is None else window_info(found[1], found[0], "")
 
     def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
         for shard in range(self.settings.shards):
-            tag = self.settings.tag(shard)
             cursor = "0"
             while True:
-                next_cursor, ident = self.backend.run(
-                    "find", [f"{tag}:due"], [tag, cursor, _SCAN_COUNT, task_id])
-                if ident:
-                    info = self._info_of(as_text(ident), shard)
+                cursor, ident = self.store.find_step(shard, cursor, task_id, _SCAN_COUNT)
+                if ident is not None:
+                    info = self._info_of(ident, shard)
                     if info is not None and info.task_id == task_id:
-                        return as_text(ident), info
-                cursor = as_text(next_cursor)
+                        return ident, info
                 if cursor == "0":
                     break
         return None
@@ -369,20 +333,16 @@ class DebounceAdmin:
         """Per shard, (ident, task id) of every pending window (of ``task``)."""
         for shard in range(self.settings.shards):
             listed = [(window_ident(w.task, w.key), w.task_id)
-                      for w in walk_pending(self.backend, shard, task=task)]
+                      for w in walk_pending(self.store, shard, task=task)]
             if listed:
                 yield shard, listed
 
     def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
-        tag = self.settings.tag(shard)
-        reply = self.backend.run(
-            "cancel", [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:stats"],
-            [ident, task_id, self.settings.history_ttl_ms])
-        if not reply:
+        cancelled = self.store.cancel(shard, ident, task_id)
+        if cancelled is None:
             return None
-        cancelled_id, calls, fs, dl, mw, *aliases = reply
-        info = _info(ident, "cancelled", shard, [cancelled_id, None, fs, dl, mw, calls, None, None])
-        assert info is not None
+        info = window_info(cancelled.record, shard, "cancelled")
+        aliases = cancelled.aliases
         try:
             self.app.backend.mark_as_revoked(info.task_id, _REVOKE_REASON)
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway
@@ -398,38 +358,21 @@ class DebounceAdmin:
         return info
 
 
-def _flush_keys(tag: str, ident: str) -> list[str]:
-    return [f"{tag}:open:{ident}", f"{tag}:due", f"{tag}:leased"]
-
-
-def _flush_args(backend: Backend, ident: str, task_id: str = "") -> list[str | int]:
-    return [ident, backend.settings.wake_channel, task_id, backend.settings.record_ttl_ms]
-
-
-def flush_window(backend: Backend, shard: int, ident: str, task_id: str = "") -> WindowInfo | None:
-    """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
-    given) and make it due now. Returns the window as flushed, or None if none was open."""
-    tag = backend.settings.tag(shard)
-    reply = backend.run("flush", _flush_keys(tag, ident), _flush_args(backend, ident, task_id))
-    if not reply:
-        return None
-    tid, fs, dl, mw, n = reply
-    return _info(ident, "dispatching", shard, [tid, None, fs, dl, mw, n, None, None])
+def flush_window(store: WindowStore, shard: int, ident: str,
+                 task_id: str = "") -> WindowInfo | None:
+    """Close the pending window of ``ident`` (with ``task_id`` if given) and make it due
+    now (:meth:`WindowStore.flush`). Returns the window as flushed, or None."""
+    record = store.flush(shard, ident, task_id)
+    return None if record is None else window_info(record, shard, "dispatching")
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
-    kind, _, task = name.partition("|")
+    """Add one ``<kind>|<task>`` counter (layout.COUNTER_KINDS) to its task's row."""
+    kind, task = split_counter(name)
     row = tasks.setdefault(task, TaskStats(task=task))
-    if kind == "r":
-        row.runs += value
-    elif kind == "c":
-        row.calls += value
-    elif kind == "f":
-        row.forced += value
-    elif kind == "x":
-        row.cancelled += value
-    elif kind == "m":
-        row.closed_by_cap += value
+    attr = COUNTER_KINDS.get(kind)
+    if attr is not None:
+        setattr(row, attr, getattr(row, attr) + value)
     elif kind.startswith("l") and kind[1:].isdigit() and int(kind[1:]) < len(row.lateness_buckets):
         row.lateness_buckets[int(kind[1:])] += value
 

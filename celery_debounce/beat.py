@@ -75,7 +75,7 @@ class DispatchRunner:
         self._wake.set()
 
     def _loop(self) -> None:
-        warn_if_evicting(self.dispatcher.backend.client, self.dispatcher.name, logger)
+        warn_if_evicting(self.dispatcher.store, self.dispatcher.name, logger)
         failing = False
         while True:
             self._wake.wait()

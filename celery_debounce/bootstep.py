@@ -39,7 +39,7 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
         dispatcher: Dispatcher = self.obj
         # beside the worker's start-up: a hung Redis must not hold the worker up
         threading.Thread(
-            target=warn_if_evicting, args=(dispatcher.backend.client, dispatcher.name, logger),
+            target=warn_if_evicting, args=(dispatcher.store, dispatcher.name, logger),
             name="debounce-eviction-check", daemon=True,
         ).start()
 

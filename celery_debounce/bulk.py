@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import redis
 from celery.result import AsyncResult
-from redis.exceptions import NoScriptError
 
-from .backend import Backend, as_text, backend_for, translate_errors
 from .call import PreparedCall, prepare_call, static_routing
 from .errors import DebounceBackendError, DebounceConfigError
-from .gate import GateResult, gate_args, gate_keys, parse_reply
+from .gate import GateResult
 from .settings import settings_for
 from .signals import call_absorbed, window_opened
+from .store import UNKNOWN_OUTCOME, WRITTEN, Outcome, store_for
 from .task import DebouncedTask, check_arguments
+
+__all__ = ["UNKNOWN_OUTCOME", "WRITTEN", "Call", "DebounceBulkError", "enqueue_many"]
 
 #: One call: ``(args, kwargs)``.
 Call = tuple[Sequence[Any], Mapping[str, Any]]
@@ -66,7 +65,7 @@ def enqueue_many(
             settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
             app=task.app, task_type=task, static=static,
         ))
-    backend = backend_for(task.app)
+    store = store_for(task.app)
     make = task.AsyncResult
     results: list[AsyncResult | None] = [None] * len(prepared)
     outcomes: list[Outcome] = []
@@ -78,7 +77,7 @@ def enqueue_many(
             if isinstance(outcome, GateResult):
                 results[i] = make(outcome.task_id)
 
-    outcomes = enter_many(backend, prepared, chunk_size, on_chunk, outcomes)
+    outcomes = store.gate_many(prepared, chunk_size, on_chunk, outcomes)
     errors: dict[int, BaseException] = {}
     unknown: list[int] = []
     listening = window_opened.receivers or call_absorbed.receivers
@@ -131,181 +130,12 @@ class DebounceBulkError(DebounceBackendError):
         self.written = len(results) - len(errors)
 
 
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: Outcome of a call whose chunk ran but whose reply was lost (window id unknown).
-WRITTEN = _Marker("WRITTEN")
-
-
-class _UnknownOutcome(DebounceBackendError):
-    pass
-
-
-#: Outcome of a call whose chunk may or may not have run (Redis unreachable afterwards).
-UNKNOWN_OUTCOME = _UnknownOutcome("debounce Redis unreachable: outcome of this call unknown")
-
-Outcome = GateResult | _Marker | BaseException
-
-#: How long a chunk's "this chunk ran" marker key lives (ms).
-_MARKER_TTL_MS = 60_000
-
-
 def _announce(call: PreparedCall, result: GateResult) -> None:
     """The signals a single call sends (gate.enter): window_opened or call_absorbed."""
     signal = window_opened if result.opened else call_absorbed
     if signal.receivers:
         signal.send(sender=call.task_name, task_id=result.task_id, key=call.key,
                     deadline=result.deadline_ms / 1000, calls=result.calls)
-
-
-def enter_many(
-    backend: Backend, calls: Sequence[PreparedCall], chunk_size: int = 1000,
-    on_chunk: Callable[[range], None] | None = None, into: list[Outcome] | None = None,
-) -> list[Outcome]:
-    """Run ``gate.lua`` for each call, in order, pipelined on one connection.
-
-    Each chunk is one ``MULTI``/``EXEC`` transaction that also sets a short-lived
-    marker key, so a chunk runs entirely or not at all, and after a connection
-    error the marker tells whether an unanswered chunk ran. Chunk ``k + 1`` is
-    sent before the replies of chunk ``k`` are read, so the client's work overlaps
-    Redis running the scripts. NOSCRIPT replies are run again once the script is
-    loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
-    (ran, reply lost, window id not found), or the exception that kept it out.
-    ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
-    chunk is already on its way (``into``, if given, is the list filled in).
-    """
-    script = backend.scripts["gate"]
-    client = backend.client
-    pool = client.connection_pool
-    outcomes: list[Any] = into if into is not None else []
-    outcomes[:] = [None] * len(calls)
-    missing: list[int] = []
-    token = uuid.uuid4().hex
-    marker_prefix = f"{backend.settings.tag(0)}:bulk:{token}:"
-    sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
-    answered: list[str] = []  # markers of the chunks whose replies were read
-    failure: BaseException | None = None
-    with translate_errors("gate (bulk)"):
-        if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
-            script.sha = client.script_load(script.script)
-            setattr(script, "_loaded_by_bulk", True)  # noqa: B010
-    # redis-py < 5.3 needs the command name to check a connection out (backend knows)
-    conn: Any = pool.get_connection(*backend._checkout_args)
-    try:
-        for start in range(0, len(calls), chunk_size):
-            chunk = range(start, min(start + chunk_size, len(calls)))
-            marker = f"{marker_prefix}{start}"
-            conn.send_packed_command(conn.pack_commands([
-                ("MULTI",),
-                *(("EVALSHA", script.sha, 2, *gate_keys(backend, calls[i]),
-                   *gate_args(backend, calls[i])) for i in chunk),
-                ("SET", marker, 1, "PX", _MARKER_TTL_MS),
-                ("EXEC",),
-            ]))
-            sent.append((marker, chunk))
-            if len(sent) > 1:
-                _read_chunk(conn, sent[0][1], outcomes, missing)
-                marker, done = sent.pop(0)
-                answered.append(marker)
-                if on_chunk is not None:
-                    on_chunk(done)
-        while sent:
-            _read_chunk(conn, sent[0][1], outcomes, missing)
-            answered.append(sent.pop(0)[0])
-        # every reply arrived: the markers served their purpose (else they expire)
-        conn.send_command("DEL", *answered)
-        conn.read_response()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        conn.disconnect()
-        failure = exc
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-    if failure is not None:
-        _settle(backend, calls, sent, outcomes, failure)
-    if missing:  # the server lost its scripts (restart, SCRIPT FLUSH)
-        try:
-            with translate_errors("gate (bulk)"):
-                script.sha = client.script_load(script.script)
-                for i in missing:  # one by one: each reply is known
-                    try:
-                        argv: list[Any] = gate_args(backend, calls[i])
-                        outcomes[i] = parse_reply(client.evalsha(
-                            script.sha, 2, *gate_keys(backend, calls[i]), *argv))
-                    except redis.ResponseError as exc:
-                        outcomes[i] = exc
-        except DebounceBackendError as exc:
-            for i in missing:
-                if outcomes[i] is None:
-                    outcomes[i] = exc
-    return outcomes
-
-
-def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:
-    """Read one chunk's MULTI/QUEUED.../EXEC replies into ``outcomes``."""
-    queue_error: redis.ResponseError | None = None
-    for _ in range(len(chunk) + 2):  # MULTI's OK, then QUEUED per command (+ the marker)
-        try:
-            conn.read_response()
-        except redis.ResponseError as exc:  # refused at queue time (OOM, ...): EXEC aborts
-            queue_error = queue_error or exc
-    try:
-        replies = conn.read_response()
-    except redis.ResponseError as exc:  # EXECABORT: nothing of this chunk ran
-        for i in chunk:
-            outcomes[i] = queue_error or exc
-        return
-    for i, reply in zip(chunk, replies, strict=False):
-        if isinstance(reply, NoScriptError):
-            missing.append(i)
-        elif isinstance(reply, Exception):  # this script failed; the others ran
-            outcomes[i] = reply
-        else:
-            outcomes[i] = parse_reply(reply)
-
-
-def _settle(
-    backend: Backend, calls: Sequence[PreparedCall], unanswered: list[tuple[str, range]],
-    outcomes: list[Any], failure: BaseException,
-) -> None:
-    """After a connection error: find out which unanswered chunks ran (their marker exists)."""
-    error = DebounceBackendError(f"debounce Redis unreachable during gate (bulk): {failure}")
-    pending = [i for i in range(len(calls)) if outcomes[i] is None and
-               not any(i in chunk for _, chunk in unanswered)]
-    for i in pending:  # never sent
-        outcomes[i] = error
-    try:
-        with translate_errors("gate (bulk) check"):
-            with backend.client.pipeline(transaction=False) as pipe:
-                for marker, _ in unanswered:
-                    pipe.exists(marker)
-                ran = pipe.execute()
-            for (_, chunk), did_run in zip(unanswered, ran, strict=True):
-                if not did_run:
-                    for i in chunk:
-                        outcomes[i] = error
-                    continue
-                with backend.client.pipeline(transaction=False) as pipe:
-                    for i in chunk:
-                        tag = backend.settings.tags[calls[i].shard]
-                        pipe.hget(f"{tag}:open:{calls[i].ident}", "id")
-                    ids = pipe.execute()
-                for i, tid in zip(chunk, ids, strict=True):
-                    outcomes[i] = WRITTEN if tid is None else GateResult(
-                        as_text(tid), False, 0, 0, 0)
-    except DebounceBackendError:
-        for _, chunk in unanswered:
-            for i in chunk:
-                if outcomes[i] is None:
-                    outcomes[i] = UNKNOWN_OUTCOME
 
 
 def _pair(call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -17,7 +17,8 @@ from kombu.utils import json as kombu_json
 
 from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
-from .keys import digest_key, resolve, shard_of, window_ident
+from .key_templates import digest_key, resolve
+from .layout import shard_of, window_ident
 from .message import call_options, encode_stored
 from .options import DebounceSpec
 from .settings import Settings
@@ -130,8 +131,8 @@ def prepare_call(
             f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
             f"debounce_max_key_length={settings.max_key_length}"
         )
-    # a templated key is checked for UTF-8 in keys.resolve, the task name in
-    # keys.ident_prefix; a digest key is ASCII
+    # a templated key is checked for UTF-8 in key_templates.resolve, the task name in
+    # layout.ident_prefix; a digest key is ASCII
     ident = window_ident(task_name, key)
     return PreparedCall(
         task_name,

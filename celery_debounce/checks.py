@@ -50,10 +50,11 @@ def describe_policy(policy: str) -> str:
     return f"maxmemory-policy: {policy}"
 
 
-def warn_if_evicting(client: Any, who: str, logger: logging.Logger | None = None) -> str:
-    """Log a WARNING if the windows' Redis may evict window keys; return the policy."""
+def warn_if_evicting(store: Any, who: str, logger: logging.Logger | None = None) -> str:
+    """Log a WARNING if the windows' Redis may evict window keys; return the policy.
+    ``store``: a :class:`~celery_debounce.store.WindowStore`."""
     log = logger or logging.getLogger("celery_debounce")
-    policy = maxmemory_policy(client)
+    policy: str = store.maxmemory_policy()
     evicts = evicts_windows(policy)
     if evicts:
         log.warning(

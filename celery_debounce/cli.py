@@ -18,7 +18,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import DebounceAdmin, Stats, TaskStats
-from .checks import describe_policy, evicts_windows, maxmemory_policy, warn_if_evicting
+from .checks import describe_policy, evicts_windows, warn_if_evicting
 from .errors import DebounceError, WindowNotPending
 from .windows import STATES, WindowInfo
 
@@ -325,7 +325,7 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
             _use_counters(figures, admin.reset_stats())
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
-    policy = maxmemory_policy(admin.backend.client)
+    policy = admin.store.maxmemory_policy()
     if as_json:
         click.echo(json.dumps({**figures.as_json(), "maxmemory_policy": policy,
                                "evicts_windows": evicts_windows(policy)}, indent=2))
@@ -381,7 +381,7 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
     settings = dispatcher.settings
     logger.info("debounce: dispatcher %s started (prefix %r, %d shard(s), poll %dms)",
                 dispatcher.name, settings.key_prefix, settings.shards, settings.poll_interval_ms)
-    warn_if_evicting(dispatcher.backend.client, dispatcher.name, logger)
+    warn_if_evicting(dispatcher.store, dispatcher.name, logger)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
 

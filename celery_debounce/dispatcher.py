@@ -12,21 +12,30 @@ import math
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from json import loads as _json_loads
 from typing import Any
 
-import redis
 from celery import Celery, states
 from kombu.exceptions import InconsistencyError
 
 from .aliases import parse_aliases, resolve_aliases
-from .backend import Backend, as_text, backend_for, translate_errors
 from .errors import DebounceBackendError, WindowQuarantined
-from .gate import DEFAULT_CONTENT_TYPE
-from .keys import split_ident
-from .message import SHARD_HEADER, WindowMessage
+from .layout import (
+    DEFAULT_CONTENT_TYPE,
+    SHARD_HEADER,
+)
+from .message import WindowMessage
 from .signals import window_closed_by_cap, window_dispatched, window_forced_by_max_wait
+from .store import (
+    CONNECTION_ERRORS,
+    REDIS_ERROR,
+    TakenWindow,
+    TakeResult,
+    WakeListener,
+    WindowStore,
+    is_error_reply,
+    store_for,
+)
 
 __all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
 
@@ -36,149 +45,11 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
-#: How many idents ``<tag>:hot`` keeps (take.lua: calls absorbed per ident, for ``top``).
-HOT_KEYS_KEPT = 100
 
 
-@dataclass(frozen=True)
-class TakenWindow:
-    """A window taken out of the due set, ready to publish."""
-
-    shard: int
-    task_id: str
-    ident: str
-    first_seen_ms: int
-    deadline_ms: int
-    max_wait_ms: int
-    calls: int
-    content_type: str
-    payload: bytes  # the protocol-2 body, published as it is
-    options_json: str
-    tries: int
-    taken_ms: int
-    capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
-
-    @property
-    def task_name(self) -> str:
-        return split_ident(self.ident)[0]
-
-    @property
-    def key(self) -> str:
-        return split_ident(self.ident)[1]
-
-    @property
-    def lateness_ms(self) -> int:
-        return max(0, self.taken_ms - self.deadline_ms)
-
-    @property
-    def forced_by_max_wait(self) -> bool:
-        """The max wait, not a quiet period, set this window's deadline."""
-        return self.deadline_ms >= self.max_wait_ms
-
-
-@dataclass(frozen=True)
-class TakeResult:
-    now_ms: int
-    next_in_ms: int  # -1: nothing pending
-    windows: list[TakenWindow]
-    #: (key, Redis error) of entries take.lua set aside: a key of the wrong type
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    #: (task id, reason) of taken records whose fields cannot be read
-    unreadable: list[tuple[str, str]] = field(default_factory=list)
-
-
-def take_due(backend: Backend, shard: int, limit: int, observer: str = "") -> TakeResult:
-    """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
-
-    ``take.lua`` is not idempotent (it leases what it returns), so it is sent once:
-    a connection lost after the command was written is not retried (a retry would
-    lease a second batch while the first one's reply is lost). The windows of a
-    take whose reply was lost are taken again when their lease expires.
-
-    With ``observer`` (the dispatcher's name), a pass that takes windows also records
-    the name and time in ``<tag>:dispatchers`` and calls per ident in ``<tag>:hot``.
-    """
-    settings = backend.settings
-    tag = settings.tag(shard)
-    reply = run_once(
-        backend, "take",
-        [f"{tag}:due", f"{tag}:leased", f"{tag}:stats"],
-        [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-         settings.history_ttl_ms, observer, HOT_KEYS_KEPT],
-    )
-    now_ms = int(reply[0])
-    result = TakeResult(now_ms, int(reply[1]), [])
-    for row in reply[2:]:
-        if len(row) == 2:  # a key of the wrong type, set aside by take.lua
-            result.skipped.append((as_text(row[0]), as_text(row[1])))
-            continue
-        try:
-            result.windows.append(_taken(shard, now_ms, row))
-        except (TypeError, ValueError, UnicodeDecodeError) as exc:  # fields missing or garbled
-            tid = as_text(row[0]) if row[0] is not None else "?"
-            result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
-    return result
-
-
-def run_once(backend: Backend, name: str, keys: list[str], args: list[Any]) -> Any:
-    """Run a script that must not run twice: no retry once the command may have reached Redis.
-
-    A connection that fails while the command is being written (a pooled
-    connection the server closed) is replaced and the command sent once more;
-    a failure while waiting for the reply is raised as :class:`DebounceBackendError`.
-    """
-    client = backend.client
-    if not backend.direct:
-        return backend.run(name, keys, args)  # fakeredis, cluster: their own policy
-    script = backend.scripts[name]
-    pool = client.connection_pool
-    with translate_errors(name):
-        for attempt in (1, 2, 3):
-            conn: Any = pool.get_connection(*backend._checkout_args)
-            try:
-                try:
-                    conn.send_packed_command(
-                        conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    )
-                except (redis.ConnectionError, OSError):
-                    conn.disconnect()
-                    if attempt == 3:
-                        raise
-                    continue  # not sent: safe to send again on a fresh connection
-                try:
-                    return conn.read_response()
-                except redis.exceptions.NoScriptError:
-                    script.sha = client.script_load(script.script)
-                except redis.ResponseError:
-                    raise
-                except BaseException:
-                    conn.disconnect()  # the reply may still come: never reuse
-                    raise
-            finally:
-                pool.release(conn)
-    raise DebounceBackendError(f"debounce Redis: {name} could not be sent")
-
-
-def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
-    tid, ident, fs, dl, mw, n, ct, payload, opts, tries, *rest = row
-    split_ident(as_text(ident))  # raises on a malformed ident
-    if payload is None:
-        raise ValueError("no payload")
-    return TakenWindow(
-        shard=shard,
-        task_id=as_text(tid),
-        ident=as_text(ident),
-        first_seen_ms=int(fs),
-        deadline_ms=int(dl),
-        max_wait_ms=int(fs) + int(mw),  # the record holds the max wait
-        calls=int(n),
-        content_type=as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
-        payload=payload if isinstance(payload, bytes) else as_text(payload).encode(),
-        options_json=as_text(opts) if opts is not None else "{}",
-        tries=int(tries or 1),
-        taken_ms=now_ms,
-        capped=bool(rest and rest[0] is not None),
-    )
+def take_due(store: WindowStore, shard: int, limit: int, observer: str = "") -> TakeResult:
+    """:meth:`WindowStore.take <celery_debounce.store.WindowStore.take>`."""
+    return store.take(shard, limit, observer)
 
 
 def _announce(window: TakenWindow) -> None:
@@ -216,7 +87,7 @@ def _count_forced(windows: list[TakenWindow]) -> None:
     for window in windows:
         if window.tries == 1 and window.forced_by_max_wait:
             window_forced_by_max_wait.send(
-                sender=window.task_name, max_wait_at=window.max_wait_ms / 1000,
+                sender=window.task_name, max_wait_at=window.ceiling_ms / 1000,
                 **_fields(window),
             )
 
@@ -250,16 +121,6 @@ def check_json_body(body: bytes) -> None:
         )
 
 
-def _reached_broker(exc: BaseException) -> bool:
-    """True when a failed batch got an answer from the broker (an error reply)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, redis.ResponseError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 class UnreadableWindow(Exception):
     """A window record that cannot be turned into a message."""
 
@@ -278,13 +139,14 @@ class Dispatcher:
     def __init__(self, app: Celery, name: str = "dispatcher") -> None:
         self.app = app
         self.name = name
-        self.backend = backend_for(app)
-        self.settings = self.backend.settings
+        self.store = store_for(app)
+        self.backend = self.store  # the name before store.py
+        self.settings = self.store.settings
         self.messages = WindowMessage(app)
         self._send_message = app.amqp.send_task_message
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pubsub: Any = None
+        self._wake: WakeListener | None = None
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -299,7 +161,7 @@ class Dispatcher:
         for shard in range(self.settings.shards):
             while True:
                 took_at = time.monotonic()
-                taken = take_due(self.backend, shard, self.settings.dispatch_batch, self.name)
+                taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2
@@ -325,7 +187,6 @@ class Dispatcher:
         """
         if not windows:
             return 0
-        tag = self.settings.tag(shard)
         sent: list[TakenWindow] = []
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
         unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
@@ -380,7 +241,7 @@ class Dispatcher:
                         "debounce: publishing a batch of %d failed, none is confirmed; "
                         "will retry: %r", len(ok), exc,
                     )
-                    if _reached_broker(exc):
+                    if is_error_reply(exc):
                         uncertain.extend(ok)
                     else:
                         unsent.extend(ok)
@@ -388,16 +249,14 @@ class Dispatcher:
                 sent.extend(ok)
         try:
             if sent:
-                self.backend.run(
-                    "ack", [f"{tag}:leased", f"{tag}:active"], [tag, *(w.task_id for w in sent)]
-                )
+                self.store.ack(shard, [w.task_id for w in sent])
                 for window in sent:
                     _announce(window)
             for window, reason in failed:
                 if window.tries >= MAX_TRIES:
                     bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
             retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-            self._release(tag, unsent, uncertain, retry)
+            self._release(shard, unsent, uncertain, retry)
             for window, reason in bad:
                 self._quarantine(window, reason)
         finally:
@@ -405,7 +264,7 @@ class Dispatcher:
         return len(sent)
 
     def _release(
-        self, tag: str, unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        self, shard: int, unsent: list[TakenWindow], uncertain: list[TakenWindow],
         failed: list[TakenWindow],
     ) -> None:
         """Hand windows back: unsent ones after a short delay, failed ones with back-off.
@@ -428,8 +287,7 @@ class Dispatcher:
             by_delay.setdefault(delay, []).append(window)
         for delay, group in by_delay.items():
             # (id, tries) pairs: a lease another dispatcher took over is not moved
-            pairs = [x for w in group for x in (w.task_id, w.tries)]
-            self.backend.run("release", [f"{tag}:leased"], [delay, tag, *pairs])
+            self.store.release(shard, delay, [(w.task_id, w.tries) for w in group])
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
@@ -459,7 +317,7 @@ class Dispatcher:
                 # message's fault, counted against its window
                 *(e for e in getattr(conn, "connection_errors", ())
                   if not issubclass(e, (LookupError, InconsistencyError))),
-                OSError, redis.ConnectionError, redis.TimeoutError,
+                OSError, *CONNECTION_ERRORS,
             )
             self.__dict__["_errors"] = errors
         seen: BaseException | None = exc
@@ -484,11 +342,8 @@ class Dispatcher:
     def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
         """Set the record aside, then fail the window's id and every id that joined
         it, so no caller waits forever on a window that will not run."""
-        tag = self.settings.tag(shard)
-        reply = self.backend.run(
-            "quarantine", [f"{tag}:leased", f"{tag}:quarantine"], [tag, task_id, reason]
-        )
-        if not int(reply[0]):
+        aliases = self.store.quarantine(shard, task_id, reason)
+        if aliases is None:
             return
         exc = WindowQuarantined(f"debounce window {task_id} was quarantined: {reason}")
         try:
@@ -496,7 +351,7 @@ class Dispatcher:
         except Exception as error:  # no result backend, or it is down: logged, as cancel does
             logger.warning("debounce: quarantined %s but could not store its failure: %r",
                            task_id, error)
-        resolve_aliases(self.app, task_id, parse_aliases(reply[1:]), states.FAILURE, exc)
+        resolve_aliases(self.app, task_id, parse_aliases(aliases), states.FAILURE, exc)
 
     def _set_aside(self, shard: int, taken: TakeResult) -> None:
         """Log the entries take.lua skipped; quarantine records that cannot be read."""
@@ -521,7 +376,7 @@ class Dispatcher:
                 _, next_in = self.dispatch_once()
                 backoff = 0.1
                 self._wait(next_in / 1000)
-            except (DebounceBackendError, redis.RedisError) as exc:
+            except (DebounceBackendError, REDIS_ERROR) as exc:
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
                                self.name, backoff, exc)
                 self._close_pubsub()
@@ -535,44 +390,22 @@ class Dispatcher:
 
     def _subscribe(self) -> None:
         """Subscribe to the wake channel and wait until Redis confirms it."""
-        if self._pubsub is not None:
-            return
-        with translate_errors("wake subscription"):
-            pubsub = self.backend.client.pubsub()
-            pubsub.subscribe(self.settings.wake_channel)
-            deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0)
-            while time.monotonic() < deadline:
-                message = pubsub.get_message(timeout=0.2)
-                if message is not None and message["type"] == "subscribe":
-                    self._pubsub = pubsub
-                    return
-        pubsub.close()
-        raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+        if self._wake is None:
+            self._wake = self.store.wake_listener()
+        self._wake.subscribe()
 
     def _wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking when a gate call announces an earlier deadline."""
         if seconds <= 0:
             return
-        deadline = time.monotonic() + seconds
         self._subscribe()
-        with translate_errors("wake subscription"):
-            while not self._stop.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                message = self._pubsub.get_message(timeout=min(remaining, 0.5))
-                if message is not None and message["type"] == "message":
-                    while self._pubsub.get_message(timeout=0) is not None:
-                        pass
-                    return
+        assert self._wake is not None
+        self._wake.wait(seconds, self._stop)
 
     def _close_pubsub(self) -> None:
-        if self._pubsub is not None:
-            try:
-                self._pubsub.close()
-            except Exception:  # noqa: S110 - closing a broken connection
-                pass
-            self._pubsub = None
+        if self._wake is not None:
+            self._wake.close()
+            self._wake = None
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread."""

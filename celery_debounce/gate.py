@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
-from .backend import Backend
 from .call import PreparedCall, new_task_id
 from .collect import PAYLOAD_TOO_LARGE
 from .errors import DebounceBackendError, DebouncePayloadError
+from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, window_opened
 
-#: Content type not stored in a window record (``ct`` absent means this).
-DEFAULT_CONTENT_TYPE = "application/json"
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import WindowStore
 
 
 class GateResult(NamedTuple):
@@ -25,9 +25,11 @@ class GateResult(NamedTuple):
     now_ms: int
 
 
-def gate_keys(backend: Backend, call: PreparedCall) -> list[str]:
-    tag = backend.settings.tags[call.shard]
-    return [f"{tag}:open:{call.ident}", f"{tag}:due"]
+def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
+    """KEYS of gate.lua: ``open_key(tag, ident)`` and ``due_key(tag)``, from prefixes the
+    store built once per shard with those builders (no call per call)."""
+    open_prefix, due = store.gate_prefixes[call.shard]
+    return [open_prefix + call.ident, due]
 
 
 #: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).
@@ -35,7 +37,7 @@ _NOT_FIXED = ("", "", "", "")
 
 
 def gate_args(
-    backend: Backend, call: PreparedCall, fixed: FixedId | None = None
+    store: WindowStore, call: PreparedCall, fixed: FixedId | None = None
 ) -> list[object]:
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
@@ -51,7 +53,7 @@ def gate_args(
         replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
-        "" if call.options_json == "{}" else call.options_json,
+        "" if call.options_json == EMPTY_OPTIONS else call.options_json,
     ]
     if fixed is not None:
         args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
@@ -61,7 +63,7 @@ def gate_args(
         args.append(call.spec.max_calls)
     if call.spec.collect:  # ARGV[15..16], after '' for each ARGV not given up to 14
         args += [""] * (COLLECT_ARGV - 1 - len(args))
-        args += [backend.settings.max_payload_bytes, call.collect_embed]
+        args += [store.settings.max_payload_bytes, call.collect_embed]
     return args
 
 
@@ -80,7 +82,7 @@ def parse_reply(reply: list[object]) -> GateResult:
     )
 
 
-def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
@@ -88,9 +90,8 @@ def enter(backend: Backend, call: PreparedCall, fixed: FixedId | None = None) ->
     another id if that one is in use (see aliases.py). Sends ``window_opened`` or
     ``call_absorbed`` (only if someone listens).
     """
-    args = gate_args(backend, call, fixed)
     try:
-        result = parse_reply(backend.run("gate", gate_keys(backend, call), args))
+        result = store.gate(call, fixed)
     except DebounceBackendError as exc:
         if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
             raise DebouncePayloadError(str(exc)) from None

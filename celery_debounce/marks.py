@@ -20,9 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import redis
-
-from .backend import Backend
+from .store import WindowStore, is_outage
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -35,7 +33,7 @@ MAX_DELAY = 5.0
 
 
 class Mark(NamedTuple):
-    backend: Backend
+    backend: WindowStore
     script: str  # "claim" or "finish"
     keys: list[str]
     args: list[Any]
@@ -49,11 +47,10 @@ _state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
 
 def unreachable(exc: BaseException) -> bool:
     """True for an outage (worth retrying), False for an error Redis answered with."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError, OSError))
+    return is_outage(exc)
 
 
-def keep(backend: Backend, script: str, keys: list[str], args: list[Any],
+def keep(backend: WindowStore, script: str, keys: list[str], args: list[Any],
          error: BaseException, then: Callable[[Any], None] | None = None) -> None:
     """Keep a mark that failed with ``error``; it is sent again once Redis answers,
     and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""

@@ -32,9 +32,7 @@ from kombu.utils import json as kombu_json
 from kombu.utils.functional import maybe_list
 
 from .errors import DebounceConfigError
-
-#: Header that marks a published window; its value is the window's shard.
-SHARD_HEADER = "debounce_shard"
+from .layout import SHARD_HEADER, decode_options, encode_options
 
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
@@ -249,11 +247,9 @@ def _route(
 
 
 def encode_stored(stored: dict[str, Any]) -> str:
-    """The stored options as JSON (kombu's encoder, as the Redis transport uses)."""
-    if not stored:
-        return "{}"
+    """The stored options as JSON (layout.encode_options), refused with the option named."""
     try:
-        return str(kombu_json.dumps(stored))
+        return encode_options(stored)
     except (TypeError, ValueError) as exc:
         bad = next((n for n, v in stored.items() if not _json_ok(v)), "?")
         raise refuse(
@@ -300,9 +296,7 @@ class WindowMessage:
         body: bytes, options_json: str,
     ) -> tuple[Any, dict[str, Any]]:
         """``(task_message, send_task_message options)`` for one window; no deserializing."""
-        opts: dict[str, Any] = kombu_json.loads(options_json) if options_json != "{}" else {}
-        if not isinstance(opts, dict):
-            raise ValueError("options are not a JSON object")
+        opts = decode_options(options_json)
         pop = opts.pop
         expires = None
         rel = pop("expires", None)

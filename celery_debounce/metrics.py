@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .layout import LATE_BUCKETS_MS
 from .signals import (
     call_absorbed,
     window_cancelled,
@@ -36,7 +37,8 @@ from .signals import (
     window_opened,
 )
 
-LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
+LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
-from .keys import KeyTemplate, parse_template
+from .key_templates import KeyTemplate, parse_template
 
 #: The options a task or a call may set.
 OPTION_NAMES = (

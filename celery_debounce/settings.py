@@ -10,6 +10,7 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
+from .layout import shard_tag, shard_tags, wake_channel
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -59,7 +60,6 @@ class Settings:
     redis_url: str
     key_prefix: str
     shards: int
-    dispatcher: bool
     poll_interval_ms: int
     dispatch_batch: int
     dispatch_lease_ms: int
@@ -84,7 +84,6 @@ class Settings:
             redis_url=_redis_url(app, get("debounce_redis_url")),
             key_prefix=_prefix(get("debounce_key_prefix")),
             shards=_positive_int("debounce_shards", get("debounce_shards")),
-            dispatcher=parse_bool("debounce_dispatcher", get("debounce_dispatcher")),
             poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
             dispatch_lease_ms=duration("debounce_dispatch_lease"),
@@ -96,6 +95,8 @@ class Settings:
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
         )
+        # read by the worker bootstep (bootstep.py) only; refused here too, early
+        parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
         settings.check()
         return settings
 
@@ -113,16 +114,16 @@ class Settings:
 
     def tag(self, shard: int) -> str:
         """The hash-tagged prefix every key of ``shard`` starts with."""
-        return f"{self.key_prefix}:{{{shard}}}"
+        return shard_tag(self.key_prefix, shard)
 
     @cached_property
     def tags(self) -> tuple[str, ...]:
         """:meth:`tag` of every shard, built once."""
-        return tuple(self.tag(shard) for shard in range(self.shards))
+        return shard_tags(self.key_prefix, self.shards)
 
     @property
     def wake_channel(self) -> str:
-        return f"{self.key_prefix}:wake"
+        return wake_channel(self.key_prefix)
 
 
 def settings_for(app: Celery) -> Settings:

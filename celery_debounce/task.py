@@ -11,7 +11,6 @@ from celery.result import AsyncResult
 
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
-from .backend import backend_for
 from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import single_call_args, wrap_run
 from .errors import DebounceConfigError
@@ -19,6 +18,7 @@ from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .settings import settings_for
+from .store import store_for
 from .windows import WindowInfo
 
 
@@ -206,7 +206,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             task_type=self,
             static=None if own else static_routing(app),
         )
-        return enter(backend_for(app), call, fixed)
+        return enter(store_for(app), call, fixed)
 
 
 def send_task(
@@ -250,7 +250,7 @@ def send_task(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
         app=app, task_type=local,
     )
-    return app.AsyncResult(result_id(enter(backend_for(app), call, fixed).task_id, fixed))
+    return app.AsyncResult(result_id(enter(store_for(app), call, fixed).task_id, fixed))
 
 
 def _collect_class(cls: type[DebouncedTask]) -> None:

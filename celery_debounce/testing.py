@@ -21,6 +21,7 @@ nothing and get no debounce signal handlers.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,13 +32,11 @@ from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
-from .admin import flush_window
-from .backend import SCRIPT_NAMES, Backend, as_text, backend_for, script_source
 from .collect import DebouncedCall
-from .dispatcher import SHARD_HEADER, Dispatcher, take_due
-from .gate import DEFAULT_CONTENT_TYPE
-from .keys import split_ident
+from .dispatcher import Dispatcher
+from .layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
 from .settings import settings_for
+from .store import WindowStore, store_for
 from .windows import WindowInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +53,6 @@ __all__ = [
     "use_fakeredis",
 ]
 
-_FIELDS = ("id", "fs", "mw", "n", "ct", "p", "o", "cl")
 
 
 @dataclass(frozen=True)
@@ -87,44 +85,34 @@ def _decode(app: Celery, content_type: str, payload: Any) -> tuple[tuple[Any, ..
     return tuple(args), dict(kwargs)
 
 
-def _pending(app: Celery, task: Any = None) -> Iterator[tuple[Backend, int, str, PendingWindow]]:
-    import json
-
-    backend = backend_for(app)
+def _pending(
+    app: Celery, task: Any = None,
+) -> Iterator[tuple[WindowStore, int, str, PendingWindow]]:
+    store = store_for(app)
     name = _task_name(task)
-    prefix = None if name is None else f"{len(name)}:{name}:"
-    for shard in range(backend.settings.shards):
-        tag = backend.settings.tag(shard)
-        due: list[Any] = backend.client.zrange(
-            f"{tag}:due", 0, -1, withscores=True
-        )
-        for member, dl in due:  # a pending window's deadline is its due score
-            ident = as_text(member)
-            if prefix is not None and not ident.startswith(prefix):
-                continue
-            row: list[Any] = backend.client.hmget(f"{tag}:open:{ident}", *_FIELDS)
-            tid, fs, mw, n, ct, p, o, cl = row
-            if tid is None:
-                continue
+    prefix = None if name is None else ident_prefix(name)
+    for shard in range(store.settings.shards):
+        for record in store.pending_payloads(shard, prefix):
+            ident = record.ident or ""
             task_name, key = split_ident(ident)
-            if cl is not None:  # debounce_collect: what the run gets, the list of calls
-                listed = backend.client.lrange(f"{tag}:calls:{as_text(cl)}", 0, -1)
-                args = ([DebouncedCall.from_element(json.loads(e)) for e in listed],)
+            if record.collect_list is not None:  # debounce_collect: what the run gets
+                listed = store.collected(shard, record.collect_list)
+                args: tuple[Any, ...] = (
+                    [DebouncedCall.from_element(json.loads(e)) for e in listed],)
                 kwargs: dict[str, Any] = {}
             else:
-                args, kwargs = _decode(
-                    app, as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE, p)
-            yield backend, shard, ident, PendingWindow(
+                args, kwargs = _decode(app, record.content_type, record.payload)
+            yield store, shard, ident, PendingWindow(
                 task=task_name,
                 key=key,
-                task_id=as_text(tid),
-                calls=int(n),
+                task_id=record.task_id,
+                calls=record.calls,
                 args=args,
                 kwargs=kwargs,
-                options=json.loads(as_text(o)) if o is not None else {},
-                first_seen=int(fs) / 1000,
-                deadline=int(dl) / 1000,  # float score from zrange
-                max_wait_at=(int(fs) + int(mw)) / 1000,
+                options=decode_options(record.options_json),
+                first_seen=record.first_seen_ms / 1000,
+                deadline=record.deadline_ms / 1000,
+                max_wait_at=record.ceiling_ms / 1000,
                 shard=shard,
             )
 
@@ -136,8 +124,8 @@ def debounce_windows(app: Celery, task: Any = None) -> list[PendingWindow]:
 
 def _make_due(app: Celery, task: Any = None) -> list[str]:
     ids = []
-    for backend, shard, ident, window in list(_pending(app, task)):
-        flush_window(backend, shard, ident, window.task_id)
+    for store, shard, ident, window in list(_pending(app, task)):
+        store.flush(shard, ident, window.task_id)
         ids.append(window.task_id)
     return ids
 
@@ -170,18 +158,17 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     """
     name = _task_name(task)
     _make_due(app, task)
-    backend = backend_for(app)
+    store = store_for(app)
     results: list[EagerResult] = []
     errors: list[BaseException] = []
-    for shard in range(backend.settings.shards):
-        tag = backend.settings.tag(shard)
-        handed_back: list[Any] = []
+    for shard in range(store.settings.shards):
+        handed_back: list[tuple[str, int]] = []
         while True:
-            taken = take_due(backend, shard, backend.settings.dispatch_batch)
+            taken = store.take(shard, store.settings.dispatch_batch)
             for window in taken.windows:
                 if (name is not None and window.task_name != name) or \
                         window.task_name not in app.tasks:
-                    handed_back += (window.task_id, window.tries)  # not ours: due again below
+                    handed_back.append((window.task_id, window.tries))  # not ours: due again
                     continue
                 args, kwargs = _decode(app, window.content_type, window.payload)
                 try:  # never acked: the run itself marks the window claimed, then finished
@@ -192,17 +179,13 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
                         )
                     )
                 except Exception as exc:  # propagated: finish it, run the rest, raise later
-                    backend.run(
-                        "finish", [f"{tag}:win:{window.task_id}", f"{tag}:leased",
-                                   f"{tag}:active"],
-                        [window.task_id, states.FAILURE, backend.settings.history_ttl_ms],
-                    )
+                    store.finish(shard, window.task_id, states.FAILURE)
                     errors.append(exc)
             got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
-            if got < backend.settings.dispatch_batch:
+            if got < store.settings.dispatch_batch:
                 break
         if handed_back:  # lease expiry := now: the next take (any dispatcher) publishes them
-            backend.run("release", [f"{tag}:leased"], [0, tag, *handed_back])
+            store.release(shard, 0, handed_back)
     if errors:
         raise errors[0]
     return results
@@ -248,9 +231,7 @@ def _call_repr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 def clear_windows(app: Celery) -> int:
     """Delete every key under the app's ``debounce_key_prefix``; returns how many."""
-    backend = backend_for(app)
-    keys = list(backend.client.scan_iter(match=f"{backend.settings.key_prefix}:*", count=1000))
-    return int(backend.client.delete(*keys)) if keys else 0
+    return store_for(app).delete_all()
 
 
 def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fakeredis.FakeRedis:
@@ -267,11 +248,9 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
         ("redis://", "rediss://")
     ):
         app.conf.debounce_redis_url = PLACEHOLDER_URL
-    backend = Backend(settings_for(app))
     client = fakeredis.FakeRedis(server=server or fakeredis.FakeServer())
-    backend.client = client
-    backend.scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
-    app._debounce_backend = (os.getpid(), backend)  # type: ignore[attr-defined, unused-ignore]
+    store = WindowStore(settings_for(app), client)
+    app._debounce_backend = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
     return client
 
 

@@ -28,10 +28,9 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
-from .backend import Backend, as_text, backend_for, translate_errors
-from .dispatcher import HOT_KEYS_KEPT
 from .errors import DebounceError
-from .keys import split_ident
+from .layout import split_ident
+from .store import WindowStore, store_for
 
 #: Hottest keys shown. Each refresh reads all of ``<tag>:hot`` (at most HOT_KEYS_KEPT
 #: entries per shard), so a key's calls in the last minute are a plain difference.
@@ -68,53 +67,33 @@ class Snapshot:
 
 
 #: Redis commands one refresh sends per shard (plus one TIME).
-COMMANDS_PER_SHARD = 9
+COMMANDS_PER_SHARD = WindowStore.SNAPSHOT_COMMANDS
 
 
-def read_snapshot(backend: Backend) -> Snapshot:
+def read_snapshot(store: WindowStore) -> Snapshot:
     """One pipeline per shard; see the module docstring for what it reads."""
-    settings = backend.settings
-    client = backend.client
-    with translate_errors("top"):
-        secs, micros = client.time()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
+    now_ms = store.time_ms("top")
     tasks: dict[str, TaskStats] = {}
     hot: dict[str, int] = {}
     dispatchers: dict[str, float] = {}
     n_open = n_due = leased = active = quarantined = 0
     oldest_due: float | None = None
-    for tag in settings.tags:
-        with translate_errors("top"), client.pipeline(False) as pipe:
-            pipe.zcard(f"{tag}:due")
-            pipe.zcount(f"{tag}:due", "-inf", now_ms)
-            pipe.zrange(f"{tag}:due", 0, 0, withscores=True)
-            pipe.zcard(f"{tag}:leased")
-            pipe.zcard(f"{tag}:active")
-            pipe.zcard(f"{tag}:quarantine")
-            pipe.hgetall(f"{tag}:stats")
-            pipe.zrevrange(f"{tag}:hot", 0, HOT_KEYS_KEPT - 1, withscores=True)
-            pipe.zrange(f"{tag}:dispatchers", 0, -1, withscores=True)
-            replies = pipe.execute(raise_on_error=False)
-        # A key of the wrong type (someone wrote it by hand) must not blind the view.
-        z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (
-            r if not isinstance(r, Exception) else None for r in replies)
-        n_open += int(z_open or 0)
-        n_due += int(z_due or 0)
-        leased += int(z_leased or 0)
-        active += int(z_active or 0)
-        quarantined += int(z_quar or 0)
-        if first and first[0][1] <= now_ms:
-            late = (now_ms - first[0][1]) / 1000
+    for shard in range(store.settings.shards):
+        part = store.snapshot(shard, now_ms)
+        n_open += part.open
+        n_due += part.due
+        leased += part.leased
+        active += part.active
+        quarantined += part.quarantined
+        if part.first_due_ms is not None and part.first_due_ms <= now_ms:
+            late = (now_ms - part.first_due_ms) / 1000
             oldest_due = late if oldest_due is None else max(oldest_due, late)
-        for name, value in (counters or {}).items():
-            try:
-                _add_counter(tasks, as_text(name), int(value))
-            except ValueError:
-                continue
-        for ident, calls in hot_rows or []:
-            hot[as_text(ident)] = hot.get(as_text(ident), 0) + int(calls)
-        for name, ms in seen or []:
-            dispatchers[as_text(name)] = max(dispatchers.get(as_text(name), 0.0), ms / 1000)
+        for name, value in part.counters.items():
+            _add_counter(tasks, name, value)
+        for ident, calls in part.hot:
+            hot[ident] = hot.get(ident, 0) + calls
+        for name, ms in part.dispatchers:
+            dispatchers[name] = max(dispatchers.get(name, 0.0), ms / 1000)
     return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
                     tasks, hot, dispatchers)
 
@@ -339,18 +318,18 @@ class Top:
     """Reads snapshots and renders them; the screen and the printout drive it."""
 
     def __init__(self, app: Any, interval: float, screen: bool = False) -> None:
-        self.backend = backend_for(app)
+        self.store = store_for(app)
         self.interval = interval
         self.history = History()
         self.error: str | None = None
-        settings = self.backend.settings
+        settings = self.store.settings
         self.title = (f"celery debounce top - prefix {settings.key_prefix!r}, "
                       f"{settings.shards} shard(s), every {interval:g}s"
                       + (" - q quits" if screen else ""))
 
     def refresh(self, unicode: bool = True) -> list[Line]:
         try:
-            self.history.add(read_snapshot(self.backend))
+            self.history.add(read_snapshot(self.store))
             self.error = None
         except DebounceError as exc:
             self.error = str(exc)
@@ -511,7 +490,7 @@ class StoreCollector:
 
     def collect(self) -> list[Any]:
         try:
-            snap: Snapshot | None = read_snapshot(backend_for(self.app))
+            snap: Snapshot | None = read_snapshot(store_for(self.app))
         except DebounceError:
             snap = None
         return self._families(snap, float(snap is not None))

@@ -10,12 +10,11 @@ from typing import Any
 
 from celery import Celery
 
-from .backend import Backend, as_text, backend_for, translate_errors
-from .keys import ident_prefix, split_ident
+from .layout import TAKEN_SETS, Record, ident_prefix, split_ident
+from .store import WindowStore, store_for
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
-_FIELDS = ("id", "i", "fs", "dl", "mw", "n", "st", "qe", "mc", "cb")
 _CHUNK = 500
 
 
@@ -48,13 +47,10 @@ class WindowInfo:
 
 
 
-def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowInfo | None:
-    tid, rec_ident, fs, dl, mw, n, st, qe, *rest = row
-    mc = rest[0] if rest else None
-    cb = rest[1] if len(rest) > 1 else None
-    if tid is None:
-        return None
-    raw = ident if ident is not None else as_text(rec_ident or "")
+def window_info(record: Record, shard: int, state: str) -> WindowInfo:
+    """A decoded record (layout.decode_record) as operators see it; ``state`` is used
+    when the record holds none (a pending window)."""
+    raw = record.ident or ""
     try:
         task, key = split_ident(raw)
     except ValueError:  # a garbled record (quarantined by the dispatcher): show it as is
@@ -62,64 +58,32 @@ def _info(ident: str | None, state: str, shard: int, row: list[Any]) -> WindowIn
     return WindowInfo(
         task=task,
         key=key,
-        task_id=as_text(tid),
-        state=as_text(st) if st is not None else state,
-        first_seen=_number(fs) / 1000,
-        deadline=_number(dl) / 1000,
-        max_wait_at=(_number(fs) + _number(mw)) / 1000,  # mw is the max wait, from first_seen
-        calls=_number(n),
+        task_id=record.task_id,
+        state=record.state if record.state is not None else state,
+        first_seen=record.first_seen_ms / 1000,
+        deadline=record.deadline_ms / 1000,
+        max_wait_at=record.ceiling_ms / 1000,
+        calls=record.calls,
         shard=shard,
-        error=as_text(qe) if qe is not None else None,
-        max_calls=_number(mc) if mc is not None else None,
-        collected_bytes=_number(cb) if cb is not None else None,
+        error=record.error,
+        max_calls=record.max_calls,
+        collected_bytes=record.collected_bytes,
     )
 
 
-def _number(value: Any) -> int:
-    """A record's integer field; 0 when missing or garbled (an unreadable record)."""
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return 0
-
-
-def pending_info(backend: Backend, ident: str, shard: int) -> WindowInfo | None:
+def pending_info(store: WindowStore, ident: str, shard: int) -> WindowInfo | None:
     """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
-    tag = backend.settings.tag(shard)
-    with translate_errors("inspect"), backend.client.pipeline(transaction=False) as pipe:
-        pipe.hmget(f"{tag}:open:{ident}", *_FIELDS)
-        pipe.zscore(f"{tag}:due", ident)
-        row, deadline = pipe.execute()
-    if deadline is None:
-        return None
-    row[3] = deadline  # a pending window's deadline is its due score
-    return _info(ident, "pending", shard, row)
-
-
-def iter_windows(
-    app: Celery,
-    *,
-    states: Iterable[str] | None = None,
-    task: str | None = None,
-    key_glob: str | None = None,
-) -> Iterator[WindowInfo]:
-    """Yield windows, pending ones first, each group sorted by deadline per shard."""
-    backend = backend_for(app)
-    wanted = set(states) if states else set(STATES)
-    for shard in range(backend.settings.shards):
-        yield from _shard_windows(backend, shard, wanted, task, key_glob)
+    record = store.pending(shard, ident)
+    return None if record is None else window_info(record, shard, "pending")
 
 
 def _shard_windows(
-    backend: Backend, shard: int, wanted: set[str], task: str | None, key_glob: str | None,
+    store: WindowStore, shard: int, wanted: set[str], task: str | None, key_glob: str | None,
     limit: int | None = None,
 ) -> Iterator[WindowInfo]:
-    tag = backend.settings.tag(shard)
-    client = backend.client
     if "pending" in wanted:
-        yield from walk_pending(backend, shard, task=task, key_glob=key_glob, limit=limit)
-    for zset, states in (("leased", {"dispatching"}), ("active", {"queued", "claimed"}),
-                         ("quarantine", {"quarantined"})):
+        yield from walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit)
+    for zset, states in TAKEN_SETS:
         if not states & wanted:
             continue
         found = 0
@@ -127,25 +91,21 @@ def _shard_windows(
         # quarantine time), and stop once `limit` windows matched: a limited listing
         # does not read a large set whole.
         for start in itertools.count(0, _CHUNK):
-            with translate_errors("inspect"):
-                ids = [as_text(m) for m in client.zrange(f"{tag}:{zset}", start,
-                                                         start + _CHUNK - 1)]
-            with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
-                for tid in ids:
-                    pipe.hmget(f"{tag}:win:{tid}", *_FIELDS)
-                rows = pipe.execute(raise_on_error=False) if ids else []
-            for tid, row in zip(ids, rows, strict=True):
-                if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
+            page = store.taken_page(shard, zset, start, _CHUNK)
+            for entry in page:
+                if entry.error is not None:  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
                         found += 1
-                        yield WindowInfo("?", "", tid, "quarantined", 0, 0, 0, 0, shard,
-                                         f"{tag}:win:{tid}: {row}")
+                        yield WindowInfo("?", "", entry.task_id, "quarantined", 0, 0, 0, 0,
+                                         shard, entry.error)
                     continue
-                info = _info(None, "", shard, row)
-                if info is not None and info.state in wanted and _matches(info, task, key_glob):
+                if entry.record is None:
+                    continue
+                info = window_info(entry.record, shard, "")
+                if info.state in wanted and _matches(info, task, key_glob):
                     found += 1
                     yield info
-            if len(ids) < _CHUNK or (limit is not None and found >= limit):
+            if len(page) < _CHUNK or (limit is not None and found >= limit):
                 break
 
 
@@ -156,7 +116,7 @@ _WALK_MAX = 20000
 
 
 def walk_pending(
-    backend: Backend,
+    store: WindowStore,
     shard: int,
     *,
     task: str | None = None,
@@ -168,31 +128,26 @@ def walk_pending(
     Runs ``list.lua`` in bounded steps along the due set and stops as soon as
     ``limit`` windows matched: a limited listing reads only the front of the set.
     """
-    tag = backend.settings.tag(shard)
     prefix = ident_prefix(task) if task is not None else ""
     pattern = glob_to_lua(key_glob) if key_glob is not None else b""
     start, skip, budget, found = "-inf", 0, _WALK_FIRST, 0
     while limit is None or found < limit:
         want = budget if limit is None else limit - found
-        reply = backend.run(
-            "list", [f"{tag}:due"], [tag, start, skip, budget, want, prefix, pattern]
-        )
-        examined, last, at_last, done = reply[:4]
-        for ident, tid, fs, dl, mw, n, *mc in reply[4:]:
-            info = _info(as_text(ident), "pending", shard,
-                         [tid, None, fs, dl, mw, n, None, None, *mc])
-            if info is not None and _matches(info, task, key_glob):
+        step = store.list_step(shard, start, skip, budget, want, prefix, pattern)
+        for record in step.windows:
+            info = window_info(record, shard, "pending")
+            if _matches(info, task, key_glob):
                 found += 1
                 yield info
-        if int(done) or int(examined) == 0:
+        if step.done or step.examined == 0:
             return
-        start, skip = as_text(last), int(at_last)
+        start, skip = step.cursor, step.at_cursor
         budget = min(budget * 4, _WALK_MAX)
 
 
 _LUA_MAGIC = frozenset(b"^$()%.[]*+-?")
 #: One UTF-8 encoded character in a Lua pattern: a byte that does not continue a
-#: character, then any continuation bytes. Keys are valid UTF-8 (keys.resolve).
+#: character, then any continuation bytes. Keys are valid UTF-8 (key_templates.resolve).
 _ONE_CHAR = b"[^\x80-\xbf][\x80-\xbf]*"
 
 
@@ -240,11 +195,11 @@ def list_windows(
     The sets are read one after the other, not atomically: a window taken between
     two reads is listed once, in its later state.
     """
-    backend = backend_for(app)
+    store = store_for(app)
     wanted = set(states) if states else set(STATES)
     by_id: dict[str, WindowInfo] = {}
-    for shard in range(backend.settings.shards):
-        for info in _shard_windows(backend, shard, wanted, task, key_glob, limit):
+    for shard in range(store.settings.shards):
+        for info in _shard_windows(store, shard, wanted, task, key_glob, limit):
             by_id[info.task_id] = info  # pending is read first: a later state wins
     found = sorted(by_id.values(), key=lambda w: w.deadline)
     return found if limit is None else found[:limit]

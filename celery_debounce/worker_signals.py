@@ -17,8 +17,8 @@ from celery.signals import task_postrun, task_prerun, task_rejected, task_revoke
 
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
-from .backend import backend_for
-from .dispatcher import SHARD_HEADER
+from .layout import SHARD_HEADER
+from .store import store_for
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -39,51 +39,44 @@ def _window_shard(task: Task) -> int | None:
     return _request_shard(task.request)
 
 
-def _record_keys(tag: str, task_id: str) -> list[str]:
-    """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
-    return [f"{tag}:win:{task_id}", f"{tag}:leased", f"{tag}:active"]
-
-
 def _claim(task_id: str, task: Task, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None:
         return
-    backend = backend_for(task.app)
-    keys = _record_keys(backend.settings.tag(shard), task_id)
+    store = store_for(task.app)
     try:
-        before, _ = backend.run("claim", keys, [task_id])
+        before = store.claim(shard, task_id)
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
-        marks.keep(backend, "claim", keys, [task_id], exc)
+        marks.keep(store, "claim", store.record_keys(shard, task_id), [task_id], exc)
         return
-    if before in (b"claimed", b"finished") and not task.request.retries:
+    if before in ("claimed", "finished") and not task.request.retries:
         logger.warning(
             "debounce: %s[%s] runs again (window was %s): redelivered or republished",
-            task.name, task_id, before.decode(),
+            task.name, task_id, before,
         )
 
 
 def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
                    retval: Any = None) -> None:
     """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
-    backend = backend_for(app)
-    keys = _record_keys(backend.settings.tag(shard), task_id)
-    args: list[Any] = [task_id, state, backend.settings.history_ttl_ms]
+    store = store_for(app)
     try:
-        reply = backend.run("finish", keys, args)
+        aliases = store.finish(shard, task_id, state)
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
         # sent again when Redis is back (marks.py), and its aliases resolved then
-        marks.keep(backend, "finish", keys, args, exc,
-                   then=lambda reply: _finished(app, task_id, reply, state, retval))
+        marks.keep(store, "finish", store.record_keys(shard, task_id),
+                   store.finish_args(task_id, state), exc,
+                   then=lambda reply: _finished(app, task_id, list(reply[2:]), state, retval))
         return
-    _finished(app, task_id, reply, state, retval)
+    _finished(app, task_id, aliases, state, retval)
 
 
-def _finished(app: Celery, task_id: str, reply: Any, state: str, retval: Any) -> None:
+def _finished(app: Celery, task_id: str, aliases: list[Any], state: str, retval: Any) -> None:
     """``finish.lua`` answered: store the run's outcome under the window's aliases."""
-    if len(reply) > 2:
-        resolve_aliases(app, task_id, parse_aliases(reply[2:]), state, retval)
+    if aliases:
+        resolve_aliases(app, task_id, parse_aliases(aliases), state, retval)
 
 
 def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,

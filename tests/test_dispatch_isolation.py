@@ -27,7 +27,7 @@ from celery_debounce import (
     enqueue_many,
 )
 from celery_debounce.dispatcher import MAX_TRIES, Dispatcher
-from celery_debounce.keys import window_ident
+from celery_debounce.layout import window_ident
 from celery_debounce.settings import settings_for
 from celery_debounce.signals import window_forced_by_max_wait
 from celery_debounce.testing import debounce_windows

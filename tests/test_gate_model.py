@@ -44,11 +44,11 @@ from hypothesis.stateful import (
 
 from celery_debounce.admin import flush_window
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend, script_source
+from celery_debounce.backend import Backend
 from celery_debounce.call import PreparedCall
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import enter
-from celery_debounce.keys import window_ident
+from celery_debounce.layout import window_ident
 from celery_debounce.options import DebounceSpec
 from celery_debounce.settings import Settings
 
@@ -87,7 +87,7 @@ def fake_clock() -> Iterator[None]:
 
 def make_settings(prefix: str, lease_ms: int) -> Settings:
     return Settings(
-        redis_url="redis://unused", key_prefix=prefix, shards=1, dispatcher=False,
+        redis_url="redis://unused", key_prefix=prefix, shards=1,
         poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
         history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
         max_key_length=1024, max_payload_bytes=COLLECT_BYTES,
@@ -95,15 +95,8 @@ def make_settings(prefix: str, lease_ms: int) -> Settings:
 
 
 def backend_on(client: redis.Redis, settings: Settings) -> Backend:
-    """A Backend on an existing client (fakeredis or real)."""
-    backend = Backend.__new__(Backend)
-    backend.settings = settings
-    backend.client = client
-    backend.scripts = {
-        name: client.register_script(script_source(name))
-        for name in ("gate", "take", "ack", "release", "claim", "finish", "flush", "cancel")
-    }
-    return backend
+    """A Backend (the store) on an existing client (fakeredis or real)."""
+    return Backend(settings, client)
 
 
 @dataclass
@@ -379,7 +372,7 @@ class GateMachine(RuleBasedStateMachine):
             model = self.wins[w.task_id]
             model.taken += 1
             assert w.ident == model.ident and w.payload == model.payload
-            assert (w.first_seen_ms, w.deadline_ms, w.max_wait_ms, w.calls, w.tries) == (
+            assert (w.first_seen_ms, w.deadline_ms, w.ceiling_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
             assert w.capped == (model.capped or model.full)  # closed by gate.lua (cx)

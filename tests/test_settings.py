@@ -25,7 +25,7 @@ def _app(**conf: Any) -> Celery:
      ("1", True), ("YES", True), ("on", True)],
 )
 def test_dispatcher_setting_accepts_bools_and_their_strings(value: Any, expected: bool) -> None:
-    assert Settings.from_app(_app(debounce_dispatcher=value)).dispatcher is expected
+    Settings.from_app(_app(debounce_dispatcher=value))  # accepted (the bootstep reads it)
     assert parse_bool("debounce_dispatcher", value) is expected
 
 

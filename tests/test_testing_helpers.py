@@ -159,3 +159,22 @@ def test_the_plugin_imports_nothing_until_its_fixture_is_used(tmp_path: Path) ->
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert "1 passed" in run.stdout, run.stdout + run.stderr
+
+
+def test_helpers_find_windows_of_a_non_ascii_task_name(app_factory: Any) -> None:
+    """An ident's length prefix counts UTF-8 bytes (owner: layout.ident_prefix);
+    the helpers filter by task with the same prefix, so a non-ASCII name is found."""
+    app = app_factory()
+    ran: list[str] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="tâches.résumé", debounce="1h",
+              debounce_max_wait="2h", debounce_key="{0}")
+    def resume(key: str) -> str:
+        ran.append(key)
+        return key
+
+    resume.delay("k")
+    windows = debounce_windows(app, resume)
+    assert [(w.task, w.key, w.calls) for w in windows] == [("tâches.résumé", "k", 1)]
+    run_windows(app, "tâches.résumé")
+    assert ran == ["k"]

@@ -24,7 +24,8 @@ from helpers import stop_process, wait_until
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.backend import backend_for
-from celery_debounce.dispatcher import HOT_KEYS_KEPT, take_due
+from celery_debounce.dispatcher import take_due
+from celery_debounce.layout import HOT_KEYS_KEPT
 from celery_debounce.local_redis import free_port
 from celery_debounce.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from celery_debounce import DebounceConfigError, DebounceKeyError
 from celery_debounce.durations import parse_duration
-from celery_debounce.keys import parse_template, resolve, split_ident, window_ident
+from celery_debounce.key_templates import parse_template, resolve
+from celery_debounce.layout import split_ident, window_ident
 from celery_debounce.options import TaskDefaults, build_spec
 
 

@@ -5,7 +5,7 @@
 -- KEYS[3]  <tag>:stats    hash of counters per task, bumped once per window taken from
 --                         the due set (never per call; see docs/operations.md):
 --                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
---                         l<b>|<task> windows taken late by lateness bucket b (see LATE_MS)
+--                         l<b>|<task> windows taken late by lateness bucket b (ARGV[8..])
 --                         m|<task> windows closed by their call cap (gate.lua set cx)
 --                         expires ARGV[5] ms after the last window counted
 -- Touches, by name (same hash tag):
@@ -31,6 +31,9 @@
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
 -- ARGV[6]  dispatcher name; '' or absent: the two zsets below are not written
 -- ARGV[7]  how many idents <tag>:hot keeps (the ARGV[7] with the most calls)
+-- ARGV[8..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
+--          bucket b (0-based) counts windows taken at most ARGV[8 + b] ms late, the
+--          last one (index #bounds) everything above
 -- Written only when ARGV[6] is given and this pass took windows (best effort, like the
 -- stats; read by `celery debounce top` and the store gauges of metrics.py):
 --   <tag>:hot          zset ident -> calls absorbed by its windows taken from the due set
@@ -80,8 +83,11 @@ if observer ~= '' then
   hot = tag .. ':hot'
 end
 
--- Upper bounds (ms) of the lateness buckets; the last bucket is everything above.
-local LATE_MS = {1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000}
+-- Upper bounds (ms) of the lateness buckets (ARGV[8..]); the last bucket is everything above.
+local LATE_MS = {}
+for b = 8, #ARGV do
+  LATE_MS[#LATE_MS + 1] = tonumber(ARGV[b])
+end
 
 local function count(ident, row, capped)
   local digits = string.match(ident, '^(%d+):')

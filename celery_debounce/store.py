@@ -1,0 +1,919 @@
+"""The windows' store: every Redis operation of the package, one typed method each.
+
+:class:`WindowStore` holds one app's Redis client and its Lua scripts (found by
+file in ``celery_debounce/lua/``) and offers one method per operation; key names
+and record fields come from :mod:`celery_debounce.layout`. No other module of the
+package imports redis-py (``backend.py`` re-exports this module's names for code
+written before it existed). Every redis-py error leaves as
+:class:`~celery_debounce.DebounceBackendError`.
+
+The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
+connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import redis
+from celery import Celery
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from .errors import DebounceBackendError
+from .gate import GateResult, gate_args, gate_keys, parse_reply
+from .layout import (
+    CANCEL_FIELDS,
+    F_ID,
+    FLUSH_FIELDS,
+    HOT_KEYS_KEPT,
+    INSPECT_FIELDS,
+    LATE_BUCKETS_MS,
+    LIST_FIELDS,
+    PAYLOAD_FIELDS,
+    TAKE_FIELDS,
+    Record,
+    active_key,
+    all_keys_pattern,
+    as_text,
+    bulk_marker_prefix,
+    calls_key,
+    decode_record,
+    dispatchers_key,
+    due_key,
+    hot_key,
+    leased_key,
+    open_key,
+    quarantine_key,
+    split_ident,
+    stats_key,
+    stats_reset_key,
+    taken_set_key,
+    win_key,
+)
+from .settings import Settings, settings_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .aliases import FixedId
+    from .call import PreparedCall
+
+__all__ = [
+    "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CensusRow", "Outcome", "ShardCounts",
+    "ShardSnapshot", "TakeResult", "TakenWindow", "WakeListener", "WindowStore", "as_text",
+    "is_outage", "script_source", "store_for", "translate_errors",
+]
+
+
+def _script_names() -> tuple[str, ...]:
+    lua = resources.files("celery_debounce").joinpath("lua")
+    return tuple(sorted(p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")))
+
+
+#: Every script in celery_debounce/lua/, by file name (listed at import).
+SCRIPT_NAMES = _script_names()
+
+
+def script_source(name: str) -> str:
+    lua = resources.files("celery_debounce").joinpath("lua")
+    return lua.joinpath(f"{name}.lua").read_text("utf-8")
+
+
+# -- typed results ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TakenWindow:
+    """A window taken out of the due set, ready to publish (times: Redis ms)."""
+
+    shard: int
+    task_id: str
+    ident: str
+    first_seen_ms: int
+    deadline_ms: int
+    ceiling_ms: int  # absolute: first_seen_ms + the window's max wait
+    calls: int
+    content_type: str
+    payload: bytes  # the protocol-2 body, published as it is
+    options_json: str
+    tries: int
+    taken_ms: int
+    capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
+
+    @property
+    def task_name(self) -> str:
+        return split_ident(self.ident)[0]
+
+    @property
+    def key(self) -> str:
+        return split_ident(self.ident)[1]
+
+    @property
+    def lateness_ms(self) -> int:
+        return max(0, self.taken_ms - self.deadline_ms)
+
+    @property
+    def forced_by_max_wait(self) -> bool:
+        """The max wait, not a quiet period, set this window's deadline."""
+        return self.deadline_ms >= self.ceiling_ms
+
+
+@dataclass(frozen=True)
+class TakeResult:
+    now_ms: int
+    next_in_ms: int  # -1: nothing pending
+    windows: list[TakenWindow]
+    #: (key, Redis error) of entries take.lua set aside: a key of the wrong type
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: (task id, reason) of taken records whose fields cannot be read
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+
+
+class ListStep(NamedTuple):
+    """One ``list.lua`` step along the due set."""
+
+    examined: int
+    cursor: str
+    at_cursor: int
+    done: bool
+    windows: list[Record]
+
+
+class TakenEntry(NamedTuple):
+    """One member of a taken-window set: its record, or the error reading it (a key of
+    the wrong type), or neither (the record is gone)."""
+
+    task_id: str
+    record: Record | None
+    error: str | None
+
+
+class Cancelled(NamedTuple):
+    record: Record
+    aliases: list[Any]  # raw alias JSON texts (aliases.parse_aliases)
+
+
+class CensusRow(NamedTuple):
+    task: str
+    open: int
+    due: int
+    oldest_first_seen_ms: int  # -1: none
+    calls_waiting: int
+
+
+class ShardCounts(NamedTuple):
+    """``stats`` of one shard: open and due windows, the counters (``<kind>|<task>``)."""
+
+    open: int
+    due: int
+    counters: dict[str, int]
+
+
+class ShardSnapshot(NamedTuple):
+    """What ``top`` reads of one shard; a key of the wrong type reads as empty."""
+
+    open: int
+    due: int
+    first_due_ms: int | None
+    leased: int
+    active: int
+    quarantined: int
+    counters: dict[str, int]
+    hot: list[tuple[str, int]]
+    dispatchers: list[tuple[str, int]]
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: Outcome of a bulk call whose chunk ran but whose reply was lost (window id unknown).
+WRITTEN = _Marker("WRITTEN")
+
+
+class _UnknownOutcome(DebounceBackendError):
+    pass
+
+
+#: Outcome of a bulk call whose chunk may or may not have run (Redis unreachable afterwards).
+UNKNOWN_OUTCOME = _UnknownOutcome("debounce Redis unreachable: outcome of this call unknown")
+
+Outcome = GateResult | _Marker | BaseException
+
+#: How long a bulk chunk's "this chunk ran" marker key lives (ms).
+_MARKER_TTL_MS = 60_000
+
+
+# -- errors --------------------------------------------------------------------------------
+
+@contextmanager
+def translate_errors(operation: str) -> Iterator[None]:
+    """Turn redis-py errors into :class:`DebounceBackendError`."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise _translated(operation, exc) from exc
+
+
+def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for an outage (worth retrying), False for an error Redis answered with."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError, OSError))
+
+
+#: redis-py's "unreachable" errors (a Redis broker's kombu transport raises them too).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
+#: Every redis-py error.
+REDIS_ERROR: type[Exception] = redis.RedisError
+
+
+def is_error_reply(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it wraps) is an error reply from a Redis server."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.ResponseError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# -- the store -------------------------------------------------------------------------------
+
+class WindowStore:
+    """One app's windows in Redis, for the current process.
+
+    Scripts run with EVALSHA and are reloaded on NOSCRIPT.
+    """
+
+    _direct = False  # see __init__ and _evalsha
+    _checkout_args: tuple[str, ...] = ()
+
+    def __init__(self, settings: Settings, client: Any = None) -> None:
+        self.settings = settings
+        timeout = settings.redis_timeout_s
+        self.client: Any = client or redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # One retry after a dropped connection. No health_check_interval: a
+            # dead pooled connection already fails over to the retry, and redis-py 5
+            # recursed in its health check when a TLS handshake failed.
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+        )
+        #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
+        self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
+            (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
+        self.scripts: dict[str, Script] = {
+            name: self.client.register_script(script_source(name)) for name in SCRIPT_NAMES
+        }
+        # The direct path below needs redis-py's own client and pool (not fakeredis,
+        # a cluster or a single-connection client).
+        self._direct = (
+            type(self.client) is redis.Redis
+            and type(self.client.connection_pool) is redis.ConnectionPool
+            and self.client.connection is None
+        )
+        # redis-py < 5.3 requires a command name here; later versions warn if given one
+        name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+            "command_name"
+        )
+        self._checkout_args = (
+            ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+        )
+
+    @property
+    def direct(self) -> bool:
+        """True when commands may be sent on pooled connections directly (see _evalsha)."""
+        return self._direct
+
+    def tag(self, shard: int) -> str:
+        return self.settings.tags[shard]
+
+    # -- scripts ---------------------------------------------------------------------------
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` (its raw reply); redis-py errors leave translated."""
+        script = self.scripts[name]
+        evalsha = self._evalsha if self._direct else self.client.evalsha
+        try:  # plain try rather than translate_errors: this is every call's hot path
+            try:
+                return evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
+                script.sha = self.client.script_load(script.script)
+                return evalsha(script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
+
+    def _evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """``EVALSHA`` on a pooled connection, without redis-py's per-command wrapper.
+
+        That wrapper (retry closure, operation metrics) costs about a fifth of a
+        hot call. A connection error (say a pooled connection the server closed)
+        hands the command to ``client.evalsha`` and its retry policy; a timeout
+        is raised at once; an error reply (NOSCRIPT, a script error) leaves the
+        connection usable.
+        """
+        pool = self.client.connection_pool
+        conn: Any = pool.get_connection(*self._checkout_args)
+        try:
+            conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
+            return conn.read_response()
+        except redis.ResponseError:
+            raise
+        except redis.ConnectionError:
+            conn.disconnect()
+            pool.release(conn)
+            conn = None
+            return self.client.evalsha(sha, numkeys, *keys_and_args)
+        except BaseException:  # timeout, interrupt: the reply may still come, drop it
+            conn.disconnect()
+            raise
+        finally:
+            if conn is not None:
+                pool.release(conn)
+
+    def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that must not run twice: no retry once the command may have
+        reached Redis.
+
+        A connection that fails while the command is being written (a pooled
+        connection the server closed) is replaced and the command sent once more;
+        a failure while waiting for the reply is raised as :class:`DebounceBackendError`.
+        """
+        if not self._direct:
+            return self.run(name, keys, args)  # fakeredis, cluster: their own policy
+        script = self.scripts[name]
+        pool = self.client.connection_pool
+        with translate_errors(name):
+            for attempt in (1, 2, 3):
+                conn: Any = pool.get_connection(*self._checkout_args)
+                try:
+                    try:
+                        conn.send_packed_command(
+                            conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                        )
+                    except (redis.ConnectionError, OSError):
+                        conn.disconnect()
+                        if attempt == 3:
+                            raise
+                        continue  # nothing reached Redis: a fresh connection, once more
+                    try:
+                        return conn.read_response()
+                    except NoScriptError:
+                        script.sha = self.client.script_load(script.script)
+                    except redis.ResponseError:
+                        raise
+                    except BaseException:
+                        conn.disconnect()  # the reply may still come: never reuse
+                        raise
+                finally:
+                    pool.release(conn)
+        raise DebounceBackendError(f"debounce Redis: {name} could not be sent")
+
+    # -- producers ---------------------------------------------------------------------------
+    def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        """One call through ``gate.lua``: one EVALSHA round trip (the hot path)."""
+        return parse_reply(self.run("gate", gate_keys(self, call), gate_args(self, call, fixed)))
+
+    def gate_many(
+        self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
+        on_chunk: Callable[[range], None] | None = None, into: list[Outcome] | None = None,
+    ) -> list[Outcome]:
+        """Run ``gate.lua`` for each call, in order, pipelined on one connection.
+
+        Each chunk is one ``MULTI``/``EXEC`` transaction that also sets a short-lived
+        marker key, so a chunk runs entirely or not at all, and after a connection
+        error the marker tells whether an unanswered chunk ran. Chunk ``k + 1`` is
+        sent before the replies of chunk ``k`` are read, so the client's work overlaps
+        Redis running the scripts. NOSCRIPT replies are run again once the script is
+        loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
+        (ran, reply lost, window id not found), or the exception that kept it out.
+        ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
+        chunk is already on its way (``into``, if given, is the list filled in).
+        """
+        script = self.scripts["gate"]
+        client = self.client
+        pool = client.connection_pool
+        outcomes: list[Any] = into if into is not None else []
+        outcomes[:] = [None] * len(calls)
+        missing: list[int] = []
+        marker_prefix = bulk_marker_prefix(self.tag(0), uuid.uuid4().hex)
+        sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
+        answered: list[str] = []  # markers of the chunks whose replies were read
+        failure: BaseException | None = None
+        with translate_errors("gate (bulk)"):
+            if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
+                script.sha = client.script_load(script.script)
+                setattr(script, "_loaded_by_bulk", True)  # noqa: B010
+        conn: Any = pool.get_connection(*self._checkout_args)
+        try:
+            for start in range(0, len(calls), chunk_size):
+                chunk = range(start, min(start + chunk_size, len(calls)))
+                marker = f"{marker_prefix}{start}"
+                conn.send_packed_command(conn.pack_commands([
+                    ("MULTI",),
+                    *(("EVALSHA", script.sha, 2, *gate_keys(self, calls[i]),
+                       *gate_args(self, calls[i])) for i in chunk),
+                    ("SET", marker, 1, "PX", _MARKER_TTL_MS),
+                    ("EXEC",),
+                ]))
+                sent.append((marker, chunk))
+                if len(sent) > 1:
+                    _read_chunk(conn, sent[0][1], outcomes, missing)
+                    marker, done = sent.pop(0)
+                    answered.append(marker)
+                    if on_chunk is not None:
+                        on_chunk(done)
+            while sent:
+                _read_chunk(conn, sent[0][1], outcomes, missing)
+                answered.append(sent.pop(0)[0])
+            # every reply arrived: the markers served their purpose (else they expire)
+            conn.send_command("DEL", *answered)
+            conn.read_response()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            conn.disconnect()
+            failure = exc
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        if failure is not None:
+            self._settle(calls, sent, outcomes, failure)
+        if missing:  # the server lost its scripts (restart, SCRIPT FLUSH)
+            try:
+                with translate_errors("gate (bulk)"):
+                    script.sha = client.script_load(script.script)
+                    for i in missing:  # one by one: each reply is known
+                        try:
+                            argv: list[Any] = gate_args(self, calls[i])
+                            outcomes[i] = parse_reply(client.evalsha(
+                                script.sha, 2, *gate_keys(self, calls[i]), *argv))
+                        except redis.ResponseError as exc:
+                            outcomes[i] = exc
+            except DebounceBackendError as exc:
+                for i in missing:
+                    if outcomes[i] is None:
+                        outcomes[i] = exc
+        return outcomes
+
+    def _settle(
+        self, calls: Sequence[PreparedCall], unanswered: list[tuple[str, range]],
+        outcomes: list[Any], failure: BaseException,
+    ) -> None:
+        """After a connection error: find out which unanswered chunks ran (their marker
+        exists)."""
+        error = DebounceBackendError(f"debounce Redis unreachable during gate (bulk): {failure}")
+        pending = [i for i in range(len(calls)) if outcomes[i] is None and
+                   not any(i in chunk for _, chunk in unanswered)]
+        for i in pending:  # never sent
+            outcomes[i] = error
+        try:
+            with translate_errors("gate (bulk) check"):
+                with self.client.pipeline(transaction=False) as pipe:
+                    for marker, _ in unanswered:
+                        pipe.exists(marker)
+                    ran = pipe.execute()
+                for (_, chunk), did_run in zip(unanswered, ran, strict=True):
+                    if not did_run:
+                        for i in chunk:
+                            outcomes[i] = error
+                        continue
+                    with self.client.pipeline(transaction=False) as pipe:
+                        for i in chunk:
+                            pipe.hget(open_key(self.tag(calls[i].shard), calls[i].ident), F_ID)
+                        ids = pipe.execute()
+                    for i, tid in zip(chunk, ids, strict=True):
+                        outcomes[i] = WRITTEN if tid is None else GateResult(
+                            as_text(tid), False, 0, 0, 0)
+        except DebounceBackendError:
+            for _, chunk in unanswered:
+                for i in chunk:
+                    if outcomes[i] is None:
+                        outcomes[i] = UNKNOWN_OUTCOME
+
+    # -- dispatchers -------------------------------------------------------------------------
+    def take(self, shard: int, limit: int, observer: str = "") -> TakeResult:
+        """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
+
+        ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
+        (:meth:`run_once`). With ``observer`` (the dispatcher's name), a pass that takes
+        windows also records the name and time in ``<tag>:dispatchers`` and calls per
+        ident in ``<tag>:hot``.
+        """
+        settings = self.settings
+        tag = self.tag(shard)
+        reply = self.run_once(
+            "take",
+            [due_key(tag), leased_key(tag), stats_key(tag)],
+            [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
+             settings.history_ttl_ms, observer, HOT_KEYS_KEPT, *LATE_BUCKETS_MS],
+        )
+        now_ms = int(reply[0])
+        result = TakeResult(now_ms, int(reply[1]), [])
+        for row in reply[2:]:
+            if len(row) == 2:  # a key of the wrong type, set aside by take.lua
+                result.skipped.append((as_text(row[0]), as_text(row[1])))
+                continue
+            try:
+                result.windows.append(_taken(shard, now_ms, row))
+            except (TypeError, ValueError, UnicodeDecodeError) as exc:  # missing or garbled
+                tid = as_text(row[0]) if row[0] is not None else "?"
+                result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
+        return result
+
+    def ack(self, shard: int, task_ids: Sequence[str]) -> int:
+        """Mark published windows queued; returns how many were."""
+        tag = self.tag(shard)
+        return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
+
+    def release(self, shard: int, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
+        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``."""
+        tag = self.tag(shard)
+        pairs = [x for pair in windows for x in pair]
+        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
+
+    def quarantine(self, shard: int, task_id: str, reason: str) -> list[Any] | None:
+        """Set a taken record aside; its raw aliases, or None if it was not quarantined."""
+        tag = self.tag(shard)
+        reply = self.run("quarantine", [leased_key(tag), quarantine_key(tag)],
+                         [tag, task_id, reason])
+        return list(reply[1:]) if int(reply[0]) else None
+
+    def wake_listener(self) -> WakeListener:
+        """A subscription to the wake channel (one per dispatcher)."""
+        return WakeListener(self)
+
+    # -- workers ---------------------------------------------------------------------------
+    def record_keys(self, shard: int, task_id: str) -> list[str]:
+        """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
+        tag = self.tag(shard)
+        return [win_key(tag, task_id), leased_key(tag), active_key(tag)]
+
+    def claim(self, shard: int, task_id: str) -> str:
+        """Mark a window claimed; its state before ("" if the record is gone)."""
+        before, _ = self.run("claim", self.record_keys(shard, task_id), [task_id])
+        return as_text(before)
+
+    def finish_args(self, task_id: str, state: str) -> list[Any]:
+        return [task_id, state, self.settings.history_ttl_ms]
+
+    def finish(self, shard: int, task_id: str, state: str) -> list[Any]:
+        """Mark a window finished with ``state``; the raw aliases it returns."""
+        reply = self.run("finish", self.record_keys(shard, task_id),
+                         self.finish_args(task_id, state))
+        return list(reply[2:])
+
+    # -- operators -------------------------------------------------------------------------
+    def ping(self) -> bool:
+        """True when Redis answers (errors leave as DebounceBackendError)."""
+        with translate_errors("ping"):
+            return bool(self.client.ping())
+
+    def time_ms(self, operation: str = "time") -> int:
+        """The Redis clock, ms (``operation`` names the caller in an error)."""
+        with translate_errors(operation):
+            secs, micros = self.client.time()
+        return int(secs) * 1000 + int(micros) // 1000
+
+    def pending(self, shard: int, ident: str) -> Record | None:
+        """The pending window of ``ident``: one HMGET and one ZSCORE (its deadline)."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(open_key(tag, ident), *INSPECT_FIELDS)
+            pipe.zscore(due_key(tag), ident)
+            row, deadline = pipe.execute()
+        if deadline is None:
+            return None
+        return decode_record(INSPECT_FIELDS, row, ident=ident, deadline=deadline)
+
+    def taken(self, task_id: str) -> tuple[int, Record] | None:
+        """``(shard, record)`` of the taken window ``task_id``: one lookup per shard."""
+        with translate_errors("inspect"), self.client.pipeline(False) as pipe:
+            for tag in self.settings.tags:
+                pipe.hmget(win_key(tag, task_id), *INSPECT_FIELDS)
+            rows = pipe.execute()
+        for shard, row in enumerate(rows):
+            record = decode_record(INSPECT_FIELDS, row)
+            if record is not None:
+                return shard, record
+        return None
+
+    def list_step(self, shard: int, start: str, skip: int, budget: int, want: int,
+                  prefix: str, pattern: bytes) -> ListStep:
+        """One ``list.lua`` step: pending windows along the due set, filtered in Redis."""
+        tag = self.tag(shard)
+        reply = self.run("list", [due_key(tag)], [tag, start, skip, budget, want, prefix, pattern])
+        examined, last, at_last, done = reply[:4]
+        windows = []
+        for ident, *row in reply[4:]:
+            record = decode_record(LIST_FIELDS, row, ident=as_text(ident))
+            if record is not None:
+                windows.append(record)
+        return ListStep(int(examined), as_text(last), int(at_last), bool(int(done)), windows)
+
+    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
+        """Members ``start .. start+count-1`` of a taken set (layout.TAKEN_SETS), in score
+        order, with their records."""
+        tag = self.tag(shard)
+        client = self.client
+        with translate_errors("inspect"):
+            ids = [as_text(m) for m in client.zrange(taken_set_key(tag, set_name), start,
+                                                     start + count - 1)]
+        if not ids:
+            return []
+        with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
+            for tid in ids:
+                pipe.hmget(win_key(tag, tid), *INSPECT_FIELDS)
+            rows = pipe.execute(raise_on_error=False)
+        out = []
+        for tid, row in zip(ids, rows, strict=True):
+            if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
+                out.append(TakenEntry(tid, None, f"{win_key(tag, tid)}: {row}"))
+            else:
+                out.append(TakenEntry(tid, decode_record(INSPECT_FIELDS, row), None))
+        return out
+
+    def find_step(self, shard: int, cursor: str, task_id: str,
+                  count: int) -> tuple[str, str | None]:
+        """One ``find.lua`` step: ``(next cursor, ident of the pending window with this id
+        or None)``."""
+        tag = self.tag(shard)
+        next_cursor, ident = self.run("find", [due_key(tag)], [tag, cursor, count, task_id])
+        return as_text(next_cursor), as_text(ident) if ident else None
+
+    def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
+        tag = self.tag(shard)
+        return ([open_key(tag, ident), due_key(tag), leased_key(tag)],
+                [ident, self.settings.wake_channel, task_id, self.settings.record_ttl_ms])
+
+    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
+        """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
+        given) and make it due now. The window as flushed, or None if none was open."""
+        reply = self.run("flush", *self._flush_call(shard, ident, task_id))
+        return decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
+
+    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
+        """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
+        script = self.scripts["flush"]
+        with translate_errors("flush"), self.client.pipeline(False) as pipe:
+            for ident, task_id in windows:
+                keys, args = self._flush_call(shard, ident, task_id)
+                script(keys=keys, args=args, client=pipe)
+            return sum(1 for r in pipe.execute() if r)
+
+    def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
+        """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
+        given); what was dropped, or None."""
+        tag = self.tag(shard)
+        reply = self.run("cancel", [open_key(tag, ident), due_key(tag), stats_key(tag)],
+                         [ident, task_id, self.settings.history_ttl_ms])
+        if not reply:
+            return None
+        record = decode_record(CANCEL_FIELDS, reply, ident=ident)
+        assert record is not None
+        return Cancelled(record, list(reply[len(CANCEL_FIELDS):]))
+
+    def census_step(self, shard: int, cursor: str, count: int,
+                    now_ms: int) -> tuple[str, list[CensusRow]]:
+        """One ``census.lua`` step of per-task counts of pending windows."""
+        tag = self.tag(shard)
+        reply = self.run("census", [due_key(tag)], [tag, cursor, count, now_ms])
+        rows = [CensusRow(as_text(task), int(n_open), int(n_due), int(oldest), int(waiting))
+                for task, n_open, n_due, oldest, waiting in reply[1:]]
+        return as_text(reply[0]), rows
+
+    def counts(self, shard: int, now_ms: int) -> ShardCounts:
+        """Open and due windows of ``shard`` and its counters."""
+        tag = self.tag(shard)
+        with translate_errors("stats"), self.client.pipeline(False) as pipe:
+            pipe.zcard(due_key(tag))
+            pipe.zcount(due_key(tag), "-inf", now_ms)
+            pipe.hgetall(stats_key(tag))
+            zcard, zcount, counters = pipe.execute()
+        return ShardCounts(int(zcard), int(zcount),
+                           {as_text(k): int(v) for k, v in counters.items()})
+
+    def reset_counters(self, shard: int) -> dict[str, int]:
+        """Zero the shard's counters atomically; the counters removed.
+
+        The hash is RENAMEd away (one atomic step: later increments start a new hash),
+        read, then deleted; the renamed copy keeps the hash's TTL, so a crash in between
+        leaves nothing forever.
+        """
+        tag = self.tag(shard)
+        held = stats_reset_key(tag, uuid.uuid4().hex)  # same hash tag, same slot
+        client = self.client
+        with translate_errors("stats reset"):
+            try:
+                client.rename(stats_key(tag), held)
+            except redis.ResponseError as exc:
+                if "no such key" in str(exc).lower():
+                    return {}
+                raise
+            removed = {as_text(k): int(v) for k, v in client.hgetall(held).items()}
+            client.delete(held)
+        return removed
+
+    #: Redis commands :meth:`snapshot` sends per shard.
+    SNAPSHOT_COMMANDS = 9
+
+    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
+        """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
+        tag = self.tag(shard)
+        with translate_errors("top"), self.client.pipeline(False) as pipe:
+            pipe.zcard(due_key(tag))
+            pipe.zcount(due_key(tag), "-inf", now_ms)
+            pipe.zrange(due_key(tag), 0, 0, withscores=True)
+            pipe.zcard(leased_key(tag))
+            pipe.zcard(active_key(tag))
+            pipe.zcard(quarantine_key(tag))
+            pipe.hgetall(stats_key(tag))
+            pipe.zrevrange(hot_key(tag), 0, HOT_KEYS_KEPT - 1, withscores=True)
+            pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
+            replies = pipe.execute(raise_on_error=False)
+        # A key of the wrong type (someone wrote it by hand) must not blind the view.
+        z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (
+            r if not isinstance(r, Exception) else None for r in replies)
+        kept: dict[str, int] = {}
+        for name, value in (counters or {}).items():
+            try:
+                kept[as_text(name)] = int(value)
+            except ValueError:
+                continue
+        return ShardSnapshot(
+            int(z_open or 0), int(z_due or 0), int(first[0][1]) if first else None,
+            int(z_leased or 0), int(z_active or 0), int(z_quar or 0), kept,
+            [(as_text(i), int(c)) for i, c in hot_rows or []],
+            [(as_text(n), int(ms)) for n, ms in seen or []],
+        )
+
+    def maxmemory_policy(self) -> str:
+        """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
+        from .checks import maxmemory_policy
+
+        return maxmemory_policy(self.client)
+
+    # -- tests -------------------------------------------------------------------------------
+    def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
+        """Every pending window of ``shard`` (whose ident starts with ``prefix``) with its
+        payload and options, in deadline order."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"):
+            due: list[Any] = self.client.zrange(due_key(tag), 0, -1, withscores=True)
+        for member, deadline in due:  # a pending window's deadline is its due score
+            ident = as_text(member)
+            if prefix is not None and not ident.startswith(prefix):
+                continue
+            with translate_errors("inspect"):
+                row = self.client.hmget(open_key(tag, ident), *PAYLOAD_FIELDS)
+            record = decode_record(PAYLOAD_FIELDS, row, ident=ident, deadline=deadline)
+            if record is not None:
+                yield record
+
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+        """The call elements of a pending debounce_collect window (record field ``cl``),
+        in call order."""
+        with translate_errors("inspect"):
+            return list(self.client.lrange(calls_key(self.tag(shard), collect_list), 0, -1))
+
+    def delete_all(self) -> int:
+        """Delete every key under the app's ``debounce_key_prefix``; how many."""
+        with translate_errors("clear"):
+            keys = list(self.client.scan_iter(
+                match=all_keys_pattern(self.settings.key_prefix), count=1000))
+            return int(self.client.delete(*keys)) if keys else 0
+
+
+def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
+    record = decode_record(TAKE_FIELDS, row, strict=True)
+    if record is None:
+        raise ValueError("no task id")
+    assert record.ident is not None
+    split_ident(record.ident)  # raises on a malformed ident
+    if record.payload is None:
+        raise ValueError("no payload")
+    return TakenWindow(
+        shard=shard,
+        task_id=record.task_id,
+        ident=record.ident,
+        first_seen_ms=record.first_seen_ms,
+        deadline_ms=record.deadline_ms,
+        ceiling_ms=record.ceiling_ms,
+        calls=record.calls,
+        content_type=record.content_type,
+        payload=record.payload,
+        options_json=record.options_json,
+        tries=record.tries,
+        taken_ms=now_ms,
+        capped=record.capped,
+    )
+
+
+def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:
+    """Read one chunk's MULTI/QUEUED.../EXEC replies into ``outcomes``."""
+    queue_error: redis.ResponseError | None = None
+    for _ in range(len(chunk) + 2):  # MULTI's OK, then QUEUED per command (+ the marker)
+        try:
+            conn.read_response()
+        except redis.ResponseError as exc:  # refused at queue time (OOM, ...): EXEC aborts
+            queue_error = queue_error or exc
+    try:
+        replies = conn.read_response()
+    except redis.ResponseError as exc:  # EXECABORT: nothing of this chunk ran
+        for i in chunk:
+            outcomes[i] = queue_error or exc
+        return
+    for i, reply in zip(chunk, replies, strict=False):
+        if isinstance(reply, NoScriptError):
+            missing.append(i)
+        elif isinstance(reply, Exception):  # this script failed; the others ran
+            outcomes[i] = reply
+        else:
+            outcomes[i] = parse_reply(reply)
+
+
+class WakeListener:
+    """A dispatcher's subscription to the wake channel (gate.lua and flush.lua publish
+    on it when a deadline earlier than every other appears)."""
+
+    def __init__(self, store: WindowStore) -> None:
+        self.store = store
+        self._pubsub: Any = None
+
+    def subscribe(self) -> None:
+        """Subscribe and wait until Redis confirms it (no-op when subscribed)."""
+        if self._pubsub is not None:
+            return
+        settings = self.store.settings
+        with translate_errors("wake subscription"):
+            pubsub = self.store.client.pubsub()
+            pubsub.subscribe(settings.wake_channel)
+            deadline = time.monotonic() + max(settings.redis_timeout_s, 1.0)
+            while time.monotonic() < deadline:
+                message = pubsub.get_message(timeout=0.2)
+                if message is not None and message["type"] == "subscribe":
+                    self._pubsub = pubsub
+                    return
+        pubsub.close()
+        raise DebounceBackendError("debounce Redis did not confirm the wake subscription")
+
+    def wait(self, seconds: float, stop: threading.Event) -> None:
+        """Sleep up to ``seconds`` or until a wake-up arrives or ``stop`` is set."""
+        if seconds <= 0:
+            return
+        deadline = time.monotonic() + seconds
+        self.subscribe()
+        with translate_errors("wake subscription"):
+            while not stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                message = self._pubsub.get_message(timeout=min(remaining, 0.5))
+                if message is not None and message["type"] == "message":
+                    while self._pubsub.get_message(timeout=0) is not None:
+                        pass
+                    return
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except Exception:  # noqa: S110 - closing a broken connection
+                pass
+            self._pubsub = None
+
+
+_lock = threading.Lock()
+
+
+def store_for(app: Celery) -> WindowStore:
+    """The app's store in this process (a forked child builds its own)."""
+    pid = os.getpid()
+    cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_backend", None)
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    with _lock:
+        cached = getattr(app, "_debounce_backend", None)
+        if cached is None or cached[0] != pid:
+            cached = (pid, WindowStore(settings_for(app)))
+            app._debounce_backend = cached  # type: ignore[attr-defined, unused-ignore]
+    return cached[1]
