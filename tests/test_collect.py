@@ -24,11 +24,12 @@ from celery_debounce import (
     send_task,
 )
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
 from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
+from celery_debounce.store import WindowStore as Backend
+from celery_debounce.store import store_for
 from celery_debounce.windows import list_windows
 
 
@@ -94,9 +95,7 @@ def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_on
 def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_next(
         app_factory: Any) -> None:
     app = app_factory(debounce_max_payload_bytes=400)
-    from celery_debounce.backend import backend_for
-
-    backend = backend_for(app)
+    backend = store_for(app)
     tag = backend.settings.tag(0)
     results = []
     for i in range(12):
@@ -128,9 +127,7 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
 def test_a_call_too_large_for_an_empty_window_is_refused_with_nothing_written(
         app_factory: Any, redis_client: redis.Redis) -> None:
     app = app_factory(debounce_max_payload_bytes=200)
-    from celery_debounce.backend import backend_for
-
-    backend = backend_for(app)
+    backend = store_for(app)
     with pytest.raises(DebouncePayloadError, match="debounce_max_payload_bytes=200"):
         call(backend, "k", pad="x" * 200)
     assert keys(backend) == set()
@@ -151,9 +148,9 @@ def test_cancelling_a_collect_window_deletes_its_call_list(backend: Backend) -> 
     tag = backend.settings.tag(0)
     result = call(backend, "k")
     call(backend, "k", seq=1, task_id="fixed-1")
-    reply = backend.run("cancel", [f"{tag}:open:1:t:k", f"{tag}:due", f"{tag}:stats"],
-                        ["1:t:k", "", 1000])
-    assert reply[0].decode() == result.task_id
+    cancelled = backend.cancel(0, "1:t:k")
+    assert cancelled is not None and cancelled.record.task_id == result.task_id
+    assert cancelled.record.calls == 2
     assert keys(backend) <= {f"{tag}:stats"}
 
 
