@@ -331,6 +331,13 @@ MUTATIONS: list[Mutation] = [
         "local PRUNE = 20",
         "local PRUNE = 0",
         FAULTS + "test_a_record_nobody_finishes_leaves_no_key_after_the_record_ttl"),
+    one("a collect window appends a joining call at the front",
+        "a collect window keeps every call in order (debounce_collect)",
+        LUA + "gate.lua",
+        "redis.call('RPUSH', tag .. ':calls:' .. found[5], element)",
+        "redis.call('LPUSH', tag .. ':calls:' .. found[5], element)",
+        "tests/test_collect.py::test_a_collect_window_keeps_every_call_in_order",
+        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     # -- hostile input -----------------------------------------------------------------
     one("eta accepted with debounce",
         "hostile input: countdown/eta with debounce is refused",
