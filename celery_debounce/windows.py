@@ -52,7 +52,6 @@ class WindowInfo:
         return data
 
 
-
 def window_info(record: Record, shard: int, state: str,
                 quiet_until_ms: int | None = None) -> WindowInfo:
     """A decoded record (layout.decode_record) as operators see it; ``state`` is used
