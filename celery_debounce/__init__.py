@@ -10,6 +10,7 @@ from . import worker_signals as _worker_signals  # noqa: F401  (connects the sig
 from .admin import DebounceAdmin
 from .bootstep import DispatcherStep, install
 from .bulk import enqueue_many
+from .collect import DebouncedCall
 from .dispatcher import Dispatcher
 from .errors import (
     DebounceBackendError,
@@ -43,6 +44,7 @@ __all__ = [
     "DebounceError",
     "DebounceKeyError",
     "DebouncePayloadError",
+    "DebouncedCall",
     "DebouncedTask",
     "Dispatcher",
     "DispatcherStep",

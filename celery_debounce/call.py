@@ -15,6 +15,7 @@ from celery.app.routes import MapRoute
 from kombu import serialization
 from kombu.utils import json as kombu_json
 
+from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .key_templates import digest_key, resolve
 from .layout import shard_of, window_ident
@@ -39,6 +40,9 @@ class PreparedCall(NamedTuple):
     content_type: str
     payload: bytes
     options_json: str
+    #: a debounce_collect call: the protocol-2 embed (JSON) the window's run gets if
+    #: this call opens it; ``payload`` is then the call's element (collect.py)
+    collect_embed: str = ""
 
 
 #: The protocol-2 embed of a call without links, chain or chord.
@@ -103,12 +107,17 @@ def prepare_call(
         positional, named = tuple(args), kwargs
     if spec.key is not None:  # a template error names the placeholder: report it first
         key = resolve(spec.key, positional, named)
-    content_type, payload = encode([args, kwargs, embed], serializer)
-    if len(payload) > settings.max_payload_bytes:
-        raise DebouncePayloadError(
-            f"{task_name}: arguments serialize to {len(payload)} bytes, above "
-            f"debounce_max_payload_bytes={settings.max_payload_bytes}"
-        )
+    collect_embed = ""
+    if spec.collect:
+        content_type, payload, collect_embed = _collect_payload(
+            settings, task_name, args, kwargs, embed, serializer, task_id)
+    else:
+        content_type, payload = encode([args, kwargs, embed], serializer)
+        if len(payload) > settings.max_payload_bytes:
+            raise DebouncePayloadError(
+                f"{task_name}: arguments serialize to {len(payload)} bytes, above "
+                f"debounce_max_payload_bytes={settings.max_payload_bytes}"
+            )
     if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
         try:
             key = digest_key(canonical_arguments(positional, named, serializer))
@@ -135,7 +144,34 @@ def prepare_call(
         content_type,
         payload,
         options_json,
+        collect_embed,
     )
+
+
+def _collect_payload(
+    settings: Settings, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+    embed: dict[str, Any], serializer: str, task_id: str | None,
+) -> tuple[str, bytes, str]:
+    """``(content type, the call's element, embed JSON)`` of a debounce_collect call.
+
+    Refused when the serializer is not JSON (the run's body is spliced from the
+    elements as bytes) or when the call alone would make a body above
+    ``debounce_max_payload_bytes`` (a window holds calls up to that many bytes).
+    """
+    if serializer != "json":
+        raise DebounceConfigError(
+            f"{task_name}: debounce_collect=True needs serializer='json' (got "
+            f"serializer={serializer!r}): the run's body is spliced from the calls' JSON"
+        )
+    content_type, element = encode(call_element(args, kwargs, task_id), serializer)
+    embed_json = encode_stored(embed) if embed else "{}"
+    size = BODY_OVERHEAD + len(embed_json.encode("utf-8")) + len(element) + TIME_PREFIX
+    if size > settings.max_payload_bytes:
+        raise DebouncePayloadError(
+            f"{task_name}: this call makes a body of {size} bytes on its own, above "
+            f"debounce_max_payload_bytes={settings.max_payload_bytes}"
+        )
+    return content_type, element, embed_json
 
 
 def call_key(

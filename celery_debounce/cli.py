@@ -175,7 +175,8 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     key, task_id, state, calls, first_seen, deadline, max_wait_at (epoch
     seconds, Redis clock), shard, error, max_calls, edge ("leading" for a leading
     run, "trailing" for a window opened in the quiet period after one, else null),
-    quiet_until (a leading run's quiet period end while it runs, else null) and
+    quiet_until (a leading run's quiet period end while it runs, else null),
+    collected_bytes (a debounce_collect window: bytes of the body its run gets) and
     forced_by_max_wait; the STATE column shows the edge in parentheses.
     """
     admin = _admin(ctx)

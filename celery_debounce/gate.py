@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
+from .collect import PAYLOAD_TOO_LARGE
+from .errors import DebounceBackendError, DebouncePayloadError
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, call_suppressed, window_opened
 
@@ -44,7 +46,9 @@ def gate_args(
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
     ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``; the edge mode and
-    the history TTL (ARGV[13..14]) only with ``debounce_leading=True``.
+    the history TTL (ARGV[13..14]) only with ``debounce_leading=True``; the window's
+    byte budget and the embed (ARGV[15..16]) only with ``debounce_collect`` (each
+    ARGV not given before them sent as '').
     """
     window, max_wait, replace = call.spec.gate_argv
     args: list[object] = [
@@ -68,7 +72,14 @@ def gate_args(
         if len(args) == 11:
             args.append("")
         args += [call.spec.edge, store.settings.history_ttl_ms]
+    if call.spec.collect:  # ARGV[15..16], after '' for each ARGV not given up to 14
+        args += [""] * (COLLECT_ARGV - 1 - len(args))
+        args += [store.settings.max_payload_bytes, call.collect_embed]
     return args
+
+
+#: The first ARGV of a debounce_collect call (ARGV[13..14] are the edge options).
+COLLECT_ARGV = 15
 
 
 def parse_reply(reply: list[object]) -> GateResult:
@@ -100,7 +111,12 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     ``call_absorbed`` or (a call a leading-only quiet period suppressed)
     ``call_suppressed``, only if someone listens.
     """
-    result = store.gate(call, fixed)
+    try:
+        result = store.gate(call, fixed)
+    except DebounceBackendError as exc:
+        if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
+            raise DebouncePayloadError(str(exc)) from None
+        raise
     if result.edge == "suppressed":
         signal = call_suppressed
     else:

@@ -203,6 +203,11 @@ def hot_key(tag: str) -> str:
     return f"{tag}:hot"
 
 
+def calls_key(tag: str, collect_list: str) -> str:
+    """list: a debounce_collect window's calls, in call order (record field ``cl``)."""
+    return f"{tag}:calls:{collect_list}"
+
+
 def dispatchers_key(tag: str) -> str:
     """zset dispatcher name -> ms of its last pass that took windows."""
     return f"{tag}:dispatchers"
@@ -262,7 +267,10 @@ F_OPTIONS = "o"        # stored options JSON; absent: EMPTY_OPTIONS
 F_STATE = "st"         # state once taken
 F_ERROR = "qe"         # quarantine reason
 F_MAX_CALLS = "mc"     # debounce_max_calls of the opener
-F_CAPPED = "cx"        # 1: closed by the call cap
+F_CAPPED = "cx"        # 1: closed by the call cap, 2: a collect window closed full
+F_COLLECT_LIST = "cl"  # a collect window's list suffix (calls_key), until take.lua splices
+F_COLLECT_BYTES = "cb"  # a collect window: bytes of the body its run gets
+F_COLLECT_BUDGET = "cz"  # a collect window: its byte budget (the opener's)
 F_TRIES = "tries"      # times taken
 F_LEADING = "ld"       # 1: a leading run (debounce_leading), closed by gate.lua at once
 F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
@@ -273,15 +281,16 @@ QUIET_FIELDS = ("id", "fs", "mw", "dl", "n", "m")
 
 #: Fields an operator view reads (HMGET) from a record.
 INSPECT_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_STATE,
-                  F_ERROR, F_MAX_CALLS, F_LEADING, F_TRAILING)
+                  F_ERROR, F_MAX_CALLS, F_LEADING, F_TRAILING, F_COLLECT_BYTES)
 #: Fields the testing helpers read from a pending record (its payload and options too).
 PAYLOAD_FIELDS = (F_ID, F_FIRST_SEEN, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE, F_PAYLOAD,
-                  F_OPTIONS)
+                  F_OPTIONS, F_COLLECT_LIST)
 #: The order of each window in take.lua's reply.
 TAKE_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE,
                F_PAYLOAD, F_OPTIONS, F_TRIES, F_CAPPED, F_LEADING)
 #: The order of each window in list.lua's reply (after its ident).
-LIST_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_MAX_CALLS, F_TRAILING)
+LIST_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_MAX_CALLS, F_TRAILING,
+               F_COLLECT_BYTES)
 #: flush.lua's reply.
 FLUSH_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS)
 #: cancel.lua's reply (then the aliases).
@@ -307,6 +316,8 @@ class Record(NamedTuple):
     capped: bool = False
     leading: bool = False  # ld: a leading run
     trailing: bool = False  # tr: a trailing window
+    collected_bytes: int | None = None  # a debounce_collect window (cb)
+    collect_list: str | None = None  # its list suffix while pending (cl)
 
     @property
     def ceiling_ms(self) -> int:
@@ -375,6 +386,8 @@ def decode_record(
         capped=get(F_CAPPED) is not None,
         leading=get(F_LEADING) is not None,
         trailing=get(F_TRAILING) is not None,
+        collected_bytes=_lenient_int(cb) if (cb := get(F_COLLECT_BYTES)) is not None else None,
+        collect_list=as_text(cl) if (cl := get(F_COLLECT_LIST)) is not None else None,
     )
 
 

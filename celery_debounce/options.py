@@ -14,7 +14,7 @@ from .key_templates import KeyTemplate, parse_template
 #: The options a task or a call may set.
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
-    "debounce_max_calls", "debounce_leading", "debounce_trailing",
+    "debounce_max_calls", "debounce_leading", "debounce_trailing", "debounce_collect",
 )
 
 #: ``gate.lua``'s ARGV[13] per (leading, trailing); trailing only sends nothing.
@@ -34,6 +34,7 @@ class DebounceSpec:
     max_calls: int | None = None  # None: no cap (gate.lua gets no extra ARGV)
     leading: bool = False
     trailing: bool = True
+    collect: bool = False  # True: the run receives every call (see collect.py)
 
     @cached_property
     def edge(self) -> bytes | None:
@@ -58,6 +59,7 @@ class TaskDefaults:
     debounce_max_calls: Any = None
     debounce_leading: Any = False
     debounce_trailing: Any = True
+    debounce_collect: Any = False
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -69,7 +71,9 @@ class TaskDefaults:
             parse_duration("debounce_max_wait", defaults.debounce_max_wait)
         _check_bool(defaults.debounce_replace_payload)
         check_max_calls(defaults.debounce_max_calls)
-        check_edges(defaults.debounce_leading, defaults.debounce_trailing)
+        lead, _ = check_edges(defaults.debounce_leading, defaults.debounce_trailing)
+        check_collect_leading(
+            check_collect(defaults.debounce_collect, defaults.debounce_replace_payload), lead)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -80,6 +84,7 @@ class TaskDefaults:
                 defaults.debounce_max_calls,
                 defaults.debounce_leading,
                 defaults.debounce_trailing,
+                defaults.debounce_collect,
             )
         return cls(
             defaults.debounce,
@@ -89,11 +94,19 @@ class TaskDefaults:
             defaults.debounce_max_calls,
             defaults.debounce_leading,
             defaults.debounce_trailing,
+            defaults.debounce_collect,
             spec,
         )
 
-    def for_call(self, options: MutableMapping[str, Any]) -> DebounceSpec | None:
-        """Pop the debounce options from a call's ``options``; None: publish plainly."""
+    def for_call(
+        self, options: MutableMapping[str, Any], *, collect_fixed: bool = True,
+    ) -> DebounceSpec | None:
+        """Pop the debounce options from a call's ``options``; None: publish plainly.
+
+        ``debounce_collect`` on a call must equal the task's own (the task function's
+        shape decides it) unless ``collect_fixed`` is False: a by-name producer
+        (``send_task``) of a task it does not have registered declares it per call.
+        """
         if not options or not any(name in options for name in OPTION_NAMES):
             return self.spec
         debounce = options.pop("debounce", None)
@@ -103,6 +116,13 @@ class TaskDefaults:
         max_calls = options.pop("debounce_max_calls", None)
         leading = options.pop("debounce_leading", None)
         trailing = options.pop("debounce_trailing", None)
+        collect = options.pop("debounce_collect", None)
+        if collect is not None and collect_fixed and collect != self.debounce_collect:
+            raise DebounceConfigError(
+                f"debounce_collect={collect!r} on a call of a task with "
+                f"debounce_collect={self.debounce_collect!r}: it is a task option (the task "
+                "function takes either the list of calls or the call's own arguments)"
+            )
         if debounce is False:
             return None
         return build_spec(
@@ -113,6 +133,7 @@ class TaskDefaults:
             self.debounce_max_calls if max_calls is None else max_calls,
             self.debounce_leading if leading is None else leading,
             self.debounce_trailing if trailing is None else trailing,
+            self.debounce_collect if collect is None else collect,
             given_on_call=True,
         )
 
@@ -125,13 +146,14 @@ def build_spec(
     max_calls: Any = None,
     leading: Any = False,
     trailing: Any = True,
+    collect: Any = False,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
     if debounce is None:
         raise DebounceConfigError(
             "debounce=None: debounce_key/debounce_max_wait/debounce_replace_payload/"
-            "debounce_max_calls/debounce_leading/debounce_trailing were "
+            "debounce_max_calls/debounce_leading/debounce_trailing/debounce_collect were "
             "given on a call of a task that has no debounce window; pass debounce= too"
         )
     window = parse_duration("debounce", debounce)
@@ -149,8 +171,9 @@ def build_spec(
         )
     template = parse_template(key) if key is not None else None
     lead, trail = check_edges(leading, trailing)
-    return DebounceSpec(window, ceiling, template, _check_bool(replace),
-                        check_max_calls(max_calls), lead, trail)
+    replace = _check_bool(replace)
+    return DebounceSpec(window, ceiling, template, replace, check_max_calls(max_calls),
+                        lead, trail, check_collect_leading(check_collect(collect, replace), lead))
 
 
 def _check_bool(value: Any, name: str = "debounce_replace_payload") -> bool:
@@ -187,3 +210,29 @@ def check_max_calls(value: Any) -> int | None:
             f"{MAX_CALLS_LIMIT}) or None for no cap"
         )
     return value
+
+
+def check_collect(value: Any, replace: Any = False) -> bool:
+    """``debounce_collect``: True or False; it keeps every payload, so it cannot be
+    combined with ``debounce_replace_payload=True`` (which keeps one)."""
+    if not isinstance(value, bool):
+        raise DebounceConfigError(f"debounce_collect={value!r}: expected True or False")
+    if value and replace is True:
+        raise DebounceConfigError(
+            "debounce_collect=True with debounce_replace_payload=True: a collect window "
+            "keeps every call's payload, there is none to replace"
+        )
+    return value
+
+
+def check_collect_leading(collect: bool, leading: bool) -> bool:
+    """``debounce_collect=True`` is refused with ``debounce_leading=True`` (see
+    docs/design.md, "Collect and the leading edge"); returns ``collect``."""
+    if collect and leading:
+        raise DebounceConfigError(
+            "debounce_collect=True with debounce_leading=True: a collect run receives every "
+            "call of a trailing window; a leading run is published at once and a leading-only "
+            "quiet period suppresses calls, so not every call would reach a run. Use "
+            "debounce_leading=False with debounce_collect=True"
+        )
+    return collect

@@ -59,6 +59,7 @@ from .layout import (
     all_keys_pattern,
     as_text,
     bulk_marker_prefix,
+    calls_key,
     decode_record,
     dispatchers_key,
     due_key,
@@ -1258,6 +1259,12 @@ class WindowStore:
             record = decode_record(PAYLOAD_FIELDS, row, ident=ident, deadline=deadline)
             if record is not None:
                 yield record
+
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+        """The call elements of a pending debounce_collect window (record field ``cl``),
+        in call order."""
+        with translate_errors("inspect"):
+            return list(self.client.lrange(calls_key(self.tag(shard), collect_list), 0, -1))
 
     def delete_all(self) -> int:
         """Delete every key under the app's ``debounce_key_prefix``; how many."""

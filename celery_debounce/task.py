@@ -12,6 +12,7 @@ from celery.result import AsyncResult
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing
+from .collect import single_call_args, wrap_run
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
@@ -27,8 +28,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     Task options: ``debounce`` (window), ``debounce_max_wait`` (ceiling, required
     with ``debounce``), ``debounce_key`` (key template; default: a digest of the
     arguments), ``debounce_replace_payload``, ``debounce_max_calls`` (a cap on
-    calls per window) and ``debounce_leading`` / ``debounce_trailing`` (which edge of
-    a burst runs, as lodash's ``debounce``). The same names work per call on
+    calls per window), ``debounce_leading`` / ``debounce_trailing`` (which edge of
+    a burst runs, as lodash's ``debounce``) and ``debounce_collect`` (the run gets
+    every call; refused with ``debounce_leading=True``). The same names work per call on
     ``apply_async``; ``debounce=False`` on a call publishes it plainly.
     """
 
@@ -39,6 +41,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_max_calls: int | None = None
     debounce_leading: bool = False
     debounce_trailing: bool = True
+    debounce_collect: bool = False
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 
@@ -48,9 +51,28 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         cls._debounce_defaults = TaskDefaults.validate(
             {name: getattr(cls, name) for name in OPTION_NAMES}
         )
+        if cls._debounce_defaults.debounce_collect:
+            _collect_class(cls)
 
-    def debounce_signature(self) -> inspect.Signature:
-        """The run function's signature, used to bind arguments for key templates."""
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        super().on_bound(app)
+        if cls._debounce_defaults.debounce_collect and cls.serializer != "json":
+            # the app's task_serializer, known once the task is bound to the app
+            raise DebounceConfigError(
+                f"{cls.name}: debounce_collect=True needs serializer='json' (the task's "
+                f"serializer is {cls.serializer!r}): the run's body is spliced from the "
+                "calls' JSON"
+            )
+
+    def debounce_signature(self) -> inspect.Signature | None:
+        """The run function's signature, used to bind arguments for key templates.
+
+        None for a ``debounce_collect`` task: its function takes the list of calls,
+        so ``{name}`` and ``{0}`` resolve against each call's own kwargs and args.
+        """
+        if self._debounce_defaults.debounce_collect:
+            return None
         sig: inspect.Signature | None = self.__dict__.get("_debounce_sig")
         if sig is None:
             sig = inspect.signature(self.run)
@@ -77,6 +99,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         if spec is None or self.app.conf.task_always_eager:
             if spec is not None:
                 refuse_schedule(options)
+            if self._debounce_defaults.debounce_collect and "retries" not in options:
+                # published without a window: the run still gets a list, of this call
+                args, kwargs = single_call_args(args, kwargs, task_id), {}
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
@@ -203,7 +228,7 @@ def send_task(
 
     Takes the same debounce options as a call (``debounce``, ``debounce_key``,
     ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``,
-    ``debounce_leading``, ``debounce_trailing``) plus
+    ``debounce_leading``, ``debounce_trailing``, ``debounce_collect``) plus
     Celery's own. Without
     a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
     task is registered in this process, its signature and defaults are used.
@@ -213,7 +238,7 @@ def send_task(
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
     defaults = debounced._debounce_defaults if debounced else TaskDefaults()
-    spec = defaults.for_call(options)
+    spec = defaults.for_call(options, collect_fixed=debounced is not None)
     if spec is None:
         return app.send_task(name, args, kwargs, task_id=task_id, **options)
     if app.conf.task_always_eager and debounced is not None:
@@ -246,6 +271,27 @@ def refuse_fixed_leading(name: str) -> None:
         "task_id= or canvas (group, chord, chain): a suppressed call's id would never get "
         "a result; use debounce_trailing=True, or no fixed id"
     )
+
+
+def _collect_class(cls: type[DebouncedTask]) -> None:
+    """Make a ``debounce_collect`` task class take the list of its window's calls.
+
+    Its ``run`` converts the body's call elements into :class:`DebouncedCall`; the
+    function's own signature ``(calls)`` is not the calls' one, so Celery's argument
+    check is off (``typing=False``) and key templates bind to each call's own args
+    and kwargs. A serializer other than JSON is refused here when the task names
+    one, else when it is bound to the app (``on_bound``).
+    """
+    serializer = cls.__dict__.get("serializer")
+    if serializer is not None and serializer != "json":
+        raise DebounceConfigError(
+            f"debounce_collect=True needs serializer='json' (got serializer={serializer!r}): "
+            "the run's body is spliced from the calls' JSON"
+        )
+    run = cls.__dict__.get("run")
+    if run is not None:
+        cls.run = wrap_run(run)
+    cls.typing = False
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:

@@ -22,6 +22,7 @@ nothing and get no debounce signal handlers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
+from .collect import DebouncedCall
 from .dispatcher import Dispatcher
 from .layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
 from .settings import settings_for
@@ -94,7 +96,13 @@ def _pending(
         for record in store.pending_payloads(shard, prefix):
             ident = record.ident or ""
             task_name, key = split_ident(ident)
-            args, kwargs = _decode(app, record.content_type, record.payload)
+            if record.collect_list is not None:  # debounce_collect: what the run gets
+                listed = store.collected(shard, record.collect_list)
+                args: tuple[Any, ...] = (
+                    [DebouncedCall.from_element(json.loads(e)) for e in listed],)
+                kwargs: dict[str, Any] = {}
+            else:
+                args, kwargs = _decode(app, record.content_type, record.payload)
             yield store, shard, ident, PendingWindow(
                 task=task_name,
                 key=key,

@@ -39,6 +39,8 @@ class WindowInfo:
     #: the end of the quiet period this window belongs to (epoch seconds), while it
     #: runs: set on a leading run by listings and ``find``; None otherwise
     quiet_until: float | None = None
+    #: a debounce_collect window: bytes of the body its run gets (``calls`` calls)
+    collected_bytes: int | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -48,7 +50,6 @@ class WindowInfo:
         data = asdict(self)
         data["forced_by_max_wait"] = self.forced_by_max_wait
         return data
-
 
 
 def window_info(record: Record, shard: int, state: str,
@@ -75,6 +76,7 @@ def window_info(record: Record, shard: int, state: str,
         max_calls=record.max_calls,
         edge="leading" if record.leading else "trailing" if record.trailing else None,
         quiet_until=quiet_until_ms / 1000 if quiet_until_ms is not None else None,
+        collected_bytes=record.collected_bytes,
     )
 
 

@@ -1,9 +1,11 @@
 """Stateful property test: the real Lua scripts against a small pure-Python model.
 
 Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
-replace flag, call cap, leading/trailing edge), clock advances, dispatcher steps
-(take, publish+ack, failed publish+release, crash before or after publishing) and
-worker steps (claim, finish, death mid-run with redelivery). After every step the whole Redis
+replace flag, call cap, leading/trailing edge, collect mode: every call kept in order,
+bounded by bytes; a collect call with debounce_leading=True refused, nothing written),
+clock advances, dispatcher steps (take, publish+ack, failed publish+release, crash before
+or after publishing) and worker steps (claim, finish, death mid-run with redelivery).
+After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
 docs/guarantees.md must hold. At the end everything is drained: every call's
 window must have run, at or after the call.
@@ -28,6 +30,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import fakeredis
@@ -49,9 +52,10 @@ from celery_debounce.aliases import fixed_id
 from celery_debounce.backend import Backend
 from celery_debounce.call import PreparedCall
 from celery_debounce.dispatcher import take_due
+from celery_debounce.errors import DebounceConfigError
 from celery_debounce.gate import enter
 from celery_debounce.layout import window_ident
-from celery_debounce.options import DebounceSpec
+from celery_debounce.options import DebounceSpec, build_spec
 from celery_debounce.settings import Settings
 
 TASK = "model.task"
@@ -63,6 +67,8 @@ EDGES = [(False, True), (False, True), (False, True), (True, False), (True, True
 LEASE_MS = 1000
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
+#: debounce_max_payload_bytes of the model's calls: a collect window holds 1 to 3 calls
+COLLECT_BYTES = 70
 
 
 class Clock:
@@ -93,7 +99,7 @@ def make_settings(prefix: str, lease_ms: int) -> Settings:
         redis_url="redis://unused", key_prefix=prefix, shards=1,
         poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
         history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
-        max_key_length=1024, max_payload_bytes=1 << 20,
+        max_key_length=1024, max_payload_bytes=COLLECT_BYTES,
     )
 
 
@@ -132,6 +138,22 @@ class Win:
     capped: bool = False  # closed by gate.lua at its cap
     leading: bool = False  # a leading run (gate.lua's ld): closed at its first call
     trailing: bool = False  # opened during a quiet period (gate.lua's tr)
+    # debounce_collect: every call's element, in call order (None: not a collect window)
+    elements: list[bytes] | None = None
+    cl: str = ""  # the suffix of its call list <tag>:calls:<cl>
+    cz: int = 0  # its byte budget
+    full: bool = False  # closed by gate.lua because a call did not fit (cx 2)
+    built: bool = False  # take.lua spliced the body (payload) out of the list
+
+    @property
+    def cb(self) -> int:
+        """Bytes of the body take.lua splices: [[[e1,e2,...]],{},{}]."""
+        assert self.elements is not None
+        return 10 + 2 + sum(len(e) for e in self.elements) + len(self.elements) - 1
+
+    def body(self) -> bytes:
+        assert self.elements is not None
+        return b"[[[" + b",".join(self.elements) + b"]],{},{}]"
 
 
 @dataclass
@@ -207,15 +229,32 @@ class GateMachine(RuleBasedStateMachine):
         chosen=st.sampled_from(CHOSEN),
         cap=st.sampled_from(CAPS),
         edge=st.sampled_from(EDGES),
+        collect=st.booleans(),
     )
     def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
              chosen: str | None, cap: int | None = None,
-             edge: tuple[bool, bool] = (False, True)) -> None:
+             edge: tuple[bool, bool] = (False, True), collect: bool = False) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
-        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge)
+        replace = replace and not collect
+        if collect and edge[0]:  # refused before the gate (docs/design.md): nothing written
+            with pytest.raises(DebounceConfigError, match=(
+                    r"debounce_collect=True with debounce_leading=True")):
+                build_spec(timedelta(milliseconds=window), None,
+                           timedelta(milliseconds=window + extra), replace, cap, *edge,
+                           collect)
+            return
+        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge, collect)
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
-        call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data", payload, "{}")
+        if collect:  # the call's JSON [args, kwargs(, id)], as call.py encodes it
+            payload = json.dumps([[int.from_bytes(payload[:2], "big")], {}]
+                                 + ([chosen] if chosen else []),
+                                 separators=(",", ":")).encode()
+            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/json",
+                                payload, "{}", "{}")
+        else:
+            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data",
+                                payload, "{}")
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
@@ -235,7 +274,15 @@ class GateMachine(RuleBasedStateMachine):
             elif ident not in self.open:
                 leading = True
         assert result.edge == ("lead" if leading else "")
+        element = b"[%d," % now + payload[1:]
         win = self.open.get(ident)
+        if win is not None and (win.elements is not None) != collect:
+            self._close(win, now)  # the other mode: closed as a flush, a new window opens
+            win = None
+        elif win is not None and collect and win.cb + 1 + len(element) > win.cz:
+            self._close(win, now)  # full: closed at once; this call opens the next window
+            win.full = True
+            win = None
         if win is None:
             assert result.opened
             in_use = chosen is not None and (
@@ -256,6 +303,14 @@ class GateMachine(RuleBasedStateMachine):
             if in_use:
                 win.aliases.append(chosen)  # type: ignore[arg-type]
             win.mc = cap  # the window's cap is its opener's (like the max wait)
+            if collect:
+                win.elements, win.cz, win.payload = [], COLLECT_BYTES, b"{}"
+                live = {w.cl for w in self.wins.values()
+                        if w.elements is not None and not w.built and not w.cancelled}
+                win.cl, k = win.id, 0
+                while win.cl in live:
+                    k += 1
+                    win.cl = f"{win.id}~{k}"
             self.open[ident] = win
             self.wins[win.id] = win
         else:
@@ -267,6 +322,10 @@ class GateMachine(RuleBasedStateMachine):
             if chosen is not None and chosen != win.id:
                 win.aliases.append(chosen)
         win.calls.append(now)
+        if collect:
+            assert win.elements is not None
+            win.elements.append(element)
+            assert win.cb <= win.cz  # bounded: the whole window, not each call
         if leading:  # due at once through the dispatcher; the quiet period starts
             self.quiet[ident] = Quiet(win.id, now, window + extra, now + window, 1,
                                       "B" if edge[1] else "L")
@@ -276,10 +335,8 @@ class GateMachine(RuleBasedStateMachine):
             self._unindex(win)
         elif win.mc is not None and win.n >= win.mc:
             # the cap: this call closes the window as a flush does; the next one opens anew
-            del self.open[ident]
-            win.st, win.dl, win.tries, win.capped = "dispatching", now, 0, True
-            self.leased[win.id] = now
-            self._unindex(win)
+            self._close(win, now)
+            win.capped = True
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
         if win.capped or win.leading:
             return
@@ -325,6 +382,19 @@ class GateMachine(RuleBasedStateMachine):
         win.st = "cancelled"
         self._unindex(win)
 
+    def _close(self, win: Win, now: int) -> None:
+        """gate.lua closed the window (cap, full, other mode): due now, as a flush."""
+        del self.open[win.ident]
+        win.st, win.dl, win.tries = "dispatching", now, 0
+        self.leased[win.id] = now
+        self._unindex(win)
+
+    def _build(self, win: Win) -> None:
+        """take.lua splices a collect window's body the first time it takes it."""
+        if win.elements is not None and not win.built:
+            win.payload, win.built = win.body(), True
+            assert len(win.payload) == win.cb <= win.cz
+
     def _unindex(self, win: Win) -> None:
         if self.ids_index.get(win.id) == win.ident:
             del self.ids_index[win.id]
@@ -343,6 +413,7 @@ class GateMachine(RuleBasedStateMachine):
                 win.tries += 1
                 if win.tries == 1:  # a flushed window, taken for the first time
                     win.ta = now
+                self._build(win)
                 expected.append(tid)
             else:
                 del self.leased[tid]
@@ -353,6 +424,7 @@ class GateMachine(RuleBasedStateMachine):
             del self.open[win.ident]
             self._unindex(win)
             win.st, win.ta, win.tries = "dispatching", now, 1
+            self._build(win)
             self.leased[win.id] = now + self.lease_ms
             expected.append(win.id)
         assert [w.task_id for w in reply.windows] == expected
@@ -363,7 +435,7 @@ class GateMachine(RuleBasedStateMachine):
             assert (w.first_seen_ms, w.deadline_ms, w.ceiling_ms, w.calls, w.tries) == (
                 model.fs, model.dl, model.mw, model.n, model.tries)
             assert w.taken_ms >= w.deadline_ms  # never early
-            assert w.capped == model.capped  # closed by its cap (gate.lua's cx)
+            assert w.capped == (model.capped or model.full)  # closed by gate.lua (cx)
             assert w.leading == model.leading  # a leading run (gate.lua's ld)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
@@ -497,6 +569,11 @@ class GateMachine(RuleBasedStateMachine):
         expected_keys = {f"{tag}:open:{i}" for i in self.open}
         expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values()
                           if w.st not in ("pending", "cancelled")}
+        lists = {w.cl: w for w in self.wins.values()
+                 if w.elements is not None and not w.built and not w.cancelled}
+        expected_keys |= {f"{tag}:calls:{cl}" for cl in lists}
+        for cl, w in lists.items():  # every call of the window, in call order
+            assert c.lrange(f"{tag}:calls:{cl}", 0, -1) == w.elements
         expected_keys |= {f"{tag}:{z}" for z, m in
                           (("due", self.open), ("leased", self.leased), ("active", self.active),
                            ("ids", self.ids_index))
@@ -514,6 +591,12 @@ class GateMachine(RuleBasedStateMachine):
         # only its due score (checked above), a taken one's is copied into dl
         want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
                                 "n": win.n, "ct": "application/data"}
+        if win.elements is not None:  # collect: JSON (no ct), its list until taken
+            del want["ct"]
+            want["cz"] = win.cz
+            want["cb"] = len(win.payload) if win.built else win.cb
+            if not win.built:
+                want["cl"] = win.cl
         if win.mc is not None:
             want["mc"] = win.mc
         if win.st != "pending":
@@ -522,6 +605,8 @@ class GateMachine(RuleBasedStateMachine):
                 want["cx"] = 1
             if win.leading:
                 want["ld"] = 1
+            if win.full:
+                want["cx"] = 2
         if win.trailing:
             want["tr"] = 1
         if win.st == "finished":

@@ -10,6 +10,8 @@
 --          by-id cancel must not hit a newer window opened under the same ident
 -- ARGV[3]  history TTL ms
 -- Touches, by name (same hash tag): <tag>:ids  hash; <id> removed when it maps to ident
+--                                   <tag>:calls:<cl>  a collect window's call list
+--                                   (field cl, see gate.lua), deleted with the window
 --
 -- Only pending windows can be cancelled: once taken, a window is the broker's.
 -- The window is read and dropped in one step: what is returned is what was cancelled.
@@ -41,8 +43,12 @@ if na > 0 then
   end
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[1])
 local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+local cl = redis.call('HGET', KEYS[1], 'cl')
+if cl then
+  redis.call('DEL', tag .. ':calls:' .. cl)
+end
+redis.call('DEL', KEYS[1])
 if redis.call('HGET', tag .. ':ids', found[1]) == ARGV[1] then
   redis.call('HDEL', tag .. ':ids', found[1])
 end

@@ -83,7 +83,31 @@
 --                        next take.lua pass (of any dispatcher) takes it first
 --   the wake channel     published to (now)
 -- All by name with KEYS[1]'s tag. The next call opens a new window. A window without
--- mc costs one more HMGET field, nothing else.
+-- mc (or cl, below) costs one more HMGET field each, nothing else.
+-- Only for a debounce_collect call; absent otherwise (ARGV[8..14] sent as '' when not given):
+-- (no call sends both ARGV[13] and ARGV[15]: debounce_collect with debounce_leading=True
+-- is refused before the gate, see docs/design.md; a collect call sends ARGV[13..14] as '')
+-- ARGV[15] the call's byte budget (debounce_max_payload_bytes): stored as cz when the
+--          call opens the window (a window's budget is its opener's, like mc)
+-- ARGV[16] the call's protocol-2 embed JSON ({} without links), stored as p when the call
+--          opens the window
+-- ARGV[6] is then the call's JSON [args, kwargs(, id)]; its element is
+-- '[' .. now .. ',' followed by ARGV[6] without its '[' (collect.py owns the format).
+-- Only for a collect call, touches by name (same hash tag <tag> as KEYS[1]):
+--   <tag>:calls:<cl>     list: the call's element RPUSHed (EXISTS when a window opens,
+--                        to pick a cl no live list has)
+-- A collect window's record also has (every call reads cl, one more HMGET field):
+--   cl  the suffix of its call list <tag>:calls:<cl> (the id it opened under, with
+--       ~<k> appended if such a list exists): a list of elements, in call order
+--   cb  bytes of the body take.lua will splice: 10 + #embed + the elements + commas
+--   cz  its byte budget; cb never exceeds it
+-- A collect call that does not fit (cb + 1 + #element > cz) closes the window as the
+-- cap does (cx 2: full) and opens a new one (it never joins, is never dropped); one
+-- whose element cannot fit an empty window (10 + #ARGV[16] + #element > ARGV[15]) is
+-- refused with an error reply starting DEBOUNCE_PAYLOAD_TOO_LARGE, nothing written.
+-- A call whose mode differs from the open window's (a collect call and a window
+-- without cl, or the reverse: a deploy changed the task) closes that window as flush.lua
+-- does (no cx) and opens a new one.
 --
 -- Wake-ups: with SHARDED_WAKE false (as stored; a single node) PUBLISH to <prefix>:wake.
 -- On a Redis Cluster whose masters have sharded pub/sub the store loads this script
@@ -114,9 +138,10 @@ local function wake(message)
   end
 end
 
--- The cap reached, or a leading call: close the window as flush.lua does (see the
--- header); mark is 'cx' (closed by the cap) or 'ld' (a leading run).
-local function close(id, opened, calls, mark)
+-- The cap reached, the window full or of the other mode, or a leading call: close it
+-- as flush.lua does (see the header); mark is 'cx' (value 1: the cap, 2: full), 'ld'
+-- (value 1: a leading run) or false (the mode changed: no mark).
+local function shut(id, mark, value)
   local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
   local stamp = string.format('%d', now)
   redis.call('ZREM', KEYS[2], ident)
@@ -139,8 +164,17 @@ local function close(id, opened, calls, mark)
   else
     redis.call('ZADD', tag .. ':leased', stamp, id)
   end
-  redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, 1)
+  if mark then
+    redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, value)
+  else
+    redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0)
+  end
   wake(stamp)
+end
+
+-- The cap reached or a leading call: close the window, reply; mark 'cx' or 'ld'.
+local function close(id, opened, calls, mark)
+  shut(id, mark, 1)
   if mark == 'ld' then
     return {id, opened, now, calls, now, 'lead'}
   end
@@ -181,9 +215,29 @@ if edge and edge ~= '' then
   end
 end
 
-local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc')
+local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc', 'cl')
 local id, opened, calls, cap
 local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
+local collect = ARGV[15] ~= nil and ARGV[15] ~= ''
+local element
+if collect then
+  element = '[' .. string.format('%d', now) .. ',' .. string.sub(ARGV[6], 2)
+  if 10 + #ARGV[16] + #element > tonumber(ARGV[15]) then
+    return redis.error_reply('DEBOUNCE_PAYLOAD_TOO_LARGE: this call makes a body of ' ..
+      (10 + #ARGV[16] + #element) .. ' bytes, above debounce_max_payload_bytes=' .. ARGV[15])
+  end
+end
+local mode = found[5] and true or false  -- the open window collects
+if found[1] and mode ~= collect then  -- the other mode: close it, open a new one
+  shut(found[1], false)
+  found[1] = false
+elseif found[1] and collect then
+  local size = redis.call('HMGET', open, 'cb', 'cz')
+  if tonumber(size[1]) + 1 + #element > tonumber(size[2]) then  -- full: the same
+    shut(found[1], 'cx', 2)
+    found[1] = false
+  end
+end
 
 if found[1] then
   id = found[1]
@@ -201,7 +255,11 @@ if found[1] then
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
   calls = redis.call('HINCRBY', open, 'n', 1)
   cap = found[4]
-  if ARGV[4] == '1' then
+  if collect then
+    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+    redis.call('RPUSH', tag .. ':calls:' .. found[5], element)
+    redis.call('HINCRBY', open, 'cb', #element + 1)
+  elseif ARGV[4] == '1' then
     if ARGV[5] == '' then
       redis.call('HSET', open, 'p', ARGV[6])
       redis.call('HDEL', open, 'ct')
@@ -263,6 +321,23 @@ else
   if cap and cap ~= '' then
     fields[#fields + 1] = 'mc'
     fields[#fields + 1] = cap
+  end
+  if collect then
+    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
+    local cl = id
+    local k = 0
+    while redis.call('EXISTS', tag .. ':calls:' .. cl) == 1 do
+      k = k + 1
+      cl = id .. '~' .. k
+    end
+    redis.call('RPUSH', tag .. ':calls:' .. cl, element)
+    fields[10] = ARGV[16]  -- p: the embed; take.lua splices the body around it
+    fields[#fields + 1] = 'cl'
+    fields[#fields + 1] = cl
+    fields[#fields + 1] = 'cb'
+    fields[#fields + 1] = 10 + #ARGV[16] + #element
+    fields[#fields + 1] = 'cz'
+    fields[#fields + 1] = ARGV[15]
   end
   redis.call('HSET', open, unpack(fields))
   opened = 1

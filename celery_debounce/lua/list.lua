@@ -1,7 +1,7 @@
 -- list.lua: walk pending windows in deadline order, filtered, for `celery debounce inspect`.
 --
 -- KEYS[1]  <tag>:due   zset ident -> deadline ms (read only)
--- Reads, by name (same hash tag): <tag>:open:<ident>  fields id fs mw n mc tr
+-- Reads, by name (same hash tag): <tag>:open:<ident>  fields id fs mw n mc tr cb
 -- ARGV[1]  <tag>
 -- ARGV[2]  where to start: "-inf" or a deadline ms (inclusive, with ARGV[3]), or the
 --          cursor "<score> <ident>" this script returned: resume right after that member
@@ -22,9 +22,10 @@
 -- Returns {examined, cursor ("<score> <ident>" of the last member examined, or
 -- ARGV[2] when none was), members at the last score examined in this call, done
 -- (1 when the set has no more members), rows...} where each row is
--- {ident, id, fs, dl, mw, n, mc, tr}: dl is the due score, mw the max wait ms, mc the
+-- {ident, id, fs, dl, mw, n, mc, tr, cb}: dl is the due score, mw the max wait ms, mc the
 -- window's call cap (nil: none), tr "1" for a trailing window opened during the quiet
--- period of a leading run (see gate.lua; nil otherwise).
+-- period of a leading run (see gate.lua; nil otherwise), cb the bytes of a collect
+-- window's body (nil: not a collect window; see gate.lua).
 
 local tag = ARGV[1]
 local start = ARGV[2]
@@ -108,10 +109,11 @@ for i = 1, #members, 2 do
     ok = string.find(key, pattern) ~= nil
   end
   if ok then
-    local row = redis.call('HMGET', tag .. ':open:' .. ident, 'id', 'fs', 'mw', 'n', 'mc', 'tr')
+    local row = redis.call('HMGET', tag .. ':open:' .. ident, 'id', 'fs', 'mw', 'n', 'mc', 'tr',
+      'cb')
     if row[1] then
       found = found + 1
-      out[found] = {ident, row[1], row[2], score, row[3], row[4], row[5], row[6]}
+      out[found] = {ident, row[1], row[2], score, row[3], row[4], row[5], row[6], row[7]}
       if found >= want then
         break
       end

@@ -6,7 +6,7 @@
 --                         the due set (never per call; see docs/operations.md):
 --                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
 --                         l<b>|<task> windows taken late by lateness bucket b (ARGV[8..])
---                         m|<task> windows closed by their call cap (gate.lua set cx)
+--                         m|<task> windows closed by their call cap or full (gate.lua set cx)
 --                         e|<task> leading runs (gate.lua set ld)
 --                         (gate.lua also bumps s|<task>, suppressed calls, here)
 --                         expires ARGV[5] ms after the last window counted
@@ -22,6 +22,9 @@
 --                       st state ("dispatching", "queued", "claimed", "finished")
 --                       i  ident      ta taken ms     tries  times taken
 --   <tag>:ids           hash; <id> removed when it maps to the taken window's ident
+--   <tag>:calls:<cl>    a collect window's call list (record field cl): read and
+--                       deleted when the window is first taken; the record's p, cb
+--                       written, cl removed (see below)
 --   <tag>:active        zset task id -> ms handed to the broker; at most PRUNE ids
 --                       older than the record TTL whose win:<id> is gone are removed
 --                       (a run killed without acks_late never finishes its record)
@@ -52,8 +55,15 @@
 -- either gets the record TTL (ARGV[4]) again here (gate.lua's close sets none).
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
 -- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx, ld} (mw: max wait ms,
--- the ceiling is fs + mw; cx "1" for a window closed by its call cap, ld "1" for a
--- leading run); ct, o, cx and ld may be nil (application/json and {}: see gate.lua).
+-- the ceiling is fs + mw; cx "1" for a window closed by its call cap, "2" for a collect
+-- window closed full, ld "1" for a leading run); ct, o, cx and ld may be nil
+-- (application/json and {}: see gate.lua).
+--
+-- A collect window (field cl, see gate.lua) gets its body here, the first time it is
+-- taken: p becomes '[[[' .. the elements of <tag>:calls:<cl> joined by ',' .. ']],{},'
+-- .. p (the embed) .. ']', cb its length, cl is removed and the list deleted; later
+-- takes and the dispatcher see an ordinary window. A list that is missing or of the
+-- wrong type gives no elements.
 --
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
 -- must not fail every pass and block the shard: such an entry leaves the due or
@@ -109,12 +119,27 @@ local function count(ident, row, capped, leading)
   redis.call('HINCRBY', KEYS[3], 'l' .. bucket .. '|' .. task, 1)
 end
 
-local function window(key)
-  return redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries', 'cx', 'ld')
-end
-
 local function failed(reply)
   return type(reply) == 'table' and reply.err ~= nil
+end
+
+local function window(key)
+  local row = redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries',
+    'cx', 'ld', 'cl')
+  if row[13] then  -- a collect window: splice its body (see the header)
+    local list = tag .. ':calls:' .. row[13]
+    local elements = redis.pcall('LRANGE', list, 0, -1)
+    if failed(elements) then
+      elements = {}
+    end
+    local body = '[[[' .. table.concat(elements, ',') .. ']],{},' .. (row[8] or '{}') .. ']'
+    redis.call('HSET', key, 'p', body, 'cb', #body)
+    redis.call('HDEL', key, 'cl')
+    redis.call('DEL', list)
+    row[8] = body
+  end
+  row[13] = nil
+  return row
 end
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
