@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import time
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, package_keys, running_worker, wait_until
+from helpers import (
+    assert_a_call_during_a_run_opens_a_new_window,
+    make_app,
+    package_keys,
+    running_worker,
+    wait_until,
+)
 from kombu.exceptions import EncodeError
 
 from celery_debounce import (
@@ -328,31 +333,7 @@ def test_same_key_under_two_tasks_is_two_windows(app: Celery) -> None:
 
 
 def test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one(app: Celery) -> None:
-    running = threading.Event()
-    release = threading.Event()
-    seen: list[int] = []
-
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s", debounce_replace_payload=True)
-    def slow(revision: int) -> int:
-        seen.append(revision)
-        if revision == 1:
-            running.set()
-            release.wait(10)
-        return revision
-
-    with running_worker(app):
-        first = slow.delay(1)
-        assert running.wait(10)
-        (claimed,) = list_windows(app)
-        assert claimed.state == "claimed" and claimed.task_id == first.id
-        second = slow.delay(2)  # arrives while the first run is in flight
-        assert second.id != first.id
-        assert slow.delay(3).id == second.id
-        release.set()
-        assert first.get(timeout=10) == 1
-        assert second.get(timeout=10) == 3
-    assert seen == [1, 3]
+    assert_a_call_during_a_run_opens_a_new_window(app, timeout=10)
 
 
 def test_openers_routing_priority_headers_and_expires_win(app: Celery) -> None:

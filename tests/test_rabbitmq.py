@@ -9,7 +9,6 @@ the Redis result backend. Select these tests with ``-m rabbitmq``.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from typing import Any
@@ -19,7 +18,12 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 from fault_app import build
-from helpers import make_app, running_worker, wait_until
+from helpers import (
+    assert_a_call_during_a_run_opens_a_new_window,
+    make_app,
+    running_worker,
+    wait_until,
+)
 from kombu import Exchange, Queue
 from rabbitmq_node import RabbitNode
 from test_faults import doomed_dispatcher, runs
@@ -134,30 +138,7 @@ def test_max_wait_forces_runs_under_a_stream_on_rabbitmq(
 def test_a_call_during_a_run_opens_a_new_window_on_rabbitmq(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
 ) -> None:
-    app = rabbit_app(redis_server, rabbit)
-    running, release = threading.Event(), threading.Event()
-    seen: list[int] = []
-
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s", debounce_replace_payload=True)
-    def slow(revision: int) -> int:
-        seen.append(revision)
-        if revision == 1:
-            running.set()
-            release.wait(10)
-        return revision
-
-    with running_worker(app):
-        first = slow.delay(1)
-        assert running.wait(15)
-        (claimed,) = list_windows(app)
-        assert claimed.state == "claimed" and claimed.task_id == first.id
-        second = slow.delay(2)  # arrives while the first run is in flight
-        assert second.id != first.id and slow.delay(3).id == second.id
-        release.set()
-        assert first.get(timeout=15) == 1
-        assert second.get(timeout=15) == 3
-    assert seen == [1, 3]
+    assert_a_call_during_a_run_opens_a_new_window(rabbit_app(redis_server, rabbit), timeout=15)
 
 
 def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
