@@ -35,8 +35,16 @@ def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
     return [open_prefix + call.ident, due]
 
 
-#: ARGV[8] .. ARGV[11] of a call with a cap and no fixed id ("" for ARGV[8]: not fixed).
-_NOT_FIXED = ("", "", "", "")
+#: 1-based ARGV positions of the optional groups of gate.lua (see its header): the cap,
+#: the edge mode (with the history TTL), the collect byte budget (with the embed).
+CAP_ARGV = 12
+EDGE_ARGV = 13
+COLLECT_ARGV = 15
+
+
+def _pad_to(args: list[object], position: int) -> None:
+    """Send '' (not given) for every ARGV before ``position`` the call has not filled."""
+    args += [""] * (position - 1 - len(args))
 
 
 def gate_args(
@@ -63,23 +71,15 @@ def gate_args(
     if fixed is not None:
         args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
     if call.spec.max_calls is not None:
-        if fixed is None:
-            args += _NOT_FIXED
+        _pad_to(args, CAP_ARGV)
         args.append(call.spec.max_calls)
     if call.spec.leading:
-        if len(args) == 7:
-            args += _NOT_FIXED
-        if len(args) == 11:
-            args.append("")
+        _pad_to(args, EDGE_ARGV)
         args += [call.spec.edge, store.settings.history_ttl_ms]
-    if call.spec.collect:  # ARGV[15..16], after '' for each ARGV not given up to 14
-        args += [""] * (COLLECT_ARGV - 1 - len(args))
+    if call.spec.collect:
+        _pad_to(args, COLLECT_ARGV)
         args += [store.settings.max_payload_bytes, call.collect_embed]
     return args
-
-
-#: The first ARGV of a debounce_collect call (ARGV[13..14] are the edge options).
-COLLECT_ARGV = 15
 
 
 def parse_reply(reply: list[object]) -> GateResult:
