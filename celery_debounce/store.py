@@ -741,6 +741,21 @@ class WindowStore:
         wanted = self.settings.wait_replicas
         return (("WAIT", wanted, self.settings.wait_replicas_ms),) if wanted else ()
 
+    def _chunk_commands(
+        self, sha: str, calls: Sequence[PreparedCall], chunk: Sequence[int], marker: str,
+        waited: tuple[tuple[Any, ...], ...],
+    ) -> list[tuple[Any, ...]]:
+        """One bulk chunk: its gate calls and its marker in one ``MULTI``/``EXEC``, then
+        the ``WAIT`` of ``debounce_redis_wait_replicas`` if set."""
+        return [
+            ("MULTI",),
+            *(("EVALSHA", sha, 2, *gate_keys(self, calls[i]), *gate_args(self, calls[i]))
+              for i in chunk),
+            ("SET", marker, 1, "PX", _MARKER_TTL_MS),
+            ("EXEC",),
+            *waited,
+        ]
+
     def _check_acks(self, acks: Any, chunk: Sequence[int], outcomes: list[Any]) -> None:
         """Fewer replicas than ``debounce_redis_wait_replicas`` acknowledged a chunk: its
         written calls may not survive a failover (retrying them may count them twice)."""
@@ -797,14 +812,8 @@ class WindowStore:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
                 marker = f"{marker_prefix}{start}"
-                conn.send_packed_command(conn.pack_commands([
-                    ("MULTI",),
-                    *(("EVALSHA", script.sha, 2, *gate_keys(self, calls[i]),
-                       *gate_args(self, calls[i])) for i in chunk),
-                    ("SET", marker, 1, "PX", _MARKER_TTL_MS),
-                    ("EXEC",),
-                    *waited,
-                ]))
+                conn.send_packed_command(conn.pack_commands(
+                    self._chunk_commands(script.sha, calls, chunk, marker, waited)))
                 sent.append((marker, chunk))
                 if len(sent) > 1:
                     _read_chunk(conn, sent[0][1], outcomes, missing)
@@ -879,14 +888,7 @@ class WindowStore:
             for start in range(0, len(indexes), chunk_size):
                 chunk = indexes[start : start + chunk_size]
                 marker = f"{prefix}{shard}:{start}"
-                commands: list[tuple[Any, ...]] = [
-                    ("MULTI",),
-                    *(("EVALSHA", script.sha, 2, *gate_keys(self, calls[i]),
-                       *gate_args(self, calls[i])) for i in chunk),
-                    ("SET", marker, 1, "PX", _MARKER_TTL_MS),
-                    ("EXEC",),
-                    *waited,
-                ]
+                commands = self._chunk_commands(script.sha, calls, chunk, marker, waited)
                 try:
                     with translate_errors("gate (bulk)"):
                         replies = self.send_on_node(marker, commands)
