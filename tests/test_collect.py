@@ -478,3 +478,28 @@ def test_enqueue_many_and_a_retried_run_keep_every_call(app: Celery) -> None:
         flaky.debounce_flush(k="a")
         assert results[0].get(timeout=20) == list(range(50))  # the retry got every call
     assert attempts == [0, 1]
+
+
+def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) -> None:
+    """Canvas members (ids fixed by the canvas) joining one collect window: the run gets
+    every call once with its member id, and every member id resolves (the chord's
+    body runs, the chain's tail runs): none waits forever."""
+    from celery import chain, chord
+
+    @app.task(base=DebouncedTask, shared=False, name="canvas.coll", debounce="300ms",
+              debounce_max_wait="5s", debounce_key="{0}", debounce_collect=True)
+    def coll(calls: list[DebouncedCall]) -> list[Any]:
+        return sorted([c.args[1], c.task_id is not None] for c in calls)
+
+    @app.task(shared=False, name="canvas.count")
+    def count(results: list[Any]) -> int:
+        return len(results)
+
+    with running_worker(app):
+        header = [coll.s("k", i) for i in range(3)]
+        done = chord(header, count.s()).apply_async()
+        assert done.get(timeout=15) == 3
+        runs = [r.get(timeout=5) for r in done.parent.results]
+        assert runs == [[[0, True], [1, True], [2, True]]] * 3
+        tail = chain(coll.s("c", 7), count.s()).apply_async()
+        assert tail.get(timeout=15) == 1

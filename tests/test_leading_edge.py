@@ -479,3 +479,34 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
         job.delay(1)
     assert time.monotonic() - start < 10
     assert not list(redis_client.scan_iter(match="debounce:*"))
+
+
+def test_canvas_with_both_edges_resolves_every_member_and_leading_only_is_refused(
+        app: Celery) -> None:
+    """A chord whose members are edge calls: the first leads, the rest join the trailing
+    window as aliases; every member id resolves and the chord's body runs. Leading
+    only in a group is refused before anything is written (a suppressed member's id
+    would never resolve: docs/design.md)."""
+    from celery import chord, group
+
+    runs: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="canvas.edge", debounce="500ms",
+              debounce_max_wait="5s", debounce_key="{0}", debounce_leading=True,
+              debounce_trailing=True)
+    def edge(key: str, x: int) -> int:
+        runs.append(x)
+        return x
+
+    @app.task(shared=False, name="canvas.total")
+    def total(results: list[int]) -> list[int]:
+        return results
+
+    with running_worker(app):
+        done = chord([edge.s("k", i) for i in range(3)], total.s()).apply_async()
+        assert done.get(timeout=15) == [0, 1, 1]  # leading run 0, trailing run: 1st payload
+        with pytest.raises(DebounceConfigError, match="cannot be combined with task_id="):
+            group(edge.s("g", i).set(debounce_trailing=False) for i in range(2)).apply_async()
+        wait_until(lambda: _settled(app))
+    assert sorted(runs) == [0, 1]
+    assert not list_windows(app, key_glob="g")
