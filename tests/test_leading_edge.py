@@ -456,6 +456,21 @@ def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
     assert row[at:].split()[0] == "4"
 
 
+def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
+        app: Celery, redis_client: redis.Redis) -> None:
+    """``enqueue_many(..., task_id=...)`` gives no call that id (each call gets its own
+    or joins a window): a caller waiting on ``AsyncResult(task_id)`` would wait forever,
+    and with leading only it would slip past the fixed-id refusal. Refused by name."""
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    def job(user: str) -> None:  # pragma: no cover - never run (no worker)
+        pass
+
+    with pytest.raises(DebounceConfigError, match=r"^task_id='fixed': enqueue_many"):
+        enqueue_many(job, [(("u1",), {}), (("u1",), {})], task_id="fixed")
+    assert not list(redis_client.scan_iter(match="debounce:*"))
+
+
 def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
         app_factory: Any, redis_client: redis.Redis) -> None:
     """The leading run is a window written by the one gate call: with the windows'
