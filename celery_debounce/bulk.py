@@ -44,6 +44,11 @@ def enqueue_many(
     pairs = [_pair(call) for call in calls]
     if "retries" in options:
         raise DebounceConfigError("retries=: enqueue_many is for new calls, not retries")
+    if options.get("task_id") is not None:
+        raise DebounceConfigError(
+            f"task_id={options['task_id']!r}: enqueue_many gives each call its own id (or "
+            "its window's); no call would get this one, so nothing would ever resolve it"
+        )
     original = dict(options)
     spec = task._debounce_defaults.for_call(options)
     if spec is None:

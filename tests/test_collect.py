@@ -478,3 +478,78 @@ def test_enqueue_many_and_a_retried_run_keep_every_call(app: Celery) -> None:
         flaky.debounce_flush(k="a")
         assert results[0].get(timeout=20) == list(range(50))  # the retry got every call
     assert attempts == [0, 1]
+
+
+def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) -> None:
+    """Canvas members (ids fixed by the canvas) joining one collect window: the run gets
+    every call once with its member id, and every member id resolves (the chord's
+    body runs, the chain's tail runs): none waits forever."""
+    from celery import chain, chord
+
+    @app.task(base=DebouncedTask, shared=False, name="canvas.coll", debounce="300ms",
+              debounce_max_wait="5s", debounce_key="{0}", debounce_collect=True)
+    def coll(calls: list[DebouncedCall]) -> list[Any]:
+        return sorted([c.args[1], c.task_id is not None] for c in calls)
+
+    @app.task(shared=False, name="canvas.count")
+    def count(results: list[Any]) -> int:
+        return len(results)
+
+    with running_worker(app):
+        header = [coll.s("k", i) for i in range(3)]
+        done = chord(header, count.s()).apply_async()
+        assert done.get(timeout=15) == 3
+        runs = [r.get(timeout=5) for r in done.parent.results]
+        assert runs == [[[0, True], [1, True], [2, True]]] * 3
+        tail = chain(coll.s("c", 7), count.s()).apply_async()
+        assert tail.get(timeout=15) == 1
+
+
+def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_error(
+        app_factory: Any, redis_client: redis.Redis) -> None:
+    """Non-ASCII keys name the quiet period and the call list (``<tag>:quiet:<ident>``,
+    ``<tag>:calls:<cl>``) and non-ASCII payloads are spliced byte for byte; with the
+    windows' Redis down a collect call raises DebounceBackendError in seconds."""
+    import socket
+    import time
+
+    from celery_debounce import DebounceBackendError
+
+    app = app_factory()
+    got: list[list[Any]] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="uni.coll·é", debounce="300ms",
+              debounce_max_wait="5s", debounce_key="{0}", debounce_collect=True)
+    def coll(calls: list[DebouncedCall]) -> int:
+        got.append([[list(c.args), c.kwargs] for c in calls])
+        return len(calls)
+
+    @app.task(base=DebouncedTask, shared=False, name="uni.edge·é", debounce="5s",
+              debounce_max_wait="10s", debounce_key="{0}", debounce_leading=True,
+              debounce_trailing=False)
+    def lead(key: str) -> str:
+        return key
+
+    with running_worker(app):
+        parts = [coll.delay("ключ🔑", v="日本語\u2028"), coll.delay("ключ🔑", v="é\x00")]
+        assert parts[0].id == parts[1].id and parts[0].get(timeout=15) == 2
+        first = lead.delay("клавиша🎹")
+        suppressed = lead.delay("клавиша🎹")
+        assert suppressed.id == first.id and suppressed.get(timeout=15) == "клавиша🎹"
+    assert got == [[[["ключ🔑"], {"v": "日本語\u2028"}], [["ключ🔑"], {"v": "é\x00"}]]]
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    dead = listener.getsockname()[1]
+    listener.close()
+    down = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
+
+    @down.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+               debounce_collect=True)
+    def lost(calls: list[DebouncedCall]) -> None:  # pragma: no cover - never run
+        pass
+
+    start = time.monotonic()
+    with pytest.raises(DebounceBackendError):
+        lost.delay(1)
+    assert time.monotonic() - start < 10

@@ -456,6 +456,21 @@ def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
     assert row[at:].split()[0] == "4"
 
 
+def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
+        app: Celery, redis_client: redis.Redis) -> None:
+    """``enqueue_many(..., task_id=...)`` gives no call that id (each call gets its own
+    or joins a window): a caller waiting on ``AsyncResult(task_id)`` would wait forever,
+    and with leading only it would slip past the fixed-id refusal. Refused by name."""
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    def job(user: str) -> None:  # pragma: no cover - never run (no worker)
+        pass
+
+    with pytest.raises(DebounceConfigError, match=r"^task_id='fixed': enqueue_many"):
+        enqueue_many(job, [(("u1",), {}), (("u1",), {})], task_id="fixed")
+    assert not list(redis_client.scan_iter(match="debounce:*"))
+
+
 def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
         app_factory: Any, redis_client: redis.Redis) -> None:
     """The leading run is a window written by the one gate call: with the windows'
@@ -479,3 +494,34 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
         job.delay(1)
     assert time.monotonic() - start < 10
     assert not list(redis_client.scan_iter(match="debounce:*"))
+
+
+def test_canvas_with_both_edges_resolves_every_member_and_leading_only_is_refused(
+        app: Celery) -> None:
+    """A chord whose members are edge calls: the first leads, the rest join the trailing
+    window as aliases; every member id resolves and the chord's body runs. Leading
+    only in a group is refused before anything is written (a suppressed member's id
+    would never resolve: docs/design.md)."""
+    from celery import chord, group
+
+    runs: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="canvas.edge", debounce="500ms",
+              debounce_max_wait="5s", debounce_key="{0}", debounce_leading=True,
+              debounce_trailing=True)
+    def edge(key: str, x: int) -> int:
+        runs.append(x)
+        return x
+
+    @app.task(shared=False, name="canvas.total")
+    def total(results: list[int]) -> list[int]:
+        return results
+
+    with running_worker(app):
+        done = chord([edge.s("k", i) for i in range(3)], total.s()).apply_async()
+        assert done.get(timeout=15) == [0, 1, 1]  # leading run 0, trailing run: 1st payload
+        with pytest.raises(DebounceConfigError, match="cannot be combined with task_id="):
+            group(edge.s("g", i).set(debounce_trailing=False) for i in range(2)).apply_async()
+        wait_until(lambda: _settled(app))
+    assert sorted(runs) == [0, 1]
+    assert not list_windows(app, key_glob="g")

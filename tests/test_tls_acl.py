@@ -35,9 +35,10 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs o
 ACL_RULES = (
     "resetkeys ~debounce:* resetchannels &debounce:wake -@all "
     "+evalsha +script|load +script|exists "
-    "+time +exists +del +rename +renamenx +pexpire +persist "
+    "+time +exists +del +rename +renamenx +pexpire +pexpireat +persist "
     "+hget +hmget +hset +hdel +hincrby +hgetall "
     "+zadd +zrem +zrange +zrangebyscore +zscore +zscan +zcard +zcount "
+    "+zrank +zincrby +zremrangebyrank +zremrangebyscore +rpush +lrange "
     "+multi +exec +set "
     "+publish +subscribe +unsubscribe +ping"
 )
@@ -216,3 +217,44 @@ def test_wrong_password_or_plain_tcp_on_the_tls_port_is_a_backend_error(
 
         with pytest.raises(DebounceBackendError):
             task.delay()
+
+
+def test_edge_and_collect_calls_run_as_the_acl_user(tls_server: dict[str, Any]) -> None:
+    """The quiet period (``<tag>:quiet:<ident>``, PEXPIREAT) and a collect window's call
+    list (``<tag>:calls:<cl>``, RPUSH by the gate, LRANGE by take.lua) live under the
+    documented key pattern and need only the documented commands: a leading call, a
+    suppressed one, a trailing run and a collect run all work as the ACL user, and the
+    collect run gets every call (take.lua must not splice an empty list)."""
+    from celery_debounce import DebouncedCall
+
+    tls_server["admin"].flushall()
+    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server))
+    led: list[int] = []
+    collected: list[list[int]] = []
+
+    @app.task(base=DebouncedTask, shared=False, name="acl.edge", debounce="1s",
+              debounce_max_wait="5s", debounce_key="e", debounce_leading=True,
+              debounce_trailing=True)
+    def edge(x: int) -> int:
+        led.append(x)
+        return x
+
+    @app.task(base=DebouncedTask, shared=False, name="acl.collect", debounce="300ms",
+              debounce_max_wait="5s", debounce_key="c", debounce_collect=True)
+    def collect(calls: list[DebouncedCall]) -> list[int]:
+        collected.append([c.args[0] for c in calls])
+        return [c.args[0] for c in calls]
+
+    with running_worker(app):
+        first = edge.delay(1)
+        assert first.get(timeout=15) == 1  # the leading run, at once
+        second = edge.delay(2)  # in the quiet period: the trailing window
+        third = edge.delay(3)
+        assert second.id == third.id != first.id
+        assert third.get(timeout=15) == 2  # the trailing run: its first call's payload
+        parts = [collect.delay(i) for i in range(5)]
+        assert len({p.id for p in parts}) == 1
+        assert parts[0].get(timeout=15) == [0, 1, 2, 3, 4]
+    assert led == [1, 2] and collected == [[0, 1, 2, 3, 4]]
+    admin = tls_server["admin"]
+    assert not list(admin.scan_iter(match="debounce:*calls:*"))
