@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker
+from helpers import make_app, running_worker, wait_until
+from redis.crc import key_slot
+from test_cluster_faults import _key_on, _serves, cluster_env  # noqa: F401 (a fixture)
 from test_tls_acl import ACL_RULES
 
 from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce.backend import backend_for
+from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.store import store_for
 
@@ -97,3 +101,50 @@ def test_the_acl_user_on_a_cluster_errors_by_name_or_runs_every_window(
     finally:
         for node in nodes:
             node.execute_command("ACL", "DELUSER", "debouncer")
+
+
+@pytest.mark.cluster
+def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_new_master(
+    cluster_env: tuple[LocalCluster, Callable[..., Celery]],  # noqa: F811 (the fixture)
+    redis_server: str,
+) -> None:
+    """A master SIGKILLed and its replica promoted. A producer that made no call
+    during the failover (its slot table still names the dead master, no pooled
+    connection to it) reaches the new master: before, every call was refused, for
+    good, by the connect to the dead one (the slot table was read again only when a
+    pooled connection failed). The running dispatcher's sharded wake subscription
+    moves too, so that window is published at its deadline, not after the 30 s poll
+    interval."""
+    cluster, factory = cluster_env
+    app = factory(debounce_poll_interval=30)
+    settings = backend_for(app).settings
+    shard = 0
+    slot = key_slot(settings.tags[shard].encode())
+    victim = cluster.node_of_slot(slot)
+    channel = settings.shard_wake_channel(shard)
+    record = app.tasks["cluster.record"]
+    key = _key_on({shard}, record.name)
+    broker = redis.Redis.from_url(f"{redis_server}/1")
+    dispatcher = Dispatcher(factory(debounce_poll_interval=30), name="woken")
+    dispatcher.start()
+    try:
+        wait_until(lambda: redis.Redis(port=victim).execute_command(
+            "PUBSUB", "SHARDNUMSUB", channel)[1] == 1, timeout=10)
+        cluster.kill(victim)
+        new = wait_until(lambda: (p := _serves(cluster, slot)) not in (None, victim) and p,
+                         timeout=20)
+        wait_until(lambda: redis.Redis(port=new).execute_command(
+            "PUBSUB", "SHARDNUMSUB", channel)[1] == 1, timeout=15)
+        before = broker.llen("celery")
+
+        def called() -> bool:
+            try:
+                record.delay(key)
+            except DebounceBackendError:  # refused until the slot table names the replica
+                return False
+            return True
+        wait_until(called, timeout=10)
+        wait_until(lambda: broker.llen("celery") == before + 1, timeout=5)
+    finally:
+        dispatcher.stop()
+        cluster.restart(victim)
