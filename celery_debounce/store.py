@@ -551,7 +551,15 @@ class WindowStore:
         connection usable.
         """
         pool = self.pool_for(keys_and_args[0]) if self.cluster else self.client.connection_pool
-        conn: Any = pool.get_connection(*self._checkout_args)
+        try:
+            conn: Any = pool.get_connection(*self._checkout_args)
+        except redis.ConnectionError:
+            if not self.cluster:
+                raise
+            # refused by a dead master the slot table still names: read it again and
+            # let the cluster client (its retry policy) find the promoted replica
+            self.refresh_topology()
+            return self.client.evalsha(sha, numkeys, *keys_and_args)
         try:
             conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
             return conn.read_response()
@@ -635,7 +643,15 @@ class WindowStore:
                     self.client.get_node(*asking)).connection_pool
             else:
                 pool = self.pool_for(key)
-            conn: Any = pool.get_connection(*self._checkout_args)
+            try:
+                conn: Any = pool.get_connection(*self._checkout_args)
+            except (redis.ConnectionError, OSError):
+                # refused (a dead master the slot table still names): nothing was sent;
+                # read the slot table again, so a promoted replica is found
+                self.refresh_topology()
+                if attempt >= 2:
+                    raise
+                continue
             wire = [("ASKING",), *commands] if asking is not None else commands
             try:
                 try:
