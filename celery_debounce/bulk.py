@@ -9,9 +9,8 @@ from celery.result import AsyncResult
 
 from .call import PreparedCall, prepare_call, static_routing
 from .errors import DebounceBackendError, DebounceConfigError
-from .gate import GateResult
+from .gate import GateResult, announce, listening
 from .settings import settings_for
-from .signals import call_absorbed, window_opened
 from .store import UNKNOWN_OUTCOME, WRITTEN, Outcome, is_unknown_outcome, store_for
 from .task import DebouncedTask, check_arguments
 
@@ -54,6 +53,10 @@ def enqueue_many(
     if spec is None:
         return [task.apply_async(args, kwargs, debounce=False, **options) for args, kwargs in pairs]
     if task.app.conf.task_always_eager:
+        plain = {k: v for k, v in options.items() if k not in ("link", "link_error", "shadow")}
+        for args, kwargs in pairs:  # checked as the gated path: one refused, none runs
+            task._check_eager(spec, args, kwargs, None, options.get("link"),
+                              options.get("link_error"), options.get("shadow"), plain)
         return [task.apply_async(args, kwargs, **original) for args, kwargs in pairs]
     for name in ("link", "link_error", "shadow"):
         if options.get(name) is None:
@@ -85,13 +88,13 @@ def enqueue_many(
     outcomes = store.gate_many(prepared, chunk_size, on_chunk, outcomes)
     errors: dict[int, BaseException] = {}
     unknown: list[int] = []
-    listening = window_opened.receivers or call_absorbed.receivers
+    heard = listening()
     for i, (call, outcome) in enumerate(zip(prepared, outcomes, strict=True)):
         if isinstance(outcome, GateResult):
             if results[i] is None:
                 results[i] = make(outcome.task_id)
-            if listening:
-                _announce(call, outcome)
+            if heard:
+                announce(call, outcome)
         elif isinstance(outcome, BaseException):
             results[i] = None
             errors[i] = outcome
@@ -133,14 +136,6 @@ class DebounceBulkError(DebounceBackendError):
         self.unwritten = sorted(errors)
         self.unknown = unknown
         self.written = len(results) - len(errors)
-
-
-def _announce(call: PreparedCall, result: GateResult) -> None:
-    """The signals a single call sends (gate.enter): window_opened or call_absorbed."""
-    signal = window_opened if result.opened else call_absorbed
-    if signal.receivers:
-        signal.send(sender=call.task_name, task_id=result.task_id, key=call.key,
-                    deadline=result.deadline_ms / 1000, calls=result.calls)
 
 
 def _pair(call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -117,6 +117,21 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
         if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
             raise DebouncePayloadError(str(exc)) from None
         raise
+    announce(call, result)
+    return result
+
+
+def listening() -> bool:
+    """Whether any of the signals :func:`announce` sends has a receiver."""
+    return bool(window_opened.receivers or call_absorbed.receivers
+                or call_suppressed.receivers)
+
+
+def announce(call: PreparedCall, result: GateResult) -> None:
+    """The producer's signal for one gated call, the same for a single call and for
+    ``enqueue_many``: ``call_suppressed`` (a leading-only quiet period folded it into
+    the leading run), else ``window_opened`` or ``call_absorbed``; sent only if someone
+    listens. ``stats`` counts the same (``s|`` per suppressed call)."""
     if result.edge == "suppressed":
         signal = call_suppressed
     else:
@@ -129,4 +144,3 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
             deadline=result.deadline_ms / 1000,
             calls=result.calls,
         )
-    return result
