@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -10,12 +10,24 @@ from typing import Any
 from .durations import parse_duration
 from .errors import DebounceConfigError
 from .key_templates import KeyTemplate, parse_template
+from .names import PREFIX, unknown_name
 
 #: The options a task or a call may set.
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
     "debounce_max_calls", "debounce_leading", "debounce_trailing", "debounce_collect",
 )
+
+_KNOWN = frozenset(OPTION_NAMES)
+
+
+def refuse_unknown_options(options: Mapping[str, Any], kind: str = "option") -> None:
+    """A ``debounce_*`` name that is not an option is a typo: refused, the closest
+    option named (it would otherwise be ignored, or leak into the message)."""
+    for name in options:
+        if name.startswith(PREFIX) and name not in _KNOWN:
+            raise unknown_name(kind, name, options[name], _KNOWN)
+
 
 #: ``gate.lua``'s ARGV[13] per (leading, trailing); trailing only sends nothing.
 EDGE_MODES: dict[tuple[bool, bool], bytes | None] = {
@@ -107,7 +119,10 @@ class TaskDefaults:
         shape decides it) unless ``collect_fixed`` is False: a by-name producer
         (``send_task``) of a task it does not have registered declares it per call.
         """
-        if not options or not any(name in options for name in OPTION_NAMES):
+        if not options:
+            return self.spec
+        refuse_unknown_options(options)
+        if not any(name in options for name in OPTION_NAMES):
             return self.spec
         debounce = options.pop("debounce", None)
         key = options.pop("debounce_key", None)

@@ -19,6 +19,7 @@ from .layout import (
     shard_wake_channel,
     wake_channel,
 )
+from .names import refuse_unknown_settings
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
@@ -95,8 +96,10 @@ class Settings:
     wait_replicas: int = 0
 
     @classmethod
-    def from_app(cls, app: Celery) -> Settings:
+    def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
+        """``redis_url``: use this URL instead of the app's (eager mode's checks)."""
         conf = app.conf
+        refuse_unknown_settings(conf, app.namespace, DEFAULTS)
 
         def get(name: str) -> Any:
             value = conf.get(name)
@@ -105,7 +108,7 @@ class Settings:
         def duration(name: str) -> int:
             return parse_duration(name, get(name))
 
-        redis_url = _redis_url(app, get("debounce_redis_url"))
+        redis_url = redis_url or _redis_url(app, get("debounce_redis_url"))
         if not is_sentinel_url(redis_url):
             refuse_without_sentinel(conf, redis_url)
         settings = cls(
