@@ -94,6 +94,9 @@ def wrap_run(run: Any) -> Any:
     ``run`` is a ``staticmethod`` (``bind=False``) or a function taking the task
     first (``bind=True``, or a class-based task's method).
     """
+    if getattr(run.__func__ if isinstance(run, staticmethod) else run,
+               "__debounce_collect__", False):
+        return run  # already wrapped (inherited from a collect task class)
     if isinstance(run, staticmethod):
         fun: Callable[..., Any] = run.__func__
 
@@ -102,9 +105,8 @@ def wrap_run(run: Any) -> Any:
             return fun(to_calls(calls), *args, **kwargs)
 
         unbound.__debounce_collect__ = True  # type: ignore[attr-defined]
+        unbound.__debounce_collect_of__ = run  # type: ignore[attr-defined]
         return staticmethod(unbound)
-    if getattr(run, "__debounce_collect__", False):
-        return run
     method: Callable[..., Any] = run
 
     @functools.wraps(method)
@@ -112,6 +114,7 @@ def wrap_run(run: Any) -> Any:
         return method(self, to_calls(calls), *args, **kwargs)
 
     bound.__debounce_collect__ = True  # type: ignore[attr-defined]
+    bound.__debounce_collect_of__ = method  # type: ignore[attr-defined]
     return bound
 
 

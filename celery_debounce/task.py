@@ -9,15 +9,17 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
+from . import canvas
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import single_call_args, wrap_run
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
+from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
-from .settings import settings_for
+from .settings import Settings, settings_for
 from .store import store_for
 from .windows import WindowInfo
 
@@ -48,15 +50,19 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Runs inside Celery's type() call, so a bad option fails the registration.
+        _refuse_unknown_class_options(cls)
         cls._debounce_defaults = TaskDefaults.validate(
             {name: getattr(cls, name) for name in OPTION_NAMES}
         )
         if cls._debounce_defaults.debounce_collect:
             _collect_class(cls)
+        else:
+            _plain_class(cls)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
+        canvas.install(app)  # a chain/chord with this task later in it is checked when applied
         if cls._debounce_defaults.debounce_collect and cls.serializer != "json":
             # the app's task_serializer, known once the task is bound to the app
             raise DebounceConfigError(
@@ -96,9 +102,12 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             spec: DebounceSpec | None = None
         else:
             spec = self._debounce_defaults.for_call(options)
+        if spec is not None and (options.get("chain") or options.get("chord")):
+            canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
         if spec is None or self.app.conf.task_always_eager:
-            if spec is not None:
-                refuse_schedule(options)
+            if spec is not None:  # eager: every check of a real call, nothing written
+                self._check_eager(spec, args, kwargs, task_id, link, link_error, shadow,
+                                  options)
             if self._debounce_defaults.debounce_collect and "retries" not in options:
                 # published without a window: the run still gets a list, of this call
                 args, kwargs = single_call_args(args, kwargs, task_id), {}
@@ -111,6 +120,57 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             refuse_fixed_leading(self.name)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
         return self.AsyncResult(result_id(result.task_id, fixed))
+
+    def _check_eager(
+        self,
+        spec: DebounceSpec,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        task_id: str | None,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        """The checks a call makes before the gate (``prepare_call``: options, key,
+        payload size; leading only with a fixed id), for a call eager mode runs inline:
+        what production refuses, eager mode refuses too. Writes nothing, needs no Redis."""
+        refuse_schedule(options)
+        check_arguments(self, args, kwargs)
+        copied = dict(options)
+        fixed = fixed_id(task_id, copied)
+        if fixed is not None and spec.leading and not spec.trailing:
+            refuse_fixed_leading(self.name)
+        if link is not None:
+            copied["link"] = link
+        if link_error is not None:
+            copied["link_error"] = link_error
+        if shadow is not None:
+            copied["shadow"] = shadow
+        defaults = self._debounce_exec_defaults()
+        if defaults:
+            copied = {**defaults, **copied}
+        prepare_call(
+            _eager_settings(self.app), self.name, spec, args, kwargs, copied,
+            self.debounce_signature(), copied.pop("serializer", None) or self.serializer,
+            task_id, app=self.app, task_type=self,
+        )
+
+    # -- the canvas shortcuts that would run the task inline, never gated --------
+    def map(self, it: Any) -> Any:
+        if self._debounce_defaults.spec is not None:
+            raise canvas.refuse_shortcut(self.name, "map")
+        return super().map(it)
+
+    def starmap(self, it: Any) -> Any:
+        if self._debounce_defaults.spec is not None:
+            raise canvas.refuse_shortcut(self.name, "starmap")
+        return super().starmap(it)
+
+    def chunks(self, it: Any, n: int) -> Any:
+        if self._debounce_defaults.spec is not None:
+            raise canvas.refuse_shortcut(self.name, "chunks")
+        return super().chunks(it, n)
 
     # -- steering a window by the task's own arguments -------------------------
     def debounce_pending(
@@ -238,11 +298,12 @@ def send_task(
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
     defaults = debounced._debounce_defaults if debounced else TaskDefaults()
+    original = dict(options)
     spec = defaults.for_call(options, collect_fixed=debounced is not None)
     if spec is None:
         return app.send_task(name, args, kwargs, task_id=task_id, **options)
-    if app.conf.task_always_eager and debounced is not None:
-        return debounced.apply_async(args, kwargs, task_id=task_id, debounce=False, **options)
+    if app.conf.task_always_eager and debounced is not None:  # checked as a call, run inline
+        return debounced.apply_async(args, kwargs, task_id=task_id, **original)
     if local is not None:
         check_arguments(local, args, kwargs)
         own = exec_defaults(local)
@@ -273,6 +334,56 @@ def refuse_fixed_leading(name: str) -> None:
     )
 
 
+def _eager_settings(app: Celery) -> Settings:
+    """The settings a call's checks read (limits, shards), for eager mode: the app's,
+    but without needing a Redis URL when none is set (eager mode needs no Redis)."""
+    cached: Settings | None = getattr(app, "_debounce_eager_settings", None)
+    if cached is None:
+        if app.conf.get("debounce_redis_url"):
+            cached = settings_for(app)
+        else:
+            cached = Settings.from_app(app, redis_url=EAGER_URL)
+        app._debounce_eager_settings = cached  # type: ignore[attr-defined, unused-ignore]
+    return cached
+
+
+#: The URL eager mode's checks use when the app sets none (nothing connects to it).
+EAGER_URL = "redis://eager.invalid:6379/0"
+
+
+def _refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:
+    """A misspelt task option (``debounce_colect=True``) would be a silent class
+    attribute: refused at registration, the closest option named. Methods and other
+    descriptors named ``debounce_*`` (a subclass's own helpers) are not options."""
+    for name, value in cls.__dict__.items():
+        if (name.startswith(PREFIX) and name not in OPTION_NAMES
+                and not callable(value) and not hasattr(value, "__get__")
+                and not hasattr(DebouncedTask, name)):
+            raise unknown_name(f"task option of {cls.__name__}", name, value, OPTION_NAMES)
+
+
+def _plain_class(cls: type[DebouncedTask]) -> None:
+    """A task class without ``debounce_collect`` that inherits a collect class's
+    wrapped ``run`` gets the function itself back (it takes its own arguments)."""
+    run = _find_run(cls)
+    original = getattr(_function_of(run), "__debounce_collect_of__", None)
+    if original is not None and "run" not in cls.__dict__:
+        cls.run = original
+        if "typing" not in cls.__dict__:
+            cls.typing = Task.typing
+
+
+def _find_run(cls: type) -> Any:
+    for klass in cls.__mro__:
+        if "run" in klass.__dict__:
+            return klass.__dict__["run"]
+    return None
+
+
+def _function_of(run: Any) -> Any:
+    return run.__func__ if isinstance(run, staticmethod) else run
+
+
 def _collect_class(cls: type[DebouncedTask]) -> None:
     """Make a ``debounce_collect`` task class take the list of its window's calls.
 
@@ -288,8 +399,8 @@ def _collect_class(cls: type[DebouncedTask]) -> None:
             f"debounce_collect=True needs serializer='json' (got serializer={serializer!r}): "
             "the run's body is spliced from the calls' JSON"
         )
-    run = cls.__dict__.get("run")
-    if run is not None:
+    run = _find_run(cls)  # its own, or inherited (a subclass of a plain task class)
+    if run is not None and run is not Task.__dict__.get("run"):
         cls.run = wrap_run(run)
     cls.typing = False
 
