@@ -15,7 +15,7 @@ from celery.app.routes import MapRoute
 from kombu import serialization
 from kombu.utils import json as kombu_json
 
-from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
+from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .key_templates import digest_key, resolve
 from .layout import shard_of, window_ident
@@ -93,6 +93,8 @@ def prepare_call(
         if options:
             refuse_schedule(options)
         embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
+        if spec.collect:  # the worker knows the body's shape (collect.COLLECT_HEADER)
+            stored["headers"] = {**stored.get("headers", {}), COLLECT_HEADER: 1}
         options_json = encode_stored(stored)
         if static is not None and "parent_id" not in stored:
             static[task_name] = options_json

@@ -20,6 +20,7 @@ deserializes a call; the worker parses JSON only (``debounce_collect`` requires 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ TIME_PREFIX = 14
 
 #: Error text ``gate.lua`` replies with when a call cannot fit an empty window.
 PAYLOAD_TOO_LARGE = "DEBOUNCE_PAYLOAD_TOO_LARGE"
+
+#: Message header of a run whose body is a list of calls (a collect window, or one
+#: call of a collect task published without a window): the worker knows the body's
+#: shape even where the task is not ``debounce_collect`` (a rolling deploy).
+COLLECT_HEADER = "debounce_collect"
+
+logger = logging.getLogger("celery_debounce.collect")
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,9 @@ def wrap_run(run: Any) -> Any:
         fun: Callable[..., Any] = run.__func__
 
         @functools.wraps(fun)
-        def unbound(calls: Any, *args: Any, **kwargs: Any) -> Any:
-            return fun(to_calls(calls), *args, **kwargs)
+        def unbound(*args: Any, **kwargs: Any) -> Any:
+            calls, rest, extra = _calls_of(args, kwargs)
+            return fun(calls, *rest, **extra)
 
         unbound.__debounce_collect__ = True  # type: ignore[attr-defined]
         unbound.__debounce_collect_of__ = run  # type: ignore[attr-defined]
@@ -110,12 +119,64 @@ def wrap_run(run: Any) -> Any:
     method: Callable[..., Any] = run
 
     @functools.wraps(method)
-    def bound(self: Any, calls: Any, *args: Any, **kwargs: Any) -> Any:
-        return method(self, to_calls(calls), *args, **kwargs)
+    def bound(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls, rest, extra = _calls_of(args, kwargs)
+        return method(self, calls, *rest, **extra)
 
     bound.__debounce_collect__ = True  # type: ignore[attr-defined]
     bound.__debounce_collect_of__ = method  # type: ignore[attr-defined]
     return bound
+
+
+def _calls_of(
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> tuple[list[DebouncedCall], tuple[Any, ...], dict[str, Any]]:
+    """``(calls, other args, other kwargs)`` for the wrapped function.
+
+    A run in a worker whose arguments are not a list of calls is a plain call of
+    this task, published where the task is not ``debounce_collect`` (a rolling
+    deploy that turned it on): it runs as a list of that one call. Called directly
+    (unit tests) such arguments are a TypeError, as before.
+    """
+    if args:
+        try:
+            return to_calls(args[0]), args[1:], kwargs
+        except TypeError:
+            if not _in_worker():
+                raise
+    elif not _in_worker():
+        raise TypeError("a debounce_collect task takes one argument, the list of its "
+                        "window's calls; got none")
+    logger.warning(
+        "debounce: a debounce_collect task got a plain call's arguments (published where "
+        "the task is not debounce_collect, e.g. during a rolling deploy): run as one call")
+    return [DebouncedCall(tuple(args), dict(kwargs))], (), {}
+
+
+def _in_worker() -> bool:
+    """True inside a run the worker (or eager mode) traces, not a direct call."""
+    from celery import current_task
+
+    task = current_task
+    if not task:
+        return False
+    request = task.request
+    return bool(request is not None and not request.called_directly and request.id)
+
+
+def plain_call_of(args: Any, replace_payload: bool) -> DebouncedCall | None:
+    """The call a task that is not ``debounce_collect`` runs for a collect body (a
+    rolling deploy that turned the option off): the opener's call, or the newest with
+    ``debounce_replace_payload``, as a plain window would run. None: not such a body."""
+    if not isinstance(args, (list, tuple)) or len(args) != 1:
+        return None
+    try:
+        calls = to_calls(args[0])
+    except TypeError:
+        return None
+    if not calls:
+        return None
+    return calls[-1] if replace_payload else calls[0]
 
 
 def single_call_args(

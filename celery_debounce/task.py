@@ -13,7 +13,7 @@ from . import canvas
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing
-from .collect import single_call_args, wrap_run
+from .collect import COLLECT_HEADER, single_call_args, wrap_run
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .names import PREFIX, unknown_name
@@ -111,6 +111,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             if self._debounce_defaults.debounce_collect and "retries" not in options:
                 # published without a window: the run still gets a list, of this call
                 args, kwargs = single_call_args(args, kwargs, task_id), {}
+                options["headers"] = {**(options.get("headers") or {}), COLLECT_HEADER: 1}
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )

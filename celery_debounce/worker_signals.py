@@ -17,6 +17,7 @@ from celery.signals import task_postrun, task_prerun, task_rejected, task_revoke
 
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
+from .collect import COLLECT_HEADER, plain_call_of
 from .layout import SHARD_HEADER
 from .store import store_for
 
@@ -55,6 +56,33 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
             "debounce: %s[%s] runs again (window was %s): redelivered or republished",
             task.name, task_id, before,
         )
+
+
+def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
+             **_: Any) -> None:
+    """A collect body (header ``debounce_collect``) reaching a task that is not
+    ``debounce_collect`` here (a rolling deploy that turned it off): the run gets the
+    opener's call (the newest with ``debounce_replace_payload``), as a plain window's
+    run would, instead of the raw list of calls. The tracer calls the task with these
+    very ``args``/``kwargs`` objects (JSON: a list and a dict), so they are replaced
+    in place."""
+    headers = getattr(task.request, "headers", None)
+    if not headers or not headers.get(COLLECT_HEADER):
+        return
+    defaults = getattr(task, "_debounce_defaults", None)
+    if defaults is not None and defaults.debounce_collect:
+        return
+    replace = bool(defaults is not None and defaults.debounce_replace_payload)
+    call = plain_call_of(args, replace)
+    if call is None or not isinstance(args, list) or not isinstance(kwargs, dict):
+        return
+    logger.warning(
+        "debounce: %s[%s] got a debounce_collect window's calls, but the task is not "
+        "debounce_collect here (a rolling deploy?): it runs with the %s call's arguments",
+        task.name, task_id, "newest" if replace else "first")
+    args[:] = list(call.args)
+    kwargs.clear()
+    kwargs.update(call.kwargs)
 
 
 def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
@@ -113,6 +141,7 @@ def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
 
 
 task_prerun.connect(_claim, weak=False)
+task_prerun.connect(_reshape, weak=False)
 task_postrun.connect(_finish, weak=False)
 task_revoked.connect(_revoked, weak=False)
 task_unknown.connect(_dropped, weak=False)
