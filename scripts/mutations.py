@@ -434,6 +434,22 @@ MUTATIONS: list[Mutation] = [
         "                announce(call, outcome)",
         "                announce(call, outcome._replace(edge=\"\"))",
         PARITY + "test_enqueue_many_sends_the_signals_a_single_call_sends"),
+    one("a collect window's calls reach a plain worker's task raw",
+        "parity: a rolling deploy that toggles debounce_collect runs each window in the "
+        "worker's shape",
+        PKG + "worker_signals.py",
+        "task_prerun.connect(_reshape, weak=False)\n",
+        "",
+        PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
+        "workers_shape[collect off]"),
+    one("a collect task's run refuses a plain call's arguments in the worker",
+        "parity: a rolling deploy that toggles debounce_collect runs each window in the "
+        "worker's shape",
+        PKG + "collect.py",
+        "        except TypeError:\n            if not _in_worker():\n                raise",
+        "        except TypeError:\n            raise",
+        PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
+        "workers_shape[collect on]"),
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one("a nacked publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
