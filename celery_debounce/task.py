@@ -102,7 +102,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             spec: DebounceSpec | None = None
         else:
             spec = self._debounce_defaults.for_call(options)
-        if spec is not None and (options.get("chain") or options.get("chord")):
+        if options and spec is not None and (options.get("chain") or options.get("chord")):
             canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
         if spec is None or self.app.conf.task_always_eager:
             if spec is not None:  # eager: every check of a real call, nothing written
