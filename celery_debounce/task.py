@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from celery import Celery, Task
@@ -12,10 +13,11 @@ from celery.result import AsyncResult
 from . import canvas
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
-from .call import call_key, prepare_call, refuse_schedule, static_routing
+from .call import call_key, new_task_id, prepare_call, refuse_schedule, static_routing
 from .collect import COLLECT_HEADER, single_call_args, wrap_run
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
+from .layout import SHARD_HEADER
 from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
@@ -112,9 +114,13 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
                 # published without a window: the run still gets a list, of this call
                 args, kwargs = single_call_args(args, kwargs, task_id), {}
                 options["headers"] = {**(options.get("headers") or {}), COLLECT_HEADER: 1}
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            token = _CHECKED.set(True)  # eager: Task.apply below, already checked
+            try:
+                return super().apply_async(
+                    args, kwargs, task_id, producer, link, link_error, shadow, **options
+                )
+            finally:
+                _CHECKED.reset(token)
         check_arguments(self, args, kwargs)
         fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
         if fixed is not None and spec.leading and not spec.trailing:
@@ -156,6 +162,44 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             self.debounce_signature(), copied.pop("serializer", None) or self.serializer,
             task_id, app=self.app, task_type=self,
         )
+
+    def apply(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        link: Any = None,
+        link_error: Any = None,
+        task_id: str | None = None,
+        retries: int | None = None,
+        throw: bool | None = None,
+        logfile: Any = None,
+        loglevel: Any = None,
+        headers: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``apply``; in eager mode a canvas member's call is checked first.
+
+        Eager canvas (``group``/``chord``/``chain`` with ``task_always_eager``) runs its
+        members with ``Signature.apply`` -> ``Task.apply``, never ``apply_async``: such
+        a call gets the checks of an eager ``apply_async`` (options, key, payload; leading
+        only for a group member, whose id is fixed). Not checked: a call from this
+        task's own ``apply_async`` (already checked), a retry, a window's run
+        (``testing.run_windows``: it carries the shard header), and any call outside
+        eager mode (``apply`` is then a local run, as in Celery).
+        """
+        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries
+                and not (headers and SHARD_HEADER in headers)):
+            call_options = dict(options)
+            spec = self._debounce_defaults.for_call(call_options)
+            if spec is not None:
+                # a group member's id is fixed (Celery freezes it), even if not passed here
+                member = (task_id or new_task_id()) if call_options.get("group_id") else None
+                self._check_eager(spec, args, kwargs, member, link, link_error,
+                                  call_options.get("shadow"), call_options)
+            for name in OPTION_NAMES:
+                options.pop(name, None)
+        return super().apply(args, kwargs, link, link_error, task_id, retries, throw,
+                             logfile, loglevel, headers, **options)
 
     # -- the canvas shortcuts that would run the task inline, never gated --------
     def map(self, it: Any) -> Any:
@@ -346,6 +390,10 @@ def _eager_settings(app: Celery) -> Settings:
             cached = Settings.from_app(app, redis_url=EAGER_URL)
         app._debounce_eager_settings = cached  # type: ignore[attr-defined, unused-ignore]
     return cached
+
+
+#: Set while ``apply_async`` hands an eager call (already checked) to ``Task.apply``.
+_CHECKED: ContextVar[bool] = ContextVar("debounce_eager_checked", default=False)
 
 
 #: The URL eager mode's checks use when the app sets none (nothing connects to it).

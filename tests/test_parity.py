@@ -144,6 +144,38 @@ def test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis() -> Non
     assert blob.apply_async(("x" * 500,), debounce=False).get() == 500  # plainly, unchecked
 
 
+def test_eager_canvas_members_are_checked_as_calls() -> None:
+    """Celery runs an eager canvas's members with ``Task.apply``, never ``apply_async``:
+    they get the same checks. Leading only is refused for a group member (Celery
+    fixes its id); an eager chain or chord body applies its steps without an id, so
+    leading only there runs (a strict xfail in the class test below)."""
+    app = _eager_app(debounce_max_payload_bytes=200)
+
+    @app.task(shared=False, name="parity.eager.plain")
+    def plain(x: Any = None) -> Any:
+        return "k"
+
+    @app.task(base=DebouncedTask, shared=False, name="parity.eager.lead", **LEAD)
+    def lead(x: Any = "k") -> Any:
+        return x
+
+    @app.task(base=DebouncedTask, shared=False, name="parity.eager.trail", **TRAIL)
+    def trail(x: Any = "k") -> Any:
+        return x
+
+    with pytest.raises(DebounceConfigError, match="cannot be combined with task_id="):
+        group(lead.s("k"), lead.s("k")).apply_async()
+    with pytest.raises(DebounceConfigError, match="countdown=5"):
+        chain(plain.s(1), trail.s().set(countdown=5)).apply_async()
+    with pytest.raises(DebounceConfigError, match="did you mean 'debounce_replace_payload'"):
+        chord([plain.s(1)], trail.s().set(debounce_replace_paylod=True)).apply_async()
+    with pytest.raises(DebouncePayloadError):
+        group(trail.s("x" * 500)).apply_async()
+    assert chain(plain.s(1), trail.s()).apply_async().get() == "k"
+    assert group(trail.s("a"), trail.s("b")).apply_async().get() == ["a", "b"]
+    assert trail.apply(("z",)).get() == "z"  # apply() in eager mode: checked, then run
+
+
 # -- 3. debounce_collect wraps run for every task shape ----------------------------------------
 class _PlainBase(DebouncedTask):
     """A class-based task whose run a collect subclass inherits."""
@@ -353,7 +385,7 @@ def test_enqueue_many_sends_the_signals_a_single_call_sends(app: Celery) -> None
 
 
 # -- 7. the class: options x ways in x eager, for every task shape ---------------------------
-#: The task's own options (every one with a window, key "{0}").
+#: The task's own options (every one with a window).
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "trailing": {},
     "leading only": {"debounce_leading": True, "debounce_trailing": False},
@@ -373,6 +405,8 @@ PER_CALL: dict[str, dict[str, Any]] = {
 FIXED_WAYS = ("task_id=", "group member", "chord header", "chord body", "chain head",
               "chain middle", "chain tail")
 INLINE_WAYS = ("map", "starmap", "chunks")
+#: Canvas positions eager mode applies without freezing an id (Task.apply, no task_id).
+EAGER_UNFROZEN = ("chain head", "chain middle", "chain tail", "chord body")
 CANVAS_WAYS = ("group member", "chord header", "chord body", "chain head", "chain middle",
                "chain tail")
 
@@ -428,7 +462,8 @@ def _expected_refusal(options: str, per_call: str, way: str) -> str | None:
 
 
 def _shaped_task(app: Celery, shape: str, options: dict[str, Any]) -> Any:
-    opts = {"debounce": "1h", "debounce_max_wait": "2h", "debounce_key": "{0}", **options}
+    # the default key (a digest of the arguments): a chord body's list of results has one
+    opts = {"debounce": "1h", "debounce_max_wait": "2h", **options}
     collect = opts.get("debounce_collect", False)
     name = f"parity.class.{shape.replace(' ', '_')}"
 
@@ -473,11 +508,11 @@ def _class_cases() -> list[Any]:
                         continue  # shapes x every per-call option only for two option sets
                     for way in WAYS:
                         marks = []
-                        if eager and way in CANVAS_WAYS and _expected_refusal(
-                                options, per_call, way):
+                        if eager and way in EAGER_UNFROZEN and options == "leading only" \
+                                and per_call == "no option":
                             marks.append(pytest.mark.xfail(strict=True, reason=(
-                                "eager canvas runs members with Task.apply, which Celery calls "
-                                "directly: no debounce check runs there (docs/faq.md)")))
+                                "eager chains and chord bodies apply their members without a "
+                                "fixed id: leading only is not refused there (docs/faq.md)")))
                         cases.append(pytest.param(
                             eager, shape, options, per_call, way, marks=marks,
                             id=f"{'eager' if eager else 'real'}-{shape}-{options}-"
@@ -505,7 +540,7 @@ def test_every_way_in_works_or_is_refused_at_call_time(
 
     @app.task(shared=False, name="parity.class.plain")
     def plain(*args: Any) -> Any:
-        return list(args)
+        return "k"  # a key for the debounced step after it (a list would be no key)
 
     expected = _expected_refusal(options, per_call, way)
     if expected is not None:
