@@ -58,29 +58,15 @@ def _check(app: Celery, sig: Any, where: str, depth: int = 0) -> None:
     sig = maybe_signature(sig, app=app)
     if not isinstance(sig, Signature):
         return
-    tasks = sig.get("kwargs", {}).get("tasks") if sig.get("subtask_type") else None
     kind = sig.get("subtask_type")
-    if kind in ("group", "chain"):
-        for member in _members(sig, tasks):
+    if kind in ("group", "chain", "chord"):
+        for member in getattr(sig, "tasks", None) or ():  # a chord's: its header
             _check(app, member, where, depth + 1)
-        return
-    if kind == "chord":
-        kwargs = sig.get("kwargs", {})
-        for member in _members(sig, kwargs.get("header")):
-            _check(app, member, where, depth + 1)
-        if kwargs.get("body") is not None:
-            _check(app, kwargs["body"], where, depth + 1)
+        body = getattr(sig, "body", None) if kind == "chord" else None
+        if body is not None:
+            _check(app, body, where, depth + 1)
         return
     check_signature(app, sig, where, fixed=True)
-
-
-def _members(sig: Signature, raw: Any) -> list[Any]:
-    members = getattr(sig, "tasks", None)
-    if members is None:
-        members = raw
-    if isinstance(members, Mapping) or members is None:
-        return [members] if members else []
-    return list(members)
 
 
 def check_signature(app: Celery, sig: Signature, where: str, *, fixed: bool) -> None:
