@@ -344,7 +344,16 @@ class Dispatcher:
         result = self._confirms.wait(sorted(confirming), deadline)
         for seq in sorted(confirming):
             window = confirming[seq]
-            if seq in result.acked:
+            unroutable = self._confirms.returned(window.task_id)
+            if seq in result.acked and unroutable is not None:
+                # confirmed, but no queue took it (basic.return): this message's fault
+                logger.warning(
+                    "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
+                    window.task_name, window.task_id, window.key, window.tries, MAX_TRIES,
+                    unroutable,
+                )
+                failed.append((window, unroutable))
+            elif seq in result.acked:
                 ok.append(window)
             elif seq in result.nacked:
                 refused.append(window)
@@ -402,6 +411,8 @@ class Dispatcher:
             )
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+        if self._confirms is not None:
+            options["mandatory"] = True  # an unroutable message comes back (basic.return)
         try:
             self._send_message(producer, window.task_name, message, **options)
         except Exception as exc:

@@ -402,4 +402,12 @@ MUTATIONS: list[Mutation] = [
         "if self._producer is not None and not self._alive():",
         "if self._producer is not None and not True:",
         "tests/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
+    # -- rule "every id resolves" (issue 19, items 7 and 8) ---------------------------
+    one("an unroutable message is not published mandatory",
+        "every id resolves: an unroutable message is retried, then quarantined (RabbitMQ)",
+        PKG + "dispatcher.py",
+        'options["mandatory"] = True  # an unroutable message comes back (basic.return)',
+        'pass',
+        "tests/test_rabbitmq.py::"
+        "test_an_unroutable_message_is_retried_then_quarantined_with_the_reason"),
 ]

@@ -28,7 +28,7 @@ from kombu import Exchange, Queue
 from rabbitmq_node import RabbitNode
 from test_faults import doomed_dispatcher, runs
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebouncedTask, WindowQuarantined
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.windows import list_windows
 
@@ -253,6 +253,49 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     finally:
         dispatcher.stop()
     assert [runs(redis_client, f"nk{i}") for i in range(5)] == [[tid] for tid in ids]
+
+
+def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rule "every id resolves": a window routed to an exchange with a routing key no
+    queue binds (``amq.direct``, a key nobody uses). RabbitMQ confirms such a message
+    and drops it; the dispatcher publishes with ``mandatory`` and reads the
+    ``basic.return``, so the window is not acked: it is retried, then quarantined with
+    the reason, and the caller's ``.get()`` raises ``WindowQuarantined`` instead of
+    waiting forever. A routable window of the same pass runs."""
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     debounce_dispatch_lease="1s", task_default_queue=qname)
+    ran: list[str] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        ran.append(key)
+        return key
+
+    nowhere = f"nobody-{uuid.uuid4().hex[:8]}"
+    lost = task.apply_async(("ur",), exchange="amq.direct", routing_key=nowhere)
+    fine = task.apply_async(("ok",))
+    wait_until(lambda: all(w.deadline <= time.time() for w in list_windows(app)), 5)
+    caplog.set_level(logging.WARNING, "celery_debounce.dispatcher")
+    dispatcher = Dispatcher(app, name="returns")
+    assert dispatcher.dispatch_once()[0] == 1  # the routable one only
+    assert f"unroutable: exchange amq.direct routing key '{nowhere}'" in caplog.text
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{lost.id}")
+    assert record[b"st"] == b"dispatching", record  # not acked: retried
+    dispatcher.start()
+    try:
+        with pytest.raises(WindowQuarantined, match=f"unroutable: .*'{nowhere}'"):
+            lost.get(timeout=30)
+        with running_worker(app, queues=[qname]):
+            assert fine.get(timeout=15) == "ok"
+    finally:
+        dispatcher.stop()
+    assert ran == ["ok"]
+    assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
 
 
 def test_rabbitmq_killed_mid_batch_loses_no_window(
