@@ -52,6 +52,10 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
+#: Each dispatcher looks for windows whose message expired unseen at most this often
+#: per shard (one expire.lua call).
+EXPIRE_EVERY_S = 1.0
+
 
 
 def take_due(store: WindowStore, shard: int, limit: int, observer: str = "") -> TakeResult:
@@ -171,6 +175,10 @@ class Dispatcher:
         self._confirms: ConfirmingPublisher | None = (
             ConfirmingPublisher(app) if uses_confirms(app) else None
         )
+        #: task id -> ms until its message expires, for the windows published with one
+        self._expiry: dict[str, int] = {}
+        #: shard -> when (monotonic) this dispatcher last finished its expired windows
+        self._expired_at: dict[int, float] = {}
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -197,6 +205,7 @@ class Dispatcher:
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
                 if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
+            self._finish_expired(shard)
         return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
@@ -293,6 +302,7 @@ class Dispatcher:
                     ok = []
                 sent.extend(ok)
         try:
+            self._track_expiry(shard, sent)
             if sent:
                 self.store.ack(shard, [w.task_id for w in sent])
                 for window in sent:
@@ -411,6 +421,9 @@ class Dispatcher:
             )
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+        left = options.get("expiration")  # expires: the broker may drop it unseen
+        if left is not None:
+            self._expiry[window.task_id] = math.ceil(float(left) * 1000)
         if self._confirms is not None:
             options["mandatory"] = True  # an unroutable message comes back (basic.return)
         try:
@@ -442,6 +455,44 @@ class Dispatcher:
                 return True
             seen = seen.__cause__ or seen.__context__
         return False
+
+    def _track_expiry(self, shard: int, sent: list[TakenWindow]) -> None:
+        """Record when the messages just sent expire (expiring.lua), before their ack."""
+        expiry, self._expiry = self._expiry, {}
+        tracked = [(w.task_id, expiry[w.task_id]) for w in sent if w.task_id in expiry
+                   and expiry[w.task_id] < self.settings.record_ttl_ms]
+        if not tracked:  # (an expiry past the record's TTL: the record goes first)
+            return
+        try:
+            self.store.expiring(shard, tracked)
+        except DebounceBackendError as exc:
+            logger.warning("debounce: could not record when %d message(s) expire (their "
+                           "windows stay queued if the broker drops them unseen): %s",
+                           len(tracked), exc)
+
+    def _finish_expired(self, shard: int) -> None:
+        """Finish as REVOKED the queued windows whose message expired unseen (at most
+        once a second per shard): RabbitMQ discards an expired message without any
+        worker signal, and a queue no worker reads keeps it; either way its callers
+        would wait until the record's TTL. A claimed (running) window is never touched
+        (expire.lua)."""
+        now = time.monotonic()
+        if now - self._expired_at.get(shard, -math.inf) < EXPIRE_EVERY_S:
+            return
+        self._expired_at[shard] = now
+        for task_id, aliases in self.store.expire(shard):
+            logger.warning(
+                "debounce: window %s expired before any worker ran it (its message's "
+                "expires passed in the broker): finished as REVOKED", task_id,
+            )
+            try:
+                self.app.backend.mark_as_revoked(task_id, "expired")
+            except Exception as error:  # no result backend, or it is down: logged
+                logger.warning("debounce: window %s expired but could not store REVOKED: "
+                               "%r", task_id, error)
+            if aliases:
+                resolve_aliases(self.app, task_id, parse_aliases(aliases), states.REVOKED,
+                                None)
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         logger.error(

@@ -172,6 +172,12 @@ def active_key(tag: str) -> str:
     return f"{tag}:active"
 
 
+def expiring_key(tag: str) -> str:
+    """zset task id -> ms its message expires: published windows with ``expires``
+    (expiring.lua), finished as REVOKED by expire.lua if still queued then."""
+    return f"{tag}:expiring"
+
+
 def ids_key(tag: str) -> str:
     """hash task id -> ident of pending windows opened under a caller-chosen id."""
     return f"{tag}:ids"

@@ -63,6 +63,7 @@ from .layout import (
     decode_record,
     dispatchers_key,
     due_key,
+    expiring_key,
     hot_key,
     key_slot,
     leased_key,
@@ -80,6 +81,11 @@ from .sentinel import SentinelConfig
 from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
+
+#: How long after its message's ``expires`` a window still queued is finished as
+#: REVOKED (expire.lua): room for a worker whose clock is behind Redis's, and for the
+#: time between the take and the broker's enqueue.
+EXPIRY_GRACE_MS = 2000
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import FixedId
@@ -1021,6 +1027,22 @@ class WindowStore:
         reply = self.run("quarantine", [leased_key(tag), quarantine_key(tag)],
                          [tag, task_id, reason])
         return list(reply[1:]) if int(reply[0]) else None
+
+    def expiring(self, shard: int, windows: Sequence[tuple[str, int]]) -> int:
+        """Remember when the messages of ``(task id, ms left)`` windows, just published,
+        expire (from Redis's now); returns how many."""
+        tag = self.tag(shard)
+        pairs = [x for pair in windows for x in pair]
+        slack = EXPIRY_GRACE_MS + self.settings.history_ttl_ms
+        return int(self.run("expiring", [expiring_key(tag)], [slack, *pairs])[1])
+
+    def expire(self, shard: int, limit: int = 100) -> list[tuple[str, list[Any]]]:
+        """Finish as REVOKED the queued windows whose message expired more than
+        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished."""
+        tag = self.tag(shard)
+        reply = self.run("expire", [expiring_key(tag), active_key(tag)],
+                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
+        return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
 
     def wake_listener(self) -> WakeListener:
         """A subscription to the wake channel (one per dispatcher)."""

@@ -410,4 +410,19 @@ MUTATIONS: list[Mutation] = [
         'pass',
         "tests/test_rabbitmq.py::"
         "test_an_unroutable_message_is_retried_then_quarantined_with_the_reason"),
+    one("the expiry finishes a running window",
+        "every id resolves, never a false outcome: a claimed (running) window is never "
+        "finished REVOKED by its message's expiry",
+        LUA + "expire.lua",
+        "if ok and st == 'queued' then",
+        "if ok and (st == 'queued' or st == 'claimed') then",
+        "tests/test_robustness.py::"
+        "test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry"),
+    one("no dispatcher finishes windows whose message expired unseen",
+        "every id resolves: a message that expires in a queue finishes its window REVOKED",
+        PKG + "dispatcher.py",
+        "            self._finish_expired(shard)\n",
+        "\n",
+        "tests/test_robustness.py::"
+        "test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases"),
 ]

@@ -298,6 +298,40 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
 
 
+def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """Rule "every id resolves": RabbitMQ discards a message whose ``expires``
+    (per-message TTL) passed in a queue no worker reads, and no worker signal fires.
+    The dispatcher finishes the window as REVOKED once ``expires`` and the grace have
+    passed: the window's id and a fixed-id alias raise ``TaskRevokedError``."""
+    from celery.exceptions import TaskRevokedError
+
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     task_default_queue=qname)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        return key
+
+    first = task.apply_async(("x",), expires=1)
+    alias = task.apply_async(("x",), expires=1, task_id=f"alias-{qname}")
+    dispatcher = Dispatcher(app, name="expiry")
+    dispatcher.start()
+    try:
+        record = f"debounce:{{0}}:win:{first.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 5)
+        wait_until(lambda: queue_depth(app, qname) == 0, 5)  # RabbitMQ dropped it
+        for result in (first, app.AsyncResult(alias.id)):
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=10)
+    finally:
+        dispatcher.stop()
+    assert redis_client.hget(record, "rs") == b"REVOKED"
+
+
 def test_rabbitmq_killed_mid_batch_loses_no_window(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
