@@ -36,6 +36,7 @@ from .signals import (
 from .store import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
+    Shard,
     TakenWindow,
     TakeResult,
     WakeListener,
@@ -58,7 +59,7 @@ EXPIRE_EVERY_S = 1.0
 
 
 
-def take_due(store: WindowStore, shard: int, limit: int, observer: str = "") -> TakeResult:
+def take_due(store: WindowStore, shard: Shard, limit: int, observer: str = "") -> TakeResult:
     """:meth:`WindowStore.take <celery_debounce.store.WindowStore.take>`."""
     return store.take(shard, limit, observer)
 
@@ -178,7 +179,7 @@ class Dispatcher:
         #: task id -> ms until its message expires, for the windows published with one
         self._expiry: dict[str, int] = {}
         #: shard -> when (monotonic) this dispatcher last finished its expired windows
-        self._expired_at: dict[int, float] = {}
+        self._expired_at: dict[Shard, float] = {}
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -208,7 +209,7 @@ class Dispatcher:
             self._finish_expired(shard)
         return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
-    def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
+    def _publish(self, shard: Shard, windows: list[TakenWindow], took_at: float) -> int:
         """Publish one take's windows; ack those sent, release or quarantine the others.
 
         A window that fails on its own (its message cannot be built, the broker
@@ -386,7 +387,7 @@ class Dispatcher:
         confirming.clear()
 
     def _release(
-        self, shard: int, unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        self, shard: Shard, unsent: list[TakenWindow], uncertain: list[TakenWindow],
         failed: list[TakenWindow],
     ) -> None:
         """Hand windows back: unsent ones after a short delay, failed ones with back-off.
@@ -418,6 +419,7 @@ class Dispatcher:
             message, options = self.messages.build(
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,
+                tag=self.store.tag(window.shard),
             )
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
@@ -456,7 +458,7 @@ class Dispatcher:
             seen = seen.__cause__ or seen.__context__
         return False
 
-    def _track_expiry(self, shard: int, sent: list[TakenWindow]) -> None:
+    def _track_expiry(self, shard: Shard, sent: list[TakenWindow]) -> None:
         """Record when the messages just sent expire (expiring.lua), before their ack."""
         expiry, self._expiry = self._expiry, {}
         tracked = [(w.task_id, expiry[w.task_id]) for w in sent if w.task_id in expiry
@@ -470,7 +472,7 @@ class Dispatcher:
                            "windows stay queued if the broker drops them unseen): %s",
                            len(tracked), exc)
 
-    def _finish_expired(self, shard: int) -> None:
+    def _finish_expired(self, shard: Shard) -> None:
         """Finish as REVOKED the queued windows whose message expired unseen (at most
         once a second per shard): RabbitMQ discards an expired message without any
         worker signal, and a queue no worker reads keeps it; either way its callers
@@ -504,7 +506,7 @@ class Dispatcher:
         except DebounceBackendError as exc:  # stays leased: taken again after the lease
             logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
 
-    def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
+    def _quarantine_id(self, shard: Shard, task_id: str, reason: str) -> None:
         """Set the record aside, then fail the window's id and every id that joined
         it, so no caller waits forever on a window that will not run."""
         aliases = self.store.quarantine(shard, task_id, reason)
@@ -518,7 +520,7 @@ class Dispatcher:
                            task_id, error)
         resolve_aliases(self.app, task_id, parse_aliases(aliases), states.FAILURE, exc)
 
-    def _set_aside(self, shard: int, taken: TakeResult) -> None:
+    def _set_aside(self, shard: Shard, taken: TakeResult) -> None:
         """Log the entries take.lua skipped; quarantine records that cannot be read."""
         for key, error in taken.skipped:
             logger.error(

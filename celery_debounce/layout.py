@@ -23,7 +23,14 @@ from .errors import DebounceConfigError
 #: Content type not stored in a window record (``ct`` absent means this).
 DEFAULT_CONTENT_TYPE = "application/json"
 
-#: Header that marks a published window; its value is the window's shard.
+#: Header that marks a published window and names where its record is: the shard's
+#: whole tag (``<prefix>:{<tag>}``, :func:`shard_tag`, :func:`cluster_shard_tags`), so
+#: a worker finds the record whatever its own ``debounce_shards``.
+TAG_HEADER = "debounce_tag"
+
+#: Header of 0.2 (still sent, for 0.2 workers during a rolling upgrade, and read from
+#: messages without :data:`TAG_HEADER`): the window's shard *number*, which names the
+#: record only for a reader with the writer's ``debounce_shards``.
 SHARD_HEADER = "debounce_shard"
 
 #: Stored options of a call that has none (``o`` absent means this).
@@ -90,6 +97,16 @@ def split_ident(ident: str) -> tuple[str, str]:
 def shard_tag(prefix: str, shard: int) -> str:
     """The hash-tagged prefix every key of ``shard`` starts with: ``<prefix>:{<shard>}``."""
     return f"{prefix}:{{{shard}}}"
+
+
+def is_tag_of(prefix: str, tag: object) -> bool:
+    """True when ``tag`` is a shard tag under ``prefix`` (``<prefix>:{<digits and dots>}``),
+    as a :data:`TAG_HEADER` must be: a header naming any other key is ignored."""
+    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
+        return False
+    inner = tag[len(prefix) + 2 : -1]
+    return bool(inner) and len(inner) <= 32 and all(c.isdigit() or c == "." for c in inner) \
+        and inner.isascii()
 
 
 def shard_tags(prefix: str, shards: int) -> tuple[str, ...]:

@@ -82,6 +82,11 @@ from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
 
+#: A shard as the store's methods take it: a number of this process's layout
+#: (``settings.tag``), or a shard's tag as it is (a message's ``debounce_tag``, a
+#: shard of another layout that a dispatcher drains).
+Shard = int | str
+
 #: How long after its message's ``expires`` a window still queued is finished as
 #: REVOKED (expire.lua): room for a worker whose clock is behind Redis's, and for the
 #: time between the take and the broker's enqueue.
@@ -134,7 +139,7 @@ _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCove
 class TakenWindow:
     """A window taken out of the due set, ready to publish (times: Redis ms)."""
 
-    shard: int
+    shard: Shard
     task_id: str
     ident: str
     first_seen_ms: int
@@ -509,7 +514,11 @@ class WindowStore:
         """Master switches Sentinel announced since this client was built (0 without it)."""
         return master_switches(getattr(self.client, "connection_pool", None))  # none on a cluster
 
-    def tag(self, shard: int) -> str:
+    def tag(self, shard: Shard) -> str:
+        """The tag of ``shard``: a number of this process's layout, or a tag as it is
+        (a message's ``debounce_tag``, a layout drained)."""
+        if isinstance(shard, str):
+            return shard
         return self.settings.tag(shard)  # shards + i: a legacy shard (settings.legacy_shards)
 
     def pool_for(self, key: str) -> Any:
@@ -981,7 +990,7 @@ class WindowStore:
                         outcomes[i] = UNKNOWN_OUTCOME
 
     # -- dispatchers -------------------------------------------------------------------------
-    def take(self, shard: int, limit: int, observer: str = "") -> TakeResult:
+    def take(self, shard: Shard, limit: int, observer: str = "") -> TakeResult:
         """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
         ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
@@ -1010,25 +1019,25 @@ class WindowStore:
                 result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
         return result
 
-    def ack(self, shard: int, task_ids: Sequence[str]) -> int:
+    def ack(self, shard: Shard, task_ids: Sequence[str]) -> int:
         """Mark published windows queued; returns how many were."""
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: int, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
+    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
         """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``."""
         tag = self.tag(shard)
         pairs = [x for pair in windows for x in pair]
         return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
-    def quarantine(self, shard: int, task_id: str, reason: str) -> list[Any] | None:
+    def quarantine(self, shard: Shard, task_id: str, reason: str) -> list[Any] | None:
         """Set a taken record aside; its raw aliases, or None if it was not quarantined."""
         tag = self.tag(shard)
         reply = self.run("quarantine", [leased_key(tag), quarantine_key(tag)],
                          [tag, task_id, reason])
         return list(reply[1:]) if int(reply[0]) else None
 
-    def expiring(self, shard: int, windows: Sequence[tuple[str, int]]) -> int:
+    def expiring(self, shard: Shard, windows: Sequence[tuple[str, int]]) -> int:
         """Remember when the messages of ``(task id, ms left)`` windows, just published,
         expire (from Redis's now); returns how many."""
         tag = self.tag(shard)
@@ -1036,7 +1045,7 @@ class WindowStore:
         slack = EXPIRY_GRACE_MS + self.settings.history_ttl_ms
         return int(self.run("expiring", [expiring_key(tag)], [slack, *pairs])[1])
 
-    def expire(self, shard: int, limit: int = 100) -> list[tuple[str, list[Any]]]:
+    def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
         """Finish as REVOKED the queued windows whose message expired more than
         :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished."""
         tag = self.tag(shard)
@@ -1049,12 +1058,12 @@ class WindowStore:
         return WakeListener(self)
 
     # -- workers ---------------------------------------------------------------------------
-    def record_keys(self, shard: int, task_id: str) -> list[str]:
+    def record_keys(self, shard: Shard, task_id: str) -> list[str]:
         """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
         tag = self.tag(shard)
         return [win_key(tag, task_id), leased_key(tag), active_key(tag)]
 
-    def claim(self, shard: int, task_id: str) -> str:
+    def claim(self, shard: Shard, task_id: str) -> str:
         """Mark a window claimed; its state before ("" if the record is gone)."""
         before, _ = self.run("claim", self.record_keys(shard, task_id), [task_id])
         return as_text(before)
@@ -1062,7 +1071,7 @@ class WindowStore:
     def finish_args(self, task_id: str, state: str) -> list[Any]:
         return [task_id, state, self.settings.history_ttl_ms]
 
-    def finish(self, shard: int, task_id: str, state: str) -> list[Any]:
+    def finish(self, shard: Shard, task_id: str, state: str) -> list[Any]:
         """Mark a window finished with ``state``; the raw aliases it returns."""
         reply = self.run("finish", self.record_keys(shard, task_id),
                          self.finish_args(task_id, state))
@@ -1314,7 +1323,7 @@ class WindowStore:
             return int(self.client.delete(*keys)) if keys else 0
 
 
-def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
+def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
     record = decode_record(TAKE_FIELDS, row, strict=True)
     if record is None:
         raise ValueError("no task id")

@@ -425,4 +425,11 @@ MUTATIONS: list[Mutation] = [
         "\n",
         "tests/test_robustness.py::"
         "test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases"),
+    one("the message names its record by shard number only",
+        "every id resolves across a shard change: the message carries the record's tag",
+        PKG + "message.py",
+        "if tag is not None or isinstance(shard, str):",
+        "if False:",
+        "tests/test_cluster.py::"
+        "test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag"),
 ]
