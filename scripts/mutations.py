@@ -175,11 +175,11 @@ MUTATIONS: list[Mutation] = [
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
         PKG + "dispatcher.py",
-        "                window.content_type, window.payload, window.options_json,\n"
+        "                tag=self.store.tag(window.shard),\n"
         "            )\n"
         "        except Exception as exc:\n"
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
-        "                window.content_type, window.payload, window.options_json,\n"
+        "                tag=self.store.tag(window.shard),\n"
         "            )\n"
         "        except Exception as exc:\n"
         '            raise UnreadableWindow("cannot build the message") from exc',
