@@ -25,6 +25,8 @@ from .errors import DebounceBackendError, WindowQuarantined
 from .layout import (
     DEFAULT_CONTENT_TYPE,
     SHARD_HEADER,
+    layout_name,
+    layout_tags,
 )
 from .message import WindowMessage
 from .signals import (
@@ -52,6 +54,10 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: Publish attempts (the record's ``tries``) before a window whose message fails
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
+
+#: How often (at most) a dispatcher writes and reads the shard layouts (layouts.lua);
+#: also at most a quarter of debounce_history_ttl, how long a layout is remembered.
+LAYOUTS_EVERY_S = 10.0
 
 #: Each dispatcher looks for windows whose message expired unseen at most this often
 #: per shard (one expire.lua call).
@@ -180,6 +186,17 @@ class Dispatcher:
         self._expiry: dict[str, int] = {}
         #: shard -> when (monotonic) this dispatcher last finished its expired windows
         self._expired_at: dict[Shard, float] = {}
+        #: shard layouts (a changed debounce_shards): this dispatcher's, and the tags of
+        #: the others it drains (tag -> the layouts naming it); see _refresh_layouts
+        settings = self.settings
+        self._layout = layout_name(settings.shards, settings.redis_cluster)
+        self._own_tags = frozenset(
+            self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards))
+        self._foreign: dict[str, set[str]] = {}
+        self._foreign_busy: set[str] = set()  # foreign tags holding windows lately
+        self._took = False  # own shards took windows since the layouts were last written
+        self._layouts_at = self._layouts_written_at = -math.inf
+        self._layouts_every = min(LAYOUTS_EVERY_S, settings.history_ttl_ms / 4000)
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -191,13 +208,22 @@ class Dispatcher:
         """
         published = 0
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
-        for shard in (*range(self.settings.shards), *self._draining):
+        shards: tuple[Shard, ...] = (*range(self.settings.shards), *self._draining,
+                                     *self._foreign)
+        for shard in shards:
             while True:
                 took_at = time.monotonic()
                 taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
-                if shard >= self.settings.shards and taken.next_in_ms < 0 and not (
-                        taken.windows or taken.skipped or taken.unreadable):
-                    self._draining.remove(shard)  # a legacy shard left empty: done
+                empty = taken.next_in_ms < 0 and not (
+                    taken.windows or taken.skipped or taken.unreadable)
+                if isinstance(shard, str):  # another layout's: kept while it holds windows
+                    if not empty:
+                        self._foreign_busy.add(shard)
+                elif shard >= self.settings.shards:
+                    if empty:
+                        self._draining.remove(shard)  # a legacy shard left empty: done
+                elif taken.windows:
+                    self._took = True
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2
@@ -207,6 +233,10 @@ class Dispatcher:
                 if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
             self._finish_expired(shard)
+        if (self._took or self._foreign_busy) and (
+                time.monotonic() - self._layouts_written_at >= self._layouts_every):
+            self._layouts_at = -math.inf  # written now, not at the next read
+        self._refresh_layouts()  # after the takes: the next pass drains what it finds
         return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
     def _publish(self, shard: Shard, windows: list[TakenWindow], took_at: float) -> int:
@@ -457,6 +487,47 @@ class Dispatcher:
                 return True
             seen = seen.__cause__ or seen.__context__
         return False
+
+    def _refresh_layouts(self) -> None:
+        """Every few seconds: write this dispatcher's shard layout if it took windows,
+        and read every layout remembered (layouts.lua); drain the shards of the others.
+
+        A layout is remembered for ``debounce_history_ttl`` after its dispatchers last
+        took a window, and for as long as a dispatcher draining it finds windows in
+        its shards. So after ``debounce_shards`` changes, the windows left under tags
+        the new value does not read (a lowered count; on a cluster, any change) are
+        still taken and published, by every dispatcher, until those shards are empty.
+        """
+        now = time.monotonic()
+        if now - self._layouts_at < self._layouts_every:
+            return
+        self._layouts_at = now
+        write = {name for tag in self._foreign_busy for name in self._foreign.get(tag, ())}
+        if self._took:
+            write.add(self._layout)
+        try:
+            _, layouts = self.store.layouts(sorted(write))
+        except DebounceBackendError as exc:  # drained again at the next refresh
+            logger.warning("debounce: could not read the shard layouts: %s", exc)
+            return
+        self._took, self._foreign_busy = False, set()
+        if write:
+            self._layouts_written_at = now
+        foreign: dict[str, set[str]] = {}
+        for name in layouts:
+            if name == self._layout:
+                continue
+            for tag in layout_tags(self.settings.key_prefix, name):
+                if tag not in self._own_tags:
+                    foreign.setdefault(tag, set()).add(name)
+        if set(foreign) - set(self._foreign):
+            logger.warning(
+                "debounce: dispatcher %s (%s) also drains the shards other layouts left "
+                "(%s: a changed debounce_shards): %s", self.name, self._layout,
+                ", ".join(sorted({n for names in foreign.values() for n in names})),
+                ", ".join(sorted(foreign)),
+            )
+        self._foreign = foreign
 
     def _track_expiry(self, shard: Shard, sent: list[TakenWindow]) -> None:
         """Record when the messages just sent expire (expiring.lua), before their ack."""

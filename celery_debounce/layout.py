@@ -114,6 +114,36 @@ def shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
     return tuple(shard_tag(prefix, shard) for shard in range(shards))
 
 
+def layouts_key(prefix: str) -> str:
+    """hash layout name -> ms: the shard layouts whose dispatchers took windows lately
+    (layouts.lua); dispatchers of another layout drain their shards."""
+    return f"{prefix}:layouts"
+
+
+def layout_name(shards: int, cluster: bool) -> str:
+    """How a shard layout is named in :func:`layouts_key`: ``node:<N>`` or ``cluster:<N>``."""
+    return f"{'cluster' if cluster else 'node'}:{shards}"
+
+
+#: Layouts with more shards than this are ignored when read back (a garbled field).
+MAX_LAYOUT_SHARDS = 4096
+
+
+def layout_tags(prefix: str, name: str) -> tuple[str, ...]:
+    """Every tag a layout named ``name`` reads: ``node:<N>`` the single-node tags of
+    ``N`` shards; ``cluster:<N>`` the cluster tags of ``N`` shards and the single-node
+    tags it drains (``settings.legacy_shards``). Empty for a name it cannot read."""
+    kind, _, count = name.partition(":")
+    if not count.isdigit() or not 0 < int(count) <= MAX_LAYOUT_SHARDS:
+        return ()
+    shards = int(count)
+    if kind == "node":
+        return shard_tags(prefix, shards)
+    if kind == "cluster":
+        return cluster_shard_tags(prefix, shards) + shard_tags(prefix, shards)
+    return ()
+
+
 def wake_channel(prefix: str) -> str:
     """The pub/sub channel gate.lua and flush.lua publish "an earlier deadline" on."""
     return f"{prefix}:wake"

@@ -66,6 +66,7 @@ from .layout import (
     expiring_key,
     hot_key,
     key_slot,
+    layouts_key,
     leased_key,
     open_key,
     quarantine_key,
@@ -1052,6 +1053,15 @@ class WindowStore:
         reply = self.run("expire", [expiring_key(tag), active_key(tag)],
                          [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
         return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
+
+    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
+        """Write the layout names ``write`` (now), drop those not written for the
+        history TTL; ``(now ms, every layout remembered -> ms last written)``."""
+        reply = self.run("layouts", [layouts_key(self.settings.key_prefix)],
+                         [self.settings.history_ttl_ms, *write])
+        items = reply[1:]
+        return int(reply[0]), {as_text(items[i]): int(items[i + 1])
+                               for i in range(0, len(items) - 1, 2)}
 
     def wake_listener(self) -> WakeListener:
         """A subscription to the wake channel (one per dispatcher)."""

@@ -432,4 +432,12 @@ MUTATIONS: list[Mutation] = [
         "if False:",
         "tests/test_cluster.py::"
         "test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag"),
+    one("dispatchers drain their own layout's shards only",
+        "every id resolves across a shard change: the shards a lowered "
+        "debounce_shards drops are drained",
+        PKG + "dispatcher.py",
+        "                    foreign.setdefault(tag, set()).add(name)",
+        "                    pass",
+        "tests/test_hostile_dist.py::"
+        "test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run"),
 ]

@@ -346,7 +346,9 @@ def test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_ta
     rolling change of ``debounce_shards``). The message names the record's tag, not
     a shard number the worker would map to its own tags: claim and finish find the
     record, it ends ``finished``, and a fixed-id alias gets the run's result (before,
-    the record stayed ``queued`` and the alias hung)."""
+    the record stayed ``queued`` and the alias hung). Windows still open under the
+    6-shard tags when the change comes are drained by the 3-shard dispatcher (the
+    old layout is remembered in ``debounce:layouts``)."""
     from celery_debounce.dispatcher import Dispatcher
 
     old_app = cluster_app(debounce_shards=6, debounce_dispatcher=False)
@@ -356,13 +358,17 @@ def test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_ta
     client = redis.RedisCluster.from_url(f"{redis_cluster.url}/0")
     time.sleep(0.3)
     assert sum(Dispatcher(old_app, name="six").dispatch_once()[0] for _ in range(3)) == 8
-    app = cluster_app(debounce_shards=3, debounce_dispatcher=False)
+    left = {x: old_work.delay(x).id for x in range(20, 28)}  # open when the change comes
+    app = cluster_app(debounce_shards=3)
     work = _task(app, window="100ms")
-    with running_worker(app):
+    with running_worker(app):  # its dispatcher drains the 6-shard layout's tags
         assert sorted(work.AsyncResult(a).get(timeout=15) for a in aliases.values()) == list(
             range(8))
+        assert sorted(work.AsyncResult(i).get(timeout=15) for i in left.values()) == list(
+            range(20, 28))
     tags = settings_for(old_app).tags
-    states = {client.hget(f"{tag}:win:{i}", "st") for i in ids.values() for tag in tags}
+    states = {client.hget(f"{tag}:win:{i}", "st") for i in (*ids.values(), *left.values())
+              for tag in tags}
     assert states - {None} == {b"finished"}
 
 
