@@ -553,6 +553,7 @@ class Dispatcher:
         if now - self._expired_at.get(shard, -math.inf) < EXPIRE_EVERY_S:
             return
         self._expired_at[shard] = now
+        stored: list[str] = []
         for task_id, aliases in self.store.expire(shard):
             logger.warning(
                 "debounce: window %s expired before any worker ran it (its message's "
@@ -560,12 +561,17 @@ class Dispatcher:
             )
             try:
                 self.app.backend.mark_as_revoked(task_id, "expired")
-            except Exception as error:  # no result backend, or it is down: logged
+            except NotImplementedError:  # no result backend: nothing to store
+                pass
+            except Exception as error:  # the result backend is down: again next time
                 logger.warning("debounce: window %s expired but could not store REVOKED: "
                                "%r", task_id, error)
+                continue
             if aliases:
                 resolve_aliases(self.app, task_id, parse_aliases(aliases), states.REVOKED,
                                 None)
+            stored.append(task_id)
+        self.store.expired(shard, stored)  # until then expire.lua returns them again
 
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         logger.error(

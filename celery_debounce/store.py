@@ -1048,11 +1048,18 @@ class WindowStore:
 
     def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
         """Finish as REVOKED the queued windows whose message expired more than
-        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished."""
+        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished,
+        and of those finished earlier whose outcome :meth:`expired` has not confirmed."""
         tag = self.tag(shard)
         reply = self.run("expire", [expiring_key(tag), active_key(tag)],
                          [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
         return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
+
+    def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:
+        """The outcome of these windows :meth:`expire` finished is stored: forget them."""
+        if task_ids:
+            with translate_errors("expired"):
+                self.client.zrem(expiring_key(self.tag(shard)), *task_ids)
 
     def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
         """Write the layout names ``write`` (now), drop those not written for the

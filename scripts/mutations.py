@@ -414,8 +414,8 @@ MUTATIONS: list[Mutation] = [
         "every id resolves, never a false outcome: a claimed (running) window is never "
         "finished REVOKED by its message's expiry",
         LUA + "expire.lua",
-        "if ok and st == 'queued' then",
-        "if ok and (st == 'queued' or st == 'claimed') then",
+        "local finish = st == 'queued'",
+        "local finish = st == 'queued' or st == 'claimed'",
         "tests/test_robustness.py::"
         "test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry"),
     one("no dispatcher finishes windows whose message expired unseen",
@@ -440,4 +440,11 @@ MUTATIONS: list[Mutation] = [
         "                    pass",
         "tests/test_hostile_dist.py::"
         "test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run"),
+    one("an expired window is returned once only",
+        "every id resolves: a lost expire.lua reply still resolves the window's ids",
+        LUA + "expire.lua",
+        "local again = st == 'finished' and got[2] == '1'",
+        "local again = false",
+        "tests/test_robustness.py::"
+        "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
 ]

@@ -164,6 +164,36 @@ def test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases
     assert not redis_client.zrange("debounce:{0}:expiring", 0, -1)
 
 
+def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """Script level: ``expire.lua`` finishes a queued window whose message expired
+    and returns it (with its aliases) again on every call until the dispatcher has
+    stored the outcome (``store.expired``): a lost reply or a dispatcher killed in
+    between never leaves its callers waiting. A claimed window is left as it is and a
+    dispatching one is looked at again later."""
+    from celery_debounce.store import EXPIRY_GRACE_MS
+
+    store = backend_for(make_app(redis_server))
+    tag = "debounce:{0}"
+    past = store.time_ms() - EXPIRY_GRACE_MS - 1000
+    for tid, st in (("q1", "queued"), ("c1", "claimed"), ("d1", "dispatching")):
+        redis_client.hset(f"{tag}:win:{tid}", mapping={"st": st, "id": tid, "na": 1,
+                                                      "a1": f'{{"id": "al-{tid}"}}'})
+        redis_client.zadd(f"{tag}:expiring", {tid: past})
+        redis_client.zadd(f"{tag}:active", {tid: past})
+    first = store.expire(0)
+    assert first == [("q1", [b'{"id": "al-q1"}'])]
+    assert store.expire(0) == first  # the reply was lost: returned again
+    assert redis_client.hget(f"{tag}:win:q1", "st") == b"finished"
+    assert redis_client.hget(f"{tag}:win:q1", "rs") == b"REVOKED"
+    assert redis_client.hget(f"{tag}:win:c1", "st") == b"claimed"
+    store.expired(0, ["q1"])
+    assert store.expire(0) == []
+    assert redis_client.zrange(f"{tag}:expiring", 0, -1) == [b"d1"]  # looked at again
+    assert redis_client.zrange(f"{tag}:active", 0, -1) == [b"c1", b"d1"]
+
+
 def test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry(
     redis_server: str, redis_client: redis.Redis,
 ) -> None:
