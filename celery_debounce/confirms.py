@@ -184,6 +184,16 @@ class ConfirmingPublisher:
             f"no queue is bound to it, the broker returned the message ({code} {text})"
         )
 
+    def forget_declared(self) -> None:
+        """Declare queues and exchanges again before their next publish.
+
+        kombu declares a routed queue once per connection; a queue deleted since (by
+        an operator, ``x-expires``, an auto-delete queue whose last consumer left)
+        makes every message for it unroutable until the connection is replaced."""
+        declared = getattr(self._conn, "declared_entities", None)
+        if declared is not None:
+            declared.clear()
+
     def returned(self, task_id: str) -> str | None:
         """Why the broker sent back the message of ``task_id`` (``basic.return``), once;
         None when it did not."""

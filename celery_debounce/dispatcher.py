@@ -394,6 +394,7 @@ class Dispatcher:
                     unroutable,
                 )
                 failed.append((window, unroutable))
+                self._confirms.forget_declared()  # a queue deleted since it was declared
             elif seq in result.acked:
                 ok.append(window)
             elif seq in result.nacked:

@@ -462,4 +462,11 @@ MUTATIONS: list[Mutation] = [
         "    KEEPALIVE = 1e9",
         "tests/test_sentinel.py::"
         "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
+    one("a returned message's queue is not declared again",
+        "no window quarantined for a queue deleted since the dispatcher declared it",
+        PKG + "dispatcher.py",
+        "                self._confirms.forget_declared()  # a queue deleted since it was declared",
+        "                pass",
+        "tests/test_rabbitmq.py::"
+        "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
 ]

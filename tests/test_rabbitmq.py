@@ -298,6 +298,40 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
 
 
+def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """kombu declares a routed queue once per connection. The queue is deleted after
+    the dispatcher's first publish to it (an operator, ``x-expires``): the next
+    window's message is returned unroutable; the dispatcher declares again on the
+    retry, so the window runs (tries 2) instead of being quarantined."""
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     task_default_queue=qname)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        return key
+
+    dispatcher = Dispatcher(app, name="redeclare")
+    first = task.delay("a")
+    wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(qname)
+    second = task.delay("b")
+    dispatcher.start()
+    try:
+        record = f"debounce:{{0}}:win:{second.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 10)
+        assert redis_client.hget(record, "tries") == b"2"  # returned once, then declared
+        with running_worker(app, queues=[qname]):
+            assert second.get(timeout=15) == "b"
+    finally:
+        dispatcher.stop()
+    assert first.id != second.id
+
+
 def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
 ) -> None:
