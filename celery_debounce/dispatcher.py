@@ -452,11 +452,11 @@ class Dispatcher:
                 window.content_type, window.payload, window.options_json,
                 tag=self.store.tag(window.shard),
             )
+            left = options.get("expiration")  # expires: the broker may drop it unseen
+            if left is not None:
+                self._expiry[window.task_id] = math.ceil(float(left) * 1000)
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
-        left = options.get("expiration")  # expires: the broker may drop it unseen
-        if left is not None:
-            self._expiry[window.task_id] = math.ceil(float(left) * 1000)
         if self._confirms is not None:
             options["mandatory"] = True  # an unroutable message comes back (basic.return)
         try:

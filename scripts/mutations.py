@@ -175,13 +175,7 @@ MUTATIONS: list[Mutation] = [
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
         PKG + "dispatcher.py",
-        "                tag=self.store.tag(window.shard),\n"
-        "            )\n"
-        "        except Exception as exc:\n"
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
-        "                tag=self.store.tag(window.shard),\n"
-        "            )\n"
-        "        except Exception as exc:\n"
         '            raise UnreadableWindow("cannot build the message") from exc',
         FAULTS + "test_corrupt_records_are_quarantined_and_do_not_block_others"),
     one("release.lua ignores whose lease it is",
