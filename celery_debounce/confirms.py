@@ -19,6 +19,14 @@ docs/performance.md for both, measured.
 The app's own producers (``apply_async``, ``send_task``) are not touched: this
 connection is the dispatcher's alone, opened with ``app.connection_for_write()``
 and ``confirm_publish`` off (this class does the confirming).
+
+A confirm alone does not say that a queue got the message: RabbitMQ confirms a
+message no queue binds (an ``exchange``/``routing_key`` without a binding) and
+drops it. So the dispatcher publishes with ``mandatory`` set, and the broker sends
+such a message back (``basic.return``, before its ``basic.ack``). :meth:`returned`
+names the windows whose message came back, with the reason; the dispatcher counts
+that against the window (retried, then quarantined with the reason), as any
+message the broker refuses for its own sake.
 """
 
 from __future__ import annotations
@@ -77,6 +85,8 @@ class ConfirmingPublisher:
         self._acked_upto = 0  # every seq <= this is acked (a "multiple" ack)
         self._acked: set[int] = set()
         self._nacked: set[int] = set()
+        #: task id -> why the broker sent its message back (basic.return)
+        self._returned: dict[str, str] = {}
 
     # -- connection -----------------------------------------------------------
     def producer(self) -> Any:
@@ -94,11 +104,13 @@ class ConfirmingPublisher:
                 raise
             channel.events["basic_ack"].add(self._on_ack)
             channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
             self._conn, self._channel = conn, channel
             self._producer = self.app.amqp.Producer(channel)
             self._seq = self._acked_upto = 0
             self._acked.clear()
             self._nacked.clear()
+            self._returned.clear()
         return self._producer
 
     def _alive(self) -> bool:
@@ -157,6 +169,35 @@ class ConfirmingPublisher:
             self._acked_upto = max(self._acked_upto, delivery_tag)  # answered, as nacks
         else:
             self._nacked.add(delivery_tag)
+
+    def _on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        """``basic.return``: a mandatory message no queue took (it is confirmed anyway)."""
+        props = getattr(message, "properties", None) or {}
+        headers = props.get("application_headers") or getattr(message, "headers", None) or {}
+        task_id = props.get("correlation_id") or headers.get("id")
+        if not task_id:
+            return
+        code = getattr(exc, "reply_code", None) or getattr(exc, "code", "")
+        text = getattr(exc, "reply_text", None) or getattr(exc, "message", "") or str(exc)
+        self._returned[str(task_id)] = (
+            f"unroutable: exchange {exchange or '(default)'} routing key {routing_key!r}: "
+            f"no queue is bound to it, the broker returned the message ({code} {text})"
+        )
+
+    def forget_declared(self) -> None:
+        """Declare queues and exchanges again before their next publish.
+
+        kombu declares a routed queue once per connection; a queue deleted since (by
+        an operator, ``x-expires``, an auto-delete queue whose last consumer left)
+        makes every message for it unroutable until the connection is replaced."""
+        declared = getattr(self._conn, "declared_entities", None)
+        if declared is not None:
+            declared.clear()
+
+    def returned(self, task_id: str) -> str | None:
+        """Why the broker sent back the message of ``task_id`` (``basic.return``), once;
+        None when it did not."""
+        return self._returned.pop(task_id, None)
 
     def _answer(self, seq: int) -> bool | None:
         """True acked, False nacked, None not answered yet."""

@@ -25,6 +25,8 @@ from .errors import DebounceBackendError, WindowQuarantined
 from .layout import (
     DEFAULT_CONTENT_TYPE,
     SHARD_HEADER,
+    layout_name,
+    layout_tags,
 )
 from .message import WindowMessage
 from .signals import (
@@ -36,6 +38,7 @@ from .signals import (
 from .store import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
+    Shard,
     TakenWindow,
     TakeResult,
     WakeListener,
@@ -52,9 +55,17 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
+#: How often (at most) a dispatcher writes and reads the shard layouts (layouts.lua);
+#: also at most a quarter of debounce_history_ttl, how long a layout is remembered.
+LAYOUTS_EVERY_S = 10.0
+
+#: Each dispatcher looks for windows whose message expired unseen at most this often
+#: per shard (one expire.lua call).
+EXPIRE_EVERY_S = 1.0
 
 
-def take_due(store: WindowStore, shard: int, limit: int, observer: str = "") -> TakeResult:
+
+def take_due(store: WindowStore, shard: Shard, limit: int, observer: str = "") -> TakeResult:
     """:meth:`WindowStore.take <celery_debounce.store.WindowStore.take>`."""
     return store.take(shard, limit, observer)
 
@@ -171,6 +182,21 @@ class Dispatcher:
         self._confirms: ConfirmingPublisher | None = (
             ConfirmingPublisher(app) if uses_confirms(app) else None
         )
+        #: task id -> ms until its message expires, for the windows published with one
+        self._expiry: dict[str, int] = {}
+        #: shard -> when (monotonic) this dispatcher last finished its expired windows
+        self._expired_at: dict[Shard, float] = {}
+        #: shard layouts (a changed debounce_shards): this dispatcher's, and the tags of
+        #: the others it drains (tag -> the layouts naming it); see _refresh_layouts
+        settings = self.settings
+        self._layout = layout_name(settings.shards, settings.redis_cluster)
+        self._own_tags = frozenset(
+            self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards))
+        self._foreign: dict[str, set[str]] = {}
+        self._foreign_busy: set[str] = set()  # foreign tags holding windows lately
+        self._took = False  # own shards took windows since the layouts were last written
+        self._layouts_at = self._layouts_written_at = -math.inf
+        self._layouts_every = min(LAYOUTS_EVERY_S, settings.history_ttl_ms / 4000)
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -182,13 +208,22 @@ class Dispatcher:
         """
         published = 0
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
-        for shard in (*range(self.settings.shards), *self._draining):
+        shards: tuple[Shard, ...] = (*range(self.settings.shards), *self._draining,
+                                     *self._foreign)
+        for shard in shards:
             while True:
                 took_at = time.monotonic()
                 taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
-                if shard >= self.settings.shards and taken.next_in_ms < 0 and not (
-                        taken.windows or taken.skipped or taken.unreadable):
-                    self._draining.remove(shard)  # a legacy shard left empty: done
+                empty = taken.next_in_ms < 0 and not (
+                    taken.windows or taken.skipped or taken.unreadable)
+                if isinstance(shard, str):  # another layout's: kept while it holds windows
+                    if not empty:
+                        self._foreign_busy.add(shard)
+                elif shard >= self.settings.shards:
+                    if empty:
+                        self._draining.remove(shard)  # a legacy shard left empty: done
+                elif taken.windows:
+                    self._took = True
                 self._set_aside(shard, taken)
                 if taken.next_in_ms >= 0:  # Redis read its clock about mid-way
                     mid = (took_at + time.monotonic()) / 2
@@ -197,9 +232,14 @@ class Dispatcher:
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
                 if got < self.settings.dispatch_batch or self._stop.is_set():
                     break
+            self._finish_expired(shard)
+        if (self._took or self._foreign_busy) and (
+                time.monotonic() - self._layouts_written_at >= self._layouts_every):
+            self._layouts_at = -math.inf  # written now, not at the next read
+        self._refresh_layouts()  # after the takes: the next pass drains what it finds
         return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
 
-    def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
+    def _publish(self, shard: Shard, windows: list[TakenWindow], took_at: float) -> int:
         """Publish one take's windows; ack those sent, release or quarantine the others.
 
         A window that fails on its own (its message cannot be built, the broker
@@ -293,6 +333,7 @@ class Dispatcher:
                     ok = []
                 sent.extend(ok)
         try:
+            self._track_expiry(shard, sent)
             if sent:
                 self.store.ack(shard, [w.task_id for w in sent])
                 for window in sent:
@@ -344,7 +385,17 @@ class Dispatcher:
         result = self._confirms.wait(sorted(confirming), deadline)
         for seq in sorted(confirming):
             window = confirming[seq]
-            if seq in result.acked:
+            unroutable = self._confirms.returned(window.task_id)
+            if seq in result.acked and unroutable is not None:
+                # confirmed, but no queue took it (basic.return): this message's fault
+                logger.warning(
+                    "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
+                    window.task_name, window.task_id, window.key, window.tries, MAX_TRIES,
+                    unroutable,
+                )
+                failed.append((window, unroutable))
+                self._confirms.forget_declared()  # a queue deleted since it was declared
+            elif seq in result.acked:
                 ok.append(window)
             elif seq in result.nacked:
                 refused.append(window)
@@ -367,7 +418,7 @@ class Dispatcher:
         confirming.clear()
 
     def _release(
-        self, shard: int, unsent: list[TakenWindow], uncertain: list[TakenWindow],
+        self, shard: Shard, unsent: list[TakenWindow], uncertain: list[TakenWindow],
         failed: list[TakenWindow],
     ) -> None:
         """Hand windows back: unsent ones after a short delay, failed ones with back-off.
@@ -399,9 +450,15 @@ class Dispatcher:
             message, options = self.messages.build(
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,
+                tag=self.store.tag(window.shard),
             )
+            left = options.get("expiration")  # expires: the broker may drop it unseen
+            if left is not None:
+                self._expiry[window.task_id] = math.ceil(float(left) * 1000)
         except Exception as exc:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
+        if self._confirms is not None:
+            options["mandatory"] = True  # an unroutable message comes back (basic.return)
         try:
             self._send_message(producer, window.task_name, message, **options)
         except Exception as exc:
@@ -432,6 +489,91 @@ class Dispatcher:
             seen = seen.__cause__ or seen.__context__
         return False
 
+    def _refresh_layouts(self) -> None:
+        """Every few seconds: write this dispatcher's shard layout if it took windows,
+        and read every layout remembered (layouts.lua); drain the shards of the others.
+
+        A layout is remembered for ``debounce_history_ttl`` after its dispatchers last
+        took a window, and for as long as a dispatcher draining it finds windows in
+        its shards. So after ``debounce_shards`` changes, the windows left under tags
+        the new value does not read (a lowered count; on a cluster, any change) are
+        still taken and published, by every dispatcher, until those shards are empty.
+        """
+        now = time.monotonic()
+        if now - self._layouts_at < self._layouts_every:
+            return
+        self._layouts_at = now
+        write = {name for tag in self._foreign_busy for name in self._foreign.get(tag, ())}
+        if self._took:
+            write.add(self._layout)
+        try:
+            _, layouts = self.store.layouts(sorted(write))
+        except DebounceBackendError as exc:  # drained again at the next refresh
+            logger.warning("debounce: could not read the shard layouts: %s", exc)
+            return
+        self._took, self._foreign_busy = False, set()
+        if write:
+            self._layouts_written_at = now
+        foreign: dict[str, set[str]] = {}
+        for name in layouts:
+            if name == self._layout:
+                continue
+            for tag in layout_tags(self.settings.key_prefix, name):
+                if tag not in self._own_tags:
+                    foreign.setdefault(tag, set()).add(name)
+        if set(foreign) - set(self._foreign):
+            logger.warning(
+                "debounce: dispatcher %s (%s) also drains the shards other layouts left "
+                "(%s: a changed debounce_shards): %s", self.name, self._layout,
+                ", ".join(sorted({n for names in foreign.values() for n in names})),
+                ", ".join(sorted(foreign)),
+            )
+        self._foreign = foreign
+
+    def _track_expiry(self, shard: Shard, sent: list[TakenWindow]) -> None:
+        """Record when the messages just sent expire (expiring.lua), before their ack."""
+        expiry, self._expiry = self._expiry, {}
+        tracked = [(w.task_id, expiry[w.task_id]) for w in sent if w.task_id in expiry
+                   and expiry[w.task_id] < self.settings.record_ttl_ms]
+        if not tracked:  # (an expiry past the record's TTL: the record goes first)
+            return
+        try:
+            self.store.expiring(shard, tracked)
+        except DebounceBackendError as exc:
+            logger.warning("debounce: could not record when %d message(s) expire (their "
+                           "windows stay queued if the broker drops them unseen): %s",
+                           len(tracked), exc)
+
+    def _finish_expired(self, shard: Shard) -> None:
+        """Finish as REVOKED the queued windows whose message expired unseen (at most
+        once a second per shard): RabbitMQ discards an expired message without any
+        worker signal, and a queue no worker reads keeps it; either way its callers
+        would wait until the record's TTL. A claimed (running) window is never touched
+        (expire.lua)."""
+        now = time.monotonic()
+        if now - self._expired_at.get(shard, -math.inf) < EXPIRE_EVERY_S:
+            return
+        self._expired_at[shard] = now
+        stored: list[str] = []
+        for task_id, aliases in self.store.expire(shard):
+            logger.warning(
+                "debounce: window %s expired before any worker ran it (its message's "
+                "expires passed in the broker): finished as REVOKED", task_id,
+            )
+            try:
+                self.app.backend.mark_as_revoked(task_id, "expired")
+            except NotImplementedError:  # no result backend: nothing to store
+                pass
+            except Exception as error:  # the result backend is down: again next time
+                logger.warning("debounce: window %s expired but could not store REVOKED: "
+                               "%r", task_id, error)
+                continue
+            if aliases:
+                resolve_aliases(self.app, task_id, parse_aliases(aliases), states.REVOKED,
+                                None)
+            stored.append(task_id)
+        self.store.expired(shard, stored)  # until then expire.lua returns them again
+
     def _quarantine(self, window: TakenWindow, reason: str) -> None:
         logger.error(
             "debounce: quarantined %s[%s] key=%r: cannot publish its message: %s",
@@ -442,7 +584,7 @@ class Dispatcher:
         except DebounceBackendError as exc:  # stays leased: taken again after the lease
             logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
 
-    def _quarantine_id(self, shard: int, task_id: str, reason: str) -> None:
+    def _quarantine_id(self, shard: Shard, task_id: str, reason: str) -> None:
         """Set the record aside, then fail the window's id and every id that joined
         it, so no caller waits forever on a window that will not run."""
         aliases = self.store.quarantine(shard, task_id, reason)
@@ -456,7 +598,7 @@ class Dispatcher:
                            task_id, error)
         resolve_aliases(self.app, task_id, parse_aliases(aliases), states.FAILURE, exc)
 
-    def _set_aside(self, shard: int, taken: TakeResult) -> None:
+    def _set_aside(self, shard: Shard, taken: TakeResult) -> None:
         """Log the entries take.lua skipped; quarantine records that cannot be read."""
         for key, error in taken.skipped:
             logger.error(

@@ -23,7 +23,14 @@ from .errors import DebounceConfigError
 #: Content type not stored in a window record (``ct`` absent means this).
 DEFAULT_CONTENT_TYPE = "application/json"
 
-#: Header that marks a published window; its value is the window's shard.
+#: Header that marks a published window and names where its record is: the shard's
+#: whole tag (``<prefix>:{<tag>}``, :func:`shard_tag`, :func:`cluster_shard_tags`), so
+#: a worker finds the record whatever its own ``debounce_shards``.
+TAG_HEADER = "debounce_tag"
+
+#: Header of 0.2 (still sent, for 0.2 workers during a rolling upgrade, and read from
+#: messages without :data:`TAG_HEADER`): the window's shard *number*, which names the
+#: record only for a reader with the writer's ``debounce_shards``.
 SHARD_HEADER = "debounce_shard"
 
 #: Stored options of a call that has none (``o`` absent means this).
@@ -92,9 +99,49 @@ def shard_tag(prefix: str, shard: int) -> str:
     return f"{prefix}:{{{shard}}}"
 
 
+def is_tag_of(prefix: str, tag: object) -> bool:
+    """True when ``tag`` is a shard tag under ``prefix`` (``<prefix>:{<digits and dots>}``),
+    as a :data:`TAG_HEADER` must be: a header naming any other key is ignored."""
+    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
+        return False
+    inner = tag[len(prefix) + 2 : -1]
+    return bool(inner) and len(inner) <= 32 and all(c.isdigit() or c == "." for c in inner) \
+        and inner.isascii()
+
+
 def shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
     """:func:`shard_tag` of every shard."""
     return tuple(shard_tag(prefix, shard) for shard in range(shards))
+
+
+def layouts_key(prefix: str) -> str:
+    """hash layout name -> ms: the shard layouts whose dispatchers took windows lately
+    (layouts.lua); dispatchers of another layout drain their shards."""
+    return f"{prefix}:layouts"
+
+
+def layout_name(shards: int, cluster: bool) -> str:
+    """How a shard layout is named in :func:`layouts_key`: ``node:<N>`` or ``cluster:<N>``."""
+    return f"{'cluster' if cluster else 'node'}:{shards}"
+
+
+#: Layouts with more shards than this are ignored when read back (a garbled field).
+MAX_LAYOUT_SHARDS = 4096
+
+
+def layout_tags(prefix: str, name: str) -> tuple[str, ...]:
+    """Every tag a layout named ``name`` reads: ``node:<N>`` the single-node tags of
+    ``N`` shards; ``cluster:<N>`` the cluster tags of ``N`` shards and the single-node
+    tags it drains (``settings.legacy_shards``). Empty for a name it cannot read."""
+    kind, _, count = name.partition(":")
+    if not count.isdigit() or not 0 < int(count) <= MAX_LAYOUT_SHARDS:
+        return ()
+    shards = int(count)
+    if kind == "node":
+        return shard_tags(prefix, shards)
+    if kind == "cluster":
+        return cluster_shard_tags(prefix, shards) + shard_tags(prefix, shards)
+    return ()
 
 
 def wake_channel(prefix: str) -> str:
@@ -170,6 +217,12 @@ def leased_key(tag: str) -> str:
 def active_key(tag: str) -> str:
     """zset task id -> ms handed to the broker: queued and claimed windows."""
     return f"{tag}:active"
+
+
+def expiring_key(tag: str) -> str:
+    """zset task id -> ms its message expires: published windows with ``expires``
+    (expiring.lua), finished as REVOKED by expire.lua if still queued then."""
+    return f"{tag}:expiring"
 
 
 def ids_key(tag: str) -> str:

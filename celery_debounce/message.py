@@ -32,7 +32,7 @@ from kombu.utils import json as kombu_json
 from kombu.utils.functional import maybe_list
 
 from .errors import DebounceConfigError
-from .layout import SHARD_HEADER, decode_options, encode_options
+from .layout import SHARD_HEADER, TAG_HEADER, decode_options, encode_options
 
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
@@ -292,10 +292,15 @@ class WindowMessage:
         return enc
 
     def build(
-        self, task_name: str, task_id: str, shard: int, calls: int, content_type: str,
-        body: bytes, options_json: str,
+        self, task_name: str, task_id: str, shard: int | str, calls: int, content_type: str,
+        body: bytes, options_json: str, tag: str | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """``(task_message, send_task_message options)`` for one window; no deserializing."""
+        """``(task_message, send_task_message options)`` for one window; no deserializing.
+
+        ``tag``: the shard's tag, sent as :data:`TAG_HEADER` (where the worker finds the
+        record); ``shard`` (a number) is also sent as 0.2's :data:`SHARD_HEADER` for
+        0.2 workers; a tag as ``shard`` (a layout drained, not this process's) is sent
+        only as the tag."""
         opts = decode_options(options_json)
         pop = opts.pop
         expires = None
@@ -341,7 +346,10 @@ class WindowMessage:
         extra = pop("headers", None)
         if extra:
             headers.update(extra)
-        headers[SHARD_HEADER] = shard
+        if isinstance(shard, int):
+            headers[SHARD_HEADER] = shard
+        if tag is not None or isinstance(shard, str):
+            headers[TAG_HEADER] = tag if tag is not None else shard
         properties = {
             "correlation_id": task_id,
             "reply_to": pop("reply_to", None) or self.reply_to,

@@ -63,8 +63,10 @@ from .layout import (
     decode_record,
     dispatchers_key,
     due_key,
+    expiring_key,
     hot_key,
     key_slot,
+    layouts_key,
     leased_key,
     open_key,
     quarantine_key,
@@ -80,6 +82,16 @@ from .sentinel import SentinelConfig
 from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
+
+#: A shard as the store's methods take it: a number of this process's layout
+#: (``settings.tag``), or a shard's tag as it is (a message's ``debounce_tag``, a
+#: shard of another layout that a dispatcher drains).
+Shard = int | str
+
+#: How long after its message's ``expires`` a window still queued is finished as
+#: REVOKED (expire.lua): room for a worker whose clock is behind Redis's, and for the
+#: time between the take and the broker's enqueue.
+EXPIRY_GRACE_MS = 2000
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import FixedId
@@ -128,7 +140,7 @@ _REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCove
 class TakenWindow:
     """A window taken out of the due set, ready to publish (times: Redis ms)."""
 
-    shard: int
+    shard: Shard
     task_id: str
     ident: str
     first_seen_ms: int
@@ -336,80 +348,136 @@ def sentinel_client(config: SentinelConfig, timeout_s: float, retry: Retry) -> r
     return client
 
 
-class SwitchWatcher(threading.Thread):
+class SwitchWatcher:
     """Moves a client's pool to the new master as soon as a sentinel announces it.
 
     redis-py asks the sentinels where the master is only when a connection
     connects, and Sentinel demotes the old master seconds after a failover (it
     waits to see it report its old role). Pooled connections opened before the
     switch would go on writing to the old master until then, and its demotion
-    discards those writes (measured: docs/guarantees.md, "Failover"). This daemon
-    thread listens on ``+switch-master`` (one sentinel at a time, the next on
-    failure) and then re-reads the master's address, which drops the pool's idle
-    connections; a connection in use is dropped when it is released. Each switch
-    also bumps :attr:`switches` (the dispatcher re-subscribes its wake channel).
-    The thread ends when the pool is garbage-collected.
+    discards those writes (measured: docs/guarantees.md, "Failover"). One daemon
+    thread per sentinel listens on its ``+switch-master`` and then re-reads the
+    master's address, which drops the pool's idle connections; a connection in use
+    is dropped when it is released. Each switch (counted once, whichever sentinels
+    announce it) bumps :attr:`switches` (the dispatcher re-subscribes its wake
+    channel). The threads end when the pool is garbage-collected.
+
+    Every sentinel, not one: a sentinel that hangs with its connection open (a host
+    gone without a reset, a process stopped, a minority partition) never announces
+    the switch the others make. Each subscription is pinged after
+    :attr:`KEEPALIVE` seconds of silence and dropped (then made again, backing off)
+    when the answer does not come within the sentinels' socket timeout. The sentinel
+    that announced the switch is asked first for the new address (a sentinel left
+    in a minority may still name the old master).
     """
 
     #: Longest wait between two looks at whether the pool still exists (seconds).
     TICK = 1.0
+    #: Silence (seconds) after which a subscription is pinged.
+    KEEPALIVE = 2.0
 
     def __init__(self, config: SentinelConfig, sentinel_kwargs: dict[str, Any],
                  pool: SentinelConnectionPool) -> None:
-        super().__init__(name=f"debounce-sentinel-{config.master_name}", daemon=True)
         self.config = config
         self.sentinel_kwargs = sentinel_kwargs
         self._pool = weakref.ref(pool)
         pool.debounce_switch_watcher = self  # type: ignore[attr-defined]
         self.switches = 0
+        self._lock = threading.RLock()  # _refresh runs in every listener thread
+        self._announced: str | None = None  # the last new master announced
+        self._timeout = float(sentinel_kwargs.get("socket_timeout") or 2.0)
+        #: the last re-read of the master's address failed: every listener tries again
+        self._unsure = False
 
-    def run(self) -> None:
-        index, delay = 0, 0.1
+    def start(self) -> None:
+        for host, port in self.config.sentinels:
+            threading.Thread(
+                target=self._listen, args=(host, port), daemon=True,
+                name=f"debounce-sentinel-{self.config.master_name}-{host}:{port}",
+            ).start()
+
+    def _listen(self, host: str, port: int) -> None:
+        delay = 0.1
         while self._pool() is not None:
-            host, port = self.config.sentinels[index % len(self.config.sentinels)]
             client = redis.Redis(host=host, port=port, **self.sentinel_kwargs)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(SWITCH_CHANNEL)
                 self._refresh()  # a switch announced while this was not subscribed
                 delay = 0.1
+                heard, pinged = time.monotonic(), 0.0
                 while self._pool() is not None:
+                    if self._unsure:  # a re-read failed (no sentinel answered): again
+                        self._refresh()
                     message = pubsub.get_message(timeout=self.TICK)
-                    if message is not None and message.get("type") == "message":
-                        self._on_message(message["data"])
+                    now = time.monotonic()
+                    if message is not None:
+                        heard, pinged = now, 0.0
+                        if message.get("type") == "message":
+                            self._on_message(message["data"], (host, port))
+                    elif pinged and now - pinged > self._timeout:
+                        raise redis.TimeoutError(
+                            f"no answer to a keepalive PING within {self._timeout:g}s")
+                    elif not pinged and now - heard >= self.KEEPALIVE:
+                        pubsub.ping()
+                        pinged = now
             except (redis.RedisError, OSError) as exc:
                 _logger.debug("debounce: sentinel %s:%s: %s", host, port, exc)
-                index += 1
                 threading.Event().wait(delay)
                 delay = min(delay * 2, 5.0)
             finally:
                 pubsub.close()
                 client.close()
 
-    def _on_message(self, data: Any) -> None:
+    def _on_message(self, data: Any, sentinel: tuple[str, int] | None = None) -> None:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        if text.split(" ", 1)[0] == self.config.master_name:
+        parts = text.split(" ")
+        if parts[0] != self.config.master_name:
+            return
+        new = " ".join(parts[3:5])
+        with self._lock:
+            if new and new == self._announced:
+                return  # the same switch, announced by another sentinel
+            self._announced = new
             _logger.warning("debounce: Sentinel switched master %s", text)
+            if sentinel is not None:
+                self._ask_first(sentinel)
             if not self._refresh():
                 # counted whatever the pool's address was: a connection opened
                 # meanwhile may have found the new master already, a wake
                 # subscription opened before it has not
                 self.switches += 1
 
+    def _ask_first(self, sentinel: tuple[str, int]) -> None:
+        """Put ``sentinel`` (it announced the switch) first in the order redis-py asks."""
+        pool = self._pool()
+        manager = getattr(pool, "sentinel_manager", None)
+        clients = getattr(manager, "sentinels", None)
+        if not clients:
+            return
+        for i, client in enumerate(clients):
+            kwargs = client.connection_pool.connection_kwargs
+            if (kwargs.get("host"), kwargs.get("port")) == sentinel:
+                clients[0], clients[i] = clients[i], clients[0]
+                return
+
     def _refresh(self) -> bool:
         """Re-read the master's address; True (and a switch counted) if it moved."""
         pool = self._pool()
         if pool is None:
             return False
-        before = pool.master_address
-        try:
-            after = pool.get_master_address()  # drops idle connections if it moved
-        except redis.ConnectionError:  # no sentinel knows a master right now
+        with self._lock:
+            before = pool.master_address
+            try:
+                after = pool.get_master_address()  # drops idle connections if it moved
+            except (redis.ConnectionError, redis.TimeoutError):  # no sentinel answered
+                self._unsure = True
+                return False
+            self._unsure = False
+            if before is not None and after != before:
+                self.switches += 1
+                return True
             return False
-        if before is not None and after != before:
-            self.switches += 1
-            return True
-        return False
 
 
 def master_switches(pool: object) -> int:
@@ -503,7 +571,11 @@ class WindowStore:
         """Master switches Sentinel announced since this client was built (0 without it)."""
         return master_switches(getattr(self.client, "connection_pool", None))  # none on a cluster
 
-    def tag(self, shard: int) -> str:
+    def tag(self, shard: Shard) -> str:
+        """The tag of ``shard``: a number of this process's layout, or a tag as it is
+        (a message's ``debounce_tag``, a layout drained)."""
+        if isinstance(shard, str):
+            return shard
         return self.settings.tag(shard)  # shards + i: a legacy shard (settings.legacy_shards)
 
     def pool_for(self, key: str) -> Any:
@@ -975,7 +1047,7 @@ class WindowStore:
                         outcomes[i] = UNKNOWN_OUTCOME
 
     # -- dispatchers -------------------------------------------------------------------------
-    def take(self, shard: int, limit: int, observer: str = "") -> TakeResult:
+    def take(self, shard: Shard, limit: int, observer: str = "") -> TakeResult:
         """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
         ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
@@ -1004,35 +1076,67 @@ class WindowStore:
                 result.unreadable.append((tid, f"unreadable record: {type(exc).__name__}: {exc}"))
         return result
 
-    def ack(self, shard: int, task_ids: Sequence[str]) -> int:
+    def ack(self, shard: Shard, task_ids: Sequence[str]) -> int:
         """Mark published windows queued; returns how many were."""
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: int, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
+    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
         """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``."""
         tag = self.tag(shard)
         pairs = [x for pair in windows for x in pair]
         return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
-    def quarantine(self, shard: int, task_id: str, reason: str) -> list[Any] | None:
+    def quarantine(self, shard: Shard, task_id: str, reason: str) -> list[Any] | None:
         """Set a taken record aside; its raw aliases, or None if it was not quarantined."""
         tag = self.tag(shard)
         reply = self.run("quarantine", [leased_key(tag), quarantine_key(tag)],
                          [tag, task_id, reason])
         return list(reply[1:]) if int(reply[0]) else None
 
+    def expiring(self, shard: Shard, windows: Sequence[tuple[str, int]]) -> int:
+        """Remember when the messages of ``(task id, ms left)`` windows, just published,
+        expire (from Redis's now); returns how many."""
+        tag = self.tag(shard)
+        pairs = [x for pair in windows for x in pair]
+        slack = EXPIRY_GRACE_MS + self.settings.history_ttl_ms
+        return int(self.run("expiring", [expiring_key(tag)], [slack, *pairs])[1])
+
+    def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
+        """Finish as REVOKED the queued windows whose message expired more than
+        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished,
+        and of those finished earlier whose outcome :meth:`expired` has not confirmed."""
+        tag = self.tag(shard)
+        reply = self.run("expire", [expiring_key(tag), active_key(tag)],
+                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
+        return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
+
+    def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:
+        """The outcome of these windows :meth:`expire` finished is stored: forget them."""
+        if task_ids:
+            with translate_errors("expired"):
+                self.client.zrem(expiring_key(self.tag(shard)), *task_ids)
+
+    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
+        """Write the layout names ``write`` (now), drop those not written for the
+        history TTL; ``(now ms, every layout remembered -> ms last written)``."""
+        reply = self.run("layouts", [layouts_key(self.settings.key_prefix)],
+                         [self.settings.history_ttl_ms, *write])
+        items = reply[1:]
+        return int(reply[0]), {as_text(items[i]): int(items[i + 1])
+                               for i in range(0, len(items) - 1, 2)}
+
     def wake_listener(self) -> WakeListener:
         """A subscription to the wake channel (one per dispatcher)."""
         return WakeListener(self)
 
     # -- workers ---------------------------------------------------------------------------
-    def record_keys(self, shard: int, task_id: str) -> list[str]:
+    def record_keys(self, shard: Shard, task_id: str) -> list[str]:
         """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
         tag = self.tag(shard)
         return [win_key(tag, task_id), leased_key(tag), active_key(tag)]
 
-    def claim(self, shard: int, task_id: str) -> str:
+    def claim(self, shard: Shard, task_id: str) -> str:
         """Mark a window claimed; its state before ("" if the record is gone)."""
         before, _ = self.run("claim", self.record_keys(shard, task_id), [task_id])
         return as_text(before)
@@ -1040,7 +1144,7 @@ class WindowStore:
     def finish_args(self, task_id: str, state: str) -> list[Any]:
         return [task_id, state, self.settings.history_ttl_ms]
 
-    def finish(self, shard: int, task_id: str, state: str) -> list[Any]:
+    def finish(self, shard: Shard, task_id: str, state: str) -> list[Any]:
         """Mark a window finished with ``state``; the raw aliases it returns."""
         reply = self.run("finish", self.record_keys(shard, task_id),
                          self.finish_args(task_id, state))
@@ -1292,7 +1396,7 @@ class WindowStore:
             return int(self.client.delete(*keys)) if keys else 0
 
 
-def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
+def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
     record = decode_record(TAKE_FIELDS, row, strict=True)
     if record is None:
         raise ValueError("no task id")

@@ -18,7 +18,7 @@ from celery.signals import task_postrun, task_prerun, task_rejected, task_revoke
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
 from .collect import COLLECT_HEADER, plain_call_of
-from .layout import SHARD_HEADER
+from .layout import SHARD_HEADER, TAG_HEADER, is_tag_of
 from .store import store_for
 
 logger = logging.getLogger("celery_debounce.worker")
@@ -26,18 +26,33 @@ logger = logging.getLogger("celery_debounce.worker")
 _FINAL = frozenset(states.READY_STATES) | {states.IGNORED}
 
 
-def _request_shard(request: Any) -> int | None:
-    """The shard of the window a task request belongs to, or None for other tasks."""
-    value = getattr(request, SHARD_HEADER, None)
+def _request_shard(request: Any, app: Celery) -> str | int | None:
+    """Where the record of the window a task request belongs to is: its shard's tag
+    (header ``debounce_tag``), or for a message sent by 0.2 its shard number
+    (``debounce_shard``); None for other tasks (and for a tag outside the prefix)."""
+    return _shard_of(getattr(request, "headers", None) or {}, request, app)
+
+
+def _shard_of(headers: Any, request: Any, app: Celery) -> str | int | None:
+    tag = getattr(request, TAG_HEADER, None) if request is not None else None
+    if tag is None:
+        tag = headers.get(TAG_HEADER)
+    if tag is not None:
+        prefix = store_for(app).settings.key_prefix
+        if is_tag_of(prefix, tag):
+            return str(tag)
+        logger.warning("debounce: ignored a %s header naming no shard of prefix %r: %r",
+                       TAG_HEADER, prefix, tag)
+        return None
+    value = getattr(request, SHARD_HEADER, None) if request is not None else None
     if value is None:
-        headers = getattr(request, "headers", None) or {}
         value = headers.get(SHARD_HEADER)
     return None if value is None else int(value)
 
 
-def _window_shard(task: Task) -> int | None:
-    """The shard of the window this run belongs to, or None for other tasks."""
-    return _request_shard(task.request)
+def _window_shard(task: Task) -> str | int | None:
+    """Where the record of the window this run belongs to is, or None for other tasks."""
+    return _request_shard(task.request, task.app)
 
 
 def _claim(task_id: str, task: Task, **_: Any) -> None:
@@ -85,7 +100,7 @@ def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
     kwargs.update(call.kwargs)
 
 
-def _finish_window(app: Celery, shard: int, task_id: str, name: str, state: str,
+def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state: str,
                    retval: Any = None) -> None:
     """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
     store = store_for(app)
@@ -116,9 +131,11 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
 
 
 def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:
-    shard = _request_shard(request)
     task_id = getattr(request, "id", None)
-    if sender is None or shard is None or not task_id:
+    if sender is None or not task_id:
+        return
+    shard = _request_shard(request, sender.app)
+    if shard is None:
         return
     _finish_window(sender.app, shard, task_id, sender.name, states.REVOKED)
 
@@ -127,17 +144,19 @@ def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
              id: str | None = None, **_: Any) -> None:
     """A message the consumer rejected: unregistered task name or invalid message."""
     headers = getattr(message, "headers", None) or {}
-    shard = headers.get(SHARD_HEADER)
     task_id = id or headers.get("id")
     app = getattr(sender, "app", None)
-    if shard is None or not task_id or app is None:
+    if not task_id or app is None or (TAG_HEADER not in headers and SHARD_HEADER not in headers):
+        return
+    shard = _shard_of(headers, None, app)
+    if shard is None:
         return
     name = name or headers.get("task") or "?"
     logger.warning(
         "debounce: %s[%s] was rejected by the worker (%s): window finished as REJECTED",
         name, task_id, "unregistered task" if id else "invalid message",
     )
-    _finish_window(app, int(shard), task_id, name, states.REJECTED)
+    _finish_window(app, shard, task_id, name, states.REJECTED)
 
 
 task_prerun.connect(_claim, weak=False)

@@ -176,13 +176,7 @@ MUTATIONS: list[Mutation] = [
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
         PKG + "dispatcher.py",
-        "                window.content_type, window.payload, window.options_json,\n"
-        "            )\n"
-        "        except Exception as exc:\n"
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
-        "                window.content_type, window.payload, window.options_json,\n"
-        "            )\n"
-        "        except Exception as exc:\n"
         '            raise UnreadableWindow("cannot build the message") from exc',
         FAULTS + "test_corrupt_records_are_quarantined_and_do_not_block_others"),
     one("release.lua ignores whose lease it is",
@@ -475,4 +469,71 @@ MUTATIONS: list[Mutation] = [
         "if self._producer is not None and not self._alive():",
         "if self._producer is not None and not True:",
         "tests/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
+    # -- rule "every id resolves" (issue 19, items 7 and 8) ---------------------------
+    one("an unroutable message is not published mandatory",
+        "every id resolves: an unroutable message is retried, then quarantined (RabbitMQ)",
+        PKG + "dispatcher.py",
+        'options["mandatory"] = True  # an unroutable message comes back (basic.return)',
+        'pass',
+        "tests/test_rabbitmq.py::"
+        "test_an_unroutable_message_is_retried_then_quarantined_with_the_reason"),
+    one("the expiry finishes a running window",
+        "every id resolves, never a false outcome: a claimed (running) window is never "
+        "finished REVOKED by its message's expiry",
+        LUA + "expire.lua",
+        "local finish = st == 'queued'",
+        "local finish = st == 'queued' or st == 'claimed'",
+        "tests/test_robustness.py::"
+        "test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry"),
+    one("no dispatcher finishes windows whose message expired unseen",
+        "every id resolves: a message that expires in a queue finishes its window REVOKED",
+        PKG + "dispatcher.py",
+        "            self._finish_expired(shard)\n",
+        "\n",
+        "tests/test_robustness.py::"
+        "test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases"),
+    one("the message names its record by shard number only",
+        "every id resolves across a shard change: the message carries the record's tag",
+        PKG + "message.py",
+        "if tag is not None or isinstance(shard, str):",
+        "if False:",
+        "tests/test_cluster.py::"
+        "test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag"),
+    one("dispatchers drain their own layout's shards only",
+        "every id resolves across a shard change: the shards a lowered "
+        "debounce_shards drops are drained",
+        PKG + "dispatcher.py",
+        "                    foreign.setdefault(tag, set()).add(name)",
+        "                    pass",
+        "tests/test_hostile_dist.py::"
+        "test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run"),
+    one("an expired window is returned once only",
+        "every id resolves: a lost expire.lua reply still resolves the window's ids",
+        LUA + "expire.lua",
+        "local again = st == 'finished' and got[2] == '1'",
+        "local again = false",
+        "tests/test_robustness.py::"
+        "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
+    # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
+    one("the switch watcher listens to the first sentinel only",
+        "Sentinel failover: a hung sentinel does not hide the switch the others announce",
+        PKG + "store.py",
+        "        for host, port in self.config.sentinels:\n            threading.Thread(",
+        "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
+    one("the switch watcher has no keepalive",
+        "Sentinel failover: a subscription gone silent is replaced",
+        PKG + "store.py",
+        "    KEEPALIVE = 2.0",
+        "    KEEPALIVE = 1e9",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
+    one("a returned message's queue is not declared again",
+        "no window quarantined for a queue deleted since the dispatcher declared it",
+        PKG + "dispatcher.py",
+        "                self._confirms.forget_declared()  # a queue deleted since it was declared",
+        "                pass",
+        "tests/test_rabbitmq.py::"
+        "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
 ]

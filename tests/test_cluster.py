@@ -337,6 +337,41 @@ def test_windows_written_before_cluster_support_run_after_the_upgrade(
     assert not list(old_client.scan_iter(match="debounce:{[0-3]}:open:*"))
 
 
+@pytest.mark.cluster
+def test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag(
+    cluster_app: Callable[..., Celery], redis_cluster: LocalCluster
+) -> None:
+    """Rule "every id resolves" across a shard change (issue 19, item 7): windows
+    published by a dispatcher with 6 shards on a cluster run on a worker with 3 (a
+    rolling change of ``debounce_shards``). The message names the record's tag, not
+    a shard number the worker would map to its own tags: claim and finish find the
+    record, it ends ``finished``, and a fixed-id alias gets the run's result (before,
+    the record stayed ``queued`` and the alias hung). Windows still open under the
+    6-shard tags when the change comes are drained by the 3-shard dispatcher (the
+    old layout is remembered in ``debounce:layouts``)."""
+    from celery_debounce.dispatcher import Dispatcher
+
+    old_app = cluster_app(debounce_shards=6, debounce_dispatcher=False)
+    old_work = _task(old_app, window="100ms")
+    ids = {x: old_work.delay(x).id for x in range(8)}
+    aliases = {x: old_work.apply_async((x,), task_id=f"al-{x}").id for x in range(8)}
+    client = redis.RedisCluster.from_url(f"{redis_cluster.url}/0")
+    time.sleep(0.3)
+    assert sum(Dispatcher(old_app, name="six").dispatch_once()[0] for _ in range(3)) == 8
+    left = {x: old_work.delay(x).id for x in range(20, 28)}  # open when the change comes
+    app = cluster_app(debounce_shards=3)
+    work = _task(app, window="100ms")
+    with running_worker(app):  # its dispatcher drains the 6-shard layout's tags
+        assert sorted(work.AsyncResult(a).get(timeout=15) for a in aliases.values()) == list(
+            range(8))
+        assert sorted(work.AsyncResult(i).get(timeout=15) for i in left.values()) == list(
+            range(20, 28))
+    tags = settings_for(old_app).tags
+    states = {client.hget(f"{tag}:win:{i}", "st") for i in (*ids.values(), *left.values())
+              for tag in tags}
+    assert states - {None} == {b"finished"}
+
+
 def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
     """A suite of a cluster-configured app tests with fakeredis: nothing connects to
     the cluster URL (before, the backend built a cluster client first)."""

@@ -31,26 +31,28 @@ def _task(app: Celery) -> Any:
     return work
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed: a dispatcher takes from shards 0..debounce_shards-1 only (plus the "
-    "cluster's legacy single-node tags); windows of a removed shard are never published. "
-    "Documented in configuration.md (debounce_shards): drain before lowering it"))
 def test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run(
     app_factory: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    """An operator lowers ``debounce_shards`` from 4 to 2 on one node while windows
-    are open: the windows of shards 2 and 3 must still be published and run (a
-    caller's ``AsyncResult`` must not wait forever)."""
+    """Rule "every id resolves" across a shard change (issue 19, item 7): an operator
+    lowers ``debounce_shards`` from 4 to 2 on one node while windows are open: the
+    windows of shards 2 and 3 must still be published and run (a caller's
+    ``AsyncResult`` must not wait forever). The old deployment's dispatcher took
+    windows, so its layout is remembered (``debounce:layouts``), and the new
+    dispatchers drain its shards until they are empty."""
     old_app = app_factory(debounce_shards=4, debounce_dispatcher=False)
     old_work = _task(old_app)
+    first = old_work.delay(100)
+    wait_until(lambda: Dispatcher(old_app, name="old").dispatch_once()[0], 5)
+    assert redis_client.hkeys("debounce:layouts") == [b"node:4"]
     old = {x: old_work.delay(x).id for x in range(12)}
     in_dropped = {k.split(b"}")[0] for k in redis_client.scan_iter(match="debounce:*:open:*")}
     assert {b"debounce:{2", b"debounce:{3"} <= in_dropped  # some windows in shards 2, 3
     app = app_factory(debounce_shards=2)
     work = _task(app)
     with running_worker(app):
-        got = sorted(work.AsyncResult(i).get(timeout=8) for i in old.values())
-    assert got == list(range(12))
+        got = sorted(work.AsyncResult(i).get(timeout=8) for i in [*old.values(), first.id])
+    assert got == [*range(12), 100]
 
 
 #: What a least-privilege user needs on top of the single-node line on a Redis Cluster

@@ -28,7 +28,7 @@ from kombu import Exchange, Queue
 from rabbitmq_node import RabbitNode
 from test_faults import doomed_dispatcher, runs
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebouncedTask, WindowQuarantined
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.windows import list_windows
 
@@ -253,6 +253,117 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     finally:
         dispatcher.stop()
     assert [runs(redis_client, f"nk{i}") for i in range(5)] == [[tid] for tid in ids]
+
+
+def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rule "every id resolves": a window routed to an exchange with a routing key no
+    queue binds (``amq.direct``, a key nobody uses). RabbitMQ confirms such a message
+    and drops it; the dispatcher publishes with ``mandatory`` and reads the
+    ``basic.return``, so the window is not acked: it is retried, then quarantined with
+    the reason, and the caller's ``.get()`` raises ``WindowQuarantined`` instead of
+    waiting forever. A routable window of the same pass runs."""
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     debounce_dispatch_lease="1s", task_default_queue=qname)
+    ran: list[str] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        ran.append(key)
+        return key
+
+    nowhere = f"nobody-{uuid.uuid4().hex[:8]}"
+    lost = task.apply_async(("ur",), exchange="amq.direct", routing_key=nowhere)
+    fine = task.apply_async(("ok",))
+    wait_until(lambda: all(w.deadline <= time.time() for w in list_windows(app)), 5)
+    caplog.set_level(logging.WARNING, "celery_debounce.dispatcher")
+    dispatcher = Dispatcher(app, name="returns")
+    assert dispatcher.dispatch_once()[0] == 1  # the routable one only
+    assert f"unroutable: exchange amq.direct routing key '{nowhere}'" in caplog.text
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{lost.id}")
+    assert record[b"st"] == b"dispatching", record  # not acked: retried
+    dispatcher.start()
+    try:
+        with pytest.raises(WindowQuarantined, match=f"unroutable: .*'{nowhere}'"):
+            lost.get(timeout=30)
+        with running_worker(app, queues=[qname]):
+            assert fine.get(timeout=15) == "ok"
+    finally:
+        dispatcher.stop()
+    assert ran == ["ok"]
+    assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
+
+
+def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """kombu declares a routed queue once per connection. The queue is deleted after
+    the dispatcher's first publish to it (an operator, ``x-expires``): the next
+    window's message is returned unroutable; the dispatcher declares again on the
+    retry, so the window runs (tries 2) instead of being quarantined."""
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     task_default_queue=qname)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        return key
+
+    dispatcher = Dispatcher(app, name="redeclare")
+    first = task.delay("a")
+    wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(qname)
+    second = task.delay("b")
+    dispatcher.start()
+    try:
+        record = f"debounce:{{0}}:win:{second.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 10)
+        assert redis_client.hget(record, "tries") == b"2"  # returned once, then declared
+        with running_worker(app, queues=[qname]):
+            assert second.get(timeout=15) == "b"
+    finally:
+        dispatcher.stop()
+    assert first.id != second.id
+
+
+def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """Rule "every id resolves": RabbitMQ discards a message whose ``expires``
+    (per-message TTL) passed in a queue no worker reads, and no worker signal fires.
+    The dispatcher finishes the window as REVOKED once ``expires`` and the grace have
+    passed: the window's id and a fixed-id alias raise ``TaskRevokedError``."""
+    from celery.exceptions import TaskRevokedError
+
+    qname = own_queue()
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
+                     task_default_queue=qname)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
+              debounce_max_wait="1s")
+    def task(key: str) -> str:
+        return key
+
+    first = task.apply_async(("x",), expires=1)
+    alias = task.apply_async(("x",), expires=1, task_id=f"alias-{qname}")
+    dispatcher = Dispatcher(app, name="expiry")
+    dispatcher.start()
+    try:
+        record = f"debounce:{{0}}:win:{first.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 5)
+        wait_until(lambda: queue_depth(app, qname) == 0, 5)  # RabbitMQ dropped it
+        for result in (first, app.AsyncResult(alias.id)):
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=10)
+    finally:
+        dispatcher.stop()
+    assert redis_client.hget(record, "rs") == b"REVOKED"
 
 
 def test_rabbitmq_killed_mid_batch_loses_no_window(

@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import running_worker, wait_until
+from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.backend import backend_for
@@ -122,6 +122,95 @@ def test_an_expired_message_finishes_its_window_as_revoked(
     assert redis_client.hget(record, "rs") == b"REVOKED"
     assert not runs(redis_client, "exp")
     assert not redis_client.zrange("debounce:{0}:active", 0, -1)
+
+
+def _expiring_task(app: Celery, seconds: float = 0.0) -> Any:
+    @app.task(base=DebouncedTask, shared=False, name="rob.expiring", debounce="100ms",
+              debounce_key="{0}", debounce_max_wait="1s")
+    def expiring(key: str) -> str:
+        time.sleep(seconds)
+        return key
+
+    return expiring
+
+
+def test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """Rule "every id resolves": a window published with ``expires=1`` to a queue no
+    worker reads. No worker signal ever fires, yet once ``expires`` (plus the grace)
+    has passed the dispatcher finishes the window as REVOKED and every id a caller
+    holds (its own and a fixed-id alias) raises ``TaskRevokedError``; before, the
+    window stayed ``queued`` and ``.get()`` waited until the record's TTL."""
+    from celery.exceptions import TaskRevokedError
+
+    app = make_app(redis_server, debounce_dispatcher=False)
+    task = _expiring_task(app)
+    first = task.apply_async(("x",), expires=1)
+    alias = task.apply_async(("x",), expires=1, task_id="expiring-alias")
+    dispatcher = Dispatcher(app, name="expiry")
+    dispatcher.start()
+    try:
+        record = f"debounce:{{0}}:win:{first.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 5)
+        for result in (first, app.AsyncResult(alias.id)):
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=10)
+    finally:
+        dispatcher.stop()
+    assert redis_client.hget(record, "st") == b"finished"
+    assert redis_client.hget(record, "rs") == b"REVOKED"
+    assert not redis_client.zrange("debounce:{0}:active", 0, -1)
+    assert not redis_client.zrange("debounce:{0}:expiring", 0, -1)
+
+
+def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """Script level: ``expire.lua`` finishes a queued window whose message expired
+    and returns it (with its aliases) again on every call until the dispatcher has
+    stored the outcome (``store.expired``): a lost reply or a dispatcher killed in
+    between never leaves its callers waiting. A claimed window is left as it is and a
+    dispatching one is looked at again later."""
+    from celery_debounce.store import EXPIRY_GRACE_MS
+
+    store = backend_for(make_app(redis_server))
+    tag = "debounce:{0}"
+    past = store.time_ms() - EXPIRY_GRACE_MS - 1000
+    for tid, st in (("q1", "queued"), ("c1", "claimed"), ("d1", "dispatching")):
+        redis_client.hset(f"{tag}:win:{tid}", mapping={"st": st, "id": tid, "na": 1,
+                                                      "a1": f'{{"id": "al-{tid}"}}'})
+        redis_client.zadd(f"{tag}:expiring", {tid: past})
+        redis_client.zadd(f"{tag}:active", {tid: past})
+    first = store.expire(0)
+    assert first == [("q1", [b'{"id": "al-q1"}'])]
+    assert store.expire(0) == first  # the reply was lost: returned again
+    assert redis_client.hget(f"{tag}:win:q1", "st") == b"finished"
+    assert redis_client.hget(f"{tag}:win:q1", "rs") == b"REVOKED"
+    assert redis_client.hget(f"{tag}:win:c1", "st") == b"claimed"
+    store.expired(0, ["q1"])
+    assert store.expire(0) == []
+    assert redis_client.zrange(f"{tag}:expiring", 0, -1) == [b"d1"]  # looked at again
+    assert redis_client.zrange(f"{tag}:active", 0, -1) == [b"c1", b"d1"]
+
+
+def test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """The other side of the rule: a window whose run started before ``expires`` and
+    is still running when ``expires`` (plus the grace) passes is left alone: it stays
+    ``claimed``, its result is not REVOKED, and it finishes as SUCCESS."""
+    app = make_app(redis_server)
+    task = _expiring_task(app, seconds=4.5)
+    call = task.apply_async(("y",), expires=1)
+    record = f"debounce:{{0}}:win:{call.id}"
+    with running_worker(app):
+        wait_until(lambda: redis_client.hget(record, "st") == b"claimed", 5)
+        time.sleep(3.2)  # past expires + the grace, while the run is going on
+        assert redis_client.hget(record, "st") == b"claimed"
+        assert call.state != "REVOKED"
+        assert call.get(timeout=10) == "y"
+    assert redis_client.hget(record, "rs") == b"SUCCESS"
 
 
 def test_a_dispatcher_without_the_task_publishes_with_the_payloads_serializer(

@@ -346,6 +346,111 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
             "the old master was demoted already: the test proved nothing"
 
 
+@pytest.mark.sentinel
+def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
+    redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
+) -> None:
+    """Issue 19's suspected item: the ``+switch-master`` watcher listened to one
+    sentinel (the first), with no keepalive. A sentinel that hangs with its connection
+    open (SIGSTOPped here; a host gone or a minority partition alike) never announces
+    the switch the others make, so the pool stayed on the old master until its
+    demotion, which discards what it took. The watcher now listens to every sentinel
+    and pings each: the switch announced by another sentinel moves the pool within
+    seconds."""
+    import signal
+
+    app = _sentinel_app(redis_server, sentinels)
+    backend = backend_for(app)
+    assert backend.ping()
+    old = sentinels.master_port()
+    assert old is not None
+    time.sleep(0.5)  # the watcher is subscribed
+    hung = sentinels.sentinel_processes[0]
+    hung.send_signal(signal.SIGSTOP)
+    try:
+        assert sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name,
+                                          index=1) == b"+OK\r\n"
+        wait_until(lambda: sentinels.master_port(1) not in (None, old), timeout=15)
+        new = sentinels.master_port(1)
+        wait_until(lambda: backend.master_switches >= 1, timeout=8)
+        pool = backend.client.connection_pool
+        assert pool.master_address[1] == new
+    finally:
+        hung.send_signal(signal.SIGCONT)
+
+
+def _freezing_proxy(target_port: int) -> tuple[int, threading.Event, threading.Event]:
+    """A TCP proxy to a sentinel. ``freeze`` set: every connection open then stops
+    forwarding, both ways, and stays open (a firewall that forgot it, a host gone
+    without a reset); connections opened later are forwarded. ``stop`` ends it."""
+    import socket
+
+    freeze, stop = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+
+    def relay(src: socket.socket, dst: socket.socket, frozen: threading.Event) -> None:
+        try:
+            while data := src.recv(65536):
+                if not frozen.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def accept() -> None:
+        opened: list[threading.Event] = []
+        while not stop.is_set():
+            if freeze.is_set():
+                for frozen in opened:
+                    frozen.set()
+                opened.clear()
+                freeze.clear()
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", target_port))
+            frozen = threading.Event()
+            opened.append(frozen)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=relay, args=(a, b, frozen), daemon=True).start()
+        listener.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1], freeze, stop
+
+
+@pytest.mark.sentinel
+def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
+    redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
+) -> None:
+    """The watcher's keepalive: its only sentinel is reached through a proxy whose open
+    connections go silent (nothing forwarded, nothing closed). The unanswered PING
+    drops that subscription and a new one is made, which reads the master's address:
+    the failover made meanwhile moves the pool. Without the keepalive the watcher
+    waited on the dead connection for good."""
+    port, freeze, stop = _freezing_proxy(sentinels.sentinel_ports[0])
+    try:
+        app = make_app(redis_server, debounce_redis_url=f"sentinel://127.0.0.1:{port}",
+                       debounce_redis_sentinel_master=sentinels.master_name,
+                       debounce_redis_timeout=1.0)
+        backend = backend_for(app)
+        assert backend.ping()
+        old = sentinels.master_port()
+        time.sleep(0.5)  # the watcher is subscribed
+        freeze.set()
+        time.sleep(0.5)
+        assert sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name) \
+            == b"+OK\r\n"
+        new = sentinels.wait_for_master(not_port=old or 0)
+        wait_until(lambda: backend.master_switches >= 1, timeout=10)
+        assert backend.client.connection_pool.master_address[1] == new
+    finally:
+        stop.set()
+
+
 def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
     redis_client: redis.Redis, redis_server: str
 ) -> None:

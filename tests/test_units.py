@@ -116,3 +116,24 @@ def test_task_defaults_and_call_overrides() -> None:
 def test_max_wait_equal_to_window_is_a_fixed_window() -> None:
     spec = build_spec("5s", None, "5s", False)
     assert spec.window_ms == spec.max_wait_ms == 5000
+
+
+def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_foreign_keys(
+) -> None:
+    """Where a worker looks for a window's record: the message's ``debounce_tag`` (the
+    record's own tag, whatever the worker's ``debounce_shards``), else the shard number
+    of a message a 0.2 dispatcher sent (``debounce_shard``); a tag naming anything but
+    a shard under the prefix is ignored (never a key outside it)."""
+    from celery import Celery
+
+    from celery_debounce.worker_signals import _shard_of
+
+    app = Celery("tags", set_as_current=False)
+    app.conf.update(debounce_redis_url="redis://localhost:1/0", broker_url="memory://",
+                    debounce_dispatcher=False)
+    assert _shard_of({"debounce_tag": "debounce:{3.10}", "debounce_shard": 3}, None,
+                     app) == "debounce:{3.10}"
+    assert _shard_of({"debounce_shard": 2}, None, app) == 2
+    assert _shard_of({}, None, app) is None
+    for foreign in ("other:{1}", "debounce:{1}:win:x", "debounce:{}", "debounce:{a}", 5):
+        assert _shard_of({"debounce_tag": foreign}, None, app) is None
