@@ -1,0 +1,144 @@
+"""Maxmemory (``noeviction``) on the windows' Redis and on a Redis broker (issue 19,
+items 1 and 2): each on its own real redis-server, the other one healthy.
+
+* The windows' Redis at maxmemory: a new call is refused with a clear
+  ``DebounceBackendError`` and writes nothing; the dispatcher keeps taking and
+  publishing what is due (due windows, leases, flushed windows, leading runs) and the
+  worker's claim and finish go through. Redis refuses a script under OOM only at its
+  first write that may grow memory (``denyoom``) and only if it has written nothing
+  before; the dispatcher's and worker's scripts start with a write that does not grow
+  memory, so they either write nothing or go through (docs/design.md, "Maxmemory").
+* A broker that refuses every message (OOM, READONLY): a shared fault, an outage. No
+  window counts it, none is quarantined, every one runs once the broker recovers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from helpers import make_app, running_worker, wait_until
+
+from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce.admin import DebounceAdmin
+from celery_debounce.dispatcher import Dispatcher
+from celery_debounce.local_redis import LocalRedis
+from celery_debounce.store import store_for
+
+pytestmark = pytest.mark.slow
+TAG = "debounce:{0}"
+
+
+def _tasks(app: Celery) -> tuple[Any, Any, Any]:
+    @app.task(base=DebouncedTask, shared=False, name="mm.due", debounce="1ms",
+              debounce_max_wait="1ms", debounce_key="{0}")
+    def due(k: str) -> str:
+        return k
+
+    @app.task(base=DebouncedTask, shared=False, name="mm.slow", debounce="1h",
+              debounce_max_wait="2h", debounce_key="{0}")
+    def slow(k: str) -> str:
+        return k
+
+    @app.task(base=DebouncedTask, shared=False, name="mm.lead", debounce="1h",
+              debounce_max_wait="2h", debounce_key="{0}", debounce_leading=True)
+    def lead(k: str) -> str:
+        return k
+
+    return due, slow, lead
+
+
+def _keyspace(client: redis.Redis) -> dict[bytes, Any]:
+    """Every package key with its content (scores, fields), to prove nothing changed."""
+    out: dict[bytes, Any] = {}
+    for key in client.scan_iter("debounce:*"):
+        kind = client.type(key)
+        if kind == b"hash":
+            out[key] = client.hgetall(key)
+        elif kind == b"zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == b"list":
+            out[key] = client.lrange(key, 0, -1)
+        else:
+            out[key] = kind
+    return out
+
+
+def _oom(client: redis.Redis) -> None:
+    """Put the server at maxmemory: the limit below what it uses, nothing evictable."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used // 2))
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("probe", "x")
+
+
+def test_the_windows_redis_at_maxmemory_refuses_new_calls_and_keeps_dispatching(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    with LocalRedis("--maxmemory-policy", "noeviction") as windows:
+        app = make_app(redis_server, debounce_redis_url=f"{windows.url}/0",
+                       debounce_dispatch_lease=1.0)
+        due, slow, lead = _tasks(app)
+        client = redis.Redis.from_url(f"{windows.url}/0")
+        store = store_for(app)
+        # a lease whose dispatcher died (taken, never published), due windows, a flushed
+        # window and a leading run: every kind of entry take.lua finds in the lease set
+        died = due.apply_async(("died",))
+        time.sleep(0.01)
+        assert [w.task_id for w in store.take(0, 10).windows] == [died.id]
+        ids = [due.apply_async((f"d{i}",)).id for i in range(3)]
+        flushed = slow.apply_async(("f",))
+        DebounceAdmin(app).flush("mm.slow", "f")
+        leading = lead.apply_async(("l",))
+        pending = slow.apply_async(("p",))  # stays open: a call may join it
+        time.sleep(1.1)  # the dead dispatcher's 1 s lease expires
+        _oom(client)
+
+        before = _keyspace(client)
+        for call in (lambda: due.apply_async(("new",)),  # opens a window
+                     lambda: slow.apply_async(("p",)),  # joins one
+                     lambda: lead.apply_async(("l",))):  # in a quiet period
+            with pytest.raises(DebounceBackendError, match="maxmemory") as refused:
+                call()
+            assert "nothing was written" in str(refused.value)
+        assert _keyspace(client) == before  # nothing half-written
+
+        published, _ = Dispatcher(app).dispatch_once()
+        everyone = [died.id, *ids, flushed.id, leading.id]
+        assert published == len(everyone)
+        for task_id in everyone:
+            assert client.hget(f"{TAG}:win:{task_id}", "st") == b"queued", task_id
+        assert client.zcard(f"{TAG}:leased") == 0
+        # a publish that fails is handed back (release.lua) under OOM too
+        again = store.take(0, 10)  # nothing due
+        assert again.windows == []
+        with running_worker(app):  # claim.lua and finish.lua go through
+            wait_until(lambda: all(client.hget(f"{TAG}:win:{t}", "st") == b"finished"
+                                   for t in everyone), 20)
+        assert client.hget(f"{TAG}:open:{pending_ident(slow, 'p')}", "n") == b"1"
+        assert pending.id
+        client.config_set("maxmemory", "0")  # room again: calls are accepted
+        assert due.apply_async(("new",)).id
+
+
+def pending_ident(task: Any, key: str) -> str:
+    from celery_debounce.layout import window_ident
+
+    return window_ident(task.name, key)
+
+
+def test_release_goes_through_on_a_windows_redis_at_maxmemory(redis_server: str) -> None:
+    with LocalRedis("--maxmemory-policy", "noeviction") as windows:
+        app = make_app(redis_server, debounce_redis_url=f"{windows.url}/0")
+        due, _, _ = _tasks(app)
+        client = redis.Redis.from_url(f"{windows.url}/0")
+        store = store_for(app)
+        due.apply_async(("r",))
+        time.sleep(0.01)
+        (window,) = store.take(0, 10).windows
+        _oom(client)
+        assert store.release(0, 5000, [(window.task_id, window.tries)]) == 1
+        assert client.zscore(f"{TAG}:leased", window.task_id) is not None
