@@ -271,6 +271,12 @@ def translate_errors(operation: str) -> Iterator[None]:
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        # Redis refuses a script under OOM only at its first write, before anything is
+        # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
+        return DebounceBackendError(
+            f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
+            f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
 
 

@@ -5,7 +5,7 @@
 -- ARGV[1]  retry delay ms     ARGV[2]  <tag>
 -- ARGV[3..]  pairs: task id, its `tries` as take.lua returned it to this dispatcher
 --
--- Only leases that are still this dispatcher's are moved: the id is still leased (XX),
+-- Only leases that are still this dispatcher's are moved: the id is still leased,
 -- the record is still "dispatching" and its `tries` is the caller's. A window claimed
 -- meanwhile has left the lease set; one whose lease expired and that another
 -- dispatcher took again has a higher `tries`, and that dispatcher's lease is left
@@ -18,8 +18,13 @@ local released = 0
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   local rec = redis.pcall('HMGET', ARGV[2] .. ':win:' .. id, 'st', 'tries')
-  if rec[1] == 'dispatching' and rec[2] == ARGV[i + 1] then
-    released = released + redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id)
+  -- ZREM then ZADD (not ZADD XX): the first write never grows memory, so at maxmemory
+  -- a release goes through (Redis refuses a script under OOM only at its first write
+  -- that may grow memory, if it wrote nothing before; docs/design.md, "Maxmemory")
+  if rec[1] == 'dispatching' and rec[2] == ARGV[i + 1] and
+      redis.call('ZREM', KEYS[1], id) == 1 then
+    redis.call('ZADD', KEYS[1], at, id)
+    released = released + 1
   end
 end
 return {released, now}

@@ -65,6 +65,10 @@
 -- takes and the dispatcher see an ordinary window. A list that is missing or of the
 -- wrong type gives no elements.
 --
+-- Maxmemory: the first write of every path is a ZREM (never grows memory), so at
+-- maxmemory (noeviction) a take either writes nothing (nothing to take) or goes through;
+-- Redis checks OOM only at a script's first write that may grow memory.
+--
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
 -- must not fail every pass and block the shard: such an entry leaves the due or
 -- lease set, a win:<id> one is listed in <tag>:quarantine (zset id -> ms), and the
@@ -152,6 +156,11 @@ for _, id in ipairs(expired) do
     taken = taken + 1
     out[taken] = {key, st.err}
   elseif st == 'dispatching' then
+    -- ZREM first: under maxmemory Redis refuses a script only at its first write that
+    -- may grow memory (ZADD, HSET, HINCRBY, ...) and only if it wrote nothing before.
+    -- Every path of this script starts with a ZREM, so a take goes through at
+    -- maxmemory and due leases never block the shard (docs/design.md, "Maxmemory")
+    redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[2], lease_until, id)
     local tries = redis.call('HINCRBY', key, 'tries', 1)
     taken = taken + 1
