@@ -142,3 +142,63 @@ def test_release_goes_through_on_a_windows_redis_at_maxmemory(redis_server: str)
         _oom(client)
         assert store.release(0, 5000, [(window.task_id, window.tries)]) == 1
         assert client.zscore(f"{TAG}:leased", window.task_id) is not None
+
+
+# -- a broker that refuses every message: a shared fault ------------------------------
+
+
+def _read_only(broker: redis.Redis, master_port: int) -> None:
+    """Demote the broker to a replica (of an empty server): every write gets READONLY."""
+    broker.replicaof("127.0.0.1", str(master_port))
+    wait_until(lambda: broker.info("replication").get("master_link_status") == "up", 10)
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        broker.set("probe", "x")
+
+
+@pytest.mark.parametrize("fault", ["oom", "readonly"])
+def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
+    redis_server: str, redis_client: redis.Redis, fault: str,
+) -> None:
+    """A Redis broker at maxmemory (noeviction), or demoted to a read-only replica, answers
+    every publish with an error reply (OOM, READONLY). That is the broker's fault, not any
+    window's: for 6 leases of 1 s (MAX_TRIES is 5) none is counted or quarantined, and
+    once the broker has room (is a master) again every window runs once."""
+    with LocalRedis("--maxmemory-policy", "noeviction") as server, LocalRedis() as master:
+        app = make_app(redis_server, broker_url=f"{server.url}/0", debounce_dispatch_lease=1.0,
+                       task_ignore_result=True)
+        broker = redis.Redis.from_url(f"{server.url}/0")
+        runs = redis.Redis.from_url(f"{redis_server}/3")
+
+        @app.task(base=DebouncedTask, shared=False, name="mm.run", debounce="1ms",
+                  debounce_max_wait="1ms", debounce_key="{0}", bind=True)
+        def run(self: Any, k: str) -> str:
+            runs.rpush(f"runs:{k}", self.request.id)
+            return k
+
+        dispatcher = Dispatcher(app, name="faulty-broker")
+        run.apply_async(("warm",))  # the broker is healthy: kombu declares its queue
+        time.sleep(0.01)
+        assert dispatcher.dispatch_once()[0] == 1
+        if fault == "oom":
+            _oom(broker)
+        else:
+            _read_only(broker, master.port)
+        ids = {f"k{i}": run.apply_async((f"k{i}",)).id for i in range(8)}
+        dispatcher.start()
+        try:
+            time.sleep(6.5)  # several leases, more than MAX_TRIES attempts
+            assert redis_client.zcard(f"{TAG}:quarantine") == 0
+            states = {redis_client.hget(f"{TAG}:win:{tid}", "st") for tid in ids.values()}
+            assert states <= {b"dispatching", None}, states  # leased, or not taken yet
+            if fault == "oom":
+                broker.config_set("maxmemory", "0")
+            else:
+                broker.replicaof("NO", "ONE")
+            with running_worker(app):
+                wait_until(lambda: all(runs.llen(f"runs:{k}") for k in ids), 30)
+                time.sleep(1.5)  # a lease more: nothing runs twice
+        finally:
+            dispatcher.stop()
+        assert {k: [r.decode() for r in runs.lrange(f"runs:{k}", 0, -1)] for k in ids} == {
+            k: [tid] for k, tid in ids.items()}
+        assert redis_client.zcard(f"{TAG}:quarantine") == 0
