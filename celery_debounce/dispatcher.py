@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ from .store import (
     WakeListener,
     WindowStore,
     is_error_reply,
+    pipeline_failed_at,
+    reply_code,
     store_for,
 )
 
@@ -52,6 +55,28 @@ logger = logging.getLogger("celery_debounce.dispatcher")
 #: is quarantined with the reason. Failures of the broker as a whole do not count.
 MAX_TRIES = 5
 
+#: Redis error codes that describe the broker, never one message: the next unrelated
+#: message would get the same answer (a shared fault is an outage: docs/design.md,
+#: "Dispatcher loop"). Never counted against a window.
+BROKER_WIDE_CODES = frozenset({
+    "OOM",  # maxmemory with noeviction (a backlog filled the broker)
+    "READONLY",  # a replica: the broker's own failover demoted this node
+    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed
+    "LOADING",  # loading its dataset after a restart
+    "NOAUTH", "WRONGPASS",  # the connection is not authenticated
+    "MASTERDOWN",  # a replica whose link to its master is down
+    "NOREPLICAS",  # min-replicas-to-write not met
+    "BUSY",  # a script or function runs too long
+})
+#: Codes that may depend on the message's key (an ACL key pattern, a cluster slot): a
+#: shared fault unless shown to be this message's, i.e. another window of the same
+#: pass was published.
+KEY_DEPENDENT_CODES = frozenset({"NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
+#: back-off after a shared fault (s): first wait, cap; each wait is jittered (x0.5-1)
+BROKER_BACKOFF_S = (0.5, 10.0)
+
+#: A shared fault (the broker as a whole) and a key-dependent one (see above).
+BROKER, KEY = "broker", "key"
 
 
 def take_due(store: WindowStore, shard: int, limit: int, observer: str = "") -> TakeResult:
@@ -147,6 +172,12 @@ class BrokerUnavailable(Exception):
     """The broker as a whole failed (not one message): nothing after it is sent."""
 
 
+class MaybeShared(Exception):
+    """An error that may be the broker's or this message's (NOPERM, CLUSTERDOWN,
+    TRYAGAIN): counted against the window only if another window of the pass was
+    published."""
+
+
 class Dispatcher:
     """Publishes due windows. Any number may run at once; each window is taken once.
 
@@ -171,6 +202,13 @@ class Dispatcher:
         self._confirms: ConfirmingPublisher | None = (
             ConfirmingPublisher(app) if uses_confirms(app) else None
         )
+        #: the shared fault (the broker as a whole) that stopped this pass, if any
+        self.broker_fault: str | None = None
+        #: passes in a row stopped by a shared fault; sets the back-off
+        self._fault_streak = 0
+        #: this pass's back-off (s, jittered): windows not sent wait this long (at most a
+        #: lease), and run() waits as long before the next pass
+        self._fault_delay = 0.0
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -181,8 +219,11 @@ class Dispatcher:
         next wake-up past a deadline that came due meanwhile.
         """
         published = 0
+        self.broker_fault = None
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         for shard in (*range(self.settings.shards), *self._draining):
+            if self.broker_fault is not None:  # shared by every shard: stop the pass
+                break
             while True:
                 took_at = time.monotonic()
                 taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
@@ -195,9 +236,23 @@ class Dispatcher:
                     next_at = min(next_at, mid + taken.next_in_ms / 1000)
                 published += self._publish(shard, taken.windows, took_at)
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
-                if got < self.settings.dispatch_batch or self._stop.is_set():
+                if (got < self.settings.dispatch_batch or self._stop.is_set()
+                        or self.broker_fault is not None):
                     break
-        return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
+        if self.broker_fault is None:
+            self._fault_streak = 0
+            return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
+        return published, math.ceil(self._fault_delay * 1000)
+
+    def _shared_fault(self, exc: BaseException | str) -> None:
+        """Note a fault of the broker as a whole: the pass stops, nothing is counted
+        against a window, and the next pass waits a jittered, growing back-off."""
+        if self.broker_fault is None:
+            self._fault_streak += 1
+            first, cap = BROKER_BACKOFF_S
+            base = min(cap, first * 2 ** min(self._fault_streak - 1, 16))
+            self._fault_delay = base * random.uniform(0.5, 1.0)  # jitter
+            self.broker_fault = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
 
     def _publish(self, shard: int, windows: list[TakenWindow], took_at: float) -> int:
         """Publish one take's windows; ack those sent, release or quarantine the others.
@@ -220,6 +275,7 @@ class Dispatcher:
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
         unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
         uncertain: list[TakenWindow] = []  # a batch the broker answered in part
+        suspects: list[tuple[TakenWindow, str]] = []  # MaybeShared: counted if others went
         refused: list[TakenWindow] = []  # AMQP: nacked by the broker; not counted
         bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
@@ -258,12 +314,16 @@ class Dispatcher:
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
                             except BrokerUnavailable as exc:
+                                self._shared_fault(str(exc))
                                 logger.warning(
                                     "debounce: broker unavailable, %d window(s) not published, "
-                                    "will retry: %s", len(group) - i, exc,
+                                    "not counted against them; will retry in %.1fs: %s",
+                                    len(group) - i, self._fault_delay, exc,
                                 )
                                 unsent.extend(group[i:])
                                 break
+                            except MaybeShared as exc:  # this message's, or every one's?
+                                suspects.append((window, str(exc)))
                             except Exception as exc:  # this message: count it, go on
                                 logger.warning(
                                     "debounce: publishing %s[%s] key=%r failed (attempt "
@@ -282,16 +342,28 @@ class Dispatcher:
                         self._confirmed(confirming, lease_end, batched, ok, failed, refused,
                                         uncertain)
                 except Exception as exc:  # the batched publish failed as a whole
+                    shared = producer is not None and self._fault_kind(producer, exc) == BROKER
+                    if shared:
+                        self._shared_fault(exc)
                     logger.warning(
                         "debounce: publishing a batch of %d failed, none is confirmed; "
-                        "will retry: %r", len(ok), exc,
+                        "will retry: %r (%s)", len(ok), exc,
+                        f"the broker as a whole: {self.broker_fault}" if shared else
+                        "this batch", exc_info=False,
                     )
-                    if is_error_reply(exc):
+                    if is_error_reply(exc) and not (shared and pipeline_failed_at(exc) == 1):
+                        # the pipeline's other commands ran: some messages may be there
                         uncertain.extend(ok)
-                    else:
+                    else:  # unreachable, or the broker refused from the first command on
                         unsent.extend(ok)
                     ok = []
                 sent.extend(ok)
+        if suspects:
+            if sent:  # the broker took another window of this pass: these are their own
+                failed.extend(suspects)
+            else:
+                self._shared_fault(suspects[0][1])
+                unsent.extend(w for w, _ in suspects)
         try:
             if sent:
                 self.store.ack(shard, [w.task_id for w in sent])
@@ -319,6 +391,7 @@ class Dispatcher:
         try:
             producer = self._confirms.producer()
         except Exception as exc:  # cannot connect: nothing is sent, every window waits
+            self._shared_fault(exc)
             logger.warning("debounce: broker unavailable, windows not published, will "
                            "retry: %s: %s", type(exc).__name__, exc)
             producer = None
@@ -358,6 +431,9 @@ class Dispatcher:
                 "retried: %s", len(result.nacked),
                 ", ".join(confirming[s].task_id for s in sorted(result.nacked)[:5]),
             )
+        if result.unconfirmed and not _channel_closed(result.error):
+            # no answer at all (connection lost, or blocked by a resource alarm)
+            self._shared_fault(f"no confirm: {result.error!r}")
         if result.unconfirmed:
             logger.warning(
                 "debounce: %d message(s) not confirmed by the broker (%r); their windows "
@@ -381,8 +457,11 @@ class Dispatcher:
         """
         lease = self.settings.dispatch_lease_ms
         by_delay: dict[int, list[TakenWindow]] = {}
+        # after a shared fault: the pass's jittered back-off (so dispatchers do not all
+        # come back at once), else soon
+        soon = min(lease, math.ceil(self._fault_delay * 1000) if self.broker_fault else 1000)
         for window in unsent:
-            by_delay.setdefault(min(lease, 1000), []).append(window)
+            by_delay.setdefault(soon, []).append(window)
         for window in uncertain:
             by_delay.setdefault(lease, []).append(window)
         for window in failed:
@@ -405,9 +484,26 @@ class Dispatcher:
         try:
             self._send_message(producer, window.task_name, message, **options)
         except Exception as exc:
-            if self._broker_failure(producer, exc):
+            kind = self._fault_kind(producer, exc)
+            if kind == BROKER:
                 raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            if kind == KEY:
+                raise MaybeShared(f"{type(exc).__name__}: {exc}") from exc
             raise
+
+    def _fault_kind(self, producer: Any, exc: BaseException) -> str | None:
+        """``BROKER`` when ``exc`` would hit the next unrelated message too (a connection
+        failure, an error reply about the broker: OOM, READONLY, ...), ``KEY`` when it
+        may depend on the message's key (NOPERM, CLUSTERDOWN, TRYAGAIN), None when it is
+        this message's (counted against its window)."""
+        if self._broker_failure(producer, exc):
+            return BROKER
+        code = reply_code(exc)
+        if code in BROKER_WIDE_CODES:
+            return BROKER
+        if code in KEY_DEPENDENT_CODES:
+            return KEY
+        return None
 
     def _broker_failure(self, producer: Any, exc: BaseException) -> bool:
         """True when ``exc`` (or what it wraps: kombu re-raises everything as
@@ -478,6 +574,9 @@ class Dispatcher:
                 self._subscribe()  # before taking: a wake sent after this take is not lost
                 _, next_in = self.dispatch_once()
                 backoff = 0.1
+                if self.broker_fault is not None:  # back off: no wake-up shortens it
+                    self._stop.wait(next_in / 1000)
+                    continue
                 self._wait(next_in / 1000)
             except (DebounceBackendError, REDIS_ERROR) as exc:
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -300,6 +301,59 @@ def is_error_reply(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+#: redis-py classes whose message has lost its Redis error code (MasterDownError, a
+#: ClusterDownError, first)
+_CODE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.AuthenticationError, "NOAUTH"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+)
+#: redis-py annotates a pipeline's first error: "Command # <n> (...) of pipeline caused
+#: error: <reply>"
+_PIPELINE_ERROR = re.compile(r"^Command # (\d+) \(.*\) of pipeline caused error: (.*)$", re.S)
+
+
+def reply_code(exc: BaseException) -> str | None:
+    """The Redis error code of ``exc`` or of what it wraps (kombu wraps a batch's
+    error), e.g. ``"OOM"``; None when no Redis error reply is in the chain."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, (redis.ResponseError, redis.exceptions.BusyLoadingError,
+                             redis.exceptions.AuthenticationError)):
+            for cls, code in _CODE_OF_CLASS:
+                if isinstance(seen, cls):
+                    return code
+            text = str(seen.args[0]) if seen.args else ""
+            match = _PIPELINE_ERROR.match(text)
+            if match:
+                text = match.group(2)
+            return text.split(" ", 1)[0].upper() or None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def pipeline_failed_at(exc: BaseException) -> int | None:
+    """The number (from 1) of the first command of a pipeline that failed, as redis-py
+    annotates it (commands before it ran); None when ``exc`` is not such an error."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, redis.RedisError) and seen.args:
+            match = _PIPELINE_ERROR.match(str(seen.args[0]))
+            if match:
+                return int(match.group(1))
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 # -- Sentinel ----------------------------------------------------------------------------

@@ -202,3 +202,45 @@ def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
         assert {k: [r.decode() for r in runs.lrange(f"runs:{k}", 0, -1)] for k in ids} == {
             k: [tid] for k, tid in ids.items()}
         assert redis_client.zcard(f"{TAG}:quarantine") == 0
+
+
+def test_error_replies_are_told_apart_by_their_code() -> None:
+    """What the dispatcher classifies: the code of a redis-py error, of a pipeline's
+    annotated first error, and of what kombu wraps; the command that failed first."""
+    from redis import exceptions as rx
+
+    from celery_debounce.dispatcher import BROKER_WIDE_CODES, KEY_DEPENDENT_CODES
+    from celery_debounce.store import pipeline_failed_at, reply_code
+
+    parser = redis.connection.DefaultParser if hasattr(redis.connection, "DefaultParser") \
+        else redis._parsers.base.BaseParser  # type: ignore[attr-defined]
+    replies = {
+        "OOM command not allowed when used memory > 'maxmemory'.": "OOM",
+        "READONLY You can't write against a read only replica.": "READONLY",
+        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable": "MISCONF",
+        "LOADING Redis is loading the dataset in memory": "LOADING",
+        "NOAUTH Authentication required.": "NOAUTH",
+        "NOPERM this user has no permissions to access one of the keys": "NOPERM",
+        "CLUSTERDOWN The cluster is down": "CLUSTERDOWN",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.":
+            "MASTERDOWN",
+        "TRYAGAIN Multiple keys request during rehashing of slot": "TRYAGAIN",
+        "NOREPLICAS Not enough good replicas to write.": "NOREPLICAS",
+        "BUSY Redis is busy running a script.": "BUSY",
+        "WRONGTYPE Operation against a key holding the wrong kind of value": "WRONGTYPE",
+    }
+    for reply, code in replies.items():
+        exc = parser.parse_error(reply)
+        assert reply_code(exc) == code, (reply, exc)
+        try:  # as kombu's batch raises it: annotated by the pipeline, wrapped
+            exc.args = (f"Command # 3 (LPUSH celery x) of pipeline caused error: {exc}",
+                        *exc.args[1:])
+            raise RuntimeError("Redis publish batch failed; delivery is uncertain") from exc
+        except RuntimeError as wrapped:
+            assert reply_code(wrapped) == code, reply
+            assert pipeline_failed_at(wrapped) == 3
+    assert reply_code(rx.ConnectionError("refused")) is None
+    assert reply_code(ValueError("x")) is None
+    assert pipeline_failed_at(rx.ResponseError("WRONGTYPE x")) is None
+    assert {"OOM", "READONLY", "MISCONF", "LOADING", "NOAUTH"} <= BROKER_WIDE_CODES
+    assert "WRONGTYPE" not in BROKER_WIDE_CODES | KEY_DEPENDENT_CODES
