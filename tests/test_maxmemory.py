@@ -244,3 +244,45 @@ def test_error_replies_are_told_apart_by_their_code() -> None:
     assert pipeline_failed_at(rx.ResponseError("WRONGTYPE x")) is None
     assert {"OOM", "READONLY", "MISCONF", "LOADING", "NOAUTH"} <= BROKER_WIDE_CODES
     assert "WRONGTYPE" not in BROKER_WIDE_CODES | KEY_DEPENDENT_CODES
+
+
+def test_takes_an_outage_wasted_never_count_toward_quarantine(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """``tries`` counts every take, also those a broker outage wasted; quarantine counts
+    only the failures that were the window's own (``fl``, release.lua). A window taken 6
+    times while the broker was at maxmemory, whose message then fails on its own, is
+    published 5 more times before it is quarantined, not set aside at its first failure."""
+    from celery_debounce.dispatcher import MAX_TRIES
+
+    with LocalRedis("--maxmemory-policy", "noeviction") as server:
+        app = make_app(redis_server, broker_url=f"{server.url}/0", debounce_dispatch_lease=1.0,
+                       task_ignore_result=True, task_create_missing_queues=False)
+        broker = redis.Redis.from_url(f"{server.url}/0")
+        due, _, _ = _tasks(app)
+        dispatcher = Dispatcher(app, name="counts")
+        due.apply_async(("warm",))
+        time.sleep(0.01)
+        assert dispatcher.dispatch_once()[0] == 1
+        _oom(broker)
+        victim = due.apply_async(("v",))
+        record = f"{TAG}:win:{victim.id}"
+
+        def tries() -> int:
+            return int(redis_client.hget(record, "tries") or 0)
+
+        while tries() <= MAX_TRIES:  # taken again and again, refused by the broker
+            seen = tries()
+            dispatcher.dispatch_once()
+            wait_until(lambda: dispatcher.dispatch_once() is not None and tries() > seen, 5,
+                       interval=0.1)
+        assert redis_client.zcard(f"{TAG}:quarantine") == 0
+        assert redis_client.hget(record, "fl") is None  # none of that was its fault
+        wasted = tries()
+        redis_client.hset(record, "o", '{"queue":"nowhere"}')  # now it fails on its own
+        broker.config_set("maxmemory", "0")
+        wait_until(lambda: dispatcher.dispatch_once() is not None
+                   and redis_client.hget(record, "st") == b"quarantined", 30, interval=0.1)
+        reason = redis_client.hget(record, "qe").decode()
+        assert f"publish failed {MAX_TRIES} times" in reason and "nowhere" in reason
+        assert tries() == wasted + MAX_TRIES
