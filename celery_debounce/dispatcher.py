@@ -328,7 +328,7 @@ class Dispatcher:
                                 logger.warning(
                                     "debounce: publishing %s[%s] key=%r failed (attempt "
                                     "%d of %d): %r", window.task_name, window.task_id,
-                                    window.key, window.tries, MAX_TRIES, exc,
+                                    window.key, window.failures + 1, MAX_TRIES, exc,
                                 )
                                 failed.append((window, f"{type(exc).__name__}: {exc}"))
                                 if self._confirms is not None and not self._confirms.usable():
@@ -369,10 +369,13 @@ class Dispatcher:
                 self.store.ack(shard, [w.task_id for w in sent])
                 for window in sent:
                     _announce(window)
+            # only failures shown to be the window's count (fl), never the takes a
+            # broker outage wasted (tries counts those too)
             for window, reason in failed:
-                if window.tries >= MAX_TRIES:
-                    bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
-            retry = [w for w, _ in failed if w.tries < MAX_TRIES]
+                if window.failures + 1 >= MAX_TRIES:
+                    bad.append((window, f"publish failed {window.failures + 1} times, last: "
+                                        f"{reason}"))
+            retry = [w for w, _ in failed if w.failures + 1 < MAX_TRIES]
             self._release(shard, unsent + refused, uncertain, retry)
             for window, reason in bad:
                 self._quarantine(window, reason)
@@ -457,6 +460,7 @@ class Dispatcher:
         """
         lease = self.settings.dispatch_lease_ms
         by_delay: dict[int, list[TakenWindow]] = {}
+        counted = {id(w) for w in failed}
         # after a shared fault: the pass's jittered back-off (so dispatchers do not all
         # come back at once), else soon
         soon = min(lease, math.ceil(self._fault_delay * 1000) if self.broker_fault else 1000)
@@ -465,11 +469,13 @@ class Dispatcher:
         for window in uncertain:
             by_delay.setdefault(lease, []).append(window)
         for window in failed:
-            delay = min(lease, 250 * 2 ** min(window.tries, 10))
+            delay = min(lease, 250 * 2 ** min(window.failures + 1, 10))
             by_delay.setdefault(delay, []).append(window)
         for delay, group in by_delay.items():
-            # (id, tries) pairs: a lease another dispatcher took over is not moved
-            self.store.release(shard, delay, [(w.task_id, w.tries) for w in group])
+            # (id, tries) pairs: a lease another dispatcher took over is not moved;
+            # "<tries>!" also counts the failure against the window (fl)
+            self.store.release(shard, delay, [
+                (w.task_id, f"{w.tries}!" if id(w) in counted else w.tries) for w in group])
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:

@@ -143,6 +143,9 @@ class TakenWindow:
     taken_ms: int
     capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
     leading: bool = False  # a leading run (debounce_leading=True), due at its first call
+    #: publish failures counted against it (``fl``); ``tries`` also counts the takes a
+    #: broker outage wasted, which never count
+    failures: int = 0
 
     @property
     def task_name(self) -> str:
@@ -1069,8 +1072,10 @@ class WindowStore:
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: int, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
-        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``."""
+    def release(self, shard: int, delay_ms: int, windows: Sequence[tuple[str, int | str]]
+                ) -> int:
+        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``
+        (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``)."""
         tag = self.tag(shard)
         pairs = [x for pair in windows for x in pair]
         return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
@@ -1375,6 +1380,7 @@ def _taken(shard: int, now_ms: int, row: list[Any]) -> TakenWindow:
         taken_ms=now_ms,
         capped=record.capped,
         leading=record.leading,
+        failures=int(row[len(TAKE_FIELDS)] or 0) if len(row) > len(TAKE_FIELDS) else 0,
     )
 
 
