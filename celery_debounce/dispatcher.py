@@ -358,12 +358,17 @@ class Dispatcher:
                         unsent.extend(ok)
                     ok = []
                 sent.extend(ok)
+        held: list[TakenWindow] = []  # suspects without evidence: not counted
         if suspects:
             if sent:  # the broker took another window of this pass: these are their own
                 failed.extend(suspects)
-            else:
-                self._shared_fault(suspects[0][1])
-                unsent.extend(w for w, _ in suspects)
+            else:  # the broker's or theirs: not counted, retried with their own back-off
+                held.extend(w for w, _ in suspects)
+                logger.warning(
+                    "debounce: %d window(s) refused and no other published in this pass, "
+                    "not counted against them (the broker's fault or theirs: %s); will retry",
+                    len(held), suspects[0][1],
+                )
         try:
             if sent:
                 self.store.ack(shard, [w.task_id for w in sent])
@@ -376,7 +381,7 @@ class Dispatcher:
                     bad.append((window, f"publish failed {window.failures + 1} times, last: "
                                         f"{reason}"))
             retry = [w for w, _ in failed if w.failures + 1 < MAX_TRIES]
-            self._release(shard, unsent + refused, uncertain, retry)
+            self._release(shard, unsent + refused, uncertain, retry, held)
             for window, reason in bad:
                 self._quarantine(window, reason)
         finally:
@@ -447,7 +452,7 @@ class Dispatcher:
 
     def _release(
         self, shard: int, unsent: list[TakenWindow], uncertain: list[TakenWindow],
-        failed: list[TakenWindow],
+        failed: list[TakenWindow], held: list[TakenWindow] | None = None,
     ) -> None:
         """Hand windows back: unsent ones after a short delay, failed ones with back-off.
 
@@ -470,6 +475,9 @@ class Dispatcher:
             by_delay.setdefault(lease, []).append(window)
         for window in failed:
             delay = min(lease, 250 * 2 ** min(window.failures + 1, 10))
+            by_delay.setdefault(delay, []).append(window)
+        for window in held or ():  # a back-off of their own, not counted
+            delay = min(lease, 250 * 2 ** min(window.tries, 10))
             by_delay.setdefault(delay, []).append(window)
         for delay, group in by_delay.items():
             # (id, tries) pairs: a lease another dispatcher took over is not moved;

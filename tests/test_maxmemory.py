@@ -286,3 +286,44 @@ def test_takes_an_outage_wasted_never_count_toward_quarantine(
         reason = redis_client.hget(record, "qe").decode()
         assert f"publish failed {MAX_TRIES} times" in reason and "nowhere" in reason
         assert tries() == wasted + MAX_TRIES
+
+
+@pytest.mark.parametrize("refused", ["every queue", "one queue"])
+def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
+    redis_server: str, redis_client: redis.Redis, refused: str,
+) -> None:
+    """NOPERM may be the broker's (the user lost its rights) or one message's (an ACL key
+    pattern that misses its queue). It counts against a window only when another window
+    of the same pass was published: refused on every queue, nothing is counted over 6
+    leases; refused on one queue while other windows go through, that window alone is
+    quarantined after MAX_TRIES."""
+    from celery_debounce.dispatcher import MAX_TRIES
+
+    with LocalRedis() as server:
+        admin = redis.Redis.from_url(f"{server.url}/0")
+        keys = ["~_kombu.*", "~unacked*"] + (["~celery*"] if refused == "one queue" else [])
+        admin.acl_setuser("disp", enabled=True, passwords=["+pw"], keys=keys,
+                          channels=["*"], commands=["+@all"])
+        app = make_app(redis_server, broker_url=f"redis://disp:pw@127.0.0.1:{server.port}/0",
+                       debounce_dispatch_lease=1.0, task_ignore_result=True)
+        due, _, _ = _tasks(app)
+        good = [due.apply_async((f"g{i}",)) for i in range(3)]
+        bad = due.apply_async(("b",), queue="secret")  # NOPERM for this user, always
+        dispatcher = Dispatcher(app, name="acl")
+        deadline = time.monotonic() + 6.5
+        while time.monotonic() < deadline:  # traffic: a new window each pass
+            good.append(due.apply_async((f"g{len(good)}",)))
+            time.sleep(0.01)
+            dispatcher.dispatch_once()
+            time.sleep(0.2)
+        states = {r.id: redis_client.hget(f"{TAG}:win:{r.id}", "st") for r in [*good, bad]}
+        if refused == "every queue":
+            assert redis_client.zcard(f"{TAG}:quarantine") == 0
+            assert set(states.values()) <= {b"dispatching"}, states
+            assert all(redis_client.hget(f"{TAG}:win:{r.id}", "fl") is None
+                       for r in [*good, bad])
+        else:
+            assert all(states[r.id] == b"queued" for r in good), states
+            assert states[bad.id] == b"quarantined"
+            reason = redis_client.hget(f"{TAG}:win:{bad.id}", "qe").decode()
+            assert f"publish failed {MAX_TRIES} times" in reason and "NoPermission" in reason
