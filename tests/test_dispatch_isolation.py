@@ -294,3 +294,42 @@ def test_publish_failures_are_logged_with_the_attempt(
     with caplog.at_level(logging.WARNING, logger="celery_debounce.dispatcher"):
         Dispatcher(app).dispatch_once()
     assert f"attempt 1 of {MAX_TRIES}" in caplog.text
+
+
+def test_a_half_failed_batch_is_not_sent_again_while_the_queue_wait_exceeds_the_lease(
+    app_factory: Any, redis_client: redis.Redis,
+) -> None:
+    """kombu's batched pipeline fails at one message (its queue key has the wrong type)
+    after the others reached the broker, and no worker takes them for longer than the
+    lease (a backlog): none is published a second time. The dispatcher reads every
+    command's reply of the batch, so the windows whose messages the broker took are
+    acked at once and only the culprit is retried (issue 19, suspected item)."""
+    app = app_factory(debounce_dispatch_lease=1.0)
+    task = _task(app)
+    broker = redis.Redis.from_url(app.conf.broker_url)
+    import time
+
+    dispatcher = Dispatcher(app)
+    task.apply_async(("warm",), queue="poisoned")
+    time.sleep(0.01)
+    assert dispatcher.dispatch_once()[0] == 1  # kombu declared "poisoned": cached
+    broker.delete("poisoned")
+    broker.set("poisoned", "a string, not a list")  # LPUSH fails at the flush: WRONGTYPE
+    first = [task.apply_async((f"a{i}",)) for i in range(3)]
+    bad = task.apply_async(("bad",), queue="poisoned")  # in the middle of the batch
+    last = [task.apply_async((f"z{i}",)) for i in range(2)]
+    good = first + last
+    time.sleep(0.01)
+    assert dispatcher.dispatch_once()[0] == 5
+    assert all(_state(redis_client, r.id) == "queued" for r in good)
+    deadline = time.monotonic() + 3.0  # three leases, nobody consumes
+    while time.monotonic() < deadline:
+        dispatcher.dispatch_once()
+        time.sleep(0.1)
+    assert broker.llen("celery") == 5  # each once
+    assert int(redis_client.hget(f"{TAG}:win:{bad.id}", "fl")) >= 2  # its own, retried
+    with running_worker(app):
+        assert sorted(r.get(timeout=10) for r in good) == sorted(
+            [f"a{i}" for i in range(3)] + [f"z{i}" for i in range(2)])
+        wait_until(lambda: _state(redis_client, bad.id) == "quarantined", timeout=30)
+    assert broker.llen("celery") == 0
