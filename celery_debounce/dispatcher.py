@@ -136,6 +136,55 @@ def _batch(producer: Any, size: int) -> Any:
     return batch(max_size=4 * size + 16)
 
 
+class _ExactBatch:
+    """Every command's reply of kombu's Redis publish batch (kombu >= 5.7), read by the
+    dispatcher instead of kombu's flush, which raises the first error only: the pipeline
+    is not a transaction, so when one command fails the others ran, and only the replies
+    say which messages the broker took (docs/design.md, "Dispatcher loop").
+
+    Relies on kombu's batch internals (the active batch's session and its redis-py
+    pipeline); when they are not there, or kombu flushed part of the batch on its own,
+    :meth:`flush` returns None and kombu flushes as before (then a failed batch is
+    uncertain as a whole).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.spans: list[tuple[TakenWindow, int, int]] = []  # window, first command, end
+        self.usable = True
+
+    def _session(self) -> Any:
+        state = getattr(getattr(self.producer, "_batch_local", None), "current", None)
+        return getattr(state, "session", None) if state is not None else None
+
+    def position(self) -> int:
+        """Commands buffered so far (-1: unknown)."""
+        session = self._session()
+        if session is None:
+            return 0  # kombu opens the session at the first publish
+        stack = getattr(getattr(session, "pipeline", None), "command_stack", None)
+        return len(stack) if isinstance(stack, list) else -1
+
+    def record(self, window: TakenWindow, start: int) -> None:
+        """``window`` was published: its commands are those from ``start`` on."""
+        end = self.position()
+        if start < 0 or end <= start:  # unknown, or kombu flushed on its own meanwhile
+            self.usable = False
+            return
+        self.spans.append((window, start, end))
+
+    def flush(self) -> list[Any] | None:
+        """Run the buffered commands; one reply (or error) per command, or None."""
+        session = self._session()
+        if not (self.usable and self.spans and session is not None
+                and isinstance(getattr(session, "_buffered", None), int)
+                and self.spans[-1][2] == self.position()):
+            return None
+        replies = list(session.pipeline.execute(raise_on_error=False))
+        session._buffered = 0  # kombu's own flush finds nothing left to send
+        return replies
+
+
 def check_json_body(body: bytes) -> None:
     """Refuse a JSON body that is not ``[list, object, object]``.
 
@@ -292,6 +341,7 @@ class Dispatcher:
                     continue
                 ok: list[TakenWindow] = []
                 confirming: dict[int, TakenWindow] = {}  # AMQP: publish number -> window
+                exact = _ExactBatch(producer) if batched and self._confirms is None else None
                 try:
                     with _batch(producer, len(group)) if batched else nullcontext():
                         for i, window in enumerate(group):
@@ -303,6 +353,7 @@ class Dispatcher:
                                     window.key, self.settings.dispatch_lease_ms,
                                 )
                                 continue
+                            start = exact.position() if exact is not None else -1
                             try:
                                 self._send(producer, window)
                                 if self._confirms is not None:
@@ -338,6 +389,13 @@ class Dispatcher:
                                     break
                             else:
                                 ok.append(window)
+                                if exact is not None:
+                                    exact.record(window, start)
+                        if exact is not None:
+                            replies = exact.flush()
+                            if replies is not None:
+                                self._sort_replies(producer, exact.spans, replies, ok, failed,
+                                                   suspects, unsent)
                     if confirming:
                         self._confirmed(confirming, lease_end, batched, ok, failed, refused,
                                         uncertain)
@@ -387,6 +445,38 @@ class Dispatcher:
         finally:
             _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
+
+    def _sort_replies(
+        self, producer: Any, spans: list[tuple[TakenWindow, int, int]], replies: list[Any],
+        ok: list[TakenWindow], failed: list[tuple[TakenWindow, str]],
+        suspects: list[tuple[TakenWindow, str]], unsent: list[TakenWindow],
+    ) -> None:
+        """Sort a batch's windows by their commands' replies (:class:`_ExactBatch`).
+
+        A message whose first command (its ``LPUSH``) succeeded is in the broker, sent,
+        whatever its later commands answered (an expiry). One whose first command was
+        refused is not: a shared fault leaves it unsent, a key-dependent error makes it
+        a suspect, any other error counts against it.
+        """
+        for window, start, _ in spans:
+            first = replies[start] if start < len(replies) else None
+            if not isinstance(first, Exception):
+                continue
+            ok.remove(window)
+            reason = f"{type(first).__name__}: {first}"
+            kind = self._fault_kind(producer, first)
+            if kind == BROKER:
+                self._shared_fault(first)
+                unsent.append(window)
+            elif kind == KEY:
+                suspects.append((window, reason))
+            else:
+                logger.warning(
+                    "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
+                    window.task_name, window.task_id, window.key, window.failures + 1,
+                    MAX_TRIES, reason,
+                )
+                failed.append((window, reason))
 
     @contextmanager
     def _producer(self) -> Iterator[Any]:

@@ -146,7 +146,8 @@ MUTATIONS: list[Mutation] = [
         "crash row 5: a failed batch is released as a whole",
         PKG + "dispatcher.py",
         "                        uncertain.extend(ok)\n"
-        "                    else:  # unreachable, or the broker refused from the first command on\n"
+        "                    else:  # unreachable, or the broker refused from the first"
+        " command on\n"
         "                        unsent.extend(ok)\n"
         "                    ok = []\n",
         "                        pass\n",
@@ -416,6 +417,20 @@ MUTATIONS: list[Mutation] = [
         "      redis.call('ZREM', KEYS[1], id) == 1 then",
         "      redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id) >= 0 then",
         "tests/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory"),
+    one("a half-failed batch is read as kombu raises it, not reply by reply",
+        "a window runs once: a batch's messages that reached the broker are never sent again",
+        PKG + "dispatcher.py",
+        "exact = _ExactBatch(producer) if batched and self._confirms is None else None",
+        "exact = None",
+        "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
+        "the_queue_wait_exceeds_the_lease"),
+    one("a batch reply that refused a message's first command is read as delivered",
+        "no call lost: a window is acked only once the broker took its message",
+        PKG + "dispatcher.py",
+        "            if not isinstance(first, Exception):\n                continue",
+        "            if True:\n                continue",
+        "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
+        "the_queue_wait_exceeds_the_lease"),
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one("a nacked publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
