@@ -265,7 +265,9 @@ class Dispatcher:
 
         A full batch is followed by another take at once. The time until the next
         deadline is counted from each take, so publishing a batch does not push the
-        next wake-up past a deadline that came due meanwhile.
+        next wake-up past a deadline that came due meanwhile. A shared fault (the
+        broker as a whole, :attr:`broker_fault`) stops the pass at once, every shard
+        included, and the time returned is the pass's back-off instead.
         """
         published = 0
         self.broker_fault = None
