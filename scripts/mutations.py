@@ -431,6 +431,12 @@ MUTATIONS: list[Mutation] = [
         "            if True:\n                continue",
         "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
         "the_queue_wait_exceeds_the_lease"),
+    one("the back-off after a shared fault has no jitter",
+        "a shared fault is an outage: dispatchers back off with jitter, not in step",
+        PKG + "dispatcher.py",
+        "self._fault_delay = base * random.uniform(0.5, 1.0)  # jitter",
+        "self._fault_delay = base",
+        "tests/test_maxmemory.py::test_the_back_off_after_a_shared_fault_grows_and_is_jittered"),
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one("a nacked publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",

@@ -327,3 +327,30 @@ def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
             assert states[bad.id] == b"quarantined"
             reason = redis_client.hget(f"{TAG}:win:{bad.id}", "qe").decode()
             assert f"publish failed {MAX_TRIES} times" in reason and "NoPermission" in reason
+
+
+def test_the_back_off_after_a_shared_fault_grows_and_is_jittered(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """Passes in a row that meet a shared fault wait 0.5 s, 1 s, 2 s ... up to 10 s, each
+    times a random factor in [0.5, 1], so dispatchers that met the same outage do not all
+    come back at once; windows not sent are released for as long (at most a lease)."""
+    from celery_debounce.dispatcher import BROKER_BACKOFF_S
+
+    app = make_app(redis_server)
+    first, cap = BROKER_BACKOFF_S
+    waits: list[list[float]] = []
+    for _ in range(20):  # 20 dispatchers through the same 8 failed passes
+        dispatcher = Dispatcher(app)
+        seen = []
+        for _ in range(8):
+            dispatcher.broker_fault = None  # a new pass
+            dispatcher._shared_fault("OutOfMemoryError: OOM")
+            dispatcher._shared_fault("again in the same pass")  # one back-off per pass
+            seen.append(dispatcher._fault_delay)
+        waits.append(seen)
+    for seen in waits:
+        for k, wait in enumerate(seen):
+            base = min(cap, first * 2 ** k)
+            assert base / 2 <= wait <= base, (k, wait)
+    assert len({seen[0] for seen in waits}) > 10  # jittered, not in step
