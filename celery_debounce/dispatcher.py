@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +45,8 @@ from .store import (
     WakeListener,
     WindowStore,
     is_error_reply,
+    pipeline_failed_at,
+    reply_code,
     store_for,
 )
 
@@ -62,6 +65,29 @@ LAYOUTS_EVERY_S = 10.0
 #: Each dispatcher looks for windows whose message expired unseen at most this often
 #: per shard (one expire.lua call).
 EXPIRE_EVERY_S = 1.0
+
+#: Redis error codes that describe the broker, never one message: the next unrelated
+#: message would get the same answer (a shared fault is an outage: docs/design.md,
+#: "Dispatcher loop"). Never counted against a window.
+BROKER_WIDE_CODES = frozenset({
+    "OOM",  # maxmemory with noeviction (a backlog filled the broker)
+    "READONLY",  # a replica: the broker's own failover demoted this node
+    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed
+    "LOADING",  # loading its dataset after a restart
+    "NOAUTH", "WRONGPASS",  # the connection is not authenticated
+    "MASTERDOWN",  # a replica whose link to its master is down
+    "NOREPLICAS",  # min-replicas-to-write not met
+    "BUSY",  # a script or function runs too long
+})
+#: Codes that may depend on the message's key (an ACL key pattern, a cluster slot): a
+#: shared fault unless shown to be this message's, i.e. another window of the same
+#: pass was published.
+KEY_DEPENDENT_CODES = frozenset({"NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
+#: back-off after a shared fault (s): first wait, cap; each wait is jittered (x0.5-1)
+BROKER_BACKOFF_S = (0.5, 10.0)
+
+#: A shared fault (the broker as a whole) and a key-dependent one (see above).
+BROKER, KEY = "broker", "key"
 
 
 
@@ -122,6 +148,55 @@ def _batch(producer: Any, size: int) -> Any:
     return batch(max_size=4 * size + 16)
 
 
+class _ExactBatch:
+    """Every command's reply of kombu's Redis publish batch (kombu >= 5.7), read by the
+    dispatcher instead of kombu's flush, which raises the first error only: the pipeline
+    is not a transaction, so when one command fails the others ran, and only the replies
+    say which messages the broker took (docs/design.md, "Dispatcher loop").
+
+    Relies on kombu's batch internals (the active batch's session and its redis-py
+    pipeline); when they are not there, or kombu flushed part of the batch on its own,
+    :meth:`flush` returns None and kombu flushes as before (then a failed batch is
+    uncertain as a whole).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.spans: list[tuple[TakenWindow, int, int]] = []  # window, first command, end
+        self.usable = True
+
+    def _session(self) -> Any:
+        state = getattr(getattr(self.producer, "_batch_local", None), "current", None)
+        return getattr(state, "session", None) if state is not None else None
+
+    def position(self) -> int:
+        """Commands buffered so far (-1: unknown)."""
+        session = self._session()
+        if session is None:
+            return 0  # kombu opens the session at the first publish
+        stack = getattr(getattr(session, "pipeline", None), "command_stack", None)
+        return len(stack) if isinstance(stack, list) else -1
+
+    def record(self, window: TakenWindow, start: int) -> None:
+        """``window`` was published: its commands are those from ``start`` on."""
+        end = self.position()
+        if start < 0 or end <= start:  # unknown, or kombu flushed on its own meanwhile
+            self.usable = False
+            return
+        self.spans.append((window, start, end))
+
+    def flush(self) -> list[Any] | None:
+        """Run the buffered commands; one reply (or error) per command, or None."""
+        session = self._session()
+        if not (self.usable and self.spans and session is not None
+                and isinstance(getattr(session, "_buffered", None), int)
+                and self.spans[-1][2] == self.position()):
+            return None
+        replies = list(session.pipeline.execute(raise_on_error=False))
+        session._buffered = 0  # kombu's own flush finds nothing left to send
+        return replies
+
+
 def check_json_body(body: bytes) -> None:
     """Refuse a JSON body that is not ``[list, object, object]``.
 
@@ -156,6 +231,12 @@ class UnreadableWindow(Exception):
 
 class BrokerUnavailable(Exception):
     """The broker as a whole failed (not one message): nothing after it is sent."""
+
+
+class MaybeShared(Exception):
+    """An error that may be the broker's or this message's (NOPERM, CLUSTERDOWN,
+    TRYAGAIN): counted against the window only if another window of the pass was
+    published."""
 
 
 class Dispatcher:
@@ -197,6 +278,13 @@ class Dispatcher:
         self._took = False  # own shards took windows since the layouts were last written
         self._layouts_at = self._layouts_written_at = -math.inf
         self._layouts_every = min(LAYOUTS_EVERY_S, settings.history_ttl_ms / 4000)
+        #: the shared fault (the broker as a whole) that stopped this pass, if any
+        self.broker_fault: str | None = None
+        #: passes in a row stopped by a shared fault; sets the back-off
+        self._fault_streak = 0
+        #: this pass's back-off (s, jittered): windows not sent wait this long (at most a
+        #: lease), and run() waits as long before the next pass
+        self._fault_delay = 0.0
 
     # -- one pass -----------------------------------------------------------
     def dispatch_once(self) -> tuple[int, int]:
@@ -204,13 +292,18 @@ class Dispatcher:
 
         A full batch is followed by another take at once. The time until the next
         deadline is counted from each take, so publishing a batch does not push the
-        next wake-up past a deadline that came due meanwhile.
+        next wake-up past a deadline that came due meanwhile. A shared fault (the
+        broker as a whole, :attr:`broker_fault`) stops the pass at once, every shard
+        included, and the time returned is the pass's back-off instead.
         """
         published = 0
+        self.broker_fault = None
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         shards: tuple[Shard, ...] = (*range(self.settings.shards), *self._draining,
                                      *self._foreign)
         for shard in shards:
+            if self.broker_fault is not None:  # shared by every shard: stop the pass
+                break
             while True:
                 took_at = time.monotonic()
                 taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
@@ -230,14 +323,28 @@ class Dispatcher:
                     next_at = min(next_at, mid + taken.next_in_ms / 1000)
                 published += self._publish(shard, taken.windows, took_at)
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
-                if got < self.settings.dispatch_batch or self._stop.is_set():
+                if (got < self.settings.dispatch_batch or self._stop.is_set()
+                        or self.broker_fault is not None):
                     break
             self._finish_expired(shard)
         if (self._took or self._foreign_busy) and (
                 time.monotonic() - self._layouts_written_at >= self._layouts_every):
             self._layouts_at = -math.inf  # written now, not at the next read
         self._refresh_layouts()  # after the takes: the next pass drains what it finds
-        return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
+        if self.broker_fault is None:
+            self._fault_streak = 0
+            return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
+        return published, math.ceil(self._fault_delay * 1000)
+
+    def _shared_fault(self, exc: BaseException | str) -> None:
+        """Note a fault of the broker as a whole: the pass stops, nothing is counted
+        against a window, and the next pass waits a jittered, growing back-off."""
+        if self.broker_fault is None:
+            self._fault_streak += 1
+            first, cap = BROKER_BACKOFF_S
+            base = min(cap, first * 2 ** min(self._fault_streak - 1, 16))
+            self._fault_delay = base * random.uniform(0.5, 1.0)  # jitter
+            self.broker_fault = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
 
     def _publish(self, shard: Shard, windows: list[TakenWindow], took_at: float) -> int:
         """Publish one take's windows; ack those sent, release or quarantine the others.
@@ -260,6 +367,7 @@ class Dispatcher:
         failed: list[tuple[TakenWindow, str]] = []  # (window, reason): counted against it
         unsent: list[TakenWindow] = []  # not attempted or not sent: not counted
         uncertain: list[TakenWindow] = []  # a batch the broker answered in part
+        suspects: list[tuple[TakenWindow, str]] = []  # MaybeShared: counted if others went
         refused: list[TakenWindow] = []  # AMQP: nacked by the broker; not counted
         bad: list[tuple[TakenWindow, str]] = []  # to quarantine
         # Past half its lease a window may be taken again by another dispatcher: publishing
@@ -276,6 +384,7 @@ class Dispatcher:
                     continue
                 ok: list[TakenWindow] = []
                 confirming: dict[int, TakenWindow] = {}  # AMQP: publish number -> window
+                exact = _ExactBatch(producer) if batched and self._confirms is None else None
                 try:
                     with _batch(producer, len(group)) if batched else nullcontext():
                         for i, window in enumerate(group):
@@ -287,6 +396,7 @@ class Dispatcher:
                                     window.key, self.settings.dispatch_lease_ms,
                                 )
                                 continue
+                            start = exact.position() if exact is not None else -1
                             try:
                                 self._send(producer, window)
                                 if self._confirms is not None:
@@ -298,17 +408,21 @@ class Dispatcher:
                             except UnreadableWindow as exc:
                                 bad.append((window, str(exc)))
                             except BrokerUnavailable as exc:
+                                self._shared_fault(str(exc))
                                 logger.warning(
                                     "debounce: broker unavailable, %d window(s) not published, "
-                                    "will retry: %s", len(group) - i, exc,
+                                    "not counted against them; will retry in %.1fs: %s",
+                                    len(group) - i, self._fault_delay, exc,
                                 )
                                 unsent.extend(group[i:])
                                 break
+                            except MaybeShared as exc:  # this message's, or every one's?
+                                suspects.append((window, str(exc)))
                             except Exception as exc:  # this message: count it, go on
                                 logger.warning(
                                     "debounce: publishing %s[%s] key=%r failed (attempt "
                                     "%d of %d): %r", window.task_name, window.task_id,
-                                    window.key, window.tries, MAX_TRIES, exc,
+                                    window.key, window.failures + 1, MAX_TRIES, exc,
                                 )
                                 failed.append((window, f"{type(exc).__name__}: {exc}"))
                                 if self._confirms is not None and not self._confirms.usable():
@@ -318,36 +432,95 @@ class Dispatcher:
                                     break
                             else:
                                 ok.append(window)
+                                if exact is not None:
+                                    exact.record(window, start)
+                        if exact is not None:
+                            replies = exact.flush()
+                            if replies is not None:
+                                self._sort_replies(producer, exact.spans, replies, ok, failed,
+                                                   suspects, unsent)
                     if confirming:
                         self._confirmed(confirming, lease_end, batched, ok, failed, refused,
                                         uncertain)
                 except Exception as exc:  # the batched publish failed as a whole
+                    shared = producer is not None and self._fault_kind(producer, exc) == BROKER
+                    if shared:
+                        self._shared_fault(exc)
                     logger.warning(
                         "debounce: publishing a batch of %d failed, none is confirmed; "
-                        "will retry: %r", len(ok), exc,
+                        "will retry: %r (%s)", len(ok), exc,
+                        f"the broker as a whole: {self.broker_fault}" if shared else
+                        "this batch", exc_info=False,
                     )
-                    if is_error_reply(exc):
+                    if is_error_reply(exc) and not (shared and pipeline_failed_at(exc) == 1):
+                        # the pipeline's other commands ran: some messages may be there
                         uncertain.extend(ok)
-                    else:
+                    else:  # unreachable, or the broker refused from the first command on
                         unsent.extend(ok)
                     ok = []
                 sent.extend(ok)
+        held: list[TakenWindow] = []  # suspects without evidence: not counted
+        if suspects:
+            if sent:  # the broker took another window of this pass: these are their own
+                failed.extend(suspects)
+            else:  # the broker's or theirs: not counted, retried with their own back-off
+                held.extend(w for w, _ in suspects)
+                logger.warning(
+                    "debounce: %d window(s) refused and no other published in this pass, "
+                    "not counted against them (the broker's fault or theirs: %s); will retry",
+                    len(held), suspects[0][1],
+                )
         try:
             self._track_expiry(shard, sent)
             if sent:
                 self.store.ack(shard, [w.task_id for w in sent])
                 for window in sent:
                     _announce(window)
+            # only failures shown to be the window's count (fl), never the takes a
+            # broker outage wasted (tries counts those too)
             for window, reason in failed:
-                if window.tries >= MAX_TRIES:
-                    bad.append((window, f"publish failed {window.tries} times, last: {reason}"))
-            retry = [w for w, _ in failed if w.tries < MAX_TRIES]
-            self._release(shard, unsent + refused, uncertain, retry)
+                if window.failures + 1 >= MAX_TRIES:
+                    bad.append((window, f"publish failed {window.failures + 1} times, last: "
+                                        f"{reason}"))
+            retry = [w for w, _ in failed if w.failures + 1 < MAX_TRIES]
+            self._release(shard, unsent + refused, uncertain, retry, held)
             for window, reason in bad:
                 self._quarantine(window, reason)
         finally:
             _count_forced(windows)  # after window_dispatched; also for windows not published
         return len(sent)
+
+    def _sort_replies(
+        self, producer: Any, spans: list[tuple[TakenWindow, int, int]], replies: list[Any],
+        ok: list[TakenWindow], failed: list[tuple[TakenWindow, str]],
+        suspects: list[tuple[TakenWindow, str]], unsent: list[TakenWindow],
+    ) -> None:
+        """Sort a batch's windows by their commands' replies (:class:`_ExactBatch`).
+
+        A message whose first command (its ``LPUSH``) succeeded is in the broker, sent,
+        whatever its later commands answered (an expiry). One whose first command was
+        refused is not: a shared fault leaves it unsent, a key-dependent error makes it
+        a suspect, any other error counts against it.
+        """
+        for window, start, _ in spans:
+            first = replies[start] if start < len(replies) else None
+            if not isinstance(first, Exception):
+                continue
+            ok.remove(window)
+            reason = f"{type(first).__name__}: {first}"
+            kind = self._fault_kind(producer, first)
+            if kind == BROKER:
+                self._shared_fault(first)
+                unsent.append(window)
+            elif kind == KEY:
+                suspects.append((window, reason))
+            else:
+                logger.warning(
+                    "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
+                    window.task_name, window.task_id, window.key, window.failures + 1,
+                    MAX_TRIES, reason,
+                )
+                failed.append((window, reason))
 
     @contextmanager
     def _producer(self) -> Iterator[Any]:
@@ -360,6 +533,7 @@ class Dispatcher:
         try:
             producer = self._confirms.producer()
         except Exception as exc:  # cannot connect: nothing is sent, every window waits
+            self._shared_fault(exc)
             logger.warning("debounce: broker unavailable, windows not published, will "
                            "retry: %s: %s", type(exc).__name__, exc)
             producer = None
@@ -409,6 +583,9 @@ class Dispatcher:
                 "retried: %s", len(result.nacked),
                 ", ".join(confirming[s].task_id for s in sorted(result.nacked)[:5]),
             )
+        if result.unconfirmed and not _channel_closed(result.error):
+            # no answer at all (connection lost, or blocked by a resource alarm)
+            self._shared_fault(f"no confirm: {result.error!r}")
         if result.unconfirmed:
             logger.warning(
                 "debounce: %d message(s) not confirmed by the broker (%r); their windows "
@@ -419,7 +596,7 @@ class Dispatcher:
 
     def _release(
         self, shard: Shard, unsent: list[TakenWindow], uncertain: list[TakenWindow],
-        failed: list[TakenWindow],
+        failed: list[TakenWindow], held: list[TakenWindow] | None = None,
     ) -> None:
         """Hand windows back: unsent ones after a short delay, failed ones with back-off.
 
@@ -432,16 +609,25 @@ class Dispatcher:
         """
         lease = self.settings.dispatch_lease_ms
         by_delay: dict[int, list[TakenWindow]] = {}
+        counted = {id(w) for w in failed}
+        # after a shared fault: the pass's jittered back-off (so dispatchers do not all
+        # come back at once), else soon
+        soon = min(lease, math.ceil(self._fault_delay * 1000) if self.broker_fault else 1000)
         for window in unsent:
-            by_delay.setdefault(min(lease, 1000), []).append(window)
+            by_delay.setdefault(soon, []).append(window)
         for window in uncertain:
             by_delay.setdefault(lease, []).append(window)
         for window in failed:
+            delay = min(lease, 250 * 2 ** min(window.failures + 1, 10))
+            by_delay.setdefault(delay, []).append(window)
+        for window in held or ():  # a back-off of their own, not counted
             delay = min(lease, 250 * 2 ** min(window.tries, 10))
             by_delay.setdefault(delay, []).append(window)
         for delay, group in by_delay.items():
-            # (id, tries) pairs: a lease another dispatcher took over is not moved
-            self.store.release(shard, delay, [(w.task_id, w.tries) for w in group])
+            # (id, tries) pairs: a lease another dispatcher took over is not moved;
+            # "<tries>!" also counts the failure against the window (fl)
+            self.store.release(shard, delay, [
+                (w.task_id, f"{w.tries}!" if id(w) in counted else w.tries) for w in group])
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
@@ -462,9 +648,26 @@ class Dispatcher:
         try:
             self._send_message(producer, window.task_name, message, **options)
         except Exception as exc:
-            if self._broker_failure(producer, exc):
+            kind = self._fault_kind(producer, exc)
+            if kind == BROKER:
                 raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            if kind == KEY:
+                raise MaybeShared(f"{type(exc).__name__}: {exc}") from exc
             raise
+
+    def _fault_kind(self, producer: Any, exc: BaseException) -> str | None:
+        """``BROKER`` when ``exc`` would hit the next unrelated message too (a connection
+        failure, an error reply about the broker: OOM, READONLY, ...), ``KEY`` when it
+        may depend on the message's key (NOPERM, CLUSTERDOWN, TRYAGAIN), None when it is
+        this message's (counted against its window)."""
+        if self._broker_failure(producer, exc):
+            return BROKER
+        code = reply_code(exc)
+        if code in BROKER_WIDE_CODES:
+            return BROKER
+        if code in KEY_DEPENDENT_CODES:
+            return KEY
+        return None
 
     def _broker_failure(self, producer: Any, exc: BaseException) -> bool:
         """True when ``exc`` (or what it wraps: kombu re-raises everything as
@@ -620,6 +823,9 @@ class Dispatcher:
                 self._subscribe()  # before taking: a wake sent after this take is not lost
                 _, next_in = self.dispatch_once()
                 backoff = 0.1
+                if self.broker_fault is not None:  # back off: no wake-up shortens it
+                    self._stop.wait(next_in / 1000)
+                    continue
                 self._wait(next_in / 1000)
             except (DebounceBackendError, REDIS_ERROR) as exc:
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",

@@ -325,6 +325,7 @@ F_COLLECT_LIST = "cl"  # a collect window's list suffix (calls_key), until take.
 F_COLLECT_BYTES = "cb"  # a collect window: bytes of the body its run gets
 F_COLLECT_BUDGET = "cz"  # a collect window: its byte budget (the opener's)
 F_TRIES = "tries"      # times taken
+F_FAILURES = "fl"      # publish failures counted against it (not the broker's outages)
 F_LEADING = "ld"       # 1: a leading run (debounce_leading), closed by gate.lua at once
 F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -154,6 +155,9 @@ class TakenWindow:
     taken_ms: int
     capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
     leading: bool = False  # a leading run (debounce_leading=True), due at its first call
+    #: publish failures counted against it (``fl``); ``tries`` also counts the takes a
+    #: broker outage wasted, which never count
+    failures: int = 0
 
     @property
     def task_name(self) -> str:
@@ -283,6 +287,12 @@ def translate_errors(operation: str) -> Iterator[None]:
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        # Redis refuses a script under OOM only at its first write, before anything is
+        # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
+        return DebounceBackendError(
+            f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
+            f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
 
 
@@ -306,6 +316,59 @@ def is_error_reply(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+#: redis-py classes whose message has lost its Redis error code (MasterDownError, a
+#: ClusterDownError, first)
+_CODE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.AuthenticationError, "NOAUTH"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+)
+#: redis-py annotates a pipeline's first error: "Command # <n> (...) of pipeline caused
+#: error: <reply>"
+_PIPELINE_ERROR = re.compile(r"^Command # (\d+) \(.*\) of pipeline caused error: (.*)$", re.S)
+
+
+def reply_code(exc: BaseException) -> str | None:
+    """The Redis error code of ``exc`` or of what it wraps (kombu wraps a batch's
+    error), e.g. ``"OOM"``; None when no Redis error reply is in the chain."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, (redis.ResponseError, redis.exceptions.BusyLoadingError,
+                             redis.exceptions.AuthenticationError)):
+            for cls, code in _CODE_OF_CLASS:
+                if isinstance(seen, cls):
+                    return code
+            text = str(seen.args[0]) if seen.args else ""
+            match = _PIPELINE_ERROR.match(text)
+            if match:
+                text = match.group(2)
+            return text.split(" ", 1)[0].upper() or None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def pipeline_failed_at(exc: BaseException) -> int | None:
+    """The number (from 1) of the first command of a pipeline that failed, as redis-py
+    annotates it (commands before it ran); None when ``exc`` is not such an error."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, redis.RedisError) and seen.args:
+            match = _PIPELINE_ERROR.match(str(seen.args[0]))
+            if match:
+                return int(match.group(1))
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 # -- Sentinel ----------------------------------------------------------------------------
@@ -1081,8 +1144,10 @@ class WindowStore:
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int]]) -> int:
-        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``."""
+    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int | str]]
+                ) -> int:
+        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``
+        (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``)."""
         tag = self.tag(shard)
         pairs = [x for pair in windows for x in pair]
         return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
@@ -1419,6 +1484,7 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
         taken_ms=now_ms,
         capped=record.capped,
         leading=record.leading,
+        failures=int(row[len(TAKE_FIELDS)] or 0) if len(row) > len(TAKE_FIELDS) else 0,
     )
 
 

@@ -54,9 +54,10 @@
 -- or as a leading run (field ld, read here: also e|<task>);
 -- either gets the record TTL (ARGV[4]) again here (gate.lua's close sets none).
 -- Returns {now ms, ms until the next deadline or lease expiry (-1: none), w1, w2, ...}
--- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx, ld} (mw: max wait ms,
+-- where each w is {id, ident, fs, dl, mw, n, ct, p, o, tries, cx, ld, fl} (mw: max wait ms,
 -- the ceiling is fs + mw; cx "1" for a window closed by its call cap, "2" for a collect
--- window closed full, ld "1" for a leading run); ct, o, cx and ld may be nil
+-- window closed full, ld "1" for a leading run, fl the publish failures release.lua
+-- counted against it: tries also counts takes a broker outage wasted); ct, o, cx, ld, fl may be nil
 -- (application/json and {}: see gate.lua).
 --
 -- A collect window (field cl, see gate.lua) gets its body here, the first time it is
@@ -64,6 +65,10 @@
 -- .. p (the embed) .. ']', cb its length, cl is removed and the list deleted; later
 -- takes and the dispatcher see an ordinary window. A list that is missing or of the
 -- wrong type gives no elements.
+--
+-- Maxmemory: the first write of every path is a ZREM (never grows memory), so at
+-- maxmemory (noeviction) a take either writes nothing (nothing to take) or goes through;
+-- Redis checks OOM only at a script's first write that may grow memory.
 --
 -- A key of the wrong Redis type (something else wrote to open:<ident> or win:<id>)
 -- must not fail every pass and block the shard: such an entry leaves the due or
@@ -125,7 +130,7 @@ end
 
 local function window(key)
   local row = redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries',
-    'cx', 'ld', 'cl')
+    'cx', 'ld', 'cl', 'fl')
   if row[13] then  -- a collect window: splice its body (see the header)
     local list = tag .. ':calls:' .. row[13]
     local elements = redis.pcall('LRANGE', list, 0, -1)
@@ -138,7 +143,8 @@ local function window(key)
     redis.call('DEL', list)
     row[8] = body
   end
-  row[13] = nil
+  row[13] = row[14]  -- fl: publish failures counted against it (release.lua)
+  row[14] = nil
   return row
 end
 
@@ -152,6 +158,11 @@ for _, id in ipairs(expired) do
     taken = taken + 1
     out[taken] = {key, st.err}
   elseif st == 'dispatching' then
+    -- ZREM first: under maxmemory Redis refuses a script only at its first write that
+    -- may grow memory (ZADD, HSET, HINCRBY, ...) and only if it wrote nothing before.
+    -- Every path of this script starts with a ZREM, so a take goes through at
+    -- maxmemory and due leases never block the shard (docs/design.md, "Maxmemory")
+    redis.call('ZREM', KEYS[2], id)
     redis.call('ZADD', KEYS[2], lease_until, id)
     local tries = redis.call('HINCRBY', key, 'tries', 1)
     taken = taken + 1
