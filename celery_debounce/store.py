@@ -843,7 +843,7 @@ class WindowStore:
                 answered.append(sent.pop(0)[0])
             # every reply arrived: the markers served their purpose (else they expire)
             conn.send_command("DEL", *answered)
-            conn.read_response()
+            _reply_or_error(conn)  # refused (no +del): they expire
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             conn.disconnect()
             failure = exc

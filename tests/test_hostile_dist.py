@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,10 +56,20 @@ def test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run(
 
 #: What a least-privilege user needs on top of the single-node line on a Redis Cluster
 #: (docs/guarantees.md): redis-py reads the slot table (CLUSTER SLOTS) and the
-#: commands' key positions (COMMAND), the store asks every master's version (INFO)
+#: commands' key positions (COMMAND), the store asks every master's version (INFO),
+#: a call for a migrating slot follows ASK with ASKING
 #: for sharded wake-ups, which use SPUBLISH/SSUBSCRIBE on the per-shard channels
 #: <prefix>:{<tag>}:wake.
-CLUSTER_ACL_EXTRA = "+cluster|slots +command +info +spublish +ssubscribe +sunsubscribe &debounce:*"
+CLUSTER_ACL_EXTRA = ("+cluster|slots +command +info +asking +spublish +ssubscribe "
+                     "+sunsubscribe &debounce:*")
+
+
+def test_the_documented_cluster_acl_additions_are_the_ones_tested() -> None:
+    doc = " ".join((Path(__file__).resolve().parent.parent / "docs" / "guarantees.md")
+                   .read_text().split())
+    added = doc.split("On a Redis Cluster (`debounce_redis_cluster`) add `", 1)[1]
+    assert sorted(added.split("` on every node", 1)[0].split()) == sorted(
+        CLUSTER_ACL_EXTRA.split())
 
 
 @pytest.mark.cluster
