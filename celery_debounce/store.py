@@ -274,8 +274,14 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
 def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
     """The reply of a command that reached Redis was lost: say that it may have run."""
     return DebounceOutcomeUnknown(
-        f"debounce Redis: the reply to {operation} was lost ({exc}); the outcome is "
-        "unknown: it may or may not have run, and it was not sent again")
+        f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
+        "outcome is unknown: it may or may not have run, and it was not sent again")
+
+
+def _refused_by_a_replica(exc: BaseException) -> bool:
+    """Sentinel's connection turns a demoted master's READONLY (the command did not
+    run) into a ConnectionError; True for that one."""
+    return isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -593,10 +599,12 @@ class WindowStore:
                     continue  # nothing reached Redis: a fresh connection, once more
                 try:
                     return conn.read_response()
-                except redis.ResponseError:
-                    raise  # an error reply: the connection stays usable
+                except (redis.ResponseError, redis.exceptions.BusyLoadingError):
+                    raise  # an error reply (LOADING too): it did not run
                 except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                     conn.disconnect()  # the reply may still come: never reuse
+                    if _refused_by_a_replica(exc) and attempt == 1:
+                        continue  # READONLY: it did not run; the pool finds the master
                     raise _lost(name, exc) from exc
                 except BaseException:  # interrupted: the reply may still come
                     conn.disconnect()
@@ -647,20 +655,26 @@ class WindowStore:
                         raise
                     continue  # not sent: safe to send again
                 replies: list[Any] = []
+                demoted = False
                 for _ in wire:
                     try:
                         replies.append(conn.read_response())
-                    except redis.ResponseError as exc:
+                    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:
                         replies.append(exc)
                     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                         conn.disconnect()  # the replies may still come: never reuse
                         self.refresh_topology()
+                        if not replies and _refused_by_a_replica(exc) and attempt < 2:
+                            demoted = True  # READONLY (Sentinel): nothing ran
+                            break
                         raise _lost(operation or script or commands[0][0], exc) from exc
                     except BaseException:
                         conn.disconnect()
                         raise
             finally:
                 pool.release(conn)
+            if demoted:
+                continue  # the pool asks the sentinels for the master again
             if asking is not None:
                 replies = replies[1:]
             asking = None
@@ -1385,7 +1399,7 @@ def _reply_or_error(conn: Any) -> Any:
     """The next reply on ``conn``; an error reply as the exception (not raised)."""
     try:
         return conn.read_response()
-    except redis.ResponseError as exc:
+    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
         return exc
 
 

@@ -8,7 +8,8 @@ fault is armed; the first command the fault's matcher accepts then gets the faul
 * ``stall``: forwarded the same way, but the connection stays open and no reply ever
   comes (the client's socket timeout fires);
 * ``error``: the command is replaced with an ``EVAL`` that returns ``error`` as an error
-  reply (``OOM ...`` by default), so Redis answers it, in order, without running it;
+  reply (``OOM ...``; ``error-readonly``, ``error-noperm``, ``error-loading``: READONLY,
+  NOPERM, LOADING), so Redis answers it, in order, without running it;
 * ``noscript``: the same with ``NOSCRIPT``: the client loads the script and sends it again.
 
 ``refuse()`` closes every client connection and refuses new ones until ``disarm()``.
@@ -25,9 +26,16 @@ from contextlib import contextmanager
 Command = list[bytes]
 Matcher = Callable[[Command], bool]
 
-FAULTS = ("drop", "stall", "error", "noscript", "refuse")
 OOM = b"OOM command not allowed when used memory > 'maxmemory' (injected)"
 NOSCRIPT = b"NOSCRIPT No matching script. Please use EVAL. (injected)"
+#: The error replies ``error-<name>`` injects (``error`` alone: OOM).
+ERRORS = {
+    "error": OOM,
+    "error-readonly": b"READONLY You can't write against a read only replica. (injected)",
+    "error-noperm": b"NOPERM this user has no permissions to run the 'evalsha' command",
+    "error-loading": b"LOADING Redis is loading the dataset in memory (injected)",
+}
+FAULTS = ("drop", "stall", *ERRORS, "noscript", "refuse")
 _ERROR_SCRIPT = b"return redis.error_reply(ARGV[1])"
 
 
@@ -97,9 +105,10 @@ class FaultProxy:
     def arm(self, fault: str, match: Matcher, error: bytes | None = None) -> None:
         """Inject ``fault`` into the next command ``match`` accepts (once)."""
         assert fault in FAULTS and fault != "refuse", fault
+        if error is None:
+            error = NOSCRIPT if fault == "noscript" else ERRORS.get(fault, OOM)
         with self._lock:
-            self._fault, self._match = fault, match
-            self._error = error if error is not None else (NOSCRIPT if fault == "noscript" else OOM)
+            self._fault, self._match, self._error = fault, match, error
 
     def refuse(self) -> None:
         """Close every client connection and refuse new ones (until :meth:`disarm`)."""
@@ -190,7 +199,7 @@ class FaultProxy:
                     pos = end
                     name = cmd[0].upper() if cmd else b""
                     fault = None if cut else self._take(cmd)
-                    if fault in ("error", "noscript"):
+                    if fault is not None and fault not in ("drop", "stall"):
                         raw = pack(b"EVAL", _ERROR_SCRIPT, b"0", self._error)
                     if name == b"MULTI":
                         in_multi = True

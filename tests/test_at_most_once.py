@@ -244,11 +244,12 @@ def test_every_script_is_sent_at_most_once_under_every_fault(
         assert app.AsyncResult(app.conf.test_window_id).state == "REVOKED"
     if fault == "noscript":
         assert error is None and effect == 1
-    elif fault in ("error", "refuse"):
+    elif fault.startswith("error") or fault == "refuse":
         assert error is not None
         if not case.several:
             assert effect == 0
-        assert not isinstance(error, DebounceOutcomeUnknown) or fault == "refuse"
+            assert not isinstance(error, DebounceOutcomeUnknown) or fault == "refuse"
+        # several: after LOADING redis-py drops the connection, the later replies are lost
     elif error is None:  # drop, stall: only an operation that learns its outcome succeeds
         assert case.recovers and effect == 1, f"{name}: no error after a lost reply"
     elif not case.recovers:
