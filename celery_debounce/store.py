@@ -659,8 +659,13 @@ class WindowStore:
                 for _ in wire:
                     try:
                         replies.append(conn.read_response())
-                    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:
+                    except redis.ResponseError as exc:
                         replies.append(exc)
+                    except redis.exceptions.BusyLoadingError as exc:
+                        # a loading server refuses every command (redis-py has closed
+                        # the connection): the rest were refused too
+                        replies.extend([exc] * (len(wire) - len(replies)))
+                        break
                     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                         conn.disconnect()  # the replies may still come: never reuse
                         self.refresh_topology()
@@ -1196,8 +1201,12 @@ class WindowStore:
                     conn.send_packed_command(conn.pack_commands(
                         [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
                          for i in todo]))
-                    for i in todo:
+                    for k, i in enumerate(todo):
                         replies[i] = _reply_or_error(conn)
+                        if isinstance(replies[i], redis.exceptions.BusyLoadingError):
+                            for j in todo[k:]:  # refused too (redis-py closed the connection)
+                                replies[j] = replies[i]
+                            break
                 except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                     conn.disconnect()
                     raise _lost(name, exc) from exc

@@ -21,7 +21,7 @@ closed a ``max_calls=2`` window, cancel deleted the window then raised WindowNot
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FAULTS, FaultProxy, command, evalsha_of
-from helpers import make_app
+from helpers import make_app, wait_until
 
 from celery_debounce import (
     DebounceAdmin,
@@ -38,6 +38,7 @@ from celery_debounce import (
     DebounceOutcomeUnknown,
     enqueue_many,
 )
+from celery_debounce.local_redis import LocalRedis
 from celery_debounce.store import store_for
 
 TAG = "debounce:{0}"
@@ -53,6 +54,7 @@ class Case:
     effect: Callable[[redis.Redis], int]
     recovers: bool = False  # learns its outcome after a lost reply (may succeed)
     several: bool = False  # several scripts in one write: the others than the one hit run
+    waited: bool = False  # with debounce_redis_wait_replicas=1 (each write then WAIT)
 
 
 def _task(app: Celery, **options: Any) -> Any:
@@ -199,21 +201,36 @@ CASES = {
     "cancel": Case("cancel", cancel, cancelled, recovers=True),
     "flush": Case("flush", flush, flushed),
     "flush-all": Case("flush", flush_all, flushed_each, several=True),
+    "gate-wait-replicas": Case("gate", gate_plain, _calls, waited=True),
+    "bulk-chunk-wait-replicas": Case("gate", bulk, most_calls, recovers=True, several=True,
+                                     waited=True),
     "claim": Case("claim", _mark("claim"), _evalshas),
     "finish": Case("finish", _mark("finish"), _evalshas),
     "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
 }
 
 
+@pytest.fixture(scope="module")
+def replica(redis_server: str) -> Iterator[LocalRedis]:
+    """A replica of the session's server: WAIT 1 is acknowledged."""
+    port = redis_server.rsplit(":", 1)[1]
+    with LocalRedis("--replicaof", "127.0.0.1", port) as server:
+        client = redis.Redis(port=server.port)
+        wait_until(lambda: client.info("replication")["master_link_status"] == "up", 15)
+        yield server
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_script_is_sent_at_most_once_under_every_fault(
     name: str, fault: str, fault_proxy: FaultProxy, redis_client: redis.Redis,
-    redis_server: str,
+    redis_server: str, request: pytest.FixtureRequest,
 ) -> None:
     case = CASES[name]
+    if case.waited:
+        request.getfixturevalue("replica")
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0)
+                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(case.waited))
     store = store_for(app)
     for script in store.scripts.values():  # a lost NOSCRIPT reply would prove nothing
         redis_client.script_load(script.script)
