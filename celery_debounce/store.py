@@ -1289,9 +1289,12 @@ class WindowStore:
             try:
                 client.rename(stats_key(tag), held)
             except redis.ResponseError as exc:
-                if "no such key" in str(exc).lower():
+                # "no such key": nothing to reset, unless redis-py sent the RENAME again
+                # after its reply was lost (the first one moved the hash to ``held``)
+                if "no such key" in str(exc).lower() and not client.exists(held):
                     return {}
-                raise
+                if "no such key" not in str(exc).lower():
+                    raise
             removed = {as_text(k): int(v) for k, v in client.hgetall(held).items()}
             client.delete(held)
         return removed

@@ -288,3 +288,19 @@ def test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again(
         work.delay(1)
     assert work.delay(2).id == first.id
     assert _calls(redis_client) == 3
+
+
+def test_a_stats_reset_whose_rename_reply_was_lost_still_returns_the_counters(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """``reset_stats`` RENAMEs the counters away; redis-py sends a RENAME whose reply was
+    lost again, which finds no key: the counters it moved must still be returned (they
+    were reported as none, and lost)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0)
+    work, _ = _open(app)
+    DebounceAdmin(app).cancel(work.name, "k")
+    fault_proxy.arm("drop", command(b"RENAME"))
+    removed = DebounceAdmin(app).reset_stats()
+    assert fault_proxy.fired == 1
+    assert removed["t.work"].cancelled == 1
