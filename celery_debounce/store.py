@@ -36,7 +36,6 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisClusterException,
-    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.retry import Retry
@@ -116,11 +115,6 @@ def script_source(name: str, sharded_wake: bool = False) -> str:
     if sharded_wake and SHARDED_WAKE_OFF in source:
         source = source.replace(SHARDED_WAKE_OFF, SHARDED_WAKE_ON, 1)
     return source
-
-
-#: Errors of a cluster node that mean "this command did not run here": the direct
-#: cluster path hands the command to redis-py's cluster client, which follows them.
-_REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
 
 
 # -- typed results ----------------------------------------------------------------------
