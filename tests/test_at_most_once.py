@@ -1,7 +1,8 @@
 """Issue 19, item 3: every script that changes windows is sent at most once per call.
 
 Each non-idempotent operation (the gate in its plain, collect, leading+trailing and
-capped forms, a bulk chunk, cancel, flush, flush of many, claim, finish, quarantine)
+capped forms and with WAIT, a bulk chunk, cancel, flush, flush of many, take, claim,
+finish, quarantine)
 runs through the fault proxy (tests/fault_proxy.py) under each fault: the reply lost
 after the command ran (``drop``), a server that never answers (``stall``), an error
 reply (``error``), NOSCRIPT (``noscript``: it did not run, sent again once loaded),
@@ -192,7 +193,18 @@ def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
     return setup
 
 
+def take(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce="1ms", debounce_key="{0}")
+    for key in ("a", "b"):
+        work.delay(key)
+    time.sleep(0.01)
+    store = store_for(app)
+    r.config_resetstat()
+    return lambda: store.take(0, 10)
+
+
 CASES = {
+    "take": Case("take", take, _evalshas),
     "gate": Case("gate", gate_plain, _calls),
     "gate-collect": Case("gate", gate_collect, collected),
     "gate-leading-trailing": Case("gate", gate_leading, windows),
