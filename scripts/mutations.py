@@ -319,9 +319,9 @@ MUTATIONS: list[Mutation] = [
     one("a gate call is sent again after its reply was lost",
         "at most once: a script that changes windows is sent at most once per call",
         PKG + "store.py",
-        "# the reply may still come: never reuse\n"
+        "# READONLY: it did not run; the pool finds the master\n"
         "                    raise _lost(name, exc) from exc",
-        "# the reply may still come: never reuse\n"
+        "# READONLY: it did not run; the pool finds the master\n"
         "                    return self.client.evalsha(sha, numkeys, *keys_and_args)",
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-collect-drop]",
         ONCE + "test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again"),
