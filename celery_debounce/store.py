@@ -86,7 +86,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .call import PreparedCall
 
 __all__ = [
-    "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CensusRow", "Outcome", "ShardCounts",
+    "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "CensusRow",
+    "Outcome", "ShardCounts",
     "ShardSnapshot", "TakeResult", "TakenWindow", "WakeListener", "WindowStore", "as_text",
     "is_outage", "is_unknown_outcome", "script_source", "store_for", "translate_errors",
 ]
@@ -263,6 +264,15 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+class CancelOutcomeUnknown(DebounceOutcomeUnknown):
+    """A cancel whose reply was lost and that Redis did not answer again in time; its
+    token names the key that holds its reply if it ran (:meth:`WindowStore.cancelled_by`)."""
+
+    def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
+        super().__init__(message)
+        self.shard, self.ident, self.token = shard, ident, token
 
 
 def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
@@ -1229,25 +1239,41 @@ class WindowStore:
         keys = [open_key(tag, ident), due_key(tag), stats_key(tag)]
         args = [ident, task_id, self.settings.history_ttl_ms, token]
         deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0) * 3
+        lost: DebounceOutcomeUnknown | None = None
         while True:
             try:
                 reply = self.run_once("cancel", keys, args)
                 break
-            except DebounceOutcomeUnknown:
+            except DebounceBackendError as exc:
+                if isinstance(exc, DebounceOutcomeUnknown):
+                    lost = lost or exc
+                elif lost is None:
+                    raise  # nothing ran: a plain error
                 if time.monotonic() >= deadline:
-                    raise
+                    raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
+                        lost.__cause__ or lost)
                 time.sleep(0.05)
-        if reply:
-            try:
-                with translate_errors("cancel"):
-                    self.client.delete(cancel_marker_key(tag, token))
-            except DebounceBackendError:
-                pass  # it expires
+        return self._cancel_result(shard, ident, token, reply)
+
+    def _cancel_result(self, shard: int, ident: str, token: str, reply: Any) -> Cancelled | None:
         if not reply:
             return None
+        try:
+            with translate_errors("cancel"):
+                self.client.delete(cancel_marker_key(self.tag(shard), token))
+        except DebounceBackendError:
+            pass  # it expires
         record = decode_record(CANCEL_FIELDS, reply, ident=ident)
         assert record is not None
         return Cancelled(record, list(reply[len(CANCEL_FIELDS):]))
+
+    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
+        """After :class:`CancelOutcomeUnknown`: the window that cancel dropped (read from
+        its token's key, a read only), or None if it did not run. Raises
+        DebounceBackendError while Redis does not answer."""
+        with translate_errors("cancel check"):
+            reply = self.client.lrange(cancel_marker_key(self.tag(lost.shard), lost.token), 0, -1)
+        return self._cancel_result(lost.shard, lost.ident, lost.token, reply)
 
     def census_step(self, shard: int, cursor: str, count: int,
                     now_ms: int) -> tuple[str, list[CensusRow]]:

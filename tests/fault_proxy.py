@@ -91,6 +91,7 @@ class FaultProxy:
         self._fault: str | None = None
         self._match: Matcher = lambda cmd: False
         self._error = OOM
+        self._then_refuse = False
         self._clients: list[socket.socket] = []
         self._stop = threading.Event()
         self.fired = 0
@@ -102,13 +103,16 @@ class FaultProxy:
         return f"redis://127.0.0.1:{self.port}"
 
     # -- control ---------------------------------------------------------------------
-    def arm(self, fault: str, match: Matcher, error: bytes | None = None) -> None:
-        """Inject ``fault`` into the next command ``match`` accepts (once)."""
+    def arm(self, fault: str, match: Matcher, error: bytes | None = None,
+            then_refuse: bool = False) -> None:
+        """Inject ``fault`` into the next command ``match`` accepts (once); with
+        ``then_refuse``, refuse every connection from then on (until :meth:`disarm`)."""
         assert fault in FAULTS and fault != "refuse", fault
         if error is None:
             error = NOSCRIPT if fault == "noscript" else ERRORS.get(fault, OOM)
         with self._lock:
             self._fault, self._match, self._error = fault, match, error
+            self._then_refuse = then_refuse
 
     def refuse(self) -> None:
         """Close every client connection and refuse new ones (until :meth:`disarm`)."""
@@ -216,6 +220,10 @@ class FaultProxy:
                 if cut:
                     if cut == "drop":
                         _close(client)
+                    if self._then_refuse:
+                        self._then_refuse = False
+                        self.refuse()
+                        self.fired -= 1  # one fault
                     self._linger(upstream, client if cut == "stall" else None)
                     return
         except OSError:

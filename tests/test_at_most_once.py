@@ -316,3 +316,27 @@ def test_a_stats_reset_whose_rename_reply_was_lost_still_returns_the_counters(
     removed = DebounceAdmin(app).reset_stats()
     assert fault_proxy.fired == 1
     assert removed["t.work"].cancelled == 1
+
+
+def test_a_cancel_whose_reply_is_lost_while_redis_stays_down_is_revoked_once_it_is_back(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """The cancel ran, its reply was lost, and Redis refuses every connection longer
+    than the store tries to send it again: the caller gets DebounceOutcomeUnknown, and
+    once Redis answers the cancel's token key says the window was dropped: its result
+    is revoked then (before: deleted, never revoked, `.get()` waited forever)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=0.5)
+    for script in store_for(app).scripts.values():
+        redis_client.script_load(script.script)
+    work, first = _open(app)
+    fault_proxy.arm("drop", evalsha_of(store_for(app).scripts["cancel"].sha), then_refuse=True)
+    started = time.monotonic()
+    with pytest.raises(DebounceOutcomeUnknown, match="outcome is unknown"):
+        DebounceAdmin(app).cancel(work.name, "k")
+    assert time.monotonic() - started < 5
+    assert not list(redis_client.scan_iter(match=f"{TAG}:open:*"))  # it ran
+    assert app.AsyncResult(first.id).state == "PENDING"
+    fault_proxy.disarm()
+    wait_until(lambda: app.AsyncResult(first.id).state == "REVOKED", 10)
+    assert not list(redis_client.scan_iter(match=f"{TAG}:cancelled:*"))  # read, deleted

@@ -9,7 +9,7 @@
 -- ARGV[2]  task id the window must have ("" for whichever window is open): a
 --          by-id cancel must not hit a newer window opened under the same ident
 -- ARGV[3]  history TTL ms
--- ARGV[4]  the call's token ("" or absent: none): the reply of a cancel is kept 60 s
+-- ARGV[4]  the call's token ("" or absent: none): the reply of a cancel is kept 5 min
 --          in <tag>:cancelled:<token> (list), and a call with that token finds it and
 --          returns it instead of acting: the same call sent again after its reply was
 --          lost gets the first answer (the store deletes the key once it has it)
@@ -57,7 +57,7 @@ local digits = string.match(ARGV[1], '^(%d+):')
 local task = string.sub(ARGV[1], #digits + 2, #digits + 1 + tonumber(digits))
 if done then
   redis.call('RPUSH', done, unpack(reply))
-  redis.call('PEXPIRE', done, 60000)
+  redis.call('PEXPIRE', done, 300000)
 end
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
