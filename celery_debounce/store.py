@@ -843,7 +843,7 @@ class WindowStore:
             if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
                 script.sha = client.script_load(script.script)
                 setattr(script, "_loaded_by_bulk", True)  # noqa: B010
-        conn: Any = pool.get_connection(*self._checkout_args)
+            conn: Any = pool.get_connection(*self._checkout_args)  # refused: nothing sent
         try:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
