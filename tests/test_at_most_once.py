@@ -1,11 +1,12 @@
 """Issue 19, item 3: every script that changes windows is sent at most once per call.
 
 Each non-idempotent operation (the gate in its plain, collect, leading+trailing and
-capped forms and with WAIT, a bulk chunk, cancel, flush, flush of many, take, claim,
-finish, quarantine)
-runs through the fault proxy (tests/fault_proxy.py) under each fault: the reply lost
-after the command ran (``drop``), a server that never answers (``stall``), an error
-reply (``error``), NOSCRIPT (``noscript``: it did not run, sent again once loaded),
+capped forms and with WAIT, a bulk chunk with and without WAIT, cancel, flush, flush
+of many, take, claim, finish, quarantine) runs through the fault proxy
+(tests/fault_proxy.py) under each fault: the reply lost after the command ran
+(``drop``), a server that never answers (``stall``), an error reply (``error``: OOM;
+``error-readonly``, ``error-noperm``, ``error-loading``), NOSCRIPT (``noscript``: it did
+not run, sent again once loaded),
 every connection refused (``refuse``). Every case checks, from Redis: the operation's
 effect happened at most once (exactly once after NOSCRIPT, never after an error reply
 or a refusal); the caller has its answer in seconds; an error is a
