@@ -13,6 +13,8 @@ admin pages and scripts can use it the same way::
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +22,10 @@ from typing import Any
 from celery import Celery, states
 
 from .aliases import parse_aliases, resolve_aliases
-from .errors import WindowNotFound, WindowNotPending
+from .errors import DebounceBackendError, WindowNotFound, WindowNotPending
 from .layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
 from .signals import window_cancelled
-from .store import WindowStore, store_for
+from .store import Cancelled, CancelOutcomeUnknown, WindowStore, store_for
 from .windows import (
     WindowInfo,
     list_windows,
@@ -39,6 +41,9 @@ __all__ = ["LATE_BUCKETS_MS", "DebounceAdmin", "Stats", "TaskStats"]
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
 _REVOKE_REASON = "debounce window cancelled"
+#: How long a cancel whose reply was lost is checked in the background (seconds; its
+#: token's key lives 5 minutes).
+_SETTLE_S = 60
 
 
 @dataclass
@@ -347,9 +352,40 @@ class DebounceAdmin:
                 yield shard, listed
 
     def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
-        cancelled = self.store.cancel(shard, ident, task_id)
+        try:
+            cancelled = self.store.cancel(shard, ident, task_id)
+        except CancelOutcomeUnknown as lost:
+            # it may have dropped the window: once Redis answers, its token's key says
+            # whether it did, and its result is revoked then (this process permitting)
+            threading.Thread(target=self._settle_cancel, args=(lost,), daemon=True,
+                             name="debounce-cancel").start()
+            raise
         if cancelled is None:
             return None
+        return self._revoke(cancelled, shard)
+
+    def _settle_cancel(self, lost: CancelOutcomeUnknown) -> None:
+        """Read, until Redis answers (at most :data:`_SETTLE_S`), whether a cancel whose
+        reply was lost dropped its window; if it did, revoke its result and aliases."""
+        delay, until = 0.25, time.monotonic() + _SETTLE_S
+        while time.monotonic() < until:
+            time.sleep(delay)
+            try:
+                cancelled = self.store.cancelled_by(lost)
+            except DebounceBackendError:
+                delay = min(delay * 2, 5.0)
+                continue
+            if cancelled is None:
+                logger.warning("debounce: a cancel whose reply was lost did not run (%s)",
+                               lost.ident)
+            else:
+                self._revoke(cancelled, lost.shard)
+            return
+        logger.warning("debounce: a cancel whose reply was lost (%s) could not be checked "
+                       "in %d s: its window may be gone with its result not revoked",
+                       lost.ident, _SETTLE_S)
+
+    def _revoke(self, cancelled: Cancelled, shard: int) -> WindowInfo:
         info = window_info(cancelled.record, shard, "cancelled")
         aliases = cancelled.aliases
         try:

@@ -19,6 +19,16 @@ class DebounceBackendError(DebounceError):
     """The debounce Redis could not be reached or refused a command."""
 
 
+class DebounceOutcomeUnknown(DebounceBackendError):
+    """A command that changes windows reached Redis, but its reply was lost (the
+    connection dropped or timed out while reading it): it may or may not have run.
+
+    celery_debounce never sends such a command again on its own (running it twice
+    could count a call twice, close a capped window early, or report "not found" for a
+    window it just flushed): look before acting again (``DebounceAdmin.window``,
+    ``find``)."""
+
+
 class DebouncePayloadError(DebounceError, ValueError):
     """A call's serialized arguments exceed ``debounce_max_payload_bytes``."""
 

@@ -271,6 +271,12 @@ def bulk_marker_prefix(tag: str, token: str) -> str:
     return f"{tag}:bulk:{token}:"
 
 
+def cancel_marker_key(tag: str, token: str) -> str:
+    """``cancel.lua``'s "this cancel ran" key: its reply, kept so that the same call sent
+    again (its reply was lost) gets the same answer instead of acting twice."""
+    return f"{tag}:cancelled:{token}"
+
+
 def all_keys_pattern(prefix: str) -> str:
     """A SCAN pattern matching every key (and nothing else) under ``prefix``."""
     return f"{prefix}:*"

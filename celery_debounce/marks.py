@@ -7,8 +7,10 @@ oldest dropped first with a warning) and sent again, in order, by a short-lived
 daemon thread that starts only when something is kept and exits once everything
 is sent. Replaying is safe: ``claim.lua`` changes only a ``dispatching``/``queued``
 record and ``finish.lua`` is idempotent, so a late claim never reopens a finished
-window. A mark Redis refuses (a script error, NOPERM) is not retried: it would
-fail the same way again.
+window, and a mark whose reply was lost (it may have run) is safe to send again:
+this replay is the one deliberate repeat of a script; each send is still sent at
+most once (``WindowStore.run_once``). A mark Redis refuses (a script error, NOPERM)
+is not retried: it would fail the same way again.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            reply = mark.backend.run(mark.script, mark.keys, mark.args)
+            reply = mark.backend.run_once(mark.script, mark.keys, mark.args)
         except Exception as exc:
             if unreachable(exc):
                 return False  # still down: keep it (and the rest), try again later

@@ -37,13 +37,12 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisClusterException,
-    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from .errors import DebounceBackendError
+from .errors import DebounceBackendError, DebounceOutcomeUnknown
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .layout import (
     CANCEL_FIELDS,
@@ -61,6 +60,7 @@ from .layout import (
     as_text,
     bulk_marker_prefix,
     calls_key,
+    cancel_marker_key,
     decode_record,
     dispatchers_key,
     due_key,
@@ -99,7 +99,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .call import PreparedCall
 
 __all__ = [
-    "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CensusRow", "Outcome", "ShardCounts",
+    "SCRIPT_NAMES", "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "CensusRow",
+    "Outcome", "ShardCounts",
     "ShardSnapshot", "TakeResult", "TakenWindow", "WakeListener", "WindowStore", "as_text",
     "is_outage", "is_unknown_outcome", "script_source", "store_for", "translate_errors",
 ]
@@ -128,11 +129,6 @@ def script_source(name: str, sharded_wake: bool = False) -> str:
     if sharded_wake and SHARDED_WAKE_OFF in source:
         source = source.replace(SHARDED_WAKE_OFF, SHARDED_WAKE_ON, 1)
     return source
-
-
-#: Errors of a cluster node that mean "this command did not run here": the direct
-#: cluster path hands the command to redis-py's cluster client, which follows them.
-_REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
 
 
 # -- typed results ----------------------------------------------------------------------
@@ -254,12 +250,8 @@ class _Marker:
 WRITTEN = _Marker("WRITTEN")
 
 
-class _UnknownOutcome(DebounceBackendError):
-    pass
-
-
 #: Outcome of a bulk call whose chunk may or may not have run (Redis unreachable afterwards).
-UNKNOWN_OUTCOME = _UnknownOutcome("debounce Redis unreachable: outcome of this call unknown")
+UNKNOWN_OUTCOME = DebounceOutcomeUnknown("debounce Redis unreachable: outcome of this call unknown")
 
 Outcome = GateResult | _Marker | BaseException
 
@@ -267,7 +259,7 @@ Outcome = GateResult | _Marker | BaseException
 def is_unknown_outcome(outcome: object) -> bool:
     """True for a bulk call that may or may not have survived: its chunk's outcome is
     unknown (Redis unreachable), or too few replicas acknowledged it (``WAIT``)."""
-    return isinstance(outcome, _UnknownOutcome)
+    return isinstance(outcome, DebounceOutcomeUnknown)
 
 #: How long a bulk chunk's "this chunk ran" marker key lives (ms).
 _MARKER_TTL_MS = 60_000
@@ -294,6 +286,28 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
             f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
             f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+class CancelOutcomeUnknown(DebounceOutcomeUnknown):
+    """A cancel whose reply was lost and that Redis did not answer again in time; its
+    token names the key that holds its reply if it ran (:meth:`WindowStore.cancelled_by`)."""
+
+    def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
+        super().__init__(message)
+        self.shard, self.ident, self.token = shard, ident, token
+
+
+def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
+    """The reply of a command that reached Redis was lost: say that it may have run."""
+    return DebounceOutcomeUnknown(
+        f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
+        "outcome is unknown: it may or may not have run, and it was not sent again")
+
+
+def _refused_by_a_replica(exc: BaseException) -> bool:
+    """Sentinel's connection turns a demoted master's READONLY (the command did not
+    run) into a ConnectionError; True for that one."""
+    return isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -664,102 +678,83 @@ class WindowStore:
 
     # -- scripts ---------------------------------------------------------------------------
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` (its raw reply); redis-py errors leave translated."""
+        """Run script ``name`` (its raw reply); redis-py errors leave translated.
+
+        Only for scripts a repeat cannot change (``list``, ``find``, ``census``, ``ack``,
+        ``release``): after a lost reply redis-py's retry may send them again. A script
+        that must not run twice goes through :meth:`run_once`.
+        """
         script = self.scripts[name]
-        evalsha = self._evalsha if self._direct else self.client.evalsha
-        try:  # plain try rather than translate_errors: this is every call's hot path
+        try:  # plain try rather than translate_errors
             try:
-                return evalsha(script.sha, len(keys), *keys, *args)
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
                 script.sha = self.client.script_load(script.script)
-                return evalsha(script.sha, len(keys), *keys, *args)
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise _translated(name, exc) from exc
 
-    def _evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """``EVALSHA`` on a pooled connection, without redis-py's per-command wrapper.
-
-        That wrapper (retry closure, operation metrics) costs about a fifth of a
-        hot call. A connection error (say a pooled connection the server closed)
-        hands the command to ``client.evalsha`` and its retry policy; a timeout
-        is raised at once; an error reply (NOSCRIPT, a script error) leaves the
-        connection usable.
-        """
-        pool = self.pool_for(keys_and_args[0]) if self.cluster else self.client.connection_pool
-        try:
-            conn: Any = pool.get_connection(*self._checkout_args)
-        except redis.ConnectionError:
-            if not self.cluster:
-                raise
-            # refused by a dead master the slot table still names: read it again and
-            # let the cluster client (its retry policy) find the promoted replica
-            self.refresh_topology()
-            return self.client.evalsha(sha, numkeys, *keys_and_args)
-        try:
-            conn.send_packed_command(conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
-            return conn.read_response()
-        except _REDIRECTS:  # not run on this node: the cluster client follows the redirection
-            pool.release(conn)
-            conn = None
-            return self.client.evalsha(sha, numkeys, *keys_and_args)
-        except redis.ResponseError:
-            raise
-        except redis.ConnectionError:
-            conn.disconnect()
-            pool.release(conn)
-            conn = None
-            return self.client.evalsha(sha, numkeys, *keys_and_args)
-        except BaseException:  # timeout, interrupt: the reply may still come, drop it
-            conn.disconnect()
-            raise
-        finally:
-            if conn is not None:
-                pool.release(conn)
-
     def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that must not run twice: no retry once the command may have
-        reached Redis.
+        """Run a script that must not run twice (every script that writes windows but
+        ``ack`` and ``release``): it is sent at most once.
 
-        A connection that fails while the command is being written (a pooled
-        connection the server closed) is replaced and the command sent once more;
-        a failure while waiting for the reply is raised as :class:`DebounceBackendError`.
+        A command that could not be written (a pooled connection the server closed) is
+        sent once more on a fresh connection; NOSCRIPT (it did not run) loads the script
+        and sends it again; a connection lost or timed out while waiting for the reply
+        raises :class:`~celery_debounce.DebounceOutcomeUnknown` (it may have run). This
+        is every call's hot path: one EVALSHA on a pooled connection, without redis-py's
+        per-command wrapper (retry closure, operation metrics: about a fifth of a call),
+        which would also send the command again after a lost reply.
         """
-        if not self._direct:
-            return self.run(name, keys, args)  # fakeredis: its own policy
         script = self.scripts[name]
-        if self.cluster:  # the master of the keys' slot, following redirections
-            with translate_errors(name):
+        if not self._direct:  # fakeredis, or a client of the caller's: its own policy
+            return self.run(name, keys, args)
+        try:
+            if self.cluster:  # the master of the keys' slot, following redirections
                 return self.send_on_node(
-                    keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name)[0]
+                    keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name,
+                    operation=name)[0]
+            try:
+                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # server restarted or SCRIPT FLUSH: it did not run
+                script.sha = self.client.script_load(script.script)
+                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
+
+    def _evalsha_once(self, name: str, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """``EVALSHA`` on a pooled connection of a single node, sent at most once."""
         pool = self.client.connection_pool
-        with translate_errors(name):
-            for attempt in (1, 2, 3):
-                conn: Any = pool.get_connection(*self._checkout_args)
+        for attempt in (1, 2):
+            conn: Any = pool.get_connection(*self._checkout_args)
+            try:
                 try:
-                    try:
-                        conn.send_packed_command(
-                            conn.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                        )
-                    except (redis.ConnectionError, OSError):
-                        conn.disconnect()
-                        if attempt == 3:
-                            raise
-                        continue  # nothing reached Redis: a fresh connection, once more
-                    try:
-                        return conn.read_response()
-                    except NoScriptError:
-                        script.sha = self.client.script_load(script.script)
-                    except redis.ResponseError:
+                    conn.send_packed_command(
+                        conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
+                except (redis.ConnectionError, OSError):
+                    conn.disconnect()
+                    if attempt == 2:
                         raise
-                    except BaseException:
-                        conn.disconnect()  # the reply may still come: never reuse
-                        raise
-                finally:
-                    pool.release(conn)
-        raise DebounceBackendError(f"debounce Redis: {name} could not be sent")
+                    continue  # nothing reached Redis: a fresh connection, once more
+                try:
+                    return conn.read_response()
+                except (redis.ResponseError, redis.exceptions.BusyLoadingError):
+                    raise  # an error reply (LOADING too): it did not run
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    conn.disconnect()  # the reply may still come: never reuse
+                    if _refused_by_a_replica(exc) and attempt == 1:
+                        continue  # READONLY: it did not run; the pool finds the master
+                    raise _lost(name, exc) from exc
+                except BaseException:  # interrupted: the reply may still come
+                    conn.disconnect()
+                    raise
+            finally:
+                pool.release(conn)
+        raise DebounceBackendError(f"debounce Redis: {name} could not be sent")  # unreachable
 
     def send_on_node(
         self, key: str, commands: list[tuple[Any, ...]], script: str = "",
+        operation: str = "",
     ) -> list[Any]:
         """Send ``commands`` (the first an EVALSHA of ``script`` when given) in one write
         on one connection of the node serving ``key``; return their replies (error
@@ -768,7 +763,8 @@ class WindowStore:
         Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
         CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
         NOSCRIPT of the first command, or a connection that failed while writing. A
-        connection lost after sending raises (nothing is sent twice).
+        connection lost or timed out after sending raises
+        :class:`~celery_debounce.DebounceOutcomeUnknown` (nothing is sent twice).
         """
         asking: tuple[str, int] | None = None
         deadline = None
@@ -798,17 +794,31 @@ class WindowStore:
                         raise
                     continue  # not sent: safe to send again
                 replies: list[Any] = []
+                demoted = False
                 for _ in wire:
                     try:
                         replies.append(conn.read_response())
                     except redis.ResponseError as exc:
                         replies.append(exc)
-                    except BaseException:
+                    except redis.exceptions.BusyLoadingError as exc:
+                        # a loading server refuses every command (redis-py has closed
+                        # the connection): the rest were refused too
+                        replies.extend([exc] * (len(wire) - len(replies)))
+                        break
+                    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                         conn.disconnect()  # the replies may still come: never reuse
                         self.refresh_topology()
+                        if not replies and _refused_by_a_replica(exc) and attempt < 2:
+                            demoted = True  # READONLY (Sentinel): nothing ran
+                            break
+                        raise _lost(operation or script or commands[0][0], exc) from exc
+                    except BaseException:
+                        conn.disconnect()
                         raise
             finally:
                 pool.release(conn)
+            if demoted:
+                continue  # the pool asks the sentinels for the master again
             if asking is not None:
                 replies = replies[1:]
             asking = None
@@ -850,7 +860,8 @@ class WindowStore:
         """One call through ``gate.lua``: one EVALSHA round trip (the hot path). With
         ``debounce_redis_wait_replicas`` this is :meth:`_gate_waited` (see __init__), so
         the default path has nothing extra."""
-        return parse_reply(self.run("gate", gate_keys(self, call), gate_args(self, call, fixed)))
+        return parse_reply(self.run_once(
+            "gate", gate_keys(self, call), gate_args(self, call, fixed)))
 
     def _gate_waited(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
         return parse_reply(self._run_gate_waited(
@@ -858,7 +869,7 @@ class WindowStore:
 
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua``'s raw reply (the waited variant replaces this, see __init__)."""
-        return self.run("gate", keys, args)
+        return self.run_once("gate", keys, args)
 
     def _run_gate_waited(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua`` then ``WAIT n timeout`` on the same connection, in one write.
@@ -877,10 +888,13 @@ class WindowStore:
         ]
         with translate_errors("gate"):
             reply, acks = self.send_on_node(keys[0], commands, "gate")
-            if isinstance(acks, redis.RedisError):
-                raise acks
+        if isinstance(acks, redis.RedisError):  # NOPERM without +wait, ...: the call ran
+            raise DebounceOutcomeUnknown(
+                f"debounce Redis refused WAIT after the call was written on the master "
+                f"({type(acks).__name__}: {acks}); whether it survives a failover is "
+                "unknown (it was not sent again)") from acks
         if int(acks) < wanted:
-            raise DebounceBackendError(
+            raise DebounceOutcomeUnknown(
                 f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
                 f"acknowledged the call within {wait_ms} ms; it was written on the master "
                 "but may not survive a failover"
@@ -910,15 +924,20 @@ class WindowStore:
     def _check_acks(self, acks: Any, chunk: Sequence[int], outcomes: list[Any]) -> None:
         """Fewer replicas than ``debounce_redis_wait_replicas`` acknowledged a chunk: its
         written calls may not survive a failover (retrying them may count them twice)."""
-        if isinstance(acks, Exception):
-            raise acks
         wanted = self.settings.wait_replicas
-        if int(acks) >= wanted:
+        if isinstance(acks, Exception):  # NOPERM without +wait, ...: the chunk ran
+            error = DebounceOutcomeUnknown(
+                f"debounce Redis refused WAIT after this chunk was written on the master "
+                f"({type(acks).__name__}: {acks}); whether its calls survive a failover "
+                "is unknown")
+            error.__cause__ = acks
+        elif int(acks) >= wanted:
             return
-        error = _UnknownOutcome(
-            f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) acknowledged "
-            "this chunk; its calls were written on the master but may not survive a failover"
-        )
+        else:
+            error = DebounceOutcomeUnknown(
+                f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
+                "acknowledged this chunk; its calls were written on the master but may not "
+                "survive a failover")
         for i in chunk:
             if isinstance(outcomes[i], GateResult):
                 outcomes[i] = error
@@ -947,6 +966,7 @@ class WindowStore:
         if self.cluster:
             self._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
             self._rerun_missing(calls, outcomes, missing)
+            _translate_outcomes(outcomes)
             return outcomes
         pool = client.connection_pool
         waited = self._wait_command()
@@ -958,7 +978,7 @@ class WindowStore:
             if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
                 script.sha = client.script_load(script.script)
                 setattr(script, "_loaded_by_bulk", True)  # noqa: B010
-        conn: Any = pool.get_connection(*self._checkout_args)
+            conn: Any = pool.get_connection(*self._checkout_args)  # refused: nothing sent
         try:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
@@ -981,7 +1001,7 @@ class WindowStore:
                 answered.append(sent.pop(0)[0])
             # every reply arrived: the markers served their purpose (else they expire)
             conn.send_command("DEL", *answered)
-            conn.read_response()
+            _reply_or_error(conn)  # refused (no +del): they expire
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             conn.disconnect()
             failure = exc
@@ -993,6 +1013,7 @@ class WindowStore:
         if failure is not None:
             self._settle(calls, sent, outcomes, failure)
         self._rerun_missing(calls, outcomes, missing)
+        _translate_outcomes(outcomes)
         return outcomes
 
     def _rerun_missing(
@@ -1010,6 +1031,10 @@ class WindowStore:
                     try:
                         argv: list[Any] = gate_args(self, calls[i])
                         outcomes[i] = parse_reply(self.run_gate(gate_keys(self, calls[i]), argv))
+                    except DebounceOutcomeUnknown as exc:  # this one may have run
+                        outcomes[i] = exc
+                        raise DebounceBackendError(
+                            "debounce Redis: not sent (an earlier reply was lost)") from exc
                     except DebounceBackendError as exc:
                         if not isinstance(exc.__cause__, redis.ResponseError):
                             raise
@@ -1155,8 +1180,8 @@ class WindowStore:
     def quarantine(self, shard: Shard, task_id: str, reason: str) -> list[Any] | None:
         """Set a taken record aside; its raw aliases, or None if it was not quarantined."""
         tag = self.tag(shard)
-        reply = self.run("quarantine", [leased_key(tag), quarantine_key(tag)],
-                         [tag, task_id, reason])
+        reply = self.run_once("quarantine", [leased_key(tag), quarantine_key(tag)],
+                              [tag, task_id, reason])
         return list(reply[1:]) if int(reply[0]) else None
 
     def expiring(self, shard: Shard, windows: Sequence[tuple[str, int]]) -> int:
@@ -1203,7 +1228,7 @@ class WindowStore:
 
     def claim(self, shard: Shard, task_id: str) -> str:
         """Mark a window claimed; its state before ("" if the record is gone)."""
-        before, _ = self.run("claim", self.record_keys(shard, task_id), [task_id])
+        before, _ = self.run_once("claim", self.record_keys(shard, task_id), [task_id])
         return as_text(before)
 
     def finish_args(self, task_id: str, state: str) -> list[Any]:
@@ -1211,8 +1236,8 @@ class WindowStore:
 
     def finish(self, shard: Shard, task_id: str, state: str) -> list[Any]:
         """Mark a window finished with ``state``; the raw aliases it returns."""
-        reply = self.run("finish", self.record_keys(shard, task_id),
-                         self.finish_args(task_id, state))
+        reply = self.run_once("finish", self.record_keys(shard, task_id),
+                              self.finish_args(task_id, state))
         return list(reply[2:])
 
     # -- operators -------------------------------------------------------------------------
@@ -1320,31 +1345,104 @@ class WindowStore:
     def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
         """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
         given) and make it due now. The window as flushed, or None if none was open."""
-        reply = self.run("flush", *self._flush_call(shard, ident, task_id))
+        reply = self.run_once("flush", *self._flush_call(shard, ident, task_id))
         return decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
         if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one by one
             return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
-        script = self.scripts["flush"]
-        with translate_errors("flush"), self.client.pipeline(False) as pipe:
-            for ident, task_id in windows:
-                keys, args = self._flush_call(shard, ident, task_id)
-                script(keys=keys, args=args, client=pipe)
-            return sum(1 for r in pipe.execute() if r)
+        if not self._direct:  # fakeredis, or a client of the caller's
+            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
+        calls = [self._flush_call(shard, ident, task_id) for ident, task_id in windows]
+        return sum(1 for r in self._pipeline_once("flush", calls) if r)
+
+    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)`` in one write on one pooled connection
+        of a single node, each sent at most once (like :meth:`run_once`): the calls that
+        met NOSCRIPT (they did not run) are sent again once the script is loaded; a
+        lost reply raises :class:`~celery_debounce.DebounceOutcomeUnknown`. An error
+        reply of one call is raised after every reply was read."""
+        script = self.scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        pool = self.client.connection_pool
+        with translate_errors(name):
+            for _ in (1, 2):
+                conn: Any = pool.get_connection(*self._checkout_args)
+                try:
+                    conn.send_packed_command(conn.pack_commands(
+                        [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                         for i in todo]))
+                    for k, i in enumerate(todo):
+                        replies[i] = _reply_or_error(conn)
+                        if isinstance(replies[i], redis.exceptions.BusyLoadingError):
+                            for j in todo[k:]:  # refused too (redis-py closed the connection)
+                                replies[j] = replies[i]
+                            break
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    conn.disconnect()
+                    raise _lost(name, exc) from exc
+                except BaseException:
+                    conn.disconnect()
+                    raise
+                finally:
+                    pool.release(conn)
+                todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+                if not todo:
+                    break
+                script.sha = self.client.script_load(script.script)
+            error = next((r for r in replies if isinstance(r, redis.RedisError)), None)
+            if error is not None:
+                raise error
+        return replies
 
     def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
         """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
         given); what was dropped, or None."""
         tag = self.tag(shard)
-        reply = self.run("cancel", [open_key(tag, ident), due_key(tag), stats_key(tag)],
-                         [ident, task_id, self.settings.history_ttl_ms])
+        # cancel.lua keeps its reply under a per-call token: after a lost reply the same
+        # call is sent again and gets the first answer (a repeat never acts twice), so a
+        # caller learns which window it dropped and can revoke its result
+        token = uuid.uuid4().hex
+        keys = [open_key(tag, ident), due_key(tag), stats_key(tag)]
+        args = [ident, task_id, self.settings.history_ttl_ms, token]
+        deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0) * 3
+        lost: DebounceOutcomeUnknown | None = None
+        while True:
+            try:
+                reply = self.run_once("cancel", keys, args)
+                break
+            except DebounceBackendError as exc:
+                if isinstance(exc, DebounceOutcomeUnknown):
+                    lost = lost or exc
+                elif lost is None:
+                    raise  # nothing ran: a plain error
+                if time.monotonic() >= deadline:
+                    raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
+                        lost.__cause__ or lost)
+                time.sleep(0.05)
+        return self._cancel_result(shard, ident, token, reply)
+
+    def _cancel_result(self, shard: int, ident: str, token: str, reply: Any) -> Cancelled | None:
         if not reply:
             return None
+        try:
+            with translate_errors("cancel"):
+                self.client.delete(cancel_marker_key(self.tag(shard), token))
+        except DebounceBackendError:
+            pass  # it expires
         record = decode_record(CANCEL_FIELDS, reply, ident=ident)
         assert record is not None
         return Cancelled(record, list(reply[len(CANCEL_FIELDS):]))
+
+    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
+        """After :class:`CancelOutcomeUnknown`: the window that cancel dropped (read from
+        its token's key, a read only), or None if it did not run. Raises
+        DebounceBackendError while Redis does not answer."""
+        with translate_errors("cancel check"):
+            reply = self.client.lrange(cancel_marker_key(self.tag(lost.shard), lost.token), 0, -1)
+        return self._cancel_result(lost.shard, lost.ident, lost.token, reply)
 
     def census_step(self, shard: int, cursor: str, count: int,
                     now_ms: int) -> tuple[str, list[CensusRow]]:
@@ -1380,9 +1478,12 @@ class WindowStore:
             try:
                 client.rename(stats_key(tag), held)
             except redis.ResponseError as exc:
-                if "no such key" in str(exc).lower():
+                # "no such key": nothing to reset, unless redis-py sent the RENAME again
+                # after its reply was lost (the first one moved the hash to ``held``)
+                if "no such key" in str(exc).lower() and not client.exists(held):
                     return {}
-                raise
+                if "no such key" not in str(exc).lower():
+                    raise
             removed = {as_text(k): int(v) for k, v in client.hgetall(held).items()}
             client.delete(held)
         return removed
@@ -1488,11 +1589,19 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
     )
 
 
+def _translate_outcomes(outcomes: list[Any]) -> None:
+    """Every redis-py error a bulk call met leaves as a DebounceBackendError (its cause)."""
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, redis.RedisError):
+            outcomes[i] = _translated("gate (bulk)", outcome)
+            outcomes[i].__cause__ = outcome
+
+
 def _reply_or_error(conn: Any) -> Any:
     """The next reply on ``conn``; an error reply as the exception (not raised)."""
     try:
         return conn.read_response()
-    except redis.ResponseError as exc:
+    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
         return exc
 
 

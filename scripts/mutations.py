@@ -46,6 +46,8 @@ FAULTS = "tests/test_faults.py::"
 HOSTILE = "tests/test_hostile_input.py::"
 PARITY = "tests/test_parity.py::"
 ROBUST = "tests/test_robustness.py::"
+ONCE = "tests/test_at_most_once.py::"
+ACL = "tests/test_tls_acl.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -308,6 +310,60 @@ MUTATIONS: list[Mutation] = [
         "        reply = self.run(\n            \"take\",",
         "tests/test_dispatch_isolation.py::"
         "test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease"),
+    # -- issue 19: at most once (a lost reply is never acted on twice) -----------
+    one("a gate call is sent again after its reply was lost",
+        "at most once: a script that changes windows is sent at most once per call",
+        PKG + "store.py",
+        "# READONLY: it did not run; the pool finds the master\n"
+        "                    raise _lost(name, exc) from exc",
+        "# READONLY: it did not run; the pool finds the master\n"
+        "                    return self.client.evalsha(sha, numkeys, *keys_and_args)",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-collect-drop]",
+        ONCE + "test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again"),
+    one("claim goes through redis-py's retry",
+        "at most once: claim, finish and quarantine are sent at most once per call",
+        PKG + "store.py",
+        'before, _ = self.run_once("claim",',
+        'before, _ = self.run("claim",',
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[claim-drop]"),
+    one("cancel sent again without its per-call token",
+        "at most once: a cancel whose reply was lost answers once; its result is revoked",
+        PKG + "store.py",
+        "args = [ident, task_id, self.settings.history_ttl_ms, token]",
+        'args = [ident, task_id, self.settings.history_ttl_ms, ""]',
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]"),
+    one("flush_all's pipeline sent through redis-py (resent after a lost reply)",
+        "at most once: flush_all flushes each window once and counts it",
+        PKG + "store.py",
+        'return sum(1 for r in self._pipeline_once("flush", calls) if r)',
+        'script = self.scripts["flush"]\n'
+        "        with self.client.pipeline(False) as pipe:\n"
+        "            for keys, args in calls:\n"
+        "                script(keys=keys, args=args, client=pipe)\n"
+        "            return sum(1 for r in pipe.execute() if r)",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[flush-all-drop]"),
+    # -- issue 19: the documented ACL line is complete -----------------------------
+    one("the documented ACL line lacks +wait",
+        "ACL: the documented least-privilege line runs every feature",
+        "docs/guarantees.md",
+        "+multi +exec +set +wait +publish",
+        "+multi +exec +set +publish",
+        ACL + "test_the_documented_acl_line_is_the_one_tested"),
+    one("the documented cluster ACL additions lack +asking",
+        "ACL: the documented cluster additions follow a migrating slot's ASK",
+        "docs/guarantees.md",
+        "+cluster|slots +command +info\n  +asking +spublish",
+        "+cluster|slots +command +info\n  +spublish",
+        "tests/test_hostile_dist.py::test_the_documented_cluster_acl_additions_are_the_ones_tested"),
+    one("a bulk call's redis-py error reaches the caller raw",
+        "ACL: every raw redis-py exception reaches the caller as a DebounceError",
+        PKG + "store.py",
+        "        self._rerun_missing(calls, outcomes, missing)\n"
+        "        _translate_outcomes(outcomes)\n"
+        "        return outcomes\n\n    def _rerun_missing(",
+        "        self._rerun_missing(calls, outcomes, missing)\n"
+        "        return outcomes\n\n    def _rerun_missing(",
+        ACL + "test_a_command_the_user_lacks_reaches_the_caller_as_a_debounce_error[+set]"),
     one("aliases of a window are not resolved",
         "every id a caller holds resolves (groups, chords)",
         PKG + "worker_signals.py",

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from fault_proxy import FaultProxy
 from helpers import make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
@@ -57,6 +58,16 @@ def rabbitmq_server() -> Iterator[RabbitNode]:
         yield node
     finally:
         node.cleanup()
+
+
+@pytest.fixture
+def fault_proxy(redis_server: str) -> Iterator[FaultProxy]:
+    """A fault-injection proxy (tests/fault_proxy.py) in front of the session's redis-server."""
+    proxy = FaultProxy(int(redis_server.rsplit(":", 1)[1]))
+    try:
+        yield proxy
+    finally:
+        proxy.close()
 
 
 @pytest.fixture

@@ -9,15 +9,12 @@ options at call time, so this is the only way to get them.
 from __future__ import annotations
 
 import logging
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from fault_proxy import FaultProxy, evalsha_of
 from helpers import running_worker, wait_until
 
 from celery_debounce import (
@@ -30,7 +27,7 @@ from celery_debounce.dispatcher import MAX_TRIES, Dispatcher
 from celery_debounce.layout import window_ident
 from celery_debounce.settings import settings_for
 from celery_debounce.signals import window_forced_by_max_wait
-from celery_debounce.store import script_source
+from celery_debounce.store import script_source, store_for
 from celery_debounce.testing import debounce_windows
 
 TAG = "debounce:{0}"
@@ -164,88 +161,29 @@ def test_a_batch_that_fails_half_way_does_not_republish_what_reached_the_broker(
     assert all(_state(redis_client, r.id) == "finished" for r in good)
 
 
-@contextmanager
-def _flaky_proxy(target_port: int) -> Iterator[tuple[int, threading.Event]]:
-    """A TCP proxy to Redis that, when ``drop`` is set, closes the client connection
-    after forwarding the next command (so its reply is lost) and clears ``drop``."""
-    drop = threading.Event()
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    stop = threading.Event()
-
-    def pipe(client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", target_port))
-        muted = threading.Event()  # replies from here on are swallowed, never forwarded
-
-        def down() -> None:
-            try:
-                while data := upstream.recv(65536):
-                    if muted.is_set():
-                        continue
-                    client.sendall(data)
-            except OSError:
-                pass
-
-        threading.Thread(target=down, daemon=True).start()
-        try:
-            while data := client.recv(65536):
-                lose = drop.is_set() and b"EVALSHA" in data
-                if lose:
-                    muted.set()  # before forwarding: the reply cannot overtake the close
-                upstream.sendall(data)
-                if lose:
-                    drop.clear()
-                    client.shutdown(socket.SHUT_RDWR)
-                    client.close()
-                    return
-        except OSError:
-            pass
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=pipe, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield port, drop
-    finally:
-        stop.set()
-        listener.close()
-
-
 def test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease(
-    app_factory: Any, redis_client: redis.Redis, redis_server: str,
+    app_factory: Any, redis_client: redis.Redis, fault_proxy: FaultProxy,
 ) -> None:
     """redis-py would resend take.lua after a lost reply, leasing a second batch; the
     dispatcher sends it once: the error surfaces, and the windows that one take leased
     are published when their lease expires."""
-    port = int(redis_server.rsplit(":", 1)[1])
-    with _flaky_proxy(port) as (proxy_port, drop):
-        app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{proxy_port}/0",
-                          debounce_dispatch_lease=1.0)
-        task = _task(app)
-        results = [task.apply_async((f"x{i}",)) for i in range(3)]
-        import time
+    app = app_factory(debounce_redis_url=f"{fault_proxy.url}/0", debounce_dispatch_lease=1.0)
+    task = _task(app)
+    results = [task.apply_async((f"x{i}",)) for i in range(3)]
+    import time
 
-        time.sleep(0.01)
-        dispatcher = Dispatcher(app)
-        # a fresh server has no take.lua yet: the lost EVALSHA would only be a NOSCRIPT
-        redis_client.script_load(script_source("take"))
-        drop.set()
-        with pytest.raises(DebounceBackendError):
-            dispatcher.dispatch_once()
-        # one take ran: the three are leased once (tries 1), none taken twice
-        assert redis_client.zcard(f"{TAG}:leased") == 3
-        assert all(int(redis_client.hget(f"{TAG}:win:{r.id}", "tries")) == 1 for r in results)
-        with running_worker(app):
-            assert [r.get(timeout=10) for r in results] == ["x0", "x1", "x2"]
+    time.sleep(0.01)
+    dispatcher = Dispatcher(app)
+    # a fresh server has no take.lua yet: the lost EVALSHA would only be a NOSCRIPT
+    redis_client.script_load(script_source("take"))
+    fault_proxy.arm("drop", evalsha_of(store_for(app).scripts["take"].sha))
+    with pytest.raises(DebounceBackendError):
+        dispatcher.dispatch_once()
+    # one take ran: the three are leased once (tries 1), none taken twice
+    assert redis_client.zcard(f"{TAG}:leased") == 3
+    assert all(int(redis_client.hget(f"{TAG}:win:{r.id}", "tries")) == 1 for r in results)
+    with running_worker(app):
+        assert [r.get(timeout=10) for r in results] == ["x0", "x1", "x2"]
     assert all(int(redis_client.hget(f"{TAG}:win:{r.id}", "tries")) == 2 for r in results)
 
 

@@ -97,7 +97,7 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
     redis_client.script_flush()  # NOSCRIPT on the direct path: loaded again, run once
     assert hot.delay(2).id == first.id
     redis_client.client_kill_filter(_type="normal", skipme=True)  # pooled connections die
-    assert hot.delay(3).id == first.id  # the connection error falls back to redis-py's retry
+    assert hot.delay(3).id == first.id  # the pool reconnects a killed connection on checkout
     record = redis_client.hgetall(next(redis_client.scan_iter(match="debounce:*:open:*")))
     assert record[b"n"] == b"3"  # each call counted exactly once
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,10 +58,20 @@ def test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run(
 
 #: What a least-privilege user needs on top of the single-node line on a Redis Cluster
 #: (docs/guarantees.md): redis-py reads the slot table (CLUSTER SLOTS) and the
-#: commands' key positions (COMMAND), the store asks every master's version (INFO)
+#: commands' key positions (COMMAND), the store asks every master's version (INFO),
+#: a call for a migrating slot follows ASK with ASKING
 #: for sharded wake-ups, which use SPUBLISH/SSUBSCRIBE on the per-shard channels
 #: <prefix>:{<tag>}:wake.
-CLUSTER_ACL_EXTRA = "+cluster|slots +command +info +spublish +ssubscribe +sunsubscribe &debounce:*"
+CLUSTER_ACL_EXTRA = ("+cluster|slots +command +info +asking +spublish +ssubscribe "
+                     "+sunsubscribe &debounce:*")
+
+
+def test_the_documented_cluster_acl_additions_are_the_ones_tested() -> None:
+    doc = " ".join((Path(__file__).resolve().parent.parent / "docs" / "guarantees.md")
+                   .read_text().split())
+    added = doc.split("On a Redis Cluster (`debounce_redis_cluster`) add `", 1)[1]
+    assert sorted(added.split("` on every node", 1)[0].split()) == sorted(
+        CLUSTER_ACL_EXTRA.split())
 
 
 @pytest.mark.cluster
@@ -150,3 +161,88 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
     finally:
         dispatcher.stop()
         cluster.restart(victim)
+
+
+def _acl_on(nodes: list[redis.Redis], rules: str) -> None:
+    for node in nodes:
+        node.execute_command("ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret",
+                             *rules.split())
+
+
+@pytest.mark.cluster
+def test_every_feature_runs_as_the_acl_user_on_a_cluster(
+    redis_cluster: LocalCluster, redis_server: str
+) -> None:
+    """Issue 19, item 9 on a Cluster: every feature (test_tls_acl._every_feature, with
+    debounce_redis_wait_replicas=1 so each call and chunk is followed by WAIT) as the
+    documented user with the cluster additions: no error at all."""
+    from test_tls_acl import _every_feature
+
+    redis_cluster.flushall()
+    redis.Redis.from_url(f"{redis_server}/0").flushall()
+    nodes = [redis.Redis(port=n.port) for n in redis_cluster.running()]
+    port = redis_cluster.master_ports()[0]
+    try:
+        _acl_on(nodes, f"{ACL_RULES} {CLUSTER_ACL_EXTRA}")
+        app = make_app(redis_server, debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:"
+                       f"{port}/0", debounce_redis_cluster=True, debounce_shards=3,
+                       debounce_redis_wait_replicas=1)
+        errors: list[BaseException] = []
+        _every_feature(app, errors)
+        assert errors == []
+    finally:
+        for node in nodes:
+            node.execute_command("ACL", "DELUSER", "debouncer")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("asking", [True, False])
+def test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user(
+    redis_cluster: LocalCluster, redis_server: str, asking: bool,
+) -> None:
+    """A window's keys moved to the target while its slot is MIGRATING: the source
+    answers ASK, and the call is sent to the target after ASKING. With `+asking` (the
+    documented additions) the call joins the window there; without it the call is
+    refused with a DebounceBackendError, nothing written twice."""
+    redis_cluster.flushall()
+    nodes = [redis.Redis(port=n.port) for n in redis_cluster.running()]
+    rules = f"{ACL_RULES} {CLUSTER_ACL_EXTRA}"
+    if not asking:
+        rules = rules.replace(" +asking", "")
+    _acl_on(nodes, rules)
+    port = redis_cluster.master_ports()[0]
+    app = make_app(redis_server, debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:"
+                   f"{port}/0", debounce_redis_cluster=True, debounce_shards=1,
+                   debounce_redis_timeout=2)
+    work = _task(app)
+    tag = store_for(app).settings.tags[0]
+    slot = key_slot(tag.encode())
+    source = redis_cluster.node_of_slot(slot)
+    target = next(p for p in redis_cluster.master_ports() if p != source)
+    cli = redis_cluster.cli
+    first = work.delay(1)
+    try:
+        cli(target, "cluster", "setslot", str(slot), "importing", redis_cluster.node_id(source))
+        cli(source, "cluster", "setslot", str(slot), "migrating", redis_cluster.node_id(target))
+        keys = cli(source, "cluster", "getkeysinslot", str(slot), "100").split()
+        assert keys
+        cli(source, "migrate", "127.0.0.1", str(target), "", "0", "5000", "keys", *keys)
+        on_target = redis.Redis(port=target).pipeline(transaction=False)
+        on_target.execute_command("ASKING")  # the target serves the importing slot after it
+        on_target.hget(f"{tag}:open:7:hd.work:k1", "n")
+        if asking:
+            assert work.delay(1).id == first.id  # followed ASK to the target
+            assert on_target.execute()[1] == b"2"
+        else:
+            started = time.monotonic()
+            with pytest.raises(DebounceBackendError):
+                work.delay(1)
+            assert time.monotonic() - started < 8
+            assert on_target.execute()[1] == b"1"
+    finally:
+        for p in (target, source, *[p for p in redis_cluster.master_ports()
+                                    if p not in (source, target)]):
+            cli(p, "cluster", "setslot", str(slot), "node", redis_cluster.node_id(target))
+        redis_cluster.migrate_slot(slot, target, source)
+        for node in nodes:
+            node.execute_command("ACL", "DELUSER", "debouncer")

@@ -469,3 +469,27 @@ def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
         work.delay()
     assert time.monotonic() - started < 5
     assert not redis_client.keys("debounce:*")
+
+
+@pytest.mark.sentinel
+def test_every_feature_runs_as_the_acl_user_through_sentinel(
+    sentinels: LocalSentinels, redis_server: str
+) -> None:
+    """Issue 19, item 9 through Sentinel: the documented ACL line on the master and the
+    replica (the sentinels keep their default user), every feature
+    (test_tls_acl._every_feature) with debounce_redis_wait_replicas=1: no error."""
+    from test_tls_acl import ACL_RULES, _every_feature
+
+    for server in sentinels.servers:
+        redis.Redis(port=server.port).execute_command(
+            "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *ACL_RULES.split())
+    url = sentinels.url.replace("sentinel://", "sentinel://debouncer:s3cret@", 1)
+    app = _sentinel_app(redis_server, sentinels, debounce_redis_wait_replicas=1)
+    app.conf.debounce_redis_url = url
+    errors: list[BaseException] = []
+    _every_feature(app, errors)
+    assert errors == []
+    master = redis.Redis(port=sentinels.servers[0].port)
+    assert master.acl_whoami() == "default"  # the features ran as the other user
+    clients = master.client_list()
+    assert any(c.get("user") == "debouncer" for c in clients)

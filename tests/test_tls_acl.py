@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
 from helpers import make_app, running_worker, wait_until
@@ -41,7 +42,7 @@ ACL_RULES = (
     "+hget +hmget +hset +hdel +hincrby +hgetall "
     "+zadd +zrem +zrange +zrangebyscore +zscore +zscan +zcard +zcount "
     "+zrank +zrevrange +zincrby +zremrangebyrank +zremrangebyscore +rpush +lrange "
-    "+multi +exec +set "
+    "+multi +exec +set +wait "
     "+publish +subscribe +unsubscribe +ping"
 )
 
@@ -268,3 +269,118 @@ def test_edge_and_collect_calls_run_as_the_acl_user(tls_server: dict[str, Any]) 
     assert led == [1, 2] and collected == [[0, 1, 2, 3, 4]]
     admin = tls_server["admin"]
     assert not list(admin.scan_iter(match="debounce:*calls:*"))
+
+
+def _every_feature(app: Celery, errors: list[BaseException]) -> None:
+    """Each feature once, as the app's Redis user (no worker): a plain call, a leading
+    call, collect, the cap, enqueue_many, inspect, stats, flush, cancel, dispatch, claim
+    and finish. Every exception is appended to ``errors`` (with a DebounceBulkError's
+    per-call errors), and the next feature runs."""
+    from celery_debounce import DebounceError
+    from celery_debounce.bulk import DebounceBulkError
+
+    options = {"base": DebouncedTask, "shared": False, "debounce": "1h",
+               "debounce_max_wait": "2h", "debounce_key": "k:{0}"}
+
+    @app.task(name="acl.plain", **options)  # type: ignore[untyped-decorator]
+    def plain(x: int) -> int:
+        return x
+
+    @app.task(name="acl.lead", debounce_leading=True, debounce_trailing=True, **options)  # type: ignore[untyped-decorator]
+    def lead(x: int) -> int:
+        return x
+
+    @app.task(name="acl.collect", debounce_collect=True, **options)  # type: ignore[untyped-decorator]
+    def collect(calls: list[Any]) -> int:
+        return len(calls)
+
+    @app.task(name="acl.cap", debounce_max_calls=2, **options)  # type: ignore[untyped-decorator]
+    def cap(x: int) -> int:
+        return x
+
+    admin = DebounceAdmin(app)
+    store = store_for(app)
+
+    def step(fn: Any) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(exc)
+            if isinstance(exc, DebounceBulkError):
+                errors.extend(exc.errors.values())
+
+    step(lambda: plain.delay(1))
+    step(lambda: plain.delay(1))
+    step(lambda: plain.apply_async((2,), task_id="acl-chosen"))
+    step(lambda: lead.delay(1))
+    step(lambda: lead.delay(1))  # the quiet period: a trailing window
+    step(lambda: collect.delay(1))
+    step(lambda: collect.delay(1))
+    step(lambda: cap.delay(1))
+    step(lambda: cap.delay(1))  # closes the window
+    step(lambda: enqueue_many(plain, [((3,), {}), ((3,), {}), ((4,), {})]))
+    step(lambda: admin.windows())
+    step(lambda: admin.window("acl.plain", "k:1"))
+    step(lambda: admin.find("acl-chosen"))
+    step(lambda: admin.stats())
+    step(lambda: admin.flush("acl.plain", "k:3"))
+    step(lambda: admin.cancel("acl.plain", "k:4"))
+    step(lambda: admin.flush_all("acl.collect"))
+    step(lambda: Dispatcher(app).dispatch_once())
+    step(lambda: [store.claim(w.shard, w.task_id) for w in admin.windows(states=["queued"])])
+    step(lambda: [store.finish(w.shard, w.task_id, "SUCCESS")
+                  for w in admin.windows(states=["claimed"])])
+    step(lambda: read_snapshot(store))
+    assert all(isinstance(e, DebounceError) for e in errors), [repr(e) for e in errors]
+
+
+@pytest.fixture(scope="module")
+def acl_replica(tls_server: dict[str, Any]) -> Iterator[LocalRedis]:
+    """A replica of the ACL test server, so that debounce_redis_wait_replicas=1 is met."""
+    with LocalRedis("--replicaof", "127.0.0.1", str(tls_server["server"].port)) as replica:
+        client = redis.Redis(port=replica.port)
+        wait_until(lambda: client.info("replication")["master_link_status"] == "up", 15)
+        yield replica
+
+
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+def test_every_feature_runs_as_the_documented_user(
+    tls_server: dict[str, Any], acl_replica: LocalRedis, wait_replicas: int,
+) -> None:
+    """Issue 19, item 9: plain, leading, collect, the cap, enqueue_many, WAIT
+    (debounce_redis_wait_replicas), inspect, stats, flush, cancel, dispatch, claim and
+    finish as the documented user: no error at all (before, `+wait` was missing: every
+    call with wait_replicas was written, then refused)."""
+    tls_server["admin"].flushall()
+    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server),
+                   debounce_redis_wait_replicas=wait_replicas)
+    errors: list[BaseException] = []
+    _every_feature(app, errors)
+    assert errors == []
+    tasks = DebounceAdmin(app).stats().tasks  # what each feature did, counted by take.lua
+    assert (tasks["acl.collect"].runs, tasks["acl.collect"].calls) == (1, 2)  # flushed
+    assert (tasks["acl.cap"].runs, tasks["acl.cap"].closed_by_cap) == (1, 1)
+    assert tasks["acl.lead"].leading_runs == 1
+    assert (tasks["acl.plain"].runs, tasks["acl.plain"].cancelled) == (1, 1)  # k:3; k:4
+
+
+#: The rules of the documented line a feature's command needs (the key and channel
+#: patterns and -@all aside).
+_COMMAND_RULES = [r for r in ACL_RULES.split() if r.startswith("+")]
+
+
+@pytest.mark.parametrize("missing", _COMMAND_RULES)
+def test_a_command_the_user_lacks_reaches_the_caller_as_a_debounce_error(
+    tls_server: dict[str, Any], acl_replica: LocalRedis, missing: str,
+) -> None:
+    """Every feature, with one rule of the documented line taken away: whatever fails
+    reaches the caller as a DebounceError, never as a raw redis-py exception (before,
+    enqueue_many raised NoPermissionError after writing its chunk without `+wait`)."""
+    admin = tls_server["admin"]
+    admin.flushall()
+    admin.execute_command("ACL", "SETUSER", "partial", "reset", "on", ">s3cret",
+                          *[r for r in ACL_RULES.split() if r != missing])
+    app = make_app(tls_server["server"].url,
+                   debounce_redis_url=tls_url(tls_server, "partial:s3cret"),
+                   debounce_redis_wait_replicas=1, debounce_redis_timeout=1)
+    _every_feature(app, [])

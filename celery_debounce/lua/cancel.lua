@@ -9,7 +9,12 @@
 -- ARGV[2]  task id the window must have ("" for whichever window is open): a
 --          by-id cancel must not hit a newer window opened under the same ident
 -- ARGV[3]  history TTL ms
+-- ARGV[4]  the call's token ("" or absent: none): the reply of a cancel is kept 5 min
+--          in <tag>:cancelled:<token> (list), and a call with that token finds it and
+--          returns it instead of acting: the same call sent again after its reply was
+--          lost gets the first answer (the store deletes the key once it has it)
 -- Touches, by name (same hash tag): <tag>:ids  hash; <id> removed when it maps to ident
+--                                   <tag>:cancelled:<ARGV[4]>  list, the reply (below)
 --                                   <tag>:calls:<cl>  a collect window's call list
 --                                   (field cl, see gate.lua), deleted with the window
 --
@@ -19,6 +24,11 @@
 -- of the cancelled window (the caller marks the aliases revoked too), or false if
 -- none (matching) was open.
 
+local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+local done = ARGV[4] and ARGV[4] ~= '' and (tag .. ':cancelled:' .. ARGV[4])
+if done and redis.call('EXISTS', done) == 1 then
+  return redis.call('LRANGE', done, 0, -1)
+end
 local found = redis.call('HMGET', KEYS[1], 'id', 'n', 'fs', 'mw', 'na')
 if not found[1] then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -42,8 +52,16 @@ if na > 0 then
     end
   end
 end
+-- the writes that need memory first: at maxmemory the script stops before deleting
+local digits = string.match(ARGV[1], '^(%d+):')
+local task = string.sub(ARGV[1], #digits + 2, #digits + 1 + tonumber(digits))
+if done then
+  redis.call('RPUSH', done, unpack(reply))
+  redis.call('PEXPIRE', done, 300000)
+end
+redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
-local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
 local cl = redis.call('HGET', KEYS[1], 'cl')
 if cl then
   redis.call('DEL', tag .. ':calls:' .. cl)
@@ -52,8 +70,4 @@ redis.call('DEL', KEYS[1])
 if redis.call('HGET', tag .. ':ids', found[1]) == ARGV[1] then
   redis.call('HDEL', tag .. ':ids', found[1])
 end
-local digits = string.match(ARGV[1], '^(%d+):')
-local task = string.sub(ARGV[1], #digits + 2, #digits + 1 + tonumber(digits))
-redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return reply

@@ -1,0 +1,260 @@
+"""A fault-injection TCP proxy between a Redis client and a real redis-server.
+
+It reads the client's commands (RESP arrays) one by one and passes them on, until a
+fault is armed; the first command the fault's matcher accepts then gets the fault:
+
+* ``drop``: the command is forwarded (inside ``MULTI``, through its ``EXEC``), then the
+  client's connection is closed: the command ran, its reply is lost;
+* ``stall``: forwarded the same way, but the connection stays open and no reply ever
+  comes (the client's socket timeout fires);
+* ``error``: the command is replaced with an ``EVAL`` that returns ``error`` as an error
+  reply (``OOM ...``; ``error-readonly``, ``error-noperm``, ``error-loading``: READONLY,
+  NOPERM, LOADING), so Redis answers it, in order, without running it;
+* ``noscript``: the same with ``NOSCRIPT``: the client loads the script and sends it again.
+
+``refuse()`` closes every client connection and refuses new ones until ``disarm()``.
+``fired`` counts the faults injected. Used by tests/test_at_most_once.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Command = list[bytes]
+Matcher = Callable[[Command], bool]
+
+OOM = b"OOM command not allowed when used memory > 'maxmemory' (injected)"
+NOSCRIPT = b"NOSCRIPT No matching script. Please use EVAL. (injected)"
+#: The error replies ``error-<name>`` injects (``error`` alone: OOM).
+ERRORS = {
+    "error": OOM,
+    "error-readonly": b"READONLY You can't write against a read only replica. (injected)",
+    "error-noperm": b"NOPERM this user has no permissions to run the 'evalsha' command",
+    "error-loading": b"LOADING Redis is loading the dataset in memory (injected)",
+}
+FAULTS = ("drop", "stall", *ERRORS, "noscript", "refuse")
+_ERROR_SCRIPT = b"return redis.error_reply(ARGV[1])"
+
+
+def parse_command(buf: bytes, start: int) -> tuple[Command, int] | None:
+    """One RESP array of bulk strings at ``buf[start:]``: (its items, the end), or None
+    if it is not complete yet. Inline commands are taken as one line."""
+    if start >= len(buf):
+        return None
+    if buf[start:start + 1] != b"*":
+        end = buf.find(b"\r\n", start)
+        return None if end < 0 else (buf[start:end].split(), end + 2)
+    end = buf.find(b"\r\n", start)
+    if end < 0:
+        return None
+    count = int(buf[start + 1:end])
+    pos = end + 2
+    items: Command = []
+    for _ in range(count):
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        size = int(buf[pos + 1:end])
+        if len(buf) < end + 2 + size + 2:
+            return None
+        items.append(buf[end + 2:end + 2 + size])
+        pos = end + 2 + size + 2
+    return items, pos
+
+
+def pack(*items: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(items)]
+    for item in items:
+        out.append(b"$%d\r\n%s\r\n" % (len(item), item))
+    return b"".join(out)
+
+
+def evalsha_of(sha: str) -> Matcher:
+    """Matches an EVALSHA of this script."""
+    wanted = sha.encode()
+    return lambda cmd: len(cmd) > 1 and cmd[0].upper() == b"EVALSHA" and cmd[1] == wanted
+
+
+def command(name: bytes) -> Matcher:
+    return lambda cmd: bool(cmd) and cmd[0].upper() == name
+
+
+class FaultProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._fault: str | None = None
+        self._match: Matcher = lambda cmd: False
+        self._error = OOM
+        self._then_refuse = False
+        self._clients: list[socket.socket] = []
+        self._stop = threading.Event()
+        self.fired = 0
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    # -- control ---------------------------------------------------------------------
+    def arm(self, fault: str, match: Matcher, error: bytes | None = None,
+            then_refuse: bool = False) -> None:
+        """Inject ``fault`` into the next command ``match`` accepts (once); with
+        ``then_refuse``, refuse every connection from then on (until :meth:`disarm`)."""
+        assert fault in FAULTS and fault != "refuse", fault
+        if error is None:
+            error = NOSCRIPT if fault == "noscript" else ERRORS.get(fault, OOM)
+        with self._lock:
+            self._fault, self._match, self._error = fault, match, error
+            self._then_refuse = then_refuse
+
+    def refuse(self) -> None:
+        """Close every client connection and refuse new ones (until :meth:`disarm`)."""
+        with self._lock:
+            self._fault = "refuse"
+            self.fired += 1
+            listener, self._listener = self._listener, None
+            clients, self._clients = self._clients, []
+        if listener is not None:
+            listener.close()
+        for client in clients:
+            _close(client)
+
+    def disarm(self) -> None:
+        with self._lock:
+            refusing = self._fault == "refuse"
+            self._fault = None
+            if refusing and self._listener is None:
+                self._listener = socket.create_server(("127.0.0.1", self.port))
+                self._accepting = threading.Thread(target=self._accept, daemon=True)
+                self._accepting.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            listener, self._listener = self._listener, None
+            clients, self._clients = self._clients, []
+        if listener is not None:
+            listener.close()
+        for client in clients:
+            _close(client)
+
+    # -- plumbing --------------------------------------------------------------------
+    def _take(self, cmd: Command) -> str | None:
+        with self._lock:
+            if self._fault is None or self._fault == "refuse" or not self._match(cmd):
+                return None
+            fault, self._fault = self._fault, None
+            self.fired += 1
+            return fault
+
+    def _accept(self) -> None:
+        listener = self._listener
+        if listener is None:
+            return
+        listener.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if self._listener is not listener:
+                    return
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._clients.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:
+            _close(client)
+            return
+        muted = threading.Event()
+
+        def down() -> None:
+            try:
+                while data := upstream.recv(65536):
+                    if not muted.is_set():
+                        client.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=down, daemon=True).start()
+        buf = b""
+        in_multi = False
+        cut: str | None = None  # a drop or stall, waiting for the end of a MULTI
+        try:
+            while data := client.recv(65536):
+                buf += data
+                out: list[bytes] = []
+                pos = 0
+                while (parsed := parse_command(buf, pos)) is not None:
+                    cmd, end = parsed
+                    raw = buf[pos:end]
+                    pos = end
+                    name = cmd[0].upper() if cmd else b""
+                    fault = None if cut else self._take(cmd)
+                    if fault is not None and fault not in ("drop", "stall"):
+                        raw = pack(b"EVAL", _ERROR_SCRIPT, b"0", self._error)
+                    if name == b"MULTI":
+                        in_multi = True
+                    elif name in (b"EXEC", b"DISCARD"):
+                        in_multi = False
+                    out.append(raw)
+                    if fault in ("drop", "stall"):
+                        muted.set()  # before forwarding: no reply overtakes the cut
+                        cut = fault
+                    if cut and not in_multi:
+                        break
+                buf = buf[pos:]
+                upstream.sendall(b"".join(out))
+                if cut:
+                    if cut == "drop":
+                        _close(client)
+                    if self._then_refuse:
+                        self._then_refuse = False
+                        self.refuse()
+                        self.fired -= 1  # one fault
+                    self._linger(upstream, client if cut == "stall" else None)
+                    return
+        except OSError:
+            pass
+        finally:
+            threading.Timer(0.5, _close, (upstream,)).start()
+
+    def _linger(self, upstream: socket.socket, client: socket.socket | None) -> None:
+        """After a cut: keep the server side open a moment (it runs what it read); a
+        stalled client is held open, unanswered, until the proxy closes."""
+        self._stop.wait(0.5)
+        if client is not None:
+            while not self._stop.wait(0.2):
+                with self._lock:
+                    if client not in self._clients:
+                        break
+            _close(client)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+@contextmanager
+def fault_proxy(target_port: int) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(target_port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

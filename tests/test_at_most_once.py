@@ -1,0 +1,346 @@
+"""Issue 19, item 3: every script that changes windows is sent at most once per call.
+
+Each non-idempotent operation (the gate in its plain, collect, leading+trailing and
+capped forms and with WAIT, a bulk chunk with and without WAIT, cancel, flush, flush
+of many, take, claim, finish, quarantine) runs through the fault proxy
+(tests/fault_proxy.py) under each fault: the reply lost after the command ran
+(``drop``), a server that never answers (``stall``), an error reply (``error``: OOM;
+``error-readonly``, ``error-noperm``, ``error-loading``), NOSCRIPT (``noscript``: it did
+not run, sent again once loaded),
+every connection refused (``refuse``). Every case checks, from Redis: the operation's
+effect happened at most once (exactly once after NOSCRIPT, never after an error reply
+or a refusal); the caller has its answer in seconds; an error is a
+DebounceBackendError, and one whose command may have run says that its outcome is
+unknown (DebounceOutcomeUnknown). Cancel and bulk chunks learn their outcome after a
+lost reply (cancel's per-call token, the chunk's marker): they may succeed, once.
+
+Before the fix, a lost reply made ``_evalsha`` hand the command to redis-py again: a
+collect call was stored twice, a leading+trailing call of one ran twice, one call
+closed a ``max_calls=2`` window, cancel deleted the window then raised WindowNotFound
+(its result never revoked), flush flushed then raised WindowNotFound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from fault_proxy import FAULTS, FaultProxy, command, evalsha_of
+from helpers import make_app, wait_until
+
+from celery_debounce import (
+    DebounceAdmin,
+    DebounceBackendError,
+    DebouncedTask,
+    DebounceOutcomeUnknown,
+    enqueue_many,
+)
+from celery_debounce.local_redis import LocalRedis
+from celery_debounce.store import store_for
+
+TAG = "debounce:{0}"
+
+
+@dataclass
+class Case:
+    """One operation: ``setup`` (through the proxy, no fault armed) returns the act;
+    ``effect`` counts, in Redis, how many times the operation took effect."""
+
+    script: str
+    setup: Callable[[Celery, redis.Redis], Callable[[], Any]]
+    effect: Callable[[redis.Redis], int]
+    recovers: bool = False  # learns its outcome after a lost reply (may succeed)
+    several: bool = False  # several scripts in one write: the others than the one hit run
+    waited: bool = False  # with debounce_redis_wait_replicas=1 (each write then WAIT)
+
+
+def _task(app: Celery, **options: Any) -> Any:
+    options = {"debounce": "1h", "debounce_key": "k", "debounce_max_wait": "2h", **options}
+
+    @app.task(base=DebouncedTask, shared=False, name="t.work", **options)
+    def work(*args: Any) -> None: ...
+
+    return work
+
+
+def _records(r: redis.Redis) -> list[dict[bytes, bytes]]:
+    keys = [*r.scan_iter(match=f"{TAG}:open:*"), *r.scan_iter(match=f"{TAG}:win:*")]
+    return [r.hgetall(k) for k in keys]
+
+
+def _calls(r: redis.Redis) -> int:
+    return sum(int(rec.get(b"n", 0)) for rec in _records(r))
+
+
+def _evalshas(r: redis.Redis) -> int:
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _open(app: Celery, **options: Any) -> Any:
+    work = _task(app, **options)
+    return work, work.delay(0)
+
+
+def _taken(app: Celery, r: redis.Redis, claimed: bool = False) -> str:
+    """A window taken for dispatch (flushed: st dispatching), claimed if asked."""
+    work, first = _open(app)
+    DebounceAdmin(app).flush(work.name, "k")
+    if claimed:
+        store_for(app).claim(0, first.id)
+    return str(first.id)
+
+
+def gate_plain(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app)
+    return lambda: work.delay(1)
+
+
+def gate_collect(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce_collect=True)
+    return lambda: work.delay(1)
+
+
+def collected(r: redis.Redis) -> int:
+    return sum(int(r.llen(k)) for k in r.scan_iter(match=f"{TAG}:calls:*"))
+
+
+def gate_leading(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce_leading=True, debounce_trailing=True)
+    return lambda: work.delay(1)
+
+
+def windows(r: redis.Redis) -> int:
+    return len(_records(r))
+
+
+def gate_capped(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce_max_calls=2)
+    return lambda: work.delay(1)
+
+
+def bulk(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce_key="{0}")
+    enqueue_many(work, [(("warm",), {})])  # the script loaded: the act is its chunk alone
+    return lambda: enqueue_many(work, [((i,), {}) for i in range(3)])
+
+
+def most_calls(r: redis.Redis) -> int:
+    """The most calls a window of the act's keys (0, 1, 2: not the warm-up's) holds."""
+    keys = [k for k in r.scan_iter(match=f"{TAG}:open:*") if k[-2:] in (b":0", b":1", b":2")]
+    return max([int(r.hget(k, "n") or 0) for k in keys], default=0)
+
+
+def cancel(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work, first = _open(app)
+    admin = DebounceAdmin(app)
+    app.conf.test_window_id = first.id
+
+    def act() -> Any:
+        info = admin.cancel(work.name, "k")
+        # cancelled, so its result is revoked: nobody waits on it
+        assert app.AsyncResult(first.id).state == "REVOKED"
+        return info
+
+    return act
+
+
+def cancelled(r: redis.Redis) -> int:
+    counted = int(r.hget(f"{TAG}:stats", "x|t.work") or 0)
+    gone = not list(r.scan_iter(match=f"{TAG}:open:*"))
+    assert counted == int(gone), "the window is gone iff the cancel counted it"
+    return counted
+
+
+def flush(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work, _ = _open(app)
+    admin = DebounceAdmin(app)
+    return lambda: admin.flush(work.name, "k")
+
+
+def flushed(r: redis.Redis) -> int:
+    return int(r.zcard(f"{TAG}:leased"))
+
+
+def flush_all(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce_key="{0}")
+    work.delay("a")
+    work.delay("b")
+    admin = DebounceAdmin(app)
+
+    def act() -> Any:
+        assert admin.flush_all() == 2  # both flushed, each once
+    return act
+
+
+def flushed_each(r: redis.Redis) -> int:
+    # flushing a window twice is impossible to see in Redis (the second finds none):
+    # what it would get wrong is the count flush_all returns (checked in act)
+    return min(1, int(r.zcard(f"{TAG}:leased")))
+
+
+def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
+    def setup(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+        task_id = _taken(app, r, claimed=script == "finish")
+        store = store_for(app)
+        act = {
+            "claim": lambda: store.claim(0, task_id),
+            "finish": lambda: store.finish(0, task_id, "SUCCESS"),
+            "quarantine": lambda: store.quarantine(0, task_id, "injected"),
+        }[script]
+        r.config_resetstat()
+        return act
+    return setup
+
+
+def take(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    work = _task(app, debounce="1ms", debounce_key="{0}")
+    for key in ("a", "b"):
+        work.delay(key)
+    time.sleep(0.01)
+    store = store_for(app)
+    r.config_resetstat()
+    return lambda: store.take(0, 10)
+
+
+CASES = {
+    "take": Case("take", take, _evalshas),
+    "gate": Case("gate", gate_plain, _calls),
+    "gate-collect": Case("gate", gate_collect, collected),
+    "gate-leading-trailing": Case("gate", gate_leading, windows),
+    "gate-max-calls-2": Case("gate", gate_capped, _calls),
+    "bulk-chunk": Case("gate", bulk, most_calls, recovers=True, several=True),
+    "cancel": Case("cancel", cancel, cancelled, recovers=True),
+    "flush": Case("flush", flush, flushed),
+    "flush-all": Case("flush", flush_all, flushed_each, several=True),
+    "gate-wait-replicas": Case("gate", gate_plain, _calls, waited=True),
+    "bulk-chunk-wait-replicas": Case("gate", bulk, most_calls, recovers=True, several=True,
+                                     waited=True),
+    "claim": Case("claim", _mark("claim"), _evalshas),
+    "finish": Case("finish", _mark("finish"), _evalshas),
+    "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
+}
+
+
+@pytest.fixture(scope="module")
+def replica(redis_server: str) -> Iterator[LocalRedis]:
+    """A replica of the session's server: WAIT 1 is acknowledged."""
+    port = redis_server.rsplit(":", 1)[1]
+    with LocalRedis("--replicaof", "127.0.0.1", port) as server:
+        client = redis.Redis(port=server.port)
+        wait_until(lambda: client.info("replication")["master_link_status"] == "up", 15)
+        yield server
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_script_is_sent_at_most_once_under_every_fault(
+    name: str, fault: str, fault_proxy: FaultProxy, redis_client: redis.Redis,
+    redis_server: str, request: pytest.FixtureRequest,
+) -> None:
+    case = CASES[name]
+    if case.waited:
+        request.getfixturevalue("replica")
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(case.waited))
+    store = store_for(app)
+    for script in store.scripts.values():  # a lost NOSCRIPT reply would prove nothing
+        redis_client.script_load(script.script)
+    act = case.setup(app, redis_client)
+    before = case.effect(redis_client)
+    sha = store.scripts[case.script].sha
+    if fault == "refuse":
+        fault_proxy.refuse()
+    else:
+        # a bulk chunk's reply is its EXEC's; its error is one queued call's
+        chunk = name == "bulk-chunk" and fault in ("drop", "stall")
+        fault_proxy.arm(fault, command(b"EXEC") if chunk else evalsha_of(sha))
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        act()
+    except Exception as exc:
+        error = exc
+    elapsed = time.monotonic() - started
+    fault_proxy.disarm()
+    assert fault_proxy.fired == 1, "the fault was not injected"
+    effect = case.effect(redis_client) - before
+    assert elapsed < 8, f"the caller waited {elapsed:.1f} s"
+    assert effect <= 1, f"{name} took effect {effect} times"
+    if error is not None:
+        assert isinstance(error, DebounceBackendError), repr(error)
+    if name == "cancel" and effect:  # never a window dropped with its result unrevoked
+        assert app.AsyncResult(app.conf.test_window_id).state == "REVOKED"
+    if fault == "noscript":
+        assert error is None and effect == 1
+    elif fault.startswith("error") or fault == "refuse":
+        assert error is not None
+        if not case.several:
+            assert effect == 0
+            assert not isinstance(error, DebounceOutcomeUnknown) or fault == "refuse"
+        # several: after LOADING redis-py drops the connection, the later replies are lost
+    elif error is None:  # drop, stall: only an operation that learns its outcome succeeds
+        assert case.recovers and effect == 1, f"{name}: no error after a lost reply"
+    elif not case.recovers:
+        assert isinstance(error, DebounceOutcomeUnknown), repr(error)
+        assert "outcome is unknown" in str(error)
+
+
+def test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """The plain case by name: the call was counted once, the caller is told the outcome
+    is unknown; the next call joins the same window (n = 2, not 3)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0)
+    work = _task(app)
+    first = work.delay(0)
+    fault_proxy.arm("drop", evalsha_of(store_for(app).scripts["gate"].sha))
+    with pytest.raises(DebounceOutcomeUnknown, match="outcome is unknown"):
+        work.delay(1)
+    assert work.delay(2).id == first.id
+    assert _calls(redis_client) == 3
+
+
+def test_a_stats_reset_whose_rename_reply_was_lost_still_returns_the_counters(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """``reset_stats`` RENAMEs the counters away; redis-py sends a RENAME whose reply was
+    lost again, which finds no key: the counters it moved must still be returned (they
+    were reported as none, and lost)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0)
+    work, _ = _open(app)
+    DebounceAdmin(app).cancel(work.name, "k")
+    fault_proxy.arm("drop", command(b"RENAME"))
+    removed = DebounceAdmin(app).reset_stats()
+    assert fault_proxy.fired == 1
+    assert removed["t.work"].cancelled == 1
+
+
+def test_a_cancel_whose_reply_is_lost_while_redis_stays_down_is_revoked_once_it_is_back(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """The cancel ran, its reply was lost, and Redis refuses every connection longer
+    than the store tries to send it again: the caller gets DebounceOutcomeUnknown, and
+    once Redis answers the cancel's token key says the window was dropped: its result
+    is revoked then (before: deleted, never revoked, `.get()` waited forever)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=0.5)
+    for script in store_for(app).scripts.values():
+        redis_client.script_load(script.script)
+    work, first = _open(app)
+    fault_proxy.arm("drop", evalsha_of(store_for(app).scripts["cancel"].sha), then_refuse=True)
+    started = time.monotonic()
+    with pytest.raises(DebounceOutcomeUnknown, match="outcome is unknown"):
+        DebounceAdmin(app).cancel(work.name, "k")
+    assert time.monotonic() - started < 5
+    assert not list(redis_client.scan_iter(match=f"{TAG}:open:*"))  # it ran
+    assert app.AsyncResult(first.id).state == "PENDING"
+    fault_proxy.disarm()
+    wait_until(lambda: app.AsyncResult(first.id).state == "REVOKED", 10)
+    assert not list(redis_client.scan_iter(match=f"{TAG}:cancelled:*"))  # read, deleted
