@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app, package_keys
+from helpers import package_keys
 
 import celery_debounce.store as store_module
 from celery_debounce import DebounceBackendError, DebouncedTask
