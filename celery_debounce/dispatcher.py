@@ -296,6 +296,7 @@ class Dispatcher:
         broker as a whole, :attr:`broker_fault`) stops the pass at once, every shard
         included, and the time returned is the pass's back-off instead.
         """
+        self.store.check_server()  # read at start; again here if Redis was down then
         published = 0
         self.broker_fault = None
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
