@@ -63,6 +63,7 @@ class TaskStats:
     closed_by_cap: int = 0
     leading_runs: int = 0
     suppressed: int = 0
+    duplicates_skipped: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -100,6 +101,7 @@ class TaskStats:
         self.closed_by_cap += other.closed_by_cap
         self.leading_runs += other.leading_runs
         self.suppressed += other.suppressed
+        self.duplicates_skipped += other.duplicates_skipped
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -111,6 +113,7 @@ class TaskStats:
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
             "leading_runs": self.leading_runs, "suppressed": self.suppressed,
+            "duplicates_skipped": self.duplicates_skipped,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(

@@ -219,6 +219,11 @@ def active_key(tag: str) -> str:
     return f"{tag}:active"
 
 
+def claims_key(tag: str) -> str:
+    """zset task id -> claim lease expiry ms: windows a worker is running (claim.lua)."""
+    return f"{tag}:claims"
+
+
 def expiring_key(tag: str) -> str:
     """zset task id -> ms its message expires: published windows with ``expires``
     (expiring.lua), finished as REVOKED by expire.lua if still queued then."""
@@ -301,9 +306,11 @@ def taken_set_key(tag: str, name: str) -> str:
 
 #: Counter kinds in ``<tag>:stats`` (field ``<kind>|<task>``): runs, calls in them,
 #: forced by max wait, cancelled, closed by the call cap, leading runs (take.lua), calls
-#: suppressed after a leading run (gate.lua); ``l<b>`` is lateness bucket b.
+#: suppressed after a leading run (gate.lua), duplicate deliveries skipped (claim.lua);
+#: ``l<b>`` is lateness bucket b.
 COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
-                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed"}
+                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed",
+                 "d": "duplicates_skipped"}
 
 
 def split_counter(name: str) -> tuple[str, str]:

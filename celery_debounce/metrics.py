@@ -18,6 +18,8 @@ Metrics (all labelled ``task``; see docs/operations.md):
   dispatchers, when first taken)
 * ``celery_debounce_calls_suppressed_total``: calls a leading-only quiet period
   suppressed (producers)
+* ``celery_debounce_duplicates_skipped_total``: duplicate deliveries of a finished or
+  running window that a worker skipped (workers)
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
 
@@ -35,6 +37,7 @@ from .layout import LATE_BUCKETS_MS
 from .signals import (
     call_absorbed,
     call_suppressed,
+    duplicate_skipped,
     leading_run,
     window_cancelled,
     window_closed_by_cap,
@@ -45,7 +48,8 @@ from .signals import (
 
 #: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-            window_cancelled, window_closed_by_cap, leading_run, call_suppressed)
+            window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
+            duplicate_skipped)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
@@ -66,6 +70,7 @@ class Metrics:
     closed_by_cap: Any = None
     leading_runs: Any = None
     suppressed: Any = None
+    duplicates_skipped: Any = None
 
     def disable(self) -> None:
         """Disconnect the signal receivers (the metrics stay registered)."""
@@ -100,6 +105,9 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     suppressed = counter("calls_suppressed",
                          "Calls suppressed by the quiet period after a leading run "
                          "(debounce_leading=True, debounce_trailing=False).")
+    duplicates = counter("duplicates_skipped",
+                         "Duplicate deliveries of a finished or running window, skipped "
+                         "before the task's code.")
     dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
     lateness = Histogram("dispatch_lateness_seconds",
                          "Time from a window's deadline to its take by a dispatcher.",
@@ -132,13 +140,16 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_suppressed(sender: str, **_: Any) -> None:
         suppressed.labels(task=sender).inc()
 
+    def on_duplicate(sender: str, **_: Any) -> None:
+        duplicates.labels(task=sender).inc()
+
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
-                 on_closed_by_cap, on_leading, on_suppressed)
+                 on_closed_by_cap, on_leading, on_suppressed, on_duplicate)
     for signal, receiver in zip(_SIGNALS, receivers, strict=True):
         signal.connect(receiver, weak=False)
     return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
-                   receivers, closed_by_cap, leading_runs, suppressed)
+                   receivers, closed_by_cap, leading_runs, suppressed, duplicates)
 
 
 def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_poll_interval": 1.0,
     "debounce_dispatch_batch": 500,
     "debounce_dispatch_lease": 30.0,
+    "debounce_claim_lease": 60.0,
     "debounce_history_ttl": 3600,
     "debounce_record_ttl": 7 * 86400,
     "debounce_redis_timeout": 2.0,
@@ -53,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
 
 #: debounce_record_ttl must be at least this many dispatch leases (see Settings.check).
 RECORD_TTL_LEASES = 4
+
+#: Shortest debounce_claim_lease (ms): claims are renewed every third of it.
+MIN_CLAIM_LEASE_MS = 1000
 
 #: Strings accepted for a boolean setting (as environment-driven settings give them).
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -95,6 +99,8 @@ class Settings:
     redis_cluster: bool = False
     #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
     wait_replicas: int = 0
+    #: how long a worker's claim on a window's run lasts unless renewed (worker_signals.py)
+    claim_lease_ms: int = 60_000
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -133,6 +139,7 @@ class Settings:
             wait_replicas=_non_negative_int(
                 "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
             ),
+            claim_lease_ms=duration("debounce_claim_lease"),
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
@@ -145,6 +152,12 @@ class Settings:
             raise DebounceConfigError(
                 f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
                 f"cluster node, got debounce_redis_url={self.redis_url!r}"
+            )
+        if self.claim_lease_ms < MIN_CLAIM_LEASE_MS:
+            raise DebounceConfigError(
+                f"debounce_claim_lease={self.claim_lease_ms / 1000:g}s is too short: a worker "
+                f"renews its claims every third of the lease, so it must be at least "
+                f"{MIN_CLAIM_LEASE_MS / 1000:g}s"
             )
         floor = RECORD_TTL_LEASES * self.dispatch_lease_ms
         if self.record_ttl_ms < floor:

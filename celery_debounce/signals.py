@@ -25,6 +25,10 @@ Where they fire:
   leading run it was folded into, ``key, deadline`` (the quiet period's end), ``calls``
   (the quiet period's, leading call included)), as the stats count ``s|<task>``.
 * ``window_cancelled``: the process that cancelled it (``task_id, key, calls``).
+* ``duplicate_skipped``: the worker process that got a duplicate delivery of a window
+  (finished, or running under a live claim) and skipped it before the task's code
+  (``task_id, state``: the window's state, ``finished`` or ``claimed``), as the stats
+  count ``d|<task>``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from celery.utils.dispatch import Signal
 __all__ = [
     "call_absorbed",
     "call_suppressed",
+    "duplicate_skipped",
     "leading_run",
     "window_cancelled",
     "window_closed_by_cap",
@@ -65,3 +70,4 @@ leading_run = Signal(
 call_suppressed = Signal(
     name="call_suppressed", providing_args={"task_id", "key", "deadline", "calls"}
 )
+duplicate_skipped = Signal(name="duplicate_skipped", providing_args={"task_id", "state"})

@@ -61,6 +61,7 @@ from .layout import (
     bulk_marker_prefix,
     calls_key,
     cancel_marker_key,
+    claims_key,
     decode_record,
     dispatchers_key,
     due_key,
@@ -1292,14 +1293,43 @@ class WindowStore:
 
     # -- workers ---------------------------------------------------------------------------
     def record_keys(self, shard: Shard, task_id: str) -> list[str]:
-        """KEYS of claim.lua and finish.lua: the record, the lease set, the active set."""
+        """KEYS of claim.lua and finish.lua: the record, the lease, active and claims sets."""
         tag = self.tag(shard)
-        return [win_key(tag, task_id), leased_key(tag), active_key(tag)]
+        return [win_key(tag, task_id), leased_key(tag), active_key(tag), claims_key(tag)]
 
-    def claim(self, shard: Shard, task_id: str) -> str:
-        """Mark a window claimed; its state before ("" if the record is gone)."""
-        before, _ = self.run_once("claim", self.record_keys(shard, task_id), [task_id])
-        return as_text(before)
+    def claim_args(self, task_id: str, task_name: str, retry: bool) -> list[Any]:
+        return [task_id, self.settings.claim_lease_ms, "1" if retry else "0", task_name,
+                self.settings.history_ttl_ms]
+
+    def claim(self, shard: Shard, task_id: str, task_name: str = "",
+              retry: bool = False) -> tuple[str, bool]:
+        """Claim a window's run for one claim lease: ``(state before ("" if the record
+        is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
+        a live lease), which must not run."""
+        before, _, run = self.run_once("claim", self.record_keys(shard, task_id),
+                                       self.claim_args(task_id, task_name, retry))
+        return as_text(before), bool(int(run))
+
+    def renew(self, held: dict[str, list[str]]) -> None:
+        """Renew the claims ``held`` (claims key -> task ids) for one claim lease: one
+        pipelined round trip (one ``EVALSHA`` per claims key; per node on a cluster)."""
+        script = self.scripts["renew"]
+        lease = self.settings.claim_lease_ms
+        with translate_errors("renew"):
+            try:
+                self._renew(script.sha, held, lease)
+            except NoScriptError:
+                script.sha = self.client.script_load(script.script)
+                self._renew(script.sha, held, lease)
+
+    def _renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
+        with self.client.pipeline(transaction=False) as pipe:
+            for key, ids in held.items():
+                pipe.evalsha(sha, 1, key, lease, *ids)
+            pipe.execute()
+
+    def claims_key(self, shard: Shard) -> str:
+        return claims_key(self.tag(shard))
 
     def finish_args(self, task_id: str, state: str) -> list[Any]:
         return [task_id, state, self.settings.history_ttl_ms]

@@ -5,21 +5,43 @@ record does not linger as ``queued`` until ``debounce_record_ttl``: an unregiste
 task name (``task_unknown``: state ``REJECTED``), an invalid message
 (``task_rejected``: ``REJECTED``) and a revoked or expired one (``task_revoked``:
 ``REVOKED``).
+
+Claims have a lease (``debounce_claim_lease``): each process that runs tasks (a
+prefork child, a solo, threads or gevent worker) renews the claims of the runs it is
+running from one daemon thread, one pipelined round trip per third of the lease
+(:class:`_Renewer`), so a claim whose worker died goes stale within one lease and
+``take.lua`` releases it. A delivery of a window that already finished, or whose
+claim is live, is a duplicate: it is skipped before the task's code runs (the hook
+:func:`install_skip` gives every task's ``before_start``, which raises ``Ignore``),
+logged at INFO, counted (stats ``d|<task>``) and signalled (``duplicate_skipped``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import Any
 
 from celery import Celery, Task, states
-from celery.signals import task_postrun, task_prerun, task_rejected, task_revoked, task_unknown
+from celery.app.trace import build_tracer, task_has_custom
+from celery.exceptions import Ignore
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    task_rejected,
+    task_revoked,
+    task_unknown,
+    worker_init,
+    worker_process_init,
+)
 
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
 from .collect import COLLECT_HEADER, plain_call_of
 from .layout import SHARD_HEADER, TAG_HEADER, is_tag_of
-from .store import store_for
+from .signals import duplicate_skipped
+from .store import WindowStore, store_for
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -55,22 +77,164 @@ def _window_shard(task: Task) -> str | int | None:
     return _request_shard(task.request, task.app)
 
 
+#: Attribute set on the request of a duplicate delivery: its body must not run.
+SKIP = "debounce_duplicate"
+
+
 def _claim(task_id: str, task: Task, **_: Any) -> None:
     shard = _window_shard(task)
     if shard is None:
         return
     store = store_for(task.app)
+    retry = bool(task.request.retries)
     try:
-        before = store.claim(shard, task_id)
+        before, run = store.claim(shard, task_id, task.name, retry)
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
-        marks.keep(store, "claim", store.record_keys(shard, task_id), [task_id], exc)
+        marks.keep(store, "claim", store.record_keys(shard, task_id),
+                   store.claim_args(task_id, task.name, retry), exc)
+        _renewer.hold(store, store.claims_key(shard), task_id)
         return
-    if before in ("claimed", "finished") and not task.request.retries:
-        logger.warning(
-            "debounce: %s[%s] runs again (window was %s): redelivered or republished",
-            task.name, task_id, before,
-        )
+    if not run:
+        if getattr(type(task), _HOOK, False):
+            setattr(task.request, SKIP, True)
+            logger.info(
+                "debounce: %s[%s] skipped: a duplicate delivery of a window %s "
+                "(redelivered or republished); its callers get the first run's outcome",
+                task.name, task_id, "already finished" if before == "finished"
+                else "running under a live claim")
+            if duplicate_skipped.receivers:
+                duplicate_skipped.send(sender=task.name, task_id=task_id, state=before)
+            return
+        logger.warning("debounce: %s[%s] runs again (window was %s): the task has no "
+                       "duplicate-skip hook here (registered after the worker started?)",
+                       task.name, task_id, before)
+    elif before in ("claimed", "stale") and not retry:
+        logger.warning("debounce: %s[%s] runs again: its previous claim went stale "
+                       "(its worker died or stopped renewing)", task.name, task_id)
+    _renewer.hold(store, store.claims_key(shard), task_id)
+
+
+# -- claim leases ------------------------------------------------------------------------
+
+class _Renewer:
+    """The claims this process runs, renewed by one daemon thread every third of the
+    claim lease: one pipelined round trip per store and period, however many runs.
+
+    Started at the first claim in a process (after a prefork fork: the parent's thread
+    is not in the child). A run that holds the GIL (a C extension that does not release
+    it), or under gevent a greenlet that never yields, stops the renewal: past one lease
+    its claim is stale and a redelivery may run it again (docs/configuration.md).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[WindowStore, dict[str, dict[str, int]]] = {}
+        self.pid = os.getpid()
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+
+    def hold(self, store: WindowStore, key: str, task_id: str) -> None:
+        with self.lock:
+            if self.pid != os.getpid():  # a forked child
+                self.held.clear()
+                self.pid, self.thread, self.wake = os.getpid(), None, threading.Event()
+            ids = self.held.setdefault(store, {}).setdefault(key, {})
+            ids[task_id] = ids.get(task_id, 0) + 1
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="debounce-claims",
+                                               daemon=True, args=(self.wake,))
+                self.thread.start()
+
+    def drop(self, store: WindowStore, key: str, task_id: str) -> None:
+        with self.lock:
+            ids = self.held.get(store, {}).get(key)
+            if not ids or task_id not in ids:
+                return
+            ids[task_id] -= 1
+            if ids[task_id] <= 0:
+                del ids[task_id]
+            if not ids:
+                del self.held[store][key]
+                if not self.held[store]:
+                    del self.held[store]
+
+    def snapshot(self) -> list[tuple[WindowStore, dict[str, list[str]]]]:
+        with self.lock:
+            return [(store, {key: list(ids) for key, ids in keys.items()})
+                    for store, keys in self.held.items() if keys]
+
+    def renew_now(self) -> None:
+        for store, held in self.snapshot():
+            try:
+                store.renew(held)
+            except Exception as exc:
+                logger.warning("debounce: could not renew %d claim(s): %s",
+                               sum(map(len, held.values())), exc)
+
+    def _run(self, wake: threading.Event) -> None:
+        while True:
+            periods = [store.settings.claim_lease_ms for store, _ in self.snapshot()]
+            wake.wait(min(periods, default=MIN_PERIOD_MS * 3) / 3000)
+            if wake.is_set():
+                return
+            self.renew_now()
+
+
+#: Shortest renewal period (ms), whatever the lease (settings refuse leases below 1 s).
+MIN_PERIOD_MS = 1000
+
+_renewer = _Renewer()
+
+
+# -- the duplicate skip ---------------------------------------------------------------------
+
+_HOOK = "_debounce_skip_hook"
+
+
+def _skip_hook(original: Any) -> Any:
+    def before_start(self: Task, task_id: str, args: Any, kwargs: Any) -> None:
+        if getattr(self.request, SKIP, False):
+            raise Ignore()
+        if original is not None:
+            original(self, task_id, args, kwargs)
+    return before_start
+
+
+def install_skip(app: Celery) -> bool:
+    """Give every task of ``app`` (Celery's own ``celery.*`` tasks aside) a
+    ``before_start`` that raises ``Ignore`` for a duplicate delivery, keeping a
+    ``before_start`` the task had. Celery's tracer calls ``before_start`` inside the
+    block that turns ``Ignore`` into an ignored run (no result stored, message acked);
+    an exception in a ``task_prerun`` receiver is only logged, so the skip cannot be
+    raised there. True if some task class was changed (its tracer must be rebuilt)."""
+    changed = False
+    for name, task in list(app.tasks.items()):
+        cls = type(task)
+        if name.startswith("celery.") or cls.__dict__.get(_HOOK):
+            continue
+        original = cls.before_start if task_has_custom(task, "before_start") else None
+        cls.before_start = _skip_hook(original)
+        setattr(cls, _HOOK, True)
+        changed = True
+    return changed
+
+
+def _install_in_worker(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        install_skip(app)
+
+
+def _install_in_child(sender: Any = None, **_: Any) -> None:
+    """A prefork child: the classes came patched from the parent (fork), unless it is a
+    fresh interpreter (spawn): patch them then and rebuild the tracers built before."""
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    if install_skip(app):
+        for name, task in app.tasks.items():
+            task.__trace__ = build_tracer(name, task, app.loader, sender, app=app)
 
 
 def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
@@ -125,7 +289,11 @@ def _finished(app: Celery, task_id: str, aliases: list[Any], state: str, retval:
 def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
             **_: Any) -> None:
     shard = _window_shard(task)
-    if shard is None or state is None or state not in _FINAL:
+    if shard is None or getattr(task.request, SKIP, False):
+        return  # a skipped duplicate: the first run holds and finishes the window
+    store = store_for(task.app)
+    _renewer.drop(store, store.claims_key(shard), task_id)
+    if state is None or state not in _FINAL:
         return
     _finish_window(task.app, shard, task_id, task.name, state, retval)
 
@@ -165,3 +333,5 @@ task_postrun.connect(_finish, weak=False)
 task_revoked.connect(_revoked, weak=False)
 task_unknown.connect(_dropped, weak=False)
 task_rejected.connect(_dropped, weak=False)
+worker_init.connect(_install_in_worker, weak=False)
+worker_process_init.connect(_install_in_child, weak=False)

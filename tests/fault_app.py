@@ -22,11 +22,12 @@ from celery_debounce import DebouncedTask
 
 
 def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
-          visibility: float = 2.0, **conf: object) -> Celery:
+          visibility: float = 2.0, claim_lease: float = 2.0, **conf: object) -> Celery:
     """The fault-test app; the same task names in the test process and in subprocesses.
 
     ``visibility`` is the broker's visibility timeout (an unacked ``acks_late`` message
-    is delivered again after it); ``conf`` overrides any other setting."""
+    is delivered again after it); ``claim_lease`` the workers' claim lease (a killed
+    worker's claim goes stale after it); ``conf`` overrides any other setting."""
     app = Celery("fault_app", set_as_current=False)
     app.conf.update(
         broker_url=broker_url or f"{redis_url}/1",
@@ -34,6 +35,7 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
         debounce_redis_url=f"{redis_url}/0",
         debounce_poll_interval=0.2,
         debounce_dispatch_lease=lease,
+        debounce_claim_lease=claim_lease,
         debounce_redis_timeout=1,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
@@ -77,6 +79,8 @@ app = build(
     os.environ.get("FAULT_REDIS", "redis://127.0.0.1:6379"),
     os.environ.get("FAULT_BROKER"),
     float(os.environ.get("FAULT_LEASE", "1")),
+    claim_lease=float(os.environ.get("FAULT_CLAIM_LEASE", "2")),
+    task_acks_late=os.environ.get("FAULT_ACKS_LATE", "1") == "1",
 )
 
 

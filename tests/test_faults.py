@@ -28,8 +28,10 @@ from fault_app import build
 from helpers import running_worker, stop_process, wait_until
 
 from celery_debounce import DebounceBackendError
+from celery_debounce.admin import DebounceAdmin
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_redis import LocalRedis
+from celery_debounce.signals import duplicate_skipped
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.slow
@@ -48,14 +50,16 @@ def env_for(redis_url: str, broker_url: str | None = None) -> dict[str, str]:
 
 @contextmanager
 def worker_process(redis_url: str, log: Path, broker_url: str | None = None,
-                   name: str = "w1") -> Iterator[subprocess.Popen[bytes]]:
+                   name: str = "w1", extra_env: dict[str, str] | None = None,
+                   ) -> Iterator[subprocess.Popen[bytes]]:
     """``celery -A fault_app worker`` (solo pool, embedded dispatcher) in a subprocess."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "fault_app", "worker", "--pool", "solo",
              "--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
              "--without-heartbeat"],
-            cwd=TESTS, env=env_for(redis_url, broker_url), stdout=out, stderr=subprocess.STDOUT,
+            cwd=TESTS, env={**env_for(redis_url, broker_url), **(extra_env or {})}, stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 30)
@@ -107,11 +111,12 @@ def test_dispatcher_killed_between_take_and_publish_the_window_runs_once(
     assert record[b"st"] == b"finished" and record[b"tries"] == b"2"
 
 
-def test_dispatcher_killed_after_publish_before_ack_runs_twice(
+def test_dispatcher_killed_after_publish_before_ack_runs_the_body_once(
     redis_server: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The documented at-least-once case: the publish reached the broker, the ack did
-    not reach Redis, no worker claimed the window before the lease expired."""
+    """The publish reached the broker, the ack did not reach Redis, no worker claimed
+    the window before the lease expired: the window is published again (two messages),
+    and the second delivery, finding the window finished, is skipped before the body."""
     app = build(redis_server)
     call = app.tasks["faults.record"].delay("b")
     wait_until(lambda: list_windows(app)[0].deadline <= time.time(), 5)
@@ -119,29 +124,36 @@ def test_dispatcher_killed_after_publish_before_ack_runs_twice(
     assert doomed_dispatcher(redis_server, publish=True) == [call.id]
     dispatcher = Dispatcher(app, name="survivor")
     wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)  # after the lease: republished
-    caplog.set_level(logging.WARNING, "celery_debounce.worker")
+    caplog.set_level(logging.INFO, "celery_debounce.worker")
     key = f"debounce:{{0}}:win:{call.id}"
-    redis_client.set("block:b:2", 1)  # hold the second run once it started
-    with running_worker(app, loglevel="INFO"):
-        wait_until(lambda: len(runs(redis_client, "b")) == 2, 15)
-        # the duplicate run does not reopen the finished window (claim.lua claims only
-        # dispatching or queued records): still finished, not active, first claim kept
-        first = redis_client.hgetall(key)
-        assert (first[b"st"], first[b"rs"]) == (b"finished", b"SUCCESS")
-        assert redis_client.zscore("debounce:{0}:active", call.id) is None
-        assert f"faults.record[{call.id}] runs again (window was finished)" in caplog.text
-        redis_client.delete("block:b:2")
-        wait_until(lambda: not list_windows(app), 10)
-    assert runs(redis_client, "b") == [call.id, call.id]
-    record = redis_client.hgetall(key)
-    assert record[b"st"] == b"finished" and record[b"ca"] == first[b"ca"]
+    skipped: list[dict[str, Any]] = []
+
+    def on_skip(sender: str, **kwargs: Any) -> None:
+        skipped.append(dict(kwargs, sender=sender))
+
+    duplicate_skipped.connect(on_skip)
+    try:
+        with running_worker(app, loglevel="INFO"):
+            wait_until(lambda: skipped, 15)
+            wait_until(lambda: not list_windows(app), 10)
+    finally:
+        duplicate_skipped.disconnect(on_skip)
+    assert runs(redis_client, "b") == [call.id]  # the body ran once
+    first = redis_client.hgetall(key)
+    assert (first[b"st"], first[b"rs"]) == (b"finished", b"SUCCESS")  # not IGNORED
+    assert redis_client.zscore("debounce:{0}:active", call.id) is None
+    assert f"faults.record[{call.id}] skipped: a duplicate delivery" in caplog.text
+    assert skipped == [{"sender": "faults.record", "task_id": call.id, "state": "finished",
+                        "signal": duplicate_skipped}]
+    assert redis_client.hget("debounce:{0}:stats", "d|faults.record") == b"1"
+    assert DebounceAdmin(app).stats().tasks["faults.record"].duplicates_skipped == 1
     # the next call opens a new window, which runs once
     nxt = app.tasks["faults.record"].delay("b")
     assert nxt.id != call.id
     with running_worker(app):
-        wait_until(lambda: len(runs(redis_client, "b")) == 3, 15)
+        wait_until(lambda: len(runs(redis_client, "b")) == 2, 15)
         wait_until(lambda: not list_windows(app), 10)
-    assert runs(redis_client, "b") == [call.id, call.id, nxt.id]
+    assert runs(redis_client, "b") == [call.id, nxt.id]
 
 
 def test_a_worker_claiming_before_the_lease_expires_stops_the_republish(
@@ -289,6 +301,8 @@ def test_broker_down_windows_wait_and_run_once_it_is_back(
 def test_worker_killed_mid_run_with_acks_late_is_redelivered(
     redis_server: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
+    """The killed run's claim goes stale within its 2 s lease; the redelivered message
+    then runs again (at least once for a crash mid-run)."""
     app = build(redis_server)
     redis_client.set("block:w", 1)
     call = app.tasks["faults.record"].delay("w")
@@ -296,6 +310,10 @@ def test_worker_killed_mid_run_with_acks_late_is_redelivered(
         wait_until(lambda: runs(redis_client, "w") == [call.id], 15)
         delivered = time.monotonic()
         assert [w.state for w in list_windows(app)] == ["claimed"]
+        # renewed while the run lasts: past two leases it is still claimed
+        time.sleep(4.5)
+        assert [w.state for w in list_windows(app)] == ["claimed"]
+        delivered = time.monotonic()
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
     redis_client.delete("block:w")
@@ -315,7 +333,36 @@ def test_worker_killed_mid_run_with_acks_late_is_redelivered(
         wait_until(lambda: len(runs(redis_client, "w")) == 3, 15)
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, "w") == [call.id, call.id, nxt.id]
-    assert "runs again (window was claimed)" in (tmp_path / "w2.log").read_text()
+    assert not redis_client.exists("debounce:{0}:claims")
+    assert "runs again: its previous claim went stale" in (tmp_path / "w2.log").read_text()
+
+
+def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_lease(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Without acks_late the message was acked when the run started: the run is lost
+    (Celery's at-most-once), and its claim goes stale within one claim lease (2 s) and
+    is released, instead of staying claimed until debounce_record_ttl."""
+    app = build(redis_server)
+    redis_client.set("block:n", 1)
+    call = app.tasks["faults.record"].delay("n")
+    with worker_process(redis_server, tmp_path / "w1.log",
+                        extra_env={"FAULT_ACKS_LATE": "0"}) as worker:
+        wait_until(lambda: runs(redis_client, "n") == [call.id], 15)
+        assert [w.state for w in list_windows(app)] == ["claimed"]
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        killed = time.monotonic()
+    redis_client.delete("block:n")
+    record = f"debounce:{{0}}:win:{call.id}"
+    dispatcher = Dispatcher(app, name="survivor")
+    wait_until(lambda: dispatcher.dispatch_once() is not None
+               and redis_client.hget(record, "st") == b"stale", 10)
+    assert time.monotonic() - killed < 2.0 + 1.5  # one lease and a dispatcher pass
+    assert redis_client.zscore("debounce:{0}:active", call.id) is None
+    assert not redis_client.exists("debounce:{0}:claims")
+    assert not list_windows(app)
+    assert runs(redis_client, "n") == [call.id]  # nothing redelivered it
 
 
 # -- redis-server restart ----------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -77,8 +78,8 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: Backend) -> None:
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
-    keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
-    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    keys = backend.record_keys(0, first.task_id)
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     assert backend.client.hget(keys[0], "st") == b"finished"
     assert 0 < backend.client.pttl(keys[0]) <= 60_000
@@ -91,21 +92,78 @@ def test_claim_refuses_a_finished_or_claimed_record(backend: Backend) -> None:
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
-    keys = [f"{tag}:win:{first.task_id}", f"{tag}:leased", f"{tag}:active"]
-    assert backend.run("claim", keys, [first.task_id])[0] == b"dispatching"
+    keys = backend.record_keys(0, first.task_id)
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     claimed_at = backend.client.hget(keys[0], "ca")
-    # a redelivered message: claimed again -> left as it is
-    assert backend.run("claim", keys, [first.task_id])[0] == b"claimed"
+    # a redelivered message under a live claim: a duplicate, not run, record left as it is
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
+        b"claimed", 0]
     assert backend.client.hget(keys[0], "ca") == claimed_at
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     record = backend.client.hgetall(keys[0])
-    # a republished message after the run: never claimed again
-    assert backend.run("claim", keys, [first.task_id])[0] == b"finished"
+    # a republished message after the run: never claimed again, not run
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
+        b"finished", 0]
     assert backend.client.hgetall(keys[0]) == record
     assert backend.client.zscore(f"{tag}:active", first.task_id) is None
     assert backend.client.zscore(f"{tag}:leased", first.task_id) is None
     # a record that is gone
-    assert backend.run("claim", [f"{tag}:win:gone", *keys[1:]], ["gone"])[0] == b""
+    assert backend.run("claim", [f"{tag}:win:gone", *keys[1:]], _claim(backend, "gone"))[0] == b""
+
+
+def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Backend) -> None:
+    """A claim lasts one claim lease; renew.lua extends it (never recreating one that
+    left); past its lease take.lua releases it: out of the active set, state stale."""
+    backend.settings = replace(backend.settings, claim_lease_ms=1000)
+    tag = backend.settings.tag(0)
+    first = call(backend, "k", window="1ms", max_wait="1s")
+    wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    keys = backend.record_keys(0, first.task_id)
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[2] == 1
+    claims = backend.claims_key(0)
+    for _ in range(4):  # 1.2 s of renewals every 0.3 s: still claimed
+        time.sleep(0.3)
+        backend.renew({claims: [first.task_id, "never-claimed"]})
+        take_due(backend, 0, 10)
+    assert backend.client.hget(keys[0], "st") == b"claimed"
+    assert backend.client.zscore(claims, "never-claimed") is None  # XX: not created
+    # no renewal: stale within the lease, released by the next take
+    wait_until(lambda: take_due(backend, 0, 10) and
+               backend.client.hget(keys[0], "st") == b"stale", timeout=3)
+    assert backend.client.zscore(f"{tag}:active", first.task_id) is None
+    assert not backend.client.exists(claims)
+    backend.renew({claims: [first.task_id]})  # a late renewal brings nothing back
+    assert not backend.client.exists(claims)
+    # a redelivery of the stale window runs (at least once for a run that died)
+    before, _, run = backend.run("claim", keys, _claim(backend, first.task_id))
+    assert (before, run) == (b"stale", 1)
+    assert backend.client.hget(keys[0], "st") == b"claimed"
+
+
+def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
+        backend: Backend) -> None:
+    """A delivery skipped because a claim was live (RabbitMQ requeues a dead worker's
+    message at once, before its claim lapses) must not lose the run: when that claim
+    lapses, take.lua publishes the window again (same id), and it runs."""
+    backend.settings = replace(backend.settings, claim_lease_ms=1000)
+    first = call(backend, "k", window="1ms", max_wait="1s", payload=5)
+    wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    keys = backend.record_keys(0, first.task_id)
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[2] == 1
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"claimed", 0]
+    assert backend.client.hget(f"{backend.settings.tag(0)}:stats", "d|t") == b"1"
+    (again,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=4)
+    assert again.task_id == first.task_id and again.payload == b'[["k", 5], {}, {}]'
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
+        b"dispatching", 1]
+    # a retry of the run takes a live claim over
+    retry = backend.claim_args(first.task_id, "t", True)
+    assert backend.run("claim", keys, retry)[::2] == [b"claimed", 1]
+
+
+def _claim(backend: Backend, task_id: str) -> list[object]:
+    """claim.lua's ARGV for a first delivery of ``task_id`` (task name ``t``)."""
+    return backend.claim_args(task_id, "t", False)
 
 
 def _record(backend: Backend, task_id: str) -> dict[bytes, bytes]:
@@ -121,9 +179,9 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: Backend, stage: s
     first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
     assert first.task_id == "reindex-7"
     (_taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
-    keys = [f"{tag}:win:reindex-7", f"{tag}:leased", f"{tag}:active"]
+    keys = backend.record_keys(0, "reindex-7")
     if stage in ("claimed", "finished"):
-        backend.run("claim", keys, ["reindex-7"])
+        backend.run("claim", keys, _claim(backend, "reindex-7"))
     if stage == "finished":
         backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
     before = _record(backend, "reindex-7")
@@ -185,7 +243,8 @@ def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: Backend) 
     """Runs claimed and never finished (worker killed without acks_late): once their
     records expire, take.lua prunes their ids from the active set; nothing but the
     TTL'd stats is left."""
-    backend.settings = replace(backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500)
+    backend.settings = replace(backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500,
+                               claim_lease_ms=1000)
     tag = backend.settings.tag(0)
     ids = [call(backend, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(5)]
     ids += [call(backend, "chosen", window="1ms", max_wait="1s", task_id="mine").task_id]
@@ -195,7 +254,7 @@ def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: Backend) 
     assert sorted(taken) == sorted(ids)
     backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids[:3]])
     for tid in ids[2:]:  # claimed, then the worker dies: no finish
-        backend.run("claim", [f"{tag}:win:{tid}", f"{tag}:leased", f"{tag}:active"], [tid])
+        backend.run("claim", backend.record_keys(0, tid), _claim(backend, tid))
     assert backend.client.zcard(f"{tag}:active") == len(ids)
     wait_until(lambda: not backend.client.exists(*(f"{tag}:win:{t}" for t in ids)), timeout=10)
     wait_until(lambda: take_due(backend, 0, 10).next_in_ms == -1 and not backend.client.exists(

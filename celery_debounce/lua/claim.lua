@@ -1,23 +1,51 @@
--- claim.lua: a worker started the window's run (task_prerun).
+-- claim.lua: a worker is about to run the window's message (task_prerun).
 --
--- KEYS[1]  <tag>:win:<id>  hash; st "dispatching"/"queued" -> "claimed", ca claimed ms
+-- KEYS[1]  <tag>:win:<id>  hash; st "dispatching"/"queued"/"stale" -> "claimed", ca claimed ms
 -- KEYS[2]  <tag>:leased    zset; the id leaves it (never taken again)
 -- KEYS[3]  <tag>:active    zset; the id is added (NX, scored now) and stays until finished
--- ARGV[1]  task id
+-- KEYS[4]  <tag>:claims    zset task id -> claim lease expiry ms (now + ARGV[2]); renewed by
+--                          the running worker (renew.lua), removed by finish.lua, and a
+--                          claim past its expiry is released by take.lua (state "stale")
+-- ARGV[1]  task id   ARGV[2]  claim lease ms   ARGV[3]  "1": a retry of the run (it takes
+--          the claim over)   ARGV[4]  task name (stats)   ARGV[5]  history TTL ms (stats)
 --
--- A record in any other state (claimed, finished, quarantined) is left as it is:
--- a redelivered or republished run never claims twice.
--- Returns {state before the claim ("" if the record is gone), now ms}.
+-- Effectively once: a delivery of a window that is finished, or claimed under a live
+-- lease, is a duplicate (a dispatcher killed after publish and before ack, a failover
+-- republishing, a broker redelivery): it must not run. It is counted (stats d|<task>)
+-- and a claimed one is marked (field rd 1): if that claim then goes stale, take.lua
+-- publishes the window again instead of leaving it to a redelivery that was skipped.
+-- A claim whose lease passed (its worker died, take.lua has not released it yet) is
+-- taken over. A quarantined record, or one that is gone, runs as before (not claimed).
+-- Returns {state before the claim ("" if the record is gone), now ms, 1 run / 0 skip}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
-  return {'', now}
+  return {'', now, 1}
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-if st == 'dispatching' or st == 'queued' then
-  redis.call('HSET', KEYS[1], 'st', 'claimed', 'ca', string.format('%d', now))
-  redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
+local live = false
+if st == 'claimed' and ARGV[3] ~= '1' then
+  local until_ms = redis.call('ZSCORE', KEYS[4], ARGV[1])
+  live = until_ms and tonumber(until_ms) > now
 end
-return {st, now}
+if st == 'finished' or live then
+  if st == 'claimed' then
+    redis.call('HSET', KEYS[1], 'rd', '1')
+  end
+  local stats = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5) .. ':stats'
+  if pcall(redis.call, 'HINCRBY', stats, 'd|' .. ARGV[4], 1) then
+    if redis.call('PTTL', stats) < 0 then
+      redis.call('PEXPIRE', stats, ARGV[5])
+    end
+  end
+  return {st, now, 0}
+end
+if st == 'dispatching' or st == 'queued' or st == 'stale' or st == 'claimed' then
+  redis.call('HSET', KEYS[1], 'st', 'claimed', 'ca', string.format('%d', now))
+  redis.call('HDEL', KEYS[1], 'rd')
+  redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+end
+return {st, now, 1}

@@ -6,6 +6,7 @@
 --                          redelivered run stores them again
 -- KEYS[2]  <tag>:leased    zset; the id leaves it
 -- KEYS[3]  <tag>:active    zset; the id leaves it
+-- KEYS[4]  <tag>:claims    zset; the id leaves it (its claim lease ends)
 -- ARGV[1]  task id    ARGV[2]  final Celery state    ARGV[3]  history TTL ms
 --
 -- Returns {1 if a record was finished else 0, now ms, alias 1, alias 2, ...}.
@@ -14,10 +15,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, now}
 end
 redis.call('HSET', KEYS[1], 'st', 'finished', 'rs', ARGV[2], 'fa', string.format('%d', now))
+redis.call('HDEL', KEYS[1], 'rd')
 redis.call('HDEL', KEYS[1], 'p', 'o')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local reply = {1, now}

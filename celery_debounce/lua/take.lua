@@ -28,6 +28,13 @@
 --   <tag>:active        zset task id -> ms handed to the broker; at most PRUNE ids
 --                       older than the record TTL whose win:<id> is gone are removed
 --                       (a run killed without acks_late never finishes its record)
+--   <tag>:claims       zset task id -> claim lease expiry ms (claim.lua, renew.lua): at
+--                      most PRUNE ids whose lease passed are released: the id leaves
+--                      the claims and active sets and a "claimed" record becomes
+--                      "stale" (sa: ms), so nothing waits behind a dead run; one that
+--                      a duplicate delivery was skipped for (field rd, claim.lua) is
+--                      made "dispatching" with an expired lease instead, so
+--                      it is published again by the next take
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
@@ -146,6 +153,26 @@ local function window(key)
   row[13] = row[14]  -- fl: publish failures counted against it (release.lua)
   row[14] = nil
   return row
+end
+
+-- Claims whose lease passed: their worker died (or stopped renewing for a lease).
+-- ZREM first (maxmemory: see below).
+local claims = tag .. ':claims'
+local lapsed = redis.call('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)
+for _, id in ipairs(lapsed) do
+  redis.call('ZREM', claims, id)
+  local key = tag .. ':win:' .. id
+  local st = redis.pcall('HGET', key, 'st')
+  if st == 'claimed' then
+    redis.call('ZREM', tag .. ':active', id)
+    if redis.call('HGET', key, 'rd') then
+      redis.call('HDEL', key, 'rd')
+      redis.call('HSET', key, 'st', 'dispatching', 'sa', string.format('%d', now))
+      redis.call('ZADD', KEYS[2], now, id)
+    else
+      redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
+    end
+  end
 end
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)

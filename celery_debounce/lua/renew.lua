@@ -1,0 +1,16 @@
+-- renew.lua: a worker process renews the claims of the runs it is running.
+--
+-- KEYS[1]  <tag>:claims   zset task id -> claim lease expiry ms
+-- ARGV[1]  claim lease ms   ARGV[2..]  task ids
+--
+-- Only ids still in the set are renewed (XX): a claim take.lua released as stale, or
+-- one finish.lua removed, is not brought back. Returns how many were renewed.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = now + tonumber(ARGV[1])
+local renewed = 0
+for i = 2, #ARGV do
+  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', until_ms, ARGV[i])
+end
+return renewed
