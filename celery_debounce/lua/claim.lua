@@ -36,9 +36,7 @@ if st == 'finished' or live then
   end
   local stats = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5) .. ':stats'
   if pcall(redis.call, 'HINCRBY', stats, 'd|' .. ARGV[4], 1) then
-    if redis.call('PTTL', stats) < 0 then
-      redis.call('PEXPIRE', stats, ARGV[5])
-    end
+    redis.call('PEXPIRE', stats, ARGV[5])
   end
   return {st, now, 0}
 end

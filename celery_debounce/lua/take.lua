@@ -162,8 +162,8 @@ local lapsed = redis.call('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)
 for _, id in ipairs(lapsed) do
   redis.call('ZREM', claims, id)
   local key = tag .. ':win:' .. id
-  local st = redis.pcall('HGET', key, 'st')
-  if st == 'claimed' then
+  local state = redis.pcall('HGET', key, 'st')  -- a wrong-typed key: an error, left alone
+  if state == 'claimed' then
     redis.call('ZREM', tag .. ':active', id)
     if redis.call('HGET', key, 'rd') then
       redis.call('HDEL', key, 'rd')
