@@ -64,6 +64,8 @@ class TaskStats:
     leading_runs: int = 0
     suppressed: int = 0
     duplicates_skipped: int = 0
+    holds: int = 0
+    held_ms: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -102,6 +104,8 @@ class TaskStats:
         self.leading_runs += other.leading_runs
         self.suppressed += other.suppressed
         self.duplicates_skipped += other.duplicates_skipped
+        self.holds += other.holds
+        self.held_ms += other.held_ms
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -114,6 +118,7 @@ class TaskStats:
             "closed_by_cap": self.closed_by_cap,
             "leading_runs": self.leading_runs, "suppressed": self.suppressed,
             "duplicates_skipped": self.duplicates_skipped,
+            "holds": self.holds, "held_ms": self.held_ms,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(

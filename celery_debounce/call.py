@@ -18,7 +18,7 @@ from kombu.utils import json as kombu_json
 from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .key_templates import digest_key, resolve
-from .layout import shard_of, window_ident
+from .layout import EXCLUSIVE_HEADER, shard_of, window_ident
 from .message import call_options, encode_stored
 from .options import DebounceSpec
 from .settings import Settings
@@ -95,6 +95,8 @@ def prepare_call(
         embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
         if spec.collect:  # the worker knows the body's shape (collect.COLLECT_HEADER)
             stored["headers"] = {**stored.get("headers", {}), COLLECT_HEADER: 1}
+        if spec.exclusive:  # take.lua holds it while a run of its key is in progress
+            stored["headers"] = {**stored.get("headers", {}), EXCLUSIVE_HEADER: 1}
         options_json = encode_stored(stored)
         if static is not None and "parent_id" not in stored:
             static[task_name] = options_json

@@ -33,6 +33,11 @@ TAG_HEADER = "debounce_tag"
 #: record only for a reader with the writer's ``debounce_shards``.
 SHARD_HEADER = "debounce_shard"
 
+#: Header (in the stored options) of a ``debounce_exclusive`` window: ``take.lua`` finds
+#: it in the options JSON (``"debounce_exclusive"``) and holds the window while a run of
+#: its (task, key) is in progress (key :func:`run_key`).
+EXCLUSIVE_HEADER = "debounce_exclusive"
+
 #: Stored options of a call that has none (``o`` absent means this).
 EMPTY_OPTIONS = "{}"
 
@@ -219,6 +224,18 @@ def active_key(tag: str) -> str:
     return f"{tag}:active"
 
 
+def run_key(tag: str, ident: str) -> str:
+    """string: the id of the window of ``ident`` in progress (``debounce_exclusive``),
+    from its take until its run ends (finish.lua) or its claim goes stale (take.lua)."""
+    return f"{tag}:run:{ident}"
+
+
+def held_key(tag: str) -> str:
+    """zset ident -> ms of the next check: exclusive windows held while a run of their
+    key is in progress (take.lua); put back in the due set when that run ends."""
+    return f"{tag}:held"
+
+
 def claims_key(tag: str) -> str:
     """zset task id -> claim lease expiry ms: windows a worker is running (claim.lua)."""
     return f"{tag}:claims"
@@ -306,11 +323,12 @@ def taken_set_key(tag: str, name: str) -> str:
 
 #: Counter kinds in ``<tag>:stats`` (field ``<kind>|<task>``): runs, calls in them,
 #: forced by max wait, cancelled, closed by the call cap, leading runs (take.lua), calls
-#: suppressed after a leading run (gate.lua), duplicate deliveries skipped (claim.lua);
+#: suppressed after a leading run (gate.lua), duplicate deliveries skipped (claim.lua),
+#: exclusive windows held and the ms they were held, counted when taken (take.lua);
 #: ``l<b>`` is lateness bucket b.
 COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
                  "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed",
-                 "d": "duplicates_skipped"}
+                 "d": "duplicates_skipped", "h": "holds", "hm": "held_ms"}
 
 
 def split_counter(name: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from .names import PREFIX, unknown_name
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
     "debounce_max_calls", "debounce_leading", "debounce_trailing", "debounce_collect",
+    "debounce_exclusive",
 )
 
 _KNOWN = frozenset(OPTION_NAMES)
@@ -47,6 +48,7 @@ class DebounceSpec:
     leading: bool = False
     trailing: bool = True
     collect: bool = False  # True: the run receives every call (see collect.py)
+    exclusive: bool = False  # True: runs of one (task, key) never overlap (take.lua holds)
 
     @cached_property
     def edge(self) -> bytes | None:
@@ -72,6 +74,7 @@ class TaskDefaults:
     debounce_leading: Any = False
     debounce_trailing: Any = True
     debounce_collect: Any = False
+    debounce_exclusive: Any = False
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -86,6 +89,7 @@ class TaskDefaults:
         lead, _ = check_edges(defaults.debounce_leading, defaults.debounce_trailing)
         check_collect_leading(
             check_collect(defaults.debounce_collect, defaults.debounce_replace_payload), lead)
+        check_exclusive(defaults.debounce_exclusive, lead, defaults.debounce_max_calls)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -97,6 +101,7 @@ class TaskDefaults:
                 defaults.debounce_leading,
                 defaults.debounce_trailing,
                 defaults.debounce_collect,
+                defaults.debounce_exclusive,
             )
         return cls(
             defaults.debounce,
@@ -107,6 +112,7 @@ class TaskDefaults:
             defaults.debounce_leading,
             defaults.debounce_trailing,
             defaults.debounce_collect,
+            defaults.debounce_exclusive,
             spec,
         )
 
@@ -132,6 +138,7 @@ class TaskDefaults:
         leading = options.pop("debounce_leading", None)
         trailing = options.pop("debounce_trailing", None)
         collect = options.pop("debounce_collect", None)
+        exclusive = options.pop("debounce_exclusive", None)
         if collect is not None and collect_fixed and collect != self.debounce_collect:
             raise DebounceConfigError(
                 f"debounce_collect={collect!r} on a call of a task with "
@@ -149,6 +156,7 @@ class TaskDefaults:
             self.debounce_leading if leading is None else leading,
             self.debounce_trailing if trailing is None else trailing,
             self.debounce_collect if collect is None else collect,
+            self.debounce_exclusive if exclusive is None else exclusive,
             given_on_call=True,
         )
 
@@ -162,6 +170,7 @@ def build_spec(
     leading: Any = False,
     trailing: Any = True,
     collect: Any = False,
+    exclusive: Any = False,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
@@ -187,8 +196,10 @@ def build_spec(
     template = parse_template(key) if key is not None else None
     lead, trail = check_edges(leading, trailing)
     replace = _check_bool(replace)
-    return DebounceSpec(window, ceiling, template, replace, check_max_calls(max_calls),
-                        lead, trail, check_collect_leading(check_collect(collect, replace), lead))
+    cap = check_max_calls(max_calls)
+    return DebounceSpec(window, ceiling, template, replace, cap, lead, trail,
+                        check_collect_leading(check_collect(collect, replace), lead),
+                        check_exclusive(exclusive, lead, cap))
 
 
 def _check_bool(value: Any, name: str = "debounce_replace_payload") -> bool:
@@ -238,6 +249,25 @@ def check_collect(value: Any, replace: Any = False) -> bool:
             "keeps every call's payload, there is none to replace"
         )
     return value
+
+
+def check_exclusive(value: Any, leading: Any, max_calls: Any) -> bool:
+    """``debounce_exclusive``: True or False; refused with ``debounce_leading=True``
+    (a leading run is published at its first call, it cannot wait for a run) and with
+    ``debounce_max_calls`` (a window closed by its cap is published at once, it can
+    no longer absorb calls while it waits)."""
+    exclusive = _check_bool(value, "debounce_exclusive")
+    if exclusive and leading is True:
+        raise DebounceConfigError(
+            "debounce_exclusive=True with debounce_leading=True: a leading run is published "
+            "at its first call and cannot wait for a run of its key to end; use "
+            "debounce_leading=False with debounce_exclusive=True")
+    if exclusive and max_calls is not None:
+        raise DebounceConfigError(
+            f"debounce_exclusive=True with debounce_max_calls={max_calls!r}: a window closed "
+            "by its call cap is published at once and cannot wait for a run of its key to "
+            "end; drop debounce_max_calls (the max wait still bounds the window)")
+    return exclusive
 
 
 def check_collect_leading(collect: bool, leading: bool) -> bool:

@@ -34,7 +34,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     arguments), ``debounce_replace_payload``, ``debounce_max_calls`` (a cap on
     calls per window), ``debounce_leading`` / ``debounce_trailing`` (which edge of
     a burst runs, as lodash's ``debounce``) and ``debounce_collect`` (the run gets
-    every call; refused with ``debounce_leading=True``). The same names work per call on
+    every call; refused with ``debounce_leading=True``) and ``debounce_exclusive`` (runs of
+    one key never overlap). The same names work per call on
     ``apply_async``; ``debounce=False`` on a call publishes it plainly.
     """
 
@@ -46,6 +47,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_leading: bool = False
     debounce_trailing: bool = True
     debounce_collect: bool = False
+    debounce_exclusive: bool = False
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 

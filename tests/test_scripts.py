@@ -20,8 +20,8 @@ from celery_debounce.options import build_spec
 
 def call(backend: Backend, key: str, window: str = "1m", max_wait: str = "5m",
          replace: bool = False, payload: int = 0, task: str = "t",
-         task_id: str | None = None) -> GateResult:
-    spec = build_spec(window, "{0}", max_wait, replace)
+         task_id: str | None = None, exclusive: bool = False) -> GateResult:
+    spec = build_spec(window, "{0}", max_wait, replace, exclusive=exclusive)
     options: dict[str, object] = {}
     prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, options, None,
                             "json", task_id)
@@ -159,6 +159,44 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
     # a retry of the run takes a live claim over
     retry = backend.claim_args(first.task_id, "t", True)
     assert backend.run("claim", keys, retry)[::2] == [b"claimed", 1]
+
+
+@pytest.mark.parametrize("end", ["finish", "stale claim"])
+def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
+        backend: Backend, end: str) -> None:
+    """debounce_exclusive: a window of a key whose window is in progress (taken, queued
+    or claimed) is held: not taken, still open to calls; the run's end (finish.lua, or
+    its claim lapsing) makes it due at once. A non-exclusive window is never held."""
+    backend.settings = replace(backend.settings, claim_lease_ms=1000)
+    tag = backend.settings.tag(0)
+    first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
+    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    assert taken.task_id == first.task_id
+    assert backend.client.get(f"{tag}:run:1:t:k") == first.task_id.encode()
+    keys = backend.record_keys(0, first.task_id)
+    backend.run("claim", keys, _claim(backend, first.task_id))
+    second = call(backend, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
+    other = call(backend, "other", window="1ms", max_wait="1s", exclusive=True)
+    plain = call(backend, "plain", window="1ms", max_wait="1s")  # not exclusive
+    time.sleep(0.05)
+    got = {w.task_id for w in take_due(backend, 0, 10).windows}
+    assert got == {other.task_id, plain.task_id}  # k is held
+    assert backend.client.zscore(f"{tag}:held", "1:t:k") is not None
+    # it keeps absorbing calls
+    joined = call(backend, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
+    assert not joined.opened and joined.task_id == second.task_id and joined.calls == 2
+    time.sleep(0.05)
+    assert take_due(backend, 0, 10).windows == []  # held again, not taken
+    if end == "finish":
+        backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])
+    else:  # its worker died: no renewal; the lapsed claim frees the key
+        time.sleep(1.1)
+    (follow,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=3)
+    assert follow.task_id == second.task_id and follow.calls == 2
+    assert backend.client.get(f"{tag}:run:1:t:k") == second.task_id.encode()
+    assert backend.client.zscore(f"{tag}:held", "1:t:k") is None
+    stats = backend.client.hgetall(f"{tag}:stats")
+    assert stats[b"h|t"] == b"1" and int(stats[b"hm|t"]) > 0
 
 
 def _claim(backend: Backend, task_id: str) -> list[object]:

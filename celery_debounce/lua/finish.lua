@@ -7,6 +7,8 @@
 -- KEYS[2]  <tag>:leased    zset; the id leaves it
 -- KEYS[3]  <tag>:active    zset; the id leaves it
 -- KEYS[4]  <tag>:claims    zset; the id leaves it (its claim lease ends)
+-- Touches, by name (same tag): <tag>:run:<ident>, <tag>:held, <tag>:open:<ident>,
+--   <tag>:due: the key of a debounce_exclusive window is freed (see take.lua)
 -- ARGV[1]  task id    ARGV[2]  final Celery state    ARGV[3]  history TTL ms
 --
 -- Returns {1 if a record was finished else 0, now ms, alias 1, alias 2, ...}.
@@ -18,6 +20,20 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, now}
+end
+-- a debounce_exclusive window (take.lua set <tag>:run:<ident> to its id): its key is
+-- free; a window held behind it (<tag>:held) is due now
+local ident = redis.call('HGET', KEYS[1], 'i')
+if ident then
+  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5)
+  local run = tag .. ':run:' .. ident
+  if redis.pcall('GET', run) == ARGV[1] then
+    redis.call('DEL', run)
+    if redis.call('ZREM', tag .. ':held', ident) == 1 and
+        redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
+      redis.call('ZADD', tag .. ':due', now, ident)
+    end
+  end
 end
 redis.call('HSET', KEYS[1], 'st', 'finished', 'rs', ARGV[2], 'fa', string.format('%d', now))
 redis.call('HDEL', KEYS[1], 'rd')

@@ -35,6 +35,19 @@
 --                      a duplicate delivery was skipped for (field rd, claim.lua) is
 --                      made "dispatching" with an expired lease instead, so
 --                      it is published again by the next take
+--   <tag>:run:<ident>  string: the id of the debounce_exclusive window of <ident> in
+--                      progress, set when such a window is taken (its stored options
+--                      carry the header "debounce_exclusive"), deleted when its run
+--                      ends (finish.lua) or its claim lapses (above)
+--   <tag>:held         zset ident -> ms of its next check: a due window whose <ident>
+--                      has a window in progress (run:<ident> names a record that is
+--                      dispatching, queued or claimed) is held: it leaves the due set,
+--                      stays open (calls join it; a join puts it back in the due set,
+--                      to be held again), its record gets hs (held since, ms). When the
+--                      run ends it is put back in the due set (now); an entry whose
+--                      check time (now + ARGV[3]) passed is put back too (a run whose
+--                      end was never seen: its message lost, expired). When taken, an
+--                      exclusive window counts h|<task> (holds) and hm|<task> (ms held)
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
@@ -155,6 +168,34 @@ local function window(key)
   return row
 end
 
+local held = tag .. ':held'
+
+-- An exclusive window's run ended (or its claim lapsed): free its key, and put a
+-- window held behind it back in the due set.
+local function free_run(id, key, due)
+  local ident = redis.pcall('HGET', key, 'i')
+  if type(ident) ~= 'string' then
+    return
+  end
+  local run = tag .. ':run:' .. ident
+  if redis.pcall('GET', run) == id then
+    redis.call('DEL', run)
+    if redis.call('ZREM', held, ident) == 1 and
+        redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
+      redis.call('ZADD', due, now, ident)
+    end
+  end
+end
+
+-- Held windows whose check time passed: due again now (looked at again below).
+local recheck = redis.call('ZRANGEBYSCORE', held, '-inf', now, 'LIMIT', 0, 20)
+for _, ident in ipairs(recheck) do
+  redis.call('ZREM', held, ident)
+  if redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
+    redis.call('ZADD', KEYS[1], now, ident)
+  end
+end
+
 -- Claims whose lease passed: their worker died (or stopped renewing for a lease).
 -- ZREM first (maxmemory: see below).
 local claims = tag .. ':claims'
@@ -171,6 +212,40 @@ for _, id in ipairs(lapsed) do
       redis.call('ZADD', KEYS[2], now, id)
     else
       redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
+      free_run(id, key, KEYS[1])
+    end
+  end
+end
+
+-- A due window whose ident has an exclusive window in progress: held (see the header).
+local function held_by_run(ident, open)
+  local runner = redis.pcall('GET', tag .. ':run:' .. ident)
+  if type(runner) ~= 'string' then
+    return false
+  end
+  local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
+  if st == 'dispatching' or st == 'queued' or st == 'claimed' then
+    if redis.call('ZADD', held, 'NX', now + tonumber(ARGV[3]), ident) == 1 and
+        not redis.call('HGET', open, 'hs') then
+      redis.call('HSET', open, 'hs', string.format('%d', now))
+    end
+    return true
+  end
+  redis.call('DEL', tag .. ':run:' .. ident)
+  return false
+end
+
+-- An exclusive window taken: its key is in progress until its run ends.
+local function exclusive_taken(ident, id, key)
+  redis.call('SET', tag .. ':run:' .. ident, id, 'PX', ttl)
+  local since = redis.call('HGET', key, 'hs')
+  if since then
+    redis.call('HDEL', key, 'hs')
+    local digits = string.match(ident, '^(%d+):')
+    if digits then
+      local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+      redis.pcall('HINCRBY', KEYS[3], 'h|' .. task, 1)
+      redis.pcall('HINCRBY', KEYS[3], 'hm|' .. task, now - tonumber(since))
     end
   end
 end
@@ -201,6 +276,9 @@ for _, id in ipairs(expired) do
           out[taken][12] ~= false) then
         counted = counted + 1
       end
+      if out[taken][9] and string.find(out[taken][9], '"debounce_exclusive"', 1, true) then
+        redis.call('SET', tag .. ':run:' .. out[taken][2], id, 'PX', ttl)  -- flushed: in progress
+      end
     end
   else
     redis.call('ZREM', KEYS[2], id)
@@ -218,6 +296,8 @@ if taken < limit then
     if failed(id) then
       taken = taken + 1
       out[taken] = {open, id.err}
+    elseif id and held_by_run(ident, open) then
+      taken = taken  -- held: left open, out of the due set (see the header)
     elseif id then
       local key = tag .. ':win:' .. id
       if redis.call('HGET', tag .. ':ids', id) == ident then
@@ -243,6 +323,9 @@ if taken < limit then
       out[taken] = window(key)
       if pcall(count, ident, out[taken]) then
         counted = counted + 1
+      end
+      if out[taken][9] and string.find(out[taken][9], '"debounce_exclusive"', 1, true) then
+        exclusive_taken(ident, id, key)
       end
       local calls = tonumber(out[taken][6])
       if hot and calls and calls > 1 then
