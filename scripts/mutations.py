@@ -686,4 +686,29 @@ MUTATIONS: list[Mutation] = [
         "redis.call('ZREM', KEYS[4], ARGV[1])",
         "-- (claim kept)",
         "tests/test_scripts.py::test_claim_and_finish_leave_only_a_ttld_history"),
+    one("an exclusive window is never held",
+        "debounce_exclusive: runs of one key never overlap (a due window is held)",
+        LUA + "take.lua",
+        "    elseif id and held_by_run(ident, open) then",
+        "    elseif id and false then",
+        "tests/test_scripts.py::"
+        "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
+        FAULTS + "test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_"
+        "the_run"),
+    one("finish.lua does not release the held window",
+        "debounce_exclusive: a held window is published as soon as the run ends",
+        LUA + "finish.lua",
+        "      redis.call('ZADD', tag .. ':due', now, ident)",
+        "      redis.call('ZADD', tag .. ':due', now + 60000, ident)",
+        "tests/test_scripts.py::"
+        "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"),
+    one("a stale claim keeps its exclusive key",
+        "debounce_exclusive: a dead run holds its key for at most one claim lease",
+        LUA + "take.lua",
+        "      free_run(id, key, KEYS[1])",
+        "      -- (key kept)",
+        "tests/test_scripts.py::"
+        "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
+        FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_"
+        "lease"),
 ]

@@ -72,6 +72,25 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
         client.close()
         raise Ignore()
 
+    @app.task(base=DebouncedTask, name="faults.exclusive", bind=True, shared=False,
+              debounce="200ms", debounce_key="x:{0}", debounce_max_wait="1s",
+              debounce_exclusive=True)
+    def exclusive(self: DebouncedTask, key: str, seconds: float = 0.0, n: int = 0) -> int:
+        """Record the run's start and end (Redis time, as "start <id> <ms>" and "end <id>
+        <ms>" in runs:<key>), sleeping ``seconds`` in between."""
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+
+        def now_ms() -> int:
+            secs, micros = client.time()
+            return int(secs) * 1000 + int(micros) // 1000
+
+        client.rpush(f"runs:{key}", f"start {self.request.id} {now_ms()}")
+        time.sleep(seconds)
+        client.rpush(f"runs:{key}", f"end {self.request.id} {now_ms()}")
+        client.close()
+        return n
+
     return app
 
 

@@ -51,11 +51,13 @@ def env_for(redis_url: str, broker_url: str | None = None) -> dict[str, str]:
 @contextmanager
 def worker_process(redis_url: str, log: Path, broker_url: str | None = None,
                    name: str = "w1", extra_env: dict[str, str] | None = None,
-                   ) -> Iterator[subprocess.Popen[bytes]]:
-    """``celery -A fault_app worker`` (solo pool, embedded dispatcher) in a subprocess."""
+                   pool: str = "solo") -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A fault_app worker`` (solo pool unless told, embedded dispatcher) in a
+    subprocess."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fault_app", "worker", "--pool", "solo",
+            [sys.executable, "-m", "celery", "-A", "fault_app", "worker", "--pool", pool,
+             "--concurrency", "2",
              "--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
              "--without-heartbeat"],
             cwd=TESTS, env={**env_for(redis_url, broker_url), **(extra_env or {})}, stdout=out,
@@ -154,6 +156,28 @@ def test_dispatcher_killed_after_publish_before_ack_runs_the_body_once(
         wait_until(lambda: len(runs(redis_client, "b")) == 2, 15)
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, "b") == [call.id, nxt.id]
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_duplicate_delivery_is_skipped_in_a_worker_of_every_pool(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, pool: str
+) -> None:
+    """As above, in a worker process of each pool: the skip hook reaches prefork
+    children (installed before the fork) and threads; the claim of the first run is
+    renewed from the process that runs it."""
+    app = build(redis_server)
+    call = app.tasks["faults.record"].delay("p")
+    wait_until(lambda: list_windows(app)[0].deadline <= time.time(), 5)
+    time.sleep(0.05)
+    assert doomed_dispatcher(redis_server, publish=True) == [call.id]
+    dispatcher = Dispatcher(app, name="survivor")
+    wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)  # after the lease: republished
+    log = tmp_path / "w.log"
+    with worker_process(redis_server, log, pool=pool):
+        wait_until(lambda: "skipped: a duplicate delivery" in log.read_text(), 20)
+        wait_until(lambda: not list_windows(app), 10)
+    assert runs(redis_client, "p") == [call.id]
+    assert redis_client.hget("debounce:{0}:stats", "d|faults.record") == b"1"
 
 
 def test_a_worker_claiming_before_the_lease_expires_stops_the_republish(
@@ -363,6 +387,74 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     assert not redis_client.exists("debounce:{0}:claims")
     assert not list_windows(app)
     assert runs(redis_client, "n") == [call.id]  # nothing redelivered it
+
+
+# -- debounce_exclusive --------------------------------------------------------------
+
+
+def test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the_run(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """Done when of issue 21, on a real worker that could overlap runs (threads pool, 4
+    at once): a burst during a 3 s run of an exclusive task gives exactly one follow-up,
+    which starts after the run ended; the follow-up got the burst's calls (its window
+    kept absorbing them while held). A plain task on the same worker is not held."""
+    app = build(redis_server)
+    task = app.tasks["faults.exclusive"]
+    with running_worker(app, pool="threads", concurrency=4):
+        first = task.delay("e", 3.0)
+        wait_until(lambda: any(r.startswith("start") for r in runs(redis_client, "e")), 15)
+        burst = [task.delay("e", 0.0, i) for i in range(20)]
+        time.sleep(0.3)  # the burst's window is due well before the run ends: held
+        assert {b.id for b in burst} == {burst[0].id}
+        assert redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:e") is not None
+        later = task.delay("e", 0.0, 99)  # still absorbed while held
+        assert later.id == burst[0].id
+        wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)
+        wait_until(lambda: not list_windows(app), 10)
+        time.sleep(1.0)  # nothing more runs
+    events = [r.split() for r in runs(redis_client, "e")]
+    assert [(e[0], e[1]) for e in events] == [
+        ("start", first.id), ("end", first.id), ("start", burst[0].id), ("end", burst[0].id)]
+    first_end, follow_start = int(events[1][2]), int(events[2][2])
+    assert follow_start >= first_end
+    assert follow_start - first_end < 1500  # published when the run ended (poll 0.2 s)
+    stats = DebounceAdmin(app).stats().tasks["faults.exclusive"]
+    assert (stats.runs, stats.calls, stats.holds) == (2, 22, 1)
+    assert stats.held_ms > 1000
+
+
+@pytest.mark.parametrize("acks_late", [False, True])
+def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, acks_late: bool
+) -> None:
+    """A SIGKILLed worker holds its exclusive key for at most one claim lease (2 s
+    here): its claim goes stale, the key is freed and the held window runs. With
+    acks_late the killed run is redelivered too and runs again (at least once)."""
+    app = build(redis_server)
+    task = app.tasks["faults.exclusive"]
+    env = {"FAULT_ACKS_LATE": "1" if acks_late else "0"}
+    first = task.delay("z", 30.0)
+    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env) as worker:
+        wait_until(lambda: runs(redis_client, "z"), 15)
+        follow = task.delay("z", 0.0, 1)
+        wait_until(lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:z")
+                   is not None, 5)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        killed = time.monotonic()
+    with worker_process(redis_server, tmp_path / "w2.log", name="w2", extra_env=env):
+        wait_until(lambda: f"end {follow.id}" in " ".join(runs(redis_client, "z")), 20)
+        started = [r for r in runs(redis_client, "z") if r.startswith(f"start {follow.id}")]
+        assert len(started) == 1
+        # at most a claim lease (2 s) + a dispatcher pass + the new worker's start
+        assert time.monotonic() - killed < 2.0 + 8.0
+        if acks_late:  # the killed run is redelivered after the visibility timeout
+            wait_until(lambda: [r for r in runs(redis_client, "z")
+                                if r.startswith(f"start {first.id}")][1:], 20)
+    starts = [r.split()[1] for r in runs(redis_client, "z") if r.startswith("start")]
+    assert starts.count(follow.id) == 1
+    assert starts.count(first.id) == (2 if acks_late else 1)
 
 
 # -- redis-server restart ----------------------------------------------------------
