@@ -225,14 +225,14 @@ def active_key(tag: str) -> str:
 
 
 def run_key(tag: str, ident: str) -> str:
-    """string: the id of the window of ``ident`` in progress (``debounce_exclusive``),
+    """hash, field ``id``: the window of ``ident`` in progress (``debounce_exclusive``),
     from its take until its run ends (finish.lua) or its claim goes stale (take.lua)."""
     return f"{tag}:run:{ident}"
 
 
 def held_key(tag: str) -> str:
-    """zset ident -> ms of the next check: exclusive windows held while a run of their
-    key is in progress (take.lua); put back in the due set when that run ends."""
+    """zset ident -> ms held since: exclusive windows held while a run of their key is
+    in progress (take.lua); due at once when that run ends (finish.lua, take.lua)."""
     return f"{tag}:held"
 
 

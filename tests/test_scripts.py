@@ -172,7 +172,7 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
     (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
     assert taken.task_id == first.task_id
-    assert backend.client.get(f"{tag}:run:1:t:k") == first.task_id.encode()
+    assert backend.client.hget(f"{tag}:run:1:t:k", "id") == first.task_id.encode()
     keys = backend.record_keys(0, first.task_id)
     backend.run("claim", keys, _claim(backend, first.task_id))
     second = call(backend, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
@@ -193,7 +193,7 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
         time.sleep(1.1)
     (follow,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=3)
     assert follow.task_id == second.task_id and follow.calls == 2
-    assert backend.client.get(f"{tag}:run:1:t:k") == second.task_id.encode()
+    assert backend.client.hget(f"{tag}:run:1:t:k", "id") == second.task_id.encode()
     assert backend.client.zscore(f"{tag}:held", "1:t:k") is None
     stats = backend.client.hgetall(f"{tag}:stats")
     assert stats[b"h|t"] == b"1" and int(stats[b"hm|t"]) > 0

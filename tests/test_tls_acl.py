@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,6 +197,37 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
         assert snap.hot and snap.dispatchers  # read, not swallowed as an error reply
     finally:
         sys.modules.pop("acl_app", None)
+
+
+def test_exclusive_holds_and_claim_renewals_run_as_the_acl_user(
+        tls_server: dict[str, Any]) -> None:
+    """debounce_exclusive (take.lua's hold, finish.lua's release), claim leases (claim.lua,
+    renew.lua every third of a 1 s lease during a 2 s run) as the documented user: a
+    command it lacked would fail under pcall silently, and the follow-up would overlap."""
+    tls_server["admin"].flushall()
+    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server),
+                   debounce_claim_lease=1.0, debounce_poll_interval=0.1)
+
+    @app.task(base=DebouncedTask, shared=False, name="acl.exclusive", debounce="100ms",
+              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    def exclusive(x: int, seconds: float) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time()
+
+    with running_worker(app, pool="threads", concurrency=2):
+        first = exclusive.delay(1, 2.0)
+        admin = DebounceAdmin(app)
+        wait_until(lambda: getattr(admin.find(first.id), "state", None) == "claimed", 10)
+        follow = exclusive.delay(1, 0.0)
+        time.sleep(1.5)  # the follow-up is due and held; the first run's claim renewed
+        assert store_for(app).client.zscore("debounce:{0}:held",
+                                            "13:acl.exclusive:k:1") is not None
+        _, first_end = first.get(timeout=15)
+        follow_start, _ = follow.get(timeout=15)
+    assert follow_start >= first_end
+    stats = DebounceAdmin(app).stats().tasks["acl.exclusive"]
+    assert stats.holds == 1 and stats.runs == 2
 
 
 def test_the_acl_user_is_confined_to_the_package_keys(tls_server: dict[str, Any]) -> None:

@@ -22,15 +22,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, now}
 end
 -- a debounce_exclusive window (take.lua set <tag>:run:<ident> to its id): its key is
--- free; a window held behind it (<tag>:held) is due now
+-- free; a window held behind it (<tag>:held, its record has hs) is due now
 local ident = redis.call('HGET', KEYS[1], 'i')
 if ident then
   local tag = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5)
   local run = tag .. ':run:' .. ident
-  if redis.pcall('GET', run) == ARGV[1] then
+  if redis.pcall('HGET', run, 'id') == ARGV[1] then
     redis.call('DEL', run)
     if redis.call('ZREM', tag .. ':held', ident) == 1 and
-        redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
+        type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
       redis.call('ZADD', tag .. ':due', now, ident)
     end
   end

@@ -35,19 +35,19 @@
 --                      a duplicate delivery was skipped for (field rd, claim.lua) is
 --                      made "dispatching" with an expired lease instead, so
 --                      it is published again by the next take
---   <tag>:run:<ident>  string: the id of the debounce_exclusive window of <ident> in
+--   <tag>:run:<ident>  hash, field id: the id of the debounce_exclusive window of <ident> in
 --                      progress, set when such a window is taken (its stored options
 --                      carry the header "debounce_exclusive"), deleted when its run
 --                      ends (finish.lua) or its claim lapses (above)
---   <tag>:held         zset ident -> ms of its next check: a due window whose <ident>
---                      has a window in progress (run:<ident> names a record that is
---                      dispatching, queued or claimed) is held: it leaves the due set,
---                      stays open (calls join it; a join puts it back in the due set,
---                      to be held again), its record gets hs (held since, ms). When the
---                      run ends it is put back in the due set (now); an entry whose
---                      check time (now + ARGV[3]) passed is put back too (a run whose
---                      end was never seen: its message lost, expired). When taken, an
---                      exclusive window counts h|<task> (holds) and hm|<task> (ms held)
+--   <tag>:held         zset ident -> held since ms: a due window whose <ident> has a
+--                      window in progress (run:<ident> names a record that is
+--                      dispatching, queued or claimed) is held: it stays open (calls
+--                      join it) and in the due set, scored now + ARGV[3] (looked at
+--                      again then: a run whose end is never seen, its message lost,
+--                      cannot hold it longer), its record gets hs (held since, ms).
+--                      When the run ends (finish.lua, a lapsed claim here) it leaves
+--                      the set and its due score becomes now. When taken, an exclusive
+--                      window counts h|<task> (holds) and hm|<task> (ms held)
 -- ARGV[1]  <tag>          ARGV[2]  max windows to take
 -- ARGV[3]  lease ms       ARGV[4]  record TTL ms (safety expiry of win records)
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
@@ -178,21 +178,12 @@ local function free_run(id, key, due)
     return
   end
   local run = tag .. ':run:' .. ident
-  if redis.pcall('GET', run) == id then
+  if redis.pcall('HGET', run, 'id') == id then
     redis.call('DEL', run)
     if redis.call('ZREM', held, ident) == 1 and
-        redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
+        type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
       redis.call('ZADD', due, now, ident)
     end
-  end
-end
-
--- Held windows whose check time passed: due again now (looked at again below).
-local recheck = redis.call('ZRANGEBYSCORE', held, '-inf', now, 'LIMIT', 0, 20)
-for _, ident in ipairs(recheck) do
-  redis.call('ZREM', held, ident)
-  if redis.call('EXISTS', tag .. ':open:' .. ident) == 1 then
-    redis.call('ZADD', KEYS[1], now, ident)
   end
 end
 
@@ -219,25 +210,28 @@ end
 
 -- A due window whose ident has an exclusive window in progress: held (see the header).
 local function held_by_run(ident, open)
-  local runner = redis.pcall('GET', tag .. ':run:' .. ident)
+  local runner = redis.pcall('HGET', tag .. ':run:' .. ident, 'id')
   if type(runner) ~= 'string' then
     return false
   end
   local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
   if st == 'dispatching' or st == 'queued' or st == 'claimed' then
-    if redis.call('ZADD', held, 'NX', now + tonumber(ARGV[3]), ident) == 1 and
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ident)
+    if redis.call('ZADD', held, 'NX', now, ident) == 1 and
         not redis.call('HGET', open, 'hs') then
       redis.call('HSET', open, 'hs', string.format('%d', now))
     end
     return true
   end
   redis.call('DEL', tag .. ':run:' .. ident)
+  redis.call('ZREM', held, ident)
   return false
 end
 
 -- An exclusive window taken: its key is in progress until its run ends.
 local function exclusive_taken(ident, id, key)
-  redis.call('SET', tag .. ':run:' .. ident, id, 'PX', ttl)
+  redis.call('HSET', tag .. ':run:' .. ident, 'id', id)
+  redis.call('PEXPIRE', tag .. ':run:' .. ident, ttl)
   local since = redis.call('HGET', key, 'hs')
   if since then
     redis.call('HDEL', key, 'hs')
@@ -277,7 +271,8 @@ for _, id in ipairs(expired) do
         counted = counted + 1
       end
       if out[taken][9] and string.find(out[taken][9], '"debounce_exclusive"', 1, true) then
-        redis.call('SET', tag .. ':run:' .. out[taken][2], id, 'PX', ttl)  -- flushed: in progress
+        redis.call('HSET', tag .. ':run:' .. out[taken][2], 'id', id)  -- flushed: in progress
+        redis.call('PEXPIRE', tag .. ':run:' .. out[taken][2], ttl)
       end
     end
   else
@@ -297,7 +292,7 @@ if taken < limit then
       taken = taken + 1
       out[taken] = {open, id.err}
     elseif id and held_by_run(ident, open) then
-      taken = taken  -- held: left open, out of the due set (see the header)
+      taken = taken  -- held: left open, due again later (see the header)
     elseif id then
       local key = tag .. ':win:' .. id
       if redis.call('HGET', tag .. ':ids', id) == ident then
