@@ -88,6 +88,8 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
             when += f", quiet period ends {relative(w.quiet_until - now)}"
         key = printable(w.key if len(w.key) <= 40 else w.key[:37] + "...")
         state = w.state if w.edge is None else f"{w.state} ({w.edge})"
+        if w.held_since is not None:  # debounce_exclusive: waits for a run of its key
+            state = f"{state} (held)"
         rows.append((printable(w.task), key, printable(w.task_id), state, str(w.calls),
                      relative(w.first_seen - now), when))
     return _table(header, rows)
@@ -176,8 +178,10 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     seconds, Redis clock), shard, error, max_calls, edge ("leading" for a leading
     run, "trailing" for a window opened in the quiet period after one, else null),
     quiet_until (a leading run's quiet period end while it runs, else null),
-    collected_bytes (a debounce_collect window: bytes of the body its run gets) and
-    forced_by_max_wait; the STATE column shows the edge in parentheses.
+    collected_bytes (a debounce_collect window: bytes of the body its run gets),
+    held_since and waits_for (a debounce_exclusive window held while a run of its key
+    is in progress: since when, and that window's id; else null) and
+    forced_by_max_wait; the STATE column shows the edge, and "held", in parentheses.
     """
     admin = _admin(ctx)
     try:

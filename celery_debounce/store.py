@@ -66,6 +66,7 @@ from .layout import (
     dispatchers_key,
     due_key,
     expiring_key,
+    held_key,
     hot_key,
     key_slot,
     layouts_key,
@@ -73,6 +74,7 @@ from .layout import (
     open_key,
     quarantine_key,
     quiet_key,
+    run_key,
     shard_wake_channel,
     split_ident,
     stats_key,
@@ -1330,6 +1332,22 @@ class WindowStore:
 
     def claims_key(self, shard: Shard) -> str:
         return claims_key(self.tag(shard))
+
+    def held(self, shard: Shard) -> dict[str, tuple[int, str | None]]:
+        """Exclusive windows held on ``shard`` (take.lua): ident -> (held since ms, the
+        id of the window in progress it waits for, None if that one just ended)."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"):
+            rows = self.client.zrange(held_key(tag), 0, -1, withscores=True)
+            if not rows:
+                return {}
+            idents = [as_text(ident) for ident, _ in rows]
+            with self.client.pipeline(transaction=False) as pipe:
+                for ident in idents:
+                    pipe.hget(run_key(tag, ident), "id")
+                runners = pipe.execute(raise_on_error=False)
+        return {ident: (int(score), as_text(runner) if isinstance(runner, bytes) else None)
+                for ident, (_, score), runner in zip(idents, rows, runners, strict=True)}
 
     def finish_args(self, task_id: str, state: str) -> list[Any]:
         return [task_id, state, self.settings.history_ttl_ms]

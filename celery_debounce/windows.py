@@ -5,12 +5,12 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from celery import Celery
 
-from .layout import TAKEN_SETS, Record, ident_prefix, split_ident
+from .layout import TAKEN_SETS, Record, ident_prefix, split_ident, window_ident
 from .store import WindowStore, store_for
 
 #: States in the order a window goes through them.
@@ -41,6 +41,10 @@ class WindowInfo:
     quiet_until: float | None = None
     #: a debounce_collect window: bytes of the body its run gets (``calls`` calls)
     collected_bytes: int | None = None
+    #: a pending debounce_exclusive window held while a run of its key is in progress:
+    #: since when (epoch seconds), and the id of the window it waits for
+    held_since: float | None = None
+    waits_for: str | None = None
 
     @property
     def forced_by_max_wait(self) -> bool:
@@ -91,7 +95,11 @@ def _shard_windows(
     limit: int | None = None,
 ) -> Iterator[WindowInfo]:
     if "pending" in wanted:
-        yield from walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit)
+        held = store.held(shard)
+        for info in walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit):
+            hold = held.get(window_ident(info.task, info.key)) if held else None
+            yield info if hold is None else replace(
+                info, held_since=hold[0] / 1000, waits_for=hold[1])
     for zset, states in TAKEN_SETS:
         if not states & wanted:
             continue

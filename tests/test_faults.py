@@ -408,6 +408,9 @@ def test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the
         time.sleep(0.3)  # the burst's window is due well before the run ends: held
         assert {b.id for b in burst} == {burst[0].id}
         assert redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:e") is not None
+        (held,) = [w for w in list_windows(app) if w.task_id == burst[0].id]
+        assert held.state == "pending" and held.waits_for == first.id
+        assert held.held_since is not None
         later = task.delay("e", 0.0, 99)  # still absorbed while held
         assert later.id == burst[0].id
         wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)

@@ -182,6 +182,8 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     got = {w.task_id for w in take_due(backend, 0, 10).windows}
     assert got == {other.task_id, plain.task_id}  # k is held
     assert backend.client.zscore(f"{tag}:held", "1:t:k") is not None
+    ((ident, (since, waits_for)),) = backend.held(0).items()  # what inspect shows
+    assert (ident, waits_for) == ("1:t:k", first.task_id) and since > 0
     # it keeps absorbing calls
     joined = call(backend, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
     assert not joined.opened and joined.task_id == second.task_id and joined.calls == 2
