@@ -35,6 +35,7 @@ from .signals import (
     window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
+    window_held,
 )
 from .store import (
     CONNECTION_ERRORS,
@@ -126,6 +127,11 @@ def _count_forced(windows: list[TakenWindow]) -> None:
         for window in windows:
             if window.tries == 1 and window.capped:
                 window_closed_by_cap.send(sender=window.task_name, **_fields(window))
+    if window_held.receivers:  # h|<task>, hm|<task> in the stats
+        for window in windows:
+            if window.held_ms:
+                window_held.send(sender=window.task_name, **_fields(window),
+                                 held=window.held_ms / 1000)
     if leading_run.receivers:  # e|<task> in the stats
         for window in windows:
             if window.tries == 1 and window.leading:

@@ -20,6 +20,8 @@ Metrics (all labelled ``task``; see docs/operations.md):
   suppressed (producers)
 * ``celery_debounce_duplicates_skipped_total``: duplicate deliveries of a finished or
   running window that a worker skipped (workers)
+* ``celery_debounce_windows_held_total``, ``celery_debounce_held_seconds_total``:
+  ``debounce_exclusive`` windows held behind a run of their key, and how long (dispatchers)
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
 
@@ -43,13 +45,14 @@ from .signals import (
     window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
+    window_held,
     window_opened,
 )
 
 #: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
             window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
-            duplicate_skipped)
+            duplicate_skipped, window_held)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
@@ -71,6 +74,8 @@ class Metrics:
     leading_runs: Any = None
     suppressed: Any = None
     duplicates_skipped: Any = None
+    held: Any = None
+    held_seconds: Any = None
 
     def disable(self) -> None:
         """Disconnect the signal receivers (the metrics stay registered)."""
@@ -108,6 +113,9 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     duplicates = counter("duplicates_skipped",
                          "Duplicate deliveries of a finished or running window, skipped "
                          "before the task's code.")
+    held = counter("windows_held", "debounce_exclusive windows held behind a run of their key.")
+    held_seconds = counter("held_seconds",
+                           "Seconds debounce_exclusive windows were held behind a run.")
     dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
     lateness = Histogram("dispatch_lateness_seconds",
                          "Time from a window's deadline to its take by a dispatcher.",
@@ -143,13 +151,19 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_duplicate(sender: str, **_: Any) -> None:
         duplicates.labels(task=sender).inc()
 
+    def on_held(sender: str, held: float = 0.0, **_: Any) -> None:
+        held_metric.labels(task=sender).inc()
+        held_seconds.labels(task=sender).inc(held)
+
+    held_metric = held
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
-                 on_closed_by_cap, on_leading, on_suppressed, on_duplicate)
+                 on_closed_by_cap, on_leading, on_suppressed, on_duplicate, on_held)
     for signal, receiver in zip(_SIGNALS, receivers, strict=True):
         signal.connect(receiver, weak=False)
     return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
-                   receivers, closed_by_cap, leading_runs, suppressed, duplicates)
+                   receivers, closed_by_cap, leading_runs, suppressed, duplicates, held,
+                   held_seconds)
 
 
 def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:

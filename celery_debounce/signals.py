@@ -29,6 +29,10 @@ Where they fire:
   (finished, or running under a live claim) and skipped it before the task's code
   (``task_id, state``: the window's state, ``finished`` or ``claimed``), as the stats
   count ``d|<task>``.
+* ``window_held``: the dispatcher process, once per ``debounce_exclusive`` window that
+  was held while a run of its key was in progress, when it is taken after that run
+  (``task_id, key, calls, lateness, held`` in seconds), as the stats count ``h|<task>``
+  and ``hm|<task>``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ __all__ = [
     "window_closed_by_cap",
     "window_dispatched",
     "window_forced_by_max_wait",
+    "window_held",
     "window_opened",
 ]
 
@@ -71,3 +76,6 @@ call_suppressed = Signal(
     name="call_suppressed", providing_args={"task_id", "key", "deadline", "calls"}
 )
 duplicate_skipped = Signal(name="duplicate_skipped", providing_args={"task_id", "state"})
+window_held = Signal(
+    name="window_held", providing_args={"task_id", "key", "calls", "lateness", "held"}
+)

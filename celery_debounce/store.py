@@ -157,6 +157,8 @@ class TakenWindow:
     #: publish failures counted against it (``fl``); ``tries`` also counts the takes a
     #: broker outage wasted, which never count
     failures: int = 0
+    #: a debounce_exclusive window that was held: ms it was held (0: it was not)
+    held_ms: int = 0
 
     @property
     def task_name(self) -> str:
@@ -1704,6 +1706,7 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
         capped=record.capped,
         leading=record.leading,
         failures=int(row[len(TAKE_FIELDS)] or 0) if len(row) > len(TAKE_FIELDS) else 0,
+        held_ms=int(row[len(TAKE_FIELDS) + 1]) if len(row) > len(TAKE_FIELDS) + 1 else 0,
     )
 
 

@@ -31,7 +31,7 @@ from celery_debounce import DebounceBackendError
 from celery_debounce.admin import DebounceAdmin
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_redis import LocalRedis
-from celery_debounce.signals import duplicate_skipped
+from celery_debounce.signals import duplicate_skipped, window_held
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.slow
@@ -399,8 +399,34 @@ def test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the
     at once): a burst during a 3 s run of an exclusive task gives exactly one follow-up,
     which starts after the run ended; the follow-up got the burst's calls (its window
     kept absorbing them while held). A plain task on the same worker is not held."""
+    from prometheus_client import CollectorRegistry
+
+    from celery_debounce import metrics
+
     app = build(redis_server)
     task = app.tasks["faults.exclusive"]
+    registry = CollectorRegistry()
+    enabled = metrics.enable(registry)
+    held_signals: list[dict[str, Any]] = []
+
+    def on_held(sender: str, **kwargs: Any) -> None:
+        held_signals.append(dict(kwargs, sender=sender))
+
+    window_held.connect(on_held)
+    try:
+        _burst_during_an_exclusive_run(app, task, redis_client)
+    finally:
+        window_held.disconnect(on_held)
+        enabled.disable()
+    (signal_,) = held_signals
+    assert signal_["sender"] == "faults.exclusive" and signal_["held"] > 1.0
+    assert registry.get_sample_value("celery_debounce_windows_held_total",
+                                     {"task": "faults.exclusive"}) == 1
+    assert registry.get_sample_value("celery_debounce_held_seconds_total",
+                                     {"task": "faults.exclusive"}) == signal_["held"]
+
+
+def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.Redis) -> None:
     with running_worker(app, pool="threads", concurrency=4):
         first = task.delay("e", 3.0)
         wait_until(lambda: any(r.startswith("start") for r in runs(redis_client, "e")), 15)

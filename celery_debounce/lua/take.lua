@@ -78,7 +78,8 @@
 -- the ceiling is fs + mw; cx "1" for a window closed by its call cap, "2" for a collect
 -- window closed full, ld "1" for a leading run, fl the publish failures release.lua
 -- counted against it: tries also counts takes a broker outage wasted); ct, o, cx, ld, fl may be nil
--- (application/json and {}: see gate.lua).
+-- (application/json and {}: see gate.lua). A debounce_exclusive window that was held
+-- has one more element after fl: the ms it was held.
 --
 -- A collect window (field cl, see gate.lua) gets its body here, the first time it is
 -- taken: p becomes '[[[' .. the elements of <tag>:calls:<cl> joined by ',' .. ']],{},'
@@ -228,8 +229,9 @@ local function held_by_run(ident, open)
   return false
 end
 
--- An exclusive window taken: its key is in progress until its run ends.
-local function exclusive_taken(ident, id, key)
+-- An exclusive window taken: its key is in progress until its run ends. One that was
+-- held gets the ms it was held as a 14th element of its row (after fl).
+local function exclusive_taken(ident, id, key, row)
   redis.call('HSET', tag .. ':run:' .. ident, 'id', id)
   redis.call('PEXPIRE', tag .. ':run:' .. ident, ttl)
   local since = redis.call('HGET', key, 'hs')
@@ -241,6 +243,7 @@ local function exclusive_taken(ident, id, key)
       redis.pcall('HINCRBY', KEYS[3], 'h|' .. task, 1)
       redis.pcall('HINCRBY', KEYS[3], 'hm|' .. task, now - tonumber(since))
     end
+    row[14] = string.format('%d', now - tonumber(since))
   end
 end
 
@@ -320,7 +323,7 @@ if taken < limit then
         counted = counted + 1
       end
       if out[taken][9] and string.find(out[taken][9], '"debounce_exclusive"', 1, true) then
-        exclusive_taken(ident, id, key)
+        exclusive_taken(ident, id, key, out[taken])
       end
       local calls = tonumber(out[taken][6])
       if hot and calls and calls > 1 then
