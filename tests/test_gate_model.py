@@ -4,7 +4,9 @@ Hypothesis interleaves calls (keys, payloads, per-call windows and max waits,
 replace flag, call cap, leading/trailing edge, collect mode: every call kept in order,
 bounded by bytes; a collect call with debounce_leading=True refused, nothing written),
 clock advances, dispatcher steps (take, publish+ack, failed publish+release, crash before
-or after publishing) and worker steps (claim, finish, death mid-run with redelivery).
+or after publishing) and worker steps (claim with a lease, renewal, finish, death mid-run
+with redelivery; a duplicate delivery of a finished or live-claimed window is skipped,
+a claim not renewed for its lease goes stale).
 After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
 docs/guarantees.md must hold. At the end everything is drained: every call's
@@ -65,6 +67,7 @@ CAPS = [None, None, None, 1, 2, 3]  # debounce_max_calls of a call (None: no cap
 #: (debounce_leading, debounce_trailing) of a call; trailing only is the default
 EDGES = [(False, True), (False, True), (False, True), (True, False), (True, True)]
 LEASE_MS = 1000
+CLAIM_MS = 2000  # debounce_claim_lease of the model's workers
 RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
 #: debounce_max_payload_bytes of the model's calls: a collect window holds 1 to 3 calls
@@ -94,12 +97,12 @@ def fake_clock() -> Iterator[None]:
         Clock.now_ms = None
 
 
-def make_settings(prefix: str, lease_ms: int) -> Settings:
+def make_settings(prefix: str, lease_ms: int, claim_ms: int = CLAIM_MS) -> Settings:
     return Settings(
         redis_url="redis://unused", key_prefix=prefix, shards=1,
         poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
         history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
-        max_key_length=1024, max_payload_bytes=COLLECT_BYTES,
+        max_key_length=1024, max_payload_bytes=COLLECT_BYTES, claim_lease_ms=claim_ms,
     )
 
 
@@ -144,6 +147,10 @@ class Win:
     cz: int = 0  # its byte budget
     full: bool = False  # closed by gate.lua because a call did not fit (cx 2)
     built: bool = False  # take.lua spliced the body (payload) out of the list
+    rd: bool = False  # a duplicate was skipped under its live claim (claim.lua's rd)
+    sa: int | None = None  # when take.lua found its claim lapsed
+    stales: int = 0  # claims of it that lapsed (its worker died or stopped renewing)
+    skipped: int = 0  # duplicate deliveries skipped before the body
 
     @property
     def cb(self) -> int:
@@ -182,13 +189,15 @@ class GateMachine(RuleBasedStateMachine):
         self.ids = itertools.count()
         self.lease_ms = LEASE_MS // self.scale
         self.release_ms = RELEASE_MS // self.scale
-        self.settings = make_settings(self.prefix, self.lease_ms)
+        self.claim_ms = CLAIM_MS // self.scale
+        self.settings = make_settings(self.prefix, self.lease_ms, self.claim_ms)
         self.tag = self.settings.tag(0)
         self.backend = backend_on(self.client, self.settings)
         self.open: dict[str, Win] = {}  # ident -> pending window
         self.wins: dict[str, Win] = {}  # id -> every window ever opened
         self.leased: dict[str, int] = {}
         self.active: dict[str, int] = {}
+        self.claims: dict[str, int] = {}  # id -> claim lease expiry
         self.ids_index: dict[str, str] = {}  # id -> ident of windows opened under a fixed id
         self.quiet: dict[str, Quiet] = {}  # ident -> its latest quiet period
         self.suppressed = 0
@@ -405,6 +414,21 @@ class GateMachine(RuleBasedStateMachine):
         reply = take_due(self.backend, 0, limit)
         now = self.seen_now(reply.now_ms)
         expected: list[str] = []
+        lapsed = sorted((kv for kv in self.claims.items() if kv[1] <= now),
+                        key=lambda kv: (kv[1], kv[0].encode()))[:20]
+        for tid, _ in lapsed:  # a claim not renewed for its lease: released
+            del self.claims[tid]
+            win = self.wins[tid]
+            if win.st != "claimed":
+                continue
+            self.active.pop(tid, None)
+            win.stales += 1
+            win.sa = now
+            if win.rd:  # a delivery was skipped under it: published again
+                win.rd, win.st = False, "dispatching"
+                self.leased[tid] = now
+            else:
+                win.st = "stale"
         leases = sorted(self.leased.items(), key=lambda kv: (kv[1], kv[0].encode()))
         for tid, _ in [kv for kv in leases if kv[1] <= now][:limit]:
             win = self.wins[tid]
@@ -505,19 +529,46 @@ class GateMachine(RuleBasedStateMachine):
         if not self.broker:
             return
         tid = self.broker.pop(i % len(self.broker))
-        before, now = self.backend.run(
-            "claim", [f"{self.tag}:win:{tid}", f"{self.tag}:leased", f"{self.tag}:active"], [tid])
+        before, now, run = self.backend.run(
+            "claim", self.backend.record_keys(0, tid),
+            self.backend.claim_args(tid, TASK, False))
         now = self.seen_now(now)
         win = self.wins[tid]
         assert before == win.st.encode()
         self.leased.pop(tid, None)
+        live = win.st == "claimed" and self.claims.get(tid, now) > now
+        if win.st == "finished" or live:  # a duplicate: skipped before the body
+            assert run == 0
+            win.skipped += 1
+            if live:
+                win.rd = True
+            return
+        assert run == 1
         if before in (b"dispatching", b"queued"):
             win.first_claims += 1
-            win.st, win.ca = "claimed", now
-            self.active.setdefault(tid, now)
+        elif before == b"claimed":  # its claim lapsed, not yet released: taken over
+            win.stales += 1
+        win.st, win.ca, win.rd = "claimed", now, False
+        self.active.setdefault(tid, now)
+        self.claims[tid] = now + self.claim_ms
         assert all(c <= now for c in win.calls)  # invariant 2: the run starts after each call
         win.runs.append(now)
         self.running.append(tid)
+
+    @rule()
+    def renew(self) -> None:
+        """The renewal thread of the workers' processes: every running claim, once."""
+        if not self.running:
+            return
+        reply = self.backend.run("renew", [f"{self.tag}:claims"],
+                                 [self.claim_ms, *dict.fromkeys(self.running)])
+        now = self.seen_now(int(reply[0]))
+        renewed = 0
+        for tid in dict.fromkeys(self.running):
+            if tid in self.claims:
+                renewed += self.claims[tid] != now + self.claim_ms
+                self.claims[tid] = now + self.claim_ms
+        assert int(reply[1]) == renewed
 
     @rule(i=st.integers(0, 20), dies=st.booleans())
     def run_ends(self, i: int, dies: bool) -> None:
@@ -530,14 +581,15 @@ class GateMachine(RuleBasedStateMachine):
             self.broker.append(tid)
             return
         done, now, *aliases = self.backend.run(
-            "finish", [f"{self.tag}:win:{tid}", f"{self.tag}:leased", f"{self.tag}:active"],
+            "finish", self.backend.record_keys(0, tid),
             [tid, "SUCCESS", self.settings.history_ttl_ms])
         now = self.seen_now(now)
         assert done == 1
         assert [json.loads(a)["id"] for a in aliases] == win.aliases
         self.leased.pop(tid, None)
         self.active.pop(tid, None)
-        win.st = "finished"
+        self.claims.pop(tid, None)
+        win.st, win.rd = "finished", False
         win.fa = now
 
     # -- invariants ----------------------------------------------------------
@@ -550,6 +602,8 @@ class GateMachine(RuleBasedStateMachine):
         assert leased == self.leased
         active = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:active", 0, -1, withscores=True)}
         assert active == self.active
+        claims = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:claims", 0, -1, withscores=True)}
+        assert claims == self.claims
         assert {k.decode(): v.decode() for k, v in c.hgetall(f"{tag}:ids").items()} \
             == self.ids_index
         keys = {k.decode() for k in c.scan_iter(match=f"{self.prefix}:*", count=1000)}
@@ -576,7 +630,7 @@ class GateMachine(RuleBasedStateMachine):
             assert c.lrange(f"{tag}:calls:{cl}", 0, -1) == w.elements
         expected_keys |= {f"{tag}:{z}" for z, m in
                           (("due", self.open), ("leased", self.leased), ("active", self.active),
-                           ("ids", self.ids_index))
+                           ("ids", self.ids_index), ("claims", self.claims))
                           if m}
         assert keys == expected_keys
         for win in self.wins.values():
@@ -615,6 +669,10 @@ class GateMachine(RuleBasedStateMachine):
             value = getattr(win, name)
             if value is not None and (name != "ta" or win.st != "pending"):
                 want[name] = value
+        if win.rd:
+            want["rd"] = 1
+        if win.sa is not None:
+            want["sa"] = win.sa
         if win.aliases:
             want["na"] = len(win.aliases)
             for k, alias in enumerate(win.aliases, 1):
@@ -639,6 +697,8 @@ class GateMachine(RuleBasedStateMachine):
             assert win.first_claims <= 1
             assert len(win.runs) <= 1 + max(0, win.taken - 1) + win.redeliveries
             assert win.publishes <= win.taken
+            # effectively once: a body runs again only after its previous claim lapsed
+            assert len(win.runs) <= 1 + win.stales
 
     def teardown(self) -> None:
         try:

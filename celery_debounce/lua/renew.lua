@@ -4,7 +4,7 @@
 -- ARGV[1]  claim lease ms   ARGV[2..]  task ids
 --
 -- Only ids still in the set are renewed (XX): a claim take.lua released as stale, or
--- one finish.lua removed, is not brought back. Returns how many were renewed.
+-- one finish.lua removed, is not brought back. Returns {now ms, how many were renewed}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -13,4 +13,4 @@ local renewed = 0
 for i = 2, #ARGV do
   renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', until_ms, ARGV[i])
 end
-return renewed
+return {now, renewed}
