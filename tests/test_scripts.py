@@ -201,6 +201,25 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     assert stats[b"h|t"] == b"1" and int(stats[b"hm|t"]) > 0
 
 
+def test_claims_and_held_keys_of_the_wrong_type_never_block_a_take_or_a_finish(
+        backend: Backend) -> None:
+    """A foreign write to <tag>:claims or <tag>:held (a string) must not fail every take
+    of the shard, nor the finish of a run (bug class: one bad item blocks the others)."""
+    tag = backend.settings.tag(0)
+    backend.client.set(f"{tag}:claims", "x")
+    backend.client.set(f"{tag}:held", "x")
+    first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
+    (taken,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    assert taken.task_id == first.task_id
+    keys = backend.record_keys(0, first.task_id)
+    with pytest.raises(DebounceBackendError):  # the claim fails; the run goes on (warned)
+        backend.run("claim", keys, _claim(backend, first.task_id))
+    assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
+    second = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
+    (again,) = wait_until(lambda: take_due(backend, 0, 10).windows, timeout=5)
+    assert again.task_id == second.task_id
+
+
 def _claim(backend: Backend, task_id: str) -> list[object]:
     """claim.lua's ARGV for a first delivery of ``task_id`` (task name ``t``)."""
     return backend.claim_args(task_id, "t", False)

@@ -17,7 +17,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
+redis.pcall('ZREM', KEYS[4], ARGV[1])  -- pcall: a foreign key there never blocks a finish
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {0, now}
 end
@@ -29,7 +29,7 @@ if ident then
   local run = tag .. ':run:' .. ident
   if redis.pcall('HGET', run, 'id') == ARGV[1] then
     redis.call('DEL', run)
-    if redis.call('ZREM', tag .. ':held', ident) == 1 and
+    if redis.pcall('ZREM', tag .. ':held', ident) == 1 and
         type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
       redis.call('ZADD', tag .. ':due', now, ident)
     end

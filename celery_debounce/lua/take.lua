@@ -181,7 +181,7 @@ local function free_run(id, key, due)
   local run = tag .. ':run:' .. ident
   if redis.pcall('HGET', run, 'id') == id then
     redis.call('DEL', run)
-    if redis.call('ZREM', held, ident) == 1 and
+    if redis.pcall('ZREM', held, ident) == 1 and
         type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
       redis.call('ZADD', due, now, ident)
     end
@@ -191,7 +191,12 @@ end
 -- Claims whose lease passed: their worker died (or stopped renewing for a lease).
 -- ZREM first (maxmemory: see below).
 local claims = tag .. ':claims'
-local lapsed = redis.call('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)
+-- A claims or held key of the wrong type (a foreign write) must not fail every take:
+-- read and written with pcall, such a key is left alone (no claim lapses, no hold).
+local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)
+if failed(lapsed) then
+  lapsed = {}
+end
 for _, id in ipairs(lapsed) do
   redis.call('ZREM', claims, id)
   local key = tag .. ':win:' .. id
@@ -218,14 +223,14 @@ local function held_by_run(ident, open)
   local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
   if st == 'dispatching' or st == 'queued' or st == 'claimed' then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ident)
-    if redis.call('ZADD', held, 'NX', now, ident) == 1 and
+    if redis.pcall('ZADD', held, 'NX', now, ident) == 1 and
         not redis.call('HGET', open, 'hs') then
       redis.call('HSET', open, 'hs', string.format('%d', now))
     end
     return true
   end
   redis.call('DEL', tag .. ':run:' .. ident)
-  redis.call('ZREM', held, ident)
+  redis.pcall('ZREM', held, ident)
   return false
 end
 
