@@ -1327,6 +1327,14 @@ class WindowStore:
                 self._renew(script.sha, held, lease)
 
     def _renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
+        if self.cluster:  # one write per master (redis-py's cluster pipeline refuses EVALSHA)
+            by_node: dict[str, list[str]] = {}
+            for key in held:
+                by_node.setdefault(self.client.get_node_from_key(key).name, []).append(key)
+            for keys in by_node.values():
+                self.send_on_node(keys[0], [("EVALSHA", sha, 1, key, lease, *held[key])
+                                            for key in keys], "renew", operation="renew")
+            return
         with self.client.pipeline(transaction=False) as pipe:
             for key, ids in held.items():
                 pipe.evalsha(sha, 1, key, lease, *ids)

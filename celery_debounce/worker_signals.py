@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from celery import Celery, Task, states
@@ -132,18 +133,21 @@ class _Renewer:
         self.held: dict[WindowStore, dict[str, dict[str, int]]] = {}
         self.pid = os.getpid()
         self.thread: threading.Thread | None = None
-        self.wake = threading.Event()
+        self.kick = threading.Event()  # a new claims key: renew by its period, not later
 
     def hold(self, store: WindowStore, key: str, task_id: str) -> None:
         with self.lock:
             if self.pid != os.getpid():  # a forked child
                 self.held.clear()
-                self.pid, self.thread, self.wake = os.getpid(), None, threading.Event()
-            ids = self.held.setdefault(store, {}).setdefault(key, {})
+                self.pid, self.thread, self.kick = os.getpid(), None, threading.Event()
+            keys = self.held.setdefault(store, {})
+            if key not in keys:
+                self.kick.set()
+            ids = keys.setdefault(key, {})
             ids[task_id] = ids.get(task_id, 0) + 1
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="debounce-claims",
-                                               daemon=True, args=(self.wake,))
+                                               daemon=True, args=(self.kick,))
                 self.thread.start()
 
     def drop(self, store: WindowStore, key: str, task_id: str) -> None:
@@ -172,13 +176,22 @@ class _Renewer:
                 logger.warning("debounce: could not renew %d claim(s): %s",
                                sum(map(len, held.values())), exc)
 
-    def _run(self, wake: threading.Event) -> None:
+    def _run(self, kick: threading.Event) -> None:
+        """Renew every third of the shortest lease held; a new claims key (a kick) can
+        bring the next renewal closer, never push it back (runs that start often would
+        otherwise postpone it forever)."""
+        next_at: float | None = None
         while True:
             periods = [store.settings.claim_lease_ms for store, _ in self.snapshot()]
-            wake.wait(min(periods, default=MIN_PERIOD_MS * 3) / 3000)
-            if wake.is_set():
-                return
-            self.renew_now()
+            period = min(periods, default=MIN_PERIOD_MS * 3) / 3000
+            now = time.monotonic()
+            if next_at is None or next_at > now + period:
+                next_at = now + period
+            kick.wait(max(0.0, next_at - now))
+            kick.clear()
+            if time.monotonic() >= next_at:
+                next_at = None
+                self.renew_now()
 
 
 #: Shortest renewal period (ms), whatever the lease (settings refuse leases below 1 s).

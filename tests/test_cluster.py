@@ -25,6 +25,7 @@ from celery_debounce.errors import DebounceConfigError
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
+from celery_debounce.store import store_for
 from celery_debounce.testing import clear_windows
 from celery_debounce.top import read_snapshot
 
@@ -236,6 +237,34 @@ def test_a_worker_runs_windows_of_every_shard_on_the_cluster(
         results = [work.delay(x) for x in range(30) for _ in range(2)]
         assert len({r.id for r in results}) == 30
         assert sorted(r.get(timeout=15) for r in results[::2]) == list(range(30))
+
+
+@pytest.mark.cluster
+def test_exclusive_holds_and_claim_renewals_work_on_the_cluster(
+    cluster_app: Callable[..., Celery]
+) -> None:
+    """debounce_exclusive and claim leases on a cluster of 3 masters, 6 shards: keys a
+    script builds by name share their shard's slot; one renewal round trip covers the
+    claims of every shard (a pipeline per node); each key's follow-up waits for its run."""
+    app = cluster_app(debounce_claim_lease=1.0, debounce_poll_interval=0.1)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k{x}",
+              debounce_max_wait="1s", name="cl.exclusive", debounce_exclusive=True)
+    def exclusive(x: int, seconds: float) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time()
+
+    store = store_for(app)
+    with running_worker(app, pool="threads", concurrency=12):
+        firsts = [exclusive.delay(x, 2.0) for x in range(6)]
+        time.sleep(0.8)  # all six claimed, on several shards and masters
+        follows = [exclusive.delay(x, 0.0) for x in range(6)]
+        wait_until(lambda: sum(len(store.held(s)) for s in range(6)) == 6, 5)
+        ends = [f.get(timeout=15)[1] for f in firsts]  # renewed past their 1 s lease
+        starts = [f.get(timeout=15)[0] for f in follows]
+    assert all(start >= end for start, end in zip(starts, ends, strict=True))
+    assert DebounceAdmin(app).stats().tasks["cl.exclusive"].holds == 6
 
 
 # -- debounce_redis_wait_replicas -----------------------------------------------------------
