@@ -26,7 +26,7 @@ from helpers import (
 )
 from kombu import Exchange, Queue
 from rabbitmq_node import RabbitNode
-from test_faults import doomed_dispatcher, runs
+from test_faults import doomed_dispatcher, runs, worker_process
 
 from celery_debounce import DebouncedTask, WindowQuarantined
 from celery_debounce.dispatcher import Dispatcher
@@ -192,6 +192,38 @@ def test_a_killed_dispatcher_is_taken_over_on_rabbitmq(
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, "rk") == [call.id]
     assert redis_client.hget(f"debounce:{{0}}:win:{call.id}", "tries") == b"2"
+
+
+def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_again(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, tmp_path: Any
+) -> None:
+    """acks_late on RabbitMQ: a SIGKILLed worker's message is requeued at once, while its
+    claim (6 s lease here) is still live. That delivery is skipped as a duplicate (the
+    body must not run beside a run that may be alive) and marked; when the claim lapses
+    the dispatcher publishes the window again and it runs: at least once, never twice
+    at the same time."""
+    key = f"rq{uuid.uuid4().hex[:6]}"
+    app = rabbit_fault_app(redis_server, rabbit)
+    redis_client.set(f"block:{key}:1", 1)  # the first run blocks until the worker dies
+    call = app.tasks["faults.record"].delay(key)
+    env = {"FAULT_CLAIM_LEASE": "6"}
+    with worker_process(redis_server, tmp_path / "w1.log", broker_url=rabbit.url,
+                        extra_env=env) as worker:
+        wait_until(lambda: runs(redis_client, key) == [call.id], 20)
+        worker.kill()
+        worker.wait(10)
+        killed = time.monotonic()
+    redis_client.delete(f"block:{key}:1")
+    log = tmp_path / "w2.log"
+    with worker_process(redis_server, log, broker_url=rabbit.url, name="w2", extra_env=env):
+        wait_until(lambda: "skipped: a duplicate delivery" in log.read_text(), 20)
+        assert time.monotonic() - killed < 6.0  # the dead claim was still live
+        assert runs(redis_client, key) == [call.id]
+        wait_until(lambda: len(runs(redis_client, key)) == 2, 20)  # published again, ran
+        wait_until(lambda: not list_windows(app), 10)
+    assert runs(redis_client, key) == [call.id, call.id]
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
+    assert record[b"st"] == b"finished" and b"rd" not in record and b"sa" in record
 
 
 def test_rabbitmq_down_windows_wait_and_run_once_it_is_back(
