@@ -695,6 +695,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "    elseif id and held_by_run(ident, open) then",
         "    elseif id and false then",
+        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
         "tests/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_"
@@ -704,6 +705,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "finish.lua",
         "      redis.call('ZADD', tag .. ':due', now, ident)",
         "      redis.call('ZADD', tag .. ':due', now + 60000, ident)",
+        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
         "tests/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"),
     one("a stale claim keeps its exclusive key",
@@ -711,6 +713,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "      free_run(id, key, KEYS[1])",
         "      -- (key kept)",
+        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
         "tests/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_"

@@ -6,7 +6,8 @@ bounded by bytes; a collect call with debounce_leading=True refused, nothing wri
 clock advances, dispatcher steps (take, publish+ack, failed publish+release, crash before
 or after publishing) and worker steps (claim with a lease, renewal, finish, death mid-run
 with redelivery; a duplicate delivery of a finished or live-claimed window is skipped,
-a claim not renewed for its lease goes stale).
+a claim not renewed for its lease goes stale), and debounce_exclusive windows (held while
+a window of their key is in progress, due at once when its run ends or its claim lapses).
 After every step the whole Redis
 keyspace of the package must equal the model's, and the invariants of
 docs/guarantees.md must hold. At the end everything is drained: every call's
@@ -72,6 +73,8 @@ RELEASE_MS = 300
 T0 = 1_700_000_000_000  # fake clock start, ms
 #: debounce_max_payload_bytes of the model's calls: a collect window holds 1 to 3 calls
 COLLECT_BYTES = 70
+#: the stored options of a debounce_exclusive call (call.py adds the header)
+EXCLUSIVE_OPTIONS = '{"headers":{"debounce_exclusive":1}}'
 
 
 class Clock:
@@ -151,6 +154,8 @@ class Win:
     sa: int | None = None  # when take.lua found its claim lapsed
     stales: int = 0  # claims of it that lapsed (its worker died or stopped renewing)
     skipped: int = 0  # duplicate deliveries skipped before the body
+    exclusive: bool = False  # the opener's debounce_exclusive
+    hs: int | None = None  # held since (take.lua), until an exclusive take clears it
 
     @property
     def cb(self) -> int:
@@ -198,6 +203,8 @@ class GateMachine(RuleBasedStateMachine):
         self.leased: dict[str, int] = {}
         self.active: dict[str, int] = {}
         self.claims: dict[str, int] = {}  # id -> claim lease expiry
+        self.run_of: dict[str, str] = {}  # ident -> id of its exclusive window in progress
+        self.held: dict[str, int] = {}  # ident -> held since
         self.ids_index: dict[str, str] = {}  # id -> ident of windows opened under a fixed id
         self.quiet: dict[str, Quiet] = {}  # ident -> its latest quiet period
         self.suppressed = 0
@@ -239,10 +246,12 @@ class GateMachine(RuleBasedStateMachine):
         cap=st.sampled_from(CAPS),
         edge=st.sampled_from(EDGES),
         collect=st.booleans(),
+        exclusive=st.booleans(),
     )
     def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
              chosen: str | None, cap: int | None = None,
-             edge: tuple[bool, bool] = (False, True), collect: bool = False) -> None:
+             edge: tuple[bool, bool] = (False, True), collect: bool = False,
+             exclusive: bool = False) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
         replace = replace and not collect
@@ -253,17 +262,25 @@ class GateMachine(RuleBasedStateMachine):
                            timedelta(milliseconds=window + extra), replace, cap, *edge,
                            collect)
             return
-        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge, collect)
+        if exclusive and (edge[0] or cap is not None):  # refused, nothing written
+            with pytest.raises(DebounceConfigError, match=r"debounce_exclusive=True with"):
+                build_spec(timedelta(milliseconds=window), None,
+                           timedelta(milliseconds=window + extra), replace, cap, *edge,
+                           collect, exclusive)
+            return
+        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge, collect,
+                            exclusive)
+        options = EXCLUSIVE_OPTIONS if exclusive else "{}"
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
         if collect:  # the call's JSON [args, kwargs(, id)], as call.py encodes it
             payload = json.dumps([[int.from_bytes(payload[:2], "big")], {}]
                                  + ([chosen] if chosen else []),
                                  separators=(",", ":")).encode()
             call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/json",
-                                payload, "{}", "{}")
+                                payload, options, "{}")
         else:
             call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data",
-                                payload, "{}")
+                                payload, options)
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
@@ -312,6 +329,7 @@ class GateMachine(RuleBasedStateMachine):
             if in_use:
                 win.aliases.append(chosen)  # type: ignore[arg-type]
             win.mc = cap  # the window's cap is its opener's (like the max wait)
+            win.exclusive = exclusive  # and so is debounce_exclusive (its stored options)
             if collect:
                 win.elements, win.cz, win.payload = [], COLLECT_BYTES, b"{}"
                 live = {w.cl for w in self.wins.values()
@@ -429,6 +447,7 @@ class GateMachine(RuleBasedStateMachine):
                 self.leased[tid] = now
             else:
                 win.st = "stale"
+                self._free_run(win, now)
         leases = sorted(self.leased.items(), key=lambda kv: (kv[1], kv[0].encode()))
         for tid, _ in [kv for kv in leases if kv[1] <= now][:limit]:
             win = self.wins[tid]
@@ -437,20 +456,37 @@ class GateMachine(RuleBasedStateMachine):
                 win.tries += 1
                 if win.tries == 1:  # a flushed window, taken for the first time
                     win.ta = now
+                    if win.exclusive:  # in progress now (a flush is not held)
+                        self.run_of[win.ident] = win.id
                 self._build(win)
                 expected.append(tid)
             else:
                 del self.leased[tid]
         due = sorted(self.open.values(), key=lambda w: (w.dl, w.ident.encode()))
-        for win in due:
-            if win.dl > now or len(expected) >= limit:
-                break
+        fetched = [w for w in due if w.dl <= now][:limit - len(expected)]
+        held_ms: dict[str, int] = {}
+        for win in fetched:
+            runner = self.run_of.get(win.ident)
+            if runner is not None:
+                if self.wins[runner].st in ("dispatching", "queued", "claimed"):
+                    win.dl = now + self.lease_ms  # held: looked at again after a lease
+                    if win.ident not in self.held:
+                        self.held[win.ident] = now
+                        if win.hs is None:
+                            win.hs = now
+                    continue
+                del self.run_of[win.ident]
+                self.held.pop(win.ident, None)
             del self.open[win.ident]
             self._unindex(win)
             win.st, win.ta, win.tries = "dispatching", now, 1
             self._build(win)
             self.leased[win.id] = now + self.lease_ms
             expected.append(win.id)
+            if win.exclusive:
+                self.run_of[win.ident] = win.id
+                if win.hs is not None:
+                    held_ms[win.id], win.hs = now - win.hs, None
         assert [w.task_id for w in reply.windows] == expected
         for w in reply.windows:
             model = self.wins[w.task_id]
@@ -461,12 +497,23 @@ class GateMachine(RuleBasedStateMachine):
             assert w.taken_ms >= w.deadline_ms  # never early
             assert w.capped == (model.capped or model.full)  # closed by gate.lua (cx)
             assert w.leading == model.leading  # a leading run (gate.lua's ld)
+            assert w.held_ms == held_ms.get(w.task_id, 0)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
         assert reply.next_in_ms == (min(nexts) if nexts else -1)
         if len(expected) < limit:  # latency: nothing due is left behind by a pass
             assert all(w.dl > now for w in self.open.values())
+
+    def _free_run(self, win: Win, now: int) -> None:
+        """An exclusive window's run ended or its claim lapsed: its key is free, and a
+        window held behind it is due now."""
+        if self.run_of.get(win.ident) == win.id:
+            del self.run_of[win.ident]
+            if self.held.pop(win.ident, None) is not None:
+                behind = self.open.get(win.ident)
+                if behind is not None and behind.hs is not None:
+                    behind.dl = now
 
     def _ack(self, tid: str) -> None:
         count, now = self.backend.run("ack", [f"{self.tag}:leased", f"{self.tag}:active"],
@@ -591,6 +638,7 @@ class GateMachine(RuleBasedStateMachine):
         self.claims.pop(tid, None)
         win.st, win.rd = "finished", False
         win.fa = now
+        self._free_run(win, now)
 
     # -- invariants ----------------------------------------------------------
     @invariant()
@@ -604,6 +652,10 @@ class GateMachine(RuleBasedStateMachine):
         assert active == self.active
         claims = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:claims", 0, -1, withscores=True)}
         assert claims == self.claims
+        held = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:held", 0, -1, withscores=True)}
+        assert held == self.held
+        for ident, tid in self.run_of.items():
+            assert c.hgetall(f"{tag}:run:{ident}") == {b"id": tid.encode()}
         assert {k.decode(): v.decode() for k, v in c.hgetall(f"{tag}:ids").items()} \
             == self.ids_index
         keys = {k.decode() for k in c.scan_iter(match=f"{self.prefix}:*", count=1000)}
@@ -630,8 +682,10 @@ class GateMachine(RuleBasedStateMachine):
             assert c.lrange(f"{tag}:calls:{cl}", 0, -1) == w.elements
         expected_keys |= {f"{tag}:{z}" for z, m in
                           (("due", self.open), ("leased", self.leased), ("active", self.active),
-                           ("ids", self.ids_index), ("claims", self.claims))
+                           ("ids", self.ids_index), ("claims", self.claims),
+                           ("held", self.held))
                           if m}
+        expected_keys |= {f"{tag}:run:{ident}" for ident in self.run_of}
         assert keys == expected_keys
         for win in self.wins.values():
             if win.cancelled:
@@ -671,6 +725,10 @@ class GateMachine(RuleBasedStateMachine):
                 want[name] = value
         if win.rd:
             want["rd"] = 1
+        if win.hs is not None:
+            want["hs"] = win.hs
+        if win.exclusive and win.st != "finished":
+            want["o"] = EXCLUSIVE_OPTIONS
         if win.sa is not None:
             want["sa"] = win.sa
         if win.aliases:
