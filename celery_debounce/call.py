@@ -85,7 +85,7 @@ def prepare_call(
     else:
         kwargs = dict(kwargs)
     embed = _NO_EMBED
-    if static is not None and task_name in static and (
+    if static is not None and task_name in static and not spec.exclusive and (
         app is None or app.current_worker_task is None
     ):
         options_json = static[task_name]
@@ -98,8 +98,8 @@ def prepare_call(
         if spec.exclusive:  # take.lua holds it while a run of its key is in progress
             stored["headers"] = {**stored.get("headers", {}), EXCLUSIVE_HEADER: 1}
         options_json = encode_stored(stored)
-        if static is not None and "parent_id" not in stored:
-            static[task_name] = options_json
+        if static is not None and "parent_id" not in stored and not spec.exclusive:
+            static[task_name] = options_json  # per task: an exclusive call's (per call) differ
     try:
         positional, named = bind_arguments(signature, tuple(args), kwargs)
     except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
