@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
 from .collect import PAYLOAD_TOO_LARGE
-from .errors import DebounceBackendError, DebouncePayloadError
+from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, call_suppressed, window_opened
 
@@ -34,6 +34,9 @@ def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
     open_prefix, due = store.gate_prefixes[call.shard]
     return [open_prefix + call.ident, due]
 
+
+#: Error text gate.lua replies with for a replacing join the window's message cannot take.
+REPLACE_REFUSED = "DEBOUNCE_REPLACE_REFUSED"
 
 #: 1-based ARGV positions of the optional groups of gate.lua (see its header): the cap,
 #: the edge mode (with the history TTL), the collect byte budget (with the embed).
@@ -63,7 +66,7 @@ def gate_args(
         call.task_id,
         window,
         max_wait,
-        replace,
+        replace + call.embed_json.encode() if call.embed_json else replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
         "" if call.options_json == EMPTY_OPTIONS else call.options_json,
@@ -116,6 +119,11 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     except DebounceBackendError as exc:
         if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
             raise DebouncePayloadError(str(exc)) from None
+        if REPLACE_REFUSED in str(exc):  # a replacing join the window's message cannot take
+            raise DebounceConfigError(
+                f"{call.task_name}: debounce_replace_payload=True: "
+                f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
+            ) from None
         raise
     if result.edge == "suppressed":
         signal = call_suppressed

@@ -331,6 +331,23 @@ MUTATIONS: list[Mutation] = [
         "local PRUNE = 20",
         "local PRUNE = 0",
         FAULTS + "test_a_record_nobody_finishes_leaves_no_key_after_the_record_ttl"),
+    # -- issue 19: the opener's options, every id resolves, no secret ---------------------
+    one("a replacing join stores the joiner's whole body",
+        "the opener's options are the window's: a joiner replaces the arguments only",
+        LUA + "gate.lua",
+        "    return string.sub(data, 1, mine - 1) .. string.sub(held[3], theirs)",
+        "    return data",
+        "tests/test_window_options.py::"
+        "test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed",
+        "tests/test_window_options.py::"
+        "test_a_replacing_joiner_replaces_the_arguments_not_the_openers_link"),
+    one("a replacing join of another serializer is taken",
+        "the opener's options are the window's: its content type is the opener's",
+        LUA + "gate.lua",
+        "  if window_ct ~= ct then",
+        "  if false then",
+        "tests/test_window_options.py::"
+        "test_a_joiner_of_another_serializer_is_refused_and_writes_nothing"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
