@@ -20,6 +20,7 @@ from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .settings import settings_for
 from .store import store_for
 from .windows import WindowInfo
+from .worker_signals import forward_replacement
 
 
 class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
@@ -111,6 +112,13 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             refuse_fixed_leading(self.name)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
         return self.AsyncResult(result_id(result.task_id, fixed))
+
+    def on_replace(self, sig: Any) -> Any:
+        """``self.replace(sig)`` in a window's run: the window and its aliases get the
+        replacement's outcome (worker_signals.forward_replacement)."""
+        if not self.request.is_eager:
+            forward_replacement(self, sig)
+        return super().on_replace(sig)
 
     # -- steering a window by the task's own arguments -------------------------
     def debounce_pending(

@@ -348,6 +348,13 @@ MUTATIONS: list[Mutation] = [
         "  if false then",
         "tests/test_window_options.py::"
         "test_a_joiner_of_another_serializer_is_refused_and_writes_nothing"),
+    one("self.replace() forwards nothing to the aliases",
+        "every id resolves: a window whose run replaces itself resolves every alias",
+        PKG + "task.py",
+        "            forward_replacement(self, sig)",
+        "            pass",
+        "tests/test_replace.py::test_a_group_whose_members_join_a_replaced_window_completes",
+        "tests/test_replace.py::test_a_failed_replacement_fails_every_alias"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
