@@ -62,6 +62,11 @@ def gate_args(
     ARGV not given before them sent as '').
     """
     window, max_wait, replace = call.spec.gate_argv
+    expires = store.settings.result_expires_ms
+    if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:
+        # leading only: the quiet period (bounded by this max wait) never outlasts the
+        # leading run's result, whose id every call it suppresses returns
+        max_wait = b"%d" % expires
     args: list[object] = [
         call.task_id,
         window,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
@@ -93,6 +94,10 @@ class Settings:
     redis_cluster: bool = False
     #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
     wait_replicas: int = 0
+    #: Celery's ``result_expires`` in ms (None: results never expire). A leading-only
+    #: quiet period never outlasts it: its suppressed calls hold the leading run's id
+    #: (gate.gate_args)
+    result_expires_ms: int | None = None
 
     @classmethod
     def from_app(cls, app: Celery) -> Settings:
@@ -129,6 +134,7 @@ class Settings:
             wait_replicas=_non_negative_int(
                 "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
             ),
+            result_expires_ms=_result_expires_ms(conf.get("result_expires")),
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
@@ -228,6 +234,15 @@ def _redis_url(app: Celery, value: object) -> str:
         f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
         "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
     )
+
+
+def _result_expires_ms(value: object) -> int | None:
+    """Celery's ``result_expires`` (a timedelta or seconds; None or 0: never) in ms."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None  # unset, never, or not a number (Celery's own check reports it)
+    return max(1, int(value * 1000))
 
 
 def _prefix(value: object) -> str:

@@ -355,6 +355,13 @@ MUTATIONS: list[Mutation] = [
         "            pass",
         "tests/test_replace.py::test_a_group_whose_members_join_a_replaced_window_completes",
         "tests/test_replace.py::test_a_failed_replacement_fails_every_alias"),
+    one("a leading-only quiet period outlasts result_expires",
+        "every id resolves: a suppressed call's id names a result still stored",
+        PKG + "gate.py",
+        'if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:',
+        'if False:',
+        "tests/test_quiet_period_ids.py::"
+        "test_a_suppressed_call_never_gets_the_id_of_an_expired_result"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
