@@ -23,6 +23,7 @@ from .layout import (
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
+    redact,
     refuse_without_sentinel,
     sentinel_config,
 )
@@ -144,10 +145,10 @@ class Settings:
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
         if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
-            raise DebounceConfigError(
+            raise DebounceConfigError(redact(
                 f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
                 f"cluster node, got debounce_redis_url={self.redis_url!r}"
-            )
+            ))
         floor = RECORD_TTL_LEASES * self.dispatch_lease_ms
         if self.record_ttl_ms < floor:
             raise DebounceConfigError(
@@ -222,18 +223,18 @@ _SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 def _redis_url(app: Celery, value: object) -> str:
     if value:
         if not isinstance(value, str) or not value.startswith(_SCHEMES):
-            raise DebounceConfigError(
+            raise DebounceConfigError(redact(
                 f"debounce_redis_url={value!r}: expected a redis://, rediss://, unix:// or "
                 "sentinel:// URL"
-            )
+            ))
         return value
     broker = app.conf.broker_url
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "sentinel://")):
         return broker
-    raise DebounceConfigError(
+    raise DebounceConfigError(redact(
         f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
         "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
-    )
+    ))
 
 
 def _result_expires_ms(value: object) -> int | None:

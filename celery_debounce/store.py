@@ -42,7 +42,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from .errors import DebounceBackendError
+from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .layout import (
     CANCEL_FIELDS,
@@ -76,7 +76,7 @@ from .layout import (
     taken_set_key,
     win_key,
 )
-from .sentinel import SentinelConfig
+from .sentinel import SentinelConfig, redact
 from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
@@ -269,9 +269,10 @@ def translate_errors(operation: str) -> Iterator[None]:
 
 
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
+    text = redact(str(exc))  # redis-py quotes no password; a URL in it is hidden anyway
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
-    return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {text}")
+    return DebounceBackendError(f"debounce Redis refused {operation}: {text}")
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -457,10 +458,17 @@ class WindowStore:
             try:
                 client = redis.RedisCluster.from_url(settings.redis_url, **options)
             except (redis.RedisError, RedisClusterException) as exc:
-                raise DebounceBackendError(
-                    f"debounce Redis Cluster unreachable at {_safe_url(settings.redis_url)}: "
-                    f"{exc}") from exc
-        self.client: Any = client or redis.Redis.from_url(settings.redis_url, **options)
+                raise DebounceBackendError(redact(
+                    f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
+                )) from exc
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        if client is None:
+            try:
+                client = redis.Redis.from_url(settings.redis_url, **options)
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        self.client: Any = client
         self.cluster = isinstance(self.client, redis.RedisCluster)
         if self.cluster:
             self.sharded_wake = _every_master_has_sharded_pubsub(self.client)
@@ -1448,12 +1456,13 @@ class WakeListener:
             self._pubsub = None
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without its password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+def _unreadable_url(url: str) -> DebounceConfigError:
+    """redis-py could not read ``url``: its own error is not shown (it quotes the part it
+    could not read, a password holding '/' or ';' unencoded included)."""
+    return DebounceConfigError(redact(
+        f"the windows' Redis URL {url!r} cannot be read (a password holding "
+        "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
+    ))
 
 
 def _every_master_has_sharded_pubsub(client: Any) -> bool:

@@ -362,6 +362,29 @@ MUTATIONS: list[Mutation] = [
         'if False:',
         "tests/test_quiet_period_ids.py::"
         "test_a_suppressed_call_never_gets_the_id_of_an_expired_result"),
+    one("redact keeps a password that holds ';' or '/'",
+        "no secret in any error or log: a URL's user info is hidden up to its last '@'",
+        PKG + "sentinel.py",
+        '        at = segment.rfind("@")',
+        '        at = min((segment.find(c) for c in "@;/" if c in segment), default=-1)',
+        "tests/test_secrets.py::test_redact_hides_every_password_whole",
+        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+    one("the non-Redis broker URL is shown as it is",
+        "no secret in any error or log: the broker URL the windows would fall back to",
+        PKG + "settings.py",
+        '    raise DebounceConfigError(redact(\n        f"debounce_redis_url is not set',
+        '    raise DebounceConfigError(str(\n        f"debounce_redis_url is not set',
+        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+    one("redis-py's URL error is shown",
+        "no secret in any error or log: a URL redis-py cannot read",
+        PKG + "store.py",
+        "                client = redis.Redis.from_url(settings.redis_url, **options)\n"
+        "            except ValueError:\n"
+        "                raise _unreadable_url(settings.redis_url) from None",
+        "                client = redis.Redis.from_url(settings.redis_url, **options)\n"
+        "            except ValueError:\n"
+        "                raise",
+        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
