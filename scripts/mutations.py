@@ -385,6 +385,18 @@ MUTATIONS: list[Mutation] = [
         "            except ValueError:\n"
         "                raise",
         "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+    one("clear_windows matches <prefix>:*",
+        "clear_windows deletes this app's keys only (a prefix another's starts with)",
+        PKG + "layout.py",
+        '    return f"{escaped}:{{*"',
+        '    return f"{escaped}:*"',
+        "tests/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
+    one("clear_windows leaves glob characters in the prefix",
+        "clear_windows deletes this app's keys only (a prefix with glob characters)",
+        PKG + "layout.py",
+        '    escaped = "".join("\\\\" + c if c in "*?[]\\\\" else c for c in prefix)',
+        '    escaped = prefix',
+        "tests/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
