@@ -82,11 +82,21 @@ def _finished(app: Celery, task_id: str, aliases: list[Any], state: str, retval:
 def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
             **_: Any) -> None:
     shard = _window_shard(task)
+    if state == states.REJECTED and shard is not None and _rejected_for_good(task, retval):
+        # Reject(requeue=False), or a requeue of a message already acked: it never runs
+        # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
+        state = states.FAILURE
     if shard is None or state is None or state not in _FINAL:
         return
     if state == states.IGNORED and getattr(task.request, REPLACED_FLAG, False):
         return  # self.replace(): the replacement's outcome finishes it (forward_replacement)
     _finish_window(task.app, shard, task_id, task.name, state, retval)
+
+
+def _rejected_for_good(task: Task, retval: Any) -> bool:
+    """The run raised ``Reject``: True unless its message goes back to the queue (a
+    requeue with ``acks_late``; without it the message was acked before the run)."""
+    return not (getattr(retval, "requeue", False) and task.acks_late)
 
 
 # -- self.replace() in a window's run --------------------------------------------------

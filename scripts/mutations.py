@@ -397,6 +397,20 @@ MUTATIONS: list[Mutation] = [
         '    escaped = "".join("\\\\" + c if c in "*?[]\\\\" else c for c in prefix)',
         '    escaped = prefix',
         "tests/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
+    one("Reject(requeue=False) is not final",
+        "every id resolves: a run that rejects its message for good finishes its window",
+        PKG + "worker_signals.py",
+        "    if state == states.REJECTED and shard is not None and "
+        "_rejected_for_good(task, retval):",
+        "    if False:",
+        "tests/test_reject.py::"
+        "test_reject_without_requeue_finishes_the_window_and_fails_every_alias"),
+    one("a requeued Reject finishes the window",
+        "every id resolves to the run that follows a requeue, not to the Reject",
+        PKG + "worker_signals.py",
+        '    return not (getattr(retval, "requeue", False) and task.acks_late)',
+        "    return True",
+        "tests/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
