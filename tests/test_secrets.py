@@ -159,3 +159,30 @@ def test_redact_hides_every_password_whole(url: str) -> None:
     shown = redact(url)
     assert not any(p in shown for p in PARTS), shown
     assert "***" in shown and ("h" in shown or "rabbit" in shown)
+
+
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_no_password_when_the_broker_refuses_the_dispatcher(
+    redis_server: str, redis_client: Any, caplog: pytest.LogCaptureFixture, secret: str,
+) -> None:
+    """The windows' Redis is up, the broker (AMQP with confirms, or Redis) is not: the
+    dispatcher's publish fails and logs; no part of the broker's password in any of it."""
+    import time
+
+    caplog.set_level(logging.DEBUG)
+    pw = SECRETS[secret]
+    texts: list[str] = []
+    for broker in (f"amqp://guest:{pw}@127.0.0.1:{_closed_port()}//",
+                   f"redis://:{pw}@127.0.0.1:{_closed_port()}/1"):
+        redis_client.flushall()
+        app = _app(redis_server, broker_url=broker, debounce_redis_url=f"{redis_server}/0",
+                   broker_connection_timeout=0.5, broker_connection_max_retries=0)
+        app.tasks["secrets.t"].apply_async((1,), debounce="1ms", debounce_max_wait="1ms")
+        time.sleep(0.05)
+        try:
+            Dispatcher(app).dispatch_once()
+        except Exception as exc:
+            texts += _texts(exc)
+    assert caplog.records  # the failed publish was logged
+    texts += [logging.Formatter().format(r) for r in caplog.records]
+    assert not _leaks(texts), _leaks(texts)
