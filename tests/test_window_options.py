@@ -180,3 +180,20 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
     redis_client.zadd(f"{TAG}:due", {ident: now + 60_000})
     t.apply_async(("c",), serializer="pickle")
     assert pickle.loads(_record(redis_client, t, "k")[b"p"])[0] == ("c",)
+
+
+def test_the_splice_runs_on_fakeredis_too(app_factory: Any) -> None:
+    """Users' tests run gate.lua on fakeredis (celery_debounce.testing): same bodies."""
+    from celery_debounce.testing import use_fakeredis
+
+    app = app_factory(accept_content=["json", "pickle"])
+    seen: dict[str, Any] = {}
+    t, opener_cb, joiner_cb = _tasks(app, seen)
+    fake = use_fakeredis(app)
+    t.apply_async(("a",), link=opener_cb.s())
+    t.apply_async(({'}"\\': "]"},), link=joiner_cb.s())
+    body = json.loads(fake.hget(f"{TAG}:open:{window_ident(t.name, 'k')}", "p"))
+    assert body == [[{'}"\\': "]"}], {}, {"callbacks": [
+        json.loads(json.dumps(dict(opener_cb.s())))]}]
+    with pytest.raises(DebounceConfigError, match="content type"):
+        t.apply_async(("b",), serializer="pickle")

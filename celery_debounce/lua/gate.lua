@@ -246,6 +246,9 @@ local function replacement(ct, data, embed)
       (ct == '' and 'application/json' or ct) .. ': a window runs with its opener\'s ' ..
       'serializer; call with the same serializer'
   end
+  if not held[3] then  -- no body to keep anything of (not written by the package)
+    return data
+  end
   if ct == '' then
     local mine = embed_at(data)
     local theirs = embed_at(held[3])
