@@ -19,6 +19,8 @@ import pytest
 import redis
 from celery import Celery
 from helpers import running_worker, wait_until
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
@@ -197,3 +199,39 @@ def test_the_splice_runs_on_fakeredis_too(app_factory: Any) -> None:
         json.loads(json.dumps(dict(opener_cb.s())))]}]
     with pytest.raises(DebounceConfigError, match="content type"):
         t.apply_async(("b",), serializer="pickle")
+
+
+_TEXT = st.text(alphabet=st.sampled_from(list('{}[]",:\\ ab\u00e9\u4e2d\n')), max_size=8)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(opener=_JSON, joiner=_JSON, opener_links=st.integers(0, 2),
+       joiner_links=st.integers(0, 2))
+def test_any_json_arguments_splice_before_the_openers_embed(
+    app_factory: Any, redis_client: redis.Redis, opener: Any, joiner: Any,
+    opener_links: int, joiner_links: int,
+) -> None:
+    """Hypothesis: any JSON arguments (strings of brackets, quotes, backslashes,
+    escapes) of the opener and a replacing joiner, each with 0 to 2 links: the body
+    is the joiner's arguments and the opener's embed."""
+    redis_client.flushdb()
+    app = app_factory()
+
+    @app.task(base=DebouncedTask, shared=False, name="wo.h", debounce="1m",
+              debounce_max_wait="2m", debounce_key="k", debounce_replace_payload=True)
+    def h(x: Any) -> Any:
+        return x
+
+    def links(n: int, tag: Any) -> dict[str, Any]:
+        return {"link": [h.si(tag)] * n} if n else {}
+
+    h.apply_async((opener,), **links(opener_links, opener))
+    want = json.loads(_record(redis_client, h, "k")[b"p"])[2]
+    h.apply_async((joiner,), **links(joiner_links, joiner))
+    assert json.loads(_record(redis_client, h, "k")[b"p"]) == [[joiner], {}, want]
