@@ -48,7 +48,14 @@ def rapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
             return self.replace(group(add.s(x, 1), add.s(x, 2)))
         if how == "twice":
             return self.replace(app.tasks["rep.again"].s(x))
+        if how == "debounced":  # the replacement goes through the gate itself
+            return self.replace(app.tasks["rep.d"].s(x))
         return self.replace(boom.s(x))
+
+    @app.task(base=DebouncedTask, shared=False, name="rep.d", debounce="200ms",
+              debounce_max_wait="1s", debounce_key="{0}")
+    def d(x: int) -> int:
+        return x + 3000
 
     @app.task(shared=False, name="rep.again", bind=True)
     def again(self: Any, x: int) -> Any:
@@ -72,7 +79,8 @@ def test_a_group_whose_members_join_a_replaced_window_completes(
 
 
 @pytest.mark.parametrize(("how", "want"), [
-    ("task", 1007), ("chain", 1008), ("group", [8, 9]), ("twice", 2007)])
+    ("task", 1007), ("chain", 1008), ("group", [8, 9]), ("twice", 2007),
+    ("debounced", 3007)])
 def test_every_id_of_a_replaced_window_resolves_to_the_replacements_result(
     rapp: Celery, redis_client: redis.Redis, how: str, want: Any,
 ) -> None:
