@@ -77,3 +77,28 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
         for task, mw in ((t, 60_000), (both, 7_200_000)):
             quiet: Any = redis_client.hgetall(f"{TAG}:quiet:{window_ident(task.name, 'u')}")
             assert int(quiet[b"mw"]) == mw, (expires, task.name)
+
+
+def test_every_way_in_gets_the_ceiling(redis_server: str, redis_client: redis.Redis) -> None:
+    """Per-call options on a trailing task, send_task by name, enqueue_many: a
+    leading-only quiet period's max wait is min(max wait, result_expires) for each."""
+    from celery_debounce import enqueue_many, send_task
+
+    app = make_app(redis_server, result_expires=60)
+
+    @app.task(base=DebouncedTask, shared=False, name="quiet.plain", debounce="20s",
+              debounce_max_wait="1h", debounce_key="{0}")
+    def plain(user: str) -> None: ...
+
+    def mw(name: str, key: str) -> int:
+        quiet: Any = redis_client.hgetall(f"{TAG}:quiet:{window_ident(name, key)}")
+        return int(quiet[b"mw"])
+
+    plain.apply_async(("a",), debounce_leading=True, debounce_trailing=False)
+    assert mw(plain.name, "a") == 60_000
+    send_task(app, "quiet.byname", args=("b",), debounce="20s", debounce_max_wait="2h",
+              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    assert mw("quiet.byname", "b") == 60_000
+    enqueue_many(plain, [(("c",), {}), (("c",), {})], debounce_leading=True,
+                 debounce_trailing=False)
+    assert mw(plain.name, "c") == 60_000
