@@ -182,6 +182,11 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
     redis_client.zadd(f"{TAG}:due", {ident: now + 60_000})
     t.apply_async(("c",), serializer="pickle")
     assert pickle.loads(_record(redis_client, t, "k")[b"p"])[0] == ("c",)
+    redis_client.hset(f"{TAG}:open:{ident}", mapping={  # type: ignore[arg-type]
+        "id": "legacy-ct", "fs": now, "mw": 60_000, "n": 1, "ct": "application/json",
+        "p": json.dumps([["a"], {}, {"callbacks": [cb]}])})
+    t.apply_async(("d",), link=joiner_cb.s())  # the default type spelt out is the same
+    assert json.loads(_record(redis_client, t, "k")[b"p"]) == [["d"], {}, {"callbacks": [cb]}]
 
 
 def test_the_splice_runs_on_fakeredis_too(app_factory: Any) -> None:

@@ -240,6 +240,7 @@ end
 local function replacement(ct, data, embed)
   local held = redis.call('HMGET', open, 'ct', 'e', 'p')
   local window_ct = held[1] or ''
+  if window_ct == 'application/json' then window_ct = '' end  -- the default, spelt out
   if window_ct ~= ct then
     return nil, 'was opened with content type ' ..
       (window_ct == '' and 'application/json' or window_ct) .. ', this call has ' ..
@@ -260,7 +261,7 @@ local function replacement(ct, data, embed)
     end
     return string.sub(data, 1, mine - 1) .. string.sub(held[3], theirs)
   end
-  if held[2] == false or held[2] == embed then  -- no e: written before 0.3, as then
+  if held[2] == false or held[2] == embed then  -- no e: a record of 0.2, as 0.2 did
     return data
   end
   return nil, 'was opened with other link/link_error/chain/chord options, and a ' ..
