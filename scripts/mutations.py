@@ -348,6 +348,13 @@ MUTATIONS: list[Mutation] = [
         "  if false then",
         "tests/test_window_options.py::"
         "test_a_joiner_of_another_serializer_is_refused_and_writes_nothing"),
+    one("a replacing join of another embed replaces a pickle body",
+        "the opener's options are the window's: a body Lua cannot read keeps its embed",
+        LUA + "gate.lua",
+        "  if held[2] == false or held[2] == embed then",
+        "  if true then",
+        "tests/test_window_options.py::"
+        "test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_it"),
     one("self.replace() forwards nothing to the aliases",
         "every id resolves: a window whose run replaces itself resolves every alias",
         PKG + "task.py",
