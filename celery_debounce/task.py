@@ -20,7 +20,6 @@ from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .settings import settings_for
 from .store import store_for
 from .windows import WindowInfo
-from .worker_signals import forward_replacement
 
 
 class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
@@ -113,13 +112,6 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
         return self.AsyncResult(result_id(result.task_id, fixed))
 
-    def on_replace(self, sig: Any) -> Any:
-        """``self.replace(sig)`` in a window's run: the window and its aliases get the
-        replacement's outcome (worker_signals.forward_replacement)."""
-        if not self.request.is_eager:
-            forward_replacement(self, sig)
-        return super().on_replace(sig)
-
     # -- steering a window by the task's own arguments -------------------------
     def debounce_pending(
         self, *args: Any, debounce_key: str | None = None, **kwargs: Any
@@ -164,6 +156,15 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         check_arguments(self, args, kwargs)
         return call_key(settings_for(self.app), self.name, spec, args, kwargs,
                         self.debounce_signature(), self.serializer)
+
+    def on_replace(self, sig: Any) -> Any:
+        """``self.replace(sig)`` in a window's run: the window and its aliases get the
+        replacement's outcome (worker_signals.forward_replacement)."""
+        if not self.request.is_eager:
+            from .worker_signals import forward_replacement
+
+            forward_replacement(self, sig)
+        return super().on_replace(sig)
 
     def _debounce_admin(self) -> DebounceAdmin:
         return DebounceAdmin(self.app)
