@@ -42,7 +42,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from .errors import DebounceBackendError, DebounceConfigError
+from .errors import DebounceBackendError
 from .gate import GateResult, gate_args, gate_keys, parse_reply
 from .layout import (
     CANCEL_FIELDS,
@@ -269,10 +269,9 @@ def translate_errors(operation: str) -> Iterator[None]:
 
 
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
-    text = redact(str(exc))  # redis-py quotes no password; a URL in it is hidden anyway
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {text}")
-    return DebounceBackendError(f"debounce Redis refused {operation}: {text}")
+        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -1456,9 +1455,11 @@ class WakeListener:
             self._pubsub = None
 
 
-def _unreadable_url(url: str) -> DebounceConfigError:
+def _unreadable_url(url: str) -> Exception:
     """redis-py could not read ``url``: its own error is not shown (it quotes the part it
     could not read, a password holding '/' or ';' unencoded included)."""
+    from .errors import DebounceConfigError  # (kept off the import block other edits touch)
+
     return DebounceConfigError(redact(
         f"the windows' Redis URL {url!r} cannot be read (a password holding "
         "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
