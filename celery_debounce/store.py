@@ -79,7 +79,7 @@ from .layout import (
     taken_set_key,
     win_key,
 )
-from .sentinel import SentinelConfig
+from .sentinel import SentinelConfig, redact
 from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
@@ -607,10 +607,17 @@ class WindowStore:
             try:
                 client = redis.RedisCluster.from_url(settings.redis_url, **options)
             except (redis.RedisError, RedisClusterException) as exc:
-                raise DebounceBackendError(
-                    f"debounce Redis Cluster unreachable at {_safe_url(settings.redis_url)}: "
-                    f"{exc}") from exc
-        self.client: Any = client or redis.Redis.from_url(settings.redis_url, **options)
+                raise DebounceBackendError(redact(
+                    f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
+                )) from exc
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        if client is None:
+            try:
+                client = redis.Redis.from_url(settings.redis_url, **options)
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        self.client: Any = client
         self.cluster = isinstance(self.client, redis.RedisCluster)
         if self.cluster:
             self.sharded_wake = _every_master_has_sharded_pubsub(self.client)
@@ -1797,12 +1804,15 @@ class WakeListener:
             self._pubsub = None
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without its password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+def _unreadable_url(url: str) -> Exception:
+    """redis-py could not read ``url``: its own error is not shown (it quotes the part it
+    could not read, a password holding '/' or ';' unencoded included)."""
+    from .errors import DebounceConfigError  # (kept off the import block other edits touch)
+
+    return DebounceConfigError(redact(
+        f"the windows' Redis URL {url!r} cannot be read (a password holding "
+        "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
+    ))
 
 
 class _PooledCommands:
