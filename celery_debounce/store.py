@@ -299,9 +299,9 @@ class CancelOutcomeUnknown(DebounceOutcomeUnknown):
 
 def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
     """The reply of a command that reached Redis was lost: say that it may have run."""
-    return DebounceOutcomeUnknown(
+    return DebounceOutcomeUnknown(redact(
         f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
-        "outcome is unknown: it may or may not have run, and it was not sent again")
+        "outcome is unknown: it may or may not have run, and it was not sent again"))
 
 
 def _refused_by_a_replica(exc: BaseException) -> bool:
