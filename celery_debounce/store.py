@@ -751,7 +751,7 @@ class WindowStore:
         # never answers costs one timeout
         client = _PooledCommands(self) if self._direct else self.client
         got = read_server_version(client)
-        return [] if got is None else [(_safe_url(self.settings.redis_url), *got)]
+        return [] if got is None else [(redact(self.settings.redis_url), *got)]
 
     # -- scripts ---------------------------------------------------------------------------
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
