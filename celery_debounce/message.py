@@ -25,12 +25,13 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import task_message
 from celery.utils.nodenames import anon_nodename
-from celery.utils.time import add_seconds_to_datetime, maybe_make_aware, subtract_datetimes
+from celery.utils.time import maybe_make_aware
 from kombu import compression
 from kombu.entity import Exchange, Queue, maybe_delivery_mode
 from kombu.utils import json as kombu_json
 from kombu.utils.functional import maybe_list
 
+from .compat import add_seconds_to_datetime, subtract_datetimes
 from .errors import DebounceConfigError
 from .layout import SHARD_HEADER, decode_options, encode_options
 
