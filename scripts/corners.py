@@ -7,8 +7,8 @@
 
 For each corner ``run`` makes a new venv under ``.corners/NAME/`` with the corner's Python,
 installs the built wheel with the corner's exact versions and the test tools, fetches the
-corner's server, copies ``tests/`` (and ``pyproject.toml`` for pytest's settings) to a work
-directory without the package beside it, and runs the contract subset there against that
+corner's server, copies ``tests/``, ``docs/`` and ``pyproject.toml`` (pytest's settings) to a
+work directory without the package beside it, and runs the contract subset there against that
 server: the tests can only import the installed wheel. A missing interpreter or a server
 of another version fails the corner; nothing is skipped. Exit status 1 if any corner failed.
 """
@@ -191,6 +191,7 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
     shutil.copytree(ROOT / "tests", work / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    shutil.copytree(ROOT / "docs", work / "docs")  # tests that check a documented ACL line
     (work / "scripts").mkdir()
     shutil.copy(CORNERS_TOML, work / "scripts" / "corners.toml")
     set_up = time.monotonic() - started

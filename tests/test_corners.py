@@ -165,6 +165,6 @@ def test_ci_runs_the_corners_and_tox_claims_no_other_matrix() -> None:
     assert "scripts/test-corners.sh" in test_sh
     tox = (ROOT / "tox.ini").read_text()
     # tox keeps only the checks CI runs too (scripts/checks.sh); the versions are the corners'
-    envs = re.search(r"env_list\s*=\s*\n((?:\s+\S.*\n)+)", tox).group(1).split()
+    envs = re.search(r"env_list\s*=\s*\n((?:[ \t]+\S.*\n)+)", tox).group(1).split()
     assert envs == ["lint", "type", "docs"], envs
     assert not re.search(r"^\[testenv:py", tox, re.M)
