@@ -180,6 +180,7 @@ class Dispatcher:
         deadline is counted from each take, so publishing a batch does not push the
         next wake-up past a deadline that came due meanwhile.
         """
+        self.store.check_server()  # read at start; again here if Redis was down then
         published = 0
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
         for shard in (*range(self.settings.shards), *self._draining):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -238,18 +239,35 @@ def _prefix(value: object) -> str:
     return value
 
 
+#: An integer setting given as a string: ASCII digits only, surrounding blanks ignored
+#: ("1_000", "4.0", "1e3", "0x10", Arabic-Indic or full-width digits are refused).
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _int_setting(option: str, value: object, minimum: int) -> int:
+    """An integer setting >= ``minimum``: an int, or a string of its ASCII digits (as an
+    environment-driven settings module gives it: ``os.environ.get(...)``)."""
+    what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DIGITS.fullmatch(text):
+            raise DebounceConfigError(
+                f"{option}={value!r}: expected {what} (a string must be its ASCII digits, "
+                f"e.g. '4')"
+            )
+        number = int(text)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise DebounceConfigError(f"{option}={value!r}: expected {what}")
+    else:
+        number = value
+    if number < minimum:
+        raise DebounceConfigError(f"{option}={value!r}: expected {what}")
+    return number
+
+
 def _non_negative_int(option: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DebounceConfigError(f"{option}={value!r}: expected an int >= 0")
-    return value
+    return _int_setting(option, value, 0)
 
 
 def _positive_int(option: str, value: object) -> int:
-    if isinstance(value, str):  # e.g. from os.environ: refused, never guessed
-        raise DebounceConfigError(
-            f"{option}={value!r}: expected a positive int, got a str (convert it, e.g. "
-            f"int(os.environ[...]))"
-        )
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise DebounceConfigError(f"{option}={value!r}: expected a positive int")
-    return value
+    return _int_setting(option, value, 1)

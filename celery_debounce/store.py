@@ -437,6 +437,11 @@ class WindowStore:
     cluster = False
     #: Scripts publish wake-ups with SPUBLISH to ``<tag>:wake`` (one channel per shard).
     sharded_wake = False
+    #: The server's version was read and is supported (or cannot be read: see
+    #: :meth:`check_server`); :func:`store_for` checks until it is.
+    server_checked = False
+    _check_after = 0.0
+    _refusal: DebounceBackendError | None = None
 
     def __init__(self, settings: Settings, client: Any = None) -> None:
         self.settings = settings
@@ -526,6 +531,60 @@ class WindowStore:
             self.client.nodes_manager.initialize()
         except Exception as exc:  # no node answers: the caller's error says so
             logger.debug("debounce: cluster topology refresh failed: %r", exc)
+
+    # -- server version ----------------------------------------------------------------------
+    def check_server(self) -> None:
+        """Refuse a server older than :data:`MIN_REDIS` with a clear error, before any
+        script can fail on it (``ZADD GT``) with a Lua error.
+
+        Reads the version once (``HELLO``, which every user may run, else ``INFO
+        server``; on a cluster, of every master) and remembers the answer. Redis
+        unreachable: no answer yet, the operation reports the outage itself, read again
+        a second later. A refusal is raised again for a second, then read again (the
+        server may have been upgraded or failed over). A version that cannot be read
+        (both commands refused) is not refused.
+        """
+        if self.server_checked:
+            return
+        now = time.monotonic()
+        if now < self._check_after:
+            if self._refusal is not None:
+                raise self._refusal
+            return
+        self._check_after = now + 1.0
+        try:
+            found = self.server_versions()
+        except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException):
+            return  # an outage: the caller's own command reports it
+        except redis.RedisError as exc:
+            _logger.debug("debounce: could not read the Redis version: %r", exc)
+            found = []
+        old = [(where, server, version) for where, server, version in found
+               if not server_supported(server, version)]
+        if old:
+            where, server, version = old[0]
+            self._refusal = DebounceBackendError(
+                f"debounce Redis at {where} is {'Redis' if server == 'redis' else server} "
+                f"{version}; celery_debounce needs "
+                f"Redis >= {'.'.join(map(str, MIN_REDIS))} (its scripts use ZADD GT) or "
+                f"Valkey: upgrade the server or point debounce_redis_url at another one"
+            )
+            raise self._refusal
+        self._refusal = None
+        self.server_checked = True
+
+    def server_versions(self) -> list[tuple[str, str, str]]:
+        """``(where, server name, version)`` of the windows' server (each master of a
+        cluster); a server that answers neither ``HELLO`` nor ``INFO`` is left out."""
+        if self.cluster:
+            found = []
+            for node in self.client.get_primaries():
+                got = read_server_version(self.client.get_redis_connection(node))
+                if got is not None:
+                    found.append((f"{node.host}:{node.port}", *got))
+            return found
+        got = read_server_version(self.client)
+        return [] if got is None else [(_safe_url(self.settings.redis_url), *got)]
 
     # -- scripts ---------------------------------------------------------------------------
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -1456,6 +1515,55 @@ def _safe_url(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
+#: The oldest Redis the scripts run on: ``ZADD ... GT`` arrived in Redis 6.2.
+MIN_REDIS = (6, 2)
+
+
+def read_server_version(client: Any) -> tuple[str, str] | None:
+    """``(server name, version)`` from ``HELLO`` (no arguments: nothing changes; any
+    authenticated user may send it), else from ``INFO server``; None when the server
+    answers neither (both refused). Connection errors are raised."""
+    try:
+        reply = client.execute_command("HELLO")
+    except redis.ConnectionError:
+        raise
+    except redis.ResponseError:  # Redis < 6.2 (HELLO needs an argument there), a proxy
+        reply = None
+    fields = _pairs(reply)
+    version = fields.get("version")
+    if version is not None:
+        return fields.get("server", "redis"), version
+    try:
+        info = client.info("server")
+    except redis.ConnectionError:
+        raise
+    except redis.ResponseError:  # INFO refused (the documented ACL user lacks +info)
+        return None
+    if not isinstance(info, dict) or "redis_version" not in info:
+        return None
+    return "redis", str(info["redis_version"])
+
+
+def _pairs(reply: Any) -> dict[str, str]:
+    """HELLO's reply (a map with RESP3, a flat list with RESP2), scalars as text."""
+    if isinstance(reply, (list, tuple)):
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    if not isinstance(reply, dict):
+        return {}
+    return {as_text(k): as_text(v) for k, v in reply.items() if isinstance(v, (bytes, str))}
+
+
+def server_supported(server: str, version: str) -> bool:
+    """Redis >= 6.2; Valkey (forked from Redis 7.2) and other servers are not refused."""
+    if server.lower() != "redis":
+        return True
+    parts = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) >= MIN_REDIS
+
+
 def _every_master_has_sharded_pubsub(client: Any) -> bool:
     """True when every master runs Redis >= 7.0 (SPUBLISH/SSUBSCRIBE)."""
     try:
@@ -1478,11 +1586,14 @@ def store_for(app: Celery) -> WindowStore:
     """The app's store in this process (a forked child builds its own)."""
     pid = os.getpid()
     cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_backend", None)
-    if cached is not None and cached[0] == pid:
+    if cached is not None and cached[0] == pid and cached[1].server_checked:
         return cached[1]
     with _lock:
         cached = getattr(app, "_debounce_backend", None)
         if cached is None or cached[0] != pid:
             cached = (pid, WindowStore(settings_for(app)))
             app._debounce_backend = cached  # type: ignore[attr-defined, unused-ignore]
-    return cached[1]
+    store = cached[1]
+    if not store.server_checked:  # the first call, dispatcher or worker of this process
+        store.check_server()
+    return store

@@ -374,3 +374,30 @@ def test_an_unreachable_cluster_is_a_debounce_error_within_seconds(
         work.delay(1)
     assert time.monotonic() - started < 5
     assert "secret" not in str(caught.value)
+
+
+@pytest.mark.cluster
+def test_the_server_version_is_read_from_every_master(
+    cluster_app: Callable[..., Celery], redis_cluster: LocalCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tests/test_server_version.py on a cluster: each master's version is checked; one
+    old master refuses the store, naming that master."""
+    import celery_debounce.store as store_module
+
+    app = cluster_app()
+    store = backend_for(app)
+    found = store.server_versions()
+    assert sorted(int(where.rsplit(":", 1)[1]) for where, _, _ in found) == \
+        sorted(redis_cluster.master_ports())
+    assert store.server_checked
+    last = redis_cluster.master_ports()[-1]
+    real = store_module.read_server_version
+
+    def one_old(client: Any) -> Any:
+        port = client.connection_pool.connection_kwargs["port"]
+        return ("redis", "6.0.16") if port == last else real(client)
+
+    monkeypatch.setattr(store_module, "read_server_version", one_old)
+    with pytest.raises(DebounceBackendError, match=rf":{last} is Redis 6\.0\.16"):
+        backend_for(cluster_app())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -53,14 +54,47 @@ def test_the_worker_step_refuses_a_garbled_switch() -> None:
     assert step.include_if(_worker(_app())) is True
 
 
-@pytest.mark.parametrize(
-    "name", ["debounce_shards", "debounce_dispatch_batch", "debounce_max_key_length",
-             "debounce_max_payload_bytes"],
-)
-def test_integer_settings_refuse_strings_naming_the_setting(name: str) -> None:
-    expected = f"{name}='4': expected a positive int, got a str"
-    with pytest.raises(DebounceConfigError, match=expected):
-        Settings.from_app(_app(**{name: "4"}))
+INT_SETTINGS = {  # name -> the Settings field and the smallest value accepted
+    "debounce_shards": ("shards", 1),
+    "debounce_dispatch_batch": ("dispatch_batch", 1),
+    "debounce_max_key_length": ("max_key_length", 1),
+    "debounce_max_payload_bytes": ("max_payload_bytes", 1),
+    "debounce_redis_wait_replicas": ("wait_replicas", 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_SETTINGS))
+@pytest.mark.parametrize(("text", "number"), [("4", 4), (" 4 ", 4), ("16\n", 16), ("0012", 12)])
+def test_integer_settings_parse_strings_from_the_environment(
+    name: str, text: str, number: int,
+) -> None:
+    """``CELERY_DEBOUNCE_SHARDS = os.environ.get(...)`` gives a string: read as the int
+    it spells, as boolean and duration settings read theirs (issue 18, item 5)."""
+    field, _ = INT_SETTINGS[name]
+    settings = Settings.from_app(_app(**{name: text}))
+    assert getattr(settings, field) == number
+    assert type(getattr(settings, field)) is int
+
+
+@pytest.mark.parametrize("name", sorted(INT_SETTINGS))
+@pytest.mark.parametrize("text", ["", " ", "four", "4.0", "4.5", "1e3", "0x10", "1_000",
+                                  "+4", "-4", "4 4", "\u0664", "\uff14", "4s", "True"])
+def test_integer_settings_refuse_other_strings_naming_the_setting_and_value(
+    name: str, text: str,
+) -> None:
+    _, least = INT_SETTINGS[name]
+    what = "a positive int" if least == 1 else "an int >= 0"
+    with pytest.raises(DebounceConfigError) as info:
+        Settings.from_app(_app(**{name: text}))
+    assert str(info.value).startswith(f"{name}={text!r}: expected {what}")
+
+
+@pytest.mark.parametrize("name", sorted(INT_SETTINGS))
+def test_integer_settings_below_their_least_value_are_refused_as_strings_too(name: str) -> None:
+    _, least = INT_SETTINGS[name]
+    for value in (least - 1, str(least - 1), True, 4.0, [4]):
+        with pytest.raises(DebounceConfigError, match=f"^{re.escape(f'{name}={value!r}')}: "):
+            Settings.from_app(_app(**{name: value}))
 
 
 def test_durations_from_strings_work() -> None:
