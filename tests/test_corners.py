@@ -23,6 +23,7 @@ import pytest
 import redis
 
 import celery_debounce
+from celery_debounce.store import MIN_REDIS
 
 try:
     import tomllib
@@ -97,10 +98,11 @@ def test_this_run_has_its_rows_versions(redis_server: str) -> None:
         site = Path(celery_debounce.__file__).resolve()
         assert "site-packages" in site.parts, site
     if CORNER == "lowest":
-        # exactly the lowest versions pyproject.toml admits
+        # exactly the lowest versions pyproject.toml admits, on the oldest server admitted
         for name, bound in lower_bounds().items():
             assert series(found[name], bound), (
                 f"lowest corner: {name} {found[name]} is not {bound}.x, the declared lower bound")
+        assert series(version, ".".join(map(str, MIN_REDIS))), (server, version, MIN_REDIS)
 
 
 @in_checkout
@@ -109,6 +111,8 @@ def test_the_lowest_corner_is_the_declared_lower_bounds() -> None:
     for name, bound in lower_bounds().items():
         assert lowest[name] == bound, (
             f"pyproject.toml admits {name} {bound}; the lowest corner tests {lowest[name]}")
+    # the oldest server the package accepts (celery_debounce.store.MIN_REDIS)
+    assert (lowest["server"], lowest["server-version"]) == ("redis", ".".join(map(str, MIN_REDIS)))
     # kombu is not declared: the lowest corner pairs it with its Celery minor
     assert lowest["kombu"] == lowest["celery"]
     assert lowest["hiredis"] is False  # hiredis is an extra: the lowest install has none
