@@ -172,3 +172,22 @@ def test_ci_runs_the_corners_and_tox_claims_no_other_matrix() -> None:
     envs = re.search(r"env_list\s*=\s*\n((?:[ \t]+\S.*\n)+)", tox).group(1).split()
     assert envs == ["lint", "type", "docs"], envs
     assert not re.search(r"^\[testenv:py", tox, re.M)
+
+
+@in_checkout
+def test_a_missing_interpreter_or_a_server_of_another_version_fails_the_corner(
+    tmp_path: Path,
+) -> None:
+    corners = corners_module()
+    with pytest.raises(corners.CornerError, match=r"no Python 3\.99"):
+        corners.find_python("3.99")
+    from celery_debounce.local_redis import find_redis_server
+
+    binary = find_redis_server()
+    name, version = corners.server_version(binary)
+    row = {"name": "test", "server": name, "server-version": "1.0", "server-path": binary,
+           "server-from": "the tests' server"}
+    with pytest.raises(corners.CornerError, match=f"is {name} {re.escape(version)}"):
+        corners.server_binary(row, tmp_path, tmp_path)
+    row["server-version"] = ".".join(version.split(".")[:2])
+    assert corners.server_binary(row, tmp_path, tmp_path) == binary
