@@ -70,7 +70,7 @@ def enqueue_many(
             settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
             app=task.app, task_type=task, static=static,
         ))
-    store = store_for(task.app)
+    store = store_for(task.app, call=True)
     make = task.AsyncResult
     results: list[AsyncResult | None] = [None] * len(prepared)
     outcomes: list[Outcome] = []

@@ -533,16 +533,18 @@ class WindowStore:
             logger.debug("debounce: cluster topology refresh failed: %r", exc)
 
     # -- server version ----------------------------------------------------------------------
-    def check_server(self) -> None:
+    def check_server(self, outage_raises: bool = False) -> None:
         """Refuse a server older than :data:`MIN_REDIS` with a clear error, before any
         script can fail on it (``ZADD GT``) with a Lua error.
 
         Reads the version once (``HELLO``, which every user may run, else ``INFO
         server``; on a cluster, of every master) and remembers the answer. Redis
-        unreachable: no answer yet, the operation reports the outage itself, read again
-        a second later. A refusal is raised again for a second, then read again (the
-        server may have been upgraded or failed over). A version that cannot be read
-        (both commands refused) is not refused.
+        unreachable: no answer yet, read again a second later; raised as
+        :class:`DebounceBackendError` with ``outage_raises`` (a call, which would fail
+        on it too: so it waits one timeout, not two), else left to the operation. A
+        refusal is raised again for a second, then read again (the server may have
+        been upgraded or failed over). A version that cannot be read (both commands
+        refused) is not refused.
         """
         if self.server_checked:
             return
@@ -554,8 +556,14 @@ class WindowStore:
         self._check_after = now + 1.0
         try:
             found = self.server_versions()
-        except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException):
-            return  # an outage: the caller's own command reports it
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if outage_raises:
+                raise _translated("connect", exc) from exc
+            return  # the caller's own command reports the outage
+        except (OSError, RedisClusterException) as exc:
+            if outage_raises:
+                raise DebounceBackendError(f"debounce Redis unreachable: {exc}") from exc
+            return
         except redis.RedisError as exc:
             _logger.debug("debounce: could not read the Redis version: %r", exc)
             found = []
@@ -583,7 +591,10 @@ class WindowStore:
                 if got is not None:
                     found.append((f"{node.host}:{node.port}", *got))
             return found
-        got = read_server_version(self.client)
+        # on a pooled connection without redis-py's retry (as _evalsha): a server that
+        # never answers costs one timeout
+        client = _PooledCommands(self) if self._direct else self.client
+        got = read_server_version(client)
         return [] if got is None else [(_safe_url(self.settings.redis_url), *got)]
 
     # -- scripts ---------------------------------------------------------------------------
@@ -1515,6 +1526,33 @@ def _safe_url(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
+class _PooledCommands:
+    """``execute_command``/``info`` of a store's client, sent once on a pooled
+    connection (no retry; a connection that failed is dropped)."""
+
+    def __init__(self, store: WindowStore) -> None:
+        self.store = store
+        self.connection_pool = store.client.connection_pool
+
+    def execute_command(self, *args: Any) -> Any:
+        pool = self.connection_pool
+        conn: Any = pool.get_connection(*self.store._checkout_args)
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()  # the reply may still come: never reuse
+            raise
+        finally:
+            pool.release(conn)
+
+    def info(self, section: str) -> dict[str, str]:
+        text = as_text(self.execute_command("INFO", section))
+        return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 #: The oldest Redis the scripts run on: ``ZADD ... GT`` arrived in Redis 6.2.
 MIN_REDIS = (6, 2)
 
@@ -1582,8 +1620,11 @@ def _every_master_has_sharded_pubsub(client: Any) -> bool:
 _lock = threading.Lock()
 
 
-def store_for(app: Celery) -> WindowStore:
-    """The app's store in this process (a forked child builds its own)."""
+def store_for(app: Celery, call: bool = False) -> WindowStore:
+    """The app's store in this process (a forked child builds its own).
+
+    Until the server's version was read (:meth:`WindowStore.check_server`), each use
+    reads it; ``call``: a producer's call, which raises an outage found there."""
     pid = os.getpid()
     cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_backend", None)
     if cached is not None and cached[0] == pid and cached[1].server_checked:
@@ -1595,5 +1636,5 @@ def store_for(app: Celery) -> WindowStore:
             app._debounce_backend = cached  # type: ignore[attr-defined, unused-ignore]
     store = cached[1]
     if not store.server_checked:  # the first call, dispatcher or worker of this process
-        store.check_server()
+        store.check_server(outage_raises=call)
     return store

@@ -212,7 +212,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             task_type=self,
             static=None if own else static_routing(app),
         )
-        return enter(store_for(app), call, fixed)
+        return enter(store_for(app, call=True), call, fixed)
 
 
 def send_task(
@@ -259,7 +259,7 @@ def send_task(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
         app=app, task_type=local,
     )
-    return app.AsyncResult(result_id(enter(store_for(app), call, fixed).task_id, fixed))
+    return app.AsyncResult(result_id(enter(store_for(app, call=True), call, fixed).task_id, fixed))
 
 
 def refuse_fixed_leading(name: str) -> None:

@@ -52,17 +52,24 @@ def test_the_test_server_passes_and_its_version_is_read(redis_client: redis.Redi
     store = store_for(app)
     assert store.server_checked
     assert store.server_versions()[0][1:] == (server, version)
+    if store.direct:  # the store's own path (one pooled connection, no retry): same answer
+        pooled = store_module._PooledCommands(store)
+        assert read_server_version(pooled) == (server, version)
+        assert pooled.info("server")["redis_version"] == info["redis_version"]
 
 
 def _refusing_info_and_hello(monkeypatch: pytest.MonkeyPatch, refuse: set[str]) -> None:
-    real = redis.Redis.execute_command
+    """The server refuses these commands (the store's own path and redis-py's)."""
+    for cls in (redis.Redis, store_module._PooledCommands):
+        real = cls.execute_command
 
-    def execute_command(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(args[0]).upper() in refuse:
-            raise redis.ResponseError(f"NOPERM no permissions to run the '{args[0]}' command")
-        return real(self, *args, **kwargs)
+        def execute_command(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if str(args[0]).upper() in refuse:
+                raise redis.ResponseError(
+                    f"NOPERM no permissions to run the '{args[0]}' command")
+            return _real(self, *args, **kwargs)
 
-    monkeypatch.setattr(redis.Redis, "execute_command", execute_command)
+        monkeypatch.setattr(cls, "execute_command", execute_command)
 
 
 def test_without_hello_the_version_comes_from_info(
@@ -156,6 +163,7 @@ def test_an_old_server_refuses_the_dispatcher_at_start_and_in_its_loop(
 
 
 def test_redis_down_at_start_is_not_a_refusal_and_is_read_again(app_factory: Any) -> None:
+    """The dispatcher starts anyway (it retries); a call raises the outage it found."""
     from celery_debounce.local_redis import free_port
 
     app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0")
@@ -164,6 +172,11 @@ def test_redis_down_at_start_is_not_a_refusal_and_is_read_again(app_factory: Any
     store.check_server()  # refused connection: no answer, no error
     assert not store.server_checked and time.monotonic() - start < 2
     assert store._check_after > time.monotonic()
+    Dispatcher(app)  # at a worker's start: no error
+    store._check_after = 0.0
+    with pytest.raises(DebounceBackendError, match="unreachable"):
+        store.check_server(outage_raises=True)
+    assert not store.server_checked
 
 
 def test_a_worker_on_an_old_server_refuses_to_start(redis_server: str,
