@@ -191,3 +191,16 @@ def test_a_missing_interpreter_or_a_server_of_another_version_fails_the_corner(
         corners.server_binary(row, tmp_path, tmp_path)
     row["server-version"] = ".".join(version.split(".")[:2])
     assert corners.server_binary(row, tmp_path, tmp_path) == binary
+
+
+@in_checkout
+def test_the_pypi_description_names_the_corners_ci_runs() -> None:
+    text = " ".join((ROOT / "docs" / "pypi.md").read_text().split())
+    for index, row in enumerate(matrix()["corner"]):
+        server = f"{row['server'].capitalize()} {row['server-version']}"
+        if index == 0:
+            phrase = (f"Python {row['python']}, Celery {row['celery']}, "
+                      f"redis-py {row['redis-py']}, {server}")
+        else:
+            phrase = f"{row['python']}, {row['celery']}, {row['redis-py']}, {server}"
+        assert phrase in text, f"docs/pypi.md does not name the {row['name']} corner: {phrase}"
