@@ -209,3 +209,18 @@ def test_tls_support_probe(tmp_path: Path, says: str, tls: bool) -> None:
     binary.write_text(f"#!/bin/sh\ncat <<'EOF'\n{says}\nEOF\nexit 1\n")
     binary.chmod(0o755)
     assert server_supports_tls(str(binary)) is tls
+
+
+def test_the_refusal_never_shows_the_password(
+    app_factory: Any, redis_server: str, old_server: list[Any],
+) -> None:
+    port = redis_server.rsplit(":", 1)[1]
+    app = app_factory(debounce_redis_url=f"redis://debouncer:s3cr%3Bet@127.0.0.1:{port}/0")
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="5s")
+    def work() -> None: ...
+
+    with pytest.raises(DebounceBackendError) as info:
+        work.delay()
+    _refusal(info)
+    assert "s3cr" not in str(info.value) and "***@127.0.0.1" in str(info.value)
