@@ -280,8 +280,8 @@ def cancel_marker_key(tag: str, token: str) -> str:
 def all_keys_pattern(prefix: str) -> str:
     """A SCAN pattern matching every key (and nothing else) under ``prefix``.
 
-    Every key of the package is ``<prefix>:{<tag>}:...`` (``shard_tag``), so the
-    pattern ends in ``:{*``: another app's prefix that starts with this one and a
+    Every key of the package but :func:`layouts_key` (which callers add by name) is
+    ``<prefix>:{<tag>}:...`` (``shard_tag``), so the pattern ends in ``:{*``: another app's prefix that starts with this one and a
     colon (``debounce:tenant2``) is not matched. Glob characters in the prefix
     (``*``, ``?``, ``[``, ``]``, ``\\``) are escaped, so they match only themselves.
     """
