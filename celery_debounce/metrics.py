@@ -24,9 +24,11 @@ Metrics (all labelled ``task``; see docs/operations.md):
   gate (``.delay()``/``apply_async``; producers)
 * ``celery_debounce_call_errors_total{task,error}``: calls the gate could not take
   (``DebounceBackendError``, ``DebounceOutcomeUnknown``; producers)
+* ``celery_debounce_calls_total{task,outcome}``: every call the gate took, by outcome
+  (``opened``, ``absorbed``, ``suppressed``): "calls in" is one selector over it
 * ``celery_debounce_publish_failures_total{task,kind}``: windows a dispatcher pass took
-  but could not publish (``kind``: message, broker, uncertain, suspect; see signals.py)
-* ``celery_debounce_publish_nacks_total``: messages an AMQP broker refused (nack)
+  but could not publish (``kind``: message, broker, uncertain, suspect, see
+  signals.py; ``nack``: a message an AMQP broker refused)
 * ``celery_debounce_windows_quarantined_total{task,kind}``: windows set aside (``kind``:
   message, publish_failed, record)
 
@@ -102,8 +104,8 @@ class Metrics:
     call_duration: Any = None
     call_errors: Any = None
     publish_failures: Any = None
-    publish_nacks: Any = None
     quarantined: Any = None
+    calls: Any = None
 
     def connect(self) -> None:
         """Connect the signal receivers (again, after :meth:`disable`)."""
@@ -166,19 +168,22 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     call_errors = counter("call_errors", "Calls the gate could not take (Redis errors), by "
                           "exception class.", "error")
     publish_failures = counter("publish_failures", "Windows a dispatcher took but could not "
-                               "publish, by kind (message, broker, uncertain, suspect).", "kind")
-    publish_nacks = counter("publish_nacks", "Messages the broker refused (AMQP nack); "
-                            "their windows are retried.")
+                               "publish, by kind (message, broker, uncertain, suspect, nack).",
+                               "kind")
+    calls = counter("calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).",
+                    "outcome")
     quarantined = counter("windows_quarantined", "Windows set aside, by kind (message, "
                           "publish_failed, record).", "kind")
 
     def on_opened(sender: str, latency: float | None = None, **_: Any) -> None:
         opened.labels(task=sender).inc()
+        calls.labels(task=sender, outcome="opened").inc()
         if latency is not None:
             call_duration.labels(task=sender).observe(latency)
 
     def on_absorbed(sender: str, latency: float | None = None, **_: Any) -> None:
         absorbed.labels(task=sender).inc()
+        calls.labels(task=sender, outcome="absorbed").inc()
         if latency is not None:
             call_duration.labels(task=sender).observe(latency)
 
@@ -201,6 +206,7 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
 
     def on_suppressed(sender: str, latency: float | None = None, **_: Any) -> None:
         suppressed.labels(task=sender).inc()
+        calls.labels(task=sender, outcome="suppressed").inc()
         if latency is not None:
             call_duration.labels(task=sender).observe(latency)
 
@@ -214,7 +220,7 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         publish_failures.labels(task=sender, kind=kind).inc()
 
     def on_publish_refused(sender: str, **_: Any) -> None:
-        publish_nacks.labels(task=sender).inc()
+        publish_failures.labels(task=sender, kind="nack").inc()
 
     def on_quarantined(sender: str, kind: str = "message", **_: Any) -> None:
         quarantined.labels(task=sender, kind=kind).inc()
@@ -225,7 +231,7 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
                  on_publish_failed, on_publish_refused, on_quarantined)
     enabled = Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls,
                       lateness, receivers, closed_by_cap, leading_runs, suppressed,
-                      call_duration, call_errors, publish_failures, publish_nacks, quarantined)
+                      call_duration, call_errors, publish_failures, quarantined, calls)
     enabled.connect()
     done[namespace] = enabled
     return enabled

@@ -41,7 +41,8 @@ Errors, sent only if someone listens:
   ``"uncertain"`` (a batch the broker answered in part) or ``"suspect"`` (refused,
   and nothing else got through in that pass).
 * ``publish_refused``: the dispatcher process, per message an AMQP broker nacked
-  (``task_id, key``); the window is retried.
+  (``task_id, key``); the window is retried (the metrics count it as a publish
+  failure of kind ``nack``).
 * ``window_quarantined``: the dispatcher process, per window set aside (``task_id,
   key, kind, reason``): ``kind`` is ``"message"`` (its message cannot be built),
   ``"publish_failed"`` (``MAX_TRIES`` failed publishes) or ``"record"`` (its record
