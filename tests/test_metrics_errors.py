@@ -57,6 +57,8 @@ def test_enable_twice_returns_the_same_metrics_and_counts_each_call_once(
         twice.delay("a")
         assert sample(reg, "windows_opened_total", task=twice.name) == 1
         assert sample(reg, "calls_absorbed_total", task=twice.name) == 1
+        assert sample(reg, "calls_total", task=twice.name, outcome="opened") == 1
+        assert sample(reg, "calls_total", task=twice.name, outcome="absorbed") == 1
         assert sample(reg, "call_duration_seconds_count", task=twice.name) == 2
         assert 0 < sample(reg, "call_duration_seconds_sum", task=twice.name) < 2
     finally:
