@@ -95,6 +95,8 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
     redis_client.zadd("debounce:{0}:quarantine", {"q1": 1, "q2": 2})
     now_ms = int(redis_client.time()[0]) * 1000
     redis_client.zadd("debounce:{0}:dispatchers", {"worker-gone@host": now_ms - 30_000})
+    # the store's own counters (take.lua writes them): 4 runs carrying 9 calls
+    redis_client.hset("debounce:{1}:stats", mapping={"r|expapp.touch": 4, "c|expapp.touch": 9})
     port = free_port()
     proc = start_exporter(tmp_path, redis_server, port, "--min-interval", "0", shards=2)
     try:
@@ -109,6 +111,8 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
         assert 29 <= got["celery_debounce_seconds_since_last_batch"] < 60
         assert 29 <= got[
             "celery_debounce_dispatcher_last_batch_age_seconds{dispatcher=worker-gone@host}"] < 60
+        assert got["celery_debounce_store_runs_total{task=expapp.touch}"] == 4
+        assert got["celery_debounce_store_calls_total{task=expapp.touch}"] == 9
         assert got["celery_debounce_exporter_reads_total"] >= 1
         assert got["celery_debounce_exporter_read_errors_total"] == 0
         # nothing but the store and the exporter: no process_* or python_* series
