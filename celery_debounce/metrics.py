@@ -43,7 +43,8 @@ which reads every process's values from that directory (docs/monitoring.md).
 
 :func:`enable_store_gauges` adds gauges read from Redis at each scrape (open,
 due, in-flight and quarantined windows, dispatchers' last batch): see
-:class:`celery_debounce.top.StoreCollector`.
+:class:`celery_debounce.exporter.StoreCollector`. ``celery debounce exporter``
+serves them from a process of their own, which does not die with the workers.
 """
 
 from __future__ import annotations
