@@ -389,6 +389,14 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
         while not all_panels_hold() and time.monotonic() < deadline:
             time.sleep(1)
         assert not failures, "\n".join(f"{k}: {v}" for k, v in failures.items())
+        # the variables' queries (label_values(<selector>, <label>)) offer the jobs and task
+        for variable in dashboard()["templating"]["list"][1:]:
+            found = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
+            assert found, variable
+            selector = found.group(1).replace("$job", ".*")
+            values = prometheus.api(f"label/{found.group(2)}/values", **{"match[]": selector})
+            wanted = {"job": {EXPORTER_JOB, "worker", "producer"}, "task": {TASK}}
+            assert wanted[variable["name"]] <= set(values), (variable["name"], values)
     finally:
         stack.stop()
 
