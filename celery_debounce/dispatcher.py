@@ -22,7 +22,7 @@ from kombu.exceptions import InconsistencyError
 
 from .aliases import parse_aliases, resolve_aliases
 from .confirms import ConfirmingPublisher, uses_confirms
-from .errors import DebounceBackendError, WindowQuarantined
+from .errors import DebounceBackendError, DebounceConfigError, WindowQuarantined
 from .layout import (
     DEFAULT_CONTENT_TYPE,
     SHARD_HEADER,
@@ -30,6 +30,7 @@ from .layout import (
     layout_tags,
 )
 from .message import WindowMessage
+from .sentinel import redact
 from .signals import (
     leading_run,
     publish_failed,
@@ -273,7 +274,12 @@ class Dispatcher:
         self.backend = self.store  # the name before store.py
         self.settings = self.store.settings
         self.messages = WindowMessage(app)
-        self._send_message = app.amqp.send_task_message
+        try:
+            self._send_message = app.amqp.send_task_message
+        except ValueError:  # kombu cannot read the broker URL; its error quotes a part of it
+            raise DebounceConfigError(redact(
+                f"broker_url {app.conf.broker_url!r} cannot be read (a password holding "
+                "';', '/', '@' or ':' must be percent-encoded)")) from None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake: WakeListener | None = None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
 from .collect import PAYLOAD_TOO_LARGE
-from .errors import DebounceBackendError, DebouncePayloadError
+from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 
@@ -36,6 +36,9 @@ def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
     return [open_prefix + call.ident, due]
 
 
+#: Error text gate.lua replies with for a replacing join the window's message cannot take.
+REPLACE_REFUSED = "DEBOUNCE_REPLACE_REFUSED"
+
 #: 1-based ARGV positions of the optional groups of gate.lua (see its header): the cap,
 #: the edge mode (with the history TTL), the collect byte budget (with the embed).
 CAP_ARGV = 12
@@ -60,11 +63,16 @@ def gate_args(
     ARGV not given before them sent as '').
     """
     window, max_wait, replace = call.spec.gate_argv
+    expires = store.settings.result_expires_ms
+    if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:
+        # leading only: the quiet period (bounded by this max wait) never outlasts the
+        # leading run's result, whose id every call it suppresses returns
+        max_wait = b"%d" % expires
     args: list[object] = [
         call.task_id,
         window,
         max_wait,
-        replace,
+        replace + call.embed_json.encode() if call.embed_json else replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
         "" if call.options_json == EMPTY_OPTIONS else call.options_json,
@@ -120,6 +128,11 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     except DebounceBackendError as exc:
         if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
             raise DebouncePayloadError(str(exc)) from None
+        if REPLACE_REFUSED in str(exc):  # a replacing join the window's message cannot take
+            raise DebounceConfigError(
+                f"{call.task_name}: debounce_replace_payload=True: "
+                f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
+            ) from None
         if call_failed.receivers:
             call_failed.send(sender=call.task_name, key=call.key, error=type(exc).__name__,
                              latency=None if start is None else perf_counter() - start)

@@ -79,7 +79,7 @@ from .layout import (
     taken_set_key,
     win_key,
 )
-from .sentinel import SentinelConfig
+from .sentinel import SentinelConfig, redact
 from .settings import Settings, settings_for
 
 _logger = logging.getLogger("celery_debounce")
@@ -299,9 +299,9 @@ class CancelOutcomeUnknown(DebounceOutcomeUnknown):
 
 def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
     """The reply of a command that reached Redis was lost: say that it may have run."""
-    return DebounceOutcomeUnknown(
+    return DebounceOutcomeUnknown(redact(
         f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
-        "outcome is unknown: it may or may not have run, and it was not sent again")
+        "outcome is unknown: it may or may not have run, and it was not sent again"))
 
 
 def _refused_by_a_replica(exc: BaseException) -> bool:
@@ -607,10 +607,17 @@ class WindowStore:
             try:
                 client = redis.RedisCluster.from_url(settings.redis_url, **options)
             except (redis.RedisError, RedisClusterException) as exc:
-                raise DebounceBackendError(
-                    f"debounce Redis Cluster unreachable at {_safe_url(settings.redis_url)}: "
-                    f"{exc}") from exc
-        self.client: Any = client or redis.Redis.from_url(settings.redis_url, **options)
+                raise DebounceBackendError(redact(
+                    f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
+                )) from exc
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        if client is None:
+            try:
+                client = redis.Redis.from_url(settings.redis_url, **options)
+            except ValueError:
+                raise _unreadable_url(settings.redis_url) from None
+        self.client: Any = client
         self.cluster = isinstance(self.client, redis.RedisCluster)
         if self.cluster:
             self.sharded_wake = _every_master_has_sharded_pubsub(self.client)
@@ -744,7 +751,7 @@ class WindowStore:
         # never answers costs one timeout
         client = _PooledCommands(self) if self._direct else self.client
         got = read_server_version(client)
-        return [] if got is None else [(_safe_url(self.settings.redis_url), *got)]
+        return [] if got is None else [(redact(self.settings.redis_url), *got)]
 
     # -- scripts ---------------------------------------------------------------------------
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -1629,7 +1636,9 @@ class WindowStore:
         with translate_errors("clear"):
             keys = list(self.client.scan_iter(
                 match=all_keys_pattern(self.settings.key_prefix), count=1000))
-            return int(self.client.delete(*keys)) if keys else 0
+            # the one key outside every hash tag (all_keys_pattern matches tagged keys)
+            keys.append(layouts_key(self.settings.key_prefix))
+            return int(self.client.delete(*keys))
 
 
 def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
@@ -1797,12 +1806,15 @@ class WakeListener:
             self._pubsub = None
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without its password."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+def _unreadable_url(url: str) -> Exception:
+    """redis-py could not read ``url``: its own error is not shown (it quotes the part it
+    could not read, a password holding '/' or ';' unencoded included)."""
+    from .errors import DebounceConfigError  # (kept off the import block other edits touch)
+
+    return DebounceConfigError(redact(
+        f"the windows' Redis URL {url!r} cannot be read (a password holding "
+        "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
+    ))
 
 
 class _PooledCommands:
@@ -1840,12 +1852,16 @@ def read_server_version(client: Any) -> tuple[str, str] | None:
     """``(server name, version)`` from ``HELLO`` (no arguments: nothing changes; any
     authenticated user may send it), else from ``INFO server``; None when the server
     answers neither (both refused). Connection errors are raised."""
-    try:
-        reply = client.execute_command("HELLO")
-    except redis.ConnectionError:
-        raise
-    except redis.ResponseError:  # Redis < 6.2 (HELLO needs an argument there), a proxy
-        reply = None
+    reply = None
+    # fakeredis's HELLO without arguments drops the connection to RESP2 under a RESP3
+    # client (redis-py 8's default), so every later reply is parsed wrongly: INFO there
+    if not type(client).__module__.startswith("fakeredis"):
+        try:
+            reply = client.execute_command("HELLO")
+        except redis.ConnectionError:
+            raise
+        except redis.ResponseError:  # Redis < 6.2 (HELLO needs an argument there), a proxy
+            reply = None
     fields = _pairs(reply)
     version = fields.get("version")
     if version is not None:
