@@ -757,6 +757,20 @@ MUTATIONS: list[Mutation] = [
         "test_calls_of_preforked_producers_are_counted_by_the_master",
         "tests/test_multiprocess.py::"
         "test_a_delay_inside_a_task_on_a_prefork_worker_is_counted[multiproc-dir]"),
+    one("a call Redis did not answer is not counted",
+        "monitoring: Redis errors on calls are counted (call_errors_total)",
+        PKG + "gate.py",
+        "        if call_failed.receivers:",
+        "        if False:",
+        "tests/test_metrics_errors.py::"
+        "test_a_call_redis_does_not_answer_is_counted_by_error_and_timed"),
+    one("windows a pass could not publish are not counted",
+        "monitoring: failed publishes are counted by kind (publish_failures_total)",
+        PKG + "dispatcher.py",
+        "            if publish_failed.receivers or publish_refused.receivers:",
+        "            if False:",
+        "tests/test_metrics_errors.py::"
+        "test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures"),
     one("enable() registers its metrics again",
         "monitoring: enable() twice never raises Duplicated timeseries",
         PKG + "metrics.py",
