@@ -78,6 +78,10 @@ class StoreCollector:
                 self.read_errors += 1
                 self._last = None
                 logger.warning("debounce exporter: cannot read the store: %s", exc)
+            except Exception:  # a bug or an odd reply: say store_up 0, keep serving
+                self.read_errors += 1
+                self._last = None
+                logger.exception("debounce exporter: reading the store failed")
             self.reads += 1
             self.read_duration = time.monotonic() - start
             self._read_at = time.monotonic()

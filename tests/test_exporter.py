@@ -198,3 +198,22 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
         assert shared.get_sample_value("celery_debounce_store_up") == 1
     assert _commands(redis_client) - before - 1 == 1 + WindowStore.SNAPSHOT_COMMANDS * 3
     assert shared.get_sample_value("celery_debounce_exporter_reads_total") == 1
+
+
+def test_a_reading_that_fails_unexpectedly_says_store_down_and_the_exporter_keeps_serving(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    from celery_debounce import exporter
+
+    app = app_factory()
+    registry = exporter_registry(app, min_interval=0)
+
+    def broken(store: Any) -> Any:
+        raise RuntimeError("an odd reply")
+
+    monkeypatch.setattr(exporter, "read_snapshot", broken)
+    assert registry.get_sample_value("celery_debounce_store_up") == 0
+    assert registry.get_sample_value("celery_debounce_open_windows") is None
+    assert registry.get_sample_value("celery_debounce_exporter_read_errors_total") == 1
+    monkeypatch.undo()
+    assert registry.get_sample_value("celery_debounce_store_up") == 1
