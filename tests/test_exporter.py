@@ -165,6 +165,13 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path, redis_server: str) -> No
     assert "cannot listen on 127.0.0.1:" in out, out
 
 
+def test_a_wrong_configuration_stops_it_at_start(tmp_path: Path) -> None:
+    proc = start_exporter(tmp_path, "http://nowhere", free_port())
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 1, out
+    assert "debounce_redis_url='http://nowhere/0': expected a redis://" in out, out
+
+
 def _commands(client: redis.Redis) -> int:
     return sum(row["calls"] for row in client.info("commandstats").values())
 
