@@ -52,9 +52,11 @@ def outer(key):
 
 
 @worker_init.connect
-def expose(**_):
+def expose(sender, **_):
     metrics.enable()  # before the pool forks: the children inherit the receivers
-    metrics.serve(int(os.environ["MPAPP_METRICS_PORT"]), addr="127.0.0.1")
+    serving = os.environ.get("MPAPP_SERVING_NODE")  # celery multi: one node serves the host
+    if serving is None or sender.hostname.startswith(serving + "@"):
+        metrics.serve(int(os.environ["MPAPP_METRICS_PORT"]), addr="127.0.0.1")
 
 
 def preforked_producers(children, calls):
@@ -154,3 +156,34 @@ def test_calls_of_preforked_producers_are_counted_by_the_master(
                        task="mpapp.inner") == 21
     finally:
         stop_process(master)
+
+
+@pytest.mark.slow
+def test_two_nodes_sharing_a_directory_are_served_by_one(
+    tmp_path: Path, redis_server: str, redis_client: redis.Redis
+) -> None:
+    """docs/monitoring.md's celery multi recipe: w1 serves the host's directory, w2 runs
+    every task (it alone consumes their queue); w1's /metrics counts w2's children."""
+    port = free_port()
+    env = {**_env(tmp_path, redis_server, port, tmp_path / "prom"), "MPAPP_SERVING_NODE": "w1"}
+    nodes = [subprocess.Popen(
+        [CELERY, "-A", "mpapp", "worker", "-P", "prefork", "-c", "1", "-l", "warning",
+         "-n", f"{node}@%h", "-Q", queue], cwd=tmp_path, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for node, queue in (("w1", "celery"), ("w2", "only-w2"))]
+    calls = 6
+    try:
+        wait_until(lambda: counted(port, "celery_debounce_windows_opened_total") >= 0,
+                   timeout=60, interval=0.3)
+        sender = subprocess.run(
+            [sys.executable, "-c", "import mpapp\n"
+             f"rs = [mpapp.outer.apply_async((f'n{{i}}',), queue='only-w2') "
+             f"for i in range({calls})]\n"
+             "print([r.get(timeout=60) for r in rs])"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert sender.returncode == 0, sender.stderr
+        wait_until(lambda: counted(port, "celery_debounce_calls_total", task="mpapp.inner",
+                                   outcome="opened") == calls, timeout=30, interval=0.3)
+    finally:
+        for node in nodes:
+            stop_process(node)
