@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
@@ -9,7 +10,7 @@ from .call import PreparedCall, new_task_id
 from .collect import PAYLOAD_TOO_LARGE
 from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
-from .signals import call_absorbed, call_suppressed, window_opened
+from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import WindowStore
@@ -117,8 +118,11 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     gate records it as an alias of the window it joins, and opens a window under
     another id if that one is in use (see aliases.py). Sends ``window_opened``,
     ``call_absorbed`` or (a call a leading-only quiet period suppressed)
-    ``call_suppressed``, only if someone listens.
+    ``call_suppressed``, only if someone listens, with the round trip's ``latency``;
+    ``call_failed`` for a Redis error (the clock is read only when someone listens).
     """
+    start = perf_counter() if (window_opened.receivers or call_absorbed.receivers
+                               or call_suppressed.receivers or call_failed.receivers) else None
     try:
         result = store.gate(call, fixed)
     except DebounceBackendError as exc:
@@ -129,8 +133,11 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
                 f"{call.task_name}: debounce_replace_payload=True: "
                 f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
             ) from None
+        if call_failed.receivers:
+            call_failed.send(sender=call.task_name, key=call.key, error=type(exc).__name__,
+                             latency=None if start is None else perf_counter() - start)
         raise
-    announce(call, result)
+    announce(call, result, None if start is None else perf_counter() - start)
     return result
 
 
@@ -140,11 +147,12 @@ def listening() -> bool:
                 or call_suppressed.receivers)
 
 
-def announce(call: PreparedCall, result: GateResult) -> None:
+def announce(call: PreparedCall, result: GateResult, latency: float | None = None) -> None:
     """The producer's signal for one gated call, the same for a single call and for
     ``enqueue_many``: ``call_suppressed`` (a leading-only quiet period folded it into
     the leading run), else ``window_opened`` or ``call_absorbed``; sent only if someone
-    listens. ``stats`` counts the same (``s|`` per suppressed call)."""
+    listens. ``stats`` counts the same (``s|`` per suppressed call). ``latency``: the
+    gate's round trip in seconds (single calls; None for ``enqueue_many``)."""
     if result.edge == "suppressed":
         signal = call_suppressed
     else:
@@ -156,4 +164,5 @@ def announce(call: PreparedCall, result: GateResult) -> None:
             key=call.key,
             deadline=result.deadline_ms / 1000,
             calls=result.calls,
+            latency=latency,
         )

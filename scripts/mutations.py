@@ -718,4 +718,49 @@ MUTATIONS: list[Mutation] = [
         "                pass",
         "tests/test_rabbitmq.py::"
         "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
+    # -- monitoring that survives the workers (issue 22) -----------------------------
+    one("the exporter keeps its first reading",
+        "monitoring: the exporter's gauges are read from Redis at each scrape",
+        PKG + "exporter.py",
+        "            if time.monotonic() - self._read_at < self.min_interval:",
+        "            if self._last is not None:",
+        "tests/test_exporter.py::"
+        "test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm"),
+    one("the exporter counts dispatchers as seen without a batch",
+        "monitoring: DebounceDispatcherDown fires when no dispatcher took a batch",
+        PKG + "exporter.py",
+        "                since = max(0.0, snap.at - max(snap.dispatchers.values()))",
+        "                since = 0.0",
+        "tests/test_exporter.py::"
+        "test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm"),
+    one("the exposition ignores PROMETHEUS_MULTIPROC_DIR",
+        "monitoring: calls made in prefork children (and pre-forked producers) are counted",
+        PKG + "metrics.py",
+        "    path = multiprocess_dir()\n",
+        "    path = None\n",
+        "tests/test_multiprocess.py::"
+        "test_calls_of_preforked_producers_are_counted_by_the_master",
+        "tests/test_multiprocess.py::"
+        "test_a_delay_inside_a_task_on_a_prefork_worker_is_counted[multiproc-dir]"),
+    one("a call Redis did not answer is not counted",
+        "monitoring: Redis errors on calls are counted (call_errors_total)",
+        PKG + "gate.py",
+        "        if call_failed.receivers:",
+        "        if False:",
+        "tests/test_metrics_errors.py::"
+        "test_a_call_redis_does_not_answer_is_counted_by_error_and_timed"),
+    one("windows a pass could not publish are not counted",
+        "monitoring: failed publishes are counted by kind (publish_failures_total)",
+        PKG + "dispatcher.py",
+        "            if publish_failed.receivers or publish_refused.receivers:",
+        "            if False:",
+        "tests/test_metrics_errors.py::"
+        "test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures"),
+    one("enable() registers its metrics again",
+        "monitoring: enable() twice never raises Duplicated timeseries",
+        PKG + "metrics.py",
+        "    if namespace in done:",
+        "    if False:",
+        "tests/test_metrics_errors.py::"
+        "test_enable_twice_returns_the_same_metrics_and_counts_each_call_once"),
 ]
