@@ -18,7 +18,7 @@ from kombu.utils import json as kombu_json
 from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .key_templates import digest_key, resolve
-from .layout import EXCLUSIVE_HEADER, shard_of, window_ident
+from .layout import DEFAULT_CONTENT_TYPE, EXCLUSIVE_HEADER, shard_of, window_ident
 from .message import call_options, encode_stored
 from .options import DebounceSpec
 from .settings import Settings
@@ -43,6 +43,9 @@ class PreparedCall(NamedTuple):
     #: a debounce_collect call: the protocol-2 embed (JSON) the window's run gets if
     #: this call opens it; ``payload`` is then the call's element (collect.py)
     collect_embed: str = ""
+    #: a call whose payload is not JSON: its protocol-2 embed as JSON, so that a
+    #: replacing join can tell whether its body carries the window's embed (gate.lua)
+    embed_json: str = ""
 
 
 #: The protocol-2 embed of a call without links, chain or chord.
@@ -111,12 +114,14 @@ def prepare_call(
         positional, named = tuple(args), kwargs
     if spec.key is not None:  # a template error names the placeholder: report it first
         key = resolve(spec.key, positional, named)
-    collect_embed = ""
+    collect_embed = embed_json = ""
     if spec.collect:
         content_type, payload, collect_embed = _collect_payload(
             settings, task_name, args, kwargs, embed, serializer, task_id)
     else:
         content_type, payload = encode([args, kwargs, embed], serializer)
+        if content_type != DEFAULT_CONTENT_TYPE:
+            embed_json = encode_stored(embed) if embed else "{}"
         if len(payload) > settings.max_payload_bytes:
             raise DebouncePayloadError(
                 f"{task_name}: arguments serialize to {len(payload)} bytes, above "
@@ -149,6 +154,7 @@ def prepare_call(
         payload,
         options_json,
         collect_embed,
+        embed_json,
     )
 
 

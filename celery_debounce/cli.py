@@ -402,3 +402,7 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
 from .top import top as _top  # noqa: E402  (its module formats times with relative() above)
 
 debounce.add_command(_top)
+
+from .exporter import exporter_command as _exporter  # noqa: E402
+
+debounce.add_command(_exporter)

@@ -22,7 +22,7 @@ from kombu.exceptions import InconsistencyError
 
 from .aliases import parse_aliases, resolve_aliases
 from .confirms import ConfirmingPublisher, uses_confirms
-from .errors import DebounceBackendError, WindowQuarantined
+from .errors import DebounceBackendError, DebounceConfigError, WindowQuarantined
 from .layout import (
     DEFAULT_CONTENT_TYPE,
     SHARD_HEADER,
@@ -30,12 +30,16 @@ from .layout import (
     layout_tags,
 )
 from .message import WindowMessage
+from .sentinel import redact
 from .signals import (
     leading_run,
+    publish_failed,
+    publish_refused,
     window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
     window_held,
+    window_quarantined,
 )
 from .store import (
     CONNECTION_ERRORS,
@@ -144,6 +148,23 @@ def _count_forced(windows: list[TakenWindow]) -> None:
                 sender=window.task_name, max_wait_at=window.ceiling_ms / 1000,
                 **_fields(window),
             )
+
+
+def _count_failures(
+    failed: list[tuple[TakenWindow, str]], unsent: list[TakenWindow],
+    uncertain: list[TakenWindow], held: list[TakenWindow], refused: list[TakenWindow],
+) -> None:
+    """``publish_failed`` per window a pass could not publish (by kind, see signals.py)
+    and ``publish_refused`` per nacked message; only called when someone listens."""
+    for window, reason in failed:
+        publish_failed.send(sender=window.task_name, task_id=window.task_id, key=window.key,
+                            kind="message", reason=reason)
+    for kind, group in (("broker", unsent), ("uncertain", uncertain), ("suspect", held)):
+        for window in group:
+            publish_failed.send(sender=window.task_name, task_id=window.task_id,
+                                key=window.key, kind=kind, reason="")
+    for window in refused:
+        publish_refused.send(sender=window.task_name, task_id=window.task_id, key=window.key)
 
 
 def _batch(producer: Any, size: int) -> Any:
@@ -259,7 +280,12 @@ class Dispatcher:
         self.backend = self.store  # the name before store.py
         self.settings = self.store.settings
         self.messages = WindowMessage(app)
-        self._send_message = app.amqp.send_task_message
+        try:
+            self._send_message = app.amqp.send_task_message
+        except ValueError:  # kombu cannot read the broker URL; its error quotes a part of it
+            raise DebounceConfigError(redact(
+                f"broker_url {app.conf.broker_url!r} cannot be read (a password holding "
+                "';', '/', '@' or ':' must be percent-encoded)")) from None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake: WakeListener | None = None
@@ -376,7 +402,7 @@ class Dispatcher:
         uncertain: list[TakenWindow] = []  # a batch the broker answered in part
         suspects: list[tuple[TakenWindow, str]] = []  # MaybeShared: counted if others went
         refused: list[TakenWindow] = []  # AMQP: nacked by the broker; not counted
-        bad: list[tuple[TakenWindow, str]] = []  # to quarantine
+        bad: list[tuple[TakenWindow, str, str]] = []  # to quarantine: (window, reason, kind)
         # Past half its lease a window may be taken again by another dispatcher: publishing
         # it then would send it twice. Leave it leased; whoever takes it next publishes it.
         lease_end = took_at + self.settings.dispatch_lease_ms / 2000
@@ -413,7 +439,7 @@ class Dispatcher:
                                                         failed, refused, uncertain)
                                     continue
                             except UnreadableWindow as exc:
-                                bad.append((window, str(exc)))
+                                bad.append((window, str(exc), "message"))
                             except BrokerUnavailable as exc:
                                 self._shared_fault(str(exc))
                                 logger.warning(
@@ -488,13 +514,15 @@ class Dispatcher:
             for window, reason in failed:
                 if window.failures + 1 >= MAX_TRIES:
                     bad.append((window, f"publish failed {window.failures + 1} times, last: "
-                                        f"{reason}"))
+                                        f"{reason}", "publish_failed"))
             retry = [w for w, _ in failed if w.failures + 1 < MAX_TRIES]
             self._release(shard, unsent + refused, uncertain, retry, held)
-            for window, reason in bad:
-                self._quarantine(window, reason)
+            for window, reason, kind in bad:
+                self._quarantine(window, reason, kind)
         finally:
             _count_forced(windows)  # after window_dispatched; also for windows not published
+            if publish_failed.receivers or publish_refused.receivers:
+                _count_failures(failed, unsent, uncertain, held, refused)
         return len(sent)
 
     def _sort_replies(
@@ -784,7 +812,7 @@ class Dispatcher:
             stored.append(task_id)
         self.store.expired(shard, stored)  # until then expire.lua returns them again
 
-    def _quarantine(self, window: TakenWindow, reason: str) -> None:
+    def _quarantine(self, window: TakenWindow, reason: str, kind: str = "message") -> None:
         logger.error(
             "debounce: quarantined %s[%s] key=%r: cannot publish its message: %s",
             window.task_name, window.task_id, window.key, reason,
@@ -793,6 +821,10 @@ class Dispatcher:
             self._quarantine_id(window.shard, window.task_id, reason)
         except DebounceBackendError as exc:  # stays leased: taken again after the lease
             logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
+            return
+        if window_quarantined.receivers:
+            window_quarantined.send(sender=window.task_name, task_id=window.task_id,
+                                    key=window.key, kind=kind, reason=reason)
 
     def _quarantine_id(self, shard: Shard, task_id: str, reason: str) -> None:
         """Set the record aside, then fail the window's id and every id that joined
@@ -820,6 +852,9 @@ class Dispatcher:
             logger.error("debounce: quarantined window %s: %s", task_id, reason)
             if task_id != "?":
                 self._quarantine_id(shard, task_id, reason)
+                if window_quarantined.receivers:
+                    window_quarantined.send(sender="?", task_id=task_id, key="",
+                                            kind="record", reason=reason)
 
     # -- loop ---------------------------------------------------------------
     def run(self) -> None:

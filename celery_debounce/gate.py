@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple
 
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
 from .collect import PAYLOAD_TOO_LARGE
-from .errors import DebounceBackendError, DebouncePayloadError
+from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
 from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
-from .signals import call_absorbed, call_suppressed, window_opened
+from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import WindowStore
@@ -35,6 +36,9 @@ def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
     return [open_prefix + call.ident, due]
 
 
+#: Error text gate.lua replies with for a replacing join the window's message cannot take.
+REPLACE_REFUSED = "DEBOUNCE_REPLACE_REFUSED"
+
 #: 1-based ARGV positions of the optional groups of gate.lua (see its header): the cap,
 #: the edge mode (with the history TTL), the collect byte budget (with the embed).
 CAP_ARGV = 12
@@ -59,11 +63,16 @@ def gate_args(
     ARGV not given before them sent as '').
     """
     window, max_wait, replace = call.spec.gate_argv
+    expires = store.settings.result_expires_ms
+    if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:
+        # leading only: the quiet period (bounded by this max wait) never outlasts the
+        # leading run's result, whose id every call it suppresses returns
+        max_wait = b"%d" % expires
     args: list[object] = [
         call.task_id,
         window,
         max_wait,
-        replace,
+        replace + call.embed_json.encode() if call.embed_json else replace,
         "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
         call.payload,
         "" if call.options_json == EMPTY_OPTIONS else call.options_json,
@@ -109,15 +118,26 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     gate records it as an alias of the window it joins, and opens a window under
     another id if that one is in use (see aliases.py). Sends ``window_opened``,
     ``call_absorbed`` or (a call a leading-only quiet period suppressed)
-    ``call_suppressed``, only if someone listens.
+    ``call_suppressed``, only if someone listens, with the round trip's ``latency``;
+    ``call_failed`` for a Redis error (the clock is read only when someone listens).
     """
+    start = perf_counter() if (window_opened.receivers or call_absorbed.receivers
+                               or call_suppressed.receivers or call_failed.receivers) else None
     try:
         result = store.gate(call, fixed)
     except DebounceBackendError as exc:
         if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
             raise DebouncePayloadError(str(exc)) from None
+        if REPLACE_REFUSED in str(exc):  # a replacing join the window's message cannot take
+            raise DebounceConfigError(
+                f"{call.task_name}: debounce_replace_payload=True: "
+                f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
+            ) from None
+        if call_failed.receivers:
+            call_failed.send(sender=call.task_name, key=call.key, error=type(exc).__name__,
+                             latency=None if start is None else perf_counter() - start)
         raise
-    announce(call, result)
+    announce(call, result, None if start is None else perf_counter() - start)
     return result
 
 
@@ -127,11 +147,12 @@ def listening() -> bool:
                 or call_suppressed.receivers)
 
 
-def announce(call: PreparedCall, result: GateResult) -> None:
+def announce(call: PreparedCall, result: GateResult, latency: float | None = None) -> None:
     """The producer's signal for one gated call, the same for a single call and for
     ``enqueue_many``: ``call_suppressed`` (a leading-only quiet period folded it into
     the leading run), else ``window_opened`` or ``call_absorbed``; sent only if someone
-    listens. ``stats`` counts the same (``s|`` per suppressed call)."""
+    listens. ``stats`` counts the same (``s|`` per suppressed call). ``latency``: the
+    gate's round trip in seconds (single calls; None for ``enqueue_many``)."""
     if result.edge == "suppressed":
         signal = call_suppressed
     else:
@@ -143,4 +164,5 @@ def announce(call: PreparedCall, result: GateResult) -> None:
             key=call.key,
             deadline=result.deadline_ms / 1000,
             calls=result.calls,
+            latency=latency,
         )

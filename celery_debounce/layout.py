@@ -300,8 +300,16 @@ def cancel_marker_key(tag: str, token: str) -> str:
 
 
 def all_keys_pattern(prefix: str) -> str:
-    """A SCAN pattern matching every key (and nothing else) under ``prefix``."""
-    return f"{prefix}:*"
+    """A SCAN pattern matching every key (and nothing else) under ``prefix``.
+
+    Every key of the package but :func:`layouts_key` (which callers add by name) is
+    ``<prefix>:{<tag>}:...`` (``shard_tag``), so the pattern ends in ``:{*``: another
+    app's prefix that starts with this one and a colon (``debounce:tenant2``) is not
+    matched. Glob characters in the prefix (``*``, ``?``, ``[``, ``]``, ``\\``)
+    are escaped, so they match only themselves.
+    """
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}:{{*"
 
 
 #: zsets of taken windows, and the states a window listed in each can be in.

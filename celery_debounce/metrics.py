@@ -24,38 +24,74 @@ Metrics (all labelled ``task``; see docs/operations.md):
   ``debounce_exclusive`` windows held behind a run of their key, and how long (dispatchers)
 * ``celery_debounce_dispatched_calls_total``: calls carried by published windows
 * ``celery_debounce_dispatch_lateness_seconds``: histogram, deadline to take
+* ``celery_debounce_call_duration_seconds``: histogram, one call's round trip to the
+  gate (``.delay()``/``apply_async``; producers)
+* ``celery_debounce_call_errors_total{task,error}``: calls the gate could not take
+  (``DebounceBackendError``, ``DebounceOutcomeUnknown``; producers)
+* ``celery_debounce_calls_total{task,outcome}``: every call the gate took, by outcome
+  (``opened``, ``absorbed``, ``suppressed``): "calls in" is one selector over it
+* ``celery_debounce_publish_failures_total{task,kind}``: windows a dispatcher pass took
+  but could not publish (``kind``: message, broker, uncertain, suspect, see
+  signals.py; ``nack``: a message an AMQP broker refused)
+* ``celery_debounce_windows_quarantined_total{task,kind}``: windows set aside (``kind``:
+  message, publish_failed, record)
+
+:func:`enable` is idempotent: called again with the same registry and namespace it
+returns the same :class:`Metrics` (connected again if it was disabled), so a second
+call never raises ``Duplicated timeseries``.
+
+Prefork pool children and gunicorn workers count in their own memory: set
+``PROMETHEUS_MULTIPROC_DIR`` (an empty directory, before anything imports
+prometheus_client) and expose :func:`exposition_registry` (or call :func:`serve`),
+which reads every process's values from that directory (docs/monitoring.md).
 
 :func:`enable_store_gauges` adds gauges read from Redis at each scrape (open,
 due, in-flight and quarantined windows, dispatchers' last batch): see
-:class:`celery_debounce.top.StoreCollector`.
+:class:`celery_debounce.exporter.StoreCollector`. ``celery debounce exporter``
+serves them from a process of their own, which does not die with the workers.
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from .layout import LATE_BUCKETS_MS
 from .signals import (
     call_absorbed,
+    call_failed,
     call_suppressed,
     duplicate_skipped,
     leading_run,
+    publish_failed,
+    publish_refused,
     window_cancelled,
     window_closed_by_cap,
     window_dispatched,
     window_forced_by_max_wait,
     window_held,
     window_opened,
+    window_quarantined,
 )
 
 #: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
             window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
+            call_failed, publish_failed, publish_refused, window_quarantined,
             duplicate_skipped, window_held)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
+
+#: Bounds (s) of the call-duration histogram: a loopback round trip is ~0.1-0.5 ms, a
+#: call that times out takes debounce_redis_timeout (default 5 s).
+CALL_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                         1.0, 2.5, 5.0, 10.0)
+
+#: The environment variable of prometheus_client's multiprocess mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True)
@@ -73,9 +109,19 @@ class Metrics:
     closed_by_cap: Any = None
     leading_runs: Any = None
     suppressed: Any = None
+    call_duration: Any = None
+    call_errors: Any = None
+    publish_failures: Any = None
+    quarantined: Any = None
+    calls: Any = None
     duplicates_skipped: Any = None
     held: Any = None
     held_seconds: Any = None
+
+    def connect(self) -> None:
+        """Connect the signal receivers (again, after :meth:`disable`)."""
+        for signal, receiver in zip(_SIGNALS, self.receivers, strict=True):
+            signal.connect(receiver, weak=False)
 
     def disable(self) -> None:
         """Disconnect the signal receivers (the metrics stay registered)."""
@@ -83,9 +129,16 @@ class Metrics:
             signal.disconnect(receiver)
 
 
+#: registry -> namespace -> what enable() registered there (enable() is idempotent)
+_ENABLED: weakref.WeakKeyDictionary[Any, dict[str, Metrics]] = weakref.WeakKeyDictionary()
+
+
 def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     """Create the metrics in ``registry`` (default: prometheus_client's global one)
-    and connect them to the debounce signals."""
+    and connect them to the debounce signals.
+
+    Idempotent: a second call with the same registry and namespace connects the
+    same metrics (if :meth:`Metrics.disable` disconnected them) and returns them."""
     try:
         from prometheus_client import REGISTRY, Counter, Histogram
     except ImportError as exc:  # pragma: no cover - depends on the extra
@@ -93,9 +146,13 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
             "celery_debounce.metrics needs prometheus-client: "
             "pip install 'celery-debounced[prometheus]'") from exc
     registry = REGISTRY if registry is None else registry
+    done = _ENABLED.setdefault(registry, {})
+    if namespace in done:
+        done[namespace].connect()
+        return done[namespace]
 
-    def counter(name: str, doc: str) -> Any:
-        return Counter(name, doc, ["task"], namespace=namespace, registry=registry)
+    def counter(name: str, doc: str, *labels: str) -> Any:
+        return Counter(name, doc, ["task", *labels], namespace=namespace, registry=registry)
 
     opened = counter("windows_opened", "Debounce windows opened by producers.")
     absorbed = counter("calls_absorbed", "Calls that joined an already open window.")
@@ -121,12 +178,40 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
                          "Time from a window's deadline to its take by a dispatcher.",
                          ["task"], namespace=namespace, registry=registry,
                          buckets=LATENESS_BUCKETS)
+    call_duration = Histogram("call_duration_seconds",
+                              "One call's round trip to the gate (.delay()/apply_async), "
+                              "failed calls included.", ["task"], namespace=namespace,
+                              registry=registry, buckets=CALL_DURATION_BUCKETS)
+    call_errors = counter("call_errors", "Calls the gate could not take (Redis errors), by "
+                          "exception class.", "error")
+    publish_failures = counter("publish_failures", "Windows a dispatcher took but could not "
+                               "publish, by kind (message, broker, uncertain, suspect, nack).",
+                               "kind")
+    calls = counter("calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).",
+                    "outcome")
+    quarantined = counter("windows_quarantined", "Windows set aside, by kind (message, "
+                          "publish_failed, record).", "kind")
 
-    def on_opened(sender: str, **_: Any) -> None:
-        opened.labels(task=sender).inc()
+    #: (task, outcome) -> the labelled children a producer's call bumps: looked up
+    #: once per task, so a call pays two increments and one observation
+    producer_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
-    def on_absorbed(sender: str, **_: Any) -> None:
-        absorbed.labels(task=sender).inc()
+    def on_call(sender: str, outcome: str, own: Any, latency: float | None) -> None:
+        children = producer_children.get((sender, outcome))
+        if children is None:
+            children = producer_children[(sender, outcome)] = (
+                own.labels(task=sender), calls.labels(task=sender, outcome=outcome),
+                call_duration.labels(task=sender))
+        children[0].inc()
+        children[1].inc()
+        if latency is not None:
+            children[2].observe(latency)
+
+    def on_opened(sender: str, latency: float | None = None, **_: Any) -> None:
+        on_call(sender, "opened", opened, latency)
+
+    def on_absorbed(sender: str, latency: float | None = None, **_: Any) -> None:
+        on_call(sender, "absorbed", absorbed, latency)
 
     def on_dispatched(sender: str, calls: int = 1, lateness: float = 0.0, **_: Any) -> None:
         dispatched.labels(task=sender).inc()
@@ -145,8 +230,23 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_leading(sender: str, **_: Any) -> None:
         leading_runs.labels(task=sender).inc()
 
-    def on_suppressed(sender: str, **_: Any) -> None:
-        suppressed.labels(task=sender).inc()
+    def on_suppressed(sender: str, latency: float | None = None, **_: Any) -> None:
+        on_call(sender, "suppressed", suppressed, latency)
+
+    def on_call_failed(sender: str, error: str = "DebounceBackendError",
+                       latency: float | None = None, **_: Any) -> None:
+        call_errors.labels(task=sender, error=error).inc()
+        if latency is not None:
+            call_duration.labels(task=sender).observe(latency)
+
+    def on_publish_failed(sender: str, kind: str = "message", **_: Any) -> None:
+        publish_failures.labels(task=sender, kind=kind).inc()
+
+    def on_publish_refused(sender: str, **_: Any) -> None:
+        publish_failures.labels(task=sender, kind="nack").inc()
+
+    def on_quarantined(sender: str, kind: str = "message", **_: Any) -> None:
+        quarantined.labels(task=sender, kind=kind).inc()
 
     def on_duplicate(sender: str, **_: Any) -> None:
         duplicates.labels(task=sender).inc()
@@ -158,20 +258,56 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     held_metric = held
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
-                 on_closed_by_cap, on_leading, on_suppressed, on_duplicate, on_held)
-    for signal, receiver in zip(_SIGNALS, receivers, strict=True):
-        signal.connect(receiver, weak=False)
-    return Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls, lateness,
-                   receivers, closed_by_cap, leading_runs, suppressed, duplicates, held,
-                   held_seconds)
+                 on_closed_by_cap, on_leading, on_suppressed, on_call_failed,
+                 on_publish_failed, on_publish_refused, on_quarantined, on_duplicate,
+                 on_held)
+    enabled = Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls,
+                      lateness, receivers, closed_by_cap, leading_runs, suppressed,
+                      call_duration, call_errors, publish_failures, quarantined, calls,
+                      duplicates, held, held_seconds)
+    enabled.connect()
+    done[namespace] = enabled
+    return enabled
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory (``PROMETHEUS_MULTIPROC_DIR``), or None."""
+    return os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower()) or None
+
+
+def exposition_registry() -> Any:
+    """The registry to expose: prometheus_client's global one, or, in multiprocess
+    mode (``PROMETHEUS_MULTIPROC_DIR`` set), a registry that reads the values every
+    process of the host wrote there (prefork children, gunicorn workers, this one)."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    path = multiprocess_dir()
+    if path is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call, unused-ignore]
+    return registry
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104 (as prometheus_client)
+    """``prometheus_client.start_http_server`` on :func:`exposition_registry`; call it
+    in one process per host (a worker's main process, gunicorn's master or a sidecar).
+    Returns the server."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=exposition_registry())
+    return server
 
 
 def enable_store_gauges(app: Any, registry: Any = None, namespace: str = "celery_debounce") -> Any:
     """Register gauges read from the app's debounce Redis at each scrape (a few
-    O(1)/O(log N) commands per shard, no scan); returns the collector."""
+    O(1)/O(log N) commands per shard, no scan); returns the collector. Prefer
+    ``celery debounce exporter``, which keeps exporting them when every worker is
+    dead (docs/monitoring.md)."""
     from prometheus_client import REGISTRY
 
-    from .top import StoreCollector
+    from .exporter import StoreCollector
 
     collector = StoreCollector(app, namespace)
     (REGISTRY if registry is None else registry).register(collector)

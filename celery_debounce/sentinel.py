@@ -59,9 +59,45 @@ def is_sentinel_url(url: object) -> bool:
     return isinstance(url, str) and url.startswith(SCHEME)
 
 
-def redact(url: str) -> str:
-    """``url`` with every password replaced by ``***`` (for error messages)."""
-    return re.sub(r"(://[^:@/;]*:)[^@/;]*@", r"\1***@", url)
+#: Where a URL starts in a text: its scheme and ``://``.
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_QUOTES = "'\""
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``.
+
+    For error messages and logs: ``text`` may be a URL, several (``;``-separated
+    sentinels, a broker failover list) or a message quoting them. A URL's user info
+    runs to its **last** ``@`` (before the next URL, a blank, or the quote that opened
+    it), so a password pasted with ``;``, ``/``, ``@`` or ``:`` unencoded is hidden
+    whole; a user info without ``:`` is hidden whole too (some write a password there).
+    """
+    if "@" not in text:
+        return text
+    starts = list(_URL_START.finditer(text))
+    out: list[str] = []
+    pos = 0
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        blank = re.search(r"\s", text[match.end():end])
+        if blank:
+            end = match.end() + blank.start()
+        before = text[match.start() - 1] if match.start() > 0 else ""
+        if before and before in _QUOTES:
+            closing = text.find(before, match.end(), end)
+            end = closing if closing >= 0 else end
+        segment = text[match.end():end]
+        at = segment.rfind("@")
+        out.append(text[pos:match.end()])
+        if at >= 0:
+            user, colon, _ = segment[:at].partition(":")
+            out.append((f"{user}:***" if colon and "/" not in user else "***") + segment[at:])
+        else:
+            out.append(segment)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ...], int,
@@ -73,9 +109,10 @@ def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ..
     for index, chunk in enumerate(part for part in url.split(";") if part.strip()):
         chunk = chunk.strip()
         if not chunk.startswith(SCHEME):
-            raise DebounceConfigError(
+            raise DebounceConfigError(  # not the part: a password with ';' is cut there
                 f"{option}={shown!r}: every ';'-separated part must be a sentinel:// URL, "
-                f"got {redact(chunk)!r}"
+                f"part {index + 1} is not (a password holding ';' must be percent-encoded: "
+                "%3B)"
             )
         if "?" in chunk:
             raise DebounceConfigError(
@@ -83,21 +120,25 @@ def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ..
                 "(TLS to Sentinel is not supported; see docs/deployment.md)"
             )
         parts = urlsplit(chunk)
+        # A part is named by its number, never shown, and urllib's error is not chained:
+        # a password holding ';' or '/' unencoded is cut there, and would show in either.
         try:
             port = parts.port or DEFAULT_PORT
-        except ValueError as exc:
+        except ValueError:
             raise DebounceConfigError(
-                f"{option}={shown!r}: bad port in {redact(chunk)!r}"
-            ) from exc
+                f"{option}={shown!r}: bad port in part {index + 1} (a password holding ';', "
+                "'/' or '@' must be percent-encoded)"
+            ) from None
         if not parts.hostname:
-            raise DebounceConfigError(f"{option}={shown!r}: no host in {redact(chunk)!r}")
+            raise DebounceConfigError(f"{option}={shown!r}: no host in part {index + 1}")
         hosts.append((parts.hostname, port))
         if index == 0:  # Celery's rule: the first URL carries the master's credentials
             path = parts.path.strip("/")
             if path:
-                if not path.isdigit():
+                if not path.isdigit():  # the path is not shown: it may hold a password
                     raise DebounceConfigError(
-                        f"{option}={shown!r}: the database must be a number, got {path!r}"
+                        f"{option}={shown!r}: the database must be a number (a password "
+                        "holding '/' must be percent-encoded: %2F)"
                     )
                 db = int(path)
             username = unquote(parts.username) if parts.username else None

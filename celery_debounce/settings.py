@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
@@ -24,6 +25,7 @@ from .names import refuse_unknown_settings
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
+    redact,
     refuse_without_sentinel,
     sentinel_config,
 )
@@ -101,6 +103,10 @@ class Settings:
     wait_replicas: int = 0
     #: how long a worker's claim on a window's run lasts unless renewed (worker_signals.py)
     claim_lease_ms: int = 60_000
+    #: Celery's ``result_expires`` in ms (None: results never expire). A leading-only
+    #: quiet period never outlasts it: its suppressed calls hold the leading run's id
+    #: (gate.gate_args)
+    result_expires_ms: int | None = None
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -140,6 +146,7 @@ class Settings:
                 "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
             ),
             claim_lease_ms=duration("debounce_claim_lease"),
+            result_expires_ms=_result_expires_ms(conf.get("result_expires")),
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
@@ -149,10 +156,10 @@ class Settings:
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
         if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
-            raise DebounceConfigError(
+            raise DebounceConfigError(redact(
                 f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
                 f"cluster node, got debounce_redis_url={self.redis_url!r}"
-            )
+            ))
         if self.claim_lease_ms < MIN_CLAIM_LEASE_MS:
             raise DebounceConfigError(
                 f"debounce_claim_lease={self.claim_lease_ms / 1000:g}s is too short: a worker "
@@ -233,18 +240,27 @@ _SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 def _redis_url(app: Celery, value: object) -> str:
     if value:
         if not isinstance(value, str) or not value.startswith(_SCHEMES):
-            raise DebounceConfigError(
+            raise DebounceConfigError(redact(
                 f"debounce_redis_url={value!r}: expected a redis://, rediss://, unix:// or "
                 "sentinel:// URL"
-            )
+            ))
         return value
     broker = app.conf.broker_url
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "sentinel://")):
         return broker
-    raise DebounceConfigError(
+    raise DebounceConfigError(redact(
         f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
         "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
-    )
+    ))
+
+
+def _result_expires_ms(value: object) -> int | None:
+    """Celery's ``result_expires`` (a timedelta or seconds; None or 0: never) in ms."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None  # unset, never, or not a number (Celery's own check reports it)
+    return max(1, int(value * 1000))
 
 
 def _prefix(value: object) -> str:

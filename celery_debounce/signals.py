@@ -33,6 +33,28 @@ Where they fire:
   was held while a run of its key was in progress, when it is taken after that run
   (``task_id, key, calls, lateness, held`` in seconds), as the stats count ``h|<task>``
   and ``hm|<task>``.
+
+Single calls (``.delay()``/``apply_async``, not ``enqueue_many``) also pass
+``latency``: seconds from before the gate's round trip to its reply (measured
+only when someone listens).
+
+Errors, sent only if someone listens:
+
+* ``call_failed``: the producer process, for a call the gate could not take
+  (``key, error`` (the exception's class name: ``DebounceBackendError``,
+  ``DebounceOutcomeUnknown``), ``latency``); the call raised that exception.
+* ``publish_failed``: the dispatcher process, per window a pass took but could not
+  publish (``task_id, key, kind, reason``): ``kind`` is ``"message"`` (counted
+  against the window), ``"broker"`` (the broker as a whole failed; not counted),
+  ``"uncertain"`` (a batch the broker answered in part) or ``"suspect"`` (refused,
+  and nothing else got through in that pass).
+* ``publish_refused``: the dispatcher process, per message an AMQP broker nacked
+  (``task_id, key``); the window is retried (the metrics count it as a publish
+  failure of kind ``nack``).
+* ``window_quarantined``: the dispatcher process, per window set aside (``task_id,
+  key, kind, reason``): ``kind`` is ``"message"`` (its message cannot be built),
+  ``"publish_failed"`` (``MAX_TRIES`` failed publishes) or ``"record"`` (its record
+  cannot be read; ``sender`` is ``"?"`` and ``key`` ``""``).
 """
 
 from __future__ import annotations
@@ -41,15 +63,19 @@ from celery.utils.dispatch import Signal
 
 __all__ = [
     "call_absorbed",
+    "call_failed",
     "call_suppressed",
     "duplicate_skipped",
     "leading_run",
+    "publish_failed",
+    "publish_refused",
     "window_cancelled",
     "window_closed_by_cap",
     "window_dispatched",
     "window_forced_by_max_wait",
     "window_held",
     "window_opened",
+    "window_quarantined",
 ]
 
 window_opened = Signal(
@@ -78,4 +104,12 @@ call_suppressed = Signal(
 duplicate_skipped = Signal(name="duplicate_skipped", providing_args={"task_id", "state"})
 window_held = Signal(
     name="window_held", providing_args={"task_id", "key", "calls", "lateness", "held"}
+)
+call_failed = Signal(name="call_failed", providing_args={"key", "error", "latency"})
+publish_failed = Signal(
+    name="publish_failed", providing_args={"task_id", "key", "kind", "reason"}
+)
+publish_refused = Signal(name="publish_refused", providing_args={"task_id", "key"})
+window_quarantined = Signal(
+    name="window_quarantined", providing_args={"task_id", "key", "kind", "reason"}
 )

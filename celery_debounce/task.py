@@ -264,6 +264,15 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         return call_key(settings_for(self.app), self.name, spec, args, kwargs,
                         self.debounce_signature(), self.serializer)
 
+    def on_replace(self, sig: Any) -> Any:
+        """``self.replace(sig)`` in a window's run: the window and its aliases get the
+        replacement's outcome (worker_signals.forward_replacement)."""
+        if not self.request.is_eager:
+            from .worker_signals import forward_replacement
+
+            forward_replacement(self, sig)
+        return super().on_replace(sig)
+
     def _debounce_admin(self) -> DebounceAdmin:
         return DebounceAdmin(self.app)
 

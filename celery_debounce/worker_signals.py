@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from celery import Celery, Task, states
+from celery import Celery, Task, shared_task, states
 from celery.app.trace import build_tracer, task_has_custom
 from celery.exceptions import Ignore
 from celery.signals import (
@@ -306,9 +306,75 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
         return  # a skipped duplicate: the first run holds and finishes the window
     store = store_for(task.app)
     _renewer.drop(store, store.claims_key(shard), task_id)
+    if state == states.REJECTED and _rejected_for_good(task, retval):
+        # Reject(requeue=False), or a requeue of a message already acked: it never runs
+        # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
+        state = states.FAILURE
     if state is None or state not in _FINAL:
         return
+    if state == states.IGNORED and getattr(task.request, REPLACED_FLAG, False):
+        return  # self.replace(): the replacement's outcome finishes it (forward_replacement)
     _finish_window(task.app, shard, task_id, task.name, state, retval)
+
+
+def _rejected_for_good(task: Task, retval: Any) -> bool:
+    """The run raised ``Reject``: True unless its message goes back to the queue (a
+    requeue with ``acks_late``; without it the message was acked before the run)."""
+    return not (getattr(retval, "requeue", False) and task.acks_late)
+
+
+# -- self.replace() in a window's run --------------------------------------------------
+#: Request attribute set on a window's run that called ``self.replace()``.
+REPLACED_FLAG = "debounce_replaced"
+#: The tasks a replacement's link and link_error call with its outcome.
+REPLACED_DONE = "celery_debounce.replacement_done"
+REPLACED_FAILED = "celery_debounce.replacement_failed"
+
+
+def forward_replacement(task: Task, sig: Any) -> None:
+    """A window's run replaces itself (``Task.on_replace``): its window finishes, and
+    every alias resolves, with the replacement's outcome, not with ``IGNORED``.
+
+    Celery runs the replacement under the window's id (so the window's own id
+    resolves by itself) but stores nothing for the run it replaced, and the aliases
+    (canvas members, ``task_id=``) are ours to resolve. The replacement is linked to
+    :data:`REPLACED_DONE` (its result) and :data:`REPLACED_FAILED` (the id of the task
+    that failed), which finish the window and store that outcome under each alias.
+    A replacement that replaces itself again carries the links on (Celery copies a
+    request's callbacks and errbacks to the replacement). The links are routed as the
+    window's message was, so a worker that runs the window's task runs them.
+    """
+    shard = _window_shard(task)
+    if shard is None:
+        return
+    setattr(task.request, REPLACED_FLAG, True)
+    where = {}
+    delivery = getattr(task.request, "delivery_info", None) or {}
+    for name in ("exchange", "routing_key"):
+        if delivery.get(name) is not None:
+            where[name] = delivery[name]
+    if where.get("exchange") == "":  # the default exchange: route by queue name
+        where = {"queue": where["routing_key"]} if "routing_key" in where else {}
+    kwargs = {"shard": shard, "window_id": task.request.id, "name": task.name}
+    sig.link(task.app.signature(REPLACED_DONE, kwargs=kwargs, **where))
+    sig.link_error(task.app.signature(REPLACED_FAILED, kwargs=kwargs, **where))
+
+
+@shared_task(name=REPLACED_DONE, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def _replacement_done(self: Task, retval: Any, *, shard: int, window_id: str,
+                      name: str) -> None:
+    _finish_window(self.app, shard, window_id, name, states.SUCCESS, retval)
+
+
+@shared_task(name=REPLACED_FAILED, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
+def _replacement_failed(self: Task, failed_id: str, *, shard: int, window_id: str,
+                        name: str) -> None:
+    result = self.app.AsyncResult(failed_id)
+    exc = result.result
+    if not isinstance(exc, BaseException):  # not stored (ignore_result): say what we know
+        exc = Exception(f"the replacement of {name}[{window_id}] failed in {failed_id} "
+                        f"({result.state})")
+    _finish_window(self.app, shard, window_id, name, states.FAILURE, exc)
 
 
 def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:

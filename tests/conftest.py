@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +32,26 @@ def redis_server() -> Iterator[str]:
         return
     with LocalRedis() as server:
         yield server.url
+        # AsyncResults left for the collector unsubscribe from the result backend when
+        # they go; on Celery 5.3-5.6 one that goes after the server stopped retries its
+        # reconnect for about 20 s each (the lowest corner's exit took a minute)
+        gc.collect()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The built wheel: $CELERY_DEBOUNCE_WHEEL, or ``python -m build --wheel`` of the checkout."""
+    given = os.environ.get("CELERY_DEBOUNCE_WHEEL")
+    if given:
+        assert Path(given).is_file(), f"CELERY_DEBOUNCE_WHEEL={given}: no such file"
+        yield Path(given)
+        return
+    out = tmp_path_factory.mktemp("dist")
+    checkout = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(checkout)],
+                   check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("celery_debounced-*.whl")
+    yield built
 
 
 @pytest.fixture(scope="session")

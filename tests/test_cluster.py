@@ -56,7 +56,7 @@ def test_single_node_keys_are_unchanged_by_the_cluster_support() -> None:
 @pytest.mark.parametrize(("conf", "message"), [
     ({"debounce_redis_cluster": "maybe"}, "debounce_redis_cluster='maybe'"),
     ({"debounce_redis_wait_replicas": -1}, "debounce_redis_wait_replicas=-1"),
-    ({"debounce_redis_wait_replicas": "1"}, "debounce_redis_wait_replicas='1'"),
+    ({"debounce_redis_wait_replicas": "one"}, "debounce_redis_wait_replicas='one'"),
     ({"debounce_redis_cluster": True, "debounce_redis_url": "unix:///tmp/r.sock"},
      "debounce_redis_cluster=True needs a redis:// or rediss:// URL"),
     ({"debounce_redis_cluster": True, "debounce_redis_url": "sentinel://127.0.0.1:26379",

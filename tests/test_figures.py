@@ -57,7 +57,7 @@ def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> No
     drawn = set(FIGURES)
     if shutil.which("prometheus"):
         board = re.search(r"(\d+) panels, (\d+) series drawn", lines["dashboard"])
-        assert board and int(board.group(1)) == 8 and int(board.group(2)) >= 8, lines
+        assert board and int(board.group(1)) == 11 and int(board.group(2)) >= 11, lines
     else:
         drawn.discard("dashboard.svg")
 

@@ -280,7 +280,7 @@ class GateMachine(RuleBasedStateMachine):
                                 payload, options, "{}")
         else:
             call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data",
-                                payload, options)
+                                payload, options, "", "{}")
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
@@ -698,9 +698,9 @@ class GateMachine(RuleBasedStateMachine):
         # mw holds the max wait (ceiling = fs + mw); a pending window's deadline is
         # only its due score (checked above), a taken one's is copied into dl
         want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
-                                "n": win.n, "ct": "application/data"}
+                                "n": win.n, "ct": "application/data", "e": "{}"}
         if win.elements is not None:  # collect: JSON (no ct), its list until taken
-            del want["ct"]
+            del want["ct"], want["e"]
             want["cz"] = win.cz
             want["cb"] = len(win.payload) if win.built else win.cb
             if not win.built:

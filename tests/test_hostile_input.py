@@ -205,7 +205,7 @@ def test_bad_input_raises_and_writes_nothing(
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
-        ("debounce_shards", "2"),
+        ("debounce_shards", "two"),
         ("debounce_shards", 0),
         ("debounce_max_key_length", -1),
         ("debounce_max_payload_bytes", 1.5),

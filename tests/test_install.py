@@ -1,12 +1,15 @@
-"""Installs as users install it: a fresh venv, ``pip install <this package>``, the quickstart.
+"""Installs as users install it: a fresh venv, ``pip install <the built wheel>``, the quickstart.
 
 Nothing but the package (and what it declares) is installed, so this fails if a
 dependency the Redis broker needs is missing (kombu's Redis transport needs
-``packaging``, which only ``celery[redis]`` brings).
+``packaging``, which only ``celery[redis]`` brings). The wheel is $CELERY_DEBOUNCE_WHEEL
+(scripts/test.sh and scripts/corners.py build it once with ``python -m build``), or one
+built here. In a corner, $CELERY_DEBOUNCE_CONSTRAINTS holds the corner's versions.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,6 +33,7 @@ def rebuild_report(user_id, reason):
     return [user_id, reason]
 """
 
+
 CALLER = """
 import sys
 from proj import rebuild_report
@@ -43,20 +47,35 @@ print("RESULT", results[0].get(timeout=60))
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_fresh_venv_with_only_the_package_runs_the_quickstart(
-    tmp_path: Path, redis_server: str
+    tmp_path: Path, redis_server: str, built_wheel: Path
 ) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
+    constraints = os.environ.get("CELERY_DEBOUNCE_CONSTRAINTS")
     subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(built_wheel),
+         *(["-c", constraints] if constraints else [])],
         check=True, timeout=540,
     )
     freeze = subprocess.run(
-        [str(py), "-m", "pip", "freeze"], check=True, capture_output=True, text=True
+        [str(py), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True,
+        text=True,
     ).stdout.lower()
-    assert "celery-debounced" in freeze
+    assert "celery-debounced==" in freeze
+    editable = subprocess.run(
+        [str(py), "-m", "pip", "list", "--editable"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "celery" not in editable  # from the wheel, not an editable checkout
     assert "pytest" not in freeze  # nothing from the test extra leaked in
+    if constraints:  # a corner: the user's install has the corner's versions
+        import celery
+        import kombu
+        import redis
+
+        for name, version in (("celery", celery.__version__), ("kombu", kombu.__version__),
+                              ("redis", redis.__version__)):
+            assert f"\n{name}=={version}\n" in f"\n{freeze}", (name, version, freeze)
 
     proj = tmp_path / "proj"
     proj.mkdir()

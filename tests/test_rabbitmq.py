@@ -25,10 +25,11 @@ from helpers import (
     wait_until,
 )
 from kombu import Exchange, Queue
+from prometheus_client import CollectorRegistry
 from rabbitmq_node import RabbitNode
 from test_faults import doomed_dispatcher, runs, worker_process
 
-from celery_debounce import DebouncedTask, WindowQuarantined
+from celery_debounce import DebouncedTask, WindowQuarantined, metrics
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.windows import list_windows
 
@@ -271,9 +272,19 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     wait_until(lambda: all(w.deadline <= time.time() for w in list_windows(app)), 5)
     dispatcher = Dispatcher(app, name="confirming")
     caplog.set_level(logging.WARNING, "celery_debounce.dispatcher")
-    published, _ = dispatcher.dispatch_once()
+    registry = CollectorRegistry()
+    enabled = metrics.enable(registry)
+    try:
+        published, _ = dispatcher.dispatch_once()
+    finally:
+        enabled.disable()
     assert published == 2
     assert "the broker refused (nack) 3 message(s)" in caplog.text
+    # the metrics count each nack as a publish failure of kind "nack", nothing else
+    assert registry.get_sample_value("celery_debounce_publish_failures_total",
+                                     {"task": task.name, "kind": "nack"}) == 3
+    assert registry.get_sample_value("celery_debounce_windows_dispatched_total",
+                                     {"task": task.name}) == 2
     states = {w.task_id: w.state for w in list_windows(app)}
     assert sorted(states.values()) == ["dispatching"] * 3 + ["queued"] * 2
     assert queue_depth(app, qname) == 2
@@ -314,6 +325,8 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     wait_until(lambda: all(w.deadline <= time.time() for w in list_windows(app)), 5)
     caplog.set_level(logging.WARNING, "celery_debounce.dispatcher")
     dispatcher = Dispatcher(app, name="returns")
+    registry = CollectorRegistry()
+    enabled = metrics.enable(registry)
     assert dispatcher.dispatch_once()[0] == 1  # the routable one only
     assert f"unroutable: exchange amq.direct routing key '{nowhere}'" in caplog.text
     record = redis_client.hgetall(f"debounce:{{0}}:win:{lost.id}")
@@ -326,8 +339,16 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
             assert fine.get(timeout=15) == "ok"
     finally:
         dispatcher.stop()
+        enabled.disable()
     assert ran == ["ok"]
     assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
+    # each returned publish is a failure of its own message; the fifth quarantines it
+    def value(name: str, kind: str) -> float | None:
+        return registry.get_sample_value(f"celery_debounce_{name}_total",
+                                         {"task": task.name, "kind": kind})
+
+    assert value("publish_failures", "message") == 5
+    assert value("windows_quarantined", "publish_failed") == 1
 
 
 def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined(

@@ -98,9 +98,9 @@ def test_a_sentinel_broker_is_used_with_its_transport_options() -> None:
          r"debounce_redis_transport_options is set but the windows' URL 'redis://:\*\*\*@h:1'"),
         ({"debounce_redis_url": "sentinel://h:1;redis://h:2",
           "debounce_redis_sentinel_master": "m"},
-         "every ';'-separated part must be a sentinel:// URL, got 'redis://h:2'"),
+         "every ';'-separated part must be a sentinel:// URL, part 2 is not"),
         ({"debounce_redis_url": "sentinel://h:1/x", "debounce_redis_sentinel_master": "m"},
-         "the database must be a number, got 'x'"),
+         "the database must be a number"),
         ({"debounce_redis_url": "sentinel://h:1?ssl=true", "debounce_redis_sentinel_master": "m"},
          "TLS to Sentinel is not supported"),
         ({"debounce_redis_url": "sentinel://h:port", "debounce_redis_sentinel_master": "m"},
@@ -344,9 +344,16 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
         assert ran.wait(5), "the window did not run within 5 s of its deadline"
         assert redis.Redis(port=old).info("replication")["role"] == "master", \
             "the old master was demoted already: the test proved nothing"
+#: issue 19's suspected item, left open (docs/guarantees.md, "Failover")
+WATCHER_GAP = (
+    "the switch watcher listens to one sentinel with no keepalive; the every-sentinel "
+    "watcher (49bb330) was reverted: a SENTINEL FAILOVER with "
+    "debounce_redis_wait_replicas=1 lost 7-9 accepted calls with it"
+)
 
 
 @pytest.mark.sentinel
+@pytest.mark.xfail(strict=True, reason=WATCHER_GAP)
 def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
 ) -> None:
@@ -423,6 +430,7 @@ def _freezing_proxy(target_port: int) -> tuple[int, threading.Event, threading.E
 
 
 @pytest.mark.sentinel
+@pytest.mark.xfail(strict=True, reason=WATCHER_GAP)
 def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
 ) -> None:
@@ -449,6 +457,8 @@ def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
         assert backend.client.connection_pool.master_address[1] == new
     finally:
         stop.set()
+
+
 
 
 def test_no_reachable_sentinel_is_a_backend_error_within_seconds(

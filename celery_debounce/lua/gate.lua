@@ -5,13 +5,21 @@
 --            n   calls absorbed ct  payload content type
 --            p   payload        o   opener's options (JSON)
 --            tr  1 on a trailing window (opened during a quiet period, see below)
+--            e   the opener's embed JSON, only when ct is not JSON (see ARGV[4])
 --            ct is left out when it is application/json and o when it is {}
 --            (readers use those defaults). The deadline is not stored here: it is
 --            the window's score in the due set.
 -- KEYS[2]  <prefix>:{<shard>}:due            zset ident -> deadline ms
 -- ARGV[1]  task id to use if this call opens the window
 -- ARGV[2]  window ms          ARGV[3]  max wait ms
--- ARGV[4]  "1" to replace the payload of an open window, else "0"
+-- ARGV[4]  "1" to replace the payload of an open window, else "0"; for a payload that is
+--          not JSON, followed by the call's protocol-2 embed as JSON ({} without links)
+--          A replacing join keeps the window's content type and embed (the opener's): a
+--          JSON body gets the call's [args, kwargs spliced before the window's embed (both
+--          found from the end of the bodies); another content type is replaced whole when
+--          the call's embed is the window's e. A call of another content type, or of
+--          another embed under another content type, is refused with an error reply
+--          starting DEBOUNCE_REPLACE_REFUSED, before anything is written.
 -- ARGV[5]  payload content type, '' for application/json
 -- ARGV[6]  payload            ARGV[7]  opener's options JSON, '' for {}
 -- Only for a call whose id the caller fixed (task_id=, canvas); absent for default calls:
@@ -181,6 +189,86 @@ local function close(id, opened, calls, mark)
   return {id, opened, now, calls, now}
 end
 
+-- Where the embed starts in a JSON body [args, kwargs, embed]: walked back from the end
+-- over the embed's brackets and strings only (the arguments are never read). nil when the
+-- last element is not an object.
+local function embed_at(data)
+  local i = #data
+  while i > 0 and string.find(' \t\r\n', string.sub(data, i, i), 1, true) do i = i - 1 end
+  if string.byte(data, i) ~= 93 then return nil end  -- the body's closing ']'
+  i = i - 1
+  while i > 0 and string.find(' \t\r\n', string.sub(data, i, i), 1, true) do i = i - 1 end
+  if string.byte(data, i) ~= 125 then return nil end  -- the embed's closing '}'
+  local depth = 0
+  while i > 0 do
+    local c = string.byte(data, i)
+    if c == 34 then  -- back to the quote that opens this string (one not escaped)
+      local escaped
+      repeat
+        i = i - 1
+        while i > 0 and string.byte(data, i) ~= 34 do i = i - 1 end
+        if i == 0 then return nil end
+        local k = i - 1
+        while k > 0 and string.byte(data, k) == 92 do k = k - 1 end
+        escaped = (i - 1 - k) % 2 == 1
+      until not escaped
+    elseif c == 125 or c == 93 then
+      depth = depth + 1
+    elseif c == 123 or c == 91 then
+      depth = depth - 1
+      if depth == 0 then return i end
+    end
+    i = i - 1
+  end
+  return nil
+end
+
+-- An embed as the producer writes it: {} or an object whose first key is a protocol-2
+-- embed key (a 0.1 record's [args, kwargs] ends with the kwargs instead).
+local EMBED_STARTS = {'{}', '{"callbacks":', '{"errbacks":', '{"chain":', '{"chord":'}
+local function is_embed(data, at)
+  for _, start in ipairs(EMBED_STARTS) do
+    if string.sub(data, at, at + #start - 1) == start then return true end
+  end
+  return false
+end
+
+-- The body a replacing join stores: the call's arguments with the window's embed
+-- (callbacks, errbacks, chain, chord) and content type, the opener's. JSON: the call's
+-- [args, kwargs, spliced before the window's embed. Another content type: the call's
+-- body when its embed is the window's (field e, stored by the opener). Else nil, why.
+local function replacement(ct, data, embed)
+  local held = redis.call('HMGET', open, 'ct', 'e', 'p')
+  local window_ct = held[1] or ''
+  if window_ct == 'application/json' then window_ct = '' end  -- the default, spelt out
+  if window_ct ~= ct then
+    return nil, 'was opened with content type ' ..
+      (window_ct == '' and 'application/json' or window_ct) .. ', this call has ' ..
+      (ct == '' and 'application/json' or ct) .. ': a window runs with its opener\'s ' ..
+      'serializer; call with the same serializer'
+  end
+  if not held[3] then  -- no body to keep anything of (not written by the package)
+    return data
+  end
+  if ct == '' then
+    local mine = embed_at(data)
+    local theirs = embed_at(held[3])
+    if not mine then
+      return nil, 'cannot take this call\'s body: not a JSON [args, kwargs, embed]'
+    end
+    if not theirs or not is_embed(held[3], theirs) then  -- a 0.1 record: no embed to keep
+      return data
+    end
+    return string.sub(data, 1, mine - 1) .. string.sub(held[3], theirs)
+  end
+  if held[2] == false or held[2] == embed then  -- no e: a record of 0.2, as 0.2 did
+    return data
+  end
+  return nil, 'was opened with other link/link_error/chain/chord options, and a ' ..
+    ct .. ' body cannot take this call\'s arguments apart from them; call with the ' ..
+    'opener\'s options, or with serializer=\'json\''
+end
+
 -- Leading / trailing edge (see the header): only with ARGV[13].
 local edge = ARGV[13]
 local leading = false
@@ -239,6 +327,17 @@ elseif found[1] and collect then
   end
 end
 
+-- A replacing join (ARGV[4] '1...'): the call's arguments in the window's message; its
+-- serializer and embed are the opener's. Refused, nothing written, when they cannot be.
+local body = nil
+if found[1] and not collect and string.sub(ARGV[4], 1, 1) == '1' then
+  local why
+  body, why = replacement(ARGV[5], ARGV[6], string.sub(ARGV[4], 2))
+  if not body then
+    return redis.error_reply('DEBOUNCE_REPLACE_REFUSED: window ' .. found[1] .. ' ' .. why)
+  end
+end
+
 if found[1] then
   id = found[1]
   if fixed and id ~= ARGV[1] then
@@ -259,13 +358,8 @@ if found[1] then
     local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
     redis.call('RPUSH', tag .. ':calls:' .. found[5], element)
     redis.call('HINCRBY', open, 'cb', #element + 1)
-  elseif ARGV[4] == '1' then
-    if ARGV[5] == '' then
-      redis.call('HSET', open, 'p', ARGV[6])
-      redis.call('HDEL', open, 'ct')
-    else
-      redis.call('HSET', open, 'p', ARGV[6], 'ct', ARGV[5])
-    end
+  elseif body then
+    redis.call('HSET', open, 'p', body)
   end
   opened = 0
   if cap and calls >= tonumber(cap) then
@@ -312,6 +406,10 @@ else
   if ARGV[5] ~= '' then
     fields[#fields + 1] = 'ct'
     fields[#fields + 1] = ARGV[5]
+    if not collect then  -- a body Lua cannot read: the opener's embed, for replacing joins
+      fields[#fields + 1] = 'e'
+      fields[#fields + 1] = string.sub(ARGV[4], 2)
+    end
   end
   if ARGV[7] ~= '' then
     fields[#fields + 1] = 'o'
