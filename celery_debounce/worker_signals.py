@@ -306,7 +306,7 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
         return  # a skipped duplicate: the first run holds and finishes the window
     store = store_for(task.app)
     _renewer.drop(store, store.claims_key(shard), task_id)
-    if state == states.REJECTED and _rejected_for_good(task, retval):
+    if state == states.REJECTED and shard is not None and _rejected_for_good(task, retval):
         # Reject(requeue=False), or a requeue of a message already acked: it never runs
         # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
         state = states.FAILURE

@@ -465,6 +465,7 @@ class GateMachine(RuleBasedStateMachine):
         due = sorted(self.open.values(), key=lambda w: (w.dl, w.ident.encode()))
         fetched = [w for w in due if w.dl <= now][:limit - len(expected)]
         held_ms: dict[str, int] = {}
+        held_now = 0  # held in this pass: they used a place of the pass's batch
         for win in fetched:
             runner = self.run_of.get(win.ident)
             if runner is not None:
@@ -474,6 +475,7 @@ class GateMachine(RuleBasedStateMachine):
                         self.held[win.ident] = now
                         if win.hs is None:
                             win.hs = now
+                    held_now += 1
                     continue
                 del self.run_of[win.ident]
                 self.held.pop(win.ident, None)
@@ -502,8 +504,10 @@ class GateMachine(RuleBasedStateMachine):
         nexts = [max(0, w.dl - now) for w in self.open.values()]
         nexts += [max(0, u - now) for u in self.leased.values()]
         assert reply.next_in_ms == (min(nexts) if nexts else -1)
-        if len(expected) < limit:  # latency: nothing due is left behind by a pass
+        if len(expected) + held_now < limit:  # latency: nothing due is left behind by a pass
             assert all(w.dl > now for w in self.open.values())
+        elif any(w.dl <= now for w in self.open.values()):
+            assert reply.next_in_ms == 0  # the dispatcher passes again at once
 
     def _free_run(self, win: Win, now: int) -> None:
         """An exclusive window's run ended or its claim lapsed: its key is free, and a
