@@ -310,11 +310,24 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
         # Reject(requeue=False), or a requeue of a message already acked: it never runs
         # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
         state = states.FAILURE
+    if state == states.REJECTED:  # requeued: its next delivery must run, not be skipped
+        _end_claim(store, shard, task_id, task.name)
     if state is None or state not in _FINAL:
         return
     if state == states.IGNORED and getattr(task.request, REPLACED_FLAG, False):
         return  # self.replace(): the replacement's outcome finishes it (forward_replacement)
     _finish_window(task.app, shard, task_id, task.name, state, retval)
+
+
+def _end_claim(store: WindowStore, shard: str | int, task_id: str, name: str) -> None:
+    """End a run's claim now (its lease expires at once): a Reject(requeue=True) puts the
+    message back, and that delivery takes the claim over instead of being skipped as a
+    duplicate of a live run. A failure only delays it: the claim lapses within a lease."""
+    try:
+        store.run("renew", [store.claims_key(shard)], [0, task_id])
+    except Exception as exc:
+        logger.warning("debounce: could not end the claim of %s[%s] (requeued): %s",
+                       name, task_id, exc)
 
 
 def _rejected_for_good(task: Task, retval: Any) -> bool:
