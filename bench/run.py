@@ -182,6 +182,14 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     return rows
 
 
+@bench("bullmq", "9: .delay() vs BullMQ's debounce-mode add (npm-installs bullmq@5)")
+def _bullmq(ctx: dict[str, Any]) -> list[Row]:
+    from bench.bullmq import side_by_side
+
+    n = 1000 if ctx["quick"] else 4000
+    return side_by_side(ctx["app"], ctx["url"], ctx["rounds"], n)
+
+
 @bench("rss", "8: producer RSS over many .delay() calls")
 def _rss(ctx: dict[str, Any]) -> list[Row]:
     from bench.scale import producer_rss
