@@ -563,6 +563,89 @@ def master_switches(pool: object) -> int:
     return watcher.switches if watcher is not None else 0
 
 
+class _Lease(threading.local):
+    """One pooled connection per thread, kept across calls (the gate's hot path).
+
+    Checked out from the pool once per thread and process; released to the pool when
+    the thread ends. Each :meth:`checkout` checks it as ``ConnectionPool.get_connection``
+    checks a connection it hands out: connected, and nothing waiting to be read (a
+    connection the server closed reads as EOF: it is reconnected before use).
+    """
+
+    conn: Any = None
+    pid = 0
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @staticmethod
+    def suits(pool: Any) -> bool:
+        """Only redis-py's plain pool without client-side caching or maintenance
+        notifications (Sentinel's pool drops a demoted master's connections on
+        release: it keeps the per-call checkout)."""
+        if type(pool) is not redis.ConnectionPool or getattr(pool, "cache", None) is not None:
+            return False
+        notifications = getattr(pool, "maint_notifications_enabled", None)
+        return not (notifications is not None and notifications())
+
+    def checkout(self) -> Any:
+        conn = self.conn
+        if conn is None or self.pid != os.getpid():  # first call of a thread, or a fork
+            conn = self.pool.get_connection(*_checkout_args())
+            self.conn, self.pid = conn, os.getpid()
+            weakref.finalize(_ThreadEnd.current(), self.pool.release, conn)
+            return conn
+        try:
+            if conn._sock is None:
+                conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection has data")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection not ready") from None
+        return conn
+
+
+class _ThreadEnd:
+    """An object per thread that is dropped when the thread ends (a finalizer's anchor)."""
+
+    _local = threading.local()
+
+    @classmethod
+    def current(cls) -> _ThreadEnd:
+        anchor: _ThreadEnd | None = getattr(cls._local, "anchor", None)
+        if anchor is None:
+            anchor = cls._local.anchor = cls()
+        return anchor
+
+
+def _checkout_args() -> tuple[str, ...]:
+    """redis-py < 5.3 requires a command name for ``get_connection``; later ones warn."""
+    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+        "command_name")
+    return ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+
+
+_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
+_hiredis_pack: Any = None
+if _HiredisPacker is not None:
+    try:
+        from hiredis import pack_command as _hiredis_pack
+    except ImportError:  # pragma: no cover - hiredis is optional
+        pass
+
+
+def _pack(conn: Any, command: tuple[Any, ...]) -> Any:
+    """The command's bytes: hiredis' packer directly when redis-py packs with it
+    (what ``conn.pack_command`` ends in, without its per-call argument scan; our
+    arguments are str, bytes and int), else the connection's own packer."""
+    if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is _HiredisPacker:
+        return [_hiredis_pack(command)]
+    return conn.pack_command(*command)
+
+
 # -- the store -------------------------------------------------------------------------------
 
 #: Pools whose connections :meth:`WindowStore._evalsha` may use directly.
@@ -576,6 +659,7 @@ class WindowStore:
     """
 
     _direct = False  # see __init__ and _evalsha
+    _lease: _Lease | None = None
     _checkout_args: tuple[str, ...] = ()
     #: A Redis Cluster client (``debounce_redis_cluster``): commands go to the master of
     #: their key's slot, wake-ups use sharded pub/sub where every master has it.
@@ -632,6 +716,9 @@ class WindowStore:
             and type(self.client.connection_pool) in _DIRECT_POOLS
             and self.client.connection is None
         )
+        pool = getattr(self.client, "connection_pool", None)
+        self._lease = _Lease(pool) if (
+            self._direct and not self.cluster and _Lease.suits(pool)) else None
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
             self.gate = self._gate_waited  # type: ignore[method-assign]
@@ -793,14 +880,26 @@ class WindowStore:
             raise _translated(name, exc) from exc
 
     def _evalsha_once(self, name: str, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """``EVALSHA`` on a pooled connection of a single node, sent at most once."""
-        pool = self.client.connection_pool
+        """``EVALSHA`` on a pooled connection of a single node, sent at most once.
+
+        On a plain ``redis.ConnectionPool`` each thread keeps the connection it checked
+        out (:class:`_Lease`) instead of taking it from the pool's locked list and
+        giving it back on every call; it is checked as the pool checks a connection
+        it hands out (connected, nothing unread: else reconnected), so a connection
+        the server closed is replaced before anything is sent.
+        """
+        lease = self._lease
         for attempt in (1, 2):
-            conn: Any = pool.get_connection(*self._checkout_args)
+            if lease is not None:
+                conn: Any = lease.checkout()
+                pool = None
+            else:
+                pool = self.client.connection_pool
+                conn = pool.get_connection(*self._checkout_args)
             try:
                 try:
                     conn.send_packed_command(
-                        conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
+                        _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
                 except (redis.ConnectionError, OSError):
                     conn.disconnect()
                     if attempt == 2:
@@ -819,7 +918,8 @@ class WindowStore:
                     conn.disconnect()
                     raise
             finally:
-                pool.release(conn)
+                if pool is not None:
+                    pool.release(conn)
         raise DebounceBackendError(f"debounce Redis: {name} could not be sent")  # unreachable
 
     def send_on_node(
