@@ -580,13 +580,14 @@ class _Lease(threading.local):
 
     @staticmethod
     def suits(pool: Any) -> bool:
-        """Only redis-py's plain pool without client-side caching or maintenance
-        notifications (Sentinel's pool drops a demoted master's connections on
-        release: it keeps the per-call checkout)."""
+        """Only redis-py's plain pool, RESP2, without client-side caching (Sentinel's
+        pool drops a demoted master's connections on release: it keeps the per-call
+        checkout)."""
         if type(pool) is not redis.ConnectionPool or getattr(pool, "cache", None) is not None:
             return False
-        notifications = getattr(pool, "maint_notifications_enabled", None)
-        return not (notifications is not None and notifications())
+        # RESP2 only: no push messages (RESP3 maintenance notifications) can be waiting
+        # on a kept connection, so "something to read" always means a dead or dirty one
+        return str(pool.connection_kwargs.get("protocol") or 2) == "2"
 
     def checkout(self) -> Any:
         conn = self.conn
