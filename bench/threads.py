@@ -74,17 +74,49 @@ def concurrent_rates(app: Any, url: str, rounds: int, calls: int,
     return rows
 
 
+def combiner_ab(app: Any, rounds: int, calls: int,
+                counts: tuple[int, ...] = (1, 4, 16)) -> list[Row]:
+    """Hot-key calls/s with the gate's auto-pipelining (``store._Combiner``) on and
+    off, interleaved, same process (the A/B behind keeping it)."""
+    from celery_debounce.backend import backend_for
+
+    debounced = app.tasks["bench.debounced"]
+    debounced.delay("hot", n=1)
+    store = backend_for(app)
+    combiner = store._combiner
+    rows = []
+    for count in counts:
+        out: dict[str, list[float]] = {"on": [], "off": []}
+        for i in range(rounds):
+            for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                store._combiner = combiner if mode == "on" else None
+                out[mode].append(threaded_rate(count, max(1, calls // count),
+                                               lambda: debounced.delay("hot", n=1)))
+        store._combiner = combiner
+        per = [a / b for a, b in zip(out["on"], out["off"], strict=True)]
+        row = compare("10", f"hot key, {count} thread(s), pipelining on", out["on"],
+                      "same, pipelining off", out["off"], None)
+        row.note = f"median of per-round ratios {statistics.median(per):.2f}"
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.threads", description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3200, help="calls per round, all threads")
+    parser.add_argument("--pipelining-ab", action="store_true",
+                        help="instead: hot key with the gate's auto-pipelining on vs off")
     args = parser.parse_args(argv)
     from bench.apps import make_app
     from celery_debounce.local_redis import LocalRedis
 
     with LocalRedis() as server:
-        print(table(concurrent_rates(make_app(server.url), server.url, args.rounds,
-                                     args.calls)))
+        app = make_app(server.url)
+        if args.pipelining_ab:
+            print(table(combiner_ab(app, args.rounds, args.calls)))
+        else:
+            print(table(concurrent_rates(app, server.url, args.rounds, args.calls)))
     return 0
 
 

@@ -647,6 +647,142 @@ def _pack(conn: Any, command: tuple[Any, ...]) -> Any:
     return conn.pack_command(*command)
 
 
+class _NotSent(Exception):
+    """A lone call's command could not be written: nothing reached Redis."""
+
+
+class _Slot:
+    """One call in a :class:`_Combiner`: its command, then its reply or error."""
+
+    __slots__ = ("command", "done", "error", "lead", "reply")
+
+    def __init__(self, command: bytes, waits: bool) -> None:
+        self.command = command
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.lead = False  # woken to send the next batch, not with a reply
+        if waits:  # released when answered (or handed the next batch)
+            self.done = threading.Lock()
+            self.done.acquire()
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.reply
+
+
+class _Combiner:
+    """Gate calls made at the same time by threads of one process share round trips.
+
+    A call that finds nobody sending sends its command alone. Calls arriving while a
+    batch is in flight queue up; when it is answered, the first of them sends all
+    that queued in one write on its own connection and reads their replies in order
+    (auto-pipelining, as ioredis does). Each call gets its own reply or error: an
+    error reply concerns only its call (it did not run); a connection lost while
+    reading makes every call still unanswered :class:`DebounceOutcomeUnknown` (each
+    may have run; nothing is sent again); a write that fails sends a lone call once
+    more on a fresh connection, as before, but makes every call of a larger batch an
+    unknown outcome (a part of the write may have reached Redis).
+    """
+
+    def __init__(self, lease: _Lease) -> None:
+        self.lease = lease
+        self.lock = threading.Lock()
+        self.waiting: list[_Slot] = []
+        self.busy = False
+
+    def call(self, name: str, command: bytes) -> Any:
+        with self.lock:
+            waits = self.busy
+            slot = _Slot(command, waits)
+            if waits:
+                self.waiting.append(slot)
+            else:
+                self.busy = True
+        if waits:
+            try:
+                slot.done.acquire()
+            except BaseException:  # interrupted while queued (a signal in the main thread)
+                self._abandon(slot)
+                raise  # answered, or handed the next batch
+            if not slot.lead:
+                return slot.result()
+            with self.lock:
+                batch, self.waiting = self.waiting, []
+        else:
+            batch = [slot]
+        try:
+            self._send(name, batch)
+        finally:
+            if len(batch) > 1:
+                for other in batch:
+                    if other.reply is None and other.error is None:  # interrupted
+                        other.error = DebounceOutcomeUnknown(
+                            f"debounce Redis: {name} interrupted while its reply was "
+                            "awaited; the outcome is unknown")
+            with self.lock:
+                successor = self.waiting[0] if self.waiting else None
+                if successor is None:
+                    self.busy = False
+                else:
+                    successor.lead = True  # under the lock: see _abandon
+            for other in batch:
+                if other is not slot:
+                    other.done.release()
+            if successor is not None:
+                successor.done.release()
+        return slot.result()
+
+    def _abandon(self, slot: _Slot) -> None:
+        """A queued call left before its turn: it is never sent; if it was handed the
+        next batch, the batch goes to the next queued call (or nobody is sending)."""
+        with self.lock:
+            if slot not in self.waiting:
+                return  # in flight or answered: its reply is dropped
+            self.waiting.remove(slot)
+            if slot.lead:
+                successor = self.waiting[0] if self.waiting else None
+                if successor is None:
+                    self.busy = False
+                else:
+                    successor.lead = True
+                    successor.done.release()
+
+    def _send(self, name: str, batch: list[_Slot]) -> None:
+        conn = self.lease.checkout()
+        try:
+            conn.send_packed_command(
+                [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)])
+        except (redis.ConnectionError, OSError) as exc:
+            conn.disconnect()
+            for slot in batch:
+                slot.error = _NotSent() if len(batch) == 1 else _lost(name, exc)
+            return
+        for i, slot in enumerate(batch):
+            try:
+                slot.reply = conn.read_response()
+            except redis.exceptions.BusyLoadingError as exc:
+                for rest in batch[i:]:  # a loading server refused them all
+                    rest.error = exc
+                return
+            except redis.ResponseError as exc:
+                slot.error = exc  # an error reply: this call did not run
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                conn.disconnect()  # the replies may still come: never reuse
+                for rest in batch[i:]:
+                    rest.error = _lost(name, exc)
+                return
+            except BaseException:
+                conn.disconnect()
+                raise
+            if slot.reply is None:
+                slot.reply = _NIL
+
+
+#: A nil reply, told apart from "not answered yet" in a :class:`_Slot`.
+_NIL: Any = object()
+
+
 # -- the store -------------------------------------------------------------------------------
 
 #: Pools whose connections :meth:`WindowStore._evalsha` may use directly.
@@ -661,6 +797,7 @@ class WindowStore:
 
     _direct = False  # see __init__ and _evalsha
     _lease: _Lease | None = None
+    _combiner: _Combiner | None = None
     _checkout_args: tuple[str, ...] = ()
     #: A Redis Cluster client (``debounce_redis_cluster``): commands go to the master of
     #: their key's slot, wake-ups use sharded pub/sub where every master has it.
@@ -720,6 +857,10 @@ class WindowStore:
         pool = getattr(self.client, "connection_pool", None)
         self._lease = _Lease(pool) if (
             self._direct and not self.cluster and _Lease.suits(pool)) else None
+        # concurrent gate calls share round trips (needs hiredis' packer: one bytes each)
+        self._combiner = _Combiner(self._lease) if (
+            self._lease is not None and _hiredis_pack is not None
+            and not self._lease.pool.connection_kwargs.get("command_packer")) else None
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
             self.gate = self._gate_waited  # type: ignore[method-assign]
@@ -890,7 +1031,16 @@ class WindowStore:
         the server closed is replaced before anything is sent.
         """
         lease = self._lease
-        for attempt in (1, 2):
+        attempts: tuple[int, ...] = (1, 2)
+        if self._combiner is not None and name == "gate":
+            try:
+                reply = self._combiner.call(
+                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
+            except _NotSent:
+                attempts = (2,)  # nothing reached Redis: once more, alone, on a fresh one
+            else:
+                return None if reply is _NIL else reply
+        for attempt in attempts:
             if lease is not None:
                 conn: Any = lease.checkout()
                 pool = None

@@ -8,6 +8,7 @@ import pickle
 import threading
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery, group
 from celery.result import AsyncResult
@@ -127,3 +128,138 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     wait_until(lambda: len(pool._in_use_connections) == 1, timeout=5)  # released at exit
     record = redis_client.hgetall(next(redis_client.scan_iter(match="debounce:*:open:*")))
     assert record[b"n"] == b"8"
+
+
+# -- concurrent gate calls share round trips (store._Combiner) ----------------------
+
+
+class _FakeConn:
+    """A connection whose replies are scripted: values, or exceptions to raise."""
+
+    def __init__(self, replies: list[Any], fail_write: bool = False) -> None:
+        self.replies = list(replies)
+        self.fail_write = fail_write
+        self.sent: list[bytes] = []
+        self.disconnected = 0
+
+    def send_packed_command(self, data: list[bytes]) -> None:
+        if self.fail_write:
+            raise redis.ConnectionError("write failed")
+        self.sent.extend(data)
+
+    def read_response(self) -> Any:
+        reply = self.replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def disconnect(self) -> None:
+        self.disconnected += 1
+
+
+class _FakeLease:
+    def __init__(self, conn: _FakeConn) -> None:
+        self.conn = conn
+
+    def checkout(self) -> _FakeConn:
+        return self.conn
+
+
+def _batch(*commands: bytes) -> list[Any]:
+    from celery_debounce.store import _Slot
+
+    return [_Slot(c, False) for c in commands]
+
+
+def test_a_batch_gives_each_call_its_own_reply_or_error() -> None:
+    from celery_debounce.errors import DebounceOutcomeUnknown
+    from celery_debounce.store import _Combiner
+
+    conn = _FakeConn([b"a", redis.ResponseError("NOSCRIPT no"), None,
+                      redis.ConnectionError("lost"), b"never"])
+    combiner = _Combiner(_FakeLease(conn))  # type: ignore[arg-type]
+    batch = _batch(b"1", b"2", b"3", b"4", b"5")
+    combiner._send("gate", batch)
+    assert conn.sent == [b"12345"]  # one write
+    assert batch[0].result() == b"a"
+    with pytest.raises(redis.ResponseError, match="NOSCRIPT"):  # it alone did not run
+        batch[1].result()
+    assert batch[2].error is None and batch[2].reply is not None  # a nil reply is a reply
+    for lost in batch[3:]:  # unanswered once the connection was lost: maybe run
+        with pytest.raises(DebounceOutcomeUnknown, match="outcome is unknown"):
+            lost.result()
+    assert conn.disconnected == 1
+
+
+def test_a_failed_write_resends_a_lone_call_but_not_a_batch() -> None:
+    from celery_debounce.errors import DebounceOutcomeUnknown
+    from celery_debounce.store import _Combiner, _NotSent
+
+    combiner = _Combiner(_FakeLease(_FakeConn([], fail_write=True)))  # type: ignore[arg-type]
+    lone = _batch(b"1")
+    combiner._send("gate", lone)
+    assert isinstance(lone[0].error, _NotSent)  # the store sends it once more, alone
+    batch = _batch(b"1", b"2")
+    combiner._send("gate", batch)
+    assert all(isinstance(s.error, DebounceOutcomeUnknown) for s in batch)
+
+
+def test_concurrent_calls_are_batched_and_each_gets_its_window(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    app = make_app(redis_server)
+    t = _task(app)
+    store = backend_for(app)
+    combiner = store._combiner
+    assert combiner is not None
+    sizes: list[int] = []
+    send = combiner._send
+
+    def counting(name: str, batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        send(name, batch)
+
+    combiner._send = counting  # type: ignore[method-assign]
+    # a script that holds the server 50 ms: calls made meanwhile queue up
+    slow = redis_client.register_script(
+        "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
+        "until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 50000 return 1")
+    threads_n, calls = 8, 30
+    start = threading.Barrier(threads_n + 1)
+    got: dict[int, list[str]] = {}
+
+    def work(i: int) -> None:
+        start.wait()
+        got[i] = [t.delay(i).id for _ in range(calls)]
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads_n)]
+    for thread in pool:
+        thread.start()
+    start.wait()
+    slow()
+    for thread in pool:
+        thread.join()
+    assert max(sizes) > 1  # some calls shared a round trip
+    assert sum(sizes) == threads_n * calls
+    for i, ids in got.items():
+        assert len(set(ids)) == 1  # every call of a key joined its one window
+        window = t.debounce_pending(i)
+        assert window is not None and window.task_id == ids[0] and window.calls == calls
+    assert len({ids[0] for ids in got.values()}) == threads_n
+    assert not combiner.busy and not combiner.waiting
+
+
+def test_a_queued_call_that_leaves_hands_its_turn_on() -> None:
+    from celery_debounce.store import _Combiner, _Slot
+
+    combiner = _Combiner(_FakeLease(_FakeConn([])))  # type: ignore[arg-type]
+    combiner.busy = True
+    first, second = _Slot(b"1", True), _Slot(b"2", True)
+    combiner.waiting = [first, second]
+    first.lead = True  # handed the next batch, then interrupted before taking it
+    combiner._abandon(first)
+    assert combiner.waiting == [second] and second.lead
+    assert second.done.acquire(blocking=False)  # woken to send
+    combiner.waiting = [second]
+    combiner._abandon(second)
+    assert combiner.waiting == [] and not combiner.busy
