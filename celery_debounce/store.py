@@ -692,46 +692,72 @@ class _Combiner:
         self.busy = False
 
     def call(self, name: str, command: bytes) -> Any:
-        with self.lock:
-            waits = self.busy
-            slot = _Slot(command, waits)
-            if waits:
-                self.waiting.append(slot)
-            else:
-                self.busy = True
-        if waits:
+        lock = self.lock
+        lock.acquire()
+        if not self.busy:  # nobody is sending: this call goes alone, at once
+            self.busy = True
+            lock.release()
             try:
-                slot.done.acquire()
-            except BaseException:  # interrupted while queued (a signal in the main thread)
-                self._abandon(slot)
-                raise  # answered, or handed the next batch
-            if not slot.lead:
-                return slot.result()
-            with self.lock:
-                batch, self.waiting = self.waiting, []
-        else:
-            batch = [slot]
+                return self._send_alone(name, command)
+            finally:
+                self._hand_over()
+        try:
+            slot = _Slot(command, True)
+            self.waiting.append(slot)
+        finally:
+            lock.release()
+        try:
+            slot.done.acquire()  # answered, or handed the next batch
+        except BaseException:  # interrupted while queued (a signal in the main thread)
+            self._abandon(slot)
+            raise
+        if not slot.lead:
+            return slot.result()
+        with lock:
+            batch, self.waiting = self.waiting, []
         try:
             self._send(name, batch)
         finally:
-            if len(batch) > 1:
-                for other in batch:
-                    if other.reply is None and other.error is None:  # interrupted
-                        other.error = DebounceOutcomeUnknown(
-                            f"debounce Redis: {name} interrupted while its reply was "
-                            "awaited; the outcome is unknown")
-            with self.lock:
-                successor = self.waiting[0] if self.waiting else None
-                if successor is None:
-                    self.busy = False
-                else:
-                    successor.lead = True  # under the lock: see _abandon
+            for other in batch:
+                if other.reply is None and other.error is None:  # interrupted
+                    other.error = DebounceOutcomeUnknown(
+                        f"debounce Redis: {name} interrupted while its reply was "
+                        "awaited; the outcome is unknown")
             for other in batch:
                 if other is not slot:
                     other.done.release()
-            if successor is not None:
-                successor.done.release()
+            self._hand_over()
         return slot.result()
+
+    def _hand_over(self) -> None:
+        """After a batch: the first queued call sends the next one, or nobody is sending."""
+        with self.lock:
+            successor = self.waiting[0] if self.waiting else None
+            if successor is None:
+                self.busy = False
+                return
+            successor.lead = True  # under the lock: see _abandon
+        successor.done.release()
+
+    def _send_alone(self, name: str, command: bytes) -> Any:
+        """One call's command, nobody else's: as ``WindowStore._evalsha_once`` sends it."""
+        conn = self.lease.checkout()
+        try:
+            conn.send_packed_command([command])
+        except (redis.ConnectionError, OSError):
+            conn.disconnect()
+            raise _NotSent() from None
+        try:
+            reply = conn.read_response()
+        except (redis.ResponseError, redis.exceptions.BusyLoadingError):
+            raise  # an error reply (LOADING too): it did not run
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            conn.disconnect()  # the reply may still come: never reuse
+            raise _lost(name, exc) from exc
+        except BaseException:  # interrupted: the reply may still come
+            conn.disconnect()
+            raise
+        return _NIL if reply is None else reply
 
     def _abandon(self, slot: _Slot) -> None:
         """A queued call left before its turn: it is never sent; if it was handed the

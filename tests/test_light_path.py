@@ -219,7 +219,14 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
         sizes.append(len(batch))
         send(name, batch)
 
+    alone = combiner._send_alone
+
+    def counting_alone(name: str, command: bytes) -> Any:
+        sizes.append(1)
+        return alone(name, command)
+
     combiner._send = counting  # type: ignore[method-assign]
+    combiner._send_alone = counting_alone  # type: ignore[method-assign]
     # a script that holds the server 50 ms: calls made meanwhile queue up
     slow = redis_client.register_script(
         "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
@@ -263,3 +270,14 @@ def test_a_queued_call_that_leaves_hands_its_turn_on() -> None:
     combiner.waiting = [second]
     combiner._abandon(second)
     assert combiner.waiting == [] and not combiner.busy
+
+
+def test_a_lone_call_whose_write_fails_is_not_sent_and_frees_the_turn() -> None:
+    from celery_debounce.store import _Combiner, _NotSent
+
+    combiner = _Combiner(_FakeLease(_FakeConn([], fail_write=True)))  # type: ignore[arg-type]
+    with pytest.raises(_NotSent):  # WindowStore._evalsha_once sends it once more
+        combiner.call("gate", b"1")
+    assert not combiner.busy
+    combiner.lease = _FakeLease(_FakeConn([None]))  # type: ignore[assignment]
+    assert combiner.call("gate", b"1") is not None  # a nil reply, marked as answered
