@@ -574,6 +574,9 @@ class _Lease(threading.local):
 
     conn: Any = None
     pid = 0
+    #: threads of this process holding a kept connection (of any store): with one,
+    #: its calls cannot meet another's, and the gate skips the combiner
+    holders = 0
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -589,12 +592,21 @@ class _Lease(threading.local):
         # on a kept connection, so "something to read" always means a dead or dirty one
         return str(pool.connection_kwargs.get("protocol") or 2) == "2"
 
+    def _release(self, conn: Any, pid: int) -> None:  # the thread ended
+        if pid != os.getpid():
+            return  # a thread of the parent, dropped in a forked child
+        with _holders_lock:
+            _Lease.holders -= 1
+        self.pool.release(conn)
+
     def checkout(self) -> Any:
         conn = self.conn
         if conn is None or self.pid != os.getpid():  # first call of a thread, or a fork
             conn = self.pool.get_connection(*_checkout_args())
             self.conn, self.pid = conn, os.getpid()
-            weakref.finalize(_ThreadEnd.current(), self.pool.release, conn)
+            with _holders_lock:
+                _Lease.holders += 1
+            weakref.finalize(_ThreadEnd.current(), self._release, conn, self.pid)
             return conn
         try:
             if conn._sock is None:
@@ -607,6 +619,18 @@ class _Lease(threading.local):
             if conn.can_read():
                 raise redis.ConnectionError("Connection not ready") from None
         return conn
+
+
+_holders_lock = threading.Lock()
+
+
+def _forked() -> None:  # in a forked child only the forking thread runs: none holds one
+    global _holders_lock
+    _holders_lock = threading.Lock()
+    _Lease.holders = 0
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class _ThreadEnd:
@@ -1058,7 +1082,7 @@ class WindowStore:
         """
         lease = self._lease
         attempts: tuple[int, ...] = (1, 2)
-        if self._combiner is not None and name == "gate":
+        if self._combiner is not None and name == "gate" and _Lease.holders > 1:
             try:
                 reply = self._combiner.call(
                     name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
