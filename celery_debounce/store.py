@@ -573,6 +573,7 @@ class _Lease(threading.local):
     """
 
     conn: Any = None
+    held: _Held | None = None
     pid = 0
     #: threads of this process holding a kept connection (of any store): with one,
     #: its calls cannot meet another's, and the gate skips the combiner
@@ -592,21 +593,12 @@ class _Lease(threading.local):
         # on a kept connection, so "something to read" always means a dead or dirty one
         return str(pool.connection_kwargs.get("protocol") or 2) == "2"
 
-    def _release(self, conn: Any, pid: int) -> None:  # the thread ended
-        if pid != os.getpid():
-            return  # a thread of the parent, dropped in a forked child
-        with _holders_lock:
-            _Lease.holders -= 1
-        self.pool.release(conn)
-
     def checkout(self) -> Any:
         conn = self.conn
         if conn is None or self.pid != os.getpid():  # first call of a thread, or a fork
             conn = self.pool.get_connection(*_checkout_args())
             self.conn, self.pid = conn, os.getpid()
-            with _holders_lock:
-                _Lease.holders += 1
-            weakref.finalize(_ThreadEnd.current(), self._release, conn, self.pid)
+            self.held = _Held(self.pool, conn)
             return conn
         try:
             if conn._sock is None:
@@ -621,29 +613,39 @@ class _Lease(threading.local):
         return conn
 
 
-_holders_lock = threading.Lock()
+class _Held:
+    """A thread's kept connection, given back to its pool when this is dropped: when
+    the thread ends (its ``_Lease`` attributes go) or the store is dropped."""
+
+    __slots__ = ("conn", "pid", "pool")
+
+    def __init__(self, pool: Any, conn: Any) -> None:
+        self.pool, self.conn, self.pid = pool, conn, os.getpid()
+        with _holders_lock:
+            _Lease.holders += 1
+
+    def __del__(self) -> None:
+        if self.pid != os.getpid():
+            return  # a thread of the parent, dropped in a forked child
+        with _holders_lock:
+            _Lease.holders -= 1
+        try:
+            self.pool.release(self.conn)
+        except Exception:  # noqa: S110 - at interpreter exit the pool may be half gone
+            pass
+
+
+#: reentrant: a collection may drop a _Held (and take it) while this thread holds it
+_holders_lock = threading.RLock()
 
 
 def _forked() -> None:  # in a forked child only the forking thread runs: none holds one
     global _holders_lock
-    _holders_lock = threading.Lock()
+    _holders_lock = threading.RLock()
     _Lease.holders = 0
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-class _ThreadEnd:
-    """An object per thread that is dropped when the thread ends (a finalizer's anchor)."""
-
-    _local = threading.local()
-
-    @classmethod
-    def current(cls) -> _ThreadEnd:
-        anchor: _ThreadEnd | None = getattr(cls._local, "anchor", None)
-        if anchor is None:
-            anchor = cls._local.anchor = cls()
-        return anchor
 
 
 def _checkout_args() -> tuple[str, ...]:
@@ -799,7 +801,12 @@ class _Combiner:
                     successor.done.release()
 
     def _send(self, name: str, batch: list[_Slot]) -> None:
-        conn = self.lease.checkout()
+        try:
+            conn = self.lease.checkout()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            for slot in batch:  # no connection: nothing was sent
+                slot.error = exc
+            return
         try:
             conn.send_packed_command(
                 [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)])
