@@ -7,7 +7,7 @@ one turned off in turn, and with all of them off, in interleaved rounds:
 * the per-thread connection of the gate (``store._Lease``; off: the pool's
   checkout and release on every call),
 * the lighter result (``result.light_result``; off: ``task.AsyncResult(id)``),
-* the cached ``task_always_eager`` (``confcache.always_eager``; off: ``app.conf``),
+* the direct ``task_always_eager`` lookup (``confcache.always_eager``; off: ``app.conf``),
 * hiredis' packer called directly (``store._pack``; off: ``conn.pack_command``).
 """
 

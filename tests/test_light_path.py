@@ -1,6 +1,7 @@
 """The per-call shortcuts of ``.delay()`` keep Celery's behaviour: the lighter result
-object (``result.py``), the cached ``task_always_eager`` (``confcache.py``) and the
-per-thread connection of the gate (``store._Lease``)."""
+object (``result.py``), the direct ``task_always_eager`` lookup (``confcache.py``),
+the per-thread connection of the gate (``store._Lease``) and the auto-pipelining of
+concurrent gate calls (``store._Combiner``)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,25 @@ def test_task_always_eager_is_read_again_whenever_the_configuration_changes(
     assert always_eager(app) is app.conf.task_always_eager
     app.config_from_object({"task_always_eager": True}, force=True)
     assert always_eager(app) is True is app.conf.task_always_eager
-    assert "__class__" not in app.conf.changes
+
+
+def test_task_always_eager_from_a_live_configuration_source_is_read_live(
+    redis_server: str,
+) -> None:
+    class Config:  # as a module or Django settings: Celery reads it live
+        task_always_eager = False
+
+    app = make_app(redis_server)
+    app.config_from_object(Config)
+    assert always_eager(app) is False
+    Config.task_always_eager = True  # e.g. Django's override_settings
+    assert always_eager(app) is True is app.conf.task_always_eager
+    source = {"CELERY_ALWAYS_EAGER": True}  # the old name, in a plain dict
+    other = make_app(redis_server)
+    other.config_from_object(source)
+    assert always_eager(other) is True is other.conf.task_always_eager
+    source["CELERY_ALWAYS_EAGER"] = False  # changed in place: seen too
+    assert always_eager(other) is False is other.conf.task_always_eager
 
 
 def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
