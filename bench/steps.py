@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
         variants: dict[str, dict[str, bool]] = {
             "all on": {}, "no per-thread connection": {"lz": False},
-            "no light result": {"result": False}, "no eager cache": {"conf": False},
+            "no light result": {"result": False}, "no direct eager lookup": {"conf": False},
             "no direct pack": {"packer": False},
             "all off": {"lz": False, "result": False, "conf": False, "packer": False},
         }
