@@ -15,12 +15,14 @@ from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, new_task_id, prepare_call, refuse_schedule, static_routing
 from .collect import COLLECT_HEADER, single_call_args, wrap_run
+from .confcache import always_eager
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .layout import SHARD_HEADER
 from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
+from .result import light_result
 from .settings import Settings, settings_for
 from .store import store_for
 from .windows import WindowInfo
@@ -106,7 +108,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             spec = self._debounce_defaults.for_call(options)
         if options and spec is not None and (options.get("chain") or options.get("chord")):
             canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
-        if spec is None or self.app.conf.task_always_eager:
+        if spec is None or always_eager(self.app):
             if spec is not None:  # eager: every check of a real call, nothing written
                 self._check_eager(spec, args, kwargs, task_id, link, link_error, shadow,
                                   options)
@@ -126,7 +128,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         if fixed is not None and spec.leading and not spec.trailing:
             refuse_fixed_leading(self.name)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
-        return self.AsyncResult(result_id(result.task_id, fixed))
+        return light_result(self, result_id(result.task_id, fixed))
 
     def _check_eager(
         self,
