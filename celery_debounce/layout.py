@@ -266,6 +266,16 @@ def dispatchers_key(tag: str) -> str:
     return f"{tag}:dispatchers"
 
 
+def alive_key(tag: str) -> str:
+    """zset dispatcher name -> ms of its last heartbeat (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:alive"
+
+
+def stopped_key(tag: str) -> str:
+    """zset dispatcher name -> ms it stopped cleanly (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:stopped"
+
+
 def bulk_marker_prefix(tag: str, token: str) -> str:
     """``enqueue_many``'s "this chunk ran" marker keys start with this (plus the chunk's start)."""
     return f"{tag}:bulk:{token}:"
