@@ -63,6 +63,9 @@ class TaskStats:
     closed_by_cap: int = 0
     leading_runs: int = 0
     suppressed: int = 0
+    #: calls the gate accepted (gate.lua's i|<task>), counted as they arrive, whatever
+    #: their window later does; ``calls`` counts the calls of windows taken
+    calls_in: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -100,6 +103,7 @@ class TaskStats:
         self.closed_by_cap += other.closed_by_cap
         self.leading_runs += other.leading_runs
         self.suppressed += other.suppressed
+        self.calls_in += other.calls_in
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
@@ -115,6 +119,7 @@ class TaskStats:
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
             "leading_runs": self.leading_runs, "suppressed": self.suppressed,
+            "calls_in": self.calls_in,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(

@@ -398,6 +398,7 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
         row.runs, row.calls, row.forced, row.cancelled, row.closed_by_cap = (
             new.runs, new.calls, new.forced, new.cancelled, new.closed_by_cap)
         row.leading_runs, row.suppressed = new.leading_runs, new.suppressed
+        row.calls_in = new.calls_in
         row.lateness_buckets = list(new.lateness_buckets)
 
 

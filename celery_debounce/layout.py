@@ -321,7 +321,8 @@ def taken_set_key(tag: str, name: str) -> str:
 #: forced by max wait, cancelled, closed by the call cap, leading runs (take.lua), calls
 #: suppressed after a leading run (gate.lua); ``l<b>`` is lateness bucket b.
 COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
-                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed"}
+                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed",
+                 "i": "calls_in"}
 
 
 def split_counter(name: str) -> tuple[str, str]:
