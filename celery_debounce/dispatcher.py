@@ -221,8 +221,9 @@ class _ExactBatch:
         return replies
 
 
-def check_json_body(body: bytes) -> None:
-    """Refuse a JSON body that is not ``[list, object, object]``.
+def check_json_body(body: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """Refuse a JSON body that is not ``[list, object, object]``; its ``(args, kwargs)``
+    (what the run's ``argsrepr``/``kwargsrepr`` show, message.py).
 
     Celery's worker stops ("Unrecoverable error") on a body of another shape,
     such as a 0.1 record's ``[args, kwargs]``. Parsing JSON runs no code; bodies of
@@ -240,6 +241,7 @@ def check_json_body(body: bytes) -> None:
             "body is not a Celery protocol-2 body [args, kwargs, embed] (a record "
             "written by celery_debounce 0.1, or by something else)"
         )
+    return parsed[0], parsed[1]
 
 
 def _channel_closed(exc: BaseException | None) -> bool:
@@ -664,12 +666,13 @@ class Dispatcher:
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
+            arguments = None
             if window.content_type == DEFAULT_CONTENT_TYPE:
-                check_json_body(window.payload)
+                arguments = check_json_body(window.payload)
             message, options = self.messages.build(
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,
-                tag=self.store.tag(window.shard),
+                tag=self.store.tag(window.shard), arguments=arguments,
             )
             left = options.get("expiration")  # expires: the broker may drop it unseen
             if left is not None:
