@@ -225,6 +225,8 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
 
         # A dispatcher that stops cleanly is marked stopped, not left as if it ran.
         assert re.search(r"side-1\s+alive", tmux.screen("q")), tmux.screen("q")
+        if os.environ.get("TOP_SCREEN_OUT"):  # docs/monitoring.md's sample
+            Path(os.environ["TOP_SCREEN_OUT"]).write_text(tmux.screen("q"))
         tmux.keys("side", "C-c")
         wait_until(lambda: re.search(r"side-1\s+stopped \d", tmux.screen("q")), timeout=15,
                    interval=0.3)
