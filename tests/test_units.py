@@ -137,3 +137,17 @@ def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_fore
     assert _shard_of({}, None, app) is None
     for foreign in ("other:{1}", "debounce:{1}:win:x", "debounce:{}", "debounce:{a}", 5):
         assert _shard_of({"debounce_tag": foreign}, None, app) is None
+
+
+@pytest.mark.parametrize("value", ["2M", "1h30M", "2 M", "1M30s"])
+def test_a_capital_m_is_refused_as_ambiguous(value: str) -> None:
+    """"2M" is 2 months in ISO 8601 periods: refused, never silently 2 minutes."""
+    with pytest.raises(DebounceConfigError, match="'M' is ambiguous") as info:
+        parse_duration("debounce", value)
+    assert f"debounce={value!r}" in str(info.value) and "'m' for minutes" in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "ms"), [("2m", 120_000), ("250MS", 250), ("250Ms", 250),
+                                           ("2H", 7_200_000), ("10S", 10_000)])
+def test_lowercase_m_and_other_capitals_keep_their_meaning(value: str, ms: int) -> None:
+    assert parse_duration("debounce", value) == ms
