@@ -51,8 +51,8 @@
 --   <tag>:stats          hash; s|<task> + 1 for a suppressed call, PEXPIRE ARGV[14]
 -- Every call that is not refused (suppressed ones included) counts itself in
 -- <tag>:stats field i|<task> (calls in, read by `top`; best effort: a wrong-typed key
--- skips it). When the field is new and the hash has no TTL (no take.lua set one yet)
--- the hash gets ARGV[14], or an hour without it; take.lua sets debounce_history_ttl.
+-- skips it). A call that creates the hash gives it a TTL: ARGV[14], or an hour
+-- without it (take.lua sets debounce_history_ttl when it counts a window).
 -- An edge call:
 --   * quiet period running (now < dl): the call moves dl and counts itself in n.
 --     Mode 'L': suppressed; it writes nothing else but the s|<task> counter and
@@ -144,8 +144,9 @@ local function counted(reply)
   local stats = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':stats'
   local digits = string.match(ident, '^(%d+):')
   local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
-  if redis.pcall('HINCRBY', stats, 'i|' .. task, 1) == 1 and
-      redis.call('PTTL', stats) == -1 then
+  local fresh = redis.call('EXISTS', stats) == 0
+  redis.pcall('HINCRBY', stats, 'i|' .. task, 1)
+  if fresh then
     local ttl = ARGV[14]
     redis.call('PEXPIRE', stats, (ttl and ttl ~= '') and ttl or 3600000)
   end
