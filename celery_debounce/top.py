@@ -447,6 +447,55 @@ class Top:
         return render(self.history, f"{self.title}   {stamp}", self.error, unicode, self.census)
 
 
+def as_json(history: History, census: Census | None = None) -> dict[str, Any]:
+    """One refresh as a JSON object (``top -j``): what the screen shows, rates per
+    second over the last 10 s (null before the second reading), per task and per
+    dispatcher."""
+    snap = history.snapshots[-1]
+    fast = history.rates(RATE_S)
+    counted = census.open if census is not None else None
+    tasks = []
+    for name in sorted(set(snap.tasks) | set(counted or {})):
+        rate = history.rates(RATE_S, name)
+        row = snap.tasks.get(name, TaskStats(task=name))
+        tasks.append({
+            "task": name, "open": None if counted is None else counted.get(name, 0),
+            "calls_in_per_s": None if rate is None else rate.per_s(rate.calls_in),
+            "runs_per_s": None if rate is None else rate.per_s(rate.runs),
+            "runs_total": row.runs, "calls_in_total": row.calls_in})
+    names = set(snap.dispatchers) | set(snap.alive) | set(snap.stopped)
+    return {
+        "at": snap.at, "open": snap.open, "due": snap.due, "oldest_due_s": snap.oldest_due_s,
+        "in_flight": snap.leased + snap.active, "quarantined": snap.quarantined,
+        "calls_in_per_s": None if fast is None else fast.per_s(fast.calls_in),
+        "runs_per_s": None if fast is None else fast.per_s(fast.runs),
+        "open_counted_at": None if census is None else census.at,
+        "tasks": tasks,
+        "dispatchers": [{"name": name, "status": dispatcher_status(snap, name).split(" ")[0],
+                         "last_batch_at": snap.dispatchers.get(name),
+                         "heartbeat_at": snap.alive.get(name),
+                         "stopped_at": snap.stopped.get(name)} for name in sorted(names)],
+    }
+
+
+def run_json(top: Top, out: TextIO, iterations: int | None,
+             sleep: Callable[[float], None] = time.sleep) -> None:
+    """``top -j``: one JSON object per line and refresh (a failed reading is
+    ``{"error": ...}``)."""
+    import json
+
+    for index in _count(iterations):
+        if index:
+            sleep(top.interval)
+        top.refresh()
+        if top.error or not top.history.snapshots:
+            line: dict[str, Any] = {"error": top.error}
+        else:
+            line = as_json(top.history, top.census)
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+
 def run_plain(top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None]
               = time.sleep) -> None:
     """The non-terminal printout: one block per refresh, separated by a blank line."""
@@ -512,8 +561,11 @@ def _stop_on_sigterm() -> None:
 @click.option("--plain", is_flag=True, cls=CeleryOption, help_group="Output",
               help="Print a block of text every refresh instead of the full-screen view "
                    "(the default when stdout is not a terminal).")
+@click.option("-j", "--json", "as_json_lines", is_flag=True, cls=CeleryOption,
+              help_group="Output", help="Print one JSON object per refresh, one a line.")
 @click.pass_context
-def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool) -> None:
+def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool,
+        as_json_lines: bool) -> None:
     """Live view: open windows and their trend, calls/s in and runs/s out,
     calls per run, windows forced by max wait, lateness p50/p99 over the last
     minute, open windows per task, the hottest keys, dispatchers (alive, silent
@@ -530,14 +582,16 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
     census step per shard (at most ~1,000 windows read), whatever the number
     of open windows.
     """
-    screen = not plain and sys.stdout.isatty()
+    screen = not plain and not as_json_lines and sys.stdout.isatty()
     try:
         view = Top(ctx.obj.app, interval, screen)
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     _stop_on_sigterm()
     try:
-        if not screen:
+        if as_json_lines:
+            run_json(view, sys.stdout, iterations)
+        elif not screen:
             run_plain(view, sys.stdout, iterations)
         else:
             run_screen(view, iterations)

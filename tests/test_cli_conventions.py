@@ -165,3 +165,14 @@ def test_the_worker_logs_when_its_dispatcher_starts_and_stops(
                                in r.getMessage() for r in caplog.records), timeout=20)
     messages = [r.getMessage() for r in caplog.records]
     assert any("embedded dispatcher" in m and "stopped" in m for m in messages), messages
+
+
+def test_top_takes_dash_j_too(ops: ModuleType) -> None:
+    ops.report.delay("u1")
+    out = cli("top", "-j", "-n", "2", "-i", "0.3")
+    assert out.exit_code == 0, out.output
+    first, second = (json.loads(line) for line in out.output.splitlines())
+    assert first["open"] == 1 and first["calls_in_per_s"] is None  # rates need two readings
+    assert second["calls_in_per_s"] == 0.0
+    (task,) = second["tasks"]
+    assert task["task"] == "ops.report" and task["open"] == 1 and task["calls_in_total"] == 1
