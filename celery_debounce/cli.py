@@ -209,12 +209,10 @@ def inspect(ctx: click.Context, task: str | None, key: str | None, key_glob: str
     if key is not None and key_glob is not None:
         raise click.UsageError("--key (exact) and --match (glob) cannot be combined")
     if key is not None:
-        if any(c in key for c in "*?["):
+        if any(c in key for c in "*?["):  # the old meaning, kept for now
             click.echo("warning: --key with a glob is deprecated and will be exact in a "
                        f"later release: use --match {key!r}", err=True)
-            key_glob = key
-        else:
-            key_glob = key  # no glob characters: fnmatch matches exactly this key
+        key_glob = key  # without glob characters fnmatch matches exactly this key
     admin = _admin(ctx)
     try:
         if task_id is not None:
