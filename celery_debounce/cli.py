@@ -134,10 +134,13 @@ def render_stats(stats: Stats) -> str:
     return "\n".join(lines)
 
 
-def config_error(exc: DebounceError) -> click.ClickException:
-    """``exc`` as a CLI error; a Redis URL missing because no app was named says so."""
+def config_error(exc: DebounceError, app: Any = None) -> click.ClickException:
+    """``exc`` as a CLI error; a Redis URL missing because no app was named says so
+    (Celery's default app, main ``"default"``, with no broker URL)."""
     message = str(exc)
-    if isinstance(exc, DebounceConfigError) and "is not a Redis URL" in message:
+    default = app is None or (getattr(app, "main", None) in (None, "default")
+                              and not app.conf.broker_url)
+    if isinstance(exc, DebounceConfigError) and "is not a Redis URL" in message and default:
         message += ("\nHint: name your app with -A/--app before the command, e.g. "
                     "`celery -A proj debounce inspect` (without it Celery uses its "
                     "default app, which has no Redis URL).")
@@ -148,7 +151,7 @@ def _admin(ctx: click.Context) -> DebounceAdmin:
     try:
         return DebounceAdmin(ctx.obj.app)
     except DebounceError as exc:
-        raise config_error(exc) from exc
+        raise config_error(exc, ctx.obj.app) from exc
 
 
 def json_option(what: str) -> Callable[[_F], _F]:
@@ -451,7 +454,7 @@ def _dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str 
     try:
         dispatcher = Dispatcher(app, name=name or f"dispatch-{os.getpid()}")
     except DebounceError as exc:
-        raise config_error(exc) from exc
+        raise config_error(exc, app) from exc
 
     def _shutdown(signum: int, _frame: Any) -> None:
         logger.info("debounce: dispatcher %s: %s received, stopping",

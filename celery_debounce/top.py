@@ -586,7 +586,9 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
     try:
         view = Top(ctx.obj.app, interval, screen)
     except DebounceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        from .cli import config_error
+
+        raise config_error(exc, ctx.obj.app) from exc
     _stop_on_sigterm()
     try:
         if as_json_lines:

@@ -176,3 +176,16 @@ def test_top_takes_dash_j_too(ops: ModuleType) -> None:
     assert second["calls_in_per_s"] == 0.0
     (task,) = second["tasks"]
     assert task["task"] == "ops.report" and task["open"] == 1 and task["calls_in_total"] == 1
+
+
+def test_the_dash_a_hint_is_only_for_celerys_default_app() -> None:
+    from celery import Celery
+
+    from celery_debounce.cli import config_error
+    from celery_debounce.errors import DebounceConfigError
+
+    exc = DebounceConfigError("debounce_redis_url is not set and the broker URL ('amqp://') "
+                              "is not a Redis URL: set app.conf.debounce_redis_url")
+    named = Celery("proj", broker="amqp://", set_as_current=False)
+    assert "-A" not in config_error(exc, named).message  # its app was named: no hint
+    assert "-A/--app" in config_error(exc, Celery("default", set_as_current=False)).message
