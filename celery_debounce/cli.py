@@ -113,7 +113,8 @@ def render_stats(stats: Stats) -> str:
     if not stats.tasks:
         lines.append("No debounce activity recorded.")
         return "\n".join(lines)
-    header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "RUNS", "CALLS", "CALLS/RUN",
+    header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "CALLS IN", "RUNS", "CALLS",
+              "CALLS/RUN",
               "FORCED", "CAPPED", "LEADING", "SUPPRESSED", "CANCELLED", "LATE ms p50/p90/p99")
     rows = []
     for row in [*(stats.tasks[name] for name in sorted(stats.tasks)), total]:
@@ -126,7 +127,8 @@ def render_stats(stats: Stats) -> str:
             relative(row.oldest_first_seen - stats.now)
             if row.oldest_first_seen is not None else "-",
             str(row.calls_waiting) if stats.census else "-",
-            str(row.runs), str(row.calls), f"{ratio:.1f}" if ratio is not None else "-",
+            str(row.calls_in), str(row.runs), str(row.calls),
+            f"{ratio:.1f}" if ratio is not None else "-",
             str(row.forced), str(row.closed_by_cap), str(row.leading_runs), str(row.suppressed),
             str(row.cancelled), _late(row),
         ))
@@ -367,8 +369,8 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     dispatch lateness percentiles, per task and in total.
 
     RUNS, CALLS, FORCED, CAPPED, LEADING, CANCELLED and LATE count windows taken for
-    dispatch (or cancelled) since the last --reset; SUPPRESSED counts calls, when
-    the gate suppressed them. CALLS/RUN is the coalescing ratio.
+    dispatch (or cancelled) since the last --reset; CALLS IN and SUPPRESSED count
+    calls as the gate accepted (or suppressed) them. CALLS/RUN is the coalescing ratio.
     LATE is how long after its deadline a window was taken, as the upper bound
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
 

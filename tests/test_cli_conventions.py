@@ -49,7 +49,8 @@ def test_every_verb_takes_dash_j(ops: ModuleType) -> None:
     rows = json.loads(cli("inspect", "-j").output)
     assert {r["task_id"] for r in rows} >= {first.id}
     stats = json.loads(cli("stats", "-j").output)
-    assert stats["open"] == 4
+    assert stats["open"] == 4 and stats["total"]["calls_in"] == 4  # counted by the gate
+    assert "CALLS IN" in cli("stats").output
     flushed = cli("flush", "-j", "--task", "ops.report", "--key", "user:u1")
     assert flushed.exit_code == 0, flushed.output
     one = json.loads(flushed.output)
