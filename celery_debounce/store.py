@@ -56,6 +56,7 @@ from .layout import (
     TAKE_FIELDS,
     Record,
     active_key,
+    alive_key,
     all_keys_pattern,
     as_text,
     bulk_marker_prefix,
@@ -76,6 +77,7 @@ from .layout import (
     split_ident,
     stats_key,
     stats_reset_key,
+    stopped_key,
     taken_set_key,
     win_key,
 )
@@ -236,6 +238,8 @@ class ShardSnapshot(NamedTuple):
     counters: dict[str, int]
     hot: list[tuple[str, int]]
     dispatchers: list[tuple[str, int]]
+    alive: list[tuple[str, int]] = []  # name -> last heartbeat ms (alive.lua)
+    stopped: list[tuple[str, int]] = []  # name -> clean stop ms
 
 
 class _Marker:
@@ -1817,8 +1821,27 @@ class WindowStore:
             client.delete(held)
         return removed
 
+    # -- liveness ----------------------------------------------------------------------------
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Record that dispatcher ``name`` runs (``alive``) or stopped cleanly
+        (``alive.lua``, on shard 0's tag); returns the Redis time, ms."""
+        tag = self.tag(0)
+        return int(self.run("alive", [alive_key(tag), stopped_key(tag)],
+                            [name, "1" if alive else "0", self.settings.history_ttl_ms]))
+
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(Redis time ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
+        tag = self.tag(0)
+        now_ms = self.time_ms("ping")
+        with translate_errors("ping"), self.client.pipeline(False) as pipe:
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
+            alive, stopped = pipe.execute()
+        return (now_ms, [(as_text(n), int(ms)) for n, ms in alive],
+                [(as_text(n), int(ms)) for n, ms in stopped])
+
     #: Redis commands :meth:`snapshot` sends per shard.
-    SNAPSHOT_COMMANDS = 9
+    SNAPSHOT_COMMANDS = 11
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
@@ -1833,10 +1856,12 @@ class WindowStore:
             pipe.hgetall(stats_key(tag))
             pipe.zrevrange(hot_key(tag), 0, HOT_KEYS_KEPT - 1, withscores=True)
             pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)  # written on shard 0 only
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
-        z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (
-            r if not isinstance(r, Exception) else None for r in replies)
+        (z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen, alive,
+         stopped) = (r if not isinstance(r, Exception) else None for r in replies)
         kept: dict[str, int] = {}
         for name, value in (counters or {}).items():
             try:
@@ -1848,6 +1873,8 @@ class WindowStore:
             int(z_leased or 0), int(z_active or 0), int(z_quar or 0), kept,
             [(as_text(i), int(c)) for i, c in hot_rows or []],
             [(as_text(n), int(ms)) for n, ms in seen or []],
+            [(as_text(n), int(ms)) for n, ms in alive or []],
+            [(as_text(n), int(ms)) for n, ms in stopped or []],
         )
 
     def maxmemory_policy(self) -> str:

@@ -58,6 +58,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         cls._debounce_defaults = TaskDefaults.validate(
             {name: getattr(cls, name) for name in OPTION_NAMES}
         )
+        check_key_template(cls)
         if cls._debounce_defaults.debounce_collect:
             _collect_class(cls)
         else:
@@ -409,6 +410,22 @@ _CHECKED: ContextVar[bool] = ContextVar("debounce_eager_checked", default=False)
 
 #: The URL eager mode's checks use when the app sets none (nothing connects to it).
 EAGER_URL = "redis://eager.invalid:6379/0"
+
+
+def check_key_template(cls: type[DebouncedTask]) -> None:
+    """A ``debounce_key`` naming a parameter the task's function does not have (or a
+    position past its last) is refused when the task is registered, the signature
+    being known there; a ``debounce_collect`` task's keys resolve against each call."""
+    defaults = cls._debounce_defaults
+    run = cls.__dict__.get("run")  # this class's own function (@app.task builds one)
+    if defaults.debounce_key is None or defaults.debounce_collect or run is None:
+        return
+    from .key_templates import check_against, parse_template
+
+    fn = run.__func__ if isinstance(run, staticmethod) else run
+    check_against(parse_template(defaults.debounce_key), fn,
+                  str(cls.__dict__.get("name") or cls.__name__),
+                  skip_first=not isinstance(run, staticmethod))
 
 
 def _refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:
