@@ -81,3 +81,16 @@ def bytes_after_history(app: Celery, url: str, count: int) -> dict[str, float]:
     after = used_memory(client)
     client.flushall()
     return {"per_window": (after - before) / count, "keys_left": left}
+
+
+if __name__ == "__main__":  # python -m bench.memory [windows]: bytes per open window only
+    import sys
+
+    from bench.apps import make_app
+    from celery_debounce.local_redis import LocalRedis
+
+    windows = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    with LocalRedis() as server:
+        figures = bytes_per_open_window(make_app(server.url), server.url, windows)
+    print(f"{windows:,} open windows: " + ", ".join(
+        f"{name} {value:.1f} B" for name, value in figures.items()))

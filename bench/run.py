@@ -182,6 +182,22 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     return rows
 
 
+@bench("bullmq", "9: .delay() vs BullMQ's debounce-mode add (npm-installs bullmq@5)")
+def _bullmq(ctx: dict[str, Any]) -> list[Row]:
+    from bench.bullmq import side_by_side
+
+    n = 1000 if ctx["quick"] else 4000
+    return side_by_side(ctx["app"], ctx["url"], ctx["rounds"], n)
+
+
+@bench("threads", "10: .delay() from 1, 4 and 16 threads vs plain .delay() with the same")
+def _threads(ctx: dict[str, Any]) -> list[Row]:
+    from bench.threads import concurrent_rates
+
+    calls = 1600 if ctx["quick"] else 4800
+    return concurrent_rates(ctx["app"], ctx["url"], min(ctx["rounds"], 5), calls)
+
+
 @bench("rss", "8: producer RSS over many .delay() calls")
 def _rss(ctx: dict[str, Any]) -> list[Row]:
     from bench.scale import producer_rss

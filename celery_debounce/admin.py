@@ -66,6 +66,9 @@ class TaskStats:
     duplicates_skipped: int = 0
     holds: int = 0
     held_ms: int = 0
+    #: calls the gate accepted (gate.lua's i|<task>), counted as they arrive, whatever
+    #: their window later does; ``calls`` counts the calls of windows taken
+    calls_in: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATE_BUCKETS_MS) + 1))
 
     @property
@@ -106,19 +109,25 @@ class TaskStats:
         self.duplicates_skipped += other.duplicates_skipped
         self.holds += other.holds
         self.held_ms += other.held_ms
+        self.calls_in += other.calls_in
         self.lateness_buckets = [a + b for a, b in zip(
             self.lateness_buckets, other.lateness_buckets, strict=True)]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, census: bool = True) -> dict[str, Any]:
+        """``census=False`` (``stats --quick``): the figures the scan counts (open, due,
+        oldest_first_seen, calls_waiting) are null, "not counted", never 0."""
         return {
-            "task": self.task, "open": self.open, "due": self.due,
-            "oldest_first_seen": self.oldest_first_seen, "calls_waiting": self.calls_waiting,
+            "task": self.task, "open": self.open if census else None,
+            "due": self.due if census else None,
+            "oldest_first_seen": self.oldest_first_seen if census else None,
+            "calls_waiting": self.calls_waiting if census else None,
             "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
             "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
             "leading_runs": self.leading_runs, "suppressed": self.suppressed,
             "duplicates_skipped": self.duplicates_skipped,
             "holds": self.holds, "held_ms": self.held_ms,
+            "calls_in": self.calls_in,
             "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
                             for q in (0.5, 0.9, 0.99)},
             "lateness_buckets": dict(zip(
@@ -135,7 +144,8 @@ def _finite(value: float | None) -> float | str | None:
 class Stats:
     """What ``celery debounce stats`` shows. ``census`` is False when per-task
     open counts and the oldest window were skipped (then ``open``/``due`` are
-    still exact totals, per-task ``open``/``due`` are 0)."""
+    still exact totals; per-task ``open``/``due`` are 0 here and null in
+    :meth:`as_json`)."""
 
     now: float
     open: int
@@ -152,9 +162,13 @@ class Stats:
         return total
 
     def as_json(self) -> dict[str, Any]:
+        """Without the census, per-task open/due and every oldest/calls-waiting figure
+        are null (not counted); the total open and due are exact either way."""
+        total = self.total.as_json(self.census)
+        total["open"], total["due"] = self.open, self.due
         return {"now": self.now, "open": self.open, "due": self.due, "census": self.census,
-                "total": self.total.as_json(),
-                "tasks": [self.tasks[name].as_json() for name in sorted(self.tasks)]}
+                "total": total,
+                "tasks": [self.tasks[name].as_json(self.census) for name in sorted(self.tasks)]}
 
 
 class DebounceAdmin:

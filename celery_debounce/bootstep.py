@@ -37,11 +37,27 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, parent: Any) -> None:
         super().start(parent)
         dispatcher: Dispatcher = self.obj
+        settings = dispatcher.settings
+        logger.info("debounce: embedded dispatcher %s started (prefix %r, %d shard(s), "
+                    "poll %dms)", dispatcher.name, settings.key_prefix, settings.shards,
+                    settings.poll_interval_ms)
         # beside the worker's start-up: a hung Redis must not hold the worker up
         threading.Thread(
             target=warn_if_evicting, args=(dispatcher.store, dispatcher.name, logger),
             name="debounce-eviction-check", daemon=True,
         ).start()
+
+    def stop(self, parent: Any) -> None:
+        super().stop(parent)
+        self._stopped()
+
+    def terminate(self, parent: Any) -> None:  # a cold shutdown calls this instead of stop
+        super().terminate(parent)
+        self._stopped()
+
+    def _stopped(self) -> None:
+        if self.obj is not None:
+            logger.info("debounce: embedded dispatcher %s stopped", self.obj.name)
 
 
 def install(app: Celery) -> None:

@@ -206,8 +206,8 @@ def static_routing(app: Celery) -> dict[str, str] | None:
     ``task_routes`` made only of mappings/globs (``MapRoute``) route by task name,
     so the stored options of a call without options depend only on the task.
     """
-    cached: tuple[Any, dict[str, str] | None] | None = getattr(app, "_debounce_static", None)
-    routes = app.amqp.routes
+    cached: tuple[Any, dict[str, str] | None] | None = app.__dict__.get("_debounce_static")
+    routes = cached_attribute(cached_attribute(app, "amqp"), "routes")
     if cached is not None and cached[0] is routes:
         return cached[1]
     static: dict[str, str] | None = (
@@ -215,6 +215,15 @@ def static_routing(app: Celery) -> dict[str, str] | None:
     )
     app._debounce_static = (routes, static)  # type: ignore[attr-defined, unused-ignore]
     return static
+
+
+def cached_attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name)`` for a kombu ``cached_property`` (``app.amqp``,
+    ``amqp.routes``, ``app.AsyncResult``): its value once computed sits in the
+    instance's ``__dict__`` (also after a set), which a read of the attribute reaches
+    only through the property's lock."""
+    value = obj.__dict__.get(name)
+    return getattr(obj, name) if value is None else value
 
 
 def _short(value: object) -> str:

@@ -19,10 +19,13 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import DebounceAdmin, Stats, TaskStats
 from .checks import describe_policy, evicts_windows, warn_if_evicting
-from .errors import DebounceError, WindowNotPending
+from .errors import DebounceConfigError, DebounceError, WindowNotPending
+from .formatting import clip, table_lines
 from .windows import STATES, WindowInfo
 
 logger = logging.getLogger("celery_debounce.cli")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def relative(seconds: float) -> str:
@@ -67,9 +70,8 @@ def printable(text: str) -> str:
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)) for r in [header, *rows])
-    return "\n".join(line.rstrip() for line in lines)
+    """Aligned by terminal cells: a CJK or emoji key takes two per character."""
+    return "\n".join(table_lines(header, rows))
 
 
 def render_table(windows: list[WindowInfo], now: float) -> str:
@@ -86,7 +88,7 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
             when = f"{w.state} (deadline {relative(w.deadline - now)})"
         if w.quiet_until is not None:  # a leading run whose quiet period still runs
             when += f", quiet period ends {relative(w.quiet_until - now)}"
-        key = printable(w.key if len(w.key) <= 40 else w.key[:37] + "...")
+        key = clip(printable(w.key), 40)
         state = w.state if w.edge is None else f"{w.state} ({w.edge})"
         if w.held_since is not None:  # debounce_exclusive: waits for a run of its key
             state = f"{state} (held)"
@@ -113,7 +115,8 @@ def render_stats(stats: Stats) -> str:
     if not stats.tasks:
         lines.append("No debounce activity recorded.")
         return "\n".join(lines)
-    header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "RUNS", "CALLS", "CALLS/RUN",
+    header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "CALLS IN", "RUNS", "CALLS",
+              "CALLS/RUN",
               "FORCED", "CAPPED", "LEADING", "SUPPRESSED", "CANCELLED", "LATE ms p50/p90/p99")
     rows = []
     for row in [*(stats.tasks[name] for name in sorted(stats.tasks)), total]:
@@ -126,7 +129,8 @@ def render_stats(stats: Stats) -> str:
             relative(row.oldest_first_seen - stats.now)
             if row.oldest_first_seen is not None else "-",
             str(row.calls_waiting) if stats.census else "-",
-            str(row.runs), str(row.calls), f"{ratio:.1f}" if ratio is not None else "-",
+            str(row.calls_in), str(row.runs), str(row.calls),
+            f"{ratio:.1f}" if ratio is not None else "-",
             str(row.forced), str(row.closed_by_cap), str(row.leading_runs), str(row.suppressed),
             str(row.cancelled), _late(row),
         ))
@@ -134,11 +138,34 @@ def render_stats(stats: Stats) -> str:
     return "\n".join(lines)
 
 
+def config_error(exc: DebounceError, app: Any = None) -> click.ClickException:
+    """``exc`` as a CLI error; a Redis URL missing because no app was named says so
+    (Celery's default app, main ``"default"``, with no broker URL)."""
+    message = str(exc)
+    default = app is None or (getattr(app, "main", None) in (None, "default")
+                              and not app.conf.broker_url)
+    if isinstance(exc, DebounceConfigError) and "is not a Redis URL" in message and default:
+        message += ("\nHint: name your app with -A/--app before the command, e.g. "
+                    "`celery -A proj debounce inspect` (without it Celery uses its "
+                    "default app, which has no Redis URL).")
+    return click.ClickException(message)
+
+
 def _admin(ctx: click.Context) -> DebounceAdmin:
     try:
         return DebounceAdmin(ctx.obj.app)
     except DebounceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise config_error(exc, ctx.obj.app) from exc
+
+
+def json_option(what: str) -> Callable[[_F], _F]:
+    """``-j/--json``, as ``celery inspect -j``."""
+    return click.option("-j", "--json", "as_json", is_flag=True, cls=CeleryOption,
+                        help_group="Output", help=f"Print {what} instead of text.")
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))
 
 
 @click.group(name="debounce")
@@ -154,7 +181,11 @@ def debounce(ctx: click.Context) -> None:
 @debounce.command(cls=CeleryCommand)
 @click.option("--task", "task", cls=CeleryOption, help_group="Filter",
               help="Only windows of this task name.")
-@click.option("--key", "key_glob", cls=CeleryOption, help_group="Filter",
+@click.option("--key", "key", cls=CeleryOption, help_group="Filter",
+              help="Only the window(s) with exactly this key (as in flush and cancel). "
+                   "A value with *, ? or [ is still read as a glob, with a deprecation "
+                   "warning: use --match for that.")
+@click.option("--match", "key_glob", cls=CeleryOption, help_group="Filter",
               help="Only keys matching this glob (fnmatch, case-sensitive: *, ?, [seq]).")
 @click.option("--state", "states", cls=CeleryOption, help_group="Filter", multiple=True,
               type=click.Choice(STATES), help="Only windows in this state (repeatable).")
@@ -163,10 +194,9 @@ def debounce(ctx: click.Context) -> None:
 @click.option("--limit", type=click.IntRange(min=1), cls=CeleryOption, help_group="Filter",
               help="Show at most this many windows (earliest deadline first). Reads only "
                    "the front of the due set, so it stays fast with millions of windows.")
-@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Print a JSON array instead of a table.")
+@json_option("a JSON array")
 @click.pass_context
-def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
+def inspect(ctx: click.Context, task: str | None, key: str | None, key_glob: str | None,
             states: tuple[str, ...], task_id: str | None, limit: int | None,
             as_json: bool) -> None:
     """List windows, earliest deadline first.
@@ -182,7 +212,16 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     held_since and waits_for (a debounce_exclusive window held while a run of its key
     is in progress: since when, and that window's id; else null) and
     forced_by_max_wait; the STATE column shows the edge, and "held", in parentheses.
+
+    --key is exact, as in flush and cancel; --match takes a glob.
     """
+    if key is not None and key_glob is not None:
+        raise click.UsageError("--key (exact) and --match (glob) cannot be combined")
+    if key is not None:
+        if any(c in key for c in "*?["):  # the old meaning, kept for now
+            click.echo("warning: --key with a glob is deprecated and will be exact in a "
+                       f"later release: use --match {key!r}", err=True)
+        key_glob = key  # without glob characters fnmatch matches exactly this key
     admin = _admin(ctx)
     try:
         if task_id is not None:
@@ -194,7 +233,7 @@ def inspect(ctx: click.Context, task: str | None, key_glob: str | None,
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        click.echo(json.dumps([w.as_json() for w in windows], indent=2))
+        echo_json([w.as_json() for w in windows])
     else:
         click.echo(render_table(windows, time.time()))
 
@@ -220,9 +259,6 @@ def _selector(task: str | None, key: str | None, task_id: str | None, every: boo
                            "(optionally with --task NAME)")
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
 def _selector_options(verb: str) -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
         for option in reversed([
@@ -230,7 +266,7 @@ def _selector_options(verb: str) -> Callable[[_F], _F]:
                          help=f"Task name: with --key, {verb} one window; with --all, "
                               "all windows of the task."),
             click.option("--key", cls=CeleryOption, help_group="Window",
-                         help="The window's exact key (as shown by inspect)."),
+                         help="The window's exact key (as shown by inspect; no glob)."),
             click.option("--id", "task_id", cls=CeleryOption, help_group="Window",
                          help="The window's task id (what every coalesced call returned). "
                               "Scans the due set: about 1.5 s per million open windows."),
@@ -244,9 +280,11 @@ def _selector_options(verb: str) -> Callable[[_F], _F]:
 
 @debounce.command(cls=CeleryCommand)
 @_selector_options("flush")
+@json_option('a JSON object ({"flushed": N, "task": ...} with --all, else the window '
+             'flushed, fields as in inspect --json)')
 @click.pass_context
 def flush(ctx: click.Context, task: str | None, key: str | None, task_id: str | None,
-          every: bool) -> None:
+          every: bool, as_json: bool) -> None:
     """Run pending windows now, as if their deadline had passed.
 
     The window's deadline becomes now and running dispatchers are woken, so it
@@ -259,21 +297,29 @@ def flush(ctx: click.Context, task: str | None, key: str | None, task_id: str | 
     try:
         if mode == "all":
             count = admin.flush_all(task)
-            click.echo(f"Flushed {count} window(s)" + (f" of {task}." if task else "."))
+            if as_json:
+                echo_json({"flushed": count, "task": task})
+            else:
+                click.echo(f"Flushed {count} window(s)" + (f" of {task}." if task else "."))
             return
         info = admin.flush_id(task_id) if mode == "id" else admin.flush(task, key)  # type: ignore[arg-type]
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"Flushed {info.task}[{info.task_id}] key={info.key!r} calls={info.calls}.")
+    if as_json:
+        echo_json({"flushed": 1, **info.as_json()})
+    else:
+        click.echo(f"Flushed {info.task}[{info.task_id}] key={info.key!r} calls={info.calls}.")
 
 
 @debounce.command(cls=CeleryCommand)
 @_selector_options("cancel")
 @click.option("-f", "--force", is_flag=True, cls=CeleryOption, help_group="Window",
               help="Do not ask for confirmation with --all.")
+@json_option('a JSON object ({"cancelled": N, "task": ...} with --all, else the window '
+             'cancelled, fields as in inspect --json)')
 @click.pass_context
 def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str | None,
-           every: bool, force: bool) -> None:
+           every: bool, force: bool, as_json: bool) -> None:
     """Drop pending windows so they never run.
 
     Each cancelled window's result is marked REVOKED in the result backend, so
@@ -289,7 +335,10 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
             if not force:
                 click.confirm(f"Cancel {what}?", abort=True)
             count = admin.cancel_all(task)
-            click.echo(f"Cancelled {count} window(s)" + (f" of {task}." if task else "."))
+            if as_json:
+                echo_json({"cancelled": count, "task": task})
+            else:
+                click.echo(f"Cancelled {count} window(s)" + (f" of {task}." if task else "."))
             return
         info = admin.cancel_id(task_id) if mode == "id" else admin.cancel(task, key)  # type: ignore[arg-type]
     except WindowNotPending as exc:
@@ -297,8 +346,11 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
             f"{exc}; to stop its run use: celery -A <app> control revoke {task_id}") from exc
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"Cancelled {info.task}[{info.task_id}] key={info.key!r} calls={info.calls}; "
-               "result marked revoked.")
+    if as_json:
+        echo_json({"cancelled": 1, **info.as_json()})
+    else:
+        click.echo(f"Cancelled {info.task}[{info.task_id}] key={info.key!r} "
+                   f"calls={info.calls}; result marked revoked.")
 
 
 @debounce.command(cls=CeleryCommand)
@@ -306,8 +358,7 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
               help="Skip the scan of open windows (per-task open/due counts, oldest window, "
                    "calls waiting); totals and counters only. The scan takes ~1.5 s per "
                    "million open windows.")
-@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Print a JSON object instead of a table.")
+@json_option("a JSON object (figures --quick does not count are null)")
 @click.option("--reset", is_flag=True, cls=CeleryOption, help_group="Output",
               help="Zero the counters (runs, calls, forced, capped, cancelled, lateness) and print "
                    "the values zeroed (atomic: no increment is lost).")
@@ -322,8 +373,8 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     dispatch lateness percentiles, per task and in total.
 
     RUNS, CALLS, FORCED, CAPPED, LEADING, CANCELLED and LATE count windows taken for
-    dispatch (or cancelled) since the last --reset; SUPPRESSED counts calls, when
-    the gate suppressed them. CALLS/RUN is the coalescing ratio.
+    dispatch (or cancelled) since the last --reset; CALLS IN and SUPPRESSED count
+    calls as the gate accepted (or suppressed) them. CALLS/RUN is the coalescing ratio.
     LATE is how long after its deadline a window was taken, as the upper bound
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
 
@@ -339,8 +390,8 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
         raise click.ClickException(str(exc)) from exc
     policy = admin.store.maxmemory_policy()
     if as_json:
-        click.echo(json.dumps({**figures.as_json(), "maxmemory_policy": policy,
-                               "evicts_windows": evicts_windows(policy)}, indent=2))
+        echo_json({**figures.as_json(), "maxmemory_policy": policy,
+                   "evicts_windows": evicts_windows(policy)})
     else:
         click.echo(render_stats(figures))
         click.echo(describe_policy(policy))
@@ -354,6 +405,7 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
         row.runs, row.calls, row.forced, row.cancelled, row.closed_by_cap = (
             new.runs, new.calls, new.forced, new.cancelled, new.closed_by_cap)
         row.leading_runs, row.suppressed = new.leading_runs, new.suppressed
+        row.calls_in = new.calls_in
         row.lateness_buckets = list(new.lateness_buckets)
 
 
@@ -363,26 +415,52 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
                                 case_sensitive=False),
               help="Logging level.")
 @click.option("-n", "--name", default=None, cls=CeleryOption, help_group="Dispatcher",
-              help="Name shown in log lines (default: dispatch-<pid>).")
+              help="Name shown in log lines, ping and top (default: dispatch-<pid>).")
+@click.option("-f", "--logfile", default=None, cls=CeleryOption, help_group="Daemonization",
+              help="Log to this file (default: stderr).")
+@click.option("--pidfile", default=None, cls=CeleryOption, help_group="Daemonization",
+              help="Write the pid here; refuse to start while the pid it holds still runs.")
+@click.option("-D", "--detach", is_flag=True, cls=CeleryOption, help_group="Daemonization",
+              help="Run in the background, as celery beat does (log with -f FILE).")
+@click.option("--workdir", default=None, cls=CeleryOption, help_group="Daemonization",
+              help="Change to this directory when detached.")
 @click.pass_context
-def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
+def dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str | None,
+             pidfile: str | None, detach: bool, workdir: str | None) -> None:
     """Run a standalone dispatcher until SIGTERM or SIGINT.
 
     Publishes due windows like the one embedded in workers; run it when
     workers have `debounce_dispatcher = False`, or next to them: any number of
     dispatchers (workers, beat, this) share the work and each window is
-    published once. On SIGTERM/SIGINT it finishes the batch in hand and exits 0.
+    published once. On SIGTERM/SIGINT it finishes the batch in hand, records
+    its stop (ping and top show it stopped) and exits 0. Every running
+    dispatcher writes a heartbeat every 5 s: `celery debounce ping` reads it.
     """
+    if detach:
+        from celery.platforms import detached
+
+        with detached(logfile, pidfile, workdir=workdir):
+            _dispatch(ctx, loglevel, name, logfile, pidfile)
+        return
+    _dispatch(ctx, loglevel, name, logfile, pidfile)
+
+
+def _dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str | None,
+              pidfile: str | None) -> None:
     import os
+
+    from celery.platforms import create_pidlock
 
     from .dispatcher import Dispatcher
 
     app: Any = ctx.obj.app
-    app.log.setup(loglevel=loglevel.upper(), redirect_stdouts=False)
+    app.log.setup(loglevel=loglevel.upper(), logfile=logfile, redirect_stdouts=False)
+    if pidfile:
+        create_pidlock(pidfile)  # exits when another live process holds it; removed at exit
     try:
         dispatcher = Dispatcher(app, name=name or f"dispatch-{os.getpid()}")
     except DebounceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise config_error(exc, app) from exc
 
     def _shutdown(signum: int, _frame: Any) -> None:
         logger.info("debounce: dispatcher %s: %s received, stopping",
@@ -397,6 +475,68 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None) -> None:
     warn_if_evicting(dispatcher.store, dispatcher.name, logger)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
+
+
+def liveness(app: Any) -> dict[str, Any]:
+    """Every dispatcher's heartbeat: ``{"now": s, "dispatchers": [{name, status,
+    heartbeat_age_s, stopped_at}]}``; status is "alive" (a heartbeat in the last
+    3 x HEARTBEAT_S), "silent" (older: killed, hung or cut off from Redis) or "stopped"
+    (stopped cleanly)."""
+    from .dispatcher import HEARTBEAT_S
+    from .store import store_for
+
+    now_ms, alive, stopped = store_for(app).liveness()
+    rows = []
+    for name, ms in alive:
+        age = max(0.0, (now_ms - ms) / 1000)
+        rows.append({"name": name, "status": "alive" if age <= 3 * HEARTBEAT_S else "silent",
+                     "heartbeat_age_s": round(age, 3), "stopped_at": None})
+    for name, ms in stopped:
+        rows.append({"name": name, "status": "stopped", "heartbeat_age_s": None,
+                     "stopped_at": ms / 1000})
+    rows.sort(key=lambda r: (r["status"] != "alive", r["name"]))
+    return {"now": now_ms / 1000, "dispatchers": rows}
+
+
+@debounce.command(cls=CeleryCommand)
+@click.option("-n", "--name", "names", multiple=True, cls=CeleryOption, help_group="Ping",
+              help="Only this dispatcher (repeatable); exit 1 unless every one named is alive.")
+@json_option("a JSON object")
+@click.pass_context
+def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
+    """Which dispatchers are alive, from their heartbeats in Redis.
+
+    Every dispatcher (embedded in a worker, in beat, or `celery debounce
+    dispatch`) writes a heartbeat every 5 s. ALIVE: one in the last 15 s;
+    SILENT: older (killed, hung, or cut off from Redis); STOPPED: it stopped
+    cleanly. Exit 0 when at least one dispatcher (every one named with --name)
+    is alive, else 1: usable as a liveness probe.
+    """
+    try:
+        _admin(ctx)  # the configuration errors, with the -A hint
+        found = liveness(ctx.obj.app)
+    except DebounceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    rows = found["dispatchers"]
+    if names:
+        rows = [r for r in rows if r["name"] in names]
+    alive = {r["name"] for r in rows if r["status"] == "alive"}
+    ok = set(names) <= alive if names else bool(alive)
+    if as_json:
+        echo_json({**found, "dispatchers": rows, "ok": ok})
+    else:
+        for row in rows:
+            detail = (f"heartbeat {relative(-row['heartbeat_age_s'])}"
+                      if row["status"] != "stopped"
+                      else f"stopped {relative(row['stopped_at'] - found['now'])}")
+            click.echo(f"-> {printable(row['name'])}: {row['status'].upper()} ({detail})")
+        for missing in sorted(set(names) - {r["name"] for r in rows}):
+            click.echo(f"-> {printable(missing)}: no heartbeat recorded")
+        if not rows and not names:
+            click.echo("No dispatcher heartbeat recorded.")
+        click.echo(f"{len(alive)} dispatcher(s) alive.")
+    if not ok:
+        ctx.exit(1)
 
 
 from .top import top as _top  # noqa: E402  (its module formats times with relative() above)

@@ -66,6 +66,9 @@ MAX_TRIES = 5
 #: How often (at most) a dispatcher writes and reads the shard layouts (layouts.lua);
 #: also at most a quarter of debounce_history_ttl, how long a layout is remembered.
 LAYOUTS_EVERY_S = 10.0
+#: How often a running dispatcher writes its heartbeat (alive.lua); ``ping`` and ``top``
+#: call one silent after three of these.
+HEARTBEAT_S = 5.0
 
 #: Each dispatcher looks for windows whose message expired unseen at most this often
 #: per shard (one expire.lua call).
@@ -224,8 +227,9 @@ class _ExactBatch:
         return replies
 
 
-def check_json_body(body: bytes) -> None:
-    """Refuse a JSON body that is not ``[list, object, object]``.
+def check_json_body(body: bytes) -> tuple[list[Any], dict[str, Any]]:
+    """Refuse a JSON body that is not ``[list, object, object]``; its ``(args, kwargs)``
+    (what the run's ``argsrepr``/``kwargsrepr`` show, message.py).
 
     Celery's worker stops ("Unrecoverable error") on a body of another shape,
     such as a 0.1 record's ``[args, kwargs]``. Parsing JSON runs no code; bodies of
@@ -243,6 +247,7 @@ def check_json_body(body: bytes) -> None:
             "body is not a Celery protocol-2 body [args, kwargs, embed] (a record "
             "written by celery_debounce 0.1, or by something else)"
         )
+    return parsed[0], parsed[1]
 
 
 def _channel_closed(exc: BaseException | None) -> bool:
@@ -308,6 +313,7 @@ class Dispatcher:
         self._foreign: dict[str, set[str]] = {}
         self._foreign_busy: set[str] = set()  # foreign tags holding windows lately
         self._took = False  # own shards took windows since the layouts were last written
+        self._beat_at = -math.inf  # when the last heartbeat was written (monotonic)
         self._layouts_at = self._layouts_written_at = -math.inf
         self._layouts_every = min(LAYOUTS_EVERY_S, settings.history_ttl_ms / 4000)
         #: the shared fault (the broker as a whole) that stopped this pass, if any
@@ -666,12 +672,13 @@ class Dispatcher:
 
     def _send(self, producer: Any, window: TakenWindow) -> None:
         try:
+            arguments = None
             if window.content_type == DEFAULT_CONTENT_TYPE:
-                check_json_body(window.payload)
+                arguments = check_json_body(window.payload)
             message, options = self.messages.build(
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,
-                tag=self.store.tag(window.shard),
+                tag=self.store.tag(window.shard), arguments=arguments,
             )
             left = options.get("expiration")  # expires: the broker may drop it unseen
             if left is not None:
@@ -863,6 +870,7 @@ class Dispatcher:
         while not self._stop.is_set():
             try:
                 self._subscribe()  # before taking: a wake sent after this take is not lost
+                self._heartbeat()
                 _, next_in = self.dispatch_once()
                 backoff = 0.1
                 if self.broker_fault is not None:  # back off: no wake-up shortens it
@@ -880,7 +888,21 @@ class Dispatcher:
                 logger.exception("debounce: dispatcher %s: unexpected error", self.name)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+        self._stopped()
         self.close()
+
+    def _heartbeat(self) -> None:
+        """At most every :data:`HEARTBEAT_S`: say this dispatcher runs (``ping``, ``top``)."""
+        if time.monotonic() - self._beat_at >= HEARTBEAT_S:
+            self.store.heartbeat(self.name)
+            self._beat_at = time.monotonic()
+
+    def _stopped(self) -> None:
+        """A clean stop: ``top`` and ``ping`` show it stopped rather than silent."""
+        try:
+            self.store.heartbeat(self.name, alive=False)
+        except (DebounceBackendError, REDIS_ERROR) as exc:
+            logger.info("debounce: dispatcher %s could not record its stop: %s", self.name, exc)
 
     def close(self) -> None:
         """Close the wake subscription and (AMQP) the confirming broker connection.

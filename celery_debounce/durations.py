@@ -16,6 +16,9 @@ _WHOLE = re.compile(
     rf"(?:(?P<d>{_NUM})d)?(?:(?P<h>{_NUM})h)?(?:(?P<m>{_NUM})m(?!s))?(?:(?P<s>{_NUM})s)?"
     rf"(?:(?P<ms>{_NUM})ms)?"
 )
+#: A capital M that does not start "ms"/"MS" (milliseconds): "2M" is refused, not read
+#: as 2 minutes (it reads as 2 months in ISO 8601 periods and many config formats).
+_CAPITAL_M = re.compile(r"M(?![sS])")
 _SECONDS = re.compile(rf"-?{_NUM}|-?\.[0-9]+")
 
 Duration = str | int | float | timedelta
@@ -40,6 +43,12 @@ def parse_duration(option: str, value: object) -> int:
             raise DebounceConfigError(f"{option}={value!r}: duration must be finite")
         ms = value * 1000
     elif isinstance(value, str):
+        if _CAPITAL_M.search(value):
+            raise DebounceConfigError(
+                f"{option}={value!r}: 'M' is ambiguous (minutes, or months as in ISO 8601 "
+                "and many config formats?): write 'm' for minutes, or the duration in days "
+                "('30d')"
+            )
         text = value.strip().lower().replace(" ", "")
         whole = _WHOLE.fullmatch(text) if text else None
         if whole is not None and any(whole.groupdict().values()):

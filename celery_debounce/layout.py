@@ -288,6 +288,16 @@ def dispatchers_key(tag: str) -> str:
     return f"{tag}:dispatchers"
 
 
+def alive_key(tag: str) -> str:
+    """zset dispatcher name -> ms of its last heartbeat (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:alive"
+
+
+def stopped_key(tag: str) -> str:
+    """zset dispatcher name -> ms it stopped cleanly (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:stopped"
+
+
 def bulk_marker_prefix(tag: str, token: str) -> str:
     """``enqueue_many``'s "this chunk ran" marker keys start with this (plus the chunk's start)."""
     return f"{tag}:bulk:{token}:"
@@ -336,7 +346,8 @@ def taken_set_key(tag: str, name: str) -> str:
 #: ``l<b>`` is lateness bucket b.
 COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
                  "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed",
-                 "d": "duplicates_skipped", "h": "holds", "hm": "held_ms"}
+                 "d": "duplicates_skipped", "h": "holds", "hm": "held_ms",
+                 "i": "calls_in"}
 
 
 def split_counter(name: str) -> tuple[str, str]:

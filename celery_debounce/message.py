@@ -25,6 +25,7 @@ from typing import Any
 from celery import Celery
 from celery.app.amqp import task_message
 from celery.utils.nodenames import anon_nodename
+from celery.utils.saferepr import saferepr
 from celery.utils.time import maybe_make_aware
 from kombu import compression
 from kombu.entity import Exchange, Queue, maybe_delivery_mode
@@ -34,6 +35,10 @@ from kombu.utils.functional import maybe_list
 from .compat import add_seconds_to_datetime, subtract_datetimes
 from .errors import DebounceConfigError
 from .layout import SHARD_HEADER, TAG_HEADER, decode_options, encode_options
+
+#: The header that tells a debounced run how many calls its window absorbed
+#: (``self.request.debounce_calls`` in the task; the calls the run stands for).
+CALLS_HEADER = "debounce_calls"
 
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
@@ -295,8 +300,16 @@ class WindowMessage:
     def build(
         self, task_name: str, task_id: str, shard: int | str, calls: int, content_type: str,
         body: bytes, options_json: str, tag: str | None = None,
+        arguments: tuple[list[Any], dict[str, Any]] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """``(task_message, send_task_message options)`` for one window; no deserializing.
+
+        ``arguments``: the run's ``(args, kwargs)`` when the dispatcher parsed a JSON body
+        (it checks their shape anyway): sent as ``argsrepr``/``kwargsrepr`` truncated as
+        Celery truncates a plain call's (``app.amqp.argsrepr_maxsize``), so ``celery
+        events`` and Flower show the arguments the run gets. Bodies of other content
+        types are never deserialized here: their repr says ``<debounced: N calls>``.
+        The calls absorbed go in the :data:`CALLS_HEADER` header either way.
 
         ``tag``: the shard's tag, sent as :data:`TAG_HEADER` (where the worker finds the
         record); ``shard`` (a number) is also sent as 0.2's :data:`SHARD_HEADER` for
@@ -321,6 +334,14 @@ class WindowMessage:
             left = subtract_datetimes(when, self.app.now()).total_seconds()
             opts["expiration"] = max(0.0, left)
         stamped = pop("stamped_headers", None)
+        if arguments is not None:
+            amqp = self.app.amqp
+            levels = self.app.conf.get("task_repr_maxlevels") or 3
+            argsrepr = saferepr(arguments[0], amqp.argsrepr_maxsize, maxlevels=levels)
+            kwargsrepr = saferepr(arguments[1], amqp.kwargsrepr_maxsize, maxlevels=levels)
+        else:
+            argsrepr = f"<debounced: {calls} call{'s' if calls != 1 else ''}>"
+            kwargsrepr = "<debounced>"
         headers = {
             "lang": "py",
             "task": task_name,
@@ -334,8 +355,8 @@ class WindowMessage:
             "timelimit": [pop("time_limit", None), pop("soft_time_limit", None)],
             "root_id": pop("root_id", None) or task_id,
             "parent_id": pop("parent_id", None),
-            "argsrepr": f"<debounced: {calls} call{'s' if calls != 1 else ''}>",
-            "kwargsrepr": "<debounced>",
+            "argsrepr": argsrepr,
+            "kwargsrepr": kwargsrepr,
             "origin": self.origin,
             "replaced_task_nesting": pop("replaced_task_nesting", 0),
             "stamped_headers": stamped,
@@ -347,6 +368,7 @@ class WindowMessage:
         extra = pop("headers", None)
         if extra:
             headers.update(extra)
+        headers[CALLS_HEADER] = calls
         if isinstance(shard, int):
             headers[SHARD_HEADER] = shard
         if tag is not None or isinstance(shard, str):
@@ -358,4 +380,11 @@ class WindowMessage:
             "content_encoding": self.content_encoding(content_type),
         }
         opts["retry"] = False
-        return task_message(headers, properties, body, None), opts
+        sent_event = None
+        if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
+            sent_event = {
+                "uuid": task_id, "root_id": headers["root_id"],
+                "parent_id": headers["parent_id"], "name": task_name, "args": argsrepr,
+                "kwargs": kwargsrepr, "retries": 0, "eta": None, "expires": expires,
+            }
+        return task_message(headers, properties, body, sent_event), opts

@@ -56,6 +56,7 @@ from .layout import (
     TAKE_FIELDS,
     Record,
     active_key,
+    alive_key,
     all_keys_pattern,
     as_text,
     bulk_marker_prefix,
@@ -79,6 +80,7 @@ from .layout import (
     split_ident,
     stats_key,
     stats_reset_key,
+    stopped_key,
     taken_set_key,
     win_key,
 )
@@ -241,6 +243,8 @@ class ShardSnapshot(NamedTuple):
     counters: dict[str, int]
     hot: list[tuple[str, int]]
     dispatchers: list[tuple[str, int]]
+    alive: list[tuple[str, int]] = []  # name -> last heartbeat ms (alive.lua)
+    stopped: list[tuple[str, int]] = []  # name -> clean stop ms
 
 
 class _Marker:
@@ -512,6 +516,283 @@ def master_switches(pool: object) -> int:
     return watcher.switches if watcher is not None else 0
 
 
+class _Lease(threading.local):
+    """One pooled connection per thread, kept across calls (the gate's hot path).
+
+    Checked out from the pool once per thread and process; released to the pool when
+    the thread ends. Each :meth:`checkout` checks it as ``ConnectionPool.get_connection``
+    checks a connection it hands out: connected, and nothing waiting to be read (a
+    connection the server closed reads as EOF: it is reconnected before use).
+    """
+
+    conn: Any = None
+    held: _Held | None = None
+    pid = 0
+    #: threads of this process holding a kept connection (of any store): with one,
+    #: its calls cannot meet another's, and the gate skips the combiner
+    holders = 0
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @staticmethod
+    def suits(pool: Any) -> bool:
+        """Only redis-py's plain pool, RESP2, without client-side caching (Sentinel's
+        pool drops a demoted master's connections on release: it keeps the per-call
+        checkout)."""
+        if type(pool) is not redis.ConnectionPool or getattr(pool, "cache", None) is not None:
+            return False
+        # RESP2 only: no push messages (RESP3 maintenance notifications) can be waiting
+        # on a kept connection, so "something to read" always means a dead or dirty one
+        return str(pool.connection_kwargs.get("protocol") or 2) == "2"
+
+    def checkout(self) -> Any:
+        conn = self.conn
+        if conn is None or self.pid != os.getpid():  # first call of a thread, or a fork
+            conn = self.pool.get_connection(*_checkout_args())
+            self.conn, self.pid = conn, os.getpid()
+            self.held = _Held(self.pool, conn)
+            return conn
+        try:
+            if conn._sock is None:
+                conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection has data")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection not ready") from None
+        return conn
+
+
+class _Held:
+    """A thread's kept connection, given back to its pool when this is dropped: when
+    the thread ends (its ``_Lease`` attributes go) or the store is dropped."""
+
+    __slots__ = ("conn", "pid", "pool")
+
+    def __init__(self, pool: Any, conn: Any) -> None:
+        self.pool, self.conn, self.pid = pool, conn, os.getpid()
+        with _holders_lock:
+            _Lease.holders += 1
+
+    def __del__(self) -> None:
+        if self.pid != os.getpid():
+            return  # a thread of the parent, dropped in a forked child
+        with _holders_lock:
+            _Lease.holders -= 1
+        try:
+            self.pool.release(self.conn)
+        except Exception:  # noqa: S110 - at interpreter exit the pool may be half gone
+            pass
+
+
+#: reentrant: a collection may drop a _Held (and take it) while this thread holds it
+_holders_lock = threading.RLock()
+
+
+def _forked() -> None:  # in a forked child only the forking thread runs: none holds one
+    global _holders_lock
+    _holders_lock = threading.RLock()
+    _Lease.holders = 0
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _checkout_args() -> tuple[str, ...]:
+    """redis-py < 5.3 requires a command name for ``get_connection``; later ones warn."""
+    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+        "command_name")
+    return ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+
+
+_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
+_hiredis_pack: Any = None
+if _HiredisPacker is not None:
+    try:
+        from hiredis import pack_command as _hiredis_pack
+    except ImportError:  # pragma: no cover - hiredis is optional
+        pass
+
+
+def _pack(conn: Any, command: tuple[Any, ...]) -> Any:
+    """The command's bytes: hiredis' packer directly when redis-py packs with it
+    (what ``conn.pack_command`` ends in, without its per-call argument scan; our
+    arguments are str, bytes and int), else the connection's own packer."""
+    if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is _HiredisPacker:
+        return [_hiredis_pack(command)]
+    return conn.pack_command(*command)
+
+
+class _NotSent(Exception):
+    """A lone call's command could not be written: nothing reached Redis."""
+
+
+class _Slot:
+    """One call in a :class:`_Combiner`: its command, then its reply or error."""
+
+    __slots__ = ("command", "done", "error", "lead", "reply")
+
+    def __init__(self, command: bytes, waits: bool) -> None:
+        self.command = command
+        self.reply: Any = None
+        self.error: BaseException | None = None
+        self.lead = False  # woken to send the next batch, not with a reply
+        if waits:  # released when answered (or handed the next batch)
+            self.done = threading.Lock()
+            self.done.acquire()
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.reply
+
+
+class _Combiner:
+    """Gate calls made at the same time by threads of one process share round trips.
+
+    A call that finds nobody sending sends its command alone. Calls arriving while a
+    batch is in flight queue up; when it is answered, the first of them sends all
+    that queued in one write on its own connection and reads their replies in order
+    (auto-pipelining, as ioredis does). Each call gets its own reply or error: an
+    error reply concerns only its call (it did not run); a connection lost while
+    reading makes every call still unanswered :class:`DebounceOutcomeUnknown` (each
+    may have run; nothing is sent again); a write that fails sends a lone call once
+    more on a fresh connection, as before, but makes every call of a larger batch an
+    unknown outcome (a part of the write may have reached Redis).
+    """
+
+    def __init__(self, lease: _Lease) -> None:
+        self.lease = lease
+        self.lock = threading.Lock()
+        self.waiting: list[_Slot] = []
+        self.busy = False
+
+    def call(self, name: str, command: bytes) -> Any:
+        lock = self.lock
+        lock.acquire()
+        if not self.busy:  # nobody is sending: this call goes alone, at once
+            self.busy = True
+            lock.release()
+            try:
+                return self._send_alone(name, command)
+            finally:
+                self._hand_over()
+        try:
+            slot = _Slot(command, True)
+            self.waiting.append(slot)
+        finally:
+            lock.release()
+        try:
+            slot.done.acquire()  # answered, or handed the next batch
+        except BaseException:  # interrupted while queued (a signal in the main thread)
+            self._abandon(slot)
+            raise
+        if not slot.lead:
+            return slot.result()
+        with lock:
+            batch, self.waiting = self.waiting, []
+        try:
+            self._send(name, batch)
+        finally:
+            for other in batch:
+                if other.reply is None and other.error is None:  # interrupted
+                    other.error = DebounceOutcomeUnknown(
+                        f"debounce Redis: {name} interrupted while its reply was "
+                        "awaited; the outcome is unknown")
+            for other in batch:
+                if other is not slot:
+                    other.done.release()
+            self._hand_over()
+        return slot.result()
+
+    def _hand_over(self) -> None:
+        """After a batch: the first queued call sends the next one, or nobody is sending."""
+        with self.lock:
+            successor = self.waiting[0] if self.waiting else None
+            if successor is None:
+                self.busy = False
+                return
+            successor.lead = True  # under the lock: see _abandon
+        successor.done.release()
+
+    def _send_alone(self, name: str, command: bytes) -> Any:
+        """One call's command, nobody else's: as ``WindowStore._evalsha_once`` sends it."""
+        conn = self.lease.checkout()
+        try:
+            conn.send_packed_command([command])
+        except (redis.ConnectionError, OSError):
+            conn.disconnect()
+            raise _NotSent() from None
+        try:
+            reply = conn.read_response()
+        except (redis.ResponseError, redis.exceptions.BusyLoadingError):
+            raise  # an error reply (LOADING too): it did not run
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            conn.disconnect()  # the reply may still come: never reuse
+            raise _lost(name, exc) from exc
+        except BaseException:  # interrupted: the reply may still come
+            conn.disconnect()
+            raise
+        return _NIL if reply is None else reply
+
+    def _abandon(self, slot: _Slot) -> None:
+        """A queued call left before its turn: it is never sent; if it was handed the
+        next batch, the batch goes to the next queued call (or nobody is sending)."""
+        with self.lock:
+            if slot not in self.waiting:
+                return  # in flight or answered: its reply is dropped
+            self.waiting.remove(slot)
+            if slot.lead:
+                successor = self.waiting[0] if self.waiting else None
+                if successor is None:
+                    self.busy = False
+                else:
+                    successor.lead = True
+                    successor.done.release()
+
+    def _send(self, name: str, batch: list[_Slot]) -> None:
+        try:
+            conn = self.lease.checkout()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            for slot in batch:  # no connection: nothing was sent
+                slot.error = exc
+            return
+        try:
+            conn.send_packed_command(
+                [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)])
+        except (redis.ConnectionError, OSError) as exc:
+            conn.disconnect()
+            for slot in batch:
+                slot.error = _NotSent() if len(batch) == 1 else _lost(name, exc)
+            return
+        for i, slot in enumerate(batch):
+            try:
+                slot.reply = conn.read_response()
+            except redis.exceptions.BusyLoadingError as exc:
+                for rest in batch[i:]:  # a loading server refused them all
+                    rest.error = exc
+                return
+            except redis.ResponseError as exc:
+                slot.error = exc  # an error reply: this call did not run
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                conn.disconnect()  # the replies may still come: never reuse
+                for rest in batch[i:]:
+                    rest.error = _lost(name, exc)
+                return
+            except BaseException:
+                conn.disconnect()
+                raise
+            if slot.reply is None:
+                slot.reply = _NIL
+
+
+#: A nil reply, told apart from "not answered yet" in a :class:`_Slot`.
+_NIL: Any = object()
+
+
 # -- the store -------------------------------------------------------------------------------
 
 #: Pools whose connections :meth:`WindowStore._evalsha` may use directly.
@@ -525,6 +806,8 @@ class WindowStore:
     """
 
     _direct = False  # see __init__ and _evalsha
+    _lease: _Lease | None = None
+    _combiner: _Combiner | None = None
     _checkout_args: tuple[str, ...] = ()
     #: A Redis Cluster client (``debounce_redis_cluster``): commands go to the master of
     #: their key's slot, wake-ups use sharded pub/sub where every master has it.
@@ -588,6 +871,13 @@ class WindowStore:
             and type(self.client.connection_pool) in _DIRECT_POOLS
             and self.client.connection is None
         )
+        pool = getattr(self.client, "connection_pool", None)
+        self._lease = _Lease(pool) if (
+            self._direct and not self.cluster and _Lease.suits(pool)) else None
+        # concurrent gate calls share round trips (needs hiredis' packer: one bytes each)
+        self._combiner = _Combiner(self._lease) if (
+            self._lease is not None and _hiredis_pack is not None
+            and not self._lease.pool.connection_kwargs.get("command_packer")) else None
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
             self.gate = self._gate_waited  # type: ignore[method-assign]
@@ -749,14 +1039,35 @@ class WindowStore:
             raise _translated(name, exc) from exc
 
     def _evalsha_once(self, name: str, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """``EVALSHA`` on a pooled connection of a single node, sent at most once."""
-        pool = self.client.connection_pool
-        for attempt in (1, 2):
-            conn: Any = pool.get_connection(*self._checkout_args)
+        """``EVALSHA`` on a pooled connection of a single node, sent at most once.
+
+        On a plain ``redis.ConnectionPool`` each thread keeps the connection it checked
+        out (:class:`_Lease`) instead of taking it from the pool's locked list and
+        giving it back on every call; it is checked as the pool checks a connection
+        it hands out (connected, nothing unread: else reconnected), so a connection
+        the server closed is replaced before anything is sent.
+        """
+        lease = self._lease
+        attempts: tuple[int, ...] = (1, 2)
+        if self._combiner is not None and name == "gate" and _Lease.holders > 1:
+            try:
+                reply = self._combiner.call(
+                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
+            except _NotSent:
+                attempts = (2,)  # nothing reached Redis: once more, alone, on a fresh one
+            else:
+                return None if reply is _NIL else reply
+        for attempt in attempts:
+            if lease is not None:
+                conn: Any = lease.checkout()
+                pool = None
+            else:
+                pool = self.client.connection_pool
+                conn = pool.get_connection(*self._checkout_args)
             try:
                 try:
                     conn.send_packed_command(
-                        conn.pack_command("EVALSHA", sha, numkeys, *keys_and_args))
+                        _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
                 except (redis.ConnectionError, OSError):
                     conn.disconnect()
                     if attempt == 2:
@@ -775,7 +1086,8 @@ class WindowStore:
                     conn.disconnect()
                     raise
             finally:
-                pool.release(conn)
+                if pool is not None:
+                    pool.release(conn)
         raise DebounceBackendError(f"debounce Redis: {name} could not be sent")  # unreachable
 
     def send_on_node(
@@ -1567,8 +1879,27 @@ class WindowStore:
             client.delete(held)
         return removed
 
+    # -- liveness ----------------------------------------------------------------------------
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Record that dispatcher ``name`` runs (``alive``) or stopped cleanly
+        (``alive.lua``, on shard 0's tag); returns the Redis time, ms."""
+        tag = self.tag(0)
+        return int(self.run("alive", [alive_key(tag), stopped_key(tag)],
+                            [name, "1" if alive else "0", self.settings.history_ttl_ms]))
+
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(Redis time ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
+        tag = self.tag(0)
+        now_ms = self.time_ms("ping")
+        with translate_errors("ping"), self.client.pipeline(False) as pipe:
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
+            alive, stopped = pipe.execute()
+        return (now_ms, [(as_text(n), int(ms)) for n, ms in alive],
+                [(as_text(n), int(ms)) for n, ms in stopped])
+
     #: Redis commands :meth:`snapshot` sends per shard.
-    SNAPSHOT_COMMANDS = 9
+    SNAPSHOT_COMMANDS = 11
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
@@ -1583,10 +1914,12 @@ class WindowStore:
             pipe.hgetall(stats_key(tag))
             pipe.zrevrange(hot_key(tag), 0, HOT_KEYS_KEPT - 1, withscores=True)
             pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)  # written on shard 0 only
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
-        z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen = (
-            r if not isinstance(r, Exception) else None for r in replies)
+        (z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen, alive,
+         stopped) = (r if not isinstance(r, Exception) else None for r in replies)
         kept: dict[str, int] = {}
         for name, value in (counters or {}).items():
             try:
@@ -1598,6 +1931,8 @@ class WindowStore:
             int(z_leased or 0), int(z_active or 0), int(z_quar or 0), kept,
             [(as_text(i), int(c)) for i, c in hot_rows or []],
             [(as_text(n), int(ms)) for n, ms in seen or []],
+            [(as_text(n), int(ms)) for n, ms in alive or []],
+            [(as_text(n), int(ms)) for n, ms in stopped or []],
         )
 
     def maxmemory_policy(self) -> str:

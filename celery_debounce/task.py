@@ -15,12 +15,14 @@ from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, new_task_id, prepare_call, refuse_schedule, static_routing
 from .collect import COLLECT_HEADER, single_call_args, wrap_run
+from .confcache import always_eager
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
 from .layout import SHARD_HEADER
 from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
+from .result import light_result
 from .settings import Settings, settings_for
 from .store import store_for
 from .windows import WindowInfo
@@ -58,6 +60,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         cls._debounce_defaults = TaskDefaults.validate(
             {name: getattr(cls, name) for name in OPTION_NAMES}
         )
+        check_key_template(cls)
         if cls._debounce_defaults.debounce_collect:
             _collect_class(cls)
         else:
@@ -108,7 +111,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             spec = self._debounce_defaults.for_call(options)
         if options and spec is not None and (options.get("chain") or options.get("chord")):
             canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
-        if spec is None or self.app.conf.task_always_eager:
+        if spec is None or always_eager(self.app):
             if spec is not None:  # eager: every check of a real call, nothing written
                 self._check_eager(spec, args, kwargs, task_id, link, link_error, shadow,
                                   options)
@@ -128,7 +131,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         if fixed is not None and spec.leading and not spec.trailing:
             refuse_fixed_leading(self.name)
         result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
-        return self.AsyncResult(result_id(result.task_id, fixed))
+        return light_result(self, result_id(result.task_id, fixed))
 
     def _check_eager(
         self,
@@ -409,6 +412,22 @@ _CHECKED: ContextVar[bool] = ContextVar("debounce_eager_checked", default=False)
 
 #: The URL eager mode's checks use when the app sets none (nothing connects to it).
 EAGER_URL = "redis://eager.invalid:6379/0"
+
+
+def check_key_template(cls: type[DebouncedTask]) -> None:
+    """A ``debounce_key`` naming a parameter the task's function does not have (or a
+    position past its last) is refused when the task is registered, the signature
+    being known there; a ``debounce_collect`` task's keys resolve against each call."""
+    defaults = cls._debounce_defaults
+    run = cls.__dict__.get("run")  # this class's own function (@app.task builds one)
+    if defaults.debounce_key is None or defaults.debounce_collect or run is None:
+        return
+    from .key_templates import check_against, parse_template
+
+    fn = run.__func__ if isinstance(run, staticmethod) else run
+    check_against(parse_template(defaults.debounce_key), fn,
+                  str(cls.__dict__.get("name") or cls.__name__),
+                  skip_first=not isinstance(run, staticmethod))
 
 
 def _refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:

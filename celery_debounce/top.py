@@ -3,11 +3,14 @@
 Each refresh reads a :class:`Snapshot` of the store with one pipeline per shard
 (``read_snapshot``): counts of the due, lease, active and quarantine sets
 (``ZCARD``/``ZCOUNT``, O(log N)), the front of the due set, the ``<tag>:stats``
-counters, ``<tag>:hot`` (at most 100 entries) and ``<tag>:dispatchers``. Nothing scans the
-windows, so a refresh costs the same with 10 or 1,000,000 open windows
-(docs/monitoring.md has the measured figures). Rates and the last minute's
-lateness come from differences between the snapshots that ``top`` keeps itself
-(:class:`History`): Redis stores only running totals.
+counters (calls in, counted by ``gate.lua`` as each call arrives; runs and their
+calls, counted by ``take.lua``), ``<tag>:hot`` (at most 100 entries),
+``<tag>:dispatchers`` and the dispatchers' heartbeats. Per-task open windows come
+from a :class:`Census` that reads a bounded slice (one ``census.lua`` step, about
+1,000 windows per shard) each refresh, so a refresh costs about the same with 10 or
+1,000,000 open windows (docs/monitoring.md has the measured figures). Rates and
+the last minute's lateness come from differences between the snapshots that
+``top`` keeps itself (:class:`History`): Redis stores only running totals.
 
 The screen is drawn with the standard library's :mod:`curses` (the ``top`` extra
 only brings ``windows-curses`` on Windows); when stdout is not a terminal, or with
@@ -29,6 +32,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
 from .errors import DebounceError
+from .formatting import clip, table_lines
 from .layout import split_ident
 from .store import WindowStore, store_for
 
@@ -57,6 +61,8 @@ class Snapshot:
     tasks: dict[str, TaskStats]
     hot: dict[str, int]  # ident -> calls absorbed by its taken windows
     dispatchers: dict[str, float]  # name -> Redis time (s) of its last pass that took windows
+    alive: dict[str, float] = field(default_factory=dict)  # name -> last heartbeat (s)
+    stopped: dict[str, float] = field(default_factory=dict)  # name -> clean stop (s)
 
     @property
     def total(self) -> TaskStats:
@@ -76,6 +82,8 @@ def read_snapshot(store: WindowStore) -> Snapshot:
     tasks: dict[str, TaskStats] = {}
     hot: dict[str, int] = {}
     dispatchers: dict[str, float] = {}
+    alive: dict[str, float] = {}
+    stopped: dict[str, float] = {}
     n_open = n_due = leased = active = quarantined = 0
     oldest_due: float | None = None
     for shard in range(store.settings.shards):
@@ -94,8 +102,50 @@ def read_snapshot(store: WindowStore) -> Snapshot:
             hot[ident] = hot.get(ident, 0) + calls
         for name, ms in part.dispatchers:
             dispatchers[name] = max(dispatchers.get(name, 0.0), ms / 1000)
+        for name, ms in part.alive:
+            alive[name] = max(alive.get(name, 0.0), ms / 1000)
+        for name, ms in part.stopped:
+            stopped[name] = max(stopped.get(name, 0.0), ms / 1000)
     return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
-                    tasks, hot, dispatchers)
+                    tasks, hot, dispatchers, alive, stopped)
+
+
+#: Pending windows one refresh's census step reads per shard (``census.lua``, a ZSCAN
+#: COUNT hint): per-task open windows cost a bounded slice per refresh.
+CENSUS_STEP = 1000
+
+
+@dataclass
+class Census:
+    """Per-task open windows, counted a slice at a time: each refresh runs one
+    ``census.lua`` step per shard (about :data:`CENSUS_STEP` windows); when every
+    shard's scan came back to its start the counts of that pass are published. Up to
+    ~1,000 windows per shard a pass takes one refresh; a million take ~1,000."""
+
+    cursors: dict[int, str] = field(default_factory=dict)
+    partial: dict[str, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+    open: dict[str, int] | None = None  # the last complete pass
+    at: float | None = None  # when it completed (Redis clock, s)
+    passes: int = 0
+
+    def step(self, store: WindowStore, now_ms: int) -> None:
+        shards = store.settings.shards
+        for shard in range(shards):
+            if shard in self.done:
+                continue
+            cursor, rows = store.census_step(shard, self.cursors.get(shard, "0"),
+                                             CENSUS_STEP, now_ms)
+            for row in rows:
+                self.partial[row.task] = self.partial.get(row.task, 0) + row.open
+            if cursor == "0":
+                self.done.add(shard)
+                self.cursors.pop(shard, None)
+            else:
+                self.cursors[shard] = cursor
+        if len(self.done) >= shards:
+            self.open, self.at, self.passes = self.partial, now_ms / 1000, self.passes + 1
+            self.partial, self.done = {}, set()
 
 
 @dataclass
@@ -108,6 +158,7 @@ class Rates:
     forced: int
     cancelled: int
     lateness_buckets: list[int]
+    calls_in: int = 0  # calls the gate accepted (i|<task>), counted as they came
 
     def per_s(self, value: int) -> float:
         return value / self.seconds if self.seconds > 0 else 0.0
@@ -132,7 +183,8 @@ def _diff(new: TaskStats, old: TaskStats | None, seconds: float) -> Rates:
     return Rates(seconds, up(new.calls, old.calls), up(new.runs, old.runs),
                  up(new.forced, old.forced), up(new.cancelled, old.cancelled),
                  [up(a, b) for a, b in zip(new.lateness_buckets, old.lateness_buckets,
-                                           strict=True)])
+                                           strict=True)],
+                 up(new.calls_in, old.calls_in))
 
 
 @dataclass
@@ -152,8 +204,8 @@ class History:
     @staticmethod
     def _went_back(old: Snapshot, new: Snapshot) -> bool:
         a, b = old.total, new.total
-        return b.runs < a.runs or b.calls < a.calls or sum(b.lateness_buckets) < sum(
-            a.lateness_buckets)
+        return (b.runs < a.runs or b.calls < a.calls or b.calls_in < a.calls_in
+                or sum(b.lateness_buckets) < sum(a.lateness_buckets))
 
     def since(self, seconds: float) -> Snapshot | None:
         """The oldest kept snapshot at most ``seconds`` older than the newest."""
@@ -220,8 +272,11 @@ class Line:
 
 
 def render(history: History, title: str, error: str | None = None,
-           unicode: bool = True) -> list[Line]:
-    """The lines of one refresh (the same for the screen and the plain printout)."""
+           unicode: bool = True, census: Census | None = None) -> list[Line]:
+    """The lines of one refresh (the same for the screen and the plain printout).
+
+    Calls in are the gate's own counter (``i|<task>``, one per call as it arrives);
+    runs out and calls per run count windows as dispatchers take them."""
     lines = [Line(title, heading=True)]
     if error:
         lines.append(Line(f"!! {error} (retrying)"))
@@ -242,11 +297,11 @@ def render(history: History, title: str, error: str | None = None,
     fast = history.rates(RATE_S)
     slow = history.rates(MINUTE_S)
     if fast is None or slow is None:
-        lines.append(Line("calls/s -   runs/s -   (rates after the second reading)"))
+        lines.append(Line("calls/s in -   runs/s out -   (rates after the second reading)"))
     else:
         ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
         share = f" ({100 * slow.forced / slow.runs:.0f}% of runs)" if slow.runs else ""
-        lines.append(Line(f"calls/s {_num(fast.per_s(fast.calls))}   runs/s "
+        lines.append(Line(f"calls/s in {_num(fast.per_s(fast.calls_in))}   runs/s out "
                           f"{_num(fast.per_s(fast.runs))}   coalescing {ratio} calls/run "
                           f"(last {slow.seconds:.0f}s)"))
         lines.append(Line(f"forced by max wait {slow.forced:,}{share}   cancelled "
@@ -255,7 +310,7 @@ def render(history: History, title: str, error: str | None = None,
                           f"{_ms(slow.lateness_ms(0.99))}   over {sum(slow.lateness_buckets):,} "
                           f"runs (last {slow.seconds:.0f}s)"))
     lines.append(Line(""))
-    lines.extend(_task_lines(history))
+    lines.extend(_task_lines(history, census))
     lines.append(Line(""))
     lines.extend(_hot_lines(history))
     lines.append(Line(""))
@@ -264,28 +319,41 @@ def render(history: History, title: str, error: str | None = None,
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[Line]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out = [Line("  ".join(c.ljust(widths[i]) for i, c in enumerate(header)).rstrip(), True)]
-    out += [Line("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()) for r in rows]
-    return out
+    """Aligned by terminal cells (a CJK or emoji character takes two)."""
+    first, *rest = table_lines(header, rows)
+    return [Line(first, True), *(Line(text) for text in rest)]
 
 
-def _task_lines(history: History) -> list[Line]:
+def _task_lines(history: History, census: Census | None = None) -> list[Line]:
+    from .cli import printable
+
     snap = history.snapshots[-1]
-    if not snap.tasks:
-        return [Line("No windows taken yet (counters expire an hour after the last one).")]
+    counted = census.open if census is not None else None
+    names = set(snap.tasks) | set(counted or {})
+    if not names:
+        return [Line("No calls or windows recorded yet (counters expire an hour after the "
+                     "last one).")]
     rows = []
-    for name in sorted(snap.tasks):
+    for name in sorted(names):
+        open_now = "-" if counted is None else f"{counted.get(name, 0):,}"
+        row = snap.tasks.get(name, TaskStats(task=name))
         fast, slow = history.rates(RATE_S, name), history.rates(MINUTE_S, name)
         if fast is None or slow is None:
-            rows.append((name, "-", "-", "-", "-", "-", str(snap.tasks[name].runs)))
+            rows.append((printable(name), open_now, "-", "-", "-", "-", "-", str(row.runs)))
             continue
         ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
         late = f"{_ms(slow.lateness_ms(0.5))}/{_ms(slow.lateness_ms(0.99))}"
-        rows.append((name, _num(fast.per_s(fast.calls)), _num(fast.per_s(fast.runs)), ratio,
-                     str(slow.forced), late, str(snap.tasks[name].runs)))
-    return _table(("TASK", "CALLS/s", "RUNS/s", "CALLS/RUN 1m", "FORCED 1m", "LATE p50/p99 1m",
-                   "RUNS TOTAL"), rows)
+        rows.append((printable(name), open_now, _num(fast.per_s(fast.calls_in)),
+                     _num(fast.per_s(fast.runs)), ratio, str(slow.forced), late,
+                     str(row.runs)))
+    out = _table(("TASK", "OPEN", "CALLS/s IN", "RUNS/s OUT", "CALLS/RUN 1m", "FORCED 1m",
+                  "LATE p50/p99 1m", "RUNS TOTAL"), rows)
+    if census is not None and census.at is not None and census.at < snap.at - 1:
+        out.append(Line(f"(OPEN as counted by a census pass {_ago(snap.at - census.at)}; "
+                        f"it reads {CENSUS_STEP:,} windows per shard a refresh)"))
+    elif census is not None and census.open is None:
+        out.append(Line("(OPEN: the first census pass is still counting)"))
+    return out
 
 
 def _hot_lines(history: History) -> list[Line]:
@@ -299,19 +367,58 @@ def _hot_lines(history: History) -> list[Line]:
             task, key = split_ident(ident)
         except ValueError:
             task, key = "?", ident
-        key = key if len(key) <= 40 else key[:37] + "..."
+        key = clip(key, 40)
         # a key absent a minute ago had no calls then (or had been trimmed out: approximate)
         recent = "-" if old is None else f"{max(0, calls - old.hot.get(ident, 0)):,}"
         rows.append((f"{task} {key}", f"{calls:,}", recent))
     return _table(("HOTTEST KEYS (task key)", "CALLS ABSORBED", "LAST 1m"), rows)
 
 
+def dispatcher_status(snap: Snapshot, name: str) -> str:
+    """"alive", "silent 40s" (no heartbeat for over 3 x HEARTBEAT_S: killed, hung or cut
+    off), "stopped 2m ago" (a clean stop), or "-" (no heartbeat: an older version)."""
+    from .dispatcher import HEARTBEAT_S
+
+    beat, stop = snap.alive.get(name), snap.stopped.get(name)
+    if stop is not None and (beat is None or stop >= beat):
+        return f"stopped {_ago(snap.at - stop)}"
+    if beat is None:
+        return "-"
+    age = snap.at - beat
+    return "alive" if age <= 3 * HEARTBEAT_S else f"silent {_ago(age)}"
+
+
 def _dispatcher_lines(snap: Snapshot) -> list[Line]:
-    if not snap.dispatchers:
-        return [Line("DISPATCHERS: none took a batch in the last hour", True)]
-    rows = [(name, _ago(snap.at - at))
-            for name, at in sorted(snap.dispatchers.items(), key=lambda kv: -kv[1])]
-    return _table(("DISPATCHER", "LAST BATCH"), rows)
+    from .cli import printable
+
+    names = set(snap.dispatchers) | set(snap.alive) | set(snap.stopped)
+    if not names:
+        return [Line("DISPATCHERS: none seen in the last hour", True)]
+
+    def order(name: str) -> tuple[bool, float]:
+        status = dispatcher_status(snap, name)
+        return (status != "alive", -snap.dispatchers.get(name, 0.0))
+
+    rows = [(printable(name), dispatcher_status(snap, name),
+             _ago(snap.at - snap.dispatchers[name]) if name in snap.dispatchers else "-")
+            for name in sorted(names, key=order)]
+    return _table(("DISPATCHER", "STATUS", "LAST BATCH"), rows)
+
+
+def fit(lines: list[Line], height: int) -> list[Line]:
+    """``lines`` cut to a screen of ``height`` rows; what is cut is announced on the
+    last row (the sections it holds), never dropped silently."""
+    room = height - 1  # curses cannot write the bottom-right cell
+    if len(lines) <= room:
+        return lines
+    if room < 1:
+        return []
+    shown, hidden = lines[: room - 1], lines[room - 1 :]
+    sections = [line.text.split("  ")[0].rstrip(":") for line in hidden
+                if line.heading and line.text]
+    what = f" ({', '.join(sections)})" if sections else ""
+    return [*shown, Line(f"-- {len(hidden)} more line(s){what} do not fit: enlarge the "
+                         "terminal, or use --plain --", heading=True)]
 
 
 class Top:
@@ -321,6 +428,7 @@ class Top:
         self.store = store_for(app)
         self.interval = interval
         self.history = History()
+        self.census = Census()
         self.error: str | None = None
         settings = self.store.settings
         self.title = (f"celery debounce top - prefix {settings.key_prefix!r}, "
@@ -329,12 +437,63 @@ class Top:
 
     def refresh(self, unicode: bool = True) -> list[Line]:
         try:
-            self.history.add(read_snapshot(self.store))
+            snap = read_snapshot(self.store)
+            self.history.add(snap)
+            self.census.step(self.store, int(snap.at * 1000))
             self.error = None
         except DebounceError as exc:
             self.error = str(exc)
         stamp = time.strftime("%H:%M:%S")
-        return render(self.history, f"{self.title}   {stamp}", self.error, unicode)
+        return render(self.history, f"{self.title}   {stamp}", self.error, unicode, self.census)
+
+
+def as_json(history: History, census: Census | None = None) -> dict[str, Any]:
+    """One refresh as a JSON object (``top -j``): what the screen shows, rates per
+    second over the last 10 s (null before the second reading), per task and per
+    dispatcher."""
+    snap = history.snapshots[-1]
+    fast = history.rates(RATE_S)
+    counted = census.open if census is not None else None
+    tasks = []
+    for name in sorted(set(snap.tasks) | set(counted or {})):
+        rate = history.rates(RATE_S, name)
+        row = snap.tasks.get(name, TaskStats(task=name))
+        tasks.append({
+            "task": name, "open": None if counted is None else counted.get(name, 0),
+            "calls_in_per_s": None if rate is None else rate.per_s(rate.calls_in),
+            "runs_per_s": None if rate is None else rate.per_s(rate.runs),
+            "runs_total": row.runs, "calls_in_total": row.calls_in})
+    names = set(snap.dispatchers) | set(snap.alive) | set(snap.stopped)
+    return {
+        "at": snap.at, "open": snap.open, "due": snap.due, "oldest_due_s": snap.oldest_due_s,
+        "in_flight": snap.leased + snap.active, "quarantined": snap.quarantined,
+        "calls_in_per_s": None if fast is None else fast.per_s(fast.calls_in),
+        "runs_per_s": None if fast is None else fast.per_s(fast.runs),
+        "open_counted_at": None if census is None else census.at,
+        "tasks": tasks,
+        "dispatchers": [{"name": name, "status": dispatcher_status(snap, name).split(" ")[0],
+                         "last_batch_at": snap.dispatchers.get(name),
+                         "heartbeat_at": snap.alive.get(name),
+                         "stopped_at": snap.stopped.get(name)} for name in sorted(names)],
+    }
+
+
+def run_json(top: Top, out: TextIO, iterations: int | None,
+             sleep: Callable[[float], None] = time.sleep) -> None:
+    """``top -j``: one JSON object per line and refresh (a failed reading is
+    ``{"error": ...}``)."""
+    import json
+
+    for index in _count(iterations):
+        if index:
+            sleep(top.interval)
+        top.refresh()
+        if top.error or not top.history.snapshots:
+            line: dict[str, Any] = {"error": top.error}
+        else:
+            line = as_json(top.history, top.census)
+        out.write(json.dumps(line) + "\n")
+        out.flush()
 
 
 def run_plain(top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None]
@@ -371,7 +530,7 @@ def run_screen(top: Top, iterations: int | None) -> None:
             lines = top.refresh(unicode)
             screen.erase()
             height, width = screen.getmaxyx()
-            for row, line in enumerate(lines[: height - 1]):
+            for row, line in enumerate(fit(lines, height)):
                 attr = curses.A_BOLD if line.heading else curses.A_NORMAL
                 try:
                     screen.addnstr(row, 0, line.text, width - 1, attr)
@@ -402,27 +561,39 @@ def _stop_on_sigterm() -> None:
 @click.option("--plain", is_flag=True, cls=CeleryOption, help_group="Output",
               help="Print a block of text every refresh instead of the full-screen view "
                    "(the default when stdout is not a terminal).")
+@click.option("-j", "--json", "as_json_lines", is_flag=True, cls=CeleryOption,
+              help_group="Output", help="Print one JSON object per refresh, one a line.")
 @click.pass_context
-def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool) -> None:
+def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool,
+        as_json_lines: bool) -> None:
     """Live view: open windows and their trend, calls/s in and runs/s out,
     calls per run, windows forced by max wait, lateness p50/p99 over the last
-    minute, the hottest keys, dispatchers and when each last took a batch,
-    quarantined windows. Quit with q or Ctrl-C.
+    minute, open windows per task, the hottest keys, dispatchers (alive, silent
+    or stopped) and when each last took a batch, quarantined windows. Quit with
+    q or Ctrl-C. Sections a short terminal cannot show are named on the last row.
+
+    Calls in are counted by the gate as each call arrives; runs out as
+    dispatchers take windows.
 
     Redis errors are shown in the view, which keeps retrying; with
     --iterations the exit status is 1 when the last reading failed.
 
-    Each refresh costs one pipeline of 9 cheap commands per shard (no scan of
-    the windows), whatever the number of open windows.
+    Each refresh costs one pipeline of 11 cheap commands per shard and one
+    census step per shard (at most ~1,000 windows read), whatever the number
+    of open windows.
     """
-    screen = not plain and sys.stdout.isatty()
+    screen = not plain and not as_json_lines and sys.stdout.isatty()
     try:
         view = Top(ctx.obj.app, interval, screen)
     except DebounceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        from .cli import config_error
+
+        raise config_error(exc, ctx.obj.app) from exc
     _stop_on_sigterm()
     try:
-        if not screen:
+        if as_json_lines:
+            run_json(view, sys.stdout, iterations)
+        elif not screen:
             run_plain(view, sys.stdout, iterations)
         else:
             run_screen(view, iterations)
@@ -432,7 +603,8 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
         raise click.ClickException(view.error)
 
 
-__all__ = ["COMMANDS_PER_SHARD", "History", "Snapshot", "Top", "read_snapshot", "render", "top"]
+__all__ = ["COMMANDS_PER_SHARD", "Census", "History", "Snapshot", "Top", "fit", "read_snapshot",
+           "render", "top"]
 
 
 class StoreCollector:

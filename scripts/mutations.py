@@ -840,4 +840,24 @@ MUTATIONS: list[Mutation] = [
         "    if False:",
         "tests/test_metrics_errors.py::"
         "test_enable_twice_returns_the_same_metrics_and_counts_each_call_once"),
+    # -- the operator surface (issue 22, items 2 to 4) --------------------------------
+    one("gate.lua does not count calls in",
+        "top's calls/s in are the calls the gate accepted",
+        LUA + "gate.lua",
+        "redis.pcall('HINCRBY', stats, 'i|' .. task, 1)",
+        "redis.pcall('HINCRBY', stats, 'i|' .. task, 0)",
+        "tests/test_cli_conventions.py::test_top_takes_dash_j_too"),
+    one("a dispatcher that stops cleanly does not say so",
+        "ping and top mark a stopped dispatcher stopped, not alive or silent",
+        PKG + "dispatcher.py",
+        "        self._stopped()\n        self.close()",
+        "        self.close()",
+        "tests/test_cli_conventions.py::"
+        "test_dispatch_detaches_with_pidfile_and_logfile_and_answers_ping"),
+    one("a debounced run's argsrepr is the placeholder again",
+        "Flower and celery events show a run's real arguments",
+        PKG + "message.py",
+        "        if arguments is not None:\n            amqp = self.app.amqp",
+        "        if arguments is not None and False:\n            amqp = self.app.amqp",
+        "tests/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
 ]

@@ -59,7 +59,7 @@ def test_inspect_table_and_json(redis_server: str, redis_client: redis.Redis) ->
 
     limited = json.loads(celery(redis_server, "inspect", "--json", "--limit", "1").stdout)
     assert [r["task_id"] for r in limited] == [first.id]  # earliest deadline first
-    filtered = json.loads(celery(redis_server, "inspect", "--json", "--key", "*u2").stdout)
+    filtered = json.loads(celery(redis_server, "inspect", "--json", "--match", "*u2").stdout)
     assert [r["task_id"] for r in filtered] == [other.id]
 
 

@@ -257,7 +257,9 @@ def test_blank_edge_and_collect_argv_mean_not_given(backend: Backend) -> None:
                                      gate_args(backend, plain) + [""] * 9))
     assert result.opened and result.edge == "" and result.calls == 1
     assert set(backend.client.hgetall(f"{tag}:open:1:t:b")) == {b"id", b"fs", b"mw", b"n", b"p"}
-    assert keys(backend) == {f"{tag}:open:1:t:b", f"{tag}:due"}
+    # plus the calls-in counter (gate.lua's i|<task>), which expires on its own
+    assert keys(backend) == {f"{tag}:open:1:t:b", f"{tag}:due", f"{tag}:stats"}
+    assert 0 < backend.client.pttl(f"{tag}:stats") <= 3_600_000
     # a collect call (ARGV[13..14] '') ignores a running quiet period of its ident
     lead = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False, None,
                                                           True, True),

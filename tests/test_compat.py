@@ -145,6 +145,7 @@ def _window_and_celery_headers(
     )
     ours = dict(message.headers)
     assert ours.pop(SHARD_HEADER) == 3
+    assert ours.pop("debounce_calls") == 2
     return ours, dict(theirs.headers), dict(message.properties), publish
 
 

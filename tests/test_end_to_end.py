@@ -254,8 +254,6 @@ def test_fixed_window_when_max_wait_equals_window(app: Celery) -> None:
 @pytest.mark.parametrize(
     ("template", "args", "kwargs"),
     [
-        ("{missing}", ("u1",), {}),
-        ("{3}", ("u1",), {}),
         ("{user}", (None,), {}),
         ("{user}", ({"a": 1},), {}),
         ("{user}", (["a"],), {}),
@@ -277,6 +275,31 @@ def test_unresolvable_keys_raise_and_write_nothing(
 
     with pytest.raises(DebounceKeyError):
         task.apply_async(args, kwargs)
+    assert package_keys(redis_client) == []
+    assert broker_is_empty(app)
+
+
+@pytest.mark.parametrize("template", ["{missing}", "{3}"])
+def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_per_call(
+    app: Celery, redis_client: redis.Redis, template: str
+) -> None:
+    """On the task, the signature is known when it is registered: refused there. As a
+    per-call ``debounce_key=`` it is refused when the call resolves it, writing nothing."""
+    with pytest.raises(DebounceConfigError, match="debounce_key"):
+        @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key=template,
+                  debounce_max_wait="1m")
+        def bad(user: Any, opts: Any = None) -> None:
+            pass
+
+        assert bad.name  # builds the task class
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="{user}",
+              debounce_max_wait="1m")
+    def good(user: Any, opts: Any = None) -> None:
+        pass
+
+    with pytest.raises(DebounceKeyError):
+        good.apply_async(("u1",), debounce_key=template)
     assert package_keys(redis_client) == []
     assert broker_is_empty(app)
 

@@ -86,9 +86,9 @@ def test_inspect_filters_sort_and_json_shape(ops: ModuleType) -> None:
 
     by_task = json.loads(cli("inspect", "--task", "ops.sync", "--json").output)
     assert [r["key"] for r in by_task] == ["orders"]
-    globbed = json.loads(cli("inspect", "--key", "user:u?", "--json").output)
+    globbed = json.loads(cli("inspect", "--match", "user:u?", "--json").output)
     assert sorted(r["key"] for r in globbed) == ["user:u1", "user:u2"]
-    sets = json.loads(cli("inspect", "--task", "ops.report", "--key", "user:[!u]*",
+    sets = json.loads(cli("inspect", "--task", "ops.report", "--match", "user:[!u]*",
                           "--json").output)
     assert [r["key"] for r in sets] == ["user:admin"]
     limited = json.loads(cli("inspect", "--limit", "2", "--json").output)

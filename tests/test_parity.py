@@ -195,8 +195,10 @@ class _Registered(DebouncedTask):
         return [[type(c).__name__, list(c.args)] for c in calls]
 
 
+# shared_task registers in every app this process finalizes later (shared= is not its
+# option): its own JSON serializer keeps it valid in the suite's pickle apps
 @shared_task(base=DebouncedTask, name="parity.collect.shared", debounce="1h",
-             debounce_max_wait="2h", debounce_collect=True, shared=False)
+             debounce_max_wait="2h", debounce_collect=True, serializer="json")
 def _shared(calls: Any) -> Any:
     return [[type(c).__name__, list(c.args)] for c in calls]
 

@@ -127,6 +127,7 @@ def test_the_worker_gets_the_stored_body_headers_and_callbacks(
               debounce_max_wait="5s", debounce_key="k")
     def see(self: Any, x: Any) -> Any:
         seen.update(argsrepr=self.request.argsrepr, shard=self.request.debounce_shard,
+                    calls=self.request.debounce_calls,
                     custom=(self.request.headers or {}).get("custom"),
                     timelimit=self.request.timelimit, args=self.request.args)
         return x
@@ -142,7 +143,7 @@ def test_the_worker_gets_the_stored_body_headers_and_callbacks(
     with running_worker(app):
         assert first.get(timeout=10) == 1  # the opener's arguments: no replace_payload
         wait_until(lambda: "after" in seen)
-    assert seen["argsrepr"] == "<debounced: 3 calls>"
+    assert seen["argsrepr"] == "[1]" and seen["calls"] == 3  # the run's own arguments
     assert seen["shard"] == 0 and seen["custom"] == "yes"
     assert seen["args"] == [1] and seen["after"] == 1
     assert list(seen["timelimit"]) == [30, None]

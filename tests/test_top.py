@@ -50,6 +50,12 @@ def touch(user):
     return user
 
 
+@app.task(base=DebouncedTask, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
+def nightly(name):
+    """Its windows stay open the whole test: never a run."""
+    return name
+
+
 def stream(seconds):
     """A hot key every 20 ms (its windows are forced by the 1 s max wait) and a
     few cold keys that settle."""
@@ -67,7 +73,9 @@ def stream(seconds):
 @pytest.fixture
 def topapp(tmp_path: Path, redis_server: str, redis_client: redis.Redis) -> dict[str, Any]:
     (tmp_path / "topapp.py").write_text(APP)
-    env = {**os.environ, "TOPAPP_REDIS": redis_server, "PYTHONPATH": str(tmp_path)}
+    # the app's directory first, then any PYTHONPATH given (a worktree under test)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TOPAPP_REDIS": redis_server, "PYTHONPATH": path}
     return {"dir": tmp_path, "env": env}
 
 
@@ -156,36 +164,72 @@ def number(pattern: str, screen: str) -> float | None:
 def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
     topapp: dict[str, Any], worker: subprocess.Popen[bytes], redis_client: redis.Redis
 ) -> None:
-    producer = subprocess.Popen([sys.executable, "-c", "import topapp; topapp.stream(25)"],
+    opener = "import topapp\nfor name in 'abc': topapp.nightly.delay(name)\n"
+    subprocess.run([sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"],
+                   check=True, timeout=60)
+    producer = subprocess.Popen([sys.executable, "-c", "import topapp; topapp.stream(40)"],
                                 cwd=topapp["dir"], env=topapp["env"])
     tmux = Tmux(topapp["dir"], topapp["env"])
     try:
         tmux.start("q", f"{CELERY} -A topapp debounce top -i 0.5")
         tmux.start("ctrlc", f"{CELERY} -A topapp debounce top -i 0.5")
+        tmux.start("side", f"{CELERY} -A topapp debounce dispatch -n side-1")
+        # a terminal of 14 rows (the pane's tty told so; curses reads that size)
+        tmux.start("short", f"bash -c 'stty rows 14 cols 160; exec {CELERY} -A topapp "
+                            "debounce top -i 0.5'")
 
         def settled() -> str | None:
             screen = tmux.screen("q")
-            calls = number(r"calls/s ([\d,.]+)", screen)
-            runs = number(r"runs/s ([\d,.]+)", screen)
+            calls = number(r"calls/s in ([\d,.]+)", screen)
+            runs = number(r"runs/s out ([\d,.]+)", screen)
             ratio = number(r"coalescing ([\d.]+) calls/run", screen)
             forced = number(r"forced by max wait ([\d,]+)", screen)
             ok = (calls and runs and ratio and ratio > 3 and forced
-                  and "worker-topworker@" in screen and "<=" in screen)
+                  and "worker-topworker@" in screen and "side-1" in screen and "<=" in screen)
             return screen if ok else None
 
-        screen = wait_until(settled, timeout=30, interval=0.5)
+        try:
+            screen = wait_until(settled, timeout=30, interval=0.5)
+        except AssertionError:
+            raise AssertionError(tmux.screen("q")) from None
         # What a user reads: calls in outnumber runs out, the hot key leads the table,
         # the worker's dispatcher took a batch moments ago, nothing is quarantined.
-        assert number(r"calls/s ([\d,.]+)", screen) > number(r"runs/s ([\d,.]+)", screen)
+        assert number(r"calls/s in ([\d,.]+)", screen) > number(r"runs/s out ([\d,.]+)", screen)
         assert number(r"open windows ([\d,]+)", screen) >= 1
         assert re.search(r"open windows [\d,]+ \([+-][\d,]+ in \d+s\)  [▁▂▃▄▅▆▇█]{2,}", screen)
         assert re.search(r"lateness p50 <=[\d.]+ms\s+p99 <=[\d.]+ms", screen), screen
         hot = screen.split("HOTTEST KEYS")[1].splitlines()[1]
         assert hot.startswith("topapp.touch u:hot"), screen
-        seen = re.search(r"worker-topworker@\S+\s+([\d.]+)s ago", screen)
+        seen = re.search(r"worker-topworker@\S+\s+alive\s+([\d.]+)s ago", screen)
         assert seen and float(seen.group(1)) < 5, screen
         assert "quarantined 0" in screen
-        assert "TASK" in screen and "topapp.touch" in screen
+        # per-task open windows; a task with open windows and no run yet is listed
+        assert re.search(r"^topapp\.nightly\s+3\s+", screen, re.M), screen
+        assert re.search(r"^topapp\.touch\s+\d+\s+[\d.]+\s+", screen, re.M), screen
+
+        # Calls in are counted where they happen: a steady producer reads steady
+        # (they used to be the calls of windows that left, which swung 15..35 for 24/s).
+        readings = []
+        for _ in range(8):
+            readings.append(number(r"calls/s in ([\d,.]+)", tmux.screen("q")))
+            time.sleep(0.5)
+        assert all(readings) and max(readings) / min(readings) < 1.3, readings  # type: ignore
+
+        # A short terminal names the sections it cannot show.
+        try:
+            short = wait_until(lambda: "do not fit" in tmux.screen("short") and
+                               tmux.screen("short"), timeout=10, interval=0.3)
+        except AssertionError:
+            raise AssertionError(tmux.screen("short")) from None
+        assert re.search(r"-- \d+ more line\(s\) \(.*DISPATCHER.*\) do not fit", short), short
+
+        # A dispatcher that stops cleanly is marked stopped, not left as if it ran.
+        assert re.search(r"side-1\s+alive", tmux.screen("q")), tmux.screen("q")
+        if os.environ.get("TOP_SCREEN_OUT"):  # docs/monitoring.md's sample
+            Path(os.environ["TOP_SCREEN_OUT"]).write_text(tmux.screen("q"))
+        tmux.keys("side", "C-c")
+        wait_until(lambda: re.search(r"side-1\s+stopped \d", tmux.screen("q")), timeout=15,
+                   interval=0.3)
 
         # An operator sets a window aside: top shows it at the next refresh.
         redis_client.zadd("debounce:{0}:quarantine", {"set-aside-id": 1})
@@ -195,6 +239,7 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
         assert tmux.quits("ctrlc", "C-c") == "0"
     finally:
         tmux.kill()
+        subprocess.run(["tmux", "-L", tmux.socket, "kill-server"], capture_output=True)
         producer.kill()
         producer.wait(10)
 
@@ -219,7 +264,7 @@ def test_plain_printout_when_stdout_is_not_a_terminal(
     assert len(blocks) == 2, out
     assert "open windows 7 " in blocks[0] and "open windows 7 (+0 in" in blocks[1]
     assert "due now 0" in blocks[1] and "quarantined 0" in blocks[1]
-    assert "DISPATCHERS: none took a batch" in blocks[1]  # no worker ran
+    assert "DISPATCHERS: none seen" in blocks[1]  # no worker ran
 
 
 def test_top_reports_an_unreachable_redis_within_seconds(tmp_path: Path) -> None:
@@ -373,3 +418,53 @@ def test_a_counter_that_goes_back_on_one_task_never_shows_a_negative_rate() -> N
     assert rates is not None and rates.runs == 0 and rates.calls == 0
     row = [line.text for line in render(history, "title") if line.text.startswith("t ")]
     assert row and not re.search(r"-\d", row[0]), row
+
+
+def test_a_short_screen_names_the_sections_it_cannot_show() -> None:
+    from celery_debounce.top import Line, fit
+
+    lines = [Line("title", True), *(Line(f"row {i}") for i in range(5)),
+             Line("HOTTEST KEYS (task key)  CALLS", True), Line("k"),
+             Line("DISPATCHER  STATUS", True), Line("worker-1")]
+    assert fit(lines, 20) == lines
+    cut = fit(lines, 8)
+    assert len(cut) == 7 and cut[:6] == lines[:6]
+    assert cut[-1].text.startswith("-- 4 more line(s) (HOTTEST KEYS (task key), DISPATCHER)")
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
+    app_factory: Callable[..., Any], redis_client: redis.Redis, shards: int
+) -> None:
+    from celery_debounce.top import CENSUS_STEP, Top
+
+    app = app_factory(debounce_shards=shards)
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
+    def work(user: int) -> None:
+        pass
+
+    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
+              debounce_key="u:{0}")
+    def other(user: int) -> None:
+        pass
+
+    total = 4 * CENSUS_STEP * shards
+    enqueue_many(work, [((i,), {}) for i in range(total)], chunk_size=2000)
+    other.delay(1)
+    view = Top(app, 1.0)
+    view.store.census_step(0, "0", 1, 0)  # the script loaded: no NOSCRIPT retry counted
+    redis_client.config_resetstat()
+    for refresh in range(1, 40):
+        view.refresh()
+        if view.census.open is not None:
+            break
+    # one census step (EVALSHA) per shard each refresh, reading about CENSUS_STEP windows
+    stats = redis_client.info("commandstats")
+    assert int(stats["cmdstat_evalsha"]["calls"]) <= refresh * shards  # a shard done waits
+    assert int(stats["cmdstat_hmget"]["calls"]) <= refresh * shards * 2 * CENSUS_STEP
+    assert refresh > 1  # a large store takes several refreshes: never one long scan
+    assert view.census.open == {work.name: total, other.name: 1}
+    assert any(work.name in line.text and f"{total:,}" in line.text
+               for line in view.refresh())

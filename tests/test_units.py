@@ -137,3 +137,44 @@ def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_fore
     assert _shard_of({}, None, app) is None
     for foreign in ("other:{1}", "debounce:{1}:win:x", "debounce:{}", "debounce:{a}", 5):
         assert _shard_of({"debounce_tag": foreign}, None, app) is None
+
+
+@pytest.mark.parametrize("value", ["2M", "1h30M", "2 M", "1M30s"])
+def test_a_capital_m_is_refused_as_ambiguous(value: str) -> None:
+    """"2M" is 2 months in ISO 8601 periods: refused, never silently 2 minutes."""
+    with pytest.raises(DebounceConfigError, match="'M' is ambiguous") as info:
+        parse_duration("debounce", value)
+    assert f"debounce={value!r}" in str(info.value) and "'m' for minutes" in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "ms"), [("2m", 120_000), ("250MS", 250), ("250Ms", 250),
+                                           ("2H", 7_200_000), ("10S", 10_000)])
+def test_lowercase_m_and_other_capitals_keep_their_meaning(value: str, ms: int) -> None:
+    assert parse_duration("debounce", value) == ms
+
+
+def test_a_key_template_naming_no_parameter_is_refused_at_registration() -> None:
+    from celery import Celery
+
+    from celery_debounce import DebouncedTask
+
+    app = Celery("keys", set_as_current=False)
+    opts = dict(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+
+    def bad_name(user_id: str) -> None: ...
+    def bad_index(user_id: str) -> None: ...
+
+    with pytest.raises(DebounceConfigError, match=r"\{nope\} names no parameter") as info:
+        app.task(name="k.bad", debounce_key="u:{nope}", **opts)(bad_name).name  # built
+    assert "k.bad" in str(info.value) and "user_id" in str(info.value)
+    with pytest.raises(DebounceConfigError, match=r"\{1\} refers to argument 1"):
+        app.task(name="k.idx", debounce_key="u:{1}", **opts)(bad_index).name
+
+    def ok(self: Any, user_id: str, *rest: Any, **extra: Any) -> None: ...
+    def plain(user_id: str, n: int = 0) -> None: ...
+
+    # bind=True (self is not an argument), *args and **kwargs accept any position / name
+    assert app.task(name="k.ok", bind=True, debounce_key="{user_id}:{3}:{other}",
+                    **opts)(ok).name == "k.ok"
+    assert app.task(name="k.plain", debounce_key="{0}:{n}:{user_id.x}",
+                    **opts)(plain).name == "k.plain"

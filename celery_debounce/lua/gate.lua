@@ -49,6 +49,10 @@
 --          PEXPIREAT dl (the key lives as long as the quiet period; a reader also
 --          checks now < dl, so expiry timing never matters)
 --   <tag>:stats          hash; s|<task> + 1 for a suppressed call, PEXPIRE ARGV[14]
+-- Every call that is not refused (suppressed ones included) counts itself in
+-- <tag>:stats field i|<task> (calls in, read by `top`; best effort: a wrong-typed key
+-- skips it). A call that creates the hash gives it a TTL: ARGV[14], or an hour
+-- without it (take.lua sets debounce_history_ttl when it counts a window).
 -- An edge call:
 --   * quiet period running (now < dl): the call moves dl and counts itself in n.
 --     Mode 'L': suppressed; it writes nothing else but the s|<task> counter and
@@ -135,6 +139,20 @@ local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
 
+-- Calls in: i|<task> in <tag>:stats (see the header), then the reply unchanged.
+local function counted(reply)
+  local stats = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':stats'
+  local digits = string.match(ident, '^(%d+):')
+  local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+  local fresh = redis.call('EXISTS', stats) == 0
+  redis.pcall('HINCRBY', stats, 'i|' .. task, 1)
+  if fresh then
+    local ttl = ARGV[14]
+    redis.call('PEXPIRE', stats, (ttl and ttl ~= '') and ttl or 3600000)
+  end
+  return reply
+end
+
 -- Tell dispatchers an earlier deadline exists (see the header).
 local function wake(message)
   if SHARDED_WAKE then
@@ -184,9 +202,9 @@ end
 local function close(id, opened, calls, mark)
   shut(id, mark, 1)
   if mark == 'ld' then
-    return {id, opened, now, calls, now, 'lead'}
+    return counted({id, opened, now, calls, now, 'lead'})
   end
-  return {id, opened, now, calls, now}
+  return counted({id, opened, now, calls, now})
 end
 
 -- Where the embed starts in a JSON body [args, kwargs, embed]: walked back from the end
@@ -295,7 +313,7 @@ if edge and edge ~= '' then
       local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
       redis.call('HINCRBY', stats, 's|' .. task, 1)
       redis.call('PEXPIRE', stats, ARGV[14])
-      return {q[1], 0, qend, held, now, 'suppressed'}
+      return counted({q[1], 0, qend, held, now, 'suppressed'})
     end
     inherit = {q[2], q[3]}
   elseif redis.call('EXISTS', open) == 0 then
@@ -368,7 +386,7 @@ if found[1] then
   -- Usually a call moves the deadline later: GT does that in one command and can
   -- never make this window the earliest one, so there is nothing to publish.
   if redis.call('ZADD', KEYS[2], 'GT', 'CH', deadline, ident) == 1 then
-    return {id, opened, deadline, calls, now}
+    return counted({id, opened, deadline, calls, now})
   end
 else
   id = ARGV[1]
@@ -457,4 +475,4 @@ if first[1] == nil or deadline < tonumber(first[2]) then
   wake(string.format('%d', deadline))
 end
 
-return {id, opened, deadline, calls, now}
+return counted({id, opened, deadline, calls, now})
