@@ -23,6 +23,7 @@ app.conf.update(
     debounce_poll_interval=0.2,
     debounce_dispatch_lease=0.5,
     debounce_record_ttl=3,  # at least 4 leases (settings rule)
+    debounce_claim_lease=1,  # the killed run's claim lapses (and leaves :claims) within the TTL
     debounce_history_ttl=1,
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
