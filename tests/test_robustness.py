@@ -109,8 +109,10 @@ def test_release_leaves_a_lease_another_dispatcher_took_over(
 def test_an_expired_message_finishes_its_window_as_revoked(
     redis_server: str, redis_client: redis.Redis,
 ) -> None:
-    """The worker drops an expired message without running it (task_revoked)."""
-    app = build(redis_server)
+    """The worker drops an expired message without running it (task_revoked), and that
+    signal finishes the window: no dispatcher runs beside the worker, so the expiry
+    sweep (expire.lua, expires + 2 s) cannot be what finished it."""
+    app = build(redis_server, debounce_dispatcher=False)
     tid = app.tasks["faults.record"].apply_async(("exp",), expires=0.3).id
     dispatcher = Dispatcher(app, name="test")
     wait_until(lambda: dispatcher.dispatch_once()[0], 5)  # published, no worker yet
