@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -135,3 +137,12 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         client = redis.Redis.from_url(f"{url}/0")
     yield Backend(Settings.from_app(app), client=client)
     client.close()
+
+
+@pytest.fixture
+def ops(redis_server: str, redis_client: redis.Redis) -> Iterator[ModuleType]:
+    """tests/ops_app.py on the test Redis (imported once; state flushed per test)."""
+    os.environ["DEBOUNCE_OPS_REDIS"] = redis_server
+    module = importlib.import_module("ops_app")
+    module.runs.clear()
+    yield module

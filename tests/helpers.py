@@ -12,7 +12,9 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.bin.celery import celery as celery_cli
 from celery.contrib.testing.worker import start_worker
+from click.testing import CliRunner, Result
 from kombu.asynchronous import set_event_loop
 
 from celery_debounce import DebouncedTask
@@ -113,3 +115,9 @@ def assert_a_call_during_a_run_opens_a_new_window(app: Celery, timeout: float) -
         assert first.get(timeout=timeout) == 1
         assert second.get(timeout=timeout) == 3
     assert seen == [1, 3]
+
+
+def cli(*args: str, input: str | None = None) -> Result:
+    """Run ``celery -A ops_app debounce ARGS`` (tests/ops_app.py, fixture ``ops``)
+    in-process through Celery's own CLI."""
+    return CliRunner().invoke(celery_cli, ["-A", "ops_app", "debounce", *args], input=input)

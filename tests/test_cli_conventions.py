@@ -4,7 +4,6 @@ cells, the ``-A`` hint, the worker's dispatcher log lines."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -12,15 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import redis
 from celery.bin.celery import celery as celery_cli
-from click.testing import CliRunner, Result
-from helpers import running_worker, wait_until
+from click.testing import CliRunner
+from helpers import cli, running_worker, wait_until
 
 from celery_debounce.cli import render_table
 from celery_debounce.formatting import cell_width, clip, table_lines
@@ -29,16 +26,6 @@ from celery_debounce.windows import WindowInfo
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture
-def ops(redis_server: str, redis_client: redis.Redis) -> Iterator[ModuleType]:
-    os.environ["DEBOUNCE_OPS_REDIS"] = redis_server
-    module = importlib.import_module("ops_app")
-    module.runs.clear()
-    yield module
-
-
-def cli(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(celery_cli, ["-A", "ops_app", "debounce", *args], input=input)
 
 
 def test_every_verb_takes_dash_j(ops: ModuleType) -> None:

@@ -3,7 +3,6 @@ signals and metrics, against a real redis-server and real workers."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -11,17 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-import redis
-from celery.bin.celery import celery as celery_cli
 from celery.exceptions import TaskRevokedError
-from click.testing import CliRunner, Result
-from helpers import running_worker, wait_until
+from helpers import cli, running_worker, wait_until
 
 from celery_debounce import signals
 from celery_debounce.admin import DebounceAdmin
@@ -32,18 +27,6 @@ JSON_FIELDS = {"task", "key", "task_id", "state", "first_seen", "deadline", "max
                "calls", "shard", "error", "forced_by_max_wait"}
 
 
-@pytest.fixture
-def ops(redis_server: str, redis_client: redis.Redis) -> Iterator[ModuleType]:
-    """tests/ops_app.py on the test Redis (imported once; state flushed per test)."""
-    os.environ["DEBOUNCE_OPS_REDIS"] = redis_server
-    module = importlib.import_module("ops_app")
-    module.runs.clear()
-    yield module
-
-
-def cli(*args: str, input: str | None = None) -> Result:
-    """Run ``celery -A ops_app debounce ARGS`` in-process through Celery's own CLI."""
-    return CliRunner().invoke(celery_cli, ["-A", "ops_app", "debounce", *args], input=input)
 
 
 def celery_subprocess(redis_server: str, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
