@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .aliases import MAX_ALIASES, FixedId
 from .call import PreparedCall, new_task_id
@@ -13,7 +13,15 @@ from .layout import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
 from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .settings import Settings
     from .store import WindowStore
+
+
+class GateStore(Protocol):
+    """What :func:`gate_keys` and :func:`gate_args` read of a store."""
+
+    settings: Settings
+    gate_prefixes: tuple[tuple[str, str], ...]
 
 
 class GateResult(NamedTuple):
@@ -29,7 +37,7 @@ class GateResult(NamedTuple):
     edge: str = ""
 
 
-def gate_keys(store: WindowStore, call: PreparedCall) -> list[str]:
+def gate_keys(store: GateStore, call: PreparedCall) -> list[str]:
     """KEYS of gate.lua: ``open_key(tag, ident)`` and ``due_key(tag)``, from prefixes the
     store built once per shard with those builders (no call per call)."""
     open_prefix, due = store.gate_prefixes[call.shard]
@@ -52,7 +60,7 @@ def _pad_to(args: list[object], position: int) -> None:
 
 
 def gate_args(
-    store: WindowStore, call: PreparedCall, fixed: FixedId | None = None
+    store: GateStore, call: PreparedCall, fixed: FixedId | None = None
 ) -> list[object]:
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 

@@ -163,7 +163,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered"),
     one("no socket timeout on the package's Redis",
         "crash row 8: an unresponsive Redis is an error within the timeout, never a hang",
-        PKG + "store.py",
+        PKG + "store/__init__.py",
         "socket_timeout=timeout,",
         "socket_timeout=None,",
         FAULTS + "test_an_unresponsive_redis_is_an_error_within_the_timeout"),
@@ -195,7 +195,7 @@ MUTATIONS: list[Mutation] = [
         ROBUST + "test_wrong_type_keys_and_broken_records_do_not_block_the_shard"),
     one("malformed ident not checked at take",
         "crash row 12: a garbled record is quarantined, never blocks the shard",
-        PKG + "store.py",
+        PKG + "store/codec.py",
         "    split_ident(record.ident)  # raises on a malformed ident\n",
         "",
         FAULTS + "test_a_malformed_ident_is_quarantined[garbage]"),
@@ -305,7 +305,7 @@ MUTATIONS: list[Mutation] = [
         "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
     one("take.lua retried after a lost reply",
         "a lost take reply is not retried (it would lease a second batch)",
-        PKG + "store.py",
+        PKG + "store/__init__.py",
         "        reply = self.run_once(\n            \"take\",",
         "        reply = self.run(\n            \"take\",",
         "tests/test_dispatch_isolation.py::"
@@ -313,7 +313,7 @@ MUTATIONS: list[Mutation] = [
     # -- issue 19: at most once (a lost reply is never acted on twice) -----------
     one("a gate call is sent again after its reply was lost",
         "at most once: a script that changes windows is sent at most once per call",
-        PKG + "store.py",
+        PKG + "store/__init__.py",
         "# READONLY: it did not run; the pool finds the master\n"
         "                    raise _lost(name, exc) from exc",
         "# READONLY: it did not run; the pool finds the master\n"
@@ -322,19 +322,19 @@ MUTATIONS: list[Mutation] = [
         ONCE + "test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again"),
     one("claim goes through redis-py's retry",
         "at most once: claim, finish and quarantine are sent at most once per call",
-        PKG + "store.py",
+        PKG + "store/__init__.py",
         'before, _, run = self.run_once("claim",',
         'before, _, run = self.run("claim",',
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[claim-drop]"),
     one("cancel sent again without its per-call token",
         "at most once: a cancel whose reply was lost answers once; its result is revoked",
-        PKG + "store.py",
+        PKG + "store/operators.py",
         "args = [ident, task_id, self.settings.history_ttl_ms, token]",
         'args = [ident, task_id, self.settings.history_ttl_ms, ""]',
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]"),
     one("flush_all's pipeline sent through redis-py (resent after a lost reply)",
         "at most once: flush_all flushes each window once and counts it",
-        PKG + "store.py",
+        PKG + "store/operators.py",
         'return sum(1 for r in self._pipeline_once("flush", calls) if r)',
         'script = self.scripts["flush"]\n'
         "        with self.client.pipeline(False) as pipe:\n"
@@ -357,7 +357,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_hostile_dist.py::test_the_documented_cluster_acl_additions_are_the_ones_tested"),
     one("a bulk call's redis-py error reaches the caller raw",
         "ACL: every raw redis-py exception reaches the caller as a DebounceError",
-        PKG + "store.py",
+        PKG + "store/bulk.py",
         "        self._rerun_missing(calls, outcomes, missing)\n"
         "        _translate_outcomes(outcomes)\n"
         "        return outcomes\n\n    def _rerun_missing(",
@@ -435,7 +435,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("redis-py's URL error is shown",
         "no secret in any error or log: a URL redis-py cannot read",
-        PKG + "store.py",
+        PKG + "store/__init__.py",
         "                client = redis.Redis.from_url(settings.redis_url, **options)\n"
         "            except ValueError:\n"
         "                raise _unreadable_url(settings.redis_url) from None",
@@ -472,14 +472,14 @@ MUTATIONS: list[Mutation] = [
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
-        PKG + "store.py",
+        PKG + "store/sentinel.py",
         "    SwitchWatcher(config, sentinel_kwargs, pool).start()",
         "    pass",
         "tests/test_sentinel.py::"
         "test_calls_resume_after_a_failover_and_what_is_lost_is_measured[failover]"),
     one("the dispatcher's wake subscription stays on the old master",
         "failover (Sentinel): the dispatcher is woken by calls on the new master",
-        PKG + "store.py",
+        PKG + "store/wake.py",
         "if self.store.master_switches != switches:",
         "if False:",
         "tests/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master"),

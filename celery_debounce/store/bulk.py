@@ -1,0 +1,342 @@
+"""``enqueue_many``'s wire protocol: many gate calls in pipelined MULTI/EXEC chunks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..gate import GateResult, gate_args, gate_keys, parse_reply
+from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
+from ..settings import Settings
+from .codec import Shard
+from .errors import _translated, is_outage, translate_errors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..call import PreparedCall
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: Outcome of a bulk call whose chunk ran but whose reply was lost (window id unknown).
+WRITTEN = _Marker("WRITTEN")
+
+
+#: Outcome of a bulk call whose chunk may or may not have run (Redis unreachable afterwards).
+UNKNOWN_OUTCOME = DebounceOutcomeUnknown("debounce Redis unreachable: outcome of this call unknown")
+
+Outcome = GateResult | _Marker | BaseException
+
+
+def is_unknown_outcome(outcome: object) -> bool:
+    """True for a bulk call that may or may not have survived: its chunk's outcome is
+    unknown (Redis unreachable), or too few replicas acknowledged it (``WAIT``)."""
+    return isinstance(outcome, DebounceOutcomeUnknown)
+
+#: How long a bulk chunk's "this chunk ran" marker key lives (ms).
+_MARKER_TTL_MS = 60_000
+
+
+
+class BulkGate:
+    """:meth:`gate_many`, a part of :class:`~celery_debounce.store.WindowStore`."""
+
+    settings: Settings
+    client: Any
+    scripts: dict[str, Script]
+    cluster: bool
+    gate_prefixes: tuple[tuple[str, str], ...]
+    _checkout_args: tuple[str, ...]
+
+    if TYPE_CHECKING:  # pragma: no cover
+        def tag(self, shard: Shard) -> str: ...
+
+        def run_gate(self, keys: list[str], args: list[Any]) -> Any: ...
+
+        def send_on_node(
+            self, key: str, commands: list[tuple[Any, ...]], script: str = "",
+            operation: str = "",
+        ) -> list[Any]: ...
+
+    def _wait_command(self) -> tuple[tuple[Any, ...], ...]:
+        """``WAIT n timeout`` after each bulk chunk with ``debounce_redis_wait_replicas``."""
+        wanted = self.settings.wait_replicas
+        return (("WAIT", wanted, self.settings.wait_replicas_ms),) if wanted else ()
+
+    def _chunk_commands(
+        self, sha: str, calls: Sequence[PreparedCall], chunk: Sequence[int], marker: str,
+        waited: tuple[tuple[Any, ...], ...],
+    ) -> list[tuple[Any, ...]]:
+        """One bulk chunk: its gate calls and its marker in one ``MULTI``/``EXEC``, then
+        the ``WAIT`` of ``debounce_redis_wait_replicas`` if set."""
+        return [
+            ("MULTI",),
+            *(("EVALSHA", sha, 2, *gate_keys(self, calls[i]), *gate_args(self, calls[i]))
+              for i in chunk),
+            ("SET", marker, 1, "PX", _MARKER_TTL_MS),
+            ("EXEC",),
+            *waited,
+        ]
+
+    def _check_acks(self, acks: Any, chunk: Sequence[int], outcomes: list[Any]) -> None:
+        """Fewer replicas than ``debounce_redis_wait_replicas`` acknowledged a chunk: its
+        written calls may not survive a failover (retrying them may count them twice)."""
+        wanted = self.settings.wait_replicas
+        if isinstance(acks, Exception):  # NOPERM without +wait, ...: the chunk ran
+            error = DebounceOutcomeUnknown(
+                f"debounce Redis refused WAIT after this chunk was written on the master "
+                f"({type(acks).__name__}: {acks}); whether its calls survive a failover "
+                "is unknown")
+            error.__cause__ = acks
+        elif int(acks) >= wanted:
+            return
+        else:
+            error = DebounceOutcomeUnknown(
+                f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
+                "acknowledged this chunk; its calls were written on the master but may not "
+                "survive a failover")
+        for i in chunk:
+            if isinstance(outcomes[i], GateResult):
+                outcomes[i] = error
+
+    def gate_many(
+        self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
+        on_chunk: Callable[[range], None] | None = None, into: list[Outcome] | None = None,
+    ) -> list[Outcome]:
+        """Run ``gate.lua`` for each call, in order, pipelined on one connection.
+
+        Each chunk is one ``MULTI``/``EXEC`` transaction that also sets a short-lived
+        marker key, so a chunk runs entirely or not at all, and after a connection
+        error the marker tells whether an unanswered chunk ran. Chunk ``k + 1`` is
+        sent before the replies of chunk ``k`` are read, so the client's work overlaps
+        Redis running the scripts. NOSCRIPT replies are run again once the script is
+        loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
+        (ran, reply lost, window id not found), or the exception that kept it out.
+        ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
+        chunk is already on its way (``into``, if given, is the list filled in).
+        """
+        script = self.scripts["gate"]
+        client = self.client
+        outcomes: list[Any] = into if into is not None else []
+        outcomes[:] = [None] * len(calls)
+        missing: list[int] = []
+        if self.cluster:
+            self._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
+            self._rerun_missing(calls, outcomes, missing)
+            _translate_outcomes(outcomes)
+            return outcomes
+        pool = client.connection_pool
+        waited = self._wait_command()
+        marker_prefix = bulk_marker_prefix(self.tag(0), uuid.uuid4().hex)
+        sent: list[tuple[str, range]] = []  # (marker, chunk) sent and not answered
+        answered: list[str] = []  # markers of the chunks whose replies were read
+        failure: BaseException | None = None
+        with translate_errors("gate (bulk)"):
+            if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
+                script.sha = client.script_load(script.script)
+                setattr(script, "_loaded_by_bulk", True)  # noqa: B010
+            conn: Any = pool.get_connection(*self._checkout_args)  # refused: nothing sent
+        try:
+            for start in range(0, len(calls), chunk_size):
+                chunk = range(start, min(start + chunk_size, len(calls)))
+                marker = f"{marker_prefix}{start}"
+                conn.send_packed_command(conn.pack_commands(
+                    self._chunk_commands(script.sha, calls, chunk, marker, waited)))
+                sent.append((marker, chunk))
+                if len(sent) > 1:
+                    _read_chunk(conn, sent[0][1], outcomes, missing)
+                    if waited:
+                        self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
+                    marker, done = sent.pop(0)
+                    answered.append(marker)
+                    if on_chunk is not None:
+                        on_chunk(done)
+            while sent:
+                _read_chunk(conn, sent[0][1], outcomes, missing)
+                if waited:
+                    self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
+                answered.append(sent.pop(0)[0])
+            # every reply arrived: the markers served their purpose (else they expire)
+            conn.send_command("DEL", *answered)
+            _reply_or_error(conn)  # refused (no +del): they expire
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            conn.disconnect()
+            failure = exc
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        if failure is not None:
+            self._settle(calls, sent, outcomes, failure)
+        self._rerun_missing(calls, outcomes, missing)
+        _translate_outcomes(outcomes)
+        return outcomes
+
+    def _rerun_missing(
+        self, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """Run again, one by one, the bulk calls that met NOSCRIPT (a restart, SCRIPT
+        FLUSH, a promoted replica)."""
+        if not missing:
+            return
+        script = self.scripts["gate"]
+        try:
+            with translate_errors("gate (bulk)"):
+                script.sha = self.client.script_load(script.script)
+                for i in missing:  # one by one: each reply is known
+                    try:
+                        argv: list[Any] = gate_args(self, calls[i])
+                        outcomes[i] = parse_reply(self.run_gate(gate_keys(self, calls[i]), argv))
+                    except DebounceOutcomeUnknown as exc:  # this one may have run
+                        outcomes[i] = exc
+                        raise DebounceBackendError(
+                            "debounce Redis: not sent (an earlier reply was lost)") from exc
+                    except DebounceBackendError as exc:
+                        if not isinstance(exc.__cause__, redis.ResponseError):
+                            raise
+                        outcomes[i] = exc.__cause__
+        except DebounceBackendError as exc:
+            for i in missing:
+                if outcomes[i] is None:
+                    outcomes[i] = exc
+
+    def _gate_many_cluster(
+        self, calls: Sequence[PreparedCall], chunk_size: int,
+        on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """:meth:`gate_many` on a Redis Cluster: a ``MULTI``/``EXEC`` may hold one slot
+        only, so calls are grouped by shard (in order within a shard: a window's calls
+        are all in one shard) and each chunk goes to its shard's master, one chunk at a
+        time; the marker key carries the shard's tag."""
+        script = self.scripts["gate"]
+        token = uuid.uuid4().hex
+        waited = self._wait_command()
+        by_shard: dict[int, list[int]] = {}
+        for i, call in enumerate(calls):
+            by_shard.setdefault(call.shard, []).append(i)
+        markers: list[str] = []
+        for shard, indexes in by_shard.items():
+            prefix = bulk_marker_prefix(self.tag(shard), token)
+            for start in range(0, len(indexes), chunk_size):
+                chunk = indexes[start : start + chunk_size]
+                marker = f"{prefix}{shard}:{start}"
+                commands = self._chunk_commands(script.sha, calls, chunk, marker, waited)
+                try:
+                    with translate_errors("gate (bulk)"):
+                        replies = self.send_on_node(marker, commands)
+                except DebounceBackendError as exc:
+                    if is_outage(exc):  # the chunk may have run: its marker says
+                        self._settle(calls, [(marker, chunk)], outcomes, exc)
+                    else:
+                        for i in chunk:
+                            outcomes[i] = exc
+                    continue
+                executed = replies[len(chunk) + 2]
+                if isinstance(executed, Exception):  # EXECABORT: nothing of this chunk ran
+                    for i in chunk:
+                        outcomes[i] = executed
+                    continue
+                for i, reply in zip(chunk, executed, strict=False):
+                    if isinstance(reply, NoScriptError):
+                        missing.append(i)
+                    elif isinstance(reply, Exception):
+                        outcomes[i] = reply
+                    else:
+                        outcomes[i] = parse_reply(reply)
+                if waited:
+                    self._check_acks(replies[-1], chunk, outcomes)
+                markers.append(marker)
+                if on_chunk is not None:
+                    for i in chunk:
+                        on_chunk(range(i, i + 1))
+        if markers:
+            try:
+                self.client.delete(*markers)  # split by slot by the cluster client
+            except redis.RedisError:
+                pass  # they expire
+
+    def _settle(
+        self, calls: Sequence[PreparedCall], unanswered: Sequence[tuple[str, Sequence[int]]],
+        outcomes: list[Any], failure: BaseException,
+    ) -> None:
+        """After a connection error: find out which unanswered chunks ran (their marker
+        exists)."""
+        error = DebounceBackendError(f"debounce Redis unreachable during gate (bulk): {failure}")
+        pending = [i for i in range(len(calls)) if outcomes[i] is None and
+                   not any(i in chunk for _, chunk in unanswered)]
+        for i in pending:  # never sent
+            outcomes[i] = error
+        try:
+            with translate_errors("gate (bulk) check"):
+                with self.client.pipeline(transaction=False) as pipe:
+                    for marker, _ in unanswered:
+                        pipe.exists(marker)
+                    ran = pipe.execute()
+                for (_, chunk), did_run in zip(unanswered, ran, strict=True):
+                    if not did_run:
+                        for i in chunk:
+                            outcomes[i] = error
+                        continue
+                    with self.client.pipeline(transaction=False) as pipe:
+                        for i in chunk:
+                            pipe.hget(open_key(self.tag(calls[i].shard), calls[i].ident), F_ID)
+                        ids = pipe.execute()
+                    for i, tid in zip(chunk, ids, strict=True):
+                        outcomes[i] = WRITTEN if tid is None else GateResult(
+                            as_text(tid), False, 0, 0, 0)
+        except DebounceBackendError:
+            for _, chunk in unanswered:
+                for i in chunk:
+                    if outcomes[i] is None:
+                        outcomes[i] = UNKNOWN_OUTCOME
+
+
+def _translate_outcomes(outcomes: list[Any]) -> None:
+    """Every redis-py error a bulk call met leaves as a DebounceBackendError (its cause)."""
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, redis.RedisError):
+            outcomes[i] = _translated("gate (bulk)", outcome)
+            outcomes[i].__cause__ = outcome
+
+
+def _reply_or_error(conn: Any) -> Any:
+    """The next reply on ``conn``; an error reply as the exception (not raised)."""
+    try:
+        return conn.read_response()
+    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
+        return exc
+
+
+def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:
+    """Read one chunk's MULTI/QUEUED.../EXEC replies into ``outcomes``."""
+    queue_error: redis.ResponseError | None = None
+    for _ in range(len(chunk) + 2):  # MULTI's OK, then QUEUED per command (+ the marker)
+        try:
+            conn.read_response()
+        except redis.ResponseError as exc:  # refused at queue time (OOM, ...): EXEC aborts
+            queue_error = queue_error or exc
+    try:
+        replies = conn.read_response()
+    except redis.ResponseError as exc:  # EXECABORT: nothing of this chunk ran
+        for i in chunk:
+            outcomes[i] = queue_error or exc
+        return
+    for i, reply in zip(chunk, replies, strict=False):
+        if isinstance(reply, NoScriptError):
+            missing.append(i)
+        elif isinstance(reply, Exception):  # this script failed; the others ran
+            outcomes[i] = reply
+        else:
+            outcomes[i] = parse_reply(reply)

@@ -1,0 +1,142 @@
+"""redis-py errors as the package's errors, and the Redis error codes they carry."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..sentinel import redact
+
+
+@contextmanager
+def translate_errors(operation: str) -> Iterator[None]:
+    """Turn redis-py errors into :class:`DebounceBackendError`."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise _translated(operation, exc) from exc
+
+
+def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        # Redis refuses a script under OOM only at its first write, before anything is
+        # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
+        return DebounceBackendError(
+            f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
+            f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
+    return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+class CancelOutcomeUnknown(DebounceOutcomeUnknown):
+    """A cancel whose reply was lost and that Redis did not answer again in time; its
+    token names the key that holds its reply if it ran (:meth:`WindowStore.cancelled_by`)."""
+
+    def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
+        super().__init__(message)
+        self.shard, self.ident, self.token = shard, ident, token
+
+
+def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
+    """The reply of a command that reached Redis was lost: say that it may have run."""
+    return DebounceOutcomeUnknown(redact(
+        f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
+        "outcome is unknown: it may or may not have run, and it was not sent again"))
+
+
+def _refused_by_a_replica(exc: BaseException) -> bool:
+    """Sentinel's connection turns a demoted master's READONLY (the command did not
+    run) into a ConnectionError; True for that one."""
+    return isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for an outage (worth retrying), False for an error Redis answered with."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return isinstance(cause, (redis.ConnectionError, redis.TimeoutError, OSError))
+
+
+#: redis-py's "unreachable" errors (a Redis broker's kombu transport raises them too).
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError)
+#: Every redis-py error.
+REDIS_ERROR: type[Exception] = redis.RedisError
+
+
+def is_error_reply(exc: BaseException) -> bool:
+    """True when ``exc`` (or what it wraps) is an error reply from a Redis server."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.ResponseError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+#: redis-py classes whose message has lost its Redis error code (MasterDownError, a
+#: ClusterDownError, first)
+_CODE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.BusyLoadingError, "LOADING"),
+    (redis.exceptions.AuthenticationError, "NOAUTH"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+)
+#: redis-py annotates a pipeline's first error: "Command # <n> (...) of pipeline caused
+#: error: <reply>"
+_PIPELINE_ERROR = re.compile(r"^Command # (\d+) \(.*\) of pipeline caused error: (.*)$", re.S)
+
+
+def reply_code(exc: BaseException) -> str | None:
+    """The Redis error code of ``exc`` or of what it wraps (kombu wraps a batch's
+    error), e.g. ``"OOM"``; None when no Redis error reply is in the chain."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, (redis.ResponseError, redis.exceptions.BusyLoadingError,
+                             redis.exceptions.AuthenticationError)):
+            for cls, code in _CODE_OF_CLASS:
+                if isinstance(seen, cls):
+                    return code
+            text = str(seen.args[0]) if seen.args else ""
+            match = _PIPELINE_ERROR.match(text)
+            if match:
+                text = match.group(2)
+            return text.split(" ", 1)[0].upper() or None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def pipeline_failed_at(exc: BaseException) -> int | None:
+    """The number (from 1) of the first command of a pipeline that failed, as redis-py
+    annotates it (commands before it ran); None when ``exc`` is not such an error."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, redis.RedisError) and seen.args:
+            match = _PIPELINE_ERROR.match(str(seen.args[0]))
+            if match:
+                return int(match.group(1))
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+
+def _unreadable_url(url: str) -> Exception:
+    """redis-py could not read ``url``: its own error is not shown (it quotes the part it
+    could not read, a password holding '/' or ';' unencoded included)."""
+    from ..errors import DebounceConfigError  # (kept off the import block other edits touch)
+
+    return DebounceConfigError(redact(
+        f"the windows' Redis URL {url!r} cannot be read (a password holding "
+        "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
+    ))

@@ -1,0 +1,416 @@
+"""The operators' and tests' operations of :class:`~celery_debounce.store.WindowStore`:
+reads of windows, counters and liveness, flush, cancel and clear."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..layout import (
+    CANCEL_FIELDS,
+    FLUSH_FIELDS,
+    HOT_KEYS_KEPT,
+    INSPECT_FIELDS,
+    LIST_FIELDS,
+    PAYLOAD_FIELDS,
+    Record,
+    active_key,
+    alive_key,
+    all_keys_pattern,
+    as_text,
+    calls_key,
+    cancel_marker_key,
+    decode_record,
+    dispatchers_key,
+    due_key,
+    hot_key,
+    layouts_key,
+    leased_key,
+    open_key,
+    quarantine_key,
+    quiet_key,
+    shard_wake_channel,
+    stats_key,
+    stats_reset_key,
+    stopped_key,
+    taken_set_key,
+    win_key,
+)
+from ..settings import Settings
+from .bulk import _reply_or_error
+from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from .errors import CancelOutcomeUnknown, _lost, translate_errors
+
+
+class Operators:
+    """Operations of :class:`~celery_debounce.store.WindowStore` for ``celery debounce``
+    commands, the admin API, ``top`` and tests."""
+
+    settings: Settings
+    client: Any
+    scripts: dict[str, Script]
+    cluster: bool
+    sharded_wake: bool
+    _direct: bool
+    _checkout_args: tuple[str, ...]
+
+    if TYPE_CHECKING:  # pragma: no cover
+        def tag(self, shard: Shard) -> str: ...
+
+        def run(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
+
+        def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
+
+    # -- operators -------------------------------------------------------------------------
+    def ping(self) -> bool:
+        """True when Redis answers (errors leave as DebounceBackendError)."""
+        with translate_errors("ping"):
+            return bool(self.client.ping())
+
+    def time_ms(self, operation: str = "time") -> int:
+        """The Redis clock, ms (``operation`` names the caller in an error)."""
+        with translate_errors(operation):
+            secs, micros = self.client.time()
+        return int(secs) * 1000 + int(micros) // 1000
+
+    def pending(self, shard: int, ident: str) -> Record | None:
+        """The pending window of ``ident``: one HMGET and one ZSCORE (its deadline)."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(open_key(tag, ident), *INSPECT_FIELDS)
+            pipe.zscore(due_key(tag), ident)
+            row, deadline = pipe.execute()
+        if deadline is None:
+            return None
+        return decode_record(INSPECT_FIELDS, row, ident=ident, deadline=deadline)
+
+    def taken(self, task_id: str) -> tuple[int, Record] | None:
+        """``(shard, record)`` of the taken window ``task_id``: one lookup per shard."""
+        with translate_errors("inspect"), self.client.pipeline(False) as pipe:
+            for tag in self.settings.tags:
+                pipe.hmget(win_key(tag, task_id), *INSPECT_FIELDS)
+            rows = pipe.execute()
+        for shard, row in enumerate(rows):
+            record = decode_record(INSPECT_FIELDS, row)
+            if record is not None:
+                return shard, record
+        return None
+
+    def list_step(self, shard: int, start: str, skip: int, budget: int, want: int,
+                  prefix: str, pattern: bytes) -> ListStep:
+        """One ``list.lua`` step: pending windows along the due set, filtered in Redis."""
+        tag = self.tag(shard)
+        reply = self.run("list", [due_key(tag)], [tag, start, skip, budget, want, prefix, pattern])
+        examined, last, at_last, done = reply[:4]
+        windows = []
+        for ident, *row in reply[4:]:
+            record = decode_record(LIST_FIELDS, row, ident=as_text(ident))
+            if record is not None:
+                windows.append(record)
+        return ListStep(int(examined), as_text(last), int(at_last), bool(int(done)), windows)
+
+    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
+        """Members ``start .. start+count-1`` of a taken set (layout.TAKEN_SETS), in score
+        order, with their records."""
+        tag = self.tag(shard)
+        client = self.client
+        with translate_errors("inspect"):
+            ids = [as_text(m) for m in client.zrange(taken_set_key(tag, set_name), start,
+                                                     start + count - 1)]
+        if not ids:
+            return []
+        with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
+            for tid in ids:
+                pipe.hmget(win_key(tag, tid), *INSPECT_FIELDS)
+            rows = pipe.execute(raise_on_error=False)
+        out = []
+        for tid, row in zip(ids, rows, strict=True):
+            if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
+                out.append(TakenEntry(tid, None, f"{win_key(tag, tid)}: {row}"))
+            else:
+                out.append(TakenEntry(tid, decode_record(INSPECT_FIELDS, row), None))
+        return out
+
+    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
+        """Task id -> end (ms) of the quiet period each leading run of ``leading`` still
+        owns (``quiet_key`` of its ident holds its id): one pipelined HMGET per run."""
+        tag = self.tag(shard)
+        runs = [r for r in leading if r.leading and r.ident is not None]
+        if not runs:
+            return {}
+        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
+            for record in runs:
+                pipe.hmget(quiet_key(tag, record.ident), "id", "dl")  # type: ignore[arg-type]
+            rows = pipe.execute(raise_on_error=False)
+        ends = {}
+        for record, row in zip(runs, rows, strict=True):
+            if isinstance(row, list) and row[0] is not None and row[1] is not None and \
+                    as_text(row[0]) == record.task_id:
+                ends[record.task_id] = int(row[1])
+        return ends
+
+    def find_step(self, shard: int, cursor: str, task_id: str,
+                  count: int) -> tuple[str, str | None]:
+        """One ``find.lua`` step: ``(next cursor, ident of the pending window with this id
+        or None)``."""
+        tag = self.tag(shard)
+        next_cursor, ident = self.run("find", [due_key(tag)], [tag, cursor, count, task_id])
+        return as_text(next_cursor), as_text(ident) if ident else None
+
+    def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
+        tag = self.tag(shard)
+        channel = shard_wake_channel(tag) if self.sharded_wake else self.settings.wake_channel
+        return ([open_key(tag, ident), due_key(tag), leased_key(tag)],
+                [ident, channel, task_id, self.settings.record_ttl_ms])
+
+    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
+        """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
+        given) and make it due now. The window as flushed, or None if none was open."""
+        reply = self.run_once("flush", *self._flush_call(shard, ident, task_id))
+        return decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
+
+    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
+        """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
+        if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one by one
+            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
+        if not self._direct:  # fakeredis, or a client of the caller's
+            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
+        calls = [self._flush_call(shard, ident, task_id) for ident, task_id in windows]
+        return sum(1 for r in self._pipeline_once("flush", calls) if r)
+
+    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)`` in one write on one pooled connection
+        of a single node, each sent at most once (like :meth:`run_once`): the calls that
+        met NOSCRIPT (they did not run) are sent again once the script is loaded; a
+        lost reply raises :class:`~celery_debounce.DebounceOutcomeUnknown`. An error
+        reply of one call is raised after every reply was read."""
+        script = self.scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        pool = self.client.connection_pool
+        with translate_errors(name):
+            for _ in (1, 2):
+                conn: Any = pool.get_connection(*self._checkout_args)
+                try:
+                    conn.send_packed_command(conn.pack_commands(
+                        [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                         for i in todo]))
+                    for k, i in enumerate(todo):
+                        replies[i] = _reply_or_error(conn)
+                        if isinstance(replies[i], redis.exceptions.BusyLoadingError):
+                            for j in todo[k:]:  # refused too (redis-py closed the connection)
+                                replies[j] = replies[i]
+                            break
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    conn.disconnect()
+                    raise _lost(name, exc) from exc
+                except BaseException:
+                    conn.disconnect()
+                    raise
+                finally:
+                    pool.release(conn)
+                todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+                if not todo:
+                    break
+                script.sha = self.client.script_load(script.script)
+            error = next((r for r in replies if isinstance(r, redis.RedisError)), None)
+            if error is not None:
+                raise error
+        return replies
+
+    def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
+        """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
+        given); what was dropped, or None."""
+        tag = self.tag(shard)
+        # cancel.lua keeps its reply under a per-call token: after a lost reply the same
+        # call is sent again and gets the first answer (a repeat never acts twice), so a
+        # caller learns which window it dropped and can revoke its result
+        token = uuid.uuid4().hex
+        keys = [open_key(tag, ident), due_key(tag), stats_key(tag)]
+        args = [ident, task_id, self.settings.history_ttl_ms, token]
+        deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0) * 3
+        lost: DebounceOutcomeUnknown | None = None
+        while True:
+            try:
+                reply = self.run_once("cancel", keys, args)
+                break
+            except DebounceBackendError as exc:
+                if isinstance(exc, DebounceOutcomeUnknown):
+                    lost = lost or exc
+                elif lost is None:
+                    raise  # nothing ran: a plain error
+                if time.monotonic() >= deadline:
+                    raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
+                        lost.__cause__ or lost)
+                time.sleep(0.05)
+        return self._cancel_result(shard, ident, token, reply)
+
+    def _cancel_result(self, shard: int, ident: str, token: str, reply: Any) -> Cancelled | None:
+        if not reply:
+            return None
+        try:
+            with translate_errors("cancel"):
+                self.client.delete(cancel_marker_key(self.tag(shard), token))
+        except DebounceBackendError:
+            pass  # it expires
+        record = decode_record(CANCEL_FIELDS, reply, ident=ident)
+        assert record is not None
+        return Cancelled(record, list(reply[len(CANCEL_FIELDS):]))
+
+    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
+        """After :class:`CancelOutcomeUnknown`: the window that cancel dropped (read from
+        its token's key, a read only), or None if it did not run. Raises
+        DebounceBackendError while Redis does not answer."""
+        with translate_errors("cancel check"):
+            reply = self.client.lrange(cancel_marker_key(self.tag(lost.shard), lost.token), 0, -1)
+        return self._cancel_result(lost.shard, lost.ident, lost.token, reply)
+
+    def census_step(self, shard: int, cursor: str, count: int,
+                    now_ms: int) -> tuple[str, list[CensusRow]]:
+        """One ``census.lua`` step of per-task counts of pending windows."""
+        tag = self.tag(shard)
+        reply = self.run("census", [due_key(tag)], [tag, cursor, count, now_ms])
+        rows = [CensusRow(as_text(task), int(n_open), int(n_due), int(oldest), int(waiting))
+                for task, n_open, n_due, oldest, waiting in reply[1:]]
+        return as_text(reply[0]), rows
+
+    def counts(self, shard: int, now_ms: int) -> ShardCounts:
+        """Open and due windows of ``shard`` and its counters."""
+        tag = self.tag(shard)
+        with translate_errors("stats"), self.client.pipeline(False) as pipe:
+            pipe.zcard(due_key(tag))
+            pipe.zcount(due_key(tag), "-inf", now_ms)
+            pipe.hgetall(stats_key(tag))
+            zcard, zcount, counters = pipe.execute()
+        return ShardCounts(int(zcard), int(zcount),
+                           {as_text(k): int(v) for k, v in counters.items()})
+
+    def reset_counters(self, shard: int) -> dict[str, int]:
+        """Zero the shard's counters atomically; the counters removed.
+
+        The hash is RENAMEd away (one atomic step: later increments start a new hash),
+        read, then deleted; the renamed copy keeps the hash's TTL, so a crash in between
+        leaves nothing forever.
+        """
+        tag = self.tag(shard)
+        held = stats_reset_key(tag, uuid.uuid4().hex)  # same hash tag, same slot
+        client = self.client
+        with translate_errors("stats reset"):
+            try:
+                client.rename(stats_key(tag), held)
+            except redis.ResponseError as exc:
+                # "no such key": nothing to reset, unless redis-py sent the RENAME again
+                # after its reply was lost (the first one moved the hash to ``held``)
+                if "no such key" in str(exc).lower() and not client.exists(held):
+                    return {}
+                if "no such key" not in str(exc).lower():
+                    raise
+            removed = {as_text(k): int(v) for k, v in client.hgetall(held).items()}
+            client.delete(held)
+        return removed
+
+    # -- liveness ----------------------------------------------------------------------------
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Record that dispatcher ``name`` runs (``alive``) or stopped cleanly
+        (``alive.lua``, on shard 0's tag); returns the Redis time, ms."""
+        tag = self.tag(0)
+        return int(self.run("alive", [alive_key(tag), stopped_key(tag)],
+                            [name, "1" if alive else "0", self.settings.history_ttl_ms]))
+
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(Redis time ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
+        tag = self.tag(0)
+        now_ms = self.time_ms("ping")
+        with translate_errors("ping"), self.client.pipeline(False) as pipe:
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
+            alive, stopped = pipe.execute()
+        return (now_ms, [(as_text(n), int(ms)) for n, ms in alive],
+                [(as_text(n), int(ms)) for n, ms in stopped])
+
+    #: Redis commands :meth:`snapshot` sends per shard.
+    SNAPSHOT_COMMANDS = 11
+
+    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
+        """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
+        tag = self.tag(shard)
+        with translate_errors("top"), self.client.pipeline(False) as pipe:
+            pipe.zcard(due_key(tag))
+            pipe.zcount(due_key(tag), "-inf", now_ms)
+            pipe.zrange(due_key(tag), 0, 0, withscores=True)
+            pipe.zcard(leased_key(tag))
+            pipe.zcard(active_key(tag))
+            pipe.zcard(quarantine_key(tag))
+            pipe.hgetall(stats_key(tag))
+            pipe.zrevrange(hot_key(tag), 0, HOT_KEYS_KEPT - 1, withscores=True)
+            pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
+            pipe.zrange(alive_key(tag), 0, -1, withscores=True)  # written on shard 0 only
+            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
+            replies = pipe.execute(raise_on_error=False)
+        # A key of the wrong type (someone wrote it by hand) must not blind the view.
+        (z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen, alive,
+         stopped) = (r if not isinstance(r, Exception) else None for r in replies)
+        kept: dict[str, int] = {}
+        for name, value in (counters or {}).items():
+            try:
+                kept[as_text(name)] = int(value)
+            except ValueError:
+                continue
+        return ShardSnapshot(
+            int(z_open or 0), int(z_due or 0), int(first[0][1]) if first else None,
+            int(z_leased or 0), int(z_active or 0), int(z_quar or 0), kept,
+            [(as_text(i), int(c)) for i, c in hot_rows or []],
+            [(as_text(n), int(ms)) for n, ms in seen or []],
+            [(as_text(n), int(ms)) for n, ms in alive or []],
+            [(as_text(n), int(ms)) for n, ms in stopped or []],
+        )
+
+    def maxmemory_policy(self) -> str:
+        """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
+        from ..checks import combined_policy, maxmemory_policy
+
+        if self.cluster:  # every master: the worst answer wins
+            return combined_policy([
+                maxmemory_policy(self.client.get_redis_connection(node))
+                for node in self.client.get_primaries()])
+        return maxmemory_policy(self.client)
+
+    # -- tests -------------------------------------------------------------------------------
+    def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
+        """Every pending window of ``shard`` (whose ident starts with ``prefix``) with its
+        payload and options, in deadline order."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"):
+            due: list[Any] = self.client.zrange(due_key(tag), 0, -1, withscores=True)
+        for member, deadline in due:  # a pending window's deadline is its due score
+            ident = as_text(member)
+            if prefix is not None and not ident.startswith(prefix):
+                continue
+            with translate_errors("inspect"):
+                row = self.client.hmget(open_key(tag, ident), *PAYLOAD_FIELDS)
+            record = decode_record(PAYLOAD_FIELDS, row, ident=ident, deadline=deadline)
+            if record is not None:
+                yield record
+
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+        """The call elements of a pending debounce_collect window (record field ``cl``),
+        in call order."""
+        with translate_errors("inspect"):
+            return list(self.client.lrange(calls_key(self.tag(shard), collect_list), 0, -1))
+
+    def delete_all(self) -> int:
+        """Delete every key under the app's ``debounce_key_prefix``; how many."""
+        with translate_errors("clear"):
+            keys = list(self.client.scan_iter(
+                match=all_keys_pattern(self.settings.key_prefix), count=1000))
+            # the one key outside every hash tag (all_keys_pattern matches tagged keys)
+            keys.append(layouts_key(self.settings.key_prefix))
+            return int(self.client.delete(*keys))
+

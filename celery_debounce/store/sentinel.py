@@ -1,0 +1,140 @@
+"""Redis Sentinel: the master's client and the ``+switch-master`` watcher.
+
+Which master, and how to reach the sentinels, is read from the settings by
+:mod:`celery_debounce.sentinel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from ..sentinel import SentinelConfig
+
+_logger = logging.getLogger("celery_debounce")
+
+#: The channel on which every sentinel announces a new master.
+SWITCH_CHANNEL = "+switch-master"
+
+
+def sentinel_client(config: SentinelConfig, timeout_s: float, retry: Retry) -> redis.Redis:
+    """A client of the current master: each new connection asks the sentinels where it is,
+    and a connection to a demoted master (READONLY) is dropped and re-resolved."""
+    # The sentinels get the master's timeouts and no retry of their own (unless
+    # sentinel_kwargs says otherwise): finding the master already tries each sentinel
+    # in turn, and redis-py's default retry (3, backing off to 10 s) made a call with
+    # no sentinel reachable fail only after 25 s.
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        **dict(config.sentinel_kwargs or ()),
+    }
+    manager = Sentinel(
+        list(config.sentinels),
+        min_other_sentinels=config.min_other_sentinels,
+        sentinel_kwargs=sentinel_kwargs,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+    )
+    client: redis.Redis = manager.master_for(
+        config.master_name,
+        db=config.db,
+        username=config.username,
+        password=config.password,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=retry,
+    )
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    SwitchWatcher(config, sentinel_kwargs, pool).start()
+    return client
+
+
+class SwitchWatcher(threading.Thread):
+    """Moves a client's pool to the new master as soon as a sentinel announces it.
+
+    redis-py asks the sentinels where the master is only when a connection
+    connects, and Sentinel demotes the old master seconds after a failover (it
+    waits to see it report its old role). Pooled connections opened before the
+    switch would go on writing to the old master until then, and its demotion
+    discards those writes (measured: docs/guarantees.md, "Failover"). This daemon
+    thread listens on ``+switch-master`` (one sentinel at a time, the next on
+    failure) and then re-reads the master's address, which drops the pool's idle
+    connections; a connection in use is dropped when it is released. Each switch
+    also bumps :attr:`switches` (the dispatcher re-subscribes its wake channel).
+    The thread ends when the pool is garbage-collected.
+    """
+
+    #: Longest wait between two looks at whether the pool still exists (seconds).
+    TICK = 1.0
+
+    def __init__(self, config: SentinelConfig, sentinel_kwargs: dict[str, Any],
+                 pool: SentinelConnectionPool) -> None:
+        super().__init__(name=f"debounce-sentinel-{config.master_name}", daemon=True)
+        self.config = config
+        self.sentinel_kwargs = sentinel_kwargs
+        self._pool = weakref.ref(pool)
+        pool.debounce_switch_watcher = self  # type: ignore[attr-defined]
+        self.switches = 0
+
+    def run(self) -> None:
+        index, delay = 0, 0.1
+        while self._pool() is not None:
+            host, port = self.config.sentinels[index % len(self.config.sentinels)]
+            client = redis.Redis(host=host, port=port, **self.sentinel_kwargs)
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(SWITCH_CHANNEL)
+                self._refresh()  # a switch announced while this was not subscribed
+                delay = 0.1
+                while self._pool() is not None:
+                    message = pubsub.get_message(timeout=self.TICK)
+                    if message is not None and message.get("type") == "message":
+                        self._on_message(message["data"])
+            except (redis.RedisError, OSError) as exc:
+                _logger.debug("debounce: sentinel %s:%s: %s", host, port, exc)
+                index += 1
+                threading.Event().wait(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                pubsub.close()
+                client.close()
+
+    def _on_message(self, data: Any) -> None:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if text.split(" ", 1)[0] == self.config.master_name:
+            _logger.warning("debounce: Sentinel switched master %s", text)
+            if not self._refresh():
+                # counted whatever the pool's address was: a connection opened
+                # meanwhile may have found the new master already, a wake
+                # subscription opened before it has not
+                self.switches += 1
+
+    def _refresh(self) -> bool:
+        """Re-read the master's address; True (and a switch counted) if it moved."""
+        pool = self._pool()
+        if pool is None:
+            return False
+        before = pool.master_address
+        try:
+            after = pool.get_master_address()  # drops idle connections if it moved
+        except redis.ConnectionError:  # no sentinel knows a master right now
+            return False
+        if before is not None and after != before:
+            self.switches += 1
+            return True
+        return False
+
+
+def master_switches(pool: object) -> int:
+    """How many master switches the pool's watcher has seen (0 without Sentinel)."""
+    watcher = getattr(pool, "debounce_switch_watcher", None)
+    return watcher.switches if watcher is not None else 0
