@@ -25,13 +25,13 @@ def _backend(url: str, **conf: object) -> Backend:
 
 
 def _rate(backend: Backend, direct: bool) -> float:
-    backend._direct = direct
+    run = backend.run_once if direct else backend.run  # the transport's direct path, or not
     keys = ["debounce:{0}:open:hot", "debounce:{0}:due"]
     args = ["id1", 3_600_000, 3_600_000, "0", "", "[[], {}]", ""]
-    backend.run("gate", keys, args)
+    run("gate", keys, args)
     started = time.perf_counter()
     for _ in range(CALLS):
-        backend.run("gate", keys, args)
+        run("gate", keys, args)
     return CALLS / (time.perf_counter() - started)
 
 

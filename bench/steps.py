@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-import celery_debounce.store as store_module
+import celery_debounce.store.node as store_module
 import celery_debounce.task as task_module
 from celery_debounce.backend import backend_for
 
@@ -46,14 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         task = app.tasks["bench.debounced"]
         task.delay("hot", n=1)
         store = backend_for(app)
-        lease = store._lease
+        lease = store.transport._lease
         light, eager, pack = task_module.light_result, task_module.always_eager, store_module._pack
 
         def setup(lz: bool = True, result: bool = True, conf: bool = True,
                   packer: bool = True) -> None:
             task_module.light_result = light if result else _plain_result  # type: ignore[assignment]
             task_module.always_eager = eager if conf else _conf_eager
-            store._lease = lease if lz else None
+            store.transport._lease = lease if lz else None
             store_module._pack = pack if packer else _redis_py_pack
 
         variants: dict[str, dict[str, bool]] = {

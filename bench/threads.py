@@ -83,16 +83,16 @@ def combiner_ab(app: Any, rounds: int, calls: int,
     debounced = app.tasks["bench.debounced"]
     debounced.delay("hot", n=1)
     store = backend_for(app)
-    combiner = store._combiner
+    combiner = store.transport._combiner
     rows = []
     for count in counts:
         out: dict[str, list[float]] = {"on": [], "off": []}
         for i in range(rounds):
             for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
-                store._combiner = combiner if mode == "on" else None
+                store.transport._combiner = combiner if mode == "on" else None
                 out[mode].append(threaded_rate(count, max(1, calls // count),
                                                lambda: debounced.delay("hot", n=1)))
-        store._combiner = combiner
+        store.transport._combiner = combiner
         per = [a / b for a, b in zip(out["on"], out["off"], strict=True)]
         row = compare("10", f"hot key, {count} thread(s), pipelining on", out["on"],
                       "same, pipelining off", out["off"], None)

@@ -163,7 +163,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered"),
     one("no socket timeout on the package's Redis",
         "crash row 8: an unresponsive Redis is an error within the timeout, never a hang",
-        PKG + "store/__init__.py",
+        PKG + "store/connect.py",
         "socket_timeout=timeout,",
         "socket_timeout=None,",
         FAULTS + "test_an_unresponsive_redis_is_an_error_within_the_timeout"),
@@ -313,7 +313,7 @@ MUTATIONS: list[Mutation] = [
     # -- issue 19: at most once (a lost reply is never acted on twice) -----------
     one("a gate call is sent again after its reply was lost",
         "at most once: a script that changes windows is sent at most once per call",
-        PKG + "store/__init__.py",
+        PKG + "store/node.py",
         "# READONLY: it did not run; the pool finds the master\n"
         "                    raise _lost(name, exc) from exc",
         "# READONLY: it did not run; the pool finds the master\n"
@@ -334,8 +334,8 @@ MUTATIONS: list[Mutation] = [
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]"),
     one("flush_all's pipeline sent through redis-py (resent after a lost reply)",
         "at most once: flush_all flushes each window once and counts it",
-        PKG + "store/operators.py",
-        'return sum(1 for r in self._pipeline_once("flush", calls) if r)',
+        PKG + "store/node.py",
+        'return sum(1 for r in self.pipeline_once("flush", calls) if r)',
         'script = self.scripts["flush"]\n'
         "        with self.client.pipeline(False) as pipe:\n"
         "            for keys, args in calls:\n"
@@ -435,13 +435,13 @@ MUTATIONS: list[Mutation] = [
         "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("redis-py's URL error is shown",
         "no secret in any error or log: a URL redis-py cannot read",
-        PKG + "store/__init__.py",
-        "                client = redis.Redis.from_url(settings.redis_url, **options)\n"
-        "            except ValueError:\n"
-        "                raise _unreadable_url(settings.redis_url) from None",
-        "                client = redis.Redis.from_url(settings.redis_url, **options)\n"
-        "            except ValueError:\n"
-        "                raise",
+        PKG + "store/connect.py",
+        "        return redis.Redis.from_url(settings.redis_url, **options)\n"
+        "    except ValueError:\n"
+        "        raise _unreadable_url(settings.redis_url) from None",
+        "        return redis.Redis.from_url(settings.redis_url, **options)\n"
+        "    except ValueError:\n"
+        "        raise",
         "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("clear_windows matches <prefix>:*",
         "clear_windows deletes this app's keys only (a prefix another's starts with)",

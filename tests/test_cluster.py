@@ -205,9 +205,9 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
 ) -> None:
     """Masters older than Redis 7.0 have no SPUBLISH: the scripts PUBLISH to
     ``<prefix>:wake`` (the cluster forwards it) and dispatchers SUBSCRIBE to it."""
-    import celery_debounce.store as store_module
+    import celery_debounce.store.cluster as cluster_module
 
-    monkeypatch.setattr(store_module, "_every_master_has_sharded_pubsub", lambda c: False)
+    monkeypatch.setattr(cluster_module, "_every_master_has_sharded_pubsub", lambda c: False)
     app = cluster_app(debounce_poll_interval="30s")
     backend = backend_for(app)
     assert not backend.sharded_wake

@@ -123,12 +123,12 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     app = make_app(redis_server)
     t = _task(app, debounce_replace_payload=False)
     store = backend_for(app)
-    assert store._lease is not None
+    assert store.transport._lease is not None
     first = t.delay(1)
-    conn = store._lease.conn
+    conn = store.transport._lease.conn
     for _ in range(5):
         assert t.delay(1).id == first.id
-    assert store._lease.conn is conn  # kept, not checked out per call
+    assert store.transport._lease.conn is conn  # kept, not checked out per call
     redis_client.client_kill_filter(_type="normal", skipme=True)
     assert t.delay(1).id == first.id  # reconnected before sending: not an unknown outcome
     ids: list[str] = []
@@ -136,7 +136,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
 
     def other() -> None:
         ids.append(t.delay(1).id)
-        conns.append(store._lease.conn)  # type: ignore[union-attr]
+        conns.append(store.transport._lease.conn)  # type: ignore[union-attr]
 
     thread = threading.Thread(target=other)
     thread.start()
@@ -229,7 +229,7 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
     app = make_app(redis_server)
     t = _task(app)
     store = backend_for(app)
-    combiner = store._combiner
+    combiner = store.transport._combiner
     assert combiner is not None
     sizes: list[int] = []
     send = combiner._send
@@ -313,8 +313,8 @@ def test_a_dropped_store_gives_its_kept_connections_back(
 
     app = make_app(redis_server)
     store = WindowStore(settings_for(app))
-    assert store._lease is not None
-    store._lease.checkout()  # this thread keeps one
+    assert store.transport._lease is not None
+    store.transport._lease.checkout()  # this thread keeps one
     pool = store.client.connection_pool
     assert len(pool._in_use_connections) == 1
     del store

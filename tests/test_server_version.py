@@ -16,6 +16,7 @@ import redis
 from helpers import package_keys
 
 import celery_debounce.store as store_module
+import celery_debounce.store.server as server_module
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.store import (
@@ -53,14 +54,14 @@ def test_the_test_server_passes_and_its_version_is_read(redis_client: redis.Redi
     assert store.server_checked
     assert store.server_versions()[0][1:] == (server, version)
     if store.direct:  # the store's own path (one pooled connection, no retry): same answer
-        pooled = store_module._PooledCommands(store)
+        pooled = server_module._PooledCommands(store)
         assert read_server_version(pooled) == (server, version)
         assert pooled.info("server")["redis_version"] == info["redis_version"]
 
 
 def _refusing_info_and_hello(monkeypatch: pytest.MonkeyPatch, refuse: set[str]) -> None:
     """The server refuses these commands (the store's own path and redis-py's)."""
-    for cls in (redis.Redis, store_module._PooledCommands):
+    for cls in (redis.Redis, server_module._PooledCommands):
         real = cls.execute_command
 
         def execute_command(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:

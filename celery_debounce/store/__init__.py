@@ -14,28 +14,17 @@ connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`)
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
-from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MovedError,
-    NoScriptError,
-    RedisClusterException,
-    TryAgainError,
-)
-from redis.retry import Retry
-from redis.sentinel import SentinelConnectionPool
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..gate import GateResult, gate_args, gate_keys, parse_reply
@@ -48,7 +37,6 @@ from ..layout import (
     due_key,
     expiring_key,
     held_key,
-    key_slot,
     layouts_key,
     leased_key,
     open_key,
@@ -57,7 +45,6 @@ from ..layout import (
     stats_key,
     win_key,
 )
-from ..sentinel import redact
 from ..settings import Settings, settings_for
 from .bulk import UNKNOWN_OUTCOME, WRITTEN, BulkGate, Outcome, is_unknown_outcome
 from .codec import (
@@ -73,31 +60,21 @@ from .codec import (
     TakeResult,
     _taken,
 )
+from .connect import transport_for
 from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
     CancelOutcomeUnknown,
-    _lost,
-    _refused_by_a_replica,
     _translated,
-    _unreadable_url,
     is_error_reply,
     is_outage,
     pipeline_failed_at,
     reply_code,
     translate_errors,
 )
-from .node import _NIL, _Combiner, _hiredis_pack, _Lease, _NotSent, _pack
 from .operators import Operators
 from .scripts import SCRIPT_NAMES, script_source
-from .sentinel import master_switches, sentinel_client
-from .server import (
-    MIN_REDIS,
-    _every_master_has_sharded_pubsub,
-    _PooledCommands,
-    read_server_version,
-    server_supported,
-)
+from .server import MIN_REDIS, read_server_version, server_supported
 from .wake import WakeListener
 
 _logger = logging.getLogger("celery_debounce")
@@ -121,109 +98,55 @@ logger = logging.getLogger("celery_debounce.store")
 
 # -- the store -------------------------------------------------------------------------------
 
-#: Pools whose connections :meth:`WindowStore._evalsha` may use directly.
-_DIRECT_POOLS = (redis.ConnectionPool, SentinelConnectionPool)
-
-
 class WindowStore(BulkGate, Operators):
     """One app's windows in Redis, for the current process.
 
-    Scripts run with EVALSHA and are reloaded on NOSCRIPT.
+    Scripts run with EVALSHA and are reloaded on NOSCRIPT. How commands reach Redis
+    is the transport's (:mod:`celery_debounce.store.transport`), chosen once here.
     """
 
-    _direct = False  # see __init__ and _evalsha
-    _lease: _Lease | None = None
-    _combiner: _Combiner | None = None
-    _checkout_args: tuple[str, ...] = ()
-    #: A Redis Cluster client (``debounce_redis_cluster``): commands go to the master of
-    #: their key's slot, wake-ups use sharded pub/sub where every master has it.
-    cluster = False
-    #: Scripts publish wake-ups with SPUBLISH to ``<tag>:wake`` (one channel per shard).
-    sharded_wake = False
     #: The server's version was read and is supported (or cannot be read: see
     #: :meth:`check_server`); :func:`store_for` checks until it is.
     server_checked = False
     _check_after = 0.0
     _refusal: DebounceBackendError | None = None
 
+    #: The transport's, bound here (no call in between on the hot path): see
+    #: :meth:`Transport.run <celery_debounce.store.transport.Transport.run>`,
+    #: ``run_once`` and ``send_on_node``.
+    run: Callable[[str, list[str], list[Any]], Any]
+    run_once: Callable[[str, list[str], list[Any]], Any]
+    send_on_node: Callable[..., list[Any]]
+
     def __init__(self, settings: Settings, client: Any = None) -> None:
         self.settings = settings
-        timeout = settings.redis_timeout_s
-        # One retry after a dropped connection. No health_check_interval: a dead
-        # pooled connection already fails over to the retry, and redis-py 5
-        # recursed in its health check when a TLS handshake failed.
-        retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
-        if client is None and settings.sentinel is not None:
-            client = sentinel_client(settings.sentinel, timeout, retry)
-        options: dict[str, Any] = dict(  # the same for a single node and a cluster
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=retry,
-        )
-        if client is None and settings.redis_cluster:
-            # reads the topology now (a single-node client connects on first use)
-            try:
-                client = redis.RedisCluster.from_url(settings.redis_url, **options)
-            except (redis.RedisError, RedisClusterException) as exc:
-                raise DebounceBackendError(redact(
-                    f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
-                )) from exc
-            except ValueError:
-                raise _unreadable_url(settings.redis_url) from None
-        if client is None:
-            try:
-                client = redis.Redis.from_url(settings.redis_url, **options)
-            except ValueError:
-                raise _unreadable_url(settings.redis_url) from None
-        self.client: Any = client
-        self.cluster = isinstance(self.client, redis.RedisCluster)
-        if self.cluster:
-            self.sharded_wake = _every_master_has_sharded_pubsub(self.client)
+        self.transport = transport = transport_for(settings, client)
+        self.client: Any = transport.client
+        self.scripts: dict[str, Script] = transport.scripts
+        self.run = transport.run
+        self.run_once = transport.run_once
+        self.send_on_node = transport.send_on_node
         #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
         self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
             (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
-        self.scripts: dict[str, Script] = {
-            name: self.client.register_script(script_source(name, self.sharded_wake))
-            for name in SCRIPT_NAMES
-        }
-        # The direct path below needs redis-py's own client and pool (not fakeredis,
-        # or a single-connection client); on a cluster, the pool of the key's master.
-        # Sentinel's pool qualifies: its connections find the master when they
-        # connect, turn a demoted master's READONLY into a ConnectionError (the
-        # command did not run: _evalsha sends it again through the client's retry)
-        # and are dropped on release once the master moved (docs/design.md, "Sentinel").
-        self._direct = self.cluster or (
-            type(self.client) is redis.Redis
-            and type(self.client.connection_pool) in _DIRECT_POOLS
-            and self.client.connection is None
-        )
-        pool = getattr(self.client, "connection_pool", None)
-        self._lease = _Lease(pool) if (
-            self._direct and not self.cluster and _Lease.suits(pool)) else None
-        # concurrent gate calls share round trips (needs hiredis' packer: one bytes each)
-        self._combiner = _Combiner(self._lease) if (
-            self._lease is not None and _hiredis_pack is not None
-            and not self._lease.pool.connection_kwargs.get("command_packer")) else None
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
             self.gate = self._gate_waited  # type: ignore[method-assign]
-        # redis-py < 5.3 requires a command name here; later versions warn if given one
-        name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
-            "command_name"
-        )
-        self._checkout_args = (
-            ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
-        )
 
     @property
     def direct(self) -> bool:
-        """True when commands may be sent on pooled connections directly (see _evalsha)."""
-        return self._direct
+        """True when commands may be sent on pooled connections directly (node, cluster)."""
+        return self.transport.direct
+
+    @property
+    def sharded_wake(self) -> bool:
+        """Scripts publish wake-ups with SPUBLISH to ``<tag>:wake`` (one channel per shard)."""
+        return self.transport.sharded_wake
 
     @property
     def master_switches(self) -> int:
         """Master switches Sentinel announced since this client was built (0 without it)."""
-        return master_switches(getattr(self.client, "connection_pool", None))  # none on a cluster
+        return self.transport.master_switches
 
     def tag(self, shard: Shard) -> str:
         """The tag of ``shard``: a number of this process's layout, or a tag as it is
@@ -232,26 +155,9 @@ class WindowStore(BulkGate, Operators):
             return shard
         return self.settings.tag(shard)  # shards + i: a legacy shard (settings.legacy_shards)
 
-    def pool_for(self, key: str) -> Any:
-        """The connection pool serving ``key``: the client's, or on a cluster the pool
-        of the master that redis-py's slot table names for the key's slot."""
-        if not self.cluster:
-            return self.client.connection_pool
-        client = self.client
-        # redis-py's slot table read without its lock (the hot path): a dict and a list
-        # read, each atomic; a stale entry is answered with MOVED, which is followed
-        nodes = client.nodes_manager.slots_cache.get(key_slot(key))
-        node = nodes[0] if nodes else client.nodes_manager.get_node_from_slot(key_slot(key))
-        return (node.redis_connection or client.get_redis_connection(node)).connection_pool
-
     def refresh_topology(self) -> None:
         """On a cluster, read the slot table again (after a failover or resharding)."""
-        if not self.cluster:
-            return
-        try:
-            self.client.nodes_manager.initialize()
-        except Exception as exc:  # no node answers: the caller's error says so
-            logger.debug("debounce: cluster topology refresh failed: %r", exc)
+        self.transport.refresh_topology()
 
     # -- server version ----------------------------------------------------------------------
     def check_server(self, outage_raises: bool = False) -> None:
@@ -305,219 +211,13 @@ class WindowStore(BulkGate, Operators):
     def server_versions(self) -> list[tuple[str, str, str]]:
         """``(where, server name, version)`` of the windows' server (each master of a
         cluster); a server that answers neither ``HELLO`` nor ``INFO`` is left out."""
-        if self.cluster:
-            found = []
-            for node in self.client.get_primaries():
-                got = read_server_version(self.client.get_redis_connection(node))
-                if got is not None:
-                    found.append((f"{node.host}:{node.port}", *got))
-            return found
-        # on a pooled connection without redis-py's retry (as _evalsha): a server that
-        # never answers costs one timeout
-        client = _PooledCommands(self) if self._direct else self.client
-        got = read_server_version(client)
-        return [] if got is None else [(redact(self.settings.redis_url), *got)]
+        found = []
+        for where, client in self.transport.servers():
+            got = read_server_version(client)
+            if got is not None:
+                found.append((where, *got))
+        return found
 
-    # -- scripts ---------------------------------------------------------------------------
-    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` (its raw reply); redis-py errors leave translated.
-
-        Only for scripts a repeat cannot change (``list``, ``find``, ``census``, ``ack``,
-        ``release``): after a lost reply redis-py's retry may send them again. A script
-        that must not run twice goes through :meth:`run_once`.
-        """
-        script = self.scripts[name]
-        try:  # plain try rather than translate_errors
-            try:
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
-                script.sha = self.client.script_load(script.script)
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except redis.RedisError as exc:
-            raise _translated(name, exc) from exc
-
-    def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that must not run twice (every script that writes windows but
-        ``ack`` and ``release``): it is sent at most once.
-
-        A command that could not be written (a pooled connection the server closed) is
-        sent once more on a fresh connection; NOSCRIPT (it did not run) loads the script
-        and sends it again; a connection lost or timed out while waiting for the reply
-        raises :class:`~celery_debounce.DebounceOutcomeUnknown` (it may have run). This
-        is every call's hot path: one EVALSHA on a pooled connection, without redis-py's
-        per-command wrapper (retry closure, operation metrics: about a fifth of a call),
-        which would also send the command again after a lost reply.
-        """
-        script = self.scripts[name]
-        if not self._direct:  # fakeredis, or a client of the caller's: its own policy
-            return self.run(name, keys, args)
-        try:
-            if self.cluster:  # the master of the keys' slot, following redirections
-                return self.send_on_node(
-                    keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name,
-                    operation=name)[0]
-            try:
-                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
-            except NoScriptError:  # server restarted or SCRIPT FLUSH: it did not run
-                script.sha = self.client.script_load(script.script)
-                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
-        except redis.RedisError as exc:
-            raise _translated(name, exc) from exc
-
-    def _evalsha_once(self, name: str, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        """``EVALSHA`` on a pooled connection of a single node, sent at most once.
-
-        On a plain ``redis.ConnectionPool`` each thread keeps the connection it checked
-        out (:class:`_Lease`) instead of taking it from the pool's locked list and
-        giving it back on every call; it is checked as the pool checks a connection
-        it hands out (connected, nothing unread: else reconnected), so a connection
-        the server closed is replaced before anything is sent.
-        """
-        lease = self._lease
-        attempts: tuple[int, ...] = (1, 2)
-        if self._combiner is not None and name == "gate" and _Lease.holders > 1:
-            try:
-                reply = self._combiner.call(
-                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
-            except _NotSent:
-                attempts = (2,)  # nothing reached Redis: once more, alone, on a fresh one
-            else:
-                return None if reply is _NIL else reply
-        for attempt in attempts:
-            if lease is not None:
-                conn: Any = lease.checkout()
-                pool = None
-            else:
-                pool = self.client.connection_pool
-                conn = pool.get_connection(*self._checkout_args)
-            try:
-                try:
-                    conn.send_packed_command(
-                        _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
-                except (redis.ConnectionError, OSError):
-                    conn.disconnect()
-                    if attempt == 2:
-                        raise
-                    continue  # nothing reached Redis: a fresh connection, once more
-                try:
-                    return conn.read_response()
-                except (redis.ResponseError, redis.exceptions.BusyLoadingError):
-                    raise  # an error reply (LOADING too): it did not run
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                    conn.disconnect()  # the reply may still come: never reuse
-                    if _refused_by_a_replica(exc) and attempt == 1:
-                        continue  # READONLY: it did not run; the pool finds the master
-                    raise _lost(name, exc) from exc
-                except BaseException:  # interrupted: the reply may still come
-                    conn.disconnect()
-                    raise
-            finally:
-                if pool is not None:
-                    pool.release(conn)
-        raise DebounceBackendError(f"debounce Redis: {name} could not be sent")  # unreachable
-
-    def send_on_node(
-        self, key: str, commands: list[tuple[Any, ...]], script: str = "",
-        operation: str = "",
-    ) -> list[Any]:
-        """Send ``commands`` (the first an EVALSHA of ``script`` when given) in one write
-        on one connection of the node serving ``key``; return their replies (error
-        replies of later commands as exceptions, for the caller to read).
-
-        Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
-        CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
-        NOSCRIPT of the first command, or a connection that failed while writing. A
-        connection lost or timed out after sending raises
-        :class:`~celery_debounce.DebounceOutcomeUnknown` (nothing is sent twice).
-        """
-        asking: tuple[str, int] | None = None
-        deadline = None
-        for attempt in range(8):
-            if asking is not None:
-                pool = self.client.get_redis_connection(
-                    self.client.get_node(*asking)).connection_pool
-            else:
-                pool = self.pool_for(key)
-            try:
-                conn: Any = pool.get_connection(*self._checkout_args)
-            except (redis.ConnectionError, OSError):
-                # refused (a dead master the slot table still names): nothing was sent;
-                # read the slot table again, so a promoted replica is found
-                self.refresh_topology()
-                if attempt >= 2:
-                    raise
-                continue
-            wire = [("ASKING",), *commands] if asking is not None else commands
-            try:
-                try:
-                    conn.send_packed_command(conn.pack_commands(wire))
-                except (redis.ConnectionError, OSError):
-                    conn.disconnect()
-                    self.refresh_topology()
-                    if attempt >= 2:
-                        raise
-                    continue  # not sent: safe to send again
-                replies: list[Any] = []
-                demoted = False
-                for _ in wire:
-                    try:
-                        replies.append(conn.read_response())
-                    except redis.ResponseError as exc:
-                        replies.append(exc)
-                    except redis.exceptions.BusyLoadingError as exc:
-                        # a loading server refuses every command (redis-py has closed
-                        # the connection): the rest were refused too
-                        replies.extend([exc] * (len(wire) - len(replies)))
-                        break
-                    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                        conn.disconnect()  # the replies may still come: never reuse
-                        self.refresh_topology()
-                        if not replies and _refused_by_a_replica(exc) and attempt < 2:
-                            demoted = True  # READONLY (Sentinel): nothing ran
-                            break
-                        raise _lost(operation or script or commands[0][0], exc) from exc
-                    except BaseException:
-                        conn.disconnect()
-                        raise
-            finally:
-                pool.release(conn)
-            if demoted:
-                continue  # the pool asks the sentinels for the master again
-            if asking is not None:
-                replies = replies[1:]
-            asking = None
-            error = next((r for r in replies if isinstance(r, Exception)), None)
-            if error is None:
-                return replies
-            # A redirection anywhere means nothing ran: the command itself was refused,
-            # or (MULTI) a queued one was and EXEC aborted.
-            if isinstance(error, MovedError):
-                manager = self.client.nodes_manager
-                if hasattr(manager, "move_slot"):  # redis-py >= 6
-                    manager.move_slot(error)
-                else:  # redis-py 5: applied by the next slot lookup
-                    manager.update_moved_exception(error)
-                continue
-            if isinstance(error, AskError):
-                asking = (error.host, error.port)
-                continue
-            if isinstance(error, (TryAgainError, ClusterDownError)):
-                if deadline is None:
-                    deadline = time.monotonic() + self.settings.redis_timeout_s
-                if time.monotonic() >= deadline:
-                    raise error
-                time.sleep(0.05)
-                self.refresh_topology()
-                continue
-            if error is replies[0]:
-                if isinstance(error, NoScriptError) and script:
-                    sha = self.client.script_load(self.scripts[script].script)
-                    self.scripts[script].sha = sha
-                    commands = [(commands[0][0], sha, *commands[0][2:]), *commands[1:]]
-                    continue
-                raise error
-            return replies
-        raise DebounceBackendError("debounce Redis: too many redirections")
 
     # -- producers ---------------------------------------------------------------------------
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
@@ -677,24 +377,10 @@ class WindowStore(BulkGate, Operators):
         lease = self.settings.claim_lease_ms
         with translate_errors("renew"):
             try:
-                self._renew(script.sha, held, lease)
+                self.transport.renew(script.sha, held, lease)
             except NoScriptError:
                 script.sha = self.client.script_load(script.script)
-                self._renew(script.sha, held, lease)
-
-    def _renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
-        if self.cluster:  # one write per master (redis-py's cluster pipeline refuses EVALSHA)
-            by_node: dict[str, list[str]] = {}
-            for key in held:
-                by_node.setdefault(self.client.get_node_from_key(key).name, []).append(key)
-            for keys in by_node.values():
-                self.send_on_node(keys[0], [("EVALSHA", sha, 1, key, lease, *held[key])
-                                            for key in keys], "renew", operation="renew")
-            return
-        with self.client.pipeline(transaction=False) as pipe:
-            for key, ids in held.items():
-                pipe.evalsha(sha, 1, key, lease, *ids)
-            pipe.execute()
+                self.transport.renew(script.sha, held, lease)
 
     def claims_key(self, shard: Shard) -> str:
         return claims_key(self.tag(shard))

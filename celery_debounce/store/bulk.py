@@ -16,6 +16,7 @@ from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
 from ..settings import Settings
 from .codec import Shard
 from .errors import _translated, is_outage, translate_errors
+from .transport import CHECKOUT_ARGS, Transport, _reply_or_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..call import PreparedCall
@@ -55,19 +56,14 @@ class BulkGate:
     settings: Settings
     client: Any
     scripts: dict[str, Script]
-    cluster: bool
     gate_prefixes: tuple[tuple[str, str], ...]
-    _checkout_args: tuple[str, ...]
+    transport: Transport
+    run_gate: Callable[[list[str], list[Any]], Any]
+    send_on_node: Callable[..., list[Any]]
 
     if TYPE_CHECKING:  # pragma: no cover
         def tag(self, shard: Shard) -> str: ...
 
-        def run_gate(self, keys: list[str], args: list[Any]) -> Any: ...
-
-        def send_on_node(
-            self, key: str, commands: list[tuple[Any, ...]], script: str = "",
-            operation: str = "",
-        ) -> list[Any]: ...
 
     def _wait_command(self) -> tuple[tuple[Any, ...], ...]:
         """``WAIT n timeout`` after each bulk chunk with ``debounce_redis_wait_replicas``."""
@@ -126,16 +122,50 @@ class BulkGate:
         ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
         chunk is already on its way (``into``, if given, is the list filled in).
         """
-        script = self.scripts["gate"]
-        client = self.client
         outcomes: list[Any] = into if into is not None else []
         outcomes[:] = [None] * len(calls)
         missing: list[int] = []
-        if self.cluster:
-            self._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
-            self._rerun_missing(calls, outcomes, missing)
-            _translate_outcomes(outcomes)
-            return outcomes
+        self.transport.gate_many(self, calls, chunk_size, on_chunk, outcomes, missing)
+        self._rerun_missing(calls, outcomes, missing)
+        _translate_outcomes(outcomes)
+        return outcomes
+
+    def _rerun_missing(
+        self, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """Run again, one by one, the bulk calls that met NOSCRIPT (a restart, SCRIPT
+        FLUSH, a promoted replica)."""
+        if not missing:
+            return
+        script = self.scripts["gate"]
+        try:
+            with translate_errors("gate (bulk)"):
+                script.sha = self.client.script_load(script.script)
+                for i in missing:  # one by one: each reply is known
+                    try:
+                        argv: list[Any] = gate_args(self, calls[i])
+                        outcomes[i] = parse_reply(self.run_gate(gate_keys(self, calls[i]), argv))
+                    except DebounceOutcomeUnknown as exc:  # this one may have run
+                        outcomes[i] = exc
+                        raise DebounceBackendError(
+                            "debounce Redis: not sent (an earlier reply was lost)") from exc
+                    except DebounceBackendError as exc:
+                        if not isinstance(exc.__cause__, redis.ResponseError):
+                            raise
+                        outcomes[i] = exc.__cause__
+        except DebounceBackendError as exc:
+            for i in missing:
+                if outcomes[i] is None:
+                    outcomes[i] = exc
+
+    def _gate_many_pipelined(
+        self, calls: Sequence[PreparedCall], chunk_size: int,
+        on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+    ) -> None:
+        """:meth:`gate_many` on one node: every chunk on one connection, chunk ``k + 1``
+        sent before the replies of chunk ``k`` are read."""
+        script = self.scripts["gate"]
+        client = self.client
         pool = client.connection_pool
         waited = self._wait_command()
         marker_prefix = bulk_marker_prefix(self.tag(0), uuid.uuid4().hex)
@@ -146,7 +176,7 @@ class BulkGate:
             if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
                 script.sha = client.script_load(script.script)
                 setattr(script, "_loaded_by_bulk", True)  # noqa: B010
-            conn: Any = pool.get_connection(*self._checkout_args)  # refused: nothing sent
+            conn: Any = pool.get_connection(*CHECKOUT_ARGS)  # refused: nothing sent
         try:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
@@ -180,37 +210,6 @@ class BulkGate:
             pool.release(conn)
         if failure is not None:
             self._settle(calls, sent, outcomes, failure)
-        self._rerun_missing(calls, outcomes, missing)
-        _translate_outcomes(outcomes)
-        return outcomes
-
-    def _rerun_missing(
-        self, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
-    ) -> None:
-        """Run again, one by one, the bulk calls that met NOSCRIPT (a restart, SCRIPT
-        FLUSH, a promoted replica)."""
-        if not missing:
-            return
-        script = self.scripts["gate"]
-        try:
-            with translate_errors("gate (bulk)"):
-                script.sha = self.client.script_load(script.script)
-                for i in missing:  # one by one: each reply is known
-                    try:
-                        argv: list[Any] = gate_args(self, calls[i])
-                        outcomes[i] = parse_reply(self.run_gate(gate_keys(self, calls[i]), argv))
-                    except DebounceOutcomeUnknown as exc:  # this one may have run
-                        outcomes[i] = exc
-                        raise DebounceBackendError(
-                            "debounce Redis: not sent (an earlier reply was lost)") from exc
-                    except DebounceBackendError as exc:
-                        if not isinstance(exc.__cause__, redis.ResponseError):
-                            raise
-                        outcomes[i] = exc.__cause__
-        except DebounceBackendError as exc:
-            for i in missing:
-                if outcomes[i] is None:
-                    outcomes[i] = exc
 
     def _gate_many_cluster(
         self, calls: Sequence[PreparedCall], chunk_size: int,
@@ -309,14 +308,6 @@ def _translate_outcomes(outcomes: list[Any]) -> None:
         if isinstance(outcome, redis.RedisError):
             outcomes[i] = _translated("gate (bulk)", outcome)
             outcomes[i].__cause__ = outcome
-
-
-def _reply_or_error(conn: Any) -> Any:
-    """The next reply on ``conn``; an error reply as the exception (not raised)."""
-    try:
-        return conn.read_response()
-    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
-        return exc
 
 
 def _read_chunk(conn: Any, chunk: range, outcomes: list[Any], missing: list[int]) -> None:

@@ -1,17 +1,27 @@
-"""A single node's direct ``EVALSHA`` path: one kept connection per thread
-(:class:`_Lease`) and the combiner of concurrent gate calls (:class:`_Combiner`)."""
+"""A single node (or Sentinel's master): :class:`NodeTransport`, its direct ``EVALSHA``
+path, one kept connection per thread (:class:`_Lease`) and the combiner of concurrent
+gate calls (:class:`_Combiner`)."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.exceptions import NoScriptError
+from redis.sentinel import SentinelConnectionPool
 
-from ..errors import DebounceOutcomeUnknown
-from .errors import _lost
+from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..sentinel import redact
+from ..settings import Settings
+from .errors import _lost, _refused_by_a_replica, _translated, translate_errors
+from .server import _PooledCommands
+from .transport import CHECKOUT_ARGS, Transport, _checkout_args, _reply_or_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .operators import Operators
 
 
 class _Lease(threading.local):
@@ -97,13 +107,6 @@ def _forked() -> None:  # in a forked child only the forking thread runs: none h
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-def _checkout_args() -> tuple[str, ...]:
-    """redis-py < 5.3 requires a command name for ``get_connection``; later ones warn."""
-    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
-        "command_name")
-    return ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
 
 
 _HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
@@ -290,3 +293,164 @@ class _Combiner:
 #: A nil reply, told apart from "not answered yet" in a :class:`_Slot`.
 _NIL: Any = object()
 
+
+#: Pools whose connections :class:`NodeTransport` may use directly.
+_DIRECT_POOLS = (redis.ConnectionPool, SentinelConnectionPool)
+
+
+def is_direct_node(client: Any) -> bool:
+    """redis-py's own client with its own pool (not fakeredis, or a single-connection
+    client). Sentinel's pool qualifies: its connections find the master when they
+    connect, turn a demoted master's READONLY into a ConnectionError (the command did
+    not run: it is sent again) and are dropped on release once the master moved
+    (docs/design.md, "Sentinel")."""
+    return (type(client) is redis.Redis and type(client.connection_pool) in _DIRECT_POOLS
+            and client.connection is None)
+
+
+class NodeTransport(Transport):
+    """redis-py's client of a single node or of Sentinel's master.
+
+    Sent twice: only what :meth:`run` sends (scripts a repeat cannot change, and
+    plain commands, through the client's ``Retry(..., 1)``). :meth:`run_once`,
+    :meth:`pipeline_once` and :meth:`send_on_node` write a command again only when
+    nothing reached Redis: the write failed, NOSCRIPT, or a demoted master's
+    READONLY; a reply lost after the write is
+    :class:`~celery_debounce.DebounceOutcomeUnknown`.
+    """
+
+    direct = True
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        super().__init__(client, settings)
+        pool = self.client.connection_pool
+        self._lease: _Lease | None = _Lease(pool) if _Lease.suits(pool) else None
+        # concurrent gate calls share round trips (needs hiredis' packer: one bytes each)
+        self._combiner: _Combiner | None = _Combiner(self._lease) if (
+            self._lease is not None and _hiredis_pack is not None
+            and not self._lease.pool.connection_kwargs.get("command_packer")) else None
+
+    def servers(self) -> list[tuple[str, Any]]:
+        # on a pooled connection without redis-py's retry (as _evalsha_once): a server
+        # that never answers costs one timeout
+        return [(redact(self.settings.redis_url), _PooledCommands(self))]
+
+    def flush_many(self, store: Operators, shard: int,
+                   windows: Sequence[tuple[str, str]]) -> int:
+        """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
+        calls = [store._flush_call(shard, ident, task_id) for ident, task_id in windows]
+        return sum(1 for r in self.pipeline_once("flush", calls) if r)
+
+    def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that must not run twice (every script that writes windows but
+        ``ack`` and ``release``): it is sent at most once.
+
+        A command that could not be written (a pooled connection the server closed) is
+        sent once more on a fresh connection; NOSCRIPT (it did not run) loads the script
+        and sends it again; a connection lost or timed out while waiting for the reply
+        raises :class:`~celery_debounce.DebounceOutcomeUnknown` (it may have run). This
+        is every call's hot path: one EVALSHA on a pooled connection, without redis-py's
+        per-command wrapper (retry closure, operation metrics: about a fifth of a call),
+        which would also send the command again after a lost reply.
+        """
+        script = self.scripts[name]
+        try:
+            try:
+                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # server restarted or SCRIPT FLUSH: it did not run
+                script.sha = self.client.script_load(script.script)
+                return self._evalsha_once(name, script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
+
+    def _evalsha_once(self, name: str, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        """``EVALSHA`` on a pooled connection of a single node, sent at most once.
+
+        On a plain ``redis.ConnectionPool`` each thread keeps the connection it checked
+        out (:class:`_Lease`) instead of taking it from the pool's locked list and
+        giving it back on every call; it is checked as the pool checks a connection
+        it hands out (connected, nothing unread: else reconnected), so a connection
+        the server closed is replaced before anything is sent.
+        """
+        lease = self._lease
+        attempts: tuple[int, ...] = (1, 2)
+        if self._combiner is not None and name == "gate" and _Lease.holders > 1:
+            try:
+                reply = self._combiner.call(
+                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
+            except _NotSent:
+                attempts = (2,)  # nothing reached Redis: once more, alone, on a fresh one
+            else:
+                return None if reply is _NIL else reply
+        for attempt in attempts:
+            if lease is not None:
+                conn: Any = lease.checkout()
+                pool = None
+            else:
+                pool = self.client.connection_pool
+                conn = pool.get_connection(*CHECKOUT_ARGS)
+            try:
+                try:
+                    conn.send_packed_command(
+                        _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
+                except (redis.ConnectionError, OSError):
+                    conn.disconnect()
+                    if attempt == 2:
+                        raise
+                    continue  # nothing reached Redis: a fresh connection, once more
+                try:
+                    return conn.read_response()
+                except (redis.ResponseError, redis.exceptions.BusyLoadingError):
+                    raise  # an error reply (LOADING too): it did not run
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    conn.disconnect()  # the reply may still come: never reuse
+                    if _refused_by_a_replica(exc) and attempt == 1:
+                        continue  # READONLY: it did not run; the pool finds the master
+                    raise _lost(name, exc) from exc
+                except BaseException:  # interrupted: the reply may still come
+                    conn.disconnect()
+                    raise
+            finally:
+                if pool is not None:
+                    pool.release(conn)
+        raise DebounceBackendError(f"debounce Redis: {name} could not be sent")  # unreachable
+
+    def pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Script ``name`` once per ``(keys, args)`` in one write on one pooled connection
+        of a single node, each sent at most once (like :meth:`run_once`): the calls that
+        met NOSCRIPT (they did not run) are sent again once the script is loaded; a
+        lost reply raises :class:`~celery_debounce.DebounceOutcomeUnknown`. An error
+        reply of one call is raised after every reply was read."""
+        script = self.scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        pool = self.client.connection_pool
+        with translate_errors(name):
+            for _ in (1, 2):
+                conn: Any = pool.get_connection(*CHECKOUT_ARGS)
+                try:
+                    conn.send_packed_command(conn.pack_commands(
+                        [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                         for i in todo]))
+                    for k, i in enumerate(todo):
+                        replies[i] = _reply_or_error(conn)
+                        if isinstance(replies[i], redis.exceptions.BusyLoadingError):
+                            for j in todo[k:]:  # refused too (redis-py closed the connection)
+                                replies[j] = replies[i]
+                            break
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    conn.disconnect()
+                    raise _lost(name, exc) from exc
+                except BaseException:
+                    conn.disconnect()
+                    raise
+                finally:
+                    pool.release(conn)
+                todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+                if not todo:
+                    break
+                script.sha = self.client.script_load(script.script)
+            error = next((r for r in replies if isinstance(r, redis.RedisError)), None)
+            if error is not None:
+                raise error
+        return replies

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
@@ -44,9 +43,9 @@ from ..layout import (
     win_key,
 )
 from ..settings import Settings
-from .bulk import _reply_or_error
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
-from .errors import CancelOutcomeUnknown, _lost, translate_errors
+from .errors import CancelOutcomeUnknown, translate_errors
+from .transport import Transport
 
 
 class Operators:
@@ -56,17 +55,16 @@ class Operators:
     settings: Settings
     client: Any
     scripts: dict[str, Script]
-    cluster: bool
-    sharded_wake: bool
-    _direct: bool
-    _checkout_args: tuple[str, ...]
+    transport: Transport
+    run: Callable[[str, list[str], list[Any]], Any]
+    run_once: Callable[[str, list[str], list[Any]], Any]
 
     if TYPE_CHECKING:  # pragma: no cover
         def tag(self, shard: Shard) -> str: ...
 
-        def run(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
+        @property
+        def sharded_wake(self) -> bool: ...
 
-        def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
 
     # -- operators -------------------------------------------------------------------------
     def ping(self) -> bool:
@@ -177,53 +175,9 @@ class Operators:
         return decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
-        if self.cluster:  # redis-py refuses scripts in a cluster pipeline: one by one
-            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
-        if not self._direct:  # fakeredis, or a client of the caller's
-            return sum(1 for ident, task_id in windows if self.flush(shard, ident, task_id))
-        calls = [self._flush_call(shard, ident, task_id) for ident, task_id in windows]
-        return sum(1 for r in self._pipeline_once("flush", calls) if r)
-
-    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Script ``name`` once per ``(keys, args)`` in one write on one pooled connection
-        of a single node, each sent at most once (like :meth:`run_once`): the calls that
-        met NOSCRIPT (they did not run) are sent again once the script is loaded; a
-        lost reply raises :class:`~celery_debounce.DebounceOutcomeUnknown`. An error
-        reply of one call is raised after every reply was read."""
-        script = self.scripts[name]
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        pool = self.client.connection_pool
-        with translate_errors(name):
-            for _ in (1, 2):
-                conn: Any = pool.get_connection(*self._checkout_args)
-                try:
-                    conn.send_packed_command(conn.pack_commands(
-                        [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                         for i in todo]))
-                    for k, i in enumerate(todo):
-                        replies[i] = _reply_or_error(conn)
-                        if isinstance(replies[i], redis.exceptions.BusyLoadingError):
-                            for j in todo[k:]:  # refused too (redis-py closed the connection)
-                                replies[j] = replies[i]
-                            break
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                    conn.disconnect()
-                    raise _lost(name, exc) from exc
-                except BaseException:
-                    conn.disconnect()
-                    raise
-                finally:
-                    pool.release(conn)
-                todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
-                if not todo:
-                    break
-                script.sha = self.client.script_load(script.script)
-            error = next((r for r in replies if isinstance(r, redis.RedisError)), None)
-            if error is not None:
-                raise error
-        return replies
+        """Flush ``(ident, task id)`` windows (in one pipeline on a single node); how many
+        were flushed."""
+        return self.transport.flush_many(self, shard, windows)
 
     def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
         """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
@@ -376,11 +330,8 @@ class Operators:
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
         from ..checks import combined_policy, maxmemory_policy
 
-        if self.cluster:  # every master: the worst answer wins
-            return combined_policy([
-                maxmemory_policy(self.client.get_redis_connection(node))
-                for node in self.client.get_primaries()])
-        return maxmemory_policy(self.client)
+        # every master of a cluster: the worst answer wins
+        return combined_policy([maxmemory_policy(c) for c in self.transport.masters()])
 
     # -- tests -------------------------------------------------------------------------------
     def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:

@@ -7,22 +7,24 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..layout import as_text
+from .transport import CHECKOUT_ARGS
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import WindowStore
+    from .transport import Transport
 
 
 class _PooledCommands:
-    """``execute_command``/``info`` of a store's client, sent once on a pooled
-    connection (no retry; a connection that failed is dropped)."""
+    """``execute_command``/``info`` of a store's (or a transport's) client, sent once on
+    a pooled connection (no retry; a connection that failed is dropped)."""
 
-    def __init__(self, store: WindowStore) -> None:
+    def __init__(self, store: WindowStore | Transport) -> None:
         self.store = store
         self.connection_pool = store.client.connection_pool
 
     def execute_command(self, *args: Any) -> Any:
         pool = self.connection_pool
-        conn: Any = pool.get_connection(*self.store._checkout_args)
+        conn: Any = pool.get_connection(*CHECKOUT_ARGS)
         try:
             conn.send_command(*args)
             return conn.read_response()
@@ -90,18 +92,3 @@ def server_supported(server: str, version: str) -> bool:
         digits = "".join(c for c in part if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts) >= MIN_REDIS
-
-
-def _every_master_has_sharded_pubsub(client: Any) -> bool:
-    """True when every master runs Redis >= 7.0 (SPUBLISH/SSUBSCRIBE)."""
-    try:
-        replies = client.info("server", target_nodes=redis.RedisCluster.PRIMARIES)
-    except redis.RedisError:
-        return False
-    rows = replies.values() if isinstance(replies, dict) and "redis_version" not in replies \
-        else [replies]
-    for row in rows:
-        version = str(row.get("redis_version", "0")) if isinstance(row, dict) else "0"
-        if int(version.split(".")[0] or 0) < 7:
-            return False
-    return True

@@ -1,0 +1,109 @@
+"""Redis Cluster: :class:`ClusterTransport`, the one module that knows the windows are
+on a cluster (``debounce_redis_cluster``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..layout import key_slot
+from ..settings import Settings
+from .errors import _translated
+from .transport import Transport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..call import PreparedCall
+    from .bulk import BulkGate
+
+logger = logging.getLogger("celery_debounce.store")
+
+
+class ClusterTransport(Transport):
+    """A Redis Cluster client: commands go to the master of their key's slot, wake-ups
+    use sharded pub/sub where every master has it (Redis >= 7).
+
+    Sent twice: only what :meth:`run` sends (through redis-py's cluster client, which
+    retries after a lost reply: scripts a repeat cannot change, and plain commands).
+    :meth:`run_once` and :meth:`renew` go through :meth:`send_on_node`, which resends
+    only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a failed
+    write); a reply lost after the write is
+    :class:`~celery_debounce.DebounceOutcomeUnknown`. ``flush_many`` flushes one by
+    one (redis-py refuses scripts in a cluster pipeline).
+    """
+
+    direct = True
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self.sharded_wake = _every_master_has_sharded_pubsub(client)
+        super().__init__(client, settings)
+
+    def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A script sent at most once, to the master of its keys' slot, following
+        redirections."""
+        script = self.scripts[name]
+        try:
+            return self.send_on_node(
+                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name,
+                operation=name)[0]
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
+
+    def pool_for(self, key: str) -> Any:
+        """The connection pool serving ``key``: the pool
+        of the master that redis-py's slot table names for the key's slot."""
+        client = self.client
+        # redis-py's slot table read without its lock (the hot path): a dict and a list
+        # read, each atomic; a stale entry is answered with MOVED, which is followed
+        nodes = client.nodes_manager.slots_cache.get(key_slot(key))
+        node = nodes[0] if nodes else client.nodes_manager.get_node_from_slot(key_slot(key))
+        return (node.redis_connection or client.get_redis_connection(node)).connection_pool
+
+    def refresh_topology(self) -> None:
+        """Read the slot table again (after a failover or resharding)."""
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception as exc:  # no node answers: the caller's error says so
+            logger.debug("debounce: cluster topology refresh failed: %r", exc)
+
+    @property
+    def master_switches(self) -> int:
+        return 0  # no Sentinel on a cluster
+
+    def servers(self) -> list[tuple[str, Any]]:
+        return [(f"{node.host}:{node.port}", self.client.get_redis_connection(node))
+                for node in self.client.get_primaries()]
+
+    def masters(self) -> list[Any]:
+        return [self.client.get_redis_connection(node) for node in self.client.get_primaries()]
+
+    def renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
+        """One write per master (redis-py's cluster pipeline refuses EVALSHA)."""
+        by_node: dict[str, list[str]] = {}
+        for key in held:
+            by_node.setdefault(self.client.get_node_from_key(key).name, []).append(key)
+        for keys in by_node.values():
+            self.send_on_node(keys[0], [("EVALSHA", sha, 1, key, lease, *held[key])
+                                        for key in keys], "renew", operation="renew")
+
+    def gate_many(self, store: BulkGate, calls: Sequence[PreparedCall], chunk_size: int,
+                  on_chunk: Any, outcomes: list[Any], missing: list[int]) -> None:
+        """A ``MULTI``/``EXEC`` may hold one slot only: chunks per shard, one at a time."""
+        store._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
+
+
+def _every_master_has_sharded_pubsub(client: Any) -> bool:
+    """True when every master runs Redis >= 7.0 (SPUBLISH/SSUBSCRIBE)."""
+    try:
+        replies = client.info("server", target_nodes=redis.RedisCluster.PRIMARIES)
+    except redis.RedisError:
+        return False
+    rows = replies.values() if isinstance(replies, dict) and "redis_version" not in replies \
+        else [replies]
+    for row in rows:
+        version = str(row.get("redis_version", "0")) if isinstance(row, dict) else "0"
+        if int(version.split(".")[0] or 0) < 7:
+            return False
+    return True

@@ -1,0 +1,253 @@
+"""How the store's commands reach Redis: a transport, chosen once from the settings
+(:func:`celery_debounce.store.connect.transport_for`).
+
+Three implementations, one per kind of client:
+
+* :class:`Transport` (here): any other client (fakeredis, a client the caller built,
+  a single-connection client): every command goes through the client and its own
+  retry policy;
+* :class:`~celery_debounce.store.node.NodeTransport`: redis-py's client of one node,
+  or of Sentinel's master: scripts that must not run twice are one ``EVALSHA`` on a
+  pooled connection, without redis-py's per-command wrapper (the hot path);
+* :class:`~celery_debounce.store.cluster.ClusterTransport`: a Redis Cluster: each
+  command goes to the master of its key's slot, following redirections.
+
+The store asks its transport, never which one it is: only ``cluster.py`` knows it
+runs on a cluster. Each docstring says which calls may be sent twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    TryAgainError,
+)
+
+from ..errors import DebounceBackendError
+from ..sentinel import redact
+from ..settings import Settings
+from .errors import _lost, _refused_by_a_replica, _translated
+from .scripts import SCRIPT_NAMES, script_source
+from .sentinel import master_switches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..call import PreparedCall
+    from .bulk import BulkGate
+    from .operators import Operators
+
+logger = logging.getLogger("celery_debounce.store")
+
+
+def _checkout_args() -> tuple[str, ...]:
+    """redis-py < 5.3 requires a command name for ``get_connection``; later ones warn."""
+    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
+        "command_name")
+    return ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
+
+
+#: What ``pool.get_connection`` is given (read once).
+CHECKOUT_ARGS = _checkout_args()
+
+
+def _reply_or_error(conn: Any) -> Any:
+    """The next reply on ``conn``; an error reply as the exception (not raised)."""
+    try:
+        return conn.read_response()
+    except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
+        return exc
+
+
+class Transport:
+    """Any client redis-py's API covers that is not redis-py's own client of one node
+    or a cluster (fakeredis, a single-connection client, a client of the caller's).
+
+    Sent twice: any command redis-py's retry (or the client's own policy) repeats
+    after a lost reply, scripts of :meth:`run_once` included (``run_once`` is
+    :meth:`run` here). :meth:`send_on_node` resends only while nothing ran.
+    """
+
+    #: Commands may be sent on pooled connections directly (node and cluster).
+    direct = False
+    #: Scripts publish wake-ups with SPUBLISH to ``<tag>:wake`` (one channel per shard).
+    sharded_wake = False
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self.client: Any = client
+        self.settings = settings
+        self.scripts: dict[str, Script] = {
+            name: self.client.register_script(script_source(name, self.sharded_wake))
+            for name in SCRIPT_NAMES
+        }
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` (its raw reply); redis-py errors leave translated.
+
+        Only for scripts a repeat cannot change (``list``, ``find``, ``census``, ``ack``,
+        ``release``): after a lost reply redis-py's retry may send them again. A script
+        that must not run twice goes through :meth:`run_once`.
+        """
+        script = self.scripts[name]
+        try:  # plain try rather than translate_errors
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # server restarted or SCRIPT FLUSH: load and run again
+                script.sha = self.client.script_load(script.script)
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise _translated(name, exc) from exc
+
+    def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A script that must not run twice: on this client, as :meth:`run` (its own
+        policy decides what a lost reply does)."""
+        return self.run(name, keys, args)
+
+    def pool_for(self, key: str) -> Any:
+        """The connection pool serving ``key``."""
+        return self.client.connection_pool
+
+    def refresh_topology(self) -> None:
+        """Read the topology again (after a failover or resharding): nothing to read."""
+
+    @property
+    def master_switches(self) -> int:
+        """Master switches Sentinel announced since this client was built (0 without it)."""
+        return master_switches(getattr(self.client, "connection_pool", None))
+
+    def servers(self) -> list[tuple[str, Any]]:
+        """``(where, client)`` of each server holding windows (its version is read)."""
+        return [(redact(self.settings.redis_url), self.client)]
+
+    def masters(self) -> list[Any]:
+        """A client of each master holding windows (its configuration is read)."""
+        return [self.client]
+
+    def renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
+        """``renew.lua`` for each claims key of ``held``: one pipeline."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for key, ids in held.items():
+                pipe.evalsha(sha, 1, key, lease, *ids)
+            pipe.execute()
+
+    def flush_many(self, store: Operators, shard: int,
+                   windows: Sequence[tuple[str, str]]) -> int:
+        """Flush ``(ident, task id)`` windows, one by one; how many were flushed."""
+        return sum(1 for ident, task_id in windows if store.flush(shard, ident, task_id))
+
+    def gate_many(self, store: BulkGate, calls: Sequence[PreparedCall], chunk_size: int,
+                  on_chunk: Any, outcomes: list[Any], missing: list[int]) -> None:
+        """The bulk chunks of ``enqueue_many``, pipelined on one connection."""
+        store._gate_many_pipelined(calls, chunk_size, on_chunk, outcomes, missing)
+
+    def send_on_node(
+        self, key: str, commands: list[tuple[Any, ...]], script: str = "",
+        operation: str = "",
+    ) -> list[Any]:
+        """Send ``commands`` (the first an EVALSHA of ``script`` when given) in one write
+        on one connection of the node serving ``key``; return their replies (error
+        replies of later commands as exceptions, for the caller to read).
+
+        Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
+        CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
+        NOSCRIPT of the first command, or a connection that failed while writing. A
+        connection lost or timed out after sending raises
+        :class:`~celery_debounce.DebounceOutcomeUnknown` (nothing is sent twice).
+        """
+        asking: tuple[str, int] | None = None
+        deadline = None
+        for attempt in range(8):
+            if asking is not None:
+                pool = self.client.get_redis_connection(
+                    self.client.get_node(*asking)).connection_pool
+            else:
+                pool = self.pool_for(key)
+            try:
+                conn: Any = pool.get_connection(*CHECKOUT_ARGS)
+            except (redis.ConnectionError, OSError):
+                # refused (a dead master the slot table still names): nothing was sent;
+                # read the slot table again, so a promoted replica is found
+                self.refresh_topology()
+                if attempt >= 2:
+                    raise
+                continue
+            wire = [("ASKING",), *commands] if asking is not None else commands
+            try:
+                try:
+                    conn.send_packed_command(conn.pack_commands(wire))
+                except (redis.ConnectionError, OSError):
+                    conn.disconnect()
+                    self.refresh_topology()
+                    if attempt >= 2:
+                        raise
+                    continue  # not sent: safe to send again
+                replies: list[Any] = []
+                demoted = False
+                for _ in wire:
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.ResponseError as exc:
+                        replies.append(exc)
+                    except redis.exceptions.BusyLoadingError as exc:
+                        # a loading server refuses every command (redis-py has closed
+                        # the connection): the rest were refused too
+                        replies.extend([exc] * (len(wire) - len(replies)))
+                        break
+                    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                        conn.disconnect()  # the replies may still come: never reuse
+                        self.refresh_topology()
+                        if not replies and _refused_by_a_replica(exc) and attempt < 2:
+                            demoted = True  # READONLY (Sentinel): nothing ran
+                            break
+                        raise _lost(operation or script or commands[0][0], exc) from exc
+                    except BaseException:
+                        conn.disconnect()
+                        raise
+            finally:
+                pool.release(conn)
+            if demoted:
+                continue  # the pool asks the sentinels for the master again
+            if asking is not None:
+                replies = replies[1:]
+            asking = None
+            error = next((r for r in replies if isinstance(r, Exception)), None)
+            if error is None:
+                return replies
+            # A redirection anywhere means nothing ran: the command itself was refused,
+            # or (MULTI) a queued one was and EXEC aborted.
+            if isinstance(error, MovedError):
+                manager = self.client.nodes_manager
+                if hasattr(manager, "move_slot"):  # redis-py >= 6
+                    manager.move_slot(error)
+                else:  # redis-py 5: applied by the next slot lookup
+                    manager.update_moved_exception(error)
+                continue
+            if isinstance(error, AskError):
+                asking = (error.host, error.port)
+                continue
+            if isinstance(error, (TryAgainError, ClusterDownError)):
+                if deadline is None:
+                    deadline = time.monotonic() + self.settings.redis_timeout_s
+                if time.monotonic() >= deadline:
+                    raise error
+                time.sleep(0.05)
+                self.refresh_topology()
+                continue
+            if error is replies[0]:
+                if isinstance(error, NoScriptError) and script:
+                    sha = self.client.script_load(self.scripts[script].script)
+                    self.scripts[script].sha = sha
+                    commands = [(commands[0][0], sha, *commands[0][2:]), *commands[1:]]
+                    continue
+                raise error
+            return replies
+        raise DebounceBackendError("debounce Redis: too many redirections")
