@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import io
 import json as _json
-import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -18,7 +17,7 @@ from kombu.utils import json as kombu_json
 from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
 from .errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from .key_templates import digest_key, resolve
-from .layout import DEFAULT_CONTENT_TYPE, EXCLUSIVE_HEADER, shard_of, window_ident
+from .layout import DEFAULT_CONTENT_TYPE, EXCLUSIVE_HEADER, new_task_id, shard_of, window_ident
 from .message import call_options, encode_stored
 from .options import DebounceSpec
 from .settings import Settings
@@ -283,15 +282,6 @@ def _canonical(value: Any) -> Any:
 _canonical_json: Callable[[Any], str] = kombu_json.JSONEncoder(
     sort_keys=True, separators=(",", ":")).encode
 _plain_json: Callable[[Any], str] = kombu_json.JSONEncoder(separators=(",", ":")).encode
-
-
-def new_task_id() -> str:
-    """A random (version 4) UUID as text, like ``str(uuid.uuid4())`` at a third of the cost."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def encode(data: Any, serializer: str) -> tuple[str, bytes]:

@@ -13,12 +13,12 @@ from celery.result import AsyncResult
 from . import canvas
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
-from .call import call_key, new_task_id, prepare_call, refuse_schedule, static_routing
+from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import COLLECT_HEADER, single_call_args, wrap_run
 from .confcache import always_eager
 from .errors import DebounceConfigError
 from .gate import GateResult, enter
-from .layout import SHARD_HEADER
+from .layout import SHARD_HEADER, new_task_id
 from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults

@@ -205,7 +205,7 @@ MUTATIONS: list[Mutation] = [
         (Edit(LUA + "gate.lua",
               "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
               "local now = tonumber(ARGV[8])"),
-         Edit(PKG + "gate.py",
+         Edit(PKG + "store/codec.py",
               '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n',
               '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n'
               '        int(__import__("time").time() * 1000),\n')),
@@ -415,7 +415,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_replace.py::test_a_failed_replacement_fails_every_alias"),
     one("a leading-only quiet period outlasts result_expires",
         "every id resolves: a suppressed call's id names a result still stored",
-        PKG + "gate.py",
+        PKG + "store/codec.py",
         'if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:',
         'if False:',
         "tests/test_quiet_period_ids.py::"

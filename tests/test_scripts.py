@@ -343,7 +343,7 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
 
 def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
         backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("celery_debounce.gate.MAX_ALIASES", 2)
+    monkeypatch.setattr("celery_debounce.store.codec.MAX_ALIASES", 2)
     first = call(backend, "k")
     call(backend, "k", task_id="A")
     call(backend, "k", task_id="B")

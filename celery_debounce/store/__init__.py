@@ -27,7 +27,6 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError, RedisClusterException
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..gate import GateResult, gate_args, gate_keys, parse_reply
 from ..layout import (
     HOT_KEYS_KEPT,
     LATE_BUCKETS_MS,
@@ -51,6 +50,7 @@ from .codec import (
     EXPIRY_GRACE_MS,
     Cancelled,
     CensusRow,
+    GateResult,
     ListStep,
     Shard,
     ShardCounts,
@@ -59,6 +59,9 @@ from .codec import (
     TakenWindow,
     TakeResult,
     _taken,
+    gate_args,
+    gate_keys,
+    parse_reply,
 )
 from .connect import transport_for
 from .errors import (

@@ -11,10 +11,9 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..gate import GateResult, gate_args, gate_keys, parse_reply
 from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
 from ..settings import Settings
-from .codec import Shard
+from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from .errors import _translated, is_outage, translate_errors
 from .transport import CHECKOUT_ARGS, Transport, _reply_or_error
 

@@ -1,11 +1,29 @@
-"""The store's typed results, and the decoder of ``take.lua``'s rows."""
+"""Each script's KEYS/ARGV builder, reply decoder and typed result.
+
+Nothing here imports the call encoding (``call.py``, ``message.py``, ``options.py``):
+a :class:`~celery_debounce.call.PreparedCall` is read by attribute only.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..layout import TAKE_FIELDS, Record, decode_record, split_ident
+from ..aliases import MAX_ALIASES
+from ..layout import (
+    DEFAULT_CONTENT_TYPE,
+    EMPTY_OPTIONS,
+    TAKE_FIELDS,
+    Record,
+    decode_record,
+    new_task_id,
+    split_ident,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..aliases import FixedId
+    from ..call import PreparedCall
+    from ..settings import Settings
 
 #: A shard as the store's methods take it: a number of this process's layout
 #: (``settings.tag``), or a shard's tag as it is (a message's ``debounce_tag``, a
@@ -155,3 +173,104 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
         failures=int(row[len(TAKE_FIELDS)] or 0) if len(row) > len(TAKE_FIELDS) else 0,
         held_ms=int(row[len(TAKE_FIELDS) + 1]) if len(row) > len(TAKE_FIELDS) + 1 else 0,
     )
+
+
+# -- gate.lua ------------------------------------------------------------------------------
+
+class GateStore(Protocol):
+    """What :func:`gate_keys` and :func:`gate_args` read of a store."""
+
+    settings: Settings
+    gate_prefixes: tuple[tuple[str, str], ...]
+
+
+class GateResult(NamedTuple):
+    """What the gate decided for one call (times are Redis server ms)."""
+
+    task_id: str
+    opened: bool
+    deadline_ms: int
+    calls: int
+    now_ms: int
+    #: ``"lead"``: this call is a leading run (published at once); ``"suppressed"``:
+    #: folded into the leading run ``task_id`` (leading only); ``""`` otherwise
+    edge: str = ""
+
+
+def gate_keys(store: GateStore, call: PreparedCall) -> list[str]:
+    """KEYS of gate.lua: ``open_key(tag, ident)`` and ``due_key(tag)``, from prefixes the
+    store built once per shard with those builders (no call per call)."""
+    open_prefix, due = store.gate_prefixes[call.shard]
+    return [open_prefix + call.ident, due]
+
+
+#: 1-based ARGV positions of the optional groups of gate.lua (see its header): the cap,
+#: the edge mode (with the history TTL), the collect byte budget (with the embed).
+CAP_ARGV = 12
+EDGE_ARGV = 13
+COLLECT_ARGV = 15
+
+
+def _pad_to(args: list[object], position: int) -> None:
+    """Send '' (not given) for every ARGV before ``position`` the call has not filled."""
+    args += [""] * (position - 1 - len(args))
+
+
+def gate_args(
+    store: GateStore, call: PreparedCall, fixed: FixedId | None = None
+) -> list[object]:
+    """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
+
+    Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
+    ``fixed``; the cap (ARGV[12]) only with ``debounce_max_calls``; the edge mode and
+    the history TTL (ARGV[13..14]) only with ``debounce_leading=True``; the window's
+    byte budget and the embed (ARGV[15..16]) only with ``debounce_collect`` (each
+    ARGV not given before them sent as '').
+    """
+    window, max_wait, replace = call.spec.gate_argv
+    expires = store.settings.result_expires_ms
+    if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:
+        # leading only: the quiet period (bounded by this max wait) never outlasts the
+        # leading run's result, whose id every call it suppresses returns
+        max_wait = b"%d" % expires
+    args: list[object] = [
+        call.task_id,
+        window,
+        max_wait,
+        replace + call.embed_json.encode() if call.embed_json else replace,
+        "" if call.content_type == DEFAULT_CONTENT_TYPE else call.content_type,
+        call.payload,
+        "" if call.options_json == EMPTY_OPTIONS else call.options_json,
+    ]
+    if fixed is not None:
+        args += [fixed.alias_json, new_task_id(), "1" if fixed.canvas else "0", MAX_ALIASES]
+    if call.spec.max_calls is not None:
+        _pad_to(args, CAP_ARGV)
+        args.append(call.spec.max_calls)
+    if call.spec.leading:
+        _pad_to(args, EDGE_ARGV)
+        args += [call.spec.edge, store.settings.history_ttl_ms]
+    if call.spec.collect:
+        _pad_to(args, COLLECT_ARGV)
+        args += [store.settings.max_payload_bytes, call.collect_embed]
+    return args
+
+
+def parse_reply(reply: list[object]) -> GateResult:
+    try:
+        task_id, opened, deadline, calls, now = reply
+    except ValueError:  # an edge call's sixth element, "lead" or "suppressed"
+        return _edge_reply(reply)
+    return GateResult(
+        task_id.decode() if isinstance(task_id, bytes) else str(task_id),
+        opened == 1,
+        int(deadline),  # type: ignore[call-overload]
+        int(calls),  # type: ignore[call-overload]
+        int(now),  # type: ignore[call-overload]
+    )
+
+
+def _edge_reply(reply: list[object]) -> GateResult:
+    base = parse_reply(reply[:5])
+    edge = reply[5]
+    return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))

@@ -1,0 +1,148 @@
+"""docs/design.md's module map lists every module once, and the imports go one way.
+
+The map ("## Module map") is the one list of the package's modules: a module missing
+from it, listed twice, or listed but gone fails here. The import checks read each
+module's top-level imports (not those under ``if TYPE_CHECKING:`` nor inside
+functions): no cycle among the package's modules; ``celery_debounce.store`` reaches
+no call-encoding module; nothing outside ``store/`` imports redis-py or reads the
+store's topology.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "celery_debounce"
+PAGE = ROOT / "docs" / "design.md"
+
+#: The call encoding, which the store must not need.
+CALL_ENCODING = ("call", "message", "options", "key_templates", "gate", "task")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + len(heading) + 2)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def listed_modules(text: str) -> list[str]:
+    """Every ``.py`` path named in the first column of the map's table, as written."""
+    names = []
+    for line in _section(text, "## Module map").splitlines():
+        cells = line.split("|")
+        if len(cells) < 3 or not line.startswith("|"):
+            continue
+        names += [n for n in re.findall(r"`([^`]+)`", cells[1]) if n.endswith(".py")]
+    return names
+
+
+def package_modules() -> list[str]:
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py"))
+
+
+def test_the_module_map_lists_every_module_once() -> None:
+    listed = listed_modules(PAGE.read_text("utf-8"))
+    real = package_modules()
+    assert sorted(set(n for n in listed if listed.count(n) > 1)) == []
+    assert sorted(set(real) - set(listed)) == [], "add them to docs/design.md, Module map"
+    assert sorted(set(listed) - set(real)) == [], "listed in docs/design.md but gone"
+
+
+def test_the_map_check_sees_a_missing_and_a_doubled_module() -> None:
+    text = "x\n## Module map\n\n| module | owns |\n|---|---|\n| `a.py`, `b.py` | x |\n" \
+           "| `a.py` | y |\n| `lua/*.lua` | z |\n\n## Next\n| `c.py` | w |\n"
+    assert listed_modules(text) == ["a.py", "b.py", "a.py"]
+
+
+def test_the_readme_links_to_the_module_map() -> None:
+    assert "docs/design.md#module-map" in (ROOT / "README.md").read_text("utf-8")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports at its top level."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+
+        def walk(body: list[ast.stmt], found: set[str] = found, package: str = package) -> None:
+            for node in body:
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                    walk(node.orelse)
+                elif isinstance(node, (ast.If, ast.Try)):
+                    walk(node.body)
+                    walk(node.orelse)
+                    for handler in getattr(node, "handlers", []):
+                        walk(handler.body)
+                    walk(getattr(node, "finalbody", []))
+                elif isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = package.split(".")
+                        base = base[:len(base) - node.level + 1]
+                        target = ".".join([*base, *([node.module] if node.module else [])])
+                    else:
+                        target = node.module or ""
+                    for alias in node.names:
+                        sub = f"{target}.{alias.name}"
+                        found.add(sub if sub in paths else target)
+
+        walk(ast.parse(path.read_text("utf-8")).body)
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def _reached(start: str) -> set[str]:
+    graph, seen, todo = import_graph(), set(), [start]
+    while todo:
+        for other in graph[todo.pop()]:
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_no_import_cycle() -> None:
+    cycles = sorted(m for m in import_graph() if m in _reached(m))
+    assert cycles == []
+
+
+def test_the_store_needs_no_call_encoding() -> None:
+    reached = _reached("celery_debounce.store")
+    for sub in [m for m in import_graph() if m.startswith("celery_debounce.store.")]:
+        reached |= _reached(sub)
+    assert sorted(m for m in reached
+                  if m.removeprefix("celery_debounce.") in CALL_ENCODING) == []
+
+
+def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
+    outside = [p for p in PACKAGE.rglob("*.py")
+               if p.relative_to(PACKAGE).parts[0] not in ("store", "local_redis.py",
+                                                           "local_cluster.py")]
+    redis_py = sorted(p.name for p in outside
+                      if {"redis"} & {m.split(".")[0] for m in _top_imports(p)})
+    assert redis_py == []
+    flags = re.compile(r"store\.(sharded_wake|direct|transport)\b|\.cluster\b|RedisCluster")
+    assert sorted(p.name for p in outside if flags.search(p.read_text("utf-8"))) == []
+
+
+def _top_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return names
