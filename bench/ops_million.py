@@ -36,7 +36,7 @@ app.conf.debounce_redis_url = "{URL}/0"
 
 
 def populate(client: redis.Redis) -> None:
-    from celery_debounce.backend import script_source
+    from celery_debounce.store import script_source
 
     gate = client.register_script(script_source("gate"))
     rng = random.Random(7)

@@ -11,20 +11,20 @@ import time
 
 from celery import Celery
 
-from celery_debounce.backend import Backend
 from celery_debounce.local_redis import LocalSentinels
 from celery_debounce.settings import Settings
+from celery_debounce.store import WindowStore
 
 ROUNDS, CALLS = 7, 3000
 
 
-def _backend(url: str, **conf: object) -> Backend:
+def _backend(url: str, **conf: object) -> WindowStore:
     app = Celery("bench", set_as_current=False)
     app.conf.update(debounce_redis_url=url, **conf)
-    return Backend(Settings.from_app(app))
+    return WindowStore(Settings.from_app(app))
 
 
-def _rate(backend: Backend, direct: bool) -> float:
+def _rate(backend: WindowStore, direct: bool) -> float:
     run = backend.run_once if direct else backend.run  # the transport's direct path, or not
     keys = ["debounce:{0}:open:hot", "debounce:{0}:due"]
     args = ["id1", 3_600_000, 3_600_000, "0", "", "[[], {}]", ""]

@@ -20,7 +20,7 @@ from typing import Any
 
 import celery_debounce.store.node as store_module
 import celery_debounce.task as task_module
-from celery_debounce.backend import backend_for
+from celery_debounce.store import store_for
 
 
 def _plain_result(task: Any, task_id: str) -> Any:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         app = make_app(server.url)
         task = app.tasks["bench.debounced"]
         task.delay("hot", n=1)
-        store = backend_for(app)
+        store = store_for(app)
         lease = store.transport._lease
         light, eager, pack = task_module.light_result, task_module.always_eager, store_module._pack
 

@@ -78,11 +78,11 @@ def combiner_ab(app: Any, rounds: int, calls: int,
                 counts: tuple[int, ...] = (1, 4, 16)) -> list[Row]:
     """Hot-key calls/s with the gate's auto-pipelining (``store._Combiner``) on and
     off, interleaved, same process (the A/B behind keeping it)."""
-    from celery_debounce.backend import backend_for
+    from celery_debounce.store import store_for
 
     debounced = app.tasks["bench.debounced"]
     debounced.delay("hot", n=1)
-    store = backend_for(app)
+    store = store_for(app)
     combiner = store.transport._combiner
     rows = []
     for count in counts:

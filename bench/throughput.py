@@ -11,7 +11,7 @@ from celery import Celery
 
 from bench.harness import Row, compare, interleaved
 from celery_debounce import Dispatcher, enqueue_many
-from celery_debounce.backend import backend_for
+from celery_debounce.store import store_for
 
 #: A small 3-key script like the gate: the ceiling for "one call = one round trip".
 CEILING_LUA = """
@@ -42,7 +42,7 @@ def _plain_delay(app: Celery) -> Any:
 def producer_rates(app: Celery, url: str, rounds: int, n: int) -> list[Row]:
     debounced = app.tasks["bench.debounced"]
     windows = redis.Redis.from_url(f"{url}/0")
-    client = backend_for(app).client  # same client settings as the gate uses
+    client = store_for(app).client  # same client settings as the gate uses
     sha = client.script_load(CEILING_LUA)
 
     def hot(n: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,11 +183,15 @@ class DebounceAdmin:
 
     @property
     def backend(self) -> WindowStore:
-        """:attr:`store` under its name before store.py."""
+        """:attr:`store` under its name before ``store``: deprecated, warns."""
+        warnings.warn("DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
+                      DeprecationWarning, stacklevel=2)
         return self.store
 
     @backend.setter
     def backend(self, store: WindowStore) -> None:
+        warnings.warn("DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
+                      DeprecationWarning, stacklevel=2)
         self.store = store
 
     # -- reading ------------------------------------------------------------

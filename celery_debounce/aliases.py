@@ -35,9 +35,6 @@ MAX_ALIASES = 10_000
 #: so the window's message never counts for a chord or runs a chain by itself.
 CANVAS_OPTIONS = ("group_id", "group_index", "chord", "chain")
 
-#: Error text ``gate.lua`` replies with when a window has MAX_ALIASES aliases.
-ALIASES_FULL = "DEBOUNCE_ALIASES_FULL"
-
 
 class FixedId(NamedTuple):
     """A call whose id the caller fixed: what ``gate.lua`` records for it."""

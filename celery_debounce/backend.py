@@ -1,10 +1,14 @@
 """Former home of the store's connection and script runner; now :mod:`celery_debounce.store`.
 
-Kept so code written against it (``Backend``, ``backend_for``) keeps working:
-``Backend`` is :class:`~celery_debounce.store.WindowStore`.
+Kept for one release so code written against it (``Backend``, ``backend_for``) keeps
+working, with a :class:`DeprecationWarning` on import: ``Backend`` is
+:class:`~celery_debounce.store.WindowStore`, ``backend_for`` is
+:func:`~celery_debounce.store.store_for`.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from .layout import as_text
 from .store import (
@@ -14,6 +18,9 @@ from .store import (
     store_for,
     translate_errors,
 )
+
+warnings.warn("celery_debounce.backend is deprecated: import WindowStore and store_for "
+              "from celery_debounce.store", DeprecationWarning, stacklevel=2)
 
 Backend = WindowStore
 backend_for = store_for

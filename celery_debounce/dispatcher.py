@@ -12,6 +12,7 @@ import math
 import random
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from json import loads as _json_loads
@@ -55,7 +56,7 @@ from .store import (
     store_for,
 )
 
-__all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow", "take_due"]
+__all__ = ["MAX_TRIES", "SHARD_HEADER", "Dispatcher", "TakeResult", "TakenWindow"]
 
 logger = logging.getLogger("celery_debounce.dispatcher")
 
@@ -97,11 +98,6 @@ BROKER_BACKOFF_S = (0.5, 10.0)
 #: A shared fault (the broker as a whole) and a key-dependent one (see above).
 BROKER, KEY = "broker", "key"
 
-
-
-def take_due(store: WindowStore, shard: Shard, limit: int, observer: str = "") -> TakeResult:
-    """:meth:`WindowStore.take <celery_debounce.store.WindowStore.take>`."""
-    return store.take(shard, limit, observer)
 
 
 def _announce(window: TakenWindow) -> None:
@@ -282,7 +278,6 @@ class Dispatcher:
         self.app = app
         self.name = name
         self.store = store_for(app)
-        self.backend = self.store  # the name before store.py
         self.settings = self.store.settings
         self.messages = WindowMessage(app)
         try:
@@ -864,6 +859,13 @@ class Dispatcher:
                                             kind="record", reason=reason)
 
     # -- loop ---------------------------------------------------------------
+    @property
+    def backend(self) -> WindowStore:
+        """:attr:`store` under its name before ``store``: deprecated, warns."""
+        warnings.warn("Dispatcher.backend is deprecated: use Dispatcher.store",
+                      DeprecationWarning, stacklevel=2)
+        return self.store
+
     def run(self) -> None:
         """Dispatch until :meth:`stop` is called; survives Redis and broker outages."""
         backoff = 0.1

@@ -35,7 +35,7 @@ MAX_DELAY = 5.0
 
 
 class Mark(NamedTuple):
-    backend: WindowStore
+    store: WindowStore
     script: str  # "claim" or "finish"
     keys: list[str]
     args: list[Any]
@@ -47,16 +47,11 @@ _pending: deque[Mark] = deque()
 _state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
 
 
-def unreachable(exc: BaseException) -> bool:
-    """True for an outage (worth retrying), False for an error Redis answered with."""
-    return is_outage(exc)
-
-
-def keep(backend: WindowStore, script: str, keys: list[str], args: list[Any],
+def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
          error: BaseException, then: Callable[[Any], None] | None = None) -> None:
     """Keep a mark that failed with ``error``; it is sent again once Redis answers,
     and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""
-    if not unreachable(error):
+    if not is_outage(error):
         return
     with _lock:
         if _state["pid"] != os.getpid():  # a forked child: the parent's thread is not here
@@ -68,7 +63,7 @@ def keep(backend: WindowStore, script: str, keys: list[str], args: list[Any],
             if _state["dropped"] in (1, 10, 100) or _state["dropped"] % 1000 == 0:
                 logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
                                _state["dropped"], MAX_PENDING)
-        _pending.append(Mark(backend, script, keys, args, then))
+        _pending.append(Mark(store, script, keys, args, then))
         thread = _state["thread"]
         if thread is None or not thread.is_alive():
             thread = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
@@ -105,9 +100,9 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            reply = mark.backend.run_once(mark.script, mark.keys, mark.args)
+            reply = mark.store.run_once(mark.script, mark.keys, mark.args)
         except Exception as exc:
-            if unreachable(exc):
+            if is_outage(exc):
                 return False  # still down: keep it (and the rest), try again later
             logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.script, exc)
         else:

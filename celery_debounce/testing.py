@@ -257,7 +257,7 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
     # the client given: an app configured for a Redis Cluster never connects to it;
     # fakeredis has no replicas (and no WAIT): debounce_redis_wait_replicas is off here
     store = WindowStore(dataclasses.replace(settings_for(app), wait_replicas=0), client)
-    app._debounce_backend = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
+    app._debounce_store = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
     return client
 
 
@@ -266,7 +266,7 @@ PLACEHOLDER_URL = "redis://fakeredis.invalid:6379/0"
 
 _MISSING: Any = object()
 #: What use_fakeredis changes on an app: one conf key and two cached attributes.
-_APP_ATTRS = ("_debounce_settings", "_debounce_backend")
+_APP_ATTRS = ("_debounce_settings", "_debounce_store")
 
 
 def _snapshot(app: Celery) -> tuple[Any, ...]:

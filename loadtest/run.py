@@ -42,12 +42,12 @@ def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> li
     sys.path.insert(0, str(HERE))
     from app import app, touch
 
-    from celery_debounce.backend import backend_for
     from celery_debounce.call import prepare_call
     from celery_debounce.gate import enter
     from celery_debounce.settings import settings_for
+    from celery_debounce.store import store_for
 
-    settings, backend = settings_for(app), backend_for(app)
+    settings, backend = settings_for(app), store_for(app)
     spec = touch._debounce_defaults.spec
     assert spec is not None
     signature = touch.debounce_signature()

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def measure(app: Any, client: Any, refreshes: int) -> tuple[dict[str, tuple[int, int]], float]:
-    from celery_debounce.backend import backend_for
+    from celery_debounce.store import store_for
     from celery_debounce.top import read_snapshot
 
-    backend = backend_for(app)
+    backend = store_for(app)
     read_snapshot(backend)
     client.config_resetstat()
     start = time.perf_counter()

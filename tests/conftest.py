@@ -19,10 +19,10 @@ from fault_proxy import FaultProxy
 from helpers import make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
-from celery_debounce.backend import Backend
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import Settings
+from celery_debounce.store import WindowStore
 
 
 @pytest.fixture(scope="session")
@@ -122,8 +122,8 @@ def app(app_factory: Callable[..., Celery]) -> Celery:
 
 
 @pytest.fixture(params=["fakeredis", "redis-server"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """A bare Backend for script-level tests, on fakeredis and on the real redis-server."""
+def backend(request: pytest.FixtureRequest) -> Iterator[WindowStore]:
+    """A bare WindowStore for script-level tests, on fakeredis and on the real redis-server."""
     app = Celery("scripts", set_as_current=False)
     if request.param == "fakeredis":
         import fakeredis
@@ -135,7 +135,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         request.getfixturevalue("redis_client")  # flushes
         app.conf.debounce_redis_url = f"{url}/0"
         client = redis.Redis.from_url(f"{url}/0")
-    yield Backend(Settings.from_app(app), client=client)
+    yield WindowStore(Settings.from_app(app), client=client)
     client.close()
 
 

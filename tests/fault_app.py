@@ -104,10 +104,10 @@ app = build(
 
 
 def take_and_hang(publish: bool) -> None:
-    from celery_debounce.dispatcher import Dispatcher, take_due
+    from celery_debounce.dispatcher import Dispatcher
 
     dispatcher = Dispatcher(app, name="doomed")
-    taken = take_due(dispatcher.backend, 0, 100)
+    taken = dispatcher.store.take(0, 100)
     if publish:
         with app.producer_or_acquire() as producer:
             for window in taken.windows:

@@ -7,7 +7,7 @@ from typing import Any
 from helpers import make_app
 
 from celery_debounce import DebouncedTask
-from celery_debounce.backend import backend_for
+from celery_debounce.store import store_for
 
 
 def produce(redis_url: str, app_name: str, barrier: Any, started: Any, producers: int,
@@ -26,7 +26,7 @@ def produce(redis_url: str, app_name: str, barrier: Any, started: Any, producers
     def task(x: str, n: int) -> None:
         pass
 
-    client = backend_for(app).client
+    client = store_for(app).client
     task.delay("warm-up", 0)
     barrier.wait(30)
     ids: list[str] = []

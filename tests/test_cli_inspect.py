@@ -96,7 +96,7 @@ def test_listing_never_skips_a_window_when_one_at_the_same_deadline_leaves(
     from helpers import make_app
 
     from celery_debounce import DebouncedTask, enqueue_many
-    from celery_debounce.backend import backend_for
+    from celery_debounce.store import store_for
     from celery_debounce.windows import walk_pending
 
     app = make_app(redis_server)
@@ -110,7 +110,7 @@ def test_listing_never_skips_a_window_when_one_at_the_same_deadline_leaves(
     due = "debounce:{0}:due"
     members = redis_client.zrange(due, 0, -1)
     redis_client.zadd(due, dict.fromkeys(members, 1_700_000_000_000))  # one deadline
-    walk = walk_pending(backend_for(app), 0)
+    walk = walk_pending(store_for(app), 0)
     seen = [next(walk).task_id for _ in range(1000)]  # the first step examined 1,000
     # two listed ones leave (a dispatcher took them): one in the middle of the step and
     # the last one examined, where the next step resumes

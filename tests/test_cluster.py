@@ -19,13 +19,12 @@ from helpers import make_app, package_keys, running_worker, wait_until
 from redis.crc import key_slot
 
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
-from celery_debounce.backend import Backend, backend_for
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
-from celery_debounce.store import store_for
+from celery_debounce.store import WindowStore, store_for
 from celery_debounce.testing import clear_windows
 from celery_debounce.top import read_snapshot
 
@@ -114,7 +113,7 @@ def test_six_shards_spread_evenly_over_the_three_masters(
     assert sum(per_master.values()) == 600
     # crc32 of 600 idents over 6 shards, 2 shards per master: each master near 200
     assert all(120 <= n <= 280 for n in per_master.values()), per_master
-    settings = backend_for(app).settings
+    settings = store_for(app).settings
     owners = [redis_cluster.node_of_slot(key_slot(t.encode())) for t in settings.tags]
     assert sorted(owners.count(p) for p in set(owners)) == [2, 2, 2]
 
@@ -139,7 +138,7 @@ def test_operator_commands_and_helpers_work_on_the_cluster(
     assert admin.cancel_id("fixed-id").task_id == "fixed-id"
     assert admin.flush("cl.work", "k4").task_id == results[4].id
     assert admin.flush_all() == 38
-    snapshot = read_snapshot(backend_for(app))
+    snapshot = read_snapshot(store_for(app))
     assert snapshot.open == 0 and snapshot.leased == 39
     dispatcher = Dispatcher(app)
     published, _ = dispatcher.dispatch_once()
@@ -147,9 +146,9 @@ def test_operator_commands_and_helpers_work_on_the_cluster(
     assert admin.stats().tasks["cl.work"].runs == 39
     removed = admin.reset_stats()
     assert removed["cl.work"].runs == 39 and removed["cl.work"].cancelled == 2
-    assert backend_for(app).maxmemory_policy() == "noeviction"
+    assert store_for(app).maxmemory_policy() == "noeviction"
     assert clear_windows(app) > 0
-    assert package_keys(backend_for(app).client) == []
+    assert package_keys(store_for(app).client) == []
 
 
 @pytest.mark.cluster
@@ -160,7 +159,7 @@ def test_maxmemory_policy_is_read_from_every_master(
     last = redis_cluster.master_ports()[-1]
     redis_cluster.cli(last, "config", "set", "maxmemory-policy", "allkeys-lru")
     try:
-        assert backend_for(app).maxmemory_policy() == "allkeys-lru"
+        assert store_for(app).maxmemory_policy() == "allkeys-lru"
     finally:
         redis_cluster.cli(last, "config", "set", "maxmemory-policy", "noeviction")
 
@@ -173,7 +172,7 @@ def test_wake_ups_use_sharded_pub_sub_on_each_shards_master(
     shard (SPUBLISH to that shard's channel, in its slot), and nothing is PUBLISHed to
     every node."""
     app = cluster_app(debounce_poll_interval="30s")
-    backend = backend_for(app)
+    backend = store_for(app)
     assert backend.sharded_wake
     work = _task(app, window="200ms")
     dispatcher = Dispatcher(app, name="sleepy")
@@ -209,7 +208,7 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
 
     monkeypatch.setattr(cluster_module, "_every_master_has_sharded_pubsub", lambda c: False)
     app = cluster_app(debounce_poll_interval="30s")
-    backend = backend_for(app)
+    backend = store_for(app)
     assert not backend.sharded_wake
     assert "local SHARDED_WAKE = false" in backend.scripts["gate"].script
     work = _task(app, window="200ms")
@@ -343,8 +342,8 @@ def test_windows_written_before_cluster_support_run_after_the_upgrade(
     old_app = cluster_app(debounce_shards=4, debounce_dispatcher=False)
     old_settings = dataclasses.replace(settings_for(old_app), redis_cluster=False)
     old_client = redis.RedisCluster.from_url(f"{redis_cluster.url}/0")
-    old_app._debounce_backend = (  # type: ignore[attr-defined]
-        os.getpid(), Backend(old_settings, client=old_client))
+    old_app._debounce_store = (  # type: ignore[attr-defined]
+        os.getpid(), WindowStore(old_settings, client=old_client))
     old_work = _task(old_app, window="500ms")
     old = {x: old_work.delay(x).id for x in range(12)}
     assert {k.split(b"}")[0] for k in old_client.scan_iter(match="debounce:*:open:*")} == {
@@ -450,7 +449,7 @@ def test_the_server_version_is_read_from_every_master(
     import celery_debounce.store as store_module
 
     app = cluster_app()
-    store = backend_for(app)
+    store = store_for(app)
     found = store.server_versions()
     assert sorted(int(where.rsplit(":", 1)[1]) for where, _, _ in found) == \
         sorted(redis_cluster.master_ports())
@@ -464,4 +463,4 @@ def test_the_server_version_is_read_from_every_master(
 
     monkeypatch.setattr(store_module, "read_server_version", one_old)
     with pytest.raises(DebounceBackendError, match=rf":{last} is Redis 6\.0\.16"):
-        backend_for(cluster_app())
+        store_for(cluster_app())

@@ -28,10 +28,10 @@ from helpers import running_worker, stop_process, wait_until
 from redis.crc import key_slot
 
 from celery_debounce import DebounceBackendError, DebouncedTask
-from celery_debounce.backend import backend_for
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.layout import shard_of, split_ident, window_ident
 from celery_debounce.local_cluster import LocalCluster
+from celery_debounce.store import store_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TESTS = Path(__file__).parent
@@ -79,7 +79,7 @@ class Stream:
 
 def open_keys(app: Celery) -> set[str]:
     """Keys of every open window in the cluster (a scan of every master)."""
-    client = backend_for(app).client
+    client = store_for(app).client
     found = set()
     for key in client.scan_iter(match="debounce:*:open:*", count=1000):
         ident = key.decode().split("}:open:", 1)[1]
@@ -112,7 +112,7 @@ def _long_task(app: Celery) -> Any:
 
 
 def _shards_on(cluster: LocalCluster, app: Celery, port: int) -> set[int]:
-    tags = backend_for(app).settings.tags
+    tags = store_for(app).settings.tags
     return {s for s, tag in enumerate(tags) if cluster.node_of_slot(key_slot(tag.encode())) == port}
 
 
@@ -134,7 +134,7 @@ def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
     cluster, factory = cluster_env
     app = factory()
     hold = _long_task(app)
-    backend = backend_for(app)
+    backend = store_for(app)
     victim = cluster.node_of_slot(key_slot(backend.settings.tags[0].encode()))
     shards = _shards_on(cluster, app, victim)
     dispatcher = Dispatcher(factory(), name="survivor")  # its own cluster client
@@ -183,7 +183,7 @@ def test_a_lagging_replica_promoted_loses_acknowledged_calls_unless_waited_for(
     cluster, factory = cluster_env
     app = factory(debounce_redis_wait_replicas=wait_replicas)
     hold = _long_task(app)
-    victim = cluster.node_of_slot(key_slot(backend_for(app).settings.tags[0].encode()))
+    victim = cluster.node_of_slot(key_slot(store_for(app).settings.tags[0].encode()))
     shards = _shards_on(cluster, app, victim)
     replica = cluster.replica_of(victim)
     replica_process = cluster.node(replica).process
@@ -202,7 +202,7 @@ def test_a_lagging_replica_promoted_loses_acknowledged_calls_unless_waited_for(
         cluster.kill(victim)
         replica_process.send_signal(signal.SIGCONT)
         killed_at = time.monotonic()
-        slot = key_slot(backend_for(app).settings.tags[0].encode())
+        slot = key_slot(store_for(app).settings.tags[0].encode())
         wait_until(lambda: _serves(cluster, slot) == replica, timeout=20)  # promoted
         # The old master comes back as a replica of the new one: with
         # wait_replicas=1 calls to these shards need it (no replica, no acknowledgement)
@@ -241,7 +241,7 @@ def test_slot_migrated_during_a_stream_loses_nothing_and_dispatchers_follow(
     cluster, factory = cluster_env
     app = factory()
     hold = _long_task(app)
-    tag = backend_for(app).settings.tags[0]
+    tag = store_for(app).settings.tags[0]
     slot = key_slot(tag.encode())
     source = cluster.node_of_slot(slot)
     target = next(p for p in cluster.master_ports() if p != source)

@@ -25,7 +25,6 @@ from celery_debounce import (
 )
 from celery_debounce.aliases import fixed_id
 from celery_debounce.call import prepare_call
-from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args, gate_keys, parse_reply
 from celery_debounce.options import build_spec
 from celery_debounce.store import WindowStore as Backend
@@ -64,7 +63,7 @@ def test_a_collect_window_keeps_every_call_in_order(backend: Backend) -> None:
     assert rec[b"cl"] == tid.encode() and rec[b"p"] == b"{}"
     flush = backend.client.zadd(f"{tag}:due", {"1:t:k": 0})  # due now
     assert flush == 0
-    (taken,) = take_due(backend, 0, 10).windows
+    (taken,) = backend.take(0, 10).windows
     got = elements(taken.payload)
     assert [e[1:] for e in got] == [[["k", i], {"pad": ""}] for i in range(5)]
     assert [e[0] for e in got] == sorted(e[0] for e in got)  # Redis ms of each call
@@ -75,7 +74,7 @@ def test_a_collect_window_keeps_every_call_in_order(backend: Backend) -> None:
     assert backend.client.hget(f"{tag}:win:{tid}", "cl") is None
     # taken again (lease expired): the same body, not spliced twice
     backend.client.zadd(f"{tag}:leased", {tid: 0})
-    (again,) = take_due(backend, 0, 10).windows
+    (again,) = backend.take(0, 10).windows
     assert again.payload == taken.payload and again.tries == 2
 
 
@@ -86,7 +85,7 @@ def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_on
     assert first[2].deadline_ms == first[2].now_ms  # due at once
     nxt = call(backend, "k", seq=3, max_calls=3)
     assert nxt.opened and nxt.task_id != first[0].task_id
-    (taken,) = take_due(backend, 0, 10).windows
+    (taken,) = backend.take(0, 10).windows
     assert taken.task_id == first[0].task_id and taken.capped
     assert [e[1][1] for e in elements(taken.payload)] == [0, 1, 2]
     assert backend.client.llen(f"{tag}:calls:{nxt.task_id}") == 1
@@ -111,7 +110,7 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
     rec = backend.client.hgetall(f"{tag}:win:{ids[0]}")
     assert rec[b"st"] == b"dispatching" and rec[b"cx"] == b"2"
     assert int(rec[b"cb"]) <= 400
-    taken = take_due(backend, 0, 10).windows
+    taken = backend.take(0, 10).windows
     bodies = {w.task_id: w for w in taken}
     seqs: list[int] = []
     for tid in ids[:-1]:  # every full window, in order; the last one is still open
@@ -139,7 +138,7 @@ def test_a_call_of_the_other_mode_closes_the_window_and_opens_its_own(backend: B
     assert collected.opened and collected.task_id != plain.task_id
     back = call(backend, "k", seq=2, collect=False)
     assert back.opened and back.task_id not in (plain.task_id, collected.task_id)
-    taken = {w.task_id: w for w in take_due(backend, 0, 10).windows}
+    taken = {w.task_id: w for w in backend.take(0, 10).windows}
     assert json.loads(taken[plain.task_id].payload) == [["k", 0], {"pad": ""}, {}]
     assert [e[1] for e in elements(taken[collected.task_id].payload)] == [["k", 1]]
 

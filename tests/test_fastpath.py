@@ -85,13 +85,13 @@ def test_default_content_type_and_empty_options_are_not_stored(
 def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    from celery_debounce.backend import backend_for
+    from celery_debounce.store import store_for
 
     @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_key="k",
               debounce_max_wait="2h")
     def hot(x: Any) -> None: ...
 
-    backend = backend_for(app)
+    backend = store_for(app)
     assert backend.direct
     first = hot.delay(1)
     redis_client.script_flush()  # NOSCRIPT on the direct path: loaded again, run once

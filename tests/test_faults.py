@@ -199,7 +199,7 @@ def test_a_worker_claiming_before_the_lease_expires_stops_the_republish(
         assert redis_client.zscore("debounce:{0}:leased", call.id) is None
         claimed_at = redis_client.zscore("debounce:{0}:active", call.id)
         # an ack arriving after the claim (a slow dispatcher) leaves the claim alone
-        backend = Dispatcher(app).backend
+        backend = Dispatcher(app).store
         acked = backend.run("ack", ["debounce:{0}:leased", "debounce:{0}:active"],
                             ["debounce:{0}", call.id])
         assert acked[0] == 0 and redis_client.hget(record, "st") == b"claimed"
@@ -685,10 +685,9 @@ def test_a_malformed_ident_is_quarantined(
     again after the lease quarantines it as unreadable; other windows run."""
     app = build(redis_server, lease=0.3)
     tid = app.tasks["faults.record"].delay("mi").id
-    backend = Dispatcher(app).backend
-    from celery_debounce.dispatcher import take_due
+    backend = Dispatcher(app).store
 
-    wait_until(lambda: take_due(backend, 0, 10).windows, 5)  # taken; the dispatcher "dies"
+    wait_until(lambda: backend.take(0, 10).windows, 5)  # taken; the dispatcher "dies"
     redis_client.hset(f"debounce:{{0}}:win:{tid}", "i", ident)
     good = app.tasks["faults.record"].delay("fine")
     caplog.set_level(logging.ERROR, "celery_debounce.dispatcher")

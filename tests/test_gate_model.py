@@ -52,14 +52,13 @@ from hypothesis.stateful import (
 
 from celery_debounce.admin import flush_window
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend
 from celery_debounce.call import PreparedCall
-from celery_debounce.dispatcher import take_due
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.gate import enter
 from celery_debounce.layout import window_ident
 from celery_debounce.options import DebounceSpec, build_spec
 from celery_debounce.settings import Settings
+from celery_debounce.store import WindowStore
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
@@ -109,9 +108,9 @@ def make_settings(prefix: str, lease_ms: int, claim_ms: int = CLAIM_MS) -> Setti
     )
 
 
-def backend_on(client: redis.Redis, settings: Settings) -> Backend:
-    """A Backend (the store) on an existing client (fakeredis or real)."""
-    return Backend(settings, client)
+def backend_on(client: redis.Redis, settings: Settings) -> WindowStore:
+    """A WindowStore (the store) on an existing client (fakeredis or real)."""
+    return WindowStore(settings, client)
 
 
 @dataclass
@@ -429,7 +428,7 @@ class GateMachine(RuleBasedStateMachine):
     # -- dispatcher ----------------------------------------------------------
     @rule(limit=st.integers(1, 4))
     def take(self, limit: int) -> None:
-        reply = take_due(self.backend, 0, limit)
+        reply = self.backend.take(0, limit)
         now = self.seen_now(reply.now_ms)
         expected: list[str] = []
         lapsed = sorted((kv for kv in self.claims.items() if kv[1] <= now),

@@ -17,7 +17,6 @@ from test_cluster_faults import _key_on, _serves, cluster_env  # noqa: F401 (a f
 from test_tls_acl import ACL_RULES
 
 from celery_debounce import DebounceBackendError, DebouncedTask
-from celery_debounce.backend import backend_for
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.local_cluster import LocalCluster
 from celery_debounce.store import store_for
@@ -130,7 +129,7 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
     interval."""
     cluster, factory = cluster_env
     app = factory(debounce_poll_interval=30)
-    settings = backend_for(app).settings
+    settings = store_for(app).settings
     shard = 0
     slot = key_slot(settings.tags[shard].encode())
     victim = cluster.node_of_slot(slot)

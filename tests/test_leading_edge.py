@@ -25,7 +25,6 @@ from celery_debounce import (
 from celery_debounce.aliases import fixed_id
 from celery_debounce.call import prepare_call
 from celery_debounce.cli import render_stats, render_table
-from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
 from celery_debounce.layout import quiet_key, window_ident
 from celery_debounce.options import build_spec
@@ -75,7 +74,7 @@ def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
     assert quiet == {"id": first.task_id, "fs": str(first.now_ms), "mw": "7200000",
                      "dl": str(first.now_ms + 3_600_000), "n": "1", "m": "L"}
     assert 0 < backend.client.pttl(f"{tag}:quiet:1:t:k") <= 3_600_000
-    (taken,) = take_due(backend, 0, 10).windows
+    (taken,) = backend.take(0, 10).windows
     assert taken.task_id == first.task_id and taken.leading and not taken.capped
     assert taken.payload == b'[["k", 0], {}, {}]'
     row = admin_of(backend).stats(census=False).tasks["t"]
@@ -92,7 +91,7 @@ def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: Windo
     assert [r.calls for r in later] == [2, 3, 4]
     assert not backend.client.exists(f"{tag}:open:1:t:k")  # no window: nothing more runs
     assert backend.client.zcard(f"{tag}:due") == 0
-    assert [w.task_id for w in take_due(backend, 0, 10).windows] == [first.task_id]
+    assert [w.task_id for w in backend.take(0, 10).windows] == [first.task_id]
     row = admin_of(backend).stats(census=False).tasks["t"]
     assert (row.runs, row.leading_runs, row.suppressed) == (1, 1, 3)
 
@@ -141,9 +140,9 @@ def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_peri
     assert due == min(third.now_ms + 3_600_000, first.now_ms + 5_400_000)
     assert backend.client.hget(f"{tag}:quiet:1:t:k", "dl") == str(int(due)).encode()
     # only the leading run is due now; the trailing one carries the first payload
-    assert [w.task_id for w in take_due(backend, 0, 10).windows] == [first.task_id]
+    assert [w.task_id for w in backend.take(0, 10).windows] == [first.task_id]
     backend.client.zadd(f"{tag}:due", {"1:t:k": 0})  # its deadline comes
-    (trailing,) = take_due(backend, 0, 10).windows
+    (trailing,) = backend.take(0, 10).windows
     assert trailing.task_id == second.task_id and trailing.calls == 2
     assert trailing.payload == b'[["k", 1], {}, {}]' and not trailing.leading
 
@@ -154,9 +153,9 @@ def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
     call(backend, "k", BOTH, replace=True)
     call(backend, "k", BOTH, payload=1, replace=True)
     call(backend, "k", BOTH, payload=2, replace=True)
-    take_due(backend, 0, 10)
+    backend.take(0, 10)
     backend.client.zadd(f"{tag}:due", {"1:t:k": 0})
-    (trailing,) = take_due(backend, 0, 10).windows
+    (trailing,) = backend.take(0, 10).windows
     assert trailing.payload == b'[["k", 2], {}, {}]'
 
 
@@ -165,11 +164,11 @@ def test_rule_6_a_burst_of_one_runs_once(backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     only = call(backend, "k", BOTH)
     assert only.edge == "lead"
-    assert [w.task_id for w in take_due(backend, 0, 10).windows] == [only.task_id]
+    assert [w.task_id for w in backend.take(0, 10).windows] == [only.task_id]
     assert not backend.client.exists(f"{tag}:open:1:t:k")
     assert backend.client.zcard(f"{tag}:due") == 0  # no trailing window: nothing more runs
     backend.client.hset(f"{tag}:quiet:1:t:k", "dl", 0)  # the quiet period ends
-    assert take_due(backend, 0, 10).windows == []
+    assert backend.take(0, 10).windows == []
 
 
 # -- rule 7: the mode is per call; trailing-only calls ignore the quiet period -------------

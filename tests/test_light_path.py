@@ -16,8 +16,8 @@ from celery.result import AsyncResult
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
-from celery_debounce.backend import backend_for
 from celery_debounce.confcache import always_eager
+from celery_debounce.store import store_for
 
 
 def _task(app: Celery, **options: Any) -> Any:
@@ -122,7 +122,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
 ) -> None:
     app = make_app(redis_server)
     t = _task(app, debounce_replace_payload=False)
-    store = backend_for(app)
+    store = store_for(app)
     assert store.transport._lease is not None
     first = t.delay(1)
     conn = store.transport._lease.conn
@@ -228,7 +228,7 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
 ) -> None:
     app = make_app(redis_server)
     t = _task(app)
-    store = backend_for(app)
+    store = store_for(app)
     combiner = store.transport._combiner
     assert combiner is not None
     sizes: list[int] = []

@@ -103,12 +103,12 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from celery_debounce import marks
-    from celery_debounce.backend import Backend
     from celery_debounce.local_redis import free_port
     from celery_debounce.settings import Settings
+    from celery_debounce.store import WindowStore
 
     app = build(f"redis://127.0.0.1:{free_port()}", "redis://127.0.0.1:1")  # nobody listens
-    backend = Backend(Settings.from_app(app))
+    backend = WindowStore(Settings.from_app(app))
     monkeypatch.setattr(marks, "MAX_PENDING", 5)
     monkeypatch.setattr(marks, "FIRST_DELAY", 30.0)  # the retry thread stays asleep
     keys = ["debounce:{0}:win:x", "debounce:{0}:leased", "debounce:{0}:active"]

@@ -17,17 +17,16 @@ from helpers import running_worker, wait_until
 
 from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask, WindowNotFound
 from celery_debounce.aliases import fixed_id
-from celery_debounce.backend import Backend
 from celery_debounce.call import prepare_call
-from celery_debounce.dispatcher import take_due
 from celery_debounce.gate import GateResult, enter, gate_args
 from celery_debounce.options import build_spec
 from celery_debounce.signals import window_closed_by_cap
+from celery_debounce.store import WindowStore
 from celery_debounce.testing import assert_not_pending, assert_pending
 from celery_debounce.windows import list_windows
 
 
-def call(backend: Backend, key: str, max_calls: int | None, *, payload: int = 0,
+def call(backend: WindowStore, key: str, max_calls: int | None, *, payload: int = 0,
          task_id: str | None = None, window: str = "1h") -> GateResult:
     spec = build_spec(window, "{0}", "2h", False, max_calls)
     options: dict[str, object] = {}
@@ -36,13 +35,13 @@ def call(backend: Backend, key: str, max_calls: int | None, *, payload: int = 0,
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
-def keys(backend: Backend) -> set[str]:
+def keys(backend: WindowStore) -> set[str]:
     return {k.decode() for k in backend.client.scan_iter(match="debounce:*")}
 
 
 # -- the cap, at the script level ------------------------------------------------------
 def test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = [call(backend, "k", 3, payload=i) for i in range(3)]
     assert [r.calls for r in first] == [1, 2, 3]
@@ -64,32 +63,32 @@ def test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one(
     fourth = call(backend, "k", 3, payload=9)
     assert fourth.opened and fourth.task_id != tid and fourth.calls == 1
     # the closed window is taken at once by the next pass, with the opener's payload
-    (taken,) = take_due(backend, 0, 10).windows
+    (taken,) = backend.take(0, 10).windows
     assert taken.task_id == tid and taken.calls == 3 and taken.capped and taken.tries == 1
     assert taken.payload == b'[["k", 0], {}, {}]'
     assert backend.client.pttl(f"{tag}:win:{tid}") > 0  # the record TTL, set at the take
     stats = DebounceAdmin.__new__(DebounceAdmin)
-    stats.app, stats.backend, stats.settings = None, backend, backend.settings  # type: ignore[assignment]
+    stats.app, stats.store, stats.settings = None, backend, backend.settings  # type: ignore[assignment]
     row = stats.stats(census=False).tasks["t"]
     assert (row.runs, row.calls, row.closed_by_cap) == (1, 3, 1)
     # counted once: taken again after its lease expired, it is not counted again
     backend.client.zadd(f"{tag}:leased", {tid: 0})
-    (again,) = take_due(backend, 0, 10).windows
+    (again,) = backend.take(0, 10).windows
     assert again.task_id == tid and again.tries == 2
     assert stats.stats(census=False).tasks["t"].closed_by_cap == 1
 
 
-def test_max_calls_one_makes_each_call_its_own_window_due_at_once(backend: Backend) -> None:
+def test_max_calls_one_makes_each_call_its_own_window_due_at_once(backend: WindowStore) -> None:
     results = [call(backend, "k", 1, payload=i) for i in range(3)]
     assert all(r.opened and r.calls == 1 and r.deadline_ms == r.now_ms for r in results)
     assert len({r.task_id for r in results}) == 3
-    taken = take_due(backend, 0, 10).windows
+    taken = backend.take(0, 10).windows
     assert sorted(w.task_id for w in taken) == sorted(r.task_id for r in results)
     assert all(w.capped for w in taken)
     assert not backend.client.zcard(f"{backend.settings.tag(0)}:due")
 
 
-def test_a_windows_cap_is_its_openers(backend: Backend) -> None:
+def test_a_windows_cap_is_its_openers(backend: WindowStore) -> None:
     """Like the max wait: the call that opens a window sets its cap; joiners count
     against it whatever cap they carry (or none)."""
     opener = call(backend, "k", 2)
@@ -102,7 +101,7 @@ def test_a_windows_cap_is_its_openers(backend: Backend) -> None:
 
 
 def test_a_call_without_max_calls_sends_nothing_extra_and_stores_no_cap(
-        backend: Backend) -> None:
+        backend: WindowStore) -> None:
     spec = build_spec("1h", "{0}", "2h", False)
     prepared = prepare_call(backend.settings, "t", spec, ("k",), {}, {}, None, "json")
     assert len(gate_args(backend, prepared)) == 7  # the hot path's ARGV, unchanged
@@ -116,7 +115,7 @@ def test_a_call_without_max_calls_sends_nothing_extra_and_stores_no_cap(
     assert backend.client.hget(f"{tag}:open:1:t:k", "mc") is None  # the opener had none
 
 
-def test_the_cap_with_caller_chosen_ids(backend: Backend) -> None:
+def test_the_cap_with_caller_chosen_ids(backend: WindowStore) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", 2, task_id="mine")
     assert first.task_id == "mine" and backend.client.hget(f"{tag}:ids", "mine") == b"1:t:k"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -146,3 +148,17 @@ def _top_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names.add(node.module)
     return names
+
+
+def test_the_old_backend_module_warns() -> None:
+    """``celery_debounce.backend`` (the store's name before ``store``) still imports, with a
+    DeprecationWarning; nothing in the package or its tests imports it."""
+    done = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", "import celery_debounce.backend"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode != 0 and "celery_debounce.backend is deprecated" in done.stderr
+    users = [p.relative_to(ROOT).as_posix() for d in ("celery_debounce", "tests", "bench")
+             for p in (ROOT / d).rglob("*.py")
+             if "celery_debounce.backend" in p.read_text("utf-8") and p.name != "backend.py"
+             and p.name != "test_module_map.py"]
+    assert users == []

@@ -296,7 +296,7 @@ def _reap(proc: subprocess.Popen[str]) -> None:
 
 
 def _subscribers(ops: ModuleType) -> int:
-    client = DebounceAdmin(ops.app).backend.client
+    client = DebounceAdmin(ops.app).store.client
     return int(dict(client.pubsub_numsub("debounce:wake"))[b"debounce:wake"])
 
 

@@ -20,8 +20,8 @@ from fault_app import build
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
-from celery_debounce.backend import backend_for
-from celery_debounce.dispatcher import Dispatcher, take_due
+from celery_debounce.dispatcher import Dispatcher
+from celery_debounce.store import store_for
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.slow
@@ -41,10 +41,10 @@ def test_wrong_type_keys_and_broken_records_do_not_block_the_shard(
 ) -> None:
     app = build(redis_server, lease=0.3)
     record = app.tasks["faults.record"]
-    backend = backend_for(app)
+    backend = store_for(app)
     # a window taken by a dispatcher that then died, whose record is overwritten by a string
     leased = record.delay("leased").id
-    wait_until(lambda: take_due(backend, 0, 10).windows, 5)
+    wait_until(lambda: backend.take(0, 10).windows, 5)
     redis_client.delete(f"debounce:{{0}}:win:{leased}")
     redis_client.set(f"debounce:{{0}}:win:{leased}", "not a hash")
     # an open window whose record is replaced by a list
@@ -89,12 +89,12 @@ def test_release_leaves_a_lease_another_dispatcher_took_over(
     redis_server: str, redis_client: redis.Redis,
 ) -> None:
     app = build(redis_server, lease=0.2)
-    backend = backend_for(app)
+    backend = store_for(app)
     tag = backend.settings.tag(0)
     tid = app.tasks["faults.record"].delay("k").id
-    (first,) = wait_until(lambda: take_due(backend, 0, 10).windows, 5)  # dispatcher A
+    (first,) = wait_until(lambda: backend.take(0, 10).windows, 5)  # dispatcher A
     # A's publish hangs past the lease; dispatcher B takes the window again
-    (second,) = wait_until(lambda: take_due(backend, 0, 10).windows, 5)
+    (second,) = wait_until(lambda: backend.take(0, 10).windows, 5)
     assert (first.task_id, first.tries, second.tries) == (tid, 1, 2)
     lease = redis_client.zscore(f"{tag}:leased", tid)
     # A's publish fails at last: its release must not move B's lease
@@ -176,7 +176,7 @@ def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
     dispatching one is looked at again later."""
     from celery_debounce.store import EXPIRY_GRACE_MS
 
-    store = backend_for(make_app(redis_server))
+    store = store_for(make_app(redis_server))
     tag = "debounce:{0}"
     past = store.time_ms() - EXPIRY_GRACE_MS - 1000
     for tid, st in (("q1", "queued"), ("c1", "claimed"), ("d1", "dispatching")):

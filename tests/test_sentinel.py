@@ -22,10 +22,10 @@ from celery import Celery
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebounceConfigError, DebouncedTask
-from celery_debounce.backend import backend_for
 from celery_debounce.local_redis import LocalSentinels
 from celery_debounce.sentinel import SentinelConfig, parse_sentinel_url
 from celery_debounce.settings import Settings
+from celery_debounce.store import store_for
 
 # -- the URL and the settings (no server) --------------------------------------
 
@@ -154,7 +154,7 @@ def test_a_burst_through_sentinel_runs_once(
         runs.append(n)
         return n
 
-    backend = backend_for(app)
+    backend = store_for(app)
     assert backend.direct, "the sentinel pool keeps the direct EVALSHA path"
     with running_worker(app):
         results = [work.delay(i) for i in range(10)]
@@ -189,7 +189,7 @@ def _produce(task: Any, stream: Stream, stop: threading.Event) -> None:
                 stream.errors.append(str(exc))
         else:
             stream.accepted[n] = time.monotonic()
-            stream.master[n] = backend_for(task.app).client.connection_pool.master_address
+            stream.master[n] = store_for(task.app).client.connection_pool.master_address
         stream.slowest = max(stream.slowest, time.monotonic() - started)
         stop.wait(0.02)
 
@@ -329,7 +329,7 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
     def work() -> None:
         ran.set()
 
-    backend = backend_for(app)
+    backend = store_for(app)
     with running_worker(app):
         old = sentinels.master_port()
         assert old is not None
@@ -367,7 +367,7 @@ def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
     import signal
 
     app = _sentinel_app(redis_server, sentinels)
-    backend = backend_for(app)
+    backend = store_for(app)
     assert backend.ping()
     old = sentinels.master_port()
     assert old is not None
@@ -444,7 +444,7 @@ def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
         app = make_app(redis_server, debounce_redis_url=f"sentinel://127.0.0.1:{port}",
                        debounce_redis_sentinel_master=sentinels.master_name,
                        debounce_redis_timeout=1.0)
-        backend = backend_for(app)
+        backend = store_for(app)
         assert backend.ping()
         old = sentinels.master_port()
         time.sleep(0.5)  # the watcher is subscribed

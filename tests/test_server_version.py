@@ -153,7 +153,7 @@ def test_an_old_server_refuses_the_dispatcher_at_start_and_in_its_loop(
     _refusal(at_start)
     # a dispatcher that started while Redis was down checks at its first pass
     store = WindowStore(store_for.__globals__["settings_for"](app))
-    app._debounce_backend = (os.getpid(), store)
+    app._debounce_store = (os.getpid(), store)
     monkeypatch.setattr(store, "server_checked", True)
     dispatcher = Dispatcher(app)
     monkeypatch.setattr(store, "server_checked", False)

@@ -103,15 +103,15 @@ def test_the_fakeredis_fixture_leaves_the_app_as_it_found_it() -> None:
     use(configured)
     use(bare)  # twice: still restored to what the test found
     assert bare.conf.debounce_redis_url == PLACEHOLDER_URL
-    assert bare._debounce_backend is not None
+    assert bare._debounce_store is not None
     with pytest.raises(StopIteration):
         next(fixture)
     assert bare.conf.get("debounce_redis_url") is None
     assert "debounce_redis_url" not in bare.conf.changes
-    assert not hasattr(bare, "_debounce_settings") and not hasattr(bare, "_debounce_backend")
+    assert not hasattr(bare, "_debounce_settings") and not hasattr(bare, "_debounce_store")
     assert configured.conf.debounce_redis_url == before["url"]
     assert configured._debounce_settings is settings
-    assert not hasattr(configured, "_debounce_backend")
+    assert not hasattr(configured, "_debounce_store")
 
 
 PROBE = '''

@@ -23,10 +23,9 @@ from helpers import stop_process, wait_until
 
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
-from celery_debounce.backend import backend_for
-from celery_debounce.dispatcher import take_due
 from celery_debounce.layout import HOT_KEYS_KEPT
 from celery_debounce.local_redis import free_port
+from celery_debounce.store import store_for
 from celery_debounce.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
 
 CELERY = str(Path(sys.executable).with_name("celery"))
@@ -298,7 +297,7 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
     def work(user: int) -> None:
         pass
 
-    backend = backend_for(app)
+    backend = store_for(app)
     costs = {}
     for total in (20, 20_000):
         redis_client.flushdb()
@@ -324,10 +323,10 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
 
     # 150 keys, key i called i+1 times (one window each); trimmed to the 100 hottest
     enqueue_many(work, [((i,), {}) for i in range(150) for _ in range(i + 1)], chunk_size=2000)
-    backend = backend_for(app)
+    backend = store_for(app)
     time.sleep(0.05)
-    # Without a name (tests, tools calling take_due) nothing is recorded.
-    assert len(take_due(backend, 0, 10).windows) == 10
+    # Without a name (tests, tools calling take without one) nothing is recorded.
+    assert len(backend.take(0, 10).windows) == 10
     assert not redis_client.exists("debounce:{0}:hot", "debounce:{0}:dispatchers")
     wait_until(lambda: Dispatcher(app, name="obs-1").dispatch_once()[0] == 0 and
                not redis_client.zcard("debounce:{0}:due"), timeout=20)

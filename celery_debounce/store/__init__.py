@@ -96,8 +96,6 @@ __all__ = [
     "translate_errors",
 ]
 
-logger = logging.getLogger("celery_debounce.store")
-
 
 # -- the store -------------------------------------------------------------------------------
 
@@ -423,14 +421,14 @@ def store_for(app: Celery, call: bool = False) -> WindowStore:
     Until the server's version was read (:meth:`WindowStore.check_server`), each use
     reads it; ``call``: a producer's call, which raises an outage found there."""
     pid = os.getpid()
-    cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_backend", None)
+    cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_store", None)
     if cached is not None and cached[0] == pid and cached[1].server_checked:
         return cached[1]
     with _lock:
-        cached = getattr(app, "_debounce_backend", None)
+        cached = getattr(app, "_debounce_store", None)
         if cached is None or cached[0] != pid:
             cached = (pid, WindowStore(settings_for(app)))
-            app._debounce_backend = cached  # type: ignore[attr-defined, unused-ignore]
+            app._debounce_store = cached  # type: ignore[attr-defined, unused-ignore]
     store = cached[1]
     if not store.server_checked:  # the first call, dispatcher or worker of this process
         store.check_server(outage_raises=call)
