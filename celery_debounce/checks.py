@@ -12,24 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-#: What :func:`maxmemory_policy` returns when Redis does not say (CONFIG refused, ...).
+#: The policy read when Redis does not say (CONFIG refused, ...): see
+#: :meth:`WindowStore.maxmemory_policy <celery_debounce.store.WindowStore.maxmemory_policy>`.
 UNKNOWN = "unknown"
-
-
-def maxmemory_policy(client: Any) -> str:
-    """The server's ``maxmemory-policy``, or ``"unknown"`` if it cannot be read.
-
-    ``CONFIG GET`` is often refused to a least-privilege ACL user or by managed
-    services; that is never an error here.
-    """
-    try:
-        reply = client.config_get("maxmemory-policy")
-    except Exception:  # NOPERM, unknown command, outage: say unknown, never fail
-        return UNKNOWN
-    value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy")) if reply else None
-    if value is None:
-        return UNKNOWN
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def combined_policy(policies: list[str]) -> str:

@@ -43,6 +43,7 @@ from .collect import COLLECT_HEADER, plain_call_of
 from .layout import SHARD_HEADER, TAG_HEADER, is_tag_of
 from .signals import duplicate_skipped
 from .store import WindowStore, store_for
+from .store.codec import finish_aliases
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -288,7 +289,7 @@ def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state
         # sent again when Redis is back (marks.py), and its aliases resolved then
         marks.keep(store, "finish", store.record_keys(shard, task_id),
                    store.finish_args(task_id, state), exc,
-                   then=lambda reply: _finished(app, task_id, list(reply[2:]), state, retval))
+                   then=lambda reply: _finished(app, task_id, finish_aliases(reply), state, retval))
         return
     _finished(app, task_id, aliases, state, retval)
 

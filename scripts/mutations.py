@@ -373,7 +373,7 @@ MUTATIONS: list[Mutation] = [
     one("a finish sent after an outage forgets the window's aliases",
         "every id a caller holds resolves, also when the finish was kept during an outage",
         PKG + "worker_signals.py",
-        "then=lambda reply: _finished(app, task_id, list(reply[2:]), state, retval))",
+        "then=lambda reply: _finished(app, task_id, finish_aliases(reply), state, retval))",
         "then=None)",
         "tests/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result"),
     one("active ids of expired records are never pruned",

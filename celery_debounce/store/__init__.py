@@ -59,6 +59,7 @@ from .codec import (
     TakenWindow,
     TakeResult,
     _taken,
+    finish_aliases,
     gate_args,
     gate_keys,
     parse_reply,
@@ -409,7 +410,7 @@ class WindowStore(BulkGate, Operators):
         """Mark a window finished with ``state``; the raw aliases it returns."""
         reply = self.run_once("finish", self.record_keys(shard, task_id),
                               self.finish_args(task_id, state))
-        return list(reply[2:])
+        return finish_aliases(reply)
 
 
 _lock = threading.Lock()

@@ -274,3 +274,10 @@ def _edge_reply(reply: list[object]) -> GateResult:
     base = parse_reply(reply[:5])
     edge = reply[5]
     return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))
+
+
+# -- finish.lua ----------------------------------------------------------------------------
+
+def finish_aliases(reply: Any) -> list[Any]:
+    """The raw aliases (``aliases.parse_aliases``) in ``finish.lua``'s reply."""
+    return list(reply[2:])

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.commands.core import Script
 
+from ..checks import combined_policy
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     CANCEL_FIELDS,
+    F_DEADLINE,
+    F_ID,
     FLUSH_FIELDS,
     HOT_KEYS_KEPT,
     INSPECT_FIELDS,
@@ -45,6 +48,7 @@ from ..layout import (
 from ..settings import Settings
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
 from .errors import CancelOutcomeUnknown, translate_errors
+from .server import maxmemory_policy
 from .transport import Transport
 
 
@@ -145,7 +149,7 @@ class Operators:
             return {}
         with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
             for record in runs:
-                pipe.hmget(quiet_key(tag, record.ident), "id", "dl")  # type: ignore[arg-type]
+                pipe.hmget(quiet_key(tag, record.ident), F_ID, F_DEADLINE)  # type: ignore[arg-type]
             rows = pipe.execute(raise_on_error=False)
         ends = {}
         for record, row in zip(runs, rows, strict=True):
@@ -328,8 +332,6 @@ class Operators:
 
     def maxmemory_policy(self) -> str:
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
-        from ..checks import combined_policy, maxmemory_policy
-
         # every master of a cluster: the worst answer wins
         return combined_policy([maxmemory_policy(c) for c in self.transport.masters()])
 

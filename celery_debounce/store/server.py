@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ..checks import UNKNOWN
 from ..layout import as_text
 from .transport import CHECKOUT_ARGS
 
@@ -92,3 +93,19 @@ def server_supported(server: str, version: str) -> bool:
         digits = "".join(c for c in part if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts) >= MIN_REDIS
+
+
+def maxmemory_policy(client: Any) -> str:
+    """The server's ``maxmemory-policy``, or ``"unknown"`` if it cannot be read.
+
+    ``CONFIG GET`` is often refused to a least-privilege ACL user or by managed
+    services; that is never an error here.
+    """
+    try:
+        reply = client.config_get("maxmemory-policy")
+    except Exception:  # NOPERM, unknown command, outage: say unknown, never fail
+        return UNKNOWN
+    value = reply.get("maxmemory-policy", reply.get(b"maxmemory-policy")) if reply else None
+    if value is None:
+        return UNKNOWN
+    return value.decode() if isinstance(value, bytes) else str(value)
