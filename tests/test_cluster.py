@@ -446,7 +446,7 @@ def test_the_server_version_is_read_from_every_master(
 ) -> None:
     """tests/test_server_version.py on a cluster: each master's version is checked; one
     old master refuses the store, naming that master."""
-    import celery_debounce.store as store_module
+    import celery_debounce.store.server as store_module
 
     app = cluster_app()
     store = store_for(app)

@@ -15,7 +15,6 @@ import pytest
 import redis
 from helpers import package_keys
 
-import celery_debounce.store as store_module
 import celery_debounce.store.server as server_module
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatcher import Dispatcher
@@ -118,7 +117,7 @@ def old_server(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         reads.append(client)
         return ("redis", "6.0.16")
 
-    monkeypatch.setattr(store_module, "read_server_version", read)
+    monkeypatch.setattr(server_module, "read_server_version", read)
     return reads
 
 

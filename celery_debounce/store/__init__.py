@@ -14,19 +14,17 @@ connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`)
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import NoScriptError
 
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..errors import DebounceOutcomeUnknown
 from ..layout import (
     HOT_KEYS_KEPT,
     LATE_BUCKETS_MS,
@@ -69,7 +67,6 @@ from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
     CancelOutcomeUnknown,
-    _translated,
     is_error_reply,
     is_outage,
     pipeline_failed_at,
@@ -78,10 +75,8 @@ from .errors import (
 )
 from .operators import Operators
 from .scripts import SCRIPT_NAMES, script_source
-from .server import MIN_REDIS, read_server_version, server_supported
+from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported
 from .wake import WakeListener
-
-_logger = logging.getLogger("celery_debounce")
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
@@ -100,18 +95,13 @@ __all__ = [
 
 # -- the store -------------------------------------------------------------------------------
 
-class WindowStore(BulkGate, Operators):
+class WindowStore(ServerCheck, BulkGate, Operators):
     """One app's windows in Redis, for the current process.
 
     Scripts run with EVALSHA and are reloaded on NOSCRIPT. How commands reach Redis
     is the transport's (:mod:`celery_debounce.store.transport`), chosen once here.
     """
 
-    #: The server's version was read and is supported (or cannot be read: see
-    #: :meth:`check_server`); :func:`store_for` checks until it is.
-    server_checked = False
-    _check_after = 0.0
-    _refusal: DebounceBackendError | None = None
 
     #: The transport's, bound here (no call in between on the hot path): see
     #: :meth:`Transport.run <celery_debounce.store.transport.Transport.run>`,
@@ -160,66 +150,6 @@ class WindowStore(BulkGate, Operators):
     def refresh_topology(self) -> None:
         """On a cluster, read the slot table again (after a failover or resharding)."""
         self.transport.refresh_topology()
-
-    # -- server version ----------------------------------------------------------------------
-    def check_server(self, outage_raises: bool = False) -> None:
-        """Refuse a server older than :data:`MIN_REDIS` with a clear error, before any
-        script can fail on it (``ZADD GT``) with a Lua error.
-
-        Reads the version once (``HELLO``, which every user may run, else ``INFO
-        server``; on a cluster, of every master) and remembers the answer. Redis
-        unreachable: no answer yet, read again a second later; raised as
-        :class:`DebounceBackendError` with ``outage_raises`` (a call, which would fail
-        on it too: so it waits one timeout, not two), else left to the operation. A
-        refusal is raised again for a second, then read again (the server may have
-        been upgraded or failed over). A version that cannot be read (both commands
-        refused) is not refused.
-        """
-        if self.server_checked:
-            return
-        now = time.monotonic()
-        if now < self._check_after:
-            if self._refusal is not None:
-                raise self._refusal
-            return
-        self._check_after = now + 1.0
-        try:
-            found = self.server_versions()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            if outage_raises:
-                raise _translated("connect", exc) from exc
-            return  # the caller's own command reports the outage
-        except (OSError, RedisClusterException) as exc:
-            if outage_raises:
-                raise DebounceBackendError(f"debounce Redis unreachable: {exc}") from exc
-            return
-        except redis.RedisError as exc:
-            _logger.debug("debounce: could not read the Redis version: %r", exc)
-            found = []
-        old = [(where, server, version) for where, server, version in found
-               if not server_supported(server, version)]
-        if old:
-            where, server, version = old[0]
-            self._refusal = DebounceBackendError(
-                f"debounce Redis at {where} is {'Redis' if server == 'redis' else server} "
-                f"{version}; celery_debounce needs "
-                f"Redis >= {'.'.join(map(str, MIN_REDIS))} (its scripts use ZADD GT) or "
-                f"Valkey: upgrade the server or point debounce_redis_url at another one"
-            )
-            raise self._refusal
-        self._refusal = None
-        self.server_checked = True
-
-    def server_versions(self) -> list[tuple[str, str, str]]:
-        """``(where, server name, version)`` of the windows' server (each master of a
-        cluster); a server that answers neither ``HELLO`` nor ``INFO`` is left out."""
-        found = []
-        for where, client in self.transport.servers():
-            got = read_server_version(client)
-            if got is not None:
-                found.append((where, *got))
-        return found
-
 
     # -- producers ---------------------------------------------------------------------------
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:

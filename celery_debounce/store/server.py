@@ -1,18 +1,27 @@
-"""The server's version (refused when older than :data:`MIN_REDIS`) and its features."""
+"""The server's version (refused when older than :data:`MIN_REDIS`: :class:`ServerCheck`)
+and its ``maxmemory-policy``."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from ..checks import UNKNOWN
+from ..errors import DebounceBackendError
 from ..layout import as_text
+from .errors import _translated
 from .transport import CHECKOUT_ARGS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..settings import Settings
     from . import WindowStore
     from .transport import Transport
+
+_logger = logging.getLogger("celery_debounce")
 
 
 class _PooledCommands:
@@ -93,6 +102,79 @@ def server_supported(server: str, version: str) -> bool:
         digits = "".join(c for c in part if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts) >= MIN_REDIS
+
+
+class ServerCheck:
+    """:meth:`check_server`, a part of :class:`~celery_debounce.store.WindowStore`."""
+
+    #: The server's version was read and is supported (or cannot be read: see
+    #: :meth:`check_server`); :func:`store_for` checks until it is.
+    server_checked = False
+    _check_after = 0.0
+    _refusal: DebounceBackendError | None = None
+
+    settings: Settings
+    transport: Transport
+
+    def check_server(self, outage_raises: bool = False) -> None:
+        """Refuse a server older than :data:`MIN_REDIS` with a clear error, before any
+        script can fail on it (``ZADD GT``) with a Lua error.
+
+        Reads the version once (``HELLO``, which every user may run, else ``INFO
+        server``; on a cluster, of every master) and remembers the answer. Redis
+        unreachable: no answer yet, read again a second later; raised as
+        :class:`DebounceBackendError` with ``outage_raises`` (a call, which would fail
+        on it too: so it waits one timeout, not two), else left to the operation. A
+        refusal is raised again for a second, then read again (the server may have
+        been upgraded or failed over). A version that cannot be read (both commands
+        refused) is not refused.
+        """
+        if self.server_checked:
+            return
+        now = time.monotonic()
+        if now < self._check_after:
+            if self._refusal is not None:
+                raise self._refusal
+            return
+        self._check_after = now + 1.0
+        try:
+            found = self.server_versions()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if outage_raises:
+                raise _translated("connect", exc) from exc
+            return  # the caller's own command reports the outage
+        except (OSError, RedisClusterException) as exc:
+            if outage_raises:
+                raise DebounceBackendError(f"debounce Redis unreachable: {exc}") from exc
+            return
+        except redis.RedisError as exc:
+            _logger.debug("debounce: could not read the Redis version: %r", exc)
+            found = []
+        old = [(where, server, version) for where, server, version in found
+               if not server_supported(server, version)]
+        if old:
+            where, server, version = old[0]
+            self._refusal = DebounceBackendError(
+                f"debounce Redis at {where} is {'Redis' if server == 'redis' else server} "
+                f"{version}; celery_debounce needs "
+                f"Redis >= {'.'.join(map(str, MIN_REDIS))} (its scripts use ZADD GT) or "
+                f"Valkey: upgrade the server or point debounce_redis_url at another one"
+            )
+            raise self._refusal
+        self._refusal = None
+        self.server_checked = True
+
+    def server_versions(self) -> list[tuple[str, str, str]]:
+        """``(where, server name, version)`` of the windows' server (each master of a
+        cluster); a server that answers neither ``HELLO`` nor ``INFO`` is left out."""
+        found = []
+        for where, client in self.transport.servers():
+            got = read_server_version(client)
+            if got is not None:
+                found.append((where, *got))
+        return found
+
+
 
 
 def maxmemory_policy(client: Any) -> str:
