@@ -860,4 +860,17 @@ MUTATIONS: list[Mutation] = [
         "        if arguments is not None:\n            amqp = self.app.amqp",
         "        if arguments is not None and False:\n            amqp = self.app.amqp",
         "tests/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
+    # -- the embedded dispatcher in a child process (issue 23, item 5) -----------------
+    one("the dispatcher child outlives its SIGKILLed worker",
+        "no dispatcher process outlives its worker",
+        PKG + "dispatcher_process.py",
+        "            if os.getppid() != parent:",
+        "            if False:",
+        "tests/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled"),
+    one("a dead dispatcher child is not started again",
+        "the worker keeps its embedded dispatcher process running",
+        PKG + "dispatcher_process.py",
+        "            self._spawn()\n            self.restarts += 1",
+        "            return",
+        "tests/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
 ]

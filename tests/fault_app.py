@@ -100,6 +100,7 @@ app = build(
     float(os.environ.get("FAULT_LEASE", "1")),
     claim_lease=float(os.environ.get("FAULT_CLAIM_LEASE", "2")),
     task_acks_late=os.environ.get("FAULT_ACKS_LATE", "1") == "1",
+    debounce_dispatcher_process=os.environ.get("FAULT_DISPATCHER_PROCESS", "0") == "1",
 )
 
 
