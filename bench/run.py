@@ -110,6 +110,14 @@ def _lateness(ctx: dict[str, Any]) -> list[Row]:
     return out
 
 
+@bench("start", "5b: deadline -> task start: dispatcher thread, child process, own process")
+def _start(ctx: dict[str, Any]) -> list[Row]:
+    from bench.start import rows, start_latency
+
+    rounds, seconds = (1, 4.0) if ctx["quick"] else (3, 6.0)
+    return rows(start_latency(ctx["app"], ctx["url"], rounds, seconds))
+
+
 @bench("memory", "6: Redis bytes per open window; bytes left after history expired")
 def _memory(ctx: dict[str, Any]) -> list[Row]:
     from bench.memory import bytes_after_history, bytes_per_open_window
