@@ -9,19 +9,18 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
+from helpers import make_app, running_worker, wait_until
 from test_tls_acl import make_certs
 
 from celery_debounce import DebouncedTask
 from celery_debounce.local_cluster import _free_cluster_port, redis_cli
 from celery_debounce.local_redis import LocalRedis, server_supports_tls
 from celery_debounce.windows import list_windows
-from helpers import make_app, running_worker, wait_until
 
 pytestmark = [
     pytest.mark.cluster,
