@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
 from celery_debounce.local_redis import LocalRedis
 from celery_debounce.windows import list_windows
-from helpers import make_app, running_worker, wait_until
 
 
 @pytest.fixture(scope="module")
