@@ -541,6 +541,15 @@ MUTATIONS: list[Mutation] = [
         "        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries",
         "        if (False and not _CHECKED.get() and not retries",
         PARITY + "test_eager_canvas_members_are_checked_as_calls"),
+    one("an eager chain or chord is not checked before its steps run",
+        "parity: eager mode refuses what a real call refuses (a chain's steps and a "
+        "chord's body, whose ids a real run fixes)",
+        PKG + "canvas.py",
+        "        check_eager(self, options.get(\"body\"))",
+        "        pass",
+        PARITY + "test_eager_canvas_members_are_checked_as_calls",
+        PARITY + "test_every_way_in_works_or_is_refused_at_call_time"
+        "[eager-function-leading only-no option-chain tail]"),
     one("debounce_collect wraps only a run defined on the class itself",
         "parity: debounce_collect wraps run for every task shape",
         PKG + "task.py",
