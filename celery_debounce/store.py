@@ -1532,11 +1532,14 @@ class WindowStore:
 
     def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
         """Finish as REVOKED the queued windows whose message expired more than
-        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished,
-        and of those finished earlier whose outcome :meth:`expired` has not confirmed."""
+        :data:`EXPIRY_GRACE_MS` ago, on Redis's clock and on this process's (a Redis
+        clock stepped forward revokes nothing early); ``(task id, raw aliases)`` of each
+        one finished, and of those finished earlier whose outcome :meth:`expired` has
+        not confirmed."""
         tag = self.tag(shard)
         reply = self.run("expire", [expiring_key(tag), active_key(tag)],
-                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
+                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit,
+                          int(time.time() * 1000)])
         return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
 
     def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:

@@ -48,6 +48,7 @@ PARITY = "tests/test_parity.py::"
 ROBUST = "tests/test_robustness.py::"
 ONCE = "tests/test_at_most_once.py::"
 ACL = "tests/test_tls_acl.py::"
+CLOCK = "tests/test_clock_step.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -869,4 +870,17 @@ MUTATIONS: list[Mutation] = [
         "        if arguments is not None:\n            amqp = self.app.amqp",
         "        if arguments is not None and False:\n            amqp = self.app.amqp",
         "tests/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
+    # -- a Redis clock step (issue 19, suspected item) ---------------------------------
+    one("the expiry sweep judges a message's expiry on Redis's clock alone",
+        "a Redis clock stepped forward revokes no message a worker would still run",
+        LUA + "expire.lua",
+        "  seen = math.min(now, tonumber(ARGV[5]))",
+        "  seen = now",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
+    one("a Redis clock stepped back is not noticed",
+        "a Redis clock step is logged with what it does to the stored deadlines",
+        PKG + "dispatcher.py",
+        "        if moved < least - CLOCK_STEP_MS:",
+        "        if False:",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing"),
 ]
