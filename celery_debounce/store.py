@@ -1473,13 +1473,15 @@ class WindowStore:
                         outcomes[i] = UNKNOWN_OUTCOME
 
     # -- dispatchers -------------------------------------------------------------------------
-    def take(self, shard: Shard, limit: int, observer: str = "") -> TakeResult:
+    def take(self, shard: Shard, limit: int, observer: str = "",
+             lapse_upto: int | None = None) -> TakeResult:
         """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
         ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
         (:meth:`run_once`). With ``observer`` (the dispatcher's name), a pass that takes
         windows also records the name and time in ``<tag>:dispatchers`` and calls per
-        ident in ``<tag>:hot``.
+        ident in ``<tag>:hot``. ``lapse_upto``: the latest claim expiry (Redis ms) that
+        may lapse in this pass (after a step forward of Redis's clock; None: up to now).
         """
         settings = self.settings
         tag = self.tag(shard)
@@ -1487,7 +1489,8 @@ class WindowStore:
             "take",
             [due_key(tag), leased_key(tag), stats_key(tag)],
             [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-             settings.history_ttl_ms, observer, HOT_KEYS_KEPT, *LATE_BUCKETS_MS],
+             settings.history_ttl_ms, observer, HOT_KEYS_KEPT,
+             "" if lapse_upto is None else lapse_upto, *LATE_BUCKETS_MS],
         )
         now_ms = int(reply[0])
         result = TakeResult(now_ms, int(reply[1]), [])

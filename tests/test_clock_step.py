@@ -110,7 +110,7 @@ def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], 
     @app.task(name="clock.slow", debounce="100ms", debounce_max_wait="1s", **common)
     def slow(key: str) -> str:
         running.set()
-        time.sleep(2.5)  # the step comes while it runs (its claim: 3 s, renewed each 1 s)
+        time.sleep(4)  # the step comes while it runs (its claim: 3 s, renewed each 1 s)
         runs[key] += 1
         return key
 
@@ -141,8 +141,10 @@ def _logged_step(caplog: pytest.LogCaptureFixture, way: str) -> float | None:
 def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
         redis_server: str, clock: SteppedRedis, caplog: pytest.LogCaptureFixture) -> None:
     """Forward: every deadline written before the step is due at once (windows run
-    early, the quiet period ends), leases and claims lapse, and nothing is lost or run
-    twice: the run in progress finishes its window once, and a message queued with
+    early, the quiet period ends), and nothing is lost or run twice: the claim of the
+    run in progress does not lapse (the dispatcher saw the step on its monotonic clock
+    and lets no claim written before it lapse by it for a claim lease, while the worker
+    renews it), the run finishes its window once, and a message queued with
     ``expires`` is not revoked by the dispatcher's expiry sweep (its expiry passed on
     Redis's clock only, not on the dispatcher's, the one a worker judges it by)."""
     app, runs, running = _app(redis_server, clock)
@@ -158,6 +160,8 @@ def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
         assert running.wait(10)
         clock.step(HOUR)
         second = lead.delay("a")  # the quiet period ended with the step: a leading run
+        time.sleep(1.5)  # passes after the step: the live claim did not lapse by it
+        assert _states(app)[done.id] == "claimed"
         assert done.get(timeout=10) == "slow"
         for key, task_id in ids.items():  # due at once: run ~10 s early, once each
             assert app.AsyncResult(task_id).get(timeout=10) == key
