@@ -751,7 +751,7 @@ MUTATIONS: list[Mutation] = [
     one("a stale claim is never released",
         "claim leases: a dead worker's claim goes stale within the lease (active released)",
         LUA + "take.lua",
-        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)",
+        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)",
         "local lapsed = {}",
         "tests/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_"
