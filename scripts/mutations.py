@@ -721,6 +721,21 @@ MUTATIONS: list[Mutation] = [
         "local again = false",
         "tests/test_robustness.py::"
         "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
+    # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
+    one("the switch watcher listens to the first sentinel only",
+        "Sentinel failover: a hung sentinel does not hide the switch the others announce",
+        PKG + "store.py",
+        "        for host, port in self.config.sentinels:\n            threading.Thread(",
+        "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
+    one("the switch watcher has no keepalive",
+        "Sentinel failover: a subscription gone silent is replaced",
+        PKG + "store.py",
+        "    KEEPALIVE = 2.0",
+        "    KEEPALIVE = 1e9",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
     one("a returned message's queue is not declared again",
         "no window quarantined for a queue deleted since the dispatcher declared it",
         PKG + "dispatcher.py",
