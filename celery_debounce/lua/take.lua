@@ -53,10 +53,12 @@
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
 -- ARGV[6]  dispatcher name; '' or absent: the two zsets below are not written
 -- ARGV[7]  how many idents <tag>:hot keeps (the ARGV[7] with the most calls)
--- ARGV[8]  '' or the latest claim expiry (ms) that may lapse in this pass: the dispatcher
---          sends it after a step forward of this Redis's clock (its own monotonic clock
---          says the step), for one claim lease, so the claims of runs still going, whose
---          expiry the step moved into the past, are renewed before they could lapse
+-- ARGV[8]  '' or the latest claim expiry (ms) that may lapse in this pass: what the
+--          dispatcher's monotonic clock says this Redis's clock can read by now had it not
+--          stepped (its last take + the time since + 1 s), less a step forward it saw
+--          within the last claim lease; equal to or above now unless the clock stepped
+--          forward, so the claims of runs still going, whose expiry such a step moved
+--          into the past, are renewed before they could lapse
 -- ARGV[9..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
 --          bucket b (0-based) counts windows taken at most ARGV[9 + b] ms late, the
 --          last one (index #bounds) everything above
