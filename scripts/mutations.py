@@ -48,6 +48,7 @@ PARITY = "tests/test_parity.py::"
 ROBUST = "tests/test_robustness.py::"
 ONCE = "tests/test_at_most_once.py::"
 ACL = "tests/test_tls_acl.py::"
+CLOCK = "tests/test_clock_step.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -541,6 +542,15 @@ MUTATIONS: list[Mutation] = [
         "        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries",
         "        if (False and not _CHECKED.get() and not retries",
         PARITY + "test_eager_canvas_members_are_checked_as_calls"),
+    one("an eager chain or chord is not checked before its steps run",
+        "parity: eager mode refuses what a real call refuses (a chain's steps and a "
+        "chord's body, whose ids a real run fixes)",
+        PKG + "canvas.py",
+        "        check_eager(self, options.get(\"body\"))",
+        "        pass",
+        PARITY + "test_eager_canvas_members_are_checked_as_calls",
+        PARITY + "test_every_way_in_works_or_is_refused_at_call_time"
+        "[eager-function-leading only-no option-chain tail]"),
     one("debounce_collect wraps only a run defined on the class itself",
         "parity: debounce_collect wraps run for every task shape",
         PKG + "task.py",
@@ -711,6 +721,21 @@ MUTATIONS: list[Mutation] = [
         "local again = false",
         "tests/test_robustness.py::"
         "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
+    # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
+    one("the switch watcher listens to the first sentinel only",
+        "Sentinel failover: a hung sentinel does not hide the switch the others announce",
+        PKG + "store.py",
+        "        for host, port in self.config.sentinels:\n            threading.Thread(",
+        "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
+    one("the switch watcher has no keepalive",
+        "Sentinel failover: a subscription gone silent is replaced",
+        PKG + "store.py",
+        "    KEEPALIVE = 2.0",
+        "    KEEPALIVE = 1e9",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
     one("a returned message's queue is not declared again",
         "no window quarantined for a queue deleted since the dispatcher declared it",
         PKG + "dispatcher.py",
@@ -741,7 +766,7 @@ MUTATIONS: list[Mutation] = [
     one("a stale claim is never released",
         "claim leases: a dead worker's claim goes stale within the lease (active released)",
         LUA + "take.lua",
-        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)",
+        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)",
         "local lapsed = {}",
         "tests/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_"
@@ -873,4 +898,23 @@ MUTATIONS: list[Mutation] = [
         "            self._spawn()\n            self.restarts += 1",
         "            return",
         "tests/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
+    # -- a Redis clock step (issue 19, suspected item) ---------------------------------
+    one("the expiry sweep judges a message's expiry on Redis's clock alone",
+        "a Redis clock stepped forward revokes no message a worker would still run",
+        LUA + "expire.lua",
+        "  seen = math.min(now, tonumber(ARGV[5]))",
+        "  seen = now",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
+    one("a step forward of Redis's clock lapses the claims of runs still going",
+        "a Redis clock stepped forward releases no live claim (duplicates stay skipped)",
+        LUA + "take.lua",
+        "  lapse_upto = math.min(now, tonumber(ARGV[8]))",
+        "  lapse_upto = now",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
+    one("a Redis clock stepped back is not noticed",
+        "a Redis clock step is logged with what it does to the stored deadlines",
+        PKG + "dispatcher.py",
+        "        if moved < least - CLOCK_STEP_MS:",
+        "        if False:",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing"),
 ]

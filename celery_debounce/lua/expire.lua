@@ -11,6 +11,10 @@
 --          its aliases (na, a1 .. a<na>) are read and kept
 -- ARGV[1]  <tag>   ARGV[2]  grace ms (clock skew between workers and Redis)
 -- ARGV[3]  history TTL ms   ARGV[4]  most ids examined
+-- ARGV[5]  the caller's wall clock, ms (optional): a message has expired only once its
+--          expiry passed on both clocks, Redis's and the caller's (a worker judges
+--          `expires` by its own clock): a step forward of either clock alone (a Redis
+--          clock stepped an hour ahead) never revokes a message a worker would still run
 --
 -- Only a `queued` record is finished: a claimed (running) or finished one is never
 -- touched, and its id just leaves the set. A `dispatching` one (published again, not
@@ -23,7 +27,11 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local upto = string.format('%d', now - tonumber(ARGV[2]))
+local seen = now
+if ARGV[5] and ARGV[5] ~= '' then
+  seen = math.min(now, tonumber(ARGV[5]))
+end
+local upto = string.format('%d', seen - tonumber(ARGV[2]))
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upto, 'LIMIT', 0, tonumber(ARGV[4]))
 local reply = {now}
 for _, id in ipairs(ids) do
