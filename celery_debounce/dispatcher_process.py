@@ -94,13 +94,16 @@ class DispatcherProcess:
         self._child = child
 
     def _supervise(self) -> None:
+        """The only thread that waits for (reaps) the child: two waiting threads race."""
         backoff = RESTART_BACKOFF_S[0]
-        while not self._stopping.is_set():
+        while True:
             child = self._child
             assert child is not None
             child.join(PARENT_CHECK_S)
-            if child.exitcode is None or self._stopping.is_set():
+            if child.exitcode is None:
                 continue
+            if self._stopping.is_set():
+                return
             logger.warning("debounce: embedded dispatcher process %s (pid %s) exited with "
                            "code %s; starting it again in %.0fs", self.name, child.pid,
                            child.exitcode, backoff)
@@ -115,19 +118,25 @@ class DispatcherProcess:
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the child and wait for its clean stop; SIGKILL it after ``timeout``."""
         self._stopping.set()
-        child = self._child
-        if child is not None and child.exitcode is None:
-            child.terminate()
-            child.join(self.stop_timeout if timeout is None else timeout)
-            if child.exitcode is None:
-                logger.warning("debounce: embedded dispatcher process %s (pid %s) did not "
-                               "stop in time; killing it", self.name, child.pid)
-                if child.pid is not None:
-                    os.kill(child.pid, signal.SIGKILL)
-                child.join(1.0)
-        if self._supervisor is not None:
-            self._supervisor.join(PARENT_CHECK_S * 2)
-            self._supervisor = None
+        supervisor, child = self._supervisor, self._child
+        if supervisor is None or child is None:
+            return
+        self._signal(child, signal.SIGTERM)
+        supervisor.join(self.stop_timeout if timeout is None else timeout)
+        if supervisor.is_alive():
+            logger.warning("debounce: embedded dispatcher process %s (pid %s) did not "
+                           "stop in time; killing it", self.name, child.pid)
+            self._signal(child, signal.SIGKILL)
+            supervisor.join(PARENT_CHECK_S * 3)
+        self._supervisor = None
+
+    @staticmethod
+    def _signal(child: _Child, signum: int) -> None:
+        if child.pid is not None and child.exitcode is None:
+            try:
+                os.kill(child.pid, signum)
+            except ProcessLookupError:  # it ended on its own meanwhile
+                pass
 
 
 def green_pool(parent: Any) -> bool:
