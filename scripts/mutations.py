@@ -795,6 +795,20 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_"
         "lease",
         "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+    one("a run whose pool child died leaves its aliases pending",
+        "every id resolves: a prefork child killed mid-run fails every id its callers hold",
+        PKG + "worker_signals.py",
+        "            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)",
+        "            pass",
+        FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
+        "hold[child, no acks_late]"),
+    one("a run put back after its pool child died keeps the dead claim",
+        "effectively once: a delivery put back after its pool child died runs at once",
+        PKG + "worker_signals.py",
+        "            _end_claim(store_for(app), shard, self.id, self.name)",
+        "            pass",
+        FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
+        "hold[child, acks_late, reject_on_worker_lost]"),
     # -- monitoring that survives the workers (issue 22) -----------------------------
     one("the exporter keeps its first reading",
         "monitoring: the exporter's gauges are read from Redis at each scrape",

@@ -389,6 +389,73 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     assert runs(redis_client, "n") == [call.id]  # nothing redelivered it
 
 
+@pytest.mark.parametrize("how", ["child, no acks_late", "child, acks_late",
+                                 "child, acks_late, reject_on_worker_lost",
+                                 "whole worker, acks_late"])
+def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, how: str
+) -> None:
+    """A window that a plain call and a group of three joined; its run's process is
+    SIGKILLed mid-run. Killing a prefork child: the worker's main process stores
+    FAILURE (WorkerLostError) for the run's id, and finishes the window with it, so
+    every group member's id (an alias) fails the same way at once, instead of staying
+    PENDING forever; with reject_on_worker_lost Celery puts the message back instead,
+    and the redelivery runs at once (the dead claim ended) and resolves every id with
+    its result. Killing the whole worker with acks_late: the redelivered run, on a new
+    worker, resolves every id with its result."""
+    from celery import group
+
+    results = f"{redis_server}/2"
+    app = build(redis_server, result_backend=results)
+    task = app.tasks["faults.lost"]
+    redis_client.set("block:c:1", 1)  # the first run blocks (a redelivery does not)
+    env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0" if "no acks_late" in how else "1",
+           "FAULT_REJECT_ON_WORKER_LOST": "1" if "reject_on_worker_lost" in how else "0"}
+    child = how.startswith("child")
+    if child:  # the broker must not redeliver before the main process sees its child die
+        env["FAULT_VISIBILITY"] = "120"
+    first = task.delay("c")
+    members = group(task.s("c") for _ in range(3)).apply_async()
+    ids = [first.id] + [m.id for m in members.results]
+    assert len(set(ids)) == 4  # one window: the run's id and three aliases
+    log = tmp_path / "w1.log"
+    with worker_process(redis_server, log, extra_env=env,
+                        pool="prefork" if child else "solo") as worker:
+        wait_until(lambda: runs(redis_client, "c"), 15)
+        (run_id, pid), = (r.split() for r in runs(redis_client, "c"))
+        assert run_id == first.id
+        killed = time.monotonic()
+        if child:
+            os.kill(int(pid), signal.SIGKILL)  # the pool child, mid-run
+            if "reject_on_worker_lost" in how:  # put back, and run again at once
+                wait_until(lambda: len(runs(redis_client, "c")) == 2, 20)
+            outcomes = [app.AsyncResult(i) for i in ids]
+            wait_until(lambda: all(r.ready() for r in outcomes), 20)
+        else:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(10)
+    if not child:
+        wait_until(lambda: time.monotonic() > killed + 3.0, 10)  # the visibility timeout
+        with worker_process(redis_server, tmp_path / "w2.log", name="w2", extra_env=env):
+            outcomes = [app.AsyncResult(i) for i in ids]
+            wait_until(lambda: all(r.ready() for r in outcomes), 30)
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    if how in ("child, no acks_late", "child, acks_late"):
+        assert [r.state for r in outcomes] == ["FAILURE"] * 4
+        assert all(type(r.result).__name__ == "WorkerLostError" for r in outcomes), outcomes
+        assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
+        assert len(runs(redis_client, "c")) == 1  # nothing ran it again
+        assert "lost its worker process mid-run" in log.read_text()
+    else:
+        assert [r.get(timeout=5) for r in outcomes] == ["c"] * 4
+        assert (record[b"st"], record[b"rs"]) == (b"finished", b"SUCCESS")
+        assert [r.split()[0] for r in runs(redis_client, "c")] == [first.id] * 2
+        if child:  # the dead run's claim ended at once: the delivery put back ran as it came
+            assert "skipped: a duplicate delivery" not in log.read_text()
+    assert not redis_client.zrange("debounce:{0}:claims", 0, -1)
+    assert not list_windows(app)
+
+
 # -- debounce_exclusive --------------------------------------------------------------
 
 
