@@ -809,6 +809,22 @@ MUTATIONS: list[Mutation] = [
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
         "hold[child, acks_late, reject_on_worker_lost]"),
+    one("expire.lua keeps the exclusive key of a window it revokes",
+        "debounce_exclusive: a hold behind a lost message ends when its expires passed",
+        LUA + "expire.lua",
+        "    if run and redis.pcall('HGET', run, 'id') == id then",
+        "    if false then",
+        "tests/test_exclusive.py::"
+        "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires[expires]"),
+    one("a flushed held window stays listed as held",
+        "debounce_exclusive: flush publishes a held window now, and it is held no more",
+        LUA + "flush.lua",
+        "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never "
+        "blocks it",
+        "-- (held kept)",
+        "tests/test_exclusive.py::"
+        "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires"
+        "[no expires]"),
     # -- monitoring that survives the workers (issue 22) -----------------------------
     one("the exporter keeps its first reading",
         "monitoring: the exporter's gauges are read from Redis at each scrape",
