@@ -160,15 +160,17 @@ class _Renewer:
             ids[task_id] -= 1
             if ids[task_id] <= 0:
                 del ids[task_id]
-            if not ids:
-                del self.held[store][key]
-                if not self.held[store]:
-                    del self.held[store]
+            # an emptied key stays (one per shard and store): the next run's hold then
+            # finds it and does not wake the renewal thread, once per run
 
     def snapshot(self) -> list[tuple[WindowStore, dict[str, list[str]]]]:
         with self.lock:
-            return [(store, {key: list(ids) for key, ids in keys.items()})
-                    for store, keys in self.held.items() if keys]
+            out = []
+            for store, keys in self.held.items():
+                held = {key: list(ids) for key, ids in keys.items() if ids}
+                if held:
+                    out.append((store, held))
+            return out
 
     def renew_now(self) -> None:
         for store, held in self.snapshot():
@@ -184,7 +186,9 @@ class _Renewer:
         otherwise postpone it forever)."""
         next_at: float | None = None
         while True:
-            periods = [store.settings.claim_lease_ms for store, _ in self.snapshot()]
+            with self.lock:  # every store seen (held now or not): a new claim's first
+                # renewal is at most one period after it, with no wake-up per run
+                periods = [store.settings.claim_lease_ms for store in self.held]
             period = min(periods, default=MIN_PERIOD_MS * 3) / 3000
             now = time.monotonic()
             if next_at is None or next_at > now + period:
