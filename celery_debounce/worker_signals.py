@@ -488,8 +488,32 @@ class WindowRequest(Request):  # type: ignore[misc]
             logger.warning("debounce: %s[%s] lost its worker process mid-run (%r): window "
                            "finished as FAILURE, with its aliases", self.name, self.id, exc)
             _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)
+            return
+        stored = None if getattr(self, "_debounce_requeued", False) else self._stored_success()
+        if stored is not None:  # the child stored SUCCESS, then died before task_postrun
+            logger.warning("debounce: %s[%s] succeeded, then lost its worker process before "
+                           "finishing its window: finished here, with its aliases",
+                           self.name, self.id)
+            _finish_window(app, shard, self.id, self.name, states.SUCCESS, stored[0])
         else:  # put back (or retried): the next delivery takes the dead run's claim over
             _end_claim(store_for(app), shard, self.id, self.name)
+
+    def _stored_success(self) -> tuple[Any] | None:
+        """``(result,)`` if the backend holds SUCCESS for this run's id, else None."""
+        if getattr(self, "ignore_result", self.task.ignore_result):
+            return None
+        try:
+            meta = self.task.backend.get_task_meta(self.id)
+        except Exception:  # a disabled backend raises; an outage: nothing known
+            return None
+        if meta.get("status") != states.SUCCESS:
+            return None
+        return (meta.get("result"),)
+
+    def reject(self, requeue: bool = False) -> None:
+        if requeue:
+            self._debounce_requeued = True
+        super().reject(requeue)
 
 
 def _dropped(sender: Any = None, message: Any = None, name: str | None = None,

@@ -802,6 +802,12 @@ MUTATIONS: list[Mutation] = [
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
         "hold[child, no acks_late]"),
+    one("a run that stored SUCCESS and then lost its process leaves its aliases pending",
+        "every id resolves: a child that died after storing its result resolves its aliases",
+        PKG + "worker_signals.py",
+        '        if meta.get("status") != states.SUCCESS:',
+        "        if True:",
+        FAULTS + "test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id"),
     one("a run put back after its pool child died keeps the dead claim",
         "effectively once: a delivery put back after its pool child died runs at once",
         PKG + "worker_signals.py",

@@ -107,6 +107,21 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
         client.close()
         return key
 
+    class DiesAfterStoring(DebouncedTask):  # type: ignore[misc]
+        def after_return(self, *args: object, **kwargs: object) -> None:
+            """Celery stored the result; the process dies before task_postrun."""
+            os._exit(1)
+
+    @app.task(base=DiesAfterStoring, name="faults.stored_then_lost", bind=True, shared=False,
+              ignore_result=False, debounce="200ms", debounce_key="s:{0}",
+              debounce_max_wait="2s")
+    def stored_then_lost(self: DebouncedTask, key: str) -> str:
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+        client.rpush(f"runs:{key}", f"{self.request.id} {os.getpid()}")
+        client.close()
+        return key
+
     return app
 
 

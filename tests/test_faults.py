@@ -389,6 +389,33 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     assert runs(redis_client, "n") == [call.id]  # nothing redelivered it
 
 
+def test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The pool child stored SUCCESS, then died before task_postrun finished the window
+    (here: in after_return). Celery keeps the run's SUCCESS ("succeeded before the
+    worker was lost"); the main process finishes the window with it, so the group
+    members that joined it get the same result instead of staying PENDING."""
+    from celery import group
+
+    results = f"{redis_server}/2"
+    app = build(redis_server, result_backend=results)
+    task = app.tasks["faults.stored_then_lost"]
+    first = task.delay("s")
+    members = group(task.s("s") for _ in range(3)).apply_async()
+    ids = [first.id] + [m.id for m in members.results]
+    log = tmp_path / "w1.log"
+    env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0", "FAULT_VISIBILITY": "120"}
+    with worker_process(redis_server, log, extra_env=env, pool="prefork"):
+        outcomes = [app.AsyncResult(i) for i in ids]
+        wait_until(lambda: all(r.ready() for r in outcomes), 20)
+    assert [r.get(timeout=5) for r in outcomes] == ["s"] * 4
+    assert len(runs(redis_client, "s")) == 1
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    assert (record[b"st"], record[b"rs"]) == (b"finished", b"SUCCESS")
+    assert "succeeded, then lost its worker process" in log.read_text()
+
+
 @pytest.mark.parametrize("how", ["child, no acks_late", "child, acks_late",
                                  "child, acks_late, reject_on_worker_lost",
                                  "whole worker, acks_late"])
