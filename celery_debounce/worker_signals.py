@@ -239,10 +239,27 @@ def install_skip(app: Celery) -> bool:
     return changed
 
 
+#: Celery's own request class, as ``Task.Request`` names it by default.
+_DEFAULT_REQUEST = "celery.worker.request:Request"
+
+
+def install_request(app: Celery) -> None:
+    """Give every task of ``app`` that keeps Celery's request class
+    :class:`WindowRequest` (a debounced task has it already): a window published by
+    name (``send_task``) to a plain task is finished by the worker's main process too
+    when its pool child dies. Called in the main process before the consumer builds
+    its strategies (``worker_init``)."""
+    for name, task in list(app.tasks.items()):
+        cls = type(task)
+        if not name.startswith("celery.") and cls.Request in (_DEFAULT_REQUEST, Request):
+            cls.Request = "celery_debounce.worker_signals:WindowRequest"
+
+
 def _install_in_worker(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None:
         install_skip(app)
+        install_request(app)
 
 
 def _install_in_child(sender: Any = None, **_: Any) -> None:

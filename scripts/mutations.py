@@ -801,7 +801,8 @@ MUTATIONS: list[Mutation] = [
         "            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)",
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
-        "hold[child, no acks_late]"),
+        "hold[child, no acks_late]",
+        FAULTS + "test_a_killed_pool_child_frees_its_exclusive_key_at_once"),
     one("a run that stored SUCCESS and then lost its process leaves its aliases pending",
         "every id resolves: a child that died after storing its result resolves its aliases",
         PKG + "worker_signals.py",

@@ -580,6 +580,33 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
     assert starts.count(first.id) == (2 if acks_late else 1)
 
 
+def test_a_killed_pool_child_frees_its_exclusive_key_at_once(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A prefork child killed mid-run of an exclusive task: the worker's main process
+    finishes the window FAILURE, which frees the key, so the window held behind it runs
+    then, not a claim lease later (60 s here, past the test's timeout)."""
+    app = build(redis_server)
+    task = app.tasks["faults.exclusive"]
+    first = task.delay("p", 30.0)
+    env = {"FAULT_ACKS_LATE": "0", "FAULT_CLAIM_LEASE": "60", "FAULT_VISIBILITY": "120"}
+    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env,
+                        pool="prefork") as worker:
+        wait_until(lambda: runs(redis_client, "p"), 15)
+        follow = task.delay("p", 0.0, 1)
+        wait_until(lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:p")
+                   is not None, 5)
+        children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        assert len(children) == 2, children  # --concurrency 2
+        for child in children:  # the one running the first window, and an idle one
+            os.kill(int(child), signal.SIGKILL)
+        wait_until(lambda: f"end {follow.id}" in " ".join(runs(redis_client, "p")), 20)
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
+    starts = [r.split()[1] for r in runs(redis_client, "p") if r.startswith("start")]
+    assert starts == [first.id, follow.id]
+
+
 # -- redis-server restart ----------------------------------------------------------
 
 
