@@ -439,8 +439,10 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
     env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0" if "no acks_late" in how else "1",
            "FAULT_REJECT_ON_WORKER_LOST": "1" if "reject_on_worker_lost" in how else "0"}
     child = how.startswith("child")
-    if child:  # the broker must not redeliver before the main process sees its child die
+    if child:  # the broker must not redeliver, nor the claim lapse, before the main
+        # process sees its child die (that took up to 4 s on the loaded test machine)
         env["FAULT_VISIBILITY"] = "120"
+        env["FAULT_CLAIM_LEASE"] = "60"
     first = task.delay("c")
     members = group(task.s("c") for _ in range(3)).apply_async()
     ids = [first.id] + [m.id for m in members.results]
