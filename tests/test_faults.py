@@ -418,7 +418,7 @@ def test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id(
 
 @pytest.mark.parametrize("how", ["child, no acks_late", "child, acks_late",
                                  "child, acks_late, reject_on_worker_lost",
-                                 "whole worker, acks_late"])
+                                 "child, hard time limit", "whole worker, acks_late"])
 def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold(
     redis_server: str, redis_client: redis.Redis, tmp_path: Path, how: str
 ) -> None:
@@ -443,6 +443,8 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
         # process sees its child die (that took up to 4 s on the loaded test machine)
         env["FAULT_VISIBILITY"] = "120"
         env["FAULT_CLAIM_LEASE"] = "60"
+    if "time limit" in how:  # the main process kills the child at the limit
+        env["FAULT_TIME_LIMIT"] = "2"
     first = task.delay("c")
     members = group(task.s("c") for _ in range(3)).apply_async()
     ids = [first.id] + [m.id for m in members.results]
@@ -455,7 +457,8 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
         assert run_id == first.id
         killed = time.monotonic()
         if child:
-            os.kill(int(pid), signal.SIGKILL)  # the pool child, mid-run
+            if "time limit" not in how:
+                os.kill(int(pid), signal.SIGKILL)  # the pool child, mid-run
             if "reject_on_worker_lost" in how:  # put back, and run again at once
                 wait_until(lambda: len(runs(redis_client, "c")) == 2, 20)
             outcomes = [app.AsyncResult(i) for i in ids]
@@ -469,9 +472,10 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
             outcomes = [app.AsyncResult(i) for i in ids]
             wait_until(lambda: all(r.ready() for r in outcomes), 30)
     record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
-    if how in ("child, no acks_late", "child, acks_late"):
+    if how in ("child, no acks_late", "child, acks_late", "child, hard time limit"):
         assert [r.state for r in outcomes] == ["FAILURE"] * 4
-        assert all(type(r.result).__name__ == "WorkerLostError" for r in outcomes), outcomes
+        lost = "TimeLimitExceeded" if "time limit" in how else "WorkerLostError"
+        assert all(type(r.result).__name__ == lost for r in outcomes), outcomes
         assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
         assert len(runs(redis_client, "c")) == 1  # nothing ran it again
         assert "lost its worker process mid-run" in log.read_text()
