@@ -832,6 +832,19 @@ MUTATIONS: list[Mutation] = [
         "tests/test_exclusive.py::"
         "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires"
         "[no expires]"),
+    one("a cancelled held window stays listed as held",
+        "debounce_exclusive: a cancelled held window is held no more",
+        LUA + "cancel.lua",
+        "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- a held exclusive window is held no "
+        "more",
+        "-- (held kept)",
+        "tests/test_exclusive.py::test_a_cancelled_held_window_is_held_no_more"),
+    one("top does not show held windows",
+        "top shows held windows and the run each waits for",
+        PKG + "top.py",
+        "    if snap.held:\n",
+        "    if False:\n",
+        "tests/test_top.py::test_top_shows_held_windows_and_the_run_each_waits_for"),
     # -- monitoring that survives the workers (issue 22) -----------------------------
     one("the exporter keeps its first reading",
         "monitoring: the exporter's gauges are read from Redis at each scrape",

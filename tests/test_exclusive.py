@@ -139,3 +139,30 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
     assert not redis_client.zrange(held, 0, -1)  # held no more
     assert redis_client.hget(f"debounce:{{0}}:run:{window_ident('ex.lost', 'k:a')}",
                              "id") == follow.id.encode()
+
+
+def test_a_cancelled_held_window_is_held_no_more(redis_server: str,
+                                                 redis_client: redis.Redis) -> None:
+    """Cancelling a window held behind a run of its key drops it from <tag>:held too (a
+    stale entry would list it in inspect and top, and keep the key's next window from
+    being published the moment the run ends)."""
+    from celery_debounce.admin import DebounceAdmin
+    from celery_debounce.dispatcher import Dispatcher
+
+    app = make_app(redis_server)
+
+    @app.task(base=DebouncedTask, shared=False, name="ex.cancelled", debounce="100ms",
+              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    def cancelled(x: Any) -> Any:
+        return x
+
+    dispatcher = Dispatcher(app, name="cancel")
+    first = cancelled.delay("c")
+    wait_until(lambda: dispatcher.dispatch_once() is not None and redis_client.hget(
+        f"debounce:{{0}}:win:{first.id}", "st") == b"queued", 10)
+    cancelled.delay("c")
+    ident = window_ident("ex.cancelled", "k:c")
+    wait_until(lambda: dispatcher.dispatch_once() is not None
+               and redis_client.zscore("debounce:{0}:held", ident) is not None, 10)
+    DebounceAdmin(app).cancel("ex.cancelled", "k:c")
+    assert redis_client.zscore("debounce:{0}:held", ident) is None
