@@ -8,7 +8,10 @@
 -- KEYS[2]  <tag>:active    zset; a finished id leaves it
 -- Touches, by name: <tag>:win:<id>  read st; a `queued` one gets st "finished",
 --          rs "REVOKED", fa now, xr 1, p and o deleted, the history TTL (as finish.lua);
---          its aliases (na, a1 .. a<na>) are read and kept
+--          its aliases (na, a1 .. a<na>) are read and kept;
+--          <tag>:run:<ident>, <tag>:held, <tag>:open:<ident>, <tag>:due: a finished
+--          debounce_exclusive window frees its key, and a window held behind it is due
+--          now (as finish.lua does: its message expired, so it can never run)
 -- ARGV[1]  <tag>   ARGV[2]  grace ms (clock skew between workers and Redis)
 -- ARGV[3]  history TTL ms   ARGV[4]  most ids examined
 -- ARGV[5]  the caller's wall clock, ms (optional): a message has expired only once its
@@ -51,6 +54,15 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', key, 'p', 'o')
     redis.call('PEXPIRE', key, ARGV[3])
     redis.call('ZREM', KEYS[2], id)
+    local ident = redis.call('HGET', key, 'i')
+    local run = ident and (ARGV[1] .. ':run:' .. ident)
+    if run and redis.pcall('HGET', run, 'id') == id then
+      redis.call('DEL', run)
+      if redis.pcall('ZREM', ARGV[1] .. ':held', ident) == 1 and
+          type(redis.pcall('HGET', ARGV[1] .. ':open:' .. ident, 'hs')) == 'string' then
+        redis.call('ZADD', ARGV[1] .. ':due', string.format('%d', now), ident)
+      end
+    end
   end
   if finish or again then
     local row = {id}
