@@ -44,6 +44,12 @@ def register(app: Celery, url: str) -> None:
     def debounced(user_id: str, n: int = 0) -> None:
         return None
 
+    @app.task(name="bench.exclusive", base=DebouncedTask, shared=False,
+              debounce="1h", debounce_max_wait="2h", debounce_key="u:{user_id}",
+              debounce_exclusive=True)
+    def exclusive(user_id: str, n: int = 0) -> None:
+        return None
+
     @app.task(name="bench.stamp", bind=True, shared=False)
     def stamp(self: Any, user_id: str, n: int = 0) -> None:
         """Countdown baseline: how late after its ETA this run started (ms)."""

@@ -110,6 +110,28 @@ def _lateness(ctx: dict[str, Any]) -> list[Row]:
     return out
 
 
+@bench("start", "5b: deadline -> task start: dispatcher thread, child process, own process")
+def _start(ctx: dict[str, Any]) -> list[Row]:
+    from bench.start import rows, start_latency
+
+    rounds, seconds = (1, 4.0) if ctx["quick"] else (3, 6.0)
+    return rows(start_latency(ctx["app"], ctx["url"], rounds, seconds))
+
+
+@bench("runs", "11: a worker's runs/s debounced (and exclusive) vs plain; start at 200/s")
+def _runs(ctx: dict[str, Any]) -> list[Row]:
+    from bench.runs import start_lateness, worker_run_rates
+    from bench.worker import celery_worker
+
+    app, url = ctx["app"], ctx["url"]
+    n = 1000 if ctx["quick"] else 3000
+    rounds = min(ctx["rounds"], 5)
+    with celery_worker(url):
+        rows = worker_run_rates(app, url, rounds, n)
+        rows += start_lateness(app, url, rounds, 4.0 if ctx["quick"] else 8.0)
+    return rows
+
+
 @bench("memory", "6: Redis bytes per open window; bytes left after history expired")
 def _memory(ctx: dict[str, Any]) -> list[Row]:
     from bench.memory import bytes_after_history, bytes_per_open_window

@@ -11,13 +11,17 @@ from celery.signals import worker_init
 
 from .checks import warn_if_evicting
 from .dispatcher import Dispatcher
+from .dispatcher_process import DispatcherProcess, green_pool
 from .settings import DEFAULTS, parse_bool
+from .store import store_for
 
 logger = logging.getLogger("celery_debounce.worker")
 
 
 class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Runs a :class:`Dispatcher` thread in the worker's main process.
+    """Runs a :class:`Dispatcher` thread in the worker's main process, or with
+    ``debounce_dispatcher_process = True`` a supervised child process
+    (:class:`~celery_debounce.dispatcher_process.DispatcherProcess`).
 
     Switched off with ``app.conf.debounce_dispatcher = False``.
     """
@@ -30,20 +34,32 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return parse_bool("debounce_dispatcher",
                           DEFAULTS["debounce_dispatcher"] if value is None else value)
 
-    def create(self, parent: Any) -> Dispatcher:
+    def create(self, parent: Any) -> Dispatcher | DispatcherProcess:
         # The step framework calls start()/stop() on what create() returns.
-        return Dispatcher(parent.app, name=f"worker-{parent.hostname}")
+        app = parent.app
+        name = f"worker-{parent.hostname}"
+        value = app.conf.get("debounce_dispatcher_process")
+        if parse_bool("debounce_dispatcher_process",
+                      DEFAULTS["debounce_dispatcher_process"] if value is None else value):
+            if not green_pool(parent):
+                return DispatcherProcess(app, name)
+            logger.info("debounce: debounce_dispatcher_process is ignored under a gevent or "
+                        "eventlet pool (no fork there): the dispatcher runs as a thread")
+        return Dispatcher(app, name=name)
 
     def start(self, parent: Any) -> None:
         super().start(parent)
-        dispatcher: Dispatcher = self.obj
-        settings = dispatcher.settings
-        logger.info("debounce: embedded dispatcher %s started (prefix %r, %d shard(s), "
-                    "poll %dms)", dispatcher.name, settings.key_prefix, settings.shards,
+        dispatcher: Dispatcher | DispatcherProcess = self.obj
+        store = store_for(parent.app)
+        settings = store.settings
+        where = (f"process pid {dispatcher.pid}" if isinstance(dispatcher, DispatcherProcess)
+                 else "thread")
+        logger.info("debounce: embedded dispatcher %s started (%s, prefix %r, %d shard(s), "
+                    "poll %dms)", dispatcher.name, where, settings.key_prefix, settings.shards,
                     settings.poll_interval_ms)
         # beside the worker's start-up: a hung Redis must not hold the worker up
         threading.Thread(
-            target=warn_if_evicting, args=(dispatcher.store, dispatcher.name, logger),
+            target=warn_if_evicting, args=(store, dispatcher.name, logger),
             name="debounce-eviction-check", daemon=True,
         ).start()
 

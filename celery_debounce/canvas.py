@@ -9,6 +9,13 @@ every such signature when the canvas is applied, before anything is published or
 written: through ``DebouncedTask.apply_async`` (a debounced head) and through the
 app's ``send_task`` (a plain head: :func:`install`).
 
+Eager mode (``task_always_eager``) never publishes: ``chain``/``chord`` run their
+steps with ``Signature.apply``, without freezing an id, so neither check above is
+reached. :func:`install` wraps Celery's ``_chain.apply`` and ``_chord.apply`` (once
+per process; only for an app with a debounced task, only in eager mode) to make
+the same checks before any step runs: every position a real chain or chord fixes
+the id of is checked as fixed (leading only refused, as in a real run).
+
 ``map``/``starmap``/``chunks`` run the task inline in the worker that runs the
 ``celery.map``/``celery.starmap``/``celery.chunks`` task: never through the gate.
 A task with a debounce window refuses them (decision in docs/faq.md); a
@@ -21,8 +28,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Celery
-from celery.canvas import Signature, maybe_signature
+from celery.canvas import Signature, _chain, _chord, maybe_signature
 
+from .confcache import always_eager
 from .errors import DebounceConfigError
 
 #: Celery's built-in tasks that run another task's signature inline (``task(item)``).
@@ -69,8 +77,10 @@ def _check(app: Celery, sig: Any, where: str, depth: int = 0) -> None:
     check_signature(app, sig, where, fixed=True)
 
 
-def check_signature(app: Celery, sig: Signature, where: str, *, fixed: bool) -> None:
-    """Run the call-time checks of a debounced task's signature, writing nothing."""
+def check_signature(app: Celery, sig: Signature, where: str | None, *, fixed: bool) -> None:
+    """Run the call-time checks of a debounced task's signature, writing nothing.
+    ``where`` names the position in the refusal; None: the call's own refusal (a
+    chain's head, applied as a call)."""
     from .task import DebouncedTask, refuse_fixed_leading
 
     name = sig.get("task")
@@ -88,6 +98,8 @@ def check_signature(app: Celery, sig: Signature, where: str, *, fixed: bool) -> 
         if fixed and spec.leading and not spec.trailing:
             refuse_fixed_leading(name)
     except DebounceConfigError as exc:
+        if where is None:
+            raise
         raise DebounceConfigError(f"{exc} (as {where}, refused when the canvas is applied)") \
             from None
 
@@ -112,9 +124,52 @@ def check_publish(
                 raise refuse_shortcut(inner["task"], name.rsplit(".", 1)[1])
 
 
+def check_eager(canvas: Any, body: Any = None) -> None:
+    """An eager ``chain``/``chord`` about to run its steps inline: the checks a real run
+    makes when it is applied, before any step runs. A chain's later steps and a chord's
+    body as :func:`refuse_deferred` checks them; a chain's head as its own call with the
+    id a real chain fixes for it (a group or chord there checks its own members).
+    ``body``: the body an eager ``chord.apply_async(body=...)`` runs instead."""
+    app = canvas.app
+    if not getattr(app, "_debounce_canvas_checked", False) or not always_eager(app):
+        return
+    if isinstance(canvas, _chord):
+        refuse_deferred(app, None, canvas.body if body is None else body)
+        return
+    steps = [maybe_signature(step, app=app) for step in canvas.tasks or ()]
+    if not steps:
+        return
+    refuse_deferred(app, steps[1:], None)
+    head = steps[0]
+    if isinstance(head, Signature) and head.get("subtask_type") not in (
+            "group", "chain", "chord"):
+        check_signature(app, head, None, fixed=True)
+
+
+def _checked_apply(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        check_eager(self, options.get("body"))  # an eager chord.apply_async passes its body
+        return original(self, args, kwargs, **options)
+
+    apply.__wrapped__ = original  # type: ignore[attr-defined]
+    apply._debounce_checked = True  # type: ignore[attr-defined]
+    return apply
+
+
+def _install_eager() -> None:
+    """Wrap ``_chain.apply`` and ``_chord.apply`` once per process (Celery's classes:
+    every app's eager canvas runs through them; :func:`check_eager` does nothing for
+    an app without a debounced task, or outside eager mode)."""
+    for cls in (_chain, _chord):
+        if not getattr(cls.apply, "_debounce_checked", False):
+            cls.apply = _checked_apply(cls.apply)  # type: ignore[method-assign, unused-ignore]
+
+
 def install(app: Celery) -> None:
     """Check every publish of ``app.send_task`` (``Task.apply_async`` of any task class
-    goes through it) with :func:`check_publish`; once per app."""
+    goes through it) with :func:`check_publish`, once per app; and every eager
+    ``chain``/``chord`` with :func:`check_eager` (:func:`_install_eager`)."""
+    _install_eager()
     if getattr(app, "_debounce_canvas_checked", False):
         return
     original: Callable[..., Any] = app.send_task

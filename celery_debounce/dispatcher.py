@@ -95,6 +95,11 @@ KEY_DEPENDENT_CODES = frozenset({"NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
 #: back-off after a shared fault (s): first wait, cap; each wait is jittered (x0.5-1)
 BROKER_BACKOFF_S = (0.5, 10.0)
 
+#: A shard's Redis clock that moved this many ms more, or less, between two takes than
+#: this process's monotonic clock did is logged as a clock step (docs/guarantees.md,
+#: "A Redis clock step"): far above any drift or slew (NTP slews at most 0.5 ms a second)
+CLOCK_STEP_MS = 1000
+
 #: A shared fault (the broker as a whole) and a key-dependent one (see above).
 BROKER, KEY = "broker", "key"
 
@@ -299,6 +304,11 @@ class Dispatcher:
         self._expiry: dict[str, int] = {}
         #: shard -> when (monotonic) this dispatcher last finished its expired windows
         self._expired_at: dict[Shard, float] = {}
+        #: shard -> (Redis ms, monotonic before, after) of its last take (_watch_clock)
+        self._clock: dict[Shard, tuple[int, float, float]] = {}
+        #: shard -> (ms its Redis clock stepped forward, monotonic time until which the
+        #: claims written before the step may not lapse by it): see _lapse_upto
+        self._claims_moved: dict[Shard, tuple[int, float]] = {}
         #: shard layouts (a changed debounce_shards): this dispatcher's, and the tags of
         #: the others it drains (tag -> the layouts naming it); see _refresh_layouts
         settings = self.settings
@@ -340,7 +350,13 @@ class Dispatcher:
                 break
             while True:
                 took_at = time.monotonic()
-                taken = self.store.take(shard, self.settings.dispatch_batch, self.name)
+                taken = self.store.take(shard, self.settings.dispatch_batch, self.name,
+                                        self._lapse_upto(shard, took_at))
+                step = self._watch_clock(shard, taken.now_ms, took_at, time.monotonic())
+                if step > 0:  # the claims of runs still going: renewed within a lease
+                    moved = self._claims_moved.get(shard, (0, 0.0))[0] + step
+                    self._claims_moved[shard] = (
+                        moved, time.monotonic() + self.settings.claim_lease_ms / 1000)
                 empty = taken.next_in_ms < 0 and not (
                     taken.windows or taken.skipped or taken.unreadable)
                 if isinstance(shard, str):  # another layout's: kept while it holds windows
@@ -369,6 +385,59 @@ class Dispatcher:
             self._fault_streak = 0
             return published, max(0, math.ceil((next_at - time.monotonic()) * 1000))
         return published, math.ceil(self._fault_delay * 1000)
+
+    def _lapse_upto(self, shard: Shard, at: float) -> int | None:
+        """The latest claim expiry (Redis ms) the take about to be sent at ``at`` may let
+        lapse: what the shard's Redis clock can read by then had it not stepped (its
+        last take plus the time since, plus :data:`CLOCK_STEP_MS`), less a step forward
+        seen within the last claim lease. A step forward moves every claim's expiry
+        into the past; without this the take that first sees it, and the next ones until
+        each worker renews (every third of a lease), would release the claims of runs
+        still going (their duplicate deliveries then run again, a held exclusive window
+        starts beside them). A claim whose worker died lapses when its lease really
+        passes. None before this dispatcher's first take of the shard: up to now."""
+        last = self._clock.get(shard)
+        if last is None:
+            return None
+        moved, until = self._claims_moved.get(shard, (0, 0.0))
+        if moved and at >= until:
+            del self._claims_moved[shard]
+            moved = 0
+        return math.floor(last[0] + (at - last[1]) * 1000 + CLOCK_STEP_MS - moved)
+
+    def _watch_clock(self, shard: Shard, now_ms: int, before: float, after: float) -> int:
+        """Compare the Redis time a take read with the shard's last take, against this
+        process's monotonic clock (``before``/``after``: around the take). A Redis clock
+        step (set by hand, NTP stepping a large offset, a failover to a node whose clock
+        differs) moves every stored deadline against real time: logged at WARNING with
+        what it does. Returns the step in ms (negative: back), 0 when none was seen."""
+        last = self._clock.get(shard)
+        self._clock[shard] = (now_ms, before, after)
+        if last is None:
+            return 0
+        moved = now_ms - last[0]
+        least = (before - last[2]) * 1000  # real time between the two takes, at least
+        most = (after - last[1]) * 1000  # and at most
+        if moved < least - CLOCK_STEP_MS:
+            step = math.floor(moved - least)
+            logger.warning(
+                "debounce: the clock of the windows' Redis (shard %s) went back by about "
+                "%.1f s against this dispatcher's clock (a clock step, or a failover to a "
+                "node whose clock is behind): every window deadline, max wait, quiet "
+                "period, lease and claim lease written before it ends that much later in "
+                "real time; nothing is lost or run twice (docs/guarantees.md)",
+                shard, -step / 1000)
+            return step
+        if moved > most + CLOCK_STEP_MS:
+            step = math.ceil(moved - most)
+            logger.warning(
+                "debounce: the clock of the windows' Redis (shard %s) went forward by about "
+                "%.1f s against this dispatcher's clock (a clock step, a failover to a node "
+                "whose clock is ahead, or this host was suspended): windows, max waits and "
+                "quiet periods written before it end that much earlier, leases and claim "
+                "leases may lapse at once (docs/guarantees.md)", shard, step / 1000)
+            return step
+        return 0
 
     def _shared_fault(self, exc: BaseException | str) -> None:
         """Note a fault of the broker as a whole: the pass stops, nothing is counted

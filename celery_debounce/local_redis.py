@@ -8,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -73,10 +74,13 @@ def free_port() -> int:
 class LocalRedis:
     """A redis-server child process on a free loopback port, removed on stop."""
 
-    def __init__(self, *extra_args: str, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(self, *extra_args: str, port: int | None = None, appendonly: bool = False,
+                 binary: str | None = None, env: Mapping[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args
         self.appendonly = appendonly
+        self.binary = binary  # None: find_redis_server()
+        self.env = env  # extra environment of the server process (e.g. LD_PRELOAD)
         self.dir = tempfile.mkdtemp(prefix="celery-debounce-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -86,12 +90,13 @@ class LocalRedis:
 
     def start(self, timeout: float = 10.0) -> LocalRedis:
         args = [
-            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            self.binary or find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
             "--dir", self.dir, "--protected-mode", "no", *self.extra_args,
         ]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_key_prefix": "debounce",
     "debounce_shards": 1,
     "debounce_dispatcher": True,
+    "debounce_dispatcher_process": False,
     "debounce_poll_interval": 1.0,
     "debounce_dispatch_batch": 500,
     "debounce_dispatch_lease": 30.0,
@@ -150,6 +151,7 @@ class Settings:
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
+        parse_bool("debounce_dispatcher_process", get("debounce_dispatcher_process"))
         settings.check()
         return settings
 

@@ -51,6 +51,10 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_collect: bool = False
     debounce_exclusive: bool = False
 
+    #: The worker's main process finishes a window whose pool child died mid-run
+    #: (worker_signals.WindowRequest); a custom Request should derive from it.
+    Request = "celery_debounce.worker_signals:WindowRequest"
+
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -5,7 +5,9 @@ Each refresh reads a :class:`Snapshot` of the store with one pipeline per shard
 (``ZCARD``/``ZCOUNT``, O(log N)), the front of the due set, the ``<tag>:stats``
 counters (calls in, counted by ``gate.lua`` as each call arrives; runs and their
 calls, counted by ``take.lua``), ``<tag>:hot`` (at most 100 entries),
-``<tag>:dispatchers`` and the dispatchers' heartbeats. Per-task open windows come
+``<tag>:dispatchers``, the dispatchers' heartbeats and ``<tag>:held`` (its size and
+the longest held; only when some are held, a second round trip reads the run each
+one waits for). Per-task open windows come
 from a :class:`Census` that reads a bounded slice (one ``census.lua`` step, about
 1,000 windows per shard) each refresh, so a refresh costs about the same with 10 or
 1,000,000 open windows (docs/monitoring.md has the measured figures). Rates and
@@ -48,6 +50,17 @@ _SPARK_ASCII = "_.-=+*#@"  # where the output cannot encode the blocks
 
 
 @dataclass(frozen=True)
+class Held:
+    """A ``debounce_exclusive`` window held behind a run of its key (the longest held
+    are listed: ``WindowStore.HELD_LISTED`` per shard)."""
+
+    ident: str
+    since: float  # Redis time (s) it was first held
+    waits_for: str | None  # the id of the window in progress (None: it just ended)
+    state: str | None  # that window's state: dispatching, queued, claimed
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What one refresh reads from Redis. ``at`` is the Redis clock, in seconds."""
 
@@ -63,6 +76,8 @@ class Snapshot:
     dispatchers: dict[str, float]  # name -> Redis time (s) of its last pass that took windows
     alive: dict[str, float] = field(default_factory=dict)  # name -> last heartbeat (s)
     stopped: dict[str, float] = field(default_factory=dict)  # name -> clean stop (s)
+    held: int = 0  # debounce_exclusive windows held behind a run of their key
+    held_windows: list[Held] = field(default_factory=list)  # the longest held, listed
 
     @property
     def total(self) -> TaskStats:
@@ -84,7 +99,8 @@ def read_snapshot(store: WindowStore) -> Snapshot:
     dispatchers: dict[str, float] = {}
     alive: dict[str, float] = {}
     stopped: dict[str, float] = {}
-    n_open = n_due = leased = active = quarantined = 0
+    held: list[Held] = []
+    n_open = n_due = leased = active = quarantined = n_held = 0
     oldest_due: float | None = None
     for shard in range(store.settings.shards):
         part = store.snapshot(shard, now_ms)
@@ -106,8 +122,16 @@ def read_snapshot(store: WindowStore) -> Snapshot:
             alive[name] = max(alive.get(name, 0.0), ms / 1000)
         for name, ms in part.stopped:
             stopped[name] = max(stopped.get(name, 0.0), ms / 1000)
+        n_held += part.held
+        if part.held_front:  # only then a second round trip: what each one waits for
+            idents = [ident for ident, _ in part.held_front]
+            for (ident, since), (runner, state) in zip(
+                    part.held_front, store.waits_for(shard, idents), strict=True):
+                held.append(Held(ident, since / 1000, runner, state))
+    held.sort(key=lambda h: h.since)
     return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
-                    tasks, hot, dispatchers, alive, stopped)
+                    tasks, hot, dispatchers, alive, stopped, n_held,
+                    held[:WindowStore.HELD_LISTED])
 
 
 #: Pending windows one refresh's census step reads per shard (``census.lua``, a ZSCAN
@@ -293,7 +317,8 @@ def render(history: History, title: str, error: str | None = None,
     overdue = "-" if snap.oldest_due_s is None else f"{snap.oldest_due_s:.1f}s"
     lines.append(Line(f"open windows {snap.open:,}{trend}  {spark}"))
     lines.append(Line(f"due now {snap.due:,}   oldest overdue {overdue}   in flight "
-                      f"{snap.leased + snap.active:,}   quarantined {snap.quarantined:,}"))
+                      f"{snap.leased + snap.active:,}   held {snap.held:,}   quarantined "
+                      f"{snap.quarantined:,}"))
     fast = history.rates(RATE_S)
     slow = history.rates(MINUTE_S)
     if fast is None or slow is None:
@@ -313,9 +338,30 @@ def render(history: History, title: str, error: str | None = None,
     lines.extend(_task_lines(history, census))
     lines.append(Line(""))
     lines.extend(_hot_lines(history))
+    if snap.held:
+        lines.append(Line(""))
+        lines.extend(_held_lines(snap))
     lines.append(Line(""))
     lines.extend(_dispatcher_lines(snap))
     return lines
+
+
+def _held_lines(snap: Snapshot) -> list[Line]:
+    """The windows held longest (debounce_exclusive) and the run each one waits for."""
+    rows = []
+    for held in snap.held_windows:
+        try:
+            task, key = split_ident(held.ident)
+        except ValueError:
+            task, key = "?", held.ident
+        waits = "-" if held.waits_for is None else clip(held.waits_for, 36)
+        rows.append((f"{task} {clip(key, 40)}", _ago(max(0.0, snap.at - held.since)), waits,
+                     held.state or "ended"))
+    out = _table(("HELD WINDOWS (task key)", "HELD SINCE", "WAITS FOR (run in progress)",
+                  "ITS STATE"), rows)
+    if snap.held > len(rows):
+        out.append(Line(f"(and {snap.held - len(rows):,} more held)"))
+    return out
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[Line]:
@@ -467,6 +513,9 @@ def as_json(history: History, census: Census | None = None) -> dict[str, Any]:
     return {
         "at": snap.at, "open": snap.open, "due": snap.due, "oldest_due_s": snap.oldest_due_s,
         "in_flight": snap.leased + snap.active, "quarantined": snap.quarantined,
+        "held": snap.held,
+        "held_windows": [{"ident": h.ident, "held_since": h.since, "waits_for": h.waits_for,
+                          "waits_for_state": h.state} for h in snap.held_windows],
         "calls_in_per_s": None if fast is None else fast.per_s(fast.calls_in),
         "runs_per_s": None if fast is None else fast.per_s(fast.runs),
         "open_counted_at": None if census is None else census.at,
@@ -603,5 +652,5 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
         raise click.ClickException(view.error)
 
 
-__all__ = ["COMMANDS_PER_SHARD", "Census", "History", "Snapshot", "Top", "fit", "read_snapshot",
-           "render", "top"]
+__all__ = ["COMMANDS_PER_SHARD", "Census", "Held", "History", "Snapshot", "Top", "fit",
+           "read_snapshot", "render", "top"]

@@ -28,6 +28,7 @@ from celery import Celery, Task, shared_task, states
 from celery.app.trace import build_tracer, task_has_custom
 from celery.exceptions import Ignore
 from celery.signals import (
+    task_failure,
     task_postrun,
     task_prerun,
     task_rejected,
@@ -36,6 +37,7 @@ from celery.signals import (
     worker_init,
     worker_process_init,
 )
+from celery.worker.request import Request
 
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
@@ -159,15 +161,17 @@ class _Renewer:
             ids[task_id] -= 1
             if ids[task_id] <= 0:
                 del ids[task_id]
-            if not ids:
-                del self.held[store][key]
-                if not self.held[store]:
-                    del self.held[store]
+            # an emptied key stays (one per shard and store): the next run's hold then
+            # finds it and does not wake the renewal thread, once per run
 
     def snapshot(self) -> list[tuple[WindowStore, dict[str, list[str]]]]:
         with self.lock:
-            return [(store, {key: list(ids) for key, ids in keys.items()})
-                    for store, keys in self.held.items() if keys]
+            out = []
+            for store, keys in self.held.items():
+                held = {key: list(ids) for key, ids in keys.items() if ids}
+                if held:
+                    out.append((store, held))
+            return out
 
     def renew_now(self) -> None:
         for store, held in self.snapshot():
@@ -183,7 +187,9 @@ class _Renewer:
         otherwise postpone it forever)."""
         next_at: float | None = None
         while True:
-            periods = [store.settings.claim_lease_ms for store, _ in self.snapshot()]
+            with self.lock:  # every store seen (held now or not): a new claim's first
+                # renewal is at most one period after it, with no wake-up per run
+                periods = [store.settings.claim_lease_ms for store in self.held]
             period = min(periods, default=MIN_PERIOD_MS * 3) / 3000
             now = time.monotonic()
             if next_at is None or next_at > now + period:
@@ -234,10 +240,27 @@ def install_skip(app: Celery) -> bool:
     return changed
 
 
+#: Celery's own request class, as ``Task.Request`` names it by default.
+_DEFAULT_REQUEST = "celery.worker.request:Request"
+
+
+def install_request(app: Celery) -> None:
+    """Give every task of ``app`` that keeps Celery's request class
+    :class:`WindowRequest` (a debounced task has it already): a window published by
+    name (``send_task``) to a plain task is finished by the worker's main process too
+    when its pool child dies. Called in the main process before the consumer builds
+    its strategies (``worker_init``)."""
+    for name, task in list(app.tasks.items()):
+        cls = type(task)
+        if not name.startswith("celery.") and cls.Request in (_DEFAULT_REQUEST, Request):
+            cls.Request = "celery_debounce.worker_signals:WindowRequest"
+
+
 def _install_in_worker(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None:
         install_skip(app)
+        install_request(app)
 
 
 def _install_in_child(sender: Any = None, **_: Any) -> None:
@@ -401,6 +424,116 @@ def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:
     _finish_window(sender.app, shard, task_id, sender.name, states.REVOKED)
 
 
+# -- a run whose pool child died (the worker's main process) --------------------------
+
+class _Watch(threading.local):
+    """The request whose failure the main process is handling (:class:`WindowRequest`),
+    and what ``task_failure`` reported for it while Celery handled it."""
+
+    task_id: str | None = None
+    exc: BaseException | None = None
+
+
+_watch = _Watch()
+
+
+def _failed_in_parent(sender: Any = None, task_id: str | None = None,
+                      exception: BaseException | None = None, **_: Any) -> None:
+    """``task_failure`` sent by the main process for the request it watches: Celery
+    stored FAILURE for the run's id (not requeued, not retried)."""
+    if task_id is not None and task_id == _watch.task_id:
+        _watch.exc = exception if exception is not None else Exception("worker lost")
+
+
+class WindowRequest(Request):  # type: ignore[misc]
+    """The request class of debounced tasks (``DebouncedTask.Request``): the side of a
+    window's run that the worker's main process handles.
+
+    A prefork child that dies mid-run (SIGKILL, OOM killer, ``os._exit``) or is killed
+    at its hard time limit never reaches ``task_postrun``, so the child cannot finish
+    the window. The main process then stores FAILURE (``WorkerLostError`` or
+    ``TimeLimitExceeded``) for the run's own id and sends ``task_failure``; this class
+    finishes the window with that failure there, so the ids that joined it (aliases)
+    get it too and an exclusive key is freed at once. If Celery stored nothing (it put
+    the message back: ``acks_late`` with ``reject_on_worker_lost``; or it retried it:
+    ``retry_on_worker_lost``), the dead run's claim ends at once, so the next delivery
+    runs instead of being skipped as a duplicate of a live claim. A task class that
+    sets its own ``Request`` should derive it from this one.
+    """
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        if return_ok:  # the child ran the body and handled its failure (task_postrun)
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        return self._debounce_watch(super().on_failure, exc_info, send_failed_event,
+                                    return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        if soft:
+            return super().on_timeout(soft, timeout)
+        return self._debounce_watch(super().on_timeout, soft, timeout,
+                                    hard_limit=timeout)
+
+    def _debounce_watch(self, handle: Any, *args: Any, hard_limit: float | None = None) -> Any:
+        before = (_watch.task_id, _watch.exc)
+        _watch.task_id, _watch.exc = self.id, None
+        try:
+            return handle(*args)
+        finally:
+            exc = _watch.exc
+            _watch.task_id, _watch.exc = before
+            try:
+                self._debounce_end(exc, hard_limit)
+            except Exception:
+                logger.exception("debounce: could not end the window of %s[%s] after its "
+                                 "worker process was lost", self.name, self.id)
+
+    def _debounce_end(self, exc: BaseException | None, hard_limit: float | None) -> None:
+        from celery.exceptions import TimeLimitExceeded
+        from celery.worker import state as worker_state
+
+        if getattr(self, "_debounce_ended", False):
+            return
+        app = self.task.app
+        shard = _shard_of(self.request_dict, None, app)
+        if shard is None:
+            return
+        if exc is None and hard_limit is not None and not worker_state.should_terminate:
+            # Celery < 5.7 stores TimeLimitExceeded for a hard limit without task_failure
+            exc = TimeLimitExceeded(hard_limit)
+        self._debounce_ended = True
+        if exc is not None:
+            logger.warning("debounce: %s[%s] lost its worker process mid-run (%r): window "
+                           "finished as FAILURE, with its aliases", self.name, self.id, exc)
+            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)
+            return
+        stored = None if getattr(self, "_debounce_requeued", False) else self._stored_success()
+        if stored is not None:  # the child stored SUCCESS, then died before task_postrun
+            logger.warning("debounce: %s[%s] succeeded, then lost its worker process before "
+                           "finishing its window: finished here, with its aliases",
+                           self.name, self.id)
+            _finish_window(app, shard, self.id, self.name, states.SUCCESS, stored[0])
+        else:  # put back (or retried): the next delivery takes the dead run's claim over
+            _end_claim(store_for(app), shard, self.id, self.name)
+
+    def _stored_success(self) -> tuple[Any] | None:
+        """``(result,)`` if the backend holds SUCCESS for this run's id, else None."""
+        if getattr(self, "ignore_result", self.task.ignore_result):
+            return None
+        try:
+            meta = self.task.backend.get_task_meta(self.id)
+        except Exception:  # a disabled backend raises; an outage: nothing known
+            return None
+        if meta.get("status") != states.SUCCESS:
+            return None
+        return (meta.get("result"),)
+
+    def reject(self, requeue: bool = False) -> None:
+        if requeue:
+            self._debounce_requeued = True
+        super().reject(requeue)
+
+
 def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
              id: str | None = None, **_: Any) -> None:
     """A message the consumer rejected: unregistered task name or invalid message."""
@@ -424,6 +557,7 @@ task_prerun.connect(_claim, weak=False)
 task_prerun.connect(_reshape, weak=False)
 task_postrun.connect(_finish, weak=False)
 task_revoked.connect(_revoked, weak=False)
+task_failure.connect(_failed_in_parent, weak=False)
 task_unknown.connect(_dropped, weak=False)
 task_rejected.connect(_dropped, weak=False)
 worker_init.connect(_install_in_worker, weak=False)

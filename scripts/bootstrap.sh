@@ -23,3 +23,4 @@ S(replicas=0, sentinels=1).start().cleanup()" || {
 }
 scripts/ensure-rabbitmq.sh
 scripts/ensure-observability.sh
+scripts/ensure-faketime.sh

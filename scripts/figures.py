@@ -12,6 +12,9 @@ with the embedded dispatcher), makes the calls, and plots what happened:
 * ``lateness.svg``: windows opened at a steady rate, each due once: how long
   after its deadline each was taken by the dispatcher and started by the worker
   (a small version of the lateness benchmark, docs/performance.md).
+* ``exclusive.svg``: a ``debounce_exclusive`` task (a threads worker that could run
+  two at once): a burst of calls during a run gathers in one window, held while the
+  run lasts and published the moment it ends: one follow-up, after the run.
 * ``dashboard.svg``: every panel of dashboards/celery-debounce.json, drawn from
   its own PromQL run against a real Prometheus (Debian's ``prometheus``) that
   scraped this process while a stream of calls ran (skipped, with a note, when
@@ -47,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: The figures this script writes (docs link to docs/img/<name>).
-FIGURES = ("burst.svg", "max-wait.svg", "lateness.svg", "dashboard.svg")
+FIGURES = ("burst.svg", "max-wait.svg", "lateness.svg", "dashboard.svg", "exclusive.svg")
 DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"
 
 
@@ -102,6 +105,74 @@ def running(recorder: Recorder) -> Iterator[Any]:
         finally:
             for signal, receiver in receivers:
                 signal.disconnect(receiver)
+
+
+@dataclass
+class ExclusiveRecorder:
+    """The exclusive figure's run: calls (at, id, deadline), runs' (start, end), holds."""
+
+    calls: list[tuple[float, str, float]] = field(default_factory=list)
+    runs: dict[str, list[float]] = field(default_factory=dict)  # id -> [start, end]
+    held: dict[str, float] = field(default_factory=dict)  # id -> seconds held
+
+    def on_call(self, sender: str, task_id: str, deadline: float, **_: Any) -> None:
+        self.calls.append((time.time(), task_id, deadline))
+
+    def on_held(self, sender: str, task_id: str, held: float, **_: Any) -> None:
+        self.held[task_id] = held
+
+
+@contextmanager
+def running_exclusive(recorder: ExclusiveRecorder, seconds: float) -> Iterator[Any]:
+    """A redis-server and a threads worker (2 at once) running an exclusive task whose
+    run takes ``seconds``; the first call of each key runs for that long, later ones
+    for a tenth of it."""
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    from celery_debounce import DebouncedTask
+    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.signals import call_absorbed, window_held, window_opened
+
+    with LocalRedis() as server:
+        app = Celery("figures-exclusive", set_as_current=False)
+        app.conf.update(broker_url=f"{server.url}/1", result_backend=f"{server.url}/2",
+                        debounce_redis_url=f"{server.url}/0", worker_hijack_root_logger=False,
+                        broker_connection_retry_on_startup=True, debounce_poll_interval=0.1)
+
+        @app.task(base=DebouncedTask, bind=True, shared=False, name="figures.rebuild",
+                  debounce="500ms", debounce_max_wait="10s", debounce_key="report:{0}",
+                  debounce_exclusive=True)
+        def rebuild(self: Any, report: str) -> None:
+            start = time.time()
+            recorder.runs[self.request.id] = [start, start]
+            time.sleep(seconds if len(recorder.runs) == 1 else seconds / 10)
+            recorder.runs[self.request.id][1] = time.time()
+
+        receivers = ((window_opened, recorder.on_call), (call_absorbed, recorder.on_call),
+                     (window_held, recorder.on_held))
+        for signal, receiver in receivers:
+            signal.connect(receiver, weak=False)
+        try:
+            with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                              shutdown_timeout=10):
+                yield rebuild
+        finally:
+            for signal, receiver in receivers:
+                signal.disconnect(receiver)
+
+
+def exclusive_run(rebuild: Any, rec: ExclusiveRecorder, seconds: float) -> dict[str, Any]:
+    """One call, then a burst of calls while its run lasts; wait for the follow-up."""
+    rebuild.delay("7")
+    wait_for(lambda: rec.runs, 15)
+    time.sleep(seconds / 6)
+    paced(10, 0.1, lambda i: rebuild.delay("7"))
+    wait_for(lambda: len(rec.runs) == 2 and all(e > s for s, e in rec.runs.values()),
+             seconds + 15)
+    time.sleep(1.0)  # a third run would show up here (there is none)
+    return {"calls": list(rec.calls), "runs": {k: list(v) for k, v in rec.runs.items()},
+            "held": dict(rec.held), "seconds": seconds}
 
 
 def wait_for(predicate: Any, timeout: float) -> None:
@@ -249,6 +320,37 @@ def plot_lateness(data: dict[str, Any], path: Path) -> str:
     return (f"lateness: {len(taken)} windows, taken p50 {_pct(taken, 0.5):.1f}ms "
             f"p99 {_pct(taken, 0.99):.1f}ms, started p50 {_pct(started, 0.5):.1f}ms "
             f"p99 {_pct(started, 0.99):.1f}ms")
+
+
+def plot_exclusive(data: dict[str, Any], path: Path) -> str:
+    calls, runs, held = data["calls"], data["runs"], data["held"]
+    t0 = calls[0][0]
+    (first, (a_start, a_end)), *follow = sorted(runs.items(), key=lambda kv: kv[1][0])
+    during = [c for c in calls if c[1] != first]
+    fig, ax = _axes(f"debounce_exclusive: {len(during)} calls during a {data['seconds']:g} s "
+                    f"run (window 0.5 s) -> {len(follow)} follow-up, after the run",
+                    height=2.8)
+    ax.vlines([c[0] - t0 for c in calls], 0, 1, color="#4c72b0", lw=1.2, label="call")
+    ax.axvspan(a_start - t0, a_end - t0, ymin=0.55, ymax=0.68, color="#55a868", alpha=0.8,
+               label="run A")
+    for tid, (start, end) in follow:
+        due = max(c[2] for c in during if c[1] == tid)
+        ax.axvspan(due - t0, start - t0, ymin=0.38, ymax=0.48, color="#bbbbbb", hatch="//",
+                   alpha=0.6, label="window B held (due, run A in progress)")
+        ax.plot([due - t0], [0.9], "|", color="#dd8452", ms=18, mew=3,
+                label="window B's deadline")
+        ax.axvspan(start - t0, end - t0, ymin=0.55, ymax=0.68, color="#c44e52", alpha=0.8,
+                   label="run B (the follow-up)")
+        ax.annotate("A ended: B published", xy=(start - t0, 1.6), xytext=(start - t0 + 0.3, 2.0),
+                    fontsize=8, arrowprops={"arrowstyle": "->", "color": "#555555"})
+    ax.set_yticks([])
+    ax.set_ylim(-0.2, 2.6)
+    ax.set_xlabel("seconds since the first call")
+    ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=3)
+    _save(fig, path)
+    (tid, (start, _)), = follow
+    return (f"exclusive: {len(during)} calls during the run -> {len(follow)} follow-up(s), "
+            f"started {start - a_end:.2f}s after the run ended, held {held.get(tid, 0):.2f}s")
 
 
 # -- the dashboard, from a real Prometheus ----------------------------------------------
@@ -431,13 +533,18 @@ def main(argv: list[str] | None = None) -> int:
         late = lateness_run(touch, recorder, 100 if args.quick else 200,
                             2.0 if args.quick else 5.0)
         board = dashboard_run(touch, 10.0 if args.quick else 45.0)
-    burst_path, stream_path, late_path, board_path = (
+    held = ExclusiveRecorder()
+    run_s = 2.0 if args.quick else 3.0
+    with running_exclusive(held, run_s) as rebuild:
+        exclusive = exclusive_run(rebuild, held, run_s)
+    burst_path, stream_path, late_path, board_path, exclusive_path = (
         args.out / (name.replace(".svg", ".png") if args.png else name) for name in FIGURES)
     print(plot_burst(burst, burst_path))
     print(plot_stream(stream, stream_path))
     print(plot_lateness(late, late_path))
     if board is not None:
         print(plot_dashboard(board, board_path))
+    print(plot_exclusive(exclusive, exclusive_path))
     return 0
 
 

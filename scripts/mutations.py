@@ -48,6 +48,7 @@ PARITY = "tests/test_parity.py::"
 ROBUST = "tests/test_robustness.py::"
 ONCE = "tests/test_at_most_once.py::"
 ACL = "tests/test_tls_acl.py::"
+CLOCK = "tests/test_clock_step.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -541,6 +542,15 @@ MUTATIONS: list[Mutation] = [
         "        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries",
         "        if (False and not _CHECKED.get() and not retries",
         PARITY + "test_eager_canvas_members_are_checked_as_calls"),
+    one("an eager chain or chord is not checked before its steps run",
+        "parity: eager mode refuses what a real call refuses (a chain's steps and a "
+        "chord's body, whose ids a real run fixes)",
+        PKG + "canvas.py",
+        "        check_eager(self, options.get(\"body\"))",
+        "        pass",
+        PARITY + "test_eager_canvas_members_are_checked_as_calls",
+        PARITY + "test_every_way_in_works_or_is_refused_at_call_time"
+        "[eager-function-leading only-no option-chain tail]"),
     one("debounce_collect wraps only a run defined on the class itself",
         "parity: debounce_collect wraps run for every task shape",
         PKG + "task.py",
@@ -711,6 +721,21 @@ MUTATIONS: list[Mutation] = [
         "local again = false",
         "tests/test_robustness.py::"
         "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
+    # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
+    one("the switch watcher listens to the first sentinel only",
+        "Sentinel failover: a hung sentinel does not hide the switch the others announce",
+        PKG + "store.py",
+        "        for host, port in self.config.sentinels:\n            threading.Thread(",
+        "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
+    one("the switch watcher has no keepalive",
+        "Sentinel failover: a subscription gone silent is replaced",
+        PKG + "store.py",
+        "    KEEPALIVE = 2.0",
+        "    KEEPALIVE = 1e9",
+        "tests/test_sentinel.py::"
+        "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
     one("a returned message's queue is not declared again",
         "no window quarantined for a queue deleted since the dispatcher declared it",
         PKG + "dispatcher.py",
@@ -741,7 +766,7 @@ MUTATIONS: list[Mutation] = [
     one("a stale claim is never released",
         "claim leases: a dead worker's claim goes stale within the lease (active released)",
         LUA + "take.lua",
-        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)",
+        "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)",
         "local lapsed = {}",
         "tests/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_"
@@ -795,6 +820,56 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_"
         "lease",
         "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+    one("a run whose pool child died leaves its aliases pending",
+        "every id resolves: a prefork child killed mid-run fails every id its callers hold",
+        PKG + "worker_signals.py",
+        "            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)",
+        "            pass",
+        FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
+        "hold[child, no acks_late]",
+        FAULTS + "test_a_killed_pool_child_frees_its_exclusive_key_at_once"),
+    one("a run that stored SUCCESS and then lost its process leaves its aliases pending",
+        "every id resolves: a child that died after storing its result resolves its aliases",
+        PKG + "worker_signals.py",
+        '        if meta.get("status") != states.SUCCESS:',
+        "        if True:",
+        FAULTS + "test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id"),
+    one("a run put back after its pool child died keeps the dead claim",
+        "effectively once: a delivery put back after its pool child died runs at once",
+        PKG + "worker_signals.py",
+        "            _end_claim(store_for(app), shard, self.id, self.name)",
+        "            pass",
+        FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
+        "hold[child, acks_late, reject_on_worker_lost]"),
+    one("expire.lua keeps the exclusive key of a window it revokes",
+        "debounce_exclusive: a hold behind a lost message ends when its expires passed",
+        LUA + "expire.lua",
+        "    if run and redis.pcall('HGET', run, 'id') == id then",
+        "    if false then",
+        "tests/test_exclusive.py::"
+        "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires[expires]"),
+    one("a flushed held window stays listed as held",
+        "debounce_exclusive: flush publishes a held window now, and it is held no more",
+        LUA + "flush.lua",
+        "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never "
+        "blocks it",
+        "-- (held kept)",
+        "tests/test_exclusive.py::"
+        "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires"
+        "[no expires]"),
+    one("a cancelled held window stays listed as held",
+        "debounce_exclusive: a cancelled held window is held no more",
+        LUA + "cancel.lua",
+        "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- a held exclusive window is held no "
+        "more",
+        "-- (held kept)",
+        "tests/test_exclusive.py::test_a_cancelled_held_window_is_held_no_more"),
+    one("top does not show held windows",
+        "top shows held windows and the run each waits for",
+        PKG + "top.py",
+        "    if snap.held:\n",
+        "    if False:\n",
+        "tests/test_top.py::test_top_shows_held_windows_and_the_run_each_waits_for"),
     # -- monitoring that survives the workers (issue 22) -----------------------------
     one("the exporter keeps its first reading",
         "monitoring: the exporter's gauges are read from Redis at each scrape",
@@ -860,4 +935,36 @@ MUTATIONS: list[Mutation] = [
         "        if arguments is not None:\n            amqp = self.app.amqp",
         "        if arguments is not None and False:\n            amqp = self.app.amqp",
         "tests/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
+    # -- the embedded dispatcher in a child process (issue 23, item 5) -----------------
+    one("the dispatcher child outlives its SIGKILLed worker",
+        "no dispatcher process outlives its worker",
+        PKG + "dispatcher_process.py",
+        "            if os.getppid() != parent:",
+        "            if False:",
+        "tests/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled"),
+    one("a dead dispatcher child is not started again",
+        "the worker keeps its embedded dispatcher process running",
+        PKG + "dispatcher_process.py",
+        "            self._spawn()\n            self.restarts += 1",
+        "            return",
+        "tests/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
+    # -- a Redis clock step (issue 19, suspected item) ---------------------------------
+    one("the expiry sweep judges a message's expiry on Redis's clock alone",
+        "a Redis clock stepped forward revokes no message a worker would still run",
+        LUA + "expire.lua",
+        "  seen = math.min(now, tonumber(ARGV[5]))",
+        "  seen = now",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
+    one("a step forward of Redis's clock lapses the claims of runs still going",
+        "a Redis clock stepped forward releases no live claim (duplicates stay skipped)",
+        LUA + "take.lua",
+        "  lapse_upto = math.min(now, tonumber(ARGV[8]))",
+        "  lapse_upto = now",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
+    one("a Redis clock stepped back is not noticed",
+        "a Redis clock step is logged with what it does to the stored deadlines",
+        PKG + "dispatcher.py",
+        "        if moved < least - CLOCK_STEP_MS:",
+        "        if False:",
+        CLOCK + "test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing"),
 ]

@@ -1,7 +1,9 @@
 """The app the fault tests run in subprocesses (workers, a dispatcher that gets killed).
 
 Configured from the environment: FAULT_REDIS (windows DB 0, broker DB 1),
-FAULT_BROKER (default FAULT_REDIS DB 1). Every run appends its task id to the
+FAULT_BROKER (default FAULT_REDIS DB 1), FAULT_RESULTS (a result backend URL; none
+by default), FAULT_ACKS_LATE, FAULT_REJECT_ON_WORKER_LOST, FAULT_CLAIM_LEASE,
+FAULT_VISIBILITY, FAULT_TIME_LIMIT. Every run appends its task id to the
 Redis list ``runs:<key>`` in DB 0 (outside the package's ``debounce:*`` keys).
 
     python fault_app.py take [--publish]   take due windows, print their ids, then hang
@@ -91,6 +93,35 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
         client.close()
         return n
 
+    @app.task(base=DebouncedTask, name="faults.lost", bind=True, shared=False,
+              ignore_result=False, debounce="200ms", debounce_key="l:{0}",
+              debounce_max_wait="2s")
+    def lost(self: DebouncedTask, key: str, n: int = 0) -> str:
+        """Append "<id> <pid>" to runs:<key> (the pool child's pid, for a test to kill),
+        then block while ``block:<key>:<nth>`` exists; its result is stored."""
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+        nth = client.rpush(f"runs:{key}", f"{self.request.id} {os.getpid()}")
+        while client.exists(f"block:{key}:{nth}"):
+            time.sleep(0.05)
+        client.close()
+        return key
+
+    class DiesAfterStoring(DebouncedTask):  # type: ignore[misc]
+        def after_return(self, *args: object, **kwargs: object) -> None:
+            """Celery stored the result; the process dies before task_postrun."""
+            os._exit(1)
+
+    @app.task(base=DiesAfterStoring, name="faults.stored_then_lost", bind=True, shared=False,
+              ignore_result=False, debounce="200ms", debounce_key="s:{0}",
+              debounce_max_wait="2s")
+    def stored_then_lost(self: DebouncedTask, key: str) -> str:
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
+                                      socket_connect_timeout=2)
+        client.rpush(f"runs:{key}", f"{self.request.id} {os.getpid()}")
+        client.close()
+        return key
+
     return app
 
 
@@ -98,8 +129,14 @@ app = build(
     os.environ.get("FAULT_REDIS", "redis://127.0.0.1:6379"),
     os.environ.get("FAULT_BROKER"),
     float(os.environ.get("FAULT_LEASE", "1")),
+    visibility=float(os.environ.get("FAULT_VISIBILITY", "2")),
     claim_lease=float(os.environ.get("FAULT_CLAIM_LEASE", "2")),
     task_acks_late=os.environ.get("FAULT_ACKS_LATE", "1") == "1",
+    debounce_dispatcher_process=os.environ.get("FAULT_DISPATCHER_PROCESS", "0") == "1",
+    task_reject_on_worker_lost=os.environ.get("FAULT_REJECT_ON_WORKER_LOST") == "1",
+    result_backend=os.environ.get("FAULT_RESULTS") or None,
+    task_time_limit=float(os.environ["FAULT_TIME_LIMIT"]) if os.environ.get("FAULT_TIME_LIMIT")
+    else None,
 )
 
 

@@ -324,3 +324,16 @@ def test_persistent_scheduler_tick_returns_seconds() -> None:
     assert PersistentScheduler.tick is Scheduler.tick
     params = inspect.signature(Scheduler.tick).parameters
     assert list(params)[:2] == ["self", "event_t"]
+
+
+def test_what_the_dispatcher_process_borrows() -> None:
+    """dispatcher_process.py forks as Celery's embedded beat does, with its helpers."""
+    from billiard.common import reset_signals
+    from billiard.context import Process
+    from celery.platforms import close_open_fds
+    from celery.utils.log import iter_open_logger_fds
+
+    assert callable(reset_signals) and callable(close_open_fds)
+    assert all(hasattr(Process, name) for name in ("start", "terminate", "join", "exitcode",
+                                                    "pid"))
+    assert isinstance(list(iter_open_logger_fds()), list)

@@ -3,12 +3,13 @@ take.lua looks for, and the combinations that cannot wait are refused by name.""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import redis
 from celery import group
-from helpers import make_app
+from helpers import make_app, wait_until
 
 from celery_debounce import DebounceConfigError, DebouncedTask, enqueue_many, send_task
 from celery_debounce.layout import window_ident
@@ -80,3 +81,88 @@ def test_exclusive_windows_that_cannot_wait_are_refused_by_name(
         ok.apply_async((1,), debounce_exclusive=True, **options)
     with pytest.raises(DebounceConfigError, match="debounce_exclusive='yes'"):
         ok.apply_async((1,), debounce_exclusive="yes")
+
+
+@pytest.mark.parametrize("expires", [2.0, None], ids=["expires", "no expires"])
+def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
+        redis_server: str, redis_client: redis.Redis, expires: float | None) -> None:
+    """A window of an exclusive task was published and acked, then the broker lost its
+    message (a non-persistent broker restarted) before any worker got it: the record
+    stays ``queued`` and the next window of the key is held behind it. With
+    ``expires``, the hold ends when the message could no longer run anyway: once
+    ``expires`` (plus the 2 s grace) has passed, the dispatcher finishes the lost
+    window REVOKED, which frees the key, and the held window is published at once (not
+    a dispatch lease later). Without ``expires`` no bound is sound (a message may wait
+    in a queue for hours): the hold lasts until ``debounce_record_ttl``, and an operator
+    who knows the message is lost publishes the held window with ``flush``."""
+    from celery_debounce.admin import DebounceAdmin
+    from celery_debounce.dispatcher import Dispatcher
+
+    app = make_app(redis_server, debounce_dispatch_lease=30)
+
+    @app.task(base=DebouncedTask, shared=False, name="ex.lost", debounce="100ms",
+              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    def lost(x: Any) -> Any:
+        return x
+
+    broker = redis.Redis.from_url(f"{redis_server}/1")
+    dispatcher = Dispatcher(app, name="lost")
+    first = lost.apply_async(("a",), expires=expires)
+    record = f"debounce:{{0}}:win:{first.id}"
+    wait_until(lambda: dispatcher.dispatch_once() is not None
+               and redis_client.hget(record, "st") == b"queued", 10)
+    published = time.monotonic()
+    assert broker.llen("celery") == 1
+    broker.delete("celery")  # the broker lost it: no worker will ever claim it
+    follow = lost.delay("a")
+    assert follow.id != first.id
+    held = "debounce:{0}:held"
+    wait_until(lambda: dispatcher.dispatch_once() is not None
+               and redis_client.zscore(held, window_ident("ex.lost", "k:a")) is not None, 10)
+    if expires is not None:
+        wait_until(lambda: dispatcher.dispatch_once() is not None
+                   and broker.llen("celery") == 1, expires + 10)
+        # expires + the grace + the once-a-second sweep, never the 30 s dispatch lease
+        assert time.monotonic() - published < expires + 2 + 10
+        assert redis_client.hget(record, "rs") == b"REVOKED"
+    else:
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:  # past the 2 s grace of an expiry: still held
+            dispatcher.dispatch_once()
+            time.sleep(0.1)
+        assert broker.llen("celery") == 0
+        assert redis_client.hget(record, "st") == b"queued"
+        DebounceAdmin(app).flush("ex.lost", "k:a")  # celery debounce flush --task --key
+        wait_until(lambda: dispatcher.dispatch_once() is not None
+                   and broker.llen("celery") == 1, 10)
+    assert redis_client.hget(f"debounce:{{0}}:win:{follow.id}", "st") == b"queued"
+    assert not redis_client.zrange(held, 0, -1)  # held no more
+    assert redis_client.hget(f"debounce:{{0}}:run:{window_ident('ex.lost', 'k:a')}",
+                             "id") == follow.id.encode()
+
+
+def test_a_cancelled_held_window_is_held_no_more(redis_server: str,
+                                                 redis_client: redis.Redis) -> None:
+    """Cancelling a window held behind a run of its key drops it from <tag>:held too (a
+    stale entry would list it in inspect and top, and keep the key's next window from
+    being published the moment the run ends)."""
+    from celery_debounce.admin import DebounceAdmin
+    from celery_debounce.dispatcher import Dispatcher
+
+    app = make_app(redis_server)
+
+    @app.task(base=DebouncedTask, shared=False, name="ex.cancelled", debounce="100ms",
+              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    def cancelled(x: Any) -> Any:
+        return x
+
+    dispatcher = Dispatcher(app, name="cancel")
+    first = cancelled.delay("c")
+    wait_until(lambda: dispatcher.dispatch_once() is not None and redis_client.hget(
+        f"debounce:{{0}}:win:{first.id}", "st") == b"queued", 10)
+    cancelled.delay("c")
+    ident = window_ident("ex.cancelled", "k:c")
+    wait_until(lambda: dispatcher.dispatch_once() is not None
+               and redis_client.zscore("debounce:{0}:held", ident) is not None, 10)
+    DebounceAdmin(app).cancel("ex.cancelled", "k:c")
+    assert redis_client.zscore("debounce:{0}:held", ident) is None

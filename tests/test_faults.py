@@ -389,6 +389,106 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     assert runs(redis_client, "n") == [call.id]  # nothing redelivered it
 
 
+def test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The pool child stored SUCCESS, then died before task_postrun finished the window
+    (here: in after_return). Celery keeps the run's SUCCESS ("succeeded before the
+    worker was lost"); the main process finishes the window with it, so the group
+    members that joined it get the same result instead of staying PENDING."""
+    from celery import group
+
+    results = f"{redis_server}/2"
+    app = build(redis_server, result_backend=results)
+    task = app.tasks["faults.stored_then_lost"]
+    first = task.delay("s")
+    members = group(task.s("s") for _ in range(3)).apply_async()
+    ids = [first.id] + [m.id for m in members.results]
+    log = tmp_path / "w1.log"
+    env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0", "FAULT_VISIBILITY": "120"}
+    with worker_process(redis_server, log, extra_env=env, pool="prefork"):
+        outcomes = [app.AsyncResult(i) for i in ids]
+        wait_until(lambda: all(r.ready() for r in outcomes), 20)
+    assert [r.get(timeout=5) for r in outcomes] == ["s"] * 4
+    assert len(runs(redis_client, "s")) == 1
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    assert (record[b"st"], record[b"rs"]) == (b"finished", b"SUCCESS")
+    assert "succeeded, then lost its worker process" in log.read_text()
+
+
+@pytest.mark.parametrize("how", ["child, no acks_late", "child, acks_late",
+                                 "child, acks_late, reject_on_worker_lost",
+                                 "child, hard time limit", "whole worker, acks_late"])
+def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, how: str
+) -> None:
+    """A window that a plain call and a group of three joined; its run's process is
+    SIGKILLed mid-run. Killing a prefork child: the worker's main process stores
+    FAILURE (WorkerLostError) for the run's id, and finishes the window with it, so
+    every group member's id (an alias) fails the same way at once, instead of staying
+    PENDING forever; with reject_on_worker_lost Celery puts the message back instead,
+    and the redelivery runs at once (the dead claim ended) and resolves every id with
+    its result. Killing the whole worker with acks_late: the redelivered run, on a new
+    worker, resolves every id with its result."""
+    from celery import group
+
+    results = f"{redis_server}/2"
+    app = build(redis_server, result_backend=results)
+    task = app.tasks["faults.lost"]
+    redis_client.set("block:c:1", 1)  # the first run blocks (a redelivery does not)
+    env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0" if "no acks_late" in how else "1",
+           "FAULT_REJECT_ON_WORKER_LOST": "1" if "reject_on_worker_lost" in how else "0"}
+    child = how.startswith("child")
+    if child:  # the broker must not redeliver, nor the claim lapse, before the main
+        # process sees its child die (that took up to 4 s on the loaded test machine)
+        env["FAULT_VISIBILITY"] = "120"
+        env["FAULT_CLAIM_LEASE"] = "60"
+    if "time limit" in how:  # the main process kills the child at the limit
+        env["FAULT_TIME_LIMIT"] = "2"
+    first = task.delay("c")
+    members = group(task.s("c") for _ in range(3)).apply_async()
+    ids = [first.id] + [m.id for m in members.results]
+    assert len(set(ids)) == 4  # one window: the run's id and three aliases
+    log = tmp_path / "w1.log"
+    with worker_process(redis_server, log, extra_env=env,
+                        pool="prefork" if child else "solo") as worker:
+        wait_until(lambda: runs(redis_client, "c"), 15)
+        (run_id, pid), = (r.split() for r in runs(redis_client, "c"))
+        assert run_id == first.id
+        killed = time.monotonic()
+        if child:
+            if "time limit" not in how:
+                os.kill(int(pid), signal.SIGKILL)  # the pool child, mid-run
+            if "reject_on_worker_lost" in how:  # put back, and run again at once
+                wait_until(lambda: len(runs(redis_client, "c")) == 2, 20)
+            outcomes = [app.AsyncResult(i) for i in ids]
+            wait_until(lambda: all(r.ready() for r in outcomes), 20)
+        else:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(10)
+    if not child:
+        wait_until(lambda: time.monotonic() > killed + 3.0, 10)  # the visibility timeout
+        with worker_process(redis_server, tmp_path / "w2.log", name="w2", extra_env=env):
+            outcomes = [app.AsyncResult(i) for i in ids]
+            wait_until(lambda: all(r.ready() for r in outcomes), 30)
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    if how in ("child, no acks_late", "child, acks_late", "child, hard time limit"):
+        assert [r.state for r in outcomes] == ["FAILURE"] * 4
+        lost = "TimeLimitExceeded" if "time limit" in how else "WorkerLostError"
+        assert all(type(r.result).__name__ == lost for r in outcomes), outcomes
+        assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
+        assert len(runs(redis_client, "c")) == 1  # nothing ran it again
+        assert "lost its worker process mid-run" in log.read_text()
+    else:
+        assert [r.get(timeout=5) for r in outcomes] == ["c"] * 4
+        assert (record[b"st"], record[b"rs"]) == (b"finished", b"SUCCESS")
+        assert [r.split()[0] for r in runs(redis_client, "c")] == [first.id] * 2
+        if child:  # the dead run's claim ended at once: the delivery put back ran as it came
+            assert "skipped: a duplicate delivery" not in log.read_text()
+    assert not redis_client.zrange("debounce:{0}:claims", 0, -1)
+    assert not list_windows(app)
+
+
 # -- debounce_exclusive --------------------------------------------------------------
 
 
@@ -484,6 +584,33 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
     starts = [r.split()[1] for r in runs(redis_client, "z") if r.startswith("start")]
     assert starts.count(follow.id) == 1
     assert starts.count(first.id) == (2 if acks_late else 1)
+
+
+def test_a_killed_pool_child_frees_its_exclusive_key_at_once(
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A prefork child killed mid-run of an exclusive task: the worker's main process
+    finishes the window FAILURE, which frees the key, so the window held behind it runs
+    then, not a claim lease later (60 s here, past the test's timeout)."""
+    app = build(redis_server)
+    task = app.tasks["faults.exclusive"]
+    first = task.delay("p", 30.0)
+    env = {"FAULT_ACKS_LATE": "0", "FAULT_CLAIM_LEASE": "60", "FAULT_VISIBILITY": "120"}
+    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env,
+                        pool="prefork") as worker:
+        wait_until(lambda: runs(redis_client, "p"), 15)
+        follow = task.delay("p", 0.0, 1)
+        wait_until(lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:p")
+                   is not None, 5)
+        children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        assert len(children) == 2, children  # --concurrency 2
+        for child in children:  # the one running the first window, and an idle one
+            os.kill(int(child), signal.SIGKILL)
+        wait_until(lambda: f"end {follow.id}" in " ".join(runs(redis_client, "p")), 20)
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+    assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
+    starts = [r.split()[1] for r in runs(redis_client, "p") if r.startswith("start")]
+    assert starts == [first.id, follow.id]
 
 
 # -- redis-server restart ----------------------------------------------------------

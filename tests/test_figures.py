@@ -53,6 +53,12 @@ def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> No
     late = re.search(r"(\d+) windows, taken p50 ([\d.]+)ms p99 ([\d.]+)ms", lines["lateness"])
     assert late and int(late.group(1)) == 200
     assert float(late.group(2)) <= float(late.group(3)) < 2000
+    # a burst during a run of an exclusive task: one follow-up, after the run, held
+    held = re.search(r"(\d+) calls during the run -> (\d+) follow-up\(s\), started "
+                     r"(-?[\d.]+)s after the run ended, held ([\d.]+)s", lines["exclusive"])
+    assert held, lines
+    assert int(held.group(1)) == 10 and int(held.group(2)) == 1
+    assert 0 <= float(held.group(3)) < 1.5 and float(held.group(4)) > 0
     # every dashboard panel drawn from a real Prometheus (when it is installed)
     drawn = set(FIGURES)
     if shutil.which("prometheus"):
@@ -70,7 +76,7 @@ def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> No
 
 
 def test_every_figure_is_shown_in_the_docs() -> None:
-    docs = (ROOT / "docs" / "monitoring.md").read_text()
+    docs = "\n".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
     for name in FIGURES:
         assert f"img/{name}" in docs, name
     assert "monitoring.md" in (ROOT / "docs" / "operations.md").read_text()

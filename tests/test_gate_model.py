@@ -388,6 +388,7 @@ class GateMachine(RuleBasedStateMachine):
         # closed to new calls and due now: taken by the next pass, ahead of due windows
         win.st, win.dl, win.tries = "dispatching", now, 0
         self.leased[win.id] = now
+        self.held.pop(ident, None)  # published now, held or not
         self._unindex(win)
 
     @rule(key=st.sampled_from(KEYS))
@@ -406,6 +407,7 @@ class GateMachine(RuleBasedStateMachine):
         assert [json.loads(a)["id"] for a in aliases] == win.aliases  # revoked by the caller
         win.cancelled = True
         win.st = "cancelled"
+        self.held.pop(ident, None)
         self._unindex(win)
 
     def _close(self, win: Win, now: int) -> None:

@@ -148,13 +148,16 @@ def test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis() -> Non
 
 def test_eager_canvas_members_are_checked_as_calls() -> None:
     """Celery runs an eager canvas's members with ``Task.apply``, never ``apply_async``:
-    they get the same checks. Leading only is refused for a group member (Celery
-    fixes its id); an eager chain or chord body applies its steps without an id, so
-    leading only there runs (a strict xfail in the class test below)."""
+    they get the same checks. Leading only is refused in every position a real run
+    fixes the id of: a group member, and (checked when the eager chain or chord is
+    applied, before any step runs) a chain's head and later steps and a chord's body."""
     app = _eager_app(debounce_max_payload_bytes=200)
+
+    ran: list[Any] = []
 
     @app.task(shared=False, name="parity.eager.plain")
     def plain(x: Any = None) -> Any:
+        ran.append(x)
         return "k"
 
     @app.task(base=DebouncedTask, shared=False, name="parity.eager.lead", **LEAD)
@@ -171,6 +174,18 @@ def test_eager_canvas_members_are_checked_as_calls() -> None:
         chain(plain.s(1), trail.s().set(countdown=5)).apply_async()
     with pytest.raises(DebounceConfigError, match="did you mean 'debounce_replace_payload'"):
         chord([plain.s(1)], trail.s().set(debounce_replace_paylod=True)).apply_async()
+    # leading only: the real run's error, before any step runs (a real chain publishes
+    # nothing); later steps and a chord's body name their position, as in a real run
+    fixed = "debounce_leading=True, debounce_trailing=False cannot be combined"
+    with pytest.raises(DebounceConfigError, match=f"{fixed}.*no fixed id$"):
+        chain(lead.s("k"), plain.s()).apply_async()
+    with pytest.raises(DebounceConfigError, match=f"{fixed}.*as a chain's later step"):
+        chain(plain.s(1), plain.s(), lead.s()).apply_async()
+    with pytest.raises(DebounceConfigError, match=f"{fixed}.*as a chord's body"):
+        chord([plain.s(1)], lead.s()).apply_async()
+    with pytest.raises(DebounceConfigError, match=f"{fixed}.*as a chain's later step"):
+        chain(plain.s(1), chord([plain.s()], group(trail.s(), lead.s()))).apply_async()
+    assert ran == []  # every refusal came before the first step ran
     with pytest.raises(DebouncePayloadError):
         group(trail.s("x" * 500)).apply_async()
     assert chain(plain.s(1), trail.s()).apply_async().get() == "k"
@@ -409,8 +424,6 @@ PER_CALL: dict[str, dict[str, Any]] = {
 FIXED_WAYS = ("task_id=", "group member", "chord header", "chord body", "chain head",
               "chain middle", "chain tail")
 INLINE_WAYS = ("map", "starmap", "chunks")
-#: Canvas positions eager mode applies without freezing an id (Task.apply, no task_id).
-EAGER_UNFROZEN = ("chain head", "chain middle", "chain tail", "chord body")
 CANVAS_WAYS = ("group member", "chord header", "chord body", "chain head", "chain middle",
                "chain tail")
 
@@ -511,14 +524,8 @@ def _class_cases() -> list[Any]:
                             "trailing", "leading only"):
                         continue  # shapes x every per-call option only for two option sets
                     for way in WAYS:
-                        marks = []
-                        if eager and way in EAGER_UNFROZEN and options == "leading only" \
-                                and per_call == "no option":
-                            marks.append(pytest.mark.xfail(strict=True, reason=(
-                                "eager chains and chord bodies apply their members without a "
-                                "fixed id: leading only is not refused there (docs/faq.md)")))
                         cases.append(pytest.param(
-                            eager, shape, options, per_call, way, marks=marks,
+                            eager, shape, options, per_call, way,
                             id=f"{'eager' if eager else 'real'}-{shape}-{options}-"
                                f"{per_call}-{way}"))
     return cases

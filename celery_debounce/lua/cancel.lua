@@ -17,6 +17,7 @@
 --                                   <tag>:cancelled:<ARGV[4]>  list, the reply (below)
 --                                   <tag>:calls:<cl>  a collect window's call list
 --                                   (field cl, see gate.lua), deleted with the window
+--                                   <tag>:held  zset; ident removed (debounce_exclusive)
 --
 -- Only pending windows can be cancelled: once taken, a window is the broker's.
 -- The window is read and dropped in one step: what is returned is what was cancelled.
@@ -62,6 +63,7 @@ end
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- a held exclusive window is held no more
 local cl = redis.call('HGET', KEYS[1], 'cl')
 if cl then
   redis.call('DEL', tag .. ':calls:' .. cl)

@@ -8,9 +8,16 @@
 -- KEYS[2]  <tag>:active    zset; a finished id leaves it
 -- Touches, by name: <tag>:win:<id>  read st; a `queued` one gets st "finished",
 --          rs "REVOKED", fa now, xr 1, p and o deleted, the history TTL (as finish.lua);
---          its aliases (na, a1 .. a<na>) are read and kept
+--          its aliases (na, a1 .. a<na>) are read and kept;
+--          <tag>:run:<ident>, <tag>:held, <tag>:open:<ident>, <tag>:due: a finished
+--          debounce_exclusive window frees its key, and a window held behind it is due
+--          now (as finish.lua does: its message expired, so it can never run)
 -- ARGV[1]  <tag>   ARGV[2]  grace ms (clock skew between workers and Redis)
 -- ARGV[3]  history TTL ms   ARGV[4]  most ids examined
+-- ARGV[5]  the caller's wall clock, ms (optional): a message has expired only once its
+--          expiry passed on both clocks, Redis's and the caller's (a worker judges
+--          `expires` by its own clock): a step forward of either clock alone (a Redis
+--          clock stepped an hour ahead) never revokes a message a worker would still run
 --
 -- Only a `queued` record is finished: a claimed (running) or finished one is never
 -- touched, and its id just leaves the set. A `dispatching` one (published again, not
@@ -23,7 +30,11 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local upto = string.format('%d', now - tonumber(ARGV[2]))
+local seen = now
+if ARGV[5] and ARGV[5] ~= '' then
+  seen = math.min(now, tonumber(ARGV[5]))
+end
+local upto = string.format('%d', seen - tonumber(ARGV[2]))
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upto, 'LIMIT', 0, tonumber(ARGV[4]))
 local reply = {now}
 for _, id in ipairs(ids) do
@@ -43,6 +54,15 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', key, 'p', 'o')
     redis.call('PEXPIRE', key, ARGV[3])
     redis.call('ZREM', KEYS[2], id)
+    local ident = redis.call('HGET', key, 'i')
+    local run = ident and (ARGV[1] .. ':run:' .. ident)
+    if run and redis.pcall('HGET', run, 'id') == id then
+      redis.call('DEL', run)
+      if redis.pcall('ZREM', ARGV[1] .. ':held', ident) == 1 and
+          type(redis.pcall('HGET', ARGV[1] .. ':open:' .. ident, 'hs')) == 'string' then
+        redis.call('ZADD', ARGV[1] .. ':due', string.format('%d', now), ident)
+      end
+    end
   end
   if finish or again then
     local row = {id}

@@ -19,6 +19,9 @@
 --                   win:<id> exists is closed under <id>~<now>~<n> with <id> as alias
 --                   (fields na, a<na>)
 --   <tag>:ids       hash; <id> removed when it maps to ident
+--   <tag>:held      zset; ident removed: a flushed debounce_exclusive window is published
+--                   now, whether or not a run of its key is in progress (the operator's
+--                   way past a hold behind a run whose message was lost)
 --
 -- The window is closed in the same step that reads it: the next call opens a new
 -- window, and nothing can move the flushed deadline back out.
@@ -36,6 +39,7 @@ local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never blocks it
 if redis.call('HGET', tag .. ':ids', id) == ARGV[1] then
   redis.call('HDEL', tag .. ':ids', id)
 end

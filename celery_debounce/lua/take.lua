@@ -5,7 +5,7 @@
 -- KEYS[3]  <tag>:stats    hash of counters per task, bumped once per window taken from
 --                         the due set (never per call; see docs/operations.md):
 --                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
---                         l<b>|<task> windows taken late by lateness bucket b (ARGV[8..])
+--                         l<b>|<task> windows taken late by lateness bucket b (ARGV[9..])
 --                         m|<task> windows closed by their call cap or full (gate.lua set cx)
 --                         e|<task> leading runs (gate.lua set ld)
 --                         (gate.lua also bumps s|<task>, suppressed calls, here)
@@ -53,8 +53,14 @@
 -- ARGV[5]  history TTL ms (expiry of the stats hash, and of the two zsets below)
 -- ARGV[6]  dispatcher name; '' or absent: the two zsets below are not written
 -- ARGV[7]  how many idents <tag>:hot keeps (the ARGV[7] with the most calls)
--- ARGV[8..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
---          bucket b (0-based) counts windows taken at most ARGV[8 + b] ms late, the
+-- ARGV[8]  '' or the latest claim expiry (ms) that may lapse in this pass: what the
+--          dispatcher's monotonic clock says this Redis's clock can read by now had it not
+--          stepped (its last take + the time since + 1 s), less a step forward it saw
+--          within the last claim lease; equal to or above now unless the clock stepped
+--          forward, so the claims of runs still going, whose expiry such a step moved
+--          into the past, are renewed before they could lapse
+-- ARGV[9..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
+--          bucket b (0-based) counts windows taken at most ARGV[9 + b] ms late, the
 --          last one (index #bounds) everything above
 -- Written only when ARGV[6] is given and this pass took windows (best effort, like the
 -- stats; read by `celery debounce top` and the store gauges of metrics.py):
@@ -113,9 +119,9 @@ if observer ~= '' then
   hot = tag .. ':hot'
 end
 
--- Upper bounds (ms) of the lateness buckets (ARGV[8..]); the last bucket is everything above.
+-- Upper bounds (ms) of the lateness buckets (ARGV[9..]); the last bucket is everything above.
 local LATE_MS = {}
-for b = 8, #ARGV do
+for b = 9, #ARGV do
   LATE_MS[#LATE_MS + 1] = tonumber(ARGV[b])
 end
 
@@ -193,7 +199,11 @@ end
 local claims = tag .. ':claims'
 -- A claims or held key of the wrong type (a foreign write) must not fail every take:
 -- read and written with pcall, such a key is left alone (no claim lapses, no hold).
-local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', now, 'LIMIT', 0, 20)
+local lapse_upto = now
+if ARGV[8] and ARGV[8] ~= '' then  -- after a step forward of this clock (see the header)
+  lapse_upto = math.min(now, tonumber(ARGV[8]))
+end
+local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)
 if failed(lapsed) then
   lapsed = {}
 end

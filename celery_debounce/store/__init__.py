@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -198,13 +199,15 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         return reply
 
     # -- dispatchers -------------------------------------------------------------------------
-    def take(self, shard: Shard, limit: int, observer: str = "") -> TakeResult:
+    def take(self, shard: Shard, limit: int, observer: str = "",
+             lapse_upto: int | None = None) -> TakeResult:
         """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
         ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
         (:meth:`run_once`). With ``observer`` (the dispatcher's name), a pass that takes
         windows also records the name and time in ``<tag>:dispatchers`` and calls per
-        ident in ``<tag>:hot``.
+        ident in ``<tag>:hot``. ``lapse_upto``: the latest claim expiry (Redis ms) that
+        may lapse in this pass (after a step forward of Redis's clock; None: up to now).
         """
         settings = self.settings
         tag = self.tag(shard)
@@ -212,7 +215,8 @@ class WindowStore(ServerCheck, BulkGate, Operators):
             "take",
             [due_key(tag), leased_key(tag), stats_key(tag)],
             [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-             settings.history_ttl_ms, observer, HOT_KEYS_KEPT, *LATE_BUCKETS_MS],
+             settings.history_ttl_ms, observer, HOT_KEYS_KEPT,
+             "" if lapse_upto is None else lapse_upto, *LATE_BUCKETS_MS],
         )
         now_ms = int(reply[0])
         result = TakeResult(now_ms, int(reply[1]), [])
@@ -257,11 +261,14 @@ class WindowStore(ServerCheck, BulkGate, Operators):
 
     def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
         """Finish as REVOKED the queued windows whose message expired more than
-        :data:`EXPIRY_GRACE_MS` ago; ``(task id, raw aliases)`` of each one finished,
-        and of those finished earlier whose outcome :meth:`expired` has not confirmed."""
+        :data:`EXPIRY_GRACE_MS` ago, on Redis's clock and on this process's (a Redis
+        clock stepped forward revokes nothing early); ``(task id, raw aliases)`` of each
+        one finished, and of those finished earlier whose outcome :meth:`expired` has
+        not confirmed."""
         tag = self.tag(shard)
         reply = self.run("expire", [expiring_key(tag), active_key(tag)],
-                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit])
+                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit,
+                          int(time.time() * 1000)])
         return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
 
     def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:

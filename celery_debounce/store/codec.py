@@ -145,6 +145,8 @@ class ShardSnapshot(NamedTuple):
     dispatchers: list[tuple[str, int]]
     alive: list[tuple[str, int]] = []  # name -> last heartbeat ms (alive.lua)
     stopped: list[tuple[str, int]] = []  # name -> clean stop ms
+    held: int = 0  # debounce_exclusive windows held behind a run of their key
+    held_front: list[tuple[str, int]] = []  # the longest held: ident -> held since ms
 
 
 def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:

@@ -17,6 +17,7 @@ from ..layout import (
     CANCEL_FIELDS,
     F_DEADLINE,
     F_ID,
+    F_STATE,
     FLUSH_FIELDS,
     HOT_KEYS_KEPT,
     INSPECT_FIELDS,
@@ -32,12 +33,14 @@ from ..layout import (
     decode_record,
     dispatchers_key,
     due_key,
+    held_key,
     hot_key,
     layouts_key,
     leased_key,
     open_key,
     quarantine_key,
     quiet_key,
+    run_key,
     shard_wake_channel,
     stats_key,
     stats_reset_key,
@@ -294,7 +297,9 @@ class Operators:
                 [(as_text(n), int(ms)) for n, ms in stopped])
 
     #: Redis commands :meth:`snapshot` sends per shard.
-    SNAPSHOT_COMMANDS = 11
+    SNAPSHOT_COMMANDS = 13
+    #: Held windows a snapshot lists (the longest held first); the others are counted.
+    HELD_LISTED = 8
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
@@ -311,10 +316,13 @@ class Operators:
             pipe.zrange(dispatchers_key(tag), 0, -1, withscores=True)
             pipe.zrange(alive_key(tag), 0, -1, withscores=True)  # written on shard 0 only
             pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
+            pipe.zcard(held_key(tag))
+            pipe.zrange(held_key(tag), 0, self.HELD_LISTED - 1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
         (z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen, alive,
-         stopped) = (r if not isinstance(r, Exception) else None for r in replies)
+         stopped, z_held, held_rows) = (r if not isinstance(r, Exception) else None
+                                        for r in replies)
         kept: dict[str, int] = {}
         for name, value in (counters or {}).items():
             try:
@@ -328,7 +336,29 @@ class Operators:
             [(as_text(n), int(ms)) for n, ms in seen or []],
             [(as_text(n), int(ms)) for n, ms in alive or []],
             [(as_text(n), int(ms)) for n, ms in stopped or []],
+            int(z_held or 0), [(as_text(i), int(ms)) for i, ms in held_rows or []],
         )
+
+    def waits_for(self, shard: Shard, idents: Sequence[str]) -> list[tuple[str | None,
+                                                                         str | None]]:
+        """For held windows' idents: (id, state) of the window in progress each waits
+        for (``<tag>:run:<ident>``), None where it just ended. One pipeline per step."""
+        if not idents:
+            return []
+        tag = self.tag(shard)
+        with translate_errors("top"):
+            with self.client.pipeline(transaction=False) as pipe:
+                for ident in idents:
+                    pipe.hget(run_key(tag, ident), "id")
+                runners = [as_text(r) if isinstance(r, bytes) else None
+                           for r in pipe.execute(raise_on_error=False)]
+            with self.client.pipeline(transaction=False) as pipe:
+                for runner in runners:
+                    pipe.hget(win_key(tag, runner or ""), F_STATE)
+                states = [as_text(r) if isinstance(r, bytes) else None
+                          for r in pipe.execute(raise_on_error=False)]
+        return [(runner, state if runner else None)
+                for runner, state in zip(runners, states, strict=True)]
 
     def maxmemory_policy(self) -> str:
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
