@@ -724,14 +724,14 @@ MUTATIONS: list[Mutation] = [
     # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
     one("the switch watcher listens to the first sentinel only",
         "Sentinel failover: a hung sentinel does not hide the switch the others announce",
-        PKG + "store.py",
+        PKG + "store/sentinel.py",
         "        for host, port in self.config.sentinels:\n            threading.Thread(",
         "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
         "tests/test_sentinel.py::"
         "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
     one("the switch watcher has no keepalive",
         "Sentinel failover: a subscription gone silent is replaced",
-        PKG + "store.py",
+        PKG + "store/sentinel.py",
         "    KEEPALIVE = 2.0",
         "    KEEPALIVE = 1e9",
         "tests/test_sentinel.py::"
