@@ -526,9 +526,21 @@ def test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the
                                      {"task": "faults.exclusive"}) == signal_["held"]
 
 
-def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.Redis) -> None:
+def test_a_burst_during_a_30_s_run_of_an_exclusive_task_gives_one_follow_up_after_it(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """The done-when of run-aware windows as written: a 30 s run (fifteen claim leases of
+    2 s, renewed; thirty ceilings of the burst's 1 s max wait) and a burst during it:
+    exactly one follow-up, which starts after the run ends."""
+    app = build(redis_server)
+    _burst_during_an_exclusive_run(app, app.tasks["faults.exclusive"], redis_client,
+                                   seconds=30.0)
+
+
+def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.Redis,
+                                   seconds: float = 3.0) -> None:
     with running_worker(app, pool="threads", concurrency=4):
-        first = task.delay("e", 3.0)
+        first = task.delay("e", seconds)
         wait_until(lambda: any(r.startswith("start") for r in runs(redis_client, "e")), 15)
         burst = [task.delay("e", 0.0, i) for i in range(20)]
         time.sleep(0.3)  # the burst's window is due well before the run ends: held
@@ -539,7 +551,7 @@ def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.R
         assert held.held_since is not None
         later = task.delay("e", 0.0, 99)  # still absorbed while held
         assert later.id == burst[0].id
-        wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)
+        wait_until(lambda: len(runs(redis_client, "e")) == 4, 15 + seconds)
         wait_until(lambda: not list_windows(app), 10)
         time.sleep(1.0)  # nothing more runs
     events = [r.split() for r in runs(redis_client, "e")]
