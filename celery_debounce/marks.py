@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .store import WindowStore, is_outage
+from .store import NotReplicated, WindowStore, is_outage
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -48,8 +48,9 @@ _state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
 
 
 def unreachable(exc: BaseException) -> bool:
-    """True for an outage (worth retrying), False for an error Redis answered with."""
-    return is_outage(exc)
+    """True for an outage (worth retrying), False for an error Redis answered with. A
+    mark too few replicas acknowledged (``debounce_redis_wait_replicas``) is retried."""
+    return is_outage(exc) or isinstance(exc, NotReplicated)
 
 
 def keep(backend: WindowStore, script: str, keys: list[str], args: list[Any],
@@ -105,7 +106,7 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            reply = mark.backend.run_once(mark.script, mark.keys, mark.args)
+            reply = mark.backend.run_mark(mark.script, mark.keys, mark.args)
         except Exception as exc:
             if unreachable(exc):
                 return False  # still down: keep it (and the rest), try again later

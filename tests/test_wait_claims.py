@@ -1,0 +1,158 @@
+"""``debounce_redis_wait_replicas`` and a worker's marks: a claim too few replicas
+acknowledged does not run now (its delivery goes through the broker again, the run is
+delayed, never lost or doubled); a finish too few acknowledged is sent again.
+
+Real servers (a primary and a replica, SIGSTOPped so that ``WAIT`` gets no
+acknowledgement), a real in-process worker with its dispatcher. The Sentinel failover
+this protects against is measured in tests/test_sentinel.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from helpers import make_app, running_worker, wait_until
+
+from celery_debounce import DebouncedTask, marks
+from celery_debounce.local_redis import LocalRedis
+
+
+@pytest.fixture
+def replica(redis_server: str) -> Iterator[LocalRedis]:
+    port = int(redis_server.rsplit(":", 1)[1])
+    with LocalRedis("--replicaof", "127.0.0.1", str(port)) as server:
+        client = redis.Redis(port=server.port)
+        wait_until(lambda: client.info("replication")["master_link_status"] == "up",
+                   timeout=15)
+        try:
+            yield server
+        finally:
+            if server.process is not None:
+                server.process.send_signal(signal.SIGCONT)
+
+
+def _pause(server: LocalRedis) -> None:
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+
+
+def _resume(server: LocalRedis) -> None:
+    assert server.process is not None
+    server.process.send_signal(signal.SIGCONT)
+
+
+class _Deferrals(logging.Handler):
+    """Counts the worker's "delivered again" lines (a claim WAIT refused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.logger = logging.getLogger("celery_debounce.worker")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "delivered again" in record.getMessage():
+            self.count += 1
+
+    def __enter__(self) -> _Deferrals:
+        self.logger.addHandler(self)
+        self.level_before = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+
+
+@pytest.mark.parametrize("acks_late", [False, True])
+def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
+    redis_client: redis.Redis, redis_server: str, replica: LocalRedis, acks_late: bool,
+) -> None:
+    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0,
+                   task_acks_late=acks_late)
+    runs: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
+              debounce_max_wait="1s")
+    def work(n: int) -> int:
+        runs.append(n)
+        return n
+
+    deferred = _Deferrals()
+    with running_worker(app), deferred:
+        result = work.delay(7)  # accepted: the replica acknowledged it
+        record = f"debounce:{{0}}:win:{result.id}"
+        _pause(replica)
+        try:
+            # taken and published (not waited for), delivered, claimed, refused by WAIT,
+            # undone and sent through the broker again, each time while it lasts
+            wait_until(lambda: deferred.count >= 3, timeout=20)
+            assert runs == []
+            assert redis_client.hget(record, "st") in (b"queued", b"dispatching")
+            assert redis_client.zscore("debounce:{0}:claims", result.id) is None
+        finally:
+            _resume(replica)
+        assert result.get(timeout=15) == 7
+        wait_until(lambda: redis_client.hget(record, "st") == b"finished", timeout=10)
+        # no second run: no delivery is left (the one that ran finished the window)
+        stop = threading.Event()
+        stop.wait(1.5)
+    assert runs == [7]
+    assert redis.Redis(port=replica.port).hget(record, "st") == b"finished"
+
+
+def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
+    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+) -> None:
+    """The body ran once: its outcome is stored at once (every caller gets it) and the
+    finish, refused by WAIT, is kept and sent again until the replica acknowledges it,
+    so a failover to that replica cannot forget the run and run it again."""
+    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0)
+    runs: list[int] = []
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
+              debounce_max_wait="1s")
+    def work(n: int) -> int:
+        runs.append(n)
+        _pause(replica)  # claimed and acknowledged; its finish is not
+        return n
+
+    replica_client = redis.Redis(port=replica.port)
+    with running_worker(app):
+        try:
+            result = work.delay(3)
+            assert result.get(timeout=15) == 3
+            record = f"debounce:{{0}}:win:{result.id}"
+            assert redis_client.hget(record, "st") == b"finished"  # on the master
+            wait_until(lambda: marks.pending() == 1, timeout=5)
+        finally:
+            _resume(replica)
+        wait_until(lambda: marks.pending() == 0, timeout=15)
+        assert replica_client.hget(record, "st") == b"finished"
+    assert runs == [3]
+
+
+def test_without_wait_replicas_a_claim_sends_no_wait(
+    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+) -> None:
+    """Nothing changes for users who did not opt in: no WAIT, no ident header."""
+    app = make_app(redis_server)
+    seen: dict[str, Any] = {}
+
+    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
+              debounce_max_wait="1s", bind=True)
+    def work(self: Any, n: int) -> int:
+        seen.update(self.request.headers or {})
+        return n
+
+    with running_worker(app):
+        redis_client.config_resetstat()
+        assert work.delay(1).get(timeout=10) == 1
+    assert "cmdstat_wait" not in redis_client.info("commandstats")
+    assert "debounce_ident" not in seen and "debounce_tag" in seen
