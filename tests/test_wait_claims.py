@@ -156,3 +156,30 @@ def test_without_wait_replicas_a_claim_sends_no_wait(
         assert work.delay(1).get(timeout=10) == 1
     assert "cmdstat_wait" not in redis_client.info("commandstats")
     assert "debounce_ident" not in seen and "debounce_tag" in seen
+
+
+def test_a_delivery_whose_window_is_still_open_here_is_skipped(
+    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+) -> None:
+    """A failover lost the take of a window (the old master took, published and claimed
+    it): on the promoted master the window is still open under its id and has no
+    record. The delivery names the window's ident (``debounce_ident``): it is skipped
+    (``pending``), as this master's dispatcher publishes the window; without the
+    window open under that id it runs as before."""
+    from celery_debounce.store import store_for
+
+    app = make_app(redis_server, debounce_redis_wait_replicas=1)
+
+    @app.task(base=DebouncedTask, shared=False, name="wc.work", debounce="1h",
+              debounce_key="k", debounce_max_wait="1h")
+    def work() -> None:
+        pass
+
+    result = work.delay()  # open, not taken (no dispatcher runs)
+    store = store_for(app)
+    ident = "7:wc.work:k"
+    assert redis_client.hget(f"debounce:{{0}}:open:{ident}", "id") == result.id.encode()
+    assert store.claim(0, result.id, "wc.work", False, ident) == ("pending", False)
+    assert not redis_client.exists(f"debounce:{{0}}:win:{result.id}")
+    assert store.claim(0, "other-id", "wc.work", False, ident) == ("", True)
+    assert store.claim(0, result.id, "wc.work", False, "") == ("", True)
