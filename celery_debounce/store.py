@@ -952,7 +952,7 @@ class WindowStore:
             self.gate = self._gate_waited  # type: ignore[method-assign]
             self.claim = self._claim_waited  # type: ignore[method-assign]
             self.finish = self._finish_waited  # type: ignore[method-assign]
-            self.run_mark = self._run_waited  # type: ignore[method-assign]
+            self.run_mark = self._run_mark_waited  # type: ignore[method-assign]
         # redis-py < 5.3 requires a command name here; later versions warn if given one
         name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
             "command_name"
@@ -1678,8 +1678,15 @@ class WindowStore:
 
     def run_mark(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Send a kept worker mark again (marks.py): :meth:`run_once`; with
-        ``debounce_redis_wait_replicas`` :meth:`_run_waited` (see __init__), so a mark
-        fewer replicas acknowledged is kept and sent again."""
+        ``debounce_redis_wait_replicas`` :meth:`_run_mark_waited` (see __init__)."""
+        return self.run_once(name, keys, args)
+
+    def _run_mark_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A kept ``finish`` is waited for (sent again until acknowledged: idempotent); a
+        kept ``claim`` (its run went ahead during an outage) is sent once, as without
+        ``WAIT``: sent again, it would find its own first copy live and mark a duplicate."""
+        if name == "finish":
+            return self._run_waited(name, keys, args)
         return self.run_once(name, keys, args)
 
     def _claim_waited(self, shard: Shard, task_id: str, task_name: str = "",

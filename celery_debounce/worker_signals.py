@@ -154,6 +154,8 @@ def _defer(task: Task, task_id: str, exc: BaseException) -> bool:
     of it, or it of that copy). True if it was sent; False: it runs now (the broker
     refused the message; at least once rather than lost)."""
     request = task.request
+    if request.is_eager:  # Task.apply (celery_debounce.testing's drain): no broker here
+        return False
     times = int(_header(request, DEFERRED_HEADER) or 0)
     countdown = min(DEFER_MAX_S, DEFER_FIRST_S * 2 ** min(times, 8))
     headers = {**(getattr(request, "headers", None) or {}), DEFERRED_HEADER: times + 1}
