@@ -17,14 +17,14 @@ if redis.call('HGET', KEYS[1], 'st') ~= 'claimed' or
     redis.call('HGET', KEYS[1], 'ca') ~= ARGV[2] then
   return 0
 end
+redis.pcall('ZREM', KEYS[4], ARGV[1])  -- the first write shrinks (maxmemory: design.md)
 if ARGV[3] == 'claimed' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZADD', KEYS[4], 'XX', now, ARGV[1])
+  redis.call('ZADD', KEYS[4], now, ARGV[1])
   return 1
 end
 redis.call('HSET', KEYS[1], 'st', ARGV[3])
-redis.pcall('ZREM', KEYS[4], ARGV[1])
 if ARGV[3] == 'stale' then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
