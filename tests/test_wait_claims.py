@@ -78,8 +78,8 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
                    task_acks_late=acks_late)
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
-              debounce_max_wait="1s")
+    @app.task(base=DebouncedTask, shared=False, name="wc.delayed", debounce="1s",
+              debounce_key="k", debounce_max_wait="2s")
     def work(n: int) -> int:
         runs.append(n)
         return n
@@ -89,6 +89,9 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
         result = work.delay(7)  # accepted: the replica acknowledged it
         record = f"debounce:{{0}}:win:{result.id}"
         _pause(replica)
+        # stopped before the window was taken (else its claim was acknowledged)
+        assert redis_client.hget("debounce:{0}:open:10:wc.delayed:k", "id") == \
+            result.id.encode()
         try:
             # taken and published (not waited for), delivered, claimed, refused by WAIT,
             # undone and sent through the broker again, each time while it lasts
