@@ -186,3 +186,36 @@ def test_a_delivery_whose_window_is_still_open_here_is_skipped(
     assert not redis_client.exists(f"debounce:{{0}}:win:{result.id}")
     assert store.claim(0, "other-id", "wc.work", False, ident) == ("", True)
     assert store.claim(0, result.id, "wc.work", False, "") == ("", True)
+
+
+def test_unclaim_undoes_only_the_claim_it_names(
+    redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """``unclaim.lua``: the record back to its state before, out of the claims set, but
+    only while the record's claim is the one of that time (``ca``): a later claim (another
+    delivery) is left alone."""
+    from celery_debounce import DebounceAdmin
+    from celery_debounce.store import store_for
+
+    app = make_app(redis_server)
+
+    @app.task(base=DebouncedTask, shared=False, name="wc.un", debounce="1h",
+              debounce_key="k", debounce_max_wait="1h")
+    def work() -> None:
+        pass
+
+    task_id = work.delay().id
+    DebounceAdmin(app).flush("wc.un", "k")
+    store = store_for(app)
+    keys = store.record_keys(0, task_id)
+    before, at, run = store.run_once("claim", keys, store.claim_args(task_id, "wc.un", False))
+    assert (before, int(run)) == (b"dispatching", 1)
+    record = f"debounce:{{0}}:win:{task_id}"
+    assert store.run_once("unclaim", keys, [task_id, int(at) - 1, "dispatching"]) == 0
+    assert redis_client.hget(record, "st") == b"claimed"
+    assert redis_client.zscore("debounce:{0}:claims", task_id) is not None
+    assert store.run_once("unclaim", keys, [task_id, int(at), "dispatching"]) == 1
+    assert redis_client.hget(record, "st") == b"dispatching"
+    assert redis_client.zscore("debounce:{0}:claims", task_id) is None
+    # the next delivery claims it and runs
+    assert store.claim(0, task_id, "wc.un") == ("dispatching", True)
