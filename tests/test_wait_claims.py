@@ -219,3 +219,34 @@ def test_unclaim_undoes_only_the_claim_it_names(
     assert redis_client.zscore("debounce:{0}:claims", task_id) is None
     # the next delivery claims it and runs
     assert store.claim(0, task_id, "wc.un") == ("dispatching", True)
+
+
+@pytest.mark.parametrize("acks_late", ["0", "1"])
+def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
+    redis_client: redis.Redis, redis_server: str, replica: LocalRedis, tmp_path: Any,
+    acks_late: str,
+) -> None:
+    """As above, in a prefork worker process (the copy is sent from the pool child, as a
+    retry is), with the fault tests' 2 s broker visibility (a held copy may also come
+    back from the broker: at most one delivery runs)."""
+    from fault_app import build
+    from test_faults import runs, worker_process
+
+    app = build(redis_server, debounce_redis_wait_replicas=1)
+    log = tmp_path / "w.log"
+    env = {"FAULT_WAIT_REPLICAS": "1", "FAULT_ACKS_LATE": acks_late}
+    with worker_process(redis_server, log, extra_env=env, pool="prefork"):
+        call = app.tasks["faults.record"].delay("wp")
+        _pause(replica)
+        try:
+            assert redis_client.exists("debounce:{0}:open:13:faults.record:k:wp")
+            wait_until(lambda: log.read_text().count("delivered again") >= 3, 30)
+            assert runs(redis_client, "wp") == []
+        finally:
+            _resume(replica)
+        record = f"debounce:{{0}}:win:{call.id}"
+        wait_until(lambda: redis_client.hget(record, "st") == b"finished", 20)
+        # every copy still in flight is delivered and skipped (or was): none runs
+        settled = threading.Event()
+        settled.wait(6.0)
+    assert runs(redis_client, "wp") == [call.id]
