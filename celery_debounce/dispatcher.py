@@ -743,6 +743,7 @@ class Dispatcher:
                 window.task_name, window.task_id, window.shard, window.calls,
                 window.content_type, window.payload, window.options_json,
                 tag=self.store.tag(window.shard), arguments=arguments,
+                ident=window.ident if self.settings.wait_replicas else None,
             )
             left = options.get("expiration")  # expires: the broker may drop it unseen
             if left is not None:

@@ -34,6 +34,15 @@ TAG_HEADER = "debounce_tag"
 #: record only for a reader with the writer's ``debounce_shards``.
 SHARD_HEADER = "debounce_shard"
 
+#: Header sent with ``debounce_redis_wait_replicas`` only: the window's ident, so that a
+#: worker whose claim finds no record but the window still open under its id there
+#: (the take was lost with a failover) skips the delivery (``claim.lua`` ARGV[6]).
+IDENT_HEADER = "debounce_ident"
+
+#: Header of a delivery a worker sent through the broker again because too few
+#: replicas acknowledged its claim (``debounce_redis_wait_replicas``): how many times.
+DEFERRED_HEADER = "debounce_deferred"
+
 #: Header (in the stored options) of a ``debounce_exclusive`` window: ``take.lua`` finds
 #: it in the options JSON (``"debounce_exclusive"``) and holds the window while a run of
 #: its (task, key) is in progress (key :func:`run_key`).

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .store import WindowStore, is_outage
+from .store import NotReplicated, WindowStore, is_outage
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -47,11 +47,17 @@ _pending: deque[Mark] = deque()
 _state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
 
 
+def worth_keeping(exc: BaseException) -> bool:
+    """True for an outage (worth retrying), False for an error Redis answered with. A
+    mark too few replicas acknowledged (``debounce_redis_wait_replicas``) is retried."""
+    return is_outage(exc) or isinstance(exc, NotReplicated)
+
+
 def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
          error: BaseException, then: Callable[[Any], None] | None = None) -> None:
     """Keep a mark that failed with ``error``; it is sent again once Redis answers,
     and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""
-    if not is_outage(error):
+    if not worth_keeping(error):
         return
     with _lock:
         if _state["pid"] != os.getpid():  # a forked child: the parent's thread is not here
@@ -100,9 +106,9 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            reply = mark.store.run_once(mark.script, mark.keys, mark.args)
+            reply = mark.store.run_mark(mark.script, mark.keys, mark.args)
         except Exception as exc:
-            if is_outage(exc):
+            if worth_keeping(exc):
                 return False  # still down: keep it (and the rest), try again later
             logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.script, exc)
         else:

@@ -34,7 +34,7 @@ from kombu.utils.functional import maybe_list
 
 from .compat import add_seconds_to_datetime, subtract_datetimes
 from .errors import DebounceConfigError
-from .layout import SHARD_HEADER, TAG_HEADER, decode_options, encode_options
+from .layout import IDENT_HEADER, SHARD_HEADER, TAG_HEADER, decode_options, encode_options
 
 #: The header that tells a debounced run how many calls its window absorbed
 #: (``self.request.debounce_calls`` in the task; the calls the run stands for).
@@ -300,7 +300,7 @@ class WindowMessage:
     def build(
         self, task_name: str, task_id: str, shard: int | str, calls: int, content_type: str,
         body: bytes, options_json: str, tag: str | None = None,
-        arguments: tuple[list[Any], dict[str, Any]] | None = None,
+        arguments: tuple[list[Any], dict[str, Any]] | None = None, ident: str | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """``(task_message, send_task_message options)`` for one window; no deserializing.
 
@@ -314,7 +314,8 @@ class WindowMessage:
         ``tag``: the shard's tag, sent as :data:`TAG_HEADER` (where the worker finds the
         record); ``shard`` (a number) is also sent as 0.2's :data:`SHARD_HEADER` for
         0.2 workers; a tag as ``shard`` (a layout drained, not this process's) is sent
-        only as the tag."""
+        only as the tag. ``ident``: sent as :data:`IDENT_HEADER` (only with
+        ``debounce_redis_wait_replicas``)."""
         opts = decode_options(options_json)
         pop = opts.pop
         expires = None
@@ -373,6 +374,8 @@ class WindowMessage:
             headers[SHARD_HEADER] = shard
         if tag is not None or isinstance(shard, str):
             headers[TAG_HEADER] = tag if tag is not None else shard
+        if ident is not None:
+            headers[IDENT_HEADER] = ident
         properties = {
             "correlation_id": task_id,
             "reply_to": pop("reply_to", None) or self.reply_to,

@@ -42,9 +42,9 @@ from celery.worker.request import Request
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
 from .collect import COLLECT_HEADER, plain_call_of
-from .layout import SHARD_HEADER, TAG_HEADER, is_tag_of
+from .layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
 from .signals import duplicate_skipped
-from .store import WindowStore, store_for
+from .store import NotReplicated, WindowStore, store_for
 from .store.codec import finish_aliases
 
 logger = logging.getLogger("celery_debounce.worker")
@@ -92,7 +92,18 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
     store = store_for(task.app)
     retry = bool(task.request.retries)
     try:
-        before, run = store.claim(shard, task_id, task.name, retry)
+        if store.settings.wait_replicas:
+            before, run = store.claim(shard, task_id, task.name, retry,
+                                      str(_header(task.request, IDENT_HEADER) or ""))
+        else:
+            before, run = store.claim(shard, task_id, task.name, retry)
+    except NotReplicated as exc:
+        if getattr(type(task), _HOOK, False) and _defer(task, task_id, exc):
+            setattr(task.request, SKIP, True)
+            return
+        logger.warning("debounce: %s[%s] runs although its claim may not survive a "
+                       "failover (%s)", task.name, task_id, exc)
+        return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
         marks.keep(store, "claim", store.record_keys(shard, task_id),
@@ -106,6 +117,8 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
                 "debounce: %s[%s] skipped: a duplicate delivery of a window %s "
                 "(redelivered or republished); its callers get the first run's outcome",
                 task.name, task_id, "already finished" if before == "finished"
+                else "still open here: its take was lost with a failover, it is "
+                "published again" if before == "pending"
                 else "running under a live claim")
             if duplicate_skipped.receivers:
                 duplicate_skipped.send(sender=task.name, task_id=task_id, state=before)
@@ -117,6 +130,48 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         logger.warning("debounce: %s[%s] runs again: its previous claim went stale "
                        "(its worker died or stopped renewing)", task.name, task_id)
     _renewer.hold(store, store.claims_key(shard), task_id)
+
+
+def _header(request: Any, name: str) -> Any:
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
+#: First and longest wait (s) before a delivery whose claim too few replicas
+#: acknowledged is delivered again (doubling each time).
+DEFER_FIRST_S = 0.25
+DEFER_MAX_S = 5.0
+
+
+def _defer(task: Task, task_id: str, exc: BaseException) -> bool:
+    """Too few replicas acknowledged this delivery's claim (``debounce_redis_wait_replicas``;
+    the store undid it): send the same message (same id, arguments, headers, routing,
+    links, ``retries``) through the broker again after a short countdown, as
+    ``Task.retry`` would but without counting a retry or storing ``RETRY``, and skip
+    this delivery. The next delivery claims on the master then: the run is delayed,
+    never doubled (a copy of the window published by a promoted replica is a duplicate
+    of it, or it of that copy). True if it was sent; False: it runs now (the broker
+    refused the message; at least once rather than lost)."""
+    request = task.request
+    if request.is_eager:  # Task.apply (celery_debounce.testing's drain): no broker here
+        return False
+    times = int(_header(request, DEFERRED_HEADER) or 0)
+    countdown = min(DEFER_MAX_S, DEFER_FIRST_S * 2 ** min(times, 8))
+    headers = {**(getattr(request, "headers", None) or {}), DEFERRED_HEADER: times + 1}
+    try:
+        task.signature_from_request(
+            request, countdown=countdown, retries=request.retries or 0, headers=headers,
+        ).apply_async()
+    except Exception as sent:
+        logger.warning("debounce: %s[%s] runs now: its claim may not survive a failover "
+                       "(%s) and it could not be sent again (%r)", task.name, task_id,
+                       exc, sent)
+        return False
+    logger.info("debounce: %s[%s] delivered again in %.2f s: %s", task.name, task_id,
+                countdown, exc)
+    return True
 
 
 # -- claim leases ------------------------------------------------------------------------
@@ -307,6 +362,16 @@ def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state
     store = store_for(app)
     try:
         aliases = store.finish(shard, task_id, state)
+    except NotReplicated as exc:
+        # finished on the master, too few replicas acknowledged it: the body ran, so its
+        # outcome is stored now and the finish is sent again until it is acknowledged
+        # (finish.lua is idempotent): a failover cannot forget that it ran
+        logger.warning("debounce: %s[%s] finished; its mark is sent again: %s",
+                       name, task_id, exc)
+        marks.keep(store, "finish", store.record_keys(shard, task_id),
+                   store.finish_args(task_id, state), exc)
+        _finished(app, task_id, list(exc.reply[2:]), state, retval)
+        return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
         # sent again when Redis is back (marks.py), and its aliases resolved then

@@ -967,4 +967,40 @@ MUTATIONS: list[Mutation] = [
         "        if moved < least - CLOCK_STEP_MS:",
         "        if False:",
         CLOCK + "test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing"),
+    # -- debounce_redis_wait_replicas and the worker's marks (issue 21, failover) ------
+    one("a claim too few replicas acknowledged runs at once",
+        "a run claimed on a master a failover demotes does not run beside the promoted "
+        "replica's copy (the claim's WAIT)",
+        PKG + "store/__init__.py",
+        "            if not int(run) or not before:\n                return as_text(before), "
+        "bool(int(run))",
+        "            return as_text(before), bool(int(run))",
+        "tests/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
+        "lost_or_doubled"),
+    one("a claim WAIT refused is not undone",
+        "a delivery whose claim WAIT refused runs later (not skipped under its own claim)",
+        PKG + "store/__init__.py",
+        '                self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])',
+        "                pass",
+        "tests/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
+        "lost_or_doubled"),
+    one("a finish WAIT refused is not sent again",
+        "a failover cannot forget a run that finished (its finish is replicated)",
+        PKG + "worker_signals.py",
+        '        marks.keep(store, "finish", store.record_keys(shard, task_id),\n'
+        "                   store.finish_args(task_id, state), exc)\n",
+        "",
+        "tests/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again"),
+    one("unclaim.lua undoes a later claim",
+        "a claim WAIT refused undoes only itself (another delivery's live claim stays)",
+        LUA + "unclaim.lua",
+        "    redis.call('HGET', KEYS[1], 'ca') ~= ARGV[2] then",
+        "    false then",
+        "tests/test_wait_claims.py::test_unclaim_undoes_only_the_claim_it_names"),
+    one("claim.lua ignores the ident of a window still open",
+        "a delivery of a window whose take a failover lost does not run beside its new publish",
+        LUA + "claim.lua",
+        "  if ARGV[6] and ARGV[6] ~= '' then",
+        "  if false then",
+        "tests/test_wait_claims.py::test_a_delivery_whose_window_is_still_open_here_is_skipped"),
 ]

@@ -3,7 +3,7 @@
 Configured from the environment: FAULT_REDIS (windows DB 0, broker DB 1),
 FAULT_BROKER (default FAULT_REDIS DB 1), FAULT_RESULTS (a result backend URL; none
 by default), FAULT_ACKS_LATE, FAULT_REJECT_ON_WORKER_LOST, FAULT_CLAIM_LEASE,
-FAULT_VISIBILITY, FAULT_TIME_LIMIT. Every run appends its task id to the
+FAULT_VISIBILITY, FAULT_TIME_LIMIT, FAULT_WAIT_REPLICAS. Every run appends its task id to the
 Redis list ``runs:<key>`` in DB 0 (outside the package's ``debounce:*`` keys).
 
     python fault_app.py take [--publish]   take due windows, print their ids, then hang
@@ -137,6 +137,7 @@ app = build(
     result_backend=os.environ.get("FAULT_RESULTS") or None,
     task_time_limit=float(os.environ["FAULT_TIME_LIMIT"]) if os.environ.get("FAULT_TIME_LIMIT")
     else None,
+    debounce_redis_wait_replicas=int(os.environ.get("FAULT_WAIT_REPLICAS", "0")),
 )
 
 

@@ -223,6 +223,8 @@ CASES = {
     "claim": Case("claim", _mark("claim"), _evalshas),
     "finish": Case("finish", _mark("finish"), _evalshas),
     "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
+    "claim-wait-replicas": Case("claim", _mark("claim"), _evalshas, waited=True),
+    "finish-wait-replicas": Case("finish", _mark("finish"), _evalshas, waited=True),
 }
 
 

@@ -8,6 +8,11 @@
 --                          claim past its expiry is released by take.lua (state "stale")
 -- ARGV[1]  task id   ARGV[2]  claim lease ms   ARGV[3]  "1": a retry of the run (it takes
 --          the claim over)   ARGV[4]  task name (stats)   ARGV[5]  history TTL ms (stats)
+-- ARGV[6]  (debounce_redis_wait_replicas only) the window's ident, as the dispatcher sent
+--          it (header debounce_ident), or '': a record that is gone while the window
+--          is still open under this id (<tag>:open:<ident>, field id) was never taken on
+--          this master (its take, publish and claim were on a master a failover
+--          demoted): a skip (state "pending"); this master's dispatcher publishes it
 --
 -- Effectively once: a delivery of a window that is finished, or claimed under a live
 -- lease, is a duplicate (a dispatcher killed after publish and before ack, a failover
@@ -22,6 +27,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
+  if ARGV[6] and ARGV[6] ~= '' then
+    local tag = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5)
+    if redis.pcall('HGET', tag .. ':open:' .. ARGV[6], 'id') == ARGV[1] then
+      return {'pending', now, 0}
+    end
+  end
   return {'', now, 1}
 end
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -14,6 +14,7 @@ connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`)
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,7 +26,7 @@ from celery import Celery
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..errors import DebounceOutcomeUnknown
+from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     HOT_KEYS_KEPT,
     LATE_BUCKETS_MS,
@@ -68,6 +69,7 @@ from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
     CancelOutcomeUnknown,
+    NotReplicated,
     is_error_reply,
     is_outage,
     pipeline_failed_at,
@@ -79,6 +81,8 @@ from .scripts import SCRIPT_NAMES, script_source
 from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported
 from .wake import WakeListener
 
+logger = logging.getLogger("celery_debounce.store")
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
     from ..call import PreparedCall
@@ -86,7 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CONNECTION_ERRORS", "EXPIRY_GRACE_MS", "MIN_REDIS", "REDIS_ERROR", "SCRIPT_NAMES",
     "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "Cancelled", "CensusRow",
-    "ListStep", "Outcome", "Shard", "ShardCounts", "ShardSnapshot", "TakeResult",
+    "ListStep", "NotReplicated", "Outcome", "Shard", "ShardCounts", "ShardSnapshot", "TakeResult",
     "TakenEntry", "TakenWindow", "WakeListener", "WindowStore", "as_text",
     "is_error_reply", "is_outage", "is_unknown_outcome", "pipeline_failed_at",
     "read_server_version", "reply_code", "script_source", "server_supported", "store_for",
@@ -125,6 +129,9 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         if settings.wait_replicas:
             self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
             self.gate = self._gate_waited  # type: ignore[method-assign]
+            self.claim = self._claim_waited  # type: ignore[method-assign]
+            self.finish = self._finish_waited  # type: ignore[method-assign]
+            self.run_mark = self._run_mark_waited  # type: ignore[method-assign]
 
     @property
     def direct(self) -> bool:
@@ -301,12 +308,73 @@ class WindowStore(ServerCheck, BulkGate, Operators):
                 self.settings.history_ttl_ms]
 
     def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False) -> tuple[str, bool]:
+              retry: bool = False, ident: str = "") -> tuple[str, bool]:
         """Claim a window's run for one claim lease: ``(state before ("" if the record
         is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
-        a live lease), which must not run."""
+        a live lease), which must not run. With ``debounce_redis_wait_replicas`` this is
+        :meth:`_claim_waited` (see __init__); ``ident`` is read only there."""
         before, _, run = self.run_once("claim", self.record_keys(shard, task_id),
                                        self.claim_args(task_id, task_name, retry))
+        return as_text(before), bool(int(run))
+
+    def _run_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Script ``name`` then ``WAIT n timeout`` on the same connection, in one write
+        (as the gate's). Fewer acknowledgements than ``n`` (or WAIT refused) raise
+        :class:`NotReplicated` carrying the script's reply: it ran on the master, a
+        failover may discard it."""
+        wanted = self.settings.wait_replicas
+        wait_ms = self.settings.wait_replicas_ms
+        with translate_errors(name):
+            reply, acks = self.send_on_node(keys[0], [
+                ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args),
+                ("WAIT", wanted, wait_ms)], name)
+        if isinstance(acks, Exception) or int(acks) < wanted:
+            said = (f"WAIT refused ({type(acks).__name__}: {acks})"
+                    if isinstance(acks, Exception) else
+                    f"only {int(acks)} replica(s) acknowledged it within {wait_ms} ms")
+            raise NotReplicated(
+                f"debounce_redis_wait_replicas={wanted}: {name} ran on the master but "
+                f"{said}; a failover may discard it", reply)
+        return reply
+
+    def run_mark(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Send a kept worker mark again (marks.py): :meth:`run_once`; with
+        ``debounce_redis_wait_replicas`` :meth:`_run_mark_waited` (see __init__)."""
+        return self.run_once(name, keys, args)
+
+    def _run_mark_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A kept ``finish`` is waited for (sent again until acknowledged: idempotent); a
+        kept ``claim`` (its run went ahead during an outage) is sent once, as without
+        ``WAIT``: sent again, it would find its own first copy live and mark a duplicate."""
+        if name == "finish":
+            return self._run_waited(name, keys, args)
+        return self.run_once(name, keys, args)
+
+    def _claim_waited(self, shard: Shard, task_id: str, task_name: str = "",
+                      retry: bool = False, ident: str = "") -> tuple[str, bool]:
+        """:meth:`claim` followed by ``WAIT`` (``debounce_redis_wait_replicas``): a claim
+        that would run the body and that fewer replicas acknowledged is undone on the
+        master it ran on (``unclaim.lua``, only if the claim is still that one) and
+        raised as :class:`NotReplicated`: its run must wait (a failover may discard the
+        claim, and the promoted replica's copy of the window would run a second time).
+        A skip, or a record that is gone (nothing written), is answered as is.
+        ``ident``: the window's ident the dispatcher sent (header ``debounce_ident``): a
+        record that is gone while the window is still open here under this id (its take
+        was lost with a failover) is a skip (state ``pending``): this master's
+        dispatcher publishes it."""
+        keys = self.record_keys(shard, task_id)
+        try:
+            before, at, run = self._run_waited(
+                "claim", keys, [*self.claim_args(task_id, task_name, retry), ident])
+        except NotReplicated as exc:
+            before, at, run = exc.reply
+            if not int(run) or not before:
+                return as_text(before), bool(int(run))
+            try:
+                self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])
+            except DebounceBackendError as undo:  # a demoted master: it is discarded anyway
+                logger.debug("debounce: could not undo the claim of %s: %s", task_id, undo)
+            raise
         return as_text(before), bool(int(run))
 
     def renew(self, held: dict[str, list[str]]) -> None:
@@ -344,9 +412,18 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         return [task_id, state, self.settings.history_ttl_ms]
 
     def finish(self, shard: Shard, task_id: str, state: str) -> list[Any]:
-        """Mark a window finished with ``state``; the raw aliases it returns."""
+        """Mark a window finished with ``state``; the raw aliases it returns. With
+        ``debounce_redis_wait_replicas`` this is :meth:`_finish_waited` (see __init__)."""
         reply = self.run_once("finish", self.record_keys(shard, task_id),
                               self.finish_args(task_id, state))
+        return finish_aliases(reply)
+
+    def _finish_waited(self, shard: Shard, task_id: str, state: str) -> list[Any]:
+        """:meth:`finish` followed by ``WAIT``: a finish fewer replicas acknowledged
+        raises :class:`NotReplicated` (its ``reply`` the script's: the caller keeps the
+        mark to be sent again, ``finish.lua`` is idempotent)."""
+        reply = self._run_waited("finish", self.record_keys(shard, task_id),
+                                 self.finish_args(task_id, state))
         return finish_aliases(reply)
 
 

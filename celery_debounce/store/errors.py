@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -40,6 +41,16 @@ class CancelOutcomeUnknown(DebounceOutcomeUnknown):
     def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
         super().__init__(message)
         self.shard, self.ident, self.token = shard, ident, token
+
+
+class NotReplicated(DebounceOutcomeUnknown):
+    """A worker's mark (``claim``, ``finish``) ran on the master but fewer replicas than
+    ``debounce_redis_wait_replicas`` acknowledged it (``WAIT``): a failover may discard
+    it. ``reply``: the script's reply."""
+
+    def __init__(self, message: str, reply: Any = None) -> None:
+        super().__init__(message)
+        self.reply = reply
 
 
 def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
