@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from billiard.common import reset_signals
@@ -30,8 +31,10 @@ logger = logging.getLogger("celery_debounce.worker")
 
 #: First and longest wait before a dead child is started again (seconds).
 RESTART_BACKOFF_S = (1.0, 30.0)
-#: How often the child looks whether its parent is still there (seconds).
+#: How often the supervisor looks at its child (seconds).
 PARENT_CHECK_S = 1.0
+#: How often the child looks for a stop request and for its parent (seconds).
+TICK_S = 0.1
 
 
 class _Child(Process):  # type: ignore[misc]
@@ -49,13 +52,15 @@ class _Child(Process):  # type: ignore[misc]
         self.app.set_default()
         self.app.set_current()
         parent = os.getppid()
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # The handler only sets a flag: taking a lock there (Event.set) deadlocks when the
+        # signal lands while this thread holds that lock (seen: a child that never stopped)
+        terms: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, _frame: terms.append(signum))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's Ctrl-C stops us with TERM
         dispatcher = Dispatcher(self.app, name=self.dispatcher_name)
         thread = dispatcher.start()
-        while thread.is_alive() and not stop.is_set():
-            stop.wait(PARENT_CHECK_S)
+        while thread.is_alive() and not terms:
+            time.sleep(TICK_S)
             if os.getppid() != parent:
                 logger.warning("debounce: dispatcher %s: its worker (pid %d) is gone; "
                                "stopping", self.dispatcher_name, parent)

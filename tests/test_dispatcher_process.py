@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,24 @@ def test_a_killed_child_is_started_again(
         assert pid != first and _alive(pid) and _parent(pid) == worker.pid
         result = app.tasks["faults.record"].delay("q")
         wait_until(lambda: runs(redis_client, "q") == [result.id], 15)
+
+
+def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
+        redis_server: str, tmp_path: Path) -> None:
+    """A burst of SIGTERMs (a supervisor, systemd and a user at once) stops the child. Its
+    handler only sets a flag: an earlier one called ``Event.set`` and a child was found
+    deadlocked in nested handlers, never stopping (this burst did not reproduce that
+    race; it guards the stop under repeated signals)."""
+    log = tmp_path / "worker.log"
+    with worker_process(redis_server, log, extra_env=ENV, pool="solo"):
+        (pid,) = _pids(log)
+        for _ in range(2000):  # spread over ~1 s: some land while a handler runs
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+            time.sleep(0.0005)
+        wait_until(lambda: not _alive(pid), 10)
 
 
 def test_the_child_stops_when_its_worker_is_sigkilled(
