@@ -1,8 +1,9 @@
 """A worker app whose runs are killed mid-run without ``acks_late`` (tests/test_bounded_keys.py).
 
 The prefork child running ``killed.die`` exits at once: Celery acked the message
-before the run, nothing redelivers it, and ``task_postrun`` never fires, so the
-window's record stays ``claimed`` until ``debounce_record_ttl`` (3 s here).
+before the run, nothing redelivers it, and ``task_postrun`` never fires. The worker's
+main process finishes the window FAILURE (``WorkerLostError``); whatever is left goes
+with ``debounce_history_ttl`` / ``debounce_record_ttl`` (1 s / 3 s here).
 Configured from $KILLED_REDIS (windows DB 0, broker DB 1).
 """
 

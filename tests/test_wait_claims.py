@@ -30,6 +30,9 @@ def replica(redis_server: str) -> Iterator[LocalRedis]:
         client = redis.Redis(port=server.port)
         wait_until(lambda: client.info("replication")["master_link_status"] == "up",
                    timeout=15)
+        # and the master counts its acknowledgements (WAIT answers 1), before any call
+        master = redis.Redis(port=port)
+        wait_until(lambda: master.wait(1, 1000) >= 1, timeout=15)
         try:
             yield server
         finally:
@@ -74,7 +77,7 @@ class _Deferrals(logging.Handler):
 def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
     redis_client: redis.Redis, redis_server: str, replica: LocalRedis, acks_late: bool,
 ) -> None:
-    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0,
+    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=2.0,
                    task_acks_late=acks_late)
     runs: list[int] = []
 
@@ -116,7 +119,7 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
     """The body ran once: its outcome is stored at once (every caller gets it) and the
     finish, refused by WAIT, is kept and sent again until the replica acknowledges it,
     so a failover to that replica cannot forget the run and run it again."""
-    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0)
+    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=2.0)
     runs: list[int] = []
 
     @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
