@@ -4,12 +4,14 @@
     .venv/bin/python scripts/mutation_check.py            # every mutation in scripts/mutations.py
     .venv/bin/python scripts/mutation_check.py -k lease   # those whose name contains "lease"
     .venv/bin/python scripts/mutation_check.py --list     # list them, run nothing
+    .venv/bin/python scripts/mutation_check.py --jobs 2   # two at a time (CI)
 
-Copies the tree (package, tests, docs, pyproject.toml) to a temporary directory once,
-then for each mutation: applies its edits to the copy, runs only the tests that guard
-it (pytest -x, a timeout per mutation) with the copy first on PYTHONPATH, and restores
-the copy. The working tree is never touched. One redis-server serves every run
-(DEBOUNCE_TEST_REDIS_URL) unless one is given.
+Copies the tree (package, tests, docs, pyproject.toml) to a temporary directory once
+per job, then for each mutation: applies its edits to a free copy, runs only the tests
+that guard it (pytest -x, a timeout per mutation) with that copy first on PYTHONPATH, and
+restores the copy. The working tree is never touched. Each job has its own redis-server
+(DEBOUNCE_TEST_REDIS_URL), unless one is given and there is one job. Running jobs side
+by side can only add load: a slowed test fails (a kill), it cannot make a mutant survive.
 
 Exit status 1 if a mutation survives (its tests pass), if a mutation's target text
 is not found exactly once (the list went stale), or if a run errors (collection
@@ -26,7 +28,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +136,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", dest="match", help="only mutations whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="mutations run side by side, each in its own copy with its own "
+                             "redis-server (default 1)")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds per mutation (default 180)")
     parser.add_argument("--allow-pending", action="store_true",
@@ -155,37 +162,58 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from celery_debounce.local_redis import LocalRedis
 
-    server = None
-    url = os.environ.get("DEBOUNCE_TEST_REDIS_URL")
-    if not url:
-        server = LocalRedis().start()
-        url = server.url
-    tmp = Path(tempfile.mkdtemp(prefix="debounce-mutants-"))
+    jobs = max(1, opts.jobs)
+    servers: list[LocalRedis] = []
+    copies: list[tuple[Path, dict[str, str]]] = []
+    given = os.environ.get("DEBOUNCE_TEST_REDIS_URL")
     try:
-        copy_tree(tmp)
-        env = dict(os.environ, DEBOUNCE_TEST_REDIS_URL=url, PYTHONDONTWRITEBYTECODE="1",
-                   PYTHONPATH=os.pathsep.join(
-                       filter(None, [str(tmp), os.environ.get("PYTHONPATH", "")])))
-        where = subprocess.run(
-            [sys.executable, "-c", "import celery_debounce; print(celery_debounce.__file__)"],
-            cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.strip()
-        if not where.startswith(str(tmp)):
-            print(f"mutation check: the copy's package is not the one imported ({where})")
-            return 1
-        print(f"mutation check: {len(mutations)} mutations, tests from a copy in {tmp}",
-              flush=True)
-        outcomes = []
+        for _ in range(jobs):
+            if given and jobs == 1:
+                url = given
+            else:
+                servers.append(LocalRedis().start())
+                url = servers[-1].url
+            tmp = Path(tempfile.mkdtemp(prefix="debounce-mutants-"))
+            copy_tree(tmp)
+            env = dict(os.environ, DEBOUNCE_TEST_REDIS_URL=url, PYTHONDONTWRITEBYTECODE="1",
+                       PYTHONPATH=os.pathsep.join(
+                           filter(None, [str(tmp), os.environ.get("PYTHONPATH", "")])))
+            copies.append((tmp, env))
+            where = subprocess.run(
+                [sys.executable, "-c",
+                 "import celery_debounce; print(celery_debounce.__file__)"],
+                cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.strip()
+            if not where.startswith(str(tmp)):
+                print(f"mutation check: the copy's package is not the one imported ({where})")
+                return 1
+        print(f"mutation check: {len(mutations)} mutations, {jobs} at a time, tests from "
+              f"copies in {', '.join(str(c[0]) for c in copies)}", flush=True)
+        free = list(copies)
+        lock = threading.Lock()
+
+        def one(m: Mutation) -> Outcome:
+            with lock:
+                tmp, env = free.pop()
+            try:
+                o = run_mutation(m, tmp, env, opts.timeout)
+            finally:
+                with lock:
+                    free.append((tmp, env))
+            with lock:
+                print(f"  {o.status:8} {o.seconds:6.1f}s  {m.name}  ({short(o.killer)})",
+                      flush=True)
+                if opts.verbose and o.status in ("survived", "error", "timeout"):
+                    print(o.output[-4000:])
+            return o
+
         started = time.monotonic()
-        for m in mutations:
-            o = run_mutation(m, tmp, env, opts.timeout)
-            outcomes.append(o)
-            print(f"  {o.status:8} {o.seconds:6.1f}s  {m.name}  ({short(o.killer)})", flush=True)
-            if opts.verbose and o.status in ("survived", "error", "timeout"):
-                print(o.output[-4000:])
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            outcomes = list(pool.map(one, mutations))
         total = time.monotonic() - started
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if server is not None:
+        for tmp, _env in copies:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for server in servers:
             server.cleanup()
 
     print()

@@ -15,5 +15,5 @@ export CELERY_DEBOUNCE_WHEEL
 if [ "$#" -eq 0 ]; then
   scripts/test-corners.sh --no-build
   scripts/checks.sh
-  .venv/bin/python scripts/mutation_check.py
+  .venv/bin/python scripts/mutation_check.py --jobs 2
 fi
