@@ -3,6 +3,7 @@ process that the worker starts, restarts and stops, and that never outlives it."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -100,7 +101,12 @@ def test_the_child_stops_when_its_worker_is_sigkilled(
         (pid,) = _pids(log)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
-        wait_until(lambda: not _alive(pid), 10)  # it looks for its parent every second
+        try:
+            wait_until(lambda: not _alive(pid), 10)  # it looks for its parent every second
+        finally:
+            if _alive(pid):  # the bug this guards: leave no orphan behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     assert b"is gone; stopping" in log.read_bytes(), log.read_text()
 
 
