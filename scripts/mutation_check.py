@@ -153,7 +153,7 @@ def main() -> int:
         return 1
 
     sys.path.insert(0, str(ROOT))
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     server = None
     url = os.environ.get("DEBOUNCE_TEST_REDIS_URL")

@@ -187,9 +187,9 @@ def test_every_public_name_imports() -> None:
 
 
 def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
-    outside = [p for p in PACKAGE.rglob("*.py")
-               if p.relative_to(PACKAGE).parts[0] not in ("store", "local_redis.py",
-                                                           "local_cluster.py")]
+    servers = ("testing/servers.py", "testing/cluster.py", "local_redis.py", "local_cluster.py")
+    outside = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "store"
+               and p.relative_to(PACKAGE).as_posix() not in servers]
     redis_py = sorted(p.name for p in outside
                       if {"redis"} & {m.split(".")[0] for m in _top_imports(p)})
     assert redis_py == []
@@ -218,4 +218,24 @@ def test_the_old_backend_module_warns() -> None:
              for p in (ROOT / d).rglob("*.py")
              if "celery_debounce.backend" in p.read_text("utf-8") and p.name != "backend.py"
              and p.name != "test_module_map.py"]
+    assert users == []
+
+
+def test_the_old_server_paths_still_import() -> None:
+    """``celery_debounce.local_redis`` and ``.local_cluster`` re-export the throwaway
+    servers, now in ``celery_debounce.testing``; nothing in the repository imports them."""
+    from celery_debounce import local_cluster, local_redis
+    from celery_debounce.testing import cluster, servers
+
+    assert local_redis.LocalRedis is servers.LocalRedis
+    assert local_redis.LocalSentinels is servers.LocalSentinels
+    assert local_cluster.LocalCluster is cluster.LocalCluster
+    for name in local_redis.__all__:
+        assert getattr(local_redis, name) is getattr(servers, name)
+    old = re.compile(r"celery_debounce\.local_(redis|cluster)|from \.local_")
+    users = [p.relative_to(ROOT).as_posix()
+             for d in ("celery_debounce", "tests", "bench", "scripts", "loadtest",
+                       "example_project")
+             for p in (ROOT / d).rglob("*.py")
+             if old.search(p.read_text("utf-8")) and p.name != "test_module_map.py"]
     assert users == []
