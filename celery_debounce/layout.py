@@ -386,6 +386,7 @@ F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
 #: The quiet period's hash (:func:`quiet_key`): the leading run's id, the leading
 #: call's first seen and max wait, the quiet period's end (ms), calls, mode (L or B).
 QUIET_FIELDS = ("id", "fs", "mw", "dl", "n", "m")
+QUIET_ID, QUIET_END = QUIET_FIELDS[0], QUIET_FIELDS[3]  # what operator views read
 
 #: Fields an operator view reads (HMGET) from a record.
 INSPECT_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_STATE,
