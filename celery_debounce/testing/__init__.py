@@ -9,7 +9,7 @@ never sleeps: windows are read straight from Redis and made due on demand.
   :meth:`Dispatcher.dispatch_once <celery_debounce.Dispatcher.dispatch_once>`).
 * :func:`run_windows`: make them due and run them inline in this process
   (``Task.apply``), without a broker or a worker.
-* :func:`use_fakeredis`: point an app's debounce backend at a fakeredis server.
+* :func:`use_fakeredis`: point an app's windows' store at a fakeredis server.
 * :func:`assert_pending` / :func:`assert_not_pending`: a task's window for given
   arguments (the key resolved as a call resolves it) is open, with ``calls`` calls.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
