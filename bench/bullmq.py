@@ -170,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from bench.apps import make_app
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     cache = install()
     with LocalRedis() as server:

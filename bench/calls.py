@@ -38,7 +38,7 @@ def count_calls(fn: Callable[[], object]) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.apps import make_app
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = make_app(server.url)

@@ -29,8 +29,8 @@ from celery import Celery
 
 from bench.apps import make_app
 from bench.harness import Row, compare, interleaved, table
-from celery_debounce.local_cluster import LocalCluster
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.servers import LocalRedis
 
 SHARDS = 6
 

@@ -87,7 +87,7 @@ if __name__ == "__main__":  # python -m bench.memory [windows]: bytes per open w
     import sys
 
     from bench.apps import make_app
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     windows = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     with LocalRedis() as server:

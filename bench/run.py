@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.harness import Row, table
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 Runner = Callable[[dict[str, Any]], list[Row]]
 

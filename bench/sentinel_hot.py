@@ -11,9 +11,9 @@ import time
 
 from celery import Celery
 
-from celery_debounce.local_redis import LocalSentinels
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
+from celery_debounce.testing.servers import LocalSentinels
 
 ROUNDS, CALLS = 7, 3000
 

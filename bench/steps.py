@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     rounds = int(args[0]) if args else 9
     from bench.apps import make_app
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = make_app(server.url)

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: hot key with the gate's auto-pipelining on vs off")
     args = parser.parse_args(argv)
     from bench.apps import make_app
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = make_app(server.url)

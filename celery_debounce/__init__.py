@@ -1,29 +1,38 @@
-"""Debounced tasks for Celery: collapse a burst of calls into one run."""
+"""Debounced tasks for Celery: collapse a burst of calls into one run.
+
+The public names load on first use (PEP 562), so ``import celery_debounce.store``
+(or ``.layout``, ``.settings``) runs none of the call encoding. Using any public
+name, or importing ``task``, ``bootstep`` or ``cli`` (the ``celery`` command's
+plugin), connects the worker signals (:mod:`celery_debounce.worker_signals`);
+the first two also connect the embedded dispatcher's worker bootstep.
+"""
 
 from __future__ import annotations
 
+import importlib as _importlib
 import os as _os
 import warnings as _warnings
+from typing import TYPE_CHECKING, Any
 
-from . import signals
-from . import worker_signals as _worker_signals  # noqa: F401  (connects the signals)
-from .admin import DebounceAdmin
-from .bootstep import DispatcherStep, install
-from .bulk import enqueue_many
-from .collect import DebouncedCall
-from .dispatcher import Dispatcher
-from .errors import (
-    DebounceBackendError,
-    DebounceConfigError,
-    DebounceError,
-    DebounceKeyError,
-    DebounceOutcomeUnknown,
-    DebouncePayloadError,
-    WindowNotFound,
-    WindowNotPending,
-    WindowQuarantined,
-)
-from .task import DebouncedTask, send_task
+if TYPE_CHECKING:  # pragma: no cover
+    from . import signals
+    from .admin import DebounceAdmin
+    from .bootstep import DispatcherStep, install
+    from .bulk import enqueue_many
+    from .collect import DebouncedCall
+    from .dispatcher import Dispatcher
+    from .errors import (
+        DebounceBackendError,
+        DebounceConfigError,
+        DebounceError,
+        DebounceKeyError,
+        DebounceOutcomeUnknown,
+        DebouncePayloadError,
+        WindowNotFound,
+        WindowNotPending,
+        WindowQuarantined,
+    )
+    from .task import DebouncedTask, send_task
 
 __version__ = "0.2.0"
 
@@ -37,6 +46,28 @@ if _os.path.exists(_FOREIGN_MODULE):
         RuntimeWarning,
         stacklevel=2,
     )
+
+#: Each public name -> the module that defines it ("" for the module of that name).
+_OWNERS = {
+    "DebounceAdmin": "admin",
+    "DebounceBackendError": "errors",
+    "DebounceConfigError": "errors",
+    "DebounceError": "errors",
+    "DebounceKeyError": "errors",
+    "DebounceOutcomeUnknown": "errors",
+    "DebouncePayloadError": "errors",
+    "DebouncedCall": "collect",
+    "DebouncedTask": "task",
+    "Dispatcher": "dispatcher",
+    "DispatcherStep": "bootstep",
+    "WindowNotFound": "errors",
+    "WindowNotPending": "errors",
+    "WindowQuarantined": "errors",
+    "enqueue_many": "bulk",
+    "install": "bootstep",
+    "send_task": "task",
+    "signals": "",
+}
 
 __all__ = [
     "DebounceAdmin",
@@ -58,3 +89,21 @@ __all__ = [
     "send_task",
     "signals",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module 'celery_debounce' has no attribute {name!r}")
+    # the worker signals and bootstep, connected whenever the public API is used (as
+    # when this module imported everything): a worker that only sends or inspects
+    # still claims and finishes the windows it runs
+    _importlib.import_module(".bootstep", __name__)
+    module = _importlib.import_module(f".{owner or name}", __name__)
+    value = module if not owner else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_OWNERS})

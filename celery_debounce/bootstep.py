@@ -9,6 +9,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.signals import worker_init
 
+from . import worker_signals  # noqa: F401  (connects the claim/finish signals)
 from .checks import warn_if_evicting
 from .dispatcher import Dispatcher
 from .dispatcher_process import DispatcherProcess, green_pool

@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
+# every `celery` command loads this plugin: `celery worker` claims and finishes the windows
+# of plain tasks (sent with celery_debounce.send_task) even where no DebouncedTask is defined
+from . import worker_signals  # noqa: F401
 from .admin import DebounceAdmin, Stats, TaskStats
 from .checks import describe_policy, evicts_windows, warn_if_evicting
 from .errors import DebounceConfigError, DebounceError, WindowNotPending

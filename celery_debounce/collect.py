@@ -36,9 +36,6 @@ BODY_OVERHEAD = 10
 #: ms (13 digits until the year 2286) and a comma, ``[<ms>,args,kwargs]``.
 TIME_PREFIX = 14
 
-#: Error text ``gate.lua`` replies with when a call cannot fit an empty window.
-PAYLOAD_TOO_LARGE = "DEBOUNCE_PAYLOAD_TOO_LARGE"
-
 #: Message header of a run whose body is a list of calls (a collect window, or one
 #: call of a collect task published without a window): the worker knows the body's
 #: shape even where the task is not ``debounce_collect`` (a rolling deploy).

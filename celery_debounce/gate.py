@@ -8,7 +8,6 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from .collect import PAYLOAD_TOO_LARGE
 from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
 from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 from .store.codec import (
@@ -21,6 +20,7 @@ from .store.codec import (
     gate_keys,
     parse_reply,
 )
+from .store.errors import PAYLOAD_TOO_LARGE, REPLACE_REFUSED
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import FixedId
@@ -31,10 +31,6 @@ __all__ = [
     "CAP_ARGV", "COLLECT_ARGV", "EDGE_ARGV", "REPLACE_REFUSED", "GateResult", "GateStore",
     "announce", "enter", "gate_args", "gate_keys", "listening", "parse_reply",
 ]
-
-
-#: Error text gate.lua replies with for a replacing join the window's message cannot take.
-REPLACE_REFUSED = "DEBOUNCE_REPLACE_REFUSED"
 
 
 def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:

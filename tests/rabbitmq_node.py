@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from celery_debounce.local_redis import free_port
+from celery_debounce.testing.servers import free_port
 
 #: Where Debian's package puts the real scripts (the /usr/sbin ones are wrappers).
 RABBITMQ_BIN = Path(os.environ.get("RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))

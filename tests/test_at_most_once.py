@@ -40,8 +40,8 @@ from celery_debounce import (
     DebounceOutcomeUnknown,
     enqueue_many,
 )
-from celery_debounce.local_redis import LocalRedis
 from celery_debounce.store import store_for
+from celery_debounce.testing.servers import LocalRedis
 
 TAG = "debounce:{0}"
 

@@ -100,7 +100,7 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
     from helpers import make_app
 
     from celery_debounce import Dispatcher
-    from celery_debounce.local_redis import LocalRedis
+    from celery_debounce.testing.servers import LocalRedis
 
     broker = LocalRedis().start()
     try:

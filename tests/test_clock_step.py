@@ -30,7 +30,7 @@ from celery import Celery
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
-from celery_debounce.local_redis import LocalRedis, find_valkey_server
+from celery_debounce.testing.servers import LocalRedis, find_valkey_server
 
 LIBFAKETIME = next(iter(sorted(
     glob.glob("/usr/lib/*/faketime/libfaketime.so.1")

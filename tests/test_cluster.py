@@ -21,11 +21,11 @@ from redis.crc import key_slot
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
-from celery_debounce.local_cluster import LocalCluster
-from celery_debounce.local_redis import LocalRedis
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
 from celery_debounce.store import WindowStore, store_for
 from celery_debounce.testing import clear_windows
+from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.servers import LocalRedis
 from celery_debounce.top import read_snapshot
 
 
@@ -427,7 +427,7 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
 def test_an_unreachable_cluster_is_a_debounce_error_within_seconds(
     app_factory: Callable[..., Celery]
 ) -> None:
-    from celery_debounce.local_redis import free_port
+    from celery_debounce.testing.servers import free_port
 
     app = app_factory(debounce_redis_url=f"redis://user:secret@127.0.0.1:{free_port()}/0",
                       debounce_redis_cluster=True, debounce_redis_timeout="1s")

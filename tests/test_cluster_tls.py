@@ -18,8 +18,8 @@ from helpers import make_app, running_worker, wait_until
 from test_tls_acl import make_certs
 
 from celery_debounce import DebouncedTask
-from celery_debounce.local_cluster import _free_cluster_port, redis_cli
-from celery_debounce.local_redis import LocalRedis, server_supports_tls
+from celery_debounce.testing.cluster import _free_cluster_port, redis_cli
+from celery_debounce.testing.servers import LocalRedis, server_supports_tls
 from celery_debounce.windows import list_windows
 
 pytestmark = [

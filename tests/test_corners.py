@@ -181,7 +181,7 @@ def test_a_missing_interpreter_or_a_server_of_another_version_fails_the_corner(
     corners = corners_module()
     with pytest.raises(corners.CornerError, match=r"no Python 3\.99"):
         corners.find_python("3.99")
-    from celery_debounce.local_redis import find_redis_server
+    from celery_debounce.testing.servers import find_redis_server
 
     binary = find_redis_server()
     name, version = corners.server_version(binary)

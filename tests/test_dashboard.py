@@ -29,7 +29,7 @@ import redis
 from helpers import make_app, stop_process, wait_until
 
 from celery_debounce import metrics
-from celery_debounce.local_redis import free_port
+from celery_debounce.testing.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"

@@ -514,7 +514,7 @@ def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dis
 
 
 def test_redis_outage_is_an_error_within_seconds(app_factory: Any) -> None:
-    from celery_debounce.local_redis import free_port
+    from celery_debounce.testing.servers import free_port
 
     app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
                       debounce_redis_timeout=1)

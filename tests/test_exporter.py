@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_debounce import DebouncedTask, enqueue_many
 from celery_debounce.exporter import StoreCollector, exporter_registry
-from celery_debounce.local_redis import LocalRedis, free_port
 from celery_debounce.store import WindowStore
+from celery_debounce.testing.servers import LocalRedis, free_port
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 

@@ -30,8 +30,8 @@ from helpers import running_worker, stop_process, wait_until
 from celery_debounce import DebounceBackendError
 from celery_debounce.admin import DebounceAdmin
 from celery_debounce.dispatcher import Dispatcher
-from celery_debounce.local_redis import LocalRedis
 from celery_debounce.signals import duplicate_skipped, window_held
+from celery_debounce.testing.servers import LocalRedis
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from helpers import stop_process, wait_until
 from marks_app import build
 
 from celery_debounce import DebounceBackendError
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -103,9 +103,9 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from celery_debounce import marks
-    from celery_debounce.local_redis import free_port
     from celery_debounce.settings import Settings
     from celery_debounce.store import WindowStore
+    from celery_debounce.testing.servers import free_port
 
     app = build(f"redis://127.0.0.1:{free_port()}", "redis://127.0.0.1:1")  # nobody listens
     backend = WindowStore(Settings.from_app(app))

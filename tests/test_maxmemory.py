@@ -25,8 +25,8 @@ from helpers import make_app, running_worker, wait_until
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.admin import DebounceAdmin
 from celery_debounce.dispatcher import Dispatcher
-from celery_debounce.local_redis import LocalRedis
 from celery_debounce.store import store_for
+from celery_debounce.testing.servers import LocalRedis
 
 pytestmark = pytest.mark.slow
 TAG = "debounce:{0}"

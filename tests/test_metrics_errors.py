@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_debounce import DebounceBackendError, DebouncedTask, Dispatcher, metrics
 from celery_debounce.layout import window_ident
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 
 @pytest.fixture

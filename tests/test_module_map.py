@@ -17,12 +17,16 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "celery_debounce"
 PAGE = ROOT / "docs" / "design.md"
 
 #: The call encoding, which the store must not need.
 CALL_ENCODING = ("call", "message", "options", "key_templates", "gate", "task")
+#: Nor the producer's other modules (nor, through the package's ``__init__``, anything).
+PRODUCER = (*CALL_ENCODING, "canvas", "result", "bulk", "dispatcher", "worker_signals")
 
 
 def _section(text: str, heading: str) -> str:
@@ -129,10 +133,63 @@ def test_the_store_needs_no_call_encoding() -> None:
                   if m.removeprefix("celery_debounce.") in CALL_ENCODING) == []
 
 
+def _run(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_importing_the_store_loads_no_producer_module() -> None:
+    """``python -X importtime -c "import celery_debounce.store"``: the package's
+    ``__init__`` loads its public names lazily, so nothing of the call encoding runs."""
+    err = _run("import celery_debounce.store", "-X", "importtime").stderr
+    loaded = {line.rsplit("|", 1)[1].strip() for line in err.splitlines()
+              if line.startswith("import time:") and "celery_debounce" in line}
+    assert "celery_debounce.store" in loaded
+    assert sorted(m for m in loaded if m.removeprefix("celery_debounce.") in PRODUCER) == []
+
+
+#: Prints which of the package's receivers are connected: the claim (worker_signals)
+#: and the embedded dispatcher's bootstep.
+_CONNECTED = """
+from celery.signals import task_prerun, worker_init
+import celery_debounce.worker_signals as w, sys
+print(w._claim in [r[1] for r in task_prerun.receivers],
+      "celery_debounce.bootstep" in sys.modules
+      and sys.modules["celery_debounce.bootstep"]._add_dispatcher_step
+      in [r[1] for r in worker_init.receivers])
+"""
+
+
+@pytest.mark.parametrize(("way_in", "connected"), [
+    ("from celery_debounce import DebouncedTask", "True True"),
+    ("from celery_debounce.task import DebouncedTask", "True True"),
+    ("from celery_debounce import send_task", "True True"),
+    ("from celery_debounce import install", "True True"),
+    ("from celery_debounce import DebounceError", "True True"),
+    ("import celery_debounce; celery_debounce.signals", "True True"),
+    # every `celery` command (worker included) loads the CLI plugin
+    ("import celery_debounce.cli", "True False"),
+])
+def test_every_way_in_connects_the_worker_signals(way_in: str, connected: str) -> None:
+    assert _run(f"{way_in}\n{_CONNECTED}").stdout.split() == connected.split()
+
+
+def test_every_public_name_imports() -> None:
+    import celery_debounce
+
+    for name in celery_debounce.__all__:
+        assert getattr(celery_debounce, name) is not None, name
+    assert set(celery_debounce.__all__) == set(celery_debounce._OWNERS)
+    with pytest.raises(AttributeError):
+        celery_debounce.nothing_of_that_name
+
+
 def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
-    outside = [p for p in PACKAGE.rglob("*.py")
-               if p.relative_to(PACKAGE).parts[0] not in ("store", "local_redis.py",
-                                                           "local_cluster.py")]
+    servers = ("testing/servers.py", "testing/cluster.py", "local_redis.py", "local_cluster.py")
+    outside = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "store"
+               and p.relative_to(PACKAGE).as_posix() not in servers]
     redis_py = sorted(p.name for p in outside
                       if {"redis"} & {m.split(".")[0] for m in _top_imports(p)})
     assert redis_py == []
@@ -161,4 +218,24 @@ def test_the_old_backend_module_warns() -> None:
              for p in (ROOT / d).rglob("*.py")
              if "celery_debounce.backend" in p.read_text("utf-8") and p.name != "backend.py"
              and p.name != "test_module_map.py"]
+    assert users == []
+
+
+def test_the_old_server_paths_still_import() -> None:
+    """``celery_debounce.local_redis`` and ``.local_cluster`` re-export the throwaway
+    servers, now in ``celery_debounce.testing``; nothing in the repository imports them."""
+    from celery_debounce import local_cluster, local_redis
+    from celery_debounce.testing import cluster, servers
+
+    assert local_redis.LocalRedis is servers.LocalRedis
+    assert local_redis.LocalSentinels is servers.LocalSentinels
+    assert local_cluster.LocalCluster is cluster.LocalCluster
+    for name in local_redis.__all__:
+        assert getattr(local_redis, name) is getattr(servers, name)
+    old = re.compile(r"celery_debounce\.local_(redis|cluster)|from \.local_")
+    users = [p.relative_to(ROOT).as_posix()
+             for d in ("celery_debounce", "tests", "bench", "scripts", "loadtest",
+                       "example_project")
+             for p in (ROOT / d).rglob("*.py")
+             if old.search(p.read_text("utf-8")) and p.name != "test_module_map.py"]
     assert users == []

@@ -21,7 +21,7 @@ import redis
 from helpers import stop_process, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_debounce.local_redis import free_port
+from celery_debounce.testing.servers import free_port
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 

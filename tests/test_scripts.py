@@ -15,6 +15,7 @@ from celery_debounce.errors import DebounceBackendError
 from celery_debounce.gate import GateResult, enter
 from celery_debounce.options import build_spec
 from celery_debounce.store import WindowStore
+from celery_debounce.store.errors import ALIASES_FULL
 
 
 def call(backend: WindowStore, key: str, window: str = "1m", max_wait: str = "5m",
@@ -349,7 +350,7 @@ def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
     tag = backend.settings.tag(0)
     before = backend.client.hgetall(f"{tag}:open:1:t:k")
     due = backend.client.zscore(f"{tag}:due", "1:t:k")
-    with pytest.raises(DebounceBackendError, match="DEBOUNCE_ALIASES_FULL"):
+    with pytest.raises(DebounceBackendError, match=ALIASES_FULL):
         call(backend, "k", task_id="C")
     assert backend.client.hgetall(f"{tag}:open:1:t:k") == before
     assert backend.client.zscore(f"{tag}:due", "1:t:k") == due

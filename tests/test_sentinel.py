@@ -22,10 +22,10 @@ from celery import Celery
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebounceConfigError, DebouncedTask
-from celery_debounce.local_redis import LocalSentinels
 from celery_debounce.sentinel import SentinelConfig, parse_sentinel_url
 from celery_debounce.settings import Settings
 from celery_debounce.store import store_for
+from celery_debounce.testing.servers import LocalSentinels
 
 # -- the URL and the settings (no server) --------------------------------------
 
@@ -458,7 +458,7 @@ def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
 def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
     redis_client: redis.Redis, redis_server: str
 ) -> None:
-    from celery_debounce.local_redis import free_port
+    from celery_debounce.testing.servers import free_port
 
     url = ";".join(f"sentinel://127.0.0.1:{free_port()}" for _ in range(3))
     app = make_app(redis_server, debounce_redis_url=url, debounce_redis_sentinel_master="m",

@@ -164,7 +164,7 @@ def test_an_old_server_refuses_the_dispatcher_at_start_and_in_its_loop(
 
 def test_redis_down_at_start_is_not_a_refusal_and_is_read_again(app_factory: Any) -> None:
     """The dispatcher starts anyway (it retries); a call raises the outage it found."""
-    from celery_debounce.local_redis import free_port
+    from celery_debounce.testing.servers import free_port
 
     app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0")
     store = WindowStore(store_for.__globals__["settings_for"](app))
@@ -203,7 +203,7 @@ def test_a_worker_on_an_old_server_refuses_to_start(redis_server: str,
     ("# Failed to configure TLS. Check logs for more info.", True),
 ])
 def test_tls_support_probe(tmp_path: Path, says: str, tls: bool) -> None:
-    from celery_debounce.local_redis import server_supports_tls
+    from celery_debounce.testing.servers import server_supports_tls
 
     binary = tmp_path / "redis-server"
     binary.write_text(f"#!/bin/sh\ncat <<'EOF'\n{says}\nEOF\nexit 1\n")

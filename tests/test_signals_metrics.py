@@ -10,7 +10,7 @@ from helpers import make_app, wait_until
 from prometheus_client import CollectorRegistry
 
 from celery_debounce import DebounceAdmin, DebouncedTask, Dispatcher, metrics
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 
 def test_forced_metric_counts_windows_whose_first_publish_failed(

@@ -25,8 +25,8 @@ from helpers import stop_process, wait_until
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.layout import HOT_KEYS_KEPT, window_ident
-from celery_debounce.local_redis import free_port
 from celery_debounce.store import store_for
+from celery_debounce.testing.servers import free_port
 from celery_debounce.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
 
 CELERY = str(Path(sys.executable).with_name("celery"))

@@ -11,7 +11,7 @@ import pytest
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 from celery_debounce.windows import list_windows
 
 

@@ -20,7 +20,7 @@ import redis
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask, marks
-from celery_debounce.local_redis import LocalRedis
+from celery_debounce.testing.servers import LocalRedis
 
 
 @pytest.fixture

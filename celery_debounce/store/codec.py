@@ -40,27 +40,71 @@ EXPIRY_GRACE_MS = 2000
 
 @dataclass(frozen=True)
 class TakenWindow:
-    """A window taken out of the due set, ready to publish (times: Redis ms)."""
+    """A window taken out of the due set, ready to publish (times: Redis ms): its
+    record as decoded (the one owner of its fields; read here as attributes) and what
+    the take added."""
 
     shard: Shard
-    task_id: str
-    ident: str
-    first_seen_ms: int
-    deadline_ms: int
-    ceiling_ms: int  # absolute: first_seen_ms + the window's max wait
-    calls: int
-    content_type: str
-    payload: bytes  # the protocol-2 body, published as it is
-    options_json: str
-    tries: int
+    #: decoded strictly from ``TAKE_FIELDS``; :func:`_taken` checked ident and payload
+    record: Record
     taken_ms: int
-    capped: bool = False  # closed by its debounce_max_calls (gate.lua), not by time
-    leading: bool = False  # a leading run (debounce_leading=True), due at its first call
     #: publish failures counted against it (``fl``); ``tries`` also counts the takes a
     #: broker outage wasted, which never count
     failures: int = 0
     #: a debounce_exclusive window that was held: ms it was held (0: it was not)
     held_ms: int = 0
+
+    @property
+    def task_id(self) -> str:
+        return self.record.task_id
+
+    @property
+    def ident(self) -> str:
+        return self.record.ident or ""
+
+    @property
+    def first_seen_ms(self) -> int:
+        return self.record.first_seen_ms
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.record.deadline_ms
+
+    @property
+    def ceiling_ms(self) -> int:
+        """Absolute: first_seen_ms + the window's max wait."""
+        return self.record.ceiling_ms
+
+    @property
+    def calls(self) -> int:
+        return self.record.calls
+
+    @property
+    def content_type(self) -> str:
+        return self.record.content_type
+
+    @property
+    def payload(self) -> bytes:
+        """The protocol-2 body, published as it is."""
+        return self.record.payload or b""
+
+    @property
+    def options_json(self) -> str:
+        return self.record.options_json
+
+    @property
+    def tries(self) -> int:
+        return self.record.tries
+
+    @property
+    def capped(self) -> bool:
+        """Closed by its debounce_max_calls (gate.lua), not by time."""
+        return self.record.capped
+
+    @property
+    def leading(self) -> bool:
+        """A leading run (debounce_leading=True), due at its first call."""
+        return self.record.leading
 
     @property
     def task_name(self) -> str:
@@ -159,19 +203,8 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
         raise ValueError("no payload")
     return TakenWindow(
         shard=shard,
-        task_id=record.task_id,
-        ident=record.ident,
-        first_seen_ms=record.first_seen_ms,
-        deadline_ms=record.deadline_ms,
-        ceiling_ms=record.ceiling_ms,
-        calls=record.calls,
-        content_type=record.content_type,
-        payload=record.payload,
-        options_json=record.options_json,
-        tries=record.tries,
+        record=record,
         taken_ms=now_ms,
-        capped=record.capped,
-        leading=record.leading,
         failures=int(row[len(TAKE_FIELDS)] or 0) if len(row) > len(TAKE_FIELDS) else 0,
         held_ms=int(row[len(TAKE_FIELDS) + 1]) if len(row) > len(TAKE_FIELDS) + 1 else 0,
     )

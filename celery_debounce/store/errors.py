@@ -151,3 +151,13 @@ def _unreadable_url(url: str) -> Exception:
         f"the windows' Redis URL {url!r} cannot be read (a password holding "
         "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
     ))
+
+
+# -- the scripts' error codes: how their error replies start (gate.lua spells them too) --
+
+#: A collect call that cannot fit an empty window (``debounce_max_payload_bytes``).
+PAYLOAD_TOO_LARGE = "DEBOUNCE_PAYLOAD_TOO_LARGE"
+#: A replacing join (``debounce_replace_payload``) the window's message cannot take.
+REPLACE_REFUSED = "DEBOUNCE_REPLACE_REFUSED"
+#: A fixed-id call past the window's most aliases (``aliases.MAX_ALIASES``).
+ALIASES_FULL = "DEBOUNCE_ALIASES_FULL"

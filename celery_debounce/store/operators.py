@@ -15,14 +15,14 @@ from ..checks import combined_policy
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     CANCEL_FIELDS,
-    F_DEADLINE,
-    F_ID,
     F_STATE,
     FLUSH_FIELDS,
     HOT_KEYS_KEPT,
     INSPECT_FIELDS,
     LIST_FIELDS,
     PAYLOAD_FIELDS,
+    QUIET_END,
+    QUIET_ID,
     Record,
     active_key,
     alive_key,
@@ -152,7 +152,7 @@ class Operators:
             return {}
         with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
             for record in runs:
-                pipe.hmget(quiet_key(tag, record.ident), F_ID, F_DEADLINE)  # type: ignore[arg-type]
+                pipe.hmget(quiet_key(tag, record.ident), QUIET_ID, QUIET_END)  # type: ignore[arg-type]
             rows = pipe.execute(raise_on_error=False)
         ends = {}
         for record, row in zip(runs, rows, strict=True):

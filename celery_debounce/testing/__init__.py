@@ -1,4 +1,5 @@
-"""Helpers for testing your own debounced tasks, and a pytest plugin with fixtures.
+"""Helpers for testing your own debounced tasks (throwaway servers: the modules
+``servers`` and ``cluster`` of this package).
 
 Everything here works against a real Redis or a fakeredis server (with Lua) and
 never sleeps: windows are read straight from Redis and made due on demand.
@@ -8,15 +9,17 @@ never sleeps: windows are read straight from Redis and made due on demand.
   :meth:`Dispatcher.dispatch_once <celery_debounce.Dispatcher.dispatch_once>`).
 * :func:`run_windows`: make them due and run them inline in this process
   (``Task.apply``), without a broker or a worker.
-* :func:`use_fakeredis`: point an app's debounce backend at a fakeredis server.
+* :func:`use_fakeredis`: point an app's windows' store at a fakeredis server.
 * :func:`assert_pending` / :func:`assert_not_pending`: a task's window for given
   arguments (the key resolved as a call resolves it) is open, with ``calls`` calls.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
+* ``servers.LocalRedis``, ``servers.LocalSentinels``, ``cluster.LocalCluster``: a
+  throwaway local redis-server, Sentinel group or Redis Cluster (needs the binaries).
 
 The pytest plugin (entry point ``pytest11``: the module ``celery_debounce_pytest``)
-only defines the fixture ``debounce_fakeredis``. It imports nothing of Celery, kombu,
-redis or this package until a test uses the fixture, so suites that never use it pay
-nothing and get no debounce signal handlers.
+only defines the fixture ``debounce_fakeredis`` (its body: :func:`fakeredis_fixture`).
+It imports nothing of Celery, kombu, redis or this package until a test uses the
+fixture, so suites that never use it pay nothing and get no debounce signal handlers.
 """
 
 from __future__ import annotations
@@ -28,17 +31,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
-from .collect import DebouncedCall
-from .dispatcher import Dispatcher
-from .layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
-from .settings import settings_for
-from .store import WindowStore, store_for
-from .windows import WindowInfo
+from ..collect import DebouncedCall
+from ..dispatcher import Dispatcher
+from ..layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
+from ..settings import settings_for
+from ..store import WindowStore, store_for
+from ..windows import WindowInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import fakeredis
@@ -304,8 +306,3 @@ def fakeredis_fixture() -> Iterator[Callable[[Celery], fakeredis.FakeRedis]]:
         for app, snapshot in reversed(saved.values()):
             _restore(app, snapshot)
 
-
-debounce_fakeredis = pytest.fixture(name="debounce_fakeredis")(fakeredis_fixture)
-debounce_fakeredis.__doc__ = """``debounce_fakeredis(app)`` points ``app`` at a fakeredis server
-private to this test. Every app passed in shares that server; when the test ends each
-app is left as the test found it (its ``debounce_redis_url``, cached settings and backend)."""
