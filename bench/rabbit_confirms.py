@@ -33,6 +33,7 @@ from celery import Celery
 
 from bench.throughput import fill_due
 from celery_debounce import DebouncedTask, Dispatcher
+from celery_debounce.publishers import PoolPublisher
 from celery_debounce.testing.servers import LocalRedis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -89,8 +90,10 @@ def one(mode: str, redis_url: str, rabbit: RabbitNode, backlog: int) -> float:
             redis.Redis.from_url(f"{redis_url}/0").flushdb()
             fill_due(app, backlog)
             dispatcher = Dispatcher(app, name="bench")
-            if mode != "confirms":
-                dispatcher._confirms = None  # publish on the app's producer pool
+            if mode != "confirms":  # publish on the app's producer pool
+                dispatcher.close()
+                dispatcher.publisher = PoolPublisher(app, dispatcher.publisher.sender,
+                                                     dispatcher._shared_fault)
             start = time.perf_counter()
             published = 0
             while published < backlog:
@@ -99,8 +102,7 @@ def one(mode: str, redis_url: str, rabbit: RabbitNode, backlog: int) -> float:
                 if not done:
                     break
             rate = published / (time.perf_counter() - start)
-            if dispatcher._confirms is not None:
-                dispatcher._confirms.close()
+            dispatcher.close()
             expected = backlog
         held = depth(app, queue)
         if held != expected:

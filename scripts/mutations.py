@@ -61,7 +61,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("dispatcher acks the whole taken batch",
         "no call lost: a window not published stays leased and is retried",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "self.store.ack(shard, [w.task_id for w in sent])",
         "self.store.ack(shard, [w.task_id for w in windows])",
         FAULTS + "test_a_publish_is_not_started_after_half_the_lease"),
@@ -148,13 +148,12 @@ MUTATIONS: list[Mutation] = [
         "tests/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
     one("batch error path forgets the windows already sent",
         "crash row 5: a failed batch is released as a whole",
-        PKG + "dispatcher.py",
-        "                        uncertain.extend(ok)\n"
-        "                    else:  # unreachable, or the broker refused from the first"
-        " command on\n"
-        "                        unsent.extend(ok)\n"
-        "                    ok = []\n",
-        "                        pass\n",
+        PKG + "publishers.py",
+        "                out.add_all(ok, Outcome.UNCERTAIN)\n"
+        "            else:  # unreachable, or the broker refused from the first command on\n"
+        "                out.add_all(ok, Outcome.UNSENT)\n"
+        "            ok = []\n",
+        "                pass\n",
         "tests/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
     one("redelivered run of a claimed window not logged",
         "crash row 6: acks_late redelivery logs 'runs again: its previous claim went stale'",
@@ -178,7 +177,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_redis_restart_with_aof_during_a_stream_of_calls"),
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
-        PKG + "dispatcher.py",
+        PKG + "publishers.py",
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
         '            raise UnreadableWindow("cannot build the message") from exc',
         FAULTS + "test_corrupt_records_are_quarantined_and_do_not_block_others"),
@@ -292,14 +291,14 @@ MUTATIONS: list[Mutation] = [
         "tests/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one"),
     one("a window failing every publish is never quarantined",
         "no window waits on another: retried a bounded number of times, then quarantined",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "MAX_TRIES = 5",
         "MAX_TRIES = 10**9",
         "tests/test_dispatch_isolation.py::"
         "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
     one("a quarantined window leaves its callers waiting",
         "every id a caller holds resolves: a quarantined window fails with the reason",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "        if aliases is None:\n            return\n",
         "        return\n",
         "tests/test_dispatch_isolation.py::"
@@ -606,21 +605,21 @@ MUTATIONS: list[Mutation] = [
     # -- issue 19: a shared fault is an outage; maxmemory on the windows' Redis --------
     one("a broker's error reply about itself (OOM, READONLY) counts against the window",
         "a shared fault is an outage: never counted, nothing quarantined",
-        PKG + "dispatcher.py",
+        PKG + "publishers.py",
         "        if code in BROKER_WIDE_CODES:\n            return BROKER",
         "        if code in ():\n            return BROKER",
         "tests/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
         "quarantines_nothing[readonly]"),
     one("a key-dependent refusal (NOPERM) counts without another window published",
         "a shared fault is an outage: only an error shown to be one message's counts",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "            if sent:  # the broker took another window of this pass: these are their own",
         "            if True:  # the broker took another window of this pass: these are their own",
         "tests/test_maxmemory.py::test_a_refused_key_counts_against_a_window_only_when_another_"
         "was_published[every queue]"),
     one("quarantine counts the takes a broker outage wasted (tries, not fl)",
         "a shared fault is an outage: never counted against a window",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "                if window.failures + 1 >= MAX_TRIES:",
         "                if max(window.failures + 1, window.tries) >= MAX_TRIES:",
         "tests/test_maxmemory.py::test_takes_an_outage_wasted_never_count_toward_quarantine"),
@@ -639,14 +638,14 @@ MUTATIONS: list[Mutation] = [
         "tests/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory"),
     one("a half-failed batch is read as kombu raises it, not reply by reply",
         "a window runs once: a batch's messages that reached the broker are never sent again",
-        PKG + "dispatcher.py",
-        "exact = _ExactBatch(producer) if batched and self._confirms is None else None",
+        PKG + "publishers.py",
+        "exact = _ExactBatch(producer) if batched else None",
         "exact = None",
         "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
         "the_queue_wait_exceeds_the_lease"),
     one("a batch reply that refused a message's first command is read as delivered",
         "no call lost: a window is acked only once the broker took its message",
-        PKG + "dispatcher.py",
+        PKG + "publishers.py",
         "            if not isinstance(first, Exception):\n                continue",
         "            if True:\n                continue",
         "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
@@ -660,14 +659,14 @@ MUTATIONS: list[Mutation] = [
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one("a nacked publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
-        PKG + "dispatcher.py",
-        "            elif seq in result.nacked:\n                refused.append(window)",
+        PKG + "publishers.py",
+        "            elif seq in result.nacked:\n                out.add(window, Outcome.REFUSED)",
         "            elif seq in result.nacked:\n                ok.append(window)",
         "tests/test_rabbitmq.py::test_a_nacked_publish_is_not_acked_and_the_window_is_retried"),
     one("an unconfirmed publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
-        PKG + "dispatcher.py",
-        "            else:\n                uncertain.append(window)",
+        PKG + "publishers.py",
+        "            else:\n                out.add(window, Outcome.UNCERTAIN)",
         "            else:\n                ok.append(window)",
         "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
     one("the confirming connection is not checked before a batch",
@@ -679,7 +678,7 @@ MUTATIONS: list[Mutation] = [
     # -- rule "every id resolves" (issue 19, items 7 and 8) ---------------------------
     one("an unroutable message is not published mandatory",
         "every id resolves: an unroutable message is retried, then quarantined (RabbitMQ)",
-        PKG + "dispatcher.py",
+        PKG + "publishers.py",
         'options["mandatory"] = True  # an unroutable message comes back (basic.return)',
         'pass',
         "tests/test_rabbitmq.py::"
@@ -738,8 +737,8 @@ MUTATIONS: list[Mutation] = [
         "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
     one("a returned message's queue is not declared again",
         "no window quarantined for a queue deleted since the dispatcher declared it",
-        PKG + "dispatcher.py",
-        "                self._confirms.forget_declared()  # a queue deleted since it was declared",
+        PKG + "publishers.py",
+        "                self.confirms.forget_declared()  # a queue deleted since it was declared",
         "                pass",
         "tests/test_rabbitmq.py::"
         "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
@@ -903,7 +902,7 @@ MUTATIONS: list[Mutation] = [
         "test_a_call_redis_does_not_answer_is_counted_by_error_and_timed"),
     one("windows a pass could not publish are not counted",
         "monitoring: failed publishes are counted by kind (publish_failures_total)",
-        PKG + "dispatcher.py",
+        PKG + "outcomes.py",
         "            if publish_failed.receivers or publish_refused.receivers:",
         "            if False:",
         "tests/test_metrics_errors.py::"

@@ -149,7 +149,7 @@ def take_and_hang(publish: bool) -> None:
     if publish:
         with app.producer_or_acquire() as producer:
             for window in taken.windows:
-                dispatcher._send(producer, window)
+                dispatcher.publisher.sender.send(producer, window)
     print("TAKEN", *[w.task_id for w in taken.windows], flush=True)
     time.sleep(600)  # ack.lua never runs: the test SIGKILLs us here
 

@@ -226,7 +226,7 @@ def test_kombu_connection_ensure_takes_the_retry_policy_keys() -> None:
 
 
 def test_send_task_message_takes_what_the_dispatcher_passes() -> None:
-    """dispatcher._send: ``app.amqp.send_task_message(producer, name, message, **opts)``
+    """MessageSender.send: ``app.amqp.send_task_message(producer, name, message, **opts)``
     with the stored options; an unknown keyword would become a message property."""
     import inspect
 

@@ -207,6 +207,25 @@ def _top_imports(path: Path) -> set[str]:
     return names
 
 
+#: The size bounds of issue 20: a module over ~700 lines or a class over ~400 is cut.
+MAX_MODULE_LINES, MAX_CLASS_LINES = 700, 400
+
+
+def test_no_module_or_class_is_over_the_size_bounds() -> None:
+    big: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text("utf-8")
+        name = path.relative_to(PACKAGE).as_posix()
+        if text.count("\n") > MAX_MODULE_LINES:
+            big.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    big.append(f"{name}: class {node.name}: {lines} lines")
+    assert big == []
+
+
 def test_the_old_backend_module_warns() -> None:
     """``celery_debounce.backend`` (the store's name before ``store``) still imports, with a
     DeprecationWarning; nothing in the package or its tests imports it."""

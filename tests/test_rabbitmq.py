@@ -31,6 +31,7 @@ from test_faults import doomed_dispatcher, runs, worker_process
 
 from celery_debounce import DebouncedTask, WindowQuarantined, metrics
 from celery_debounce.dispatcher import Dispatcher
+from celery_debounce.publishers import AmqpPublisher, PoolPublisher
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.rabbitmq
@@ -80,9 +81,9 @@ def test_the_dispatcher_confirms_on_amqp_only(
     """On an AMQP broker the dispatcher publishes on a confirming channel of its own;
     the app's producers are left as they are. On a Redis broker nothing changes."""
     app = rabbit_app(redis_server, rabbit)
-    assert Dispatcher(app)._confirms is not None
+    assert isinstance(Dispatcher(app).publisher, AmqpPublisher)
     assert not app.conf.broker_transport_options.get("confirm_publish")
-    assert Dispatcher(make_app(redis_server))._confirms is None
+    assert isinstance(Dispatcher(make_app(redis_server)).publisher, PoolPublisher)
 
 
 def test_burst_runs_once_and_every_caller_gets_the_result_on_rabbitmq(
