@@ -131,10 +131,11 @@
 -- 'suppressed' (then the deadline is the quiet period's end and calls its n).
 -- Time is Redis server time, never the producer's.
 
+--@include now
+
 local SHARDED_WAKE = false
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local open = KEYS[1]
 local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
 local deadline = now + tonumber(ARGV[2])
