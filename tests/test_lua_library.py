@@ -109,3 +109,64 @@ def test_every_script_loads_under_the_sha_of_its_flat_text(redis_client: redis.R
         for sharded in (False, True):
             text = script_source(name, sharded)
             assert redis_client.script_load(text) == hashlib.sha1(text.encode()).hexdigest()
+
+
+# -- gate.lua's ARGV: one owner per position ---------------------------------------------
+
+def gate_bindings() -> dict[str, tuple[int, str | None]]:
+    """gate.lua's ``local <name> = ARGV[<n>]  -- codec.<CONST>`` lines: name -> (n, CONST)."""
+    code = (LUA / "gate.lua").read_text("utf-8")
+    found = re.findall(r"^local (\w+) = ARGV\[(\d+)\](?:  -- codec\.(\w+))?", code, re.MULTILINE)
+    return {name: (int(n), const or None) for name, n, const in found}
+
+
+def test_gate_binds_each_argv_once_by_name_and_reads_argv_nowhere_else() -> None:
+    bound = gate_bindings()
+    assert sorted(n for n, _ in bound.values()) == list(range(1, len(bound) + 1))
+    code = (LUA / "gate.lua").read_text("utf-8")
+    others = [line for line in code.splitlines()
+              if "ARGV[" in line.split("--", 1)[0] and not re.match(r"local \w+ = ARGV\[", line)]
+    assert others == []
+    header = code.split("\n\n", 1)[0]
+    documented = {int(n) for n in re.findall(r"ARGV\[(\d+)\]", header)}
+    assert documented == set(range(1, len(bound) + 1))
+
+
+def test_gate_argv_groups_start_where_codec_says() -> None:
+    from celery_debounce.store import codec
+
+    marked = {const: n for n, const in gate_bindings().values() if const}
+    assert marked == {"CAP_ARGV": codec.CAP_ARGV, "EDGE_ARGV": codec.EDGE_ARGV,
+                      "COLLECT_ARGV": codec.COLLECT_ARGV}
+
+
+def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> None:  # type: ignore[no-untyped-def]
+    from celery_debounce.aliases import fixed_id
+    from celery_debounce.call import prepare_call
+    from celery_debounce.gate import gate_args
+    from celery_debounce.options import build_spec
+
+    at = {name: n - 1 for name, (n, _) in gate_bindings().items()}
+    settings = backend.settings
+    fixed = fixed_id("mine", {})
+    assert fixed is not None
+    edge = prepare_call(settings, "t", build_spec("1h", "{0}", "2h", False, 3, True, True),
+                        ("k",), {}, {}, None, "json")
+    collect = prepare_call(settings, "t", build_spec("1h", "{0}", "2h", False, 3,
+                                                     collect=True),
+                           ("k",), {}, {}, None, "json")
+    for prepared, last in ((edge, "history_ttl"), (collect, "collect_embed")):
+        args = gate_args(backend, prepared, fixed)
+        assert len(args) == at[last] + 1
+        assert args[at["opener_id"]] == prepared.task_id
+        assert args[at["payload"]] == prepared.payload
+        assert args[at["alias_json"]] == fixed.alias_json
+        assert args[at["alias_on_open"]] == "0"
+        assert args[at["max_calls"]] == 3
+    edge_args = gate_args(backend, edge, fixed)
+    assert edge_args[at["edge"]] == b"B"
+    assert edge_args[at["history_ttl"]] == settings.history_ttl_ms
+    collect_args = gate_args(backend, collect, fixed)
+    assert collect_args[at["edge"]] == collect_args[at["history_ttl"]] == ""
+    assert collect_args[at["budget"]] == settings.max_payload_bytes
+    assert collect_args[at["collect_embed"]] == collect.collect_embed
