@@ -12,7 +12,11 @@ import redis
 
 from celery_debounce.store import scripts
 from celery_debounce.store.scripts import (
-    SCRIPT_NAMES, SHARDED_WAKE_OFF, SHARDED_WAKE_ON, inline_includes, library_names,
+    SCRIPT_NAMES,
+    SHARDED_WAKE_OFF,
+    SHARDED_WAKE_ON,
+    inline_includes,
+    library_names,
     script_source,
 )
 
@@ -56,7 +60,7 @@ def test_an_unknown_include_is_a_clear_error() -> None:
 
 
 def test_the_package_library_raises_for_an_unknown_piece() -> None:
-    with pytest.raises(ValueError, match="gate.lua: --@include missing_piece: no "):
+    with pytest.raises(ValueError, match=r"gate\.lua: --@include missing_piece: no "):
         inline_includes("--@include missing_piece\n", "gate.lua")
 
 
