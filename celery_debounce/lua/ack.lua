@@ -8,8 +8,9 @@
 -- A window a worker already claimed keeps its state.
 -- Returns {how many became queued, now ms (their pa and active score)}.
 
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+--@include now
+
+local now = string.format('%d', now_ms())
 local queued = 0
 for i = 2, #ARGV do
   local id = ARGV[i]

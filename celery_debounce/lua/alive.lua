@@ -9,8 +9,9 @@
 --          and both keys expire that long after the last write
 -- Returns the Redis time, ms. Time is Redis server time, never the dispatcher's.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local keep = tonumber(ARGV[3])
 if ARGV[2] == '1' then
   redis.call('ZADD', KEYS[1], now, ARGV[1])

@@ -25,7 +25,11 @@
 -- of the cancelled window (the caller marks the aliases revoked too), or false if
 -- none (matching) was open.
 
-local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+--@include aliases
+--@include tag
+--@include task_of
+
+local tag = tag_of(KEYS[1])
 local done = ARGV[4] and ARGV[4] ~= '' and (tag .. ':cancelled:' .. ARGV[4])
 if done and redis.call('EXISTS', done) == 1 then
   return redis.call('LRANGE', done, 0, -1)
@@ -40,22 +44,9 @@ if ARGV[2] ~= '' and found[1] ~= ARGV[2] then
 end
 local deadline = redis.call('ZSCORE', KEYS[2], ARGV[1]) or '0'
 local reply = {found[1], tonumber(found[2]), found[3], deadline, found[4]}
-local na = tonumber(found[5] or '0')
-if na > 0 then
-  local fields = {}
-  for k = 1, na do
-    fields[k] = 'a' .. k
-  end
-  local aliases = redis.call('HMGET', KEYS[1], unpack(fields))
-  for k = 1, na do
-    if aliases[k] then
-      reply[#reply + 1] = aliases[k]
-    end
-  end
-end
+aliases(KEYS[1], reply, tonumber(found[5] or '0'))
 -- the writes that need memory first: at maxmemory the script stops before deleting
-local digits = string.match(ARGV[1], '^(%d+):')
-local task = string.sub(ARGV[1], #digits + 2, #digits + 1 + tonumber(digits))
+local task = task_of(ARGV[1])
 if done then
   redis.call('RPUSH', done, unpack(reply))
   redis.call('PEXPIRE', done, 300000)

@@ -9,6 +9,8 @@
 -- Returns {next cursor, rows...}; a row per task seen in this step:
 -- {task, open windows, due windows, oldest first_seen ms, calls waiting}.
 
+--@include task_of
+
 local tag = ARGV[1]
 local now = tonumber(ARGV[4])
 local step = redis.call('ZSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3])
@@ -18,8 +20,7 @@ local order = {}
 for i = 1, #members, 2 do
   local ident = members[i]
   local deadline = tonumber(members[i + 1])
-  local digits = string.match(ident, '^(%d+):')
-  local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+  local task = task_of(ident)
   local row = by_task[task]
   if not row then
     row = {task, 0, 0, -1, 0}

@@ -23,12 +23,14 @@
 -- taken over. A quarantined record, or one that is gone, runs as before (not claimed).
 -- Returns {state before the claim ("" if the record is gone), now ms, 1 run / 0 skip}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+--@include tag
+
+local now = now_ms()
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
   if ARGV[6] and ARGV[6] ~= '' then
-    local tag = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5)
+    local tag = tag_of(KEYS[1])
     if redis.pcall('HGET', tag .. ':open:' .. ARGV[6], 'id') == ARGV[1] then
       return {'pending', now, 0}
     end
@@ -45,7 +47,7 @@ if st == 'finished' or live then
   if st == 'claimed' then
     redis.call('HSET', KEYS[1], 'rd', '1')
   end
-  local stats = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5) .. ':stats'
+  local stats = tag_of(KEYS[1]) .. ':stats'
   if pcall(redis.call, 'HINCRBY', stats, 'd|' .. ARGV[4], 1) then
     redis.call('PEXPIRE', stats, ARGV[5])
   end

@@ -28,8 +28,9 @@
 -- without its outcome.
 -- Returns {now ms, {id, alias 1, alias 2, ...}, ...} for each window finished.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local seen = now
 if ARGV[5] and ARGV[5] ~= '' then
   seen = math.min(now, tonumber(ARGV[5]))

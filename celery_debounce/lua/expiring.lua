@@ -8,8 +8,9 @@
 --
 -- Returns {now ms, ids added}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local added = 0
 for i = 2, #ARGV, 2 do
   local at = now + math.floor(tonumber(ARGV[i + 1]))

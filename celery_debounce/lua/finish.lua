@@ -13,8 +13,11 @@
 --
 -- Returns {1 if a record was finished else 0, now ms, alias 1, alias 2, ...}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+--@include aliases
+--@include tag
+
+local now = now_ms()
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.pcall('ZREM', KEYS[4], ARGV[1])  -- pcall: a foreign key there never blocks a finish
@@ -25,7 +28,7 @@ end
 -- free; a window held behind it (<tag>:held, its record has hs) is due now
 local ident = redis.call('HGET', KEYS[1], 'i')
 if ident then
-  local tag = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1] - 5)
+  local tag = tag_of(KEYS[1])
   local run = tag .. ':run:' .. ident
   if redis.pcall('HGET', run, 'id') == ARGV[1] then
     redis.call('DEL', run)
@@ -39,18 +42,4 @@ redis.call('HSET', KEYS[1], 'st', 'finished', 'rs', ARGV[2], 'fa', string.format
 redis.call('HDEL', KEYS[1], 'rd')
 redis.call('HDEL', KEYS[1], 'p', 'o')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-local reply = {1, now}
-local na = tonumber(redis.call('HGET', KEYS[1], 'na') or '0')
-if na > 0 then
-  local fields = {}
-  for k = 1, na do
-    fields[k] = 'a' .. k
-  end
-  local aliases = redis.call('HMGET', KEYS[1], unpack(fields))
-  for k = 1, na do
-    if aliases[k] then
-      reply[#reply + 1] = aliases[k]
-    end
-  end
-end
-return reply
+return aliases(KEYS[1], {1, now})

@@ -28,6 +28,10 @@
 -- Returns {task id, first seen ms, deadline ms (now), max wait ms, calls} of the
 -- window flushed, or false if no (matching) window is open for ident.
 
+--@include now
+--@include close_to_record
+--@include tag
+
 local SHARDED_WAKE = false
 
 local found = redis.call('HMGET', KEYS[1], 'id', 'fs', 'mw', 'n')
@@ -35,27 +39,15 @@ local id = found[1]
 if not id or (ARGV[3] ~= '' and id ~= ARGV[3]) then
   return false
 end
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local tag = string.sub(KEYS[1], 1, string.find(KEYS[1], '}:open:', 1, true))
+local now = string.format('%d', now_ms())
+local tag = tag_of(KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never blocks it
 if redis.call('HGET', tag .. ':ids', id) == ARGV[1] then
   redis.call('HDEL', tag .. ':ids', id)
 end
-local key = tag .. ':win:' .. id
-if redis.call('RENAMENX', KEYS[1], key) == 0 then
-  local held = id
-  local n = 0
-  repeat
-    n = n + 1
-    id = held .. '~' .. now .. '~' .. n
-    key = tag .. ':win:' .. id
-  until redis.call('EXISTS', key) == 0
-  redis.call('RENAME', KEYS[1], key)
-  local na = redis.call('HINCRBY', key, 'na', 1)
-  redis.call('HSET', key, 'id', id, 'a' .. na, cjson.encode({id = held}))
-end
+local key
+key, id = close_to_record(tag, KEYS[1], id, now)
 redis.call('HSET', key, 'st', 'dispatching', 'i', ARGV[1], 'dl', now, 'tries', 0)
 redis.call('PEXPIRE', key, ARGV[4])
 redis.call('ZADD', KEYS[3], now, id)

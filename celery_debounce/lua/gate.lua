@@ -10,6 +10,7 @@
 --            (readers use those defaults). The deadline is not stored here: it is
 --            the window's score in the due set.
 -- KEYS[2]  <prefix>:{<shard>}:due            zset ident -> deadline ms
+-- ARGV (each bound once to a named local at the top of the code, below):
 -- ARGV[1]  task id to use if this call opens the window
 -- ARGV[2]  window ms          ARGV[3]  max wait ms
 -- ARGV[4]  "1" to replace the payload of an open window, else "0"; for a payload that is
@@ -69,7 +70,7 @@
 --     trailing window past its deadline not yet taken): joins it as any call
 -- The ident (the due member) and the wake channel (<prefix>:wake, or <tag>:wake, see
 -- "Wake-ups" below) are read from KEYS[1]: the prefix has no braces, so the first
--- '}:open:' ends the tag. The wake channel is published to when this window becomes
+-- '}' ends the tag (lib/tag.lua), and the ident follows '}:open:'. The wake channel is published to when this window becomes
 -- the earliest one.
 -- Only with ARGV[8], touches by name (same hash tag <tag> as KEYS[1]):
 --   <tag>:win:<ARGV[1]>  EXISTS: a taken record holds the id, so it is in use
@@ -131,24 +132,48 @@
 -- 'suppressed' (then the deadline is the quiet period's end and calls its n).
 -- Time is Redis server time, never the producer's.
 
+--@include now
+--@include tag
+--@include task_of
+--@include close_to_record
+
 local SHARDED_WAKE = false
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- ARGV, bound once to the names the code below uses (what each means: the header).
+-- An optional group starts at the position store/codec.py names in the comment
+-- (tests/test_lua_library.py checks both agree); a group not sent is nil or ''.
+local opener_id = ARGV[1]
+local window_ms = ARGV[2]
+local max_wait_ms = ARGV[3]
+local replace_arg = ARGV[4]
+local content_type = ARGV[5]
+local payload = ARGV[6]
+local options = ARGV[7]
+local alias_json = ARGV[8]  -- fixed id group (gate_args' FixedId)
+local fallback_id = ARGV[9]
+local alias_on_open = ARGV[10]
+local max_aliases = ARGV[11]
+local max_calls = ARGV[12]  -- codec.CAP_ARGV
+local edge = ARGV[13]  -- codec.EDGE_ARGV
+local history_ttl = ARGV[14]
+local budget = ARGV[15]  -- codec.COLLECT_ARGV
+local collect_embed = ARGV[16]
+
+-- Bound once: the time, the keys and names read from KEYS[1].
+local now = now_ms()
 local open = KEYS[1]
-local ident = string.sub(open, string.find(open, '}:open:', 1, true) + 7)
-local deadline = now + tonumber(ARGV[2])
+local tag = tag_of(open)
+local ident = string.sub(open, #tag + 7)  -- after '}:open:'
+local task = task_of(ident)
+local deadline = now + tonumber(window_ms)
 
 -- Calls in: i|<task> in <tag>:stats (see the header), then the reply unchanged.
 local function counted(reply)
-  local stats = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':stats'
-  local digits = string.match(ident, '^(%d+):')
-  local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+  local stats = tag .. ':stats'
   local fresh = redis.call('EXISTS', stats) == 0
   redis.pcall('HINCRBY', stats, 'i|' .. task, 1)
   if fresh then
-    local ttl = ARGV[14]
-    redis.call('PEXPIRE', stats, (ttl and ttl ~= '') and ttl or 3600000)
+    redis.call('PEXPIRE', stats, (history_ttl and history_ttl ~= '') and history_ttl or 3600000)
   end
   return reply
 end
@@ -156,10 +181,9 @@ end
 -- Tell dispatchers an earlier deadline exists (see the header).
 local function wake(message)
   if SHARDED_WAKE then
-    redis.call('SPUBLISH', string.sub(open, 1, string.find(open, '}:open:', 1, true)) ..
-      ':wake', message)
+    redis.call('SPUBLISH', tag .. ':wake', message)
   else
-    redis.call('PUBLISH', string.sub(open, 1, string.find(open, ':{', 1, true) - 1) ..
+    redis.call('PUBLISH', string.sub(tag, 1, string.find(tag, ':{', 1, true) - 1) ..
       ':wake', message)
   end
 end
@@ -168,28 +192,14 @@ end
 -- as flush.lua does (see the header); mark is 'cx' (value 1: the cap, 2: full), 'ld'
 -- (value 1: a leading run) or false (the mode changed: no mark).
 local function shut(id, mark, value)
-  local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
   local stamp = string.format('%d', now)
   redis.call('ZREM', KEYS[2], ident)
   if redis.call('HGET', tag .. ':ids', id) == ident then
     redis.call('HDEL', tag .. ':ids', id)
   end
-  local key = tag .. ':win:' .. id
-  if redis.call('RENAMENX', open, key) == 0 then
-    local k = 0
-    local taken_id
-    repeat
-      k = k + 1
-      taken_id = id .. '~' .. stamp .. '~' .. k
-      key = tag .. ':win:' .. taken_id
-    until redis.call('EXISTS', key) == 0
-    redis.call('RENAME', open, key)
-    local na = redis.call('HINCRBY', key, 'na', 1)
-    redis.call('HSET', key, 'id', taken_id, 'a' .. na, cjson.encode({id = id}))
-    redis.call('ZADD', tag .. ':leased', stamp, taken_id)
-  else
-    redis.call('ZADD', tag .. ':leased', stamp, id)
-  end
+  local key
+  key, id = close_to_record(tag, open, id, stamp)
+  redis.call('ZADD', tag .. ':leased', stamp, id)
   if mark then
     redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, value)
   else
@@ -288,7 +298,6 @@ local function replacement(ct, data, embed)
 end
 
 -- Leading / trailing edge (see the header): only with ARGV[13].
-local edge = ARGV[13]
 local leading = false
 local inherit = nil  -- {fs, mw} of the quiet period, for a trailing window opened in it
 local quiet = nil
@@ -301,19 +310,23 @@ local function hold()
   redis.call('PEXPIREAT', quiet, stamp)
   return redis.call('HINCRBY', quiet, 'n', 1)
 end
+
+-- A leading-only call during the quiet period q: folded into the leading run.
+local function suppressed(q)
+  local held = hold()
+  local stats = tag .. ':stats'
+  redis.call('HINCRBY', stats, 's|' .. task, 1)
+  redis.call('PEXPIRE', stats, history_ttl)
+  return counted({q[1], 0, qend, held, now, 'suppressed'})
+end
+
 if edge and edge ~= '' then
-  quiet = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':quiet:' .. ident
+  quiet = tag .. ':quiet:' .. ident
   local q = redis.call('HMGET', quiet, 'id', 'fs', 'mw', 'dl')
   if q[1] and tonumber(q[4]) > now then
     qend = math.min(deadline, tonumber(q[2]) + tonumber(q[3]))
     if edge == 'L' then
-      local held = hold()
-      local stats = string.sub(open, 1, string.find(open, '}:open:', 1, true)) .. ':stats'
-      local digits = string.match(ident, '^(%d+):')
-      local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
-      redis.call('HINCRBY', stats, 's|' .. task, 1)
-      redis.call('PEXPIRE', stats, ARGV[14])
-      return counted({q[1], 0, qend, held, now, 'suppressed'})
+      return suppressed(q)
     end
     inherit = {q[2], q[3]}
   elseif redis.call('EXISTS', open) == 0 then
@@ -322,15 +335,15 @@ if edge and edge ~= '' then
 end
 
 local found = redis.call('HMGET', open, 'id', 'fs', 'mw', 'mc', 'cl')
-local id, opened, calls, cap
-local fixed = ARGV[8] ~= nil and ARGV[8] ~= ''
-local collect = ARGV[15] ~= nil and ARGV[15] ~= ''
+local fixed = alias_json ~= nil and alias_json ~= ''
+local collect = budget ~= nil and budget ~= ''
 local element
 if collect then
-  element = '[' .. string.format('%d', now) .. ',' .. string.sub(ARGV[6], 2)
-  if 10 + #ARGV[16] + #element > tonumber(ARGV[15]) then
+  element = '[' .. string.format('%d', now) .. ',' .. string.sub(payload, 2)
+  if 10 + #collect_embed + #element > tonumber(budget) then
     return redis.error_reply('DEBOUNCE_PAYLOAD_TOO_LARGE: this call makes a body of ' ..
-      (10 + #ARGV[16] + #element) .. ' bytes, above debounce_max_payload_bytes=' .. ARGV[15])
+      (10 + #collect_embed + #element) .. ' bytes, above debounce_max_payload_bytes=' ..
+      budget)
   end
 end
 local mode = found[5] and true or false  -- the open window collects
@@ -348,69 +361,82 @@ end
 -- A replacing join (ARGV[4] '1...'): the call's arguments in the window's message; its
 -- serializer and embed are the opener's. Refused, nothing written, when they cannot be.
 local body = nil
-if found[1] and not collect and string.sub(ARGV[4], 1, 1) == '1' then
+if found[1] and not collect and string.sub(replace_arg, 1, 1) == '1' then
   local why
-  body, why = replacement(ARGV[5], ARGV[6], string.sub(ARGV[4], 2))
+  body, why = replacement(content_type, payload, string.sub(replace_arg, 2))
   if not body then
     return redis.error_reply('DEBOUNCE_REPLACE_REFUSED: window ' .. found[1] .. ' ' .. why)
   end
 end
 
-if found[1] then
-  id = found[1]
-  if fixed and id ~= ARGV[1] then
+-- The window's deadline set; when it is the earliest one, dispatchers are woken.
+local function scheduled(id, opened, calls)
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  redis.call('ZADD', KEYS[2], deadline, ident)
+  if first[1] == nil or deadline < tonumber(first[2]) then
+    wake(string.format('%d', deadline))
+  end
+  return counted({id, opened, deadline, calls, now})
+end
+
+-- The call joins the open window found (see the header).
+local function join()
+  local id = found[1]
+  if fixed and id ~= opener_id then
     local na = tonumber(redis.call('HGET', open, 'na') or '0')
-    if na >= tonumber(ARGV[11]) then
+    if na >= tonumber(max_aliases) then
       return redis.error_reply('DEBOUNCE_ALIASES_FULL: window has ' .. na .. ' aliases (the ' ..
         'most a window records); call with another key or without a fixed task id')
     end
-    redis.call('HSET', open, 'na', na + 1, 'a' .. (na + 1), ARGV[8])
+    redis.call('HSET', open, 'na', na + 1, 'a' .. (na + 1), alias_json)
   end
   if inherit then
     hold()
   end
   deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))
-  calls = redis.call('HINCRBY', open, 'n', 1)
-  cap = found[4]
+  local calls = redis.call('HINCRBY', open, 'n', 1)
+  local cap = found[4]
   if collect then
-    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
     redis.call('RPUSH', tag .. ':calls:' .. found[5], element)
     redis.call('HINCRBY', open, 'cb', #element + 1)
   elseif body then
     redis.call('HSET', open, 'p', body)
   end
-  opened = 0
   if cap and calls >= tonumber(cap) then
-    return close(id, opened, calls, 'cx')
+    return close(id, 0, calls, 'cx')
   end
   -- Usually a call moves the deadline later: GT does that in one command and can
   -- never make this window the earliest one, so there is nothing to publish.
   if redis.call('ZADD', KEYS[2], 'GT', 'CH', deadline, ident) == 1 then
-    return counted({id, opened, deadline, calls, now})
+    return counted({id, 0, deadline, calls, now})
   end
-else
-  id = ARGV[1]
+  return scheduled(id, 0, calls)
+end
+
+-- The call opens a window (see the header): under opener_id, or fallback_id when a
+-- fixed id is in use.
+local function open_window()
+  local id = opener_id
   local alias = false
   if fixed then
-    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
     local ids = tag .. ':ids'
     local holder = redis.call('HGET', ids, id)
     if redis.call('EXISTS', tag .. ':win:' .. id) == 1 or
         (holder and redis.call('HGET', tag .. ':open:' .. holder, 'id') == id) then
-      id = ARGV[9]
+      id = fallback_id
       alias = true
     else
       redis.call('HSET', ids, id, ident)
-      alias = ARGV[10] == '1'
+      alias = alias_on_open == '1'
     end
   end
-  local fs, mw = string.format('%d', now), ARGV[3]
+  local fs, mw = string.format('%d', now), max_wait_ms
   if inherit then  -- a trailing window: the quiet period's first seen and max wait
     fs, mw = inherit[1], inherit[2]
     hold()
   end
   deadline = math.min(deadline, tonumber(fs) + tonumber(mw))
-  local fields = {'id', id, 'fs', fs, 'mw', mw, 'n', 1, 'p', ARGV[6]}
+  local fields = {'id', id, 'fs', fs, 'mw', mw, 'n', 1, 'p', payload}
   if inherit then
     fields[#fields + 1] = 'tr'
     fields[#fields + 1] = 1
@@ -419,27 +445,26 @@ else
     fields[#fields + 1] = 'na'
     fields[#fields + 1] = 1
     fields[#fields + 1] = 'a1'
-    fields[#fields + 1] = ARGV[8]
+    fields[#fields + 1] = alias_json
   end
-  if ARGV[5] ~= '' then
+  if content_type ~= '' then
     fields[#fields + 1] = 'ct'
-    fields[#fields + 1] = ARGV[5]
+    fields[#fields + 1] = content_type
     if not collect then  -- a body Lua cannot read: the opener's embed, for replacing joins
       fields[#fields + 1] = 'e'
-      fields[#fields + 1] = string.sub(ARGV[4], 2)
+      fields[#fields + 1] = string.sub(replace_arg, 2)
     end
   end
-  if ARGV[7] ~= '' then
+  if options ~= '' then
     fields[#fields + 1] = 'o'
-    fields[#fields + 1] = ARGV[7]
+    fields[#fields + 1] = options
   end
-  cap = ARGV[12]
-  if cap and cap ~= '' then
+  local capped = max_calls and max_calls ~= ''
+  if capped then
     fields[#fields + 1] = 'mc'
-    fields[#fields + 1] = cap
+    fields[#fields + 1] = max_calls
   end
   if collect then
-    local tag = string.sub(open, 1, string.find(open, '}:open:', 1, true))
     local cl = id
     local k = 0
     while redis.call('EXISTS', tag .. ':calls:' .. cl) == 1 do
@@ -447,32 +472,28 @@ else
       cl = id .. '~' .. k
     end
     redis.call('RPUSH', tag .. ':calls:' .. cl, element)
-    fields[10] = ARGV[16]  -- p: the embed; take.lua splices the body around it
+    fields[10] = collect_embed  -- p: the embed; take.lua splices the body around it
     fields[#fields + 1] = 'cl'
     fields[#fields + 1] = cl
     fields[#fields + 1] = 'cb'
-    fields[#fields + 1] = 10 + #ARGV[16] + #element
+    fields[#fields + 1] = 10 + #collect_embed + #element
     fields[#fields + 1] = 'cz'
-    fields[#fields + 1] = ARGV[15]
+    fields[#fields + 1] = budget
   end
   redis.call('HSET', open, unpack(fields))
-  opened = 1
-  calls = 1
   if leading then
     redis.call('HSET', quiet, 'id', id, 'fs', fs, 'mw', mw, 'dl', string.format('%d', deadline),
       'n', 1, 'm', edge)
     redis.call('PEXPIREAT', quiet, string.format('%d', deadline))
-    return close(id, opened, calls, 'ld')
+    return close(id, 1, 1, 'ld')
   end
-  if cap and cap ~= '' and tonumber(cap) <= 1 then
-    return close(id, opened, calls, 'cx')
+  if capped and tonumber(max_calls) <= 1 then
+    return close(id, 1, 1, 'cx')
   end
+  return scheduled(id, 1, 1)
 end
 
-local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-redis.call('ZADD', KEYS[2], deadline, ident)
-if first[1] == nil or deadline < tonumber(first[2]) then
-  wake(string.format('%d', deadline))
+if found[1] then
+  return join()
 end
-
-return counted({id, opened, deadline, calls, now})
+return open_window()

@@ -10,8 +10,9 @@
 --
 -- Fields older than ARGV[1] are deleted. Returns {now ms, name, ms, name, ms, ...}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local keep = tonumber(ARGV[1])
 for i = 2, #ARGV do
   redis.call('HSET', KEYS[1], ARGV[i], string.format('%d', now))

@@ -10,8 +10,10 @@
 -- Returns {1, alias 1, alias 2, ...} if the record was quarantined (the caller marks
 -- the window's id and its aliases failed, so nobody waits on them), {0} if it was gone.
 
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+--@include now
+--@include aliases
+
+local now = string.format('%d', now_ms())
 local key = ARGV[1] .. ':win:' .. ARGV[2]
 redis.call('ZREM', KEYS[1], ARGV[2])
 if redis.call('EXISTS', key) == 0 then
@@ -20,18 +22,4 @@ end
 redis.call('ZADD', KEYS[2], now, ARGV[2])
 redis.call('HSET', key, 'st', 'quarantined', 'qe', ARGV[3])
 redis.call('PERSIST', key)
-local reply = {1}
-local na = tonumber(redis.call('HGET', key, 'na') or '0')
-if na > 0 then
-  local fields = {}
-  for k = 1, na do
-    fields[k] = 'a' .. k
-  end
-  local aliases = redis.call('HMGET', key, unpack(fields))
-  for k = 1, na do
-    if aliases[k] then
-      reply[#reply + 1] = aliases[k]
-    end
-  end
-end
-return reply
+return aliases(key, {1})

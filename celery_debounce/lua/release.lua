@@ -13,8 +13,9 @@
 -- dispatcher took again has a higher `tries`, and that dispatcher's lease is left
 -- alone. Returns {how many were released, now ms (expiry = now + ARGV[1])}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local at = string.format('%d', now + tonumber(ARGV[1]))
 local released = 0
 for i = 3, #ARGV, 2 do

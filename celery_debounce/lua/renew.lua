@@ -6,8 +6,9 @@
 -- Only ids still in the set are renewed (XX): a claim take.lua released as stale, or
 -- one finish.lua removed, is not brought back. Returns {now ms, how many were renewed}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+
+local now = now_ms()
 local until_ms = now + tonumber(ARGV[1])
 local renewed = 0
 for i = 2, #ARGV do

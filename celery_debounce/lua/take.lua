@@ -104,8 +104,11 @@
 -- to log. The wrong-typed key itself is left for an operator. The stats counters
 -- are best effort: a wrong-typed stats key skips them.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--@include now
+--@include close_to_record
+--@include task_of
+
+local now = now_ms()
 local tag = ARGV[1]
 local limit = tonumber(ARGV[2])
 local lease_until = string.format('%d', now + tonumber(ARGV[3]))
@@ -126,8 +129,7 @@ for b = 9, #ARGV do
 end
 
 local function count(ident, row, capped, leading)
-  local digits = string.match(ident, '^(%d+):')
-  local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+  local task = task_of(ident)
   local dl = tonumber(row[4])
   redis.call('HINCRBY', KEYS[3], 'r|' .. task, 1)
   if capped then
@@ -252,9 +254,8 @@ local function exclusive_taken(ident, id, key, row)
   local since = redis.call('HGET', key, 'hs')
   if since then
     redis.call('HDEL', key, 'hs')
-    local digits = string.match(ident, '^(%d+):')
-    if digits then
-      local task = string.sub(ident, #digits + 2, #digits + 1 + tonumber(digits))
+    local task = task_of(ident)
+    if task then
       redis.pcall('HINCRBY', KEYS[3], 'h|' .. task, 1)
       redis.pcall('HINCRBY', KEYS[3], 'hm|' .. task, now - tonumber(since))
     end
@@ -312,22 +313,11 @@ if taken < limit then
     elseif id and held_by_run(ident, open) then
       taken = taken  -- held: left open, due again later (see the header)
     elseif id then
-      local key = tag .. ':win:' .. id
       if redis.call('HGET', tag .. ':ids', id) == ident then
         redis.call('HDEL', tag .. ':ids', id)
       end
-      if redis.call('RENAMENX', open, key) == 0 then
-        local held = id
-        local n = 0
-        repeat
-          n = n + 1
-          id = held .. '~' .. string.format('%d', now) .. '~' .. n
-          key = tag .. ':win:' .. id
-        until redis.call('EXISTS', key) == 0
-        redis.call('RENAME', open, key)
-        local na = redis.call('HINCRBY', key, 'na', 1)
-        redis.call('HSET', key, 'id', id, 'a' .. na, cjson.encode({id = held}))
-      end
+      local key
+      key, id = close_to_record(tag, open, id, string.format('%d', now))
       redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', due[d + 1],
         'ta', string.format('%d', now), 'tries', 1)
       redis.call('PEXPIRE', key, ttl)

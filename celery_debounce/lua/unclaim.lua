@@ -13,14 +13,15 @@
 -- window is then as it was before it, so that delivery, or another one, claims it.
 -- Returns 1 if undone, else 0.
 
+--@include now
+
 if redis.call('HGET', KEYS[1], 'st') ~= 'claimed' or
     redis.call('HGET', KEYS[1], 'ca') ~= ARGV[2] then
   return 0
 end
 redis.pcall('ZREM', KEYS[4], ARGV[1])  -- the first write shrinks (maxmemory: design.md)
 if ARGV[3] == 'claimed' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   return 1
 end
