@@ -379,8 +379,8 @@ local function scheduled(id, opened, calls)
   return counted({id, opened, deadline, calls, now})
 end
 
--- The call joins the open window found (see the header).
-local function join()
+-- Join: the call joins the open window found (see the header).
+if found[1] then
   local id = found[1]
   if fixed and id ~= opener_id then
     local na = tonumber(redis.call('HGET', open, 'na') or '0')
@@ -413,9 +413,9 @@ local function join()
   return scheduled(id, 0, calls)
 end
 
--- The call opens a window (see the header): under opener_id, or fallback_id when a
--- fixed id is in use.
-local function open_window()
+-- Open: no window found, the call opens one (see the header): under opener_id, or
+-- fallback_id when a fixed id is in use.
+do
   local id = opener_id
   local alias = false
   if fixed then
@@ -492,8 +492,3 @@ local function open_window()
   end
   return scheduled(id, 1, 1)
 end
-
-if found[1] then
-  return join()
-end
-return open_window()
