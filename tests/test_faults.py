@@ -595,7 +595,12 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
                                 if r.startswith(f"start {first.id}")][1:], 20)
     starts = [r.split()[1] for r in runs(redis_client, "z") if r.startswith("start")]
     assert starts.count(follow.id) == 1
-    assert starts.count(first.id) == (2 if acks_late else 1)
+    # Without acks_late the killed run is not run again, unless a copy of its message was
+    # delivered and skipped while it ran (a loaded machine stalled the dispatcher past its
+    # 1 s lease: published twice): claim.lua marks the claim, and once the claim is stale
+    # take.lua publishes the window again rather than trust a skipped copy (design.md)
+    copies = int(redis_client.hget("debounce:{0}:stats", "d|faults.exclusive") or 0)
+    assert starts.count(first.id) == (2 if acks_late or copies else 1), copies
 
 
 def test_a_killed_pool_child_frees_its_exclusive_key_at_once(
