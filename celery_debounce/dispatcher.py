@@ -21,7 +21,7 @@ from celery import Celery, states
 
 from .aliases import parse_aliases, resolve_aliases
 from .errors import DebounceBackendError
-from .layout import SHARD_HEADER, layout_name, layout_tags
+from .layout import SHARD_HEADER, layout_tags
 from .outcomes import MAX_TRIES, WindowActions
 from .publishers import BROKER_WIDE_CODES as BROKER_WIDE_CODES
 from .publishers import KEY_DEPENDENT_CODES as KEY_DEPENDENT_CODES
@@ -93,7 +93,7 @@ class Dispatcher:
         #: shard layouts (a changed debounce_shards): this dispatcher's, and the tags of
         #: the others it drains (tag -> the layouts naming it); see _refresh_layouts
         settings = self.settings
-        self._layout = layout_name(settings.shards, settings.redis_cluster)
+        self._layout = settings.layout
         self._own_tags = frozenset(
             self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards))
         self._foreign: dict[str, set[str]] = {}

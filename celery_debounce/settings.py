@@ -16,6 +16,7 @@ from .layout import (
     CLUSTER_SLOTS,
     cluster_shard_tag,
     cluster_shard_tags,
+    layout_name,
     shard_tag,
     shard_tags,
     shard_wake_channel,
@@ -199,6 +200,11 @@ class Settings:
         if self.redis_cluster:
             return cluster_shard_tags(self.key_prefix, self.shards)
         return shard_tags(self.key_prefix, self.shards)
+
+    @property
+    def layout(self) -> str:
+        """This layout's name in ``<prefix>:layouts`` (``layout.layout_name``)."""
+        return layout_name(self.shards, self.redis_cluster)
 
     @cached_property
     def legacy_shards(self) -> tuple[int, ...]:

@@ -195,6 +195,10 @@ def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
     assert redis_py == []
     flags = re.compile(r"store\.(sharded_wake|direct|transport)\b|\.cluster\b|RedisCluster")
     assert sorted(p.name for p in outside if flags.search(p.read_text("utf-8"))) == []
+    # the key layout's one cluster fact (its hash tags) is the settings' and layout's
+    layout_owners = ("settings.py", "layout.py")
+    assert sorted(p.name for p in outside if p.name not in layout_owners
+                  and "redis_cluster" in p.read_text("utf-8")) == []
 
 
 def _top_imports(path: Path) -> set[str]:
