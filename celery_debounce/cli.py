@@ -22,54 +22,15 @@ from celery.bin.base import CeleryCommand, CeleryOption
 from . import worker_signals  # noqa: F401
 from .admin import DebounceAdmin, Stats, TaskStats
 from .checks import describe_policy, evicts_windows, warn_if_evicting
-from .errors import DebounceConfigError, DebounceError, WindowNotPending
-from .formatting import clip, table_lines
+from .errors import DebounceError, WindowNotPending
+from .exporter import exporter_command
+from .formatting import clip, config_error, printable, relative, table_lines
+from .top import top
 from .windows import STATES, WindowInfo
 
 logger = logging.getLogger("celery_debounce.cli")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def relative(seconds: float) -> str:
-    """'in 4.2s', '12m ago': a human offset from now."""
-    future = seconds >= 0
-    s = abs(seconds)
-    whole = int(s)
-    if s < 60:
-        text = f"{s:.1f}s"
-    elif s < 3600:
-        text = f"{whole // 60}m{whole % 60:02d}s"
-    elif s < 86400:
-        text = f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    else:
-        text = f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-    return f"in {text}" if future else f"{text} ago"
-
-
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe for one table cell: control, format and line/paragraph separator
-    characters (and the backslash, so escapes stay unambiguous) are written as
-    Python escapes. A newline in a key can then never start a fake row, nor an
-    ANSI sequence repaint the terminal."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    out = []
-    for char in text:
-        if char in _ESCAPES:
-            out.append(_ESCAPES[char])
-        elif char.isprintable() or char == " ":
-            out.append(char)
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return "".join(out)
 
 
 def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
@@ -139,19 +100,6 @@ def render_stats(stats: Stats) -> str:
         ))
     lines.append(_table(header, rows))
     return "\n".join(lines)
-
-
-def config_error(exc: DebounceError, app: Any = None) -> click.ClickException:
-    """``exc`` as a CLI error; a Redis URL missing because no app was named says so
-    (Celery's default app, main ``"default"``, with no broker URL)."""
-    message = str(exc)
-    default = app is None or (getattr(app, "main", None) in (None, "default")
-                              and not app.conf.broker_url)
-    if isinstance(exc, DebounceConfigError) and "is not a Redis URL" in message and default:
-        message += ("\nHint: name your app with -A/--app before the command, e.g. "
-                    "`celery -A proj debounce inspect` (without it Celery uses its "
-                    "default app, which has no Redis URL).")
-    return click.ClickException(message)
 
 
 def _admin(ctx: click.Context) -> DebounceAdmin:
@@ -542,10 +490,6 @@ def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
         ctx.exit(1)
 
 
-from .top import top as _top  # noqa: E402  (its module formats times with relative() above)
+debounce.add_command(top)
 
-debounce.add_command(_top)
-
-from .exporter import exporter_command as _exporter  # noqa: E402
-
-debounce.add_command(_exporter)
+debounce.add_command(exporter_command)

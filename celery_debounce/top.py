@@ -34,7 +34,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from .admin import TaskStats, _add_counter
 from .errors import DebounceError
-from .formatting import clip, table_lines
+from .formatting import clip, config_error, printable, relative, table_lines
 from .layout import split_ident
 from .store import WindowStore, store_for
 
@@ -264,7 +264,6 @@ def _num(value: float) -> str:
 
 
 def _ago(seconds: float) -> str:
-    from .cli import relative  # the CLI's formatting; imported late (cli imports this module)
 
     return relative(-max(0.0, seconds))
 
@@ -371,7 +370,6 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[Lin
 
 
 def _task_lines(history: History, census: Census | None = None) -> list[Line]:
-    from .cli import printable
 
     snap = history.snapshots[-1]
     counted = census.open if census is not None else None
@@ -435,7 +433,6 @@ def dispatcher_status(snap: Snapshot, name: str) -> str:
 
 
 def _dispatcher_lines(snap: Snapshot) -> list[Line]:
-    from .cli import printable
 
     names = set(snap.dispatchers) | set(snap.alive) | set(snap.stopped)
     if not names:
@@ -635,8 +632,6 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
     try:
         view = Top(ctx.obj.app, interval, screen)
     except DebounceError as exc:
-        from .cli import config_error
-
         raise config_error(exc, ctx.obj.app) from exc
     _stop_on_sigterm()
     try:

@@ -219,7 +219,9 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
         for _ in range(8):
             readings.append(number(r"calls/s in ([\d,.]+)", tmux.screen("q")))
             time.sleep(0.5)
-        assert all(readings) and max(readings) / min(readings) < 1.3, readings  # type: ignore
+        # (a loaded 2-core machine stalls the producer now and then: 1.6, not tighter; the
+    # old count swung 2.3x)
+    assert all(readings) and max(readings) / min(readings) < 1.6, readings  # type: ignore
 
         # A short terminal names the sections it cannot show.
         try:
