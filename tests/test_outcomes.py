@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from celery_debounce.layout import Record
 from celery_debounce.outcomes import (
     ACTIONS,
     FAILURE_KINDS,
@@ -18,10 +19,10 @@ DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
 
 
 def _window(task_id: str, tries: int = 1, failures: int = 0) -> TakenWindow:
-    return TakenWindow(shard=0, task_id=task_id, ident="t\x00k", first_seen_ms=0,
-                       deadline_ms=0, ceiling_ms=0, calls=1, content_type="application/json",
-                       payload=b"[[], {}, {}]", options_json="{}", tries=tries, taken_ms=0,
-                       failures=failures)
+    record = Record(task_id=task_id, ident="1:t:k", first_seen_ms=0, deadline_ms=0,
+                    max_wait_ms=0, calls=1, content_type="application/json",
+                    payload=b"[[], {}, {}]", options_json="{}", tries=tries)
+    return TakenWindow(shard=0, record=record, taken_ms=0, failures=failures)
 
 
 def test_every_outcome_has_one_action_but_the_suspect_which_is_settled_first() -> None:
