@@ -74,6 +74,9 @@ def free_port() -> int:
 class LocalRedis:
     """A redis-server child process on a free loopback port, removed on stop."""
 
+    #: The server's log, in :attr:`dir` (kept until :meth:`cleanup`): :meth:`log_tail`.
+    LOG = "server.log"
+
     def __init__(self, *extra_args: str, port: int | None = None, appendonly: bool = False,
                  binary: str | None = None, env: Mapping[str, str] | None = None) -> None:
         self.port = port or free_port()
@@ -92,7 +95,8 @@ class LocalRedis:
         args = [
             self.binary or find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--dir", self.dir, "--protected-mode", "no", *self.extra_args,
+            "--dir", self.dir, "--protected-mode", "no", "--logfile", self.LOG,
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir,
@@ -124,6 +128,10 @@ class LocalRedis:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def log_tail(self, lines: int = 40) -> list[str]:
+        """The last lines of the server's log (every run of it since :meth:`start`)."""
+        return _tail(Path(self.dir) / self.LOG, lines)
+
     def __enter__(self) -> LocalRedis:
         return self.start()
 
@@ -132,6 +140,14 @@ class LocalRedis:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 class LocalSentinels:
@@ -173,6 +189,7 @@ class LocalSentinels:
                 f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
+                f"logfile sentinel-{index}.log\n"
             )
             self.sentinel_processes.append(subprocess.Popen(
                 [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
@@ -202,6 +219,11 @@ class LocalSentinels:
             return None
         lines = reply.split(b"\r\n")
         return int(lines[4]) if len(lines) > 4 and lines[4].isdigit() else None
+
+    def sentinel_log_tail(self, index: int, lines: int = 40) -> list[str]:
+        """The last lines of sentinel ``index``'s log (its events: +sdown, +switch-master,
+        +convert-to-slave, ...)."""
+        return _tail(Path(self.dir) / f"sentinel-{index}.log", lines)
 
     def server_on(self, port: int) -> LocalRedis:
         return next(server for server in self.servers if server.port == port)
