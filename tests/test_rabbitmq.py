@@ -27,7 +27,12 @@ from helpers import (
 from kombu import Exchange, Queue
 from prometheus_client import CollectorRegistry
 from rabbitmq_node import RabbitNode
-from test_faults import doomed_dispatcher, runs, worker_process
+from test_faults import (
+    _burst_during_an_exclusive_run,
+    doomed_dispatcher,
+    runs,
+    worker_process,
+)
 
 from celery_debounce import DebouncedTask, WindowQuarantined, metrics
 from celery_debounce.dispatcher import Dispatcher
@@ -141,6 +146,15 @@ def test_a_call_during_a_run_opens_a_new_window_on_rabbitmq(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
 ) -> None:
     assert_a_call_during_a_run_opens_a_new_window(rabbit_app(redis_server, rabbit), timeout=15)
+
+
+def test_a_burst_during_an_exclusive_run_gives_one_follow_up_after_it_on_rabbitmq(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
+) -> None:
+    """``debounce_exclusive`` on RabbitMQ: the burst's window is held while the run
+    lasts, published (with confirms) when it ends, and runs once, after it."""
+    app = rabbit_fault_app(redis_server, rabbit)
+    _burst_during_an_exclusive_run(app, app.tasks["faults.exclusive"], redis_client)
 
 
 def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
