@@ -612,6 +612,13 @@ MUTATIONS: list[Mutation] = [
         "        if code in ():\n            return BROKER",
         "tests/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
         "quarantines_nothing[readonly]"),
+    one("a broker-wide code less rare than OOM (MISCONF) is taken for the message's own",
+        "a shared fault is an outage: every broker-wide error reply, never counted",
+        PKG + "publishers.py",
+        '    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed',
+        "    # MISCONF forgotten",
+        "tests/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
+        "[MISCONF]"),
     one("a key-dependent refusal (NOPERM) counts without another window published",
         "a shared fault is an outage: only an error shown to be one message's counts",
         PKG + "outcomes.py",

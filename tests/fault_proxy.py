@@ -12,8 +12,10 @@ fault is armed; the first command the fault's matcher accepts then gets the faul
   NOPERM, LOADING), so Redis answers it, in order, without running it;
 * ``noscript``: the same with ``NOSCRIPT``: the client loads the script and sends it again.
 
-``refuse()`` closes every client connection and refuses new ones until ``disarm()``.
-``fired`` counts the faults injected. Used by tests/test_at_most_once.py.
+``arm(..., every=True)`` keeps an error reply armed for every matching command (a broker
+refusing every message) until ``disarm()``. ``refuse()`` closes every client connection
+and refuses new ones until ``disarm()``. ``fired`` counts the faults injected. Used by
+tests/test_at_most_once.py and tests/test_maxmemory.py.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class FaultProxy:
         self._match: Matcher = lambda cmd: False
         self._error = OOM
         self._then_refuse = False
+        self._every = False
         self._clients: list[socket.socket] = []
         self._stop = threading.Event()
         self.fired = 0
@@ -104,15 +107,18 @@ class FaultProxy:
 
     # -- control ---------------------------------------------------------------------
     def arm(self, fault: str, match: Matcher, error: bytes | None = None,
-            then_refuse: bool = False) -> None:
+            then_refuse: bool = False, every: bool = False) -> None:
         """Inject ``fault`` into the next command ``match`` accepts (once); with
-        ``then_refuse``, refuse every connection from then on (until :meth:`disarm`)."""
+        ``then_refuse``, refuse every connection from then on (until :meth:`disarm`);
+        with ``every`` (error replies only), into every such command until
+        :meth:`disarm`."""
         assert fault in FAULTS and fault != "refuse", fault
+        assert not every or fault.startswith("error"), fault
         if error is None:
             error = NOSCRIPT if fault == "noscript" else ERRORS.get(fault, OOM)
         with self._lock:
             self._fault, self._match, self._error = fault, match, error
-            self._then_refuse = then_refuse
+            self._then_refuse, self._every = then_refuse, every
 
     def refuse(self) -> None:
         """Close every client connection and refuse new ones (until :meth:`disarm`)."""
@@ -150,7 +156,9 @@ class FaultProxy:
         with self._lock:
             if self._fault is None or self._fault == "refuse" or not self._match(cmd):
                 return None
-            fault, self._fault = self._fault, None
+            fault = self._fault
+            if not self._every:
+                self._fault = None
             self.fired += 1
             return fault
 

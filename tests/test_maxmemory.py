@@ -204,6 +204,69 @@ def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
         assert redis_client.zcard(f"{TAG}:quarantine") == 0
 
 
+#: What a Redis broker answers when it refuses every write (the reply, not the cause).
+_BROKER_REFUSALS = {
+    "MISCONF": b"MISCONF Redis is configured to save RDB snapshots, but it's currently "
+               b"unable to persist to disk. (injected)",
+    "LOADING": b"LOADING Redis is loading the dataset in memory (injected)",
+    "NOAUTH": b"NOAUTH Authentication required. (injected)",
+    "WRONGPASS": b"WRONGPASS invalid username-password pair or user is disabled. (injected)",
+    "MASTERDOWN": b"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set "
+                  b"to 'no'. (injected)",
+    "NOREPLICAS": b"NOREPLICAS Not enough good replicas to write. (injected)",
+    "BUSY": b"BUSY Redis is busy running a script. (injected)",
+}
+
+
+@pytest.mark.parametrize("code", sorted(_BROKER_REFUSALS))
+def test_every_broker_wide_error_reply_counts_against_no_window(
+    redis_server: str, redis_client: redis.Redis, code: str,
+) -> None:
+    """The class of the rule, over every broker-wide code the real-server test above does
+    not reach (OOM and READONLY): a proxy in front of a real broker answers every publish
+    (LPUSH) with the code's error reply. Each window is taken again and again and never
+    counted (``fl``), none is quarantined; once the broker takes writes again each is
+    published exactly once."""
+    from fault_proxy import FaultProxy, command
+
+    with LocalRedis() as server:
+        proxy = FaultProxy(server.port)
+        try:
+            app = make_app(redis_server, broker_url=f"{proxy.url}/0",
+                           debounce_dispatch_lease=1.0, task_ignore_result=True)
+            broker = redis.Redis(port=server.port)
+            due, _, _ = _tasks(app)
+            dispatcher = Dispatcher(app, name=f"refused-{code}")
+            due.apply_async(("warm",))
+            time.sleep(0.01)
+            assert dispatcher.dispatch_once()[0] == 1  # kombu declared its queue
+            queued = broker.llen("celery")
+            proxy.arm("error", command(b"LPUSH"), error=_BROKER_REFUSALS[code], every=True)
+            ids = [due.apply_async((f"k{i}",)).id for i in range(3)]
+            records = [f"{TAG}:win:{tid}" for tid in ids]
+
+            def tries() -> int:
+                return min(int(redis_client.hget(r, "tries") or 0) for r in records)
+
+            deadline = time.monotonic() + 30
+            while tries() < 3:  # each taken three times (MAX_TRIES is 5), each refused
+                assert time.monotonic() < deadline, (code, tries(), proxy.fired)
+                dispatcher.dispatch_once()
+                time.sleep(0.05)
+            assert proxy.fired >= 3
+            assert [redis_client.hget(r, "fl") for r in records] == [None] * 3
+            assert redis_client.zcard(f"{TAG}:quarantine") == 0
+            assert broker.llen("celery") == queued  # nothing was written
+            proxy.disarm()
+            wait_until(lambda: dispatcher.dispatch_once() is not None
+                       and all(redis_client.hget(r, "st") != b"dispatching" for r in records),
+                       30, interval=0.1)
+            assert broker.llen("celery") == queued + 3  # each published once
+            assert redis_client.zcard(f"{TAG}:quarantine") == 0
+        finally:
+            proxy.close()
+
+
 def test_error_replies_are_told_apart_by_their_code() -> None:
     """What the dispatcher classifies: the code of a redis-py error, of a pipeline's
     annotated first error, and of what kombu wraps; the command that failed first."""
