@@ -619,6 +619,15 @@ MUTATIONS: list[Mutation] = [
         "    # MISCONF forgotten",
         "tests/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
         "[MISCONF]"),
+    one("an unconfirmed publish (a RabbitMQ resource alarm blocks the connection) counts "
+        "against the window",
+        "a shared fault is an outage: an AMQP resource alarm is never counted",
+        PKG + "publishers.py",
+        "            else:\n                out.add(window, Outcome.UNCERTAIN)\n"
+        "        if result.nacked:",
+        "            else:\n                out.add(window, Outcome.FAILED, 'unconfirmed')\n"
+        "        if result.nacked:",
+        "tests/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing"),
     one("a key-dependent refusal (NOPERM) counts without another window published",
         "a shared fault is an outage: only an error shown to be one message's counts",
         PKG + "outcomes.py",

@@ -268,6 +268,42 @@ def test_rabbitmq_down_windows_wait_and_run_once_it_is_back(
     assert [runs(redis_client, f"rd{i}") for i in range(5)] == [[tid] for tid in ids]
 
 
+def test_a_memory_alarm_for_several_leases_quarantines_nothing(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """A RabbitMQ resource alarm blocks every publishing connection: no confirm comes for
+    any message. That is the broker's fault, not any window's: for 6 leases of 1 s (more
+    than ``MAX_TRIES`` attempts) nothing is counted or quarantined, and once the alarm
+    clears every window runs once."""
+    app = rabbit_fault_app(redis_server, rabbit, debounce_dispatcher=False)
+    task = app.tasks["faults.record"]
+    dispatcher = Dispatcher(app, name="alarmed")
+    warm = task.delay("alarm-warm")  # the confirming channel is open, the queue declared
+    wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
+    assert rabbit.ctl("set_vm_memory_high_watermark", "0.0000001").returncode == 0
+    try:
+        wait_until(lambda: "Memory alarm on node" in rabbit.ctl("status").stdout, 30)
+        ids = {f"al{i}": task.delay(f"al{i}").id for i in range(4)}
+        dispatcher.start()
+        time.sleep(6.5)  # several leases, more than MAX_TRIES attempts
+        assert redis_client.zcard("debounce:{0}:quarantine") == 0
+        records = [f"debounce:{{0}}:win:{tid}" for tid in ids.values()]
+        assert [redis_client.hget(r, "fl") for r in records] == [None] * 4
+        assert max(int(redis_client.hget(r, "tries") or 0) for r in records) >= 2
+    finally:
+        rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+    try:
+        with running_worker(app):
+            wait_until(lambda: all(runs(redis_client, k) for k in ids), 60)
+            wait_until(lambda: not list_windows(app), 20)
+            time.sleep(1.5)  # a lease more: nothing runs twice
+    finally:
+        dispatcher.stop()
+    assert {k: runs(redis_client, k) for k in ids} == {k: [tid] for k, tid in ids.items()}
+    assert runs(redis_client, "alarm-warm") == [warm.id]
+    assert redis_client.zcard("debounce:{0}:quarantine") == 0
+
+
 def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
