@@ -8,6 +8,9 @@ admin pages and scripts can use it the same way::
     admin.flush("app.tasks.report", "user:42")      # run now
     admin.cancel_id("6b2f...")                      # never run; result revoked
     admin.stats().tasks["app.tasks.report"].coalescing_ratio
+
+:func:`read_snapshot` reads the store's gauges at a bounded cost (``top`` draws it, the
+exporter serves it).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from .windows import (
 
 logger = logging.getLogger("celery_debounce.admin")
 
-__all__ = ["LATE_BUCKETS_MS", "DebounceAdmin", "Stats", "TaskStats"]
+__all__ = ["COMMANDS_PER_SHARD", "LATE_BUCKETS_MS", "DebounceAdmin", "Held", "Snapshot", "Stats",
+           "TaskStats", "read_snapshot"]
 
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
@@ -453,3 +457,87 @@ def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str,
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
+
+@dataclass(frozen=True)
+class Held:
+    """A ``debounce_exclusive`` window held behind a run of its key (the longest held
+    are listed: ``WindowStore.HELD_LISTED`` per shard)."""
+
+    ident: str
+    since: float  # Redis time (s) it was first held
+    waits_for: str | None  # the id of the window in progress (None: it just ended)
+    state: str | None  # that window's state: dispatching, queued, claimed
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one refresh reads from Redis. ``at`` is the Redis clock, in seconds."""
+
+    at: float
+    open: int
+    due: int
+    oldest_due_s: float | None  # how long the most overdue pending window has been due
+    leased: int
+    active: int
+    quarantined: int
+    tasks: dict[str, TaskStats]
+    hot: dict[str, int]  # ident -> calls absorbed by its taken windows
+    dispatchers: dict[str, float]  # name -> Redis time (s) of its last pass that took windows
+    alive: dict[str, float] = field(default_factory=dict)  # name -> last heartbeat (s)
+    stopped: dict[str, float] = field(default_factory=dict)  # name -> clean stop (s)
+    held: int = 0  # debounce_exclusive windows held behind a run of their key
+    held_windows: list[Held] = field(default_factory=list)  # the longest held, listed
+
+    @property
+    def total(self) -> TaskStats:
+        total = TaskStats(task="*")
+        for row in self.tasks.values():
+            total.merge(row)
+        return total
+
+
+#: Redis commands one refresh sends per shard (plus one TIME).
+COMMANDS_PER_SHARD = WindowStore.SNAPSHOT_COMMANDS
+
+
+def read_snapshot(store: WindowStore) -> Snapshot:
+    """One pipeline per shard; see the module docstring for what it reads."""
+    now_ms = store.time_ms("top")
+    tasks: dict[str, TaskStats] = {}
+    hot: dict[str, int] = {}
+    dispatchers: dict[str, float] = {}
+    alive: dict[str, float] = {}
+    stopped: dict[str, float] = {}
+    held: list[Held] = []
+    n_open = n_due = leased = active = quarantined = n_held = 0
+    oldest_due: float | None = None
+    for shard in range(store.settings.shards):
+        part = store.snapshot(shard, now_ms)
+        n_open += part.open
+        n_due += part.due
+        leased += part.leased
+        active += part.active
+        quarantined += part.quarantined
+        if part.first_due_ms is not None and part.first_due_ms <= now_ms:
+            late = (now_ms - part.first_due_ms) / 1000
+            oldest_due = late if oldest_due is None else max(oldest_due, late)
+        for name, value in part.counters.items():
+            _add_counter(tasks, name, value)
+        for ident, calls in part.hot:
+            hot[ident] = hot.get(ident, 0) + calls
+        for name, ms in part.dispatchers:
+            dispatchers[name] = max(dispatchers.get(name, 0.0), ms / 1000)
+        for name, ms in part.alive:
+            alive[name] = max(alive.get(name, 0.0), ms / 1000)
+        for name, ms in part.stopped:
+            stopped[name] = max(stopped.get(name, 0.0), ms / 1000)
+        n_held += part.held
+        if part.held_front:  # only then a second round trip: what each one waits for
+            idents = [ident for ident, _ in part.held_front]
+            for (ident, since), (runner, state) in zip(
+                    part.held_front, store.waits_for(shard, idents), strict=True):
+                held.append(Held(ident, since / 1000, runner, state))
+    held.sort(key=lambda h: h.since)
+    return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
+                    tasks, hot, dispatchers, alive, stopped, n_held,
+                    held[:WindowStore.HELD_LISTED])

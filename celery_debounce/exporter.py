@@ -8,7 +8,7 @@ vanish with it, and the alert meant for "no dispatcher runs" sees nothing. This
 process reads them from Redis at each scrape and nothing else: no broker, no task
 code, no dispatcher.
 
-Cost per scrape: one :func:`celery_debounce.top.read_snapshot` (``TIME`` and one
+Cost per scrape: one :func:`celery_debounce.admin.read_snapshot` (``TIME`` and one
 pipeline of ``WindowStore.SNAPSHOT_COMMANDS`` O(1)/O(log N) commands per shard, as a
 ``top`` refresh), never a scan; scrapes closer together than ``min_interval`` (and
 concurrent scrapes) share one reading, so any number of Prometheus servers cost at
@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .admin import Snapshot, read_snapshot
 from .errors import DebounceError
 from .store import store_for
-from .top import Snapshot, read_snapshot
 
 logger = logging.getLogger("celery_debounce.exporter")
 

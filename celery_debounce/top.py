@@ -1,18 +1,18 @@
 """``celery -A proj debounce top``: a live view of debouncing, in the spirit of ``htop``.
 
-Each refresh reads a :class:`Snapshot` of the store with one pipeline per shard
-(``read_snapshot``): counts of the due, lease, active and quarantine sets
-(``ZCARD``/``ZCOUNT``, O(log N)), the front of the due set, the ``<tag>:stats``
-counters (calls in, counted by ``gate.lua`` as each call arrives; runs and their
-calls, counted by ``take.lua``), ``<tag>:hot`` (at most 100 entries),
-``<tag>:dispatchers``, the dispatchers' heartbeats and ``<tag>:held`` (its size and
-the longest held; only when some are held, a second round trip reads the run each
-one waits for). Per-task open windows come
-from a :class:`Census` that reads a bounded slice (one ``census.lua`` step, about
-1,000 windows per shard) each refresh, so a refresh costs about the same with 10 or
-1,000,000 open windows (docs/monitoring.md has the measured figures). Rates and
-the last minute's lateness come from differences between the snapshots that
-``top`` keeps itself (:class:`History`): Redis stores only running totals.
+Each refresh reads a :class:`~celery_debounce.admin.Snapshot` of the store with one
+pipeline per shard (:func:`~celery_debounce.admin.read_snapshot`): counts of the due,
+lease, active and quarantine sets (``ZCARD``/``ZCOUNT``, O(log N)), the front of the
+due set, the ``<tag>:stats`` counters (calls in, counted by ``gate.lua`` as each call
+arrives; runs and their calls, counted by ``take.lua``), ``<tag>:hot`` (at most 100
+entries), ``<tag>:dispatchers``, the dispatchers' heartbeats and ``<tag>:held`` (its
+size and the longest held; only when some are held, a second round trip reads the run
+each one waits for). Per-task open windows come from a :class:`Census` that reads a
+bounded slice (one ``census.lua`` step, about 1,000 windows per shard) each refresh, so
+a refresh costs about the same with 10 or 1,000,000 open windows (docs/monitoring.md
+has the measured figures). Rates and the last minute's lateness come from differences
+between the snapshots that ``top`` keeps itself (:class:`History`): Redis stores only
+running totals.
 
 The screen is drawn with the standard library's :mod:`curses` (the ``top`` extra
 only brings ``windows-curses`` on Windows); when stdout is not a terminal, or with
@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
-from .admin import TaskStats, _add_counter
+from .admin import COMMANDS_PER_SHARD, Held, Snapshot, TaskStats, read_snapshot
 from .errors import DebounceError
 from .formatting import clip, config_error, printable, relative, table_lines
 from .layout import split_ident
@@ -47,91 +47,6 @@ MINUTE_S = 60.0
 RATE_S = 10.0
 _SPARK = "▁▂▃▄▅▆▇█"
 _SPARK_ASCII = "_.-=+*#@"  # where the output cannot encode the blocks
-
-
-@dataclass(frozen=True)
-class Held:
-    """A ``debounce_exclusive`` window held behind a run of its key (the longest held
-    are listed: ``WindowStore.HELD_LISTED`` per shard)."""
-
-    ident: str
-    since: float  # Redis time (s) it was first held
-    waits_for: str | None  # the id of the window in progress (None: it just ended)
-    state: str | None  # that window's state: dispatching, queued, claimed
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one refresh reads from Redis. ``at`` is the Redis clock, in seconds."""
-
-    at: float
-    open: int
-    due: int
-    oldest_due_s: float | None  # how long the most overdue pending window has been due
-    leased: int
-    active: int
-    quarantined: int
-    tasks: dict[str, TaskStats]
-    hot: dict[str, int]  # ident -> calls absorbed by its taken windows
-    dispatchers: dict[str, float]  # name -> Redis time (s) of its last pass that took windows
-    alive: dict[str, float] = field(default_factory=dict)  # name -> last heartbeat (s)
-    stopped: dict[str, float] = field(default_factory=dict)  # name -> clean stop (s)
-    held: int = 0  # debounce_exclusive windows held behind a run of their key
-    held_windows: list[Held] = field(default_factory=list)  # the longest held, listed
-
-    @property
-    def total(self) -> TaskStats:
-        total = TaskStats(task="*")
-        for row in self.tasks.values():
-            total.merge(row)
-        return total
-
-
-#: Redis commands one refresh sends per shard (plus one TIME).
-COMMANDS_PER_SHARD = WindowStore.SNAPSHOT_COMMANDS
-
-
-def read_snapshot(store: WindowStore) -> Snapshot:
-    """One pipeline per shard; see the module docstring for what it reads."""
-    now_ms = store.time_ms("top")
-    tasks: dict[str, TaskStats] = {}
-    hot: dict[str, int] = {}
-    dispatchers: dict[str, float] = {}
-    alive: dict[str, float] = {}
-    stopped: dict[str, float] = {}
-    held: list[Held] = []
-    n_open = n_due = leased = active = quarantined = n_held = 0
-    oldest_due: float | None = None
-    for shard in range(store.settings.shards):
-        part = store.snapshot(shard, now_ms)
-        n_open += part.open
-        n_due += part.due
-        leased += part.leased
-        active += part.active
-        quarantined += part.quarantined
-        if part.first_due_ms is not None and part.first_due_ms <= now_ms:
-            late = (now_ms - part.first_due_ms) / 1000
-            oldest_due = late if oldest_due is None else max(oldest_due, late)
-        for name, value in part.counters.items():
-            _add_counter(tasks, name, value)
-        for ident, calls in part.hot:
-            hot[ident] = hot.get(ident, 0) + calls
-        for name, ms in part.dispatchers:
-            dispatchers[name] = max(dispatchers.get(name, 0.0), ms / 1000)
-        for name, ms in part.alive:
-            alive[name] = max(alive.get(name, 0.0), ms / 1000)
-        for name, ms in part.stopped:
-            stopped[name] = max(stopped.get(name, 0.0), ms / 1000)
-        n_held += part.held
-        if part.held_front:  # only then a second round trip: what each one waits for
-            idents = [ident for ident, _ in part.held_front]
-            for (ident, since), (runner, state) in zip(
-                    part.held_front, store.waits_for(shard, idents), strict=True):
-                held.append(Held(ident, since / 1000, runner, state))
-    held.sort(key=lambda h: h.since)
-    return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
-                    tasks, hot, dispatchers, alive, stopped, n_held,
-                    held[:WindowStore.HELD_LISTED])
 
 
 #: Pending windows one refresh's census step reads per shard (``census.lua``, a ZSCAN

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def measure(app: Any, client: Any, refreshes: int) -> tuple[dict[str, tuple[int, int]], float]:
+    from celery_debounce.admin import read_snapshot
     from celery_debounce.store import store_for
-    from celery_debounce.top import read_snapshot
 
     backend = store_for(app)
     read_snapshot(backend)

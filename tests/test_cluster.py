@@ -19,6 +19,7 @@ from helpers import make_app, package_keys, running_worker, wait_until
 from redis.crc import key_slot
 
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
+from celery_debounce.admin import read_snapshot
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
@@ -26,7 +27,6 @@ from celery_debounce.store import WindowStore, store_for
 from celery_debounce.testing import clear_windows
 from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
-from celery_debounce.top import read_snapshot
 
 
 def test_cluster_shard_tags_fall_in_their_own_slot_range() -> None:

@@ -23,12 +23,11 @@ from click.testing import CliRunner
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
-from celery_debounce.admin import DebounceAdmin
+from celery_debounce.admin import DebounceAdmin, read_snapshot
 from celery_debounce.bulk import enqueue_many
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.store import store_for
 from celery_debounce.testing.servers import LocalRedis, free_port, server_supports_tls
-from celery_debounce.top import read_snapshot
 from celery_debounce.windows import list_windows
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
