@@ -19,7 +19,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from ..sentinel import SentinelConfig
 
-_logger = logging.getLogger("celery_debounce")
+_logger = logging.getLogger("celery_debounce.store")
 
 #: The channel on which every sentinel announces a new master.
 SWITCH_CHANNEL = "+switch-master"

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import WindowStore
     from .transport import Transport
 
-_logger = logging.getLogger("celery_debounce")
+_logger = logging.getLogger("celery_debounce.store")
 
 
 class _PooledCommands:
