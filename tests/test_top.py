@@ -24,6 +24,7 @@ from helpers import stop_process, wait_until
 
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.admin import LATE_BUCKETS_MS, TaskStats
+from celery_debounce.formatting import cell_width
 from celery_debounce.layout import HOT_KEYS_KEPT, window_ident
 from celery_debounce.store import store_for
 from celery_debounce.testing.servers import free_port
@@ -114,8 +115,9 @@ class Tmux:
         file: tmux may leave an exited pane process unreaped for a while, so
         ``pane_dead`` is not a reliable signal."""
         wrapper = self.cwd / "run-in-pane.sh"
-        wrapper.write_text('#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
-                           'echo "[exited with status $status]"\nsleep 30\n')
+        if not wrapper.exists():  # written once: bash reads a running script as it goes
+            wrapper.write_text('#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
+                               'echo "[exited with status $status]"\nsleep 30\n')
         exports = " ".join(f"{k}={v}" for k, v in (
             ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]), ("PYTHONPATH", self.env["PYTHONPATH"])))
         shell = (f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
@@ -525,3 +527,59 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
     assert view.census.open == {work.name: total, other.name: 1}
     assert any(work.name in line.text and f"{total:,}" in line.text
                for line in view.refresh())
+
+
+OPEN_WIDE_KEYS = """
+import topapp
+for key in ("\u5831\u544a:42", "plain:42", "\U0001f389:1"):
+    print("OPENED", key, topapp.nightly.delay(key).id, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
+                    "(scripts/ensure-observability.sh installs it)")
+def test_the_cli_under_tmux_aligns_wide_keys_answers_json_and_hints_at_dash_a(
+    topapp: dict[str, Any]
+) -> None:
+    """The CLI changes as a person meets them in a terminal: ``inspect`` keeps its
+    columns aligned when keys hold CJK characters and emoji (two cells each), ``flush -j``
+    prints one JSON object, ``ping`` without a live dispatcher exits 1, and
+    ``celery debounce`` without ``-A`` says to pass it."""
+    (topapp["dir"] / "open_wide_keys.py").write_text(OPEN_WIDE_KEYS)
+    tmux = Tmux(topapp["dir"], topapp["env"])
+    try:
+        tmux.start("open", f"{sys.executable} open_wide_keys.py")
+        wait_until(lambda: tmux.status("open"), timeout=30, interval=0.2)
+        opened = [line.split() for line in tmux.screen("open").splitlines()
+                  if line.startswith("OPENED")]
+        assert tmux.status("open") == "0" and len(opened) == 3, tmux.screen("open")
+        tmux.start("inspect", f"{CELERY} -A topapp debounce inspect")
+        tmux.start("flush", f"{CELERY} -A topapp debounce flush -j --task topapp.nightly "
+                            "--key plain:42")
+        tmux.start("ping", f"{CELERY} -A topapp debounce ping")
+        tmux.start("noapp", f"{CELERY} debounce inspect")
+        for name in ("inspect", "flush", "ping", "noapp"):
+            try:
+                wait_until(lambda name=name: tmux.status(name), timeout=60, interval=0.2)
+            except AssertionError:
+                raise AssertionError(f"{name} did not end:\n{tmux.screen(name)}") from None
+        screen = tmux.screen("inspect")
+        assert tmux.status("inspect") == "0", screen
+        # each task id starts in the same terminal cell, whatever the key's width
+        starts = {cell_width(line[: line.index(task_id)])
+                  for _, key, task_id in opened
+                  for line in screen.splitlines() if task_id in line}
+        assert len(starts) == 1, screen
+        assert all(key in screen for _, key, _ in opened), screen
+        flushed = tmux.screen("flush")
+        assert tmux.status("flush") == "0", flushed
+        text = flushed[flushed.index("{"): flushed.rindex("}") + 1]
+        reply = json.loads(text)
+        assert reply["flushed"] == 1 and reply["key"] == "plain:42", flushed
+        assert tmux.status("ping") == "1", tmux.screen("ping")
+        assert "No dispatcher heartbeat recorded." in tmux.screen("ping"), tmux.screen("ping")
+        noapp = tmux.screen("noapp")
+        assert tmux.status("noapp") == "1" and "-A/--app" in noapp, noapp
+    finally:
+        tmux.kill()
