@@ -686,6 +686,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "publishers.py",
         "            else:\n                out.add(window, Outcome.UNCERTAIN)",
         "            else:\n                ok.append(window)",
+        "tests/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing",
         "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
     one("the confirming connection is not checked before a batch",
         "RabbitMQ restarted between batches: the next batch is published at once",
