@@ -501,7 +501,12 @@ COMMANDS_PER_SHARD = WindowStore.SNAPSHOT_COMMANDS
 
 
 def read_snapshot(store: WindowStore) -> Snapshot:
-    """One pipeline per shard; see the module docstring for what it reads."""
+    """The store's gauges, at a cost that does not grow with the open windows: ``TIME``,
+    then one pipeline of :data:`COMMANDS_PER_SHARD` commands per shard (the sizes of the
+    due, lease, active, quarantine and held sets, the front of the due set, the
+    ``<tag>:stats`` counters, ``<tag>:hot``, the dispatchers and their heartbeats); only
+    when windows are held, one more round trip reads the run each of the longest held
+    waits for."""
     now_ms = store.time_ms("top")
     tasks: dict[str, TaskStats] = {}
     hot: dict[str, int] = {}

@@ -279,7 +279,7 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
             1 for k in redis.Redis(port=new).scan_iter("debounce:{0}:win:*")
             if redis.Redis(port=new).hget(k, "st") != b"finished"),
         # where the windows of lost calls would be: open ones left on any server
-        "open_left": {("old" if s.port == old else "new" if s.port == new else s.port):
+        "open_left": {_role(s.port, old, new):
                       sum(1 for _ in redis.Redis(port=s.port).scan_iter("debounce:*:open:*"))
                       for s in group.servers if s.process is not None},
     }
@@ -287,6 +287,11 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
         figures["diagnosis"] = _diagnosis(group, old, new)
     print(f"\nFAILOVER {figures}")
     return figures
+
+
+def _role(port: int, old: int, new: int) -> str | int:
+    """How the figures name a server: the old or the new master, else its port."""
+    return "old" if port == old else "new" if port == new else port
 
 
 def _diagnosis(group: LocalSentinels, old: int, new: int) -> dict[str, Any]:
@@ -302,7 +307,7 @@ def _diagnosis(group: LocalSentinels, old: int, new: int) -> dict[str, Any]:
         "records_on_new": sum(1 for _ in master.scan_iter("debounce:{0}:win:*")),
         "sentinel_logs": {i: group.sentinel_log_tail(i, 25)
                           for i in range(len(group.sentinel_ports))},
-        "server_logs": {("old" if s.port == old else "new" if s.port == new else s.port):
+        "server_logs": {_role(s.port, old, new):
                         s.log_tail(25) for s in group.servers},
     }
 
