@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 #: The figures this script writes (docs link to docs/img/<name>).
 FIGURES = ("burst.svg", "max-wait.svg", "lateness.svg", "dashboard.svg", "exclusive.svg")
-DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"
+DASHBOARD = ROOT / "celery_debounce" / "dashboards" / "celery-debounce.json"
 
 
 @dataclass

@@ -32,9 +32,9 @@ from celery_debounce import metrics
 from celery_debounce.testing.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "dashboards" / "celery-debounce.json"
-ALERTS = ROOT / "dashboards" / "alerts.yml"
-ALERT_TESTS = ROOT / "dashboards" / "alerts.test.yml"
+DASHBOARD = ROOT / "celery_debounce" / "dashboards" / "celery-debounce.json"
+ALERTS = ROOT / "celery_debounce" / "dashboards" / "alerts.yml"
+ALERT_TESTS = ROOT / "celery_debounce" / "dashboards" / "alerts.test.yml"
 CELERY = str(Path(sys.executable).with_name("celery"))
 TASK = "dashapp.touch"
 EXPORTER_JOB = "celery-debounce-exporter"  # the job name dashboards/alerts.yml expects
