@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from .task import DebouncedTask, send_task
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: A file the unrelated 2022 PyPI package ``celery-debounce`` installs into the same folder.
 _FOREIGN_MODULE = _os.path.join(_os.path.dirname(__file__), "celery_debounce.py")
