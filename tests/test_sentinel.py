@@ -228,8 +228,11 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
             assert group.sentinel_command("SENTINEL", "FAILOVER", group.master_name) == b"+OK\r\n"
         new = group.wait_for_master(not_port=old)
         switched = time.monotonic()
-        if how == "kill":  # the old primary comes back empty and rejoins as a replica
-            group.server_on(old).start()
+        if how == "kill":
+            # the old primary comes back empty, as a replica of the new master (as an
+            # operator's tooling restarts it): started as an empty master, a second,
+            # spurious failover could promote it and wipe what the new master had
+            group.restart_as_replica(old, new)
         else:
             # Sentinel demotes the old primary only seconds after the switch (it waits
             # to see it report its old role): until then it still takes writes from
@@ -264,6 +267,9 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
         "lost": len(lost), "refused_but_ran": len(set(stream.refused) & ran),
         "ran_twice": len(ran_list) - len(ran),
         "switch_s": round(switched - began, 2),
+        # more than one: a second failover followed the first (the harness's, not the
+        # package's, doing: its tuning or an empty restarted master)
+        "switches": len(group.switches()),
         "demoted_after_switch_s": round(figures_demoted - switched, 2) if how != "kill" else None,
         "resumed_after_switch_s": round(resumed - switched, 2),
         "slowest_call_s": round(stream.slowest, 2),
@@ -318,16 +324,6 @@ def test_calls_resume_after_a_failover_and_what_is_lost_is_measured(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels, how: str
 ) -> None:
     figures = _failover_run(redis_client, redis_server, sentinels, how)
-    if how == "kill" and figures["lost_after_switch"]:
-        # Seen twice (once while this test was written, once in CI on Valkey 8.1) and
-        # in none of 55 runs since (30 of them with both cores busy): the windows open
-        # at one instant 1.6-1.9 s after the switch were gone from the new master with
-        # nothing left of them anywhere (docs/guarantees.md, "Failover (Sentinel)").
-        # Not explained yet: the figures printed above now carry the new master's
-        # replication counters and the servers' and sentinels' logs. The run is made
-        # once more on a new group, and the test fails if it happens again.
-        with LocalSentinels() as again:
-            figures = _failover_run(redis_client, redis_server, again, how)
     # no call hangs: each returns or raises within about twice the 1 s timeout
     assert figures["slowest_call_s"] < 5, figures
     assert figures["resumed_after_switch_s"] < 10, figures

@@ -153,12 +153,17 @@ def _tail(path: Path, lines: int) -> list[str]:
 class LocalSentinels:
     """A throwaway Sentinel group on loopback: a primary, ``replicas`` replicas and
     ``sentinels`` sentinels (the same server binary run with ``--sentinel``), with
-    short down-after and failover timeouts so a failover takes a few seconds."""
+    short down-after and failover timeouts so a failover takes a few seconds.
+
+    The down-after (3 s) is kept well above Sentinel's 1 s ping period: at 1 s, the
+    links a ``+switch-master`` resets could make the new master look down at once,
+    and a second failover followed about a second after the first (see
+    :meth:`switches`). A killed server comes back with :meth:`restart_as_replica`."""
 
     SERVER_ARGS = ("--repl-diskless-sync-delay", "0")
 
     def __init__(self, master_name: str = "mymaster", replicas: int = 1, sentinels: int = 3,
-                 down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
+                 down_after_ms: int = 3000, failover_timeout_ms: int = 3000) -> None:
         self.master_name = master_name
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
@@ -227,6 +232,26 @@ class LocalSentinels:
 
     def server_on(self, port: int) -> LocalRedis:
         return next(server for server in self.servers if server.port == port)
+
+    def restart_as_replica(self, port: int, master_port: int) -> LocalRedis:
+        """Start the stopped server on ``port`` as a replica of ``master_port``
+        (``--replicaof`` at start, as an operator's tooling restarts a failed master),
+        never as an empty master that Sentinel could promote."""
+        server = self.server_on(port)
+        server.extra_args = (*self.SERVER_ARGS, "--replicaof", "127.0.0.1", str(master_port))
+        return server.start()
+
+    def switches(self) -> list[tuple[int, int]]:
+        """The master switches, in order, as (old port, new port): the longest list a
+        sentinel logged (each logs every ``+switch-master`` it learns of). More than
+        one per failover is a second failover."""
+        logged = [
+            [(int(line.split()[-3]), int(line.split()[-1]))
+             for line in _tail(Path(self.dir) / f"sentinel-{index}.log", 100_000)
+             if "+switch-master" in line]
+            for index in range(len(self.sentinel_ports))
+        ]
+        return max(logged, key=len, default=[])
 
     def _ready(self) -> bool:
         """Every replica is in sync; every sentinel sees the master, its replicas and
