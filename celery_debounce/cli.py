@@ -493,3 +493,38 @@ def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
 debounce.add_command(top)
 
 debounce.add_command(exporter_command)
+
+
+def _write_shipped(name: str, output: str | None) -> None:
+    """Write a file shipped in ``celery_debounce/dashboards`` to stdout or ``output``."""
+    from importlib.resources import files
+
+    text = (files("celery_debounce") / "dashboards" / name).read_text(encoding="utf-8")
+    if output is None or output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from exc
+    click.echo(f"wrote {output}", err=True)
+
+
+def _output_option(fn: _F) -> _F:
+    return click.option("-o", "--output", metavar="PATH", default=None,
+                        help="Write to PATH instead of stdout.")(fn)
+
+
+@debounce.command()
+@_output_option
+def dashboard(output: str | None) -> None:
+    """Write the Grafana dashboard (JSON) shipped with this version."""
+    _write_shipped("celery-debounce.json", output)
+
+
+@debounce.command()
+@_output_option
+def alerts(output: str | None) -> None:
+    """Write the Prometheus alert rules (YAML) shipped with this version."""
+    _write_shipped("alerts.yml", output)

@@ -38,6 +38,9 @@ logger = logging.getLogger("celery_debounce.exporter")
 DEFAULT_PORT = 9809
 #: Scrapes within this many seconds of a reading reuse it.
 DEFAULT_MIN_INTERVAL = 1.0
+#: How to install what the exporter needs (the package's ``prometheus`` extra).
+INSTALL = "pip install 'celery-debounced[prometheus]'"
+
 #: Listen on every interface by default, as prometheus_client does: Prometheus scrapes
 #: from another host.
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104
@@ -256,8 +259,12 @@ def _command() -> Any:
         dispatchers seen and their last batch, read from Redis at each scrape (a
         few O(1)/O(log N) commands per shard, as a `top` refresh). It needs only
         Redis, so it keeps answering when every worker is dead: run one (or two)
-        per deployment and alert on it (dashboards/alerts.yml).
+        per deployment and alert on it (`celery debounce alerts`).
         """
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(f"the exporter needs prometheus_client: {INSTALL}") from exc
         app: Any = ctx.obj.app
         app.log.setup(loglevel=loglevel.upper(), redirect_stdouts=False)
         try:

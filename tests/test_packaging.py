@@ -8,6 +8,7 @@ import email
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -46,6 +47,25 @@ def test_the_wheel_declares_the_license_classifiers_and_version(built_wheel: Pat
     assert meta.get_payload().strip() == LONG.read_text().strip()
     for url in meta.get_all("Project-URL"):
         assert re.fullmatch(r"[^,]+, https://\S+", url), url
+
+
+SHIPPED = ("celery_debounce/dashboards/celery-debounce.json",
+           "celery_debounce/dashboards/alerts.yml")
+
+
+def test_the_wheel_and_the_sdist_ship_the_dashboard_and_the_alert_rules(
+        built_wheel: Path, tmp_path: Path) -> None:
+    with zipfile.ZipFile(built_wheel) as archive:
+        for name in SHIPPED:
+            assert archive.read(name) == (ROOT / name).read_bytes(), name
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path),
+                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    (sdist,) = tmp_path.glob("celery_debounced-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        top = archive.getnames()[0].split("/")[0]
+        for name in SHIPPED:
+            member = archive.extractfile(f"{top}/{name}")
+            assert member is not None and member.read() == (ROOT / name).read_bytes(), name
 
 
 def test_the_long_description_starts_with_the_install_command_and_has_no_relative_links(
