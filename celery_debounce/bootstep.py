@@ -13,6 +13,7 @@ from . import worker_signals  # noqa: F401  (connects the claim/finish signals)
 from .checks import warn_if_evicting
 from .dispatcher import Dispatcher
 from .dispatcher_process import DispatcherProcess, green_pool
+from .errors import DebounceConfigError
 from .settings import DEFAULTS, parse_bool
 from .store import store_for
 
@@ -95,9 +96,40 @@ def uses_debounce(app: Celery) -> bool:
     return any(isinstance(task, DebouncedTask) for task in app.tasks.values())
 
 
+class RefusedTasksStep(bootsteps.Step):  # type: ignore[misc]
+    """Stops the worker's start-up when a debounced task's definition was refused
+    while the app finalized (``task.refuse_later``), with every such task's error."""
+
+    label = "debounce task check"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        refuse_invalid_tasks(parent.app)
+        super().__init__(parent, **kwargs)
+
+
+def refuse_invalid_tasks(app: Celery) -> None:
+    """Raise ``DebounceConfigError`` listing each refused debounced task of ``app``."""
+    from .task import refused_tasks
+
+    refused = refused_tasks(app)
+    if refused:
+        raise DebounceConfigError(invalid_tasks_message(refused))
+
+
+def invalid_tasks_message(refused: dict[str, str]) -> str:
+    """The one text the worker, ``celery debounce check`` and the Django check give."""
+    lines = [f"{len(refused)} debounced task definition(s) refused:"]
+    lines += [f"  {message}" for message in refused.values()]
+    return "\n".join(lines)
+
+
 def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and uses_debounce(app):
+        from .task import refused_tasks
+
+        if refused_tasks(app):
+            app.steps["worker"].add(RefusedTasksStep)
         app.steps["worker"].add(DispatcherStep)
 
 

@@ -56,31 +56,46 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     Request = "celery_debounce.worker_signals:WindowRequest"
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
+    #: A definition refused while its app finalized (see ``refuse_later``): every
+    #: call of the task raises it, and a worker of the app refuses to start.
+    _debounce_refused: ClassVar[DebounceConfigError | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Runs inside Celery's type() call, so a bad option fails the registration.
-        _refuse_unknown_class_options(cls)
-        cls._debounce_defaults = TaskDefaults.validate(
-            {name: getattr(cls, name) for name in OPTION_NAMES}
-        )
-        check_key_template(cls)
-        if cls._debounce_defaults.debounce_collect:
-            _collect_class(cls)
-        else:
-            _plain_class(cls)
+        try:
+            _refuse_unknown_class_options(cls)
+            cls._debounce_defaults = TaskDefaults.validate(
+                {name: getattr(cls, name) for name in OPTION_NAMES}
+            )
+            check_key_template(cls)
+            if cls._debounce_defaults.debounce_collect:
+                _collect_class(cls)
+            else:
+                _plain_class(cls)
+        except DebounceConfigError as exc:
+            if not refuse_later(cls, exc):
+                raise
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         canvas.install(app)  # a chain/chord with this task later in it is checked when applied
-        if cls._debounce_defaults.debounce_collect and cls.serializer != "json":
+        if (cls._debounce_refused is None and cls._debounce_defaults.debounce_collect
+                and cls.serializer != "json"):
             # the app's task_serializer, known once the task is bound to the app
-            raise DebounceConfigError(
+            exc = DebounceConfigError(
                 f"{cls.name}: debounce_collect=True needs serializer='json' (the task's "
                 f"serializer is {cls.serializer!r}): the run's body is spliced from the "
                 "calls' JSON"
             )
+            if not refuse_later(cls, exc):
+                raise exc
+
+    def _refuse_if_invalid(self) -> None:
+        refused = type(self)._debounce_refused
+        if refused is not None:
+            raise DebounceConfigError(str(refused))
 
     def debounce_signature(self) -> inspect.Signature | None:
         """The run function's signature, used to bind arguments for key templates.
@@ -107,6 +122,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         shadow: str | None = None,
         **options: Any,
     ) -> AsyncResult:
+        self._refuse_if_invalid()
         if "retries" in options:  # a retry of a run: never gated again
             for name in OPTION_NAMES:
                 options.pop(name, None)
@@ -196,6 +212,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         (``testing.run_windows``: it carries the shard header), and any call outside
         eager mode (``apply`` is then a local run, as in Celery).
         """
+        self._refuse_if_invalid()
         if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries
                 and not (headers and SHARD_HEADER in headers)):
             call_options = dict(options)
@@ -262,6 +279,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     ) -> str:
         """The key a call with these arguments resolves to: ``call.call_key``, the
         code path ``prepare_call`` uses, after Celery's signature check as a call."""
+        self._refuse_if_invalid()
         spec = self._debounce_defaults.for_call({} if key is None else {"debounce_key": key})
         if spec is None:
             raise DebounceConfigError(
@@ -360,6 +378,8 @@ def send_task(
         raise DebounceConfigError(f"send_task name={name!r}: expected a non-empty task name")
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
+    if debounced is not None:
+        debounced._refuse_if_invalid()
     defaults = debounced._debounce_defaults if debounced else TaskDefaults()
     original = dict(options)
     spec = defaults.for_call(options, collect_fixed=debounced is not None)
@@ -432,6 +452,39 @@ def check_key_template(cls: type[DebouncedTask]) -> None:
     check_against(parse_template(defaults.debounce_key), fn,
                   str(cls.__dict__.get("name") or cls.__name__),
                   skip_first=not isinstance(run, staticmethod))
+
+
+def refuse_later(cls: type[DebouncedTask], exc: DebounceConfigError) -> bool:
+    """Record ``exc`` on a task class Celery builds while its app finalizes, instead
+    of raising it; True if recorded.
+
+    Raised there, it would abort ``app.finalize()`` half-way (``app.tasks`` then
+    raises this task's error from any other task's path), and, Celery keeping the
+    constructor of every ``shared=True`` task for each app it finalizes, poison every
+    later app of the process too. Recorded, it names this task only: its calls raise
+    it, ``celery debounce check`` and the Django check list it, and a worker of the
+    app refuses to start (``bootstep.refuse_invalid_tasks``). A definition outside
+    a finalize (``lazy=False``, an app already finalized, a class statement) still
+    raises at once.
+    """
+    if not cls.__dict__.get("_decorated"):
+        return False
+    mutex = getattr(cls.__dict__.get("app"), "_finalize_mutex", None)
+    owned = getattr(mutex, "_is_owned", None)
+    if owned is not None and not owned():
+        return False
+    name = str(cls.__dict__.get("name") or cls.__name__)
+    message = str(exc)
+    cls._debounce_refused = DebounceConfigError(
+        message if message.startswith(f"{name}:") else f"{name}: {message}")
+    return True
+
+
+def refused_tasks(app: Celery) -> dict[str, str]:
+    """Task name -> the error of each debounced task of ``app`` whose definition was
+    refused (finalizes the app)."""
+    return {name: str(task._debounce_refused) for name, task in sorted(app.tasks.items())
+            if isinstance(task, DebouncedTask) and task._debounce_refused is not None}
 
 
 def _refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:

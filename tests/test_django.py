@@ -52,3 +52,27 @@ def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
     assert out["windows_after_rollback"] == 1  # only the committed one
     assert out["result"] == "final text"  # the run read the committed row
     assert log.count("debounce: dispatched notes.tasks.index_note") == 1, log
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool) -> None:
+    """celery_debounce.contrib.django in INSTALLED_APPS: `check` (run by migrate and
+    runserver too) fails with the worker's message, before any save reaches the gate."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
+        "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
+        "PYTHONPATH": str(PROJECT),
+    }
+    if bad:
+        env["DJPROJ_BAD"] = "1"
+    run = subprocess.run([sys.executable, "-m", "django", "check"], cwd=PROJECT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    out = run.stdout + run.stderr
+    if not bad:
+        assert run.returncode == 0 and "no issues" in out, out
+        return
+    assert run.returncode == 1, out
+    assert ("notes.tasks.misspelt: (celery_debounce.E001) debounce_colect=True: unknown task "
+            "option of misspelt") in out, out

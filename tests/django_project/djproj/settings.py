@@ -6,7 +6,7 @@ REDIS = os.environ["DJPROJ_REDIS_URL"]
 SECRET_KEY = "test-only"
 DEBUG = False
 USE_TZ = True
-INSTALLED_APPS = ["notes"]
+INSTALLED_APPS = ["celery_debounce.contrib.django", "notes"]
 DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DJPROJ_DB"]}
 }

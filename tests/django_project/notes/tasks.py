@@ -1,3 +1,5 @@
+import os
+
 from celery import shared_task
 
 from celery_debounce import DebouncedTask
@@ -14,3 +16,11 @@ def index_note(note_id: int) -> str:
 @shared_task
 def plain(x: int) -> int:
     return x
+
+
+if os.environ.get("DJPROJ_BAD"):  # tests/test_django.py: manage.py check refuses it
+
+    @shared_task(base=DebouncedTask, debounce="1s", debounce_max_wait="2s",
+                 debounce_colect=True)
+    def misspelt(x: int) -> int:
+        return x
