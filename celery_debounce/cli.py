@@ -490,6 +490,33 @@ def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
         ctx.exit(1)
 
 
+@debounce.command(cls=CeleryCommand)
+@json_option('a JSON object ({"ok": bool, "problems": [{"where", "message"}]})')
+@click.pass_context
+def check(ctx: click.Context, as_json: bool) -> None:
+    """Check every debounced task definition and the debounce settings, at deploy time.
+
+    Imports the modules a worker imports (imports, include, autodiscover_tasks) and
+    reports each definition a worker would refuse to start with, with the same
+    message; connects to nothing. Exit 0 when all are valid, else 1.
+    """
+    from .validation import check_app
+
+    problems = check_app(ctx.obj.app)
+    if as_json:
+        echo_json({"ok": not problems,
+                   "problems": [{"where": p.where, "message": p.message} for p in problems]})
+    else:
+        for problem in problems:
+            click.echo(f"{printable(problem.where)}: {problem.message}"
+                       if not problem.message.startswith(f"{problem.where}:")
+                       else problem.message)
+        click.echo(f"{len(problems)} problem(s) found." if problems
+                   else "All debounced tasks and settings are valid.")
+    if problems:
+        ctx.exit(1)
+
+
 debounce.add_command(top)
 
 debounce.add_command(exporter_command)
