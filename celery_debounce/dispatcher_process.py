@@ -95,7 +95,7 @@ class _Child(Process):  # type: ignore[misc]
         self.app.set_default()
         self.app.set_current()
         dispatcher = Dispatcher(self.app, name=self.dispatcher_name)
-        if terms or self._orphaned():  # stopped, or orphaned, while it was being built
+        if terms:  # stopped (or, by the prctl, orphaned) while it was being built
             dispatcher.close()
         else:
             thread = dispatcher.start()

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
+import select
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 from fault_app import build
 from helpers import stop_process, wait_until
 from test_faults import runs, worker_process
 
 from celery_debounce.dispatcher_process import green_pool
+from celery_debounce.store import store_for
 
 STARTED = re.compile(rb"embedded dispatcher worker-\S+ started \(process pid (\d+),")
 
@@ -108,6 +115,12 @@ def test_the_child_stops_when_its_worker_is_sigkilled(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     assert b"is gone; stopping" in log.read_bytes(), log.read_text()
+    # its stop is recorded: ping and top show a stopped dispatcher, not an alive one
+    started = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
+    assert started is not None
+    _, alive, stopped = store_for(_app(redis_server)).liveness()
+    assert started.group(1).decode() in dict(stopped), (alive, stopped)
+    assert started.group(1).decode() not in dict(alive)
 
 
 def test_gevent_and_eventlet_pools_keep_the_thread() -> None:
@@ -115,3 +128,128 @@ def test_gevent_and_eventlet_pools_keep_the_thread() -> None:
     assert green_pool(type("W", (), {"pool_cls": type("P", (), {"__module__":
                                                                  "celery.concurrency.eventlet"})})())
     assert not green_pool(type("W", (), {"pool_cls": "prefork"})())
+
+
+# -- no child outlives its parent: DispatcherProcess driven by a small stand-in worker ----
+
+TESTS = Path(__file__).parent
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a worker and its dispatcher child;
+    the child keeps the group when its worker dies and it is handed to init)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+class Workers:
+    """tests/dispatcher_parent.py: forks stand-in workers on request."""
+
+    def __init__(self, redis_url: str) -> None:
+        path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent),
+                                             os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "dispatcher_parent.py"), redis_url],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=TESTS,
+            env=dict(os.environ, PYTHONPATH=path))
+        self.groups: set[int] = set()
+
+    def send(self, *commands: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("".join(f"{c}\n" for c in commands).encode())
+        self.proc.stdin.flush()
+
+    def line(self, timeout: float = 15) -> tuple[float, list[str]]:
+        """(when it was read, its words); a FORKED line's worker group is remembered."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "no line from dispatcher_parent.py"
+        words = self.proc.stdout.readline().decode().split()
+        assert words, "dispatcher_parent.py ended"
+        if words[0] == "FORKED":
+            self.groups.add(int(words[2]))
+        return time.monotonic(), words
+
+    def close(self) -> None:
+        for pgid in self.groups:  # whatever a failed test left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def workers(redis_server: str, redis_client: redis.Redis) -> Iterator[Workers]:
+    started = Workers(redis_server)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def _heartbeats(app: Celery) -> dict[str, float]:
+    return dict(store_for(app).liveness()[1])
+
+
+def _app(redis_url: str) -> Celery:
+    app = Celery("heartbeats", set_as_current=False)
+    app.conf.update(debounce_redis_url=f"{redis_url}/0")
+    return app
+
+
+def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
+        redis_server: str, workers: Workers) -> None:
+    """50 stand-in workers, each SIGKILLed at a random point of its child's start (the
+    child itself sometimes slow to start, as on a loaded box): every child is gone
+    within seconds, and no heartbeat under a dead worker's name advances."""
+    rng = random.Random()
+    trials = 50
+    for batch in range(0, trials, 5):
+        names = [f"kill-{n}" for n in range(batch, batch + 5)]
+        workers.send(*(f"spawn {name} {rng.choice([0, rng.randrange(60)])}" for name in names))
+        kills = []
+        for _ in names:
+            read_at, (_, _name, worker, _child) = workers.line()
+            kills.append((read_at + rng.uniform(0, 0.1), int(worker)))
+        for at, worker in sorted(kills):
+            time.sleep(max(0.0, at - time.monotonic()))
+            os.kill(worker, signal.SIGKILL)
+        for _, worker in kills:
+            wait_until(lambda worker=worker: not _group(worker), 10)  # type: ignore[misc]
+    app = _app(redis_server)
+    beats = _heartbeats(app)
+    time.sleep(1.0)  # five heartbeat periods of the stand-ins (0.2 s)
+    assert _heartbeats(app) == beats
+
+
+def test_a_child_whose_worker_died_before_it_started_starts_nothing(
+        redis_server: str, workers: Workers, tmp_path: Path) -> None:
+    """The worker SIGKILLed after the fork, before the child even looked at its parent:
+    the child sees its parent is not the worker's pid read before the fork and stops
+    before starting a dispatcher (no heartbeat, no record for a dead worker)."""
+    hold = tmp_path / "go"
+    workers.send(f"spawn early 0 {hold}")
+    _, (_, _, worker, child) = workers.line()
+    os.kill(int(worker), signal.SIGKILL)
+    wait_until(lambda: _parent(int(child)) != int(worker), 10)  # handed to init
+    hold.touch()  # the child starts only now
+    wait_until(lambda: not _group(int(worker)), 10)
+    _, alive, stopped = store_for(_app(redis_server)).liveness()
+    assert "early" not in dict(alive) and "early" not in dict(stopped)
+
+
+def test_stop_during_a_respawn_stops_the_new_child(workers: Workers) -> None:
+    """stop() called while the supervisor forks a replacement for a dead child: the stop
+    waits for that fork and stops the new child (before, it signalled the dead one, and
+    the new child ran on unsupervised)."""
+    workers.send("race racer")
+    _, (_, _, worker, _child) = workers.line()
+    _, words = workers.line()
+    assert words[0] == "STOPPED", words
+    assert _group(int(worker)) == [int(worker)]  # the stand-in worker alone: no child
+    assert float(words[1]) < 2  # stopped cleanly, not after the 2 s stop timeout

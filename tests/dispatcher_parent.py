@@ -1,0 +1,112 @@
+"""A small stand-in for a worker's main process, driving ``DispatcherProcess`` directly
+(tests/test_dispatcher_process.py): cheaper than a ``celery worker`` per trial.
+
+    python dispatcher_parent.py REDIS_URL
+
+reads commands on stdin, one a line, and forks a "worker" for each (its own process
+group, so that the test finds its dispatcher child after the worker is gone):
+
+    spawn NAME STALL_MS [HOLD]  start DispatcherProcess(NAME); print "FORKED NAME <worker> <child>"
+                                and wait to be killed. The child first sleeps STALL_MS (a
+                                slow start), or waits until the file HOLD exists
+    race NAME                   start it, SIGKILL the child, call stop() while the supervisor
+                                is forking its replacement; print "STOPPED <seconds>"
+
+Heartbeats are written every 0.2 s (not 5 s), so that one that keeps going shows quickly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from celery import Celery
+
+import celery_debounce.dispatcher
+import celery_debounce.dispatcher_process as dp
+
+celery_debounce.dispatcher.HEARTBEAT_S = 0.2
+STALL: float = 0.0
+HOLD: Path | None = None
+#: armed in a "race" worker: the supervisor's next fork waits here until stop() began
+FORKING: threading.Event | None = None
+
+
+def _child_start() -> None:
+    """Runs first in every forked child: a slow start of the dispatcher child."""
+    if HOLD is not None:
+        deadline = time.monotonic() + 30
+        while not HOLD.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    elif STALL:
+        time.sleep(STALL)
+
+
+def _before_fork() -> None:
+    if FORKING is not None:
+        FORKING.set()
+        time.sleep(0.5)  # stop() runs meanwhile, in the main thread
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_child_start)
+
+
+def spawn(app: object, name: str, stall_ms: str, hold: str | None) -> None:
+    global STALL, HOLD
+    STALL, HOLD = int(stall_ms) / 1000, (Path(hold) if hold else None)
+    process = dp.DispatcherProcess(app, name)  # type: ignore[arg-type]
+    process.start()
+    print(f"FORKED {name} {os.getpid()} {process.pid}", flush=True)
+    while True:
+        time.sleep(60)
+
+
+def race(app: object, name: str) -> None:
+    global FORKING
+    dp.RESTART_BACKOFF_S = (0.05, 0.05)
+    process = dp.DispatcherProcess(app, name, stop_timeout=2)  # type: ignore[arg-type]
+    process.start()
+    first = process.pid
+    assert first is not None
+    print(f"FORKED {name} {os.getpid()} {first}", flush=True)
+    FORKING = threading.Event()
+    os.kill(first, signal.SIGKILL)
+    assert FORKING.wait(10)
+    began = time.monotonic()
+    process.stop()
+    print(f"STOPPED {time.monotonic() - began:.2f}", flush=True)
+    while True:
+        time.sleep(60)
+
+
+def main() -> None:
+    url = sys.argv[1]
+    app = Celery("dispatcher_parent", set_as_current=False)
+    app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0",
+                    debounce_poll_interval=0.2, debounce_redis_timeout=1,
+                    broker_connection_retry_on_startup=True)
+    for line in sys.stdin:
+        words = line.split()
+        while True:  # reap the workers the test killed
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if os.fork() == 0:
+            os.setpgid(0, 0)
+            try:
+                if words[0] == "spawn":
+                    spawn(app, words[1], words[2], words[3] if len(words) > 3 else None)
+                else:
+                    race(app, words[1])
+            finally:
+                os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
