@@ -7,6 +7,7 @@ from typing import Any
 
 from celery.result import AsyncResult
 
+from . import outage
 from .call import PreparedCall, prepare_call, static_routing
 from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, announce, listening
@@ -73,7 +74,18 @@ def enqueue_many(
             settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
             app=task.app, task_type=task, static=static,
         ))
-    store = store_for(task.app, call=True)
+    app = task.app
+    plain = {**original, "debounce": False}  # how a call is published without a window
+
+    def publish(i: int, reason: str, error: BaseException | None) -> AsyncResult:
+        args, kwargs = pairs[i]
+        fallback = outage.Fallback(task.name, prepared[i].key, reason, error)
+        return fallback.published(task.apply_async(args, kwargs, **plain))
+
+    breaker = outage.breaker_for(app) if outage.OPEN else None
+    if breaker is not None and not breaker.admit():
+        outage.skipped(app, spec, task.name, "", breaker)  # raises unless "publish"
+        return [publish(i, "breaker", None) for i in range(len(prepared))]
     make = task.AsyncResult
     results: list[AsyncResult | None] = [None] * len(prepared)
     outcomes: list[Outcome] = []
@@ -85,7 +97,19 @@ def enqueue_many(
             if isinstance(outcome, GateResult):
                 results[i] = make(outcome.task_id)
 
-    outcomes = store.gate_many(prepared, chunk_size, on_chunk, outcomes)
+    try:
+        store = store_for(app, call=True)
+        outcomes = store.gate_many(prepared, chunk_size, on_chunk, outcomes)
+    except DebounceBackendError as exc:  # the server check, or no connection
+        if any(outcome is not None for outcome in outcomes):
+            raise  # some calls were answered: not a whole-batch outage
+        fallback = outage.failed(app, spec, task.name, "", exc)  # raises unless "publish"
+        return [publish(i, fallback.reason, exc) for i in range(len(prepared))]
+    except BaseException:
+        if breaker is not None:
+            breaker.unprobe()
+        raise
+
     errors: dict[int, BaseException] = {}
     unknown: list[int] = []
     heard = listening()
@@ -102,6 +126,17 @@ def enqueue_many(
                 unknown.append(i)
         else:  # WRITTEN: written, but the reply was lost and the window moved on
             results[i] = None
+    if errors:
+        kind = outage.observe(app, next(iter(errors.values())))
+        if kind is not None and outage.policy(app, spec) == "publish":
+            for i, error in list(errors.items()):  # an outage kept them out: no window
+                reason = outage.outage_kind(error)
+                if reason is not None:
+                    results[i] = publish(i, reason, error)
+                    del errors[i]
+            unknown = [i for i in unknown if i in errors]
+    elif breaker is not None:
+        breaker.close()
     if errors or any(r is None for r in results):
         first = next(iter(errors.values()), "reply lost")
         raise DebounceBulkError(

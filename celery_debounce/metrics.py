@@ -28,6 +28,9 @@ Metrics (all labelled ``task``; see docs/operations.md):
   gate (``.delay()``/``apply_async``; producers)
 * ``celery_debounce_call_errors_total{task,error}``: calls the gate could not take
   (``DebounceBackendError``, ``DebounceOutcomeUnknown``; producers)
+* ``celery_debounce_outage_fallbacks_total{task,reason}``: calls published plainly
+  because the windows' Redis could not take them (``debounce_on_outage="publish"``;
+  ``reason``: unreachable, unknown, refused, breaker; producers)
 * ``celery_debounce_calls_total{task,outcome}``: every call the gate took, by outcome
   (``opened``, ``absorbed``, ``suppressed``): "calls in" is one selector over it
 * ``celery_debounce_publish_failures_total{task,kind}``: windows a dispatcher pass took
@@ -65,6 +68,7 @@ from .signals import (
     call_suppressed,
     duplicate_skipped,
     leading_run,
+    outage_fallback,
     publish_failed,
     publish_refused,
     window_cancelled,
@@ -80,7 +84,7 @@ from .signals import (
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
             window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
             call_failed, publish_failed, publish_refused, window_quarantined,
-            duplicate_skipped, window_held)
+            duplicate_skipped, window_held, outage_fallback)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
@@ -117,6 +121,7 @@ class Metrics:
     duplicates_skipped: Any = None
     held: Any = None
     held_seconds: Any = None
+    outage_fallbacks: Any = None
 
     def connect(self) -> None:
         """Connect the signal receivers (again, after :meth:`disable`)."""
@@ -189,6 +194,10 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
                                "kind")
     calls = counter("calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).",
                     "outcome")
+    outage_fallbacks = counter("outage_fallbacks", "Calls published plainly because the "
+                               "windows' Redis could not take them (debounce_on_outage="
+                               "'publish'), by reason (unreachable, unknown, refused, "
+                               "breaker).", "reason")
     quarantined = counter("windows_quarantined", "Windows set aside, by kind (message, "
                           "publish_failed, record).", "kind")
 
@@ -255,16 +264,19 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         held_metric.labels(task=sender).inc()
         held_seconds.labels(task=sender).inc(held)
 
+    def on_fallback(sender: str, reason: str = "unreachable", **_: Any) -> None:
+        outage_fallbacks.labels(task=sender, reason=reason).inc()
+
     held_metric = held
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
                  on_closed_by_cap, on_leading, on_suppressed, on_call_failed,
                  on_publish_failed, on_publish_refused, on_quarantined, on_duplicate,
-                 on_held)
+                 on_held, on_fallback)
     enabled = Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls,
                       lateness, receivers, closed_by_cap, leading_runs, suppressed,
                       call_duration, call_errors, publish_failures, quarantined, calls,
-                      duplicates, held, held_seconds)
+                      duplicates, held, held_seconds, outage_fallbacks)
     enabled.connect()
     done[namespace] = enabled
     return enabled

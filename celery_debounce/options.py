@@ -16,7 +16,7 @@ from .names import PREFIX, unknown_name
 OPTION_NAMES = (
     "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
     "debounce_max_calls", "debounce_leading", "debounce_trailing", "debounce_collect",
-    "debounce_exclusive",
+    "debounce_exclusive", "debounce_on_outage",
 )
 
 _KNOWN = frozenset(OPTION_NAMES)
@@ -49,6 +49,7 @@ class DebounceSpec:
     trailing: bool = True
     collect: bool = False  # True: the run receives every call (see collect.py)
     exclusive: bool = False  # True: runs of one (task, key) never overlap (take.lua holds)
+    on_outage: str | None = None  # None: the debounce_on_outage setting (outage.py)
 
     @cached_property
     def edge(self) -> bytes | None:
@@ -75,6 +76,7 @@ class TaskDefaults:
     debounce_trailing: Any = True
     debounce_collect: Any = False
     debounce_exclusive: Any = False
+    debounce_on_outage: Any = None
     spec: DebounceSpec | None = None
 
     @classmethod
@@ -90,6 +92,7 @@ class TaskDefaults:
         check_collect_leading(
             check_collect(defaults.debounce_collect, defaults.debounce_replace_payload), lead)
         check_exclusive(defaults.debounce_exclusive, lead, defaults.debounce_max_calls)
+        check_on_outage(defaults.debounce_on_outage)
         spec = None
         if defaults.debounce is not None:
             spec = build_spec(
@@ -102,6 +105,7 @@ class TaskDefaults:
                 defaults.debounce_trailing,
                 defaults.debounce_collect,
                 defaults.debounce_exclusive,
+                defaults.debounce_on_outage,
             )
         return cls(
             defaults.debounce,
@@ -113,6 +117,7 @@ class TaskDefaults:
             defaults.debounce_trailing,
             defaults.debounce_collect,
             defaults.debounce_exclusive,
+            defaults.debounce_on_outage,
             spec,
         )
 
@@ -139,6 +144,7 @@ class TaskDefaults:
         trailing = options.pop("debounce_trailing", None)
         collect = options.pop("debounce_collect", None)
         exclusive = options.pop("debounce_exclusive", None)
+        on_outage = options.pop("debounce_on_outage", None)
         if collect is not None and collect_fixed and collect != self.debounce_collect:
             raise DebounceConfigError(
                 f"debounce_collect={collect!r} on a call of a task with "
@@ -157,6 +163,7 @@ class TaskDefaults:
             self.debounce_trailing if trailing is None else trailing,
             self.debounce_collect if collect is None else collect,
             self.debounce_exclusive if exclusive is None else exclusive,
+            self.debounce_on_outage if on_outage is None else on_outage,
             given_on_call=True,
         )
 
@@ -171,6 +178,7 @@ def build_spec(
     trailing: Any = True,
     collect: Any = False,
     exclusive: Any = False,
+    on_outage: Any = None,
     given_on_call: bool = False,
 ) -> DebounceSpec:
     """Validate one set of options; raise :class:`DebounceConfigError` naming the bad one."""
@@ -199,7 +207,7 @@ def build_spec(
     cap = check_max_calls(max_calls)
     return DebounceSpec(window, ceiling, template, replace, cap, lead, trail,
                         check_collect_leading(check_collect(collect, replace), lead),
-                        check_exclusive(exclusive, lead, cap))
+                        check_exclusive(exclusive, lead, cap), check_on_outage(on_outage))
 
 
 def _check_bool(value: Any, name: str = "debounce_replace_payload") -> bool:
@@ -268,6 +276,24 @@ def check_exclusive(value: Any, leading: Any, max_calls: Any) -> bool:
             "by its call cap is published at once and cannot wait for a run of its key to "
             "end; drop debounce_max_calls (the max wait still bounds the window)")
     return exclusive
+
+
+#: The values of ``debounce_on_outage`` (outage.py): what a call does when the windows'
+#: Redis cannot take it.
+OUTAGE_POLICIES = ("raise", "publish")
+
+
+def check_on_outage(value: Any, name: str = "debounce_on_outage",
+                    allow_none: bool = True) -> str | None:
+    """``debounce_on_outage``: ``"raise"`` or ``"publish"`` (None: the setting's)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or value not in OUTAGE_POLICIES:
+        raise DebounceConfigError(
+            f"{name}={value!r}: expected one of {', '.join(map(repr, OUTAGE_POLICIES))} "
+            "(what a call does when the windows' Redis cannot take it)"
+        )
+    return value
 
 
 def check_collect_leading(collect: bool, leading: bool) -> bool:

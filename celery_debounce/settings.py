@@ -23,6 +23,7 @@ from .layout import (
     wake_channel,
 )
 from .names import refuse_unknown_settings
+from .options import check_on_outage
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
@@ -53,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "debounce_redis_transport_options": None,
     "debounce_redis_cluster": False,
     "debounce_redis_wait_replicas": 0,
+    "debounce_on_outage": "raise",
+    "debounce_outage_probe_interval": 1.0,
 }
 
 
@@ -109,6 +112,10 @@ class Settings:
     #: quiet period never outlasts it: its suppressed calls hold the leading run's id
     #: (gate.gate_args)
     result_expires_ms: int | None = None
+    #: what a call does when the windows' Redis cannot take it (outage.py)
+    on_outage: str = "raise"
+    #: how long calls skip Redis after one timed out, before one call probes it again
+    outage_probe_interval_ms: int = 1000
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -149,6 +156,8 @@ class Settings:
             ),
             claim_lease_ms=duration("debounce_claim_lease"),
             result_expires_ms=_result_expires_ms(conf.get("result_expires")),
+            on_outage=str(check_on_outage(get("debounce_on_outage"), allow_none=False)),
+            outage_probe_interval_ms=duration("debounce_outage_probe_interval"),
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))

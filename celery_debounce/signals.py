@@ -42,7 +42,14 @@ Errors, sent only if someone listens:
 
 * ``call_failed``: the producer process, for a call the gate could not take
   (``key, error`` (the exception's class name: ``DebounceBackendError``,
-  ``DebounceOutcomeUnknown``), ``latency``); the call raised that exception.
+  ``DebounceOutcomeUnknown``, ``DebounceBreakerOpen``), ``latency``); the call raised
+  that exception, or, under ``debounce_on_outage="publish"``, fell back.
+* ``outage_fallback``: the producer process, for a call published plainly (no window)
+  because the windows' Redis could not take it (``debounce_on_outage="publish"``):
+  ``task_id`` (the published message's), ``key``, ``reason`` (``"unreachable"``:
+  nothing reached Redis; ``"unknown"``: the gate may have run, the work may run twice;
+  ``"refused"``: an error reply such as OOM, READONLY or LOADING; ``"breaker"``: the
+  call skipped Redis, the breaker being open), ``error`` (the exception's class name).
 * ``publish_failed``: the dispatcher process, per window a pass took but could not
   publish (``task_id, key, kind, reason``): ``kind`` is ``"message"`` (counted
   against the window), ``"broker"`` (the broker as a whole failed; not counted),
@@ -67,6 +74,7 @@ __all__ = [
     "call_suppressed",
     "duplicate_skipped",
     "leading_run",
+    "outage_fallback",
     "publish_failed",
     "publish_refused",
     "window_cancelled",
@@ -106,6 +114,9 @@ window_held = Signal(
     name="window_held", providing_args={"task_id", "key", "calls", "lateness", "held"}
 )
 call_failed = Signal(name="call_failed", providing_args={"key", "error", "latency"})
+outage_fallback = Signal(
+    name="outage_fallback", providing_args={"task_id", "key", "reason", "error"}
+)
 publish_failed = Signal(
     name="publish_failed", providing_args={"task_id", "key", "kind", "reason"}
 )

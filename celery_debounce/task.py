@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 from celery import Celery, Task
 from celery.result import AsyncResult
 
-from . import bootstep, canvas  # noqa: F401  (bootstep: connects the worker's signals)
+from . import bootstep, canvas, outage  # noqa: F401  (bootstep: connects the worker's signals)
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import COLLECT_HEADER, single_call_args, wrap_run
 from .confcache import always_eager
-from .errors import DebounceConfigError
+from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, enter
 from .layout import SHARD_HEADER, new_task_id
 from .names import PREFIX, unknown_name
@@ -50,6 +50,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_trailing: bool = True
     debounce_collect: bool = False
     debounce_exclusive: bool = False
+    debounce_on_outage: str | None = None
 
     #: The worker's main process finishes a window whose pool child died mid-run
     #: (worker_signals.WindowRequest); a custom Request should derive from it.
@@ -147,11 +148,36 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             finally:
                 _CHECKED.reset(token)
         check_arguments(self, args, kwargs)
+        plain = dict(options) if options else None  # for a plain publish (outage.py)
         fixed = fixed_id(task_id, options)  # a caller-chosen or canvas id: see aliases.py
         if fixed is not None and spec.leading and not spec.trailing:
             refuse_fixed_leading(self.name)
-        result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow, options, fixed)
+        try:
+            result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow,
+                                options, fixed)
+        except outage.Fallback as fallback:  # debounce_on_outage="publish"
+            return fallback.published(self._publish_plainly(
+                args, kwargs, task_id, producer, link, link_error, shadow, plain or {}))
         return light_result(self, result_id(result.task_id, fixed))
+
+    def _publish_plainly(
+        self,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        task_id: str | None,
+        producer: Any,
+        link: Any,
+        link_error: Any,
+        shadow: str | None,
+        options: dict[str, Any],
+    ) -> AsyncResult:
+        """Publish one call as ``debounce=False`` does: with its own options and id,
+        never through the gate; a collect task's run still gets a list (of this call)."""
+        if self._debounce_defaults.debounce_collect:
+            args, kwargs = single_call_args(args, kwargs, task_id), {}
+            options["headers"] = {**(options.get("headers") or {}), COLLECT_HEADER: 1}
+        return super().apply_async(
+            args, kwargs, task_id, producer, link, link_error, shadow, **options)
 
     def _check_eager(
         self,
@@ -353,7 +379,12 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             task_type=self,
             static=None if own else static_routing(app),
         )
-        return enter(store_for(app, call=True), call, fixed)
+        if outage.OPEN:  # a breaker is open in this process: the slow path
+            return outage.gate_guarded(app, call, fixed)
+        try:
+            return enter(store_for(app, call=True), call, fixed)
+        except DebounceBackendError as exc:
+            raise outage.failed(app, spec, self.name, call.key, exc) from exc
 
 
 def send_task(
@@ -403,7 +434,21 @@ def send_task(
         settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
         app=app, task_type=local,
     )
-    return app.AsyncResult(result_id(enter(store_for(app, call=True), call, fixed).task_id, fixed))
+    try:
+        if outage.OPEN:
+            result = outage.gate_guarded(app, call, fixed)
+        else:
+            try:
+                result = enter(store_for(app, call=True), call, fixed)
+            except DebounceBackendError as exc:
+                raise outage.failed(app, spec, name, call.key, exc) from exc
+    except outage.Fallback as fallback:  # debounce_on_outage="publish": no window
+        plain = {k: v for k, v in original.items() if k not in OPTION_NAMES}
+        if spec.collect:  # the run takes a list of calls: one, as debounce=False gives it
+            args, kwargs = single_call_args(args, kwargs, task_id), {}
+            plain["headers"] = {**(plain.get("headers") or {}), COLLECT_HEADER: 1}
+        return fallback.published(app.send_task(name, args, kwargs, task_id=task_id, **plain))
+    return app.AsyncResult(result_id(result.task_id, fixed))
 
 
 def refuse_fixed_leading(name: str) -> None:
