@@ -983,6 +983,18 @@ MUTATIONS: list[Mutation] = [
         "        if False:  # the worker died before the prctl",
         "tests/test_dispatcher_process.py::"
         "test_a_child_whose_worker_died_before_it_started_starts_nothing"),
+    Mutation("the first dispatcher child is forked by the thread that calls start()",
+             "a dispatcher child outlives no supervisor, and the end of the thread that "
+             "started it does not stop it (PR_SET_PDEATHSIG follows the forking thread)",
+             (Edit(PKG + "dispatcher_process.py",
+                   "        self._supervisor.start()\n        self._started.wait()\n",
+                   "        self._spawn()\n        self._supervisor.start()\n"
+                   "        self._started.wait()\n"),
+              Edit(PKG + "dispatcher_process.py",
+                   "        try:\n            if not self._spawn():\n                return\n",
+                   "        try:\n            if self._child is None:\n                return\n")),
+             ("tests/test_dispatcher_process.py::"
+              "test_a_child_started_from_a_thread_that_ends_keeps_running",)),
     one("stop() does not wait for a respawn under way",
         "the worker's stop stops whichever dispatcher child is current",
         PKG + "dispatcher_process.py",
@@ -992,7 +1004,8 @@ MUTATIONS: list[Mutation] = [
     one("a dead dispatcher child is not started again",
         "the worker keeps its embedded dispatcher process running",
         PKG + "dispatcher_process.py",
-        "                if not self._spawn():\n                    return\n            except OSError",
+        "                if not self._spawn():\n                    return\n"
+        "            except OSError",
         "                return\n            except OSError",
         "tests/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
     # -- a Redis clock step (issue 19, suspected item) ---------------------------------

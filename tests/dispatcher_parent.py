@@ -9,6 +9,7 @@ group, so that the test finds its dispatcher child after the worker is gone):
     spawn NAME STALL_MS [HOLD]  start DispatcherProcess(NAME); print "FORKED NAME <worker> <child>"
                                 and wait to be killed. The child first sleeps STALL_MS (a
                                 slow start), or waits until the file HOLD exists
+    thread NAME                 start it from a thread that ends at once; print "FORKED ..."
     race NAME                   start it, SIGKILL the child, call stop() while the supervisor
                                 is forking its replacement; print "STOPPED <seconds>"
 
@@ -65,6 +66,16 @@ def spawn(app: object, name: str, stall_ms: str, hold: str | None) -> None:
         time.sleep(60)
 
 
+def from_thread(app: object, name: str) -> None:
+    process = dp.DispatcherProcess(app, name)  # type: ignore[arg-type]
+    starter = threading.Thread(target=process.start)
+    starter.start()
+    starter.join()
+    print(f"FORKED {name} {os.getpid()} {process.pid}", flush=True)
+    while True:
+        time.sleep(60)
+
+
 def race(app: object, name: str) -> None:
     global FORKING
     dp.RESTART_BACKOFF_S = (0.05, 0.05)
@@ -102,6 +113,8 @@ def main() -> None:
             try:
                 if words[0] == "spawn":
                     spawn(app, words[1], words[2], words[3] if len(words) > 3 else None)
+                elif words[0] == "thread":
+                    from_thread(app, words[1])
                 else:
                     race(app, words[1])
             finally:

@@ -243,6 +243,20 @@ def test_a_child_whose_worker_died_before_it_started_starts_nothing(
     assert "early" not in dict(alive) and "early" not in dict(stopped)
 
 
+def test_a_child_started_from_a_thread_that_ends_keeps_running(
+        redis_server: str, workers: Workers) -> None:
+    """PR_SET_PDEATHSIG fires when the thread that forked ends: the supervisor forks every
+    child, so the thread that called start() may end (before, it forked the first child,
+    which was then stopped and started again)."""
+    workers.send("thread lasting")
+    _, (_, _, worker, child) = workers.line()
+    app = _app(redis_server)
+    wait_until(lambda: "lasting" in _heartbeats(app), 10)
+    time.sleep(1.0)  # a stopped child is gone within a few ticks (0.1 s)
+    assert _alive(int(child)) and _parent(int(child)) == int(worker)
+    assert "lasting" in _heartbeats(app)
+
+
 def test_stop_during_a_respawn_stops_the_new_child(workers: Workers) -> None:
     """stop() called while the supervisor forks a replacement for a dead child: the stop
     waits for that fork and stops the new child (before, it signalled the dead one, and
