@@ -63,7 +63,7 @@ def test_the_wheel_and_the_sdist_ship_the_dashboard_and_the_alert_rules(
     (sdist,) = tmp_path.glob("celery_debounced-*.tar.gz")
     with tarfile.open(sdist) as archive:
         top = archive.getnames()[0].split("/")[0]
-        for name in SHIPPED:
+        for name in (*SHIPPED, "CHANGELOG.md"):
             member = archive.extractfile(f"{top}/{name}")
             assert member is not None and member.read() == (ROOT / name).read_bytes(), name
 
