@@ -47,6 +47,14 @@ _pending: deque[Mark] = deque()
 _state: dict[str, Any] = {"pid": os.getpid(), "thread": None, "dropped": 0}
 
 
+def _forked() -> None:  # a thread that held the lock at the fork is not in the child
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def worth_keeping(exc: BaseException) -> bool:
     """True for an outage (worth retrying), False for an error Redis answered with. A
     mark too few replicas acknowledged (``debounce_redis_wait_replicas``) is retried."""

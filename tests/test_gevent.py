@@ -1,17 +1,31 @@
 """A gevent worker (``celery worker -P gevent``), which the docs name for claim renewal:
 runs happen, their claims are renewed past the lease while a run waits on I/O, and
-``debounce_dispatcher_process`` falls back to a thread there (no fork under gevent)."""
+``debounce_dispatcher_process`` falls back to a thread there (no fork under gevent).
+
+Callers under gevent or eventlet patched after the package was imported (gunicorn
+``--preload``): every call gets its own key's window id, and Redis holds exactly the
+calls that returned (the concurrency model is decided at each call, not at import)."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from fault_app import build
-from helpers import wait_until
-from test_faults import runs, worker_process
+from green_callers import assert_each_call_got_its_window, key_of
+from helpers import stop_process, wait_until
+from test_faults import TESTS, env_for, runs, worker_process
 
 pytest.importorskip("gevent", reason="the test extra installs gevent")  # declared: CI has it
 
@@ -39,3 +53,88 @@ def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
     assert runs(redis_client, "g") == [calls[0].id]  # once
     text = log.read_text()
     assert "ignored under a gevent or eventlet pool" in text, text
+
+
+@pytest.mark.parametrize("model, warm", [
+    ("gevent", "warm"),  # a call before patching kept a connection; it reconnects after
+    ("gevent", "cold"),  # imported only: the first connection is made after patching
+    ("eventlet", "warm"),
+])
+def test_greenlets_patched_after_import_each_get_their_own_reply(
+        redis_server: str, redis_client: redis.Redis, model: str, warm: str) -> None:
+    if model == "eventlet":
+        pytest.importorskip("eventlet", reason="the test extra installs eventlet")
+    # redis-py with hiredis checks a connection with select.poll, which eventlet's
+    # patching removes: eventlet patched after redis was imported needs the plain parser
+    extra = ["--no-hiredis"] if model == "eventlet" else []
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "green_callers.py"), model, warm, f"{redis_server}",
+         "30", "20", *extra],
+        env=env_for(redis_server), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert len(results) == 30 * 20 + (warm == "warm")
+    assert_each_call_got_its_window(redis_server, results)
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=20)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+def _get(conn: _UnixHTTP, key: str) -> tuple[int, str]:
+    conn.request("GET", f"/{key}")
+    reply = conn.getresponse()
+    return reply.status, reply.read().decode()
+
+
+@contextmanager
+def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
+    """``gunicorn --preload -k gevent -w 2`` serving tests/green_wsgi.py on a unix socket."""
+    pytest.importorskip("gunicorn", reason="the test extra installs gunicorn")
+    sock = str(tmp_path / "g.sock")
+    log = (tmp_path / "gunicorn.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--preload", "-k", "gevent", "-w", "2",
+         "--bind", f"unix:{sock}", "green_wsgi:application"],
+        cwd=TESTS, env=dict(env_for(redis_server), GREEN_REDIS=redis_server),
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def answers() -> bool:
+            assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
+            try:
+                return _get(_UnixHTTP(sock), "ready")[0] == 200
+            except OSError:
+                return False
+        wait_until(answers, 30, 0.1)
+        yield sock
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies(
+        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    clients, requests = 30, 8
+    with gunicorn(redis_server, tmp_path) as sock:
+        def client(i: int) -> list[list[Any]]:
+            conn, got = _UnixHTTP(sock), []
+            for j in range(requests):
+                key = key_of(i, j)
+                status, body = _get(conn, key)
+                got += [[key, wid, None] for wid in body.splitlines()] if status == 200 \
+                    else [[key, None, body]] * 3
+            return got
+
+        with ThreadPoolExecutor(clients) as pool:
+            results = [r for got in pool.map(client, range(clients)) for r in got]
+    assert len(results) == clients * requests * 3
+    # the master's call at import, the readiness probe's
+    assert_each_call_got_its_window(redis_server, results, others=("warm", "ready"))

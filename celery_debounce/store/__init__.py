@@ -430,6 +430,14 @@ class WindowStore(ServerCheck, BulkGate, Operators):
 _lock = threading.Lock()
 
 
+def _forked() -> None:  # a thread that held the lock at the fork is not in the child
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def store_for(app: Celery, call: bool = False) -> WindowStore:
     """The app's store in this process (a forked child builds its own).
 

@@ -5,6 +5,7 @@ gate calls (:class:`_Combiner`)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,13 @@ class _Held:
 
 #: reentrant: a collection may drop a _Held (and take it) while this thread holds it
 _holders_lock = threading.RLock()
+
+#: The stdlib's socket and thread-local classes, as this module found them (None: gevent
+#: or eventlet had patched them already). A call that finds either one replaced (patched
+#: after import too) runs as greenlets do: no kept connection, no combiner (see
+#: NodeTransport._evalsha_once).
+_STD_SOCKET: Any = socket.socket if socket.socket.__module__ == "socket" else None
+_STD_LOCAL: Any = threading.local if threading.local.__module__ == "_thread" else None
 
 
 def _forked() -> None:  # in a forked child only the forking thread runs: none holds one
@@ -374,7 +382,11 @@ class NodeTransport(Transport):
         """
         lease = self._lease
         attempts: tuple[int, ...] = (1, 2)
-        if self._combiner is not None and name == "gate" and _Lease.holders > 1:
+        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:
+            # gevent or eventlet patched, maybe after import: greenlets of one thread
+            # would share its kept connection; the pool's checkout is theirs alone
+            lease = None
+        elif self._combiner is not None and name == "gate" and _Lease.holders > 1:
             try:
                 reply = self._combiner.call(
                     name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
