@@ -11,6 +11,10 @@ from .durations import parse_duration
 from .errors import DebounceConfigError
 from .key_templates import KeyTemplate, parse_template
 from .names import PREFIX, unknown_name
+from .settings import OUTAGE_POLICIES, check_on_outage
+
+__all__ = ["OPTION_NAMES", "OUTAGE_POLICIES", "DebounceSpec", "TaskDefaults", "build_spec",
+           "check_on_outage"]
 
 #: The options a task or a call may set.
 OPTION_NAMES = (
@@ -276,24 +280,6 @@ def check_exclusive(value: Any, leading: Any, max_calls: Any) -> bool:
             "by its call cap is published at once and cannot wait for a run of its key to "
             "end; drop debounce_max_calls (the max wait still bounds the window)")
     return exclusive
-
-
-#: The values of ``debounce_on_outage`` (outage.py): what a call does when the windows'
-#: Redis cannot take it.
-OUTAGE_POLICIES = ("raise", "publish")
-
-
-def check_on_outage(value: Any, name: str = "debounce_on_outage",
-                    allow_none: bool = True) -> str | None:
-    """``debounce_on_outage``: ``"raise"`` or ``"publish"`` (None: the setting's)."""
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str) or value not in OUTAGE_POLICIES:
-        raise DebounceConfigError(
-            f"{name}={value!r}: expected one of {', '.join(map(repr, OUTAGE_POLICIES))} "
-            "(what a call does when the windows' Redis cannot take it)"
-        )
-    return value
 
 
 def check_collect_leading(collect: bool, leading: bool) -> bool:

@@ -23,7 +23,6 @@ from .layout import (
     wake_channel,
 )
 from .names import refuse_unknown_settings
-from .options import check_on_outage
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
@@ -86,6 +85,25 @@ def parse_bool(option: str, value: object) -> bool:
         f"{option}={value!r}: expected True or False (or one of the strings "
         "true/false, 1/0, yes/no, on/off)"
     )
+
+
+#: The values of ``debounce_on_outage`` (outage.py): what a call does when the windows'
+#: Redis cannot take it.
+OUTAGE_POLICIES = ("raise", "publish")
+
+
+def check_on_outage(value: Any, name: str = "debounce_on_outage",
+                    allow_none: bool = True) -> str | None:
+    """``debounce_on_outage``: ``"raise"`` or ``"publish"`` (None: the setting's)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or value not in OUTAGE_POLICIES:
+        raise DebounceConfigError(
+            f"{name}={value!r}: expected one of {', '.join(map(repr, OUTAGE_POLICIES))} "
+            "(what a call does when the windows' Redis cannot take it)"
+        )
+    return value
+
 
 
 @dataclass(frozen=True)
