@@ -517,6 +517,39 @@ def check(ctx: click.Context, as_json: bool) -> None:
         ctx.exit(1)
 
 
+@debounce.command(cls=CeleryCommand)
+@click.option("--repair", is_flag=True, cls=CeleryOption, help_group="Doctor",
+              help="Fix what is found, atomically per key (safe to run twice).")
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, cls=CeleryOption,
+              help_group="Doctor", show_default=True,
+              help="Seconds past its lease after which an unreleased claim is a finding.")
+@json_option('a JSON object ({"ok": bool, "findings": [{"check", "key", "task", '
+             '"detail", "repaired"}]})')
+@click.pass_context
+def doctor(ctx: click.Context, repair: bool, grace: float, as_json: bool) -> None:
+    """Check the store's invariants; with --repair, fix what is found.
+
+    Open windows without a due entry, claims past their lease that no dispatcher
+    released, run markers without a live window, held windows whose runner is gone,
+    collect call lists without a window, records without a TTL. Each finding names
+    its key and task. Exit 0 when there is none, else 1 (also after --repair).
+    """
+    from .doctor import CHECKS, diagnose, render
+
+    admin = _admin(ctx)
+    try:
+        findings = diagnose(admin.store, repair=repair, grace_ms=int(grace * 1000))
+    except DebounceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        echo_json({"ok": not findings, "checks": CHECKS,
+                   "findings": [f.as_json() for f in findings]})
+    else:
+        click.echo(render(findings, repair))
+    if findings:
+        ctx.exit(1)
+
+
 debounce.add_command(top)
 
 debounce.add_command(exporter_command)

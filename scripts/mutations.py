@@ -1148,4 +1148,27 @@ MUTATIONS: list[Mutation] = [
         "    _lock = threading.Lock()\n    OPEN.clear()\n",
         "    _lock = threading.Lock()\n",
         "tests/test_outage_policy.py::test_a_forked_child_starts_with_the_breaker_closed"),
+    # -- concurrency models decided at each call, not at import ------------------------
+    one("the kept connection is chosen at import (gevent patched later shares it)",
+        "greenlets patched after import each get their own reply",
+        PKG + "store/node.py",
+        "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
+        "        if _STD_SOCKET is None or _STD_LOCAL is None:",
+        "tests/test_gevent.py::test_greenlets_patched_after_import_each_get_their_own_reply[gevent-cold]",
+        "tests/test_gevent.py::"
+        "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies"),
+    one("store_for's lock is inherited locked by a forked child",
+        "a fork while another thread holds a module lock does not deadlock the child",
+        PKG + "store/__init__.py",
+        "os.register_at_fork(after_in_child=_forked)\n\n\ndef store_for(",
+        "\n\n\ndef store_for(",
+        "tests/test_concurrency_models.py::"
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[store_for]"),
+    one("marks' lock is inherited locked by a forked child",
+        "a fork while another thread holds a module lock does not deadlock the child",
+        PKG + "marks.py",
+        "os.register_at_fork(after_in_child=_forked)\n\n\ndef worth_keeping(",
+        "\n\n\ndef worth_keeping(",
+        "tests/test_concurrency_models.py::"
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]"),
 ]

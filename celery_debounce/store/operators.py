@@ -50,12 +50,13 @@ from ..layout import (
 )
 from ..settings import Settings
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from .doctor import DoctorOps
 from .errors import CancelOutcomeUnknown, translate_errors
 from .server import maxmemory_policy
 from .transport import Transport
 
 
-class Operators:
+class Operators(DoctorOps):
     """Operations of :class:`~celery_debounce.store.WindowStore` for ``celery debounce``
     commands, the admin API, ``top`` and tests."""
 

@@ -1,0 +1,66 @@
+-- doctor_runs.lua: `celery debounce doctor`: debounce_exclusive run markers without a
+-- live window, and held windows whose runner is gone. Decided per ident in this one
+-- script (take.lua sets a marker, finish.lua/expire.lua/take.lua free it and the window
+-- held behind it atomically), so a run starting or ending meanwhile is never a finding.
+--
+-- KEYS[1]  <tag>:held  zset ident -> held since ms; with repair, <ident> leaves it
+-- Touches, by name (same tag):
+--   <tag>:run:<ident>  hash, field id (read; deleted with repair)
+--   <tag>:win:<id>     field st read ("dispatching", "queued", "claimed": live)
+--   <tag>:claims       zset; ZSCORE of a claimed runner (a claim without an entry never
+--                      lapses)
+--   <tag>:open:<ident> EXISTS, field hs read
+--   <tag>:due          zset; with repair, a window held behind a freed key is due now
+-- ARGV[1]  <tag>    ARGV[2]  "1": repair, "0": only report    ARGV[3..]  idents
+--
+-- Returns {ident, problem, runner id or ""} per finding; problem is one of
+-- "run_without_window" (the marker names a record that is gone or not live),
+-- "claim_without_lease" (the marker names a claimed record with no claims entry),
+-- "held_without_run" (held, no marker), "held_without_window" (held, no open window).
+
+--@include now
+
+local tag = ARGV[1]
+local repair = ARGV[2] == '1'
+local found = {}
+local now = nil
+
+local function release(ident)
+  now = now or now_ms()
+  redis.call('DEL', tag .. ':run:' .. ident)
+  if redis.pcall('ZREM', KEYS[1], ident) == 1 and
+      type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
+    redis.call('ZADD', tag .. ':due', now, ident)
+  end
+end
+
+for i = 3, #ARGV do
+  local ident = ARGV[i]
+  local runner = redis.pcall('HGET', tag .. ':run:' .. ident, 'id')
+  local held = redis.pcall('ZSCORE', KEYS[1], ident)
+  if type(runner) == 'string' then
+    local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
+    if st ~= 'dispatching' and st ~= 'queued' and st ~= 'claimed' then
+      found[#found + 1] = {ident, 'run_without_window', runner}
+      if repair then release(ident) end
+    elseif st == 'claimed' and not redis.pcall('ZSCORE', tag .. ':claims', runner) then
+      found[#found + 1] = {ident, 'claim_without_lease', runner}
+      if repair then  -- as a lapsed claim: the run is stale, its key free
+        now = now or now_ms()
+        local key = tag .. ':win:' .. runner
+        redis.call('ZREM', tag .. ':active', runner)
+        redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
+        release(ident)
+      end
+    end
+  elseif type(held) == 'string' then
+    if redis.call('EXISTS', tag .. ':open:' .. ident) == 0 then
+      found[#found + 1] = {ident, 'held_without_window', ''}
+      if repair then redis.call('ZREM', KEYS[1], ident) end
+    else
+      found[#found + 1] = {ident, 'held_without_run', ''}
+      if repair then release(ident) end
+    end
+  end
+end
+return found
