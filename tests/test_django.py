@@ -76,3 +76,42 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool)
     assert run.returncode == 1, out
     assert ("notes.tasks.misspelt: (celery_debounce.E001) debounce_colect=True: unknown task "
             "option of misspelt") in out, out
+
+
+@pytest.mark.slow
+def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
+    tmp_path: Path, redis_server: str, redis_client: object
+) -> None:
+    """The recipe of docs/production.md ("must not lose a run"): the windows' Redis
+    down, the broker up, CELERY_DEBOUNCE_ON_OUTAGE = "publish": the row commits and
+    the on-commit hook publishes the run plainly (a real worker runs it, reading the
+    committed row); under "raise" the hook raises after the commit, as before."""
+    from celery_debounce.testing.servers import free_port
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": redis_server,
+        "DJPROJ_DEAD_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
+        "PYTHONPATH": str(PROJECT),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
+         "--loglevel", "info"],
+        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "outage_scenario.py"], cwd=PROJECT, env=env,
+            capture_output=True, text=True, timeout=90,
+        )
+    finally:
+        log = stop_process(worker, timeout=20)
+    assert run.returncode == 0, run.stdout + run.stderr + log
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["policy"] == "publish"  # CELERY_DEBOUNCE_ON_OUTAGE was read
+    assert out["fallbacks"] == 1
+    assert out["result"] == "saved while Redis was down"  # ran, on the committed row
+    assert out["raise_raised"] == "DebounceBackendError"
+    assert out["raise_row_saved"] is True and out["raise_fallbacks"] == 1

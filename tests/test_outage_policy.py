@@ -109,7 +109,8 @@ def _tasks(app: Celery, ran: list[Any]) -> tuple[Any, Any]:
     @app.task(base=DebouncedTask, shared=False, name="o.collect", debounce="5s",
               debounce_max_wait="10s", debounce_collect=True)
     def collect(calls: list[Any]) -> int:
-        ran.extend(("collect", *call.args) for call in calls)
+        # stamped: published as a list of calls (as debounce=False), not as plain args
+        ran.extend(("collect", *call.args, call.called_at is not None) for call in calls)
         return len(calls)
 
     return work, collect
@@ -124,7 +125,7 @@ def _every_way_in(app: Celery, work: Any, collect: Any) -> list[Any]:
     return results
 
 
-EVERY_CALL = [1, 2, 3, 4, ("collect", 5), 6, 7]
+EVERY_CALL = [1, 2, 3, 4, ("collect", 5, True), 6, 7]
 
 
 def test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it(
