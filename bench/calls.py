@@ -1,4 +1,4 @@
-"""Calls per hot ``.delay()``: the ``sys.setprofile`` count docs/performance.md cites.
+"""Calls per hot ``.delay()``: the ``sys.setprofile`` count docs/benchmark-log.md cites.
 
 ``python -m bench.calls`` starts a fresh redis-server, warms a hot key, then counts
 the function calls of one more ``.delay()`` of the same key (the median of 21
