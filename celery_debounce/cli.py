@@ -50,6 +50,9 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
                 when = f"forced by max wait {when}"
         else:
             when = f"{w.state} (deadline {relative(w.deadline - now)})"
+        if w.held_since is not None:  # its due score is only the next look, not its run
+            when = (f"after {clip(printable(w.waits_for), 36)} ends" if w.waits_for
+                    else "at the next dispatch (its key's run ended)")
         if w.quiet_until is not None:  # a leading run whose quiet period still runs
             when += f", quiet period ends {relative(w.quiet_until - now)}"
         key = clip(printable(w.key), 40)

@@ -140,6 +140,12 @@ class StoreCollector:
             gauge("inflight_windows", "Windows taken and not finished.",
                   value(lambda s: s.leased + s.active)),
             gauge("quarantined_windows", "Windows set aside.", value(lambda s: s.quarantined)),
+            gauge("held_windows", "debounce_exclusive windows held behind a run of their "
+                  "key.", value(lambda s: s.held)),
+            gauge("oldest_held_age_seconds", "How long the longest held window has been "
+                  "held (0: none held).",
+                  value(lambda s: max(0.0, s.at - s.held_windows[0].since)
+                        if s.held_windows else 0.0)),
             gauge("dispatchers_seen", "Dispatchers that took windows within "
                   "debounce_history_ttl.", value(lambda s: len(s.dispatchers))),
             gauge("seconds_since_last_batch", "Seconds since any dispatcher last took "

@@ -38,6 +38,8 @@ Metrics (all labelled ``task``; see docs/operations.md):
   signals.py; ``nack``: a message an AMQP broker refused)
 * ``celery_debounce_windows_quarantined_total{task,kind}``: windows set aside (``kind``:
   message, publish_failed, record)
+* ``celery_debounce_max_wait_violations_total``: runs that started later than their
+  window's ceiling (first call + max wait) plus a tolerance (workers)
 
 :func:`enable` is idempotent: called again with the same registry and namespace it
 returns the same :class:`Metrics` (connected again if it was disabled), so a second
@@ -68,6 +70,7 @@ from .signals import (
     call_suppressed,
     duplicate_skipped,
     leading_run,
+    max_wait_exceeded,
     outage_fallback,
     publish_failed,
     publish_refused,
@@ -84,7 +87,7 @@ from .signals import (
 _SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
             window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
             call_failed, publish_failed, publish_refused, window_quarantined,
-            duplicate_skipped, window_held, outage_fallback)
+            duplicate_skipped, window_held, outage_fallback, max_wait_exceeded)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
@@ -122,6 +125,7 @@ class Metrics:
     held: Any = None
     held_seconds: Any = None
     outage_fallbacks: Any = None
+    max_wait_violations: Any = None
 
     def connect(self) -> None:
         """Connect the signal receivers (again, after :meth:`disable`)."""
@@ -200,6 +204,8 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
                                "breaker).", "reason")
     quarantined = counter("windows_quarantined", "Windows set aside, by kind (message, "
                           "publish_failed, record).", "kind")
+    violations = counter("max_wait_violations", "Runs that started later than their "
+                         "window's ceiling (first call + max wait) plus a tolerance.")
 
     #: (task, outcome) -> the labelled children a producer's call bumps: looked up
     #: once per task, so a call pays two increments and one observation
@@ -267,16 +273,19 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_fallback(sender: str, reason: str = "unreachable", **_: Any) -> None:
         outage_fallbacks.labels(task=sender, reason=reason).inc()
 
+    def on_violation(sender: str, **_: Any) -> None:
+        violations.labels(task=sender).inc()
+
     held_metric = held
     lateness_metric = lateness
     receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
                  on_closed_by_cap, on_leading, on_suppressed, on_call_failed,
                  on_publish_failed, on_publish_refused, on_quarantined, on_duplicate,
-                 on_held, on_fallback)
+                 on_held, on_fallback, on_violation)
     enabled = Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls,
                       lateness, receivers, closed_by_cap, leading_runs, suppressed,
                       call_duration, call_errors, publish_failures, quarantined, calls,
-                      duplicates, held, held_seconds, outage_fallbacks)
+                      duplicates, held, held_seconds, outage_fallbacks, violations)
     enabled.connect()
     done[namespace] = enabled
     return enabled

@@ -74,6 +74,7 @@ __all__ = [
     "call_suppressed",
     "duplicate_skipped",
     "leading_run",
+    "max_wait_exceeded",
     "outage_fallback",
     "publish_failed",
     "publish_refused",
@@ -124,3 +125,7 @@ publish_refused = Signal(name="publish_refused", providing_args={"task_id", "key
 window_quarantined = Signal(
     name="window_quarantined", providing_args={"task_id", "key", "kind", "reason"}
 )
+#: A worker, when a window's run starts later than its ceiling (first call + max wait)
+#: plus ``worker_signals.MAX_WAIT_TOLERANCE_S`` (``late``: seconds past the ceiling,
+#: Redis time). Sent only while something is connected to it.
+max_wait_exceeded = Signal(name="max_wait_exceeded", providing_args={"task_id", "late"})
