@@ -1154,7 +1154,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/node.py",
         "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
         "        if _STD_SOCKET is None or _STD_LOCAL is None:",
-        "tests/test_gevent.py::test_greenlets_patched_after_import_each_get_their_own_reply[gevent-cold]",
+        "tests/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
         "tests/test_gevent.py::"
         "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies"),
     one("store_for's lock is inherited locked by a forked child",

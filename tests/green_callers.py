@@ -1,11 +1,12 @@
-"""Debounced calls from greenlets, with gevent or eventlet patched AFTER celery_debounce
+"""Debounced calls from greenlets under gevent or eventlet, patched after celery_debounce
 was imported and had made a call (its connection kept), as gunicorn ``--preload`` does.
 
-``python green_callers.py <gevent|eventlet|none> <warm|cold> <redis url> [greenlets] [calls]``
-(``warm``: one call before patching, so a connection with a stdlib socket is kept;
-``cold``: the package imported only) prints one JSON list, ``[key, window id or null,
-error or null]`` per call. :func:`assert_each_call_got_its_window` checks such a list
-against Redis (tests/test_gevent.py, tests/test_concurrency_models.py).
+``python green_callers.py <gevent|eventlet|none> <warm|cold|first> <redis url>
+[greenlets] [calls]`` (``warm``: one call before patching, so a connection with a
+stdlib socket is kept; ``cold``: the package imported only; ``first``: patched before
+any import) prints one JSON list, ``[key, window id or null, error or null]`` per
+call. :func:`assert_each_call_got_its_window` checks such a list against Redis
+(tests/test_gevent.py, tests/test_concurrency_models.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from typing import Any
 
 if "--no-hiredis" in sys.argv:  # redis-py's parser then reads without select.poll
     sys.modules["hiredis"] = None  # type: ignore[assignment]
+if __name__ == "__main__" and sys.argv[2:3] == ["first"]:  # as ``celery -P gevent`` does
+    if sys.argv[1] == "gevent":
+        from gevent import monkey
+
+        monkey.patch_all()
+    elif sys.argv[1] == "eventlet":
+        import eventlet
+
+        eventlet.monkey_patch()
 
 from celery import Celery
 
@@ -59,7 +69,7 @@ def key_of(i: int, j: int) -> str:
 
 def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--no-hiredis"]
-    model, warm, url = argv[0], argv[1] == "warm", argv[2]
+    model, warm, patch, url = argv[0], argv[1] == "warm", argv[1] != "first", argv[2]
     greenlets = int(argv[3]) if len(argv) > 3 else 30
     calls = int(argv[4]) if len(argv) > 4 else 20
     task = build(url).tasks["green.debounced"]
@@ -76,7 +86,8 @@ def main(argv: list[str]) -> int:
     if model == "gevent":
         from gevent import monkey
 
-        monkey.patch_all()
+        if patch:
+            monkey.patch_all()
         import gevent
 
         def run() -> None:
@@ -84,7 +95,8 @@ def main(argv: list[str]) -> int:
     elif model == "eventlet":
         import eventlet
 
-        eventlet.monkey_patch()
+        if patch:
+            eventlet.monkey_patch()
         pool = eventlet.GreenPool(greenlets)
 
         def run() -> None:
