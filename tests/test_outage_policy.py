@@ -145,6 +145,27 @@ def test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it(
     assert breaker_for(app) not in outage_module.OPEN  # refused at once: no breaker
 
 
+def test_publish_with_the_redis_stopped_resolves_groups_chains_and_chords(
+    redis_server: str, fallbacks: list[dict[str, Any]],
+) -> None:
+    """Canvas members keep their frozen ids and canvas options in the plain publish."""
+    from celery import chain, chord, group
+
+    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}",
+               debounce_on_outage="publish")
+    work, _ = _tasks(app, [])
+
+    @app.task(shared=False, name="o.total")
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    with running_worker(app):
+        assert group(work.s(10), work.s(11)).apply_async().get(timeout=10) == [10, 11]
+        assert chain(work.s(20), work.s()).apply_async().get(timeout=10) == 20
+        assert chord([work.s(1), work.s(2)], total.s()).apply_async().get(timeout=10) == 3
+    assert len(fallbacks) == 6
+
+
 def test_raise_with_the_redis_stopped_raises_as_before(
     redis_server: str, fallbacks: list[dict[str, Any]],
 ) -> None:
