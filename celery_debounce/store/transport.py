@@ -61,11 +61,45 @@ CHECKOUT_ARGS = _checkout_args()
 
 
 def _reply_or_error(conn: Any) -> Any:
-    """The next reply on ``conn``; an error reply as the exception (not raised)."""
+    """The next reply on ``conn``; an error reply as the exception (not raised). A link
+    error (reset, timeout) is raised: the caller counts every reply not read as lost."""
     try:
         return conn.read_response()
     except (redis.ResponseError, redis.exceptions.BusyLoadingError) as exc:  # LOADING: a reply
         return exc
+
+
+#: A link that failed part-way through a write or a read: a reset, a timeout (redis-py's
+#: is a ``redis.TimeoutError``, not a ``ConnectionError``), or the OS's own error.
+LINK_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def _name(command: Sequence[Any]) -> str:
+    first = command[0] if command else b""
+    return (first.decode() if isinstance(first, bytes) else str(first)).upper()
+
+
+def cut_runs_nothing(wire: Sequence[Sequence[Any]]) -> bool:
+    """True when a write of ``wire`` that failed part-way (a reset or a timeout) ran
+    nothing, so saying "unreachable" (or sending it again) is safe.
+
+    Redis runs a command only once all its bytes arrived. A write that failed never
+    sent its last bytes (redis-py closes the connection with them unsent), so the
+    wire's last command never runs; but whatever the kernel took before, any number of
+    complete commands, may still reach Redis, even after a timeout (a stopped server
+    reads them when it resumes). So nothing ran only when the last command is the one
+    that changes anything: a lone command, one after ``ASKING``, or the ``EXEC`` of
+    the ``MULTI`` the wire opens (the queued commands run only at ``EXEC``). A script
+    then ``WAIT``, or several scripts, may have run in part: their outcome is unknown.
+    """
+    names = [_name(command) for command in wire]
+    while names and names[0] == "ASKING":
+        names.pop(0)
+    if len(names) <= 1:
+        return True
+    return (names[0] == "MULTI" and names[-1] == "EXEC"
+            and not {"MULTI", "EXEC", "DISCARD"} & set(names[1:-1]))
 
 
 class Transport:
@@ -159,8 +193,11 @@ class Transport:
 
         Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
         CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
-        NOSCRIPT of the first command, or a connection that failed while writing. A
-        connection lost or timed out after sending raises
+        NOSCRIPT of the first command, or a write reset part-way of a wire that then
+        ran nothing (:func:`cut_runs_nothing`: one command, or one ``MULTI``/``EXEC``).
+        Such a write that timed out raises ``redis.TimeoutError`` (it did not run; sent
+        again it would wait as long). A write of more (a script then ``WAIT``) that
+        failed, or a connection lost or timed out after sending, raises
         :class:`~celery_debounce.DebounceOutcomeUnknown` (nothing is sent twice).
         """
         asking: tuple[str, int] | None = None
@@ -184,12 +221,15 @@ class Transport:
             try:
                 try:
                     conn.send_packed_command(conn.pack_commands(wire))
-                except (redis.ConnectionError, OSError):
+                except LINK_ERRORS as exc:
                     conn.disconnect()
                     self.refresh_topology()
-                    if attempt >= 2:
+                    if not cut_runs_nothing(wire):  # its first commands may have run
+                        raise _lost(operation or script or commands[0][0], exc,
+                                    cut=True) from exc
+                    if attempt >= 2 or isinstance(exc, redis.TimeoutError):
                         raise
-                    continue  # not sent: safe to send again
+                    continue  # nothing ran: safe to send again
                 replies: list[Any] = []
                 demoted = False
                 for _ in wire:
