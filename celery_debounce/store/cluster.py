@@ -28,9 +28,10 @@ class ClusterTransport(Transport):
     Sent twice: only what :meth:`run` sends (through redis-py's cluster client, which
     retries after a lost reply: scripts a repeat cannot change, and plain commands).
     :meth:`run_once` and :meth:`renew` go through :meth:`send_on_node`, which resends
-    only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a failed
-    write); a reply lost after the write is
-    :class:`~celery_debounce.DebounceOutcomeUnknown`. ``flush_many`` flushes one by
+    only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a write of
+    one command reset part-way); a reply lost after the write, or a failed write of
+    several commands, is :class:`~celery_debounce.DebounceOutcomeUnknown`, a write of
+    one command that timed out unreachable (it did not run). ``flush_many`` flushes one by
     one (redis-py refuses scripts in a cluster pipeline).
     """
 
