@@ -7,6 +7,10 @@ fault is armed; the first command the fault's matcher accepts then gets the faul
   client's connection is closed: the command ran, its reply is lost;
 * ``stall``: forwarded the same way, but the connection stays open and no reply ever
   comes (the client's socket timeout fires);
+* ``stall-write``: the server stops reading at the command (matched as soon as its first
+  items arrived): the commands before it in the same write are forwarded (they run),
+  the part of it read so far too, never its end (it never runs); the client's send
+  buffer fills, so a write larger than the socket buffers (a few MB) times out;
 * ``error``: the command is replaced with an ``EVAL`` that returns ``error`` as an error
   reply (``OOM ...``; ``error-readonly``, ``error-noperm``, ``error-loading``: READONLY,
   NOPERM, LOADING), so Redis answers it, in order, without running it;
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -37,7 +42,7 @@ ERRORS = {
     "error-noperm": b"NOPERM this user has no permissions to run the 'evalsha' command",
     "error-loading": b"LOADING Redis is loading the dataset in memory (injected)",
 }
-FAULTS = ("drop", "stall", *ERRORS, "noscript", "refuse")
+FAULTS = ("drop", "stall", "stall-write", *ERRORS, "noscript", "refuse")
 _ERROR_SCRIPT = b"return redis.error_reply(ARGV[1])"
 
 
@@ -65,6 +70,22 @@ def parse_command(buf: bytes, start: int) -> tuple[Command, int] | None:
         items.append(buf[end + 2:end + 2 + size])
         pos = end + 2 + size + 2
     return items, pos
+
+
+def parse_head(buf: bytes, start: int) -> Command:
+    """The items already complete of the RESP array that starts at ``buf[start:]``."""
+    items: Command = []
+    end = buf.find(b"\r\n", start)
+    if buf[start:start + 1] != b"*" or end < 0:
+        return items
+    pos = end + 2
+    for _ in range(int(buf[start + 1:end])):
+        end = buf.find(b"\r\n", pos)
+        if end < 0 or len(buf) < end + 2 + int(buf[pos + 1:end]) + 2:
+            break
+        items.append(buf[end + 2:end + 2 + int(buf[pos + 1:end])])
+        pos = end + 2 + len(items[-1]) + 2
+    return items
 
 
 def pack(*items: bytes) -> bytes:
@@ -137,7 +158,7 @@ class FaultProxy:
             refusing = self._fault == "refuse"
             self._fault = None
             if refusing and self._listener is None:
-                self._listener = socket.create_server(("127.0.0.1", self.port))
+                self._listener = _listen_again(self.port)
                 self._accepting = threading.Thread(target=self._accept, daemon=True)
                 self._accepting.start()
 
@@ -161,6 +182,13 @@ class FaultProxy:
                 self._fault = None
             self.fired += 1
             return fault
+
+    def _stalls_write(self, head: Command) -> bool:
+        """A ``stall-write`` taken by the first items of a command still arriving."""
+        with self._lock:
+            if self._fault != "stall-write" or not head or not self._match(head):
+                return False
+        return self._take(head) == "stall-write"
 
     def _accept(self) -> None:
         listener = self._listener
@@ -211,6 +239,10 @@ class FaultProxy:
                     pos = end
                     name = cmd[0].upper() if cmd else b""
                     fault = None if cut else self._take(cmd)
+                    if fault == "stall-write":  # it stops reading before the end
+                        out.append(raw[:-2])
+                        cut = fault
+                        break
                     if fault is not None and fault not in ("drop", "stall"):
                         raw = pack(b"EVAL", _ERROR_SCRIPT, b"0", self._error)
                     if name == b"MULTI":
@@ -223,6 +255,11 @@ class FaultProxy:
                         cut = fault
                     if cut and not in_multi:
                         break
+                if not cut and self._stalls_write(parse_head(buf, pos)):
+                    out.append(buf[pos:])  # what arrived of it (never its end)
+                    pos, cut = len(buf), "stall-write"
+                if cut == "stall-write":
+                    muted.set()  # a stopped server answers nothing
                 buf = buf[pos:]
                 upstream.sendall(b"".join(out))
                 if cut:
@@ -232,7 +269,7 @@ class FaultProxy:
                         self._then_refuse = False
                         self.refuse()
                         self.fired -= 1  # one fault
-                    self._linger(upstream, client if cut == "stall" else None)
+                    self._linger(upstream, None if cut == "drop" else client)
                     return
         except OSError:
             pass
@@ -249,6 +286,19 @@ class FaultProxy:
                     if client not in self._clients:
                         break
             _close(client)
+
+
+def _listen_again(port: int) -> socket.socket:
+    """A listener on ``port`` again: the closed one stays bound until the accept that
+    waited on it returns (up to its 0.1 s poll)."""
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            return socket.create_server(("127.0.0.1", port))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _close(sock: socket.socket) -> None:

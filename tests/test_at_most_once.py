@@ -4,7 +4,9 @@ Each non-idempotent operation (the gate in its plain, collect, leading+trailing 
 capped forms and with WAIT, a bulk chunk with and without WAIT, cancel, flush, flush
 of many, take, claim, finish, quarantine) runs through the fault proxy
 (tests/fault_proxy.py) under each fault: the reply lost after the command ran
-(``drop``), a server that never answers (``stall``), an error reply (``error``: OOM;
+(``drop``), a server that never answers (``stall``), a server that stops reading
+mid-command (``stall-write``: a gate call or bulk chunk then carries a few MB, so its
+write times out), an error reply (``error``: OOM;
 ``error-readonly``, ``error-noperm``, ``error-loading``), NOSCRIPT (``noscript``: it did
 not run, sent again once loaded),
 every connection refused (``refuse``). Every case checks, from Redis: the operation's
@@ -22,6 +24,7 @@ closed a ``max_calls=2`` window, cancel deleted the window then raised WindowNot
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +60,17 @@ class Case:
     recovers: bool = False  # learns its outcome after a lost reply (may succeed)
     several: bool = False  # several scripts in one write: the others than the one hit run
     waited: bool = False  # with debounce_redis_wait_replicas=1 (each write then WAIT)
+    heavy: bool = False  # carries BIG under stall-write: its write times out
+
+
+#: What a heavy case's call carries under ``stall-write``: more than the client's send
+#: buffer and the proxy's receive buffer hold (about 3.5 MB on loopback), so its write
+#: times out (each such case checks the timeout was the write's).
+BIG = "x" * 6_000_000
+
+
+def _big(app: Celery) -> tuple[str, ...]:
+    return (BIG,) if app.conf.get("test_heavy") else ()
 
 
 def _task(app: Celery, **options: Any) -> Any:
@@ -97,12 +111,12 @@ def _taken(app: Celery, r: redis.Redis, claimed: bool = False) -> str:
 
 def gate_plain(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app)
-    return lambda: work.delay(1)
+    return lambda: work.delay(1, *_big(app))
 
 
 def gate_collect(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce_collect=True)
-    return lambda: work.delay(1)
+    return lambda: work.delay(1, *_big(app))
 
 
 def collected(r: redis.Redis) -> int:
@@ -111,7 +125,7 @@ def collected(r: redis.Redis) -> int:
 
 def gate_leading(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce_leading=True, debounce_trailing=True)
-    return lambda: work.delay(1)
+    return lambda: work.delay(1, *_big(app))
 
 
 def windows(r: redis.Redis) -> int:
@@ -120,13 +134,13 @@ def windows(r: redis.Redis) -> int:
 
 def gate_capped(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce_max_calls=2)
-    return lambda: work.delay(1)
+    return lambda: work.delay(1, *_big(app))
 
 
 def bulk(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce_key="{0}")
     enqueue_many(work, [(("warm",), {})])  # the script loaded: the act is its chunk alone
-    return lambda: enqueue_many(work, [((i,), {}) for i in range(3)])
+    return lambda: enqueue_many(work, [((i, *_big(app)), {}) for i in range(3)])
 
 
 def most_calls(r: redis.Redis) -> int:
@@ -209,17 +223,17 @@ def take(app: Celery, r: redis.Redis) -> Callable[[], Any]:
 
 CASES = {
     "take": Case("take", take, _evalshas),
-    "gate": Case("gate", gate_plain, _calls),
-    "gate-collect": Case("gate", gate_collect, collected),
-    "gate-leading-trailing": Case("gate", gate_leading, windows),
-    "gate-max-calls-2": Case("gate", gate_capped, _calls),
-    "bulk-chunk": Case("gate", bulk, most_calls, recovers=True, several=True),
+    "gate": Case("gate", gate_plain, _calls, heavy=True),
+    "gate-collect": Case("gate", gate_collect, collected, heavy=True),
+    "gate-leading-trailing": Case("gate", gate_leading, windows, heavy=True),
+    "gate-max-calls-2": Case("gate", gate_capped, _calls, heavy=True),
+    "bulk-chunk": Case("gate", bulk, most_calls, recovers=True, several=True, heavy=True),
     "cancel": Case("cancel", cancel, cancelled, recovers=True),
     "flush": Case("flush", flush, flushed),
     "flush-all": Case("flush", flush_all, flushed_each, several=True),
-    "gate-wait-replicas": Case("gate", gate_plain, _calls, waited=True),
+    "gate-wait-replicas": Case("gate", gate_plain, _calls, waited=True, heavy=True),
     "bulk-chunk-wait-replicas": Case("gate", bulk, most_calls, recovers=True, several=True,
-                                     waited=True),
+                                     waited=True, heavy=True),
     "claim": Case("claim", _mark("claim"), _evalshas),
     "finish": Case("finish", _mark("finish"), _evalshas),
     "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
@@ -247,8 +261,10 @@ def test_every_script_is_sent_at_most_once_under_every_fault(
     case = CASES[name]
     if case.waited:
         request.getfixturevalue("replica")
+    heavy = case.heavy and fault == "stall-write"
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(case.waited))
+                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(case.waited),
+                   debounce_max_payload_bytes=2 * len(BIG), test_heavy=heavy)
     store = store_for(app)
     for script in store.scripts.values():  # a lost NOSCRIPT reply would prove nothing
         redis_client.script_load(script.script)
@@ -279,6 +295,19 @@ def test_every_script_is_sent_at_most_once_under_every_fault(
         assert app.AsyncResult(app.conf.test_window_id).state == "REVOKED"
     if fault == "noscript":
         assert error is None and effect == 1
+    elif fault == "stall-write":  # Redis never got its end: it did not run
+        assert effect == int(error is None), f"{name}: {effect} runs, error {error!r}"
+        assert error is not None or case.recovers, f"{name}: no error after a lost write"
+        if heavy:
+            assert error is not None and "Timeout writing" in str(error.__cause__ or error)
+        if heavy and not case.waited and not case.several:
+            # one command, cut part-way: unreachable, not unknown; not sent again
+            assert not isinstance(error, DebounceOutcomeUnknown), repr(error)
+        elif heavy and case.waited and not case.recovers:
+            # the script then WAIT: the script may be complete, so unknown, never resent
+            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
+        elif error is not None and not case.recovers:  # a small write: its reply lost
+            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
     elif fault.startswith("error") or fault == "refuse":
         assert error is not None
         if not case.several:
@@ -346,3 +375,83 @@ def test_a_cancel_whose_reply_is_lost_while_redis_stays_down_is_revoked_once_it_
     fault_proxy.disarm()
     wait_until(lambda: app.AsyncResult(first.id).state == "REVOKED", 10)
     assert not list(redis_client.scan_iter(match=f"{TAG}:cancelled:*"))  # read, deleted
+
+
+def test_a_combined_write_of_gate_calls_that_times_out_makes_each_of_them_unknown(
+    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """Gate calls of three threads; the second and third queue behind the first (held by
+    CLIENT PAUSE) and go in one write (the combiner). Redis stops reading once the
+    second call arrived complete, in the third's several MB: the write times out. The
+    second call ran, so both callers of that write are told the outcome is unknown
+    (before, the one that sent it was told "unreachable")."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0, debounce_max_payload_bytes=2 * len(BIG))
+    work = _task(app, debounce_key="{0}")
+    store = store_for(app)
+    combiner = store.transport._combiner
+    assert combiner is not None, "the combiner needs hiredis"
+    go = {key: threading.Event() for key in ("first", "second", "big")}
+    errors: dict[str, BaseException | None] = {}
+
+    def caller(key: str) -> None:  # keeps its thread (and kept connection) alive
+        work.delay(f"warm-{key}")
+        go[key].wait(30)
+        try:
+            work.delay(key, *((BIG,) if key == "big" else ()))
+            errors[key] = None
+        except BaseException as exc:
+            errors[key] = exc
+
+    threads = [threading.Thread(target=caller, args=(key,), daemon=True) for key in go]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(_records(redis_client)) == 3, 10)
+    fault_proxy.arm("stall-write", lambda cmd: len(cmd) > 3 and cmd[3].endswith(b":big"))
+    redis_client.client_pause(20_000, all=False)  # the first call's script waits in Redis
+    try:
+        go["first"].set()
+        wait_until(lambda: combiner.busy, 10)  # in flight until the pause ends
+        go["second"].set()
+        wait_until(lambda: len(combiner.waiting) == 1, 10)
+        go["big"].set()
+        wait_until(lambda: len(combiner.waiting) == 2, 10)
+    finally:
+        redis_client.client_unpause()
+    for thread in threads:
+        thread.join(15)
+    assert fault_proxy.fired == 1, "the fault was not injected"
+    assert errors["first"] is None
+    opened = [k for k in redis_client.scan_iter(match=f"{TAG}:open:*")]
+    assert [k for k in opened if k.endswith(b":second")], opened  # it reached Redis, ran
+    assert not [k for k in opened if k.endswith(b":big")], opened
+    for key in ("second", "big"):
+        assert isinstance(errors[key], DebounceOutcomeUnknown), f"{key}: {errors[key]!r}"
+        assert "outcome is unknown" in str(errors[key])
+
+
+@pytest.mark.parametrize("waited", [False, True], ids=["alone", "then-wait"])
+def test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wait(
+    waited: bool, fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Redis stops reading in a call's several MB, then the link is reset (every
+    connection closed, new ones refused): the client's write fails part-way with a
+    ConnectionError. Alone, the call did not run (its end never left): it is sent once
+    more, refused, and reported unreachable. Followed by WAIT, the write may have ended
+    after the script: the outcome is unknown (before, it was sent again)."""
+    if waited:
+        request.getfixturevalue("replica")
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(waited),
+                   debounce_max_payload_bytes=2 * len(BIG))
+    work = _task(app)
+    work.delay(0)
+    fault_proxy.arm("stall-write", evalsha_of(store_for(app).scripts["gate"].sha),
+                    then_refuse=True)
+    with pytest.raises(DebounceBackendError) as raised:
+        work.delay(1, BIG)
+    fault_proxy.disarm()
+    assert fault_proxy.fired == 1
+    assert _calls(redis_client) == 1  # its end never reached Redis
+    assert isinstance(raised.value, DebounceOutcomeUnknown) == waited, repr(raised.value)

@@ -15,7 +15,7 @@ from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
 from ..settings import Settings
 from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from .errors import _translated, is_outage, translate_errors
-from .transport import CHECKOUT_ARGS, Transport, _reply_or_error
+from .transport import CHECKOUT_ARGS, Transport, _reply_or_error, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..call import PreparedCall
@@ -113,7 +113,9 @@ class BulkGate:
 
         Each chunk is one ``MULTI``/``EXEC`` transaction that also sets a short-lived
         marker key, so a chunk runs entirely or not at all, and after a connection
-        error the marker tells whether an unanswered chunk ran. Chunk ``k + 1`` is
+        error the marker tells whether an unanswered chunk ran (a chunk whose write
+        failed part-way did not: its ``EXEC`` never ended; with ``WAIT`` after the
+        ``EXEC`` it may have, and its marker says). Chunk ``k + 1`` is
         sent before the replies of chunk ``k`` are read, so the client's work overlaps
         Redis running the scripts. NOSCRIPT replies are run again once the script is
         loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
@@ -180,9 +182,14 @@ class BulkGate:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
                 marker = f"{marker_prefix}{start}"
-                conn.send_packed_command(conn.pack_commands(
-                    self._chunk_commands(script.sha, calls, chunk, marker, waited)))
-                sent.append((marker, chunk))
+                wire = self._chunk_commands(script.sha, calls, chunk, marker, waited)
+                sent.append((marker, chunk))  # its marker says whether it ran
+                try:
+                    conn.send_packed_command(conn.pack_commands(wire))
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    if cut_runs_nothing(wire):  # cut before its EXEC's end: it did not run
+                        sent.pop()
+                    raise  # else (EXEC then WAIT) its EXEC may be complete: it may have run
                 if len(sent) > 1:
                     _read_chunk(conn, sent[0][1], outcomes, missing)
                     if waited:

@@ -53,10 +53,13 @@ class NotReplicated(DebounceOutcomeUnknown):
         self.reply = reply
 
 
-def _lost(operation: str, exc: BaseException) -> DebounceOutcomeUnknown:
-    """The reply of a command that reached Redis was lost: say that it may have run."""
+def _lost(operation: str, exc: BaseException, cut: bool = False) -> DebounceOutcomeUnknown:
+    """The reply of a command that reached Redis was lost, or (``cut``) a write of
+    several commands failed part-way, its first ones maybe complete: say that it may
+    have run."""
+    what = "its write cut off part-way" if cut else "its reply lost"
     return DebounceOutcomeUnknown(redact(
-        f"debounce Redis unreachable during {operation}, its reply lost ({exc}); the "
+        f"debounce Redis unreachable during {operation}, {what} ({exc}); the "
         "outcome is unknown: it may or may not have run, and it was not sent again"))
 
 

@@ -19,7 +19,14 @@ from ..sentinel import redact
 from ..settings import Settings
 from .errors import _lost, _refused_by_a_replica, _translated, translate_errors
 from .server import _PooledCommands
-from .transport import CHECKOUT_ARGS, Transport, _checkout_args, _reply_or_error
+from .transport import (
+    CHECKOUT_ARGS,
+    LINK_ERRORS,
+    Transport,
+    _checkout_args,
+    _reply_or_error,
+    cut_runs_nothing,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .operators import Operators
@@ -136,7 +143,7 @@ def _pack(conn: Any, command: tuple[Any, ...]) -> Any:
 
 
 class _NotSent(Exception):
-    """A lone call's command could not be written: nothing reached Redis."""
+    """A lone call's command could not be written (a reset part-way): it did not run."""
 
 
 class _Slot:
@@ -168,9 +175,12 @@ class _Combiner:
     (auto-pipelining, as ioredis does). Each call gets its own reply or error: an
     error reply concerns only its call (it did not run); a connection lost while
     reading makes every call still unanswered :class:`DebounceOutcomeUnknown` (each
-    may have run; nothing is sent again); a write that fails sends a lone call once
-    more on a fresh connection, as before, but makes every call of a larger batch an
-    unknown outcome (a part of the write may have reached Redis).
+    may have run; nothing is sent again). A write that fails part-way never sent its
+    last bytes, so a lone call did not run: reset, it is sent once more on a fresh
+    connection; timed out, it is reported unreachable (sent again it would wait as
+    long). A failed write of a larger batch, reset or timed out, makes every call of it
+    an unknown outcome: its first calls may have reached Redis complete
+    (:func:`~celery_debounce.store.transport.cut_runs_nothing`).
     """
 
     def __init__(self, lease: _Lease) -> None:
@@ -232,6 +242,9 @@ class _Combiner:
         conn = self.lease.checkout()
         try:
             conn.send_packed_command([command])
+        except redis.TimeoutError:
+            conn.disconnect()
+            raise  # cut part-way, so it did not run: unreachable, not sent again
         except (redis.ConnectionError, OSError):
             conn.disconnect()
             raise _NotSent() from None
@@ -272,10 +285,11 @@ class _Combiner:
         try:
             conn.send_packed_command(
                 [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)])
-        except (redis.ConnectionError, OSError) as exc:
+        except LINK_ERRORS as exc:  # a timeout too: redis-py's is no ConnectionError
             conn.disconnect()
-            for slot in batch:
-                slot.error = _NotSent() if len(batch) == 1 else _lost(name, exc)
+            for slot in batch:  # a lone call did not run; a batch's first ones may have
+                slot.error = (_lost(name, exc, cut=True) if len(batch) > 1
+                              else exc if isinstance(exc, redis.TimeoutError) else _NotSent())
             return
         for i, slot in enumerate(batch):
             try:
@@ -322,9 +336,11 @@ class NodeTransport(Transport):
     Sent twice: only what :meth:`run` sends (scripts a repeat cannot change, and
     plain commands, through the client's ``Retry(..., 1)``). :meth:`run_once`,
     :meth:`pipeline_once` and :meth:`send_on_node` write a command again only when
-    nothing reached Redis: the write failed, NOSCRIPT, or a demoted master's
-    READONLY; a reply lost after the write is
-    :class:`~celery_debounce.DebounceOutcomeUnknown`.
+    it did not run: a write of it alone reset part-way, NOSCRIPT, or a demoted
+    master's READONLY; a reply lost after the write, or a failed write of several
+    commands (the first ones may be complete), is
+    :class:`~celery_debounce.DebounceOutcomeUnknown`. A write of one command that
+    timed out is unreachable (it did not run) and not sent again.
     """
 
     direct = True
@@ -353,8 +369,10 @@ class NodeTransport(Transport):
         """Run a script that must not run twice (every script that writes windows but
         ``ack`` and ``release``): it is sent at most once.
 
-        A command that could not be written (a pooled connection the server closed) is
-        sent once more on a fresh connection; NOSCRIPT (it did not run) loads the script
+        A command whose write was reset (a pooled connection the server closed) is
+        sent once more on a fresh connection (a write cut part-way never runs: its last
+        bytes never left); one that timed out while written is reported unreachable,
+        not sent again; NOSCRIPT (it did not run) loads the script
         and sends it again; a connection lost or timed out while waiting for the reply
         raises :class:`~celery_debounce.DebounceOutcomeUnknown` (it may have run). This
         is every call's hot path: one EVALSHA on a pooled connection, without redis-py's
@@ -405,11 +423,13 @@ class NodeTransport(Transport):
                 try:
                     conn.send_packed_command(
                         _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
-                except (redis.ConnectionError, OSError):
+                except LINK_ERRORS as exc:
+                    # cut part-way, so it did not run: reset, once more on a fresh
+                    # connection; timed out, unreachable (again it would wait as long)
                     conn.disconnect()
-                    if attempt == 2:
+                    if attempt == 2 or isinstance(exc, redis.TimeoutError):
                         raise
-                    continue  # nothing reached Redis: a fresh connection, once more
+                    continue
                 try:
                     return conn.read_response()
                 except (redis.ResponseError, redis.exceptions.BusyLoadingError):
@@ -432,7 +452,9 @@ class NodeTransport(Transport):
         of a single node, each sent at most once (like :meth:`run_once`): the calls that
         met NOSCRIPT (they did not run) are sent again once the script is loaded; a
         lost reply raises :class:`~celery_debounce.DebounceOutcomeUnknown`. An error
-        reply of one call is raised after every reply was read."""
+        reply of one call is raised after every reply was read. A write that fails
+        part-way (reset or timed out) of several calls is an unknown outcome too (the
+        first ones may be complete); of one call alone, unreachable (it did not run)."""
         script = self.scripts[name]
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
@@ -440,19 +462,24 @@ class NodeTransport(Transport):
         with translate_errors(name):
             for _ in (1, 2):
                 conn: Any = pool.get_connection(*CHECKOUT_ARGS)
+                wire = [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                        for i in todo]
+                written = False
                 try:
-                    conn.send_packed_command(conn.pack_commands(
-                        [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                         for i in todo]))
+                    conn.send_packed_command(conn.pack_commands(wire))
+                    written = True
                     for k, i in enumerate(todo):
                         replies[i] = _reply_or_error(conn)
                         if isinstance(replies[i], redis.exceptions.BusyLoadingError):
                             for j in todo[k:]:  # refused too (redis-py closed the connection)
                                 replies[j] = replies[i]
                             break
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                except LINK_ERRORS as exc:
                     conn.disconnect()
-                    raise _lost(name, exc) from exc
+                    if (not written and len(todo) == len(calls) and cut_runs_nothing(wire)
+                            and isinstance(exc, redis.RedisError)):
+                        raise  # one call, cut part-way, nothing before it: it did not run
+                    raise _lost(name, exc, cut=not written) from exc
                 except BaseException:
                     conn.disconnect()
                     raise
