@@ -295,6 +295,67 @@ def test_a_forked_child_starts_with_the_breaker_closed(
     assert outage_module.OPEN  # the parent's stays open
 
 
+GREEN_CALLERS = r"""
+import json, socket, sys, time
+from celery import Celery
+from celery_debounce import DebouncedTask  # imported before the patching (--preload)
+from gevent import monkey
+monkey.patch_all()
+import gevent
+from celery_debounce import outage
+
+silent = socket.socket()
+silent.bind(("127.0.0.1", 0))
+silent.listen(64)
+app = Celery("green", set_as_current=False)
+app.conf.update(broker_url=sys.argv[1] + "/1", debounce_redis_timeout=1.0,
+                debounce_redis_url=f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+                debounce_outage_probe_interval=0.3)
+
+@app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+def job(x): pass
+
+def timed(x):
+    start = time.monotonic()
+    try:
+        job.delay(x)
+    except outage.DebounceBreakerOpen:
+        return time.monotonic() - start, "open"
+    except Exception as exc:
+        return time.monotonic() - start, type(exc).__name__
+    return time.monotonic() - start, "ok"
+
+first = timed(0)
+time.sleep(0.4)  # past the probe interval: the next call probes
+started = time.monotonic()
+greenlets = [gevent.spawn(timed, i) for i in range(20)]
+gevent.joinall(greenlets, timeout=10)
+print(json.dumps({"first": first, "calls": [g.value for g in greenlets],
+                  "wall": time.monotonic() - started}))
+"""
+
+
+def test_greenlets_patched_after_import_share_one_probe_and_never_block_each_other(
+    redis_server: str,
+) -> None:
+    """gevent patched after the package was imported: while one greenlet probes (it
+    waits the timeout), the others skip Redis at once; none waits on another."""
+    pytest.importorskip("gevent")
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", GREEN_CALLERS, redis_server],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["first"][0] >= TIMEOUT * 0.9 and out["first"][1] != "open"
+    probes = [c for c in out["calls"] if c[1] != "open"]
+    skipped = [c for c in out["calls"] if c[1] == "open"]
+    assert len(probes) == 1 and probes[0][0] >= TIMEOUT * 0.9, out
+    assert len(skipped) == 19 and max(t for t, _ in skipped) < TIMEOUT / 2, out
+
+
 @pytest.mark.parametrize(("fault", "kind"), [
     ("error", "refused"), ("error-readonly", "refused"), ("error-loading", "refused"),
     ("error-noperm", None), ("drop", "unknown"),
