@@ -1179,4 +1179,19 @@ MUTATIONS: list[Mutation] = [
         "\n\n\ndef worth_keeping(",
         "tests/test_concurrency_models.py::"
         "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]"),
+    one("a run past its ceiling is not counted as a max-wait violation",
+        "max_wait_violations_total counts each run that starts past its ceiling plus the "
+        "tolerance",
+        PKG + "worker_signals.py",
+        "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000:\n",
+        "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000 + 60_000:\n",
+        "tests/test_operator_signals.py::"
+        "test_a_run_past_its_ceiling_counts_one_max_wait_violation"),
+    one("inspect shows a held window's next look as when it runs",
+        "inspect shows a held window as running after the window it waits for ends",
+        PKG + "cli.py",
+        "        if w.held_since is not None:  # its due score is only the next look, not its run\n",
+        "        if False:\n",
+        "tests/test_operator_signals.py::"
+        "test_inspect_shows_a_held_window_as_after_its_runner_ends"),
 ]

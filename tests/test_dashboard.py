@@ -171,7 +171,7 @@ def test_alerting_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = subprocess.run(["promtool", "check", "rules", str(ALERTS)],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 9 rules found" in checked.stdout
+    assert "SUCCESS: 11 rules found" in checked.stdout
     tested = subprocess.run(["promtool", "test", "rules", ALERT_TESTS.name], cwd=ALERT_TESTS.parent,
                             capture_output=True, text=True, timeout=60)
     assert tested.returncode == 0, tested.stdout + tested.stderr
@@ -365,7 +365,7 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
         # every target scraped, and the alerting rules loaded without error
         stack.wait_scraped()
         groups = prometheus.api("rules")["groups"]
-        assert [r["health"] for g in groups for r in g["rules"]] == ["ok"] * 9
+        assert [r["health"] for g in groups for r in g["rules"]] == ["ok"] * 11
         redis_client.zadd("debounce:{0}:quarantine", {f"set-aside-{i}": 1
                                                        for i in range(HAND_QUARANTINED)})
 

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
 from ..layout import key_slot
 from ..settings import Settings
 from .errors import _translated
-from .transport import Transport
+from .transport import RenewalLink, Transport
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..call import PreparedCall
@@ -27,8 +28,8 @@ class ClusterTransport(Transport):
 
     Sent twice: only what :meth:`run` sends (through redis-py's cluster client, which
     retries after a lost reply: scripts a repeat cannot change, and plain commands).
-    :meth:`run_once` and :meth:`renew` go through :meth:`send_on_node`, which resends
-    only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a write of
+    :meth:`run_once` goes through :meth:`send_on_node` (and :meth:`renew` after a
+    redirection), which resends only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a write of
     one command reset part-way); a reply lost after the write, or a failed write of
     several commands, is :class:`~celery_debounce.DebounceOutcomeUnknown`, a write of
     one command that timed out unreachable (it did not run). ``flush_many`` flushes one by
@@ -81,13 +82,25 @@ class ClusterTransport(Transport):
         return [self.client.get_redis_connection(node) for node in self.client.get_primaries()]
 
     def renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
-        """One write per master (redis-py's cluster pipeline refuses EVALSHA)."""
-        by_node: dict[str, list[str]] = {}
+        """One write per master (redis-py's cluster pipeline refuses EVALSHA), on the
+        renewer's own connection to it (:class:`RenewalLink`: a failed attempt costs one
+        timeout); a redirection (the slot moved: nothing ran) is followed by
+        :meth:`send_on_node`."""
+        by_node: dict[str, tuple[Any, list[str]]] = {}
         for key in held:
-            by_node.setdefault(self.client.get_node_from_key(key).name, []).append(key)
-        for keys in by_node.values():
-            self.send_on_node(keys[0], [("EVALSHA", sha, 1, key, lease, *held[key])
-                                        for key in keys], "renew", operation="renew")
+            node = self.client.get_node_from_key(key)
+            by_node.setdefault(node.name, (node, []))[1].append(key)
+        links: dict[str, RenewalLink] = self.__dict__.setdefault("_renewals", {})
+        for name, (node, keys) in by_node.items():
+            commands = [("EVALSHA", sha, 1, key, lease, *held[key]) for key in keys]
+            link = links.get(name) or links.setdefault(name, RenewalLink())
+            try:
+                link.send(self.client.get_redis_connection(node).connection_pool, commands)
+            except (MovedError, AskError, TryAgainError, ClusterDownError):
+                self.send_on_node(keys[0], commands, "renew", operation="renew")
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                self.refresh_topology()  # a failed-over master: its replica is found
+                raise
 
     def gate_many(self, store: BulkGate, calls: Sequence[PreparedCall], chunk_size: int,
                   on_chunk: Any, outcomes: list[Any], missing: list[int]) -> None:

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import (
     AskError,
@@ -33,6 +36,7 @@ from redis.exceptions import (
     NoScriptError,
     TryAgainError,
 )
+from redis.retry import Retry
 
 from ..errors import DebounceBackendError
 from ..sentinel import redact
@@ -102,6 +106,47 @@ def cut_runs_nothing(wire: Sequence[Sequence[Any]]) -> bool:
             and not {"MULTI", "EXEC", "DISCARD"} & set(names[1:-1]))
 
 
+class RenewalLink:
+    """The renewer's own connection to one node: built from the node's pool settings
+    but without redis-py's retry, which would connect, or wait for a reply, twice
+    before failing (a renewal is retried by the renewer, promptly, within the lease).
+    Not taken from the pool: runs that exhaust it cannot delay a renewal. One per
+    transport and process (a forked child builds its own); renewals come from one
+    thread, the lock only guards against a second caller."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Any = None
+        self.pool: Any = None
+        self.pid = 0
+
+    def send(self, pool: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` in one write, read every reply; raise the first error reply
+        (NOSCRIPT included), or the connection's error (the connection is dropped)."""
+        with self.lock:
+            conn = self._connection(pool)
+            try:
+                if conn._sock is not None and conn.can_read():  # closed by the server
+                    conn.disconnect()
+                conn.send_packed_command(conn.pack_commands(commands))
+                replies = [_reply_or_error(conn) for _ in commands]
+            except BaseException:
+                conn.disconnect()  # a reply may still come: never reuse
+                raise
+        error = next((r for r in replies if isinstance(r, Exception)), None)
+        if error is not None:
+            raise error
+        return replies
+
+    def _connection(self, pool: Any) -> Any:
+        if self.conn is None or self.pool is not pool or self.pid != os.getpid():
+            if self.conn is not None and self.pid == os.getpid():
+                self.conn.disconnect()
+            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+            self.conn, self.pool, self.pid = pool.connection_class(**kwargs), pool, os.getpid()
+        return self.conn
+
+
 class Transport:
     """Any client redis-py's API covers that is not redis-py's own client of one node
     or a cluster (fakeredis, a single-connection client, a client of the caller's).
@@ -167,7 +212,20 @@ class Transport:
         return [self.client]
 
     def renew(self, sha: str, held: dict[str, list[str]], lease: int) -> None:
-        """``renew.lua`` for each claims key of ``held``: one pipeline."""
+        """``renew.lua`` for each claims key of ``held``: one round trip, tried once.
+
+        On redis-py's own client (``direct``) it goes on a connection of its own without
+        redis-py's retry (:class:`RenewalLink`): a failed attempt costs at most one
+        timeout, and the renewer tries again at once, within the lease. Any other client
+        sends one pipeline, with its own retry policy. A renewal may be sent twice
+        (renew.lua only moves the expiry of claims still in the set)."""
+        if self.direct:
+            link = self.__dict__.get("_renewal")
+            if link is None:
+                link = self.__dict__.setdefault("_renewal", RenewalLink())
+            link.send(self.pool_for(next(iter(held))),
+                      [("EVALSHA", sha, 1, key, lease, *ids) for key, ids in held.items()])
+            return
         with self.client.pipeline(transaction=False) as pipe:
             for key, ids in held.items():
                 pipe.evalsha(sha, 1, key, lease, *ids)
