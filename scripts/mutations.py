@@ -1179,6 +1179,14 @@ MUTATIONS: list[Mutation] = [
         "\n\n\ndef worth_keeping(",
         "tests/test_concurrency_models.py::"
         "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]"),
+    one("a connection made before patching is used as it is (it blocks every greenlet)",
+        "a call after patching never reads on a stdlib socket",
+        PKG + "store/node.py",
+        "                if lease is not self._lease and type(conn._sock) is _STD_SOCKET:\n"
+        "                    conn.disconnect()  # made before patching: it would block every greenlet\n",
+        "",
+        "tests/test_gevent.py::"
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets"),
     one("a run past its ceiling is not counted as a max-wait violation",
         "max_wait_violations_total counts each run that starts past its ceiling plus the "
         "tolerance",

@@ -140,3 +140,42 @@ def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies
     assert len(results) == clients * requests * 3
     # the master's call at import, the readiness probe's
     assert_each_call_got_its_window(redis_server, results, others=("warm", "ready"))
+
+
+_BLOCKING_PROBE = """
+import sys, time
+from green_callers import build
+from celery_debounce.store import store_for
+import redis
+url = sys.argv[1]
+task = build(url).tasks["green.debounced"]
+task.delay("before")
+store_for(task.app).client.ping()  # the pool keeps an idle connection with a stdlib socket
+from gevent import monkey
+monkey.patch_all()
+import gevent
+redis.Redis.from_url(url + "/0").client_pause(600)  # every command waits 0.6 s
+ticks = 0
+def ticker():
+    global ticks
+    while True:
+        gevent.sleep(0.005)
+        ticks += 1
+beat = gevent.spawn(ticker)
+gevent.sleep(0.01)
+before = ticks
+task.delay("after")  # takes the pool's idle connection
+print(ticks - before)
+"""
+
+
+def test_a_connection_made_before_patching_does_not_block_the_other_greenlets(
+        redis_server: str, redis_client: redis.Redis) -> None:
+    """A call after patching that takes a connection made before it (a stdlib socket:
+    its reads block the whole thread) makes it anew: other greenlets run meanwhile."""
+    done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, redis_server],
+                          env=env_for(redis_server), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    # 0.6 s of 5 ms sleeps: about 100 ticks when the call yields, none when it blocks
+    assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"

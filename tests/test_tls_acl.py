@@ -43,7 +43,7 @@ ACL_RULES = (
     "+zadd +zrem +zrange +zrangebyscore +zscore +zscan +zcard +zcount "
     "+zrank +zrevrange +zincrby +zremrangebyrank +zremrangebyscore +rpush +lrange "
     "+multi +exec +set +wait "
-    "+publish +subscribe +unsubscribe +ping"
+    "+publish +subscribe +unsubscribe +ping +pttl +scan"
 )
 
 

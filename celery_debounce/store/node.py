@@ -419,6 +419,8 @@ class NodeTransport(Transport):
             else:
                 pool = self.client.connection_pool
                 conn = pool.get_connection(*CHECKOUT_ARGS)
+                if lease is not self._lease and type(conn._sock) is _STD_SOCKET:
+                    conn.disconnect()  # made before patching: it would block every greenlet
             try:
                 try:
                     conn.send_packed_command(
