@@ -248,19 +248,35 @@ class _Renewer:
                     out.append((store, held))
             return out
 
-    def renew_now(self) -> None:
+    def renew_now(self, only: set[WindowStore] | None = None
+                  ) -> dict[WindowStore, Exception | None]:
+        """Renew the claims held (of the stores in ``only``): each store's error, or
+        None if its renewal reached Redis."""
+        done: dict[WindowStore, Exception | None] = {}
         for store, held in self.snapshot():
+            if only is not None and store not in only:
+                continue
             try:
                 store.renew(held)
             except Exception as exc:
-                logger.warning("debounce: could not renew %d claim(s): %s",
-                               sum(map(len, held.values())), exc)
+                done[store] = exc
+            else:
+                done[store] = None
+        return done
 
     def _run(self, kick: threading.Event) -> None:
         """Renew every third of the shortest lease held; a new claims key (a kick) can
         bring the next renewal closer, never push it back (runs that start often would
-        otherwise postpone it forever)."""
+        otherwise postpone it forever).
+
+        A store whose renewal failed is tried again after :data:`RETRY_FIRST_S`, a wait
+        that doubles up to :data:`RETRY_MAX_S` and never exceeds a quarter of what is left of
+        its lease (counted from the start of its last renewal that reached Redis): its
+        claims are lost only when no attempt reaches Redis for a whole lease."""
         next_at: float | None = None
+        retry_at: dict[WindowStore, float] = {}  # a store whose renewal failed: when again
+        failures: dict[WindowStore, int] = {}
+        renewed: dict[WindowStore, float] = {}  # start of its last renewal that went through
         while True:
             with self.lock:  # every store seen (held now or not): a new claim's first
                 # renewal is at most one period after it, with no wake-up per run
@@ -269,15 +285,45 @@ class _Renewer:
             now = time.monotonic()
             if next_at is None or next_at > now + period:
                 next_at = now + period
-            kick.wait(max(0.0, next_at - now))
+            kick.wait(max(0.0, min([next_at, *retry_at.values()]) - now))
             kick.clear()
-            if time.monotonic() >= next_at:
+            started = time.monotonic()
+            if started >= next_at:
                 next_at = None
-                self.renew_now()
+                due = set(retry_at)
+                done = self.renew_now()
+            else:
+                due = {store for store, at in retry_at.items() if at <= started}
+                if not due:
+                    continue
+                done = self.renew_now(due)
+            for store in due - set(done):  # nothing held there any more
+                del retry_at[store], failures[store]
+            for store, exc in done.items():
+                if exc is None:
+                    renewed[store] = started
+                    retry_at.pop(store, None)
+                    if failures.pop(store, 0):
+                        logger.info("debounce: claims renewed again")
+                    continue
+                tries = failures[store] = failures.get(store, 0) + 1
+                logger.log(logging.WARNING if tries == 1 else logging.DEBUG,
+                           "debounce: could not renew claims (attempt %d; tried again "
+                           "within the lease): %s", tries, exc)
+                lease = store.settings.claim_lease_ms / 1000
+                # never renewed yet: its claims were made within the last period
+                left = renewed.get(store, started - lease / 3) + lease - time.monotonic()
+                wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(tries - 1, 8))
+                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0
+                                                      else wait)
 
 
 #: Shortest renewal period (ms), whatever the lease (settings refuse leases below 1 s).
 MIN_PERIOD_MS = 1000
+#: First and longest wait (s) before a failed renewal is tried again (each failed
+#: attempt also takes up to ``debounce_redis_timeout``).
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 0.5
 
 _renewer = _Renewer()
 

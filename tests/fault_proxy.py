@@ -18,7 +18,8 @@ fault is armed; the first command the fault's matcher accepts then gets the faul
 
 ``arm(..., every=True)`` keeps an error reply armed for every matching command (a broker
 refusing every message) until ``disarm()``. ``refuse()`` closes every client connection
-and refuses new ones until ``disarm()``. ``fired`` counts the faults injected. Used by
+and refuses new ones until ``disarm()``. ``silence(seconds)`` swallows every byte, both
+ways, for that long. ``fired`` counts the faults injected. Used by
 tests/test_at_most_once.py and tests/test_maxmemory.py.
 """
 
@@ -119,6 +120,7 @@ class FaultProxy:
         self._clients: list[socket.socket] = []
         self._stop = threading.Event()
         self.fired = 0
+        self._silent_until = 0.0  # monotonic: silent until then (silence())
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
 
@@ -152,6 +154,18 @@ class FaultProxy:
             listener.close()
         for client in clients:
             _close(client)
+
+    def silence(self, seconds: float) -> None:
+        """Go silent for ``seconds`` (a link that swallows bytes): nothing is forwarded
+        either way, nothing is closed, new connections are accepted and get nothing
+        either. A client waiting for a reply meanwhile meets its socket timeout."""
+        with self._lock:
+            self._silent_until = time.monotonic() + seconds
+
+    def _swallowed(self) -> bool:
+        """True while silent: the bytes are dropped."""
+        with self._lock:
+            return time.monotonic() < self._silent_until
 
     def disarm(self) -> None:
         with self._lock:
@@ -219,7 +233,7 @@ class FaultProxy:
         def down() -> None:
             try:
                 while data := upstream.recv(65536):
-                    if not muted.is_set():
+                    if not muted.is_set() and not self._swallowed():
                         client.sendall(data)
             except OSError:
                 pass
@@ -230,6 +244,8 @@ class FaultProxy:
         cut: str | None = None  # a drop or stall, waiting for the end of a MULTI
         try:
             while data := client.recv(65536):
+                if self._swallowed():
+                    continue
                 buf += data
                 out: list[bytes] = []
                 pos = 0

@@ -29,7 +29,8 @@ class ClusterTransport(Transport):
     Sent twice: only what :meth:`run` sends (through redis-py's cluster client, which
     retries after a lost reply: scripts a repeat cannot change, and plain commands).
     :meth:`run_once` goes through :meth:`send_on_node` (and :meth:`renew` after a
-    redirection), which resends only while nothing ran (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT, a write of
+    redirection), which resends only while nothing ran (MOVED, ASK, TRYAGAIN,
+    CLUSTERDOWN, NOSCRIPT, a write of
     one command reset part-way); a reply lost after the write, or a failed write of
     several commands, is :class:`~celery_debounce.DebounceOutcomeUnknown`, a write of
     one command that timed out unreachable (it did not run). ``flush_many`` flushes one by
