@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from celery import Celery
 from celery.app.routes import MapRoute
 from kombu import serialization
+from kombu.exceptions import EncodeError
 from kombu.utils import json as kombu_json
 
 from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
@@ -118,7 +119,8 @@ def prepare_call(
         content_type, payload, collect_embed = _collect_payload(
             settings, task_name, args, kwargs, embed, serializer, task_id)
     else:
-        content_type, payload = encode([args, kwargs, embed], serializer)
+        content_type, payload = encode_call(task_name, [args, kwargs, embed], args, kwargs,
+                                            serializer)
         if content_type != DEFAULT_CONTENT_TYPE:
             embed_json = encode_stored(embed) if embed else "{}"
         if len(payload) > settings.max_payload_bytes:
@@ -172,7 +174,8 @@ def _collect_payload(
             f"{task_name}: debounce_collect=True needs serializer='json' (got "
             f"serializer={serializer!r}): the run's body is spliced from the calls' JSON"
         )
-    content_type, element = encode(call_element(args, kwargs, task_id), serializer)
+    content_type, element = encode_call(task_name, call_element(args, kwargs, task_id), args,
+                                        kwargs, serializer)
     embed_json = encode_stored(embed) if embed else "{}"
     size = BODY_OVERHEAD + len(embed_json.encode("utf-8")) + len(element) + TIME_PREFIX
     if size > settings.max_payload_bytes:
@@ -306,6 +309,28 @@ def encode(data: Any, serializer: str) -> tuple[str, bytes]:
 
 
 _codecs: dict[str, Any] = {}
+
+
+def encode_call(task_name: str, data: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                serializer: str) -> tuple[str, bytes]:
+    """:func:`encode` of a call's ``data``; kombu's ``EncodeError`` (what plain Celery
+    raises) names the task and the first argument the serializer refuses."""
+    try:
+        return encode(data, serializer)
+    except EncodeError as exc:
+        raise EncodeError(f"{task_name}: {_refused_argument(args, kwargs, serializer)} "
+                          f"cannot be serialized with {serializer!r}: {exc}") from exc
+
+
+def _refused_argument(args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str) -> str:
+    named = [(f"argument {i} (args[{i}]", value) for i, value in enumerate(args)]
+    named += [(f"argument {name!r} (kwargs[{name!r}]", value) for name, value in kwargs.items()]
+    for label, value in named:
+        try:
+            encode(value, serializer)
+        except Exception:  # any refusal names this argument
+            return f"{label}, {type(value).__name__})"
+    return "the call"
 
 #: (signature, parameter names, defaults) of a signature with positional-or-keyword
 #: parameters only; such calls are bound without ``Signature.bind``.

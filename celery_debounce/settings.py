@@ -137,7 +137,19 @@ class Settings:
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
-        """``redis_url``: use this URL instead of the app's (eager mode's checks)."""
+        """``redis_url``: use this URL instead of the app's (eager mode's checks).
+
+        An error names each setting as the app is configured: under a namespace
+        (Django's ``namespace="CELERY"``) ``CELERY_DEBOUNCE_REDIS_URL``."""
+        try:
+            return cls._from_app(app, redis_url=redis_url)
+        except DebounceConfigError as exc:
+            if app.namespace:
+                exc.args = (spell_settings(str(exc), app.namespace), *exc.args[1:])
+            raise
+
+    @classmethod
+    def _from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
         conf = app.conf
         refuse_unknown_settings(conf, app.namespace, DEFAULTS)
 
@@ -258,6 +270,20 @@ class Settings:
         """WAIT's timeout: half of ``debounce_redis_timeout``, so the reply arrives before
         the socket timeout (the rest is for the script and the network)."""
         return max(1, int(self.redis_timeout_s * 500))
+
+
+_SETTING = re.compile(r"(?:\bapp\.conf\.)?\b(debounce_[a-z_]+)\b")
+
+
+def spell_settings(message: str, namespace: str) -> str:
+    """``message`` with each setting named as a namespaced config module spells it:
+    ``app.conf.debounce_redis_url`` and ``debounce_shards`` become
+    ``CELERY_DEBOUNCE_REDIS_URL`` and ``CELERY_DEBOUNCE_SHARDS`` for ``"CELERY"``."""
+    def spell(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return f"{namespace.upper()}_{name.upper()}" if name in DEFAULTS else match.group(0)
+
+    return _SETTING.sub(spell, message)
 
 
 def settings_for(app: Celery) -> Settings:
