@@ -186,6 +186,7 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
         assert stats.tasks["acl.work"].runs == 4 and stats.tasks["acl.work"].cancelled == 3
         admin.reset_stats()
         assert cli("stats", "--reset", "--quick")
+        assert "No findings" in cli("doctor") and "No findings" in cli("doctor", "--repair")
         # `celery debounce top` and the Prometheus store gauges read this snapshot; a
         # window of two calls taken from the due set makes a hot key for it to show
         hot = [work.apply_async((8,), debounce="100ms") for _ in range(2)]
