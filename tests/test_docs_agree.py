@@ -129,3 +129,23 @@ def test_the_dashboard_and_alerts_are_found_through_the_cli() -> None:
                       re.M)
     assert extra is not None
     assert f"pip install 'celery-debounced[{extra.group(1)}]'" in USER_TEXT["monitoring.md"]
+
+
+FIRST_PAGES = ("index.md", "quickstart.md", "django.md")
+
+
+@pytest.mark.parametrize("page", FIRST_PAGES)
+def test_the_first_pages_code_blocks_fit_88_columns(page: str) -> None:
+    for block in re.findall(r"```[^\n]*\n(.*?)```", USER_TEXT[page], re.S):
+        for line in block.splitlines():
+            assert len(line) <= 88, f"{page}: {len(line)} columns: {line}"
+
+
+@pytest.mark.parametrize("page", sorted(USER_TEXT))
+def test_no_digit_outside_ascii_that_the_sites_font_may_lack(page: str) -> None:
+    """The site loads no web font: a full-width or Arabic-Indic digit can show as an empty
+    box, so the pages write such characters as escapes (``"\\uff11"``)."""
+    import unicodedata
+
+    found = {c for c in USER_TEXT[page] if unicodedata.category(c) == "Nd" and not c.isascii()}
+    assert not found, f"{page}: {sorted(found)}"
