@@ -1183,7 +1183,8 @@ MUTATIONS: list[Mutation] = [
         "a call after patching never reads on a stdlib socket",
         PKG + "store/node.py",
         "                if lease is not self._lease and type(conn._sock) is _STD_SOCKET:\n"
-        "                    conn.disconnect()  # made before patching: it would block every greenlet\n",
+        "                    conn.disconnect()  # made before patching: "
+        "it would block every greenlet\n",
         "",
         "tests/test_gevent.py::"
         "test_a_connection_made_before_patching_does_not_block_the_other_greenlets"),
