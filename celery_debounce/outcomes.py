@@ -21,7 +21,7 @@ from typing import Any
 from celery import Celery, states
 
 from .aliases import parse_aliases, resolve_aliases
-from .errors import DebounceBackendError, WindowQuarantined
+from .errors import DebounceBackendError, DebounceOutcomeUnknown, WindowQuarantined
 from .signals import (
     leading_run,
     publish_failed,
@@ -223,7 +223,11 @@ class WindowActions:
                 by_delay.setdefault(release_after(action, window, lease, soon), []).append(
                     (window.task_id, tries))
         for delay, group in by_delay.items():
-            self.store.release(shard, delay, group)
+            try:
+                self.store.release(shard, delay, group)
+            except DebounceOutcomeUnknown as exc:  # released, or taken after the lease
+                logger.warning("debounce: %d window(s) may not have been handed back "
+                               "(taken again after their lease if not): %s", len(group), exc)
 
     def _track_expiry(self, shard: Shard, sent: list[TakenWindow],
                       expiry: dict[str, int]) -> None:

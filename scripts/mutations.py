@@ -783,6 +783,12 @@ MUTATIONS: list[Mutation] = [
         "                pass",
         "tests/test_rabbitmq.py::"
         "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
+    one("release.lua goes through the client's retry",
+        "a publish failure is counted once (release.lua is sent at most once)",
+        PKG + "store/__init__.py",
+        '        return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
+        '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
+        "tests/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once"),
     # -- claim leases and effectively once (issue 21) ----------------------------------
     one("a duplicate delivery is not skipped",
         "effectively once: a delivery of a finished or live-claimed window never runs the body",

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from fault_proxy import FaultProxy
+from fault_proxy import FaultProxy, evalsha_of
 from helpers import make_app, running_worker, wait_until
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.store import DebounceBackendError, store_for
 from celery_debounce.worker_signals import RETRY_MAX_S
@@ -208,3 +208,36 @@ def test_a_refused_renewal_is_tried_again_within_the_lease(
     finally:
         fault_proxy.disarm()
         renewer.drop(store, claims, "t1")
+
+
+# -- a lost reply of release.lua ---------------------------------------------------------
+
+
+def test_a_release_whose_reply_is_lost_counts_its_failure_once(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """``release.lua`` with ``<tries>!`` counts a publish failure against the window (its
+    ``fl``, which ``MAX_TRIES`` quarantines at). Its reply lost after it ran: it is not
+    sent again (redis-py's retry ran it twice, counting one failure as two); the caller
+    learns the outcome is unknown, the window is released or stays leased, taken again
+    either way."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0")
+
+    @app.task(base=DebouncedTask, shared=False, name="lease.released", debounce="1ms",
+              debounce_key="r", debounce_max_wait="1s")
+    def released() -> None: ...
+
+    store = store_for(app)
+    released.delay()
+    window = wait_until(lambda: store.take(0, 10).windows, 5)[0]
+    assert store.release(0, 5000, [("not-leased", "1!")]) == 0  # the script is loaded
+    fault_proxy.arm("drop", evalsha_of(store.scripts["release"].sha))
+    lost: Exception | None = None
+    try:
+        store.release(0, 5000, [(window.task_id, f"{window.tries}!")])
+    except DebounceBackendError as exc:
+        lost = exc
+    assert fault_proxy.fired == 1
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{window.task_id}")
+    assert record.get(b"fl") == b"1"  # ran once, counted once
+    assert isinstance(lost, DebounceOutcomeUnknown), lost

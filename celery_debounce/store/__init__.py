@@ -246,10 +246,15 @@ class WindowStore(ServerCheck, BulkGate, Operators):
     def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int | str]]
                 ) -> int:
         """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``
-        (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``)."""
+        (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``).
+
+        Sent at most once (:meth:`run_once`): run again after a lost reply, the ``!``
+        form would count one failure twice. A lost reply raises
+        :class:`~celery_debounce.DebounceOutcomeUnknown`: each window was released, or
+        stays leased until its lease ends; it is taken again either way."""
         tag = self.tag(shard)
         pairs = [x for pair in windows for x in pair]
-        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
+        return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
     def quarantine(self, shard: Shard, task_id: str, reason: str) -> list[Any] | None:
         """Set a taken record aside; its raw aliases, or None if it was not quarantined."""

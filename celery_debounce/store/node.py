@@ -367,7 +367,7 @@ class NodeTransport(Transport):
 
     def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run a script that must not run twice (every script that writes windows but
-        ``ack`` and ``release``): it is sent at most once.
+        ``ack``): it is sent at most once.
 
         A command whose write was reset (a pooled connection the server closed) is
         sent once more on a fresh connection (a write cut part-way never runs: its last
