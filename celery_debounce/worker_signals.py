@@ -466,7 +466,7 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
         # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
         state = states.FAILURE
     if state == states.REJECTED:  # requeued: its next delivery must run, not be skipped
-        _end_claim(store, shard, task_id, task.name)
+        _put_back(store, shard, task_id, task.name)
     if state is None or state not in _FINAL:
         return
     if state == states.IGNORED and getattr(task.request, REPLACED_FLAG, False):
@@ -483,6 +483,20 @@ def _end_claim(store: WindowStore, shard: str | int, task_id: str, name: str) ->
     except Exception as exc:
         logger.warning("debounce: could not end the claim of %s[%s] (requeued): %s",
                        name, task_id, exc)
+
+
+def _put_back(store: WindowStore, shard: str | int, task_id: str, name: str) -> None:
+    """A Reject(requeue=True): the message goes back to the queue (after this signal),
+    so the window is ``queued`` again (:meth:`WindowStore.put_back`): its next delivery
+    claims it, and an exclusive key stays held until that run ends (ending the claim
+    alone let ``take.lua`` free the key, and the follow-up ran beside the requeued
+    run). A failure falls back to ending the claim (:func:`_end_claim`)."""
+    try:
+        store.put_back(shard, task_id)
+    except Exception as exc:
+        logger.warning("debounce: could not put %s[%s] back in its queue (requeued): %s",
+                       name, task_id, exc)
+        _end_claim(store, shard, task_id, name)
 
 
 def _rejected_for_good(task: Task, retval: Any) -> bool:

@@ -789,6 +789,13 @@ MUTATIONS: list[Mutation] = [
         '        return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
         "tests/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once"),
+    one("a requeued run's window is not put back",
+        "exclusive: a Reject(requeue=True) keeps the key held until the requeued run ended",
+        PKG + "worker_signals.py",
+        "        _put_back(store, shard, task_id, task.name)\n",
+        "        _end_claim(store, shard, task_id, task.name)\n",
+        "tests/test_exclusive.py::"
+        "test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again"),
     # -- claim leases and effectively once (issue 21) ----------------------------------
     one("a duplicate delivery is not skipped",
         "effectively once: a delivery of a finished or live-claimed window never runs the body",

@@ -166,3 +166,56 @@ def test_a_cancelled_held_window_is_held_no_more(redis_server: str,
                and redis_client.zscore("debounce:{0}:held", ident) is not None, 10)
     DebounceAdmin(app).cancel("ex.cancelled", "k:c")
     assert redis_client.zscore("debounce:{0}:held", ident) is None
+
+
+def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
+        redis_server: str, redis_client: redis.Redis) -> None:
+    """An exclusive run raises ``Reject(requeue=True)`` (``acks_late``): its message goes
+    back to the queue, behind a backlog here, and its window is ``queued`` again, so the
+    window held behind it stays held. The follow-up starts after the requeued delivery
+    ran and ended, never beside it or before it (a threads worker that runs two at
+    once). Before, the requeue ended the claim, which freed the key: the follow-up was
+    published at once and ran next to the requeued run."""
+    from celery.exceptions import Reject
+    from helpers import running_worker
+
+    app = make_app(redis_server, task_acks_late=True, worker_prefetch_multiplier=1,
+                   task_ignore_result=True)
+    log = "runs:rq"
+
+    def now_ms() -> int:
+        secs, micros = redis_client.time()
+        return int(secs) * 1000 + int(micros) // 1000
+
+    @app.task(base=DebouncedTask, shared=False, name="ex.requeued", bind=True,
+              debounce="100ms", debounce_max_wait="1s", debounce_key="k:{0}",
+              debounce_exclusive=True)
+    def requeued(self: DebouncedTask, key: str, n: int = 0) -> int:
+        redis_client.rpush(log, f"start {self.request.id} {now_ms()}")
+        if n == 0 and redis_client.incr("rq:attempt") == 1:
+            wait_until(lambda: redis_client.zcard("debounce:{0}:held"), 10)
+            for _ in range(2):  # a backlog the requeued message waits behind
+                backlog.delay(0.5)
+            redis_client.rpush(log, f"end {self.request.id} {now_ms()}")
+            raise Reject("not now", requeue=True)
+        time.sleep(1.0)
+        redis_client.rpush(log, f"end {self.request.id} {now_ms()}")
+        return n
+
+    @app.task(shared=False, name="ex.backlog")
+    def backlog(seconds: float) -> None:
+        time.sleep(seconds)
+
+    with running_worker(app, pool="threads", concurrency=2):
+        first = requeued.delay("a")
+        wait_until(lambda: redis_client.llen(log), 10)
+        follow = requeued.delay("a", 1)
+        assert follow.id != first.id
+        wait_until(lambda: redis_client.llen(log) == 6, 20)
+        time.sleep(0.5)  # nothing more runs
+    events = [r.decode().split() for r in redis_client.lrange(log, 0, -1)]
+    assert [e[:2] for e in events] == [
+        ["start", first.id], ["end", first.id],  # put back
+        ["start", first.id], ["end", first.id],  # ran again
+        ["start", follow.id], ["end", follow.id]], events
+    assert int(events[4][2]) >= int(events[3][2])  # after the requeued run ended

@@ -308,6 +308,18 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         tag = self.tag(shard)
         return [win_key(tag, task_id), leased_key(tag), active_key(tag), claims_key(tag)]
 
+    def put_back(self, shard: Shard, task_id: str) -> bool:
+        """A run's message went back to the queue (``Reject(requeue=True)``): its claim
+        ends and its window is ``queued`` again (``unclaim.lua``, for the claim it holds
+        now), as when it was first published: the next delivery claims it, and a window
+        held behind it stays held until that run ends. False if it was not claimed."""
+        keys = self.record_keys(shard, task_id)
+        with translate_errors("put back"):
+            at = self.client.hget(keys[0], "ca")
+        if at is None:
+            return False
+        return bool(int(self.run_once("unclaim", keys, [task_id, as_text(at), "queued"])))
+
     def claim_args(self, task_id: str, task_name: str, retry: bool) -> list[Any]:
         return [task_id, self.settings.claim_lease_ms, "1" if retry else "0", task_name,
                 self.settings.history_ttl_ms]
