@@ -1216,4 +1216,18 @@ MUTATIONS: list[Mutation] = [
         "        if False:\n",
         "tests/test_operator_signals.py::"
         "test_inspect_shows_a_held_window_as_after_its_runner_ends"),
+    one("a definition refused while its app finalizes raises there",
+        "one bad debounced task definition names itself and never breaks the app's other "
+        "tasks or a later app",
+        PKG + "task.py",
+        "    if owned is not None and not owned():\n        return False\n",
+        "    if True:\n        return False\n",
+        "tests/test_check_command.py::"
+        "test_one_refused_definition_does_not_break_the_apps_other_tasks"),
+    one("a worker starts with a refused debounced task",
+        "a worker refuses to start while a debounced task definition was refused",
+        PKG + "bootstep.py",
+        "        if refused_tasks(app):\n            app.steps[\"worker\"].add(RefusedTasksStep)\n",
+        "",
+        "tests/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages"),
 ]

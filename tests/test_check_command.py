@@ -57,7 +57,9 @@ def test_check_reports_a_refused_setting(redis_server: str) -> None:
 
 
 def test_the_worker_refuses_to_start_with_the_same_messages(redis_server: str) -> None:
-    run = _celery(redis_server, True, "worker", "--pool", "solo", "--loglevel", "warning")
+    # a worker that started would run until the timeout: a failure in 20 s, not 60
+    run = _celery(redis_server, True, "worker", "--pool", "solo", "--loglevel", "warning",
+                  timeout=20)
     assert run.returncode != 0
     out = run.stdout + run.stderr
     assert "2 debounced task definition(s) refused:" in out, out
