@@ -29,6 +29,15 @@ class DebounceOutcomeUnknown(DebounceBackendError):
     ``find``)."""
 
 
+class DebounceContractMismatch(DebounceBackendError):
+    """The gate refused the call: the producer speaks another version of the gate
+    contract (docs/contract.md) than the gate script. Nothing was written."""
+
+    def __init__(self, message: str, producer: str = "", gate: str = "") -> None:
+        super().__init__(message)
+        self.producer, self.gate = producer, gate
+
+
 class DebouncePayloadError(DebounceError, ValueError):
     """A call's serialized arguments exceed ``debounce_max_payload_bytes``."""
 

@@ -13,8 +13,12 @@
 -- ARGV (each bound once to a named local at the top of the code, below):
 -- ARGV[1]  task id to use if this call opens the window
 -- ARGV[2]  window ms          ARGV[3]  max wait ms
--- ARGV[4]  "1" to replace the payload of an open window, else "0"; for a payload that is
---          not JSON, followed by the call's protocol-2 embed as JSON ({} without links)
+-- ARGV[4]  the producer's contract version (docs/contract.md), then ':', then "1" to
+--          replace the payload of an open window, else "0"; for a payload that is not
+--          JSON, followed by the call's protocol-2 embed as JSON ({} without links):
+--          '1:0', '1:1', '1:1{}'. A version other than CONTRACT (below), or none, is
+--          refused with an error reply 'DEBOUNCE_CONTRACT_MISMATCH producer <p> gate <g>'
+--          before anything is read or written.
 --          A replacing join keeps the window's content type and embed (the opener's): a
 --          JSON body gets the call's [args, kwargs spliced before the window's embed (both
 --          found from the end of the bodies); another content type is replaced whole when
@@ -145,7 +149,7 @@ local SHARDED_WAKE = false
 local opener_id = ARGV[1]
 local window_ms = ARGV[2]
 local max_wait_ms = ARGV[3]
-local replace_arg = ARGV[4]
+local versioned = ARGV[4]  -- '<contract version>:<replace flag>[<embed>]'
 local content_type = ARGV[5]
 local payload = ARGV[6]
 local options = ARGV[7]
@@ -158,6 +162,16 @@ local edge = ARGV[13]  -- codec.EDGE_ARGV
 local history_ttl = ARGV[14]
 local budget = ARGV[15]  -- codec.COLLECT_ARGV
 local collect_embed = ARGV[16]
+
+-- The contract this gate speaks (docs/contract.md; options.CONTRACT_VERSION): a producer
+-- of another one is refused before anything is read or written.
+local CONTRACT = '1'
+local contract, replace_arg = string.match(versioned, '^(%d+):(.*)$')
+if contract ~= CONTRACT then
+  return redis.error_reply('DEBOUNCE_CONTRACT_MISMATCH producer ' .. (contract or 'none') ..
+    ' gate ' .. CONTRACT .. ': this producer speaks another version of the gate contract ' ..
+    '(docs/contract.md); upgrade the producer or the package so that both speak one')
+end
 
 -- Bound once: the time, the keys and names read from KEYS[1].
 local now = now_ms()

@@ -31,7 +31,20 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
         return DebounceBackendError(
             f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
             f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
+    match = _CONTRACT.search(str(exc))
+    if match:  # gate.lua: the producer speaks another contract version (nothing written)
+        from ..errors import DebounceContractMismatch  # (kept off the shared import block)
+
+        return DebounceContractMismatch(
+            f"debounce gate refused {operation}: {match.group(0)} (the producer and the "
+            "gate script speak different versions of the gate contract; see "
+            "docs/contract.md)", match.group(1), match.group(2))
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+#: gate.lua's refusal of a producer of another contract version.
+CONTRACT_MISMATCH = "DEBOUNCE_CONTRACT_MISMATCH"
+_CONTRACT = re.compile(CONTRACT_MISMATCH + r" producer (\S+) gate (\S+)")
 
 
 class CancelOutcomeUnknown(DebounceOutcomeUnknown):
