@@ -22,7 +22,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 from . import worker_signals  # noqa: F401
 from .admin import DebounceAdmin, Stats, TaskStats
 from .checks import describe_policy, evicts_windows, warn_if_evicting
-from .errors import DebounceError, WindowNotPending
+from .errors import DebounceConfigError, DebounceError, WindowNotPending
 from .exporter import exporter_command
 from .formatting import clip, config_error, printable, relative, table_lines
 from .top import top
@@ -514,6 +514,11 @@ def check(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"{printable(problem.where)}: {problem.message}"
                        if not problem.message.startswith(f"{problem.where}:")
                        else problem.message)
+        for problem in problems:  # no -A (Celery's default app): say so
+            if problem.where == "settings":
+                said = config_error(DebounceConfigError(problem.message), ctx.obj.app).message
+                if "\n" in said:
+                    click.echo(said.partition("\n")[2])
         click.echo(f"{len(problems)} problem(s) found." if problems
                    else "All debounced tasks and settings are valid.")
     if problems:
