@@ -465,3 +465,33 @@ def test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wai
     assert fault_proxy.fired == 1
     assert _calls(redis_client) == 1  # its end never reached Redis
     assert isinstance(raised.value, DebounceOutcomeUnknown) == waited, repr(raised.value)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "after-another"])
+def test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone(
+    together: bool, fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """``flush_all``'s pipeline (``pipeline_once``): Redis stops reading in the last
+    flush's several MB (extra arguments the script ignores). After another flush that
+    arrived complete, and ran, the outcome is unknown; alone, the flush did not run:
+    unreachable."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0)
+    work = _task(app, debounce_key="{0}")
+    work.delay("a")
+    work.delay("b")
+    store = store_for(app)
+    redis_client.script_load(store.scripts["flush"].script)  # no NOSCRIPT for "a"
+    idents = {k.rsplit(b":", 1)[1]: k.split(b":open:", 1)[1].decode()
+              for k in redis_client.scan_iter(match=f"{TAG}:open:*")}
+    keys, args = store._flush_call(0, idents[b"b"], "")
+    calls = [(keys, [*args, BIG])]
+    if together:
+        calls.insert(0, store._flush_call(0, idents[b"a"], ""))
+    fault_proxy.arm("stall-write", lambda cmd: len(cmd) > 3 and cmd[3].endswith(b":b"))
+    with pytest.raises(DebounceBackendError) as raised:
+        store.transport.pipeline_once("flush", calls)
+    assert fault_proxy.fired == 1
+    assert "Timeout writing" in str(raised.value)
+    assert isinstance(raised.value, DebounceOutcomeUnknown) == together, repr(raised.value)
+    assert int(redis_client.zcard(f"{TAG}:leased")) == int(together)  # "a" ran, "b" never
