@@ -108,3 +108,19 @@ def test_a_non_root_user_with_redis_server_runs_the_demo_installing_nothing(
     assert logged(calls) == []  # no apt-get, no pip: the package and a server were there
     assert "started a local redis-server" in out.stdout
     assert "-> 8 runs" in out.stdout
+
+
+def test_the_quick_tests_are_the_contract_subset() -> None:
+    """scripts/quick-test.sh collects exactly scripts/corners.toml's contract tests."""
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "scripts" / "corners.toml").read_text())["contract"]
+    out = subprocess.run([str(ROOT / "scripts" / "quick-test.sh"), "--collect-only"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    collected = {line.split("[")[0] for line in out.stdout.splitlines()
+                 if line.startswith("tests/")}
+    files = {entry.split("::")[0] for entry in contract["tests"]}
+    assert {c.split("::")[0] for c in collected} == files
+    named = {entry for entry in contract["tests"] if "::" in entry}
+    assert named <= collected

@@ -98,6 +98,7 @@ def test_the_readmes_first_screen_keeps_the_two_commands() -> None:
     first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:12])
     assert "./scripts/demo.sh" in first_screen
     assert "./scripts/test.sh" in first_screen
+    assert "./scripts/quick-test.sh" in first_screen
 
 
 def test_the_changelog_has_this_version_and_the_docs_site_its_name() -> None:
