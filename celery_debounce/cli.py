@@ -531,22 +531,28 @@ def check(ctx: click.Context, as_json: bool) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, cls=CeleryOption,
               help_group="Doctor", show_default=True,
               help="Seconds past its lease after which an unreleased claim is a finding.")
+@click.option("--held-after", type=click.FloatRange(min=0), default=3600.0, cls=CeleryOption,
+              help_group="Doctor", show_default=True,
+              help="Seconds a window may be held behind a live run before it is reported.")
 @json_option('a JSON object ({"ok": bool, "findings": [{"check", "key", "task", '
              '"detail", "repaired"}]})')
 @click.pass_context
-def doctor(ctx: click.Context, repair: bool, grace: float, as_json: bool) -> None:
+def doctor(ctx: click.Context, repair: bool, grace: float, held_after: float,
+           as_json: bool) -> None:
     """Check the store's invariants; with --repair, fix what is found.
 
     Open windows without a due entry, claims past their lease that no dispatcher
     released, run markers without a live window, held windows whose runner is gone,
-    collect call lists without a window, records without a TTL. Each finding names
-    its key and task. Exit 0 when there is none, else 1 (also after --repair).
+    collect call lists without a window, records without a TTL, and windows held
+    longer than --held-after behind a run (reported, never repaired). Each finding
+    names its key and task. Exit 0 when there is none, else 1 (also after --repair).
     """
     from .doctor import CHECKS, diagnose, render
 
     admin = _admin(ctx)
     try:
-        findings = diagnose(admin.store, repair=repair, grace_ms=int(grace * 1000))
+        findings = diagnose(admin.store, repair=repair, grace_ms=int(grace * 1000),
+                            held_after_ms=int(held_after * 1000))
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -28,6 +28,9 @@ CHECKS: dict[str, str] = {
                            "could never lapse (repair: window stale, key freed)",
     "held_without_run": "held window with no run marker (repair: due now)",
     "held_without_window": "held entry with no open window (repair: entry removed)",
+    "held_too_long": "window held longer than --held-after behind a run still queued or "
+                     "running: a run that long, or its message lost (never repaired: "
+                     "flush the held window once you know the run is gone)",
     "calls_without_window": "collect call list whose window is gone (repair: deleted)",
     "no_ttl": "record without a TTL that should expire (repair: TTL set)",
 }
@@ -35,6 +38,9 @@ CHECKS: dict[str, str] = {
 #: Claims whose lease passed this long ago are findings (a dispatcher releases 20 per
 #: pass, so only a store no dispatcher serves keeps them longer).
 DEFAULT_GRACE_MS = 30_000
+#: A window held longer than this behind a live run is reported (an hour: longer than
+#: the runs of most exclusive tasks; a lost message holds it for debounce_record_ttl).
+DEFAULT_HELD_AFTER_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,8 @@ def _task(ident: str) -> str | None:
         return None
 
 
-def diagnose(store: WindowStore, *, repair: bool = False,
-             grace_ms: int = DEFAULT_GRACE_MS) -> list[Finding]:
+def diagnose(store: WindowStore, *, repair: bool = False, grace_ms: int = DEFAULT_GRACE_MS,
+             held_after_ms: int = DEFAULT_HELD_AFTER_MS) -> list[Finding]:
     """Every finding on the store (one SCAN of its keys, then the checks per tag)."""
     kinds: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for key in store.doctor_keys():
@@ -69,7 +75,7 @@ def diagnose(store: WindowStore, *, repair: bool = False,
     found: list[Finding] = []
     calls: dict[str, list[str]] = {}
     for tag, by_kind in kinds.items():
-        found += _check_tag(store, tag, by_kind, repair, grace_ms)
+        found += _check_tag(store, tag, by_kind, repair, grace_ms, held_after_ms)
         if by_kind.get("calls"):
             calls[tag] = by_kind["calls"]
     if calls:
@@ -78,7 +84,7 @@ def diagnose(store: WindowStore, *, repair: bool = False,
 
 
 def _check_tag(store: WindowStore, tag: str, by_kind: dict[str, list[str]], repair: bool,
-               grace_ms: int) -> list[Finding]:
+               grace_ms: int, held_after_ms: int) -> list[Finding]:
     found: list[Finding] = []
     for raw in store.doctor_step("open", tag, "due", by_kind.get("open", []), repair) \
             if by_kind.get("open") else []:
@@ -97,13 +103,13 @@ def _check_tag(store: WindowStore, tag: str, by_kind: dict[str, list[str]], repa
                     (set(store.held_members(tag)) if "held" in by_kind else set()))
     if idents:
         for raw_ident, problem, runner in store.doctor_step("runs", tag, "held", idents,
-                                                            repair):
+                                                            repair, held_after_ms):
             ident, check = as_text(raw_ident), as_text(problem)
             key = f"{tag}:run:{ident}" if check.startswith(("run", "claim")) \
                 else f"{tag}:held"
             found.append(Finding(check, key, _task(ident),
                                  f"runner {as_text(runner)}" if runner else
-                                 f"ident {ident}", repair))
+                                 f"ident {ident}", repair and check != "held_too_long"))
     pairs = [part for kind in ("win", "run", "quiet") for name in by_kind.get(kind, [])
              for part in (kind, name)]
     if pairs:
@@ -136,8 +142,10 @@ def render(findings: list[Finding], repair: bool) -> str:
     if not findings:
         return "No findings: the store's invariants hold."
     lines = [f"{f.check}: {f.key}" + (f" (task {f.task})" if f.task else "")
-             + (f": {f.detail}" if f.detail else "") + (" [repaired]" if f.repaired else "")
+             + (f": {f.detail}" if f.detail else "")
+             + (" [repaired]" if f.repaired else " [not repaired]" if repair else "")
              for f in findings]
-    done = "repaired" if repair else "found (run with --repair to fix them)"
-    lines.append(f"{len(findings)} finding(s) {done}.")
+    fixed = sum(f.repaired for f in findings)
+    lines.append(f"{len(findings)} finding(s), {fixed} repaired." if repair else
+                 f"{len(findings)} finding(s) (run with --repair to fix them).")
     return "\n".join(lines)

@@ -212,3 +212,29 @@ def test_a_healthy_store_under_load_has_no_finding(factory: Callable[..., Celery
         wait_until(lambda: not store.client.keys("*:open:*"), timeout=30)
     assert findings == [], findings
     assert rounds > 3 and calls[0] > 50
+
+
+def test_a_key_held_too_long_is_reported_and_never_repaired(
+        factory: Callable[..., Celery]) -> None:
+    """A window held behind a run still queued (its message may be lost): doctor names
+    it past --held-after, and --repair leaves it held (only an operator knows the run
+    is gone)."""
+    app = factory()
+    work, _ = _tasks(app)
+    store = store_for(app)
+    work.delay(5)
+    tag, ident = _shard_tag(store, "doc.work", "k5")
+    c = store.client
+    two_hours_ago = int(c.time()[0]) * 1000 - 7_200_000
+    c.hset(win_key(tag, "queued-run"), mapping={"st": "queued", "i": ident})
+    c.pexpire(win_key(tag, "queued-run"), 600_000)
+    c.hset(run_key(tag, ident), "id", "queued-run")
+    c.pexpire(run_key(tag, ident), 600_000)
+    c.hset(open_key(tag, ident), "hs", two_hours_ago)
+    c.zadd(held_key(tag), {ident: two_hours_ago})
+    for repair in (False, True):
+        found = diagnose(store, repair=repair)
+        assert [(f.check, f.key, f.task, f.detail, f.repaired) for f in found] == [
+            ("held_too_long", held_key(tag), "doc.work", "runner queued-run queued", False)]
+    assert c.zscore(held_key(tag), ident) is not None  # still held
+    assert diagnose(store, held_after_ms=3 * 3_600_000) == []

@@ -11,22 +11,24 @@
 --                      lapses)
 --   <tag>:open:<ident> EXISTS, field hs read
 --   <tag>:due          zset; with repair, a window held behind a freed key is due now
--- ARGV[1]  <tag>    ARGV[2]  "1": repair, "0": only report    ARGV[3..]  idents
+-- ARGV[1]  <tag>    ARGV[2]  "1": repair, "0": only report
+-- ARGV[3]  held-too-long ms    ARGV[4..]  idents
 --
 -- Returns {ident, problem, runner id or ""} per finding; problem is one of
 -- "run_without_window" (the marker names a record that is gone or not live),
 -- "claim_without_lease" (the marker names a claimed record with no claims entry),
--- "held_without_run" (held, no marker), "held_without_window" (held, no open window).
+-- "held_without_run" (held, no marker), "held_without_window" (held, no open window),
+-- "held_too_long" (held longer than ARGV[3] behind a live run: never repaired here, a
+-- run that long or its message lost; the runner's state is the third element).
 
 --@include now
 
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
 local found = {}
-local now = nil
+local now = now_ms()
 
 local function release(ident)
-  now = now or now_ms()
   redis.call('DEL', tag .. ':run:' .. ident)
   if redis.pcall('ZREM', KEYS[1], ident) == 1 and
       type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
@@ -34,7 +36,8 @@ local function release(ident)
   end
 end
 
-for i = 3, #ARGV do
+local held_limit = tonumber(ARGV[3])
+for i = 4, #ARGV do
   local ident = ARGV[i]
   local runner = redis.pcall('HGET', tag .. ':run:' .. ident, 'id')
   local held = redis.pcall('ZSCORE', KEYS[1], ident)
@@ -46,12 +49,13 @@ for i = 3, #ARGV do
     elseif st == 'claimed' and not redis.pcall('ZSCORE', tag .. ':claims', runner) then
       found[#found + 1] = {ident, 'claim_without_lease', runner}
       if repair then  -- as a lapsed claim: the run is stale, its key free
-        now = now or now_ms()
         local key = tag .. ':win:' .. runner
         redis.call('ZREM', tag .. ':active', runner)
         redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
         release(ident)
       end
+    elseif type(held) == 'string' and tonumber(held) < now - held_limit then
+      found[#found + 1] = {ident, 'held_too_long', runner .. ' ' .. st}
     end
   elseif type(held) == 'string' then
     if redis.call('EXISTS', tag .. ':open:' .. ident) == 0 then
