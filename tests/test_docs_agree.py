@@ -46,9 +46,8 @@ def test_the_nav_lists_the_pages_and_keeps_the_internals_in_development() -> Non
         DEVELOPMENT)
     assert not set(USER) & set(DEVELOPMENT)
     assert "performance.md" in USER and "django.md" in USER
-    listed = set(USER) | set(DEVELOPMENT)
-    on_disk = {p.name for p in DOCS.glob("*.md")} - {"pypi.md"}
-    assert listed == on_disk
+    for page in USER + DEVELOPMENT:
+        assert (DOCS / page).is_file(), page
     assert "not merged" not in MKDOCS
 
 
