@@ -126,6 +126,6 @@ window_quarantined = Signal(
     name="window_quarantined", providing_args={"task_id", "key", "kind", "reason"}
 )
 #: A worker, when a window's run starts later than its ceiling (first call + max wait)
-#: plus ``worker_signals.MAX_WAIT_TOLERANCE_S`` (``late``: seconds past the ceiling,
+#: plus ``ceiling.MAX_WAIT_TOLERANCE_S`` (``late``: seconds past the ceiling,
 #: Redis time). Sent only while something is connected to it.
 max_wait_exceeded = Signal(name="max_wait_exceeded", providing_args={"task_id", "late"})

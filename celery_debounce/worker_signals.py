@@ -41,11 +41,12 @@ from celery.worker.request import Request
 
 from . import marks
 from .aliases import parse_aliases, resolve_aliases
+from .ceiling import check_ceiling
 from .collect import COLLECT_HEADER, plain_call_of
 from .layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
 from .signals import duplicate_skipped, max_wait_exceeded
 from .store import NotReplicated, WindowStore, store_for
-from .store.codec import Shard, finish_aliases
+from .store.codec import finish_aliases
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -130,26 +131,8 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         logger.warning("debounce: %s[%s] runs again: its previous claim went stale "
                        "(its worker died or stopped renewing)", task.name, task_id)
     _renewer.hold(store, store.claims_key(shard), task_id)
-    if max_wait_exceeded.receivers and not retry:
-        _check_ceiling(store, shard, task, task_id)
-
-
-#: A run that starts more than this after its window's ceiling (first call + max wait)
-#: sends ``max_wait_exceeded`` (the dispatcher's poll, the broker and the pool's queue
-#: stay within it on a healthy deployment).
-MAX_WAIT_TOLERANCE_S = 5.0
-
-
-def _check_ceiling(store: WindowStore, shard: Shard, task: Task, task_id: str) -> None:
-    """Measure when the run starts against its ceiling (one HMGET and TIME, only while
-    something listens: the metrics' ``max_wait_violations`` counter)."""
-    try:
-        late_ms = store.ceiling_lateness_ms(shard, task_id)
-    except Exception as exc:  # a measure, never a reason to fail the run
-        logger.debug("debounce: %s[%s]: no ceiling measure (%s)", task.name, task_id, exc)
-        return
-    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000:
-        max_wait_exceeded.send(sender=task.name, task_id=task_id, late=late_ms / 1000)
+    if max_wait_exceeded.receivers and not retry:  # the max_wait_violations counter
+        check_ceiling(store, shard, task.name, task_id)
 
 
 def _header(request: Any, name: str) -> Any:

@@ -1211,7 +1211,7 @@ MUTATIONS: list[Mutation] = [
     one("a run past its ceiling is not counted as a max-wait violation",
         "max_wait_violations_total counts each run that starts past its ceiling plus the "
         "tolerance",
-        PKG + "worker_signals.py",
+        PKG + "ceiling.py",
         "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000:\n",
         "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000 + 60_000:\n",
         "tests/test_operator_signals.py::"

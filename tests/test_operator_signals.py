@@ -13,7 +13,7 @@ from celery import Celery
 from helpers import running_worker, wait_until
 from prometheus_client import CollectorRegistry
 
-from celery_debounce import DebounceAdmin, DebouncedTask, metrics, worker_signals
+from celery_debounce import DebounceAdmin, DebouncedTask, ceiling, metrics
 from celery_debounce.cli import render_table
 from celery_debounce.layout import held_key, open_key, run_key, win_key, window_ident
 
@@ -62,7 +62,7 @@ def test_the_exporter_gauges_held_windows_and_the_longest_hold(
 
 def test_a_run_past_its_ceiling_counts_one_max_wait_violation(
         app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker_signals, "MAX_WAIT_TOLERANCE_S", 0.2)
+    monkeypatch.setattr(ceiling, "MAX_WAIT_TOLERANCE_S", 0.2)
     app = app_factory(debounce_poll_interval=0.05)
 
     @app.task(base=DebouncedTask, shared=False, name="sig.late", debounce="50ms",
