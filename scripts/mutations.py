@@ -116,6 +116,13 @@ MUTATIONS: list[Mutation] = [
         "if found[1] and not collect and string.sub(replace_arg, 1, 1) == '1' then",
         "if found[1] and not collect then",
         E2E + "test_burst_coalesces_into_one_run_with_the_openers_arguments"),
+    one("gate.lua takes a producer of another contract version",
+        "contract: a producer of another version is refused before anything is written",
+        LUA + "gate.lua",
+        "if contract ~= CONTRACT then",
+        "if contract == nil then",
+        "tests/test_contract_vectors.py::"
+        "test_a_producer_of_another_contract_version_is_refused_and_writes_nothing"),
     one("ack.lua overwrites a claim",
         "inv 5: a claimed window is never changed",
         LUA + "ack.lua",

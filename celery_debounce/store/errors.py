@@ -44,7 +44,7 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
 
 #: gate.lua's refusal of a producer of another contract version.
 CONTRACT_MISMATCH = "DEBOUNCE_CONTRACT_MISMATCH"
-_CONTRACT = re.compile(CONTRACT_MISMATCH + r" producer (\S+) gate (\S+)")
+_CONTRACT = re.compile(CONTRACT_MISMATCH + r" producer (\w+) gate (\w+)")
 
 
 class CancelOutcomeUnknown(DebounceOutcomeUnknown):
