@@ -18,6 +18,7 @@ Heartbeats are written every 0.2 s (not 5 s), so that one that keeps going shows
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -79,7 +80,7 @@ def from_thread(app: object, name: str) -> None:
 def race(app: object, name: str) -> None:
     global FORKING
     dp.RESTART_BACKOFF_S = (0.05, 0.05)
-    process = dp.DispatcherProcess(app, name, stop_timeout=2)  # type: ignore[arg-type]
+    process = dp.DispatcherProcess(app, name, stop_timeout=5)  # type: ignore[arg-type]
     process.start()
     first = process.pid
     assert first is not None
@@ -100,6 +101,7 @@ def main() -> None:
     app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0",
                     debounce_poll_interval=0.2, debounce_redis_timeout=1,
                     broker_connection_retry_on_startup=True)
+    forked: list[int] = []
     for line in sys.stdin:
         words = line.split()
         while True:  # reap the workers the test killed
@@ -108,7 +110,12 @@ def main() -> None:
                     break
             except ChildProcessError:
                 break
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid:
+            forked.append(pid)
+            with contextlib.suppress(OSError):  # the child did it first
+                os.setpgid(pid, pid)  # here too, so that the kill below finds its group
+        else:
             os.setpgid(0, 0)
             try:
                 if words[0] == "spawn":
@@ -119,6 +126,9 @@ def main() -> None:
                     race(app, words[1])
             finally:
                 os._exit(1)
+    for pid in forked:  # stdin closed: the test is over, leave nothing behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
