@@ -382,6 +382,27 @@ def test_which_errors_are_an_outage(
     assert breaker_for(app) not in outage_module.OPEN  # none of them waited
 
 
+def test_enqueue_many_publishes_only_the_calls_an_outage_kept_out(
+    fault_proxy: FaultProxy, redis_server: str, redis_client: redis.Redis,
+    fallbacks: list[dict[str, Any]],
+) -> None:
+    """One call of a bulk batch refused (OOM): under "publish" that one is published
+    plainly, the others are gated into their windows (none published twice)."""
+    app = _app(redis_server, fault_proxy.url, debounce_on_outage="publish")
+    work, _ = _tasks(app, [])
+    work.delay(0)  # the store has read the server's version
+    fault_proxy.arm("error", evalsha_of(store_for(app).scripts["gate"].sha))
+    results = enqueue_many(work, [((i,), {}) for i in range(1, 5)], chunk_size=2)
+    assert fault_proxy.fired == 1
+    assert len(fallbacks) == 1 and fallbacks[0]["reason"] == "refused"
+    plain = fallbacks[0]["task_id"]
+    assert plain in [r.id for r in results]
+    windows = {r.id for r in results} - {plain}
+    assert len(windows) == 3
+    assert redis_client.zcard("debounce:{0}:due") == 4  # the delay(0) window and three
+    assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 1  # only the plain one
+
+
 def test_bad_values_are_refused_naming_the_option_and_nothing_is_written(
     redis_server: str, redis_client: redis.Redis,
 ) -> None:
