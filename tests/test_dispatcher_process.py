@@ -249,7 +249,7 @@ def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
             else:
                 assert pending, "no line from dispatcher_parent.py"
         for worker in killed:
-            wait_until(lambda worker=worker: not _group(worker), 10)  # type: ignore[misc]
+            wait_until(lambda gone=worker: not _group(gone), 10)
     app = _app(redis_server)
     beats = _heartbeats(app)
     time.sleep(1.0)  # five heartbeat periods of the stand-ins (0.2 s)
