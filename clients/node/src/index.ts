@@ -1,0 +1,280 @@
+/**
+ * celery-debounced: debounce Celery tasks from Node.js. One call is one EVALSHA of the
+ * gate script that the Python package's dispatcher and workers read (docs/contract.md).
+ */
+import { createHash, randomUUID } from "node:crypto";
+import type { Cluster, Redis } from "ioredis";
+import { CONTRACT_VERSION } from "./contract.js";
+import { type Duration, parseDuration } from "./durations.js";
+import {
+  DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
+  DebounceOutcomeUnknown, DebouncePayloadError,
+} from "./errors.js";
+import { GATE_SCRIPT } from "./gate-script.js";
+import { blake2bHex } from "./hashes.js";
+import { shardOf, shardTag, windowIdent } from "./layout.js";
+import { type JsonValue, pyJson } from "./pyjson.js";
+import { type KeyTemplate, parseTemplate, resolveTemplate } from "./templates.js";
+
+export { CONTRACT_VERSION } from "./contract.js";
+export { parseDuration, type Duration } from "./durations.js";
+export * from "./errors.js";
+export type { JsonValue } from "./pyjson.js";
+export { GATE_SCRIPT } from "./gate-script.js";
+
+/** A call's arguments: Celery's `args` and `kwargs`. */
+export interface Call {
+  args?: readonly JsonValue[];
+  kwargs?: Readonly<Record<string, JsonValue>>;
+}
+
+/** How the call is debounced, and where the windows live (the Python settings' defaults). */
+export interface DebounceOptions {
+  /** The quiet window: seconds, or "250ms", "10s", "5m", "1h30m"... */
+  debounce: Duration;
+  /** The ceiling: the task runs at most this long after the window's first call. */
+  maxWait: Duration;
+  /** Key template ("report:{0}", "{user_id}", "{0.user.id}"); absent: a digest of the arguments. */
+  key?: string;
+  /** A joining call's arguments replace the window's (default false: the opener's run). */
+  replacePayload?: boolean;
+  /** `debounce_key_prefix` (default "debounce"). */
+  prefix?: string;
+  /** `debounce_shards` (default 1). */
+  shards?: number;
+  /** `debounce_redis_cluster` (default: whether the client is an ioredis Cluster). */
+  cluster?: boolean;
+  /** `debounce_max_key_length` (default 1024). */
+  maxKeyLength?: number;
+  /** `debounce_max_payload_bytes` (default 1048576). */
+  maxPayloadBytes?: number;
+}
+
+const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "prefix", "shards", "cluster",
+  "maxKeyLength", "maxPayloadBytes"];
+
+/** What one call sends to the gate. */
+export interface PreparedCall {
+  task: string;
+  key: string;
+  ident: string;
+  shard: number;
+  keys: [string, string];
+  /** ARGV of gate.lua: task id, window ms, max wait ms, `<version>:<replace>`, content type, body, options. */
+  argv: string[];
+  body: string;
+}
+
+/** What the gate decided (times are Redis server ms). */
+export interface GateResult {
+  taskId: string;
+  opened: boolean;
+  deadlineMs: number;
+  calls: number;
+  nowMs: number;
+  /** "lead" or "suppressed" for a leading-edge call (not offered here), else "". */
+  edge: string;
+}
+
+function distance(a: string, b: string): number {
+  const row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = row[0];
+    row[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const here = row[j];
+      row[j] = Math.min(row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = here;
+    }
+  }
+  return row[b.length];
+}
+
+function positiveInt(name: string, value: unknown, fallback: number): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1) {
+    throw new DebounceConfigError(`${name}=${JSON.stringify(value)}: expected a positive integer`);
+  }
+  return value;
+}
+
+function codePoints(text: string): number {
+  let n = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 0xd800 || c > 0xdbff || i + 1 >= text.length) n++;
+    else { const d = text.charCodeAt(i + 1); n++; if (d >= 0xdc00 && d <= 0xdfff) i++; }
+  }
+  return n;
+}
+
+/** Everything a call sends to the gate, with every check made first (nothing is sent on
+ * an error): the vectors of contract/vectors.json are checked against this. */
+export function prepare(task: string, call: Call, options: DebounceOptions,
+                        clusterClient = false, taskId: string = randomUUID()): PreparedCall {
+  if (options === null || typeof options !== "object") {
+    throw new DebounceConfigError("options: expected an object with debounce and maxWait");
+  }
+  for (const name of Object.keys(options)) {
+    if (!KNOWN.includes(name)) {
+      const close = [...KNOWN].sort((a, b) => distance(name, a) - distance(name, b))[0];
+      throw new DebounceConfigError(
+        `${name}=${JSON.stringify((options as unknown as Record<string, unknown>)[name])}: unknown ` +
+        `option; did you mean '${close}'?`);
+    }
+  }
+  const prefix = options.prefix ?? "debounce";
+  if (typeof prefix !== "string" || !prefix || /[{}]/.test(prefix)) {
+    throw new DebounceConfigError(`prefix=${JSON.stringify(prefix)}: expected a non-empty string without braces`);
+  }
+  const shards = positiveInt("shards", options.shards, 1);
+  const maxKeyLength = positiveInt("maxKeyLength", options.maxKeyLength, 1024);
+  const maxPayloadBytes = positiveInt("maxPayloadBytes", options.maxPayloadBytes, 1024 * 1024);
+  const cluster = options.cluster ?? clusterClient;
+  if (typeof cluster !== "boolean") {
+    throw new DebounceConfigError(`cluster=${JSON.stringify(cluster)}: expected true or false`);
+  }
+  if (typeof task !== "string" || !task) {
+    throw new DebounceConfigError(`task name ${JSON.stringify(task)}: expected a non-empty string`);
+  }
+  if (options.debounce === undefined || options.debounce === null) {
+    throw new DebounceConfigError("debounce: required (the quiet window, e.g. '5m')");
+  }
+  const windowMs = parseDuration("debounce", options.debounce);
+  if (options.maxWait === undefined || options.maxWait === null) {
+    throw new DebounceConfigError(
+      `debounce=${JSON.stringify(options.debounce)} needs maxWait: the max wait is the ceiling ` +
+      "that guarantees the task runs");
+  }
+  const maxWaitMs = parseDuration("maxWait", options.maxWait);
+  if (maxWaitMs < windowMs) {
+    throw new DebounceConfigError(
+      `maxWait=${JSON.stringify(options.maxWait)} is shorter than debounce=` +
+      `${JSON.stringify(options.debounce)}; the max wait must be at least the window`);
+  }
+  const template: KeyTemplate | undefined =
+    options.key === undefined ? undefined : parseTemplate(options.key);
+  const replace = options.replacePayload ?? false;
+  if (typeof replace !== "boolean") {
+    throw new DebounceConfigError(`replacePayload=${JSON.stringify(replace)}: expected true or false`);
+  }
+  const args = call?.args ?? [];
+  const kwargs = call?.kwargs ?? {};
+  if (!Array.isArray(args)) throw new DebounceConfigError("args: task args must be an array");
+  if (kwargs === null || typeof kwargs !== "object" || Array.isArray(kwargs)) {
+    throw new DebounceConfigError("kwargs: task keyword arguments must be an object");
+  }
+  let key = template ? resolveTemplate(template, args, kwargs) : "";
+  const body = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}, {}]`;
+  if (body.length > maxPayloadBytes) {  // the body is ASCII: characters are bytes
+    throw new DebouncePayloadError(
+      `${task}: arguments serialize to ${body.length} bytes, above maxPayloadBytes=${maxPayloadBytes}`);
+  }
+  if (!template) key = "args:" + blake2bHex(Buffer.from(pyJson([args, kwargs], true), "ascii"));
+  const length = codePoints(key);
+  if (length > maxKeyLength) {
+    throw new DebounceKeyError(
+      `key resolved to ${length} characters (${JSON.stringify(key.slice(0, 40))}...), above ` +
+      `maxKeyLength=${maxKeyLength}`);
+  }
+  const ident = windowIdent(task, key);
+  const shard = shardOf(ident, shards);
+  const tag = shardTag(prefix, shard, shards, cluster);
+  return {
+    task, key, ident, shard, body,
+    keys: [`${tag}:open:${ident}`, `${tag}:due`],
+    argv: [taskId, String(windowMs), String(maxWaitMs),
+      `${CONTRACT_VERSION}:${replace ? "1" : "0"}`, "", body, ""],
+  };
+}
+
+type Client = Redis | Cluster;
+
+interface Script { text: string; sha: string }
+const sha1 = (text: string): string => createHash("sha1").update(text, "utf8").digest("hex");
+const PLAIN: Script = { text: GATE_SCRIPT, sha: sha1(GATE_SCRIPT) };
+const SHARDED_TEXT = GATE_SCRIPT.replace("local SHARDED_WAKE = false", "local SHARDED_WAKE = true");
+const SHARDED: Script = { text: SHARDED_TEXT, sha: sha1(SHARDED_TEXT) };
+const scriptOf = new WeakMap<object, Promise<Script>>();
+
+function isCluster(redis: Client): redis is Cluster {
+  return (redis as { isCluster?: boolean }).isCluster === true;
+}
+
+/** The gate script for this client: on a Redis Cluster whose masters have sharded pub/sub
+ * (Redis 7), the one that wakes dispatchers with SPUBLISH, as the Python side loads it. */
+function scriptFor(redis: Client): Promise<Script> {
+  if (!isCluster(redis)) return Promise.resolve(PLAIN);
+  let known = scriptOf.get(redis);
+  if (!known) {
+    known = (async () => {
+      const masters = redis.nodes("master");
+      const info = masters.length ? await masters[0].info("server") : "";
+      const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? "0");
+      return major >= 7 ? SHARDED : PLAIN;
+    })();
+    scriptOf.set(redis, known);
+  }
+  return known;
+}
+
+function translate(exc: unknown, task: string): Error {
+  const message = exc instanceof Error ? exc.message : String(exc);
+  const isReply = exc instanceof Error && exc.name === "ReplyError";
+  const mismatch = /DEBOUNCE_CONTRACT_MISMATCH producer (\w+) gate (\w+)/.exec(message);
+  if (mismatch) {
+    return new DebounceContractMismatch(
+      `debounce gate refused ${task}: ${mismatch[0]} (the producer and the gate script speak ` +
+      "different versions of the gate contract; see docs/contract.md)", mismatch[1], mismatch[2]);
+  }
+  if (message.includes("DEBOUNCE_REPLACE_REFUSED")) {
+    return new DebounceConfigError(
+      `${task}: replacePayload=true: ${message.split("DEBOUNCE_REPLACE_REFUSED")[1].replace(/^[: ]+/, "")}`);
+  }
+  if (isReply) return new DebounceBackendError(`debounce Redis refused the gate call of ${task}: ${message}`);
+  return new DebounceOutcomeUnknown(
+    `debounce Redis unreachable during the gate call of ${task} (${message}); the outcome is ` +
+    "unknown: it may or may not have run, and it was not sent again");
+}
+
+/** Send one call through the gate: open the window of (task, key) or join it. */
+export async function gate(redis: Client, task: string, call: Call,
+                           options: DebounceOptions): Promise<GateResult> {
+  return sendGate(redis, prepare(task, call, options, isCluster(redis)));
+}
+
+/** One EVALSHA of the gate for a prepared call (sent at most once; NOSCRIPT, which did
+ * not run, is followed by EVAL). */
+export async function sendGate(redis: Client, prepared: PreparedCall): Promise<GateResult> {
+  const task = prepared.task;
+  let reply: unknown;
+  try {
+    const script = await scriptFor(redis);
+    try {
+      reply = await redis.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv);
+    } catch (exc) {
+      if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
+      // NOSCRIPT: it did not run; EVAL (routed by the key on a cluster) runs and caches it
+      reply = await redis.eval(script.text, 2, ...prepared.keys, ...prepared.argv);
+    }
+  } catch (exc) {
+    throw translate(exc, task);
+  }
+  const row = reply as unknown[];
+  return {
+    taskId: String(row[0]), opened: Number(row[1]) === 1, deadlineMs: Number(row[2]),
+    calls: Number(row[3]), nowMs: Number(row[4]), edge: row.length > 5 ? String(row[5]) : "",
+  };
+}
+
+/**
+ * Debounce one call of the Celery task `task`: resolves to the window's task id (every
+ * call of one window gets the same id; the Python dispatcher publishes it when due).
+ *
+ *     await debounce(redis, "proj.build_report", { args: ["u1"] },
+ *                    { debounce: "5m", key: "report:{0}", maxWait: "30m" })
+ */
+export async function debounce(redis: Client, task: string, call: Call,
+                               options: DebounceOptions): Promise<string> {
+  return (await gate(redis, task, call, options)).taskId;
+}
