@@ -829,6 +829,8 @@ MUTATIONS: list[Mutation] = [
         "                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0\n"
         "                                                      else wait)",
         "                retry_at[store] = time.monotonic() + lease / 3",
+        "tests/test_lease_budget.py::"
+        "test_a_failed_renewal_is_tried_again_at_once_not_a_period_later",
         "tests/test_lease_budget.py::test_a_refused_renewal_is_tried_again_within_the_lease"),
     one("a renewal connects through redis-py's retry",
         "claim leases: a lease's budget (a failed renewal costs one timeout)",
@@ -836,6 +838,14 @@ MUTATIONS: list[Mutation] = [
         '            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}',
         "            kwargs = dict(pool.connection_kwargs)",
         "tests/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two"),
+    one("the renewer's connection does not ask Sentinel for the master",
+        "claim leases: renewals reach Sentinel's master",
+        PKG + "store/transport.py",
+        "                if conn._sock is None:  # connect() (Sentinel's finds the master), not\n"
+        "                    conn.connect()",
+        "                if False:\n                    conn.connect()",
+        "tests/test_lease_budget.py::"
+        "test_a_renewal_reaches_sentinels_master_on_its_own_connection"),
     one("a renewal goes through the client's pipeline and its retry",
         "claim leases: a lease's budget (a failed renewal costs one timeout)",
         PKG + "store/transport.py",

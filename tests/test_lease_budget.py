@@ -210,6 +210,39 @@ def test_a_refused_renewal_is_tried_again_within_the_lease(
         renewer.drop(store, claims, "t1")
 
 
+def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """A 6 s lease (renewal every 2 s), a 0.5 s timeout, and a link silent for 2.8 s from
+    just before a renewal was due, past the next one's timeout: tried again a period
+    after the failure, the renewal would come a second after the lease ended; tried
+    again at once (each attempt a timeout, then a short back-off), it lands within it."""
+    from celery_debounce.worker_signals import _Renewer
+
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=0.5, debounce_claim_lease=6)
+    store = store_for(app)
+    claims = store.claims_key(0)
+    redis_client.zadd(claims, {"t1": now_ms(redis_client) + 6000})
+    renewer = _Renewer()
+    renewer.hold(store, claims, "t1")
+    try:
+        score = redis_client.zscore(claims, "t1")
+        wait_until(lambda: redis_client.zscore(claims, "t1") != score, 4)  # renewed
+        renewed = time.monotonic()
+        time.sleep(max(0.0, renewed + 2.0 - 0.2 - time.monotonic()))
+        fault_proxy.silence(2.8)
+        lowest = float("inf")
+        while time.monotonic() < renewed + 6.5:
+            expiry = redis_client.zscore(claims, "t1")
+            assert expiry is not None
+            lowest = min(lowest, expiry - now_ms(redis_client))
+            time.sleep(0.02)
+        assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
+    finally:
+        renewer.drop(store, claims, "t1")
+
+
 # -- a lost reply of release.lua ---------------------------------------------------------
 
 
@@ -241,3 +274,22 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     record = redis_client.hgetall(f"debounce:{{0}}:win:{window.task_id}")
     assert record.get(b"fl") == b"1"  # ran once, counted once
     assert isinstance(lost, DebounceOutcomeUnknown), lost
+
+
+@pytest.mark.sentinel
+def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
+    redis_server: str,
+) -> None:
+    """The renewer's own connection is built from the store's pool: through Sentinel it
+    finds the master as the pool's connections do."""
+    from celery_debounce.testing.servers import LocalSentinels
+
+    with LocalSentinels(replicas=1) as group:
+        app = make_app(redis_server, debounce_redis_url=group.url, debounce_redis_timeout=1.0,
+                       debounce_redis_sentinel_master=group.master_name)
+        store = store_for(app)
+        master = redis.Redis(port=group.master_port())
+        claims = store.claims_key(0)
+        master.zadd(claims, {"t1": 1})
+        store.renew({claims: ["t1"]})
+        assert (master.zscore(claims, "t1") or 0) > now_ms(master)

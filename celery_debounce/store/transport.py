@@ -128,6 +128,8 @@ class RenewalLink:
             try:
                 if conn._sock is not None and conn.can_read():  # closed by the server
                     conn.disconnect()
+                if conn._sock is None:  # connect() (Sentinel's finds the master), not
+                    conn.connect()  # the plain connect a send would make
                 conn.send_packed_command(conn.pack_commands(commands))
                 replies = [_reply_or_error(conn) for _ in commands]
             except BaseException:
