@@ -1,0 +1,131 @@
+// Against a real redis-server started here on a free port: the gate calls themselves.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
+import { connect, createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+import Redis from "ioredis";
+import {
+  DebounceConfigError, DebounceContractMismatch, DebounceKeyError, GATE_SCRIPT, debounce, gate,
+  prepare, sendGate,
+} from "../dist/esm/index.js";
+import { flatScript } from "../scripts/build.mjs";
+
+let server;
+let redis;
+let dir;
+
+function freePort() {
+  return new Promise((resolve) => {
+    const probe = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+function reachable(port) {
+  return new Promise((resolve) => {
+    const socket = connect(port, "127.0.0.1", () => { socket.end(); resolve(true); });
+    socket.on("error", () => resolve(false));
+  });
+}
+
+before(async () => {
+  const port = await freePort();
+  dir = mkdtempSync(join(tmpdir(), "debounce-node-"));
+  server = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "",
+    "--appendonly", "no", "--dir", dir], { stdio: "ignore" });
+  const deadline = Date.now() + 10_000;
+  while (!(await reachable(port))) {
+    if (Date.now() > deadline) throw new Error(`redis-server did not start on ${port}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  redis = new Redis({ port, host: "127.0.0.1", autoResendUnfulfilledCommands: false });
+  await redis.ping();
+});
+
+after(async () => {
+  redis?.disconnect();
+  server?.kill();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+const OPTIONS = { debounce: "5m", key: "report:{0}", maxWait: "30m", replacePayload: false };
+const OPEN = "debounce:{0}:open:17:proj.build_report:report:u1";
+
+test("the shipped gate script is celery_debounce/lua/gate.lua with its includes", () => {
+  const source = new URL("../../../celery_debounce/lua/gate.lua", import.meta.url);
+  assert.ok(existsSync(source), "run from the repository");
+  assert.equal(GATE_SCRIPT, flatScript("gate"));
+  assert.match(GATE_SCRIPT, /^local CONTRACT = '1'$/m);
+  assert.doesNotMatch(GATE_SCRIPT, /^--@include/m);
+});
+
+test("a burst is one window: one task id, the opener's arguments", async () => {
+  await redis.flushdb();
+  const ids = [];
+  for (let i = 0; i < 5; i++) {
+    ids.push(await debounce(redis, "proj.build_report", { args: ["u1"], kwargs: { n: i } }, OPTIONS));
+  }
+  assert.equal(typeof ids[0], "string");
+  assert.equal(new Set(ids).size, 1);
+  assert.equal(await redis.hget(OPEN, "n"), "5");
+  assert.equal(await redis.hget(OPEN, "p"), '[["u1"], {"n": 0}, {}]');
+  assert.equal(await redis.hget(OPEN, "id"), ids[0]);
+  assert.ok(await redis.zscore("debounce:{0}:due", "17:proj.build_report:report:u1"));
+});
+
+test("replacePayload: the last call's arguments, the ceiling from the first call", async () => {
+  await redis.flushdb();
+  const first = await gate(redis, "proj.build_report", { args: ["u1"], kwargs: { n: 1 } },
+    { ...OPTIONS, replacePayload: true, debounce: "10s", maxWait: "20s" });
+  const second = await gate(redis, "proj.build_report", { args: ["u1"], kwargs: { n: 2 } },
+    { ...OPTIONS, replacePayload: true, debounce: "10s", maxWait: "20s" });
+  assert.ok(first.opened && !second.opened);
+  assert.equal(second.taskId, first.taskId);
+  assert.equal(await redis.hget(OPEN, "p"), '[["u1"], {"n": 2}, {}]');
+  assert.ok(second.deadlineMs <= first.nowMs + 20_000);
+});
+
+test("prefix and shards as the Python settings", async () => {
+  await redis.flushdb();
+  const call = prepare("proj.build_report", { args: ["u1"] }, { ...OPTIONS, prefix: "myapp", shards: 8 });
+  await debounce(redis, "proj.build_report", { args: ["u1"] }, { ...OPTIONS, prefix: "myapp", shards: 8 });
+  assert.equal(await redis.exists(call.keys[0]), 1);
+  assert.ok(call.keys[0].startsWith(`myapp:{${call.shard}}:open:`));
+});
+
+test("a producer of another contract version is refused, nothing written", async () => {
+  await redis.flushdb();
+  const call = prepare("proj.build_report", { args: ["u1"] }, OPTIONS);
+  call.argv[3] = "2:0";
+  await assert.rejects(sendGate(redis, call), (exc) => {
+    assert.ok(exc instanceof DebounceContractMismatch);
+    assert.equal(exc.producer, "2");
+    assert.equal(exc.gate, "1");
+    assert.match(exc.message, /DEBOUNCE_CONTRACT_MISMATCH producer 2 gate 1/);
+    return true;
+  });
+  assert.deepEqual(await redis.keys("*"), []);
+});
+
+test("errors are refused before anything is sent", async () => {
+  await redis.flushdb();
+  await assert.rejects(debounce(redis, "t", { args: [null] }, { ...OPTIONS, key: "k:{0}" }), DebounceKeyError);
+  await assert.rejects(debounce(redis, "t", { args: [] }, { debounce: "5m" }), DebounceConfigError);
+  await assert.rejects(debounce(redis, "t", { args: [] }, { ...OPTIONS, maxWait: "1m" }), DebounceConfigError);
+  await assert.rejects(debounce(redis, "t", { args: [] }, { ...OPTIONS, maxwait: "1h" }), /did you mean 'maxWait'/);
+  assert.deepEqual(await redis.keys("*"), []);
+});
+
+test("CommonJS: require() gives the same API", () => {
+  const require = createRequire(import.meta.url);
+  const cjs = require("../dist/cjs/index.js");
+  assert.equal(typeof cjs.debounce, "function");
+  assert.equal(cjs.prepare("proj.build_report", { args: ["u1"] }, OPTIONS).ident,
+    "17:proj.build_report:report:u1");
+});
