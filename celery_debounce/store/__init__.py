@@ -65,6 +65,7 @@ from .codec import (
     parse_reply,
 )
 from .connect import transport_for
+from .domain import ClaimResult, FinishResult
 from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
@@ -77,6 +78,7 @@ from .errors import (
     translate_errors,
 )
 from .operators import Operators
+from .runs import RunOps
 from .scripts import SCRIPT_NAMES, script_source
 from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported
 from .wake import WakeListener
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CONNECTION_ERRORS", "EXPIRY_GRACE_MS", "MIN_REDIS", "REDIS_ERROR", "SCRIPT_NAMES",
     "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "Cancelled", "CensusRow",
+    "ClaimResult", "FinishResult",
     "ListStep", "NotReplicated", "Outcome", "Shard", "ShardCounts", "ShardSnapshot", "TakeResult",
     "TakenEntry", "TakenWindow", "WakeListener", "WindowStore", "as_text",
     "is_error_reply", "is_outage", "is_unknown_outcome", "pipeline_failed_at",
@@ -100,7 +103,7 @@ __all__ = [
 
 # -- the store -------------------------------------------------------------------------------
 
-class WindowStore(ServerCheck, BulkGate, Operators):
+class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     """One app's windows in Redis, for the current process.
 
     Scripts run with EVALSHA and are reloaded on NOSCRIPT. How commands reach Redis
@@ -325,14 +328,14 @@ class WindowStore(ServerCheck, BulkGate, Operators):
                 self.settings.history_ttl_ms]
 
     def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "") -> tuple[str, bool]:
+              retry: bool = False, ident: str = "") -> ClaimResult:
         """Claim a window's run for one claim lease: ``(state before ("" if the record
         is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
         a live lease), which must not run. With ``debounce_redis_wait_replicas`` this is
         :meth:`_claim_waited` (see __init__); ``ident`` is read only there."""
         before, _, run = self.run_once("claim", self.record_keys(shard, task_id),
                                        self.claim_args(task_id, task_name, retry))
-        return as_text(before), bool(int(run))
+        return ClaimResult(as_text(before), bool(int(run)))
 
     def _run_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Script ``name`` then ``WAIT n timeout`` on the same connection, in one write
@@ -368,7 +371,7 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         return self.run_once(name, keys, args)
 
     def _claim_waited(self, shard: Shard, task_id: str, task_name: str = "",
-                      retry: bool = False, ident: str = "") -> tuple[str, bool]:
+                      retry: bool = False, ident: str = "") -> ClaimResult:
         """:meth:`claim` followed by ``WAIT`` (``debounce_redis_wait_replicas``): a claim
         that would run the body and that fewer replicas acknowledged is undone on the
         master it ran on (``unclaim.lua``, only if the claim is still that one) and
@@ -386,13 +389,13 @@ class WindowStore(ServerCheck, BulkGate, Operators):
         except NotReplicated as exc:
             before, at, run = exc.reply
             if not int(run) or not before:
-                return as_text(before), bool(int(run))
+                return ClaimResult(as_text(before), bool(int(run)))
             try:
                 self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])
             except DebounceBackendError as undo:  # a demoted master: it is discarded anyway
                 logger.debug("debounce: could not undo the claim of %s: %s", task_id, undo)
             raise
-        return as_text(before), bool(int(run))
+        return ClaimResult(as_text(before), bool(int(run)))
 
     def renew(self, held: dict[str, list[str]]) -> None:
         """Renew the claims ``held`` (claims key -> task ids) for one claim lease: one

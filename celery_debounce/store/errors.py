@@ -23,8 +23,10 @@ def translate_errors(operation: str) -> Iterator[None]:
 
 
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
+    from .domain import AliasesFull, PayloadTooLarge, ReplaceRefused, StoreUnavailable
+
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return DebounceBackendError(f"debounce Redis unreachable during {operation}: {exc}")
+        return StoreUnavailable(f"debounce Redis unreachable during {operation}: {exc}")
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         # Redis refuses a script under OOM only at its first write, before anything is
         # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
@@ -39,6 +41,11 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
             f"debounce gate refused {operation}: {match.group(0)} (the producer and the "
             "gate script speak different versions of the gate contract; see "
             "docs/contract.md)", match.group(1), match.group(2))
+    text = str(exc)
+    for code, typed in ((PAYLOAD_TOO_LARGE, PayloadTooLarge), (REPLACE_REFUSED, ReplaceRefused),
+                        (ALIASES_FULL, AliasesFull)):
+        if code in text:  # a script's own refusal (nothing written): its typed error
+            return typed(f"debounce Redis refused {operation}: {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
 
 

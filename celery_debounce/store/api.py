@@ -1,0 +1,248 @@
+"""The store contract: what each role of the package may ask of a windows' store.
+
+One typed Protocol per role (the producer's, the dispatcher's, the worker's, the
+operators'), each method in domain terms: shard references (opaque outside the store,
+:data:`~celery_debounce.store.domain.ShardRef`), prepared calls, taken windows, claims;
+failures as the typed errors of :mod:`celery_debounce.store.domain`, never a substring
+of a message nor a redis-py class. :class:`~celery_debounce.store.WindowStore` (Redis:
+one node, Sentinel, Cluster) satisfies every Protocol (tests/store_contract checks it
+under mypy and runs the contract suite against each of its topologies); a second store
+proves itself by passing the same suite.
+
+Every method that changes windows may raise
+:class:`~celery_debounce.store.domain.StoreUnavailable` (an outage: it did not run) or
+:class:`~celery_debounce.store.domain.OutcomeUnknown` (its reply was lost: it may have
+run, and it was not sent again); the others are named where they apply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..layout import Record
+from .bulk import Outcome
+from .codec import (
+    Cancelled,
+    CensusRow,
+    GateResult,
+    ListStep,
+    ShardCounts,
+    ShardSnapshot,
+    TakenEntry,
+    TakeResult,
+)
+from .domain import ClaimResult, FinishResult, ShardRef
+from .errors import CancelOutcomeUnknown
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..aliases import FixedId
+    from ..call import PreparedCall
+    from ..settings import Settings
+
+__all__ = [
+    "BaseStore", "DispatcherStore", "OperatorStore", "ProducerStore", "Store",
+    "WakeListening", "WorkerStore",
+]
+
+
+class BaseStore(Protocol):
+    """What every role reads of any store."""
+
+    @property
+    def settings(self) -> Settings:
+        """The app's typed settings the store was built with."""
+
+    def tag(self, shard: ShardRef) -> str:
+        """The wire form of ``shard`` (put on a published message; read back as a
+        :data:`ShardRef` by the worker)."""
+
+    def check_server(self, outage_raises: bool = False) -> None:
+        """Check the server is one the store supports (once per process); an outage is
+        raised only with ``outage_raises``."""
+
+
+class ProducerStore(BaseStore, Protocol):
+    """The producer's: open a window or join the open one, atomically."""
+
+    def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        """One call: open a window (``opened``) or join the open one of its ident, its
+        deadline never past the opener's ceiling. Raises ``PayloadTooLarge``,
+        ``ReplaceRefused``, ``AliasesFull``, ``DebounceContractMismatch`` (nothing written)."""
+
+    def gate_many(self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
+                  ) -> list[Outcome]:
+        """Each call as :meth:`gate`, in order: one outcome per call (its
+        :class:`GateResult`, ``WRITTEN`` when it ran but its id is unknown, or the
+        exception that kept it out)."""
+
+
+class WakeListening(Protocol):
+    """A dispatcher's subscription to the store's wake-ups (a window became due)."""
+
+    def subscribe(self) -> None:
+        """Start listening (again after a failure)."""
+
+    def wait(self, seconds: float, stop: threading.Event) -> None:
+        """Sleep up to ``seconds``; return early on a wake-up or when ``stop`` is set."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
+class DispatcherStore(BaseStore, Protocol):
+    """The dispatcher's: take due windows, settle each publish, sweep, keep time."""
+
+    def take(self, shard: ShardRef, limit: int, observer: str = "",
+             lapse_upto: int | None = None) -> TakeResult:
+        """Lease up to ``limit`` due windows of ``shard`` (and those whose dispatch lease
+        ended); a window held for an exclusive run is not taken. Sent at most once."""
+
+    def ack(self, shard: ShardRef, task_ids: Sequence[str]) -> int:
+        """Published: these taken windows are queued (idempotent); how many were."""
+
+    def release(self, shard: ShardRef, delay_ms: int,
+                windows: Sequence[tuple[str, int | str]]) -> int:
+        """Not published: ``(task id, tries)`` windows are taken again in ``delay_ms``
+        (``"<tries>!"``: a failure counted against it). Sent at most once."""
+
+    def quarantine(self, shard: ShardRef, task_id: str, reason: str) -> list[Any] | None:
+        """Set a taken window aside for good (its raw aliases; None: it was not)."""
+
+    def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
+        """Remember when the messages of ``(task id, ms left)`` just published expire."""
+
+    def expire(self, shard: ShardRef, limit: int = 100) -> list[tuple[str, list[Any]]]:
+        """The expiry sweep: finish as REVOKED the queued windows whose message
+        expired; ``(task id, raw aliases)`` of each, until :meth:`expired` confirms."""
+
+    def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
+        """The outcome of these swept windows is stored: forget them."""
+
+    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
+        """Record the shard layouts ``write``; ``(now ms, every layout -> ms written)``."""
+
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Dispatcher ``name`` runs (or stopped cleanly); the store's time, ms."""
+
+    def wake_listener(self) -> WakeListening:
+        """A new subscription to the wake-ups (one per dispatcher)."""
+
+    def refresh_topology(self) -> None:
+        """After a failover or resharding, find the servers again (a no-op where none)."""
+
+
+class WorkerStore(BaseStore, Protocol):
+    """The worker's: claim a run, keep its claim alive, end it, mark it finished."""
+
+    def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
+              retry: bool = False, ident: str = "") -> ClaimResult:
+        """Claim a window's run for one claim lease; ``run`` False: a duplicate
+        delivery that must not run. Sent at most once; ``NotReplicated`` (an
+        ``OutcomeUnknown``) when too few replicas acknowledged it."""
+
+    def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
+        """The run ended with Celery ``state``: the window is finished (idempotent) and
+        its held successor, if any, is due."""
+
+    def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
+        """Extend the live claims of these runs by one claim lease (a lapsed or finished
+        claim is never brought back)."""
+
+    def end_claim(self, shard: ShardRef, task_id: str) -> None:
+        """End a run's claim now (its message went back to the queue): its next delivery
+        takes the claim over instead of being skipped as a duplicate."""
+
+    def put_back(self, shard: ShardRef, task_id: str) -> bool:
+        """The run's message was requeued: its window is queued again, an exclusive key
+        stays held; False if it was not claimed."""
+
+    def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
+        """How late past its max-wait ceiling this run starts (None: unknown)."""
+
+
+class OperatorStore(BaseStore, Protocol):
+    """The operators' (admin, CLI, ``top``, exporter, tests): reads and actions."""
+
+    # reads
+    def ping(self) -> bool:
+        """True when the store answers."""
+
+    def time_ms(self, operation: str = "time") -> int:
+        """The store's clock, ms."""
+
+    def pending(self, shard: ShardRef, ident: str) -> Record | None:
+        """The open window of ``ident``, or None."""
+
+    def taken(self, task_id: str) -> tuple[int, Record] | None:
+        """``(shard, record)`` of a window taken for dispatch, by id, or None."""
+
+    def list_step(self, shard: ShardRef, start: str, skip: int, budget: int, want: int,
+                  prefix: str, pattern: bytes) -> ListStep:
+        """One bounded step of listing a shard's open windows."""
+
+    def taken_page(self, shard: ShardRef, set_name: str, start: int, count: int,
+                   ) -> list[TakenEntry]:
+        """One page of a shard's leased or active windows."""
+
+    def quiet_ends(self, shard: ShardRef, leading: Sequence[Record]) -> dict[str, int]:
+        """When each leading run's quiet period ends (ms), by ident."""
+
+    def find_step(self, shard: ShardRef, cursor: str, task_id: str, count: int,
+                  ) -> tuple[str, str | None]:
+        """One bounded step of finding an open window by id."""
+
+    def held(self, shard: ShardRef) -> dict[str, tuple[int, str | None]]:
+        """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
+
+    def waits_for(self, shard: ShardRef, idents: Sequence[str],
+                  ) -> list[tuple[str | None, str | None]]:
+        """For held idents: the id held and the id of the run it waits for."""
+
+    def census_step(self, shard: ShardRef, cursor: str, count: int, now_ms: int,
+                    ) -> tuple[str, list[CensusRow]]:
+        """One bounded step of counting open windows per task."""
+
+    def counts(self, shard: ShardRef, now_ms: int) -> ShardCounts:
+        """Open and due windows of ``shard`` and its counters."""
+
+    def snapshot(self, shard: ShardRef, now_ms: int) -> ShardSnapshot:
+        """A shard's gauges in one bounded read (``top``, the exporter)."""
+
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``."""
+
+    def collected(self, shard: ShardRef, collect_list: str) -> list[bytes]:
+        """The elements a collect window gathered so far."""
+
+    def pending_payloads(self, shard: ShardRef, prefix: str | None = None,
+                         ) -> Iterator[Record]:
+        """Every open window of ``shard`` with its payload (tests, ``debounce_fakeredis``)."""
+
+    def maxmemory_policy(self) -> str:
+        """The server's eviction policy (a store that never evicts: ``"noeviction"``)."""
+
+    # actions
+    def flush(self, shard: ShardRef, ident: str, task_id: str = "") -> Record | None:
+        """Make the open window of ``ident`` due now; the window, or None."""
+
+    def flush_many(self, shard: ShardRef, windows: Sequence[tuple[str, str]]) -> int:
+        """:meth:`flush` for each ``(ident, task id)``; how many were flushed."""
+
+    def cancel(self, shard: ShardRef, ident: str, task_id: str = "") -> Cancelled | None:
+        """Drop the open window of ``ident``; what was dropped, or None. A lost reply
+        raises ``CancelOutcomeUnknown`` (see :meth:`cancelled_by`)."""
+
+    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
+        """What a cancel whose reply was lost dropped, if it ran."""
+
+    def reset_counters(self, shard: ShardRef) -> dict[str, int]:
+        """Zero a shard's counters; their values before."""
+
+    def delete_all(self) -> int:
+        """Delete every window and record of the app (tests, ``clear``); how many keys."""
+
+
+class Store(ProducerStore, DispatcherStore, WorkerStore, OperatorStore, Protocol):
+    """Every role's members: what a complete store implements."""

@@ -1,0 +1,80 @@
+"""The store contract's domain types and typed errors (see :mod:`celery_debounce.store.api`).
+
+What a store's methods take and return, and what they raise, in the terms of windows,
+calls and runs: no key names, no script names, no raw replies, no redis-py classes.
+Each error is a subclass of the public error callers already catch
+(:mod:`celery_debounce.errors`), so code written against those keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..errors import (
+    DebounceBackendError,
+    DebounceConfigError,
+    DebounceOutcomeUnknown,
+    DebouncePayloadError,
+)
+from .codec import Shard
+
+__all__ = [
+    "AliasesFull", "ClaimResult", "FinishResult", "OutcomeUnknown", "PayloadTooLarge",
+    "ReplaceRefused", "ShardRef", "StoreUnavailable",
+]
+
+#: A shard as the store hands it out and takes it back: opaque outside the store.
+#: A caller gets one from the store (a number of its layout, a message's header as the
+#: store wrote it) and passes it back unchanged; :meth:`~BaseStore.tag` is its wire form.
+ShardRef = Shard
+
+
+# -- typed errors ----------------------------------------------------------------------
+
+class StoreUnavailable(DebounceBackendError):
+    """The store could not be reached (an outage): nothing was sent, or what was sent
+    is known not to have run. Worth retrying."""
+
+
+#: A command that changes windows reached the store but its reply was lost: it may or
+#: may not have run, and it was not sent again (the public name, re-exported here).
+OutcomeUnknown = DebounceOutcomeUnknown
+
+
+class PayloadTooLarge(DebouncePayloadError, DebounceBackendError):
+    """A collect call that cannot fit even an empty window
+    (``debounce_max_payload_bytes``); nothing was written."""
+
+
+class ReplaceRefused(DebounceConfigError, DebounceBackendError):
+    """A replacing join (``debounce_replace_payload``) that the window's message cannot
+    take; nothing was written."""
+
+
+class AliasesFull(DebounceBackendError):
+    """A fixed-id call past the window's most aliases (``aliases.MAX_ALIASES``);
+    nothing was written."""
+
+
+# -- typed results ---------------------------------------------------------------------
+
+class ClaimResult(NamedTuple):
+    """A worker's claim of a window's run (``before, run = store.claim(...)`` still
+    unpacks as the plain pair did)."""
+
+    #: the window's state before the claim ("" if its record is gone): ``dispatching``,
+    #: ``queued``, ``claimed``, ``stale``, ``finished``, ``pending``
+    before: str
+    #: False: a duplicate delivery (finished, or claimed under a live lease): the body
+    #: must not run
+    run: bool
+
+
+class FinishResult(NamedTuple):
+    """A run's end marked on its window."""
+
+    #: False: no record was there (gone after its TTL, or never written)
+    finished: bool
+    #: the caller ids recorded on the window (``aliases.parse_aliases``): each one's
+    #: result is stored with the run's outcome
+    aliases: list[dict[str, Any]]
