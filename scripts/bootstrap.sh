@@ -24,3 +24,7 @@ S(replicas=0, sentinels=1).start().cleanup()" || {
 scripts/ensure-rabbitmq.sh
 scripts/ensure-observability.sh
 scripts/ensure-faketime.sh
+# the Node producer (clients/node): ioredis and its build tool, when node is installed
+if command -v npm >/dev/null 2>&1; then
+  (cd clients/node && npm install --no-audit --no-fund --silent)
+fi

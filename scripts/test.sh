@@ -13,6 +13,7 @@ CELERY_DEBOUNCE_WHEEL="$(.venv/bin/python scripts/corners.py build)"
 export CELERY_DEBOUNCE_WHEEL
 .venv/bin/python -m pytest "$@"
 if [ "$#" -eq 0 ]; then
+  (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build
   scripts/checks.sh
   .venv/bin/python scripts/mutation_check.py --jobs 2
