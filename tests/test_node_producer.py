@@ -12,24 +12,27 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
 from celery_debounce.store.scripts import script_source
+from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.windows import list_windows
 
 NODE = shutil.which("node")
 PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed (the Node "
-                                "producer's tests need node >= 18 on PATH)")
+                                "producer's tests need node >= 20 on PATH)")
 
 #: Runs the calls given as JSON (in place of __CALLS__), prints their task ids (or errors).
 PRODUCER = """
 import Redis from "ioredis";
 import { debounce } from "celery-debounced";
-const { url, calls } = JSON.parse(__CALLS__);
-const redis = new Redis(url, { autoResendUnfulfilledCommands: false });
+const { url, cluster, calls } = JSON.parse(__CALLS__);
+const redis = cluster
+  ? new Redis.Cluster([cluster], { redisOptions: { autoResendUnfulfilledCommands: false } })
+  : new Redis(url, { autoResendUnfulfilledCommands: false });
 const out = [];
 for (const [task, call, options] of calls) {
   try { out.push(await debounce(redis, task, call, options)); }
@@ -52,10 +55,13 @@ def node_package() -> Path:
     return PACKAGE
 
 
-def node_calls(package: Path, url: str, calls: list[Any]) -> list[Any]:
-    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order."""
+def node_calls(package: Path, url: str, calls: list[Any],
+               cluster: dict[str, Any] | None = None) -> list[Any]:
+    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
+    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster)."""
     assert NODE is not None
-    source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps({"url": url, "calls": calls})))
+    given = {"url": url, "calls": calls, "cluster": cluster}
+    source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps(given)))
     script = package / "test" / ".producer.mjs"  # inside the package: resolves its name
     script.write_text(source, "utf-8")
     try:
@@ -145,3 +151,26 @@ def test_replace_payload_and_the_ceiling_hold_across_producers(
     with running_worker(app):
         assert joined.get(timeout=15) == "built u1@3"
     assert runs == [("u1", 3)]
+
+
+@pytest.mark.cluster
+def test_on_a_redis_cluster_node_and_python_share_one_window_and_it_runs(
+        redis_server: str, redis_cluster: LocalCluster, node_package: Path) -> None:
+    redis.Redis.from_url(f"{redis_server}/0").flushall()
+    redis_cluster.flushall()
+    app = make_app(redis_server, debounce_redis_url=f"{redis_cluster.url}/0",
+                   debounce_redis_cluster=True, debounce_shards=6)
+    runs: list[Any] = []
+    build_report = report_task(app, runs)
+    host, port = redis_cluster.url.rsplit("/", 1)[-1].rsplit(":", 1)
+    node = {"host": host, "port": int(port)}
+    options = {**OPTIONS, "shards": 6}
+    calls = [["proj.build_report", {"args": [user], "kwargs": {"n": 1}}, options]
+             for user in ("u1", "u2", "u3")]
+    with running_worker(app):
+        ids = node_calls(node_package, "", calls, cluster=node)
+        assert all(isinstance(i, str) for i in ids), ids
+        assert [build_report.delay(u, n=2).id for u in ("u1", "u2", "u3")] == ids
+        assert [app.AsyncResult(i).get(timeout=20) for i in ids] == [
+            "built u1@1", "built u2@1", "built u3@1"]
+    assert sorted(runs) == [("u1", 1), ("u2", 1), ("u3", 1)]
