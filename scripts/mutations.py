@@ -846,6 +846,12 @@ MUTATIONS: list[Mutation] = [
         "                if False:\n                    conn.connect()",
         "tests/test_lease_budget.py::"
         "test_a_renewal_reaches_sentinels_master_on_its_own_connection"),
+    one("a forked child keeps the parent's renewal lock",
+        "claim leases: a forked child renews (on a connection of its own)",
+        PKG + "store/transport.py",
+        "            self.lock, self.conn, self.pid = threading.Lock(), None, os.getpid()",
+        "            self.conn, self.pid = None, os.getpid()",
+        "tests/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own"),
     one("a renewal goes through the client's pipeline and its retry",
         "claim leases: a lease's budget (a failed renewal costs one timeout)",
         PKG + "store/transport.py",

@@ -243,6 +243,37 @@ def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
         renewer.drop(store, claims, "t1")
 
 
+def test_a_forked_child_renews_on_a_connection_of_its_own(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """A process forked while its renewal thread was sending (the renewal link's lock
+    held) renews in the child on a new connection, instead of waiting for that lock
+    forever."""
+    import os
+
+    app = make_app(redis_server)
+    store = store_for(app)
+    claims = store.claims_key(0)
+    redis_client.zadd(claims, {"t1": 1})
+    store.renew({claims: ["t1"]})
+    link = store.transport.__dict__["_renewal"]
+    with link.lock:  # the parent's renewal thread mid-send
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            redis_client.zadd(claims, {"t1": 1})
+            store.renew({claims: ["t1"]})
+            os._exit(0)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the child's renewal waited for the parent's lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert (redis_client.zscore(claims, "t1") or 0) > now_ms(redis_client)
+
+
 # -- a lost reply of release.lua ---------------------------------------------------------
 
 

@@ -123,6 +123,9 @@ class RenewalLink:
     def send(self, pool: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send ``commands`` in one write, read every reply; raise the first error reply
         (NOSCRIPT included), or the connection's error (the connection is dropped)."""
+        if self.pid != os.getpid():  # a forked child: the parent's lock (it may have been
+            # held by the parent's renewal thread) and connection are not its own
+            self.lock, self.conn, self.pid = threading.Lock(), None, os.getpid()
         with self.lock:
             conn = self._connection(pool)
             try:
@@ -141,11 +144,11 @@ class RenewalLink:
         return replies
 
     def _connection(self, pool: Any) -> Any:
-        if self.conn is None or self.pool is not pool or self.pid != os.getpid():
-            if self.conn is not None and self.pid == os.getpid():
+        if self.conn is None or self.pool is not pool:
+            if self.conn is not None:
                 self.conn.disconnect()
             kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
-            self.conn, self.pool, self.pid = pool.connection_class(**kwargs), pool, os.getpid()
+            self.conn, self.pool = pool.connection_class(**kwargs), pool
         return self.conn
 
 
