@@ -174,3 +174,35 @@ def test_on_a_redis_cluster_node_and_python_share_one_window_and_it_runs(
         assert [app.AsyncResult(i).get(timeout=20) for i in ids] == [
             "built u1@1", "built u2@1", "built u3@1"]
     assert sorted(runs) == [("u1", 1), ("u2", 1), ("u3", 1)]
+
+
+def test_the_packed_tarball_installs_in_an_empty_folder_and_runs_the_readme_quickstart(
+        tmp_path: Path, redis_server: str, redis_client: redis.Redis,
+        node_package: Path) -> None:
+    npm = shutil.which("npm")
+    assert NODE is not None and npm is not None, "npm comes with node"
+    packed = subprocess.run([npm, "pack", "--pack-destination", str(tmp_path)],
+                            cwd=node_package, capture_output=True, text=True, timeout=120,
+                            check=True).stdout.strip().splitlines()[-1]
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "package.json").write_text('{"private": true, "type": "module"}\n')
+    subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefer-offline",
+                    str(tmp_path / packed)], cwd=folder, check=True, capture_output=True,
+                   timeout=300)
+    readme = (node_package / "README.md").read_text("utf-8")
+    assert readme.startswith("# celery-debounced\n\n```sh\nnpm install celery-debounced")
+    example = readme.split("```ts\n", 1)[1].split("```", 1)[0]
+    assert len(example.strip().splitlines()) <= 10
+    (folder / "quickstart.mjs").write_text(
+        example.replace("redis://localhost:6379/0", f"{redis_server}/0"), "utf-8")
+    out = subprocess.run([NODE, "quickstart.mjs"], cwd=folder, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.strip()
+    assert redis_client.hget("debounce:{0}:open:17:proj.build_report:report:u1", "id") == (
+        out.encode())
+    typed = folder / "node_modules" / "celery-debounced" / "dist"
+    assert (typed / "esm" / "index.d.ts").is_file() and (typed / "cjs" / "index.d.ts").is_file()
+    required = subprocess.run(
+        [NODE, "-e", "const m = require('celery-debounced'); console.log(typeof m.debounce)"],
+        cwd=folder, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert required == "function"
