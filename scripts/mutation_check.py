@@ -41,7 +41,8 @@ if str(ROOT / "scripts") not in sys.path:
 from mutations import MUTATIONS, Mutation  # noqa: E402
 
 #: What the tests need from the tree; nothing else is copied.
-COPIED = ("celery_debounce", "tests", "docs", "pyproject.toml", "mkdocs.yml", "README.md")
+COPIED = ("celery_debounce", "tests", "docs", "contract", "pyproject.toml", "mkdocs.yml",
+          "README.md")
 _FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[[^\]]*\])?)", re.M)
 
 
