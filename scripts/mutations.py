@@ -380,6 +380,15 @@ MUTATIONS: list[Mutation] = [
         "len(todo) == len(calls)",
         ONCE + "test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone"
         "[after-another]"),
+    one("a cluster call whose connect timed out is not sent to the current master "
+        "(connect timeout)",
+        "a connect that timed out sent nothing: the slot table is read again",
+        PKG + "store/transport.py",
+        "                conn: Any = checkout(pool)\n            except LINK_ERRORS as exc:",
+        "                conn: Any = checkout(pool)\n"
+        "            except (redis.ConnectionError, OSError) as exc:",
+        "tests/test_send_paths.py::"
+        "test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_master"),
     # -- issue 19: the documented ACL line is complete -----------------------------
     one("the documented ACL line lacks +wait",
         "ACL: the documented least-privilege line runs every feature",
@@ -1225,12 +1234,25 @@ MUTATIONS: list[Mutation] = [
     one("a connection made before patching is used as it is (it blocks every greenlet)",
         "a call after patching never reads on a stdlib socket",
         PKG + "store/node.py",
-        "                if lease is not self._lease and type(conn._sock) is _STD_SOCKET:\n"
-        "                    conn.disconnect()  # made before patching: "
-        "it would block every greenlet\n",
-        "",
+        "conn = checkout(pool)  # one made before patching is made anew",
+        "conn = pool.get_connection(*_checkout_args())",
         "tests/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets"),
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[per-call]",
+        "tests/test_gevent.py::"
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[kept]"),
+    one("a script then WAIT uses a connection made before patching (patched, blocks)",
+        "a call after patching never reads on a stdlib socket",
+        PKG + "store/transport.py",
+        "conn: Any = checkout(pool)\n",
+        "conn: Any = pool.get_connection(*CHECKOUT_ARGS)\n",
+        "tests/test_gevent.py::"
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[then-wait]"),
+    one("a TLS connection made before patching is taken for a patched one (patched)",
+        "a call after patching never reads on a stdlib socket",
+        PKG + "store/transport.py",
+        "and isinstance(conn._sock, STD_SOCKET))",
+        "and type(conn._sock) is STD_SOCKET)",
+        "tests/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew"),
     one("a run past its ceiling is not counted as a max-wait violation",
         "max_wait_violations_total counts each run that starts past its ceiling plus the "
         "tolerance",

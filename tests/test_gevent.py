@@ -26,6 +26,9 @@ from fault_app import build
 from green_callers import assert_each_call_got_its_window, key_of
 from helpers import stop_process, wait_until
 from test_faults import TESTS, env_for, runs, worker_process
+from test_tls_acl import make_certs
+
+from celery_debounce.testing.servers import LocalRedis, free_port, server_supports_tls
 
 pytest.importorskip("gevent", reason="the test extra installs gevent")  # declared: CI has it
 
@@ -143,13 +146,20 @@ def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies
 
 
 _BLOCKING_PROBE = """
-import sys, time
+import json, sys, time
 from green_callers import build
+from celery_debounce import DebounceOutcomeUnknown
 from celery_debounce.store import store_for
 import redis
 url = sys.argv[1]
 task = build(url).tasks["green.debounced"]
-task.delay("before")
+task.app.conf.update(json.loads(sys.argv[2]))
+def call(key):
+    try:
+        task.delay(key)
+    except DebounceOutcomeUnknown:  # WAIT: no replica acknowledged it
+        pass
+call("before")
 store_for(task.app).client.ping()  # the pool keeps an idle connection with a stdlib socket
 from gevent import monkey
 monkey.patch_all()
@@ -164,18 +174,46 @@ def ticker():
 beat = gevent.spawn(ticker)
 gevent.sleep(0.01)
 before = ticks
-task.delay("after")  # takes the pool's idle connection
+call("after")  # takes the pool's idle connection
 print(ticks - before)
 """
 
 
+@pytest.mark.parametrize("path", ["kept", "per-call", "then-wait"])
 def test_a_connection_made_before_patching_does_not_block_the_other_greenlets(
-        redis_server: str, redis_client: redis.Redis) -> None:
+        redis_server: str, redis_client: redis.Redis, path: str) -> None:
     """A call after patching that takes a connection made before it (a stdlib socket:
-    its reads block the whole thread) makes it anew: other greenlets run meanwhile."""
-    done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, redis_server],
+    its reads block the whole thread) makes it anew: other greenlets run meanwhile. On
+    each path: the thread's kept connection, the pool's checkout of each call (RESP3
+    here, as Sentinel's pool: no kept connection), a script then WAIT."""
+    conf = {"kept": {}, "then-wait": {"debounce_redis_wait_replicas": 1},
+            "per-call": {"debounce_redis_url": f"{redis_server}/0?protocol=3"}}[path]
+    done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, redis_server,
+                           json.dumps(conf)],
                           env=env_for(redis_server), capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     # 0.6 s of 5 ms sleeps: about 100 ticks when the call yields, none when it blocks
+    assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"
+
+
+def test_a_tls_connection_made_before_patching_is_made_anew(
+        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    """The same over TLS (rediss://): the connection's socket is the stdlib's SSLSocket,
+    a subclass of its socket (before, only a plain socket was recognised)."""
+    if not server_supports_tls():
+        pytest.skip("this redis-server was built without TLS")
+    certs = make_certs(tmp_path)
+    port = free_port()
+    with LocalRedis("--tls-port", str(port), "--tls-cert-file", str(certs["server.crt"]),
+                    "--tls-key-file", str(certs["server.key"]),
+                    "--tls-ca-cert-file", str(certs["ca.crt"]),
+                    "--tls-auth-clients", "no") as server:
+        url = f"redis://127.0.0.1:{server.port}"
+        conf = {"debounce_redis_url": f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required"
+                                      f"&ssl_ca_certs={certs['ca.crt']}"}
+        done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, url, json.dumps(conf)],
+                              env=env_for(url), capture_output=True, text=True,
+                              timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"

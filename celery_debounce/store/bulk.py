@@ -15,7 +15,7 @@ from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
 from ..settings import Settings
 from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from .errors import _translated, is_outage, translate_errors
-from .transport import CHECKOUT_ARGS, Transport, _reply_or_error, cut_runs_nothing
+from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..call import PreparedCall
@@ -177,7 +177,7 @@ class BulkGate:
             if not getattr(script, "_loaded_by_bulk", False):  # spare a chunk of NOSCRIPT
                 script.sha = client.script_load(script.script)
                 setattr(script, "_loaded_by_bulk", True)  # noqa: B010
-            conn: Any = pool.get_connection(*CHECKOUT_ARGS)  # refused: nothing sent
+            conn: Any = checkout(pool)  # refused: nothing sent
         try:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))

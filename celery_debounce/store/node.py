@@ -20,11 +20,11 @@ from ..settings import Settings
 from .errors import _lost, _refused_by_a_replica, _translated, translate_errors
 from .server import _PooledCommands
 from .transport import (
-    CHECKOUT_ARGS,
     LINK_ERRORS,
     Transport,
     _checkout_args,
     _reply_or_error,
+    checkout,
     cut_runs_nothing,
 )
 
@@ -418,9 +418,7 @@ class NodeTransport(Transport):
                 pool = None
             else:
                 pool = self.client.connection_pool
-                conn = pool.get_connection(*CHECKOUT_ARGS)
-                if lease is not self._lease and type(conn._sock) is _STD_SOCKET:
-                    conn.disconnect()  # made before patching: it would block every greenlet
+                conn = checkout(pool)  # one made before patching is made anew
             try:
                 try:
                     conn.send_packed_command(
@@ -463,7 +461,7 @@ class NodeTransport(Transport):
         pool = self.client.connection_pool
         with translate_errors(name):
             for _ in (1, 2):
-                conn: Any = pool.get_connection(*CHECKOUT_ARGS)
+                conn: Any = checkout(pool)
                 wire = [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
                         for i in todo]
                 written = False

@@ -14,7 +14,7 @@ from ..checks import UNKNOWN
 from ..errors import DebounceBackendError
 from ..layout import as_text
 from .errors import _translated
-from .transport import CHECKOUT_ARGS
+from .transport import checkout
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..settings import Settings
@@ -34,7 +34,7 @@ class _PooledCommands:
 
     def execute_command(self, *args: Any) -> Any:
         pool = self.connection_pool
-        conn: Any = pool.get_connection(*CHECKOUT_ARGS)
+        conn: Any = checkout(pool)
         try:
             conn.send_command(*args)
             return conn.read_response()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -62,6 +63,30 @@ def _checkout_args() -> tuple[str, ...]:
 
 #: What ``pool.get_connection`` is given (read once).
 CHECKOUT_ARGS = _checkout_args()
+
+#: The stdlib's socket class (None: gevent or eventlet had patched it before this import).
+STD_SOCKET: Any = socket.socket if socket.socket.__module__ == "socket" else None
+
+
+def made_before_patching(conn: Any) -> bool:
+    """True when gevent or eventlet patched ``socket`` after this import and ``conn``
+    still holds a stdlib socket (TLS too): its reads would block every greenlet."""
+    return (STD_SOCKET is not None and socket.socket is not STD_SOCKET
+            and isinstance(conn._sock, STD_SOCKET))
+
+
+def checkout(pool: Any) -> Any:
+    """``pool.get_connection``, connected on a patched socket if it was made before the
+    patching; a refused or timed-out connect raises as the pool's does (nothing sent)."""
+    conn = pool.get_connection(*CHECKOUT_ARGS)
+    if made_before_patching(conn):
+        try:
+            conn.disconnect()
+            conn.connect()
+        except BaseException:
+            pool.release(conn)
+            raise
+    return conn
 
 
 def _reply_or_error(conn: Any) -> Any:
@@ -272,12 +297,14 @@ class Transport:
             else:
                 pool = self.pool_for(key)
             try:
-                conn: Any = pool.get_connection(*CHECKOUT_ARGS)
-            except (redis.ConnectionError, OSError):
-                # refused (a dead master the slot table still names): nothing was sent;
-                # read the slot table again, so a promoted replica is found
+                conn: Any = checkout(pool)
+            except LINK_ERRORS as exc:
+                # refused, or timed out connecting (a dead master the slot table still
+                # names): nothing was sent; read the slot table again, so a promoted
+                # replica is found (after a timeout, only if the table moved)
                 self.refresh_topology()
-                if attempt >= 2:
+                if attempt >= 2 or (isinstance(exc, redis.TimeoutError) and (
+                        asking is not None or self.pool_for(key) is pool)):
                     raise
                 continue
             wire = [("ASKING",), *commands] if asking is not None else commands
