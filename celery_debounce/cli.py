@@ -503,9 +503,13 @@ def check(ctx: click.Context, as_json: bool) -> None:
     reports each definition a worker would refuse to start with, with the same
     message; connects to nothing. Exit 0 when all are valid, else 1.
     """
+    from .contrib import import_problem
     from .validation import check_app
 
-    problems = check_app(ctx.obj.app)
+    try:
+        problems = check_app(ctx.obj.app)
+    except Exception as exc:  # a task module that fails to import: the worker fails too
+        problems = [import_problem(exc)]
     if as_json:
         echo_json({"ok": not problems,
                    "problems": [{"where": p.where, "message": p.message} for p in problems]})

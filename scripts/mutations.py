@@ -1282,4 +1282,11 @@ MUTATIONS: list[Mutation] = [
         "        if refused_tasks(app):\n            app.steps[\"worker\"].add(RefusedTasksStep)\n",
         "",
         "tests/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages"),
+    one("check lets a task module's import error escape as a traceback",
+        "debounce check reports every problem and -j always prints its JSON object",
+        PKG + "cli.py",
+        "    except Exception as exc:  # a task module that fails to import: the worker fails too",
+        "    except ImportError as exc:  # a task module that fails to import",
+        "tests/test_check_command.py::"
+        "test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback"),
 ]

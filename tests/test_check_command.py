@@ -45,6 +45,28 @@ def test_check_lists_each_refused_definition_with_its_own_message(redis_server: 
     assert json.loads(good.stdout) == {"ok": True, "problems": []}
 
 
+def test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback(
+    redis_server: str,
+) -> None:
+    """A NameError while importing a task module: exit 1, the error and its file and
+    line as the ``imports`` problem, and ``-j`` still prints its JSON object."""
+    env = {**_env(redis_server, False), "CHECK_APP_BROKEN": "1"}
+    for args in ((), ("-j",)):
+        run = subprocess.run([sys.executable, "-m", "celery", "-A", "check_app", "debounce",
+                              "check", *args], cwd=TESTS, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
+        if args:
+            [problem] = json.loads(run.stdout)["problems"]
+            assert problem["where"] == "imports"
+            message = problem["message"]
+        else:
+            message, summary = run.stdout.splitlines()
+            assert summary == "1 problem(s) found."
+        assert "NameError: name 'settings_module_typo' is not defined" in message, message
+        assert "check_tasks_broken.py, line 15" in message, message
+
+
 def test_check_reports_a_refused_setting(redis_server: str) -> None:
     run = subprocess.run(
         [sys.executable, "-c", "import check_app, sys\n"

@@ -28,10 +28,14 @@ def check_debounced_tasks(app_configs: Sequence[Any] | None = None,
 
     from ...bootstep import uses_debounce
     from ...validation import check_app
+    from .. import import_problem
 
     errors: list[checks.CheckMessage] = []
     for app in list(_get_active_apps()):
-        problems = check_app(app, packages=[c.name for c in apps.get_app_configs()])
+        try:
+            problems = check_app(app, packages=[c.name for c in apps.get_app_configs()])
+        except Exception as exc:  # a tasks module that fails to import
+            problems = [import_problem(exc)]
         if not problems and not uses_debounce(app):
             continue
         for problem in problems:
