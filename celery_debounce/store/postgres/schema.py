@@ -1,0 +1,78 @@
+"""The PostgreSQL store's schema: its version, its SQL, and the refusals of a database
+whose schema is missing, older or newer than this package's."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from ...errors import DebounceConfigError
+
+__all__ = [
+    "MIGRATE_COMMAND", "MIN_SERVER_VERSION", "SCHEMA_VERSION", "SchemaMismatch",
+    "SchemaMissing", "SchemaTooNew", "SchemaTooOld", "schema_sql", "upgrade_sql",
+]
+
+#: The schema version this package reads and writes (``debounce_schema.version``).
+SCHEMA_VERSION = 1
+#: The oldest server the schema is written for (``server_version_num // 10000``).
+MIN_SERVER_VERSION = 13
+#: What creates or upgrades the schema.
+MIGRATE_COMMAND = "celery -A proj debounce migrate"
+#: ``pg_advisory_xact_lock`` key that serializes concurrent migrations ("debounce").
+MIGRATE_LOCK = 0x6465626F756E6365
+
+#: version n -> the SQL that upgrades a schema of version n to n + 1 (none yet).
+UPGRADES: dict[int, str] = {}
+
+
+def schema_sql() -> str:
+    """The SQL that creates the schema of :data:`SCHEMA_VERSION` (``schema.sql``)."""
+    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+
+
+def upgrade_sql(found: int) -> list[str]:
+    """The steps that upgrade a schema of version ``found`` to :data:`SCHEMA_VERSION`."""
+    return [UPGRADES[version] for version in range(found, SCHEMA_VERSION)]
+
+
+class SchemaMismatch(DebounceConfigError):
+    """The database's debounce schema is not the one this package uses: nothing was
+    written. ``found`` is its version (None: no schema), ``expected`` this package's."""
+
+    def __init__(self, message: str, found: int | None, expected: int = SCHEMA_VERSION
+                 ) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
+
+
+class SchemaMissing(SchemaMismatch):
+    """The database has no debounce schema: run the migrate command."""
+
+
+class SchemaTooOld(SchemaMismatch):
+    """The database's debounce schema is older than this package's: run the migrate
+    command."""
+
+
+class SchemaTooNew(SchemaMismatch):
+    """The database's debounce schema is newer than this package's (a newer version of
+    the package migrated it): upgrade the package; it never downgrades a schema."""
+
+
+def refusal(found: int | None) -> SchemaMismatch | None:
+    """The error for a database whose schema version is ``found``; None when it fits."""
+    if found is None:
+        return SchemaMissing(
+            f"the database has no celery_debounce schema (expected version "
+            f"{SCHEMA_VERSION}): run `{MIGRATE_COMMAND}`", found)
+    if found < SCHEMA_VERSION:
+        return SchemaTooOld(
+            f"the database's celery_debounce schema is version {found}, older than this "
+            f"package's {SCHEMA_VERSION}: run `{MIGRATE_COMMAND}`", found)
+    if found > SCHEMA_VERSION:
+        return SchemaTooNew(
+            f"the database's celery_debounce schema is version {found}, newer than this "
+            f"package's {SCHEMA_VERSION}: upgrade celery-debounced (a schema is never "
+            f"downgraded)", found)
+    return None

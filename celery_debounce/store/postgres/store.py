@@ -1,0 +1,291 @@
+"""``PostgresStore``: the window store on PostgreSQL (psycopg 3 and its pool).
+
+Each operation is one call of a function of ``schema.sql`` in one round trip, in its
+own transaction (the pool's connections are in autocommit), on the server's clock.
+Nothing is sent twice: a connection lost after the call was sent is
+:class:`~celery_debounce.store.domain.OutcomeUnknown`; no connection to be had is
+:class:`~celery_debounce.store.domain.StoreUnavailable`.
+
+What exists: the gate (open or join; the ceiling; payload replacement; the call count),
+take (due windows and lapsed leases, ``FOR UPDATE SKIP LOCKED``), ack, the schema's
+migration and its version check. Not yet: fixed ids, leading edge, collect, the call
+cap, exclusive runs (refused at the gate, nothing written), the worker's claim and
+finish, wake-ups, sweeps, the operators' reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ...errors import DebounceConfigError
+from ...layout import Record
+from ..codec import GateResult, TakenWindow, TakeResult
+from ..domain import OutcomeUnknown, ShardRef, StoreUnavailable
+from .schema import (
+    MIGRATE_LOCK,
+    MIN_SERVER_VERSION,
+    SCHEMA_VERSION,
+    SchemaTooNew,
+    refusal,
+    schema_sql,
+    upgrade_sql,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...aliases import FixedId
+    from ...call import PreparedCall
+    from ...settings import Settings
+
+__all__ = ["PostgresStore"]
+
+#: Defaults where no settings are given (those of ``debounce_dispatch_lease`` and
+#: ``debounce_record_ttl``).
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_RECORD_TTL_MS = 7 * 86_400_000
+
+_GATE = "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s)"
+_TAKE = "SELECT * FROM debounce_take(%s, %s)"
+_ACK = "SELECT debounce_ack(%s, %s)"
+
+
+def _read_version(conn: psycopg.Connection[Any]) -> int | None:
+    """The schema version of the connection's ``search_path`` (None: no schema)."""
+    row = conn.execute("SELECT to_regclass('debounce_schema') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return None
+    row = conn.execute("SELECT max(version) FROM debounce_schema").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+class PostgresStore:
+    """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
+
+    ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'
+    defaults). The pool opens in the background: an unreachable server is
+    ``StoreUnavailable`` at the first call that needs it, after ``timeout`` seconds.
+    """
+
+    def __init__(self, url: str, settings: Settings | None = None, *, min_size: int = 1,
+                 max_size: int = 8, timeout: float = 5.0, lease_ms: int | None = None,
+                 record_ttl_ms: int | None = None) -> None:
+        self._settings = settings
+        self.lease_ms = lease_ms or (settings.dispatch_lease_ms if settings
+                                     else DEFAULT_LEASE_MS)
+        self.record_ttl_ms = record_ttl_ms or (settings.record_ttl_ms if settings
+                                               else DEFAULT_RECORD_TTL_MS)
+        self.pool = ConnectionPool(
+            url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
+            kwargs={"autocommit": True}, name="celery-debounce",
+        )
+        self.pool.open(wait=False)
+        self._checked = False
+        self._check_lock = threading.Lock()
+
+    # -- BaseStore ---------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            raise DebounceConfigError("this PostgresStore was built without settings")
+        return self._settings
+
+    def tag(self, shard: ShardRef) -> str:
+        """The wire form of a shard: the store has one, whatever the layout says."""
+        return str(shard)
+
+    def check_server(self, outage_raises: bool = False) -> None:
+        """Refuse a server older than :data:`MIN_SERVER_VERSION` and a schema that is
+        missing, older or newer than :data:`SCHEMA_VERSION` (once per store)."""
+        try:
+            self._check()
+        except StoreUnavailable:
+            if outage_raises:
+                raise
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the schema --------------------------------------------------------------------
+
+    def schema_version(self) -> int | None:
+        """The database's schema version (None: it has none)."""
+        found: int | None = self._read(_read_version)
+        return found
+
+    def migrate(self) -> tuple[int | None, int]:
+        """Create the schema, or upgrade an older one, in one transaction under an
+        advisory lock (concurrent migrations wait for each other); ``(version before,
+        version now)``. A newer schema is refused (:class:`SchemaTooNew`)."""
+
+        def run(conn: psycopg.Connection[Any]) -> int | None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+                found = _read_version(conn)
+                if found is None:
+                    conn.execute(schema_sql().encode())
+                elif found > SCHEMA_VERSION:
+                    error = refusal(found)
+                    assert isinstance(error, SchemaTooNew)
+                    raise error
+                else:
+                    for step in upgrade_sql(found):
+                        conn.execute(step.encode())
+                    conn.execute("UPDATE debounce_schema SET version = %s, "
+                                 "written_at = clock_timestamp()", (SCHEMA_VERSION,))
+                return found
+
+        before = self._read(run)
+        with self._check_lock:
+            self._checked = False
+        return before, SCHEMA_VERSION
+
+    def _check(self) -> None:
+        if self._checked:
+            return
+        with self._check_lock:
+            if self._checked:
+                return
+
+            def read(conn: psycopg.Connection[Any]) -> tuple[int, int | None]:
+                return conn.info.server_version, _read_version(conn)
+
+            server, found = self._read(read)
+            if server // 10000 < MIN_SERVER_VERSION:
+                raise DebounceConfigError(
+                    f"PostgreSQL {server // 10000} is older than the oldest the store "
+                    f"supports ({MIN_SERVER_VERSION})")
+            error = refusal(found)
+            if error is not None:
+                raise error
+            self._checked = True
+
+    # -- ProducerStore -----------------------------------------------------------------
+
+    def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        """One call: open the window of ``call.ident`` or join the open one (one
+        ``debounce_gate`` call). Options the store does not support yet are refused
+        before anything is written."""
+        spec = call.spec
+        unsupported = [name for name, used in (
+            ("a fixed task id", fixed is not None), ("debounce_leading", spec.leading),
+            ("debounce_trailing=False", not spec.trailing),
+            ("debounce_collect", spec.collect), ("debounce_max_calls", spec.max_calls),
+            ("debounce_exclusive", spec.exclusive)) if used]
+        if unsupported:
+            raise DebounceConfigError(
+                f"the PostgreSQL store does not support {', '.join(unsupported)} yet")
+        self._check()
+        params = (call.ident, call.task_id, spec.window_ms, spec.max_wait_ms,
+                  call.content_type, call.payload, call.options_json, spec.replace_payload)
+        row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
+        assert row is not None
+        task_id, opened, deadline_ms, calls, now_ms = row
+        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms))
+
+    # -- DispatcherStore ---------------------------------------------------------------
+
+    def take(self, shard: ShardRef, limit: int, observer: str = "",
+             lapse_upto: int | None = None) -> TakeResult:
+        """Lease up to ``limit`` windows for one dispatch lease: those whose lease
+        passed, then the due ones, earliest first (one ``debounce_take`` call)."""
+        self._check()
+        rows = self._write(
+            lambda conn: conn.execute(_TAKE, (limit, self.lease_ms)).fetchall(), "take")
+        header = rows[-1]
+        now_ms, next_ms = int(header[10]), header[11]
+        windows = [
+            TakenWindow(shard=shard, taken_ms=now_ms, failures=0, record=Record(
+                task_id=row[0], ident=row[1], first_seen_ms=int(row[2]),
+                deadline_ms=int(row[3]), max_wait_ms=int(row[4]), calls=int(row[5]),
+                state="dispatching", content_type=row[6], payload=bytes(row[7]),
+                options_json=row[8], tries=int(row[9])))
+            for row in rows[:-1]
+        ]
+        next_in = -1 if next_ms is None else max(0, int(next_ms) - now_ms)
+        return TakeResult(now_ms=now_ms, next_in_ms=next_in, windows=windows)
+
+    def ack(self, shard: ShardRef, task_ids: Sequence[str]) -> int:
+        """Published: these windows are queued, kept for the record TTL (idempotent);
+        how many were dispatching."""
+        if not task_ids:
+            return 0
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _ACK, (list(task_ids), self.record_ttl_ms)).fetchone(), "ack")
+        return int(row[0]) if row else 0
+
+    # -- OperatorStore (the reads that exist) ------------------------------------------
+
+    def ping(self) -> bool:
+        try:
+            self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+        except StoreUnavailable:
+            return False
+        return True
+
+    def time_ms(self, operation: str = "time") -> int:
+        """The server's clock (``clock_timestamp()``), ms."""
+        row = self._read(lambda conn: conn.execute(
+            "SELECT debounce_ms(clock_timestamp())").fetchone())
+        assert row is not None
+        return int(row[0])
+
+    # -- sending -----------------------------------------------------------------------
+
+    def _read(self, fn: Any) -> Any:
+        """``fn(connection)`` for a read or an idempotent step: any lost connection is
+        an outage."""
+        try:
+            with self.pool.connection() as conn:
+                return fn(conn)
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
+        except pg_errors.UndefinedFunction as exc:
+            raise _schema_error(exc) from exc
+
+    def _write(self, fn: Any, operation: str) -> Any:
+        """``fn(connection)`` for a step that changes windows, sent at most once: a
+        connection lost once the call may have reached the server is
+        :class:`OutcomeUnknown`."""
+        try:
+            conn = self.pool.getconn()
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
+        try:
+            return fn(conn)
+        except psycopg.OperationalError as exc:
+            raise OutcomeUnknown(
+                f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
+                f"it was not sent again): {_safe(exc)}") from exc
+        except pg_errors.UndefinedFunction as exc:
+            with self._check_lock:
+                self._checked = False
+            raise _schema_error(exc) from exc
+        finally:
+            self.pool.putconn(conn)
+
+
+def _schema_error(exc: Exception) -> Exception:
+    error = refusal(None)
+    assert error is not None
+    return error
+
+
+def _safe(exc: Exception) -> str:
+    """An error's first line: psycopg's messages name host and port, never the
+    password."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,151 @@
+"""A throwaway PostgreSQL server for tests: ``initdb`` into a temporary directory and the
+server on a free loopback port, removed on close.
+
+The binaries are Debian's (``/usr/lib/postgresql/<version>/bin``; scripts/ensure-postgres.sh
+installs them), or those of ``$CELERY_DEBOUNCE_PG_BINDIR``, or those on ``PATH``.
+``initdb`` and the server refuse to run as root: as root, they run as the ``postgres``
+system user (the package creates it), the temporary directory handed to it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .servers import _tail, free_port
+
+#: A directory holding ``initdb``, ``postgres`` and ``pg_isready``: first choice.
+BINDIR_ENV = "CELERY_DEBOUNCE_PG_BINDIR"
+#: The unprivileged user the server runs as when this process is root.
+SERVER_USER = "postgres"
+#: Settings for speed: a test server's data is thrown away, so nothing is synced.
+FAST_SETTINGS = {
+    "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+    "max_connections": "100", "shared_buffers": "32MB", "autovacuum": "on",
+    "logging_collector": "off", "log_min_messages": "warning",
+}
+_TOOLS = ("initdb", "postgres", "pg_isready")
+
+
+def find_postgres_bindir() -> Path | None:
+    """The directory of the server's binaries, or None when they are not installed."""
+    explicit = os.environ.get(BINDIR_ENV)
+    if explicit:
+        return Path(explicit) if _complete(Path(explicit)) else None
+    on_path = shutil.which("initdb")
+    if on_path and _complete(Path(on_path).resolve().parent):
+        return Path(on_path).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                      key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    for bindir in reversed(versions):
+        if _complete(bindir):
+            return bindir
+    return None
+
+
+def _complete(bindir: Path) -> bool:
+    return all(os.access(bindir / tool, os.X_OK) for tool in _TOOLS)
+
+
+class LocalPostgres:
+    """A private PostgreSQL server (trust authentication, superuser ``debounce``) on
+    ``127.0.0.1``; its data directory and log live in :attr:`dir` until :meth:`cleanup`."""
+
+    LOG = "server.log"
+    USER = "debounce"
+
+    def __init__(self, port: int | None = None, bindir: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-postgres-"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self._as: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(SERVER_USER)
+            os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+            self._as = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    def url(self, dbname: str = "postgres") -> str:
+        """The server's URL (``postgresql://debounce@127.0.0.1:<port>/<dbname>``)."""
+        return f"postgresql://{self.USER}@127.0.0.1:{self.port}/{dbname}"
+
+    def _tool(self, name: str) -> str:
+        if self.bindir is None:
+            self.bindir = find_postgres_bindir()
+            if self.bindir is None:
+                raise FileNotFoundError(
+                    "no PostgreSQL server binaries found: run scripts/ensure-postgres.sh "
+                    f"(Debian's postgresql package) or set {BINDIR_ENV}")
+        return str(self.bindir / name)
+
+    def start(self, timeout: float = 30.0) -> LocalPostgres:
+        data = self.dir / "data"
+        log = self.dir / self.LOG
+        init = subprocess.run(
+            [self._tool("initdb"), "-D", str(data), "-U", self.USER, "--auth=trust",
+             "--encoding=UTF8", "--locale=C", "--no-sync"],
+            capture_output=True, timeout=120, check=False, cwd=self.dir, **self._as,
+        )
+        if init.returncode != 0:
+            raise RuntimeError(f"initdb failed ({init.returncode}): "
+                               f"{(init.stdout + init.stderr).decode(errors='replace')}")
+        settings = {**FAST_SETTINGS, "listen_addresses": "127.0.0.1", "port": str(self.port),
+                    "unix_socket_directories": str(self.dir)}
+        args = [self._tool("postgres"), "-D", str(data)]
+        for name, value in settings.items():
+            args += ["-c", f"{name}={value}"]
+        with open(log, "ab") as out:
+            if self._as:
+                os.chown(log, self._as["user"], self._as["group"])
+            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                            cwd=self.dir, **self._as)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self.process.returncode}:\n"
+                                   + "\n".join(self.log_tail()))
+            ready = subprocess.run(
+                [self._tool("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port),
+                 "-U", self.USER, "-d", "postgres"],
+                capture_output=True, timeout=10, check=False,
+            )
+            if ready.returncode == 0:
+                return self
+            time.sleep(0.05)
+        raise TimeoutError(f"postgres did not answer on port {self.port}:\n"
+                           + "\n".join(self.log_tail()))
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT: open sessions are ended); killed if it lingers."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(2)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> list[str]:
+        """The last lines of the server's log."""
+        return _tail(self.dir / self.LOG, lines)
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()

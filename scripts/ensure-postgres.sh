@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Make sure Debian's PostgreSQL server binaries (initdb, postgres, pg_isready) are
+# installed, for the PostgreSQL store's tests. The tests start their own private server
+# (celery_debounce/testing/postgres.py), so the cluster and service the package sets up
+# are stopped here. Safe to run again: nothing is done when the binaries are there.
+#
+# Set DEBOUNCE_SKIP_POSTGRES=1 to skip the installation (outside CI the PostgreSQL tests
+# then skip; in CI a missing server fails them).
+set -euo pipefail
+if [ -n "${DEBOUNCE_SKIP_POSTGRES:-}" ]; then
+  exit 0
+fi
+have() {
+  local dir
+  for dir in ${CELERY_DEBOUNCE_PG_BINDIR:-} /usr/lib/postgresql/*/bin; do
+    if [ -x "$dir/initdb" ] && [ -x "$dir/postgres" ] && [ -x "$dir/pg_isready" ]; then
+      return 0
+    fi
+  done
+  return 1
+}
+if have; then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" != "0" ] && [ -z "$SUDO" ]; }; then
+  echo "ensure-postgres: cannot install postgresql (no apt-get, or not root and no sudo);" \
+       "the PostgreSQL store tests will fail in CI and skip elsewhere" >&2
+  exit 0
+fi
+echo "+ installing postgresql (apt)" >&2
+# keep the package's postinst from starting its service (policy-rc.d exit 101 = "not
+# allowed"), and from creating the default cluster; remove our files afterwards
+policy=/usr/sbin/policy-rc.d
+made_policy=""
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod +x "$policy"
+  made_policy=1
+fi
+conf=/etc/postgresql-common/createcluster.conf
+made_conf=""
+if [ ! -e "$conf" ]; then
+  $SUDO mkdir -p /etc/postgresql-common
+  echo "create_main_cluster = false" | $SUDO tee "$conf" >/dev/null
+  made_conf=1
+fi
+cleanup() {
+  if [ -n "$made_policy" ]; then $SUDO rm -f "$policy"; fi
+  # the package owns the file once installed (a conffile): leave it if it does now
+  if [ -n "$made_conf" ] && ! dpkg -S "$conf" >/dev/null 2>&1; then $SUDO rm -f "$conf"; fi
+}
+trap cleanup EXIT
+$SUDO apt-get update -qq >/dev/null
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+  -o Dpkg::Options::=--force-confold postgresql >/dev/null
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true
+fi
+if ! have; then
+  echo "ensure-postgres: postgresql installed but no initdb/postgres/pg_isready found" \
+       "under /usr/lib/postgresql/*/bin" >&2
+  exit 1
+fi
