@@ -207,15 +207,39 @@ function scriptFor(redis: Client): Promise<Script> {
   if (!isCluster(redis)) return Promise.resolve(PLAIN);
   let known = scriptOf.get(redis);
   if (!known) {
-    known = (async () => {
-      const masters = redis.nodes("master");
-      const info = masters.length ? await masters[0].info("server") : "";
-      const major = Number(/redis_version:(\d+)/.exec(info)?.[1] ?? "0");
-      return major >= 7 ? SHARDED : PLAIN;
+    known = (async () => {  // as the Python side: every master >= 7, else (or unknown) PUBLISH
+      try {
+        const masters = redis.nodes("master");
+        const infos = await Promise.all(masters.map((node) => node.info("server")));
+        const sharded = masters.length > 0 && infos.every(
+          (info) => Number(/redis_version:(\d+)/.exec(info)?.[1] ?? "0") >= 7);
+        return sharded ? SHARDED : PLAIN;
+      } catch {
+        return PLAIN;
+      }
     })();
     scriptOf.set(redis, known);
   }
   return known;
+}
+
+const warned = new WeakSet<object>();
+
+/** ioredis sends a command again after a reconnect unless the client is built with
+ * `autoResendUnfulfilledCommands: false`: a gate call whose reply was lost would then
+ * count twice. Said once per client. */
+function warnIfResending(redis: Client): void {
+  if (warned.has(redis)) return;
+  warned.add(redis);
+  const options = (redis as unknown as { options?: Record<string, unknown> }).options ?? {};
+  const own = isCluster(redis) ? (options.redisOptions as Record<string, unknown> | undefined) : options;
+  if (own?.autoResendUnfulfilledCommands !== false) {
+    process.emitWarning(
+      "celery-debounced: this ioredis client resends commands after a reconnect; a gate call " +
+      "whose reply was lost may be applied twice. Create it with " +
+      "autoResendUnfulfilledCommands: false (Cluster: in redisOptions)",
+      { code: "CELERY_DEBOUNCED_RESEND" });
+  }
 }
 
 function translate(exc: unknown, task: string): Error {
@@ -247,6 +271,7 @@ export async function gate(redis: Client, task: string, call: Call,
  * not run, is followed by EVAL). */
 export async function sendGate(redis: Client, prepared: PreparedCall): Promise<GateResult> {
   const task = prepared.task;
+  warnIfResending(redis);
   let reply: unknown;
   try {
     const script = await scriptFor(redis);
@@ -254,8 +279,11 @@ export async function sendGate(redis: Client, prepared: PreparedCall): Promise<G
       reply = await redis.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv);
     } catch (exc) {
       if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
-      // NOSCRIPT: it did not run; EVAL (routed by the key on a cluster) runs and caches it
-      reply = await redis.eval(script.text, 2, ...prepared.keys, ...prepared.argv);
+      // NOSCRIPT: it did not run. Load it (SCRIPT LOAD, as the documented ACL allows; on a
+      // cluster into every master) and run it by SHA once more.
+      const nodes = isCluster(redis) ? redis.nodes("master") : [redis];
+      await Promise.all(nodes.map((node) => node.script("LOAD", script.text)));
+      reply = await redis.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv);
     }
   } catch (exc) {
     throw translate(exc, task);

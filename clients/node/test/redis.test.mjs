@@ -129,3 +129,29 @@ test("CommonJS: require() gives the same API", () => {
   assert.equal(cjs.prepare("proj.build_report", { args: ["u1"] }, OPTIONS).ident,
     "17:proj.build_report:report:u1");
 });
+
+test("after SCRIPT FLUSH the gate is loaded again and runs once", async () => {
+  await redis.flushdb();
+  await redis.script("FLUSH");
+  const result = await gate(redis, "proj.build_report", { args: ["u1"] }, OPTIONS);
+  assert.ok(result.opened);
+  assert.equal(await redis.hget(OPEN, "n"), "1");
+});
+
+test("a client that resends after a reconnect is warned about, once", async () => {
+  const port = redis.options.port;
+  const resending = new Redis({ port, host: "127.0.0.1" });
+  const seen = [];
+  const listen = (warning) => { if (warning.code === "CELERY_DEBOUNCED_RESEND") seen.push(warning); };
+  process.on("warning", listen);
+  try {
+    await debounce(resending, "proj.build_report", { args: ["w"] }, OPTIONS);
+    await debounce(resending, "proj.build_report", { args: ["w"] }, OPTIONS);
+    await debounce(redis, "proj.build_report", { args: ["w"] }, OPTIONS);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(seen.length, 1);
+  } finally {
+    process.off("warning", listen);
+    resending.disconnect();
+  }
+});
