@@ -163,7 +163,8 @@ class WorkerStore(BaseStore, Protocol):
 
 
 class OperatorStore(BaseStore, Protocol):
-    """The operators' (admin, CLI, ``top``, exporter, tests): reads and actions."""
+    """The operators' (admin, CLI, ``top``, exporter, tests): reads and actions, by shard
+    number of this process's layout."""
 
     # reads
     def ping(self) -> bool:
@@ -172,51 +173,51 @@ class OperatorStore(BaseStore, Protocol):
     def time_ms(self, operation: str = "time") -> int:
         """The store's clock, ms."""
 
-    def pending(self, shard: ShardRef, ident: str) -> Record | None:
+    def pending(self, shard: int, ident: str) -> Record | None:
         """The open window of ``ident``, or None."""
 
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(shard, record)`` of a window taken for dispatch, by id, or None."""
 
-    def list_step(self, shard: ShardRef, start: str, skip: int, budget: int, want: int,
+    def list_step(self, shard: int, start: str, skip: int, budget: int, want: int,
                   prefix: str, pattern: bytes) -> ListStep:
         """One bounded step of listing a shard's open windows."""
 
-    def taken_page(self, shard: ShardRef, set_name: str, start: int, count: int,
+    def taken_page(self, shard: int, set_name: str, start: int, count: int,
                    ) -> list[TakenEntry]:
         """One page of a shard's leased or active windows."""
 
-    def quiet_ends(self, shard: ShardRef, leading: Sequence[Record]) -> dict[str, int]:
+    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
         """When each leading run's quiet period ends (ms), by ident."""
 
-    def find_step(self, shard: ShardRef, cursor: str, task_id: str, count: int,
+    def find_step(self, shard: int, cursor: str, task_id: str, count: int,
                   ) -> tuple[str, str | None]:
         """One bounded step of finding an open window by id."""
 
-    def held(self, shard: ShardRef) -> dict[str, tuple[int, str | None]]:
+    def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
 
-    def waits_for(self, shard: ShardRef, idents: Sequence[str],
+    def waits_for(self, shard: int, idents: Sequence[str],
                   ) -> list[tuple[str | None, str | None]]:
         """For held idents: the id held and the id of the run it waits for."""
 
-    def census_step(self, shard: ShardRef, cursor: str, count: int, now_ms: int,
+    def census_step(self, shard: int, cursor: str, count: int, now_ms: int,
                     ) -> tuple[str, list[CensusRow]]:
         """One bounded step of counting open windows per task."""
 
-    def counts(self, shard: ShardRef, now_ms: int) -> ShardCounts:
+    def counts(self, shard: int, now_ms: int) -> ShardCounts:
         """Open and due windows of ``shard`` and its counters."""
 
-    def snapshot(self, shard: ShardRef, now_ms: int) -> ShardSnapshot:
+    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """A shard's gauges in one bounded read (``top``, the exporter)."""
 
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``."""
 
-    def collected(self, shard: ShardRef, collect_list: str) -> list[bytes]:
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
         """The elements a collect window gathered so far."""
 
-    def pending_payloads(self, shard: ShardRef, prefix: str | None = None,
+    def pending_payloads(self, shard: int, prefix: str | None = None,
                          ) -> Iterator[Record]:
         """Every open window of ``shard`` with its payload (tests, ``debounce_fakeredis``)."""
 
@@ -224,20 +225,20 @@ class OperatorStore(BaseStore, Protocol):
         """The server's eviction policy (a store that never evicts: ``"noeviction"``)."""
 
     # actions
-    def flush(self, shard: ShardRef, ident: str, task_id: str = "") -> Record | None:
+    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
         """Make the open window of ``ident`` due now; the window, or None."""
 
-    def flush_many(self, shard: ShardRef, windows: Sequence[tuple[str, str]]) -> int:
+    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """:meth:`flush` for each ``(ident, task id)``; how many were flushed."""
 
-    def cancel(self, shard: ShardRef, ident: str, task_id: str = "") -> Cancelled | None:
+    def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
         """Drop the open window of ``ident``; what was dropped, or None. A lost reply
         raises ``CancelOutcomeUnknown`` (see :meth:`cancelled_by`)."""
 
     def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
         """What a cancel whose reply was lost dropped, if it ran."""
 
-    def reset_counters(self, shard: ShardRef) -> dict[str, int]:
+    def reset_counters(self, shard: int) -> dict[str, int]:
         """Zero a shard's counters; their values before."""
 
     def delete_all(self) -> int:
