@@ -103,10 +103,10 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
     store = SimpleNamespace(settings=settings, gate_prefixes=tuple(
         (open_key(tag, ""), due_key(tag)) for tag in settings.tags))
     argv = [a.decode() if isinstance(a, bytes) else str(a)
-            for a in gate_args(store, call)]  # type: ignore[arg-type]
+            for a in gate_args(store, call)]
     return {"expect": {
         "key": call.key, "ident": call.ident, "shard": call.shard,
-        "keys": gate_keys(store, call),  # type: ignore[arg-type]
+        "keys": gate_keys(store, call),
         "argv": argv[1:5] + argv[6:7], "body": call.payload.decode("ascii"),
     }}
 

@@ -32,6 +32,8 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   } else if (!existsSync(generated)) {
     throw new Error(`no ${join(lua, "gate.lua")} to build the gate script from`);
   }
+  const license = join(here, "..", "..", "LICENSE");
+  if (existsSync(license)) writeFileSync(join(here, "LICENSE"), readFileSync(license));
   const tsc = join(here, "node_modules", "typescript", "bin", "tsc");
   for (const config of ["tsconfig.esm.json", "tsconfig.cjs.json"]) {
     execFileSync(process.execPath, [tsc, "-p", join(here, config)], { stdio: "inherit" });
