@@ -1,7 +1,7 @@
 // Against a real redis-server started here on a free port: the gate calls themselves.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { connect, createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -153,5 +153,25 @@ test("a client that resends after a reconnect is warned about, once", async () =
   } finally {
     process.off("warning", listen);
     resending.disconnect();
+  }
+});
+
+test("the documented least-privilege user (and +info) can debounce, after SCRIPT FLUSH too", async () => {
+  const page = readFileSync(new URL("../../../docs/guarantees.md", import.meta.url), "utf8");
+  const line = page.split("\n").find((l) => l.startsWith("ACL SETUSER debouncer "));
+  assert.ok(line, "the ACL line in docs/guarantees.md");
+  const rules = line.split(" ").slice(3).map((r) => (r === ">PASSWORD" ? ">secret" : r));
+  await redis.call("ACL", "SETUSER", "debouncer", "reset", ...rules, "+info");
+  await redis.flushdb();
+  await redis.script("FLUSH");
+  const limited = new Redis({ port: redis.options.port, host: "127.0.0.1", username: "debouncer",
+    password: "secret", autoResendUnfulfilledCommands: false });
+  try {
+    const first = await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS);
+    assert.equal(await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS), first);
+    assert.equal(await redis.hget(OPEN, "n"), "2");
+  } finally {
+    limited.disconnect();
+    await redis.call("ACL", "DELUSER", "debouncer");
   }
 });
