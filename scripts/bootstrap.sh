@@ -24,6 +24,8 @@ S(replicas=0, sentinels=1).start().cleanup()" || {
 scripts/ensure-rabbitmq.sh
 scripts/ensure-observability.sh
 scripts/ensure-faketime.sh
+# PostgreSQL server binaries for the PostgreSQL store's tests (a private server each run)
+scripts/ensure-postgres.sh
 # the Node producer (clients/node): ioredis and its build tool, when node is installed
 if command -v npm >/dev/null 2>&1; then
   (cd clients/node && npm install --no-audit --no-fund --silent)

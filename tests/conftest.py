@@ -22,6 +22,7 @@ from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
 from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
 from celery_debounce.testing.servers import LocalRedis
 
 
@@ -62,6 +63,24 @@ def redis_cluster() -> Iterator[LocalCluster]:
     (for the tests marked ``cluster``). Tests that kill or move things put it back."""
     with LocalCluster(masters=3, replicas=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[LocalPostgres]:
+    """A private PostgreSQL server for the session (celery_debounce/testing/postgres.py),
+    stopped and removed at the end. Without the server binaries the tests skip, except
+    in CI ($CI set), where they fail: scripts/ensure-postgres.sh installs them."""
+    if find_postgres_bindir() is None:
+        reason = "PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: in CI the PostgreSQL tests must run")
+        pytest.skip(reason)
+    server = LocalPostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture(scope="session")
