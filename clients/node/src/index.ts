@@ -111,7 +111,7 @@ function codePoints(text: string): number {
 /** Everything a call sends to the gate, with every check made first (nothing is sent on
  * an error): the vectors of contract/vectors.json are checked against this. */
 export function prepare(task: string, call: Call, options: DebounceOptions,
-                        clusterClient = false, taskId: string = randomUUID()): PreparedCall {
+                        clusterClient = false): PreparedCall {
   if (options === null || typeof options !== "object") {
     throw new DebounceConfigError("options: expected an object with debounce and maxWait");
   }
@@ -183,7 +183,8 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   return {
     task, key, ident, shard, body,
     keys: [`${tag}:open:${ident}`, `${tag}:due`],
-    argv: [taskId, String(windowMs), String(maxWaitMs),
+    // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
+    argv: [randomUUID(), String(windowMs), String(maxWaitMs),
       `${CONTRACT_VERSION}:${replace ? "1" : "0"}`, "", body, ""],
   };
 }
