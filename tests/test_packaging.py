@@ -50,7 +50,8 @@ def test_the_wheel_declares_the_license_classifiers_and_version(built_wheel: Pat
 
 
 SHIPPED = ("celery_debounce/dashboards/celery-debounce.json",
-           "celery_debounce/dashboards/alerts.yml")
+           "celery_debounce/dashboards/alerts.yml",
+           "celery_debounce/store/postgres/schema.sql")
 
 
 def test_the_wheel_and_the_sdist_ship_the_dashboard_and_the_alert_rules(
