@@ -809,7 +809,8 @@ MUTATIONS: list[Mutation] = [
     one("release.lua goes through the client's retry",
         "a publish failure is counted once (release.lua is sent at most once)",
         PKG + "store/__init__.py",
-        '        return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
+        '        return int(self.run_once("release", [leased_key(tag)], '
+        '[delay_ms, tag, *pairs])[0])',
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
         "tests/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once"),
     one("a requeued run's window is not put back",
@@ -1224,6 +1225,14 @@ MUTATIONS: list[Mutation] = [
         "\n\n\ndef store_for(",
         "tests/test_concurrency_models.py::"
         "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[store_for]"),
+    one("store_for builds a cluster store under its lock (patched after import: hangs)",
+        "greenlets patched after import each get their own reply",
+        PKG + "store/__init__.py",
+        "        built = WindowStore(settings_for(app))\n"
+        "        with _lock:  # nothing under it yields",
+        "        with _lock:\n            built = WindowStore(settings_for(app))",
+        "tests/test_gevent.py::"
+        "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock"),
     one("marks' lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
         PKG + "marks.py",
@@ -1264,7 +1273,8 @@ MUTATIONS: list[Mutation] = [
     one("inspect shows a held window's next look as when it runs",
         "inspect shows a held window as running after the window it waits for ends",
         PKG + "cli.py",
-        "        if w.held_since is not None:  # its due score is only the next look, not its run\n",
+        "        if w.held_since is not None:  "
+        "# its due score is only the next look, not its run\n",
         "        if False:\n",
         "tests/test_operator_signals.py::"
         "test_inspect_shows_a_held_window_as_after_its_runner_ends"),
@@ -1289,4 +1299,12 @@ MUTATIONS: list[Mutation] = [
         "    except ImportError as exc:  # a task module that fails to import",
         "tests/test_check_command.py::"
         "test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback"),
+    one("a timed-out handshake or command is retried by the client",
+        "a Redis that accepts connections and never answers costs a call one timeout, "
+        "not two",
+        PKG + "store/connect.py",
+        "                  supported_errors=(redis.ConnectionError,))",
+        ")",
+        "tests/test_connect_timeout.py::"
+        "test_a_silent_redis_costs_the_first_call_one_timeout_not_two"),
 ]

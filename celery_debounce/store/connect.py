@@ -22,10 +22,13 @@ from .transport import Transport
 def connect(settings: Settings) -> Any:
     """A client of the windows' Redis: Sentinel's master, a cluster, or one node."""
     timeout = settings.redis_timeout_s
-    # One retry after a dropped connection. No health_check_interval: a dead
-    # pooled connection already fails over to the retry, and redis-py 5
+    # One retry after a dropped or refused connection, never after a timeout: a
+    # server that does not answer would cost every command (and the handshake of
+    # every new connection) two timeouts instead of one. No health_check_interval: a
+    # dead pooled connection already fails over to the retry, and redis-py 5
     # recursed in its health check when a TLS handshake failed.
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1,
+                  supported_errors=(redis.ConnectionError,))
     if settings.sentinel is not None:
         return sentinel_client(settings.sentinel, timeout, retry)
     options: dict[str, Any] = dict(  # the same for a single node and a cluster
