@@ -1,0 +1,15 @@
+// Compiled (not run) by test/types.test.mjs: the shipped .d.ts as an ESM consumer sees them.
+import { Redis } from "ioredis";
+import { debounce, DebounceContractMismatch, type DebounceOptions } from "celery-debounced";
+
+const options: DebounceOptions = { debounce: "5m", key: "report:{0}", maxWait: "30m", replacePayload: false };
+export async function run(redis: Redis): Promise<string> {
+  try {
+    return await debounce(redis, "proj.build_report", { args: ["u1"], kwargs: {} }, options);
+  } catch (exc) {
+    if (exc instanceof DebounceContractMismatch) return `${exc.producer} ${exc.gate}`;
+    throw exc;
+  }
+}
+// @ts-expect-error: maxWait is required
+export const missing: DebounceOptions = { debounce: "5m" };
