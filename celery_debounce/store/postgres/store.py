@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import DebounceConfigError
@@ -48,6 +49,14 @@ __all__ = ["PostgresStore"]
 #: ``debounce_record_ttl``).
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_RECORD_TTL_MS = 7 * 86_400_000
+
+#: libpq link settings used unless the URL sets them: a connection attempt gives up
+#: after 5 s, and a link that goes silent fails in about 10 s (TCP keepalives; sent
+#: data unacknowledged for 10 s) instead of hanging the call.
+LINK_DEFAULTS: dict[str, object] = {
+    "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5,
+    "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10_000,
+}
 
 _GATE = "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s)"
 _TAKE = "SELECT * FROM debounce_take(%s, %s)"
@@ -79,9 +88,11 @@ class PostgresStore:
                                      else DEFAULT_LEASE_MS)
         self.record_ttl_ms = record_ttl_ms or (settings.record_ttl_ms if settings
                                                else DEFAULT_RECORD_TTL_MS)
+        given = conninfo_to_dict(url)
+        links = {name: value for name, value in LINK_DEFAULTS.items() if name not in given}
         self.pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
-            kwargs={"autocommit": True}, name="celery-debounce",
+            kwargs={"autocommit": True, **links}, name="celery-debounce",
         )
         self.pool.open(wait=False)
         self._checked = False
