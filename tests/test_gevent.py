@@ -28,6 +28,7 @@ from helpers import stop_process, wait_until
 from test_faults import TESTS, env_for, runs, worker_process
 from test_tls_acl import make_certs
 
+from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis, free_port, server_supports_tls
 
 pytest.importorskip("gevent", reason="the test extra installs gevent")  # declared: CI has it
@@ -217,3 +218,39 @@ def test_a_tls_connection_made_before_patching_is_made_anew(
                               timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"
+
+
+_CLUSTER_PROBE = """
+import sys
+from celery import Celery
+from celery_debounce import DebouncedTask
+import celery_debounce.store  # its module lock made before the patching, as --preload does
+cluster_url, broker = sys.argv[1], sys.argv[2]
+app = Celery("gc", set_as_current=False)
+app.conf.update(broker_url=f"{broker}/1", debounce_redis_url=f"{cluster_url}/0",
+                debounce_redis_cluster=True, debounce_shards=6, task_ignore_result=True)
+@app.task(name="gc.debounced", base=DebouncedTask, shared=False, debounce="1h",
+          debounce_max_wait="2h", debounce_key="{0}")
+def debounced(key): return None
+from gevent import monkey
+monkey.patch_all()
+import gevent
+ids = []
+gevent.joinall([gevent.spawn(lambda i=i: ids.append(debounced.delay(i).id)) for i in range(10)])
+print(len(set(ids)))
+"""
+
+
+@pytest.mark.cluster
+def test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock(
+        redis_cluster: LocalCluster, redis_server: str) -> None:
+    """The first calls of a process, from greenlets at once, on a cluster: building the
+    store reads the topology (I/O, so the greenlet yields). Before, that ran under
+    store_for's lock, made before the patching (a real lock): the next greenlet blocked
+    the thread on it, and every greenlet hung (a gunicorn --preload -k gevent worker)."""
+    redis_cluster.flushall()
+    done = subprocess.run([sys.executable, "-c", _CLUSTER_PROBE, redis_cluster.url,
+                           redis_server], env=env_for(redis_server), capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "10"

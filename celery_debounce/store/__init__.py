@@ -467,11 +467,17 @@ def store_for(app: Celery, call: bool = False) -> WindowStore:
     cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_store", None)
     if cached is not None and cached[0] == pid and cached[1].server_checked:
         return cached[1]
-    with _lock:
-        cached = getattr(app, "_debounce_store", None)
-        if cached is None or cached[0] != pid:
-            cached = (pid, WindowStore(settings_for(app)))
-            app._debounce_store = cached  # type: ignore[attr-defined, unused-ignore]
+    if cached is None or cached[0] != pid:
+        # built outside the lock: a cluster's client reads the topology, and under gevent
+        # a lock made before the patching, held across that I/O, blocks every greenlet
+        built = WindowStore(settings_for(app))
+        with _lock:  # nothing under it yields
+            cached = getattr(app, "_debounce_store", None)
+            if cached is None or cached[0] != pid:
+                cached = (pid, built)
+                app._debounce_store = cached  # type: ignore[attr-defined, unused-ignore]
+        if cached[1] is not built:  # another thread's came first: this one goes
+            built.client.close()
     store = cached[1]
     if not store.server_checked:  # the first call, dispatcher or worker of this process
         store.check_server(outage_raises=call)
