@@ -58,3 +58,13 @@ class WindowNotPending(DebounceError):
     def __init__(self, message: str, state: str) -> None:
         super().__init__(message)
         self.state = state
+
+
+def error_name(exc: BaseException) -> str:
+    """The class name a signal or metric labels ``exc`` with: its own, except for a
+    store's typed error (``celery_debounce.store.domain``), labelled by its nearest public
+    base (``StoreUnavailable`` -> ``DebounceBackendError``), so labels stay as documented."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ != "celery_debounce.store.domain":
+            return cls.__name__
+    return type(exc).__name__  # pragma: no cover (object is always last)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError
+from .errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError, error_name
 from .signals import call_absorbed, call_failed, call_suppressed, window_opened
 from .store.codec import (
     CAP_ARGV,
@@ -56,7 +56,7 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
                 f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
             ) from None
         if call_failed.receivers:
-            call_failed.send(sender=call.task_name, key=call.key, error=type(exc).__name__,
+            call_failed.send(sender=call.task_name, key=call.key, error=error_name(exc),
                              latency=None if start is None else perf_counter() - start)
         raise
     announce(call, result, None if start is None else perf_counter() - start)

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import DebounceBackendError, DebounceOutcomeUnknown
+from .errors import DebounceBackendError, DebounceOutcomeUnknown, error_name
 from .gate import enter
 from .settings import settings_for
 from .signals import call_failed, outage_fallback
@@ -248,5 +248,5 @@ def skipped(app: Celery, spec: DebounceSpec | None, task_name: str, key: str,
         return Fallback(task_name, key, "breaker", None)
     error = breaker.error()
     if call_failed.receivers:
-        call_failed.send(sender=task_name, key=key, error=type(error).__name__, latency=None)
+        call_failed.send(sender=task_name, key=key, error=error_name(error), latency=None)
     raise error
