@@ -254,3 +254,23 @@ def test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock(
                           text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "10"
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_worker_binds_its_module_thread_locals_after_celery_patches(pool: str) -> None:
+    """``celery worker -P gevent|eventlet`` patches before it imports the app (celery's
+    entry point), so the worker main process's request watch (a ``threading.local``
+    subclass bound at import) is a greenlet-local there, and the store's call-time check
+    sees the patched socket and thread-local classes."""
+    pytest.importorskip(pool, reason="the test extra installs gevent and eventlet")
+    probe = (
+        "import threading\n"
+        "from celery import maybe_patch_concurrency\n"
+        f"maybe_patch_concurrency(['celery', '-A', 'x', 'worker', '-P', '{pool}'])\n"
+        "import celery_debounce.worker_signals as signals, celery_debounce.store.node as node\n"
+        "assert signals._Watch.__mro__[1] is threading.local, signals._Watch.__mro__\n"
+        "assert threading.local.__module__ != '_thread', threading.local\n"
+        "assert node._STD_SOCKET is None and node._STD_LOCAL is None\n")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
