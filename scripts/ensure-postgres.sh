@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Make sure Debian's PostgreSQL server binaries (initdb, postgres, pg_isready) are
 # installed, for the PostgreSQL store's tests. The tests start their own private server
-# (celery_debounce/testing/postgres.py), so the cluster and service the package sets up
-# are stopped here. Safe to run again: nothing is done when the binaries are there.
+# (celery_debounce/testing/postgres.py), so the service the package sets up is kept
+# from starting here. Safe to run again: nothing is done when the binaries are there.
 #
 # Set DEBOUNCE_SKIP_POSTGRES=1 to skip the installation (outside CI the PostgreSQL tests
 # then skip; in CI a missing server fails them).
@@ -31,7 +31,8 @@ if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" != "0" ] && [ -z "$SUD
 fi
 echo "+ installing postgresql (apt)" >&2
 # keep the package's postinst from starting its service (policy-rc.d exit 101 = "not
-# allowed"), and from creating the default cluster; remove our files afterwards
+# allowed"); remove our policy file afterwards. The default cluster it creates stays
+# down and unused.
 policy=/usr/sbin/policy-rc.d
 made_policy=""
 if [ ! -e "$policy" ]; then
@@ -39,22 +40,11 @@ if [ ! -e "$policy" ]; then
   $SUDO chmod +x "$policy"
   made_policy=1
 fi
-conf=/etc/postgresql-common/createcluster.conf
-made_conf=""
-if [ ! -e "$conf" ]; then
-  $SUDO mkdir -p /etc/postgresql-common
-  echo "create_main_cluster = false" | $SUDO tee "$conf" >/dev/null
-  made_conf=1
-fi
-cleanup() {
-  if [ -n "$made_policy" ]; then $SUDO rm -f "$policy"; fi
-  # the package owns the file once installed (a conffile): leave it if it does now
-  if [ -n "$made_conf" ] && ! dpkg -S "$conf" >/dev/null 2>&1; then $SUDO rm -f "$conf"; fi
-}
+cleanup() { if [ -n "$made_policy" ]; then $SUDO rm -f "$policy"; fi; }
 trap cleanup EXIT
 $SUDO apt-get update -qq >/dev/null
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-  -o Dpkg::Options::=--force-confold postgresql >/dev/null
+  postgresql >/dev/null
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   $SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true
 fi

@@ -68,7 +68,12 @@ class LocalPostgres:
         self.process: subprocess.Popen[bytes] | None = None
         self._as: dict[str, Any] = {}
         if os.geteuid() == 0:
-            entry = pwd.getpwnam(SERVER_USER)
+            try:
+                entry = pwd.getpwnam(SERVER_USER)
+            except KeyError:
+                raise RuntimeError(
+                    f"initdb refuses to run as root and there is no {SERVER_USER!r} user to "
+                    "run it as (Debian's postgresql package creates it)") from None
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
             self._as = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
