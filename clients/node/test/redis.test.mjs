@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { once } from "node:events";
 import { createRequire } from "node:module";
 import { connect, createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -9,7 +10,8 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
-  DebounceConfigError, DebounceContractMismatch, DebounceKeyError, GATE_SCRIPT, debounce, gate,
+  DebounceConfigError, DebounceContractMismatch, DebounceKeyError, DebounceOutcomeUnknown,
+  GATE_SCRIPT, debounce, gate,
   prepare, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
@@ -173,5 +175,49 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
   } finally {
     limited.disconnect();
     await redis.call("ACL", "DELUSER", "debouncer");
+  }
+});
+
+/** A TCP proxy to the test server that can swallow the server's replies. */
+function proxy(port) {
+  const state = { swallow: false, sockets: new Set() };
+  const server = createServer((client) => {
+    const upstream = connect(port, "127.0.0.1");
+    state.sockets.add(client).add(upstream);
+    client.on("data", (d) => upstream.write(d));
+    upstream.on("data", (d) => { if (!state.swallow) client.write(d); });
+    const close = () => { client.destroy(); upstream.destroy(); };
+    client.on("error", close).on("close", close);
+    upstream.on("error", close).on("close", close);
+  });
+  state.cut = () => { for (const s of state.sockets) s.destroy(); state.sockets.clear(); };
+  state.close = () => new Promise((r) => { state.cut(); server.close(r); });
+  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => {
+    state.port = server.address().port;
+    resolve(state);
+  }));
+}
+
+test("a gate call whose reply is lost is outcome-unknown and is not sent again", async () => {
+  await redis.flushdb();
+  const link = await proxy(redis.options.port);
+  const client = new Redis({ port: link.port, host: "127.0.0.1", commandTimeout: 300,
+    autoResendUnfulfilledCommands: false, maxRetriesPerRequest: 1 });
+  try {
+    await client.ping();
+    link.swallow = true;
+    await assert.rejects(debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS),
+      (exc) => exc instanceof DebounceOutcomeUnknown && /may or may not have run/.test(exc.message));
+    assert.equal(await redis.hget(OPEN, "n"), "1");  // it ran once, on the server
+    link.swallow = false;
+    const ready = once(client, "ready");
+    link.cut();  // the link dies: the client reconnects
+    await ready;
+    await client.ping();
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(await redis.hget(OPEN, "n"), "1");  // and did not send it again
+  } finally {
+    client.disconnect();
+    await link.close();
   }
 });
