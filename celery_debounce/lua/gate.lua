@@ -166,7 +166,7 @@ local collect_embed = ARGV[16]
 -- The contract this gate speaks (docs/contract.md; options.CONTRACT_VERSION): a producer
 -- of another one is refused before anything is read or written.
 local CONTRACT = '1'
-local contract, replace_arg = string.match(versioned, '^(%d+):(.*)$')
+local contract, replace_arg = string.match(versioned or '', '^(%d+):(.*)$')
 if contract ~= CONTRACT then
   return redis.error_reply('DEBOUNCE_CONTRACT_MISMATCH producer ' .. (contract or 'none') ..
     ' gate ' .. CONTRACT .. ': this producer speaks another version of the gate contract ' ..
