@@ -209,3 +209,15 @@ def _write() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         _write()
+
+
+def test_an_unversioned_producer_is_refused_as_producer_none(redis_client: redis.Redis) -> None:
+    from celery_debounce.store.scripts import script_source
+
+    keys = ["debounce:{0}:open:1:t:k", "debounce:{0}:due"]
+    for flag in ("0", "1", "x:0", ""):  # a producer before the contract sent "0" / "1"
+        with pytest.raises(redis.ResponseError, match="DEBOUNCE_CONTRACT_MISMATCH producer "
+                           "none gate 1"):
+            redis_client.eval(script_source("gate"), 2, *keys, "id", "300", "1000", flag, "",
+                              "[[], {}, {}]", "")
+    assert redis_client.keys("*") == []
