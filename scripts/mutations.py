@@ -902,8 +902,8 @@ MUTATIONS: list[Mutation] = [
     one("a requeued run keeps its claim",
         "effectively once: a Reject(requeue=True) delivery runs, it is no duplicate",
         PKG + "worker_signals.py",
-        "        _end_claim(store, shard, task_id, task.name)",
-        "        pass",
+        "        _put_back(store, shard, task_id, task.name)\n",
+        "        pass\n",
         "tests/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
     one("an exclusive window is never held",
         "debounce_exclusive: runs of one key never overlap (a due window is held)",
@@ -1299,6 +1299,12 @@ MUTATIONS: list[Mutation] = [
         "    except ImportError as exc:  # a task module that fails to import",
         "tests/test_check_command.py::"
         "test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback"),
+    one("a definition refused at once does not say which task",
+        "one bad debounced task definition names itself",
+        PKG + "task.py",
+        "                named = definition_error(cls, exc)  # raised at once: say which task",
+        "                named = exc",
+        "tests/test_check_command.py::test_a_definition_refused_at_once_names_its_task"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
         "not two",
