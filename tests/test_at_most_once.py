@@ -259,6 +259,11 @@ def replica(redis_server: str) -> Iterator[LocalRedis]:
     with LocalRedis("--replicaof", "127.0.0.1", port) as server:
         client = redis.Redis(port=server.port)
         wait_until(lambda: client.info("replication")["master_link_status"] == "up", 15)
+        # the link is up before the master counts the replica's acknowledgements: the
+        # first waited case's WAIT (500 ms) could still see none
+        master = redis.Redis.from_url(redis_server)
+        wait_until(lambda: master.wait(1, 500) == 1, 15)
+        master.close()
         yield server
 
 
