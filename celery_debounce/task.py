@@ -76,7 +76,10 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
                 _plain_class(cls)
         except DebounceConfigError as exc:
             if not refuse_later(cls, exc):
-                raise
+                named = definition_error(cls, exc)  # raised at once: say which task
+                if named is exc:
+                    raise
+                raise named from exc
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -497,6 +500,20 @@ def check_key_template(cls: type[DebouncedTask]) -> None:
     check_against(parse_template(defaults.debounce_key), fn,
                   str(cls.__dict__.get("name") or cls.__name__),
                   skip_first=not isinstance(run, staticmethod))
+
+
+def definition_error(cls: type[DebouncedTask], exc: DebounceConfigError) -> DebounceConfigError:
+    """``exc`` naming the task it refuses (its name, else the class's module and name):
+    a definition refused at once (a class statement, ``lazy=False``) is raised from
+    the task module's import, whose message must say which of its tasks is wrong."""
+    name = str(cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}")
+    message = str(exc)
+    if message.startswith(f"{name}:"):
+        return exc
+    try:  # its own class (a DebounceConfigError subclass) where it takes a message
+        return type(exc)(f"{name}: {message}")
+    except TypeError:
+        return DebounceConfigError(f"{name}: {message}")
 
 
 def refuse_later(cls: type[DebouncedTask], exc: DebounceConfigError) -> bool:

@@ -67,6 +67,37 @@ def test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback(
         assert "check_tasks_broken.py, line 15" in message, message
 
 
+def test_a_definition_refused_at_once_names_its_task() -> None:
+    """A class statement, ``lazy=False`` or an already finalized app raise at once,
+    from the task module's import: the message says which task (as check's do)."""
+    import pytest
+    from celery import Celery
+
+    from celery_debounce import DebounceConfigError, DebouncedTask
+
+    app = Celery("named", set_as_current=False)
+    with pytest.raises(DebounceConfigError, match=r"^check\.classbad: debounce_leading=3"):
+        class Bad(DebouncedTask):  # type: ignore[misc]
+            name = "check.classbad"
+            debounce, debounce_max_wait, debounce_leading = "1s", "2s", 3
+
+    with pytest.raises(DebounceConfigError,
+                       match=r"^test_check_command\.[\w.<>]*Unnamed: debounce_max_wait"):
+        class Unnamed(DebouncedTask):  # type: ignore[misc]
+            debounce, debounce_max_wait = "2s", "1s"
+
+    def job(x: int) -> int:
+        return x
+
+    with pytest.raises(DebounceConfigError, match=r"^check\.eager: debounce_leading='yes'"):
+        app.task(base=DebouncedTask, shared=False, lazy=False, name="check.eager",
+                 debounce="1s", debounce_max_wait="2s", debounce_leading="yes")(job)
+    with pytest.raises(DebounceConfigError,
+                       match=r"^check\.eager: debounce_key='\{nope\}'"):  # named already
+        app.task(base=DebouncedTask, shared=False, lazy=False, name="check.eager",
+                 debounce="1s", debounce_max_wait="2s", debounce_key="{nope}")(job)
+
+
 def test_check_reports_a_refused_setting(redis_server: str) -> None:
     run = subprocess.run(
         [sys.executable, "-c", "import check_app, sys\n"

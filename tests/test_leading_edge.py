@@ -215,7 +215,8 @@ def test_a_leading_call_with_a_caller_chosen_id(backend: WindowStore) -> None:
                                            ("debounce_trailing", None),
                                            ("debounce_trailing", 0)])
 def test_edge_options_are_strict_bools(app: Celery, name: str, bad: Any) -> None:
-    with pytest.raises(DebounceConfigError, match=rf"^{name}={bad!r}: expected True or False"):
+    with pytest.raises(DebounceConfigError,
+                       match=rf"^[\w.]+: {name}={bad!r}: expected True or False"):
         @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
                   debounce_max_wait="1m", **{name: bad})
         def job() -> None:  # pragma: no cover - never registered
@@ -224,7 +225,7 @@ def test_edge_options_are_strict_bools(app: Celery, name: str, bad: Any) -> None
 
 def test_neither_edge_is_refused_at_registration(app: Celery) -> None:
     with pytest.raises(DebounceConfigError,
-                       match=r"^debounce_leading=False, debounce_trailing=False: "):
+                       match=r"^[\w.]+: debounce_leading=False, debounce_trailing=False: "):
         @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
                   debounce_max_wait="1m", debounce_trailing=False)
         def job() -> None:  # pragma: no cover - never registered

@@ -43,7 +43,7 @@ try:
         lost = Note.objects.create(text="its run is lost")
         index_note.apply_async_on_commit((lost.id,), debounce_on_outage="raise")
 except DebounceBackendError as exc:
-    raised = type(exc).__name__
+    raised = [kind.__name__ for kind in type(exc).__mro__]  # the store's typed errors
 out["raise_raised"] = raised
 out["raise_row_saved"] = Note.objects.filter(pk=lost.id).exists()
 out["raise_fallbacks"] = len(fallbacks)
