@@ -119,8 +119,10 @@ def prepare_call(
         content_type, payload, collect_embed = _collect_payload(
             settings, task_name, args, kwargs, embed, serializer, task_id)
     else:
-        content_type, payload = encode_call(task_name, [args, kwargs, embed], args, kwargs,
-                                            serializer)
+        try:  # inline, not encode_call: this is every call's hot path
+            content_type, payload = encode([args, kwargs, embed], serializer)
+        except EncodeError as exc:
+            raise encode_refused(task_name, args, kwargs, serializer, exc) from exc
         if content_type != DEFAULT_CONTENT_TYPE:
             embed_json = encode_stored(embed) if embed else "{}"
         if len(payload) > settings.max_payload_bytes:
@@ -318,8 +320,15 @@ def encode_call(task_name: str, data: Any, args: Sequence[Any], kwargs: Mapping[
     try:
         return encode(data, serializer)
     except EncodeError as exc:
-        raise EncodeError(f"{task_name}: {_refused_argument(args, kwargs, serializer)} "
-                          f"cannot be serialized with {serializer!r}: {exc}") from exc
+        raise encode_refused(task_name, args, kwargs, serializer, exc) from exc
+
+
+def encode_refused(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   serializer: str, exc: Exception) -> EncodeError:
+    """The ``EncodeError`` of a call whose arguments ``serializer`` refused, naming the
+    task and the first argument it refuses."""
+    return EncodeError(f"{task_name}: {_refused_argument(args, kwargs, serializer)} "
+                       f"cannot be serialized with {serializer!r}: {exc}")
 
 
 def _refused_argument(args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str) -> str:
