@@ -363,6 +363,24 @@ def test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
     assert store.claim(shard, first.task_id, "t") == ClaimResult("claimed", False)
 
 
+def test_a_take_whose_reply_is_lost_loses_no_window(harness: Harness) -> None:
+    """The lost take may or may not have leased the window: it is taken again (at once,
+    or when that lease ends), once, never lost."""
+    _at_most_once(harness)
+    store = harness.build(dispatch_lease_ms=500)
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard = first.call.shard
+    time.sleep(0.01)
+    harness.lose_next_reply(store, "take")
+    with pytest.raises(OutcomeUnknown):
+        store.take(shard, 10)
+    (again,) = take_due(store, shard)
+    assert again.task_id == first.task_id and again.tries in (1, 2)
+    assert store.ack(shard, [first.task_id]) == 1
+    time.sleep(0.6)
+    assert store.take(shard, 10).windows == []
+
+
 def test_an_unreachable_store_raises_its_typed_error_and_writes_nothing(
         harness: Harness) -> None:
     """A refused connection (nothing sent) is :class:`StoreUnavailable`, for every role's
