@@ -58,7 +58,7 @@ class Fallback(Exception):
         if outage_fallback.receivers:
             outage_fallback.send(
                 sender=self.task_name, task_id=getattr(result, "id", None), key=self.key,
-                reason=self.reason, error=type(self.error).__name__
+                reason=self.reason, error=error_name(self.error)
                 if self.error is not None else DebounceBreakerOpen.__name__)
         return result
 
