@@ -33,6 +33,7 @@ from celery_debounce.store.domain import (
     FinishResult,
     OutcomeUnknown,
     PayloadTooLarge,
+    ReplaceRefused,
     StoreUnavailable,
 )
 
@@ -53,14 +54,15 @@ class Gated(NamedTuple):
 def gate(store: ProducerStore, key: str, *, window: str = "1m", max_wait: str = "5m",
          payload: Any = 0, task_id: str | None = None, exclusive: bool = False,
          max_calls: int | None = None, leading: bool = False, trailing: bool = True,
-         collect: bool = False, pad: str = "", settings: Settings | None = None) -> Gated:
+         collect: bool = False, pad: str = "", settings: Settings | None = None,
+         replace_payload: bool = False, serializer: str = "json") -> Gated:
     """One call of task ``t`` keyed ``key`` through :meth:`ProducerStore.gate`."""
-    spec = build_spec(window, "{0}", max_wait, False, max_calls, leading, trailing,
+    spec = build_spec(window, "{0}", max_wait, replace_payload, max_calls, leading, trailing,
                       collect=collect, exclusive=exclusive)
     options: dict[str, object] = {}
     kwargs = {"pad": pad} if pad else {}
     call = prepare_call(settings or store.settings, "t", spec, (key, payload), kwargs,
-                        options, None, "json", task_id)
+                        options, None, serializer, task_id)
     return Gated(store.gate(call, fixed_id(task_id, options)), call)
 
 
@@ -238,6 +240,15 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     (follow,) = take_due(store, shard, timeout=3)
     assert follow.task_id == second.task_id and follow.calls == 2
     assert store.held(shard) == {}
+
+
+def test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written(
+        store: Store) -> None:
+    first = gate(store, "k", replace_payload=True, payload=1)
+    with pytest.raises(ReplaceRefused, match=first.task_id):
+        gate(store, "k", replace_payload=True, payload=2, serializer="pickle")
+    joined = gate(store, "k", replace_payload=True, payload=3).result
+    assert joined.task_id == first.task_id and joined.calls == 2  # the refused one: none
 
 
 # -- caller ids --------------------------------------------------------------------------
