@@ -1305,6 +1305,12 @@ MUTATIONS: list[Mutation] = [
         "                named = definition_error(cls, exc)  # raised at once: say which task",
         "                named = exc",
         "tests/test_check_command.py::test_a_definition_refused_at_once_names_its_task"),
+    one("the Django check lets a tasks module's import error escape as a traceback",
+        "manage.py check reports a tasks module that fails to import as celery_debounce.E001",
+        PKG + "contrib/django/apps.py",
+        "        except Exception as exc:  # a tasks module that fails to import",
+        "        except ImportError as exc:  # a tasks module that fails to import",
+        "tests/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
         "not two",

@@ -28,7 +28,7 @@ def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
         "DJANGO_SETTINGS_MODULE": "djproj.settings",
         "DJPROJ_REDIS_URL": redis_server,
         "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
-        "PYTHONPATH": str(PROJECT),
+        "PYTHONPATH": _path(),
     }
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
@@ -54,8 +54,13 @@ def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
     assert log.count("debounce: dispatched notes.tasks.index_note") == 1, log
 
 
-@pytest.mark.parametrize("bad", [False, True])
-def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool) -> None:
+def _path() -> str:
+    """The project first, then the caller's path (a tree under test comes first there)."""
+    return os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.parametrize("bad", [False, True, "broken"])
+def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool | str) -> None:
     """celery_debounce.contrib.django in INSTALLED_APPS: `check` (run by migrate and
     runserver too) fails with the worker's message, before any save reaches the gate."""
     env = {
@@ -63,10 +68,10 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool)
         "DJANGO_SETTINGS_MODULE": "djproj.settings",
         "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
         "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
-        "PYTHONPATH": str(PROJECT),
+        "PYTHONPATH": _path(),
     }
     if bad:
-        env["DJPROJ_BAD"] = "1"
+        env["DJPROJ_BROKEN" if bad == "broken" else "DJPROJ_BAD"] = "1"
     run = subprocess.run([sys.executable, "-m", "django", "check"], cwd=PROJECT, env=env,
                          capture_output=True, text=True, timeout=60)
     out = run.stdout + run.stderr
@@ -74,6 +79,11 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool)
         assert run.returncode == 0 and "no issues" in out, out
         return
     assert run.returncode == 1, out
+    if bad == "broken":  # a tasks module that raises while imported: an error, no traceback
+        assert "Traceback" not in out, out
+        assert ("imports: (celery_debounce.E001) NameError: name 'settings_module_typo' is "
+                "not defined") in out and "notes/tasks.py, line" in out, out
+        return
     assert ("notes.tasks.misspelt: (celery_debounce.E001) debounce_colect=True: unknown task "
             "option of misspelt") in out, out
 
@@ -94,7 +104,7 @@ def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
         "DJPROJ_REDIS_URL": redis_server,
         "DJPROJ_DEAD_URL": f"redis://127.0.0.1:{free_port()}/0",
         "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
-        "PYTHONPATH": str(PROJECT),
+        "PYTHONPATH": _path(),
     }
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",

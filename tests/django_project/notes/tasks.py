@@ -24,3 +24,6 @@ if os.environ.get("DJPROJ_BAD"):  # tests/test_django.py: manage.py check refuse
                  debounce_colect=True)
     def misspelt(x: int) -> int:
         return x
+
+if os.environ.get("DJPROJ_BROKEN"):  # tests/test_django.py: a module that fails to import
+    settings_module_typo  # type: ignore[name-defined]  # noqa: F821
