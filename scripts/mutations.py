@@ -1233,6 +1233,21 @@ MUTATIONS: list[Mutation] = [
         "        with _lock:\n            built = WindowStore(settings_for(app))",
         "tests/test_gevent.py::"
         "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock"),
+    one("marks' retry thread is started under its lock (patched after import: hangs)",
+        "greenlets patched after import each get their own reply",
+        PKG + "marks.py",
+        "            _state[\"thread\"] = start\n",
+        "            _state[\"thread\"] = start\n"
+        "            start.start()\n            start = None\n",
+        "tests/test_gevent.py::"
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
+    one("marks' retry thread recorded but not yet started counts as none (two start)",
+        "greenlets patched after import each get their own reply",
+        PKG + "marks.py",
+        "if thread is None or not (thread.ident is None or thread.is_alive()):",
+        "if thread is None or not thread.is_alive():",
+        "tests/test_gevent.py::"
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
     one("marks' lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
         PKG + "marks.py",
@@ -1270,6 +1285,14 @@ MUTATIONS: list[Mutation] = [
         "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000 + 60_000:\n",
         "tests/test_operator_signals.py::"
         "test_a_run_past_its_ceiling_counts_one_max_wait_violation"),
+    one("a debounce_exclusive window held behind a run is counted as a max-wait violation",
+        "max_wait_violations_total counts a held exclusive window only past the later of its "
+        "ceiling and the end of the run it was held behind",
+        PKG + "ceiling.py",
+        "        ceiling = max(ceiling, int(deadline))  # held behind a run until then\n",
+        "        pass\n",
+        "tests/test_operator_signals.py::"
+        "test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation"),
     one("inspect shows a held window's next look as when it runs",
         "inspect shows a held window as running after the window it waits for ends",
         PKG + "cli.py",

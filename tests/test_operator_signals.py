@@ -3,6 +3,7 @@ held window, and the max-wait violation counter measured where a run starts."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,37 @@ def test_the_exporter_gauges_held_windows_and_the_longest_hold(
     assert registry.get_sample_value("celery_debounce_held_windows") == 1
     age = registry.get_sample_value("celery_debounce_oldest_held_age_seconds")
     assert age is not None and 89 <= age < 120
+
+
+def test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation(
+        app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A debounce_exclusive window's ceiling is its own or the end of the run it was
+    held behind, whichever is later: held past its own, its run is on time."""
+    monkeypatch.setattr(ceiling, "MAX_WAIT_TOLERANCE_S", 0.2)
+    app = app_factory(debounce_poll_interval=0.05)
+    started = threading.Event()
+
+    @app.task(base=DebouncedTask, shared=False, name="sig.exclusive", debounce="50ms",
+              debounce_max_wait="100ms", debounce_key="k", debounce_exclusive=True)
+    def exclusive(x: int) -> int:
+        started.set()
+        time.sleep(0.8 if x == 1 else 0)  # the second window is held behind this run
+        return x
+
+    registry = CollectorRegistry()
+    enabled = metrics.enable(registry)
+    try:
+        with running_worker(app):
+            first = exclusive.delay(1)
+            assert started.wait(10)
+            second = exclusive.delay(2)  # due in 50 ms, held about 0.7 s: past its own
+            assert first.get(timeout=20) == 1 and second.get(timeout=20) == 2
+        assert registry.get_sample_value("celery_debounce_windows_held_total",
+                                         {"task": "sig.exclusive"}) == 1  # it was held
+        assert registry.get_sample_value("celery_debounce_max_wait_violations_total",
+                                         {"task": "sig.exclusive"}) in (None, 0.0)
+    finally:
+        enabled.disable()
 
 
 def test_a_run_past_its_ceiling_counts_one_max_wait_violation(
