@@ -67,6 +67,11 @@ def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
     and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""
     if not worth_keeping(error):
         return
+    # nothing under the lock yields: it is made at import, so under gevent patched later
+    # (gunicorn --preload) it is a real lock, and a greenlet that yielded holding it would
+    # leave the next one blocking the thread (every greenlet hangs). A patched
+    # Thread.start yields, and so may a log handler: both come after the lock is released
+    start, dropped = None, 0
     with _lock:
         if _state["pid"] != os.getpid():  # a forked child: the parent's thread is not here
             _pending.clear()
@@ -74,15 +79,24 @@ def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
         if len(_pending) >= MAX_PENDING:
             _pending.popleft()
             _state["dropped"] += 1
-            if _state["dropped"] in (1, 10, 100) or _state["dropped"] % 1000 == 0:
-                logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
-                               _state["dropped"], MAX_PENDING)
+            dropped = _state["dropped"]
         _pending.append(Mark(store, script, keys, args, then))
         thread = _state["thread"]
-        if thread is None or not thread.is_alive():
-            thread = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
-            _state["thread"] = thread
-            thread.start()
+        # recorded but not started yet (no ident): another caller is starting it
+        if thread is None or not (thread.ident is None or thread.is_alive()):
+            start = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
+            _state["thread"] = start
+    if dropped in (1, 10, 100) or (dropped and dropped % 1000 == 0):
+        logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
+                       dropped, MAX_PENDING)
+    if start is not None:
+        try:
+            start.start()
+        except BaseException:  # not started: the next mark kept starts one
+            with _lock:
+                if _state["thread"] is start:
+                    _state["thread"] = None
+            raise
 
 
 def pending() -> int:

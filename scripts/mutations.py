@@ -1233,6 +1233,21 @@ MUTATIONS: list[Mutation] = [
         "        with _lock:\n            built = WindowStore(settings_for(app))",
         "tests/test_gevent.py::"
         "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock"),
+    one("marks' retry thread is started under its lock (patched after import: hangs)",
+        "greenlets patched after import each get their own reply",
+        PKG + "marks.py",
+        "            _state[\"thread\"] = start\n",
+        "            _state[\"thread\"] = start\n"
+        "            start.start()\n            start = None\n",
+        "tests/test_gevent.py::"
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
+    one("marks' retry thread recorded but not yet started counts as none (two start)",
+        "greenlets patched after import each get their own reply",
+        PKG + "marks.py",
+        "if thread is None or not (thread.ident is None or thread.is_alive()):",
+        "if thread is None or not thread.is_alive():",
+        "tests/test_gevent.py::"
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
     one("marks' lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
         PKG + "marks.py",

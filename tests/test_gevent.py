@@ -274,3 +274,47 @@ def test_a_green_worker_binds_its_module_thread_locals_after_celery_patches(pool
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
+
+
+_MARKS_PROBE = """
+import faulthandler, sys, threading
+faulthandler.dump_traceback_later(5, exit=True)  # a hang (the thread blocked) exits 1
+from celery import Celery
+from celery_debounce import marks  # its module lock made before the patching (--preload)
+from celery_debounce.settings import settings_for
+from celery_debounce.store import WindowStore
+app = Celery("gm", set_as_current=False)
+app.conf.update(debounce_redis_url=sys.argv[1] + "/0", debounce_redis_timeout=1)
+store = WindowStore(settings_for(app))
+try:
+    store.finish(0, "before", "SUCCESS")  # nothing listens there: an outage
+except Exception as exc:
+    error = exc
+assert marks.worth_keeping(error), error
+from gevent import monkey
+monkey.patch_all()
+import gevent
+def kept(i):
+    marks.keep(store, "finish", store.record_keys(0, f"t{i}"),
+               store.finish_args(f"t{i}", "SUCCESS"), error)
+gevent.joinall([gevent.spawn(kept, i) for i in range(20)])
+retrying = [t for t in threading.enumerate() if t.name == "debounce-marks"]
+print(marks.pending(), len(retrying))
+"""
+
+
+def test_greenlets_patched_after_import_keep_failed_marks_without_deadlock() -> None:
+    """Greenlets keep marks at once while the windows' Redis is down (a gevent worker's
+    runs): the first starts the retry thread, and a patched ``Thread.start`` yields to
+    the hub. Before, that ran under marks' lock, made before the patching (a real lock):
+    the next greenlet blocked the thread on it, and every greenlet hung. One retry
+    thread is started, however many greenlets find none running."""
+    unreachable = f"redis://127.0.0.1:{free_port()}"
+    try:
+        done = subprocess.run([sys.executable, "-c", _MARKS_PROBE, unreachable],
+                              env=env_for(unreachable), capture_output=True, text=True,
+                              timeout=20, check=False)
+    except subprocess.TimeoutExpired:  # the child is killed
+        pytest.fail("keeping marks from greenlets hung")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["20", "1"], done.stdout
