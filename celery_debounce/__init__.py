@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .errors import (
         DebounceBackendError,
         DebounceConfigError,
+        DebounceContractMismatch,
         DebounceError,
         DebounceKeyError,
         DebounceOutcomeUnknown,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WindowNotPending,
         WindowQuarantined,
     )
+    from .outage import DebounceBreakerOpen
     from .task import DebouncedTask, send_task
 
 __version__ = "0.3.0"
@@ -51,7 +53,9 @@ if _os.path.exists(_FOREIGN_MODULE):
 _OWNERS = {
     "DebounceAdmin": "admin",
     "DebounceBackendError": "errors",
+    "DebounceBreakerOpen": "outage",
     "DebounceConfigError": "errors",
+    "DebounceContractMismatch": "errors",
     "DebounceError": "errors",
     "DebounceKeyError": "errors",
     "DebounceOutcomeUnknown": "errors",
@@ -72,7 +76,9 @@ _OWNERS = {
 __all__ = [
     "DebounceAdmin",
     "DebounceBackendError",
+    "DebounceBreakerOpen",
     "DebounceConfigError",
+    "DebounceContractMismatch",
     "DebounceError",
     "DebounceKeyError",
     "DebounceOutcomeUnknown",
