@@ -126,7 +126,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         shadow: str | None = None,
         **options: Any,
     ) -> AsyncResult:
-        self._refuse_if_invalid()
+        if type(self)._debounce_refused is not None:  # inline: every call's hot path
+            self._refuse_if_invalid()
         if "retries" in options:  # a retry of a run: never gated again
             for name in OPTION_NAMES:
                 options.pop(name, None)
