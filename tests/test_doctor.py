@@ -55,7 +55,7 @@ def _tasks(app: Celery) -> tuple[Any, Any]:
     @app.task(base=DebouncedTask, shared=False, name="doc.quick", debounce="50ms",
               debounce_max_wait="200ms", debounce_key="q{0}", debounce_exclusive=True)
     def quick(x: int) -> int:
-        time.sleep(0.02)  # a run long enough to be claimed while doctor looks
+        time.sleep(0.3)  # longer than its max wait: the next window of its key is held
         return x
 
     return work, quick
