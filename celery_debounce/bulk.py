@@ -102,6 +102,8 @@ def enqueue_many(
         outcomes = store.gate_many(prepared, chunk_size, on_chunk, outcomes)
     except DebounceBackendError as exc:  # the server check, or no connection
         if any(outcome is not None for outcome in outcomes):
+            if breaker is not None:  # no verdict on Redis: the next call may probe
+                breaker.unprobe()
             raise  # some calls were answered: not a whole-batch outage
         fallback = outage.failed(app, spec, task.name, "", exc)  # raises unless "publish"
         return [publish(i, fallback.reason, exc) for i in range(len(prepared))]
