@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import socket
 import subprocess
 import threading
 import time
@@ -121,3 +122,34 @@ def cli(*args: str, input: str | None = None) -> Result:
     """Run ``celery -A ops_app debounce ARGS`` (tests/ops_app.py, fixture ``ops``)
     in-process through Celery's own CLI."""
     return CliRunner().invoke(celery_cli, ["-A", "ops_app", "debounce", *args], input=input)
+
+
+@contextmanager
+def silent_listener() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A port that accepts every connection and never answers (bytes are read, dropped):
+    ``(port, the connections accepted so far)``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)  # kept open, never answered
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], held
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()

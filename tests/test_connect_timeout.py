@@ -5,12 +5,11 @@ handshake or command (store/connect.py)."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import make_app
+from helpers import make_app, silent_listener
 
 from celery_debounce import DebounceBackendError, DebouncedTask
 
@@ -19,32 +18,8 @@ TIMEOUT = 1.0
 
 @pytest.fixture
 def silent_port() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A listening socket that accepts every connection and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], held
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        listener.close()
+    with silent_listener() as listening:
+        yield listening
 
 
 def test_a_silent_redis_costs_the_first_call_one_timeout_not_two(

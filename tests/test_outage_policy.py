@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
-from helpers import make_app, running_worker, wait_until
+from helpers import make_app, running_worker, silent_listener, wait_until
 
 from celery_debounce import (
     DebounceBackendError,
@@ -43,31 +42,8 @@ TIMEOUT = 1.0  # debounce_redis_timeout of these tests
 @pytest.fixture
 def silent_url() -> Iterator[str]:
     """A server that accepts connections and never answers (bytes are read, dropped)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)  # kept open, never answered
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"redis://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in held:
-            conn.close()
-        listener.close()
+    with silent_listener() as (port, _):
+        yield f"redis://127.0.0.1:{port}"
 
 
 @pytest.fixture(autouse=True)
