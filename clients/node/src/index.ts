@@ -48,10 +48,16 @@ export interface DebounceOptions {
   maxKeyLength?: number;
   /** `debounce_max_payload_bytes` (default 1048576). */
   maxPayloadBytes?: number;
+  /** `debounce_redis_timeout` (default "2s"): how long a call waits for the connection,
+   * and then for each reply, before it rejects. */
+  timeout?: Duration;
 }
 
 const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "prefix", "shards", "cluster",
-  "maxKeyLength", "maxPayloadBytes"];
+  "maxKeyLength", "maxPayloadBytes", "timeout"];
+
+/** Python's `debounce_redis_timeout` default. */
+const DEFAULT_TIMEOUT_MS = 2000;
 
 /** What one call sends to the gate. */
 export interface PreparedCall {
@@ -63,6 +69,8 @@ export interface PreparedCall {
   /** ARGV of gate.lua: task id, window ms, max wait ms, `<version>:<replace>`, content type, body, options. */
   argv: string[];
   body: string;
+  /** How long the call waits for the connection, then for each reply (ms). */
+  timeoutMs: number;
 }
 
 /** What the gate decided (times are Redis server ms). */
@@ -130,6 +138,8 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   const shards = positiveInt("shards", options.shards, 1);
   const maxKeyLength = positiveInt("maxKeyLength", options.maxKeyLength, 1024);
   const maxPayloadBytes = positiveInt("maxPayloadBytes", options.maxPayloadBytes, 1024 * 1024);
+  const timeoutMs = options.timeout === undefined ? DEFAULT_TIMEOUT_MS
+    : parseDuration("timeout", options.timeout);
   const cluster = options.cluster ?? clusterClient;
   if (typeof cluster !== "boolean") {
     throw new DebounceConfigError(`cluster=${JSON.stringify(cluster)}: expected true or false`);
@@ -181,7 +191,7 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   const shard = shardOf(ident, shards);
   const tag = shardTag(prefix, shard, shards, cluster);
   return {
-    task, key, ident, shard, body,
+    task, key, ident, shard, body, timeoutMs,
     keys: [`${tag}:open:${ident}`, `${tag}:due`],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
     argv: [randomUUID(), String(windowMs), String(maxWaitMs),
@@ -202,8 +212,8 @@ function isCluster(redis: Client): redis is Cluster {
   return (redis as { isCluster?: boolean }).isCluster === true;
 }
 
-/** The gate script for this client: on a Redis Cluster whose masters have sharded pub/sub
- * (Redis 7), the one that wakes dispatchers with SPUBLISH, as the Python side loads it. */
+/** The gate script for this connection: on a Redis Cluster whose masters have sharded
+ * pub/sub (Redis 7), the one that wakes dispatchers with SPUBLISH, as the Python side loads it. */
 function scriptFor(redis: Client): Promise<Script> {
   if (!isCluster(redis)) return Promise.resolve(PLAIN);
   let known = scriptOf.get(redis);
@@ -224,23 +234,98 @@ function scriptFor(redis: Client): Promise<Script> {
   return known;
 }
 
-const warned = new WeakSet<object>();
+/** Options of the gate's own connection that make ioredis write a command at most once:
+ * nothing unanswered is sent again after a reconnect, nothing waits in an offline queue
+ * (a call waits for the connection itself, then writes at once or not at all), and the
+ * commands of a connection that closes are failed at once (maxRetriesPerRequest 0). */
+const ONCE = {
+  autoResendUnfulfilledCommands: false,
+  maxRetriesPerRequest: 0,
+  enableOfflineQueue: false,
+  enableAutoPipelining: false,
+} as const;
 
-/** ioredis sends a command again after a reconnect unless the client is built with
- * `autoResendUnfulfilledCommands: false`: a gate call whose reply was lost would then
- * count twice. Said once per client. */
-function warnIfResending(redis: Client): void {
-  if (warned.has(redis)) return;
-  warned.add(redis);
-  const options = (redis as unknown as { options?: Record<string, unknown> }).options ?? {};
-  const own = isCluster(redis) ? (options.redisOptions as Record<string, unknown> | undefined) : options;
-  if (own?.autoResendUnfulfilledCommands !== false) {
-    process.emitWarning(
-      "celery-debounced: this ioredis client resends commands after a reconnect; a gate call " +
-      "whose reply was lost may be applied twice. Create it with " +
-      "autoResendUnfulfilledCommands: false (Cluster: in redisOptions)",
-      { code: "CELERY_DEBOUNCED_RESEND" });
+const gateConnections = new WeakMap<object, Client>();
+const noop = (): void => {};
+
+/**
+ * The connection the gate is sent on for the user's client `redis`: its duplicate, made
+ * once per client (same address, db, credentials, TLS, keyPrefix, retry strategy...), that
+ * never sends a command twice. On a Cluster the duplicate's node connections are made so,
+ * and it does not send a command again after "Connection is closed" (retryDelayOnFailover
+ * 0): MOVED, ASK, TRYAGAIN and CLUSTERDOWN, replies of a command that did not run, are
+ * still followed. Closed when the user's client ends (quit, disconnect).
+ */
+function gateConnection(redis: Client): Client {
+  const known = gateConnections.get(redis);
+  if (known && known.status !== "end") return known;
+  let made: Client;
+  if (isCluster(redis)) {
+    const own = (redis.options.redisOptions ?? {}) as Record<string, unknown>;
+    made = redis.duplicate([], {
+      lazyConnect: true, enableAutoPipelining: false, retryDelayOnFailover: 0,
+      redisOptions: { ...own, ...ONCE },
+    } as Parameters<Cluster["duplicate"]>[1]);
+  } else {
+    made = redis.duplicate({ ...ONCE, lazyConnect: true });
   }
+  made.on("error", noop);  // the call that waits sees it; nothing to print
+  made.on("node error", noop);
+  const close = (): void => {
+    if (gateConnections.get(redis) === made) gateConnections.delete(redis);
+    made.disconnect();
+  };
+  redis.once("end", close);
+  made.once("end", () => redis.off("end", close));
+  gateConnections.set(redis, made);
+  return made;
+}
+
+/** Not sent: the connection was not ready and ioredis refused to queue the command. */
+class NotSent extends Error {}
+class TimedOut extends Error {}
+
+/** Resolves when `conn` is ready; rejects (nothing sent) on a connect error, an ended
+ * connection, or after `ms`. */
+function whenReady(conn: Client, ms: number): Promise<void> {
+  if (conn.status === "ready") return Promise.resolve();
+  return new Promise<void>((resolve, reject) => {
+    const done = (error?: Error): void => {
+      clearTimeout(timer);
+      conn.off("ready", onReady);
+      conn.off("error", onError);
+      conn.off("end", onEnd);
+      if (error) reject(new NotSent(error.message)); else resolve();
+    };
+    const onReady = (): void => done();
+    const onError = (error: Error): void => done(error);
+    const onEnd = (): void => done(new Error("the connection ended"));
+    const timer = setTimeout(() => done(new Error(`not connected within ${ms} ms`)), ms);
+    conn.on("ready", onReady);
+    conn.on("error", onError);
+    conn.on("end", onEnd);
+    if (conn.status === "wait") conn.connect().catch((error: Error) => done(error));
+    else if (conn.status === "end") done(new Error("the connection ended"));
+  });
+}
+
+const REFUSED_UNSENT = /^(Stream isn't writeable|Cluster isn't ready) and enableOfflineQueue options is false/;
+
+/** One command, bounded by `ms`: a NotSent when ioredis refused to write it, a TimedOut
+ * when no reply came in time (a single node's connection is then made anew: a reply
+ * overdue means the link is suspect; what was unanswered on it fails at once). */
+function once<T>(conn: Client, command: Promise<T>, ms: number): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      reject(new TimedOut(`no reply within ${ms} ms`));
+      if (!isCluster(conn) && conn.status === "ready") conn.disconnect(true);
+    }, ms);
+    command.then((value) => { clearTimeout(timer); resolve(value); }, (error: unknown) => {
+      clearTimeout(timer);
+      if (error instanceof Error && REFUSED_UNSENT.test(error.message)) reject(new NotSent(error.message));
+      else reject(error);
+    });
+  });
 }
 
 function translate(exc: unknown, task: string): Error {
@@ -257,9 +342,13 @@ function translate(exc: unknown, task: string): Error {
       `${task}: replacePayload=true: ${message.split("DEBOUNCE_REPLACE_REFUSED")[1].replace(/^[: ]+/, "")}`);
   }
   if (isReply) return new DebounceBackendError(`debounce Redis refused the gate call of ${task}: ${message}`);
+  if (exc instanceof NotSent) {
+    return new DebounceBackendError(
+      `debounce Redis unreachable for the gate call of ${task} (${message}); nothing was sent`);
+  }
   return new DebounceOutcomeUnknown(
-    `debounce Redis unreachable during the gate call of ${task} (${message}); the outcome is ` +
-    "unknown: it may or may not have run, and it was not sent again");
+    `the reply to the gate call of ${task} was lost (${message}); the outcome is unknown: it ` +
+    "may or may not have run, and it was not sent again");
 }
 
 /** Send one call through the gate: open the window of (task, key) or join it. */
@@ -268,23 +357,29 @@ export async function gate(redis: Client, task: string, call: Call,
   return sendGate(redis, prepare(task, call, options, isCluster(redis)));
 }
 
-/** One EVALSHA of the gate for a prepared call (sent at most once; NOSCRIPT, which did
- * not run, is followed by EVAL). */
+/** One EVALSHA of the gate for a prepared call, on the client's gate connection (see
+ * gateConnection): written at most once; NOSCRIPT, which did not run, is followed by
+ * SCRIPT LOAD and one more EVALSHA. */
 export async function sendGate(redis: Client, prepared: PreparedCall): Promise<GateResult> {
   const task = prepared.task;
-  warnIfResending(redis);
+  const ms = prepared.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   let reply: unknown;
   try {
-    const script = await scriptFor(redis);
+    if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
+    const conn = gateConnection(redis);
+    await whenReady(conn, ms);
+    const script = await scriptFor(conn);
+    const run = (): Promise<unknown> =>
+      once(conn, conn.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv), ms);
     try {
-      reply = await redis.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv);
+      reply = await run();
     } catch (exc) {
       if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
       // NOSCRIPT: it did not run. Load it (SCRIPT LOAD, as the documented ACL allows; on a
       // cluster into every master) and run it by SHA once more.
-      const nodes = isCluster(redis) ? redis.nodes("master") : [redis];
-      await Promise.all(nodes.map((node) => node.script("LOAD", script.text)));
-      reply = await redis.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv);
+      const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
+      await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
+      reply = await run();
     }
   } catch (exc) {
     throw translate(exc, task);

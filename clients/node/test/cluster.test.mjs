@@ -57,8 +57,7 @@ before(async () => {
       try { return /cluster_state:ok/.test(await probe.cluster("INFO")); } finally { probe.disconnect(); }
     }, `cluster_state:ok on ${port}`);
   }
-  cluster = new Cluster([{ host: "127.0.0.1", port: ports[0] }],
-    { redisOptions: { autoResendUnfulfilledCommands: false } });
+  cluster = new Cluster([{ host: "127.0.0.1", port: ports[0] }]);  // ioredis's defaults
 });
 
 after(() => {

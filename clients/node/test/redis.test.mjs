@@ -10,7 +10,8 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
-  DebounceConfigError, DebounceContractMismatch, DebounceKeyError, DebounceOutcomeUnknown,
+  DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
+  DebounceOutcomeUnknown,
   GATE_SCRIPT, debounce, gate,
   prepare, sendGate,
 } from "../dist/esm/index.js";
@@ -46,7 +47,7 @@ before(async () => {
     if (Date.now() > deadline) throw new Error(`redis-server did not start on ${port}`);
     await new Promise((r) => setTimeout(r, 50));
   }
-  redis = new Redis({ port, host: "127.0.0.1", autoResendUnfulfilledCommands: false });
+  redis = new Redis({ port, host: "127.0.0.1" });
   await redis.ping();
 });
 
@@ -140,24 +141,6 @@ test("after SCRIPT FLUSH the gate is loaded again and runs once", async () => {
   assert.equal(await redis.hget(OPEN, "n"), "1");
 });
 
-test("a client that resends after a reconnect is warned about, once", async () => {
-  const port = redis.options.port;
-  const resending = new Redis({ port, host: "127.0.0.1" });
-  const seen = [];
-  const listen = (warning) => { if (warning.code === "CELERY_DEBOUNCED_RESEND") seen.push(warning); };
-  process.on("warning", listen);
-  try {
-    await debounce(resending, "proj.build_report", { args: ["w"] }, OPTIONS);
-    await debounce(resending, "proj.build_report", { args: ["w"] }, OPTIONS);
-    await debounce(redis, "proj.build_report", { args: ["w"] }, OPTIONS);
-    await new Promise((r) => setImmediate(r));
-    assert.equal(seen.length, 1);
-  } finally {
-    process.off("warning", listen);
-    resending.disconnect();
-  }
-});
-
 test("the documented least-privilege user (and +info) can debounce, after SCRIPT FLUSH too", async () => {
   const page = readFileSync(new URL("../../../docs/guarantees.md", import.meta.url), "utf8");
   const line = page.split("\n").find((l) => l.startsWith("ACL SETUSER debouncer "));
@@ -167,7 +150,7 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
   await redis.flushdb();
   await redis.script("FLUSH");
   const limited = new Redis({ port: redis.options.port, host: "127.0.0.1", username: "debouncer",
-    password: "secret", autoResendUnfulfilledCommands: false });
+    password: "secret" });
   try {
     const first = await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS);
     assert.equal(await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS), first);
@@ -178,14 +161,26 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
   }
 });
 
-/** A TCP proxy to the test server that can swallow the server's replies. */
+/** A TCP proxy to the test server that can swallow the server's replies, or forward one
+ * EVALSHA and drop the connection instead of its reply (`dropAfterEvalsha`). */
 function proxy(port) {
-  const state = { swallow: false, sockets: new Set() };
+  const state = { swallow: false, dropAfterEvalsha: false, sockets: new Set(), connections: 0 };
   const server = createServer((client) => {
+    state.connections += 1;
     const upstream = connect(port, "127.0.0.1");
+    let dropping = false;
     state.sockets.add(client).add(upstream);
-    client.on("data", (d) => upstream.write(d));
-    upstream.on("data", (d) => { if (!state.swallow) client.write(d); });
+    client.on("data", (d) => {
+      if (state.dropAfterEvalsha && /evalsha/i.test(d.toString("latin1"))) {
+        state.dropAfterEvalsha = false;
+        dropping = true;
+      }
+      upstream.write(d);
+    });
+    upstream.on("data", (d) => {
+      if (dropping) { client.destroy(); upstream.destroy(); return; }  // the EVALSHA ran
+      if (!state.swallow) client.write(d);
+    });
     const close = () => { client.destroy(); upstream.destroy(); };
     client.on("error", close).on("close", close);
     upstream.on("error", close).on("close", close);
@@ -198,26 +193,158 @@ function proxy(port) {
   }));
 }
 
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
 test("a gate call whose reply is lost is outcome-unknown and is not sent again", async () => {
   await redis.flushdb();
   const link = await proxy(redis.options.port);
-  const client = new Redis({ port: link.port, host: "127.0.0.1", commandTimeout: 300,
-    autoResendUnfulfilledCommands: false, maxRetriesPerRequest: 1 });
+  const client = new Redis(link.port, "127.0.0.1");  // ioredis's defaults: it resends
   try {
     await client.ping();
+    await debounce(client, "proj.build_report", { args: ["u0"] }, OPTIONS);  // connected
     link.swallow = true;
-    await assert.rejects(debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS),
-      (exc) => exc instanceof DebounceOutcomeUnknown && /may or may not have run/.test(exc.message));
+    const started = Date.now();
+    await assert.rejects(debounce(client, "proj.build_report", { args: ["u1"] },
+      { ...OPTIONS, timeout: "300ms" }),
+    (exc) => exc instanceof DebounceOutcomeUnknown && /may or may not have run/.test(exc.message));
+    assert.ok(Date.now() - started < 1000, "rejected within the timeout");
     assert.equal(await redis.hget(OPEN, "n"), "1");  // it ran once, on the server
     link.swallow = false;
     const ready = once(client, "ready");
     link.cut();  // the link dies: the client reconnects
     await ready;
     await client.ping();
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(200);
     assert.equal(await redis.hget(OPEN, "n"), "1");  // and did not send it again
   } finally {
     client.disconnect();
     await link.close();
+  }
+});
+
+test("the proxy reproduces the hazard: ioredis's defaults resend an EVALSHA whose reply was lost", async () => {
+  await redis.flushdb();
+  const link = await proxy(redis.options.port);
+  const client = new Redis(link.port, "127.0.0.1");
+  try {
+    const sha = await client.script("LOAD", "return redis.call('INCR', KEYS[1])");
+    link.dropAfterEvalsha = true;
+    assert.equal(await client.evalsha(sha, 1, "counter"), 2);  // answered after the resend
+    assert.equal(await redis.get("counter"), "2");
+  } finally {
+    client.disconnect();
+    await link.close();
+  }
+});
+
+test("a plain new Redis(port): a connection lost after the EVALSHA is applied once, outcome-unknown", async () => {
+  await redis.flushdb();
+  const link = await proxy(redis.options.port);
+  const client = new Redis(link.port, "127.0.0.1");
+  try {
+    const first = await debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS);
+    link.dropAfterEvalsha = true;
+    await assert.rejects(debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS),
+      (exc) => exc instanceof DebounceOutcomeUnknown && /not sent again/.test(exc.message));
+    assert.equal(await redis.hget(OPEN, "n"), "2");  // it ran, once
+    await sleep(500);  // the gate connection reconnects meanwhile
+    assert.equal(await redis.hget(OPEN, "n"), "2");  // nothing was sent again
+    assert.equal(await debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS), first);
+    assert.equal(await redis.hget(OPEN, "n"), "3");
+  } finally {
+    client.disconnect();
+    await link.close();
+  }
+});
+
+test("a refused connection is DebounceBackendError (nothing sent), within the timeout", async () => {
+  const closed = new Redis(await freePort(), "127.0.0.1", { lazyConnect: true });
+  closed.on("error", () => {});
+  try {
+    const started = Date.now();
+    await assert.rejects(debounce(closed, "proj.build_report", { args: ["u1"] },
+      { ...OPTIONS, timeout: "1s" }),
+    (exc) => exc instanceof DebounceBackendError && !(exc instanceof DebounceOutcomeUnknown) &&
+      /unreachable.*nothing was sent/.test(exc.message));
+    assert.ok(Date.now() - started < 1500);
+  } finally {
+    closed.disconnect();
+  }
+  // a server that accepts and never answers: the connection is not ready within the timeout
+  const held = new Set();
+  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
+  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
+  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  mute.on("error", () => {});
+  try {
+    const started = Date.now();
+    await assert.rejects(debounce(mute, "proj.build_report", { args: ["u1"] },
+      { ...OPTIONS, timeout: "300ms" }),
+    (exc) => exc instanceof DebounceBackendError && !(exc instanceof DebounceOutcomeUnknown) &&
+      /not connected within 300 ms/.test(exc.message));
+    assert.ok(Date.now() - started < 1000);
+  } finally {
+    mute.disconnect();
+    for (const socket of held) socket.destroy();
+    await new Promise((r) => silent.close(r));
+  }
+});
+
+async function stats() {
+  const info = (await redis.info("stats")) + (await redis.info("commandstats"));
+  const read = (pattern) => Number(new RegExp(pattern, "m").exec(info)?.[1] ?? 0);
+  return {
+    evalsha: read("^cmdstat_evalsha:calls=(\\d+)"), script: read("^cmdstat_script\\|load:calls=(\\d+)"),
+    connections: read("^total_connections_received:(\\d+)"),
+  };
+}
+
+test("a burst costs one EVALSHA per call after the first, on one connection", async () => {
+  await redis.flushdb();
+  const client = new Redis(redis.options.port, "127.0.0.1");
+  try {
+    await debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS);
+    const before = await stats();
+    const ids = await Promise.all(Array.from({ length: 5 },
+      () => debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS)));
+    for (let i = 0; i < 5; i++) ids.push(await debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS));
+    const after = await stats();
+    assert.equal(new Set(ids).size, 1);
+    assert.equal(await redis.hget(OPEN, "n"), "11");
+    assert.equal(after.evalsha - before.evalsha, 10);  // one EVALSHA per call, nothing else
+    assert.equal(after.script, before.script);
+    assert.equal(after.connections, before.connections);
+  } finally {
+    client.disconnect();
+  }
+});
+
+test("the gate connection has the client's settings (db, user, keyPrefix, name) and closes with it", async () => {
+  const page = readFileSync(new URL("../../../docs/guarantees.md", import.meta.url), "utf8");
+  const line = page.split("\n").find((l) => l.startsWith("ACL SETUSER debouncer "));
+  const rules = line.split(" ").slice(3).map((r) => (r === ">PASSWORD" ? ">secret" : r));
+  await redis.call("ACL", "SETUSER", "debouncer", "reset", ...rules, "+info", "+select",
+    "+client|setname", "~app:*", "&app:*");
+  const own = new Redis({ port: redis.options.port, host: "127.0.0.1", db: 3, keyPrefix: "app:",
+    username: "debouncer", password: "secret", connectionName: "webhooks" });
+  const named = async () => (await redis.client("LIST")).split("\n").filter((l) => / name=webhooks /.test(l));
+  try {
+    await redis.select(3);
+    await redis.flushdb();
+    await debounce(own, "proj.build_report", { args: ["u1"] }, OPTIONS);
+    assert.equal(await redis.hget(`app:${OPEN}`, "n"), "1");
+    const lines = await named();
+    assert.equal(lines.length, 2, "the client's connection and the gate's");
+    for (const l of lines) assert.match(l, / db=3 .* user=debouncer /);
+    await own.quit();
+    for (let i = 0; i < 50 && (await named()).length > 0; i++) await sleep(20);
+    assert.deepEqual(await named(), []);
+    await assert.rejects(debounce(own, "proj.build_report", { args: ["u1"] }, OPTIONS),
+      (exc) => exc instanceof DebounceBackendError && /nothing was sent/.test(exc.message));
+  } finally {
+    own.disconnect();
+    await redis.flushdb();
+    await redis.select(0);
+    await redis.call("ACL", "DELUSER", "debouncer");
   }
 });
