@@ -91,3 +91,22 @@ test("on Redis 7 masters the loaded script wakes with SPUBLISH", async () => {
   const found = await Promise.all(nodes.map((n) => n.script("EXISTS", sha)));
   assert.ok(found.some((row) => row[0] === 1), `slot ${owner}: sharded script loaded`);
 });
+
+test("a default Cluster client's gate connections close when the client ends", async () => {
+  const probe = new Redis({ port: ports[0], host: "127.0.0.1" });
+  const named = async () => (await probe.client("LIST")).split("\n").filter((l) => / name=gate-probe /.test(l));
+  const own = new Cluster([{ host: "127.0.0.1", port: ports[0] }],
+    { redisOptions: { connectionName: "gate-probe" } });
+  try {
+    for (const user of ["u1", "u2", "u3", "u4"]) {
+      await debounce(own, "proj.build_report", { args: [user] }, OPTIONS);
+    }
+    assert.ok((await named()).length >= 1, "the gate's connection carries the client's name");
+    own.disconnect();
+    for (let i = 0; i < 50 && (await named()).length > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.deepEqual(await named(), []);
+  } finally {
+    own.disconnect();
+    probe.disconnect();
+  }
+});
