@@ -1,25 +1,31 @@
-"""BullMQ's debounce-mode ``add`` against ours, side by side on one redis-server.
+"""BullMQ's debounce-mode ``add`` against our producers, side by side on one redis-server.
 
 ``python -m bench.bullmq`` (or ``python -m bench --only bullmq``) installs
-``bullmq@5`` and ``ioredis`` with npm into ``.bench-cache/bullmq`` (gitignored;
-reused while ``package.json`` there is unchanged), starts a fresh redis-server,
-and runs two sequential producers against it in interleaved rounds: ours
-(``.delay()`` of ``bench.debounced``, a 1 h window) and BullMQ's
-(``bench/peer/bullmq_producer.js``: ``queue.add`` with ``delay`` and
-``deduplication: {id, ttl, extend: true, replace: true}``, a 1 h delay), each for
-a hot key (every call joins one window) and a new key per call. The Node process
-stays up between rounds, so neither side pays its start-up in a round.
+``bullmq@6`` and ``ioredis`` with npm into ``.bench-cache/bullmq`` (gitignored;
+reused while ``package.json`` there is unchanged), with our Node producer
+(``clients/node``, built and packed by its own ``npm pack``, installed from the
+tarball, named by its content), starts a fresh redis-server, and runs three
+sequential producers against it in interleaved rounds: ours in Python
+(``.delay()`` of ``bench.debounced``, a 1 h window), ours in Node
+(``bench/peer/node_producer.js``: ``debounce()`` of the same task, window, ceiling
+and key, on one ioredis client) and BullMQ's (``bench/peer/bullmq_producer.js``:
+``queue.add`` with ``delay`` and ``deduplication: {id, ttl, extend: true,
+replace: true}``, a 1 h delay), each for a hot key (every call joins one window)
+and a new key per call. The Node processes stay up between rounds, so no side pays
+its start-up in a round; which producer goes first rotates every round.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,30 +38,61 @@ from bench.harness import Row, compare, table
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench-cache" / "bullmq"
-SCRIPT = Path(__file__).resolve().parent / "peer" / "bullmq_producer.js"
-PACKAGES = {"bullmq": "^5", "ioredis": "^5"}
-#: DB of BullMQ's keys (ours: windows in 0, broker in 1, stats in 3)
+PEER = Path(__file__).resolve().parent / "peer"
+SCRIPT = PEER / "bullmq_producer.js"
+NODE_SCRIPT = PEER / "node_producer.js"
+CLIENT = ROOT / "clients" / "node"
+PACKAGES = {"bullmq": "^6", "ioredis": "^5"}
+#: DBs of BullMQ's keys and of the Node producer's windows (ours: windows in 0,
+#: broker in 1, stats in 3)
 BULLMQ_DB = 4
+NODE_DB = 5
 TARGET = 1.2
 #: calls of each subject before the rounds (Node's first thousands of calls are slower)
 WARM = 2000
+PRODUCERS = ("ours", "bull", "node")
+
+
+def _npm(args: list[str], cwd: Path) -> None:
+    subprocess.run(["npm", *args, "--no-audit", "--no-fund", "--loglevel=error"], cwd=cwd,
+                   check=True, timeout=600, stdout=subprocess.DEVNULL)
+
+
+def pack_client(cache: Path) -> str:
+    """``npm pack`` of clients/node (its prepack script builds it) into ``cache/pkg``,
+    named by its content, so that a changed client is installed again; the npm spec."""
+    if not (CLIENT / "node_modules" / "typescript").is_dir():
+        _npm(["ci"], CLIENT)  # the build's own dev dependencies
+    pkg = cache / "pkg"
+    pkg.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        _npm(["pack", "--pack-destination", tmp], CLIENT)
+        (tarball,) = Path(tmp).glob("*.tgz")
+        name = f"celery-debounced-{hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]}.tgz"
+        if not (pkg / name).exists():
+            shutil.copyfile(tarball, pkg / name)
+    for old in pkg.glob("*.tgz"):
+        if old.name != name:
+            old.unlink()
+    return f"file:pkg/{name}"
 
 
 def install(cache: Path = CACHE) -> Path:
-    """npm-install the peer into ``cache`` (once); return the folder."""
+    """npm-install the peers into ``cache`` (again when a version or the client changed);
+    return the folder."""
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        raise RuntimeError("the BullMQ row needs node and npm on PATH")
+    dependencies = {**PACKAGES, "celery-debounced": pack_client(cache)}
     manifest = {"name": "celery-debounce-bench-peer", "private": True,
-                "dependencies": PACKAGES}
+                "dependencies": dependencies}
     wanted = json.dumps(manifest, indent=2, sort_keys=True)
     package = cache / "package.json"
     if (package.exists() and package.read_text() == wanted
-            and (cache / "node_modules" / "bullmq").is_dir()):
+            and (cache / "node_modules" / "bullmq").is_dir()
+            and (cache / "node_modules" / "celery-debounced").is_dir()):
         return cache
-    if shutil.which("npm") is None or shutil.which("node") is None:
-        raise RuntimeError("the BullMQ row needs node and npm on PATH")
-    cache.mkdir(parents=True, exist_ok=True)
     package.write_text(wanted)
-    subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
-                   cwd=cache, check=True, timeout=600)
+    _npm(["install"], cache)
     return cache
 
 
@@ -64,17 +101,18 @@ def bullmq_version(cache: Path = CACHE) -> str:
     return str(data["version"])
 
 
-class BullMQProducer:
-    """The Node producer, kept running; ``run(mode, n)`` returns its seconds."""
+class NodeProducer:
+    """A Node producer script, kept running; ``run(mode, n)`` returns its seconds."""
 
-    def __init__(self, url: str, cache: Path) -> None:
+    def __init__(self, script: Path, url: str, cache: Path, db: int) -> None:
         parsed = urlparse(url)
         env = {**os.environ, "NODE_PATH": str(cache / "node_modules"),
                "BENCH_REDIS_HOST": parsed.hostname or "127.0.0.1",
                "BENCH_REDIS_PORT": str(parsed.port or 6379),
-               "BENCH_REDIS_DB": str(BULLMQ_DB)}
+               "BENCH_REDIS_DB": str(db)}
+        self.name = script.name
         self.proc = subprocess.Popen(
-            ["node", str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            ["node", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, cwd=cache, text=True, bufsize=1)
         self._read()  # {"ready": true}
 
@@ -82,7 +120,7 @@ class BullMQProducer:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the BullMQ producer exited ({self.proc.wait()})")
+            raise RuntimeError(f"{self.name} exited ({self.proc.wait()})")
         return dict(json.loads(line))
 
     def run(self, mode: str, n: int) -> float:
@@ -104,14 +142,18 @@ class BullMQProducer:
 
 def side_by_side(app: Any, url: str, rounds: int, n: int,
                  cache: Path | None = None) -> list[Row]:
-    """Interleaved rounds: ours hot, BullMQ hot, ours new, BullMQ new, ... (rates)."""
+    """Interleaved rounds of the three producers, hot key then new key (rates); the
+    producer that goes first rotates every round."""
     cache = install() if cache is None else cache
     debounced = app.tasks["bench.debounced"]
     fresh = iter(range(10**12))
-    peer = BullMQProducer(url, cache)
-    windows = redis.Redis.from_url(f"{url}/0")
-    jobs = redis.Redis.from_url(f"{url}/{BULLMQ_DB}")
+    peers: list[NodeProducer] = []
     try:
+        bull = NodeProducer(SCRIPT, url, cache, BULLMQ_DB)
+        peers.append(bull)
+        node = NodeProducer(NODE_SCRIPT, url, cache, NODE_DB)
+        peers.append(node)
+
         def ours_hot(k: int) -> float:
             start = time.perf_counter()
             for _ in range(k):
@@ -125,25 +167,27 @@ def side_by_side(app: Any, url: str, rounds: int, n: int,
             return time.perf_counter() - start
 
         subjects: dict[str, Callable[[int], float]] = {
-            "ours_hot": ours_hot, "bull_hot": lambda k: peer.run("hot", k),
-            "ours_new": ours_new, "bull_new": lambda k: peer.run("new", k),
+            "ours_hot": ours_hot, "ours_new": ours_new,
+            "bull_hot": lambda k: bull.run("hot", k), "bull_new": lambda k: bull.run("new", k),
+            "node_hot": lambda k: node.run("hot", k), "node_new": lambda k: node.run("new", k),
         }
-        debounced.delay("hot", n=1)  # open the hot window (BullMQ's opened at start)
-        for mode in ("hot", "new"):  # warm both (V8's JIT, script caches, allocators)
-            subjects[f"ours_{mode}"](WARM)
-            peer.run(mode, WARM)
+        debounced.delay("hot", n=1)  # open the hot window (the Node ones opened at start)
+        for name in subjects:  # warm all (V8's JIT, script caches, allocators)
+            subjects[name](WARM)
         out: dict[str, list[float]] = {name: [] for name in subjects}
         for i in range(rounds):
-            # alternate who goes first, so a load spike is not always on one side
-            order = list(subjects) if i % 2 == 0 else [
-                "bull_hot", "ours_hot", "bull_new", "ours_new"]
-            for name in order:
-                out[name].append(n / subjects[name](n))
+            # rotate who goes first, so a load spike is not always on one side
+            order = PRODUCERS[i % 3:] + PRODUCERS[:i % 3]
+            for mode in ("hot", "new"):
+                for producer in order:
+                    name = f"{producer}_{mode}"
+                    out[name].append(n / subjects[name](n))
         version = bullmq_version(cache)
     finally:
-        peer.close()
-        windows.flushdb()
-        jobs.flushdb()
+        for peer in peers:
+            peer.close()
+        for db in (0, BULLMQ_DB, NODE_DB):
+            redis.Redis.from_url(f"{url}/{db}").flushdb()
 
     def ratios(a: str, b: str) -> str:
         per = [x / y for x, y in zip(out[a], out[b], strict=True)]
@@ -156,12 +200,18 @@ def side_by_side(app: Any, url: str, rounds: int, n: int,
                 TARGET, note=ratios("ours_hot", "bull_hot")),
         compare("9", "new key per call .delay() vs BullMQ", out["ours_new"], label,
                 out["bull_new"], TARGET, note=ratios("ours_new", "bull_new")),
+        compare("9", "hot key Node debounce() vs BullMQ", out["node_hot"], label,
+                out["bull_hot"], TARGET, note=ratios("node_hot", "bull_hot")
+                + "; Node/Python " + ratios("node_hot", "ours_hot").split(";")[0]),
+        compare("9", "new key per call Node debounce() vs BullMQ", out["node_new"], label,
+                out["bull_new"], TARGET, note=ratios("node_new", "bull_new")
+                + "; Node/Python " + ratios("node_new", "ours_new").split(";")[0]),
     ]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.bullmq", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
     parser.add_argument("--calls", type=int, default=4000, help="calls per round")
     parser.add_argument("--json", action="store_true", help="print JSON rows")
     return parser.parse_args(argv)

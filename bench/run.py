@@ -204,7 +204,7 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     return rows
 
 
-@bench("bullmq", "9: .delay() vs BullMQ's debounce-mode add (npm-installs bullmq@5)")
+@bench("bullmq", "9: .delay() and the Node producer vs BullMQ's debounce-mode add (npm: bullmq@6)")
 def _bullmq(ctx: dict[str, Any]) -> list[Row]:
     from bench.bullmq import side_by_side
 

@@ -13,6 +13,7 @@ def test_bullmq_bench_is_registered_and_parses_args() -> None:
     assert (args.rounds, args.calls, args.json) == (3, 100, False)
     assert bullmq.SCRIPT.exists()
     assert "deduplication" in bullmq.SCRIPT.read_text()
+    assert "celery-debounced" in bullmq.NODE_SCRIPT.read_text()
 
 
 def test_threads_bench_is_registered() -> None:
