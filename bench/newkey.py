@@ -4,7 +4,9 @@
 times, in interleaved rounds of ``--calls`` calls each (median of the rounds, us per
 call, every call a new key as in row 9 of ``python -m bench.bullmq``):
 
-- the whole ``.delay()`` of ``bench.debounced`` (and a hot-key one, to compare);
+- the whole ``.delay()`` of ``bench.debounced`` (and a hot-key one, to compare),
+  and the same with the round trip stubbed out (the store answers a canned reply):
+  all of the call's Python;
 - ``prepare_call`` (what ``DebouncedTask._gate`` calls: binding, key template,
   payload encoding, window ident, task id), and each of those pieces alone;
 - the gate (``gate.enter``: ARGV and KEYS, the packed command, send, read, reply),
@@ -107,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(k):
                 task.delay("hot", n=1)
 
+        def delay_stubbed(k: int) -> None:
+            sent = store.run_once
+            store.run_once = lambda name, keys, argv: canned
+            try:
+                for _ in range(k):
+                    task.delay(f"n{next(fresh)}", n=1)
+            finally:
+                store.run_once = sent
+
         def prepare(k: int) -> None:
             for _ in range(k):
                 prepared(f"n{next(fresh)}")
@@ -163,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
         stages: dict[str, Callable[[int], None]] = {
             "delay() new key": delay_new, "delay() hot key": delay_hot,
+            "delay() new key, no round trip": delay_stubbed,
             "prepare_call": prepare, "  bind arguments": bind, "  key template": template,
             "  payload (JSON)": payload, "  window ident": ident, "  task id": task_id,
             "gate (enter)": gate, "  its Python (canned reply)": gate_python,
