@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import stop_process
@@ -19,16 +20,17 @@ pytest.importorskip("django")
 PROJECT = Path(__file__).resolve().parent / "django_project"
 
 
-@pytest.mark.slow
-def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
-    tmp_path: Path, redis_server: str, redis_client: object
-) -> None:
+def _scenario_with_worker(script: str, tmp_path: Path, redis_server: str,
+                          **extra_env: str) -> tuple[dict[str, Any], str]:
+    """Run ``script`` of the Django project beside a real solo worker of it: the JSON
+    object its last line prints, and the worker's log."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "djproj.settings",
         "DJPROJ_REDIS_URL": redis_server,
         "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
         "PYTHONPATH": _path(),
+        **extra_env,
     }
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
@@ -37,13 +39,21 @@ def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
     )
     try:
         run = subprocess.run(
-            [sys.executable, "scenario.py"], cwd=PROJECT, env=env,
+            [sys.executable, script], cwd=PROJECT, env=env,
             capture_output=True, text=True, timeout=90,
         )
     finally:
         log = stop_process(worker, timeout=20)
     assert run.returncode == 0, run.stdout + run.stderr + log
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return out, log
+
+
+@pytest.mark.slow
+def test_on_commit_calls_gate_at_commit_and_never_after_rollback(
+    tmp_path: Path, redis_server: str, redis_client: object
+) -> None:
+    out, log = _scenario_with_worker("scenario.py", tmp_path, redis_server)
     assert out["settings_prefix"] == "djdebounce"  # CELERY_DEBOUNCE_KEY_PREFIX was read
     assert out["plain_has_on_commit"] is True  # Celery's DjangoTask, for comparison
     assert out["keys_inside_transaction"] == 0  # nothing written before the commit
@@ -98,28 +108,8 @@ def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
     committed row); under "raise" the hook raises after the commit, as before."""
     from celery_debounce.testing.servers import free_port
 
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "djproj.settings",
-        "DJPROJ_REDIS_URL": redis_server,
-        "DJPROJ_DEAD_URL": f"redis://127.0.0.1:{free_port()}/0",
-        "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
-        "PYTHONPATH": _path(),
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
-         "--loglevel", "info"],
-        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        run = subprocess.run(
-            [sys.executable, "outage_scenario.py"], cwd=PROJECT, env=env,
-            capture_output=True, text=True, timeout=90,
-        )
-    finally:
-        log = stop_process(worker, timeout=20)
-    assert run.returncode == 0, run.stdout + run.stderr + log
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out, _ = _scenario_with_worker("outage_scenario.py", tmp_path, redis_server,
+                                   DJPROJ_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0")
     assert out["policy"] == "publish"  # CELERY_DEBOUNCE_ON_OUTAGE was read
     assert out["fallbacks"] == 1
     assert out["result"] == "saved while Redis was down"  # ran, on the committed row
