@@ -174,40 +174,60 @@ def blackhole() -> Iterator[int]:
         listener.close()
 
 
+@contextmanager
+def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+                   timeout: float, lease: float, first: float) -> Iterator[tuple[str, float]]:
+    """A claim (``t1``) a fresh renewer holds through ``fault_proxy``: ``(its claims
+    key, the monotonic time its first renewal was seen, within ``first`` seconds)``."""
+    from celery_debounce.worker_signals import _Renewer
+
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=timeout, debounce_claim_lease=lease)
+    store = store_for(app)
+    claims = store.claims_key(0)
+    redis_client.zadd(claims, {"t1": now_ms(redis_client) + int(lease * 1000)})
+    renewer = _Renewer()
+    renewer.hold(store, claims, "t1")
+    try:
+        score = redis_client.zscore(claims, "t1")
+        wait_until(lambda: redis_client.zscore(claims, "t1") != score, first)  # renewed
+        yield claims, time.monotonic()
+    finally:
+        fault_proxy.disarm()
+        renewer.drop(store, claims, "t1")
+
+
+def _least_time_left(redis_client: redis.Redis, claims: str, until: float,
+                     tick: Any = None) -> float:
+    """The claim's least time left (ms), watched every 20 ms until monotonic ``until``
+    (``tick()`` called each time); it must exist throughout."""
+    lowest = float("inf")
+    while time.monotonic() < until:
+        if tick is not None:
+            tick()
+        expiry = redis_client.zscore(claims, "t1")
+        assert expiry is not None
+        lowest = min(lowest, expiry - now_ms(redis_client))
+        time.sleep(0.02)
+    return lowest
+
+
 def test_a_refused_renewal_is_tried_again_within_the_lease(
     redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
 ) -> None:
     """A renewal that failed is tried again within a back-off, not a period later: with
     a 3 s lease (renewal every 1 s), a link refused for 1.6 s from just before a renewal
     was due (the next one falls in it too) loses nothing."""
-    from celery_debounce.worker_signals import _Renewer
-
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0, debounce_claim_lease=3)
-    store = store_for(app)
-    claims = store.claims_key(0)
-    redis_client.zadd(claims, {"t1": now_ms(redis_client) + 3000})
-    renewer = _Renewer()
-    renewer.hold(store, claims, "t1")
-    try:
-        score = redis_client.zscore(claims, "t1")
-        wait_until(lambda: redis_client.zscore(claims, "t1") != score, 3)  # renewed
-        renewed = time.monotonic()
+    with _renewed_claim(redis_server, redis_client, fault_proxy, 1.0, 3, 3) as (claims, renewed):
         time.sleep(max(0.0, renewed + 1.0 - 0.1 - time.monotonic()))
         fault_proxy.refuse()
-        refusing, lowest = True, float("inf")
-        while time.monotonic() < renewed + 3.5:
-            if refusing and time.monotonic() > renewed + 2.5:
+
+        def back_after_2_5_s() -> None:
+            if time.monotonic() > renewed + 2.5:
                 fault_proxy.disarm()
-                refusing = False
-            expiry = redis_client.zscore(claims, "t1")
-            assert expiry is not None
-            lowest = min(lowest, expiry - now_ms(redis_client))
-            time.sleep(0.02)
+
+        lowest = _least_time_left(redis_client, claims, renewed + 3.5, back_after_2_5_s)
         assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
-    finally:
-        fault_proxy.disarm()
-        renewer.drop(store, claims, "t1")
 
 
 def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
@@ -217,30 +237,11 @@ def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
     just before a renewal was due, past the next one's timeout: tried again a period
     after the failure, the renewal would come a second after the lease ended; tried
     again at once (each attempt a timeout, then a short back-off), it lands within it."""
-    from celery_debounce.worker_signals import _Renewer
-
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=0.5, debounce_claim_lease=6)
-    store = store_for(app)
-    claims = store.claims_key(0)
-    redis_client.zadd(claims, {"t1": now_ms(redis_client) + 6000})
-    renewer = _Renewer()
-    renewer.hold(store, claims, "t1")
-    try:
-        score = redis_client.zscore(claims, "t1")
-        wait_until(lambda: redis_client.zscore(claims, "t1") != score, 4)  # renewed
-        renewed = time.monotonic()
+    with _renewed_claim(redis_server, redis_client, fault_proxy, 0.5, 6, 4) as (claims, renewed):
         time.sleep(max(0.0, renewed + 2.0 - 0.2 - time.monotonic()))
         fault_proxy.silence(2.8)
-        lowest = float("inf")
-        while time.monotonic() < renewed + 6.5:
-            expiry = redis_client.zscore(claims, "t1")
-            assert expiry is not None
-            lowest = min(lowest, expiry - now_ms(redis_client))
-            time.sleep(0.02)
+        lowest = _least_time_left(redis_client, claims, renewed + 6.5)
         assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
-    finally:
-        renewer.drop(store, claims, "t1")
 
 
 def test_a_forked_child_renews_on_a_connection_of_its_own(
