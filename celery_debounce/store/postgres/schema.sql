@@ -2,15 +2,19 @@
 --
 -- Applied by PostgresStore.migrate() in one transaction under an advisory lock; the
 -- version row is written last. Every time is the server's (clock_timestamp()), never a
--- caller's; times leave the functions as epoch milliseconds.
+-- caller's; times leave the functions as epoch milliseconds. Each function is one
+-- operation of the store, called in one round trip.
 --
 -- debounce_open   one row per open window, keyed by its task-scoped ident
 --                 ("<task name>:<key>"); debounce_open_due orders them by deadline.
 --                 A join rewrites the row (calls, deadline, payload): fillfactor leaves
 --                 room on the page for the new version.
--- debounce_taken  windows taken for dispatch: 'dispatching' under a lease until acked
---                 ('queued', kept until expires_at, then swept). A taken window never
---                 goes back to debounce_open: a call after the take opens a new window.
+-- debounce_taken  windows closed to calls: taken for dispatch ('dispatching' under a
+--                 lease until acked), then 'queued', 'claimed' by a worker under a claim
+--                 lease, 'stale' (that lease passed), 'finished', or 'quarantined'. A
+--                 window closed at its call cap or flushed enters as 'dispatching' with
+--                 a lease already over and tries 0: the next take takes it. A closed
+--                 window never goes back to debounce_open: a later call opens a new one.
 
 CREATE TABLE debounce_schema (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -27,11 +31,21 @@ CREATE TABLE debounce_open (
     calls integer NOT NULL DEFAULT 1,
     content_type text NOT NULL,
     payload bytea NOT NULL,
-    options_json text NOT NULL
+    options_json text NOT NULL,
+    -- debounce_max_calls (NULL: no cap); the call that reaches it closes the window
+    max_calls integer,
+    capped boolean NOT NULL DEFAULT false,
+    -- debounce_exclusive: due while a run of its ident is in progress, it is held
+    exclusive boolean NOT NULL DEFAULT false,
+    held_since timestamptz,
+    -- the callers' fixed ids recorded on the window (aliases.py's JSON texts)
+    aliases text[] NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
 CREATE INDEX debounce_open_due ON debounce_open (deadline);
+-- a fixed id already in use is never reused (debounce_gate)
+CREATE INDEX debounce_open_task_id ON debounce_open (task_id);
 
 CREATE TABLE debounce_taken (
     task_id text PRIMARY KEY,
@@ -43,71 +57,181 @@ CREATE TABLE debounce_taken (
     content_type text NOT NULL,
     payload bytea NOT NULL,
     options_json text NOT NULL,
-    state text NOT NULL CHECK (state IN ('dispatching', 'queued')),
+    state text NOT NULL CHECK (state IN ('dispatching', 'queued', 'claimed', 'stale',
+                                         'finished', 'quarantined')),
     taken_at timestamptz NOT NULL,
-    -- 'dispatching': the lease's end (then it is taken again); 'queued': when the
-    -- record leaves the table (the sweep)
+    -- 'dispatching': the lease's end (then it is taken again); otherwise when the
+    -- record may leave the table (the sweep)
     until timestamptz NOT NULL,
-    tries integer NOT NULL DEFAULT 1
+    tries integer NOT NULL DEFAULT 1,
+    -- publish failures counted against it (debounce_release with counted)
+    failures integer NOT NULL DEFAULT 0,
+    capped boolean NOT NULL DEFAULT false,
+    exclusive boolean NOT NULL DEFAULT false,
+    held_ms bigint NOT NULL DEFAULT 0,
+    aliases text[] NOT NULL DEFAULT '{}',
+    -- 'claimed': the claim lease's end (renewed by the running worker)
+    claim_until timestamptz,
+    -- a duplicate delivery was skipped under this claim: if the claim lapses, the
+    -- window is published again instead of left to the skipped delivery
+    redelivered boolean NOT NULL DEFAULT false,
+    result_state text,
+    reason text
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
 CREATE INDEX debounce_taken_until ON debounce_taken (state, until);
+CREATE INDEX debounce_taken_claims ON debounce_taken (claim_until)
+    WHERE state = 'claimed';
+CREATE INDEX debounce_taken_running ON debounce_taken (ident) WHERE exclusive;
 
 CREATE FUNCTION debounce_ms(t timestamptz) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $$;
 
+-- Raise a refusal the store maps to a typed error (SQLSTATE class DB); the statement
+-- that called it is undone, so nothing is written.
+CREATE FUNCTION debounce_refuse(p_code text, p_message text) RETURNS text[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message;
+END
+$$;
+
+-- True while a debounce_exclusive window of p_ident is in progress (taken, published
+-- or claimed, not finished): a due exclusive window of that ident is held.
+CREATE FUNCTION debounce_running(p_ident text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM debounce_taken t
+                   WHERE t.ident = p_ident AND t.exclusive
+                     AND t.state IN ('dispatching', 'queued', 'claimed'))
+$$;
+
+-- Close the open window of p_ident (of id p_task_id unless ''): it moves to
+-- debounce_taken as 'dispatching' with its lease over and tries 0, so the next take
+-- takes it (tries 1); its deadline becomes p_now if later.
+CREATE FUNCTION debounce_close(p_ident text, p_task_id text, p_now timestamptz)
+RETURNS SETOF debounce_taken
+LANGUAGE sql AS $$
+    WITH moved AS (
+        DELETE FROM debounce_open o
+        WHERE o.ident = p_ident AND (p_task_id = '' OR o.task_id = p_task_id)
+        RETURNING o.*
+    )
+    INSERT INTO debounce_taken AS n (task_id, ident, first_seen, deadline, max_wait_ms,
+                                     calls, content_type, payload, options_json, state,
+                                     taken_at, until, tries, capped, exclusive, aliases)
+    SELECT m.task_id, m.ident, m.first_seen, least(m.deadline, p_now), m.max_wait_ms,
+           m.calls, m.content_type, m.payload, m.options_json, 'dispatching', p_now,
+           p_now, 0, m.capped, m.exclusive, m.aliases
+    FROM moved m
+    RETURNING n.*
+$$;
+
 -- One call: open the ident's window, or join the open one. Atomic for racing callers on
 -- one ident (INSERT ... ON CONFLICT DO UPDATE). The deadline is
 -- least(now + window, first seen + max wait): never past the opener's ceiling. A join
 -- counts the call and, with p_replace, replaces the payload; the opener's options stay.
--- opened: the window's id is this call's p_task_id (ids are unique per call).
+-- The call that reaches the window's cap (p_max_calls, the opener's) closes it.
+-- A fixed id (p_alias, its JSON, not NULL) opens the window under p_task_id unless that
+-- id is in use (then under p_fallback_id); joining, it is recorded as an alias (at most
+-- p_max_aliases: past that, refused with DBA01, nothing written); with p_canvas also
+-- when it opens. opened: this call inserted the window.
 CREATE FUNCTION debounce_gate(
     p_ident text, p_task_id text, p_window_ms bigint, p_max_wait_ms bigint,
-    p_content_type text, p_payload bytea, p_options_json text, p_replace boolean)
+    p_content_type text, p_payload bytea, p_options_json text, p_replace boolean,
+    p_exclusive boolean, p_max_calls integer, p_alias text, p_fallback_id text,
+    p_canvas boolean, p_max_aliases integer)
 RETURNS TABLE (task_id text, opened boolean, deadline_ms bigint, calls integer,
                now_ms bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_id text := p_task_id;
+    v_row record;
 BEGIN
-    RETURN QUERY
+    IF p_alias IS NOT NULL AND (
+            EXISTS (SELECT 1 FROM debounce_taken t WHERE t.task_id = p_task_id)
+            OR EXISTS (SELECT 1 FROM debounce_open o
+                       WHERE o.task_id = p_task_id AND o.ident <> p_ident)) THEN
+        v_id := p_fallback_id;
+    END IF;
     INSERT INTO debounce_open AS w (ident, task_id, first_seen, deadline, max_wait_ms,
-                                    calls, content_type, payload, options_json)
-    VALUES (p_ident, p_task_id, v_now,
-            v_now + least(p_window_ms, p_max_wait_ms) * interval '1 millisecond',
-            p_max_wait_ms, 1, p_content_type, p_payload, p_options_json)
+                                    calls, content_type, payload, options_json, max_calls,
+                                    capped, exclusive, aliases)
+    VALUES (p_ident, v_id, v_now,
+            CASE WHEN p_max_calls <= 1 THEN v_now
+                 ELSE v_now + least(p_window_ms, p_max_wait_ms) * interval '1 millisecond'
+            END,
+            p_max_wait_ms, 1, p_content_type, p_payload, p_options_json, p_max_calls,
+            coalesce(p_max_calls <= 1, false), p_exclusive,
+            CASE WHEN p_alias IS NOT NULL AND (p_canvas OR v_id <> p_task_id)
+                 THEN ARRAY[p_alias] ELSE '{}'::text[] END)
     ON CONFLICT (ident) DO UPDATE SET
-        deadline = least(v_now + p_window_ms * interval '1 millisecond',
-                         w.first_seen + w.max_wait_ms * interval '1 millisecond'),
+        deadline = CASE WHEN w.calls + 1 >= w.max_calls THEN v_now
+                        ELSE least(v_now + p_window_ms * interval '1 millisecond',
+                                   w.first_seen + w.max_wait_ms * interval '1 millisecond')
+                   END,
         calls = w.calls + 1,
+        capped = coalesce(w.calls + 1 >= w.max_calls, false),
         content_type = CASE WHEN p_replace THEN excluded.content_type
                             ELSE w.content_type END,
-        payload = CASE WHEN p_replace THEN excluded.payload ELSE w.payload END
-    RETURNING w.task_id, w.task_id = p_task_id, debounce_ms(w.deadline), w.calls,
-              debounce_ms(v_now);
+        payload = CASE WHEN p_replace THEN excluded.payload ELSE w.payload END,
+        aliases = CASE
+            WHEN p_alias IS NULL OR w.task_id = p_task_id THEN w.aliases
+            WHEN cardinality(w.aliases) >= p_max_aliases THEN debounce_refuse(
+                'DBA01', format('window %s already records %s caller ids', w.task_id,
+                                cardinality(w.aliases)))
+            ELSE w.aliases || p_alias END
+    RETURNING w.task_id, w.xmax = 0 AS opened, w.deadline, w.calls, w.capped
+    INTO v_row;
+    IF v_row.capped THEN
+        PERFORM debounce_close(p_ident, v_row.task_id, v_now);
+    END IF;
+    RETURN QUERY SELECT v_row.task_id, v_row.opened, debounce_ms(v_row.deadline),
+                        v_row.calls, debounce_ms(v_now);
 END
 $$;
 
--- Take up to p_batch windows for dispatch under a lease of p_lease_ms: first those whose
--- lease passed (taken again: tries + 1), then the due open windows, earliest deadline
--- first; one statement. FOR UPDATE SKIP LOCKED: concurrent dispatchers take disjoint
+-- Take up to p_batch windows for dispatch under a lease of p_lease_ms.
+-- First the claims whose lease passed (up to p_lapse_upto_ms if given and earlier than
+-- now): 'stale', or 'dispatching' with its lease over when a duplicate delivery was
+-- skipped under it (published again below). A due debounce_exclusive window whose
+-- ident has a run in progress is held (held_since), not taken. Then, in one statement,
+-- the lapsed leases (taken again: tries + 1) and the due open windows, earliest
+-- deadline first, both FOR UPDATE SKIP LOCKED: concurrent dispatchers take disjoint
 -- windows, and a window a gate is joining right now is left for the next take.
 -- The taken windows come first; the last row is a header (task_id NULL) with now_ms and
 -- next_ms, the earliest deadline or lease end left (NULL: nothing left).
-CREATE FUNCTION debounce_take(p_batch integer, p_lease_ms bigint)
+CREATE FUNCTION debounce_take(p_batch integer, p_lease_ms bigint, p_lapse_upto_ms bigint)
 RETURNS TABLE (task_id text, ident text, first_seen_ms bigint, deadline_ms bigint,
                max_wait_ms bigint, calls integer, content_type text, payload bytea,
-               options_json text, tries integer, now_ms bigint, next_ms bigint)
+               options_json text, tries integer, failures integer, capped boolean,
+               held_ms bigint, now_ms bigint, next_ms bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_until timestamptz := v_now + p_lease_ms * interval '1 millisecond';
+    v_lapse timestamptz := least(v_now, to_timestamp(p_lapse_upto_ms / 1000.0));
     v_next timestamptz;
 BEGIN
+    WITH lapsed AS (
+        SELECT t.task_id FROM debounce_taken t
+        WHERE t.state = 'claimed' AND t.claim_until <= coalesce(v_lapse, v_now)
+        ORDER BY t.claim_until LIMIT 100 FOR UPDATE SKIP LOCKED
+    )
+    UPDATE debounce_taken t
+    SET state = CASE WHEN t.redelivered THEN 'dispatching' ELSE 'stale' END,
+        until = CASE WHEN t.redelivered THEN v_now ELSE t.until END,
+        claim_until = NULL, redelivered = false
+    FROM lapsed WHERE t.task_id = lapsed.task_id;
+
+    UPDATE debounce_open o SET held_since = v_now
+    WHERE o.exclusive AND o.held_since IS NULL AND o.deadline <= v_now
+      AND debounce_running(o.ident);
+
     RETURN QUERY
     WITH lapsed AS (
         SELECT t.task_id FROM debounce_taken t
@@ -118,7 +242,8 @@ BEGIN
         FROM lapsed WHERE t.task_id = lapsed.task_id
         RETURNING t.*
     ), due AS (
-        SELECT o.ident FROM debounce_open o WHERE o.deadline <= v_now
+        SELECT o.ident FROM debounce_open o
+        WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))
         ORDER BY o.deadline
         LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)
         FOR UPDATE SKIP LOCKED
@@ -128,29 +253,40 @@ BEGIN
     ), inserted AS (
         INSERT INTO debounce_taken AS n (task_id, ident, first_seen, deadline, max_wait_ms,
                                          calls, content_type, payload, options_json,
-                                         state, taken_at, until, tries)
+                                         state, taken_at, until, tries, capped, exclusive,
+                                         held_ms, aliases)
         SELECT m.task_id, m.ident, m.first_seen, m.deadline, m.max_wait_ms, m.calls,
-               m.content_type, m.payload, m.options_json, 'dispatching', v_now, v_until, 1
+               m.content_type, m.payload, m.options_json, 'dispatching', v_now, v_until, 1,
+               m.capped, m.exclusive,
+               coalesce(debounce_ms(v_now) - debounce_ms(m.held_since), 0), m.aliases
         FROM moved m
         RETURNING n.*
     ), took AS (
         SELECT r.task_id, r.ident, r.first_seen, r.deadline, r.max_wait_ms, r.calls,
-               r.content_type, r.payload, r.options_json, r.tries FROM retaken r
+               r.content_type, r.payload, r.options_json, r.tries, r.failures, r.capped,
+               r.held_ms FROM retaken r
         UNION ALL
         SELECT i.task_id, i.ident, i.first_seen, i.deadline, i.max_wait_ms, i.calls,
-               i.content_type, i.payload, i.options_json, i.tries FROM inserted i
+               i.content_type, i.payload, i.options_json, i.tries, i.failures, i.capped,
+               i.held_ms FROM inserted i
     )
     SELECT k.task_id, k.ident, debounce_ms(k.first_seen), debounce_ms(k.deadline),
            k.max_wait_ms, k.calls, k.content_type, k.payload, k.options_json, k.tries,
-           debounce_ms(v_now), NULL::bigint
+           k.failures, k.capped, k.held_ms, debounce_ms(v_now), NULL::bigint
     FROM took k ORDER BY k.deadline;
 
-    SELECT least((SELECT min(o.deadline) FROM debounce_open o),
+    -- a held window is looked at again one lease later (a run whose end is never seen
+    -- cannot hold it longer than that between looks)
+    SELECT least((SELECT min(o.deadline) FROM debounce_open o WHERE o.held_since IS NULL),
+                 (SELECT min(CASE WHEN debounce_running(o.ident)
+                                  THEN greatest(o.deadline, v_until) ELSE o.deadline END)
+                  FROM debounce_open o WHERE o.held_since IS NOT NULL),
                  (SELECT min(t.until) FROM debounce_taken t
                   WHERE t.state = 'dispatching'))
     INTO v_next;
     RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint,
                         NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::integer,
+                        NULL::integer, NULL::boolean, NULL::bigint,
                         debounce_ms(v_now), debounce_ms(v_next);
 END
 $$;
@@ -168,6 +304,145 @@ BEGIN
     WHERE t.task_id = ANY (p_task_ids) AND t.state = 'dispatching';
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
+END
+$$;
+
+-- Not published: each (id, tries) window still leased to this dispatcher (still
+-- 'dispatching' with those tries: one another dispatcher took again has more) is taken
+-- again in p_delay_ms; p_counted also counts a publish failure against it. How many.
+CREATE FUNCTION debounce_release(p_task_ids text[], p_tries integer[],
+                                 p_counted boolean[], p_delay_ms bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_count integer;
+BEGIN
+    UPDATE debounce_taken t
+    SET until = v_now + p_delay_ms * interval '1 millisecond',
+        failures = t.failures + CASE WHEN r.counted THEN 1 ELSE 0 END
+    FROM unnest(p_task_ids, p_tries, p_counted) AS r(task_id, tries, counted)
+    WHERE t.task_id = r.task_id AND t.state = 'dispatching' AND t.tries = r.tries;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+-- Set a taken window aside for good: 'dispatching' -> 'quarantined'; its aliases, or no
+-- row when it was not dispatching.
+CREATE FUNCTION debounce_quarantine(p_task_id text, p_reason text)
+RETURNS TABLE (aliases text[])
+LANGUAGE sql AS $$
+    UPDATE debounce_taken t SET state = 'quarantined', reason = p_reason
+    WHERE t.task_id = p_task_id AND t.state = 'dispatching'
+    RETURNING t.aliases
+$$;
+
+-- A worker is about to run the window's message. A delivery of a finished window, or
+-- of one claimed under a live lease (unless p_retry: a retry of the run takes the
+-- claim over), is a duplicate: run false (a claimed one is marked redelivered). A
+-- 'dispatching', 'queued', 'stale' or lapsed 'claimed' window is claimed for
+-- p_lease_ms. A record that is gone runs (state ''), as does a quarantined one.
+CREATE FUNCTION debounce_claim(p_task_id text, p_lease_ms bigint, p_retry boolean)
+RETURNS TABLE (before text, now_ms bigint, run boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_state text;
+    v_until timestamptz;
+BEGIN
+    SELECT t.state, t.claim_until INTO v_state, v_until FROM debounce_taken t
+    WHERE t.task_id = p_task_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT ''::text, debounce_ms(v_now), true;
+        RETURN;
+    END IF;
+    IF v_state = 'finished' OR (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)
+    THEN
+        IF v_state = 'claimed' THEN
+            UPDATE debounce_taken t SET redelivered = true WHERE t.task_id = p_task_id;
+        END IF;
+        RETURN QUERY SELECT v_state, debounce_ms(v_now), false;
+        RETURN;
+    END IF;
+    IF v_state IN ('dispatching', 'queued', 'stale', 'claimed') THEN
+        UPDATE debounce_taken t
+        SET state = 'claimed', claim_until = v_now + p_lease_ms * interval '1 millisecond',
+            redelivered = false
+        WHERE t.task_id = p_task_id;
+    END IF;
+    RETURN QUERY SELECT v_state, debounce_ms(v_now), true;
+END
+$$;
+
+-- Extend the live claims of these runs by p_lease_ms: a claim whose lease passed, or
+-- that ended, is never brought back. How many were renewed.
+CREATE FUNCTION debounce_renew(p_task_ids text[], p_lease_ms bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_count integer;
+BEGIN
+    UPDATE debounce_taken t
+    SET claim_until = v_now + p_lease_ms * interval '1 millisecond'
+    WHERE t.task_id = ANY (p_task_ids) AND t.state = 'claimed' AND t.claim_until > v_now;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+-- End a run's claim now: the next take finds it lapsed ('stale'), and the message's
+-- next delivery claims it instead of being skipped as a duplicate.
+CREATE FUNCTION debounce_end_claim(p_task_id text) RETURNS integer
+LANGUAGE sql AS $$
+    WITH ended AS (
+        UPDATE debounce_taken t SET claim_until = clock_timestamp()
+        WHERE t.task_id = p_task_id AND t.state = 'claimed'
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM ended
+$$;
+
+-- The run's message went back to the queue: 'claimed' -> 'queued' (its claim ends; an
+-- exclusive key stays held, a queued window is in progress). False: not claimed.
+CREATE FUNCTION debounce_put_back(p_task_id text) RETURNS boolean
+LANGUAGE sql AS $$
+    WITH back AS (
+        UPDATE debounce_taken t SET state = 'queued', claim_until = NULL,
+                                    redelivered = false
+        WHERE t.task_id = p_task_id AND t.state = 'claimed'
+        RETURNING 1
+    )
+    SELECT count(*) > 0 FROM back
+$$;
+
+-- The run ended with Celery state p_state: the window is 'finished' (idempotent), its
+-- payload dropped, kept p_ttl_ms; an exclusive window held behind it is due now.
+-- No row: no record was there.
+CREATE FUNCTION debounce_finish(p_task_id text, p_state text, p_ttl_ms bigint)
+RETURNS TABLE (aliases text[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_ident text;
+    v_exclusive boolean;
+    v_aliases text[];
+BEGIN
+    UPDATE debounce_taken t
+    SET state = 'finished', result_state = p_state, payload = '', options_json = '',
+        claim_until = NULL, redelivered = false,
+        until = v_now + p_ttl_ms * interval '1 millisecond'
+    WHERE t.task_id = p_task_id
+    RETURNING t.ident, t.exclusive, t.aliases INTO v_ident, v_exclusive, v_aliases;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_exclusive THEN
+        UPDATE debounce_open o SET deadline = least(o.deadline, v_now)
+        WHERE o.ident = v_ident AND o.held_since IS NOT NULL;
+    END IF;
+    RETURN QUERY SELECT v_aliases;
 END
 $$;
 

@@ -6,17 +6,19 @@ Nothing is sent twice: a connection lost after the call was sent is
 :class:`~celery_debounce.store.domain.OutcomeUnknown`; no connection to be had is
 :class:`~celery_debounce.store.domain.StoreUnavailable`.
 
-What exists: the gate (open or join; the ceiling; payload replacement; the call count),
-take (due windows and lapsed leases, ``FOR UPDATE SKIP LOCKED``), ack, the schema's
-migration and its version check. Not yet: fixed ids, leading edge, collect, the call
-cap, exclusive runs (refused at the gate, nothing written), the worker's claim and
-finish, wake-ups, sweeps, the operators' reads.
+What exists: the gate (open or join; the ceiling; payload replacement; the call count;
+the call cap; fixed ids and their aliases; exclusive windows), take (claims whose lease
+passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release,
+quarantine, flush, the worker's claim, renewal, end of claim, put back and finish, the
+schema's migration and its version check. Not yet: the leading edge, collect (refused at
+the gate, nothing written), wake-ups, sweeps, most of the operators' reads.
 """
 
 from __future__ import annotations
 
+import select
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -24,10 +26,18 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ...aliases import MAX_ALIASES, parse_aliases
 from ...errors import DebounceConfigError
-from ...layout import Record
+from ...layout import Record, new_task_id
 from ..codec import GateResult, TakenWindow, TakeResult
-from ..domain import OutcomeUnknown, ShardRef, StoreUnavailable
+from ..domain import (
+    AliasesFull,
+    ClaimResult,
+    FinishResult,
+    OutcomeUnknown,
+    ShardRef,
+    StoreUnavailable,
+)
 from .schema import (
     MIGRATE_LOCK,
     MIN_SERVER_VERSION,
@@ -58,9 +68,31 @@ LINK_DEFAULTS: dict[str, object] = {
     "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10_000,
 }
 
-_GATE = "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s)"
-_TAKE = "SELECT * FROM debounce_take(%s, %s)"
+_GATE = ("SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+         "%s)")
+_TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
+_RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
+_QUARANTINE = "SELECT aliases FROM debounce_quarantine(%s, %s)"
+_CLAIM = "SELECT before, run FROM debounce_claim(%s, %s, %s)"
+_RENEW = "SELECT debounce_renew(%s, %s)"
+_END_CLAIM = "SELECT debounce_end_claim(%s)"
+_PUT_BACK = "SELECT debounce_put_back(%s)"
+_FINISH = "SELECT aliases FROM debounce_finish(%s, %s, %s)"
+_FLUSH = ("SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
+          "max_wait_ms, calls, 'dispatching', capped FROM debounce_close(%s, %s, "
+          "clock_timestamp())")
+_PENDING = ("SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
+            "max_wait_ms, calls, 'pending', capped FROM debounce_open WHERE ident = %s")
+_HELD = ("SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
+         "WHERE t.ident = o.ident AND t.exclusive AND t.state IN ('dispatching', 'queued', "
+         "'claimed') LIMIT 1) FROM debounce_open o WHERE o.held_since IS NOT NULL")
+_LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
+             "FROM debounce_taken WHERE task_id = %s")
+
+#: SQLSTATE of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
+#: most aliases.
+ALIASES_FULL = "DBA01"
 
 
 def _read_version(conn: psycopg.Connection[Any]) -> int | None:
@@ -190,16 +222,20 @@ class PostgresStore:
         before anything is written."""
         spec = call.spec
         unsupported = [name for name, used in (
-            ("a fixed task id", fixed is not None), ("debounce_leading", spec.leading),
+            ("debounce_leading", spec.leading),
             ("debounce_trailing=False", not spec.trailing),
-            ("debounce_collect", spec.collect), ("debounce_max_calls", spec.max_calls),
-            ("debounce_exclusive", spec.exclusive)) if used]
+            ("debounce_collect", spec.collect)) if used]
         if unsupported:
             raise DebounceConfigError(
                 f"the PostgreSQL store does not support {', '.join(unsupported)} yet")
         self._check()
+        alias = fallback = None
+        if fixed is not None:
+            alias, fallback = fixed.alias_json, new_task_id()
         params = (call.ident, call.task_id, spec.window_ms, spec.max_wait_ms,
-                  call.content_type, call.payload, call.options_json, spec.replace_payload)
+                  call.content_type, call.payload, call.options_json, spec.replace_payload,
+                  spec.exclusive, spec.max_calls, alias, fallback,
+                  fixed is not None and fixed.canvas, MAX_ALIASES)
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
         task_id, opened, deadline_ms, calls, now_ms = row
@@ -209,19 +245,22 @@ class PostgresStore:
 
     def take(self, shard: ShardRef, limit: int, observer: str = "",
              lapse_upto: int | None = None) -> TakeResult:
-        """Lease up to ``limit`` windows for one dispatch lease: those whose lease
-        passed, then the due ones, earliest first (one ``debounce_take`` call)."""
+        """Lease up to ``limit`` windows for one dispatch lease: lapsed claims released
+        first (up to ``lapse_upto`` ms), then those whose lease passed, then the due
+        ones, earliest first; a held exclusive window is not taken (one
+        ``debounce_take`` call)."""
         self._check()
-        rows = self._write(
-            lambda conn: conn.execute(_TAKE, (limit, self.lease_ms)).fetchall(), "take")
+        rows = self._write(lambda conn: conn.execute(
+            _TAKE, (limit, self.lease_ms, lapse_upto)).fetchall(), "take")
         header = rows[-1]
-        now_ms, next_ms = int(header[10]), header[11]
+        now_ms, next_ms = int(header[13]), header[14]
         windows = [
-            TakenWindow(shard=shard, taken_ms=now_ms, failures=0, record=Record(
+            TakenWindow(shard=shard, taken_ms=now_ms, failures=int(row[10]),
+                        held_ms=int(row[12]), record=Record(
                 task_id=row[0], ident=row[1], first_seen_ms=int(row[2]),
                 deadline_ms=int(row[3]), max_wait_ms=int(row[4]), calls=int(row[5]),
                 state="dispatching", content_type=row[6], payload=bytes(row[7]),
-                options_json=row[8], tries=int(row[9])))
+                options_json=row[8], tries=int(row[9]), capped=bool(row[11])))
             for row in rows[:-1]
         ]
         next_in = -1 if next_ms is None else max(0, int(next_ms) - now_ms)
@@ -237,7 +276,85 @@ class PostgresStore:
             _ACK, (list(task_ids), self.record_ttl_ms)).fetchone(), "ack")
         return int(row[0]) if row else 0
 
-    # -- OperatorStore (the reads that exist) ------------------------------------------
+    def release(self, shard: ShardRef, delay_ms: int,
+                windows: Sequence[tuple[str, int | str]]) -> int:
+        """Not published: each ``(task id, tries)`` window still leased to this caller
+        is taken again in ``delay_ms`` (``"<tries>!"``: a publish failure counted);
+        how many. Sent at most once."""
+        if not windows:
+            return 0
+        ids, tries, counted = [], [], []
+        for task_id, given in windows:
+            text = str(given)
+            ids.append(task_id)
+            tries.append(int(text.rstrip("!")))
+            counted.append(text.endswith("!"))
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _RELEASE, (ids, tries, counted, delay_ms)).fetchone(), "release")
+        return int(row[0]) if row else 0
+
+    def quarantine(self, shard: ShardRef, task_id: str, reason: str) -> list[Any] | None:
+        """Set a taken (dispatching) window aside for good: its raw aliases, or None
+        when it was not dispatching."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _QUARANTINE, (task_id, reason)).fetchone(), "quarantine")
+        return None if row is None else list(row[0])
+
+    # -- WorkerStore -------------------------------------------------------------------
+
+    def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
+              retry: bool = False, ident: str = "") -> ClaimResult:
+        """Claim a window's run for one claim lease (``debounce_claim``); ``run``
+        False: a duplicate delivery. Sent at most once."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _CLAIM, (task_id, self.settings.claim_lease_ms, retry)).fetchone(), "claim")
+        assert row is not None
+        return ClaimResult(row[0], bool(row[1]))
+
+    def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
+        """The run ended with ``state``: its window is finished (idempotent), an
+        exclusive window held behind it is due; ``finished`` False: no record."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _FINISH, (task_id, state, self.settings.history_ttl_ms)).fetchone(), "finish")
+        if row is None:
+            return FinishResult(False, [])
+        return FinishResult(True, parse_aliases(row[0]))
+
+    def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
+        """Extend the live claims of these runs by one claim lease (one call for every
+        shard: the store has one table); a lapsed or ended claim stays so."""
+        task_ids = [task_id for ids in held.values() for task_id in ids]
+        if not task_ids:
+            return
+        self._check()
+        self._write(lambda conn: conn.execute(
+            _RENEW, (task_ids, self.settings.claim_lease_ms)).fetchone(), "renew")
+
+    def end_claim(self, shard: ShardRef, task_id: str) -> None:
+        """End the run's claim now: its next delivery takes the claim over."""
+        self._check()
+        self._write(lambda conn: conn.execute(_END_CLAIM, (task_id,)).fetchone(),
+                    "end claim")
+
+    def put_back(self, shard: ShardRef, task_id: str) -> bool:
+        """The run's message was requeued: its window is queued again (an exclusive
+        key stays held); False if it was not claimed."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(_PUT_BACK, (task_id,)).fetchone(),
+                          "put back")
+        return bool(row and row[0])
+
+    def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
+        """How many ms past its ceiling the run of ``task_id`` starts now (negative:
+        before it); None for a window the store does not hold."""
+        row = self._read(lambda conn: conn.execute(_LATENESS, (task_id,)).fetchone())
+        return None if row is None else int(row[0])
+
+    # -- OperatorStore (the reads and actions that exist) ------------------------------
 
     def ping(self) -> bool:
         try:
@@ -252,6 +369,27 @@ class PostgresStore:
             "SELECT debounce_ms(clock_timestamp())").fetchone())
         assert row is not None
         return int(row[0])
+
+    def pending(self, shard: int, ident: str) -> Record | None:
+        """The open window of ``ident``, or None."""
+        self._check()
+        row = self._read(lambda conn: conn.execute(_PENDING, (ident,)).fetchone())
+        return None if row is None else _record(row)
+
+    def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
+        """Exclusive windows held: ident -> (held since ms, the id of the run in
+        progress it waits for, None if that one just ended)."""
+        self._check()
+        rows = self._read(lambda conn: conn.execute(_HELD).fetchall())
+        return {ident: (int(since), runner) for ident, since, runner in rows}
+
+    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
+        """Close the open window of ``ident`` (of ``task_id`` if given): the next take
+        takes it. The window, or None."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(_FLUSH, (ident, task_id)).fetchone(),
+                          "flush")
+        return None if row is None else _record(row)
 
     # -- sending -----------------------------------------------------------------------
 
@@ -268,14 +406,27 @@ class PostgresStore:
         except pg_errors.UndefinedFunction as exc:
             raise _schema_error(exc) from exc
 
+    def _connection(self) -> psycopg.Connection[Any]:
+        """A pooled connection that was not seen closed: one the server (or the link)
+        closed while it was idle in the pool is discarded before anything is sent on
+        it, so a call after an outage is :class:`StoreUnavailable`, not a lost reply.
+        No round trip: the socket is polled."""
+        for _ in range(self.pool.max_size + 1):
+            try:
+                conn = self.pool.getconn()
+            except PoolTimeout as exc:
+                raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
+            if not _closed_while_idle(conn):
+                return conn
+            conn.close()
+            self.pool.putconn(conn)  # a closed connection: the pool replaces it
+        raise StoreUnavailable("PostgreSQL store: every pooled connection was closed")
+
     def _write(self, fn: Any, operation: str) -> Any:
         """``fn(connection)`` for a step that changes windows, sent at most once: a
         connection lost once the call may have reached the server is
         :class:`OutcomeUnknown`."""
-        try:
-            conn = self.pool.getconn()
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
+        conn = self._connection()
         try:
             return fn(conn)
         except psycopg.OperationalError as exc:
@@ -286,8 +437,32 @@ class PostgresStore:
             with self._check_lock:
                 self._checked = False
             raise _schema_error(exc) from exc
+        except psycopg.Error as exc:
+            if exc.sqlstate == ALIASES_FULL:
+                raise AliasesFull(f"PostgreSQL store: {_safe(exc)}") from exc
+            raise
         finally:
             self.pool.putconn(conn)
+
+
+def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
+    """True when an idle connection's socket reads as closed (or broken)."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        if readable:  # idle: nothing is due but an end of stream or a server's notice
+            conn.pgconn.consume_input()
+    except (OSError, psycopg.Error):
+        return True
+    return conn.pgconn.status != psycopg.pq.ConnStatus.OK
+
+
+def _record(row: Sequence[Any]) -> Record:
+    task_id, ident, first_seen, deadline, max_wait, calls, state, capped = row
+    return Record(task_id=task_id, ident=ident, first_seen_ms=int(first_seen),
+                  deadline_ms=int(deadline), max_wait_ms=int(max_wait), calls=int(calls),
+                  state=state, capped=bool(capped))
 
 
 def _schema_error(exc: Exception) -> Exception:
