@@ -20,7 +20,7 @@ from .store.codec import (
     gate_keys,
     parse_reply,
 )
-from .store.errors import PAYLOAD_TOO_LARGE, REPLACE_REFUSED
+from .store.domain import PayloadTooLarge, ReplaceRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aliases import FixedId
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .store import WindowStore
 
 __all__ = [
-    "CAP_ARGV", "COLLECT_ARGV", "EDGE_ARGV", "REPLACE_REFUSED", "GateResult", "GateStore",
+    "CAP_ARGV", "COLLECT_ARGV", "EDGE_ARGV", "GateResult", "GateStore",
     "announce", "enter", "gate_args", "gate_keys", "listening", "parse_reply",
 ]
 
@@ -47,14 +47,12 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
                                or call_suppressed.receivers or call_failed.receivers) else None
     try:
         result = store.gate(call, fixed)
+    except PayloadTooLarge as exc:  # collect: the call cannot fit an empty window
+        raise DebouncePayloadError(str(exc)) from None
+    except ReplaceRefused as exc:  # a replacing join the window's message cannot take
+        raise DebounceConfigError(
+            f"{call.task_name}: debounce_replace_payload=True: {exc.reason}") from None
     except DebounceBackendError as exc:
-        if PAYLOAD_TOO_LARGE in str(exc):  # collect: the call cannot fit an empty window
-            raise DebouncePayloadError(str(exc)) from None
-        if REPLACE_REFUSED in str(exc):  # a replacing join the window's message cannot take
-            raise DebounceConfigError(
-                f"{call.task_name}: debounce_replace_payload=True: "
-                f"{str(exc).split(REPLACE_REFUSED, 1)[1].lstrip(': ')}"
-            ) from None
         if call_failed.receivers:
             call_failed.send(sender=call.task_name, key=call.key, error=error_name(exc),
                              latency=None if start is None else perf_counter() - start)

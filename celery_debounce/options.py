@@ -34,13 +34,6 @@ def refuse_unknown_options(options: Mapping[str, Any], kind: str = "option") -> 
             raise unknown_name(kind, name, options[name], _KNOWN)
 
 
-#: The version of the gate contract (docs/contract.md) this producer speaks: sent as
-#: ``gate.lua``'s ARGV[4] prefix ``<version>:``; the gate refuses another version
-#: (``DebounceContractMismatch``). gate.lua's ``CONTRACT`` and contract/vectors.json
-#: carry the same number (tests/test_contract_vectors.py checks all three).
-CONTRACT_VERSION = 1
-_CONTRACT_PREFIX = b"%d:" % CONTRACT_VERSION
-
 #: ``gate.lua``'s ARGV[13] per (leading, trailing); trailing only sends nothing.
 EDGE_MODES: dict[tuple[bool, bool], bytes | None] = {
     (False, True): None, (True, False): b"L", (True, True): b"B",
@@ -66,13 +59,6 @@ class DebounceSpec:
     def edge(self) -> bytes | None:
         """``gate.lua``'s ARGV[13]: None for trailing only (nothing more is sent)."""
         return EDGE_MODES[self.leading, self.trailing]
-
-    @cached_property
-    def gate_argv(self) -> tuple[bytes, bytes, bytes]:
-        """Window, max wait and ``<contract version>:<replace flag>`` as ``gate.lua``
-        takes them (ARGV[2..4]), encoded once."""
-        return (b"%d" % self.window_ms, b"%d" % self.max_wait_ms,
-                _CONTRACT_PREFIX + (b"1" if self.replace_payload else b"0"))
 
 
 @dataclass(frozen=True)

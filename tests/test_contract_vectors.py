@@ -21,7 +21,6 @@ import redis
 from celery import Celery
 from kombu.exceptions import EncodeError
 
-from celery_debounce import options as options_module
 from celery_debounce.call import prepare_call
 from celery_debounce.errors import (
     DebounceConfigError,
@@ -30,9 +29,10 @@ from celery_debounce.errors import (
     DebouncePayloadError,
 )
 from celery_debounce.layout import due_key, open_key
-from celery_debounce.options import CONTRACT_VERSION, TaskDefaults
+from celery_debounce.options import TaskDefaults
 from celery_debounce.settings import Settings
-from celery_debounce.store.codec import gate_args, gate_keys
+from celery_debounce.store import codec as codec_module
+from celery_debounce.store.codec import CONTRACT_VERSION, gate_args, gate_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = ROOT / "contract" / "vectors.json"
@@ -182,14 +182,14 @@ def test_a_producer_of_another_contract_version_is_refused_and_writes_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from celery_debounce import send_task
 
-    monkeypatch.setattr(options_module, "_CONTRACT_PREFIX", b"2:")
+    monkeypatch.setattr(codec_module, "_CONTRACT_PREFIX", b"2:")
     with pytest.raises(DebounceContractMismatch) as caught:
         send_task(vector_app, "proj.build_report", ["u1"], debounce="5m",
                   debounce_max_wait="30m", debounce_key="report:{0}")
     assert (caught.value.producer, caught.value.gate) == ("2", "1")
     assert "DEBOUNCE_CONTRACT_MISMATCH producer 2 gate 1" in str(caught.value)
     assert redis_client.keys("debounce:*") == []
-    monkeypatch.setattr(options_module, "_CONTRACT_PREFIX", b"1:")
+    monkeypatch.setattr(codec_module, "_CONTRACT_PREFIX", b"1:")
     send_task(vector_app, "proj.build_report", ["u1"], debounce="5m",
               debounce_max_wait="30m", debounce_key="report:{0}")
     assert redis_client.exists("debounce:{0}:open:17:proj.build_report:report:u1")

@@ -23,6 +23,7 @@ from ..layout import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
     from ..call import PreparedCall
+    from ..options import DebounceSpec
     from ..settings import Settings
 
 #: A shard as the store's methods take it: a number of this process's layout
@@ -212,6 +213,26 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
 
 # -- gate.lua ------------------------------------------------------------------------------
 
+#: The version of the gate contract (docs/contract.md) this producer speaks: sent as
+#: ``gate.lua``'s ARGV[4] prefix ``<version>:``; the gate refuses another version
+#: (``DebounceContractMismatch``). gate.lua's ``CONTRACT`` and contract/vectors.json
+#: carry the same number (tests/test_contract_vectors.py checks all three).
+CONTRACT_VERSION = 1
+_CONTRACT_PREFIX = b"%d:" % CONTRACT_VERSION
+#: where :func:`spec_argv` keeps a spec's encoding, in the spec's own ``__dict__`` (as a
+#: cached property would: read back without a call on the hot path)
+_SPEC_ARGV = "_gate_argv"
+
+
+def spec_argv(spec: DebounceSpec) -> tuple[bytes, bytes, bytes]:
+    """Window, max wait and ``<contract version>:<replace flag>`` as ``gate.lua``
+    takes them (ARGV[2..4]), encoded once per spec."""
+    argv = (b"%d" % spec.window_ms, b"%d" % spec.max_wait_ms,
+            _CONTRACT_PREFIX + (b"1" if spec.replace_payload else b"0"))
+    spec.__dict__[_SPEC_ARGV] = argv  # a frozen dataclass: set as cached_property does
+    return argv
+
+
 class GateStore(Protocol):
     """What :func:`gate_keys` and :func:`gate_args` read of a store."""
 
@@ -262,7 +283,10 @@ def gate_args(
     byte budget and the embed (ARGV[15..16]) only with ``debounce_collect`` (each
     ARGV not given before them sent as '').
     """
-    window, max_wait, replace = call.spec.gate_argv
+    try:
+        window, max_wait, replace = call.spec.__dict__[_SPEC_ARGV]
+    except KeyError:  # the spec's first call
+        window, max_wait, replace = spec_argv(call.spec)
     expires = store.settings.result_expires_ms
     if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:
         # leading only: the quiet period (bounded by this max wait) never outlasts the

@@ -17,10 +17,11 @@ from ..errors import (
     DebouncePayloadError,
 )
 from .codec import Shard
+from .errors import NotReplicated
 
 __all__ = [
-    "AliasesFull", "ClaimResult", "FinishResult", "OutcomeUnknown", "PayloadTooLarge",
-    "ReplaceRefused", "ShardRef", "StoreUnavailable",
+    "AliasesFull", "ClaimResult", "FinishNotReplicated", "FinishResult", "OutcomeUnknown",
+    "PayloadTooLarge", "ReplaceRefused", "ShardRef", "StoreUnavailable",
 ]
 
 #: A shard as the store hands it out and takes it back: opaque outside the store.
@@ -50,6 +51,9 @@ class ReplaceRefused(DebounceConfigError, DebounceBackendError):
     """A replacing join (``debounce_replace_payload``) that the window's message cannot
     take; nothing was written."""
 
+    #: why, as the gate said it (``window <id> <why>``)
+    reason: str = ""
+
 
 class AliasesFull(DebounceBackendError):
     """A fixed-id call past the window's most aliases (``aliases.MAX_ALIASES``);
@@ -78,3 +82,13 @@ class FinishResult(NamedTuple):
     #: the caller ids recorded on the window (``aliases.parse_aliases``): each one's
     #: result is stored with the run's outcome
     aliases: list[dict[str, Any]]
+
+
+class FinishNotReplicated(NotReplicated):
+    """A run's finish ran on the master but too few replicas acknowledged it
+    (``debounce_redis_wait_replicas``): a failover may discard it. ``result``: what it
+    marked (its aliases get the run's outcome now); sending it again is safe."""
+
+    def __init__(self, message: str, reply: Any, result: FinishResult) -> None:
+        super().__init__(message, reply)
+        self.result = result

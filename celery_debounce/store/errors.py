@@ -45,7 +45,10 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
     for code, typed in ((PAYLOAD_TOO_LARGE, PayloadTooLarge), (REPLACE_REFUSED, ReplaceRefused),
                         (ALIASES_FULL, AliasesFull)):
         if code in text:  # a script's own refusal (nothing written): its typed error
-            return typed(f"debounce Redis refused {operation}: {exc}")
+            refused = typed(f"debounce Redis refused {operation}: {exc}")
+            if isinstance(refused, ReplaceRefused):
+                refused.reason = text.split(code, 1)[1].lstrip(": ")
+            return refused
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
 
 
