@@ -19,7 +19,7 @@ import warnings
 
 from celery import Celery, states
 
-from .aliases import parse_aliases, resolve_aliases
+from .aliases import resolve_aliases
 from .errors import DebounceBackendError
 from .layout import SHARD_HEADER, layout_tags
 from .outcomes import MAX_TRIES, WindowActions
@@ -311,7 +311,7 @@ class Dispatcher:
                                "%r", task_id, error)
                 continue
             if aliases:
-                resolve_aliases(self.app, task_id, parse_aliases(aliases), states.REVOKED,
+                resolve_aliases(self.app, task_id, aliases, states.REVOKED,
                                 None)
             stored.append(task_id)
         self.store.expired(shard, stored)  # until then expire.lua returns them again

@@ -1,15 +1,17 @@
 """Claims and finishes that failed during a Redis blip, kept and retried.
 
-A worker marks a window ``claimed`` when its run starts and ``finished`` when it
-ends (worker_signals.py). If the windows' Redis is unreachable at that moment the
-mark is handed here: kept in memory (per process, at most :data:`MAX_PENDING`,
-oldest dropped first with a warning) and sent again, in order, by a short-lived
-daemon thread that starts only when something is kept and exits once everything
-is sent. Replaying is safe: ``claim.lua`` changes only a ``dispatching``/``queued``
-record and ``finish.lua`` is idempotent, so a late claim never reopens a finished
-window, and a mark whose reply was lost (it may have run) is safe to send again:
-this replay is the one deliberate repeat of a script; each send is still sent at
-most once (``WindowStore.run_once``). A mark Redis refuses (a script error, NOPERM)
+A worker marks a window ``claimed`` when its run starts and ``finished`` when it ends
+(worker_signals.py). If the windows' Redis is unreachable at that moment the mark is
+handed here (:class:`ClaimMark`, :class:`FinishMark`: the operation with its
+arguments, sent again through the store's ``WorkerStore`` methods): kept in memory
+(per process, at most :data:`MAX_PENDING`, oldest dropped first with a warning) and
+sent again, in order, by a short-lived daemon thread that starts only when something
+is kept and exits once everything is sent. Replaying is safe: ``claim.lua`` changes
+only a ``dispatching``/``queued`` record and ``finish.lua`` is idempotent, so a late
+claim never reopens a finished window, and a mark whose reply was lost (it may have
+run) is safe to send again: this replay is the one deliberate repeat of a script; each
+send is still sent at most once (a kept claim by ``claim_late``, never waited for by
+replicas; a finish by ``finish_run``). A mark Redis refuses (a script error, NOPERM)
 is not retried: it would fail the same way again.
 """
 
@@ -22,7 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .store import NotReplicated, WindowStore, is_outage
+from .store import NotReplicated, is_outage
+from .store.api import WorkerStore
+from .store.domain import ClaimResult, FinishResult, ShardRef
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -34,12 +38,43 @@ FIRST_DELAY = 0.25
 MAX_DELAY = 5.0
 
 
+class ClaimMark(NamedTuple):
+    """A run's claim (its run went ahead): sent again by ``claim_late``."""
+
+    shard: ShardRef
+    task_id: str
+    task_name: str
+    retry: bool
+
+    @property
+    def name(self) -> str:
+        return "claim"
+
+    def send(self, store: WorkerStore) -> ClaimResult:
+        return store.claim_late(self.shard, self.task_id, self.task_name, self.retry)
+
+
+class FinishMark(NamedTuple):
+    """A run's finish with its Celery state: sent again by ``finish_run``."""
+
+    shard: ShardRef
+    task_id: str
+    state: str
+
+    @property
+    def name(self) -> str:
+        return "finish"
+
+    def send(self, store: WorkerStore) -> FinishResult:
+        return store.finish_run(self.shard, self.task_id, self.state)
+
+
 class Mark(NamedTuple):
-    store: WindowStore
-    script: str  # "claim" or "finish"
-    keys: list[str]
-    args: list[Any]
-    then: Callable[[Any], None] | None = None  # given the script's reply once it ran
+    """A kept mark: where it goes, what it is, and what runs with its result."""
+
+    store: WorkerStore
+    mark: ClaimMark | FinishMark
+    then: Callable[[Any], None] | None = None  # given the mark's result once it ran
 
 
 _lock = threading.Lock()
@@ -61,10 +96,11 @@ def worth_keeping(exc: BaseException) -> bool:
     return is_outage(exc) or isinstance(exc, NotReplicated)
 
 
-def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
-         error: BaseException, then: Callable[[Any], None] | None = None) -> None:
+def keep(store: WorkerStore, mark: ClaimMark | FinishMark, error: BaseException,
+         then: Callable[[Any], None] | None = None) -> None:
     """Keep a mark that failed with ``error``; it is sent again once Redis answers,
-    and ``then(reply)`` runs with the script's reply (e.g. to resolve aliases)."""
+    and ``then(result)`` runs with its result (a :class:`FinishResult` for a finish:
+    e.g. to resolve aliases)."""
     if not worth_keeping(error):
         return
     # nothing under the lock yields: it is made at import, so under gevent patched later
@@ -80,7 +116,7 @@ def keep(store: WindowStore, script: str, keys: list[str], args: list[Any],
             _pending.popleft()
             _state["dropped"] += 1
             dropped = _state["dropped"]
-        _pending.append(Mark(store, script, keys, args, then))
+        _pending.append(Mark(store, mark, then))
         thread = _state["thread"]
         # recorded but not started yet (no ident): another caller is starting it
         if thread is None or not (thread.ident is None or thread.is_alive()):
@@ -128,18 +164,19 @@ def flush() -> bool:
                 break
             mark = _pending[0]
         try:
-            reply = mark.store.run_mark(mark.script, mark.keys, mark.args)
+            result = mark.mark.send(mark.store)
         except Exception as exc:
             if worth_keeping(exc):
                 return False  # still down: keep it (and the rest), try again later
-            logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.script, exc)
+            logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.mark.name,
+                           exc)
         else:
             if mark.then is not None:
                 try:
-                    mark.then(reply)
+                    mark.then(result)
                 except Exception:
                     logger.exception("debounce: handling the reply of a kept %s mark failed",
-                                     mark.script)
+                                     mark.mark.name)
         with _lock:
             if _pending and _pending[0] is mark:
                 _pending.popleft()

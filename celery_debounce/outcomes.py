@@ -20,7 +20,7 @@ from typing import Any
 
 from celery import Celery, states
 
-from .aliases import parse_aliases, resolve_aliases
+from .aliases import resolve_aliases
 from .errors import DebounceBackendError, DebounceOutcomeUnknown, WindowQuarantined
 from .signals import (
     leading_run,
@@ -269,7 +269,7 @@ class WindowActions:
         except Exception as error:  # no result backend, or it is down: logged, as cancel does
             logger.warning("debounce: quarantined %s but could not store its failure: %r",
                            task_id, error)
-        resolve_aliases(self.app, task_id, parse_aliases(aliases), states.FAILURE, exc)
+        resolve_aliases(self.app, task_id, aliases, states.FAILURE, exc)
 
 
 def _announce(window: TakenWindow) -> None:

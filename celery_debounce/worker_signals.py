@@ -40,13 +40,14 @@ from celery.signals import (
 from celery.worker.request import Request
 
 from . import marks
-from .aliases import parse_aliases, resolve_aliases
+from .aliases import resolve_aliases
 from .ceiling import check_ceiling
 from .collect import COLLECT_HEADER, plain_call_of
 from .layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
 from .signals import duplicate_skipped, max_wait_exceeded
-from .store import NotReplicated, WindowStore, store_for
-from .store.codec import finish_aliases
+from .store import NotReplicated, store_for
+from .store.api import WorkerStore
+from .store.domain import FinishNotReplicated, FinishResult, ShardRef
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -107,9 +108,8 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
-        marks.keep(store, "claim", store.record_keys(shard, task_id),
-                   store.claim_args(task_id, task.name, retry), exc)
-        _renewer.hold(store, store.claims_key(shard), task_id)
+        marks.keep(store, marks.ClaimMark(shard, task_id, task.name, retry), exc)
+        _renewer.hold(store, shard, task_id)
         return
     if not run:
         if getattr(type(task), _HOOK, False):
@@ -130,7 +130,7 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
     elif before in ("claimed", "stale") and not retry:
         logger.warning("debounce: %s[%s] runs again: its previous claim went stale "
                        "(its worker died or stopped renewing)", task.name, task_id)
-    _renewer.hold(store, store.claims_key(shard), task_id)
+    _renewer.hold(store, shard, task_id)
     if max_wait_exceeded.receivers and not retry:  # the max_wait_violations counter
         check_ceiling(store, shard, task.name, task_id)
 
@@ -191,56 +191,57 @@ class _Renewer:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.held: dict[WindowStore, dict[str, dict[str, int]]] = {}
+        #: per store, per shard: the ids of the runs held there (how many times each)
+        self.held: dict[WorkerStore, dict[ShardRef, dict[str, int]]] = {}
         self.pid = os.getpid()
         self.thread: threading.Thread | None = None
-        self.kick = threading.Event()  # a new claims key: renew by its period, not later
+        self.kick = threading.Event()  # a new shard: renew by its period, not later
 
-    def hold(self, store: WindowStore, key: str, task_id: str) -> None:
+    def hold(self, store: WorkerStore, shard: ShardRef, task_id: str) -> None:
         with self.lock:
             if self.pid != os.getpid():  # a forked child
                 self.held.clear()
                 self.pid, self.thread, self.kick = os.getpid(), None, threading.Event()
-            keys = self.held.setdefault(store, {})
-            if key not in keys:
+            shards = self.held.setdefault(store, {})
+            if shard not in shards:
                 self.kick.set()
-            ids = keys.setdefault(key, {})
+            ids = shards.setdefault(shard, {})
             ids[task_id] = ids.get(task_id, 0) + 1
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="debounce-claims",
                                                daemon=True, args=(self.kick,))
                 self.thread.start()
 
-    def drop(self, store: WindowStore, key: str, task_id: str) -> None:
+    def drop(self, store: WorkerStore, shard: ShardRef, task_id: str) -> None:
         with self.lock:
-            ids = self.held.get(store, {}).get(key)
+            ids = self.held.get(store, {}).get(shard)
             if not ids or task_id not in ids:
                 return
             ids[task_id] -= 1
             if ids[task_id] <= 0:
                 del ids[task_id]
-            # an emptied key stays (one per shard and store): the next run's hold then
+            # an emptied shard stays (one per shard and store): the next run's hold then
             # finds it and does not wake the renewal thread, once per run
 
-    def snapshot(self) -> list[tuple[WindowStore, dict[str, list[str]]]]:
+    def snapshot(self) -> list[tuple[WorkerStore, dict[ShardRef, list[str]]]]:
         with self.lock:
             out = []
-            for store, keys in self.held.items():
-                held = {key: list(ids) for key, ids in keys.items() if ids}
+            for store, shards in self.held.items():
+                held = {shard: list(ids) for shard, ids in shards.items() if ids}
                 if held:
                     out.append((store, held))
             return out
 
-    def renew_now(self, only: set[WindowStore] | None = None
-                  ) -> dict[WindowStore, Exception | None]:
+    def renew_now(self, only: set[WorkerStore] | None = None
+                  ) -> dict[WorkerStore, Exception | None]:
         """Renew the claims held (of the stores in ``only``): each store's error, or
         None if its renewal reached Redis."""
-        done: dict[WindowStore, Exception | None] = {}
+        done: dict[WorkerStore, Exception | None] = {}
         for store, held in self.snapshot():
             if only is not None and store not in only:
                 continue
             try:
-                store.renew(held)
+                store.renew_claims(held)
             except Exception as exc:
                 done[store] = exc
             else:
@@ -248,7 +249,7 @@ class _Renewer:
         return done
 
     def _run(self, kick: threading.Event) -> None:
-        """Renew every third of the shortest lease held; a new claims key (a kick) can
+        """Renew every third of the shortest lease held; a new shard (a kick) can
         bring the next renewal closer, never push it back (runs that start often would
         otherwise postpone it forever).
 
@@ -257,9 +258,9 @@ class _Renewer:
         its lease (counted from the start of its last renewal that reached Redis): its
         claims are lost only when no attempt reaches Redis for a whole lease."""
         next_at: float | None = None
-        retry_at: dict[WindowStore, float] = {}  # a store whose renewal failed: when again
-        failures: dict[WindowStore, int] = {}
-        renewed: dict[WindowStore, float] = {}  # start of its last renewal that went through
+        retry_at: dict[WorkerStore, float] = {}  # a store whose renewal failed: when again
+        failures: dict[WorkerStore, int] = {}
+        renewed: dict[WorkerStore, float] = {}  # start of its last renewal that went through
         while True:
             with self.lock:  # every store seen (held now or not): a new claim's first
                 # renewal is at most one period after it, with no wake-up per run
@@ -408,33 +409,34 @@ def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
 def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state: str,
                    retval: Any = None) -> None:
     """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
-    store = store_for(app)
+    store: WorkerStore = store_for(app)
+    mark = marks.FinishMark(shard, task_id, state)
     try:
-        aliases = store.finish(shard, task_id, state)
-    except NotReplicated as exc:
+        done = store.finish_run(shard, task_id, state)
+    except FinishNotReplicated as exc:
         # finished on the master, too few replicas acknowledged it: the body ran, so its
         # outcome is stored now and the finish is sent again until it is acknowledged
         # (finish.lua is idempotent): a failover cannot forget that it ran
         logger.warning("debounce: %s[%s] finished; its mark is sent again: %s",
                        name, task_id, exc)
-        marks.keep(store, "finish", store.record_keys(shard, task_id),
-                   store.finish_args(task_id, state), exc)
-        _finished(app, task_id, list(exc.reply[2:]), state, retval)
+        marks.keep(store, mark, exc)
+        _finished(app, task_id, exc.result, state, retval)
         return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
         # sent again when Redis is back (marks.py), and its aliases resolved then
-        marks.keep(store, "finish", store.record_keys(shard, task_id),
-                   store.finish_args(task_id, state), exc,
-                   then=lambda reply: _finished(app, task_id, finish_aliases(reply), state, retval))
+        marks.keep(store, mark, exc,
+                   then=lambda done: _finished(app, task_id, done, state, retval))
         return
-    _finished(app, task_id, aliases, state, retval)
+    _finished(app, task_id, done, state, retval)
 
 
-def _finished(app: Celery, task_id: str, aliases: list[Any], state: str, retval: Any) -> None:
-    """``finish.lua`` answered: store the run's outcome under the window's aliases."""
+def _finished(app: Celery, task_id: str, done: FinishResult, state: str,
+              retval: Any) -> None:
+    """The finish answered: store the run's outcome under the window's aliases."""
+    aliases = done.aliases
     if aliases:
-        resolve_aliases(app, task_id, parse_aliases(aliases), state, retval)
+        resolve_aliases(app, task_id, aliases, state, retval)
 
 
 def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
@@ -442,8 +444,8 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
     shard = _window_shard(task)
     if shard is None or getattr(task.request, SKIP, False):
         return  # a skipped duplicate: the first run holds and finishes the window
-    store = store_for(task.app)
-    _renewer.drop(store, store.claims_key(shard), task_id)
+    store: WorkerStore = store_for(task.app)
+    _renewer.drop(store, shard, task_id)
     if state == states.REJECTED and shard is not None and _rejected_for_good(task, retval):
         # Reject(requeue=False), or a requeue of a message already acked: it never runs
         # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
@@ -457,20 +459,20 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
     _finish_window(task.app, shard, task_id, task.name, state, retval)
 
 
-def _end_claim(store: WindowStore, shard: str | int, task_id: str, name: str) -> None:
+def _end_claim(store: WorkerStore, shard: ShardRef, task_id: str, name: str) -> None:
     """End a run's claim now (its lease expires at once): a Reject(requeue=True) puts the
     message back, and that delivery takes the claim over instead of being skipped as a
     duplicate of a live run. A failure only delays it: the claim lapses within a lease."""
     try:
-        store.run("renew", [store.claims_key(shard)], [0, task_id])
+        store.end_claim(shard, task_id)
     except Exception as exc:
         logger.warning("debounce: could not end the claim of %s[%s] (requeued): %s",
                        name, task_id, exc)
 
 
-def _put_back(store: WindowStore, shard: str | int, task_id: str, name: str) -> None:
+def _put_back(store: WorkerStore, shard: ShardRef, task_id: str, name: str) -> None:
     """A Reject(requeue=True): the message goes back to the queue (after this signal),
-    so the window is ``queued`` again (:meth:`WindowStore.put_back`): its next delivery
+    so the window is ``queued`` again (:meth:`WorkerStore.put_back`): its next delivery
     claims it, and an exclusive key stays held until that run ends (ending the claim
     alone let ``take.lua`` free the key, and the follow-up ran beside the requeued
     run). A failure falls back to ending the claim (:func:`_end_claim`)."""

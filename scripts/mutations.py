@@ -420,7 +420,7 @@ MUTATIONS: list[Mutation] = [
     one("a finish sent after an outage forgets the window's aliases",
         "every id a caller holds resolves, also when the finish was kept during an outage",
         PKG + "worker_signals.py",
-        "then=lambda reply: _finished(app, task_id, finish_aliases(reply), state, retval))",
+        "then=lambda done: _finished(app, task_id, done, state, retval))",
         "then=None)",
         "tests/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result"),
     one("active ids of expired records are never pruned",
@@ -1142,8 +1142,7 @@ MUTATIONS: list[Mutation] = [
     one("a finish WAIT refused is not sent again",
         "a failover cannot forget a run that finished (its finish is replicated)",
         PKG + "worker_signals.py",
-        '        marks.keep(store, "finish", store.record_keys(shard, task_id),\n'
-        "                   store.finish_args(task_id, state), exc)\n",
+        "        marks.keep(store, mark, exc)\n",
         "",
         "tests/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again"),
     one("unclaim.lua undoes a later claim",

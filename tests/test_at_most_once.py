@@ -213,7 +213,7 @@ def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
         store = store_for(app)
         act = {
             "claim": lambda: store.claim(0, task_id),
-            "finish": lambda: store.finish(0, task_id, "SUCCESS"),
+            "finish": lambda: store.finish_run(0, task_id, "SUCCESS"),
             "quarantine": lambda: store.quarantine(0, task_id, "injected"),
         }[script]
         r.config_resetstat()

@@ -582,8 +582,8 @@ class GateMachine(RuleBasedStateMachine):
             return
         tid = self.broker.pop(i % len(self.broker))
         before, now, run = self.backend.run(
-            "claim", self.backend.record_keys(0, tid),
-            self.backend.claim_args(tid, TASK, False))
+            "claim", self.backend._record_keys(0, tid),
+            self.backend._claim_args(tid, TASK, False))
         now = self.seen_now(now)
         win = self.wins[tid]
         assert before == win.st.encode()
@@ -633,7 +633,7 @@ class GateMachine(RuleBasedStateMachine):
             self.broker.append(tid)
             return
         done, now, *aliases = self.backend.run(
-            "finish", self.backend.record_keys(0, tid),
+            "finish", self.backend._record_keys(0, tid),
             [tid, "SUCCESS", self.settings.history_ttl_ms])
         now = self.seen_now(now)
         assert done == 1

@@ -287,7 +287,7 @@ app = Celery("gm", set_as_current=False)
 app.conf.update(debounce_redis_url=sys.argv[1] + "/0", debounce_redis_timeout=1)
 store = WindowStore(settings_for(app))
 try:
-    store.finish(0, "before", "SUCCESS")  # nothing listens there: an outage
+    store.finish_run(0, "before", "SUCCESS")  # nothing listens there: an outage
 except Exception as exc:
     error = exc
 assert marks.worth_keeping(error), error
@@ -295,8 +295,7 @@ from gevent import monkey
 monkey.patch_all()
 import gevent
 def kept(i):
-    marks.keep(store, "finish", store.record_keys(0, f"t{i}"),
-               store.finish_args(f"t{i}", "SUCCESS"), error)
+    marks.keep(store, marks.FinishMark(0, f"t{i}", "SUCCESS"), error)
 gevent.joinall([gevent.spawn(kept, i) for i in range(20)])
 retrying = [t for t in threading.enumerate() if t.name == "debounce-marks"]
 print(marks.pending(), len(retrying))

@@ -22,6 +22,7 @@ from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatcher import Dispatcher
+from celery_debounce.layout import claims_key
 from celery_debounce.store import DebounceBackendError, store_for
 from celery_debounce.worker_signals import RETRY_MAX_S
 
@@ -134,7 +135,7 @@ def test_a_failed_renewal_costs_one_timeout_not_two(
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
                    debounce_redis_timeout=1.0)
     store = store_for(app)
-    claims = store.claims_key(0)
+    claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": now_ms(redis_client) + 60_000})
     store.renew({claims: ["t1"]})  # connected, and the script loaded
     fault_proxy.silence(10)
@@ -184,17 +185,17 @@ def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: Fa
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
                    debounce_redis_timeout=timeout, debounce_claim_lease=lease)
     store = store_for(app)
-    claims = store.claims_key(0)
+    claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": now_ms(redis_client) + int(lease * 1000)})
     renewer = _Renewer()
-    renewer.hold(store, claims, "t1")
+    renewer.hold(store, 0, "t1")
     try:
         score = redis_client.zscore(claims, "t1")
         wait_until(lambda: redis_client.zscore(claims, "t1") != score, first)  # renewed
         yield claims, time.monotonic()
     finally:
         fault_proxy.disarm()
-        renewer.drop(store, claims, "t1")
+        renewer.drop(store, 0, "t1")
 
 
 def _least_time_left(redis_client: redis.Redis, claims: str, until: float,
@@ -254,7 +255,7 @@ def test_a_forked_child_renews_on_a_connection_of_its_own(
 
     app = make_app(redis_server)
     store = store_for(app)
-    claims = store.claims_key(0)
+    claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": 1})
     store.renew({claims: ["t1"]})
     link = store.transport.__dict__["_renewal"]
@@ -321,7 +322,7 @@ def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
                        debounce_redis_sentinel_master=group.master_name)
         store = store_for(app)
         master = redis.Redis(port=group.master_port())
-        claims = store.claims_key(0)
+        claims = claims_key(store.tag(0))
         master.zadd(claims, {"t1": 1})
         store.renew({claims: ["t1"]})
         assert (master.zscore(claims, "t1") or 0) > now_ms(master)

@@ -111,20 +111,19 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
     backend = WindowStore(Settings.from_app(app))
     monkeypatch.setattr(marks, "MAX_PENDING", 5)
     monkeypatch.setattr(marks, "FIRST_DELAY", 30.0)  # the retry thread stays asleep
-    keys = ["debounce:{0}:win:x", "debounce:{0}:leased", "debounce:{0}:active"]
     with pytest.raises(DebounceBackendError) as down:
-        backend.run("claim", keys, ["x"])
+        backend.claim(0, "x")
     marks._pending.clear()
     marks._state["dropped"] = 0
     try:
         for i in range(8):
-            marks.keep(backend, "claim", keys, [f"id{i}"], down.value)
+            marks.keep(backend, marks.ClaimMark(0, f"id{i}", "t", False), down.value)
         assert marks.pending() == 5
-        assert [m.args for m in marks._pending] == [[f"id{i}"] for i in range(3, 8)]
+        assert [m.mark.task_id for m in marks._pending] == [f"id{i}" for i in range(3, 8)]
         assert marks._state["dropped"] == 3  # and logged (at the 1st, 10th, 100th ...)
         refused = DebounceBackendError("refused")
         refused.__cause__ = redis.ResponseError("NOPERM")
-        marks.keep(backend, "claim", keys, ["no"], refused)
+        marks.keep(backend, marks.ClaimMark(0, "no", "t", False), refused)
         assert marks.pending() == 5
         assert marks.flush() is False  # still unreachable: all kept, in order
         assert marks.pending() == 5

@@ -7,7 +7,6 @@ Each test works in a schema of its own (``search_path``), so they share one serv
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -16,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
+from pg_proxy import PgProxy
 from psycopg.conninfo import make_conninfo
 
 from celery_debounce.call import PreparedCall
@@ -298,68 +298,15 @@ def test_options_the_store_does_not_support_yet_are_refused_before_any_write(
     assert rows(database, "open") == []
 
 
-class _DropReply:
-    """A TCP proxy in front of the server that, once armed, passes the next message
-    containing ``marker`` on, lets the server answer, and closes the client's socket
-    instead of passing the reply back: the call ran, its reply is lost."""
-
-    def __init__(self, port: int, marker: bytes) -> None:
-        self.port, self.marker, self.armed = port, marker, False
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listen_port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.port))
-            dropping = threading.Event()  # this connection's reply is being dropped
-            threading.Thread(target=self._pipe, args=(client, server, True, dropping),
-                             daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, False, dropping),
-                             daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, upstream: bool,
-              dropping: threading.Event) -> None:
-        try:
-            while data := source.recv(65536):
-                if not upstream and dropping.is_set():
-                    continue  # the reply to the dropped call: swallowed
-                dropped = upstream and self.armed and self.marker in data
-                if dropped:
-                    self.armed = False
-                    dropping.set()
-                sink.sendall(data)
-                if dropped:
-                    time.sleep(0.3)  # the server runs it and answers
-                    source.close()
-                    sink.close()
-                    return
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.close()
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 def test_a_gate_whose_reply_is_lost_is_not_sent_again(
         store: PostgresStore, make_store: Callable[..., PostgresStore],
         postgres_server: LocalPostgres, database: str) -> None:
-    proxy = _DropReply(postgres_server.port, b"debounce_gate")
+    proxy = PgProxy(postgres_server.port)
     try:
         through = make_store(database.replace(f"port={postgres_server.port}",
-                                              f"port={proxy.listen_port}"), max_size=1)
+                                              f"port={proxy.port}"), max_size=1)
         assert through.gate(call()).opened
-        proxy.armed = True
+        proxy.drop_next(b"debounce_gate")
         with pytest.raises(OutcomeUnknown, match="gate was lost"):
             through.gate(call())
         # it ran once (the join counted), and only once

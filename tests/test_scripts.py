@@ -13,6 +13,7 @@ from celery_debounce.aliases import fixed_id
 from celery_debounce.call import prepare_call
 from celery_debounce.errors import DebounceBackendError
 from celery_debounce.gate import GateResult, enter
+from celery_debounce.layout import claims_key
 from celery_debounce.options import build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.errors import ALIASES_FULL
@@ -78,7 +79,7 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: WindowStore) -> Non
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     assert backend.client.hget(keys[0], "st") == b"finished"
@@ -92,7 +93,7 @@ def test_claim_refuses_a_finished_or_claimed_record(backend: WindowStore) -> Non
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     tag = backend.settings.tag(0)
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     claimed_at = backend.client.hget(keys[0], "ca")
     # a redelivered message under a live claim: a duplicate, not run, record left as it is
@@ -118,9 +119,9 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
     tag = backend.settings.tag(0)
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[2] == 1
-    claims = backend.claims_key(0)
+    claims = claims_key(backend.tag(0))
     for _ in range(4):  # 1.2 s of renewals every 0.3 s: still claimed
         time.sleep(0.3)
         backend.renew({claims: [first.task_id, "never-claimed"]})
@@ -148,7 +149,7 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
     backend.settings = replace(backend.settings, claim_lease_ms=1000)
     first = call(backend, "k", window="1ms", max_wait="1s", payload=5)
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[2] == 1
     assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"claimed", 0]
     assert backend.client.hget(f"{backend.settings.tag(0)}:stats", "d|t") == b"1"
@@ -157,7 +158,7 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
     assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
         b"dispatching", 1]
     # a retry of the run takes a live claim over
-    retry = backend.claim_args(first.task_id, "t", True)
+    retry = backend._claim_args(first.task_id, "t", True)
     assert backend.run("claim", keys, retry)[::2] == [b"claimed", 1]
 
 
@@ -173,7 +174,7 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     (taken,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     assert taken.task_id == first.task_id
     assert backend.client.hget(f"{tag}:run:1:t:k", "id") == first.task_id.encode()
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     backend.run("claim", keys, _claim(backend, first.task_id))
     second = call(backend, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
     other = call(backend, "other", window="1ms", max_wait="1s", exclusive=True)
@@ -211,7 +212,7 @@ def test_claims_and_held_keys_of_the_wrong_type_never_block_a_take_or_a_finish(
     first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
     (taken,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     assert taken.task_id == first.task_id
-    keys = backend.record_keys(0, first.task_id)
+    keys = backend._record_keys(0, first.task_id)
     with pytest.raises(DebounceBackendError):  # the claim fails; the run goes on (warned)
         backend.run("claim", keys, _claim(backend, first.task_id))
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
@@ -222,7 +223,7 @@ def test_claims_and_held_keys_of_the_wrong_type_never_block_a_take_or_a_finish(
 
 def _claim(backend: WindowStore, task_id: str) -> list[object]:
     """claim.lua's ARGV for a first delivery of ``task_id`` (task name ``t``)."""
-    return backend.claim_args(task_id, "t", False)
+    return backend._claim_args(task_id, "t", False)
 
 
 def _record(backend: WindowStore, task_id: str) -> dict[bytes, bytes]:
@@ -238,7 +239,7 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: WindowStore, stag
     first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
     assert first.task_id == "reindex-7"
     (_taken,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
-    keys = backend.record_keys(0, "reindex-7")
+    keys = backend._record_keys(0, "reindex-7")
     if stage in ("claimed", "finished"):
         backend.run("claim", keys, _claim(backend, "reindex-7"))
     if stage == "finished":
@@ -313,7 +314,7 @@ def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: WindowSto
     assert sorted(taken) == sorted(ids)
     backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids[:3]])
     for tid in ids[2:]:  # claimed, then the worker dies: no finish
-        backend.run("claim", backend.record_keys(0, tid), _claim(backend, tid))
+        backend.run("claim", backend._record_keys(0, tid), _claim(backend, tid))
     assert backend.client.zcard(f"{tag}:active") == len(ids)
     wait_until(lambda: not backend.client.exists(*(f"{tag}:win:{t}" for t in ids)), timeout=10)
     wait_until(lambda: backend.take(0, 10).next_in_ms == -1 and not backend.client.exists(

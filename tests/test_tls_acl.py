@@ -360,7 +360,7 @@ def _every_feature(app: Celery, errors: list[BaseException]) -> None:
     step(lambda: admin.flush_all("acl.collect"))
     step(lambda: Dispatcher(app).dispatch_once())
     step(lambda: [store.claim(w.shard, w.task_id) for w in admin.windows(states=["queued"])])
-    step(lambda: [store.finish(w.shard, w.task_id, "SUCCESS")
+    step(lambda: [store.finish_run(w.shard, w.task_id, "SUCCESS")
                   for w in admin.windows(states=["claimed"])])
     step(lambda: read_snapshot(store))
     assert all(isinstance(e, DebounceError) for e in errors), [repr(e) for e in errors]

@@ -210,8 +210,8 @@ def test_unclaim_undoes_only_the_claim_it_names(
     task_id = work.delay().id
     DebounceAdmin(app).flush("wc.un", "k")
     store = store_for(app)
-    keys = store.record_keys(0, task_id)
-    before, at, run = store.run_once("claim", keys, store.claim_args(task_id, "wc.un", False))
+    keys = store._record_keys(0, task_id)
+    before, at, run = store.run_once("claim", keys, store._claim_args(task_id, "wc.un", False))
     assert (before, int(run)) == (b"dispatching", 1)
     record = f"debounce:{{0}}:win:{task_id}"
     assert store.run_once("unclaim", keys, [task_id, int(at) - 1, "dispatching"]) == 0

@@ -9,6 +9,8 @@ written before it existed). Every redis-py error leaves as
 
 The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
 connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`).
+With ``debounce_redis_wait_replicas`` the store is a :class:`WaitedStore`, whose
+writes are each followed by ``WAIT``; the default store checks nothing of it.
 """
 
 
@@ -26,6 +28,7 @@ from celery import Celery
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from ..aliases import parse_aliases
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     HOT_KEYS_KEPT,
@@ -59,13 +62,12 @@ from .codec import (
     TakenWindow,
     TakeResult,
     _taken,
-    finish_aliases,
     gate_args,
     gate_keys,
     parse_reply,
 )
 from .connect import transport_for
-from .domain import ClaimResult, FinishResult
+from .domain import ClaimResult, FinishNotReplicated, FinishResult
 from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
@@ -78,7 +80,7 @@ from .errors import (
     translate_errors,
 )
 from .operators import Operators
-from .runs import RunOps
+from .runs import RunOps, finish_result
 from .scripts import SCRIPT_NAMES, script_source
 from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported
 from .wake import WakeListener
@@ -92,9 +94,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CONNECTION_ERRORS", "EXPIRY_GRACE_MS", "MIN_REDIS", "REDIS_ERROR", "SCRIPT_NAMES",
     "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "Cancelled", "CensusRow",
-    "ClaimResult", "FinishResult",
+    "ClaimResult", "FinishNotReplicated", "FinishResult",
     "ListStep", "NotReplicated", "Outcome", "Shard", "ShardCounts", "ShardSnapshot", "TakeResult",
-    "TakenEntry", "TakenWindow", "WakeListener", "WindowStore", "as_text",
+    "TakenEntry", "TakenWindow", "WaitedStore", "WakeListener", "WindowStore", "as_text",
     "is_error_reply", "is_outage", "is_unknown_outcome", "pipeline_failed_at",
     "read_server_version", "reply_code", "script_source", "server_supported", "store_for",
     "translate_errors",
@@ -118,6 +120,13 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     run_once: Callable[[str, list[str], list[Any]], Any]
     send_on_node: Callable[..., list[Any]]
 
+    def __new__(cls, settings: Settings, client: Any = None) -> WindowStore:
+        """With ``debounce_redis_wait_replicas``, a :class:`WaitedStore`: the default
+        store's methods have no check of it on their path."""
+        if cls is WindowStore and settings.wait_replicas:
+            cls = WaitedStore
+        return super().__new__(cls)
+
     def __init__(self, settings: Settings, client: Any = None) -> None:
         self.settings = settings
         self.transport = transport = transport_for(settings, client)
@@ -129,12 +138,6 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
         self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
             (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
-        if settings.wait_replicas:
-            self.run_gate = self._run_gate_waited  # type: ignore[method-assign]
-            self.gate = self._gate_waited  # type: ignore[method-assign]
-            self.claim = self._claim_waited  # type: ignore[method-assign]
-            self.finish = self._finish_waited  # type: ignore[method-assign]
-            self.run_mark = self._run_mark_waited  # type: ignore[method-assign]
 
     @property
     def direct(self) -> bool:
@@ -164,49 +167,14 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
 
     # -- producers ---------------------------------------------------------------------------
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
-        """One call through ``gate.lua``: one EVALSHA round trip (the hot path). With
-        ``debounce_redis_wait_replicas`` this is :meth:`_gate_waited` (see __init__), so
-        the default path has nothing extra."""
+        """One call through ``gate.lua``: one EVALSHA round trip (the hot path; with
+        ``debounce_redis_wait_replicas`` :meth:`WaitedStore.gate`)."""
         return parse_reply(self.run_once(
             "gate", gate_keys(self, call), gate_args(self, call, fixed)))
 
-    def _gate_waited(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
-        return parse_reply(self._run_gate_waited(
-            gate_keys(self, call), gate_args(self, call, fixed)))
-
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
-        """``gate.lua``'s raw reply (the waited variant replaces this, see __init__)."""
+        """``gate.lua``'s raw reply (for :meth:`gate_many`)."""
         return self.run_once("gate", keys, args)
-
-    def _run_gate_waited(self, keys: list[str], args: list[Any]) -> Any:
-        """``gate.lua`` then ``WAIT n timeout`` on the same connection, in one write.
-
-        Fewer acknowledgements than ``n`` (within half of ``debounce_redis_timeout``)
-        raise :class:`DebounceBackendError`: the call was written on the master but
-        may not survive a failover. A redirection or a refused connection before
-        anything was sent is retried on the current master; a connection lost after
-        the command was sent is an error (the call may or may not be recorded).
-        """
-        wanted = self.settings.wait_replicas
-        wait_ms = self.settings.wait_replicas_ms
-        commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", self.scripts["gate"].sha, len(keys), *keys, *args),
-            ("WAIT", wanted, wait_ms),
-        ]
-        with translate_errors("gate"):
-            reply, acks = self.send_on_node(keys[0], commands, "gate")
-        if isinstance(acks, redis.RedisError):  # NOPERM without +wait, ...: the call ran
-            raise DebounceOutcomeUnknown(
-                f"debounce Redis refused WAIT after the call was written on the master "
-                f"({type(acks).__name__}: {acks}); whether it survives a failover is "
-                "unknown (it was not sent again)") from acks
-        if int(acks) < wanted:
-            raise DebounceOutcomeUnknown(
-                f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
-                f"acknowledged the call within {wait_ms} ms; it was written on the master "
-                "but may not survive a failover"
-            )
-        return reply
 
     # -- dispatchers -------------------------------------------------------------------------
     def take(self, shard: Shard, limit: int, observer: str = "",
@@ -259,12 +227,14 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         pairs = [x for pair in windows for x in pair]
         return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
-    def quarantine(self, shard: Shard, task_id: str, reason: str) -> list[Any] | None:
-        """Set a taken record aside; its raw aliases, or None if it was not quarantined."""
+    def quarantine(self, shard: Shard, task_id: str, reason: str,
+                   ) -> list[dict[str, Any]] | None:
+        """Set a taken record aside; its aliases (``aliases.parse_aliases``), or None if
+        it was not quarantined."""
         tag = self.tag(shard)
         reply = self.run_once("quarantine", [leased_key(tag), quarantine_key(tag)],
                               [tag, task_id, reason])
-        return list(reply[1:]) if int(reply[0]) else None
+        return parse_aliases(reply[1:]) if int(reply[0]) else None
 
     def expiring(self, shard: Shard, windows: Sequence[tuple[str, int]]) -> int:
         """Remember when the messages of ``(task id, ms left)`` windows, just published,
@@ -274,17 +244,18 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         slack = EXPIRY_GRACE_MS + self.settings.history_ttl_ms
         return int(self.run("expiring", [expiring_key(tag)], [slack, *pairs])[1])
 
-    def expire(self, shard: Shard, limit: int = 100) -> list[tuple[str, list[Any]]]:
+    def expire(self, shard: Shard, limit: int = 100,
+               ) -> list[tuple[str, list[dict[str, Any]]]]:
         """Finish as REVOKED the queued windows whose message expired more than
         :data:`EXPIRY_GRACE_MS` ago, on Redis's clock and on this process's (a Redis
-        clock stepped forward revokes nothing early); ``(task id, raw aliases)`` of each
+        clock stepped forward revokes nothing early); ``(task id, aliases)`` of each
         one finished, and of those finished earlier whose outcome :meth:`expired` has
         not confirmed."""
         tag = self.tag(shard)
         reply = self.run("expire", [expiring_key(tag), active_key(tag)],
                          [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit,
                           int(time.time() * 1000)])
-        return [(as_text(row[0]), list(row[1:])) for row in reply[1:]]
+        return [(as_text(row[0]), parse_aliases(row[1:])) for row in reply[1:]]
 
     def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:
         """The outcome of these windows :meth:`expire` finished is stored: forget them."""
@@ -306,7 +277,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         return WakeListener(self)
 
     # -- workers ---------------------------------------------------------------------------
-    def record_keys(self, shard: Shard, task_id: str) -> list[str]:
+    def _record_keys(self, shard: Shard, task_id: str) -> list[str]:
         """KEYS of claim.lua and finish.lua: the record, the lease, active and claims sets."""
         tag = self.tag(shard)
         return [win_key(tag, task_id), leased_key(tag), active_key(tag), claims_key(tag)]
@@ -316,14 +287,14 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         ends and its window is ``queued`` again (``unclaim.lua``, for the claim it holds
         now), as when it was first published: the next delivery claims it, and a window
         held behind it stays held until that run ends. False if it was not claimed."""
-        keys = self.record_keys(shard, task_id)
+        keys = self._record_keys(shard, task_id)
         with translate_errors("put back"):
             at = self.client.hget(keys[0], "ca")
         if at is None:
             return False
         return bool(int(self.run_once("unclaim", keys, [task_id, as_text(at), "queued"])))
 
-    def claim_args(self, task_id: str, task_name: str, retry: bool) -> list[Any]:
+    def _claim_args(self, task_id: str, task_name: str, retry: bool) -> list[Any]:
         return [task_id, self.settings.claim_lease_ms, "1" if retry else "0", task_name,
                 self.settings.history_ttl_ms]
 
@@ -331,11 +302,90 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
               retry: bool = False, ident: str = "") -> ClaimResult:
         """Claim a window's run for one claim lease: ``(state before ("" if the record
         is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
-        a live lease), which must not run. With ``debounce_redis_wait_replicas`` this is
-        :meth:`_claim_waited` (see __init__); ``ident`` is read only there."""
-        before, _, run = self.run_once("claim", self.record_keys(shard, task_id),
-                                       self.claim_args(task_id, task_name, retry))
+        a live lease), which must not run. ``ident`` is read only with
+        ``debounce_redis_wait_replicas`` (:meth:`WaitedStore.claim`)."""
+        before, _, run = self.run_once("claim", self._record_keys(shard, task_id),
+                                       self._claim_args(task_id, task_name, retry))
         return ClaimResult(as_text(before), bool(int(run)))
+
+    def claim_late(self, shard: Shard, task_id: str, task_name: str = "",
+                   retry: bool = False) -> ClaimResult:
+        """A claim kept during an outage (its run went ahead), sent once Redis is back:
+        :meth:`claim` without ``WAIT`` even with ``debounce_redis_wait_replicas`` (sent
+        again, it would find its own first copy live and mark a duplicate)."""
+        return WindowStore.claim(self, shard, task_id, task_name, retry)
+
+    def renew(self, held: dict[str, list[str]]) -> None:
+        """Renew the claims ``held`` (claims key -> task ids) for one claim lease: one
+        pipelined round trip (one ``EVALSHA`` per claims key; per node on a cluster)."""
+        script = self.scripts["renew"]
+        lease = self.settings.claim_lease_ms
+        with translate_errors("renew"):
+            try:
+                self.transport.renew(script.sha, held, lease)
+            except NoScriptError:
+                script.sha = self.client.script_load(script.script)
+                self.transport.renew(script.sha, held, lease)
+
+    def held(self, shard: Shard) -> dict[str, tuple[int, str | None]]:
+        """Exclusive windows held on ``shard`` (take.lua): ident -> (held since ms, the
+        id of the window in progress it waits for, None if that one just ended)."""
+        tag = self.tag(shard)
+        with translate_errors("inspect"):
+            rows = self.client.zrange(held_key(tag), 0, -1, withscores=True)
+            if not rows:
+                return {}
+            idents = [as_text(ident) for ident, _ in rows]
+            with self.client.pipeline(transaction=False) as pipe:
+                for ident in idents:
+                    pipe.hget(run_key(tag, ident), "id")
+                runners = pipe.execute(raise_on_error=False)
+        return {ident: (int(score), as_text(runner) if isinstance(runner, bytes) else None)
+                for ident, (_, score), runner in zip(idents, rows, runners, strict=True)}
+
+    def _finish_args(self, task_id: str, state: str) -> list[Any]:
+        return [task_id, state, self.settings.history_ttl_ms]
+
+
+class WaitedStore(WindowStore):
+    """The store with ``debounce_redis_wait_replicas``: each producer call, claim and
+    finish is followed by ``WAIT n timeout`` on the same connection, in one write
+    (``WindowStore(settings)`` builds one when the setting is on)."""
+
+    def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+        """:meth:`WindowStore.gate` followed by ``WAIT`` (:meth:`run_gate`)."""
+        return parse_reply(self.run_gate(
+            gate_keys(self, call), gate_args(self, call, fixed)))
+
+    def run_gate(self, keys: list[str], args: list[Any]) -> Any:
+        """``gate.lua`` then ``WAIT n timeout`` on the same connection, in one write.
+
+        Fewer acknowledgements than ``n`` (within half of ``debounce_redis_timeout``)
+        raise :class:`DebounceBackendError`: the call was written on the master but
+        may not survive a failover. A redirection or a refused connection before
+        anything was sent is retried on the current master; a connection lost after
+        the command was sent is an error (the call may or may not be recorded).
+        """
+        wanted = self.settings.wait_replicas
+        wait_ms = self.settings.wait_replicas_ms
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self.scripts["gate"].sha, len(keys), *keys, *args),
+            ("WAIT", wanted, wait_ms),
+        ]
+        with translate_errors("gate"):
+            reply, acks = self.send_on_node(keys[0], commands, "gate")
+        if isinstance(acks, redis.RedisError):  # NOPERM without +wait, ...: the call ran
+            raise DebounceOutcomeUnknown(
+                f"debounce Redis refused WAIT after the call was written on the master "
+                f"({type(acks).__name__}: {acks}); whether it survives a failover is "
+                "unknown (it was not sent again)") from acks
+        if int(acks) < wanted:
+            raise DebounceOutcomeUnknown(
+                f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
+                f"acknowledged the call within {wait_ms} ms; it was written on the master "
+                "but may not survive a failover"
+            )
+        return reply
 
     def _run_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Script ``name`` then ``WAIT n timeout`` on the same connection, in one write
@@ -357,35 +407,21 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
                 f"{said}; a failover may discard it", reply)
         return reply
 
-    def run_mark(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Send a kept worker mark again (marks.py): :meth:`run_once`; with
-        ``debounce_redis_wait_replicas`` :meth:`_run_mark_waited` (see __init__)."""
-        return self.run_once(name, keys, args)
-
-    def _run_mark_waited(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """A kept ``finish`` is waited for (sent again until acknowledged: idempotent); a
-        kept ``claim`` (its run went ahead during an outage) is sent once, as without
-        ``WAIT``: sent again, it would find its own first copy live and mark a duplicate."""
-        if name == "finish":
-            return self._run_waited(name, keys, args)
-        return self.run_once(name, keys, args)
-
-    def _claim_waited(self, shard: Shard, task_id: str, task_name: str = "",
-                      retry: bool = False, ident: str = "") -> ClaimResult:
-        """:meth:`claim` followed by ``WAIT`` (``debounce_redis_wait_replicas``): a claim
-        that would run the body and that fewer replicas acknowledged is undone on the
-        master it ran on (``unclaim.lua``, only if the claim is still that one) and
-        raised as :class:`NotReplicated`: its run must wait (a failover may discard the
-        claim, and the promoted replica's copy of the window would run a second time).
-        A skip, or a record that is gone (nothing written), is answered as is.
-        ``ident``: the window's ident the dispatcher sent (header ``debounce_ident``): a
-        record that is gone while the window is still open here under this id (its take
-        was lost with a failover) is a skip (state ``pending``): this master's
-        dispatcher publishes it."""
-        keys = self.record_keys(shard, task_id)
+    def claim(self, shard: Shard, task_id: str, task_name: str = "",
+              retry: bool = False, ident: str = "") -> ClaimResult:
+        """:meth:`WindowStore.claim` followed by ``WAIT``: a claim that would run the
+        body and that fewer replicas acknowledged is undone on the master it ran on
+        (``unclaim.lua``, only if the claim is still that one) and raised as
+        :class:`NotReplicated`: its run must wait (a failover may discard the claim, and
+        the promoted replica's copy of the window would run a second time). A skip, or
+        a record that is gone (nothing written), is answered as is. ``ident``: the
+        window's ident the dispatcher sent (header ``debounce_ident``): a record that is
+        gone while the window is still open here under this id (its take was lost with
+        a failover) is a skip (state ``pending``): this master's dispatcher publishes it."""
+        keys = self._record_keys(shard, task_id)
         try:
             before, at, run = self._run_waited(
-                "claim", keys, [*self.claim_args(task_id, task_name, retry), ident])
+                "claim", keys, [*self._claim_args(task_id, task_name, retry), ident])
         except NotReplicated as exc:
             before, at, run = exc.reply
             if not int(run) or not before:
@@ -397,54 +433,16 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
             raise
         return ClaimResult(as_text(before), bool(int(run)))
 
-    def renew(self, held: dict[str, list[str]]) -> None:
-        """Renew the claims ``held`` (claims key -> task ids) for one claim lease: one
-        pipelined round trip (one ``EVALSHA`` per claims key; per node on a cluster)."""
-        script = self.scripts["renew"]
-        lease = self.settings.claim_lease_ms
-        with translate_errors("renew"):
-            try:
-                self.transport.renew(script.sha, held, lease)
-            except NoScriptError:
-                script.sha = self.client.script_load(script.script)
-                self.transport.renew(script.sha, held, lease)
-
-    def claims_key(self, shard: Shard) -> str:
-        return claims_key(self.tag(shard))
-
-    def held(self, shard: Shard) -> dict[str, tuple[int, str | None]]:
-        """Exclusive windows held on ``shard`` (take.lua): ident -> (held since ms, the
-        id of the window in progress it waits for, None if that one just ended)."""
-        tag = self.tag(shard)
-        with translate_errors("inspect"):
-            rows = self.client.zrange(held_key(tag), 0, -1, withscores=True)
-            if not rows:
-                return {}
-            idents = [as_text(ident) for ident, _ in rows]
-            with self.client.pipeline(transaction=False) as pipe:
-                for ident in idents:
-                    pipe.hget(run_key(tag, ident), "id")
-                runners = pipe.execute(raise_on_error=False)
-        return {ident: (int(score), as_text(runner) if isinstance(runner, bytes) else None)
-                for ident, (_, score), runner in zip(idents, rows, runners, strict=True)}
-
-    def finish_args(self, task_id: str, state: str) -> list[Any]:
-        return [task_id, state, self.settings.history_ttl_ms]
-
-    def finish(self, shard: Shard, task_id: str, state: str) -> list[Any]:
-        """Mark a window finished with ``state``; the raw aliases it returns. With
-        ``debounce_redis_wait_replicas`` this is :meth:`_finish_waited` (see __init__)."""
-        reply = self.run_once("finish", self.record_keys(shard, task_id),
-                              self.finish_args(task_id, state))
-        return finish_aliases(reply)
-
-    def _finish_waited(self, shard: Shard, task_id: str, state: str) -> list[Any]:
-        """:meth:`finish` followed by ``WAIT``: a finish fewer replicas acknowledged
-        raises :class:`NotReplicated` (its ``reply`` the script's: the caller keeps the
-        mark to be sent again, ``finish.lua`` is idempotent)."""
-        reply = self._run_waited("finish", self.record_keys(shard, task_id),
-                                 self.finish_args(task_id, state))
-        return finish_aliases(reply)
+    def finish_run(self, shard: Shard, task_id: str, state: str) -> FinishResult:
+        """:meth:`WindowStore.finish_run` followed by ``WAIT``: a finish fewer replicas
+        acknowledged raises :class:`FinishNotReplicated` (its ``result`` what it marked:
+        the caller keeps the finish to be sent again, ``finish.lua`` is idempotent)."""
+        try:
+            reply = self._run_waited("finish", self._record_keys(shard, task_id),
+                                     self._finish_args(task_id, state))
+        except NotReplicated as exc:
+            raise FinishNotReplicated(str(exc), exc.reply, finish_result(exc.reply)) from None
+        return finish_result(reply)
 
 
 _lock = threading.Lock()

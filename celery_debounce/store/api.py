@@ -107,15 +107,19 @@ class DispatcherStore(BaseStore, Protocol):
         """Not published: ``(task id, tries)`` windows are taken again in ``delay_ms``
         (``"<tries>!"``: a failure counted against it). Sent at most once."""
 
-    def quarantine(self, shard: ShardRef, task_id: str, reason: str) -> list[Any] | None:
-        """Set a taken window aside for good (its raw aliases; None: it was not)."""
+    def quarantine(self, shard: ShardRef, task_id: str, reason: str,
+                   ) -> list[dict[str, Any]] | None:
+        """Set a taken window aside for good (its aliases, as
+        :attr:`FinishResult.aliases <celery_debounce.store.domain.FinishResult.aliases>`;
+        None: it was not)."""
 
     def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
         """Remember when the messages of ``(task id, ms left)`` just published expire."""
 
-    def expire(self, shard: ShardRef, limit: int = 100) -> list[tuple[str, list[Any]]]:
+    def expire(self, shard: ShardRef, limit: int = 100,
+               ) -> list[tuple[str, list[dict[str, Any]]]]:
         """The expiry sweep: finish as REVOKED the queued windows whose message
-        expired; ``(task id, raw aliases)`` of each, until :meth:`expired` confirms."""
+        expired; ``(task id, aliases)`` of each, until :meth:`expired` confirms."""
 
     def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
         """The outcome of these swept windows is stored: forget them."""
@@ -142,9 +146,16 @@ class WorkerStore(BaseStore, Protocol):
         delivery that must not run. Sent at most once; ``NotReplicated`` (an
         ``OutcomeUnknown``) when too few replicas acknowledged it."""
 
+    def claim_late(self, shard: ShardRef, task_id: str, task_name: str = "",
+                   retry: bool = False) -> ClaimResult:
+        """A claim that failed in an outage, sent once the store is back (its run went
+        ahead meanwhile): as :meth:`claim`, never waited for by replicas (sent again, it
+        would find its own first copy live and mark a duplicate)."""
+
     def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
         """The run ended with Celery ``state``: the window is finished (idempotent) and
-        its held successor, if any, is due."""
+        its held successor, if any, is due. ``FinishNotReplicated`` (an
+        ``OutcomeUnknown`` carrying the result) when too few replicas acknowledged it."""
 
     def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
         """Extend the live claims of these runs by one claim lease (a lapsed or finished

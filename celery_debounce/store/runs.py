@@ -1,9 +1,9 @@
 """The worker's typed operations of :class:`~celery_debounce.store.WindowStore` (the
 store contract's ``WorkerStore``, :mod:`celery_debounce.store.api`): a run's finish, its
 claims renewed and ended, in domain terms (no keys, no ARGV, no raw replies).
-
-They are built on the same scripts as the raw methods the worker still calls
-(``finish``, ``renew``, ``run("renew", ...)``), which stay until it moves to these.
+``claim``, ``claim_late`` and ``put_back`` are the store's own; with
+``debounce_redis_wait_replicas``, :class:`~celery_debounce.store.WaitedStore` waits for
+the replicas after ``claim`` and :meth:`~RunOps.finish_run`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,13 @@ from .codec import Shard
 from .domain import FinishResult
 
 
+def finish_result(reply: Any) -> FinishResult:
+    """``finish.lua``'s reply: ``[finished, _, alias...]``."""
+    return FinishResult(bool(int(reply[0])), parse_aliases(reply[2:]))
+
+
 class RunOps:
-    """A run's finish and its claims (``claim`` and ``put_back`` are the store's own)."""
+    """A run's finish and its claims."""
 
     settings: Settings
     run: Callable[[str, list[str], list[Any]], Any]
@@ -27,22 +32,15 @@ class RunOps:
 
     if TYPE_CHECKING:  # pragma: no cover
         def tag(self, shard: Shard) -> str: ...
-        def record_keys(self, shard: Shard, task_id: str) -> list[str]: ...
-        def finish_args(self, task_id: str, state: str) -> list[Any]: ...
+        def _record_keys(self, shard: Shard, task_id: str) -> list[str]: ...
+        def _finish_args(self, task_id: str, state: str) -> list[Any]: ...
         def renew(self, held: dict[str, list[str]]) -> None: ...
-        def _run_waited(self, name: str, keys: list[str], args: list[Any]) -> Any: ...
 
     def finish_run(self, shard: Shard, task_id: str, state: str) -> FinishResult:
         """Mark the run's window finished with Celery ``state`` (``finish.lua``,
-        idempotent): its claim ends, an exclusive key it held is freed. Sent once;
-        with ``debounce_redis_wait_replicas`` followed by ``WAIT`` (too few
-        acknowledgements raise ``NotReplicated`` carrying the script's reply)."""
-        keys, args = self.record_keys(shard, task_id), self.finish_args(task_id, state)
-        if self.settings.wait_replicas:
-            reply = self._run_waited("finish", keys, args)
-        else:
-            reply = self.run_once("finish", keys, args)
-        return FinishResult(bool(int(reply[0])), parse_aliases(reply[2:]))
+        idempotent): its claim ends, an exclusive key it held is freed. Sent once."""
+        return finish_result(self.run_once("finish", self._record_keys(shard, task_id),
+                                           self._finish_args(task_id, state)))
 
     def renew_claims(self, held: Mapping[Shard, Sequence[str]]) -> None:
         """Extend the live claims of the runs ``held`` (shard -> task ids) by one claim

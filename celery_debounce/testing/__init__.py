@@ -186,7 +186,7 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
                         )
                     )
                 except Exception as exc:  # propagated: finish it, run the rest, raise later
-                    store.finish(shard, window.task_id, states.FAILURE)
+                    store.finish_run(shard, window.task_id, states.FAILURE)
                     errors.append(exc)
             got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
             if got < store.settings.dispatch_batch:

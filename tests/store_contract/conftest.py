@@ -3,11 +3,13 @@
 A harness builds fresh stores on an emptied server (``build``, with settings
 overrides such as a short claim lease) and, where it can, makes the next reply of
 an operation be lost after the operation ran (``lose_next_reply``). Everything that
-knows it is Redis (scripts, keys, proxies, clients) is here, never in the cases.
+knows it is Redis or PostgreSQL (scripts, keys, schemas, proxies, clients) is here,
+never in the cases.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
+from pg_proxy import PgProxy
 
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
@@ -31,14 +34,16 @@ class Harness:
     """One implementation under the contract."""
 
     name: str
-    _build: Callable[[dict[str, Any]], WindowStore]
+    _build: Callable[[dict[str, Any]], Store]
     #: arm a lost reply: ``(store, operation)``; None where the harness cannot
-    _lose: Callable[[WindowStore, str], None] | None = None
+    _lose: Callable[[Store, str], None] | None = None
     #: ``(down)``: refuse every connection (True) or serve again (False); None: cannot
     _outage: Callable[[bool], None] | None = None
     #: why the implementation does not promise at-most-once (None: it does)
     resends_after_a_lost_reply: str | None = None
-    built: list[WindowStore] = field(default_factory=list)
+    #: what ends a built store's connections
+    _close: Callable[[Any], None] = lambda store: store.client.close()
+    built: list[Store] = field(default_factory=list)
 
     def build(self, **overrides: Any) -> Store:
         """A fresh store (``Settings`` fields overridden), on the emptied server."""
@@ -50,7 +55,6 @@ class Harness:
         """The next ``operation`` on ``store`` runs, and its reply is lost."""
         if self._lose is None:
             pytest.skip(f"{self.name}: no way to lose a reply in this harness")
-        assert isinstance(store, WindowStore)
         self._lose(store, operation)
 
     def outage(self, down: bool) -> None:
@@ -61,7 +65,7 @@ class Harness:
 
     def close(self) -> None:
         for store in self.built:
-            store.client.close()
+            self._close(store)
 
 
 def _settings(conf: dict[str, Any], overrides: dict[str, Any]) -> Settings:
@@ -98,7 +102,8 @@ def _single(request: pytest.FixtureRequest) -> Harness:
         return WindowStore(_settings({"debounce_redis_url": f"{proxy.url}/0",
                                       "debounce_redis_timeout": 1.0}, overrides))
 
-    def lose(store: WindowStore, operation: str) -> None:
+    def lose(store: Store, operation: str) -> None:
+        assert isinstance(store, WindowStore)
         proxy.arm("drop", evalsha_of(store.scripts[_SCRIPT_OF[operation]].sha))
 
     def outage(down: bool) -> None:
@@ -124,15 +129,86 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
     return Harness("cluster", build)
 
 
+#: The cases the PostgreSQL store cannot pass yet, and why (skipped on it, never
+#: weakened: the same case runs on every other harness).
+POSTGRES_NOT_YET = {
+    "test_the_store_satisfies_every_role":
+        "postgres: the operators' reads and sweeps (list_step, census_step, counts, "
+        "snapshot, cancel, expire, heartbeat, wake_listener, ...) are not implemented yet",
+    "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next":
+        "postgres: debounce_collect is not implemented yet (refused at the gate)",
+    "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written":
+        "postgres: debounce_collect is not implemented yet (refused at the gate)",
+    "test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period":
+        "postgres: debounce_leading is not implemented yet (refused at the gate)",
+    "test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst":
+        "postgres: debounce_leading is not implemented yet (refused at the gate)",
+    "test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written":
+        "postgres: the gate does not check a replacing join's serializer yet",
+}
+
+#: The PostgreSQL functions whose reply a harness can lose, by operation.
+_FUNCTION_OF = {"gate": b"debounce_gate", "claim": b"debounce_claim",
+                "take": b"debounce_take", "cancel": b"debounce_cancel"}
+
+
+def _postgres(request: pytest.FixtureRequest) -> Harness:
+    """The PostgreSQL store on the session's private server, through a proxy that can
+    lose a reply or refuse connections; each test in a fresh schema (``search_path``),
+    dropped afterwards."""
+    reason = POSTGRES_NOT_YET.get(request.node.originalname)
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from celery_debounce.store.postgres import PostgresStore
+
+    server = request.getfixturevalue("postgres_server")
+    schema = f"contract_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')  # a name made here, not user data
+
+    def drop_schema() -> None:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+    request.addfinalizer(drop_schema)
+    proxy = PgProxy(server.port)
+    request.addfinalizer(proxy.close)
+    direct = make_conninfo(server.url(), options=f"-c search_path={schema}")
+    url = make_conninfo(direct, port=proxy.port)
+    with PostgresStore(direct) as migrating:
+        migrating.migrate()
+
+    def build(overrides: dict[str, Any]) -> Store:
+        settings = _settings({"debounce_redis_url": "redis://unused"}, overrides)
+        store: Store = PostgresStore(url, settings, timeout=1.0)
+        return store
+
+    def lose(store: Store, operation: str) -> None:
+        proxy.drop_next(_FUNCTION_OF[operation])
+
+    def outage(down: bool) -> None:
+        if down:
+            proxy.refuse()
+        else:
+            proxy.disarm()
+
+    return Harness("postgres", build, lose, outage, _close=lambda store: store.close())
+
+
 @pytest.fixture(params=[
     "fakeredis",
     "redis",
     pytest.param("cluster", marks=pytest.mark.cluster),
+    "postgres",
 ])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """Each implementation of the store contract in turn."""
     made = {"fakeredis": lambda: _fakeredis(), "redis": lambda: _single(request),
-            "cluster": lambda: _cluster(request)}[request.param]()
+            "cluster": lambda: _cluster(request),
+            "postgres": lambda: _postgres(request)}[request.param]()
     try:
         yield made
     finally:

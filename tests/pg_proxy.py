@@ -1,0 +1,111 @@
+"""A fault-injection TCP proxy in front of a PostgreSQL server (the protocol is not
+parsed: faults are matched on the bytes a client sends).
+
+* ``drop_next(marker)``: the next client message containing ``marker`` (a function's
+  name in the query text) is passed on, the server answers it, and the client's socket
+  is closed instead of passing the reply back: the call ran, its reply is lost;
+* ``refuse()``: every client connection is closed and new ones are closed at once,
+  until ``disarm()``.
+
+Used by tests/test_postgres_store.py and the ``postgres`` harness of tests/store_contract.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+class PgProxy:
+    def __init__(self, port: int) -> None:
+        self.target_port = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._marker: bytes | None = None
+        self._refusing = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop_next(self, marker: bytes) -> None:
+        with self._lock:
+            self._marker = marker
+
+    def refuse(self) -> None:
+        with self._lock:
+            self._refusing = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _close(sock)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._refusing = False
+            self._marker = None
+
+    def close(self) -> None:
+        _close(self.listener)
+        self.refuse()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                refusing = self._refusing
+            if refusing:
+                _close(client)
+                continue
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            dropping = threading.Event()  # this connection's reply is being dropped
+            threading.Thread(target=self._pipe, args=(client, server, True, dropping),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False, dropping),
+                             daemon=True).start()
+
+    def _take(self, data: bytes) -> bool:
+        with self._lock:
+            if self._marker is not None and self._marker in data:
+                self._marker = None
+                return True
+        return False
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, upstream: bool,
+              dropping: threading.Event) -> None:
+        try:
+            while data := source.recv(65536):
+                if not upstream and dropping.is_set():
+                    continue  # the reply to the dropped call: swallowed
+                dropped = upstream and self._take(data)
+                if dropped:
+                    dropping.set()
+                sink.sendall(data)
+                if dropped:
+                    time.sleep(0.3)  # the server runs it and answers
+                    return
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    """Shut down first: a socket another thread is reading is closed only then."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
