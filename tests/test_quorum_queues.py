@@ -1,0 +1,131 @@
+"""RabbitMQ quorum queues: a window's message dropped past the queue's delivery limit.
+
+A quorum queue counts each message's returns (``x-delivery-count``: absent on a first
+delivery by ``basic.consume``, 0 on one by ``basic.get``, then one more per return) and
+drops a message returned past ``x-delivery-limit``. Seen on RabbitMQ 3.10.8 with a
+limit of 2: three deliveries (counted 0 or absent, 1, 2), then none; a ``basic.reject``
+with requeue and a consumer whose connection closed both count.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import Reject
+from helpers import make_app, running_worker, wait_until
+from kombu import Connection, Exchange, Queue
+from rabbitmq_node import RabbitNode
+
+from celery_debounce import DebouncedTask
+from celery_debounce.deliveries import DeliveryLimitReached, delivery_limit, dropped_delivery
+
+pytestmark = pytest.mark.rabbitmq
+
+LIMIT = 2
+
+
+@pytest.fixture
+def rabbit(rabbitmq_server: RabbitNode) -> Any:
+    yield rabbitmq_server
+    if not rabbitmq_server.accepts_amqp():
+        rabbitmq_server.start()
+
+
+def quorum_queue(name: str, limit: int = LIMIT) -> Queue:
+    return Queue(name, Exchange(name), routing_key=name,
+                 queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": limit})
+
+
+def quorum_app(redis_server: str, rabbit: RabbitNode, **conf: Any) -> tuple[Celery, str]:
+    qname = f"qq-{uuid.uuid4().hex[:10]}"
+    app = make_app(redis_server, broker_url=rabbit.url, task_default_queue=qname,
+                   task_queues=[quorum_queue(qname)], broker_heartbeat=2, **conf)
+    return app, qname
+
+
+def _get(queue: Any, timeout: float) -> Any:
+    """The next message of ``queue`` (unacked), or None after ``timeout`` seconds."""
+    try:
+        return wait_until(lambda: queue.get(no_ack=False), timeout, interval=0.05)
+    except AssertionError:
+        return None
+
+
+def test_the_broker_counts_deliveries_and_drops_the_one_past_the_limit(
+    rabbit: RabbitNode,
+) -> None:
+    """What the fix relies on, on this RabbitMQ: the delivery counted ``limit`` is the
+    last one, whether the message was rejected with requeue or its consumer went away."""
+    qname = f"qq-{uuid.uuid4().hex[:10]}"
+    queue = quorum_queue(qname)
+    with Connection(rabbit.url) as conn:
+        bound = queue(conn.channel())
+        bound.declare()
+        producer = conn.Producer(conn.channel())
+        for how in ("requeue", "gone"):
+            producer.publish({"how": how}, exchange=queue.exchange, routing_key=qname)
+            counts = []
+            while len(counts) <= LIMIT + 1:
+                with Connection(rabbit.url) as other:
+                    source = queue(other.channel()) if how == "gone" else bound
+                    message = _get(source, 10 if len(counts) <= LIMIT else 2)
+                    if message is None:
+                        break
+                    counts.append(message.headers.get("x-delivery-count"))
+                    if how == "requeue":
+                        message.reject(requeue=True)
+                # leaving the block closes ``other`` with the message unacked: it goes back
+            assert counts == list(range(LIMIT + 1)), how
+            assert bound.queue_declare(passive=True).message_count == 0
+
+
+def test_delivery_limit_is_read_from_the_apps_queue_arguments(
+    redis_server: str, rabbit: RabbitNode,
+) -> None:
+    app, qname = quorum_app(redis_server, rabbit)
+    info = {"exchange": qname, "routing_key": qname}
+    assert delivery_limit(app, info) == LIMIT
+    assert delivery_limit(app, {"exchange": "", "routing_key": qname}) == LIMIT
+    assert delivery_limit(app, {"exchange": "other", "routing_key": qname}) is None
+    assert delivery_limit(app, None) is None
+    assert dropped_delivery(app, LIMIT - 1, info) is None
+    assert "x-delivery-limit 2" in str(dropped_delivery(app, LIMIT, info))
+    assert dropped_delivery(app, None, info) is None  # a classic queue counts nothing
+
+
+def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+) -> None:
+    """Rule "every id resolves": a debounced task that always raises
+    ``Reject(requeue=True)`` on a quorum queue with ``x-delivery-limit`` 2 runs three
+    times; RabbitMQ then drops its message. On that last delivery the worker finishes
+    the window as FAILURE (``DeliveryLimitReached``) instead of putting it back: the
+    window's id and a fixed-id alias raise it, and the exclusive key is free (the next
+    window of the key runs)."""
+    app, qname = quorum_app(redis_server, rabbit)
+    deliveries: list[Any] = []
+
+    @app.task(base=DebouncedTask, shared=False, bind=True, acks_late=True,
+              debounce="100ms", debounce_key="{0}", debounce_max_wait="2s",
+              debounce_exclusive=True)
+    def reject(self: Any, key: str, ok: bool = False) -> str:
+        deliveries.append(self.request.get("x-delivery-count"))
+        if ok:
+            return key
+        raise Reject("never today", requeue=True)
+
+    with running_worker(app):
+        first = reject.delay("k")
+        alias = reject.apply_async(("k",), task_id=f"alias-{qname}")
+        for result in (first, app.AsyncResult(alias.id)):
+            with pytest.raises(DeliveryLimitReached):
+                result.get(timeout=30)
+        assert deliveries == [None, 1, 2]  # a first delivery by basic.consume has no count
+        record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
+        assert record[b"st"] == b"finished" and record[b"rs"] == b"FAILURE"
+        assert not redis_client.exists(f"debounce:{{0}}:run:{record[b'i'].decode()}")
+        assert reject.delay("k", ok=True).get(timeout=30) == "k"
