@@ -21,7 +21,8 @@ from .errors import NotReplicated
 
 __all__ = [
     "AliasesFull", "ClaimResult", "FinishNotReplicated", "FinishResult", "OutcomeUnknown",
-    "PayloadTooLarge", "ReplaceRefused", "ShardRef", "StoreUnavailable",
+    "PayloadTooLarge", "ReplaceRefused", "ReplyLost", "ServerRefused", "ShardRef",
+    "StoreUnavailable",
 ]
 
 #: A shard as the store hands it out and takes it back: opaque outside the store.
@@ -37,9 +38,21 @@ class StoreUnavailable(DebounceBackendError):
     is known not to have run. Worth retrying."""
 
 
+class ServerRefused(StoreUnavailable):
+    """The store answered that it cannot take writes now (out of memory, a replica, still
+    loading, a cluster slot moving): the command did not run. Worth retrying."""
+
+
 #: A command that changes windows reached the store but its reply was lost: it may or
 #: may not have run, and it was not sent again (the public name, re-exported here).
 OutcomeUnknown = DebounceOutcomeUnknown
+
+
+class ReplyLost(OutcomeUnknown):
+    """An :data:`OutcomeUnknown` of a link that failed after the command was sent (an
+    outage); ``refused``: the link failed on the store's refusal, so it did not run."""
+
+    refused: bool = False
 
 
 class PayloadTooLarge(DebouncePayloadError, DebounceBackendError):
