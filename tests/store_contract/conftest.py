@@ -143,8 +143,6 @@ POSTGRES_NOT_YET = {
         "postgres: debounce_leading is not implemented yet (refused at the gate)",
     "test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst":
         "postgres: debounce_leading is not implemented yet (refused at the gate)",
-    "test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written":
-        "postgres: the gate does not check a replacing join's serializer yet",
 }
 
 #: The PostgreSQL functions whose reply a harness can lose, by operation.

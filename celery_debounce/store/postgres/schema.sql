@@ -89,9 +89,12 @@ CREATE FUNCTION debounce_ms(t timestamptz) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $$;
 
--- Raise a refusal the store maps to a typed error (SQLSTATE class DB); the statement
--- that called it is undone, so nothing is written.
-CREATE FUNCTION debounce_refuse(p_code text, p_message text) RETURNS text[]
+-- Raise a refusal the store maps to a typed error (SQLSTATE class DB: DBA01 a fixed id
+-- past the window's most aliases, DBR01 a replacing join of another content type); the
+-- statement that called it is undone, so nothing is written. Typed as p_as, for use in
+-- an expression of that type.
+CREATE FUNCTION debounce_refuse(p_code text, p_message text, p_as anyelement)
+RETURNS anyelement
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message;
@@ -131,7 +134,8 @@ $$;
 -- One call: open the ident's window, or join the open one. Atomic for racing callers on
 -- one ident (INSERT ... ON CONFLICT DO UPDATE). The deadline is
 -- least(now + window, first seen + max wait): never past the opener's ceiling. A join
--- counts the call and, with p_replace, replaces the payload; the opener's options stay.
+-- counts the call and, with p_replace, replaces the payload (a call of another content
+-- type is refused with DBR01, nothing written); the opener's options stay.
 -- The call that reaches the window's cap (p_max_calls, the opener's) closes it.
 -- A fixed id (p_alias, its JSON, not NULL) opens the window under p_task_id unless that
 -- id is in use (then under p_fallback_id); joining, it is recorded as an alias (at most
@@ -175,14 +179,19 @@ BEGIN
                    END,
         calls = w.calls + 1,
         capped = coalesce(w.calls + 1 >= w.max_calls, false),
-        content_type = CASE WHEN p_replace THEN excluded.content_type
-                            ELSE w.content_type END,
+        content_type = CASE
+            WHEN p_replace AND w.content_type <> excluded.content_type THEN debounce_refuse(
+                'DBR01', format('window %s was opened with content type %s, this call '
+                                'has %s: a window runs with its opener''s serializer; '
+                                'call with the same serializer', w.task_id,
+                                w.content_type, excluded.content_type), NULL::text)
+            ELSE w.content_type END,
         payload = CASE WHEN p_replace THEN excluded.payload ELSE w.payload END,
         aliases = CASE
             WHEN p_alias IS NULL OR w.task_id = p_task_id THEN w.aliases
             WHEN cardinality(w.aliases) >= p_max_aliases THEN debounce_refuse(
                 'DBA01', format('window %s already records %s caller ids', w.task_id,
-                                cardinality(w.aliases)))
+                                cardinality(w.aliases)), NULL::text[])
             ELSE w.aliases || p_alias END
     RETURNING w.task_id, w.xmax = 0 AS opened, w.deadline, w.calls, w.capped
     INTO v_row;

@@ -35,6 +35,7 @@ from ..domain import (
     ClaimResult,
     FinishResult,
     OutcomeUnknown,
+    ReplaceRefused,
     ShardRef,
     StoreUnavailable,
 )
@@ -90,9 +91,10 @@ _HELD = ("SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debo
 _LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
              "FROM debounce_taken WHERE task_id = %s")
 
-#: SQLSTATE of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
-#: most aliases.
+#: SQLSTATEs of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
+#: most aliases; a replacing join of another content type.
 ALIASES_FULL = "DBA01"
+REPLACE_REFUSED = "DBR01"
 
 
 def _read_version(conn: psycopg.Connection[Any]) -> int | None:
@@ -440,6 +442,8 @@ class PostgresStore:
         except psycopg.Error as exc:
             if exc.sqlstate == ALIASES_FULL:
                 raise AliasesFull(f"PostgreSQL store: {_safe(exc)}") from exc
+            if exc.sqlstate == REPLACE_REFUSED:
+                raise ReplaceRefused(f"PostgreSQL store: {_safe(exc)}") from exc
             raise
         finally:
             self.pool.putconn(conn)
