@@ -11,10 +11,13 @@ instead (:func:`dropped_delivery`, :class:`DeliveryLimitReached`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import DebounceError
+
+logger = logging.getLogger("celery_debounce.worker")
 
 #: The header a quorum queue puts on each delivery: returns so far.
 DELIVERY_COUNT = "x-delivery-count"
@@ -53,14 +56,16 @@ def delivery_limit(app: Any, delivery_info: Mapping[str, Any] | None) -> int | N
     return min(limits) if limits else None
 
 
-def dropped_delivery(app: Any, count: Any,
-                     delivery_info: Mapping[str, Any] | None) -> DeliveryLimitReached | None:
+def dropped_delivery(app: Any, request: Any) -> DeliveryLimitReached | None:
     """The error to finish a window with if RabbitMQ drops this delivery's message when it
-    goes back to its queue (its ``x-delivery-count``, ``count``, has reached its queue's
-    ``x-delivery-limit``), else None (a classic queue sends no count)."""
+    goes back to its queue (its ``x-delivery-count`` has reached its queue's
+    ``x-delivery-limit``), else None (a classic queue sends no count). ``request`` is the
+    run's (``task.request``) or the worker's :class:`~celery.worker.request.Request`."""
+    headers = getattr(request, "request_dict", None) or {}
+    count = headers.get(DELIVERY_COUNT, getattr(request, DELIVERY_COUNT, None))
     if count is None:
         return None
-    limit = delivery_limit(app, delivery_info)
+    limit = delivery_limit(app, getattr(request, "delivery_info", None))
     if limit is None or int(count) < limit:
         return None
     return DeliveryLimitReached(
@@ -68,10 +73,17 @@ def dropped_delivery(app: Any, count: Any,
         f"its quorum queue allows ({DELIVERY_LIMIT} {limit}): RabbitMQ dropped it")
 
 
-def store_failure(task: Any, task_id: str, exc: BaseException, request: Any) -> None:
-    """Store FAILURE (``exc``) for the window's own id, which Celery left unstored (it
-    thought the message would run again); the errbacks and a chord see it as Celery's
-    own failure would."""
+def store_failure(task: Any, task_id: str, exc: DeliveryLimitReached,
+                  request: Any) -> DeliveryLimitReached:
+    """Store FAILURE (``exc``) for the window's own id, which Celery leaves unstored (it
+    expects the message to run again); errbacks and a chord see it as any failure.
+    Never raises (the window is finished after it); returns ``exc``."""
+    logger.warning("debounce: %s[%s] %s: window finished as FAILURE, with its aliases",
+                   task.name, task_id, exc)
     if task.ignore_result and not task.store_errors_even_if_ignored:
-        return
-    task.backend.mark_as_failure(task_id, exc, request=request)
+        return exc
+    try:
+        task.backend.mark_as_failure(task_id, exc, request=request)
+    except Exception:
+        logger.exception("debounce: could not store FAILURE for %s[%s]", task.name, task_id)
+    return exc

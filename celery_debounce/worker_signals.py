@@ -43,6 +43,7 @@ from . import marks
 from .aliases import resolve_aliases
 from .ceiling import check_ceiling
 from .collect import COLLECT_HEADER, plain_call_of
+from .deliveries import dropped_delivery, store_failure
 from .layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
 from .signals import duplicate_skipped, max_wait_exceeded
 from .store import NotReplicated, store_for
@@ -450,6 +451,8 @@ def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = No
         # Reject(requeue=False), or a requeue of a message already acked: it never runs
         # again. Celery stores FAILURE (the Reject) for the window's id; so do its aliases.
         state = states.FAILURE
+    if state == states.REJECTED and (dropped := dropped_delivery(task.app, task.request)):
+        state, retval = states.FAILURE, store_failure(task, task_id, dropped, task.request)
     if state == states.REJECTED:  # requeued: its next delivery must run, not be skipped
         _put_back(store, shard, task_id, task.name)
     if state is None or state not in _FINAL:
@@ -643,6 +646,9 @@ class WindowRequest(Request):  # type: ignore[misc]
                            "finishing its window: finished here, with its aliases",
                            self.name, self.id)
             _finish_window(app, shard, self.id, self.name, states.SUCCESS, stored[0])
+        elif getattr(self, "_debounce_requeued", False) and (gone := dropped_delivery(app, self)):
+            _finish_window(app, shard, self.id, self.name, states.FAILURE,
+                           store_failure(self.task, self.id, gone, self._context))
         else:  # put back (or retried): the next delivery takes the dead run's claim over
             _end_claim(store_for(app), shard, self.id, self.name)
 

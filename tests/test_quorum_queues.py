@@ -10,6 +10,7 @@ with requeue and a consumer whose connection closed both count.
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -92,9 +93,13 @@ def test_delivery_limit_is_read_from_the_apps_queue_arguments(
     assert delivery_limit(app, {"exchange": "", "routing_key": qname}) == LIMIT
     assert delivery_limit(app, {"exchange": "other", "routing_key": qname}) is None
     assert delivery_limit(app, None) is None
-    assert dropped_delivery(app, LIMIT - 1, info) is None
-    assert "x-delivery-limit 2" in str(dropped_delivery(app, LIMIT, info))
-    assert dropped_delivery(app, None, info) is None  # a classic queue counts nothing
+
+    def request(count: int | None) -> Any:
+        return SimpleNamespace(delivery_info=info, **{"x-delivery-count": count})
+
+    assert dropped_delivery(app, request(LIMIT - 1)) is None
+    assert "x-delivery-limit 2" in str(dropped_delivery(app, request(LIMIT)))
+    assert dropped_delivery(app, request(None)) is None  # a classic queue counts nothing
 
 
 def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key(
