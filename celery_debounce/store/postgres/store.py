@@ -296,13 +296,14 @@ class PostgresStore:
             _RELEASE, (ids, tries, counted, delay_ms)).fetchone(), "release")
         return int(row[0]) if row else 0
 
-    def quarantine(self, shard: ShardRef, task_id: str, reason: str) -> list[Any] | None:
-        """Set a taken (dispatching) window aside for good: its raw aliases, or None
-        when it was not dispatching."""
+    def quarantine(self, shard: ShardRef, task_id: str, reason: str,
+                   ) -> list[dict[str, Any]] | None:
+        """Set a taken (dispatching) window aside for good: its aliases, or None when
+        it was not dispatching."""
         self._check()
         row = self._write(lambda conn: conn.execute(
             _QUARANTINE, (task_id, reason)).fetchone(), "quarantine")
-        return None if row is None else list(row[0])
+        return None if row is None else parse_aliases(row[0])
 
     # -- WorkerStore -------------------------------------------------------------------
 
@@ -315,6 +316,12 @@ class PostgresStore:
             _CLAIM, (task_id, self.settings.claim_lease_ms, retry)).fetchone(), "claim")
         assert row is not None
         return ClaimResult(row[0], bool(row[1]))
+
+    def claim_late(self, shard: ShardRef, task_id: str, task_name: str = "",
+                   retry: bool = False) -> ClaimResult:
+        """A claim kept during an outage, sent once the store is back: :meth:`claim`
+        (no replicas to wait for here)."""
+        return self.claim(shard, task_id, task_name, retry)
 
     def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
         """The run ended with ``state``: its window is finished (idempotent), an
