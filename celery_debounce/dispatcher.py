@@ -29,7 +29,6 @@ from .publishers import Publisher, SharedFault, publisher_for
 from .publishers import check_json_body as check_json_body
 from .signals import window_quarantined
 from .store import (
-    REDIS_ERROR,
     Shard,
     TakenWindow,
     TakeResult,
@@ -353,7 +352,7 @@ class Dispatcher:
                     self._stop.wait(next_in / 1000)
                     continue
                 self._wait(next_in / 1000)
-            except (DebounceBackendError, REDIS_ERROR) as exc:
+            except DebounceBackendError as exc:  # the store raises only its typed errors
                 logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
                                self.name, backoff, exc)
                 self.store.refresh_topology()  # a cluster's failover or resharding
@@ -377,7 +376,7 @@ class Dispatcher:
         """A clean stop: ``top`` and ``ping`` show it stopped rather than silent."""
         try:
             self.store.heartbeat(self.name, alive=False)
-        except (DebounceBackendError, REDIS_ERROR) as exc:
+        except DebounceBackendError as exc:
             logger.info("debounce: dispatcher %s could not record its stop: %s", self.name, exc)
 
     def close(self) -> None:

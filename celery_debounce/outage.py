@@ -20,11 +20,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import DebounceBackendError, DebounceOutcomeUnknown, error_name
+from .errors import DebounceBackendError, error_name
 from .gate import enter
 from .settings import settings_for
 from .signals import call_failed, outage_fallback
-from .store import is_outage, reply_code, store_for
+from .store import store_for
+from .store.domain import ReplyLost, ServerRefused, StoreUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from celery import Celery
@@ -63,30 +64,21 @@ class Fallback(Exception):
         return result
 
 
-#: Error replies that mean "this server cannot take writes now", the call did not run:
-#: an outage. NOPERM, NOAUTH, WRONGTYPE, script errors are not (they always raise).
-REFUSED_CODES = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN",
-                           "TRYAGAIN", "MISCONF"})
-#: Connection-level errors that are configuration, not outages.
-_NOT_OUTAGE_CODES = frozenset({"NOAUTH", "WRONGPASS", "NOPERM"})
-
-
 def outage_kind(exc: BaseException) -> str | None:
-    """``"unreachable"`` (nothing reached Redis), ``"unknown"`` (the gate may have
-    run: its reply was lost or timed out), ``"refused"`` (an error reply in
-    :data:`REFUSED_CODES`: it did not run), or None: not an outage (raise it).
+    """``"unreachable"`` (nothing reached Redis: ``StoreUnavailable``), ``"unknown"``
+    (the gate may have run: its reply was lost or timed out, ``ReplyLost``),
+    ``"refused"`` (the server cannot take writes now, it did not run:
+    ``ServerRefused``), or None: not an outage (raise it). Configuration, key,
+    payload and permission errors are none of these.
 
     A ``debounce_redis_wait_replicas`` shortfall is not an outage: the call was
     written on the master (it raises, under every policy)."""
-    if not isinstance(exc, DebounceBackendError):
-        return None
-    code = reply_code(exc)
-    if code in _NOT_OUTAGE_CODES:
-        return None
-    if code in REFUSED_CODES:
+    if isinstance(exc, ServerRefused):
         return "refused"
-    if is_outage(exc):
-        return "unknown" if isinstance(exc, DebounceOutcomeUnknown) else "unreachable"
+    if isinstance(exc, StoreUnavailable):
+        return "unreachable"
+    if isinstance(exc, ReplyLost):
+        return "refused" if exc.refused else "unknown"
     return None
 
 

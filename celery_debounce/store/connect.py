@@ -9,11 +9,10 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ..errors import DebounceBackendError
 from ..sentinel import redact
 from ..settings import Settings
 from .cluster import ClusterTransport
-from .errors import _unreadable_url
+from .errors import _unreadable_url, unreachable
 from .node import NodeTransport, is_direct_node
 from .sentinel import sentinel_client
 from .transport import Transport
@@ -41,9 +40,9 @@ def connect(settings: Settings) -> Any:
         try:
             return redis.RedisCluster.from_url(settings.redis_url, **options)
         except (redis.RedisError, RedisClusterException) as exc:
-            raise DebounceBackendError(redact(
+            raise unreachable(redact(
                 f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
-            )) from exc
+            ), exc) from exc
         except ValueError:
             raise _unreadable_url(settings.redis_url) from None
     try:

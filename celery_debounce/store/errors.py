@@ -23,14 +23,14 @@ def translate_errors(operation: str) -> Iterator[None]:
 
 
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
-    from .domain import AliasesFull, PayloadTooLarge, ReplaceRefused, StoreUnavailable
+    from .domain import AliasesFull, PayloadTooLarge, ReplaceRefused, ServerRefused
 
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return StoreUnavailable(f"debounce Redis unreachable during {operation}: {exc}")
+        return unreachable(f"debounce Redis unreachable during {operation}: {exc}", exc)
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         # Redis refuses a script under OOM only at its first write, before anything is
         # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
-        return DebounceBackendError(
+        return ServerRefused(
             f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
             f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
     match = _CONTRACT.search(str(exc))
@@ -49,7 +49,36 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
             if isinstance(refused, ReplaceRefused):
                 refused.reason = text.split(code, 1)[1].lstrip(": ")
             return refused
+    if reply_code(exc) in REFUSED_CODES:
+        return ServerRefused(f"debounce Redis refused {operation}: {exc}")
     return DebounceBackendError(f"debounce Redis refused {operation}: {exc}")
+
+
+#: Error replies that mean "this server cannot take writes now", the command did not
+#: run (:class:`~.domain.ServerRefused`). NOPERM, NOAUTH, WRONGTYPE, script errors are
+#: not: they are the store's plain :class:`DebounceBackendError`.
+REFUSED_CODES = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN",
+                           "TRYAGAIN", "MISCONF"})
+#: Connection-level errors that are configuration, not outages.
+NOT_OUTAGE_CODES = frozenset({"NOAUTH", "WRONGPASS", "NOPERM"})
+
+
+def unreachable(message: str, cause: BaseException) -> DebounceBackendError:
+    """The store's error for a connection that failed with ``cause`` before anything
+    ran: :class:`~.domain.StoreUnavailable` (an outage), :class:`~.domain.ServerRefused`
+    when the link failed on a refusal (a demoted master's READONLY, LOADING), plain
+    :class:`DebounceBackendError` when it is configuration (NOAUTH, WRONGPASS, NOPERM)
+    or no link error at all."""
+    from .domain import ServerRefused, StoreUnavailable
+
+    code = reply_code(cause)
+    if code in NOT_OUTAGE_CODES:
+        return DebounceBackendError(message)
+    if code in REFUSED_CODES:
+        return ServerRefused(message)
+    if isinstance(cause, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return StoreUnavailable(message)
+    return DebounceBackendError(message)
 
 
 #: gate.lua's refusal of a producer of another contract version.
@@ -79,11 +108,21 @@ class NotReplicated(DebounceOutcomeUnknown):
 def _lost(operation: str, exc: BaseException, cut: bool = False) -> DebounceOutcomeUnknown:
     """The reply of a command that reached Redis was lost, or (``cut``) a write of
     several commands failed part-way, its first ones maybe complete: say that it may
-    have run."""
+    have run (:class:`~.domain.ReplyLost`; a configuration error in its chain, NOAUTH,
+    WRONGPASS, NOPERM: the plain :class:`DebounceOutcomeUnknown`, no outage)."""
+    from .domain import ReplyLost
+
     what = "its write cut off part-way" if cut else "its reply lost"
-    return DebounceOutcomeUnknown(redact(
+    message = redact(
         f"debounce Redis unreachable during {operation}, {what} ({exc}); the "
-        "outcome is unknown: it may or may not have run, and it was not sent again"))
+        "outcome is unknown: it may or may not have run, and it was not sent again")
+    code = reply_code(exc)
+    if code in NOT_OUTAGE_CODES or not isinstance(
+            exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return DebounceOutcomeUnknown(message)
+    lost = ReplyLost(message)
+    lost.refused = code in REFUSED_CODES
+    return lost
 
 
 def _refused_by_a_replica(exc: BaseException) -> bool:

@@ -13,7 +13,7 @@ from redis.exceptions import RedisClusterException
 from ..checks import UNKNOWN
 from ..errors import DebounceBackendError
 from ..layout import as_text
-from .errors import _translated
+from .errors import _translated, unreachable
 from .transport import checkout
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,7 +145,7 @@ class ServerCheck:
             return  # the caller's own command reports the outage
         except (OSError, RedisClusterException) as exc:
             if outage_raises:
-                raise DebounceBackendError(f"debounce Redis unreachable: {exc}") from exc
+                raise unreachable(f"debounce Redis unreachable: {exc}", exc) from exc
             return
         except redis.RedisError as exc:
             _logger.debug("debounce: could not read the Redis version: %r", exc)
