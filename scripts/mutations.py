@@ -1341,4 +1341,11 @@ MUTATIONS: list[Mutation] = [
         ")",
         "tests/test_connect_timeout.py::"
         "test_a_silent_redis_costs_the_first_call_one_timeout_not_two"),
+    one("the last delivery a quorum queue allows is taken for one before it",
+        "rule \"every id resolves\": a window requeued on its last delivery is finished",
+        PKG + "deliveries.py",
+        "    if limit is None or int(count) < limit:",
+        "    if limit is None or int(count) <= limit:",
+        "tests/test_quorum_queues.py::"
+        "test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key"),
 ]
