@@ -1145,6 +1145,21 @@ MUTATIONS: list[Mutation] = [
         "        marks.keep(store, mark, exc)\n",
         "",
         "tests/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again"),
+    one("a kept claim is sent again waited for by replicas",
+        "a claim kept during an outage is sent once without WAIT (never undone as a "
+        "claim too few replicas acknowledged: its run went ahead)",
+        PKG + "store/__init__.py",
+        "        return WindowStore.claim(self, shard, task_id, task_name, retry)",
+        "        return self.claim(shard, task_id, task_name, retry)",
+        "tests/test_wait_claims.py::"
+        "test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits"),
+    one("debounce_redis_wait_replicas builds the plain store",
+        "with debounce_redis_wait_replicas every call, claim and finish is followed by WAIT",
+        PKG + "store/__init__.py",
+        "        if cls is WindowStore and settings.wait_replicas:",
+        "        if False:",
+        "tests/test_wait_claims.py::"
+        "test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits"),
     one("unclaim.lua undoes a later claim",
         "a claim WAIT refused undoes only itself (another delivery's live claim stays)",
         LUA + "unclaim.lua",

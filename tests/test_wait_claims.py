@@ -262,3 +262,37 @@ def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
         settled = threading.Event()
         settled.wait(6.0)
     assert runs(redis_client, key) == [call.id]
+
+
+def test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits(
+    redis_client: redis.Redis, redis_server: str,
+) -> None:
+    """With ``debounce_redis_wait_replicas`` the store is a ``WaitedStore``: a claim no
+    replica acknowledged (here there is none) is undone and raised, but a claim kept
+    during an outage (its run went ahead) is sent by ``claim_late`` without ``WAIT``,
+    and stays: sent again it would find its own first copy live. Without the setting
+    the store is the plain one (nothing waited for on its path)."""
+    from celery_debounce import DebounceAdmin
+    from celery_debounce.settings import settings_for
+    from celery_debounce.store import NotReplicated, WaitedStore, WindowStore, store_for
+
+    app = make_app(redis_server)  # the call itself is not waited for
+
+    @app.task(base=DebouncedTask, shared=False, name="wc.late", debounce="1h",
+              debounce_key="k", debounce_max_wait="1h")
+    def work() -> None:
+        pass
+
+    task_id = work.delay().id
+    DebounceAdmin(app).flush("wc.late", "k")
+    assert type(store_for(app)) is WindowStore
+    store = WindowStore(settings_for(make_app(
+        redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0)))
+    assert type(store) is WaitedStore
+    record = f"debounce:{{0}}:win:{task_id}"
+    with pytest.raises(NotReplicated):
+        store.claim(0, task_id, "wc.late")
+    assert redis_client.hget(record, "st") == b"dispatching"  # undone
+    assert store.claim_late(0, task_id, "wc.late") == ("dispatching", True)
+    assert redis_client.hget(record, "st") == b"claimed"  # kept, not undone
+    assert redis_client.zscore("debounce:{0}:claims", task_id) is not None
