@@ -116,21 +116,35 @@ function codePoints(text: string): number {
   return n;
 }
 
-/** Everything a call sends to the gate, with every check made first (nothing is sent on
- * an error): the vectors of contract/vectors.json are checked against this. */
-export function prepare(task: string, call: Call, options: DebounceOptions,
-                        clusterClient = false): PreparedCall {
-  if (options === null || typeof options !== "object") {
-    throw new DebounceConfigError("options: expected an object with debounce and maxWait");
-  }
-  for (const name of Object.keys(options)) {
-    if (!KNOWN.includes(name)) {
-      const close = [...KNOWN].sort((a, b) => distance(name, a) - distance(name, b))[0];
-      throw new DebounceConfigError(
-        `${name}=${JSON.stringify((options as unknown as Record<string, unknown>)[name])}: unknown ` +
-        `option; did you mean '${close}'?`);
-    }
-  }
+/** What a call derives from its task and options alone: made once per (options object,
+ * task, client kind), and made again whenever one of the options' values changed. */
+interface Plan {
+  task: string;
+  clusterClient: boolean;
+  /** The options' values it was made from, in KNOWN's order. */
+  values: unknown[];
+  template: KeyTemplate | undefined;
+  prefix: string;
+  shards: number;
+  cluster: boolean;
+  maxKeyLength: number;
+  maxPayloadBytes: number;
+  timeoutMs: number;
+  /** ARGV 2..4: window ms, max wait ms, `<version>:<replace>`. */
+  windowText: string;
+  maxWaitText: string;
+  versionReplace: string;
+  /** `<UTF-8 bytes of task>:<task>:`, or undefined for a task name that is not valid Unicode. */
+  identHead: string | undefined;
+  /** Per shard: the open key's start and the due key. */
+  shardKeys: ([string, string] | undefined)[];
+}
+
+const KNOWN_NAMES = new Set(KNOWN);
+const plans = new WeakMap<object, Plan>();
+
+function makePlan(task: string, options: DebounceOptions, clusterClient: boolean,
+                  values: unknown[]): Plan {
   const prefix = options.prefix ?? "debounce";
   if (typeof prefix !== "string" || !prefix || /[{}]/.test(prefix)) {
     throw new DebounceConfigError(`prefix=${JSON.stringify(prefix)}: expected a non-empty string without braces`);
@@ -168,6 +182,49 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   if (typeof replace !== "boolean") {
     throw new DebounceConfigError(`replacePayload=${JSON.stringify(replace)}: expected true or false`);
   }
+  let identHead: string | undefined;
+  try {
+    identHead = windowIdent(task, "");
+  } catch {
+    identHead = undefined;  // refused per call, after the checks of the call's arguments
+  }
+  return {
+    task, clusterClient, values, template, prefix, shards, cluster, maxKeyLength,
+    maxPayloadBytes, timeoutMs, windowText: String(windowMs), maxWaitText: String(maxWaitMs),
+    versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`, identHead, shardKeys: [],
+  };
+}
+
+/** The plan of (task, options), checked anew only when an option's value changed. */
+function planOf(task: string, options: DebounceOptions, clusterClient: boolean): Plan {
+  const record = options as unknown as Record<string, unknown>;
+  for (const name of Object.keys(options)) {
+    if (!KNOWN_NAMES.has(name)) {
+      const close = [...KNOWN].sort((a, b) => distance(name, a) - distance(name, b))[0];
+      throw new DebounceConfigError(
+        `${name}=${JSON.stringify(record[name])}: unknown option; did you mean '${close}'?`);
+    }
+  }
+  const known = plans.get(options);
+  if (known !== undefined && known.task === task && known.clusterClient === clusterClient) {
+    let same = true;
+    for (let i = 0; i < KNOWN.length && same; i++) same = record[KNOWN[i]] === known.values[i];
+    if (same) return known;
+  }
+  const plan = makePlan(task, options, clusterClient, KNOWN.map((name) => record[name]));
+  plans.set(options, plan);
+  return plan;
+}
+
+/** Everything a call sends to the gate, with every check made first (nothing is sent on
+ * an error): the vectors of contract/vectors.json are checked against this. */
+export function prepare(task: string, call: Call, options: DebounceOptions,
+                        clusterClient = false): PreparedCall {
+  if (options === null || typeof options !== "object") {
+    throw new DebounceConfigError("options: expected an object with debounce and maxWait");
+  }
+  const plan = planOf(task, options, clusterClient);
+  const template = plan.template;
   const args = call?.args ?? [];
   const kwargs = call?.kwargs ?? {};
   if (!Array.isArray(args)) throw new DebounceConfigError("args: task args must be an array");
@@ -176,26 +233,30 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   }
   let key = template ? resolveTemplate(template, args, kwargs) : "";
   const body = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}, {}]`;
-  if (body.length > maxPayloadBytes) {  // the body is ASCII: characters are bytes
+  if (body.length > plan.maxPayloadBytes) {  // the body is ASCII: characters are bytes
     throw new DebouncePayloadError(
-      `${task}: arguments serialize to ${body.length} bytes, above maxPayloadBytes=${maxPayloadBytes}`);
+      `${task}: arguments serialize to ${body.length} bytes, above maxPayloadBytes=${plan.maxPayloadBytes}`);
   }
   if (!template) key = "args:" + blake2bHex(Buffer.from(pyJson([args, kwargs], true), "ascii"));
-  const length = codePoints(key);
-  if (length > maxKeyLength) {
+  // a string has at most as many code points as UTF-16 units: count them only when over
+  const length = key.length > plan.maxKeyLength ? codePoints(key) : key.length;
+  if (length > plan.maxKeyLength) {
     throw new DebounceKeyError(
       `key resolved to ${length} characters (${JSON.stringify(key.slice(0, 40))}...), above ` +
-      `maxKeyLength=${maxKeyLength}`);
+      `maxKeyLength=${plan.maxKeyLength}`);
   }
-  const ident = windowIdent(task, key);
-  const shard = shardOf(ident, shards);
-  const tag = shardTag(prefix, shard, shards, cluster);
+  const ident = plan.identHead === undefined ? windowIdent(task, key) : plan.identHead + key;
+  const shard = shardOf(ident, plan.shards);
+  let keys = plan.shardKeys[shard];
+  if (keys === undefined) {
+    const tag = shardTag(plan.prefix, shard, plan.shards, plan.cluster);
+    keys = plan.shardKeys[shard] = [`${tag}:open:`, `${tag}:due`];
+  }
   return {
-    task, key, ident, shard, body, timeoutMs,
-    keys: [`${tag}:open:${ident}`, `${tag}:due`],
+    task, key, ident, shard, body, timeoutMs: plan.timeoutMs,
+    keys: [keys[0] + ident, keys[1]],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
-    argv: [randomUUID(), String(windowMs), String(maxWaitMs),
-      `${CONTRACT_VERSION}:${replace ? "1" : "0"}`, "", body, ""],
+    argv: [randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body, ""],
   };
 }
 
@@ -207,6 +268,8 @@ const PLAIN: Script = { text: GATE_SCRIPT, sha: sha1(GATE_SCRIPT) };
 const SHARDED_TEXT = GATE_SCRIPT.replace("local SHARDED_WAKE = false", "local SHARDED_WAKE = true");
 const SHARDED: Script = { text: SHARDED_TEXT, sha: sha1(SHARDED_TEXT) };
 const scriptOf = new WeakMap<object, Promise<Script>>();
+/** The scripts of scriptOf once known, so that a call need not wait for them. */
+const scriptKnown = new WeakMap<object, Script>();
 
 function isCluster(redis: Client): redis is Cluster {
   return (redis as { isCluster?: boolean }).isCluster === true;
@@ -224,8 +287,11 @@ function scriptFor(redis: Client): Promise<Script> {
         const infos = await Promise.all(masters.map((node) => node.info("server")));
         const sharded = masters.length > 0 && infos.every(
           (info) => Number(/redis_version:(\d+)/.exec(info)?.[1] ?? "0") >= 7);
-        return sharded ? SHARDED : PLAIN;
+        const script = sharded ? SHARDED : PLAIN;
+        scriptKnown.set(redis, script);
+        return script;
       } catch {
+        scriptKnown.set(redis, PLAIN);
         return PLAIN;
       }
     })();
@@ -352,9 +418,15 @@ function translate(exc: unknown, task: string): Error {
 }
 
 /** Send one call through the gate: open the window of (task, key) or join it. */
-export async function gate(redis: Client, task: string, call: Call,
-                           options: DebounceOptions): Promise<GateResult> {
-  return sendGate(redis, prepare(task, call, options, isCluster(redis)));
+export function gate(redis: Client, task: string, call: Call,
+                     options: DebounceOptions): Promise<GateResult> {
+  let prepared: PreparedCall;
+  try {
+    prepared = prepare(task, call, options, isCluster(redis));
+  } catch (exc) {
+    return Promise.reject(exc);  // a refusal rejects, as from an async function
+  }
+  return sendGate(redis, prepared);
 }
 
 /** One EVALSHA of the gate for a prepared call, on the client's gate connection (see
@@ -367,8 +439,9 @@ export async function sendGate(redis: Client, prepared: PreparedCall): Promise<G
   try {
     if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
     const conn = gateConnection(redis);
-    await whenReady(conn, ms);
-    const script = await scriptFor(conn);
+    // a ready connection and a known script are used at once, without a turn of the loop
+    if (conn.status !== "ready") await whenReady(conn, ms);
+    const script = isCluster(conn) ? scriptKnown.get(conn) ?? await scriptFor(conn) : PLAIN;
     const run = (): Promise<unknown> =>
       once(conn, conn.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv), ms);
     try {
@@ -391,6 +464,8 @@ export async function sendGate(redis: Client, prepared: PreparedCall): Promise<G
   };
 }
 
+const taskIdOf = (result: GateResult): string => result.taskId;
+
 /**
  * Debounce one call of the Celery task `task`: resolves to the window's task id (every
  * call of one window gets the same id; the Python dispatcher publishes it when due).
@@ -398,7 +473,8 @@ export async function sendGate(redis: Client, prepared: PreparedCall): Promise<G
  *     await debounce(redis, "proj.build_report", { args: ["u1"] },
  *                    { debounce: "5m", key: "report:{0}", maxWait: "30m" })
  */
-export async function debounce(redis: Client, task: string, call: Call,
-                               options: DebounceOptions): Promise<string> {
-  return (await gate(redis, task, call, options)).taskId;
+export function debounce(redis: Client, task: string, call: Call,
+                         options: DebounceOptions): Promise<string> {
+  return gate(redis, task, call, options).then(taskIdOf);
 }
+

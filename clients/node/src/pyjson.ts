@@ -80,37 +80,63 @@ export function byCodePoint(a: string, b: string): number {
   return x.length - y.length;
 }
 
-/** ``json.dumps(value)`` (``compact``: separators ',' ':' and sorted keys, the digest's form). */
-export function pyJson(value: unknown, compact: boolean, where = "the call", seen = new Set<object>()): string {
+type Path = (string | number)[];
+
+/** The error message's name of the value at `path` under `root` (built only on an error). */
+function whereOf(root: string, path: Path): string {
+  let out = root;
+  for (const step of path) out += typeof step === "number" ? `[${step}]` : `[${JSON.stringify(step)}]`;
+  return out;
+}
+
+function encode(value: unknown, compact: boolean, root: string, path: Path, seen: object[]): string {
   if (value === null) return "null";
   switch (typeof value) {
     case "boolean": return value ? "true" : "false";
-    case "number": return pyNumber(value, where);
+    case "number": return Number.isSafeInteger(value) ? String(value) : pyNumber(value, whereOf(root, path));
     case "bigint": return value.toString();
     case "string": return pyString(value);
     case "object": break;
     default:
-      throw new DebounceEncodeError(`${where} is ${typeof value}: not JSON`);
+      throw new DebounceEncodeError(`${whereOf(root, path)} is ${typeof value}: not JSON`);
   }
   const obj = value as object;
-  if (seen.has(obj)) throw new DebounceEncodeError(`${where} refers to itself`);
-  seen.add(obj);
+  if (seen.includes(obj)) throw new DebounceEncodeError(`${whereOf(root, path)} refers to itself`);
+  seen.push(obj);
+  const comma = compact ? "," : ", ";
   let out: string;
   if (Array.isArray(obj)) {
-    const items = obj.map((v, i) => pyJson(v, compact, `${where}[${i}]`, seen));
-    out = `[${items.join(compact ? "," : ", ")}]`;
+    out = "[";
+    for (let i = 0; i < obj.length; i++) {
+      path.push(i);
+      out += (i ? comma : "") + encode(obj[i], compact, root, path, seen);
+      path.pop();
+    }
+    out += "]";
   } else if (isPlainObject(obj)) {
     const keys = Object.keys(obj);
     if (compact) keys.sort(byCodePoint);
     const record = obj as Record<string, unknown>;
-    const items = keys.map((k) => `${pyString(k)}${compact ? ":" : ": "}${
-      pyJson(record[k], compact, `${where}[${JSON.stringify(k)}]`, seen)}`);
-    out = `{${items.join(compact ? "," : ", ")}}`;
+    const colon = compact ? ":" : ": ";
+    out = "{";
+    for (let i = 0; i < keys.length; i++) {
+      const k = keys[i];
+      path.push(k);
+      out += (i ? comma : "") + pyString(k) + colon + encode(record[k], compact, root, path, seen);
+      path.pop();
+    }
+    out += "}";
   } else {
     throw new DebounceEncodeError(
-      `${where} is a ${obj.constructor?.name ?? "object"}: only plain objects, arrays, strings, ` +
-      "numbers, bigints, booleans and null can be sent (as the Python side encodes JSON)");
+      `${whereOf(root, path)} is a ${obj.constructor?.name ?? "object"}: only plain objects, arrays, ` +
+      "strings, numbers, bigints, booleans and null can be sent (as the Python side encodes JSON)");
   }
-  seen.delete(obj);
+  seen.pop();
   return out;
+}
+
+/** ``json.dumps(value)`` (``compact``: separators ',' ':' and sorted keys, the digest's form);
+ * `where` names the value in an error message. */
+export function pyJson(value: unknown, compact: boolean, where = "the call"): string {
+  return encode(value, compact, where, [], []);
 }

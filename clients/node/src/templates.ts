@@ -6,7 +6,12 @@ interface Placeholder { head: string | number; path: string[]; text: string }
 type Part = string | Placeholder;
 
 /** A parsed `key` template. */
-export interface KeyTemplate { source: string; parts: Part[] }
+export interface KeyTemplate {
+  source: string;
+  parts: Part[];
+  /** `source` as error messages show it (JSON). */
+  shown: string;
+}
 
 const FIELD = /^(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)$/;
 const SUBKEY = /^[^.{}[\]!:]+$/;
@@ -45,7 +50,7 @@ export function parseTemplate(source: unknown, option = "key"): KeyTemplate {
     } else { literal += ch; i += 1; }
   }
   if (literal) parts.push(literal);
-  const template = { source, parts };
+  const template = { source, parts, shown };
   if (cache.size > 1024) cache.clear();
   cache.set(source, template);
   return template;
@@ -74,11 +79,16 @@ export function scalarText(value: unknown, where: string): string | undefined {
   }
 }
 
+/** The placeholder's head and its first `depth` fields, as an error message names them. */
+function walkedTo(part: Placeholder, depth: number): string {
+  return [part.head, ...part.path.slice(0, depth)].join(".");
+}
+
 /** Resolve `template` against a call's `args` and `kwargs`; a DebounceKeyError when a
  * placeholder resolves to nothing (nothing is written). */
 export function resolveTemplate(template: KeyTemplate, args: readonly unknown[],
                                 kwargs: Record<string, unknown>): string {
-  const src = JSON.stringify(template.source);
+  const src = template.shown;
   let out = "";
   for (const part of template.parts) {
     if (typeof part === "string") { out += part; continue; }
@@ -98,19 +108,18 @@ export function resolveTemplate(template: KeyTemplate, args: readonly unknown[],
       }
       value = kwargs[part.head];
     }
-    let walked = String(part.head);
-    for (const field of part.path) {
+    for (let depth = 0; depth < part.path.length; depth++) {
+      const field = part.path[depth];
       if (!isMapping(value)) {
         throw new DebounceKeyError(
-          `key ${src}: {${part.text}} needs '${walked}' to be an object, got ${typeName(value)}`);
+          `key ${src}: {${part.text}} needs '${walkedTo(part, depth)}' to be an object, got ${typeName(value)}`);
       }
       if (!Object.prototype.hasOwnProperty.call(value, field)) {
-        throw new DebounceKeyError(`key ${src}: {${part.text}}: '${walked}' has no key '${field}'`);
+        throw new DebounceKeyError(`key ${src}: {${part.text}}: '${walkedTo(part, depth)}' has no key '${field}'`);
       }
       value = value[field];
-      walked = `${walked}.${field}`;
     }
-    const text = scalarText(value, `key ${src}: {${part.text}}`);
+    const text = typeof value === "string" ? value : scalarText(value, `key ${src}: {${part.text}}`);
     if (text === undefined) {
       throw new DebounceKeyError(
         `key ${src}: {${part.text}} resolved to ${typeName(value)}; a key needs a string, ` +
