@@ -7,6 +7,7 @@ Each test works in a schema of its own (``search_path``), so they share one serv
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -18,10 +19,12 @@ import pytest
 from pg_proxy import PgProxy
 from psycopg.conninfo import make_conninfo
 
+from celery_debounce.aliases import FixedId
 from celery_debounce.call import PreparedCall
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.options import DebounceSpec
-from celery_debounce.store.domain import OutcomeUnknown
+from celery_debounce.store.codec import GateResult
+from celery_debounce.store.domain import OutcomeUnknown, ReplaceRefused
 from celery_debounce.store.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -129,14 +132,51 @@ def test_a_window_shorter_than_the_ceiling_opens_at_the_ceiling(store: PostgresS
     assert opened.deadline_ms == opened.now_ms + 100
 
 
-def test_a_join_replaces_the_payload_only_with_replace(store: PostgresStore) -> None:
-    store.gate(call("a:k", window_ms=0, payload=b"first"))
-    store.gate(call("a:k", window_ms=0, payload=b"second"))
-    store.gate(call("b:k", window_ms=0, payload=b"first", replace=True))
-    store.gate(call("b:k", window_ms=0, payload=b"second", replace=True))
+def test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays(
+        store: PostgresStore, database: str) -> None:
+    opener = b'[["first"], {"n": 1}, {"callbacks": [{"task": "cb"}], "chain": null}]'
+    joiner = b'[["second"], {"n": 2}, {"callbacks": [{"task": "other"}]}]'
+    store.gate(call("a:k", window_ms=0, payload=opener))
+    store.gate(call("a:k", window_ms=0, payload=joiner))
+    store.gate(call("b:k", window_ms=0, payload=opener, replace=True))
+    store.gate(call("b:k", window_ms=0, payload=joiner, replace=True))
+    with pytest.raises(ReplaceRefused, match="not a JSON"):  # nothing written
+        store.gate(call("b:k", window_ms=0, payload=b"not json", replace=True))
     taken = {w.ident: w for w in store.take(0, 10).windows}
-    assert taken["a:k"].payload == b"first" and taken["a:k"].calls == 2
-    assert taken["b:k"].payload == b"second" and taken["b:k"].calls == 2
+    assert taken["a:k"].payload == opener and taken["a:k"].calls == 2
+    assert json.loads(taken["b:k"].payload) == [
+        ["second"], {"n": 2}, {"callbacks": [{"task": "cb"}], "chain": None}]
+    assert taken["b:k"].calls == 2
+
+
+def test_a_replacing_join_of_a_body_that_is_not_json_needs_the_openers_embed(
+        store: PostgresStore) -> None:
+    def pickled(payload: bytes, embed: str) -> PreparedCall:
+        made = call("p:k", window_ms=0, payload=payload, replace=True)
+        return made._replace(content_type="application/x-python-serialize",
+                             embed_json=embed)
+
+    store.gate(pickled(b"opener", '{"callbacks": [1]}'))
+    store.gate(pickled(b"same embed", '{"callbacks": [1]}'))
+    with pytest.raises(ReplaceRefused, match="link/link_error"):
+        store.gate(pickled(b"other embed", "{}"))
+    with pytest.raises(ReplaceRefused, match="content type"):
+        store.gate(call("p:k", window_ms=0, replace=True))
+    (taken,) = store.take(0, 10).windows
+    assert (taken.payload, taken.calls) == (b"same embed", 2)
+
+
+def test_a_fixed_id_in_use_is_never_reused_even_by_racing_calls(
+        store: PostgresStore) -> None:
+    def fixed(ident: str) -> GateResult:
+        return store.gate(call(ident)._replace(task_id="A"),
+                          FixedId("A", '{"id": "A"}', False))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(fixed, [f"t:{i}" for i in range(16)]))
+    assert [r.task_id for r in results].count("A") == 1
+    assert len({r.task_id for r in results}) == 16 and all(r.opened for r in results)
+    assert fixed("t:0").task_id == results[0].task_id  # a join of its own window
 
 
 def test_a_taken_window_is_never_joined_a_later_call_opens_a_new_one(

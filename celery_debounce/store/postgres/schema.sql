@@ -39,13 +39,17 @@ CREATE TABLE debounce_open (
     exclusive boolean NOT NULL DEFAULT false,
     held_since timestamptz,
     -- the callers' fixed ids recorded on the window (aliases.py's JSON texts)
-    aliases text[] NOT NULL DEFAULT '{}'
+    aliases text[] NOT NULL DEFAULT '{}',
+    -- a body that is not JSON: the opener's protocol-2 embed as JSON (a replacing join
+    -- of another embed cannot take the body apart from it: refused)
+    embed text
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
 CREATE INDEX debounce_open_due ON debounce_open (deadline);
--- a fixed id already in use is never reused (debounce_gate)
-CREATE INDEX debounce_open_task_id ON debounce_open (task_id);
+-- a fixed id already in use is never reused (debounce_gate); unique, so that two calls
+-- racing to open windows of two idents under one fixed id cannot both get it
+CREATE UNIQUE INDEX debounce_open_task_id ON debounce_open (task_id);
 
 CREATE TABLE debounce_taken (
     task_id text PRIMARY KEY,
@@ -131,11 +135,60 @@ LANGUAGE sql AS $$
     RETURNING n.*
 $$;
 
+-- The body a replacing join stores: the call's arguments with the window's embed
+-- (callbacks, errbacks, chain, chord: the opener's, never a joiner's). JSON: the call's
+-- [args, kwargs] with the window's third element. Another content type: the call's body
+-- when its embed is the window's. Otherwise refused (DBR01), as is a call of another
+-- content type than the window's: a window runs with its opener's serializer.
+CREATE FUNCTION debounce_replacement(
+    p_task_id text, p_window_ct text, p_window_payload bytea, p_window_embed text,
+    p_ct text, p_payload bytea, p_embed text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_mine json;
+    v_theirs json;
+BEGIN
+    IF p_window_ct <> p_ct THEN
+        RETURN debounce_refuse('DBR01', format(
+            'window %s was opened with content type %s, this call has %s: a window runs '
+            'with its opener''s serializer; call with the same serializer',
+            p_task_id, p_window_ct, p_ct), NULL::bytea);
+    END IF;
+    IF p_ct IN ('', 'application/json') THEN
+        BEGIN
+            v_mine := convert_from(p_payload, 'UTF8')::json;
+            v_theirs := convert_from(p_window_payload, 'UTF8')::json;
+        EXCEPTION WHEN data_exception OR invalid_text_representation THEN
+            v_mine := NULL;
+        END;
+        IF v_mine IS NULL OR json_typeof(v_mine) <> 'array'
+                OR json_array_length(v_mine) < 2 THEN
+            RETURN debounce_refuse('DBR01', format(
+                'window %s cannot take this call''s body: not a JSON [args, kwargs, embed]',
+                p_task_id), NULL::bytea);
+        END IF;
+        IF json_typeof(v_theirs) <> 'array' OR json_array_length(v_theirs) < 3 THEN
+            RETURN p_payload;  -- no embed to keep
+        END IF;
+        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_theirs -> 2)::text,
+                          'UTF8');
+    END IF;
+    IF p_window_embed IS NULL OR p_window_embed = coalesce(p_embed, '') THEN
+        RETURN p_payload;
+    END IF;
+    RETURN debounce_refuse('DBR01', format(
+        'window %s was opened with other link/link_error/chain/chord options, and a %s '
+        'body cannot take this call''s arguments apart from them; call with the opener''s '
+        'options, or with serializer=''json''', p_task_id, p_ct), NULL::bytea);
+END
+$$;
+
 -- One call: open the ident's window, or join the open one. Atomic for racing callers on
 -- one ident (INSERT ... ON CONFLICT DO UPDATE). The deadline is
 -- least(now + window, first seen + max wait): never past the opener's ceiling. A join
--- counts the call and, with p_replace, replaces the payload (a call of another content
--- type is refused with DBR01, nothing written); the opener's options stay.
+-- counts the call and, with p_replace, replaces the arguments (debounce_replacement:
+-- the opener's embed and serializer stay, or DBR01, nothing written); the opener's
+-- options stay. p_embed: a body that is not JSON, its embed as JSON.
 -- The call that reaches the window's cap (p_max_calls, the opener's) closes it.
 -- A fixed id (p_alias, its JSON, not NULL) opens the window under p_task_id unless that
 -- id is in use (then under p_fallback_id); joining, it is recorded as an alias (at most
@@ -145,7 +198,7 @@ CREATE FUNCTION debounce_gate(
     p_ident text, p_task_id text, p_window_ms bigint, p_max_wait_ms bigint,
     p_content_type text, p_payload bytea, p_options_json text, p_replace boolean,
     p_exclusive boolean, p_max_calls integer, p_alias text, p_fallback_id text,
-    p_canvas boolean, p_max_aliases integer)
+    p_canvas boolean, p_max_aliases integer, p_embed text)
 RETURNS TABLE (task_id text, opened boolean, deadline_ms bigint, calls integer,
                now_ms bigint)
 LANGUAGE plpgsql AS $$
@@ -155,6 +208,11 @@ DECLARE
     v_id text := p_task_id;
     v_row record;
 BEGIN
+    IF p_alias IS NOT NULL THEN
+        -- calls opening under one fixed id are serialized, so that the second one sees
+        -- the first one's window (the unique index stands behind it)
+        PERFORM pg_advisory_xact_lock(hashtext(p_task_id));
+    END IF;
     IF p_alias IS NOT NULL AND (
             EXISTS (SELECT 1 FROM debounce_taken t WHERE t.task_id = p_task_id)
             OR EXISTS (SELECT 1 FROM debounce_open o
@@ -163,7 +221,7 @@ BEGIN
     END IF;
     INSERT INTO debounce_open AS w (ident, task_id, first_seen, deadline, max_wait_ms,
                                     calls, content_type, payload, options_json, max_calls,
-                                    capped, exclusive, aliases)
+                                    capped, exclusive, aliases, embed)
     VALUES (p_ident, v_id, v_now,
             CASE WHEN p_max_calls <= 1 THEN v_now
                  ELSE v_now + least(p_window_ms, p_max_wait_ms) * interval '1 millisecond'
@@ -171,7 +229,7 @@ BEGIN
             p_max_wait_ms, 1, p_content_type, p_payload, p_options_json, p_max_calls,
             coalesce(p_max_calls <= 1, false), p_exclusive,
             CASE WHEN p_alias IS NOT NULL AND (p_canvas OR v_id <> p_task_id)
-                 THEN ARRAY[p_alias] ELSE '{}'::text[] END)
+                 THEN ARRAY[p_alias] ELSE '{}'::text[] END, nullif(p_embed, ''))
     ON CONFLICT (ident) DO UPDATE SET
         deadline = CASE WHEN w.calls + 1 >= w.max_calls THEN v_now
                         ELSE least(v_now + p_window_ms * interval '1 millisecond',
@@ -179,14 +237,10 @@ BEGIN
                    END,
         calls = w.calls + 1,
         capped = coalesce(w.calls + 1 >= w.max_calls, false),
-        content_type = CASE
-            WHEN p_replace AND w.content_type <> excluded.content_type THEN debounce_refuse(
-                'DBR01', format('window %s was opened with content type %s, this call '
-                                'has %s: a window runs with its opener''s serializer; '
-                                'call with the same serializer', w.task_id,
-                                w.content_type, excluded.content_type), NULL::text)
-            ELSE w.content_type END,
-        payload = CASE WHEN p_replace THEN excluded.payload ELSE w.payload END,
+        payload = CASE WHEN p_replace THEN debounce_replacement(
+                           w.task_id, w.content_type, w.payload, w.embed,
+                           excluded.content_type, excluded.payload, p_embed)
+                       ELSE w.payload END,
         aliases = CASE
             WHEN p_alias IS NULL OR w.task_id = p_task_id THEN w.aliases
             WHEN cardinality(w.aliases) >= p_max_aliases THEN debounce_refuse(

@@ -70,7 +70,7 @@ LINK_DEFAULTS: dict[str, object] = {
 }
 
 _GATE = ("SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-         "%s)")
+         "%s, %s)")
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
@@ -92,7 +92,7 @@ _LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - 
              "FROM debounce_taken WHERE task_id = %s")
 
 #: SQLSTATEs of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
-#: most aliases; a replacing join of another content type.
+#: most aliases; a replacing join the window's message cannot take.
 ALIASES_FULL = "DBA01"
 REPLACE_REFUSED = "DBR01"
 
@@ -237,7 +237,7 @@ class PostgresStore:
         params = (call.ident, call.task_id, spec.window_ms, spec.max_wait_ms,
                   call.content_type, call.payload, call.options_json, spec.replace_payload,
                   spec.exclusive, spec.max_calls, alias, fallback,
-                  fixed is not None and fixed.canvas, MAX_ALIASES)
+                  fixed is not None and fixed.canvas, MAX_ALIASES, call.embed_json)
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
         task_id, opened, deadline_ms, calls, now_ms = row
