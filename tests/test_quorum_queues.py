@@ -9,7 +9,11 @@ with requeue and a consumer whose connection closed both count.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,8 +21,9 @@ import pytest
 import redis
 from celery import Celery
 from celery.exceptions import Reject
-from helpers import make_app, running_worker, wait_until
+from helpers import make_app, running_worker, stop_process, wait_until
 from kombu import Connection, Exchange, Queue
+from quorum_app import build
 from rabbitmq_node import RabbitNode
 
 from celery_debounce import DebouncedTask
@@ -27,6 +32,7 @@ from celery_debounce.deliveries import DeliveryLimitReached, delivery_limit, dro
 pytestmark = pytest.mark.rabbitmq
 
 LIMIT = 2
+TESTS = Path(__file__).parent
 
 
 @pytest.fixture
@@ -134,3 +140,38 @@ def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_k
         assert record[b"st"] == b"finished" and record[b"rs"] == b"FAILURE"
         assert not redis_client.exists(f"debounce:{{0}}:run:{record[b'i'].decode()}")
         assert reject.delay("k", ok=True).get(timeout=30) == "k"
+
+
+def test_a_pool_child_lost_on_the_last_delivery_resolves_its_window(
+    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, tmp_path: Path,
+) -> None:
+    """The same with a prefork child that dies mid-run on every delivery
+    (``acks_late``, ``task_reject_on_worker_lost``: the worker's main process puts the
+    message back each time): on the last delivery the main process finishes the window
+    as FAILURE (``DeliveryLimitReached``) instead of ending the claim for a delivery
+    that never comes."""
+    qname = f"qq-{uuid.uuid4().hex[:10]}"
+    key = f"lost-{qname}"
+    app = build(redis_server, rabbit.url, qname, LIMIT)
+    call = app.tasks["quorum.lost"].delay(key)
+    path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent),
+                                         os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, QUORUM_REDIS=redis_server, QUORUM_BROKER=rabbit.url,
+               QUORUM_QUEUE=qname, QUORUM_LIMIT=str(LIMIT), PYTHONPATH=path)
+    log = tmp_path / "worker.log"
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "quorum_app", "worker", "--pool", "prefork",
+             "--concurrency", "1", "--loglevel", "INFO", "-n", "quorum@%h",
+             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with pytest.raises(DeliveryLimitReached):
+            app.AsyncResult(call.id).get(timeout=90)
+    finally:
+        stop_process(worker)
+    counts = [r.decode().split()[0] for r in redis_client.lrange(f"runs:{key}", 0, -1)]
+    assert counts == ["None", "1", "2"], log.read_text()
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
+    assert (record[b"st"], record[b"rs"]) == (b"finished", b"FAILURE")
+    assert not redis_client.exists(f"debounce:{{0}}:run:{record[b'i'].decode()}")
