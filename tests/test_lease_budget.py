@@ -137,12 +137,12 @@ def test_a_failed_renewal_costs_one_timeout_not_two(
     store = store_for(app)
     claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": now_ms(redis_client) + 60_000})
-    store.renew({claims: ["t1"]})  # connected, and the script loaded
+    store.renew_claims({0: ["t1"]})  # connected, and the script loaded
     fault_proxy.silence(10)
     for attempt in ("on its connection", "connecting again"):
         started = time.monotonic()
         with pytest.raises(DebounceBackendError):
-            store.renew({claims: ["t1"]})
+            store.renew_claims({0: ["t1"]})
         assert 1.0 <= time.monotonic() - started < 1.8, attempt
     with blackhole() as port:  # a connection that never completes (SYN dropped)
         app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{port}/0",
@@ -150,7 +150,7 @@ def test_a_failed_renewal_costs_one_timeout_not_two(
         unreachable = store_for(app)
         started = time.monotonic()
         with pytest.raises(DebounceBackendError):
-            unreachable.renew({claims: ["t1"]})
+            unreachable.renew_claims({0: ["t1"]})
         assert 1.0 <= time.monotonic() - started < 1.8, "connecting"
 
 
@@ -257,13 +257,13 @@ def test_a_forked_child_renews_on_a_connection_of_its_own(
     store = store_for(app)
     claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": 1})
-    store.renew({claims: ["t1"]})
+    store.renew_claims({0: ["t1"]})
     link = store.transport.__dict__["_renewal"]
     with link.lock:  # the parent's renewal thread mid-send
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             redis_client.zadd(claims, {"t1": 1})
-            store.renew({claims: ["t1"]})
+            store.renew_claims({0: ["t1"]})
             os._exit(0)
     deadline = time.monotonic() + 10
     while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
@@ -324,5 +324,5 @@ def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
         master = redis.Redis(port=group.master_port())
         claims = claims_key(store.tag(0))
         master.zadd(claims, {"t1": 1})
-        store.renew({claims: ["t1"]})
+        store.renew_claims({0: ["t1"]})
         assert (master.zscore(claims, "t1") or 0) > now_ms(master)

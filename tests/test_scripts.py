@@ -124,7 +124,7 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
     claims = claims_key(backend.tag(0))
     for _ in range(4):  # 1.2 s of renewals every 0.3 s: still claimed
         time.sleep(0.3)
-        backend.renew({claims: [first.task_id, "never-claimed"]})
+        backend.renew_claims({0: [first.task_id, "never-claimed"]})
         backend.take(0, 10)
     assert backend.client.hget(keys[0], "st") == b"claimed"
     assert backend.client.zscore(claims, "never-claimed") is None  # XX: not created
@@ -133,7 +133,7 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
                backend.client.hget(keys[0], "st") == b"stale", timeout=3)
     assert backend.client.zscore(f"{tag}:active", first.task_id) is None
     assert not backend.client.exists(claims)
-    backend.renew({claims: [first.task_id]})  # a late renewal brings nothing back
+    backend.renew_claims({0: [first.task_id]})  # a late renewal brings nothing back
     assert not backend.client.exists(claims)
     # a redelivery of the stale window runs (at least once for a run that died)
     before, _, run = backend.run("claim", keys, _claim(backend, first.task_id))

@@ -315,7 +315,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         again, it would find its own first copy live and mark a duplicate)."""
         return WindowStore.claim(self, shard, task_id, task_name, retry)
 
-    def renew(self, held: dict[str, list[str]]) -> None:
+    def _renew(self, held: dict[str, list[str]]) -> None:
         """Renew the claims ``held`` (claims key -> task ids) for one claim lease: one
         pipelined round trip (one ``EVALSHA`` per claims key; per node on a cluster)."""
         script = self.scripts["renew"]

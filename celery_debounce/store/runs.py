@@ -34,7 +34,7 @@ class RunOps:
         def tag(self, shard: Shard) -> str: ...
         def _record_keys(self, shard: Shard, task_id: str) -> list[str]: ...
         def _finish_args(self, task_id: str, state: str) -> list[Any]: ...
-        def renew(self, held: dict[str, list[str]]) -> None: ...
+        def _renew(self, held: dict[str, list[str]]) -> None: ...
 
     def finish_run(self, shard: Shard, task_id: str, state: str) -> FinishResult:
         """Mark the run's window finished with Celery ``state`` (``finish.lua``,
@@ -50,7 +50,7 @@ class RunOps:
         for shard, task_ids in held.items():
             by_key.setdefault(claims_key(self.tag(shard)), []).extend(task_ids)
         if by_key:
-            self.renew(by_key)
+            self._renew(by_key)
 
     def end_claim(self, shard: Shard, task_id: str) -> None:
         """End the run's claim now (its lease expires at once, ``renew.lua`` with a lease
