@@ -57,6 +57,11 @@ from .errors import CancelOutcomeUnknown, translate_errors
 from .server import maxmemory_policy
 from .transport import Transport
 
+#: Redis commands :meth:`Operators.snapshot` sends per shard.
+SNAPSHOT_COMMANDS = 13
+#: Held windows a snapshot lists (the longest held first); the others are counted.
+HELD_LISTED = 8
+
 
 class Operators(DoctorOps):
     """Operations of :class:`~celery_debounce.store.WindowStore` for ``celery debounce``
@@ -299,10 +304,18 @@ class Operators(DoctorOps):
         return (now_ms, [(as_text(n), int(ms)) for n, ms in alive],
                 [(as_text(n), int(ms)) for n, ms in stopped])
 
-    #: Redis commands :meth:`snapshot` sends per shard.
-    SNAPSHOT_COMMANDS = 13
-    #: Held windows a snapshot lists (the longest held first); the others are counted.
-    HELD_LISTED = 8
+    SNAPSHOT_COMMANDS = SNAPSHOT_COMMANDS  # (read as class attributes by older callers)
+    HELD_LISTED = HELD_LISTED
+
+    @property
+    def snapshot_commands(self) -> int:
+        """Redis commands :meth:`snapshot` sends per shard."""
+        return SNAPSHOT_COMMANDS
+
+    @property
+    def held_listed(self) -> int:
+        """Held windows a :meth:`snapshot` lists (the longest held first)."""
+        return HELD_LISTED
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
