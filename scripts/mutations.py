@@ -1197,6 +1197,15 @@ MUTATIONS: list[Mutation] = [
         "        return ServerRefused(\n            f\"debounce Redis is at maxmemory (OOM)",
         "        return DebounceBackendError(\n            f\"debounce Redis is at maxmemory (OOM)",
         "tests/test_outage_policy.py::test_which_errors_are_an_outage"),
+    one("outage.py reads redis-py's error classes again",
+        "outside celery_debounce/store/ no module imports redis-py, names a Lua script or "
+        "builds a window's keys (docs/design.md, \"The store contract\")",
+        PKG + "outage.py",
+        '    if isinstance(exc, ServerRefused):\n        return "refused"\n',
+        "    import redis\n\n"
+        "    if isinstance(exc, ServerRefused) or isinstance(exc.__cause__, redis.ResponseError):\n"
+        '        return "refused"\n',
+        "tests/test_store_seam.py::test_no_module_outside_the_store_reaches_past_it"),
     one("a plain publish of a collect call gets the raw arguments",
         "a debounce_collect task published plainly still gets a list of calls",
         PKG + "task.py",
