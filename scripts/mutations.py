@@ -50,7 +50,6 @@ ONCE = "tests/test_at_most_once.py::"
 ACL = "tests/test_tls_acl.py::"
 CLOCK = "tests/test_clock_step.py::"
 PGC = "tests/store_contract/test_contract.py::"
-PGC = "tests/store_contract/test_contract.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -1359,57 +1358,6 @@ MUTATIONS: list[Mutation] = [
         "        except Exception as exc:  # a tasks module that fails to import",
         "        except ImportError as exc:  # a tasks module that fails to import",
         "tests/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]"),
-    # -- the PostgreSQL store (store/postgres/schema.sql, store.py) --------------------
-    one("debounce_claim runs a finished window again",
-        "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",
-        PKG + "store/postgres/schema.sql",
-        "    IF v_state = 'finished' OR (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
-        "    IF (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
-        PGC + "test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new_one"
-        "[postgres]"),
-    one("debounce_take leaves a lapsed claim stale when a duplicate was skipped under it",
-        "at least once on PostgreSQL: a skipped delivery's window is published again when "
-        "its claim lapses",
-        PKG + "store/postgres/schema.sql",
-        "    SET state = CASE WHEN t.redelivered THEN 'dispatching' ELSE 'stale' END,",
-        "    SET state = 'stale',",
-        PGC + "test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again[postgres]"),
-    one("debounce_take takes an exclusive window while its key runs",
-        "debounce_exclusive on PostgreSQL: runs of one key never overlap",
-        PKG + "store/postgres/schema.sql",
-        "        WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))",
-        "        WHERE o.deadline <= v_now",
-        PGC + "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"
-        "[postgres]"),
-    one("debounce_gate reuses a fixed id whose window was taken",
-        "a caller id in use is never reused on PostgreSQL (a record overwritten)",
-        PKG + "store/postgres/schema.sql",
-        "            EXISTS (SELECT 1 FROM debounce_taken t WHERE t.task_id = p_task_id)",
-        "            false",
-        PGC + "test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_"
-        "joins[postgres]"),
-    one("a replacing join on PostgreSQL takes the joiner's embed",
-        "whose option wins: a replacing join keeps the opener's callbacks",
-        PKG + "store/postgres/schema.sql",
-        "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_theirs -> 2)",
-        "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_mine -> 2)",
-        "tests/test_postgres_store.py::"
-        "test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays"),
-    one("a PostgreSQL write whose reply was lost is sent again",
-        "at most once on PostgreSQL: a lost reply is OutcomeUnknown, never resent",
-        PKG + "store/postgres/store.py",
-        "        except psycopg.OperationalError as exc:\n            raise OutcomeUnknown(",
-        "        except psycopg.OperationalError as exc:\n            return self._read(fn)\n"
-        "            raise OutcomeUnknown(",
-        "tests/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
-        PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again"
-        "[postgres]"),
-    one("a pooled PostgreSQL connection closed while idle is written on",
-        "an outage on PostgreSQL is StoreUnavailable (nothing sent), not outcome unknown",
-        PKG + "store/postgres/store.py",
-        "            if not _closed_while_idle(conn):",
-        "            if True:",
-        PGC + "test_an_unreachable_store_raises_its_typed_error_and_writes_nothing[postgres]"),
     # -- the PostgreSQL store (store/postgres/schema.sql, store.py) --------------------
     one("debounce_claim runs a finished window again",
         "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",
