@@ -463,7 +463,7 @@ def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str,
 @dataclass(frozen=True)
 class Held:
     """A ``debounce_exclusive`` window held behind a run of its key (the longest held
-    are listed: the store's ``held_listed`` per shard)."""
+    are listed: the store's ``held_listed()`` per shard)."""
 
     ident: str
     since: float  # Redis time (s) it was first held
@@ -499,13 +499,13 @@ class Snapshot:
 
 
 #: Redis commands one refresh sends per shard (plus one TIME) on the Redis store (any
-#: store's own: its ``snapshot_commands``).
+#: store's own: its ``snapshot_commands()``).
 COMMANDS_PER_SHARD = SNAPSHOT_COMMANDS
 
 
 def read_snapshot(store: OperatorStore) -> Snapshot:
     """The store's gauges, at a cost that does not grow with the open windows: ``TIME``,
-    then one pipeline of ``store.snapshot_commands`` commands per shard (the sizes of the
+    then one pipeline of ``store.snapshot_commands()`` commands per shard (the sizes of the
     due, lease, active, quarantine and held sets, the front of the due set, the
     ``<tag>:stats`` counters, ``<tag>:hot``, the dispatchers and their heartbeats); only
     when windows are held, one more round trip reads the run each of the longest held
@@ -548,4 +548,4 @@ def read_snapshot(store: OperatorStore) -> Snapshot:
     held.sort(key=lambda h: h.since)
     return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
                     tasks, hot, dispatchers, alive, stopped, n_held,
-                    held[:store.held_listed])
+                    held[:store.held_listed()])

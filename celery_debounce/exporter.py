@@ -9,7 +9,7 @@ process reads them from Redis at each scrape and nothing else: no broker, no tas
 code, no dispatcher.
 
 Cost per scrape: one :func:`celery_debounce.admin.read_snapshot` (``TIME`` and one
-pipeline of the store's ``snapshot_commands`` O(1)/O(log N) commands per shard, as a
+pipeline of the store's ``snapshot_commands()`` O(1)/O(log N) commands per shard, as a
 ``top`` refresh), never a scan; scrapes closer together than ``min_interval`` (and
 concurrent scrapes) share one reading, so any number of Prometheus servers cost at
 most one reading per ``min_interval``. A reading that fails (Redis down, within

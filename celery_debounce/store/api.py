@@ -222,12 +222,10 @@ class OperatorStore(BaseStore, Protocol):
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """A shard's gauges in one bounded read (``top``, the exporter)."""
 
-    @property
     def snapshot_commands(self) -> int:
         """What one :meth:`snapshot` costs, in commands (``top``'s and the exporter's
         budget per shard)."""
 
-    @property
     def held_listed(self) -> int:
         """How many held windows a :meth:`snapshot` lists (the longest held first)."""
 

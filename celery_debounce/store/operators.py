@@ -307,12 +307,10 @@ class Operators(DoctorOps):
     SNAPSHOT_COMMANDS = SNAPSHOT_COMMANDS  # (read as class attributes by older callers)
     HELD_LISTED = HELD_LISTED
 
-    @property
     def snapshot_commands(self) -> int:
         """Redis commands :meth:`snapshot` sends per shard."""
         return SNAPSHOT_COMMANDS
 
-    @property
     def held_listed(self) -> int:
         """Held windows a :meth:`snapshot` lists (the longest held first)."""
         return HELD_LISTED
