@@ -139,10 +139,6 @@ POSTGRES_NOT_YET = {
         "postgres: debounce_collect is not implemented yet (refused at the gate)",
     "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written":
         "postgres: debounce_collect is not implemented yet (refused at the gate)",
-    "test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period":
-        "postgres: debounce_leading is not implemented yet (refused at the gate)",
-    "test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst":
-        "postgres: debounce_leading is not implemented yet (refused at the gate)",
 }
 
 #: The PostgreSQL functions whose reply a harness can lose, by operation.

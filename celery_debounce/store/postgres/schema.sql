@@ -42,7 +42,11 @@ CREATE TABLE debounce_open (
     aliases text[] NOT NULL DEFAULT '{}',
     -- a body that is not JSON: the opener's protocol-2 embed as JSON (a replacing join
     -- of another embed cannot take the body apart from it: refused)
-    embed text
+    embed text,
+    -- debounce_leading: a leading run (closed at its first call), or a trailing window
+    -- (opened during the quiet period that follows a leading run)
+    is_leading boolean NOT NULL DEFAULT false,
+    is_trailing boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
@@ -71,6 +75,8 @@ CREATE TABLE debounce_taken (
     -- publish failures counted against it (debounce_release with counted)
     failures integer NOT NULL DEFAULT 0,
     capped boolean NOT NULL DEFAULT false,
+    is_leading boolean NOT NULL DEFAULT false,
+    is_trailing boolean NOT NULL DEFAULT false,
     exclusive boolean NOT NULL DEFAULT false,
     held_ms bigint NOT NULL DEFAULT 0,
     aliases text[] NOT NULL DEFAULT '{}',
@@ -85,6 +91,19 @@ CREATE TABLE debounce_taken (
         autovacuum_analyze_scale_factor = 0.05);
 
 CREATE INDEX debounce_taken_until ON debounce_taken (state, until);
+
+-- The quiet period that follows a leading run (debounce_leading), per ident: the run's
+-- id, the leading call's time and max wait (the period never outlasts their sum), its
+-- end (moved by every edge call that finds it running) and the calls it holds. A row
+-- whose quiet_end passed is a period over (the next leading call overwrites it).
+CREATE TABLE debounce_quiet (
+    ident text PRIMARY KEY,
+    task_id text NOT NULL,
+    first_seen timestamptz NOT NULL,
+    max_wait_ms bigint NOT NULL,
+    quiet_end timestamptz NOT NULL,
+    calls integer NOT NULL DEFAULT 1
+) WITH (fillfactor = 70);
 CREATE INDEX debounce_taken_claims ON debounce_taken (claim_until)
     WHERE state = 'claimed';
 CREATE INDEX debounce_taken_running ON debounce_taken (ident) WHERE exclusive;
@@ -127,10 +146,11 @@ LANGUAGE sql AS $$
     )
     INSERT INTO debounce_taken AS n (task_id, ident, first_seen, deadline, max_wait_ms,
                                      calls, content_type, payload, options_json, state,
-                                     taken_at, until, tries, capped, exclusive, aliases)
+                                     taken_at, until, tries, capped, is_leading, is_trailing,
+                                     exclusive, aliases)
     SELECT m.task_id, m.ident, m.first_seen, least(m.deadline, p_now), m.max_wait_ms,
            m.calls, m.content_type, m.payload, m.options_json, 'dispatching', p_now,
-           p_now, 0, m.capped, m.exclusive, m.aliases
+           p_now, 0, m.capped, m.is_leading, m.is_trailing, m.exclusive, m.aliases
     FROM moved m
     RETURNING n.*
 $$;
@@ -194,20 +214,55 @@ $$;
 -- id is in use (then under p_fallback_id); joining, it is recorded as an alias (at most
 -- p_max_aliases: past that, refused with DBA01, nothing written); with p_canvas also
 -- when it opens. opened: this call inserted the window.
+-- p_edge ('' none, 'L' leading only, 'B' leading and trailing): with no quiet period
+-- running and no open window, the call is a leading run (edge 'lead': closed at once,
+-- the quiet period starts); during the quiet period the call moves its end and is
+-- suppressed ('L', folded into the leading run) or joins or opens the trailing window
+-- ('B', deadline the period's end, never past the leading call's ceiling).
 CREATE FUNCTION debounce_gate(
     p_ident text, p_task_id text, p_window_ms bigint, p_max_wait_ms bigint,
     p_content_type text, p_payload bytea, p_options_json text, p_replace boolean,
     p_exclusive boolean, p_max_calls integer, p_alias text, p_fallback_id text,
-    p_canvas boolean, p_max_aliases integer, p_embed text)
+    p_canvas boolean, p_max_aliases integer, p_embed text, p_edge text)
 RETURNS TABLE (task_id text, opened boolean, deadline_ms bigint, calls integer,
-               now_ms bigint)
+               now_ms bigint, edge text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_id text := p_task_id;
     v_row record;
+    v_quiet record;
+    v_qend timestamptz;
+    v_leading boolean := false;
+    v_first_seen timestamptz := v_now;
+    v_max_wait bigint := p_max_wait_ms;
+    v_trailing boolean := false;
 BEGIN
+    IF p_edge <> '' THEN
+        -- edge calls of one ident are serialized: two racing first calls of a burst
+        -- must not both be its leading run
+        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));
+        SELECT q.task_id, q.first_seen, q.max_wait_ms, q.quiet_end INTO v_quiet
+        FROM debounce_quiet q WHERE q.ident = p_ident;
+        IF FOUND AND v_quiet.quiet_end > v_now THEN
+            v_qend := least(v_now + p_window_ms * interval '1 millisecond',
+                            v_quiet.first_seen + v_quiet.max_wait_ms * interval '1 millisecond');
+            UPDATE debounce_quiet q SET quiet_end = v_qend, calls = q.calls + 1
+            WHERE q.ident = p_ident RETURNING q.calls INTO v_row;
+            IF p_edge = 'L' THEN  -- leading only: folded into the leading run
+                RETURN QUERY SELECT v_quiet.task_id, false, debounce_ms(v_qend),
+                                    v_row.calls, debounce_ms(v_now), 'suppressed'::text;
+                RETURN;
+            END IF;
+            -- leading and trailing: the trailing window inherits the period's ceiling
+            v_first_seen := v_quiet.first_seen;
+            v_max_wait := v_quiet.max_wait_ms;
+            v_trailing := true;
+        ELSIF NOT EXISTS (SELECT 1 FROM debounce_open o WHERE o.ident = p_ident) THEN
+            v_leading := true;
+        END IF;
+    END IF;
     IF p_alias IS NOT NULL THEN
         -- calls opening under one fixed id are serialized, so that the second one sees
         -- the first one's window (the unique index stands behind it)
@@ -221,15 +276,17 @@ BEGIN
     END IF;
     INSERT INTO debounce_open AS w (ident, task_id, first_seen, deadline, max_wait_ms,
                                     calls, content_type, payload, options_json, max_calls,
-                                    capped, exclusive, aliases, embed)
-    VALUES (p_ident, v_id, v_now,
-            CASE WHEN p_max_calls <= 1 THEN v_now
+                                    capped, exclusive, aliases, embed, is_leading, is_trailing)
+    VALUES (p_ident, v_id, v_first_seen,
+            CASE WHEN p_max_calls <= 1 OR v_leading THEN v_now
+                 WHEN v_trailing THEN v_qend
                  ELSE v_now + least(p_window_ms, p_max_wait_ms) * interval '1 millisecond'
             END,
-            p_max_wait_ms, 1, p_content_type, p_payload, p_options_json, p_max_calls,
+            v_max_wait, 1, p_content_type, p_payload, p_options_json, p_max_calls,
             coalesce(p_max_calls <= 1, false), p_exclusive,
             CASE WHEN p_alias IS NOT NULL AND (p_canvas OR v_id <> p_task_id)
-                 THEN ARRAY[p_alias] ELSE '{}'::text[] END, nullif(p_embed, ''))
+                 THEN ARRAY[p_alias] ELSE '{}'::text[] END, nullif(p_embed, ''), v_leading,
+            v_trailing)
     ON CONFLICT (ident) DO UPDATE SET
         deadline = CASE WHEN w.calls + 1 >= w.max_calls THEN v_now
                         ELSE least(v_now + p_window_ms * interval '1 millisecond',
@@ -249,11 +306,21 @@ BEGIN
             ELSE w.aliases || p_alias END
     RETURNING w.task_id, w.xmax = 0 AS opened, w.deadline, w.calls, w.capped
     INTO v_row;
-    IF v_row.capped THEN
+    IF v_row.capped OR (v_leading AND v_row.opened) THEN
         PERFORM debounce_close(p_ident, v_row.task_id, v_now);
     END IF;
+    IF v_leading AND v_row.opened THEN  -- the quiet period starts
+        INSERT INTO debounce_quiet AS q (ident, task_id, first_seen, max_wait_ms, quiet_end,
+                                         calls)
+        VALUES (p_ident, v_row.task_id, v_now, p_max_wait_ms,
+                v_now + least(p_window_ms, p_max_wait_ms) * interval '1 millisecond', 1)
+        ON CONFLICT (ident) DO UPDATE SET
+            task_id = excluded.task_id, first_seen = excluded.first_seen,
+            max_wait_ms = excluded.max_wait_ms, quiet_end = excluded.quiet_end, calls = 1;
+    END IF;
     RETURN QUERY SELECT v_row.task_id, v_row.opened, debounce_ms(v_row.deadline),
-                        v_row.calls, debounce_ms(v_now);
+                        v_row.calls, debounce_ms(v_now),
+                        CASE WHEN v_leading AND v_row.opened THEN 'lead' ELSE '' END;
 END
 $$;
 
@@ -271,7 +338,7 @@ CREATE FUNCTION debounce_take(p_batch integer, p_lease_ms bigint, p_lapse_upto_m
 RETURNS TABLE (task_id text, ident text, first_seen_ms bigint, deadline_ms bigint,
                max_wait_ms bigint, calls integer, content_type text, payload bytea,
                options_json text, tries integer, failures integer, capped boolean,
-               held_ms bigint, now_ms bigint, next_ms bigint)
+               held_ms bigint, is_leading boolean, now_ms bigint, next_ms bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -316,26 +383,26 @@ BEGIN
     ), inserted AS (
         INSERT INTO debounce_taken AS n (task_id, ident, first_seen, deadline, max_wait_ms,
                                          calls, content_type, payload, options_json,
-                                         state, taken_at, until, tries, capped, exclusive,
-                                         held_ms, aliases)
+                                         state, taken_at, until, tries, capped, is_leading,
+                                         is_trailing, exclusive, held_ms, aliases)
         SELECT m.task_id, m.ident, m.first_seen, m.deadline, m.max_wait_ms, m.calls,
                m.content_type, m.payload, m.options_json, 'dispatching', v_now, v_until, 1,
-               m.capped, m.exclusive,
+               m.capped, m.is_leading, m.is_trailing, m.exclusive,
                coalesce(debounce_ms(v_now) - debounce_ms(m.held_since), 0), m.aliases
         FROM moved m
         RETURNING n.*
     ), took AS (
         SELECT r.task_id, r.ident, r.first_seen, r.deadline, r.max_wait_ms, r.calls,
                r.content_type, r.payload, r.options_json, r.tries, r.failures, r.capped,
-               r.held_ms FROM retaken r
+               r.held_ms, r.is_leading FROM retaken r
         UNION ALL
         SELECT i.task_id, i.ident, i.first_seen, i.deadline, i.max_wait_ms, i.calls,
                i.content_type, i.payload, i.options_json, i.tries, i.failures, i.capped,
-               i.held_ms FROM inserted i
+               i.held_ms, i.is_leading FROM inserted i
     )
     SELECT k.task_id, k.ident, debounce_ms(k.first_seen), debounce_ms(k.deadline),
            k.max_wait_ms, k.calls, k.content_type, k.payload, k.options_json, k.tries,
-           k.failures, k.capped, k.held_ms, debounce_ms(v_now), NULL::bigint
+           k.failures, k.capped, k.held_ms, k.is_leading, debounce_ms(v_now), NULL::bigint
     FROM took k ORDER BY k.deadline;
 
     -- a held window is looked at again one lease later (a run whose end is never seen
@@ -349,7 +416,7 @@ BEGIN
     INTO v_next;
     RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint,
                         NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::integer,
-                        NULL::integer, NULL::boolean, NULL::bigint,
+                        NULL::integer, NULL::boolean, NULL::bigint, NULL::boolean,
                         debounce_ms(v_now), debounce_ms(v_next);
 END
 $$;

@@ -7,11 +7,11 @@ Nothing is sent twice: a connection lost after the call was sent is
 :class:`~celery_debounce.store.domain.StoreUnavailable`.
 
 What exists: the gate (open or join; the ceiling; payload replacement; the call count;
-the call cap; fixed ids and their aliases; exclusive windows), take (claims whose lease
-passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release,
-quarantine, flush, the worker's claim, renewal, end of claim, put back and finish, the
-schema's migration and its version check. Not yet: the leading edge, collect (refused at
-the gate, nothing written), wake-ups, sweeps, most of the operators' reads.
+the call cap; fixed ids and their aliases; exclusive windows; the leading edge), take
+(claims whose lease passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP
+LOCKED``), ack, release, quarantine, flush, the worker's claim, renewal, end of claim,
+put back and finish, the schema's migration and its version check. Not yet: collect
+(refused at the gate, nothing written), wake-ups, sweeps, most of the operators' reads.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ LINK_DEFAULTS: dict[str, object] = {
 }
 
 _GATE = ("SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-         "%s, %s)")
+         "%s, %s, %s)")
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
@@ -224,8 +224,8 @@ class PostgresStore:
         before anything is written."""
         spec = call.spec
         unsupported = [name for name, used in (
-            ("debounce_leading", spec.leading),
-            ("debounce_trailing=False", not spec.trailing),
+            ("debounce_trailing=False without debounce_leading",
+             not spec.trailing and not spec.leading),
             ("debounce_collect", spec.collect)) if used]
         if unsupported:
             raise DebounceConfigError(
@@ -237,11 +237,13 @@ class PostgresStore:
         params = (call.ident, call.task_id, spec.window_ms, spec.max_wait_ms,
                   call.content_type, call.payload, call.options_json, spec.replace_payload,
                   spec.exclusive, spec.max_calls, alias, fallback,
-                  fixed is not None and fixed.canvas, MAX_ALIASES, call.embed_json)
+                  fixed is not None and fixed.canvas, MAX_ALIASES, call.embed_json,
+                  ("B" if spec.trailing else "L") if spec.leading else "")
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
-        task_id, opened, deadline_ms, calls, now_ms = row
-        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms))
+        task_id, opened, deadline_ms, calls, now_ms, edge = row
+        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms),
+                          edge)
 
     # -- DispatcherStore ---------------------------------------------------------------
 
@@ -255,14 +257,15 @@ class PostgresStore:
         rows = self._write(lambda conn: conn.execute(
             _TAKE, (limit, self.lease_ms, lapse_upto)).fetchall(), "take")
         header = rows[-1]
-        now_ms, next_ms = int(header[13]), header[14]
+        now_ms, next_ms = int(header[14]), header[15]
         windows = [
             TakenWindow(shard=shard, taken_ms=now_ms, failures=int(row[10]),
                         held_ms=int(row[12]), record=Record(
                 task_id=row[0], ident=row[1], first_seen_ms=int(row[2]),
                 deadline_ms=int(row[3]), max_wait_ms=int(row[4]), calls=int(row[5]),
                 state="dispatching", content_type=row[6], payload=bytes(row[7]),
-                options_json=row[8], tries=int(row[9]), capped=bool(row[11])))
+                options_json=row[8], tries=int(row[9]), capped=bool(row[11]),
+                leading=bool(row[13])))
             for row in rows[:-1]
         ]
         next_in = -1 if next_ms is None else max(0, int(next_ms) - now_ms)
