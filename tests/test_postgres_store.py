@@ -354,3 +354,21 @@ def test_a_gate_whose_reply_is_lost_is_not_sent_again(
         assert through.gate(call()).calls == 3
     finally:
         proxy.close()
+
+
+def test_racing_first_calls_of_a_leading_burst_make_one_leading_run(
+        store: PostgresStore) -> None:
+    barrier = threading.Barrier(6)
+
+    def first_calls(ident: str) -> list[str]:
+        barrier.wait()
+        return [store.gate(call(ident, leading=True, trailing=False)).edge
+                for _ in range(3)]
+
+    for round_ in range(10):
+        with ThreadPoolExecutor(6) as pool:
+            edges = [e for batch in pool.map(first_calls, [f"t:{round_}"] * 6)
+                     for e in batch]
+        assert edges.count("lead") == 1 and edges.count("suppressed") == 17, edges
+    leads = store.take(0, 100).windows
+    assert len(leads) == 10 and all(w.leading for w in leads)
