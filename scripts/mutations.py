@@ -1409,6 +1409,13 @@ MUTATIONS: list[Mutation] = [
         "            if not _closed_while_idle(conn):",
         "            if True:",
         PGC + "test_an_unreachable_store_raises_its_typed_error_and_writes_nothing[postgres]"),
+    one("edge calls of one ident on PostgreSQL are not serialized",
+        "a leading burst runs its leading run once on PostgreSQL (racing first calls)",
+        PKG + "store/postgres/schema.sql",
+        "        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));\n",
+        "",
+        "tests/test_postgres_store.py::"
+        "test_racing_first_calls_of_a_leading_burst_make_one_leading_run"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
         "not two",
