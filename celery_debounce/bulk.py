@@ -13,7 +13,7 @@ from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, announce, listening
 from .settings import settings_for
 from .store import UNKNOWN_OUTCOME, WRITTEN, Outcome, is_unknown_outcome, store_for
-from .task import DebouncedTask, check_arguments
+from .task import DebouncedTask, check_arguments, check_eager
 
 __all__ = ["UNKNOWN_OUTCOME", "WRITTEN", "Call", "DebounceBulkError", "enqueue_many"]
 
@@ -56,8 +56,8 @@ def enqueue_many(
     if task.app.conf.task_always_eager:
         plain = {k: v for k, v in options.items() if k not in ("link", "link_error", "shadow")}
         for args, kwargs in pairs:  # checked as the gated path: one refused, none runs
-            task._check_eager(spec, args, kwargs, None, options.get("link"),
-                              options.get("link_error"), options.get("shadow"), plain)
+            check_eager(task, spec, args, kwargs, None, options.get("link"),
+                        options.get("link_error"), options.get("shadow"), plain)
         return [task.apply_async(args, kwargs, **original) for args, kwargs in pairs]
     for name in ("link", "link_error", "shadow"):
         if options.get(name) is None:

@@ -138,8 +138,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
         if spec is None or always_eager(self.app):
             if spec is not None:  # eager: every check of a real call, nothing written
-                self._check_eager(spec, args, kwargs, task_id, link, link_error, shadow,
-                                  options)
+                check_eager(self, spec, args, kwargs, task_id, link, link_error, shadow,
+                            options)
             if self._debounce_defaults.debounce_collect and "retries" not in options:
                 # published without a window: the run still gets a list, of this call
                 args, kwargs = single_call_args(args, kwargs, task_id), {}
@@ -183,41 +183,6 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         return super().apply_async(
             args, kwargs, task_id, producer, link, link_error, shadow, **options)
 
-    def _check_eager(
-        self,
-        spec: DebounceSpec,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
-        task_id: str | None,
-        link: Any,
-        link_error: Any,
-        shadow: str | None,
-        options: Mapping[str, Any],
-    ) -> None:
-        """The checks a call makes before the gate (``prepare_call``: options, key,
-        payload size; leading only with a fixed id), for a call eager mode runs inline:
-        what production refuses, eager mode refuses too. Writes nothing, needs no Redis."""
-        refuse_schedule(options)
-        check_arguments(self, args, kwargs)
-        copied = dict(options)
-        fixed = fixed_id(task_id, copied)
-        if fixed is not None and spec.leading and not spec.trailing:
-            refuse_fixed_leading(self.name)
-        if link is not None:
-            copied["link"] = link
-        if link_error is not None:
-            copied["link_error"] = link_error
-        if shadow is not None:
-            copied["shadow"] = shadow
-        defaults = self._debounce_exec_defaults()
-        if defaults:
-            copied = {**defaults, **copied}
-        prepare_call(
-            _eager_settings(self.app), self.name, spec, args, kwargs, copied,
-            self.debounce_signature(), copied.pop("serializer", None) or self.serializer,
-            task_id, app=self.app, task_type=self,
-        )
-
     def apply(
         self,
         args: Sequence[Any] | None = None,
@@ -250,8 +215,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             if spec is not None:
                 # a group member's id is fixed (Celery freezes it), even if not passed here
                 member = (task_id or new_task_id()) if call_options.get("group_id") else None
-                self._check_eager(spec, args, kwargs, member, link, link_error,
-                                  call_options.get("shadow"), call_options)
+                check_eager(self, spec, args, kwargs, member, link, link_error,
+                            call_options.get("shadow"), call_options)
             for name in OPTION_NAMES:
                 options.pop(name, None)
         return super().apply(args, kwargs, link, link_error, task_id, retries, throw,
@@ -453,6 +418,42 @@ def send_task(
             plain["headers"] = {**(plain.get("headers") or {}), COLLECT_HEADER: 1}
         return fallback.published(app.send_task(name, args, kwargs, task_id=task_id, **plain))
     return app.AsyncResult(result_id(result.task_id, fixed))
+
+
+def check_eager(
+    task: DebouncedTask,
+    spec: DebounceSpec,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    task_id: str | None,
+    link: Any,
+    link_error: Any,
+    shadow: str | None,
+    options: Mapping[str, Any],
+) -> None:
+    """The checks a call makes before the gate (``prepare_call``: options, key,
+    payload size; leading only with a fixed id), for a call eager mode runs inline:
+    what production refuses, eager mode refuses too. Writes nothing, needs no Redis."""
+    refuse_schedule(options)
+    check_arguments(task, args, kwargs)
+    copied = dict(options)
+    fixed = fixed_id(task_id, copied)
+    if fixed is not None and spec.leading and not spec.trailing:
+        refuse_fixed_leading(task.name)
+    if link is not None:
+        copied["link"] = link
+    if link_error is not None:
+        copied["link_error"] = link_error
+    if shadow is not None:
+        copied["shadow"] = shadow
+    defaults = task._debounce_exec_defaults()
+    if defaults:
+        copied = {**defaults, **copied}
+    prepare_call(
+        _eager_settings(task.app), task.name, spec, args, kwargs, copied,
+        task.debounce_signature(), copied.pop("serializer", None) or task.serializer,
+        task_id, app=task.app, task_type=task,
+    )
 
 
 def refuse_fixed_leading(name: str) -> None:
