@@ -7,11 +7,10 @@ bad configuration), 2 for a usage error (bad or conflicting options).
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -20,106 +19,21 @@ from celery.bin.base import CeleryCommand, CeleryOption
 # every `celery` command loads this plugin: `celery worker` claims and finishes the windows
 # of plain tasks (sent with celery_debounce.send_task) even where no DebouncedTask is defined
 from . import worker_signals  # noqa: F401
-from .admin import DebounceAdmin, Stats, TaskStats
+from .admin import DebounceAdmin as DebounceAdmin
+from .admin import Stats, TaskStats
 from .checks import describe_policy, evicts_windows, warn_if_evicting
-from .errors import DebounceConfigError, DebounceError, WindowNotPending
+from .cli_common import _admin, echo_json, json_option, render_stats, render_table
+from .cli_health import check, ping
+from .cli_health import liveness as liveness
+from .errors import DebounceError, WindowNotPending
 from .exporter import exporter_command
-from .formatting import clip, config_error, printable, relative, table_lines
+from .formatting import config_error
 from .top import top
-from .windows import STATES, WindowInfo
+from .windows import STATES
 
 logger = logging.getLogger("celery_debounce.cli")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
-    """Aligned by terminal cells: a CJK or emoji key takes two per character."""
-    return "\n".join(table_lines(header, rows))
-
-
-def render_table(windows: list[WindowInfo], now: float) -> str:
-    if not windows:
-        return "No debounce windows."
-    header = ("TASK", "KEY", "TASK ID", "STATE", "CALLS", "OPENED", "RUNS")
-    rows = []
-    for w in windows:
-        if w.state == "pending":
-            when = relative(w.deadline - now)
-            if w.forced_by_max_wait:
-                when = f"forced by max wait {when}"
-        else:
-            when = f"{w.state} (deadline {relative(w.deadline - now)})"
-        if w.held_since is not None:  # its due score is only the next look, not its run
-            when = (f"after {clip(printable(w.waits_for), 36)} ends" if w.waits_for
-                    else "at the next dispatch (its key's run ended)")
-        if w.quiet_until is not None:  # a leading run whose quiet period still runs
-            when += f", quiet period ends {relative(w.quiet_until - now)}"
-        key = clip(printable(w.key), 40)
-        state = w.state if w.edge is None else f"{w.state} ({w.edge})"
-        if w.held_since is not None:  # debounce_exclusive: waits for a run of its key
-            state = f"{state} (held)"
-        rows.append((printable(w.task), key, printable(w.task_id), state, str(w.calls),
-                     relative(w.first_seen - now), when))
-    return _table(header, rows)
-
-
-def _late(stats: TaskStats) -> str:
-    values = [stats.lateness_ms(q) for q in (0.5, 0.9, 0.99)]
-    if values[0] is None:
-        return "-"
-    return "/".join(">30s" if v == float("inf") else f"{v:g}" for v in values if v is not None)
-
-
-def render_stats(stats: Stats) -> str:
-    total = stats.total
-    oldest = (relative(total.oldest_first_seen - stats.now)
-              if total.oldest_first_seen is not None else "-")
-    lines = [
-        f"open windows: {stats.open}   due now: {stats.due}   "
-        f"oldest open: {oldest if stats.census else '(skipped: --quick)'}",
-    ]
-    if not stats.tasks:
-        lines.append("No debounce activity recorded.")
-        return "\n".join(lines)
-    header = ("TASK", "OPEN", "DUE", "OLDEST", "WAITING CALLS", "CALLS IN", "RUNS", "CALLS",
-              "CALLS/RUN",
-              "FORCED", "CAPPED", "LEADING", "SUPPRESSED", "CANCELLED", "LATE ms p50/p90/p99")
-    rows = []
-    for row in [*(stats.tasks[name] for name in sorted(stats.tasks)), total]:
-        ratio = row.coalescing_ratio
-        census = stats.census or row is total
-        rows.append((
-            printable(row.task) if row is not total else "(all)",
-            str(row.open) if census else "-",
-            str(row.due) if census else "-",
-            relative(row.oldest_first_seen - stats.now)
-            if row.oldest_first_seen is not None else "-",
-            str(row.calls_waiting) if stats.census else "-",
-            str(row.calls_in), str(row.runs), str(row.calls),
-            f"{ratio:.1f}" if ratio is not None else "-",
-            str(row.forced), str(row.closed_by_cap), str(row.leading_runs), str(row.suppressed),
-            str(row.cancelled), _late(row),
-        ))
-    lines.append(_table(header, rows))
-    return "\n".join(lines)
-
-
-def _admin(ctx: click.Context) -> DebounceAdmin:
-    try:
-        return DebounceAdmin(ctx.obj.app)
-    except DebounceError as exc:
-        raise config_error(exc, ctx.obj.app) from exc
-
-
-def json_option(what: str) -> Callable[[_F], _F]:
-    """``-j/--json``, as ``celery inspect -j``."""
-    return click.option("-j", "--json", "as_json", is_flag=True, cls=CeleryOption,
-                        help_group="Output", help=f"Print {what} instead of text.")
-
-
-def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2))
 
 
 @click.group(name="debounce")
@@ -431,104 +345,6 @@ def _dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str 
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
 
 
-def liveness(app: Any) -> dict[str, Any]:
-    """Every dispatcher's heartbeat: ``{"now": s, "dispatchers": [{name, status,
-    heartbeat_age_s, stopped_at}]}``; status is "alive" (a heartbeat in the last
-    3 x HEARTBEAT_S), "silent" (older: killed, hung or cut off from Redis) or "stopped"
-    (stopped cleanly)."""
-    from .dispatcher import HEARTBEAT_S
-    from .store import store_for
-
-    now_ms, alive, stopped = store_for(app).liveness()
-    rows = []
-    for name, ms in alive:
-        age = max(0.0, (now_ms - ms) / 1000)
-        rows.append({"name": name, "status": "alive" if age <= 3 * HEARTBEAT_S else "silent",
-                     "heartbeat_age_s": round(age, 3), "stopped_at": None})
-    for name, ms in stopped:
-        rows.append({"name": name, "status": "stopped", "heartbeat_age_s": None,
-                     "stopped_at": ms / 1000})
-    rows.sort(key=lambda r: (r["status"] != "alive", r["name"]))
-    return {"now": now_ms / 1000, "dispatchers": rows}
-
-
-@debounce.command(cls=CeleryCommand)
-@click.option("-n", "--name", "names", multiple=True, cls=CeleryOption, help_group="Ping",
-              help="Only this dispatcher (repeatable); exit 1 unless every one named is alive.")
-@json_option("a JSON object")
-@click.pass_context
-def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
-    """Which dispatchers are alive, from their heartbeats in Redis.
-
-    Every dispatcher (embedded in a worker, in beat, or `celery debounce
-    dispatch`) writes a heartbeat every 5 s. ALIVE: one in the last 15 s;
-    SILENT: older (killed, hung, or cut off from Redis); STOPPED: it stopped
-    cleanly. Exit 0 when at least one dispatcher (every one named with --name)
-    is alive, else 1: usable as a liveness probe.
-    """
-    try:
-        _admin(ctx)  # the configuration errors, with the -A hint
-        found = liveness(ctx.obj.app)
-    except DebounceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    rows = found["dispatchers"]
-    if names:
-        rows = [r for r in rows if r["name"] in names]
-    alive = {r["name"] for r in rows if r["status"] == "alive"}
-    ok = set(names) <= alive if names else bool(alive)
-    if as_json:
-        echo_json({**found, "dispatchers": rows, "ok": ok})
-    else:
-        for row in rows:
-            detail = (f"heartbeat {relative(-row['heartbeat_age_s'])}"
-                      if row["status"] != "stopped"
-                      else f"stopped {relative(row['stopped_at'] - found['now'])}")
-            click.echo(f"-> {printable(row['name'])}: {row['status'].upper()} ({detail})")
-        for missing in sorted(set(names) - {r["name"] for r in rows}):
-            click.echo(f"-> {printable(missing)}: no heartbeat recorded")
-        if not rows and not names:
-            click.echo("No dispatcher heartbeat recorded.")
-        click.echo(f"{len(alive)} dispatcher(s) alive.")
-    if not ok:
-        ctx.exit(1)
-
-
-@debounce.command(cls=CeleryCommand)
-@json_option('a JSON object ({"ok": bool, "problems": [{"where", "message"}]})')
-@click.pass_context
-def check(ctx: click.Context, as_json: bool) -> None:
-    """Check every debounced task definition and the debounce settings, at deploy time.
-
-    Imports the modules a worker imports (imports, include, autodiscover_tasks) and
-    reports each definition a worker would refuse to start with, with the same
-    message; connects to nothing. Exit 0 when all are valid, else 1.
-    """
-    from .contrib import import_problem
-    from .validation import check_app
-
-    try:
-        problems = check_app(ctx.obj.app)
-    except Exception as exc:  # a task module that fails to import: the worker fails too
-        problems = [import_problem(exc)]
-    if as_json:
-        echo_json({"ok": not problems,
-                   "problems": [{"where": p.where, "message": p.message} for p in problems]})
-    else:
-        for problem in problems:
-            click.echo(f"{printable(problem.where)}: {problem.message}"
-                       if not problem.message.startswith(f"{problem.where}:")
-                       else problem.message)
-        for problem in problems:  # no -A (Celery's default app): say so
-            if problem.where == "settings":
-                said = config_error(DebounceConfigError(problem.message), ctx.obj.app).message
-                if "\n" in said:
-                    click.echo(said.partition("\n")[2])
-        click.echo(f"{len(problems)} problem(s) found." if problems
-                   else "All debounced tasks and settings are valid.")
-    if problems:
-        ctx.exit(1)
-
-
 @debounce.command(cls=CeleryCommand)
 @click.option("--repair", is_flag=True, cls=CeleryOption, help_group="Doctor",
               help="Fix what is found, atomically per key (safe to run twice).")
@@ -568,6 +384,8 @@ def doctor(ctx: click.Context, repair: bool, grace: float, held_after: float,
         ctx.exit(1)
 
 
+debounce.add_command(ping)
+debounce.add_command(check)
 debounce.add_command(top)
 
 debounce.add_command(exporter_command)

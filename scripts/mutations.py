@@ -980,7 +980,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_exclusive.py::test_a_cancelled_held_window_is_held_no_more"),
     one("top does not show held windows",
         "top shows held windows and the run each waits for",
-        PKG + "top.py",
+        PKG + "top_render.py",
         "    if snap.held:\n",
         "    if False:\n",
         "tests/test_top.py::test_top_shows_held_windows_and_the_run_each_waits_for"),
@@ -1319,7 +1319,7 @@ MUTATIONS: list[Mutation] = [
         "test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation"),
     one("inspect shows a held window's next look as when it runs",
         "inspect shows a held window as running after the window it waits for ends",
-        PKG + "cli.py",
+        PKG + "cli_common.py",
         "        if w.held_since is not None:  "
         "# its due score is only the next look, not its run\n",
         "        if False:\n",
@@ -1341,7 +1341,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages"),
     one("check lets a task module's import error escape as a traceback",
         "debounce check reports every problem and -j always prints its JSON object",
-        PKG + "cli.py",
+        PKG + "cli_health.py",
         "    except Exception as exc:  # a task module that fails to import: the worker fails too",
         "    except ImportError as exc:  # a task module that fails to import",
         "tests/test_check_command.py::"
