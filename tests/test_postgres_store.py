@@ -372,3 +372,179 @@ def test_racing_first_calls_of_a_leading_burst_make_one_leading_run(
         assert edges.count("lead") == 1 and edges.count("suppressed") == 17, edges
     leads = store.take(0, 100).windows
     assert len(leads) == 10 and all(w.leading for w in leads)
+
+
+# -- the dispatcher's role: wake-ups, the expiry sweep, heartbeats, layouts ------------
+
+def _wait_timed(listener: object, seconds: float) -> float:
+    """How long ``listener.wait(seconds)`` took."""
+    started = time.monotonic()
+    listener.wait(seconds, threading.Event())  # type: ignore[attr-defined]
+    return time.monotonic() - started
+
+
+def _later(delay: float, fn: Callable[[], object]) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        fn()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout(
+        store: PostgresStore) -> None:
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        thread = _later(0.3, lambda: store.gate(call("t:first", window_ms=600_000)))
+        assert _wait_timed(listener, 30) < 15
+        thread.join()
+    finally:
+        listener.close()
+
+
+def test_a_flush_wakes_a_listener_a_later_deadline_does_not(store: PostgresStore) -> None:
+    store.gate(call("t:early", window_ms=600_000))
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        store.gate(call("t:later", window_ms=900_000))  # not the earliest: no wake-up
+        store.gate(call("t:early", window_ms=600_000))  # a join: no wake-up
+        assert _wait_timed(listener, 1.0) >= 0.9
+        thread = _later(0.3, lambda: store.flush(0, "t:later"))
+        assert _wait_timed(listener, 30) < 15
+        thread.join()
+    finally:
+        listener.close()
+
+
+def test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes(
+        store: PostgresStore, database: str) -> None:
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        assert listener._conn is not None
+        pid = listener._conn.info.backend_pid
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # the wait that sees the connection fail returns early (a wake-up may be lost)
+        assert _wait_timed(listener, 30) < 15
+        assert not listener.subscribed
+        thread = _later(0.5, lambda: store.gate(call("t:k", window_ms=600_000)))
+        assert _wait_timed(listener, 30) < 15  # subscribed again, on a new connection
+        thread.join()
+        assert listener._conn is not None and listener._conn.info.backend_pid != pid
+    finally:
+        listener.close()
+
+
+def test_a_listener_that_cannot_subscribe_sleeps_and_the_store_is_unavailable(
+        make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres,
+        database: str) -> None:
+    proxy = PgProxy(postgres_server.port)
+    through = make_store(database.replace(f"port={postgres_server.port}",
+                                          f"port={proxy.port}"), max_size=1)
+    proxy.close()  # nothing listens there now
+    listener = through.wake_listener()
+    assert _wait_timed(listener, 0.5) >= 0.4  # a plain sleep, no error
+    assert not listener.subscribed
+
+
+def _queued(store: PostgresStore, ident: str, left_ms: int) -> str:
+    """A window published and acked whose message expires in ``left_ms``."""
+    opened = store.gate(call(ident, window_ms=0))
+    taken = [w for w in store.take(0, 10).windows if w.task_id == opened.task_id]
+    assert taken
+    assert store.ack(0, [opened.task_id]) == 1
+    assert store.expiring(0, [(opened.task_id, left_ms)]) == 1
+    return opened.task_id
+
+
+def test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once(
+        store: PostgresStore, database: str) -> None:
+    expired = _queued(store, "t:expired", 0)
+    running = _queued(store, "t:running", 0)
+    later = _queued(store, "t:later", 600_000)
+    with psycopg.connect(database, autocommit=True) as conn:  # a worker runs it
+        conn.execute("UPDATE debounce_taken SET state = 'claimed', claim_until = "
+                     "clock_timestamp() + interval '1 hour' WHERE task_id = %s", (running,))
+    deadline = time.monotonic() + 30
+    swept = store.expire(0)
+    while not swept and time.monotonic() < deadline:  # past the grace
+        time.sleep(0.2)
+        swept = store.expire(0)
+    assert swept == [(expired, [])]
+
+    def state(task_id: str) -> tuple[object, ...]:
+        with psycopg.connect(database, autocommit=True) as conn:
+            row = conn.execute("SELECT state, result_state, until FROM debounce_taken "
+                               "WHERE task_id = %s", (task_id,)).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    finished = state(expired)
+    assert finished[:2] == ("finished", "REVOKED")
+    # returned again until its outcome is confirmed, never finished again
+    assert store.expire(0) == [(expired, [])]
+    assert state(expired) == finished
+    store.expired(0, [expired])
+    assert store.expire(0) == []
+    assert state(expired) == finished
+    assert state(running)[0] == "claimed"  # running: never touched
+    assert state(later)[0] == "queued"  # not expired yet
+
+
+def test_an_expired_window_records_its_callers_fixed_ids(store: PostgresStore) -> None:
+    opened = store.gate(call("t:k", window_ms=0))
+    store.gate(call("t:k", window_ms=0)._replace(task_id="B"),
+               FixedId("B", '{"id": "B"}', False))
+    store.take(0, 10)
+    store.ack(0, [opened.task_id])
+    store.expiring(0, [(opened.task_id, 0)])
+    deadline = time.monotonic() + 30
+    swept = store.expire(0)
+    while not swept and time.monotonic() < deadline:
+        time.sleep(0.2)
+        swept = store.expire(0)
+    assert swept == [(opened.task_id, [{"id": "B"}])]
+
+
+def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
+        store: PostgresStore, database: str) -> None:
+    now = store.time_ms()
+    assert abs(store.heartbeat("d1") - now) < 5000
+    store.heartbeat("d2", alive=False)
+    with psycopg.connect(database, autocommit=True) as conn:
+        beats = conn.execute("SELECT name, alive FROM debounce_dispatchers "
+                             "ORDER BY name").fetchall()
+    assert beats == [("d1", True), ("d2", False)]
+    at, layouts = store.layouts(["a", "b"])
+    assert abs(at - now) < 5000 and set(layouts) == {"a", "b"}
+    assert all(abs(ms - at) < 1000 for ms in layouts.values())
+    assert store.layouts()[1] == layouts  # a read writes nothing
+    store.history_ttl_ms = 100
+    time.sleep(0.3)
+    assert set(store.layouts(["c"])[1]) == {"c"}
+    store.heartbeat("d3")
+    with psycopg.connect(database, autocommit=True) as conn:
+        names = conn.execute("SELECT name FROM debounce_dispatchers").fetchall()
+    assert names == [("d3",)]
+
+
+def test_an_expiry_sweep_whose_reply_is_lost_is_not_sent_again(
+        store: PostgresStore, make_store: Callable[..., PostgresStore],
+        postgres_server: LocalPostgres) -> None:
+    del store  # migrated
+    proxy = PgProxy(postgres_server.port)
+    try:
+        database = make_store().url
+        through = make_store(database.replace(f"port={postgres_server.port}",
+                                              f"port={proxy.port}"), max_size=1)
+        assert through.expire(0) == []
+        proxy.drop_next(b"debounce_expire")
+        with pytest.raises(OutcomeUnknown, match="expire was lost"):
+            through.expire(0)
+    finally:
+        proxy.close()

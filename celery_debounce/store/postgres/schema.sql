@@ -86,7 +86,12 @@ CREATE TABLE debounce_taken (
     -- window is published again instead of left to the skipped delivery
     redelivered boolean NOT NULL DEFAULT false,
     result_state text,
-    reason text
+    reason text,
+    -- when the window's published message expires (debounce_expiring; NULL: it has no
+    -- expires, or the expiry sweep is done with it), and whether that sweep finished
+    -- it as REVOKED (returned by every sweep until debounce_expired confirms)
+    expires_at timestamptz,
+    expired boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
         autovacuum_analyze_scale_factor = 0.05);
 
@@ -107,10 +112,34 @@ CREATE TABLE debounce_quiet (
 CREATE INDEX debounce_taken_claims ON debounce_taken (claim_until)
     WHERE state = 'claimed';
 CREATE INDEX debounce_taken_running ON debounce_taken (ident) WHERE exclusive;
+CREATE INDEX debounce_taken_expiring ON debounce_taken (expires_at)
+    WHERE expires_at IS NOT NULL;
+
+-- Dispatchers' heartbeats (alive) and clean stops (not alive), by name, on the server's
+-- clock; rows older than the history TTL go at the next heartbeat.
+CREATE TABLE debounce_dispatchers (
+    name text PRIMARY KEY,
+    alive boolean NOT NULL,
+    seen_at timestamptz NOT NULL
+);
+
+-- Shard layouts dispatchers took windows under (a changed debounce_shards), by name,
+-- with when last written; rows older than the history TTL go at the next write.
+CREATE TABLE debounce_layouts (
+    name text PRIMARY KEY,
+    written_at timestamptz NOT NULL
+);
 
 CREATE FUNCTION debounce_ms(t timestamptz) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $$;
+
+-- The wake channel of this schema (dispatchers LISTEN on it): NOTIFY when a window
+-- becomes the earliest due or is made due now (flush, the cap, a leading run, a held
+-- window freed). One per schema, so that two apps in one database wake only their own.
+CREATE FUNCTION debounce_wake_channel() RETURNS text
+    LANGUAGE sql STABLE
+    AS $$ SELECT left('debounce_wake:' || current_schema(), 63) $$;
 
 -- Raise a refusal the store maps to a typed error (SQLSTATE class DB: DBA01 a fixed id
 -- past the window's most aliases, DBR01 a replacing join of another content type); the
@@ -138,7 +167,9 @@ $$;
 -- takes it (tries 1); its deadline becomes p_now if later.
 CREATE FUNCTION debounce_close(p_ident text, p_task_id text, p_now timestamptz)
 RETURNS SETOF debounce_taken
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
     WITH moved AS (
         DELETE FROM debounce_open o
         WHERE o.ident = p_ident AND (p_task_id = '' OR o.task_id = p_task_id)
@@ -152,7 +183,11 @@ LANGUAGE sql AS $$
            m.calls, m.content_type, m.payload, m.options_json, 'dispatching', p_now,
            p_now, 0, m.capped, m.is_leading, m.is_trailing, m.exclusive, m.aliases
     FROM moved m
-    RETURNING n.*
+    RETURNING n.*;
+    IF FOUND THEN  -- due now: wake a dispatcher (sent at commit)
+        PERFORM pg_notify(debounce_wake_channel(), '');
+    END IF;
+END
 $$;
 
 -- The body a replacing join stores: the call's arguments with the window's embed
@@ -308,6 +343,10 @@ BEGIN
     INTO v_row;
     IF v_row.capped OR (v_leading AND v_row.opened) THEN
         PERFORM debounce_close(p_ident, v_row.task_id, v_now);
+    ELSIF v_row.opened AND NOT EXISTS (
+            SELECT 1 FROM debounce_open o WHERE o.deadline < v_row.deadline) THEN
+        -- the earliest deadline now: a dispatcher sleeping until a later one wakes
+        PERFORM pg_notify(debounce_wake_channel(), '');
     END IF;
     IF v_leading AND v_row.opened THEN  -- the quiet period starts
         INSERT INTO debounce_quiet AS q (ident, task_id, first_seen, max_wait_ms, quiet_end,
@@ -571,8 +610,126 @@ BEGIN
     IF v_exclusive THEN
         UPDATE debounce_open o SET deadline = least(o.deadline, v_now)
         WHERE o.ident = v_ident AND o.held_since IS NOT NULL;
+        IF FOUND THEN
+            PERFORM pg_notify(debounce_wake_channel(), '');
+        END IF;
     END IF;
     RETURN QUERY SELECT v_aliases;
+END
+$$;
+
+-- Dispatcher p_name runs (p_alive) or stopped cleanly; rows not written for p_keep_ms
+-- go. The server's time, ms.
+CREATE FUNCTION debounce_heartbeat(p_name text, p_alive boolean, p_keep_ms bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO debounce_dispatchers AS d (name, alive, seen_at)
+    VALUES (p_name, p_alive, v_now)
+    ON CONFLICT (name) DO UPDATE SET alive = excluded.alive, seen_at = excluded.seen_at;
+    DELETE FROM debounce_dispatchers d
+    WHERE d.seen_at < v_now - p_keep_ms * interval '1 millisecond';
+    RETURN debounce_ms(v_now);
+END
+$$;
+
+-- Write the layouts p_write (now), drop those not written for p_keep_ms; a first row
+-- (name NULL) with the server's time, then every layout with when it was last written.
+CREATE FUNCTION debounce_layouts(p_write text[], p_keep_ms bigint)
+RETURNS TABLE (now_ms bigint, name text, written_ms bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO debounce_layouts AS l (name, written_at)
+    SELECT DISTINCT w.n, v_now FROM unnest(p_write) AS w(n)
+    ON CONFLICT (name) DO UPDATE SET written_at = excluded.written_at;
+    DELETE FROM debounce_layouts l
+    WHERE l.written_at < v_now - p_keep_ms * interval '1 millisecond';
+    RETURN QUERY SELECT debounce_ms(v_now), NULL::text, NULL::bigint;
+    RETURN QUERY SELECT debounce_ms(v_now), l.name, debounce_ms(l.written_at)
+                 FROM debounce_layouts l ORDER BY l.name;
+END
+$$;
+
+-- The messages of these windows, just published, expire in p_left_ms (from now); a
+-- finished or quarantined window is left alone. How many.
+CREATE FUNCTION debounce_expiring(p_task_ids text[], p_left_ms bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_count integer;
+BEGIN
+    UPDATE debounce_taken t SET expires_at = v_now + r.left_ms * interval '1 millisecond'
+    FROM unnest(p_task_ids, p_left_ms) AS r(task_id, left_ms)
+    WHERE t.task_id = r.task_id AND t.state NOT IN ('finished', 'quarantined');
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+-- The expiry sweep: up to p_limit windows whose message expired more than p_grace_ms
+-- ago on the server's clock and on the caller's (p_caller_ms; a clock stepped ahead
+-- alone revokes nothing early), FOR UPDATE SKIP LOCKED. A 'queued' one is finished as
+-- REVOKED (expired; an exclusive window held behind it is due now); a 'dispatching'
+-- one (published again, not yet acked) is looked at again after the grace; any other
+-- (claimed: running; finished by its run) leaves the sweep. Returns the windows it
+-- finished, now or before, whose outcome debounce_expired has not confirmed.
+CREATE FUNCTION debounce_expire(p_grace_ms bigint, p_ttl_ms bigint, p_limit integer,
+                                p_caller_ms bigint)
+RETURNS TABLE (task_id text, aliases text[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_upto timestamptz := least(v_now, coalesce(to_timestamp(p_caller_ms / 1000.0), v_now))
+                          - p_grace_ms * interval '1 millisecond';
+    v_row record;
+BEGIN
+    FOR v_row IN
+        SELECT t.task_id, t.state, t.expired, t.ident, t.exclusive, t.aliases
+        FROM debounce_taken t WHERE t.expires_at <= v_upto
+        ORDER BY t.expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        IF v_row.state = 'queued' THEN
+            UPDATE debounce_taken t
+            SET state = 'finished', result_state = 'REVOKED', expired = true, payload = '',
+                options_json = '', until = v_now + p_ttl_ms * interval '1 millisecond'
+            WHERE t.task_id = v_row.task_id;
+            IF v_row.exclusive THEN
+                UPDATE debounce_open o SET deadline = least(o.deadline, v_now)
+                WHERE o.ident = v_row.ident AND o.held_since IS NOT NULL;
+                IF FOUND THEN
+                    PERFORM pg_notify(debounce_wake_channel(), '');
+                END IF;
+            END IF;
+        ELSIF v_row.state = 'dispatching' THEN
+            UPDATE debounce_taken t SET expires_at = v_now WHERE t.task_id = v_row.task_id;
+            CONTINUE;
+        ELSIF NOT (v_row.state = 'finished' AND v_row.expired) THEN
+            UPDATE debounce_taken t SET expires_at = NULL WHERE t.task_id = v_row.task_id;
+            CONTINUE;
+        END IF;
+        task_id := v_row.task_id;
+        aliases := v_row.aliases;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- The outcome of these swept windows is stored: they leave the sweep. How many.
+CREATE FUNCTION debounce_expired(p_task_ids text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE debounce_taken t SET expires_at = NULL
+    WHERE t.task_id = ANY (p_task_ids) AND t.expired;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
 END
 $$;
 

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql as pg_sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...aliases import MAX_ALIASES, parse_aliases
 from ...errors import DebounceConfigError
 from ...layout import Record, new_task_id
-from ..codec import GateResult, TakenWindow, TakeResult
+from ..codec import EXPIRY_GRACE_MS, GateResult, TakenWindow, TakeResult
 from ..domain import (
     AliasesFull,
     ClaimResult,
@@ -88,6 +90,11 @@ _PENDING = ("SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadlin
 _HELD = ("SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
          "WHERE t.ident = o.ident AND t.exclusive AND t.state IN ('dispatching', 'queued', "
          "'claimed') LIMIT 1) FROM debounce_open o WHERE o.held_since IS NOT NULL")
+_HEARTBEAT = "SELECT debounce_heartbeat(%s, %s, %s)"
+_LAYOUTS = "SELECT * FROM debounce_layouts(%s, %s)"
+_EXPIRING = "SELECT debounce_expiring(%s, %s)"
+_EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s)"
+_EXPIRED = "SELECT debounce_expired(%s)"
 _LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
              "FROM debounce_taken WHERE task_id = %s")
 
@@ -129,6 +136,11 @@ class PostgresStore:
             kwargs={"autocommit": True, **links}, name="celery-debounce",
         )
         self.pool.open(wait=False)
+        self.history_ttl_ms = (settings.history_ttl_ms if settings
+                               else DEFAULT_RECORD_TTL_MS)
+        self.url = url
+        self.timeout = timeout
+        self._links = links
         self._checked = False
         self._check_lock = threading.Lock()
 
@@ -308,6 +320,64 @@ class PostgresStore:
             _QUARANTINE, (task_id, reason)).fetchone(), "quarantine")
         return None if row is None else parse_aliases(row[0])
 
+    def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
+        """Remember when the messages of ``(task id, ms left)`` windows, just
+        published, expire (from the server's now); how many."""
+        if not windows:
+            return 0
+        self._check()
+        ids, left = [w[0] for w in windows], [int(w[1]) for w in windows]
+        row = self._write(lambda conn: conn.execute(_EXPIRING, (ids, left)).fetchone(),
+                          "expiring")
+        return int(row[0]) if row else 0
+
+    def expire(self, shard: ShardRef, limit: int = 100,
+               ) -> list[tuple[str, list[dict[str, Any]]]]:
+        """The expiry sweep: finish as REVOKED the queued windows whose message
+        expired more than :data:`EXPIRY_GRACE_MS` ago on the server's clock and on
+        this process's; ``(task id, aliases)`` of each, and of those finished earlier
+        that :meth:`expired` has not confirmed. Sent at most once."""
+        self._check()
+        params = (EXPIRY_GRACE_MS, self.history_ttl_ms, limit, int(time.time() * 1000))
+        rows = self._write(lambda conn: conn.execute(_EXPIRE, params).fetchall(), "expire")
+        return [(task_id, parse_aliases(aliases)) for task_id, aliases in rows]
+
+    def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
+        """The outcome of these swept windows is stored: they leave the sweep."""
+        if not task_ids:
+            return
+        self._check()
+        self._write(lambda conn: conn.execute(_EXPIRED, (list(task_ids),)).fetchone(),
+                    "expired")
+
+    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
+        """Write the layouts ``write`` (now), drop those not written for the history
+        TTL; ``(now ms, every layout -> ms last written)``."""
+        self._check()
+        rows = self._write(lambda conn: conn.execute(
+            _LAYOUTS, (list(write), self.history_ttl_ms)).fetchall(), "layouts")
+        return int(rows[0][0]), {name: int(ms) for _, name, ms in rows[1:]}
+
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Dispatcher ``name`` runs (or stopped cleanly); the server's time, ms."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(
+            _HEARTBEAT, (name, alive, self.history_ttl_ms)).fetchone(), "heartbeat")
+        assert row is not None
+        return int(row[0])
+
+    def wake_listener(self) -> PostgresWakeListener:
+        """A new subscription to the wake channel (one per dispatcher, on a
+        connection of its own)."""
+        return PostgresWakeListener(self)
+
+    def refresh_topology(self) -> None:
+        """Nothing to find again: one server."""
+
+    def _listen_connection(self) -> psycopg.Connection[Any]:
+        """A new connection outside the pool, in autocommit (a LISTEN's)."""
+        return psycopg.connect(self.url, autocommit=True, **self._links)  # type: ignore[arg-type]
+
     # -- WorkerStore -------------------------------------------------------------------
 
     def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
@@ -457,6 +527,91 @@ class PostgresStore:
             raise
         finally:
             self.pool.putconn(conn)
+
+
+class PostgresWakeListener:
+    """A dispatcher's ``LISTEN`` on the schema's wake channel, on a connection of its
+    own. When that connection fails, :meth:`wait` returns (the dispatcher takes, as
+    after a wake-up) and the next wait subscribes again; while it cannot subscribe, a
+    wait is a plain sleep (the dispatcher polls, as without wake-ups)."""
+
+    #: how long one look at the socket lasts at most (``stop`` is seen that often)
+    SLICE_S = 0.25
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def subscribed(self) -> bool:
+        return self._conn is not None
+
+    def subscribe(self) -> None:
+        """LISTEN (no-op when listening); an outage is :class:`StoreUnavailable`."""
+        if self._conn is not None:
+            return
+        try:
+            conn = self.store._listen_connection()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
+        try:
+            row = conn.execute("SELECT debounce_wake_channel()").fetchone()
+            assert row is not None
+            conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(row[0])))
+        except psycopg.Error as exc:
+            conn.close()
+            if isinstance(exc, pg_errors.UndefinedFunction):
+                raise _schema_error(exc) from exc
+            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
+        self._conn = conn
+
+    def wait(self, seconds: float, stop: threading.Event) -> None:
+        """Sleep up to ``seconds``; return early on a notification or when ``stop``
+        is set, or when the connection fails (it is dropped)."""
+        deadline = time.monotonic() + seconds
+        if seconds <= 0:
+            return
+        try:
+            self.subscribe()
+        except StoreUnavailable:
+            stop.wait(seconds)
+            return
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._poll(min(remaining, self.SLICE_S)):
+                return
+            if self._conn is None:  # failed: a wake-up may be lost, so the dispatcher
+                return  # takes now, and its next wait subscribes again
+
+    def _poll(self, timeout: float) -> bool:
+        """True when a notification arrived within ``timeout`` (all of them read)."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            readable, _, _ = select.select([conn.fileno()], [], [], timeout)
+            if not readable:
+                return False
+            conn.pgconn.consume_input()
+            got = False
+            while conn.pgconn.notifies() is not None:
+                got = True
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the wake connection closed")
+            return got
+        except (OSError, psycopg.Error):
+            self.close()
+            return False
+
+    def close(self) -> None:
+        """Stop listening (the connection is closed)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: S110 - closing a broken connection
+                pass
 
 
 def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
