@@ -98,7 +98,7 @@ def uses_debounce(app: Celery) -> bool:
 
 class RefusedTasksStep(bootsteps.Step):  # type: ignore[misc]
     """Stops the worker's start-up when a debounced task's definition was refused
-    while the app finalized (``task.refuse_later``), with every such task's error."""
+    while the app finalized (``task_definition.refuse_later``), with every such task's error."""
 
     label = "debounce task check"
 

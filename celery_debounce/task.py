@@ -14,17 +14,24 @@ from . import bootstep, canvas, outage  # noqa: F401  (bootstep: connects the wo
 from .admin import DebounceAdmin
 from .aliases import FixedId, fixed_id, result_id
 from .call import call_key, prepare_call, refuse_schedule, static_routing
-from .collect import COLLECT_HEADER, single_call_args, wrap_run
+from .collect import COLLECT_HEADER, single_call_args
 from .confcache import always_eager
 from .errors import DebounceBackendError, DebounceConfigError
 from .gate import GateResult, enter
 from .layout import SHARD_HEADER, new_task_id
-from .names import PREFIX, unknown_name
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .result import light_result
 from .settings import Settings, settings_for
 from .store import store_for
+from .task_definition import (
+    check_key_template,
+    collect_class,
+    definition_error,
+    plain_class,
+    refuse_later,
+    refuse_unknown_class_options,
+)
 from .windows import WindowInfo
 
 
@@ -65,15 +72,15 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         super().__init_subclass__(**kwargs)
         # Runs inside Celery's type() call, so a bad option fails the registration.
         try:
-            _refuse_unknown_class_options(cls)
+            refuse_unknown_class_options(cls)
             cls._debounce_defaults = TaskDefaults.validate(
                 {name: getattr(cls, name) for name in OPTION_NAMES}
             )
             check_key_template(cls)
             if cls._debounce_defaults.debounce_collect:
-                _collect_class(cls)
+                collect_class(cls)
             else:
-                _plain_class(cls)
+                plain_class(cls)
         except DebounceConfigError as exc:
             if not refuse_later(cls, exc):
                 named = definition_error(cls, exc)  # raised at once: say which task
@@ -488,121 +495,11 @@ _CHECKED: ContextVar[bool] = ContextVar("debounce_eager_checked", default=False)
 EAGER_URL = "redis://eager.invalid:6379/0"
 
 
-def check_key_template(cls: type[DebouncedTask]) -> None:
-    """A ``debounce_key`` naming a parameter the task's function does not have (or a
-    position past its last) is refused when the task is registered, the signature
-    being known there; a ``debounce_collect`` task's keys resolve against each call."""
-    defaults = cls._debounce_defaults
-    run = cls.__dict__.get("run")  # this class's own function (@app.task builds one)
-    if defaults.debounce_key is None or defaults.debounce_collect or run is None:
-        return
-    from .key_templates import check_against, parse_template
-
-    fn = run.__func__ if isinstance(run, staticmethod) else run
-    check_against(parse_template(defaults.debounce_key), fn,
-                  str(cls.__dict__.get("name") or cls.__name__),
-                  skip_first=not isinstance(run, staticmethod))
-
-
-def definition_error(cls: type[DebouncedTask], exc: DebounceConfigError) -> DebounceConfigError:
-    """``exc`` naming the task it refuses (its name, else the class's module and name):
-    a definition refused at once (a class statement, ``lazy=False``) is raised from
-    the task module's import, whose message must say which of its tasks is wrong."""
-    name = str(cls.__dict__.get("name") or f"{cls.__module__}.{cls.__qualname__}")
-    message = str(exc)
-    if message.startswith(f"{name}:"):
-        return exc
-    try:  # its own class (a DebounceConfigError subclass) where it takes a message
-        return type(exc)(f"{name}: {message}")
-    except TypeError:
-        return DebounceConfigError(f"{name}: {message}")
-
-
-def refuse_later(cls: type[DebouncedTask], exc: DebounceConfigError) -> bool:
-    """Record ``exc`` on a task class Celery builds while its app finalizes, instead
-    of raising it; True if recorded.
-
-    Raised there, it would abort ``app.finalize()`` half-way (``app.tasks`` then
-    raises this task's error from any other task's path), and, Celery keeping the
-    constructor of every ``shared=True`` task for each app it finalizes, poison every
-    later app of the process too. Recorded, it names this task only: its calls raise
-    it, ``celery debounce check`` and the Django check list it, and a worker of the
-    app refuses to start (``bootstep.refuse_invalid_tasks``). A definition outside
-    a finalize (``lazy=False``, an app already finalized, a class statement) still
-    raises at once.
-    """
-    if not cls.__dict__.get("_decorated"):
-        return False
-    mutex = getattr(cls.__dict__.get("app"), "_finalize_mutex", None)
-    owned = getattr(mutex, "_is_owned", None)
-    if owned is not None and not owned():
-        return False
-    name = str(cls.__dict__.get("name") or cls.__name__)
-    message = str(exc)
-    cls._debounce_refused = DebounceConfigError(
-        message if message.startswith(f"{name}:") else f"{name}: {message}")
-    return True
-
-
 def refused_tasks(app: Celery) -> dict[str, str]:
     """Task name -> the error of each debounced task of ``app`` whose definition was
     refused (finalizes the app)."""
     return {name: str(task._debounce_refused) for name, task in sorted(app.tasks.items())
             if isinstance(task, DebouncedTask) and task._debounce_refused is not None}
-
-
-def _refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:
-    """A misspelt task option (``debounce_colect=True``) would be a silent class
-    attribute: refused at registration, the closest option named. Methods and other
-    descriptors named ``debounce_*`` (a subclass's own helpers) are not options."""
-    for name, value in cls.__dict__.items():
-        if (name.startswith(PREFIX) and name not in OPTION_NAMES
-                and not callable(value) and not hasattr(value, "__get__")
-                and not hasattr(DebouncedTask, name)):
-            raise unknown_name(f"task option of {cls.__name__}", name, value, OPTION_NAMES)
-
-
-def _plain_class(cls: type[DebouncedTask]) -> None:
-    """A task class without ``debounce_collect`` that inherits a collect class's
-    wrapped ``run`` gets the function itself back (it takes its own arguments)."""
-    run = _find_run(cls)
-    original = getattr(_function_of(run), "__debounce_collect_of__", None)
-    if original is not None and "run" not in cls.__dict__:
-        cls.run = original
-        if "typing" not in cls.__dict__:
-            cls.typing = Task.typing
-
-
-def _find_run(cls: type) -> Any:
-    for klass in cls.__mro__:
-        if "run" in klass.__dict__:
-            return klass.__dict__["run"]
-    return None
-
-
-def _function_of(run: Any) -> Any:
-    return run.__func__ if isinstance(run, staticmethod) else run
-
-
-def _collect_class(cls: type[DebouncedTask]) -> None:
-    """Make a ``debounce_collect`` task class take the list of its window's calls.
-
-    Its ``run`` converts the body's call elements into :class:`DebouncedCall`; the
-    function's own signature ``(calls)`` is not the calls' one, so Celery's argument
-    check is off (``typing=False``) and key templates bind to each call's own args
-    and kwargs. A serializer other than JSON is refused here when the task names
-    one, else when it is bound to the app (``on_bound``).
-    """
-    serializer = cls.__dict__.get("serializer")
-    if serializer is not None and serializer != "json":
-        raise DebounceConfigError(
-            f"debounce_collect=True needs serializer='json' (got serializer={serializer!r}): "
-            "the run's body is spliced from the calls' JSON"
-        )
-    run = _find_run(cls)  # its own, or inherited (a subclass of a plain task class)
-    if run is not None and run is not Task.__dict__.get("run"):
-        cls.run = wrap_run(run)
-    cls.typing = False
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:

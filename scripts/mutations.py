@@ -600,7 +600,7 @@ MUTATIONS: list[Mutation] = [
         "[eager-function-leading only-no option-chain tail]"),
     one("debounce_collect wraps only a run defined on the class itself",
         "parity: debounce_collect wraps run for every task shape",
-        PKG + "task.py",
+        PKG + "task_definition.py",
         "    run = _find_run(cls)  # its own, or inherited",
         "    run = cls.__dict__.get(\"run\")  # its own, or inherited",
         PARITY + "test_debounce_collect_wraps_run_for_every_task_shape[subclass inheriting run]"),
@@ -619,7 +619,7 @@ MUTATIONS: list[Mutation] = [
     one("a misspelt task option is ignored",
         "parity: unknown debounce_* names are refused, at registration",
         PKG + "task.py",
-        "    _refuse_unknown_class_options(cls)\n",
+        "    refuse_unknown_class_options(cls)\n",
         "\n",
         PARITY + "test_an_unknown_task_option_is_refused_at_registration"),
     one("a misspelt setting is ignored",
@@ -1328,7 +1328,7 @@ MUTATIONS: list[Mutation] = [
     one("a definition refused while its app finalizes raises there",
         "one bad debounced task definition names itself and never breaks the app's other "
         "tasks or a later app",
-        PKG + "task.py",
+        PKG + "task_definition.py",
         "    if owned is not None and not owned():\n        return False\n",
         "    if True:\n        return False\n",
         "tests/test_check_command.py::"
