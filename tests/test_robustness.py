@@ -185,7 +185,7 @@ def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
         redis_client.zadd(f"{tag}:expiring", {tid: past})
         redis_client.zadd(f"{tag}:active", {tid: past})
     first = store.expire(0)
-    assert first == [("q1", [b'{"id": "al-q1"}'])]
+    assert first == [("q1", [{"id": "al-q1"}])]
     assert store.expire(0) == first  # the reply was lost: returned again
     assert redis_client.hget(f"{tag}:win:q1", "st") == b"finished"
     assert redis_client.hget(f"{tag}:win:q1", "rs") == b"REVOKED"
