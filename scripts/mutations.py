@@ -1416,6 +1416,51 @@ MUTATIONS: list[Mutation] = [
         "",
         "tests/test_postgres_store.py::"
         "test_racing_first_calls_of_a_leading_burst_make_one_leading_run"),
+    one("debounce_gate sends no wake-up for a new earliest window on PostgreSQL",
+        "a dispatcher sleeping until a later deadline wakes for an earlier one (NOTIFY)",
+        PKG + "store/postgres/schema.sql",
+        "        -- the earliest deadline now: a dispatcher sleeping until a later one wakes\n"
+        "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
+        "        NULL;\n",
+        "tests/test_postgres_store.py::"
+        "test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout"),
+    one("a flushed window on PostgreSQL wakes no dispatcher",
+        "a window made due now (flush, the cap, a leading run) wakes a dispatcher (NOTIFY)",
+        PKG + "store/postgres/schema.sql",
+        "    IF FOUND THEN  -- due now: wake a dispatcher (sent at commit)",
+        "    IF false THEN",
+        "tests/test_postgres_store.py::"
+        "test_a_flush_wakes_a_listener_a_later_deadline_does_not"),
+    one("a PostgreSQL wake listener keeps its failed connection",
+        "a dispatcher whose wake connection was killed subscribes again and still wakes",
+        PKG + "store/postgres/store.py",
+        "        except (OSError, psycopg.Error):\n            self.close()\n"
+        "            return False",
+        "        except (OSError, psycopg.Error):\n            return False",
+        "tests/test_postgres_store.py::"
+        "test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes"),
+    one("the PostgreSQL expiry sweep revokes a running window",
+        "a claimed (running) window is never finished by the expiry sweep",
+        PKG + "store/postgres/schema.sql",
+        "        IF v_row.state = 'queued' THEN",
+        "        IF v_row.state IN ('queued', 'claimed') THEN",
+        "tests/test_postgres_store.py::"
+        "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
+    one("the PostgreSQL expiry sweep forgets a window before its outcome is stored",
+        "every id resolves: an expired window is returned by every sweep until "
+        "debounce_expired confirms its REVOKED was stored",
+        PKG + "store/postgres/schema.sql",
+        "        ELSIF NOT (v_row.state = 'finished' AND v_row.expired) THEN",
+        "        ELSE",
+        "tests/test_postgres_store.py::"
+        "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
+    one("the PostgreSQL expiry sweep finishes a swept window again",
+        "an expired window is finished once and only once (its record not rewritten)",
+        PKG + "store/postgres/schema.sql",
+        "        IF v_row.state = 'queued' THEN",
+        "        IF v_row.state = 'queued' OR v_row.expired THEN",
+        "tests/test_postgres_store.py::"
+        "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
         "not two",
