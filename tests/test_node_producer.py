@@ -117,12 +117,15 @@ def test_node_and_python_producers_of_one_key_share_one_window(
         app: Celery, redis_server: str, node_package: Path) -> None:
     runs: list[Any] = []
     build_report = report_task(app, runs)
+    # a quiet period longer than starting a Node process on a loaded machine: the three
+    # calls must land in one window
+    options = {**OPTIONS, "debounce": "4s"}
     with running_worker(app):
         first = node_calls(node_package, f"{redis_server}/0",
-                           [["proj.build_report", {"args": ["u1"], "kwargs": {"n": 1}}, OPTIONS]])
-        python = build_report.delay("u1", n=2)
+                           [["proj.build_report", {"args": ["u1"], "kwargs": {"n": 1}}, options]])
+        python = build_report.apply_async(("u1",), {"n": 2}, debounce="4s")
         last = node_calls(node_package, f"{redis_server}/0",
-                          [["proj.build_report", {"args": ["u1"], "kwargs": {"n": 3}}, OPTIONS]])
+                          [["proj.build_report", {"args": ["u1"], "kwargs": {"n": 3}}, options]])
         assert first[0] == python.id == last[0]
         assert python.get(timeout=15) == "built u1@1"
         wait_until(lambda: not list_windows(app), timeout=15)
