@@ -9,9 +9,11 @@ Nothing is sent twice: a connection lost after the call was sent is
 What exists: the gate (open or join; the ceiling; payload replacement; the call count;
 the call cap; fixed ids and their aliases; exclusive windows; the leading edge), take
 (claims whose lease passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP
-LOCKED``), ack, release, quarantine, flush, the worker's claim, renewal, end of claim,
-put back and finish, the schema's migration and its version check. Not yet: collect
-(refused at the gate, nothing written), wake-ups, sweeps, most of the operators' reads.
+LOCKED``), ack, release, quarantine, flush, the dispatcher's heartbeat, layouts,
+expiry sweep and wake-ups (``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of
+claim, put back and finish, the schema's migration and its version check. Not yet:
+collect (refused at the gate, nothing written), the record sweeps, most of the
+operators' reads.
 """
 
 from __future__ import annotations
