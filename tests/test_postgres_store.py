@@ -514,7 +514,15 @@ def test_an_expired_window_records_its_callers_fixed_ids(store: PostgresStore) -
 def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
         store: PostgresStore, database: str) -> None:
     now = store.time_ms()
+    assert store.liveness()[1:] == ([], [])
     assert abs(store.heartbeat("d1") - now) < 5000
+    assert store.liveness()[1:] == ([("d1", store.liveness()[1][0][1])], [])
+    store.heartbeat("d2", alive=False)
+    at, alive, stopped = store.liveness()
+    assert abs(at - now) < 5000 and [n for n, _ in alive] == ["d1"]
+    assert [n for n, _ in stopped] == ["d2"] and all(ms <= at for _, ms in alive + stopped)
+    store.heartbeat("d2")  # running again: no longer stopped
+    assert [n for n, _ in store.liveness()[1]] == ["d1", "d2"] and not store.liveness()[2]
     store.heartbeat("d2", alive=False)
     with psycopg.connect(database, autocommit=True) as conn:
         beats = conn.execute("SELECT name, alive FROM debounce_dispatchers "

@@ -97,6 +97,8 @@ _LAYOUTS = "SELECT * FROM debounce_layouts(%s, %s)"
 _EXPIRING = "SELECT debounce_expiring(%s, %s)"
 _EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s)"
 _EXPIRED = "SELECT debounce_expired(%s)"
+_LIVENESS = ("SELECT debounce_ms(clock_timestamp()), d.name, d.alive, debounce_ms(d.seen_at) "
+             "FROM (SELECT 1) AS one LEFT JOIN debounce_dispatchers d ON true ORDER BY d.name")
 _LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
              "FROM debounce_taken WHERE task_id = %s")
 
@@ -453,6 +455,15 @@ class PostgresStore:
             "SELECT debounce_ms(clock_timestamp())").fetchone())
         assert row is not None
         return int(row[0])
+
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(server time ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped
+        at ms)])``, in one read."""
+        self._check()
+        rows = self._read(lambda conn: conn.execute(_LIVENESS).fetchall())
+        beats = [(name, int(ms), alive) for _, name, alive, ms in rows if name is not None]
+        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats if alive],
+                [(n, ms) for n, ms, alive in beats if not alive])
 
     def pending(self, shard: int, ident: str) -> Record | None:
         """The open window of ``ident``, or None."""
