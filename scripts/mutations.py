@@ -830,13 +830,13 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_dispatcher_killed_after_publish_before_ack_runs_the_body_once"),
     one("claims are never renewed",
         "claim leases: a running worker renews its claims (one round trip per period)",
-        PKG + "worker_signals.py",
+        PKG + "leases.py",
         "                done = self.renew_now()",
         "                done = {}",
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered"),
     one("a failed renewal waits a full period",
         "claim leases: a lease's budget (a failed renewal is tried again within it)",
-        PKG + "worker_signals.py",
+        PKG + "leases.py",
         "                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0\n"
         "                                                      else wait)",
         "                retry_at[store] = time.monotonic() + lease / 3",
@@ -936,7 +936,7 @@ MUTATIONS: list[Mutation] = [
         "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("a run whose pool child died leaves its aliases pending",
         "every id resolves: a prefork child killed mid-run fails every id its callers hold",
-        PKG + "worker_signals.py",
+        PKG + "request.py",
         "            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)",
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
@@ -944,13 +944,13 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_a_killed_pool_child_frees_its_exclusive_key_at_once"),
     one("a run that stored SUCCESS and then lost its process leaves its aliases pending",
         "every id resolves: a child that died after storing its result resolves its aliases",
-        PKG + "worker_signals.py",
+        PKG + "request.py",
         '        if meta.get("status") != states.SUCCESS:',
         "        if True:",
         FAULTS + "test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id"),
     one("a run put back after its pool child died keeps the dead claim",
         "effectively once: a delivery put back after its pool child died runs at once",
-        PKG + "worker_signals.py",
+        PKG + "request.py",
         "            _end_claim(store_for(app), shard, self.id, self.name)",
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
@@ -1461,6 +1461,21 @@ MUTATIONS: list[Mutation] = [
         "        IF v_row.state = 'queued' OR v_row.expired THEN",
         "tests/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
+    one("PostgreSQL keeps shard layouts past the history TTL",
+        "a layout no dispatcher wrote for debounce_history_ttl is no longer drained",
+        PKG + "store/postgres/schema.sql",
+        "    DELETE FROM debounce_layouts l\n"
+        "    WHERE l.written_at < v_now - p_keep_ms * interval '1 millisecond';\n",
+        "",
+        "tests/test_postgres_store.py::"
+        "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out"),
+    one("PostgreSQL's liveness reports a cleanly stopped dispatcher as running",
+        "ping and top tell a dispatcher that stopped cleanly from one that runs",
+        PKG + "store/postgres/store.py",
+        "        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats if alive],",
+        "        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats],",
+        "tests/test_postgres_store.py::"
+        "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
         "not two",
@@ -1478,7 +1493,7 @@ MUTATIONS: list[Mutation] = [
         "test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key"),
     one("a pool child lost on a quorum queue's last delivery only ends its claim",
         "rule \"every id resolves\": a window put back on its last delivery is finished",
-        PKG + "worker_signals.py",
+        PKG + "request.py",
         'elif getattr(self, "_debounce_requeued", False) and (gone := dropped_delivery(',
         'elif False and (gone := dropped_delivery(',
         "tests/test_quorum_queues.py::"
