@@ -9,7 +9,7 @@ task name (``task_unknown``: state ``REJECTED``), an invalid message
 Claims have a lease (``debounce_claim_lease``): each process that runs tasks (a
 prefork child, a solo, threads or gevent worker) renews the claims of the runs it is
 running from one daemon thread, one pipelined round trip per third of the lease
-(:class:`_Renewer`), so a claim whose worker died goes stale within one lease and
+(:class:`leases._Renewer`), so a claim whose worker died goes stale within one lease and
 ``take.lua`` releases it. A delivery of a window that already finished, or whose
 claim is live, is a duplicate: it is skipped before the task's code runs (the hook
 :func:`install_skip` gives every task's ``before_start``, which raises ``Ignore``),
@@ -19,9 +19,6 @@ logged at INFO, counted (stats ``d|<task>``) and signalled (``duplicate_skipped`
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
 from typing import Any
 
 from celery import Celery, Task, shared_task, states
@@ -45,6 +42,9 @@ from .ceiling import check_ceiling
 from .collect import COLLECT_HEADER, plain_call_of
 from .deliveries import dropped_delivery, store_failure
 from .layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
+from .leases import _renewer
+from .request import WindowRequest as WindowRequest
+from .request import _failed_in_parent
 from .signals import duplicate_skipped, max_wait_exceeded
 from .store import NotReplicated, store_for
 from .store.api import WorkerStore
@@ -178,139 +178,7 @@ def _defer(task: Task, task_id: str, exc: BaseException) -> bool:
     return True
 
 
-# -- claim leases ------------------------------------------------------------------------
-
-class _Renewer:
-    """The claims this process runs, renewed by one daemon thread every third of the
-    claim lease: one pipelined round trip per store and period, however many runs.
-
-    Started at the first claim in a process (after a prefork fork: the parent's thread
-    is not in the child). A run that holds the GIL (a C extension that does not release
-    it), or under gevent a greenlet that never yields, stops the renewal: past one lease
-    its claim is stale and a redelivery may run it again (docs/configuration.md).
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        #: per store, per shard: the ids of the runs held there (how many times each)
-        self.held: dict[WorkerStore, dict[ShardRef, dict[str, int]]] = {}
-        self.pid = os.getpid()
-        self.thread: threading.Thread | None = None
-        self.kick = threading.Event()  # a new shard: renew by its period, not later
-
-    def hold(self, store: WorkerStore, shard: ShardRef, task_id: str) -> None:
-        with self.lock:
-            if self.pid != os.getpid():  # a forked child
-                self.held.clear()
-                self.pid, self.thread, self.kick = os.getpid(), None, threading.Event()
-            shards = self.held.setdefault(store, {})
-            if shard not in shards:
-                self.kick.set()
-            ids = shards.setdefault(shard, {})
-            ids[task_id] = ids.get(task_id, 0) + 1
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="debounce-claims",
-                                               daemon=True, args=(self.kick,))
-                self.thread.start()
-
-    def drop(self, store: WorkerStore, shard: ShardRef, task_id: str) -> None:
-        with self.lock:
-            ids = self.held.get(store, {}).get(shard)
-            if not ids or task_id not in ids:
-                return
-            ids[task_id] -= 1
-            if ids[task_id] <= 0:
-                del ids[task_id]
-            # an emptied shard stays (one per shard and store): the next run's hold then
-            # finds it and does not wake the renewal thread, once per run
-
-    def snapshot(self) -> list[tuple[WorkerStore, dict[ShardRef, list[str]]]]:
-        with self.lock:
-            out = []
-            for store, shards in self.held.items():
-                held = {shard: list(ids) for shard, ids in shards.items() if ids}
-                if held:
-                    out.append((store, held))
-            return out
-
-    def renew_now(self, only: set[WorkerStore] | None = None
-                  ) -> dict[WorkerStore, Exception | None]:
-        """Renew the claims held (of the stores in ``only``): each store's error, or
-        None if its renewal reached Redis."""
-        done: dict[WorkerStore, Exception | None] = {}
-        for store, held in self.snapshot():
-            if only is not None and store not in only:
-                continue
-            try:
-                store.renew_claims(held)
-            except Exception as exc:
-                done[store] = exc
-            else:
-                done[store] = None
-        return done
-
-    def _run(self, kick: threading.Event) -> None:
-        """Renew every third of the shortest lease held; a new shard (a kick) can
-        bring the next renewal closer, never push it back (runs that start often would
-        otherwise postpone it forever).
-
-        A store whose renewal failed is tried again after :data:`RETRY_FIRST_S`, a wait
-        that doubles up to :data:`RETRY_MAX_S` and never exceeds a quarter of what is left of
-        its lease (counted from the start of its last renewal that reached Redis): its
-        claims are lost only when no attempt reaches Redis for a whole lease."""
-        next_at: float | None = None
-        retry_at: dict[WorkerStore, float] = {}  # a store whose renewal failed: when again
-        failures: dict[WorkerStore, int] = {}
-        renewed: dict[WorkerStore, float] = {}  # start of its last renewal that went through
-        while True:
-            with self.lock:  # every store seen (held now or not): a new claim's first
-                # renewal is at most one period after it, with no wake-up per run
-                periods = [store.settings.claim_lease_ms for store in self.held]
-            period = min(periods, default=MIN_PERIOD_MS * 3) / 3000
-            now = time.monotonic()
-            if next_at is None or next_at > now + period:
-                next_at = now + period
-            kick.wait(max(0.0, min([next_at, *retry_at.values()]) - now))
-            kick.clear()
-            started = time.monotonic()
-            if started >= next_at:
-                next_at = None
-                due = set(retry_at)
-                done = self.renew_now()
-            else:
-                due = {store for store, at in retry_at.items() if at <= started}
-                if not due:
-                    continue
-                done = self.renew_now(due)
-            for store in due - set(done):  # nothing held there any more
-                del retry_at[store], failures[store]
-            for store, exc in done.items():
-                if exc is None:
-                    renewed[store] = started
-                    retry_at.pop(store, None)
-                    if failures.pop(store, 0):
-                        logger.info("debounce: claims renewed again")
-                    continue
-                tries = failures[store] = failures.get(store, 0) + 1
-                logger.log(logging.WARNING if tries == 1 else logging.DEBUG,
-                           "debounce: could not renew claims (attempt %d; tried again "
-                           "within the lease): %s", tries, exc)
-                lease = store.settings.claim_lease_ms / 1000
-                # never renewed yet: its claims were made within the last period
-                left = renewed.get(store, started - lease / 3) + lease - time.monotonic()
-                wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(tries - 1, 8))
-                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0
-                                                      else wait)
-
-
-#: Shortest renewal period (ms), whatever the lease (settings refuse leases below 1 s).
-MIN_PERIOD_MS = 1000
-#: First and longest wait (s) before a failed renewal is tried again (each failed
-#: attempt also takes up to ``debounce_redis_timeout``).
-RETRY_FIRST_S = 0.05
-RETRY_MAX_S = 0.5
-
-_renewer = _Renewer()
+# -- claim leases: leases.py; a run whose pool child died: request.py ----------------
 
 
 # -- the duplicate skip ---------------------------------------------------------------------
@@ -555,119 +423,6 @@ def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:
     if shard is None:
         return
     _finish_window(sender.app, shard, task_id, sender.name, states.REVOKED)
-
-
-# -- a run whose pool child died (the worker's main process) --------------------------
-
-class _Watch(threading.local):
-    """The request whose failure the main process is handling (:class:`WindowRequest`),
-    and what ``task_failure`` reported for it while Celery handled it."""
-
-    task_id: str | None = None
-    exc: BaseException | None = None
-
-
-_watch = _Watch()
-
-
-def _failed_in_parent(sender: Any = None, task_id: str | None = None,
-                      exception: BaseException | None = None, **_: Any) -> None:
-    """``task_failure`` sent by the main process for the request it watches: Celery
-    stored FAILURE for the run's id (not requeued, not retried)."""
-    if task_id is not None and task_id == _watch.task_id:
-        _watch.exc = exception if exception is not None else Exception("worker lost")
-
-
-class WindowRequest(Request):  # type: ignore[misc]
-    """The request class of debounced tasks (``DebouncedTask.Request``): the side of a
-    window's run that the worker's main process handles.
-
-    A prefork child that dies mid-run (SIGKILL, OOM killer, ``os._exit``) or is killed
-    at its hard time limit never reaches ``task_postrun``, so the child cannot finish
-    the window. The main process then stores FAILURE (``WorkerLostError`` or
-    ``TimeLimitExceeded``) for the run's own id and sends ``task_failure``; this class
-    finishes the window with that failure there, so the ids that joined it (aliases)
-    get it too and an exclusive key is freed at once. If Celery stored nothing (it put
-    the message back: ``acks_late`` with ``reject_on_worker_lost``; or it retried it:
-    ``retry_on_worker_lost``), the dead run's claim ends at once, so the next delivery
-    runs instead of being skipped as a duplicate of a live claim. A task class that
-    sets its own ``Request`` should derive it from this one.
-    """
-
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
-        if return_ok:  # the child ran the body and handled its failure (task_postrun)
-            return super().on_failure(exc_info, send_failed_event, return_ok)
-        return self._debounce_watch(super().on_failure, exc_info, send_failed_event,
-                                    return_ok)
-
-    def on_timeout(self, soft: bool, timeout: float) -> Any:
-        if soft:
-            return super().on_timeout(soft, timeout)
-        return self._debounce_watch(super().on_timeout, soft, timeout,
-                                    hard_limit=timeout)
-
-    def _debounce_watch(self, handle: Any, *args: Any, hard_limit: float | None = None) -> Any:
-        before = (_watch.task_id, _watch.exc)
-        _watch.task_id, _watch.exc = self.id, None
-        try:
-            return handle(*args)
-        finally:
-            exc = _watch.exc
-            _watch.task_id, _watch.exc = before
-            try:
-                self._debounce_end(exc, hard_limit)
-            except Exception:
-                logger.exception("debounce: could not end the window of %s[%s] after its "
-                                 "worker process was lost", self.name, self.id)
-
-    def _debounce_end(self, exc: BaseException | None, hard_limit: float | None) -> None:
-        from celery.exceptions import TimeLimitExceeded
-        from celery.worker import state as worker_state
-
-        if getattr(self, "_debounce_ended", False):
-            return
-        app = self.task.app
-        shard = _shard_of(self.request_dict, None, app)
-        if shard is None:
-            return
-        if exc is None and hard_limit is not None and not worker_state.should_terminate:
-            # Celery < 5.7 stores TimeLimitExceeded for a hard limit without task_failure
-            exc = TimeLimitExceeded(hard_limit)
-        self._debounce_ended = True
-        if exc is not None:
-            logger.warning("debounce: %s[%s] lost its worker process mid-run (%r): window "
-                           "finished as FAILURE, with its aliases", self.name, self.id, exc)
-            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)
-            return
-        stored = None if getattr(self, "_debounce_requeued", False) else self._stored_success()
-        if stored is not None:  # the child stored SUCCESS, then died before task_postrun
-            logger.warning("debounce: %s[%s] succeeded, then lost its worker process before "
-                           "finishing its window: finished here, with its aliases",
-                           self.name, self.id)
-            _finish_window(app, shard, self.id, self.name, states.SUCCESS, stored[0])
-        elif getattr(self, "_debounce_requeued", False) and (gone := dropped_delivery(app, self)):
-            _finish_window(app, shard, self.id, self.name, states.FAILURE,
-                           store_failure(self.task, self.id, gone, self._context))
-        else:  # put back (or retried): the next delivery takes the dead run's claim over
-            _end_claim(store_for(app), shard, self.id, self.name)
-
-    def _stored_success(self) -> tuple[Any] | None:
-        """``(result,)`` if the backend holds SUCCESS for this run's id, else None."""
-        if getattr(self, "ignore_result", self.task.ignore_result):
-            return None
-        try:
-            meta = self.task.backend.get_task_meta(self.id)
-        except Exception:  # a disabled backend raises; an outage: nothing known
-            return None
-        if meta.get("status") != states.SUCCESS:
-            return None
-        return (meta.get("result"),)
-
-    def reject(self, requeue: bool = False) -> None:
-        if requeue:
-            self._debounce_requeued = True
-        super().reject(requeue)
 
 
 def _dropped(sender: Any = None, message: Any = None, name: str | None = None,

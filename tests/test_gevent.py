@@ -267,7 +267,7 @@ def test_a_green_worker_binds_its_module_thread_locals_after_celery_patches(pool
         "import threading\n"
         "from celery import maybe_patch_concurrency\n"
         f"maybe_patch_concurrency(['celery', '-A', 'x', 'worker', '-P', '{pool}'])\n"
-        "import celery_debounce.worker_signals as signals, celery_debounce.store.node as node\n"
+        "import celery_debounce.request as signals, celery_debounce.store.node as node\n"
         "assert signals._Watch.__mro__[1] is threading.local, signals._Watch.__mro__\n"
         "assert threading.local.__module__ != '_thread', threading.local\n"
         "assert node._STD_SOCKET is None and node._STD_LOCAL is None\n")

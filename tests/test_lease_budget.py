@@ -24,7 +24,7 @@ from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.layout import claims_key
 from celery_debounce.store import DebounceBackendError, store_for
-from celery_debounce.worker_signals import RETRY_MAX_S
+from celery_debounce.leases import RETRY_MAX_S
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: Fa
                    timeout: float, lease: float, first: float) -> Iterator[tuple[str, float]]:
     """A claim (``t1``) a fresh renewer holds through ``fault_proxy``: ``(its claims
     key, the monotonic time its first renewal was seen, within ``first`` seconds)``."""
-    from celery_debounce.worker_signals import _Renewer
+    from celery_debounce.leases import _Renewer
 
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
                    debounce_redis_timeout=timeout, debounce_claim_lease=lease)
