@@ -108,6 +108,25 @@ ALIASES_FULL = "DBA01"
 REPLACE_REFUSED = "DBR01"
 
 
+def _migrate(conn: psycopg.Connection[Any]) -> int | None:
+    """:meth:`PostgresStore.migrate` on ``conn``: the version found."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+        found = _read_version(conn)
+        if found is None:
+            conn.execute(schema_sql().encode())
+        elif found > SCHEMA_VERSION:
+            error = refusal(found)
+            assert isinstance(error, SchemaTooNew)
+            raise error
+        else:
+            for step in upgrade_sql(found):
+                conn.execute(step.encode())
+            conn.execute("UPDATE debounce_schema SET version = %s, "
+                         "written_at = clock_timestamp()", (SCHEMA_VERSION,))
+        return found
+
+
 def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     """The schema version of the connection's ``search_path`` (None: no schema)."""
     row = conn.execute("SELECT to_regclass('debounce_schema') IS NOT NULL").fetchone()
@@ -144,7 +163,7 @@ class PostgresStore:
                                else DEFAULT_RECORD_TTL_MS)
         self.url = url
         self.timeout = timeout
-        self._links = links
+        self.links = links
         self._checked = False
         self._check_lock = threading.Lock()
 
@@ -189,25 +208,7 @@ class PostgresStore:
         """Create the schema, or upgrade an older one, in one transaction under an
         advisory lock (concurrent migrations wait for each other); ``(version before,
         version now)``. A newer schema is refused (:class:`SchemaTooNew`)."""
-
-        def run(conn: psycopg.Connection[Any]) -> int | None:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
-                found = _read_version(conn)
-                if found is None:
-                    conn.execute(schema_sql().encode())
-                elif found > SCHEMA_VERSION:
-                    error = refusal(found)
-                    assert isinstance(error, SchemaTooNew)
-                    raise error
-                else:
-                    for step in upgrade_sql(found):
-                        conn.execute(step.encode())
-                    conn.execute("UPDATE debounce_schema SET version = %s, "
-                                 "written_at = clock_timestamp()", (SCHEMA_VERSION,))
-                return found
-
-        before = self._read(run)
+        before = self._read(_migrate)
         with self._check_lock:
             self._checked = False
         return before, SCHEMA_VERSION
@@ -325,8 +326,7 @@ class PostgresStore:
         return None if row is None else parse_aliases(row[0])
 
     def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
-        """Remember when the messages of ``(task id, ms left)`` windows, just
-        published, expire (from the server's now); how many."""
+        """When the just published messages of ``(task id, ms left)`` expire; how many."""
         if not windows:
             return 0
         self._check()
@@ -371,16 +371,11 @@ class PostgresStore:
         return int(row[0])
 
     def wake_listener(self) -> PostgresWakeListener:
-        """A new subscription to the wake channel (one per dispatcher, on a
-        connection of its own)."""
+        """A new subscription to the wake channel (one per dispatcher)."""
         return PostgresWakeListener(self)
 
     def refresh_topology(self) -> None:
         """Nothing to find again: one server."""
-
-    def _listen_connection(self) -> psycopg.Connection[Any]:
-        """A new connection outside the pool, in autocommit (a LISTEN's)."""
-        return psycopg.connect(self.url, autocommit=True, **self._links)  # type: ignore[arg-type]
 
     # -- WorkerStore -------------------------------------------------------------------
 
@@ -457,8 +452,7 @@ class PostgresStore:
         return int(row[0])
 
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-        """``(server time ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped
-        at ms)])``, in one read."""
+        """``(server ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
         self._check()
         rows = self._read(lambda conn: conn.execute(_LIVENESS).fetchall())
         beats = [(name, int(ms), alive) for _, name, alive, ms in rows if name is not None]
@@ -563,8 +557,9 @@ class PostgresWakeListener:
         """LISTEN (no-op when listening); an outage is :class:`StoreUnavailable`."""
         if self._conn is not None:
             return
-        try:
-            conn = self.store._listen_connection()
+        try:  # outside the pool: the LISTEN lives as long as its connection
+            conn = psycopg.connect(self.store.url, autocommit=True,
+                                   **self.store.links)  # type: ignore[arg-type]
         except psycopg.Error as exc:
             raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
         try:
