@@ -134,7 +134,7 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
 POSTGRES_NOT_YET = {
     "test_the_store_satisfies_every_role":
         "postgres: gate_many and the operators' reads and actions (list_step, "
-        "census_step, counts, snapshot, liveness, cancel, ...) are not implemented yet",
+        "census_step, counts, snapshot, cancel, ...) are not implemented yet",
     "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next":
         "postgres: debounce_collect is not implemented yet (refused at the gate)",
     "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written":
