@@ -94,10 +94,16 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         return
     store = store_for(task.app)
     retry = bool(task.request.retries)
+    # nothing delivers the last delivery a quorum queue allows again: a lapse of its
+    # claim finishes the window (take.lua)
+    last = dropped_delivery(task.app, task.request) is not None
     try:
         if store.settings.wait_replicas:
             before, run = store.claim(shard, task_id, task.name, retry,
-                                      str(_header(task.request, IDENT_HEADER) or ""))
+                                      str(_header(task.request, IDENT_HEADER) or ""),
+                                      last_delivery=last)
+        elif last:
+            before, run = store.claim(shard, task_id, task.name, retry, last_delivery=True)
         else:
             before, run = store.claim(shard, task_id, task.name, retry)
     except NotReplicated as exc:

@@ -22,7 +22,6 @@ import pytest
 import redis
 from celery import Celery
 from celery.exceptions import Reject
-from celery.exceptions import TimeoutError as CeleryTimeoutError
 from helpers import make_app, running_worker, stop_process, wait_until
 from kombu import Connection, Exchange, Queue
 from quorum_app import build
@@ -190,17 +189,16 @@ def test_a_pool_child_lost_on_the_last_delivery_resolves_its_window(
     assert not redis_client.exists(f"debounce:{{0}}:run:{record[b'i'].decode()}")
 
 
-@pytest.mark.xfail(strict=True, raises=CeleryTimeoutError,
-                   reason="not handled yet: the whole worker killed on a quorum queue's last "
-                   "delivery leaves its window stale (design, 'A quorum queue's delivery limit')")
 def test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window(
     redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, tmp_path: Path,
 ) -> None:
     """The whole worker SIGKILLed mid-run on each delivery (``acks_late``), each next
     worker started after the dead run's claim lease (2 s) passed, so each redelivery
     takes the claim over instead of being skipped: after the third, RabbitMQ drops the
-    message. Today the claim lapses to ``stale`` and the window's id never resolves
-    (until ``debounce_record_ttl``): this test sees it, and passes once that is fixed."""
+    message. That claim was marked the last delivery (claim.lua's ``lv``): when it
+    lapses, take.lua hands the window to the expiry sweep, which finishes it as
+    ``REVOKED`` and a dispatcher stores that for its id (before: ``stale``, its id
+    ``PENDING`` until ``debounce_record_ttl``)."""
     qname = f"qq-{uuid.uuid4().hex[:10]}"
     key = f"hangs-{qname}"
     app = build(redis_server, rabbit.url, qname, LIMIT)
@@ -218,6 +216,9 @@ def test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window(
     assert counts == ["None", "1", "2"]
     worker = worker_process(env, tmp_path / "last.log", "solo")  # its dispatcher lapses claims
     try:
-        app.AsyncResult(call.id).get(timeout=30, propagate=False)  # resolved: XPASS
+        app.AsyncResult(call.id).get(timeout=60, propagate=False)
+        assert app.AsyncResult(call.id).state == "REVOKED"
+        record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
+        assert record.get(b"st") == b"finished" and record.get(b"rs") == b"REVOKED"
     finally:
         stop_process(worker)

@@ -1,6 +1,7 @@
 -- claim.lua: a worker is about to run the window's message (task_prerun).
 --
--- KEYS[1]  <tag>:win:<id>  hash; st "dispatching"/"queued"/"stale" -> "claimed", ca claimed ms
+-- KEYS[1]  <tag>:win:<id>  hash; st "dispatching"/"queued"/"stale" -> "claimed", ca claimed ms,
+--                          lv "1" (ARGV[7]) or deleted, rd deleted (read: st)
 -- KEYS[2]  <tag>:leased    zset; the id leaves it (never taken again)
 -- KEYS[3]  <tag>:active    zset; the id is added (NX, scored now) and stays until finished
 -- KEYS[4]  <tag>:claims    zset task id -> claim lease expiry ms (now + ARGV[2]); renewed by
@@ -13,6 +14,10 @@
 --          is still open under this id (<tag>:open:<ident>, field id) was never taken on
 --          this master (its take, publish and claim were on a master a failover
 --          demoted): a skip (state "pending"); this master's dispatcher publishes it
+-- ARGV[7]  (optional) "1": this delivery is the last its quorum queue allows
+--          (deliveries.py): the claim is marked (field lv 1), so that take.lua, should it
+--          lapse (the whole worker killed), hands the window to the expiry sweep: nothing
+--          delivers it again
 --
 -- Effectively once: a delivery of a window that is finished, or claimed under a live
 -- lease, is a duplicate (a dispatcher killed after publish and before ack, a failover
@@ -56,6 +61,11 @@ end
 if st == 'dispatching' or st == 'queued' or st == 'stale' or st == 'claimed' then
   redis.call('HSET', KEYS[1], 'st', 'claimed', 'ca', string.format('%d', now))
   redis.call('HDEL', KEYS[1], 'rd')
+  if ARGV[7] == '1' then
+    redis.call('HSET', KEYS[1], 'lv', '1')
+  else
+    redis.call('HDEL', KEYS[1], 'lv')
+  end
   redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
 end

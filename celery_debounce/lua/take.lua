@@ -34,7 +34,12 @@
 --                      "stale" (sa: ms), so nothing waits behind a dead run; one that
 --                      a duplicate delivery was skipped for (field rd, claim.lua) is
 --                      made "dispatching" with an expired lease instead, so
---                      it is published again by the next take
+--                      it is published again by the next take; one claimed on the
+--                      last delivery its quorum queue allows (field lv, claim.lua),
+--                      whose message nothing delivers again, is made "queued" (sa: ms)
+--                      and added to <tag>:expiring scored 0: expire.lua finishes it
+--                      (REVOKED) and frees its exclusive key, and a dispatcher stores
+--                      the outcome for its ids
 --   <tag>:run:<ident>  hash, field id: the id of the debounce_exclusive window of <ident> in
 --                      progress, set when such a window is taken (its stored options
 --                      carry the header "debounce_exclusive"), deleted when its run
@@ -219,6 +224,9 @@ for _, id in ipairs(lapsed) do
       redis.call('HDEL', key, 'rd')
       redis.call('HSET', key, 'st', 'dispatching', 'sa', string.format('%d', now))
       redis.call('ZADD', KEYS[2], now, id)
+    elseif redis.call('HGET', key, 'lv') then
+      redis.call('HSET', key, 'st', 'queued', 'sa', string.format('%d', now))
+      redis.call('ZADD', tag .. ':expiring', 0, id)
     else
       redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
       free_run(id, key, KEYS[1])

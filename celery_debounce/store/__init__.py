@@ -299,13 +299,18 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
                 self.settings.history_ttl_ms]
 
     def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "") -> ClaimResult:
+              retry: bool = False, ident: str = "", *,
+              last_delivery: bool = False) -> ClaimResult:
         """Claim a window's run for one claim lease: ``(state before ("" if the record
         is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
         a live lease), which must not run. ``ident`` is read only with
-        ``debounce_redis_wait_replicas`` (:meth:`WaitedStore.claim`)."""
-        before, _, run = self.run_once("claim", self._record_keys(shard, task_id),
-                                       self._claim_args(task_id, task_name, retry))
+        ``debounce_redis_wait_replicas`` (:meth:`WaitedStore.claim`). ``last_delivery``
+        marks the claim (claim.lua's ``lv``): take.lua hands a lapse of it to the
+        expiry sweep."""
+        args = self._claim_args(task_id, task_name, retry)
+        if last_delivery:
+            args += ["", "1"]
+        before, _, run = self.run_once("claim", self._record_keys(shard, task_id), args)
         return ClaimResult(as_text(before), bool(int(run)))
 
     def claim_late(self, shard: Shard, task_id: str, task_name: str = "",
@@ -408,7 +413,8 @@ class WaitedStore(WindowStore):
         return reply
 
     def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "") -> ClaimResult:
+              retry: bool = False, ident: str = "", *,
+              last_delivery: bool = False) -> ClaimResult:
         """:meth:`WindowStore.claim` followed by ``WAIT``: a claim that would run the
         body and that fewer replicas acknowledged is undone on the master it ran on
         (``unclaim.lua``, only if the claim is still that one) and raised as
@@ -421,7 +427,8 @@ class WaitedStore(WindowStore):
         keys = self._record_keys(shard, task_id)
         try:
             before, at, run = self._run_waited(
-                "claim", keys, [*self._claim_args(task_id, task_name, retry), ident])
+                "claim", keys, [*self._claim_args(task_id, task_name, retry), ident,
+                                *(["1"] if last_delivery else [])])
         except NotReplicated as exc:
             before, at, run = exc.reply
             if not int(run) or not before:

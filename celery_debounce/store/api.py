@@ -141,10 +141,13 @@ class WorkerStore(BaseStore, Protocol):
     """The worker's: claim a run, keep its claim alive, end it, mark it finished."""
 
     def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "") -> ClaimResult:
+              retry: bool = False, ident: str = "", *,
+              last_delivery: bool = False) -> ClaimResult:
         """Claim a window's run for one claim lease; ``run`` False: a duplicate
         delivery that must not run. Sent at most once; ``NotReplicated`` (an
-        ``OutcomeUnknown``) when too few replicas acknowledged it."""
+        ``OutcomeUnknown``) when too few replicas acknowledged it. ``last_delivery``:
+        the last delivery its quorum queue allows; should this claim lapse, the
+        window is finished (REVOKED), since nothing delivers it again."""
 
     def claim_late(self, shard: ShardRef, task_id: str, task_name: str = "",
                    retry: bool = False) -> ClaimResult:
