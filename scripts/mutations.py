@@ -1498,4 +1498,11 @@ MUTATIONS: list[Mutation] = [
         'elif False and (gone := dropped_delivery(',
         "tests/test_quorum_queues.py::"
         "test_a_pool_child_lost_on_the_last_delivery_resolves_its_window"),
+    one("a lapsed claim of a quorum queue's last delivery goes stale",
+        "rule \"every id resolves\": the whole worker killed on the last delivery",
+        LUA + "take.lua",
+        "    elseif redis.call('HGET', key, 'lv') then",
+        "    elseif false then",
+        "tests/test_quorum_queues.py::"
+        "test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window"),
 ]
