@@ -23,8 +23,8 @@ from helpers import make_app, running_worker, wait_until
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatcher import Dispatcher
 from celery_debounce.layout import claims_key
-from celery_debounce.store import DebounceBackendError, store_for
 from celery_debounce.leases import RETRY_MAX_S
+from celery_debounce.store import DebounceBackendError, store_for
 
 pytestmark = pytest.mark.slow
 
