@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.apps import make_app
     from bench.calls import count_calls
-    from celery_debounce.call import bind_arguments, encode, prepare_call, static_routing
-    from celery_debounce.gate import enter
-    from celery_debounce.key_templates import resolve
     from celery_debounce.layout import new_task_id, window_ident
-    from celery_debounce.result import light_result
+    from celery_debounce.producer.call import bind_arguments, encode, prepare_call, static_routing
+    from celery_debounce.producer.gate import enter
+    from celery_debounce.producer.key_templates import resolve
+    from celery_debounce.producer.result import light_result
     from celery_debounce.settings import settings_for
     from celery_debounce.store import store_for
     from celery_debounce.store.codec import gate_args, gate_keys, parse_reply

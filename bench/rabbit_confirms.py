@@ -33,7 +33,7 @@ from celery import Celery
 
 from bench.throughput import fill_due
 from celery_debounce import DebouncedTask, Dispatcher
-from celery_debounce.publishers import PoolPublisher
+from celery_debounce.dispatch.publishers import PoolPublisher
 from celery_debounce.testing.servers import LocalRedis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

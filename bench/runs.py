@@ -22,7 +22,7 @@ from celery import Celery
 
 from bench.harness import Row, compare
 from bench.lateness import countdown_lateness, debounce_lateness, summary
-from celery_debounce.admin import DebounceAdmin
+from celery_debounce.ops.admin import DebounceAdmin
 
 QUEUE = "celery"
 

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
+import celery_debounce.producer.task as task_module
 import celery_debounce.store.node as store_module
-import celery_debounce.task as task_module
 from celery_debounce.store import store_for
 
 

@@ -3,7 +3,7 @@
 The public names load on first use (PEP 562), so ``import celery_debounce.store``
 (or ``.layout``, ``.settings``) runs none of the call encoding. Using any public
 name, or importing ``task``, ``bootstep`` or ``cli`` (the ``celery`` command's
-plugin), connects the worker signals (:mod:`celery_debounce.worker_signals`);
+plugin), connects the worker signals (:mod:`celery_debounce.worker.signals`);
 the first two also connect the embedded dispatcher's worker bootstep.
 """
 
@@ -16,11 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import signals
-    from .admin import DebounceAdmin
-    from .bootstep import DispatcherStep, install
-    from .bulk import enqueue_many
-    from .collect import DebouncedCall
-    from .dispatcher import Dispatcher
+    from .dispatch.bootstep import DispatcherStep, install
+    from .dispatch.dispatcher import Dispatcher
     from .errors import (
         DebounceBackendError,
         DebounceConfigError,
@@ -33,8 +30,11 @@ if TYPE_CHECKING:  # pragma: no cover
         WindowNotPending,
         WindowQuarantined,
     )
-    from .outage import DebounceBreakerOpen
-    from .task import DebouncedTask, send_task
+    from .ops.admin import DebounceAdmin
+    from .producer.bulk import enqueue_many
+    from .producer.collect import DebouncedCall
+    from .producer.outage import DebounceBreakerOpen
+    from .producer.task import DebouncedTask, send_task
 
 __version__ = "0.3.0"
 
@@ -51,25 +51,25 @@ if _os.path.exists(_FOREIGN_MODULE):
 
 #: Each public name -> the module that defines it ("" for the module of that name).
 _OWNERS = {
-    "DebounceAdmin": "admin",
+    "DebounceAdmin": "ops.admin",
     "DebounceBackendError": "errors",
-    "DebounceBreakerOpen": "outage",
+    "DebounceBreakerOpen": "producer.outage",
     "DebounceConfigError": "errors",
     "DebounceContractMismatch": "errors",
     "DebounceError": "errors",
     "DebounceKeyError": "errors",
     "DebounceOutcomeUnknown": "errors",
     "DebouncePayloadError": "errors",
-    "DebouncedCall": "collect",
-    "DebouncedTask": "task",
-    "Dispatcher": "dispatcher",
-    "DispatcherStep": "bootstep",
+    "DebouncedCall": "producer.collect",
+    "DebouncedTask": "producer.task",
+    "Dispatcher": "dispatch.dispatcher",
+    "DispatcherStep": "dispatch.bootstep",
     "WindowNotFound": "errors",
     "WindowNotPending": "errors",
     "WindowQuarantined": "errors",
-    "enqueue_many": "bulk",
-    "install": "bootstep",
-    "send_task": "task",
+    "enqueue_many": "producer.bulk",
+    "install": "dispatch.bootstep",
+    "send_task": "producer.task",
     "signals": "",
 }
 
@@ -104,7 +104,7 @@ def __getattr__(name: str) -> Any:
     # the worker signals and bootstep, connected whenever the public API is used (as
     # when this module imported everything): a worker that only sends or inspects
     # still claims and finishes the windows it runs
-    _importlib.import_module(".bootstep", __name__)
+    _importlib.import_module(".dispatch.bootstep", __name__)
     module = _importlib.import_module(f".{owner or name}", __name__)
     value = module if not owner else getattr(module, name)
     globals()[name] = value

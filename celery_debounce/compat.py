@@ -2,7 +2,7 @@
 
 Everything here is either Celery's own helper (where the installed version has it)
 or a copy of its newest behaviour (where it does not). Each helper has a test in
-``tests/test_compat.py`` that runs on whatever version is installed.
+``tests/shared/test_compat.py`` that runs on whatever version is installed.
 """
 
 from __future__ import annotations

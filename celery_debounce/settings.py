@@ -22,7 +22,6 @@ from .layout import (
     shard_wake_channel,
     wake_channel,
 )
-from .names import refuse_unknown_settings
 from .sentinel import (
     SentinelConfig,
     is_sentinel_url,
@@ -30,6 +29,7 @@ from .sentinel import (
     refuse_without_sentinel,
     sentinel_config,
 )
+from .unknown_names import refuse_unknown_settings
 
 __all__ = ["CLUSTER_SLOTS", "DEFAULTS", "Settings", "cluster_shard_tag", "settings_for"]
 
@@ -124,7 +124,7 @@ class Settings:
     redis_cluster: bool = False
     #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
     wait_replicas: int = 0
-    #: how long a worker's claim on a window's run lasts unless renewed (worker_signals.py)
+    #: how long a worker's claim on a window's run lasts unless renewed (worker/signals.py)
     claim_lease_ms: int = 60_000
     #: Celery's ``result_expires`` in ms (None: results never expire). A leading-only
     #: quiet period never outlasts it: its suppressed calls hold the leading run's id

@@ -23,8 +23,8 @@ def main() -> int:
             server = stack.enter_context(LocalRedis())
             os.environ["REDIS_URL"] = server.url
             print(f"started a local redis-server at {server.url}")
-        from celery_debounce.cli import render_table
-        from celery_debounce.windows import list_windows
+        from celery_debounce.ops.cli import render_table
+        from celery_debounce.ops.read_view import list_windows
         from example_project import editor
 
         editor._runs.delete("demo:runs")

@@ -42,8 +42,8 @@ def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> li
     sys.path.insert(0, str(HERE))
     from app import app, touch
 
-    from celery_debounce.call import prepare_call
-    from celery_debounce.gate import enter
+    from celery_debounce.producer.call import prepare_call
+    from celery_debounce.producer.gate import enter
     from celery_debounce.settings import settings_for
     from celery_debounce.store import store_for
 

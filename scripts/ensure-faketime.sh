@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure libfaketime is installed: tests/test_clock_step.py steps the clock of a
+# Make sure libfaketime is installed: tests/dispatch/test_clock_step.py steps the clock of a
 # running server with it (LD_PRELOAD, FAKETIME_TIMESTAMP_FILE), from Debian's package
 # when we can install it. Without apt that test is skipped, with the reason.
 set -euo pipefail
@@ -16,4 +16,4 @@ if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = "0" ] || [ -n "$SUDO" 
     libfaketime >/dev/null
   exit 0
 fi
-echo "+ cannot install libfaketime (no apt): tests/test_clock_step.py will be skipped" >&2
+echo "+ cannot install libfaketime (no apt): tests/dispatch/test_clock_step.py will be skipped" >&2

@@ -3,7 +3,7 @@
 # view is read from a tmux pane) and Prometheus with promtool (the dashboard's
 # queries and the alerting rules), from Debian's packages when we can install them
 # (Debian's `prometheus` package ships /usr/bin/promtool: `promtool check rules` and
-# `promtool test rules` in tests/test_dashboard.py need it).
+# `promtool test rules` in tests/ops/test_dashboard.py need it).
 # Without apt the tests that need them are skipped, with the reason.
 set -euo pipefail
 missing=()

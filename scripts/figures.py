@@ -23,7 +23,7 @@ with the embedded dispatcher), makes the calls, and plots what happened:
 Every time on the plots comes from the run: call times from the producer,
 deadlines from the gate's reply (``window_opened``/``call_absorbed`` signals),
 takes from ``window_dispatched``, run starts from the task itself. ``--quick``
-makes the same figures from shorter runs (tests/test_figures.py runs it, so the
+makes the same figures from shorter runs (tests/system/test_figures.py runs it, so the
 figures cannot go stale unnoticed). Prints one summary line per figure.
 """
 
@@ -386,7 +386,7 @@ def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
         return None
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from celery_debounce import metrics
+    from celery_debounce.ops import metrics
 
     registry = CollectorRegistry()
     events = metrics.enable(registry=registry)

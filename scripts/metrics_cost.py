@@ -15,8 +15,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from celery_debounce import gate, metrics
-from celery_debounce.gate import GateResult
+from celery_debounce.ops import metrics
+from celery_debounce.producer import gate
+from celery_debounce.producer.gate import GateResult
 
 
 class _Call:  # what enter() and announce() read of a PreparedCall

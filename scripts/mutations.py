@@ -38,18 +38,18 @@ def one(name: str, guarantee: str, path: str, find: str, replace: str, *tests: s
 
 
 LUA = "celery_debounce/lua/"
-CAP = "tests/test_max_calls_and_steering.py::"
-EDGE = "tests/test_leading_edge.py::"
+CAP = "tests/producer/test_max_calls_and_steering.py::"
+EDGE = "tests/producer/test_leading_edge.py::"
 PKG = "celery_debounce/"
-E2E = "tests/test_end_to_end.py::"
-FAULTS = "tests/test_faults.py::"
-HOSTILE = "tests/test_hostile_input.py::"
-PARITY = "tests/test_parity.py::"
-ROBUST = "tests/test_robustness.py::"
-ONCE = "tests/test_at_most_once.py::"
-ACL = "tests/test_tls_acl.py::"
-CLOCK = "tests/test_clock_step.py::"
-PGC = "tests/store_contract/test_contract.py::"
+E2E = "tests/system/test_end_to_end.py::"
+FAULTS = "tests/system/test_faults.py::"
+HOSTILE = "tests/producer/test_hostile_input.py::"
+PARITY = "tests/producer/test_parity.py::"
+ROBUST = "tests/store/test_robustness.py::"
+ONCE = "tests/worker/test_at_most_once.py::"
+ACL = "tests/store/test_tls_acl.py::"
+CLOCK = "tests/dispatch/test_clock_step.py::"
+PGC = "tests/store/contract/test_contract.py::"
 
 MUTATIONS: list[Mutation] = [
     # -- the three that survived the whole suite in issue 14 -----------------------
@@ -59,16 +59,16 @@ MUTATIONS: list[Mutation] = [
         "if st == 'finished' or live then",
         "if live then",
         FAULTS + "test_dispatcher_killed_after_publish_before_ack_runs_the_body_once",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("dispatcher acks the whole taken batch",
         "no call lost: a window not published stays leased and is retried",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "self.store.ack(shard, [w.task_id for w in sent])",
         "self.store.ack(shard, [w.task_id for w in windows])",
         FAULTS + "test_a_publish_is_not_started_after_half_the_lease"),
     one("default-key digest drops keyword-only / by-name kwargs",
         "inv 1: a window per (task, key); no key = a digest of all arguments",
-        PKG + "call.py",
+        PKG + "producer/call.py",
         "return _canonical_json([list(positional), named]).encode(\"utf-8\")",
         "return _canonical_json([list(positional)]).encode(\"utf-8\")",
         E2E + "test_no_key_means_a_digest_of_the_arguments"),
@@ -97,11 +97,11 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))",
         "-- (ceiling dropped)",
-        "tests/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
+        "tests/store/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
         E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream"),
     one("max wait shorter than the window accepted",
         "inv 3 / hostile input: the ceiling is at least the window",
-        PKG + "options.py",
+        PKG + "producer/options.py",
         "if ceiling < window:",
         "if ceiling < 0:",
         HOSTILE + "test_bad_input_raises_and_writes_nothing[max wait shorter than the window]"),
@@ -122,7 +122,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "if contract ~= CONTRACT then",
         "if contract == nil then",
-        "tests/test_contract_vectors.py::"
+        "tests/system/test_contract_vectors.py::"
         "test_a_producer_of_another_contract_version_is_refused_and_writes_nothing"),
     one("ack.lua overwrites a claim",
         "inv 5: a claimed window is never changed",
@@ -145,7 +145,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_a_worker_claiming_before_the_lease_expires_stops_the_republish"),
     one("half-lease guard in seconds instead of ms",
         "crash row 4: no publish is started after half the lease",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "lease_end = took_at + self.settings.dispatch_lease_ms / 2000",
         "lease_end = took_at + self.settings.dispatch_lease_ms / 2",
         FAULTS + "test_a_publish_is_not_started_after_half_the_lease"),
@@ -154,19 +154,19 @@ MUTATIONS: list[Mutation] = [
         LUA + "release.lua",
         "redis.call('ZADD', KEYS[1], at, id)",
         "-- (lease dropped)",
-        "tests/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
+        "tests/producer/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
     one("batch error path forgets the windows already sent",
         "crash row 5: a failed batch is released as a whole",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "                out.add_all(ok, Outcome.UNCERTAIN)\n"
         "            else:  # unreachable, or the broker refused from the first command on\n"
         "                out.add_all(ok, Outcome.UNSENT)\n"
         "            ok = []\n",
         "                pass\n",
-        "tests/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
+        "tests/producer/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back"),
     one("redelivered run of a claimed window not logged",
         "crash row 6: acks_late redelivery logs 'runs again: its previous claim went stale'",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         'elif before in ("claimed", "stale") and not retry:',
         'elif before == "finished" and not retry:',
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered"),
@@ -178,7 +178,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_an_unresponsive_redis_is_an_error_within_the_timeout"),
     one("dispatcher retries without backing off",
         "crash row 8: dispatchers back off 0.1 s doubling to 5 s",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "self._close_pubsub()\n                self._stop.wait(backoff)\n"
         "                backoff = min(backoff * 2, 5.0)",
         "self._close_pubsub()\n                self._stop.wait(backoff)\n"
@@ -186,7 +186,7 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_redis_restart_with_aof_during_a_stream_of_calls"),
     one("quarantine reason lost",
         "crash row 9: quarantined with the reason, logged and in inspect",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         '            raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc',
         '            raise UnreadableWindow("cannot build the message") from exc',
         FAULTS + "test_corrupt_records_are_quarantined_and_do_not_block_others"),
@@ -244,26 +244,26 @@ MUTATIONS: list[Mutation] = [
         EDGE + "test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling"),
     one("steering ignores the per-call key override",
         "operations: debounce_pending/flush/cancel resolve the key exactly as a call",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         'for_call({} if key is None else {"debounce_key": key})',
         "for_call({})",
         CAP + "test_steering_resolves_the_key_exactly_as_a_call"),
     # -- records that linger ---------------------------------------------------------
     one("IGNORED is not a final state",
         "lingering: a run ending IGNORED finishes its window",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "_FINAL = frozenset(states.READY_STATES) | {states.IGNORED}",
         "_FINAL = frozenset(states.READY_STATES)",
         FAULTS + "test_an_ignored_run_finishes_its_window"),
     one("task_rejected not handled",
         "lingering: a message the worker rejects finishes its window (REJECTED)",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "task_rejected.connect(_dropped, weak=False)",
         "",
         FAULTS + "test_a_message_the_worker_rejects_finishes_its_window"),
     one("task_revoked not handled",
         "lingering: a revoked/expired message finishes its window (REVOKED)",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "task_revoked.connect(_revoked, weak=False)",
         "",
         ROBUST + "test_an_expired_message_finishes_its_window_as_revoked"),
@@ -286,39 +286,39 @@ MUTATIONS: list[Mutation] = [
         LUA + "lib/close_to_record.lua",
         "  if redis.call('RENAMENX', open, key) == 0 then",
         "  if redis.call('RENAME', open, key) == 0 then",
-        "tests/test_scripts.py::test_a_window_taken_over_an_existing_record_gets_a_new_id"),
+        "tests/store/test_scripts.py::test_a_window_taken_over_an_existing_record_gets_a_new_id"),
     one("gate.lua opens under a caller id already in use",
         "records are never overwritten: an id in use opens under a fallback id",
         LUA + "gate.lua",
         "    if redis.call('EXISTS', tag .. ':win:' .. id) == 1 or",
         "    if false and redis.call('EXISTS', tag .. ':win:' .. id) == 1 or",
-        "tests/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record"),
+        "tests/store/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record"),
     one("flush.lua leaves the window open to calls",
         "flush: the window is due and closed; the next call opens a new one",
         LUA + "flush.lua",
         "key, id = close_to_record(tag, KEYS[1], id, now)\n",
         "redis.call('COPY', KEYS[1], tag .. ':win:' .. id)\nkey = tag .. ':win:' .. id\n",
-        "tests/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one"),
+        "tests/store/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one"),
     one("a window failing every publish is never quarantined",
         "no window waits on another: retried a bounded number of times, then quarantined",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "MAX_TRIES = 5",
         "MAX_TRIES = 10**9",
-        "tests/test_dispatch_isolation.py::"
+        "tests/dispatch/test_dispatch_isolation.py::"
         "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
     one("a quarantined window leaves its callers waiting",
         "every id a caller holds resolves: a quarantined window fails with the reason",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "        if aliases is None:\n            return\n",
         "        return\n",
-        "tests/test_dispatch_isolation.py::"
+        "tests/dispatch/test_dispatch_isolation.py::"
         "test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others"),
     one("take.lua retried after a lost reply",
         "a lost take reply is not retried (it would lease a second batch)",
         PKG + "store/__init__.py",
         "        reply = self.run_once(\n            \"take\",",
         "        reply = self.run(\n            \"take\",",
-        "tests/test_dispatch_isolation.py::"
+        "tests/dispatch/test_dispatch_isolation.py::"
         "test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease"),
     # -- issue 19: at most once (a lost reply is never acted on twice) -----------
     one("a gate call is sent again after its reply was lost",
@@ -388,7 +388,7 @@ MUTATIONS: list[Mutation] = [
         "                conn: Any = checkout(pool)\n            except LINK_ERRORS as exc:",
         "                conn: Any = checkout(pool)\n"
         "            except (redis.ConnectionError, OSError) as exc:",
-        "tests/test_send_paths.py::"
+        "tests/producer/test_send_paths.py::"
         "test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_master"),
     # -- issue 19: the documented ACL line is complete -----------------------------
     one("the documented ACL line lacks +wait",
@@ -402,7 +402,7 @@ MUTATIONS: list[Mutation] = [
         "docs/guarantees.md",
         "+cluster|slots +command +info\n  +asking +spublish",
         "+cluster|slots +command +info\n  +spublish",
-        "tests/test_hostile_dist.py::test_the_documented_cluster_acl_additions_are_the_ones_tested"),
+        "tests/system/test_hostile_dist.py::test_the_documented_cluster_acl_additions_are_the_ones_tested"),
     one("a bulk call's redis-py error reaches the caller raw",
         "ACL: every raw redis-py exception reaches the caller as a DebounceError",
         PKG + "store/bulk.py",
@@ -414,16 +414,16 @@ MUTATIONS: list[Mutation] = [
         ACL + "test_a_command_the_user_lacks_reaches_the_caller_as_a_debounce_error[+set]"),
     one("aliases of a window are not resolved",
         "every id a caller holds resolves (groups, chords)",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "    if aliases:\n        resolve_aliases(",
         "    if False:\n        resolve_aliases(",
-        "tests/test_ids_and_canvas.py::test_a_group_whose_members_join_one_window_completes"),
+        "tests/producer/test_ids_and_canvas.py::test_a_group_whose_members_join_one_window_completes"),
     one("a finish sent after an outage forgets the window's aliases",
         "every id a caller holds resolves, also when the finish was kept during an outage",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "then=lambda done: _finished(app, task_id, done, state, retval))",
         "then=None)",
-        "tests/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result"),
+        "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result"),
     one("active ids of expired records are never pruned",
         "bounded structures: nothing but structural keys after the record TTL",
         LUA + "take.lua",
@@ -436,51 +436,51 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "    return string.sub(data, 1, mine - 1) .. string.sub(held[3], theirs)",
         "    return data",
-        "tests/test_window_options.py::"
+        "tests/producer/test_window_options.py::"
         "test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed",
-        "tests/test_window_options.py::"
+        "tests/producer/test_window_options.py::"
         "test_a_replacing_joiner_replaces_the_arguments_not_the_openers_link"),
     one("a replacing join of another serializer is taken",
         "the opener's options are the window's: its content type is the opener's",
         LUA + "gate.lua",
         "  if window_ct ~= ct then",
         "  if false then",
-        "tests/test_window_options.py::"
+        "tests/producer/test_window_options.py::"
         "test_a_joiner_of_another_serializer_is_refused_and_writes_nothing"),
     one("a replacing join of another embed replaces a pickle body",
         "the opener's options are the window's: a body Lua cannot read keeps its embed",
         LUA + "gate.lua",
         "  if held[2] == false or held[2] == embed then",
         "  if true then",
-        "tests/test_window_options.py::"
+        "tests/producer/test_window_options.py::"
         "test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_it"),
     one("self.replace() forwards nothing to the aliases",
         "every id resolves: a window whose run replaces itself resolves every alias",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "            forward_replacement(self, sig)",
         "            pass",
-        "tests/test_replace.py::test_a_group_whose_members_join_a_replaced_window_completes",
-        "tests/test_replace.py::test_a_failed_replacement_fails_every_alias"),
+        "tests/producer/test_replace.py::test_a_group_whose_members_join_a_replaced_window_completes",
+        "tests/producer/test_replace.py::test_a_failed_replacement_fails_every_alias"),
     one("a leading-only quiet period outlasts result_expires",
         "every id resolves: a suppressed call's id names a result still stored",
         PKG + "store/codec.py",
         'if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:',
         'if False:',
-        "tests/test_quiet_period_ids.py::"
+        "tests/producer/test_quiet_period_ids.py::"
         "test_a_suppressed_call_never_gets_the_id_of_an_expired_result"),
     one("redact keeps a password that holds ';' or '/'",
         "no secret in any error or log: a URL's user info is hidden up to its last '@'",
         PKG + "sentinel.py",
         '        at = segment.rfind("@")',
         '        at = min((segment.find(c) for c in "@;/" if c in segment), default=-1)',
-        "tests/test_secrets.py::test_redact_hides_every_password_whole",
-        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+        "tests/store/test_secrets.py::test_redact_hides_every_password_whole",
+        "tests/store/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("the non-Redis broker URL is shown as it is",
         "no secret in any error or log: the broker URL the windows would fall back to",
         PKG + "settings.py",
         '    raise DebounceConfigError(redact(\n        f"debounce_redis_url is not set',
         '    raise DebounceConfigError(str(\n        f"debounce_redis_url is not set',
-        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+        "tests/store/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("redis-py's URL error is shown",
         "no secret in any error or log: a URL redis-py cannot read",
         PKG + "store/connect.py",
@@ -490,109 +490,109 @@ MUTATIONS: list[Mutation] = [
         "        return redis.Redis.from_url(settings.redis_url, **options)\n"
         "    except ValueError:\n"
         "        raise",
-        "tests/test_secrets.py::test_no_password_in_any_error_or_log"),
+        "tests/store/test_secrets.py::test_no_password_in_any_error_or_log"),
     one("clear_windows matches <prefix>:*",
         "clear_windows deletes this app's keys only (a prefix another's starts with)",
         PKG + "layout.py",
         '    return f"{escaped}:{{*"',
         '    return f"{escaped}:*"',
-        "tests/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
+        "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
     one("clear_windows leaves glob characters in the prefix",
         "clear_windows deletes this app's keys only (a prefix with glob characters)",
         PKG + "layout.py",
         '    escaped = "".join("\\\\" + c if c in "*?[]\\\\" else c for c in prefix)',
         '    escaped = prefix',
-        "tests/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
+        "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only"),
     one("Reject(requeue=False) is not final",
         "every id resolves: a run that rejects its message for good finishes its window",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "    if state == states.REJECTED and shard is not None and "
         "_rejected_for_good(task, retval):",
         "    if False:",
-        "tests/test_reject.py::"
+        "tests/worker/test_reject.py::"
         "test_reject_without_requeue_finishes_the_window_and_fails_every_alias"),
     one("a requeued Reject finishes the window",
         "every id resolves to the run that follows a requeue, not to the Reject",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         '    return not (getattr(retval, "requeue", False) and task.acks_late)',
         "    return True",
-        "tests/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
     # -- Sentinel ----------------------------------------------------------------------
     one("no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
         PKG + "store/sentinel.py",
         "    SwitchWatcher(config, sentinel_kwargs, pool).start()",
         "    pass",
-        "tests/test_sentinel.py::"
+        "tests/store/test_sentinel.py::"
         "test_calls_resume_after_a_failover_and_what_is_lost_is_measured[failover]"),
     one("the dispatcher's wake subscription stays on the old master",
         "failover (Sentinel): the dispatcher is woken by calls on the new master",
         PKG + "store/wake.py",
         "if self.store.master_switches != switches:",
         "if False:",
-        "tests/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master"),
+        "tests/store/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master"),
     one("a collect window appends a joining call at the front",
         "a collect window keeps every call in order (debounce_collect)",
         LUA + "gate.lua",
         "redis.call('RPUSH', tag .. ':calls:' .. found[5], element)",
         "redis.call('LPUSH', tag .. ':calls:' .. found[5], element)",
-        "tests/test_collect.py::test_a_collect_window_keeps_every_call_in_order",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/producer/test_collect.py::test_a_collect_window_keeps_every_call_in_order",
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("debounce_collect accepted with debounce_leading",
         "refused at call time: debounce_collect=True with debounce_leading=True",
-        PKG + "options.py",
+        PKG + "producer/options.py",
         "    if collect and leading:\n",
         "    if False:\n",
-        "tests/test_collect.py::test_collect_refused_with_leading"),
+        "tests/producer/test_collect.py::test_collect_refused_with_leading"),
     one("'' in ARGV[15] taken as a collect call",
         "a call sends only the ARGV it uses; '' means not given (gate.lua header)",
         LUA + "gate.lua",
         "local collect = budget ~= nil and budget ~= ''",
         "local collect = budget ~= nil",
-        "tests/test_collect.py::test_blank_edge_and_collect_argv_mean_not_given"),
+        "tests/producer/test_collect.py::test_blank_edge_and_collect_argv_mean_not_given"),
     one("'' in ARGV[13] taken as an edge call",
         "a call sends only the ARGV it uses; '' means not given (gate.lua header)",
         LUA + "gate.lua",
         "if edge and edge ~= '' then",
         "if edge then",
-        "tests/test_collect.py::test_blank_edge_and_collect_argv_mean_not_given"),
+        "tests/producer/test_collect.py::test_blank_edge_and_collect_argv_mean_not_given"),
     # -- hostile input -----------------------------------------------------------------
     one("eta accepted with debounce",
         "hostile input: countdown/eta with debounce is refused",
-        PKG + "call.py",
+        PKG + "producer/call.py",
         'for name in ("countdown", "eta"):',
         'for name in ("countdown",):',
         HOSTILE + "test_bad_input_raises_and_writes_nothing[eta with debounce]"),
     one("key length limit off by one",
         "hostile input: a key of exactly debounce_max_key_length is accepted",
-        PKG + "call.py",
+        PKG + "producer/call.py",
         "if len(key) > settings.max_key_length:",
         "if len(key) >= settings.max_key_length:",
         HOSTILE + "test_key_at_the_length_limit_is_accepted"),
     # -- parity everywhere (issue 19, items 10 and 11) ---------------------------------
     one("a chain's later steps are not checked when the chain is applied",
         "parity: a deferred canvas position is refused at call time, not in the worker",
-        PKG + "canvas.py",
+        PKG + "producer/canvas.py",
         "    if chain:\n        for step in chain:",
         "    if False:\n        for step in chain:",
         PARITY + "test_a_deferred_canvas_position_is_refused_when_the_canvas_is_applied"
         "[chain tail after a plain head]"),
     one("eager calls skip the call-time checks",
         "parity: eager mode refuses what a real call refuses",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "            if spec is not None:  # eager: every check of a real call, nothing written",
         "            if False:  # eager: every check of a real call, nothing written",
         PARITY + "test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis"),
     one("eager canvas members are not checked",
         "parity: eager mode refuses what a real call refuses (canvas members too)",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries",
         "        if (False and not _CHECKED.get() and not retries",
         PARITY + "test_eager_canvas_members_are_checked_as_calls"),
     one("an eager chain or chord is not checked before its steps run",
         "parity: eager mode refuses what a real call refuses (a chain's steps and a "
         "chord's body, whose ids a real run fixes)",
-        PKG + "canvas.py",
+        PKG + "producer/canvas.py",
         "        check_eager(self, options.get(\"body\"))",
         "        pass",
         PARITY + "test_eager_canvas_members_are_checked_as_calls",
@@ -600,25 +600,25 @@ MUTATIONS: list[Mutation] = [
         "[eager-function-leading only-no option-chain tail]"),
     one("debounce_collect wraps only a run defined on the class itself",
         "parity: debounce_collect wraps run for every task shape",
-        PKG + "task_definition.py",
+        PKG + "producer/task_definition.py",
         "    run = _find_run(cls)  # its own, or inherited",
         "    run = cls.__dict__.get(\"run\")  # its own, or inherited",
         PARITY + "test_debounce_collect_wraps_run_for_every_task_shape[subclass inheriting run]"),
     one("celery.map of a debounced task is published",
         "parity: map/starmap/chunks of a task with a window are refused at call time",
-        PKG + "canvas.py",
+        PKG + "producer/canvas.py",
         "    if name in INLINE_TASKS and inner_raw is not None:",
         "    if False:",
         PARITY + "test_map_starmap_chunks_of_a_debounced_task_are_refused_at_call_time"),
     one("a misspelt call option is ignored",
         "parity: unknown debounce_* names are refused, per call",
-        PKG + "options.py",
+        PKG + "producer/options.py",
         "        refuse_unknown_options(options)\n",
         "",
         PARITY + "test_an_unknown_call_option_is_refused_and_nothing_is_written"),
     one("a misspelt task option is ignored",
         "parity: unknown debounce_* names are refused, at registration",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "    refuse_unknown_class_options(cls)\n",
         "\n",
         PARITY + "test_an_unknown_task_option_is_refused_at_registration"),
@@ -630,14 +630,14 @@ MUTATIONS: list[Mutation] = [
         PARITY + "test_an_unknown_setting_is_refused_at_settings_load"),
     one("enqueue_many reports a suppressed call as absorbed",
         "parity: enqueue_many sends the signals a single call sends (as stats counts)",
-        PKG + "bulk.py",
+        PKG + "producer/bulk.py",
         "                announce(call, outcome)",
         "                announce(call, outcome._replace(edge=\"\"))",
         PARITY + "test_enqueue_many_sends_the_signals_a_single_call_sends"),
     one("a collect window's calls reach a plain worker's task raw",
         "parity: a rolling deploy that toggles debounce_collect runs each window in the "
         "worker's shape",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "task_prerun.connect(_reshape, weak=False)\n",
         "",
         PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
@@ -645,7 +645,7 @@ MUTATIONS: list[Mutation] = [
     one("a collect task's run refuses a plain call's arguments in the worker",
         "parity: a rolling deploy that toggles debounce_collect runs each window in the "
         "worker's shape",
-        PKG + "collect.py",
+        PKG + "producer/collect.py",
         "        except TypeError:\n            if not _in_worker():\n                raise",
         "        except TypeError:\n            raise",
         PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
@@ -653,100 +653,100 @@ MUTATIONS: list[Mutation] = [
     # -- issue 19: a shared fault is an outage; maxmemory on the windows' Redis --------
     one("a broker's error reply about itself (OOM, READONLY) counts against the window",
         "a shared fault is an outage: never counted, nothing quarantined",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "        if code in BROKER_WIDE_CODES:\n            return BROKER",
         "        if code in ():\n            return BROKER",
-        "tests/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
+        "tests/store/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
         "quarantines_nothing[readonly]"),
     one("a broker-wide code less rare than OOM (MISCONF) is taken for the message's own",
         "a shared fault is an outage: every broker-wide error reply, never counted",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         '    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed',
         "    # MISCONF forgotten",
-        "tests/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
+        "tests/store/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
         "[MISCONF]"),
     one("an unconfirmed publish (a RabbitMQ resource alarm blocks the connection) counts "
         "against the window",
         "a shared fault is an outage: an AMQP resource alarm is never counted",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "            else:\n                out.add(window, Outcome.UNCERTAIN)\n"
         "        if result.nacked:",
         "            else:\n                out.add(window, Outcome.FAILED, 'unconfirmed')\n"
         "        if result.nacked:",
-        "tests/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing"),
+        "tests/dispatch/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing"),
     one("a key-dependent refusal (NOPERM) counts without another window published",
         "a shared fault is an outage: only an error shown to be one message's counts",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "            if sent:  # the broker took another window of this pass: these are their own",
         "            if True:  # the broker took another window of this pass: these are their own",
-        "tests/test_maxmemory.py::test_a_refused_key_counts_against_a_window_only_when_another_"
+        "tests/store/test_maxmemory.py::test_a_refused_key_counts_against_a_window_only_when_another_"
         "was_published[every queue]"),
     one("quarantine counts the takes a broker outage wasted (tries, not fl)",
         "a shared fault is an outage: never counted against a window",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "                if window.failures + 1 >= MAX_TRIES:",
         "                if max(window.failures + 1, window.tries) >= MAX_TRIES:",
-        "tests/test_maxmemory.py::test_takes_an_outage_wasted_never_count_toward_quarantine"),
+        "tests/store/test_maxmemory.py::test_takes_an_outage_wasted_never_count_toward_quarantine"),
     one("take.lua retakes a lease with a write that may grow memory first",
         "maxmemory on the windows' Redis: the dispatcher keeps taking what is due",
         LUA + "take.lua",
         "    redis.call('ZREM', KEYS[2], id)\n    redis.call('ZADD', KEYS[2], lease_until, id)",
         "    redis.call('ZADD', KEYS[2], lease_until, id)",
-        "tests/test_maxmemory.py::test_the_windows_redis_at_maxmemory_refuses_new_calls_and_"
+        "tests/store/test_maxmemory.py::test_the_windows_redis_at_maxmemory_refuses_new_calls_and_"
         "keeps_dispatching"),
     one("release.lua moves a lease with ZADD XX (a write that may grow memory) first",
         "maxmemory on the windows' Redis: a failed publish is handed back",
         LUA + "release.lua",
         "      redis.call('ZREM', KEYS[1], id) == 1 then",
         "      redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id) >= 0 then",
-        "tests/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory"),
+        "tests/store/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory"),
     one("a half-failed batch is read as kombu raises it, not reply by reply",
         "a window runs once: a batch's messages that reached the broker are never sent again",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "exact = _ExactBatch(producer) if batched else None",
         "exact = None",
-        "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
+        "tests/dispatch/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
         "the_queue_wait_exceeds_the_lease"),
     one("a batch reply that refused a message's first command is read as delivered",
         "no call lost: a window is acked only once the broker took its message",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "            if not isinstance(first, Exception):\n                continue",
         "            if True:\n                continue",
-        "tests/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
+        "tests/dispatch/test_dispatch_isolation.py::test_a_half_failed_batch_is_not_sent_again_while_"
         "the_queue_wait_exceeds_the_lease"),
     one("the back-off after a shared fault has no jitter",
         "a shared fault is an outage: dispatchers back off with jitter, not in step",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "self._fault_delay = base * random.uniform(0.5, 1.0)  # jitter",
         "self._fault_delay = base",
-        "tests/test_maxmemory.py::test_the_back_off_after_a_shared_fault_grows_and_is_jittered"),
+        "tests/store/test_maxmemory.py::test_the_back_off_after_a_shared_fault_grows_and_is_jittered"),
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one("a nacked publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "            elif seq in result.nacked:\n                out.add(window, Outcome.REFUSED)",
         "            elif seq in result.nacked:\n                ok.append(window)",
-        "tests/test_rabbitmq.py::test_a_nacked_publish_is_not_acked_and_the_window_is_retried"),
+        "tests/dispatch/test_rabbitmq.py::test_a_nacked_publish_is_not_acked_and_the_window_is_retried"),
     one("an unconfirmed publish is acked in Redis",
         "no call lost on RabbitMQ: a window is acked only once the broker confirmed it",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "            else:\n                out.add(window, Outcome.UNCERTAIN)",
         "            else:\n                ok.append(window)",
-        "tests/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing",
-        "tests/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
+        "tests/dispatch/test_rabbitmq.py::test_a_memory_alarm_for_several_leases_quarantines_nothing",
+        "tests/dispatch/test_rabbitmq.py::test_rabbitmq_killed_mid_batch_loses_no_window"),
     one("the confirming connection is not checked before a batch",
         "RabbitMQ restarted between batches: the next batch is published at once",
-        PKG + "confirms.py",
+        PKG + "dispatch/confirms.py",
         "if self._producer is not None and not self._alive():",
         "if self._producer is not None and not True:",
-        "tests/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
+        "tests/dispatch/test_rabbitmq.py::test_a_rabbitmq_restart_between_batches_costs_no_lease"),
     # -- rule "every id resolves" (issue 19, items 7 and 8) ---------------------------
     one("an unroutable message is not published mandatory",
         "every id resolves: an unroutable message is retried, then quarantined (RabbitMQ)",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         'options["mandatory"] = True  # an unroutable message comes back (basic.return)',
         'pass',
-        "tests/test_rabbitmq.py::"
+        "tests/dispatch/test_rabbitmq.py::"
         "test_an_unroutable_message_is_retried_then_quarantined_with_the_reason"),
     one("the expiry finishes a running window",
         "every id resolves, never a false outcome: a claimed (running) window is never "
@@ -754,36 +754,36 @@ MUTATIONS: list[Mutation] = [
         LUA + "expire.lua",
         "local finish = st == 'queued'",
         "local finish = st == 'queued' or st == 'claimed'",
-        "tests/test_robustness.py::"
+        "tests/store/test_robustness.py::"
         "test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry"),
     one("no dispatcher finishes windows whose message expired unseen",
         "every id resolves: a message that expires in a queue finishes its window REVOKED",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "            self._finish_expired(shard)\n",
         "\n",
-        "tests/test_robustness.py::"
+        "tests/store/test_robustness.py::"
         "test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases"),
     one("the message names its record by shard number only",
         "every id resolves across a shard change: the message carries the record's tag",
-        PKG + "message.py",
+        PKG + "producer/message.py",
         "if tag is not None or isinstance(shard, str):",
         "if False:",
-        "tests/test_cluster.py::"
+        "tests/store/test_cluster.py::"
         "test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag"),
     one("dispatchers drain their own layout's shards only",
         "every id resolves across a shard change: the shards a lowered "
         "debounce_shards drops are drained",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "                    foreign.setdefault(tag, set()).add(name)",
         "                    pass",
-        "tests/test_hostile_dist.py::"
+        "tests/system/test_hostile_dist.py::"
         "test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run"),
     one("an expired window is returned once only",
         "every id resolves: a lost expire.lua reply still resolves the window's ids",
         LUA + "expire.lua",
         "local again = st == 'finished' and got[2] == '1'",
         "local again = false",
-        "tests/test_robustness.py::"
+        "tests/store/test_robustness.py::"
         "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored"),
     # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
     one("the switch watcher listens to the first sentinel only",
@@ -791,21 +791,21 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/sentinel.py",
         "        for host, port in self.config.sentinels:\n            threading.Thread(",
         "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
-        "tests/test_sentinel.py::"
+        "tests/store/test_sentinel.py::"
         "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs"),
     one("the switch watcher has no keepalive",
         "Sentinel failover: a subscription gone silent is replaced",
         PKG + "store/sentinel.py",
         "    KEEPALIVE = 2.0",
         "    KEEPALIVE = 1e9",
-        "tests/test_sentinel.py::"
+        "tests/store/test_sentinel.py::"
         "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent"),
     one("a returned message's queue is not declared again",
         "no window quarantined for a queue deleted since the dispatcher declared it",
-        PKG + "publishers.py",
+        PKG + "dispatch/publishers.py",
         "                self.confirms.forget_declared()  # a queue deleted since it was declared",
         "                pass",
-        "tests/test_rabbitmq.py::"
+        "tests/dispatch/test_rabbitmq.py::"
         "test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined"),
     one("release.lua goes through the client's retry",
         "a publish failure is counted once (release.lua is sent at most once)",
@@ -813,130 +813,130 @@ MUTATIONS: list[Mutation] = [
         '        return int(self.run_once("release", [leased_key(tag)], '
         '[delay_ms, tag, *pairs])[0])',
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
-        "tests/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once"),
+        "tests/worker/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once"),
     one("a requeued run's window is not put back",
         "exclusive: a Reject(requeue=True) keeps the key held until the requeued run ended",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        _end_claim(store, shard, task_id, task.name)\n",
-        "tests/test_exclusive.py::"
+        "tests/producer/test_exclusive.py::"
         "test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again"),
     # -- claim leases and effectively once (issue 21) ----------------------------------
     one("a duplicate delivery is not skipped",
         "effectively once: a delivery of a finished or live-claimed window never runs the body",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "    if not run:\n",
         "    if False:\n",
         FAULTS + "test_dispatcher_killed_after_publish_before_ack_runs_the_body_once"),
     one("claims are never renewed",
         "claim leases: a running worker renews its claims (one round trip per period)",
-        PKG + "leases.py",
+        PKG + "worker/leases.py",
         "                done = self.renew_now()",
         "                done = {}",
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered"),
     one("a failed renewal waits a full period",
         "claim leases: a lease's budget (a failed renewal is tried again within it)",
-        PKG + "leases.py",
+        PKG + "worker/leases.py",
         "                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0\n"
         "                                                      else wait)",
         "                retry_at[store] = time.monotonic() + lease / 3",
-        "tests/test_lease_budget.py::"
+        "tests/worker/test_lease_budget.py::"
         "test_a_failed_renewal_is_tried_again_at_once_not_a_period_later",
-        "tests/test_lease_budget.py::test_a_refused_renewal_is_tried_again_within_the_lease"),
+        "tests/worker/test_lease_budget.py::test_a_refused_renewal_is_tried_again_within_the_lease"),
     one("the renewer's connection retries a timed-out attempt",
         "claim leases: a lease's budget (a failed renewal costs one timeout)",
         PKG + "store/transport.py",
         '            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}',
         '            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 1)}',
-        "tests/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two"),
+        "tests/worker/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two"),
     one("the renewer's connection does not ask Sentinel for the master",
         "claim leases: renewals reach Sentinel's master",
         PKG + "store/transport.py",
         "                if conn._sock is None:  # connect() (Sentinel's finds the master), not\n"
         "                    conn.connect()",
         "                if False:\n                    conn.connect()",
-        "tests/test_lease_budget.py::"
+        "tests/worker/test_lease_budget.py::"
         "test_a_renewal_reaches_sentinels_master_on_its_own_connection"),
     one("a forked child keeps the parent's renewal lock",
         "claim leases: a forked child renews (on a connection of its own)",
         PKG + "store/transport.py",
         "            self.lock, self.conn, self.pid = threading.Lock(), None, os.getpid()",
         "            self.conn, self.pid = None, os.getpid()",
-        "tests/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own"),
+        "tests/worker/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own"),
     one("a renewal goes through the client's pipeline and its retry",
         "claim leases: renewals go on the renewer's own connection (a forked child's too)",
         PKG + "store/transport.py",
         "        if self.direct:\n            link = self.__dict__.get(\"_renewal\")",
         "        if False:\n            link = self.__dict__.get(\"_renewal\")",
-        "tests/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own",
-        "tests/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two"),
+        "tests/worker/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own",
+        "tests/worker/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two"),
     one("renew.lua extends nothing",
         "claim leases: a renewal moves the claim's expiry",
         LUA + "renew.lua",
         "local until_ms = now + tonumber(ARGV[1])",
         "local until_ms = now",
-        "tests/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("a stale claim is never released",
         "claim leases: a dead worker's claim goes stale within the lease (active released)",
         LUA + "take.lua",
         "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)",
         "local lapsed = {}",
-        "tests/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
+        "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_"
         "the_lease",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("a skipped duplicate of a claim that lapses is not published again",
         "at least once for a crash mid-run: a redelivery skipped under a dead claim runs",
         LUA + "take.lua",
         "    if redis.call('HGET', key, 'rd') then",
         "    if false then",
-        "tests/test_scripts.py::"
+        "tests/store/test_scripts.py::"
         "test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("finish.lua keeps the claim",
         "claim leases: a finished run releases its claim",
         LUA + "finish.lua",
         "redis.pcall('ZREM', KEYS[4], ARGV[1])",
         "-- (claim kept)",
-        "tests/test_scripts.py::test_claim_and_finish_leave_only_a_ttld_history"),
+        "tests/store/test_scripts.py::test_claim_and_finish_leave_only_a_ttld_history"),
     one("a requeued run keeps its claim",
         "effectively once: a Reject(requeue=True) delivery runs, it is no duplicate",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        pass\n",
-        "tests/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows"),
     one("an exclusive window is never held",
         "debounce_exclusive: runs of one key never overlap (a due window is held)",
         LUA + "take.lua",
         "    elseif id and held_by_run(ident, open) then",
         "    elseif id and false then",
-        "tests/test_scripts.py::"
+        "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_"
         "the_run",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("finish.lua does not release the held window",
         "debounce_exclusive: a held window is published as soon as the run ends",
         LUA + "finish.lua",
         "      redis.call('ZADD', tag .. ':due', now, ident)",
         "      redis.call('ZADD', tag .. ':due', now + 60000, ident)",
-        "tests/test_scripts.py::"
+        "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("a stale claim keeps its exclusive key",
         "debounce_exclusive: a dead run holds its key for at most one claim lease",
         LUA + "take.lua",
         "      free_run(id, key, KEYS[1])",
         "      -- (key kept)",
-        "tests/test_scripts.py::"
+        "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_"
         "lease",
-        "tests/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
+        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock"),
     one("a run whose pool child died leaves its aliases pending",
         "every id resolves: a prefork child killed mid-run fails every id its callers hold",
-        PKG + "request.py",
+        PKG + "worker/request.py",
         "            _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)",
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
@@ -944,13 +944,13 @@ MUTATIONS: list[Mutation] = [
         FAULTS + "test_a_killed_pool_child_frees_its_exclusive_key_at_once"),
     one("a run that stored SUCCESS and then lost its process leaves its aliases pending",
         "every id resolves: a child that died after storing its result resolves its aliases",
-        PKG + "request.py",
+        PKG + "worker/request.py",
         '        if meta.get("status") != states.SUCCESS:',
         "        if True:",
         FAULTS + "test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id"),
     one("a run put back after its pool child died keeps the dead claim",
         "effectively once: a delivery put back after its pool child died runs at once",
-        PKG + "request.py",
+        PKG + "worker/request.py",
         "            _end_claim(store_for(app), shard, self.id, self.name)",
         "            pass",
         FAULTS + "test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_"
@@ -960,7 +960,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "expire.lua",
         "    if run and redis.pcall('HGET', run, 'id') == id then",
         "    if false then",
-        "tests/test_exclusive.py::"
+        "tests/producer/test_exclusive.py::"
         "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires[expires]"),
     one("a flushed held window stays listed as held",
         "debounce_exclusive: flush publishes a held window now, and it is held no more",
@@ -968,7 +968,7 @@ MUTATIONS: list[Mutation] = [
         "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never "
         "blocks it",
         "-- (held kept)",
-        "tests/test_exclusive.py::"
+        "tests/producer/test_exclusive.py::"
         "test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires"
         "[no expires]"),
     one("a cancelled held window stays listed as held",
@@ -977,57 +977,57 @@ MUTATIONS: list[Mutation] = [
         "redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- a held exclusive window is held no "
         "more",
         "-- (held kept)",
-        "tests/test_exclusive.py::test_a_cancelled_held_window_is_held_no_more"),
+        "tests/producer/test_exclusive.py::test_a_cancelled_held_window_is_held_no_more"),
     one("top does not show held windows",
         "top shows held windows and the run each waits for",
-        PKG + "top_render.py",
+        PKG + "ops/top_render.py",
         "    if snap.held:\n",
         "    if False:\n",
-        "tests/test_top.py::test_top_shows_held_windows_and_the_run_each_waits_for"),
+        "tests/ops/test_top.py::test_top_shows_held_windows_and_the_run_each_waits_for"),
     # -- monitoring that survives the workers (issue 22) -----------------------------
     one("the exporter keeps its first reading",
         "monitoring: the exporter's gauges are read from Redis at each scrape",
-        PKG + "exporter.py",
+        PKG + "ops/exporter.py",
         "            if time.monotonic() - self._read_at < self.min_interval:",
         "            if self._last is not None:",
-        "tests/test_exporter.py::"
+        "tests/ops/test_exporter.py::"
         "test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm"),
     one("the exporter counts dispatchers as seen without a batch",
         "monitoring: DebounceDispatcherDown fires when no dispatcher took a batch",
-        PKG + "exporter.py",
+        PKG + "ops/exporter.py",
         "                since = max(0.0, snap.at - max(snap.dispatchers.values()))",
         "                since = 0.0",
-        "tests/test_exporter.py::"
+        "tests/ops/test_exporter.py::"
         "test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm"),
     one("the exposition ignores PROMETHEUS_MULTIPROC_DIR",
         "monitoring: calls made in prefork children (and pre-forked producers) are counted",
-        PKG + "metrics.py",
+        PKG + "ops/metrics.py",
         "    path = multiprocess_dir()\n",
         "    path = None\n",
-        "tests/test_multiprocess.py::"
+        "tests/ops/test_multiprocess.py::"
         "test_calls_of_preforked_producers_are_counted_by_the_master",
-        "tests/test_multiprocess.py::"
+        "tests/ops/test_multiprocess.py::"
         "test_a_delay_inside_a_task_on_a_prefork_worker_is_counted[multiproc-dir]"),
     one("a call Redis did not answer is not counted",
         "monitoring: Redis errors on calls are counted (call_errors_total)",
-        PKG + "gate.py",
+        PKG + "producer/gate.py",
         "        if call_failed.receivers:",
         "        if False:",
-        "tests/test_metrics_errors.py::"
+        "tests/ops/test_metrics_errors.py::"
         "test_a_call_redis_does_not_answer_is_counted_by_error_and_timed"),
     one("windows a pass could not publish are not counted",
         "monitoring: failed publishes are counted by kind (publish_failures_total)",
-        PKG + "outcomes.py",
+        PKG + "dispatch/outcomes.py",
         "            if publish_failed.receivers or publish_refused.receivers:",
         "            if False:",
-        "tests/test_metrics_errors.py::"
+        "tests/ops/test_metrics_errors.py::"
         "test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures"),
     one("enable() registers its metrics again",
         "monitoring: enable() twice never raises Duplicated timeseries",
-        PKG + "metrics.py",
+        PKG + "ops/metrics.py",
         "    if namespace in done:",
         "    if False:",
-        "tests/test_metrics_errors.py::"
+        "tests/ops/test_metrics_errors.py::"
         "test_enable_twice_returns_the_same_metrics_and_counts_each_call_once"),
     # -- the operator surface (issue 22, items 2 to 4) --------------------------------
     one("gate.lua does not count calls in",
@@ -1035,75 +1035,75 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "redis.pcall('HINCRBY', stats, 'i|' .. task, 1)",
         "redis.pcall('HINCRBY', stats, 'i|' .. task, 0)",
-        "tests/test_cli_conventions.py::test_top_takes_dash_j_too"),
+        "tests/ops/test_cli_conventions.py::test_top_takes_dash_j_too"),
     one("a dispatcher that stops cleanly does not say so",
         "ping and top mark a stopped dispatcher stopped, not alive or silent",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "        self._stopped()\n        self.close()",
         "        self.close()",
-        "tests/test_cli_conventions.py::"
+        "tests/ops/test_cli_conventions.py::"
         "test_dispatch_detaches_with_pidfile_and_logfile_and_answers_ping"),
     one("a debounced run's argsrepr is the placeholder again",
         "Flower and celery events show a run's real arguments",
-        PKG + "message.py",
+        PKG + "producer/message.py",
         "        if arguments is not None:\n            amqp = self.app.amqp",
         "        if arguments is not None and False:\n            amqp = self.app.amqp",
-        "tests/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
+        "tests/dispatch/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments"),
     # -- the embedded dispatcher in a child process (issue 23, item 5) -----------------
     Mutation("the dispatcher child outlives its SIGKILLed worker",
              "no dispatcher process outlives its worker",
-             (Edit(PKG + "dispatcher_process.py", "        _term_when_parent_dies()\n", ""),
-              Edit(PKG + "dispatcher_process.py",
+             (Edit(PKG + "dispatch/process.py", "        _term_when_parent_dies()\n", ""),
+              Edit(PKG + "dispatch/process.py",
                    "while thread.is_alive() and not terms and not self._orphaned():",
                    "while thread.is_alive() and not terms:")),
-             ("tests/test_dispatcher_process.py::"
+             ("tests/dispatch/test_dispatcher_process.py::"
               "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start",
-              "tests/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled")),
+              "tests/dispatch/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled")),
     Mutation("the dispatcher child reads its worker's pid itself, after its start-up",
              "no dispatcher process outlives its worker (one whose worker died early "
              "records init as its parent)",
-             (Edit(PKG + "dispatcher_process.py",
+             (Edit(PKG + "dispatch/process.py",
                    "        if self._orphaned():  # the worker died before the prctl",
                    "        if False:  # the worker died before the prctl"),
-              Edit(PKG + "dispatcher_process.py",
+              Edit(PKG + "dispatch/process.py",
                    "        self.app.set_current()\n",
                    "        self.app.set_current()\n        self.parent_pid = os.getppid()\n")),
-             ("tests/test_dispatcher_process.py::"
+             ("tests/dispatch/test_dispatcher_process.py::"
               "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start",
-              "tests/test_dispatcher_process.py::"
+              "tests/dispatch/test_dispatcher_process.py::"
               "test_a_child_whose_worker_died_before_it_started_starts_nothing")),
     one("the dispatcher child does not check its parent right after start",
         "a dispatcher child whose worker died before it started starts nothing",
-        PKG + "dispatcher_process.py",
+        PKG + "dispatch/process.py",
         "        if self._orphaned():  # the worker died before the prctl",
         "        if False:  # the worker died before the prctl",
-        "tests/test_dispatcher_process.py::"
+        "tests/dispatch/test_dispatcher_process.py::"
         "test_a_child_whose_worker_died_before_it_started_starts_nothing"),
     Mutation("the first dispatcher child is forked by the thread that calls start()",
              "a dispatcher child outlives no supervisor, and the end of the thread that "
              "started it does not stop it (PR_SET_PDEATHSIG follows the forking thread)",
-             (Edit(PKG + "dispatcher_process.py",
+             (Edit(PKG + "dispatch/process.py",
                    "        self._supervisor.start()\n        self._started.wait()\n",
                    "        self._spawn()\n        self._supervisor.start()\n"
                    "        self._started.wait()\n"),
-              Edit(PKG + "dispatcher_process.py",
+              Edit(PKG + "dispatch/process.py",
                    "        try:\n            if not self._spawn():\n                return\n",
                    "        try:\n            if self._child is None:\n                return\n")),
-             ("tests/test_dispatcher_process.py::"
+             ("tests/dispatch/test_dispatcher_process.py::"
               "test_a_child_started_from_a_thread_that_ends_keeps_running",)),
     one("stop() does not wait for a respawn under way",
         "the worker's stop stops whichever dispatcher child is current",
-        PKG + "dispatcher_process.py",
+        PKG + "dispatch/process.py",
         "        with self._lock:  # waits out a fork under way: its child is the one to stop\n",
         "        if True:\n",
-        "tests/test_dispatcher_process.py::test_stop_during_a_respawn_stops_the_new_child"),
+        "tests/dispatch/test_dispatcher_process.py::test_stop_during_a_respawn_stops_the_new_child"),
     one("a dead dispatcher child is not started again",
         "the worker keeps its embedded dispatcher process running",
-        PKG + "dispatcher_process.py",
+        PKG + "dispatch/process.py",
         "                if not self._spawn():\n                    return\n"
         "            except OSError",
         "                return\n            except OSError",
-        "tests/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
+        "tests/dispatch/test_dispatcher_process.py::test_a_killed_child_is_started_again"),
     # -- a Redis clock step (issue 19, suspected item) ---------------------------------
     one("the expiry sweep judges a message's expiry on Redis's clock alone",
         "a Redis clock stepped forward revokes no message a worker would still run",
@@ -1119,7 +1119,7 @@ MUTATIONS: list[Mutation] = [
         CLOCK + "test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing"),
     one("a Redis clock stepped back is not noticed",
         "a Redis clock step is logged with what it does to the stored deadlines",
-        PKG + "dispatcher.py",
+        PKG + "dispatch/dispatcher.py",
         "        if moved < least - CLOCK_STEP_MS:",
         "        if False:",
         CLOCK + "test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing"),
@@ -1131,123 +1131,123 @@ MUTATIONS: list[Mutation] = [
         "            if not int(run) or not before:\n                return ClaimResult("
         "as_text(before), bool(int(run)))",
         "            return ClaimResult(as_text(before), bool(int(run)))",
-        "tests/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
+        "tests/worker/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
         "lost_or_doubled"),
     one("a claim WAIT refused is not undone",
         "a delivery whose claim WAIT refused runs later (not skipped under its own claim)",
         PKG + "store/__init__.py",
         '                self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])',
         "                pass",
-        "tests/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
+        "tests/worker/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
         "lost_or_doubled"),
     one("a finish WAIT refused is not sent again",
         "a failover cannot forget a run that finished (its finish is replicated)",
-        PKG + "worker_signals.py",
+        PKG + "worker/signals.py",
         "        marks.keep(store, mark, exc)\n",
         "",
-        "tests/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again"),
+        "tests/worker/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again"),
     one("a kept claim is sent again waited for by replicas",
         "a claim kept during an outage is sent once without WAIT (never undone as a "
         "claim too few replicas acknowledged: its run went ahead)",
         PKG + "store/__init__.py",
         "        return WindowStore.claim(self, shard, task_id, task_name, retry)",
         "        return self.claim(shard, task_id, task_name, retry)",
-        "tests/test_wait_claims.py::"
+        "tests/worker/test_wait_claims.py::"
         "test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits"),
     one("debounce_redis_wait_replicas builds the plain store",
         "with debounce_redis_wait_replicas every call, claim and finish is followed by WAIT",
         PKG + "store/__init__.py",
         "        if cls is WindowStore and settings.wait_replicas:",
         "        if False:",
-        "tests/test_wait_claims.py::"
+        "tests/worker/test_wait_claims.py::"
         "test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits"),
     one("unclaim.lua undoes a later claim",
         "a claim WAIT refused undoes only itself (another delivery's live claim stays)",
         LUA + "unclaim.lua",
         "    redis.call('HGET', KEYS[1], 'ca') ~= ARGV[2] then",
         "    false then",
-        "tests/test_wait_claims.py::test_unclaim_undoes_only_the_claim_it_names"),
+        "tests/worker/test_wait_claims.py::test_unclaim_undoes_only_the_claim_it_names"),
     one("claim.lua ignores the ident of a window still open",
         "a delivery of a window whose take a failover lost does not run beside its new publish",
         LUA + "claim.lua",
         "  if ARGV[6] and ARGV[6] ~= '' then",
         "  if false then",
-        "tests/test_wait_claims.py::test_a_delivery_whose_window_is_still_open_here_is_skipped"),
+        "tests/worker/test_wait_claims.py::test_a_delivery_whose_window_is_still_open_here_is_skipped"),
     one("doctor's repair leaves an open window without a due entry",
         "doctor --repair makes a window no dispatcher would take due again",
         LUA + "doctor_open.lua",
         "      redis.call('ZADD', KEYS[1], now, ident)\n",
         "",
-        "tests/test_doctor.py::test_doctor_finds_and_repairs_each_broken_invariant[node]"),
+        "tests/ops/test_doctor.py::test_doctor_finds_and_repairs_each_broken_invariant[node]"),
     one("doctor reports a capped window not yet taken as a record without a TTL",
         "doctor reports nothing on a healthy store (a window mid-transition is no finding)",
         LUA + "doctor_ttl.lua",
         "          (state == 'dispatching' and redis.call('ZSCORE', KEYS[1], name)) then",
         "          false then",
-        "tests/test_doctor.py::test_doctor_finds_and_repairs_each_broken_invariant[node]"),
+        "tests/ops/test_doctor.py::test_doctor_finds_and_repairs_each_broken_invariant[node]"),
     one("an outage under 'publish' raises instead of publishing",
         "debounce_on_outage='publish': a call the windows' Redis cannot take runs anyway",
-        PKG + "outage.py",
+        PKG + "producer/outage.py",
         '    if kind is None or policy(app, spec) != "publish":\n        raise exc\n',
         "    raise exc\n",
-        "tests/test_outage_policy.py::test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it"),
+        "tests/producer/test_outage_policy.py::test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it"),
     one("an OOM reply is not an outage",
         "OOM, READONLY and LOADING replies (the call did not run) fall back under 'publish'",
         PKG + "store/errors.py",
         "        return ServerRefused(\n            f\"debounce Redis is at maxmemory (OOM)",
         "        return DebounceBackendError(\n            f\"debounce Redis is at maxmemory (OOM)",
-        "tests/test_outage_policy.py::test_which_errors_are_an_outage"),
+        "tests/producer/test_outage_policy.py::test_which_errors_are_an_outage"),
     one("outage.py reads redis-py's error classes again",
         "outside celery_debounce/store/ no module imports redis-py, names a Lua script or "
         "builds a window's keys (docs/design.md, \"The store contract\")",
-        PKG + "outage.py",
+        PKG + "producer/outage.py",
         '    if isinstance(exc, ServerRefused):\n        return "refused"\n',
         "    import redis\n\n"
         "    if isinstance(exc, ServerRefused) or isinstance(exc.__cause__, redis.ResponseError):\n"
         '        return "refused"\n',
-        "tests/test_store_seam.py::test_no_module_outside_the_store_reaches_past_it"),
+        "tests/store/test_store_seam.py::test_no_module_outside_the_store_reaches_past_it"),
     one("a plain publish of a collect call gets the raw arguments",
         "a debounce_collect task published plainly still gets a list of calls",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "        if self._debounce_defaults.debounce_collect:\n"
         "            args, kwargs = single_call_args(args, kwargs, task_id), {}\n"
         '            options["headers"] = {**(options.get("headers") or {}), COLLECT_HEADER: 1}\n'
         "        return super().apply_async(\n",
         "        return super().apply_async(\n",
-        "tests/test_outage_policy.py::test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it"),
+        "tests/producer/test_outage_policy.py::test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it"),
     one("the breaker never opens",
         "after a call timed out, the next calls skip Redis for the probe interval",
-        PKG + "outage.py",
+        PKG + "producer/outage.py",
         "        elif timed_out(exc) or breaker.since is not None:",
         "        elif False:",
-        "tests/test_outage_policy.py::test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call"),
+        "tests/producer/test_outage_policy.py::test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call"),
     one("every call probes an open breaker",
         "one call at a time probes an open breaker, the others skip Redis",
-        PKG + "outage.py",
+        PKG + "producer/outage.py",
         "            if not self.probing and time.monotonic() >= self.probe_at:",
         "            if time.monotonic() >= self.probe_at:",
-        "tests/test_outage_policy.py::test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker"),
+        "tests/producer/test_outage_policy.py::test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker"),
     one("a forked child inherits the open breaker",
         "a forked child starts with every breaker closed",
-        PKG + "outage.py",
+        PKG + "producer/outage.py",
         "    _lock = threading.Lock()\n    OPEN.clear()\n",
         "    _lock = threading.Lock()\n",
-        "tests/test_outage_policy.py::test_a_forked_child_starts_with_the_breaker_closed"),
+        "tests/producer/test_outage_policy.py::test_a_forked_child_starts_with_the_breaker_closed"),
     # -- concurrency models decided at each call, not at import ------------------------
     one("the kept connection is chosen at import (gevent patched later shares it)",
         "greenlets patched after import each get their own reply",
         PKG + "store/node.py",
         "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
         "        if _STD_SOCKET is None or _STD_LOCAL is None:",
-        "tests/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
+        "tests/worker/test_gevent.py::"
         "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies"),
     one("store_for's lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
         PKG + "store/__init__.py",
         "os.register_at_fork(after_in_child=_forked)\n\n\ndef store_for(",
         "\n\n\ndef store_for(",
-        "tests/test_concurrency_models.py::"
+        "tests/worker/test_concurrency_models.py::"
         "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[store_for]"),
     one("store_for builds a cluster store under its lock (patched after import: hangs)",
         "greenlets patched after import each get their own reply",
@@ -1255,109 +1255,109 @@ MUTATIONS: list[Mutation] = [
         "        built = WindowStore(settings_for(app))\n"
         "        with _lock:  # nothing under it yields",
         "        with _lock:\n            built = WindowStore(settings_for(app))",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock"),
     one("marks' retry thread is started under its lock (patched after import: hangs)",
         "greenlets patched after import each get their own reply",
-        PKG + "marks.py",
+        PKG + "worker/retry_queue.py",
         "            _state[\"thread\"] = start\n",
         "            _state[\"thread\"] = start\n"
         "            start.start()\n            start = None\n",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
     one("marks' retry thread recorded but not yet started counts as none (two start)",
         "greenlets patched after import each get their own reply",
-        PKG + "marks.py",
+        PKG + "worker/retry_queue.py",
         "if thread is None or not (thread.ident is None or thread.is_alive()):",
         "if thread is None or not thread.is_alive():",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock"),
     one("marks' lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
-        PKG + "marks.py",
+        PKG + "worker/retry_queue.py",
         "os.register_at_fork(after_in_child=_forked)\n\n\ndef worth_keeping(",
         "\n\n\ndef worth_keeping(",
-        "tests/test_concurrency_models.py::"
+        "tests/worker/test_concurrency_models.py::"
         "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]"),
     one("a connection made before patching is used as it is (it blocks every greenlet)",
         "a call after patching never reads on a stdlib socket",
         PKG + "store/node.py",
         "conn = checkout(pool)  # one made before patching is made anew",
         "conn = pool.get_connection(*_checkout_args())",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[per-call]",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[kept]"),
     one("a script then WAIT uses a connection made before patching (patched, blocks)",
         "a call after patching never reads on a stdlib socket",
         PKG + "store/transport.py",
         "conn: Any = checkout(pool)\n",
         "conn: Any = pool.get_connection(*CHECKOUT_ARGS)\n",
-        "tests/test_gevent.py::"
+        "tests/worker/test_gevent.py::"
         "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[then-wait]"),
     one("a TLS connection made before patching is taken for a patched one (patched)",
         "a call after patching never reads on a stdlib socket",
         PKG + "store/transport.py",
         "and isinstance(conn._sock, STD_SOCKET))",
         "and type(conn._sock) is STD_SOCKET)",
-        "tests/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew"),
+        "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew"),
     one("a run past its ceiling is not counted as a max-wait violation",
         "max_wait_violations_total counts each run that starts past its ceiling plus the "
         "tolerance",
-        PKG + "ceiling.py",
+        PKG + "worker/ceiling.py",
         "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000:\n",
         "    if late_ms is not None and late_ms > MAX_WAIT_TOLERANCE_S * 1000 + 60_000:\n",
-        "tests/test_operator_signals.py::"
+        "tests/ops/test_operator_signals.py::"
         "test_a_run_past_its_ceiling_counts_one_max_wait_violation"),
     one("a debounce_exclusive window held behind a run is counted as a max-wait violation",
         "max_wait_violations_total counts a held exclusive window only past the later of its "
         "ceiling and the end of the run it was held behind",
-        PKG + "ceiling.py",
+        PKG + "worker/ceiling.py",
         "        ceiling = max(ceiling, int(deadline))  # held behind a run until then\n",
         "        pass\n",
-        "tests/test_operator_signals.py::"
+        "tests/ops/test_operator_signals.py::"
         "test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation"),
     one("inspect shows a held window's next look as when it runs",
         "inspect shows a held window as running after the window it waits for ends",
-        PKG + "cli_common.py",
+        PKG + "ops/cli_common.py",
         "        if w.held_since is not None:  "
         "# its due score is only the next look, not its run\n",
         "        if False:\n",
-        "tests/test_operator_signals.py::"
+        "tests/ops/test_operator_signals.py::"
         "test_inspect_shows_a_held_window_as_after_its_runner_ends"),
     one("a definition refused while its app finalizes raises there",
         "one bad debounced task definition names itself and never breaks the app's other "
         "tasks or a later app",
-        PKG + "task_definition.py",
+        PKG + "producer/task_definition.py",
         "    if owned is not None and not owned():\n        return False\n",
         "    if True:\n        return False\n",
-        "tests/test_check_command.py::"
+        "tests/ops/test_check_command.py::"
         "test_one_refused_definition_does_not_break_the_apps_other_tasks"),
     one("a worker starts with a refused debounced task",
         "a worker refuses to start while a debounced task definition was refused",
-        PKG + "bootstep.py",
+        PKG + "dispatch/bootstep.py",
         "        if refused_tasks(app):\n            app.steps[\"worker\"].add(RefusedTasksStep)\n",
         "",
-        "tests/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages"),
+        "tests/ops/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages"),
     one("check lets a task module's import error escape as a traceback",
         "debounce check reports every problem and -j always prints its JSON object",
-        PKG + "cli_health.py",
+        PKG + "ops/cli_health.py",
         "    except Exception as exc:  # a task module that fails to import: the worker fails too",
         "    except ImportError as exc:  # a task module that fails to import",
-        "tests/test_check_command.py::"
+        "tests/ops/test_check_command.py::"
         "test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback"),
     one("a definition refused at once does not say which task",
         "one bad debounced task definition names itself",
-        PKG + "task.py",
+        PKG + "producer/task.py",
         "                named = definition_error(cls, exc)  # raised at once: say which task",
         "                named = exc",
-        "tests/test_check_command.py::test_a_definition_refused_at_once_names_its_task"),
+        "tests/ops/test_check_command.py::test_a_definition_refused_at_once_names_its_task"),
     one("the Django check lets a tasks module's import error escape as a traceback",
         "manage.py check reports a tasks module that fails to import as celery_debounce.E001",
         PKG + "contrib/django/apps.py",
         "        except Exception as exc:  # a tasks module that fails to import",
         "        except ImportError as exc:  # a tasks module that fails to import",
-        "tests/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]"),
+        "tests/producer/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]"),
     # -- the PostgreSQL store (store/postgres/schema.sql, store.py) --------------------
     one("debounce_claim runs a finished window again",
         "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",
@@ -1392,7 +1392,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/schema.sql",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_theirs -> 2)",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_mine -> 2)",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays"),
     one("a PostgreSQL write whose reply was lost is sent again",
         "at most once on PostgreSQL: a lost reply is OutcomeUnknown, never resent",
@@ -1400,7 +1400,7 @@ MUTATIONS: list[Mutation] = [
         "        except psycopg.OperationalError as exc:\n            raise OutcomeUnknown(",
         "        except psycopg.OperationalError as exc:\n            return self._read(fn)\n"
         "            raise OutcomeUnknown(",
-        "tests/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
+        "tests/store/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again"
         "[postgres]"),
     one("a pooled PostgreSQL connection closed while idle is written on",
@@ -1414,7 +1414,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/schema.sql",
         "        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));\n",
         "",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_racing_first_calls_of_a_leading_burst_make_one_leading_run"),
     one("debounce_gate sends no wake-up for a new earliest window on PostgreSQL",
         "a dispatcher sleeping until a later deadline wakes for an earlier one (NOTIFY)",
@@ -1422,14 +1422,14 @@ MUTATIONS: list[Mutation] = [
         "        -- the earliest deadline now: a dispatcher sleeping until a later one wakes\n"
         "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
         "        NULL;\n",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout"),
     one("a flushed window on PostgreSQL wakes no dispatcher",
         "a window made due now (flush, the cap, a leading run) wakes a dispatcher (NOTIFY)",
         PKG + "store/postgres/schema.sql",
         "    IF FOUND THEN  -- due now: wake a dispatcher (sent at commit)",
         "    IF false THEN",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_a_flush_wakes_a_listener_a_later_deadline_does_not"),
     one("a PostgreSQL wake listener keeps its failed connection",
         "a dispatcher whose wake connection was killed subscribes again and still wakes",
@@ -1437,14 +1437,14 @@ MUTATIONS: list[Mutation] = [
         "        except (OSError, psycopg.Error):\n            self.close()\n"
         "            return False",
         "        except (OSError, psycopg.Error):\n            return False",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes"),
     one("the PostgreSQL expiry sweep revokes a running window",
         "a claimed (running) window is never finished by the expiry sweep",
         PKG + "store/postgres/schema.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state IN ('queued', 'claimed') THEN",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
     one("the PostgreSQL expiry sweep forgets a window before its outcome is stored",
         "every id resolves: an expired window is returned by every sweep until "
@@ -1452,14 +1452,14 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/schema.sql",
         "        ELSIF NOT (v_row.state = 'finished' AND v_row.expired) THEN",
         "        ELSE",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
     one("the PostgreSQL expiry sweep finishes a swept window again",
         "an expired window is finished once and only once (its record not rewritten)",
         PKG + "store/postgres/schema.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state = 'queued' OR v_row.expired THEN",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once"),
     one("PostgreSQL keeps shard layouts past the history TTL",
         "a layout no dispatcher wrote for debounce_history_ttl is no longer drained",
@@ -1467,14 +1467,14 @@ MUTATIONS: list[Mutation] = [
         "    DELETE FROM debounce_layouts l\n"
         "    WHERE l.written_at < v_now - p_keep_ms * interval '1 millisecond';\n",
         "",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out"),
     one("PostgreSQL's liveness reports a cleanly stopped dispatcher as running",
         "ping and top tell a dispatcher that stopped cleanly from one that runs",
         PKG + "store/postgres/store.py",
         "        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats if alive],",
         "        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats],",
-        "tests/test_postgres_store.py::"
+        "tests/store/test_postgres_store.py::"
         "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out"),
     one("a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, "
@@ -1482,27 +1482,27 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/connect.py",
         "                  supported_errors=(redis.ConnectionError,))",
         ")",
-        "tests/test_connect_timeout.py::"
+        "tests/store/test_connect_timeout.py::"
         "test_a_silent_redis_costs_the_first_call_one_timeout_not_two"),
     one("the last delivery a quorum queue allows is taken for one before it",
         "rule \"every id resolves\": a window requeued on its last delivery is finished",
-        PKG + "deliveries.py",
+        PKG + "worker/deliveries.py",
         "    if limit is None or int(count) < limit:",
         "    if limit is None or int(count) <= limit:",
-        "tests/test_quorum_queues.py::"
+        "tests/dispatch/test_quorum_queues.py::"
         "test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key"),
     one("a pool child lost on a quorum queue's last delivery only ends its claim",
         "rule \"every id resolves\": a window put back on its last delivery is finished",
-        PKG + "request.py",
+        PKG + "worker/request.py",
         'elif getattr(self, "_debounce_requeued", False) and (gone := dropped_delivery(',
         'elif False and (gone := dropped_delivery(',
-        "tests/test_quorum_queues.py::"
+        "tests/dispatch/test_quorum_queues.py::"
         "test_a_pool_child_lost_on_the_last_delivery_resolves_its_window"),
     one("a lapsed claim of a quorum queue's last delivery goes stale",
         "rule \"every id resolves\": the whole worker killed on the last delivery",
         LUA + "take.lua",
         "    elseif redis.call('HGET', key, 'lv') then",
         "    elseif false then",
-        "tests/test_quorum_queues.py::"
+        "tests/dispatch/test_quorum_queues.py::"
         "test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window"),
 ]

@@ -5,7 +5,7 @@
 # newest: Python 3.13, from the built wheel); this runs the same selection (the contract
 # subset and the Valkey files of scripts/corners.toml) on .venv's versions, for a quick
 # check from the checkout. Extra arguments go to pytest instead of that selection:
-# `scripts/test-valkey.sh -q tests/test_end_to_end.py`.
+# `scripts/test-valkey.sh -q tests/system/test_end_to_end.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VALKEY="$(.venv/bin/python -c 'from celery_debounce.testing.servers import find_valkey_server as f

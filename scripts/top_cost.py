@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def measure(app: Any, client: Any, refreshes: int) -> tuple[dict[str, tuple[int, int]], float]:
-    from celery_debounce.admin import read_snapshot
+    from celery_debounce.ops.admin import read_snapshot
     from celery_debounce.store import store_for
 
     backend = store_for(app)

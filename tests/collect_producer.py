@@ -1,4 +1,4 @@
-"""Run in spawned processes by the collect burst test (tests/test_collect.py)."""
+"""Run in spawned processes by the collect burst test (tests/producer/test_collect.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A small stand-in for a worker's main process, driving ``DispatcherProcess`` directly
-(tests/test_dispatcher_process.py): cheaper than a ``celery worker`` per trial.
+(tests/dispatch/test_dispatcher_process.py): cheaper than a ``celery worker`` per trial.
 
     python dispatcher_parent.py REDIS_URL
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from celery import Celery
 
-import celery_debounce.dispatcher
-import celery_debounce.dispatcher_process as dp
+import celery_debounce.dispatch.dispatcher
+import celery_debounce.dispatch.process as dp
 
-celery_debounce.dispatcher.HEARTBEAT_S = 0.2
+celery_debounce.dispatch.dispatcher.HEARTBEAT_S = 0.2
 STALL: float = 0.0
 HOLD: Path | None = None
 #: armed in a "race" worker: the supervisor's next fork waits here until stop() began

@@ -142,7 +142,7 @@ app = build(
 
 
 def take_and_hang(publish: bool) -> None:
-    from celery_debounce.dispatcher import Dispatcher
+    from celery_debounce.dispatch.dispatcher import Dispatcher
 
     dispatcher = Dispatcher(app, name="doomed")
     taken = dispatcher.store.take(0, 100)

@@ -6,7 +6,7 @@ was imported and had made a call (its connection kept), as gunicorn ``--preload`
 stdlib socket is kept; ``cold``: the package imported only; ``first``: patched before
 any import) prints one JSON list, ``[key, window id or null, error or null]`` per
 call. :func:`assert_each_call_got_its_window` checks such a list against Redis
-(tests/test_gevent.py, tests/test_concurrency_models.py).
+(tests/worker/test_gevent.py, tests/worker/test_concurrency_models.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ if __name__ == "__main__" and sys.argv[2:3] == ["first"]:  # as ``celery -P geve
 from celery import Celery
 
 from celery_debounce import DebouncedTask
-from celery_debounce.windows import list_windows
+from celery_debounce.ops.read_view import list_windows
 
 
 def build(url: str) -> Celery:

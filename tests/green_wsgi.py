@@ -1,7 +1,7 @@
 """A WSGI app whose handler makes debounced calls, for ``gunicorn --preload -k gevent``:
 the master imports it (and makes a call: a kept connection) before its workers fork and
 patch. ``GET /<key>`` makes three calls of ``<key>`` and answers their window ids, one a
-line (500 and the error when a call raises). tests/test_gevent.py runs it."""
+line (500 and the error when a call raises). tests/worker/test_gevent.py runs it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from kombu.asynchronous import set_event_loop
 
 from celery_debounce import DebouncedTask
-from celery_debounce.windows import list_windows
+from celery_debounce.ops.read_view import list_windows
 
 _counter = itertools.count()
 

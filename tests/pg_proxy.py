@@ -7,7 +7,7 @@ parsed: faults are matched on the bytes a client sends).
 * ``refuse()``: every client connection is closed and new ones are closed at once,
   until ``disarm()``.
 
-Used by tests/test_postgres_store.py and the ``postgres`` harness of tests/store_contract.
+Used by tests/store/test_postgres_store.py and the ``postgres`` harness of tests/store/contract.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The app tests/test_quorum_queues.py runs in a worker subprocess: windows in Redis DB 0,
+"""The app tests/dispatch/test_quorum_queues.py runs in a worker subprocess: windows in Redis DB 0,
 results in DB 2, messages in a RabbitMQ quorum queue with a delivery limit.
 
 Configured from the environment: QUORUM_REDIS, QUORUM_BROKER (an AMQP URL),

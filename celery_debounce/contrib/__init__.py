@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..validation import Problem
+    from ..ops.validation import Problem
 
 
 def import_problem(exc: Exception) -> Problem:
@@ -14,7 +14,7 @@ def import_problem(exc: Exception) -> Problem:
     where it was raised, instead of a traceback (and ``-j`` still prints JSON)."""
     import traceback
 
-    from ..validation import Problem
+    from ..ops.validation import Problem
 
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""

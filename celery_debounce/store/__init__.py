@@ -3,8 +3,7 @@
 :class:`WindowStore` holds one app's Redis client and its Lua scripts (found by
 file in ``celery_debounce/lua/``) and offers one method per operation; key names
 and record fields come from :mod:`celery_debounce.layout`. No other module of the
-package imports redis-py (``backend.py`` re-exports this module's names for code
-written before it existed). Every redis-py error leaves as
+package imports redis-py. Every redis-py error leaves as
 :class:`~celery_debounce.DebounceBackendError`.
 
 The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
@@ -89,7 +88,7 @@ logger = logging.getLogger("celery_debounce.store")
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
-    from ..call import PreparedCall
+    from ..producer.call import PreparedCall
 
 __all__ = [
     "CONNECTION_ERRORS", "EXPIRY_GRACE_MS", "MIN_REDIS", "REDIS_ERROR", "SCRIPT_NAMES",

@@ -5,7 +5,7 @@ operators'), each method in domain terms: shard references (opaque outside the s
 :data:`~celery_debounce.store.domain.ShardRef`), prepared calls, taken windows, claims;
 failures as the typed errors of :mod:`celery_debounce.store.domain`, never a substring
 of a message nor a redis-py class. :class:`~celery_debounce.store.WindowStore` (Redis:
-one node, Sentinel, Cluster) satisfies every Protocol (tests/store_contract checks it
+one node, Sentinel, Cluster) satisfies every Protocol (tests/store/contract checks it
 under mypy and runs the contract suite against each of its topologies); a second store
 proves itself by passing the same suite.
 
@@ -38,7 +38,7 @@ from .errors import CancelOutcomeUnknown
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
-    from ..call import PreparedCall
+    from ..producer.call import PreparedCall
     from ..settings import Settings
 
 __all__ = [

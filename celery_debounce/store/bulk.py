@@ -18,7 +18,7 @@ from .errors import _translated, is_outage, translate_errors
 from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..call import PreparedCall
+    from ..producer.call import PreparedCall
 
 
 class _Marker:

@@ -16,7 +16,7 @@ from .errors import _translated
 from .transport import RenewalLink, Transport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..call import PreparedCall
+    from ..producer.call import PreparedCall
     from .bulk import BulkGate
 
 logger = logging.getLogger("celery_debounce.store")

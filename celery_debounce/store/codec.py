@@ -1,7 +1,7 @@
 """Each script's KEYS/ARGV builder, reply decoder and typed result.
 
 Nothing here imports the call encoding (``call.py``, ``message.py``, ``options.py``):
-a :class:`~celery_debounce.call.PreparedCall` is read by attribute only.
+a :class:`~celery_debounce.producer.call.PreparedCall` is read by attribute only.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ..layout import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
-    from ..call import PreparedCall
-    from ..options import DebounceSpec
+    from ..producer.call import PreparedCall
+    from ..producer.options import DebounceSpec
     from ..settings import Settings
 
 #: A shard as the store's methods take it: a number of this process's layout
@@ -216,7 +216,7 @@ def _taken(shard: Shard, now_ms: int, row: list[Any]) -> TakenWindow:
 #: The version of the gate contract (docs/contract.md) this producer speaks: sent as
 #: ``gate.lua``'s ARGV[4] prefix ``<version>:``; the gate refuses another version
 #: (``DebounceContractMismatch``). gate.lua's ``CONTRACT`` and contract/vectors.json
-#: carry the same number (tests/test_contract_vectors.py checks all three).
+#: carry the same number (tests/system/test_contract_vectors.py checks all three).
 CONTRACT_VERSION = 1
 _CONTRACT_PREFIX = b"%d:" % CONTRACT_VERSION
 #: where :func:`spec_argv` keeps a spec's encoding, in the spec's own ``__dict__`` (as a

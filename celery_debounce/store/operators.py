@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.commands.core import Script
 
-from ..checks import combined_policy
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     CANCEL_FIELDS,
@@ -51,6 +50,7 @@ from ..layout import (
     win_key,
 )
 from ..settings import Settings
+from .checks import combined_policy
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
 from .doctor import DoctorOps
 from .errors import CancelOutcomeUnknown, translate_errors

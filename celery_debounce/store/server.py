@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..checks import UNKNOWN
 from ..errors import DebounceBackendError
 from ..layout import as_text
+from .checks import UNKNOWN
 from .errors import _translated, unreachable
 from .transport import checkout
 

@@ -47,7 +47,7 @@ from .scripts import SCRIPT_NAMES, script_source
 from .sentinel import master_switches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..call import PreparedCall
+    from ..producer.call import PreparedCall
     from .bulk import BulkGate
     from .operators import Operators
 

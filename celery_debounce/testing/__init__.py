@@ -35,12 +35,12 @@ from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
-from ..collect import DebouncedCall
-from ..dispatcher import Dispatcher
+from ..dispatch.dispatcher import Dispatcher
 from ..layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
+from ..ops.read_view import WindowInfo
+from ..producer.collect import DebouncedCall
 from ..settings import settings_for
 from ..store import WindowStore, store_for
-from ..windows import WindowInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import fakeredis

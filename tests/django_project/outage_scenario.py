@@ -1,6 +1,6 @@
 """Run inside the Django project with the windows' Redis down (the broker up): the
 "must not lose a run" recipe, on-commit calls with ``CELERY_DEBOUNCE_ON_OUTAGE =
-"publish"``. Prints one JSON line; tests/test_django.py reads it."""
+"publish"``. Prints one JSON line; tests/producer/test_django.py reads it."""
 
 import json
 import os

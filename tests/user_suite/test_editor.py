@@ -9,13 +9,13 @@ from __future__ import annotations
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+from celery_debounce.ops.read_view import list_windows
 from celery_debounce.testing import (
     clear_windows,
     debounce_windows,
     flush_windows,
     run_windows,
 )
-from celery_debounce.windows import list_windows
 
 
 def test_saves_of_one_document_coalesce_into_one_window(editor: Celery) -> None:

@@ -26,8 +26,8 @@ def check_debounced_tasks(app_configs: Sequence[Any] | None = None,
     from celery._state import _get_active_apps
     from django.apps import apps
 
-    from ...bootstep import uses_debounce
-    from ...validation import check_app
+    from ...dispatch.bootstep import uses_debounce
+    from ...ops.validation import check_app
     from .. import import_problem
 
     errors: list[checks.CheckMessage] = []

@@ -55,7 +55,7 @@ from .schema import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...aliases import FixedId
-    from ...call import PreparedCall
+    from ...producer.call import PreparedCall
     from ...settings import Settings
 
 __all__ = ["PostgresStore"]

@@ -18,12 +18,12 @@ def plain(x: int) -> int:
     return x
 
 
-if os.environ.get("DJPROJ_BAD"):  # tests/test_django.py: manage.py check refuses it
+if os.environ.get("DJPROJ_BAD"):  # tests/producer/test_django.py: manage.py check refuses it
 
     @shared_task(base=DebouncedTask, debounce="1s", debounce_max_wait="2s",
                  debounce_colect=True)
     def misspelt(x: int) -> int:
         return x
 
-if os.environ.get("DJPROJ_BROKEN"):  # tests/test_django.py: a module that fails to import
+if os.environ.get("DJPROJ_BROKEN"):  # tests/producer/test_django.py: a module that fails to import
     settings_module_typo  # type: ignore[name-defined]  # noqa: F821

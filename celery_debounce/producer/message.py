@@ -1,0 +1,393 @@
+"""A window's Celery message: built and checked at call time, published as stored.
+
+At call time (:func:`call_options`) the opener's options go through the same
+steps ``Task.apply_async`` -> ``app.send_task`` -> ``amqp.send_task_message`` ->
+``Producer.publish`` put them through (routing with ``task_routes`` and router
+functions, ``expires`` arithmetic, compression and delivery-mode lookups, the
+retry-policy merge, JSON encoding of everything the Redis transport encodes), so
+a call is refused at once, with nothing written, exactly where plain Celery would
+refuse it. What survives is stored with the window: the protocol-2 *embed*
+(callbacks, errbacks, chain, chord) goes into the body ``[args, kwargs, embed]``
+serialized with the task's serializer (record field ``p``), everything else into
+the options JSON (field ``o``), the route already resolved and stored by name.
+
+At dispatch (:func:`window_message`) the dispatcher only builds headers and
+properties around the stored body; it never deserializes it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from celery.app.amqp import task_message
+from celery.utils.nodenames import anon_nodename
+from celery.utils.saferepr import saferepr
+from celery.utils.time import maybe_make_aware
+from kombu import compression
+from kombu.entity import Exchange, Queue, maybe_delivery_mode
+from kombu.utils import json as kombu_json
+from kombu.utils.functional import maybe_list
+
+from ..compat import add_seconds_to_datetime, subtract_datetimes
+from ..errors import DebounceConfigError
+from ..layout import IDENT_HEADER, SHARD_HEADER, TAG_HEADER, decode_options, encode_options
+
+#: The header that tells a debounced run how many calls its window absorbed
+#: (``self.request.debounce_calls`` in the task; the calls the run stands for).
+CALLS_HEADER = "debounce_calls"
+
+#: Call options used while publishing a call and never stored: the dispatcher
+#: publishes on its own producer with its own retry policy (``retry=False``, the
+#: window is retried by lease) and declares the routed queue itself.
+CALL_ONLY = frozenset({
+    "producer", "connection", "publisher", "router", "add_to_parent", "retry",
+    "retry_policy", "declare", "timeout", "confirm_timeout", "content_encoding",
+    "result_cls", "task_type", "route_name", "serializer",
+    "retries",  # a window's run starts at retries=0
+})
+
+#: Call option -> key of the protocol-2 embed (the third element of the body).
+EMBED = {"link": "callbacks", "link_error": "errbacks", "chain": "chain", "chord": "chord"}
+
+#: Stored options that become message headers rather than publish arguments.
+HEADER_OPTIONS = frozenset({
+    "shadow", "time_limit", "soft_time_limit", "group_id", "group_index", "root_id",
+    "parent_id", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps",
+    "reply_to", "expires", "expires_at", "headers",
+})
+
+_EMPTY_EMBED: dict[str, Any] = {}
+
+
+def refuse(option: str, value: Any, why: str) -> DebounceConfigError:
+    return DebounceConfigError(f"{option}={_short(value)}: {why}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def call_options(
+    app: Celery | None,
+    task_name: str,
+    task_type: Any,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(embed, stored options)`` of one call; raises where Celery would refuse it.
+
+    ``options`` are the call's Celery options (the task's own defaults merged in,
+    debounce options already removed); it is consumed.
+    """
+    policy = options.get("retry_policy")
+    if policy:  # amqp.send_task_message: dict(default_policy, **retry_policy)
+        try:
+            dict({}, **policy)
+        except TypeError as exc:
+            raise refuse(
+                "retry_policy", policy, f"expected a mapping of str keys ({exc})"
+            ) from None
+        retry = options.get("retry")
+        if retry is None and app is not None:
+            retry = app.conf.task_publish_retry
+        unknown = set(policy) - _ensure_parameters()
+        if retry and unknown:  # kombu's Connection.ensure(**policy) refuses them
+            raise refuse(
+                "retry_policy", policy,
+                f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
+                f"{', '.join(sorted(_ensure_parameters()))})",
+            )
+    if options.get("content_type") is not None:
+        raise refuse(
+            "content_type", options["content_type"],
+            "the body is serialized with the task's serializer; pass serializer= instead "
+            "(Celery fails to publish such a call too)",
+        )
+    router = options.get("router")
+    embed = _EMPTY_EMBED
+    stored: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None or name in CALL_ONLY:
+            continue
+        if name in EMBED:
+            if embed is _EMPTY_EMBED:
+                embed = {}
+            # as app.send_task: maybe_list(link), maybe_list(link_error)
+            embed[EMBED[name]] = maybe_list(value) if name.startswith("link") else value
+            continue
+        stored[name] = value
+    if "expires" in stored:
+        stored.pop("expiration", None)  # app.send_task sets it from expires
+        _expires(app, stored)
+    headers = stored.get("headers")
+    if not headers:  # amqp.send_task_message: `if headers: headers2.update(headers)`
+        stored.pop("headers", None)
+    else:
+        try:
+            stored["headers"] = dict(headers)
+        except (TypeError, ValueError) as exc:
+            raise refuse("headers", headers, f"expected a mapping ({exc})") from None
+    if "expiration" in stored and "expires" not in stored and "expires_at" not in stored:
+        try:  # kombu's Producer.publish: str(int(expiration * 1000))
+            str(int(stored["expiration"] * 1000))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise refuse("expiration", stored["expiration"], f"expected seconds ({exc})") \
+                from None
+    if stored.get("compression"):
+        try:
+            compression.get_encoder(stored["compression"])
+        except (KeyError, TypeError):
+            raise refuse(
+                "compression", stored["compression"],
+                f"unknown compression (known: {', '.join(sorted(compression.encoders()))})",
+            ) from None
+    if stored.get("delivery_mode"):
+        try:
+            maybe_delivery_mode(stored["delivery_mode"])
+        except (KeyError, TypeError):
+            raise refuse(
+                "delivery_mode", stored["delivery_mode"],
+                "expected 1, 2, 'transient' or 'persistent'",
+            ) from None
+    stamped = stored.get("stamped_headers")
+    if stamped:
+        try:
+            stored["stamps"] = {h: options[h] for h in stamped}
+        except (KeyError, TypeError) as exc:
+            raise refuse("stamped_headers", stamped, f"each stamp needs its option ({exc})") \
+                from None
+        for h in stamped:  # as app.send_task: a stamp is a header, not a property
+            stored.pop(h, None)
+    if app is not None:
+        _route(app, router, task_name, task_type, args, kwargs, stored)
+        parent = app.current_worker_task
+        if parent is not None:  # as app.send_task: the caller's task is the parent
+            if not stored.get("root_id"):
+                stored["root_id"] = parent.request.root_id or parent.request.id
+            if not stored.get("parent_id"):
+                stored["parent_id"] = parent.request.id
+    return embed, stored
+
+
+@lru_cache(maxsize=1)
+def _ensure_parameters() -> frozenset[str]:
+    """The keyword arguments a retry policy may carry (``kombu.Connection.ensure``)."""
+    import inspect
+
+    from kombu.connection import Connection
+
+    params = inspect.signature(Connection.ensure).parameters
+    return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or
+                     (p.default is not p.empty and n not in ("self", "obj", "fun")))
+
+
+def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
+    """Check ``expires`` as ``app.send_task``/``as_task_v2`` would; keep it relative.
+
+    A number (seconds) stays relative and counts from the publish (the window's
+    deadline), not from the call; a datetime or ISO string is an absolute time.
+    A ``timedelta`` (which plain Celery refuses) is accepted as seconds.
+    """
+    value = stored.pop("expires")
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, numbers.Real):
+        try:
+            now = app.now() if app is not None else datetime.now().astimezone()
+            maybe_make_aware(add_seconds_to_datetime(now, value))
+            seconds = float(value)
+        except (ValueError, OverflowError, TypeError) as exc:
+            raise refuse("expires", value, f"not a usable number of seconds ({exc})") from None
+        stored["expires"] = seconds
+        return
+    try:  # app.send_task: subtract_datetimes(expires, now), isoparse for a string
+        if isinstance(value, datetime):
+            subtract_datetimes(value, datetime.now().astimezone())
+            stored["expires_at"] = value.isoformat()
+            return
+        if isinstance(value, str):
+            from dateutil.parser import isoparse
+
+            subtract_datetimes(isoparse(value), datetime.now().astimezone())
+            stored["expires_at"] = value
+            return
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise refuse("expires", value, f"not a usable time ({exc})") from None
+    raise refuse("expires", value, "expected seconds, a datetime or an ISO 8601 string")
+
+
+def _route(
+    app: Celery, router: Any, name: str, task_type: Any, args: Any, kwargs: Any,
+    stored: dict[str, Any],
+) -> None:
+    """Resolve the route as ``app.send_task`` would and keep it by name."""
+    routed_in = {k: v for k, v in stored.items() if k not in HEADER_OPTIONS}
+    try:
+        routed = (router or app.amqp.router).route(routed_in, name, args, kwargs, task_type)
+    except Exception as exc:
+        raise DebounceConfigError(
+            f"{name}: routing refused the call ({type(exc).__name__}: {exc}); "
+            "check queue=/exchange=/routing_key= and task_routes"
+        ) from None
+    queue = routed.pop("queue", None)
+    name = queue.name if isinstance(queue, Queue) else queue
+    if name is not None and not isinstance(name, str):
+        raise refuse("queue", name, "expected a queue name (str) or a kombu Queue")
+    if name is not None and (
+        name != app.conf.task_default_queue or "exchange" in routed or "routing_key" in routed
+    ):
+        stored["queue"] = name
+    else:  # the default queue: the dispatcher's default, not stored (saves bytes per window)
+        stored.pop("queue", None)
+    for key, value in routed.items():
+        if key in ("exchange",) and isinstance(value, Exchange):
+            value = value.name
+        if value is not None:
+            stored[key] = value
+
+
+def encode_stored(stored: dict[str, Any]) -> str:
+    """The stored options as JSON (layout.encode_options), refused with the option named."""
+    try:
+        return encode_options(stored)
+    except (TypeError, ValueError) as exc:
+        bad = next((n for n, v in stored.items() if not _json_ok(v)), "?")
+        raise refuse(
+            bad, stored.get(bad),
+            f"a debounced call's options are stored until the window runs and must be "
+            f"JSON-serializable, as the Redis broker would encode them ({exc})",
+        ) from None
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        kombu_json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# -- dispatch side ------------------------------------------------------------
+
+class WindowMessage:
+    """What a dispatcher needs to publish windows of one app (built once per dispatcher)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.origin = anon_nodename()
+        self.reply_to = app.thread_oid
+        self.encodings: dict[str, str] = {}
+
+    def content_encoding(self, content_type: str) -> str:
+        enc = self.encodings.get(content_type)
+        if enc is None:
+            from kombu.serialization import registry
+
+            name = registry.type_to_name.get(content_type)
+            codec = registry._encoders.get(name) if name else None
+            enc = codec.content_encoding if codec is not None else (
+                "utf-8" if content_type.startswith(("application/json", "text/")) else "binary"
+            )
+            self.encodings[content_type] = enc
+        return enc
+
+    def build(
+        self, task_name: str, task_id: str, shard: int | str, calls: int, content_type: str,
+        body: bytes, options_json: str, tag: str | None = None,
+        arguments: tuple[list[Any], dict[str, Any]] | None = None, ident: str | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """``(task_message, send_task_message options)`` for one window; no deserializing.
+
+        ``arguments``: the run's ``(args, kwargs)`` when the dispatcher parsed a JSON body
+        (it checks their shape anyway): sent as ``argsrepr``/``kwargsrepr`` truncated as
+        Celery truncates a plain call's (``app.amqp.argsrepr_maxsize``), so ``celery
+        events`` and Flower show the arguments the run gets. Bodies of other content
+        types are never deserialized here: their repr says ``<debounced: N calls>``.
+        The calls absorbed go in the :data:`CALLS_HEADER` header either way.
+
+        ``tag``: the shard's tag, sent as :data:`TAG_HEADER` (where the worker finds the
+        record); ``shard`` (a number) is also sent as 0.2's :data:`SHARD_HEADER` for
+        0.2 workers; a tag as ``shard`` (a layout drained, not this process's) is sent
+        only as the tag. ``ident``: sent as :data:`IDENT_HEADER` (only with
+        ``debounce_redis_wait_replicas``)."""
+        opts = decode_options(options_json)
+        pop = opts.pop
+        expires = None
+        rel = pop("expires", None)
+        at = pop("expires_at", None)
+        if rel is not None:
+            when = maybe_make_aware(
+                add_seconds_to_datetime(self.app.now(), float(rel)), tz=self.app.timezone
+            )
+            expires = when.isoformat()
+            opts["expiration"] = max(0.0, float(rel))
+        elif at is not None:
+            from dateutil.parser import isoparse
+
+            when = isoparse(at) if isinstance(at, str) else at
+            expires = when.isoformat()
+            left = subtract_datetimes(when, self.app.now()).total_seconds()
+            opts["expiration"] = max(0.0, left)
+        stamped = pop("stamped_headers", None)
+        if arguments is not None:
+            amqp = self.app.amqp
+            levels = self.app.conf.get("task_repr_maxlevels") or 3
+            argsrepr = saferepr(arguments[0], amqp.argsrepr_maxsize, maxlevels=levels)
+            kwargsrepr = saferepr(arguments[1], amqp.kwargsrepr_maxsize, maxlevels=levels)
+        else:
+            argsrepr = f"<debounced: {calls} call{'s' if calls != 1 else ''}>"
+            kwargsrepr = "<debounced>"
+        headers = {
+            "lang": "py",
+            "task": task_name,
+            "id": task_id,
+            "shadow": pop("shadow", None),
+            "eta": None,
+            "expires": expires,
+            "group": pop("group_id", None),
+            "group_index": pop("group_index", None),
+            "retries": 0,
+            "timelimit": [pop("time_limit", None), pop("soft_time_limit", None)],
+            "root_id": pop("root_id", None) or task_id,
+            "parent_id": pop("parent_id", None),
+            "argsrepr": argsrepr,
+            "kwargsrepr": kwargsrepr,
+            "origin": self.origin,
+            "replaced_task_nesting": pop("replaced_task_nesting", 0),
+            "stamped_headers": stamped,
+            "stamps": pop("stamps", None) or {},
+        }
+        ignore = pop("ignore_result", None)
+        if ignore is not None:  # absent: the worker's task decides (a header overrides it)
+            headers["ignore_result"] = ignore
+        extra = pop("headers", None)
+        if extra:
+            headers.update(extra)
+        headers[CALLS_HEADER] = calls
+        if isinstance(shard, int):
+            headers[SHARD_HEADER] = shard
+        if tag is not None or isinstance(shard, str):
+            headers[TAG_HEADER] = tag if tag is not None else shard
+        if ident is not None:
+            headers[IDENT_HEADER] = ident
+        properties = {
+            "correlation_id": task_id,
+            "reply_to": pop("reply_to", None) or self.reply_to,
+            "content_type": content_type,
+            "content_encoding": self.content_encoding(content_type),
+        }
+        opts["retry"] = False
+        sent_event = None
+        if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
+            sent_event = {
+                "uuid": task_id, "root_id": headers["root_id"],
+                "parent_id": headers["parent_id"], "name": task_name, "args": argsrepr,
+                "kwargs": kwargsrepr, "retries": 0, "eta": None, "expires": expires,
+            }
+        return task_message(headers, properties, body, sent_event), opts

@@ -1,0 +1,1 @@
+"""The worker stage of celery_debounce (see docs/design.md, "Module map")."""

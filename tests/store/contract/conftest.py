@@ -1,0 +1,215 @@
+"""The implementations the contract suite runs against, one ``Harness`` each.
+
+A harness builds fresh stores on an emptied server (``build``, with settings
+overrides such as a short claim lease) and, where it can, makes the next reply of
+an operation be lost after the operation ran (``lose_next_reply``). Everything that
+knows it is Redis or PostgreSQL (scripts, keys, schemas, proxies, clients) is here,
+never in the cases.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from fault_proxy import FaultProxy, evalsha_of
+from pg_proxy import PgProxy
+
+from celery_debounce.settings import Settings
+from celery_debounce.store import WindowStore
+from celery_debounce.store.api import Store
+
+#: The store contract's operations whose reply a harness can lose, and the script each
+#: one is on Redis.
+_SCRIPT_OF = {"gate": "gate", "claim": "claim", "take": "take", "cancel": "cancel"}
+
+
+@dataclass
+class Harness:
+    """One implementation under the contract."""
+
+    name: str
+    _build: Callable[[dict[str, Any]], Store]
+    #: arm a lost reply: ``(store, operation)``; None where the harness cannot
+    _lose: Callable[[Store, str], None] | None = None
+    #: ``(down)``: refuse every connection (True) or serve again (False); None: cannot
+    _outage: Callable[[bool], None] | None = None
+    #: why the implementation does not promise at-most-once (None: it does)
+    resends_after_a_lost_reply: str | None = None
+    #: what ends a built store's connections
+    _close: Callable[[Any], None] = lambda store: store.client.close()
+    built: list[Store] = field(default_factory=list)
+
+    def build(self, **overrides: Any) -> Store:
+        """A fresh store (``Settings`` fields overridden), on the emptied server."""
+        store = self._build(overrides)
+        self.built.append(store)
+        return store
+
+    def lose_next_reply(self, store: Store, operation: str) -> None:
+        """The next ``operation`` on ``store`` runs, and its reply is lost."""
+        if self._lose is None:
+            pytest.skip(f"{self.name}: no way to lose a reply in this harness")
+        self._lose(store, operation)
+
+    def outage(self, down: bool) -> None:
+        """Make the server unreachable (``down``) or reachable again."""
+        if self._outage is None:
+            pytest.skip(f"{self.name}: no way to make the server unreachable in this harness")
+        self._outage(down)
+
+    def close(self) -> None:
+        for store in self.built:
+            self._close(store)
+
+
+def _settings(conf: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+    app = Celery("contract", set_as_current=False)
+    app.conf.update(conf)
+    return replace(Settings.from_app(app), **overrides)
+
+
+def _fakeredis() -> Harness:
+    import fakeredis
+
+    server = fakeredis.FakeServer()
+
+    def build(overrides: dict[str, Any]) -> WindowStore:
+        client = fakeredis.FakeRedis(server=server)
+        return WindowStore(_settings({"debounce_redis_url": "redis://fake"}, overrides),
+                           client=client)
+
+    def outage(down: bool) -> None:
+        server.connected = not down
+
+    return Harness("fakeredis", build, _outage=outage, resends_after_a_lost_reply=(
+        "a client of another kind (fakeredis) goes through the generic Transport, whose "
+        "client may resend a script after a lost reply (store/transport.py)"))
+
+
+def _single(request: pytest.FixtureRequest) -> Harness:
+    url: str = request.getfixturevalue("redis_server")
+    redis.Redis.from_url(f"{url}/0").flushall()
+    proxy = FaultProxy(int(url.rsplit(":", 1)[1]))
+    request.addfinalizer(proxy.close)
+
+    def build(overrides: dict[str, Any]) -> WindowStore:
+        return WindowStore(_settings({"debounce_redis_url": f"{proxy.url}/0",
+                                      "debounce_redis_timeout": 1.0}, overrides))
+
+    def lose(store: Store, operation: str) -> None:
+        assert isinstance(store, WindowStore)
+        proxy.arm("drop", evalsha_of(store.scripts[_SCRIPT_OF[operation]].sha))
+
+    def outage(down: bool) -> None:
+        if down:
+            proxy.refuse()
+        else:
+            proxy.disarm()
+
+    return Harness("redis", build, lose, outage)
+
+
+def _cluster(request: pytest.FixtureRequest) -> Harness:
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.flushall()
+
+    def build(overrides: dict[str, Any]) -> WindowStore:
+        return WindowStore(_settings({"debounce_redis_url": f"{cluster.url}/0",
+                                      "debounce_redis_cluster": True,
+                                      "debounce_shards": 3}, overrides))
+
+    # lost replies on a cluster: tests/system/test_cluster_faults.py (a proxy per node is not
+    # built here)
+    return Harness("cluster", build)
+
+
+#: The cases the PostgreSQL store cannot pass yet, and why (skipped on it, never
+#: weakened: the same case runs on every other harness).
+POSTGRES_NOT_YET = {
+    "test_the_store_satisfies_every_role":
+        "postgres: gate_many and the operators' reads and actions (list_step, "
+        "census_step, counts, snapshot, cancel, ...) are not implemented yet",
+    "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next":
+        "postgres: debounce_collect is not implemented yet (refused at the gate)",
+    "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written":
+        "postgres: debounce_collect is not implemented yet (refused at the gate)",
+}
+
+#: The PostgreSQL functions whose reply a harness can lose, by operation.
+_FUNCTION_OF = {"gate": b"debounce_gate", "claim": b"debounce_claim",
+                "take": b"debounce_take", "cancel": b"debounce_cancel"}
+
+
+def _postgres(request: pytest.FixtureRequest) -> Harness:
+    """The PostgreSQL store on the session's private server, through a proxy that can
+    lose a reply or refuse connections; each test in a fresh schema (``search_path``),
+    dropped afterwards."""
+    reason = POSTGRES_NOT_YET.get(request.node.originalname)
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from celery_debounce.store.postgres import PostgresStore
+
+    server = request.getfixturevalue("postgres_server")
+    schema = f"contract_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')  # a name made here, not user data
+
+    def drop_schema() -> None:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+    request.addfinalizer(drop_schema)
+    proxy = PgProxy(server.port)
+    request.addfinalizer(proxy.close)
+    direct = make_conninfo(server.url(), options=f"-c search_path={schema}")
+    url = make_conninfo(direct, port=proxy.port)
+    with PostgresStore(direct) as migrating:
+        migrating.migrate()
+
+    def build(overrides: dict[str, Any]) -> Store:
+        settings = _settings({"debounce_redis_url": "redis://unused"}, overrides)
+        store: Store = PostgresStore(url, settings, timeout=1.0)
+        return store
+
+    def lose(store: Store, operation: str) -> None:
+        proxy.drop_next(_FUNCTION_OF[operation])
+
+    def outage(down: bool) -> None:
+        if down:
+            proxy.refuse()
+        else:
+            proxy.disarm()
+
+    return Harness("postgres", build, lose, outage, _close=lambda store: store.close())
+
+
+@pytest.fixture(params=[
+    "fakeredis",
+    "redis",
+    pytest.param("cluster", marks=pytest.mark.cluster),
+    "postgres",
+])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """Each implementation of the store contract in turn."""
+    made = {"fakeredis": lambda: _fakeredis(), "redis": lambda: _single(request),
+            "cluster": lambda: _cluster(request),
+            "postgres": lambda: _postgres(request)}[request.param]()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def store(harness: Harness) -> Store:
+    """A fresh store of the implementation under test, with the default settings."""
+    return harness.build()

@@ -1,0 +1,424 @@
+"""What every windows' store must do, written once against the store contract's
+Protocols (celery_debounce.store.api) and run against each implementation (the
+``harness`` fixture, conftest.py). The cases use only the Protocols' members, the
+domain types and the typed errors: no key, script, client or reply of any store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import pytest
+from helpers import wait_until
+
+from celery_debounce.aliases import fixed_id
+from celery_debounce.errors import DebounceBackendError
+from celery_debounce.producer.call import PreparedCall, prepare_call
+from celery_debounce.producer.options import build_spec
+from celery_debounce.settings import Settings
+from celery_debounce.store.api import (
+    BaseStore,
+    DispatcherStore,
+    OperatorStore,
+    ProducerStore,
+    Store,
+    WorkerStore,
+)
+from celery_debounce.store.codec import GateResult, TakenWindow
+from celery_debounce.store.domain import (
+    ClaimResult,
+    FinishResult,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    ReplaceRefused,
+    StoreUnavailable,
+)
+
+from .conftest import Harness
+
+
+class Gated(NamedTuple):
+    """A call as gated: the store's answer and the call's shard and ident."""
+
+    result: GateResult
+    call: PreparedCall
+
+    @property
+    def task_id(self) -> str:
+        return self.result.task_id
+
+
+def gate(store: ProducerStore, key: str, *, window: str = "1m", max_wait: str = "5m",
+         payload: Any = 0, task_id: str | None = None, exclusive: bool = False,
+         max_calls: int | None = None, leading: bool = False, trailing: bool = True,
+         collect: bool = False, pad: str = "", settings: Settings | None = None,
+         replace_payload: bool = False, serializer: str = "json") -> Gated:
+    """One call of task ``t`` keyed ``key`` through :meth:`ProducerStore.gate`."""
+    spec = build_spec(window, "{0}", max_wait, replace_payload, max_calls, leading, trailing,
+                      collect=collect, exclusive=exclusive)
+    options: dict[str, object] = {}
+    kwargs = {"pad": pad} if pad else {}
+    call = prepare_call(settings or store.settings, "t", spec, (key, payload), kwargs,
+                        options, None, serializer, task_id)
+    return Gated(store.gate(call, fixed_id(task_id, options)), call)
+
+
+def take_due(store: DispatcherStore, shard: int, timeout: float = 5.0) -> list[TakenWindow]:
+    """The windows of ``shard`` a take returns, once one does."""
+    found: list[TakenWindow] = wait_until(lambda: store.take(shard, 10).windows,
+                                          timeout=timeout)
+    return found
+
+
+def run(store: Store, key: str, **options: Any) -> Gated:
+    """A call whose window is due at once, taken, published (acked) and claimed."""
+    gated = gate(store, key, window="1ms", max_wait="1s", **options)
+    (taken,) = take_due(store, gated.call.shard)
+    assert taken.task_id == gated.task_id
+    assert store.ack(gated.call.shard, [taken.task_id]) == 1
+    assert store.claim(gated.call.shard, taken.task_id, "t") == ClaimResult("queued", True)
+    return gated
+
+
+# -- the Protocols -----------------------------------------------------------------------
+
+def test_the_store_satisfies_every_role(store: Store) -> None:
+    """Checked statically (mypy runs over this file) and here by member name."""
+    producer: ProducerStore = store
+    dispatcher: DispatcherStore = store
+    worker: WorkerStore = store
+    operator: OperatorStore = store
+    for role in (BaseStore, ProducerStore, DispatcherStore, WorkerStore, OperatorStore):
+        members = {name for name in vars(role) if not name.startswith("_")}
+        assert members and all(callable(getattr(store, name)) or name == "settings"
+                               for name in members), role
+    assert {id(producer), id(dispatcher), id(worker), id(operator)} == {id(store)}
+
+
+# -- open or join, atomically ------------------------------------------------------------
+
+def test_racing_calls_open_one_window_and_every_other_call_joins_it(store: Store) -> None:
+    threads, per_thread = 8, 5
+    results: list[GateResult] = []
+    start = threading.Barrier(threads)
+
+    def caller() -> None:
+        start.wait()
+        for i in range(per_thread):
+            results.append(gate(store, "k", payload=i).result)
+
+    workers = [threading.Thread(target=caller) for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(30)
+    assert len(results) == threads * per_thread
+    assert sum(r.opened for r in results) == 1
+    assert len({r.task_id for r in results}) == 1
+    assert sorted(r.calls for r in results) == list(range(1, threads * per_thread + 1))
+
+
+def test_a_join_moves_the_deadline_never_past_the_openers_ceiling(store: Store) -> None:
+    first = gate(store, "k", window="1m", max_wait="90s").result
+    assert first.opened and first.calls == 1
+    assert first.deadline_ms == first.now_ms + 60_000
+    second = gate(store, "k", window="1m", max_wait="90s").result
+    assert (second.opened, second.task_id, second.calls) == (False, first.task_id, 2)
+    assert second.deadline_ms >= first.deadline_ms
+    third = gate(store, "k", window="10m", max_wait="1h").result  # a longer per-call window
+    assert third.deadline_ms == first.now_ms + 90_000
+
+
+def test_a_due_window_is_taken_once_and_the_next_call_opens_a_new_one(store: Store) -> None:
+    first = gate(store, "k", window="10ms", max_wait="1s", payload=1)
+    (taken,) = take_due(store, first.call.shard)
+    assert (taken.task_id, taken.key, taken.task_name, taken.calls) == (
+        first.task_id, "k", "t", 1)
+    assert taken.deadline_ms <= taken.taken_ms
+    again = gate(store, "k", window="10ms", max_wait="1s", payload=2)
+    assert again.result.opened and again.task_id != first.task_id
+    assert [w.task_id for w in take_due(store, first.call.shard)] == [again.task_id]
+
+
+# -- claimed windows, leases -------------------------------------------------------------
+
+def test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new_one(
+        store: Store) -> None:
+    first = run(store, "k")
+    shard = first.call.shard
+    during = gate(store, "k")  # while the run is in flight
+    assert during.result.opened and during.task_id != first.task_id
+    assert gate(store, "k").task_id == during.task_id
+    # a redelivery under the live claim is a duplicate: it must not run
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("claimed", False)
+    assert store.finish_run(shard, first.task_id, "SUCCESS") == FinishResult(True, [])
+    assert store.finish_run(shard, first.task_id, "SUCCESS").finished  # idempotent
+    # a republished message after the run: never claimed again
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("finished", False)
+    assert store.pending(shard, first.call.ident) is not None  # the new window, untouched
+    # a record that is gone (past its TTL) runs: at least once
+    assert store.claim(shard, "gone", "t") == ClaimResult("", True)
+
+
+def test_an_unacknowledged_take_is_taken_again_after_its_dispatch_lease(
+        harness: Harness) -> None:
+    store = harness.build(dispatch_lease_ms=100)
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    (taken,) = take_due(store, first.call.shard)
+    assert taken.tries == 1
+    (again,) = take_due(store, first.call.shard)  # the dispatcher "died": no ack
+    assert again.task_id == first.task_id and again.tries == 2
+    assert store.ack(first.call.shard, [first.task_id]) == 1
+    assert store.take(first.call.shard, 10).windows == []
+
+
+def test_a_released_window_is_taken_again_after_the_delay(store: Store) -> None:
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard = first.call.shard
+    (taken,) = take_due(store, shard)
+    assert store.release(shard, 50, [(taken.task_id, taken.tries)]) == 1
+    (again,) = take_due(store, shard)
+    assert again.task_id == first.task_id
+
+
+def test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again(harness: Harness) -> None:
+    store = harness.build(claim_lease_ms=600)
+    first, lapsed = run(store, "k"), run(store, "other")
+    for _ in range(4):  # 0.8 s of renewals every 0.2 s, with takes between: still live
+        time.sleep(0.2)
+        store.renew_claims({first.call.shard: [first.task_id, "never-claimed"]})
+        store.take(first.call.shard, 10)
+        store.take(lapsed.call.shard, 10)
+    # not renewed: lapsed within its lease, released by a take; its redelivery runs
+    assert store.claim(lapsed.call.shard, lapsed.task_id, "t") == ClaimResult("stale", True)
+    store.renew_claims({lapsed.call.shard: [lapsed.task_id]})
+    shard = first.call.shard
+    # renewed: live, a redelivery is a duplicate (skipped) ...
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("claimed", False)
+    time.sleep(0.7)  # ... and when the claim then lapses, the window is published again
+    assert [w.task_id for w in store.take(shard, 10).windows] == [first.task_id]
+    store.renew_claims({shard: [first.task_id]})  # a late renewal brings nothing back
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("dispatching", True)
+    # a retry of the run takes a live claim over
+    assert store.claim(shard, first.task_id, "t", retry=True) == ClaimResult("claimed", True)
+
+
+def test_an_ended_claim_is_taken_over_by_the_next_delivery(store: Store) -> None:
+    first = run(store, "k")
+    shard = first.call.shard
+    store.end_claim(shard, first.task_id)
+    store.take(shard, 10)  # the ended claim lapses here
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("stale", True)
+
+
+def test_a_put_back_window_is_claimed_again_by_its_next_delivery(store: Store) -> None:
+    first = run(store, "k")
+    shard = first.call.shard
+    assert store.put_back(shard, first.task_id)
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("queued", True)
+    assert not store.put_back(shard, "never-claimed")
+
+
+# -- holds (debounce_exclusive) ----------------------------------------------------------
+
+def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
+        store: Store) -> None:
+    first = run(store, "k", exclusive=True)
+    shard = first.call.shard
+    second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
+    time.sleep(0.05)
+    assert store.take(shard, 10).windows == []  # held, not taken
+    ((ident, (since, waits_for)),) = store.held(shard).items()
+    assert (ident, waits_for) == (first.call.ident, first.task_id) and since > 0
+    joined = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
+    assert (joined.result.opened, joined.task_id, joined.result.calls) == (
+        False, second.task_id, 2)
+    store.finish_run(shard, first.task_id, "SUCCESS")
+    (follow,) = take_due(store, shard, timeout=3)
+    assert follow.task_id == second.task_id and follow.calls == 2
+    assert store.held(shard) == {}
+
+
+def test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written(
+        store: Store) -> None:
+    first = gate(store, "k", replace_payload=True, payload=1)
+    with pytest.raises(ReplaceRefused, match=first.task_id):
+        gate(store, "k", replace_payload=True, payload=2, serializer="pickle")
+    joined = gate(store, "k", replace_payload=True, payload=3).result
+    assert joined.task_id == first.task_id and joined.calls == 2  # the refused one: none
+
+
+# -- caller ids --------------------------------------------------------------------------
+
+def test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_joins(
+        store: Store) -> None:
+    opener = gate(store, "k", window="1ms", max_wait="1s", task_id="A")
+    assert opener.result.opened and opener.task_id == "A"
+    joiner = gate(store, "k", window="1ms", max_wait="1s", task_id="B")
+    assert not joiner.result.opened and joiner.task_id == "A"
+    shard = opener.call.shard
+    (taken,) = take_due(store, shard)
+    store.ack(shard, [taken.task_id])
+    assert store.claim(shard, "A", "t").run
+    finished = store.finish_run(shard, "A", "SUCCESS")
+    assert finished.finished and [alias["id"] for alias in finished.aliases] == ["B"]
+    # a caller id in use (A ran) is never reused: the next window gets another id
+    again = gate(store, "k", task_id="A")
+    assert again.result.opened and again.task_id != "A"
+
+
+# -- collect bounds, caps ----------------------------------------------------------------
+
+def test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next(
+        harness: Harness) -> None:
+    store = harness.build(max_payload_bytes=400)
+    results = [gate(store, "k", payload=i, collect=True, pad="x" * 40,
+                    window="1h", max_wait="2h") for i in range(12)]
+    ids = list(dict.fromkeys(r.task_id for r in results))
+    assert len(ids) >= 2
+    assert [r.result.opened for r in results].count(True) == len(ids)
+    shard = results[0].call.shard
+    taken = store.take(shard, 10).windows  # every full window, at once
+    assert sorted(w.task_id for w in taken) == sorted(ids[:-1])  # due in the same ms
+    assert all(len(w.payload) <= 400 for w in taken)
+    assert store.pending(shard, results[0].call.ident) is not None  # the last, open
+
+
+def test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written(
+        harness: Harness) -> None:
+    store = harness.build(max_payload_bytes=200)
+    # a producer whose own bound is higher (its call passed its check): the store refuses
+    producer = replace(store.settings, max_payload_bytes=10_000)
+    with pytest.raises(PayloadTooLarge, match="200"):
+        gate(store, "k", collect=True, pad="x" * 200, settings=producer)
+    ok = gate(store, "k", collect=True)  # nothing was written: this call opens the window
+    assert ok.result.opened and ok.result.calls == 1
+
+
+def test_the_call_that_reaches_max_calls_closes_the_window_and_the_next_opens_one(
+        store: Store) -> None:
+    calls = [gate(store, "k", max_calls=3, window="1h", max_wait="2h") for _ in range(4)]
+    assert [c.result.calls for c in calls] == [1, 2, 3, 1]
+    assert len({c.task_id for c in calls[:3]}) == 1 and calls[3].task_id != calls[0].task_id
+    (capped,) = store.take(calls[0].call.shard, 10).windows  # due at once
+    assert capped.task_id == calls[0].task_id and capped.capped and capped.calls == 3
+
+
+# -- edges -------------------------------------------------------------------------------
+
+def test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period(
+        store: Store) -> None:
+    first = gate(store, "k", leading=True, trailing=False, window="1h", max_wait="2h")
+    assert first.result.opened and first.result.edge == "lead"
+    later = [gate(store, "k", leading=True, trailing=False, payload=i, window="1h",
+                  max_wait="2h") for i in range(1, 4)]
+    assert all(c.result.edge == "suppressed" and not c.result.opened for c in later)
+    assert {c.task_id for c in later} == {first.task_id}
+    (lead,) = store.take(first.call.shard, 10).windows  # due at once
+    assert lead.task_id == first.task_id and lead.leading
+    assert store.take(first.call.shard, 10).windows == []  # nothing more runs
+
+
+def test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst(store: Store) -> None:
+    def call(payload: int) -> Gated:
+        return gate(store, "k", leading=True, trailing=True, payload=payload,
+                    window="1h", max_wait="90m")
+
+    first, second, third = call(0), call(1), call(2)
+    assert first.result.edge == "lead"
+    assert second.result.opened and second.result.edge == ""
+    assert second.task_id != first.task_id
+    assert third.task_id == second.task_id and third.result.calls == 2
+    shard = first.call.shard
+    assert [w.task_id for w in store.take(shard, 10).windows] == [first.task_id]
+    assert store.flush(shard, first.call.ident) is not None  # its deadline comes
+    (trailing,) = store.take(shard, 10).windows
+    assert trailing.task_id == second.task_id and trailing.calls == 2
+    assert not trailing.leading
+
+
+# -- at most once, under a lost reply ----------------------------------------------------
+
+def _at_most_once(harness: Harness) -> None:
+    if harness.resends_after_a_lost_reply:
+        pytest.skip(harness.resends_after_a_lost_reply)
+
+
+def test_a_gate_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
+        harness: Harness) -> None:
+    _at_most_once(harness)
+    store = harness.build()
+    first = gate(store, "k")
+    harness.lose_next_reply(store, "gate")
+    with pytest.raises(OutcomeUnknown):
+        gate(store, "k")
+    third = gate(store, "k").result
+    assert third.task_id == first.task_id and third.calls == 3  # counted once
+
+
+def test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
+        harness: Harness) -> None:
+    _at_most_once(harness)
+    store = harness.build()
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard = first.call.shard
+    take_due(store, shard)
+    store.ack(shard, [first.task_id])
+    harness.lose_next_reply(store, "claim")
+    with pytest.raises(OutcomeUnknown):
+        store.claim(shard, first.task_id, "t")
+    # the lost claim ran once: a second is a duplicate of it, not a second run
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("claimed", False)
+
+
+def test_a_take_whose_reply_is_lost_loses_no_window(harness: Harness) -> None:
+    """The lost take may or may not have leased the window: it is taken again (at once,
+    or when that lease ends), once, never lost."""
+    _at_most_once(harness)
+    store = harness.build(dispatch_lease_ms=500)
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard = first.call.shard
+    time.sleep(0.01)
+    harness.lose_next_reply(store, "take")
+    with pytest.raises(OutcomeUnknown):
+        store.take(shard, 10)
+    (again,) = take_due(store, shard)
+    assert again.task_id == first.task_id and again.tries in (1, 2)
+    assert store.ack(shard, [first.task_id]) == 1
+    time.sleep(0.6)
+    assert store.take(shard, 10).windows == []
+
+
+def test_an_unreachable_store_raises_its_typed_error_and_writes_nothing(
+        harness: Harness) -> None:
+    """A refused connection (nothing sent) is :class:`StoreUnavailable`, for every role's
+    writes: the package's error, never a client's class, and never "outcome unknown"."""
+    store = harness.build()
+    first = gate(store, "k")
+    shard, task_id = first.call.shard, first.task_id
+    attempts: list[Callable[[], object]] = [
+        lambda: gate(store, "k"), lambda: store.take(shard, 10),
+        lambda: store.ack(shard, [task_id]), lambda: store.claim(shard, task_id, "t"),
+        lambda: store.finish_run(shard, task_id, "SUCCESS"),
+        lambda: store.renew_claims({shard: [task_id]}),
+        lambda: store.flush(shard, first.call.ident)]
+    harness.outage(True)
+    try:
+        for attempt in attempts:
+            with pytest.raises(StoreUnavailable):
+                attempt()
+    finally:
+        harness.outage(False)
+    assert wait_until(lambda: _answers(store))
+    again = gate(store, "k").result
+    assert again.task_id == first.task_id and again.calls == 2  # nothing was written
+
+
+def _answers(store: OperatorStore) -> bool:
+    try:
+        return store.ping()
+    except DebounceBackendError:
+        return False

@@ -1,0 +1,558 @@
+"""The PostgreSQL store's gate, take and ack against a real private PostgreSQL server
+(the ``postgres_server`` session fixture): atomic for racing producers, the ceiling on
+the server's clock, a taken window never joined, concurrent dispatchers taking disjoint
+windows, a lapsed lease taken again, and a schema of another version refused by name.
+
+Each test works in a schema of its own (``search_path``), so they share one server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from pg_proxy import PgProxy
+from psycopg.conninfo import make_conninfo
+
+from celery_debounce.aliases import FixedId
+from celery_debounce.errors import DebounceConfigError
+from celery_debounce.producer.call import PreparedCall
+from celery_debounce.producer.options import DebounceSpec
+from celery_debounce.store.codec import GateResult
+from celery_debounce.store.domain import OutcomeUnknown, ReplaceRefused
+from celery_debounce.store.postgres import (
+    SCHEMA_VERSION,
+    PostgresStore,
+    SchemaMissing,
+    SchemaTooNew,
+    SchemaTooOld,
+)
+from celery_debounce.store.postgres import schema as pg_schema
+from celery_debounce.testing.postgres import LocalPostgres
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def database(postgres_server: LocalPostgres) -> Iterator[str]:
+    """A conninfo whose ``search_path`` is a fresh, empty schema (dropped afterwards)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')  # a name made here, not user data
+    yield make_conninfo(postgres_server.url(), options=f"-c search_path={name}")
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+@pytest.fixture
+def make_store(database: str) -> Iterator[Callable[..., PostgresStore]]:
+    stores: list[PostgresStore] = []
+
+    def make(url: str = database, **kwargs: object) -> PostgresStore:
+        store = PostgresStore(url, timeout=5.0, **kwargs)  # type: ignore[arg-type]
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[..., PostgresStore]) -> PostgresStore:
+    made = make_store(max_size=8)
+    made.migrate()
+    return made
+
+
+def call(ident: str = "tasks.t:k", window_ms: int = 10_000, max_wait_ms: int = 60_000,
+         payload: bytes = b"[[], {}, {}]", replace: bool = False, **spec: object
+         ) -> PreparedCall:
+    """A prepared call as the producer builds it (a fresh task id per call)."""
+    return PreparedCall(
+        task_name=ident.split(":")[0], key=ident.split(":", 1)[1], ident=ident, shard=0,
+        task_id=str(uuid.uuid4()),
+        spec=DebounceSpec(window_ms=window_ms, max_wait_ms=max_wait_ms, key=None,
+                          replace_payload=replace, **spec),  # type: ignore[arg-type]
+        content_type="application/json", payload=payload, options_json="{}")
+
+
+def rows(database: str, table: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(database, autocommit=True) as conn:
+        query = {"open": "SELECT ident, task_id, calls FROM debounce_open ORDER BY ident",
+                 "taken": "SELECT ident, task_id, calls, state FROM debounce_taken "
+                          "ORDER BY ident"}[table]
+        return conn.execute(query).fetchall()
+
+
+def test_racing_producers_on_one_key_make_one_window_counting_every_call(
+        store: PostgresStore, database: str) -> None:
+    def produce(_: int) -> list[tuple[str, bool, int]]:
+        return [(r.task_id, r.opened, r.calls)
+                for r in (store.gate(call()) for _ in range(50))]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [r for batch in pool.map(produce, range(8)) for r in batch]
+    assert len(results) == 400
+    assert len({task_id for task_id, _, _ in results}) == 1
+    assert sum(opened for _, opened, _ in results) == 1
+    # each call saw its own count: the 400 joins were serialized on the row
+    assert sorted(calls for _, _, calls in results) == list(range(1, 401))
+    ((ident, task_id, calls),) = rows(database, "open")
+    assert (ident, task_id, calls) == ("tasks.t:k", results[0][0], 400)
+
+
+def test_the_deadline_is_the_servers_and_never_passes_the_ceiling(
+        store: PostgresStore, database: str) -> None:
+    first = store.gate(call(window_ms=200, max_wait_ms=500))
+    assert first.opened and first.deadline_ms == first.now_ms + 200
+    with psycopg.connect(database, autocommit=True) as conn:
+        server_ms = conn.execute("SELECT debounce_ms(clock_timestamp())").fetchone()[0]
+    assert abs(server_ms - first.now_ms) < 1000
+    ceiling = first.now_ms + 500
+    last = first
+    while last.now_ms < ceiling + 100:  # joins past the ceiling's time
+        last = store.gate(call(window_ms=200, max_wait_ms=500))
+        assert not last.opened and last.task_id == first.task_id
+        assert last.deadline_ms == min(last.now_ms + 200, ceiling)
+        time.sleep(0.03)
+    assert last.deadline_ms == ceiling
+    (taken,) = store.take(0, 10).windows
+    assert taken.task_id == first.task_id and taken.forced_by_max_wait
+    assert taken.deadline_ms == taken.ceiling_ms == ceiling
+
+
+def test_a_window_shorter_than_the_ceiling_opens_at_the_ceiling(store: PostgresStore) -> None:
+    opened = store.gate(call(window_ms=5000, max_wait_ms=100))
+    assert opened.deadline_ms == opened.now_ms + 100
+
+
+def test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays(
+        store: PostgresStore, database: str) -> None:
+    opener = b'[["first"], {"n": 1}, {"callbacks": [{"task": "cb"}], "chain": null}]'
+    joiner = b'[["second"], {"n": 2}, {"callbacks": [{"task": "other"}]}]'
+    store.gate(call("a:k", window_ms=0, payload=opener))
+    store.gate(call("a:k", window_ms=0, payload=joiner))
+    store.gate(call("b:k", window_ms=0, payload=opener, replace=True))
+    store.gate(call("b:k", window_ms=0, payload=joiner, replace=True))
+    with pytest.raises(ReplaceRefused, match="not a JSON"):  # nothing written
+        store.gate(call("b:k", window_ms=0, payload=b"not json", replace=True))
+    taken = {w.ident: w for w in store.take(0, 10).windows}
+    assert taken["a:k"].payload == opener and taken["a:k"].calls == 2
+    assert json.loads(taken["b:k"].payload) == [
+        ["second"], {"n": 2}, {"callbacks": [{"task": "cb"}], "chain": None}]
+    assert taken["b:k"].calls == 2
+
+
+def test_a_replacing_join_of_a_body_that_is_not_json_needs_the_openers_embed(
+        store: PostgresStore) -> None:
+    def pickled(payload: bytes, embed: str) -> PreparedCall:
+        made = call("p:k", window_ms=0, payload=payload, replace=True)
+        return made._replace(content_type="application/x-python-serialize",
+                             embed_json=embed)
+
+    store.gate(pickled(b"opener", '{"callbacks": [1]}'))
+    store.gate(pickled(b"same embed", '{"callbacks": [1]}'))
+    with pytest.raises(ReplaceRefused, match="link/link_error"):
+        store.gate(pickled(b"other embed", "{}"))
+    with pytest.raises(ReplaceRefused, match="content type"):
+        store.gate(call("p:k", window_ms=0, replace=True))
+    (taken,) = store.take(0, 10).windows
+    assert (taken.payload, taken.calls) == (b"same embed", 2)
+
+
+def test_a_fixed_id_in_use_is_never_reused_even_by_racing_calls(
+        store: PostgresStore) -> None:
+    def fixed(ident: str) -> GateResult:
+        return store.gate(call(ident)._replace(task_id="A"),
+                          FixedId("A", '{"id": "A"}', False))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(fixed, [f"t:{i}" for i in range(16)]))
+    assert [r.task_id for r in results].count("A") == 1
+    assert len({r.task_id for r in results}) == 16 and all(r.opened for r in results)
+    assert fixed("t:0").task_id == results[0].task_id  # a join of its own window
+
+
+def test_a_taken_window_is_never_joined_a_later_call_opens_a_new_one(
+        store: PostgresStore, database: str) -> None:
+    first = store.gate(call(window_ms=0))
+    (taken,) = store.take(0, 10).windows
+    assert taken.task_id == first.task_id
+    after = store.gate(call(window_ms=0))
+    assert after.opened and after.task_id != first.task_id and after.calls == 1
+    assert rows(database, "taken") == [("tasks.t:k", first.task_id, 1, "dispatching")]
+
+
+def test_gates_racing_takes_lose_no_call_and_count_none_twice(
+        store: PostgresStore, database: str) -> None:
+    """Producers on one key while a dispatcher takes: every call is in exactly one
+    window (taken or still open), and no window was joined after its take."""
+    stop = threading.Event()
+    taken: dict[str, int] = {}
+
+    def dispatch() -> None:
+        while not stop.is_set():
+            for window in store.take(0, 50).windows:
+                assert window.task_id not in taken
+                taken[window.task_id] = window.calls
+
+    dispatcher = threading.Thread(target=dispatch)
+    dispatcher.start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(lambda _: store.gate(call(window_ms=0)), range(600)))
+    finally:
+        stop.set()
+        dispatcher.join(10)
+    for window in store.take(0, 1000).windows:
+        taken[window.task_id] = window.calls
+    assert rows(database, "open") == []
+    assert sum(taken.values()) == 600
+    # the ids handed out are exactly the windows taken, each with its callers' count
+    handed: dict[str, int] = {}
+    for result in results:
+        handed[result.task_id] = handed.get(result.task_id, 0) + 1
+    assert handed == taken
+    # the taken records are those the dispatcher saw, counts frozen at the take
+    assert {r[1]: r[2] for r in rows(database, "taken")} == taken
+
+
+def test_two_dispatchers_taking_at_once_never_take_the_same_window(
+        store: PostgresStore, make_store: Callable[..., PostgresStore]) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        opened = set(pool.map(lambda i: store.gate(call(f"t:{i}", window_ms=0)).task_id,
+                              range(500)))
+    assert len(opened) == 500
+    other = make_store(max_size=2)
+    seen: list[list[str]] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def dispatch(index: int, on: PostgresStore) -> None:
+        barrier.wait()
+        while True:
+            result = on.take(0, 7)
+            if not result.windows and result.next_in_ms != 0:
+                return
+            seen[index] += [w.task_id for w in result.windows]
+
+    threads = [threading.Thread(target=dispatch, args=(0, store)),
+               threading.Thread(target=dispatch, args=(1, other))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) + len(seen[1]) == 500 and set(seen[0]) | set(seen[1]) == opened
+    assert seen[0] and seen[1], "both dispatchers took windows"
+
+
+def test_a_lapsed_lease_is_taken_again_an_acked_window_never(
+        make_store: Callable[..., PostgresStore]) -> None:
+    store = make_store(lease_ms=150)
+    store.migrate()
+    lapsing = store.gate(call("t:lapsing", window_ms=0)).task_id
+    acked = store.gate(call("t:acked", window_ms=0)).task_id
+    first = store.take(0, 10)
+    assert {w.task_id for w in first.windows} == {lapsing, acked}
+    assert first.next_in_ms == 150  # the leases' end
+    assert store.ack(0, [acked]) == 1
+    assert store.ack(0, [acked]) == 0  # idempotent
+    assert store.take(0, 10).windows == []
+    time.sleep(0.2)
+    (again,) = store.take(0, 10).windows
+    assert again.task_id == lapsing and again.tries == 2
+    assert store.ack(0, [lapsing]) == 1
+    time.sleep(0.2)
+    result = store.take(0, 10)
+    assert result.windows == [] and result.next_in_ms == -1
+
+
+def test_a_database_without_the_schema_is_refused_by_name_and_nothing_written(
+        make_store: Callable[..., PostgresStore], database: str) -> None:
+    store = make_store()
+    with pytest.raises(SchemaMissing, match=r"no celery_debounce schema.*debounce migrate"):
+        store.gate(call())
+    with pytest.raises(SchemaMissing):
+        store.take(0, 10)
+    assert store.schema_version() is None
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('debounce_open')").fetchone() == (None,)
+    assert store.migrate() == (None, SCHEMA_VERSION)
+    assert store.gate(call()).opened
+
+
+@pytest.mark.parametrize(("version", "error", "words"), [
+    (SCHEMA_VERSION - 1, SchemaTooOld, "older than this package's"),
+    (SCHEMA_VERSION + 1, SchemaTooNew, "newer than this package's"),
+])
+def test_an_older_or_newer_schema_is_refused_by_name(
+        store: PostgresStore, make_store: Callable[..., PostgresStore], database: str,
+        version: int, error: type[Exception], words: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE debounce_schema SET version = %s", (version,))
+    fresh = make_store()
+    with pytest.raises(error, match=words) as raised:
+        fresh.gate(call())
+    assert raised.value.found == version  # type: ignore[attr-defined]
+    assert rows(database, "open") == []
+
+
+def test_migrate_upgrades_an_older_schema_and_refuses_a_newer_one(
+        store: PostgresStore, make_store: Callable[..., PostgresStore], database: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE debounce_schema SET version = %s", (SCHEMA_VERSION - 1,))
+    monkeypatch.setitem(pg_schema.UPGRADES, SCHEMA_VERSION - 1,
+                        "CREATE TABLE upgraded_here (x int)")
+    assert store.migrate() == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
+    assert make_store().gate(call()).opened
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('upgraded_here')").fetchone() != (None,)
+        conn.execute("UPDATE debounce_schema SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(SchemaTooNew):
+        store.migrate()
+
+
+def test_concurrent_migrations_create_the_schema_once(
+        make_store: Callable[..., PostgresStore]) -> None:
+    stores = [make_store() for _ in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        befores = sorted(pool.map(lambda s: s.migrate()[0], stores),
+                         key=lambda v: -1 if v is None else v)
+    assert befores == [None, SCHEMA_VERSION, SCHEMA_VERSION]
+
+
+@pytest.mark.parametrize("spec", [
+    {"collect": True}, {"collect": True, "max_calls": 3},
+])
+def test_options_the_store_does_not_support_yet_are_refused_before_any_write(
+        store: PostgresStore, database: str, spec: dict[str, object]) -> None:
+    with pytest.raises(DebounceConfigError, match="does not support"):
+        store.gate(call(**spec))
+    assert rows(database, "open") == []
+
+
+def test_a_gate_whose_reply_is_lost_is_not_sent_again(
+        store: PostgresStore, make_store: Callable[..., PostgresStore],
+        postgres_server: LocalPostgres, database: str) -> None:
+    proxy = PgProxy(postgres_server.port)
+    try:
+        through = make_store(database.replace(f"port={postgres_server.port}",
+                                              f"port={proxy.port}"), max_size=1)
+        assert through.gate(call()).opened
+        proxy.drop_next(b"debounce_gate")
+        with pytest.raises(OutcomeUnknown, match="gate was lost"):
+            through.gate(call())
+        # it ran once (the join counted), and only once
+        assert [r[2] for r in rows(database, "open")] == [2]
+        assert through.gate(call()).calls == 3
+    finally:
+        proxy.close()
+
+
+def test_racing_first_calls_of_a_leading_burst_make_one_leading_run(
+        store: PostgresStore) -> None:
+    barrier = threading.Barrier(6)
+
+    def first_calls(ident: str) -> list[str]:
+        barrier.wait()
+        return [store.gate(call(ident, leading=True, trailing=False)).edge
+                for _ in range(3)]
+
+    for round_ in range(10):
+        with ThreadPoolExecutor(6) as pool:
+            edges = [e for batch in pool.map(first_calls, [f"t:{round_}"] * 6)
+                     for e in batch]
+        assert edges.count("lead") == 1 and edges.count("suppressed") == 17, edges
+    leads = store.take(0, 100).windows
+    assert len(leads) == 10 and all(w.leading for w in leads)
+
+
+# -- the dispatcher's role: wake-ups, the expiry sweep, heartbeats, layouts ------------
+
+def _wait_timed(listener: object, seconds: float) -> float:
+    """How long ``listener.wait(seconds)`` took."""
+    started = time.monotonic()
+    listener.wait(seconds, threading.Event())  # type: ignore[attr-defined]
+    return time.monotonic() - started
+
+
+def _later(delay: float, fn: Callable[[], object]) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay)
+        fn()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout(
+        store: PostgresStore) -> None:
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        thread = _later(0.3, lambda: store.gate(call("t:first", window_ms=600_000)))
+        assert _wait_timed(listener, 30) < 15
+        thread.join()
+    finally:
+        listener.close()
+
+
+def test_a_flush_wakes_a_listener_a_later_deadline_does_not(store: PostgresStore) -> None:
+    store.gate(call("t:early", window_ms=600_000))
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        store.gate(call("t:later", window_ms=900_000))  # not the earliest: no wake-up
+        store.gate(call("t:early", window_ms=600_000))  # a join: no wake-up
+        assert _wait_timed(listener, 1.0) >= 0.9
+        thread = _later(0.3, lambda: store.flush(0, "t:later"))
+        assert _wait_timed(listener, 30) < 15
+        thread.join()
+    finally:
+        listener.close()
+
+
+def test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes(
+        store: PostgresStore, database: str) -> None:
+    listener = store.wake_listener()
+    try:
+        listener.subscribe()
+        assert listener._conn is not None
+        pid = listener._conn.info.backend_pid
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # the wait that sees the connection fail returns early (a wake-up may be lost)
+        assert _wait_timed(listener, 30) < 15
+        assert not listener.subscribed
+        thread = _later(0.5, lambda: store.gate(call("t:k", window_ms=600_000)))
+        assert _wait_timed(listener, 30) < 15  # subscribed again, on a new connection
+        thread.join()
+        assert listener._conn is not None and listener._conn.info.backend_pid != pid
+    finally:
+        listener.close()
+
+
+def test_a_listener_that_cannot_subscribe_sleeps_and_the_store_is_unavailable(
+        make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres,
+        database: str) -> None:
+    proxy = PgProxy(postgres_server.port)
+    through = make_store(database.replace(f"port={postgres_server.port}",
+                                          f"port={proxy.port}"), max_size=1)
+    proxy.close()  # nothing listens there now
+    listener = through.wake_listener()
+    assert _wait_timed(listener, 0.5) >= 0.4  # a plain sleep, no error
+    assert not listener.subscribed
+
+
+def _queued(store: PostgresStore, ident: str, left_ms: int) -> str:
+    """A window published and acked whose message expires in ``left_ms``."""
+    opened = store.gate(call(ident, window_ms=0))
+    taken = [w for w in store.take(0, 10).windows if w.task_id == opened.task_id]
+    assert taken
+    assert store.ack(0, [opened.task_id]) == 1
+    assert store.expiring(0, [(opened.task_id, left_ms)]) == 1
+    return opened.task_id
+
+
+def test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once(
+        store: PostgresStore, database: str) -> None:
+    expired = _queued(store, "t:expired", 0)
+    running = _queued(store, "t:running", 0)
+    later = _queued(store, "t:later", 600_000)
+    with psycopg.connect(database, autocommit=True) as conn:  # a worker runs it
+        conn.execute("UPDATE debounce_taken SET state = 'claimed', claim_until = "
+                     "clock_timestamp() + interval '1 hour' WHERE task_id = %s", (running,))
+    deadline = time.monotonic() + 30
+    swept = store.expire(0)
+    while not swept and time.monotonic() < deadline:  # past the grace
+        time.sleep(0.2)
+        swept = store.expire(0)
+    assert swept == [(expired, [])]
+
+    def state(task_id: str) -> tuple[object, ...]:
+        with psycopg.connect(database, autocommit=True) as conn:
+            row = conn.execute("SELECT state, result_state, until FROM debounce_taken "
+                               "WHERE task_id = %s", (task_id,)).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    finished = state(expired)
+    assert finished[:2] == ("finished", "REVOKED")
+    # returned again until its outcome is confirmed, never finished again
+    assert store.expire(0) == [(expired, [])]
+    assert state(expired) == finished
+    store.expired(0, [expired])
+    assert store.expire(0) == []
+    assert state(expired) == finished
+    assert state(running)[0] == "claimed"  # running: never touched
+    assert state(later)[0] == "queued"  # not expired yet
+
+
+def test_an_expired_window_records_its_callers_fixed_ids(store: PostgresStore) -> None:
+    opened = store.gate(call("t:k", window_ms=0))
+    store.gate(call("t:k", window_ms=0)._replace(task_id="B"),
+               FixedId("B", '{"id": "B"}', False))
+    store.take(0, 10)
+    store.ack(0, [opened.task_id])
+    store.expiring(0, [(opened.task_id, 0)])
+    deadline = time.monotonic() + 30
+    swept = store.expire(0)
+    while not swept and time.monotonic() < deadline:
+        time.sleep(0.2)
+        swept = store.expire(0)
+    assert swept == [(opened.task_id, [{"id": "B"}])]
+
+
+def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
+        store: PostgresStore, database: str) -> None:
+    now = store.time_ms()
+    assert store.liveness()[1:] == ([], [])
+    assert abs(store.heartbeat("d1") - now) < 5000
+    assert store.liveness()[1:] == ([("d1", store.liveness()[1][0][1])], [])
+    store.heartbeat("d2", alive=False)
+    at, alive, stopped = store.liveness()
+    assert abs(at - now) < 5000 and [n for n, _ in alive] == ["d1"]
+    assert [n for n, _ in stopped] == ["d2"] and all(ms <= at for _, ms in alive + stopped)
+    store.heartbeat("d2")  # running again: no longer stopped
+    assert [n for n, _ in store.liveness()[1]] == ["d1", "d2"] and not store.liveness()[2]
+    store.heartbeat("d2", alive=False)
+    with psycopg.connect(database, autocommit=True) as conn:
+        beats = conn.execute("SELECT name, alive FROM debounce_dispatchers "
+                             "ORDER BY name").fetchall()
+    assert beats == [("d1", True), ("d2", False)]
+    at, layouts = store.layouts(["a", "b"])
+    assert abs(at - now) < 5000 and set(layouts) == {"a", "b"}
+    assert all(abs(ms - at) < 1000 for ms in layouts.values())
+    assert store.layouts()[1] == layouts  # a read writes nothing
+    store.history_ttl_ms = 100
+    time.sleep(0.3)
+    assert set(store.layouts(["c"])[1]) == {"c"}
+    store.heartbeat("d3")
+    with psycopg.connect(database, autocommit=True) as conn:
+        names = conn.execute("SELECT name FROM debounce_dispatchers").fetchall()
+    assert names == [("d3",)]
+
+
+def test_an_expiry_sweep_whose_reply_is_lost_is_not_sent_again(
+        store: PostgresStore, make_store: Callable[..., PostgresStore],
+        postgres_server: LocalPostgres) -> None:
+    del store  # migrated
+    proxy = PgProxy(postgres_server.port)
+    try:
+        database = make_store().url
+        through = make_store(database.replace(f"port={postgres_server.port}",
+                                              f"port={proxy.port}"), max_size=1)
+        assert through.expire(0) == []
+        proxy.drop_next(b"debounce_expire")
+        with pytest.raises(OutcomeUnknown, match="expire was lost"):
+            through.expire(0)
+    finally:
+        proxy.close()

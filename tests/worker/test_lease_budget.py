@@ -1,0 +1,328 @@
+"""A claim lease's budget: a claim is lost only when its worker cannot reach Redis for
+the whole lease (docs/configuration.md, "Claim lease").
+
+The worker's link to the windows' Redis goes through a proxy that goes silent
+(tests/fault_proxy.py ``silence``: bytes swallowed both ways, nothing refused); the
+dispatcher and the test reach Redis directly.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from fault_proxy import FaultProxy, evalsha_of
+from helpers import make_app, running_worker, wait_until
+
+from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
+from celery_debounce.dispatch.dispatcher import Dispatcher
+from celery_debounce.layout import claims_key
+from celery_debounce.store import DebounceBackendError, store_for
+from celery_debounce.worker.leases import RETRY_MAX_S
+
+pytestmark = pytest.mark.slow
+
+#: A timeout at which redis-py's own retry (a second timeout, connecting again) made
+#: a renewal that failed end past the first third of the lease, so that the next
+#: attempt, a period later, came after the lease.
+LEASE, TIMEOUT = 6.0, 1.2
+#: The silent link a claim survives wherever it falls (docs/configuration.md): the
+#: last renewal may be a period (a third of the lease) old when it starts, and once
+#: it ends an attempt starts within one timeout and one back-off.
+BUDGET = LEASE * 2 / 3 - TIMEOUT - RETRY_MAX_S
+CLAIMS = "debounce:{0}:claims"
+
+
+def now_ms(client: redis.Redis) -> int:
+    secs, micros = client.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
+def exclusive_app(redis_server: str, windows_url: str, **conf: Any) -> Celery:
+    """An app whose windows are at ``windows_url`` (broker and results direct), with an
+    exclusive task that records its start and end (Redis time) in ``runs:<key>`` and
+    runs until ``go:<key>`` exists."""
+    app = make_app(redis_server, name="lease_budget", debounce_redis_url=windows_url,
+                   debounce_claim_lease=LEASE, debounce_redis_timeout=TIMEOUT,
+                   debounce_dispatcher=False, task_ignore_result=True, **conf)
+
+    @app.task(base=DebouncedTask, name="lease.exclusive", bind=True, shared=False,
+              debounce="100ms", debounce_key="x:{0}", debounce_max_wait="1s",
+              debounce_exclusive=True)
+    def exclusive(self: DebouncedTask, key: str, n: int = 0) -> int:
+        client = redis.Redis.from_url(f"{redis_server}/0", socket_timeout=5)
+        client.rpush(f"runs:{key}", f"start {self.request.id} {now_ms(client)}")
+        deadline = time.monotonic() + 30
+        while n == 0 and not client.exists(f"go:{key}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.rpush(f"runs:{key}", f"end {self.request.id} {now_ms(client)}")
+        client.close()
+        return n
+
+    return app
+
+
+@pytest.fixture
+def dispatcher(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
+    """The calling and dispatching side, on a direct link: its app, dispatching."""
+    app = exclusive_app(redis_server, f"{redis_server}/0")
+    running = Dispatcher(app, name="direct")
+    running.start()
+    try:
+        yield app
+    finally:
+        running.stop()
+
+
+def runs(client: redis.Redis, key: str) -> list[list[str]]:
+    return [r.decode().split() for r in client.lrange(f"runs:{key}", 0, -1)]
+
+
+def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    dispatcher: Celery,
+) -> None:
+    """An exclusive run whose worker's link goes silent for the budget (2.3 s of a 6 s
+    lease, 1.2 s timeout) at the worst moment, just before a renewal is due: its claim never
+    expires (watched throughout), the run goes on past the lease, and the burst during
+    it gives one follow-up, which starts after the run ended; each body runs once."""
+    worker_app = exclusive_app(redis_server, f"{fault_proxy.url}/0")
+    task = dispatcher.tasks["lease.exclusive"]
+    with running_worker(worker_app, pool="threads", concurrency=2):
+        first = task.delay("e")
+        wait_until(lambda: runs(redis_client, "e"), 15)
+        score = wait_until(lambda: redis_client.zscore(CLAIMS, first.id), 5)
+        follow = task.delay("e", 1)
+        wait_until(lambda: redis_client.zcard("debounce:{0}:held"), 5)  # held behind it
+        # a renewal went through (the score moved): the next is due a period later
+        wait_until(lambda: (redis_client.zscore(CLAIMS, first.id) or 0) > score, LEASE)
+        renewed = time.monotonic()
+        time.sleep(max(0.0, renewed + LEASE / 3 - 0.2 - time.monotonic()))
+        fault_proxy.silence(BUDGET)
+        silent_until = time.monotonic() + BUDGET
+        lowest = float("inf")  # the claim's least time left (ms), watched from here
+        # past the end of the lease the last renewal before the silence gave
+        while time.monotonic() < renewed + LEASE + 1.0:
+            expiry = redis_client.zscore(CLAIMS, first.id)
+            assert expiry is not None, "the claim was released as stale"
+            lowest = min(lowest, expiry - now_ms(redis_client))
+            time.sleep(0.02)
+        assert time.monotonic() > silent_until
+        assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
+        assert [e[:2] for e in runs(redis_client, "e")] == [["start", first.id]]
+        redis_client.set("go:e", 1)
+        wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)
+        time.sleep(0.5)  # nothing more runs
+    events = runs(redis_client, "e")
+    assert [e[:2] for e in events] == [["start", first.id], ["end", first.id],
+                                       ["start", follow.id], ["end", follow.id]]
+    assert int(events[2][2]) >= int(events[1][2])  # the follow-up started after the run
+    assert not redis_client.hget("debounce:{0}:stats", "d|lease.exclusive")  # no duplicate
+
+
+def test_a_failed_renewal_costs_one_timeout_not_two(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """A renewal on a silent link fails after one ``debounce_redis_timeout``, on its kept
+    connection, on a new one, and connecting where nothing answers: it is sent without
+    redis-py's retry (which waited for a second timeout, sending or connecting again)."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=1.0)
+    store = store_for(app)
+    claims = claims_key(store.tag(0))
+    redis_client.zadd(claims, {"t1": now_ms(redis_client) + 60_000})
+    store.renew_claims({0: ["t1"]})  # connected, and the script loaded
+    fault_proxy.silence(10)
+    for attempt in ("on its connection", "connecting again"):
+        started = time.monotonic()
+        with pytest.raises(DebounceBackendError):
+            store.renew_claims({0: ["t1"]})
+        assert 1.0 <= time.monotonic() - started < 1.8, attempt
+    with blackhole() as port:  # a connection that never completes (SYN dropped)
+        app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{port}/0",
+                       debounce_redis_timeout=1.0)
+        unreachable = store_for(app)
+        started = time.monotonic()
+        with pytest.raises(DebounceBackendError):
+            unreachable.renew_claims({0: ["t1"]})
+        assert 1.0 <= time.monotonic() - started < 1.8, "connecting"
+
+
+@contextmanager
+def blackhole() -> Iterator[int]:
+    """A port whose listener never accepts and whose accept queue is full: the kernel
+    drops a new connection's SYN, so connecting waits for its timeout."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        queued.append(sock)
+    try:
+        yield port
+    finally:
+        for sock in queued:
+            sock.close()
+        listener.close()
+
+
+@contextmanager
+def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+                   timeout: float, lease: float, first: float) -> Iterator[tuple[str, float]]:
+    """A claim (``t1``) a fresh renewer holds through ``fault_proxy``: ``(its claims
+    key, the monotonic time its first renewal was seen, within ``first`` seconds)``."""
+    from celery_debounce.worker.leases import _Renewer
+
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
+                   debounce_redis_timeout=timeout, debounce_claim_lease=lease)
+    store = store_for(app)
+    claims = claims_key(store.tag(0))
+    redis_client.zadd(claims, {"t1": now_ms(redis_client) + int(lease * 1000)})
+    renewer = _Renewer()
+    renewer.hold(store, 0, "t1")
+    try:
+        score = redis_client.zscore(claims, "t1")
+        wait_until(lambda: redis_client.zscore(claims, "t1") != score, first)  # renewed
+        yield claims, time.monotonic()
+    finally:
+        fault_proxy.disarm()
+        renewer.drop(store, 0, "t1")
+
+
+def _least_time_left(redis_client: redis.Redis, claims: str, until: float,
+                     tick: Any = None) -> float:
+    """The claim's least time left (ms), watched every 20 ms until monotonic ``until``
+    (``tick()`` called each time); it must exist throughout."""
+    lowest = float("inf")
+    while time.monotonic() < until:
+        if tick is not None:
+            tick()
+        expiry = redis_client.zscore(claims, "t1")
+        assert expiry is not None
+        lowest = min(lowest, expiry - now_ms(redis_client))
+        time.sleep(0.02)
+    return lowest
+
+
+def test_a_refused_renewal_is_tried_again_within_the_lease(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """A renewal that failed is tried again within a back-off, not a period later: with
+    a 3 s lease (renewal every 1 s), a link refused for 1.6 s from just before a renewal
+    was due (the next one falls in it too) loses nothing."""
+    with _renewed_claim(redis_server, redis_client, fault_proxy, 1.0, 3, 3) as (claims, renewed):
+        time.sleep(max(0.0, renewed + 1.0 - 0.1 - time.monotonic()))
+        fault_proxy.refuse()
+
+        def back_after_2_5_s() -> None:
+            if time.monotonic() > renewed + 2.5:
+                fault_proxy.disarm()
+
+        lowest = _least_time_left(redis_client, claims, renewed + 3.5, back_after_2_5_s)
+        assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
+
+
+def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """A 6 s lease (renewal every 2 s), a 0.5 s timeout, and a link silent for 2.8 s from
+    just before a renewal was due, past the next one's timeout: tried again a period
+    after the failure, the renewal would come a second after the lease ended; tried
+    again at once (each attempt a timeout, then a short back-off), it lands within it."""
+    with _renewed_claim(redis_server, redis_client, fault_proxy, 0.5, 6, 4) as (claims, renewed):
+        time.sleep(max(0.0, renewed + 2.0 - 0.2 - time.monotonic()))
+        fault_proxy.silence(2.8)
+        lowest = _least_time_left(redis_client, claims, renewed + 6.5)
+        assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
+
+
+def test_a_forked_child_renews_on_a_connection_of_its_own(
+    redis_server: str, redis_client: redis.Redis,
+) -> None:
+    """A process forked while its renewal thread was sending (the renewal link's lock
+    held) renews in the child on a new connection, instead of waiting for that lock
+    forever."""
+    import os
+
+    app = make_app(redis_server)
+    store = store_for(app)
+    claims = claims_key(store.tag(0))
+    redis_client.zadd(claims, {"t1": 1})
+    store.renew_claims({0: ["t1"]})
+    link = store.transport.__dict__["_renewal"]
+    with link.lock:  # the parent's renewal thread mid-send
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            redis_client.zadd(claims, {"t1": 1})
+            store.renew_claims({0: ["t1"]})
+            os._exit(0)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the child's renewal waited for the parent's lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert (redis_client.zscore(claims, "t1") or 0) > now_ms(redis_client)
+
+
+# -- a lost reply of release.lua ---------------------------------------------------------
+
+
+def test_a_release_whose_reply_is_lost_counts_its_failure_once(
+    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+) -> None:
+    """``release.lua`` with ``<tries>!`` counts a publish failure against the window (its
+    ``fl``, which ``MAX_TRIES`` quarantines at). Its reply lost after it ran: it is not
+    sent again (redis-py's retry ran it twice, counting one failure as two); the caller
+    learns the outcome is unknown, the window is released or stays leased, taken again
+    either way."""
+    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0")
+
+    @app.task(base=DebouncedTask, shared=False, name="lease.released", debounce="1ms",
+              debounce_key="r", debounce_max_wait="1s")
+    def released() -> None: ...
+
+    store = store_for(app)
+    released.delay()
+    window = wait_until(lambda: store.take(0, 10).windows, 5)[0]
+    assert store.release(0, 5000, [("not-leased", "1!")]) == 0  # the script is loaded
+    fault_proxy.arm("drop", evalsha_of(store.scripts["release"].sha))
+    lost: Exception | None = None
+    try:
+        store.release(0, 5000, [(window.task_id, f"{window.tries}!")])
+    except DebounceBackendError as exc:
+        lost = exc
+    assert fault_proxy.fired == 1
+    record = redis_client.hgetall(f"debounce:{{0}}:win:{window.task_id}")
+    assert record.get(b"fl") == b"1"  # ran once, counted once
+    assert isinstance(lost, DebounceOutcomeUnknown), lost
+
+
+@pytest.mark.sentinel
+def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
+    redis_server: str,
+) -> None:
+    """The renewer's own connection is built from the store's pool: through Sentinel it
+    finds the master as the pool's connections do."""
+    from celery_debounce.testing.servers import LocalSentinels
+
+    with LocalSentinels(replicas=1) as group:
+        app = make_app(redis_server, debounce_redis_url=group.url, debounce_redis_timeout=1.0,
+                       debounce_redis_sentinel_master=group.master_name)
+        store = store_for(app)
+        master = redis.Redis(port=group.master_port())
+        claims = claims_key(store.tag(0))
+        master.zadd(claims, {"t1": 1})
+        store.renew_claims({0: ["t1"]})
+        assert (master.zscore(claims, "t1") or 0) > now_ms(master)
