@@ -39,14 +39,26 @@ def register(app: Celery, url: str) -> None:
     def plain(user_id: str, n: int = 0) -> None:
         return None
 
-    @app.task(name="bench.debounced", base=DebouncedTask, shared=False,
-              debounce="1h", debounce_max_wait="2h", debounce_key="u:{user_id}")
+    @app.task(
+        name="bench.debounced",
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{user_id}",
+    )
     def debounced(user_id: str, n: int = 0) -> None:
         return None
 
-    @app.task(name="bench.exclusive", base=DebouncedTask, shared=False,
-              debounce="1h", debounce_max_wait="2h", debounce_key="u:{user_id}",
-              debounce_exclusive=True)
+    @app.task(
+        name="bench.exclusive",
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{user_id}",
+        debounce_exclusive=True,
+    )
     def exclusive(user_id: str, n: int = 0) -> None:
         return None
 
@@ -62,9 +74,11 @@ def register(app: Celery, url: str) -> None:
 
 if os.environ.get("BENCH_REDIS_URL"):
     _conf: dict[str, Any] = {
-        name[len("BENCH_CONF_"):].lower(): float(value) if value.replace(".", "").isdigit()
+        name[len("BENCH_CONF_") :].lower(): float(value)
+        if value.replace(".", "").isdigit()
         else value
-        for name, value in os.environ.items() if name.startswith("BENCH_CONF_")
+        for name, value in os.environ.items()
+        if name.startswith("BENCH_CONF_")
     }
     app = make_app(os.environ["BENCH_REDIS_URL"], **_conf)
 

@@ -54,8 +54,13 @@ PRODUCERS = ("ours", "bull", "node")
 
 
 def _npm(args: list[str], cwd: Path) -> None:
-    subprocess.run(["npm", *args, "--no-audit", "--no-fund", "--loglevel=error"], cwd=cwd,
-                   check=True, timeout=600, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["npm", *args, "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=cwd,
+        check=True,
+        timeout=600,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def pack_client(cache: Path) -> str:
@@ -83,13 +88,15 @@ def install(cache: Path = CACHE) -> Path:
     if shutil.which("npm") is None or shutil.which("node") is None:
         raise RuntimeError("the BullMQ row needs node and npm on PATH")
     dependencies = {**PACKAGES, "celery-debounced": pack_client(cache)}
-    manifest = {"name": "celery-debounce-bench-peer", "private": True,
-                "dependencies": dependencies}
+    manifest = {"name": "celery-debounce-bench-peer", "private": True, "dependencies": dependencies}
     wanted = json.dumps(manifest, indent=2, sort_keys=True)
     package = cache / "package.json"
-    if (package.exists() and package.read_text() == wanted
-            and (cache / "node_modules" / "bullmq").is_dir()
-            and (cache / "node_modules" / "celery-debounced").is_dir()):
+    if (
+        package.exists()
+        and package.read_text() == wanted
+        and (cache / "node_modules" / "bullmq").is_dir()
+        and (cache / "node_modules" / "celery-debounced").is_dir()
+    ):
         return cache
     package.write_text(wanted)
     _npm(["install"], cache)
@@ -106,14 +113,23 @@ class NodeProducer:
 
     def __init__(self, script: Path, url: str, cache: Path, db: int) -> None:
         parsed = urlparse(url)
-        env = {**os.environ, "NODE_PATH": str(cache / "node_modules"),
-               "BENCH_REDIS_HOST": parsed.hostname or "127.0.0.1",
-               "BENCH_REDIS_PORT": str(parsed.port or 6379),
-               "BENCH_REDIS_DB": str(db)}
+        env = {
+            **os.environ,
+            "NODE_PATH": str(cache / "node_modules"),
+            "BENCH_REDIS_HOST": parsed.hostname or "127.0.0.1",
+            "BENCH_REDIS_PORT": str(parsed.port or 6379),
+            "BENCH_REDIS_DB": str(db),
+        }
         self.name = script.name
         self.proc = subprocess.Popen(
-            ["node", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, cwd=cache, text=True, bufsize=1)
+            ["node", str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=cache,
+            text=True,
+            bufsize=1,
+        )
         self._read()  # {"ready": true}
 
     def _read(self) -> dict[str, Any]:
@@ -140,8 +156,7 @@ class NodeProducer:
             self.proc.wait()
 
 
-def side_by_side(app: Any, url: str, rounds: int, n: int,
-                 cache: Path | None = None) -> list[Row]:
+def side_by_side(app: Any, url: str, rounds: int, n: int, cache: Path | None = None) -> list[Row]:
     """Interleaved rounds of the three producers, hot key then new key (rates); the
     producer that goes first rotates every round."""
     cache = install() if cache is None else cache
@@ -167,9 +182,12 @@ def side_by_side(app: Any, url: str, rounds: int, n: int,
             return time.perf_counter() - start
 
         subjects: dict[str, Callable[[int], float]] = {
-            "ours_hot": ours_hot, "ours_new": ours_new,
-            "bull_hot": lambda k: bull.run("hot", k), "bull_new": lambda k: bull.run("new", k),
-            "node_hot": lambda k: node.run("hot", k), "node_new": lambda k: node.run("new", k),
+            "ours_hot": ours_hot,
+            "ours_new": ours_new,
+            "bull_hot": lambda k: bull.run("hot", k),
+            "bull_new": lambda k: bull.run("new", k),
+            "node_hot": lambda k: node.run("hot", k),
+            "node_new": lambda k: node.run("new", k),
         }
         debounced.delay("hot", n=1)  # open the hot window (the Node ones opened at start)
         for name in subjects:  # warm all (V8's JIT, script caches, allocators)
@@ -177,7 +195,7 @@ def side_by_side(app: Any, url: str, rounds: int, n: int,
         out: dict[str, list[float]] = {name: [] for name in subjects}
         for i in range(rounds):
             # rotate who goes first, so a load spike is not always on one side
-            order = PRODUCERS[i % 3:] + PRODUCERS[:i % 3]
+            order = PRODUCERS[i % 3 :] + PRODUCERS[: i % 3]
             for mode in ("hot", "new"):
                 for producer in order:
                     name = f"{producer}_{mode}"
@@ -191,21 +209,52 @@ def side_by_side(app: Any, url: str, rounds: int, n: int,
 
     def ratios(a: str, b: str) -> str:
         per = [x / y for x, y in zip(out[a], out[b], strict=True)]
-        return (f"median of per-round ratios {statistics.median(per):.2f}; per round "
-                + ", ".join(f"{r:.2f}" for r in per))
+        return f"median of per-round ratios {statistics.median(per):.2f}; per round " + ", ".join(
+            f"{r:.2f}" for r in per
+        )
 
     label = f"BullMQ {version} debounce add"
     return [
-        compare("9", "hot key .delay() vs BullMQ", out["ours_hot"], label, out["bull_hot"],
-                TARGET, note=ratios("ours_hot", "bull_hot")),
-        compare("9", "new key per call .delay() vs BullMQ", out["ours_new"], label,
-                out["bull_new"], TARGET, note=ratios("ours_new", "bull_new")),
-        compare("9", "hot key Node debounce() vs BullMQ", out["node_hot"], label,
-                out["bull_hot"], TARGET, note=ratios("node_hot", "bull_hot")
-                + "; Node/Python " + ratios("node_hot", "ours_hot").split(";")[0]),
-        compare("9", "new key per call Node debounce() vs BullMQ", out["node_new"], label,
-                out["bull_new"], TARGET, note=ratios("node_new", "bull_new")
-                + "; Node/Python " + ratios("node_new", "ours_new").split(";")[0]),
+        compare(
+            "9",
+            "hot key .delay() vs BullMQ",
+            out["ours_hot"],
+            label,
+            out["bull_hot"],
+            TARGET,
+            note=ratios("ours_hot", "bull_hot"),
+        ),
+        compare(
+            "9",
+            "new key per call .delay() vs BullMQ",
+            out["ours_new"],
+            label,
+            out["bull_new"],
+            TARGET,
+            note=ratios("ours_new", "bull_new"),
+        ),
+        compare(
+            "9",
+            "hot key Node debounce() vs BullMQ",
+            out["node_hot"],
+            label,
+            out["bull_hot"],
+            TARGET,
+            note=ratios("node_hot", "bull_hot")
+            + "; Node/Python "
+            + ratios("node_hot", "ours_hot").split(";")[0],
+        ),
+        compare(
+            "9",
+            "new key per call Node debounce() vs BullMQ",
+            out["node_new"],
+            label,
+            out["bull_new"],
+            TARGET,
+            note=ratios("node_new", "bull_new")
+            + "; Node/Python "
+            + ratios("node_new", "ours_new").split(";")[0],
+        ),
     ]
 
 

@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = [count_calls(lambda: task.delay("hot", n=1)) for _ in range(21)]
     both = [c[0] for c in counts]
     python = [c[1] for c in counts]
-    print(f"calls per hot .delay(): {statistics.median(both)} Python and C "
-          f"({statistics.median(python)} Python)")
+    print(
+        f"calls per hot .delay(): {statistics.median(both)} Python and C "
+        f"({statistics.median(python)} Python)"
+    )
     return 0
 
 

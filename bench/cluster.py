@@ -38,14 +38,24 @@ SHARDS = 6
 def _apps(single: str, cluster: str, bare: str) -> dict[str, Celery]:
     on_cluster = {"debounce_redis_url": f"{cluster}/0", "debounce_redis_cluster": True}
     return {
-        "cluster, no replicas": make_app(single, debounce_dispatcher=False,
-                                         debounce_shards=SHARDS, debounce_redis_cluster=True,
-                                         debounce_redis_url=f"{bare}/0"),
+        "cluster, no replicas": make_app(
+            single,
+            debounce_dispatcher=False,
+            debounce_shards=SHARDS,
+            debounce_redis_cluster=True,
+            debounce_redis_url=f"{bare}/0",
+        ),
         "single": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS),
-        "cluster": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS,
-                            **on_cluster),
-        "cluster+wait": make_app(single, debounce_dispatcher=False, debounce_shards=SHARDS,
-                                 debounce_redis_wait_replicas=1, **on_cluster),
+        "cluster": make_app(
+            single, debounce_dispatcher=False, debounce_shards=SHARDS, **on_cluster
+        ),
+        "cluster+wait": make_app(
+            single,
+            debounce_dispatcher=False,
+            debounce_shards=SHARDS,
+            debounce_redis_wait_replicas=1,
+            **on_cluster,
+        ),
     }
 
 
@@ -59,17 +69,36 @@ def hot_call(apps: dict[str, Celery], rounds: int, n: int) -> list[Row]:
             delay = task.delay
             for _ in range(count):
                 delay("hot")
+
         return go
 
     rates = interleaved(rounds, n, {name: run(t) for name, t in tasks.items()})
     return [
-        compare("C1", "hot call .delay(), windows on the cluster (6 shards)",
-                rates["cluster"], "single node", rates["single"], 0.8),
-        compare("C1b", "same, debounce_redis_wait_replicas=1 (EVALSHA + WAIT 1)",
-                rates["cluster+wait"], "cluster", rates["cluster"], None),
-        compare("C1c", "same on a cluster of 3 masters without replicas",
-                rates["cluster, no replicas"], "single node", rates["single"], None,
-                note="where C1's gap goes: replication to the replicas on the same 2 cores"),
+        compare(
+            "C1",
+            "hot call .delay(), windows on the cluster (6 shards)",
+            rates["cluster"],
+            "single node",
+            rates["single"],
+            0.8,
+        ),
+        compare(
+            "C1b",
+            "same, debounce_redis_wait_replicas=1 (EVALSHA + WAIT 1)",
+            rates["cluster+wait"],
+            "cluster",
+            rates["cluster"],
+            None,
+        ),
+        compare(
+            "C1c",
+            "same on a cluster of 3 masters without replicas",
+            rates["cluster, no replicas"],
+            "single node",
+            rates["single"],
+            None,
+            note="where C1's gap goes: replication to the replicas on the same 2 cores",
+        ),
     ]
 
 
@@ -82,14 +111,15 @@ def spread(app: Celery, cluster: LocalCluster, calls: int) -> list[Row]:
     for i in range(calls):
         task.delay(f"s{i}")
     keys = {port: c.dbsize() for port, c in clients.items()}
-    usec = {port: c.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0)
-            for port, c in clients.items()}
+    usec = {
+        port: c.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0)
+        for port, c in clients.items()
+    }
     rows = []
     for label, per in (("window keys", keys), ("EVALSHA usec", usec)):
         total = sum(per.values())
         shares = [v / total * len(per) for v in per.values()]  # 1.0 = even share
-        row = Row("C2", f"{label} per master (share of an even split)", "x even",
-                  shares)
+        row = Row("C2", f"{label} per master (share of an even split)", "x even", shares)
         row.target = "each in [0.8, 1.2]"
         row.passed = all(0.8 <= s <= 1.2 for s in shares)
         row.note = ", ".join(f"{port}: {v:,}" for port, v in per.items())
@@ -123,8 +153,10 @@ def throughput(single: str, cluster: str, n: int, rounds: int) -> Row:
     def once(url: str, is_cluster: bool) -> float:
         start = ctx.Event()
         results = ctx.Queue()
-        procs = [ctx.Process(target=_producer, args=(url, is_cluster, start, i, n, results))
-                 for i in range(4)]
+        procs = [
+            ctx.Process(target=_producer, args=(url, is_cluster, start, i, n, results))
+            for i in range(4)
+        ]
         for p in procs:
             p.start()
         time.sleep(1.0)  # every producer connected and warm
@@ -138,8 +170,14 @@ def throughput(single: str, cluster: str, n: int, rounds: int) -> Row:
     for _ in range(rounds):
         samples["single"].append(once(single, False))
         samples["cluster"].append(once(cluster, True))
-    return compare("C3", "gate calls/s from 4 producer processes, cluster", samples["cluster"],
-                   "single node", samples["single"], None)
+    return compare(
+        "C3",
+        "gate calls/s from 4 producer processes, cluster",
+        samples["cluster"],
+        "single node",
+        samples["single"],
+        None,
+    )
 
 
 def main() -> None:
@@ -147,18 +185,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds")
     args = parser.parse_args()
     rounds, n = (3, 1000) if args.quick else (5, 3000)
-    with LocalRedis() as single, LocalCluster(masters=3, replicas=1) as cluster, \
-            LocalCluster(masters=3, replicas=0) as bare:
+    with (
+        LocalRedis() as single,
+        LocalCluster(masters=3, replicas=1) as cluster,
+        LocalCluster(masters=3, replicas=0) as bare,
+    ):
         apps = _apps(single.url, cluster.url, bare.url)
         rows = hot_call(apps, rounds, n)
         del apps["cluster, no replicas"]
         rows += spread(apps["cluster"], cluster, 3000 if args.quick else 12000)
         del apps["cluster+wait"]
-        rows.append(throughput(single.url, cluster.url, 1000 if args.quick else 3000,
-                               2 if args.quick else 3))
+        rows.append(
+            throughput(
+                single.url, cluster.url, 1000 if args.quick else 3000, 2 if args.quick else 3
+            )
+        )
     print(table(rows))
-    print(f"\nhot call medians: single {statistics.median(rows[0].extra['baseline_samples']):,.0f}"
-          f" calls/s, cluster {rows[0].median:,.0f} calls/s")
+    print(
+        f"\nhot call medians: single {statistics.median(rows[0].extra['baseline_samples']):,.0f}"
+        f" calls/s, cluster {rows[0].median:,.0f} calls/s"
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,12 @@ end
 
 def source_at(rev: str) -> str:
     """gate.lua at a git revision, its includes inlined."""
-    raw = subprocess.run(["git", "show", f"{rev}:celery_debounce/lua/gate.lua"],
-                         check=True, capture_output=True, text=True).stdout
+    raw = subprocess.run(
+        ["git", "show", f"{rev}:celery_debounce/lua/gate.lua"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return inline_includes(raw, f"{rev}:gate.lua")
 
 
@@ -76,8 +80,10 @@ def main(revs: list[str], loop: int = 100_000, rounds: int = 9) -> None:
                 best[name, hot] = min(usec, best.get((name, hot), usec))
     for hot in (True, False):
         for name in texts:
-            print(f"{'join (hot key)' if hot else 'open (cold key)':16s} {name:12s} "
-                  f"{best[name, hot]:.2f} usec of Lua per call")
+            print(
+                f"{'join (hot key)' if hot else 'open (cold key)':16s} {name:12s} "
+                f"{best[name, hot]:.2f} usec of Lua per call"
+            )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ def rate(n: int, fn: Callable[[int], None]) -> float:
 
 
 def interleaved(
-    rounds: int, n: int, subjects: dict[str, Callable[[int], None]],
+    rounds: int,
+    n: int,
+    subjects: dict[str, Callable[[int], None]],
     before: Callable[[], None] | None = None,
 ) -> dict[str, list[float]]:
     """Rates of each subject, rounds interleaved so drift hits all of them alike."""
@@ -59,8 +61,14 @@ def interleaved(
 
 
 def compare(
-    bench: str, operation: str, samples: list[float], baseline: str, base: list[float],
-    target_ratio: float | None, unit: str = "calls/s", note: str = "",
+    bench: str,
+    operation: str,
+    samples: list[float],
+    baseline: str,
+    base: list[float],
+    target_ratio: float | None,
+    unit: str = "calls/s",
+    note: str = "",
 ) -> Row:
     row = Row(bench, operation, unit, samples, baseline, statistics.median(base))
     row.ratio = row.median / row.baseline_value if row.baseline_value else None
@@ -93,19 +101,34 @@ def _fmt(value: float | None) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    header = ["#", "operation", "median", "min", "max", "unit", "baseline (same run)",
-              "ratio", "target", "result"]
+    header = [
+        "#",
+        "operation",
+        "median",
+        "min",
+        "max",
+        "unit",
+        "baseline (same run)",
+        "ratio",
+        "target",
+        "result",
+    ]
     lines = [header]
     for r in rows:
-        lines.append([
-            r.bench, r.operation, _fmt(r.median),
-            _fmt(min(r.samples) if r.samples else None),
-            _fmt(max(r.samples) if r.samples else None), r.unit,
-            f"{r.baseline}: {_fmt(r.baseline_value)}" if r.baseline else "",
-            f"{r.ratio:.2f}x" if r.ratio is not None else "",
-            r.target,
-            "" if r.passed is None else ("PASS" if r.passed else "MISS"),
-        ])
+        lines.append(
+            [
+                r.bench,
+                r.operation,
+                _fmt(r.median),
+                _fmt(min(r.samples) if r.samples else None),
+                _fmt(max(r.samples) if r.samples else None),
+                r.unit,
+                f"{r.baseline}: {_fmt(r.baseline_value)}" if r.baseline else "",
+                f"{r.ratio:.2f}x" if r.ratio is not None else "",
+                r.target,
+                "" if r.passed is None else ("PASS" if r.passed else "MISS"),
+            ]
+        )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = []
     for i, line in enumerate(lines):

@@ -27,8 +27,9 @@ def paced(rate: int, seconds: float, call: Any) -> int:
     return total
 
 
-def debounce_lateness(app: Celery, url: str, rate: int, seconds: float,
-                      window: str = "500ms") -> dict[str, list[float]]:
+def debounce_lateness(
+    app: Celery, url: str, rate: int, seconds: float, window: str = "500ms"
+) -> dict[str, list[float]]:
     """Open ``rate`` windows a second; each falls due ``window`` later, once.
 
     Returns ms lists: deadline -> published (``pa``, or ``ca`` if a worker claimed
@@ -40,8 +41,9 @@ def debounce_lateness(app: Celery, url: str, rate: int, seconds: float,
     ids: list[str] = []
 
     def call(i: int) -> None:
-        ids.append(debounced.apply_async((f"l{run}-{i}",), debounce=window,
-                                         debounce_max_wait="60s").id)
+        ids.append(
+            debounced.apply_async((f"l{run}-{i}",), debounce=window, debounce_max_wait="60s").id
+        )
 
     paced(rate, seconds, call)
     pending = set(ids)
@@ -66,8 +68,9 @@ def debounce_lateness(app: Celery, url: str, rate: int, seconds: float,
     return {"published": published, "started": started}
 
 
-def countdown_lateness(app: Celery, url: str, rate: int, seconds: float,
-                       countdown: float = 0.5) -> list[float]:
+def countdown_lateness(
+    app: Celery, url: str, rate: int, seconds: float, countdown: float = 0.5
+) -> list[float]:
     """Celery's own ``countdown``: ms from the ETA to the task starting on the worker."""
     stamp = app.tasks["bench.stamp"]
     stats = redis.Redis.from_url(f"{url}/3")
@@ -80,5 +83,9 @@ def countdown_lateness(app: Celery, url: str, rate: int, seconds: float,
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": percentile(values, 50), "p99": percentile(values, 99),
-            "max": max(values) if values else float("nan"), "n": len(values)}
+    return {
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else float("nan"),
+        "n": len(values),
+    }

@@ -23,8 +23,9 @@ def open_windows(app: Celery, count: int, prefix: str, chunk: int = 5000, **opti
     debounced = app.tasks["bench.debounced"]
     for start in range(0, count, chunk):
         n = min(chunk, count - start)
-        enqueue_many(debounced, [((f"{prefix}{start + i}",), {"n": 1}) for i in range(n)],
-                     **options)
+        enqueue_many(
+            debounced, [((f"{prefix}{start + i}",), {"n": 1}) for i in range(n)], **options
+        )
 
 
 def bytes_per_open_window(app: Celery, url: str, count: int) -> dict[str, float]:
@@ -68,8 +69,11 @@ def bytes_after_history(app: Celery, url: str, count: int) -> dict[str, float]:
         open_windows(app, count, "done-", debounce="1ms", debounce_max_wait="1ms")
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            if not client.zcard("debounce:{0}:active") and not client.zcard("debounce:{0}:due") \
-                    and not client.zcard("debounce:{0}:leased"):
+            if (
+                not client.zcard("debounce:{0}:active")
+                and not client.zcard("debounce:{0}:due")
+                and not client.zcard("debounce:{0}:leased")
+            ):
                 break
             time.sleep(0.25)
         else:
@@ -92,5 +96,7 @@ if __name__ == "__main__":  # python -m bench.memory [windows]: bytes per open w
     windows = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     with LocalRedis() as server:
         figures = bytes_per_open_window(make_app(server.url), server.url, windows)
-    print(f"{windows:,} open windows: " + ", ".join(
-        f"{name} {value:.1f} B" for name, value in figures.items()))
+    print(
+        f"{windows:,} open windows: "
+        + ", ".join(f"{name} {value:.1f} B" for name, value in figures.items())
+    )

@@ -86,8 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         raw.connect()
 
         def prepared(uid: str) -> Any:
-            return prepare_call(settings, name, spec, (uid,), {"n": 1}, {}, signature,
-                                task.serializer, None, app=app, task_type=task, static=static)
+            return prepare_call(
+                settings,
+                name,
+                spec,
+                (uid,),
+                {"n": 1},
+                {},
+                signature,
+                task.serializer,
+                None,
+                app=app,
+                task_type=task,
+                static=static,
+            )
 
         for _ in range(args.warm):  # warm: connection, script, caches
             task.delay(f"n{next(fresh)}", n=1)
@@ -150,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def gate_python(k: int) -> None:
             for call in calls[:k]:
-                _pack(conn, ("EVALSHA", sha, 2, *gate_keys(store, call),
-                             *gate_args(store, call)))
+                _pack(conn, ("EVALSHA", sha, 2, *gate_keys(store, call), *gate_args(store, call)))
                 parse_reply(canned)
 
         packed: list[Any] = []
@@ -173,20 +184,29 @@ def main(argv: list[str] | None = None) -> int:
                 light_result(task, sample.task_id)
 
         stages: dict[str, Callable[[int], None]] = {
-            "delay() new key": delay_new, "delay() hot key": delay_hot,
+            "delay() new key": delay_new,
+            "delay() hot key": delay_hot,
             "delay() new key, no round trip": delay_stubbed,
-            "prepare_call": prepare, "  bind arguments": bind, "  key template": template,
-            "  payload (JSON)": payload, "  window ident": ident, "  task id": task_id,
-            "gate (enter)": gate, "  its Python (canned reply)": gate_python,
-            "  bare EVALSHA round trip": round_trip, "  bare PING round trip": ping_trip,
+            "prepare_call": prepare,
+            "  bind arguments": bind,
+            "  key template": template,
+            "  payload (JSON)": payload,
+            "  window ident": ident,
+            "  task id": task_id,
+            "gate (enter)": gate,
+            "  its Python (canned reply)": gate_python,
+            "  bare EVALSHA round trip": round_trip,
+            "  bare PING round trip": ping_trip,
             "light_result": result,
         }
         out: dict[str, list[float]] = {stage: [] for stage in stages}
         for _ in range(args.rounds):
             calls[:] = [prepared(f"n{next(fresh)}") for _ in range(n)]
             news = [prepared(f"n{next(fresh)}") for _ in range(n)]
-            packed[:] = [_pack(raw, ("EVALSHA", sha, 2, *gate_keys(store, c),
-                                     *gate_args(store, c))) for c in news]
+            packed[:] = [
+                _pack(raw, ("EVALSHA", sha, 2, *gate_keys(store, c), *gate_args(store, c)))
+                for c in news
+            ]
             for stage, fn in stages.items():
                 out[stage].append(per_call(n, fn))
         new_server = server_us(windows, lambda: delay_new(n))
@@ -200,17 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         windows.flushdb()
 
     med = {stage: statistics.median(v) for stage, v in out.items()}
-    print(f"new-key .delay(), us per call, median of {args.rounds} interleaved rounds "
-          f"of {n:,} calls")
+    print(
+        f"new-key .delay(), us per call, median of {args.rounds} interleaved rounds of {n:,} calls"
+    )
     for stage, value in med.items():
-        print(f"  {stage:30} {value:6.2f}  (min {min(out[stage]):6.2f}, "
-              f"max {max(out[stage]):6.2f})")
-    rest = (med["delay() new key"] - med["prepare_call"] - med["gate (enter)"]
-            - med["light_result"])
+        print(
+            f"  {stage:30} {value:6.2f}  (min {min(out[stage]):6.2f}, max {max(out[stage]):6.2f})"
+        )
+    rest = med["delay() new key"] - med["prepare_call"] - med["gate (enter)"] - med["light_result"]
     print(f"  {'apply_async before the gate':30} {rest:6.2f}  (the rest of the whole call)")
     print(f"server us per EVALSHA: new key {new_server:.2f}, hot key {hot_server:.2f}")
-    print(f"calls per new-key .delay(): {statistics.median(c[0] for c in counted)} "
-          f"Python and C ({statistics.median(c[1] for c in counted)} Python)")
+    print(
+        f"calls per new-key .delay(): {statistics.median(c[0] for c in counted)} "
+        f"Python and C ({statistics.median(c[1] for c in counted)} Python)"
+    )
     if profile is not None:
         pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
     return 0

@@ -41,14 +41,20 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(workdir)}
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "shop", "worker", "-P", "solo", "-l", "warning"],
-        env=env, cwd=workdir)
+        env=env,
+        cwd=workdir,
+    )
     sys.path.insert(0, str(workdir))
     import shop
 
     def show(*args: str) -> None:
         print(f"$ celery -A shop debounce {' '.join(args)}")
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "shop", "debounce", *args],
-                             env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "shop", "debounce", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         print(out.stdout + out.stderr)
 
     try:

@@ -46,15 +46,28 @@ def populate(client: redis.Redis) -> None:
     with client.pipeline(transaction=False) as pipe:
         for i in range(N):
             roll = rng.random()
-            task = TASKS[0][0] if roll < TASKS[0][1] else (
-                TASKS[1][0] if roll < TASKS[0][1] + TASKS[1][1] else TASKS[2][0])
+            task = (
+                TASKS[0][0]
+                if roll < TASKS[0][1]
+                else (TASKS[1][0] if roll < TASKS[0][1] + TASKS[1][1] else TASKS[2][0])
+            )
             counts[task] += 1
             key = f"user:{i}"
             ident = window_ident(task, key)
             window_ms = rng.randint(10_000, 3_600_000)
-            gate(keys=[f"{tag}:open:{ident}", f"{tag}:due"],
-                 args=[str(uuid.uuid4()), window_ms, 7_200_000, 0, "application/json",
-                       f'[["{key}"], {{}}]', "{}"], client=pipe)
+            gate(
+                keys=[f"{tag}:open:{ident}", f"{tag}:due"],
+                args=[
+                    str(uuid.uuid4()),
+                    window_ms,
+                    7_200_000,
+                    0,
+                    "application/json",
+                    f'[["{key}"], {{}}]',
+                    "{}",
+                ],
+                client=pipe,
+            )
             if i % 2000 == 1999:
                 pipe.execute()
         pipe.execute()
@@ -81,8 +94,13 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(workdir)}
 
     def cli(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "benchapp", "debounce", *args],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "benchapp", "debounce", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return out.stdout
 
     sys.path.insert(0, str(workdir))
@@ -96,28 +114,42 @@ def main() -> None:
     baseline = median_time(lambda: cli("--help"))
     print(f"\n`celery -A benchapp debounce --help` (process start-up): {baseline:.2f}s\n")
     cases = [
-        ("inspect --limit 20", ("inspect", "--limit", "20"),
-         lambda: admin.windows(limit=20)),
-        ("inspect --task app.tasks.index --limit 20 (98.9%)",
-         ("inspect", "--task", "app.tasks.index", "--limit", "20"),
-         lambda: admin.windows(task="app.tasks.index", limit=20)),
-        ("inspect --task app.tasks.report --limit 20 (1%)",
-         ("inspect", "--task", "app.tasks.report", "--limit", "20"),
-         lambda: admin.windows(task="app.tasks.report", limit=20)),
-        ("inspect --task app.tasks.rare --limit 20 (0.1%)",
-         ("inspect", "--task", "app.tasks.rare", "--limit", "20"),
-         lambda: admin.windows(task="app.tasks.rare", limit=20)),
-        ("inspect --task app.tasks.rare (all ~1,000, no limit)",
-         ("inspect", "--task", "app.tasks.rare", "--json"),
-         lambda: admin.windows(task="app.tasks.rare")),
-        ("inspect --match 'user:4242*' --limit 20 (12 matches)",
-         ("inspect", "--match", "user:4242*", "--limit", "20"),
-         lambda: admin.windows(key_glob="user:4242*", limit=20)),
-        ("inspect --id <pending id> (scan)", ("inspect", "--id", rare.task_id),
-         lambda: admin.find(rare.task_id)),
-        ("flush --task T --key K (one HMGET + flush.lua)",
-         ("flush", "--task", "app.tasks.report", "--key", report.key),
-         lambda: admin.window("app.tasks.report", report.key)),
+        ("inspect --limit 20", ("inspect", "--limit", "20"), lambda: admin.windows(limit=20)),
+        (
+            "inspect --task app.tasks.index --limit 20 (98.9%)",
+            ("inspect", "--task", "app.tasks.index", "--limit", "20"),
+            lambda: admin.windows(task="app.tasks.index", limit=20),
+        ),
+        (
+            "inspect --task app.tasks.report --limit 20 (1%)",
+            ("inspect", "--task", "app.tasks.report", "--limit", "20"),
+            lambda: admin.windows(task="app.tasks.report", limit=20),
+        ),
+        (
+            "inspect --task app.tasks.rare --limit 20 (0.1%)",
+            ("inspect", "--task", "app.tasks.rare", "--limit", "20"),
+            lambda: admin.windows(task="app.tasks.rare", limit=20),
+        ),
+        (
+            "inspect --task app.tasks.rare (all ~1,000, no limit)",
+            ("inspect", "--task", "app.tasks.rare", "--json"),
+            lambda: admin.windows(task="app.tasks.rare"),
+        ),
+        (
+            "inspect --match 'user:4242*' --limit 20 (12 matches)",
+            ("inspect", "--match", "user:4242*", "--limit", "20"),
+            lambda: admin.windows(key_glob="user:4242*", limit=20),
+        ),
+        (
+            "inspect --id <pending id> (scan)",
+            ("inspect", "--id", rare.task_id),
+            lambda: admin.find(rare.task_id),
+        ),
+        (
+            "flush --task T --key K (one HMGET + flush.lua)",
+            ("flush", "--task", "app.tasks.report", "--key", report.key),
+            lambda: admin.window("app.tasks.report", report.key),
+        ),
         ("stats --quick", ("stats", "--quick"), lambda: admin.stats(census=False)),
         ("stats (census of every open window)", ("stats",), lambda: admin.stats()),
     ]
@@ -129,8 +161,10 @@ def main() -> None:
         wall = median_time(lambda args=args: cli(*args), repeat=3)
         inproc = median_time(api, repeat=3)
         print(f"| `{label}` | {wall:.2f}s | {inproc * 1000:,.0f} ms |")
-    longest = max((e["duration"] for e in client.slowlog_get(100000)
-                    if e["command"].startswith(b"EVALSHA")), default=0)
+    longest = max(
+        (e["duration"] for e in client.slowlog_get(100000) if e["command"].startswith(b"EVALSHA")),
+        default=0,
+    )
     client.config_set("slowlog-log-slower-than", 10000)
     print(f"\nlongest single EVALSHA (SLOWLOG): {longest / 1000:.1f} ms")
 
@@ -139,11 +173,13 @@ def main() -> None:
     idents = client.zrange("debounce:{0}:due", 0, -1)
     with client.pipeline(transaction=False) as pipe:
         for i in range(0, len(idents), 500):
-            for ident in idents[i:i + 500]:
+            for ident in idents[i : i + 500]:
                 pipe.hmget(b"debounce:{0}:open:" + ident, "id", "fs", "mw", "n")
             pipe.execute()
-    print(f"previous approach (ZRANGE 0 -1 + HMGET all), any --limit: "
-          f"{time.perf_counter() - start:.2f}s")
+    print(
+        f"previous approach (ZRANGE 0 -1 + HMGET all), any --limit: "
+        f"{time.perf_counter() - start:.2f}s"
+    )
 
 
 if __name__ == "__main__":

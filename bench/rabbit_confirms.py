@@ -45,13 +45,21 @@ MODES = ("confirms", "none", "per-message", "apply_async")
 def make(redis_url: str, rabbit: RabbitNode, queue: str, per_message: bool) -> Celery:
     app = Celery("rabbit_bench", set_as_current=False)
     app.conf.update(
-        broker_url=rabbit.url, debounce_redis_url=f"{redis_url}/0",
-        debounce_dispatcher=False, task_default_queue=queue, task_ignore_result=True,
+        broker_url=rabbit.url,
+        debounce_redis_url=f"{redis_url}/0",
+        debounce_dispatcher=False,
+        task_default_queue=queue,
+        task_ignore_result=True,
         broker_transport_options={"confirm_publish": True} if per_message else {},
     )
 
-    @app.task(base=DebouncedTask, name="bench.debounced", shared=False, debounce="1h",
-              debounce_max_wait="2h")
+    @app.task(
+        base=DebouncedTask,
+        name="bench.debounced",
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+    )
     def debounced(user: str, n: int = 0) -> None:
         pass
 
@@ -92,8 +100,9 @@ def one(mode: str, redis_url: str, rabbit: RabbitNode, backlog: int) -> float:
             dispatcher = Dispatcher(app, name="bench")
             if mode != "confirms":  # publish on the app's producer pool
                 dispatcher.close()
-                dispatcher.publisher = PoolPublisher(app, dispatcher.publisher.sender,
-                                                     dispatcher._shared_fault)
+                dispatcher.publisher = PoolPublisher(
+                    app, dispatcher.publisher.sender, dispatcher._shared_fault
+                )
             start = time.perf_counter()
             published = 0
             while published < backlog:
@@ -122,15 +131,19 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for mode in MODES:
                 results[mode].append(one(mode, server.url, rabbit, args.backlog))
-            print(f"round {r + 1}: " + ", ".join(
-                f"{m} {results[m][-1]:,.0f}" for m in MODES), flush=True)
+            print(
+                f"round {r + 1}: " + ", ".join(f"{m} {results[m][-1]:,.0f}" for m in MODES),
+                flush=True,
+            )
     base = statistics.median(results["none"])
     print(f"\n{'mode':<14} {'median':>8} {'min':>8} {'max':>8}  msgs/s   vs none")
     for mode in MODES:
         values = results[mode]
         med: Any = statistics.median(values)
-        print(f"{mode:<14} {med:>8,.0f} {min(values):>8,.0f} {max(values):>8,.0f}"
-              f"           {med / base:.2f}x")
+        print(
+            f"{mode:<14} {med:>8,.0f} {min(values):>8,.0f} {max(values):>8,.0f}"
+            f"           {med / base:.2f}x"
+        )
     return 0
 
 

@@ -56,8 +56,9 @@ def _lateness(ctx: dict[str, Any]) -> list[Row]:
     rounds, seconds = (1, 4.0) if ctx["quick"] else (2, 8.0)
     rate = 500
 
-    def measure(countdown: bool, separate: bool = False,
-                **worker: Any) -> tuple[list[dict[str, float]], ...]:
+    def measure(
+        countdown: bool, separate: bool = False, **worker: Any
+    ) -> tuple[list[dict[str, float]], ...]:
         pub, start, eta = [], [], []
         with ExitStack() as stack:
             if separate:
@@ -86,27 +87,47 @@ def _lateness(ctx: dict[str, Any]) -> list[Row]:
 
     out = []
     for q, limit in (("p50", 5.0), ("p99", 25.0)):
-        row = Row("5", f"deadline -> broker {q}, {rate}/s, prefork worker", "ms",
-                  [p[q] for p in pub], f"countdown ETA -> start {q}", med(eta, q),
-                  target=f"<= {limit:g} ms")
+        row = Row(
+            "5",
+            f"deadline -> broker {q}, {rate}/s, prefork worker",
+            "ms",
+            [p[q] for p in pub],
+            f"countdown ETA -> start {q}",
+            med(eta, q),
+            target=f"<= {limit:g} ms",
+        )
         row.passed = row.median <= limit
         out.append(row)
     for q, limit in (("p50", 5.0), ("p99", 25.0)):
-        row = Row("5", f"  same, worker GIL switch interval 0.5 ms, {q}", "ms",
-                  [p[q] for p in pub_b], target=f"<= {limit:g} ms")
+        row = Row(
+            "5",
+            f"  same, worker GIL switch interval 0.5 ms, {q}",
+            "ms",
+            [p[q] for p in pub_b],
+            target=f"<= {limit:g} ms",
+        )
         row.passed = row.median <= limit
         out.append(row)
-    for label, starts, etas in (("prefork worker", start, eta),
-                                ("threads worker", start_c, eta_c),
-                                ("prefork worker + dispatcher process", start_d, eta)):
+    for label, starts, etas in (
+        ("prefork worker", start, eta),
+        ("threads worker", start_c, eta_c),
+        ("prefork worker + dispatcher process", start_d, eta),
+    ):
         for q in ("p50", "p99"):
-            row = Row("5", f"deadline -> task start {q}, {label}", "ms",
-                      [s_[q] for s_ in starts], f"countdown ETA -> start {q}", med(etas, q))
+            row = Row(
+                "5",
+                f"deadline -> task start {q}, {label}",
+                "ms",
+                [s_[q] for s_ in starts],
+                f"countdown ETA -> start {q}",
+                med(etas, q),
+            )
             row.ratio = row.median / row.baseline_value if row.baseline_value else None
             out.append(row)
     out[0].note = (
         f"{int(sum(p['n'] for p in pub))} windows, worst {max(p['max'] for p in pub):.0f} ms. "
-        "'broker' time is the ack's Redis time after the batch was flushed (an upper bound)")
+        "'broker' time is the ack's Redis time after the batch was flushed (an upper bound)"
+    )
     return out
 
 
@@ -139,18 +160,35 @@ def _memory(ctx: dict[str, Any]) -> list[Row]:
     count = 20_000 if ctx["quick"] else 100_000
     m = bytes_per_open_window(ctx["app"], ctx["url"], count)
     limit = 300 + m["payload"]
-    row = Row("6", f"bytes per open window, INFO memory over {count:,}", "bytes",
-              [m["info_per_window"]], target=f"<= {limit:.0f} (300 + payload)")
+    row = Row(
+        "6",
+        f"bytes per open window, INFO memory over {count:,}",
+        "bytes",
+        [m["info_per_window"]],
+        target=f"<= {limit:.0f} (300 + payload)",
+    )
     row.passed = m["info_per_window"] <= limit
-    row.note = (f"MEMORY USAGE: record {m['record_per_window']:.0f} B + due-set share "
-                f"{m['due_per_window']:.0f} B; payload {m['payload']:.0f} B")
-    row2 = Row("6", "MEMORY USAGE record + due share", "bytes",
-               [m["record_per_window"] + m["due_per_window"]], target=f"<= {limit:.0f}")
+    row.note = (
+        f"MEMORY USAGE: record {m['record_per_window']:.0f} B + due-set share "
+        f"{m['due_per_window']:.0f} B; payload {m['payload']:.0f} B"
+    )
+    row2 = Row(
+        "6",
+        "MEMORY USAGE record + due share",
+        "bytes",
+        [m["record_per_window"] + m["due_per_window"]],
+        target=f"<= {limit:.0f}",
+    )
     row2.passed = row2.median <= limit
     done = 2_000 if ctx["quick"] else 10_000
     h = bytes_after_history(ctx["app"], ctx["url"], done)
-    row3 = Row("6", f"bytes per finished window after history TTL ({done:,} run)", "bytes",
-               [h["per_window"]], target="~0 (< 1), no keys left")
+    row3 = Row(
+        "6",
+        f"bytes per finished window after history TTL ({done:,} run)",
+        "bytes",
+        [h["per_window"]],
+        target="~0 (< 1), no keys left",
+    )
     row3.passed = h["per_window"] < 1 and h["keys_left"] == 0
     row3.note = f"{h['keys_left']} window keys left in Redis"
     return [row, row2, row3]
@@ -186,20 +224,38 @@ def _scale(ctx: dict[str, Any]) -> list[Row]:
     rows = []
 
     def scaled(op: str, samples: list[float], base: list[float]) -> Row:
-        row = Row("7", op, "ms", samples, "same with 1,000 open (better of 2)", min(base),
-                  target="<= 1.25x (or +1 ms)")
+        row = Row(
+            "7",
+            op,
+            "ms",
+            samples,
+            "same with 1,000 open (better of 2)",
+            min(base),
+            target="<= 1.25x (or +1 ms)",
+        )
         row.extra["baseline_samples"] = list(base)
         row.note = "1,000 open, before/after: " + ", ".join(f"{b:.2f}" for b in base)
         row.ratio = row.median / row.baseline_value if row.baseline_value else None
         row.passed = row.ratio is not None and (
-            row.ratio <= 1.25 or row.median - (row.baseline_value or 0) <= 1.0)
+            row.ratio <= 1.25 or row.median - (row.baseline_value or 0) <= 1.0
+        )
         return row
 
     rows.append(scaled(f"call latency p99, {big:,} open", big_lat, small_lat))
-    rows.append(scaled(f"dispatch lateness p50, {big:,} open", [b["p50"] for b in big_late],
-                       [s_["p50"] for s_ in small_late]))
-    rows.append(scaled(f"dispatch lateness p99, {big:,} open", [b["p99"] for b in big_late],
-                       [s_["p99"] for s_ in small_late]))
+    rows.append(
+        scaled(
+            f"dispatch lateness p50, {big:,} open",
+            [b["p50"] for b in big_late],
+            [s_["p50"] for s_ in small_late],
+        )
+    )
+    rows.append(
+        scaled(
+            f"dispatch lateness p99, {big:,} open",
+            [b["p99"] for b in big_late],
+            [s_["p99"] for s_ in small_late],
+        )
+    )
     rows[0].note += "; +1 ms allowed: Redis TIME is in ms"
     return rows
 
@@ -228,8 +284,9 @@ def _rss(ctx: dict[str, Any]) -> list[Row]:
     samples = producer_rss(ctx["url"], calls)
     warm = samples[1][1]  # after 10% of the calls
     growth = (samples[-1][1] - warm) / 2**20
-    row = Row("8", f"producer RSS growth, 10% -> {calls:,} calls", "MiB", [growth],
-              target="<= 1 MiB")
+    row = Row(
+        "8", f"producer RSS growth, 10% -> {calls:,} calls", "MiB", [growth], target="<= 1 MiB"
+    )
     row.passed = growth <= 1.0
     row.note = "RSS MiB: " + ", ".join(f"{n // 1000}k={r / 2**20:.1f}" for n, r in samples[::4])
     redis_client = __import__("redis").Redis.from_url(f"{ctx['url']}/0")
@@ -255,8 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     with LocalRedis() as server:
         from bench.apps import make_app
 
-        ctx = {"url": server.url, "quick": args.quick, "rounds": rounds,
-               "app": make_app(server.url), "server": server}
+        ctx = {
+            "url": server.url,
+            "quick": args.quick,
+            "rounds": rounds,
+            "app": make_app(server.url),
+            "server": server,
+        }
         for name in selected:
             description, fn = BENCHES[name]
             if not args.json:
@@ -266,14 +328,24 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(table(new), file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({
-            "quick": args.quick, "rounds": rounds, "seconds": round(time.time() - started, 1),
-            "python": platform.python_version(), "rows": [r.as_json() for r in rows],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "quick": args.quick,
+                    "rounds": rounds,
+                    "seconds": round(time.time() - started, 1),
+                    "python": platform.python_version(),
+                    "rows": [r.as_json() for r in rows],
+                },
+                indent=2,
+            )
+        )
     else:
         print()
         print(table(rows))
-        print(f"\n{'quick' if args.quick else 'full'} run, {rounds} rounds, "
-              f"{time.time() - started:.0f}s")
+        print(
+            f"\n{'quick' if args.quick else 'full'} run, {rounds} rounds, "
+            f"{time.time() - started:.0f}s"
+        )
     missed = [r for r in rows if r.passed is False]
     return 1 if missed else 0

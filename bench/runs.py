@@ -95,29 +95,48 @@ def worker_run_rates(app: Celery, url: str, rounds: int, n: int) -> list[Row]:
         _wait(lambda: broker.llen(QUEUE) >= n, 120, f"{n} windows published")
 
     out: dict[str, list[float]] = {"plain": [], "debounced": [], "exclusive": []}
-    fills = {"plain": fill_plain,
-             "debounced": lambda r: fill_windows("bench.debounced", r),
-             "exclusive": lambda r: fill_windows("bench.exclusive", r)}
+    fills = {
+        "plain": fill_plain,
+        "debounced": lambda r: fill_windows("bench.debounced", r),
+        "exclusive": lambda r: fill_windows("bench.exclusive", r),
+    }
     for r in range(rounds):
         for name, fill in fills.items():
             _pause(app, broker)
             fill(r)
             out[name].append(_drain_rate(app, broker, n))
     windows.flushdb()
-    note = (f"{n} runs a round, {rounds} rounds interleaved (plain, debounced, exclusive); "
-            "one prefork worker process (-c 1); rate while the backlog went from 90% to 10%")
+    note = (
+        f"{n} runs a round, {rounds} rounds interleaved (plain, debounced, exclusive); "
+        "one prefork worker process (-c 1); rate while the backlog went from 90% to 10%"
+    )
     rows = [
         Row("11", "plain task runs/s, prefork -c 1", "runs/s", out["plain"], note=note),
-        compare("11", "debounced task runs/s, same worker", out["debounced"],
-                "plain runs/s", out["plain"], 0.8, unit="runs/s"),
-        compare("11", "debounced + debounce_exclusive runs/s, same worker", out["exclusive"],
-                "plain runs/s", out["plain"], 0.8, unit="runs/s"),
+        compare(
+            "11",
+            "debounced task runs/s, same worker",
+            out["debounced"],
+            "plain runs/s",
+            out["plain"],
+            0.8,
+            unit="runs/s",
+        ),
+        compare(
+            "11",
+            "debounced + debounce_exclusive runs/s, same worker",
+            out["exclusive"],
+            "plain runs/s",
+            out["plain"],
+            0.8,
+            unit="runs/s",
+        ),
     ]
     return rows
 
 
-def start_lateness(app: Celery, url: str, rounds: int, seconds: float,
-                   rate: int = 200) -> list[Row]:
+def start_lateness(
+    app: Celery, url: str, rounds: int, seconds: float, rate: int = 200
+) -> list[Row]:
     """deadline -> task start at ``rate`` runs/s vs countdown's ETA -> start, on the
     same worker, rounds interleaved (call inside celery_worker, consumer active)."""
     start: list[dict[str, float]] = []
@@ -127,14 +146,22 @@ def start_lateness(app: Celery, url: str, rounds: int, seconds: float,
         eta.append(summary(countdown_lateness(app, url, rate, seconds)))
     rows = []
     for q in ("p50", "p99"):
-        row = Row("11", f"deadline -> task start {q}, {rate} runs/s", "ms",
-                  [s[q] for s in start], f"countdown ETA -> start {q}",
-                  statistics.median([e[q] for e in eta]), target="<= 1.5x")
+        row = Row(
+            "11",
+            f"deadline -> task start {q}, {rate} runs/s",
+            "ms",
+            [s[q] for s in start],
+            f"countdown ETA -> start {q}",
+            statistics.median([e[q] for e in eta]),
+            target="<= 1.5x",
+        )
         row.ratio = row.median / row.baseline_value if row.baseline_value else None
         row.passed = row.ratio is not None and row.ratio <= 1.5
         row.extra["baseline_samples"] = [e[q] for e in eta]
         rows.append(row)
-    rows[0].note = (f"{rounds} rounds x {seconds:g} s, interleaved with countdown=0.5 tasks "
-                    "at the same rate; 500 ms windows; start = claim time (Redis clock) - "
-                    "deadline; countdown: start (worker clock) - ETA")
+    rows[0].note = (
+        f"{rounds} rounds x {seconds:g} s, interleaved with countdown=0.5 tasks "
+        "at the same rate; 500 ms windows; start = claim time (Redis clock) - "
+        "deadline; countdown: start (worker clock) - ETA"
+    )
     return rows

@@ -46,8 +46,11 @@ def producer_rss(url: str, calls: int) -> list[tuple[int, int]]:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, "-m", "bench.rss_producer", url, str(calls)],
-        env=dict(os.environ, PYTHONPATH=str(root)), cwd=str(root),
-        check=True, capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        cwd=str(root),
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return [tuple(x) for x in json.loads(out.stdout)]  # type: ignore[misc]
 

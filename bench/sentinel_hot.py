@@ -40,15 +40,20 @@ def main() -> None:
         sentinel = _backend(group.url, debounce_redis_sentinel_master=group.master_name)
         port = group.master_port()
         plain = _backend(f"redis://127.0.0.1:{port}/0")
-        rates: dict[str, list[float]] = {"sentinel direct": [], "sentinel client.evalsha": [],
-                                         "redis:// direct": []}
+        rates: dict[str, list[float]] = {
+            "sentinel direct": [],
+            "sentinel client.evalsha": [],
+            "redis:// direct": [],
+        }
         for _ in range(ROUNDS):
             rates["sentinel direct"].append(_rate(sentinel, True))
             rates["sentinel client.evalsha"].append(_rate(sentinel, False))
             rates["redis:// direct"].append(_rate(plain, True))
         for name, values in rates.items():
-            print(f"{name:26} {statistics.median(values):8,.0f} gate calls/s "
-                  f"(min {min(values):,.0f}, max {max(values):,.0f})")
+            print(
+                f"{name:26} {statistics.median(values):8,.0f} gate calls/s "
+                f"(min {min(values):,.0f}, max {max(values):,.0f})"
+            )
 
 
 if __name__ == "__main__":

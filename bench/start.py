@@ -25,10 +25,12 @@ SETUPS: dict[str, dict[str, Any]] = {
 RATES = (200, 500)
 
 
-def start_latency(app: Celery, url: str, rounds: int, seconds: float
-                  ) -> dict[tuple[str, int], list[dict[str, float]]]:
+def start_latency(
+    app: Celery, url: str, rounds: int, seconds: float
+) -> dict[tuple[str, int], list[dict[str, float]]]:
     out: dict[tuple[str, int], list[dict[str, float]]] = {
-        (name, rate): [] for name in SETUPS for rate in RATES}
+        (name, rate): [] for name in SETUPS for rate in RATES
+    }
     for _ in range(rounds):
         for name, setup in SETUPS.items():
             conf = {k: v for k, v in setup.items() if k != "separate"}
@@ -49,10 +51,15 @@ def rows(found: dict[tuple[str, int], list[dict[str, float]]]) -> list[Row]:
         for q in ("p50", "p99"):
             base = statistics.median(r[q] for r in found[("separate dispatcher process", rate)])
             for name in ("embedded thread", "embedded child process"):
-                row = Row("5b", f"deadline -> task start {q}, {rate}/s, {name}", "ms",
-                          [r[q] for r in found[(name, rate)]],
-                          f"separate dispatcher process {q}", base,
-                          target="<= 1.2x" if name == "embedded child process" else "")
+                row = Row(
+                    "5b",
+                    f"deadline -> task start {q}, {rate}/s, {name}",
+                    "ms",
+                    [r[q] for r in found[(name, rate)]],
+                    f"separate dispatcher process {q}",
+                    base,
+                    target="<= 1.2x" if name == "embedded child process" else "",
+                )
                 row.ratio = row.median / base if base else None
                 if row.target:
                     # within 1.2x, or within 2 ms of it (sub-ms medians make ratios noise)

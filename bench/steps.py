@@ -49,16 +49,19 @@ def main(argv: list[str] | None = None) -> int:
         lease = store.transport._lease
         light, eager, pack = task_module.light_result, task_module.always_eager, store_module._pack
 
-        def setup(lz: bool = True, result: bool = True, conf: bool = True,
-                  packer: bool = True) -> None:
+        def setup(
+            lz: bool = True, result: bool = True, conf: bool = True, packer: bool = True
+        ) -> None:
             task_module.light_result = light if result else _plain_result  # type: ignore[assignment]
             task_module.always_eager = eager if conf else _conf_eager
             store.transport._lease = lease if lz else None
             store_module._pack = pack if packer else _redis_py_pack
 
         variants: dict[str, dict[str, bool]] = {
-            "all on": {}, "no per-thread connection": {"lz": False},
-            "no light result": {"result": False}, "no direct eager lookup": {"conf": False},
+            "all on": {},
+            "no per-thread connection": {"lz": False},
+            "no light result": {"result": False},
+            "no direct eager lookup": {"conf": False},
             "no direct pack": {"packer": False},
             "all off": {"lz": False, "result": False, "conf": False, "packer": False},
         }
@@ -78,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hot-key .delay(), us per call, {rounds} interleaved rounds (best of 3 x 1,000)")
     for name, samples in out.items():
         median = statistics.median(samples)
-        print(f"  {name:26s} median {median:6.1f}  min {min(samples):6.1f}  "
-              f"max {max(samples):6.1f}  ({median - base:+5.1f} us vs all on)")
+        print(
+            f"  {name:26s} median {median:6.1f}  min {min(samples):6.1f}  "
+            f"max {max(samples):6.1f}  ({median - base:+5.1f} us vs all on)"
+        )
     return 0
 
 

@@ -43,8 +43,9 @@ def threaded_rate(threads: int, per_thread: int, call: Callable[[], Any]) -> flo
     return threads * per_thread / (time.perf_counter() - started)
 
 
-def concurrent_rates(app: Any, url: str, rounds: int, calls: int,
-                     counts: tuple[int, ...] = (1, 4, 16)) -> list[Row]:
+def concurrent_rates(
+    app: Any, url: str, rounds: int, calls: int, counts: tuple[int, ...] = (1, 4, 16)
+) -> list[Row]:
     debounced = app.tasks["bench.debounced"]
     plain = app.tasks["bench.plain"]
     broker = redis.Redis.from_url(app.conf.broker_url)
@@ -64,18 +65,27 @@ def concurrent_rates(app: Any, url: str, rounds: int, calls: int,
                 broker.flushdb()
                 out[name].append(threaded_rate(count, per, call))
         for name, label in (("hot", "hot key"), ("new", "new key per call")):
-            row = compare("10", f"{label} .delay(), {count} thread(s)", out[name],
-                          f"plain .delay(), {count} thread(s)", out["plain"], None)
-            row.note = (f"per-thread rate {statistics.median(out[name]) / count:,.0f}; "
-                        f"plain {statistics.median(out['plain']) / count:,.0f}")
+            row = compare(
+                "10",
+                f"{label} .delay(), {count} thread(s)",
+                out[name],
+                f"plain .delay(), {count} thread(s)",
+                out["plain"],
+                None,
+            )
+            row.note = (
+                f"per-thread rate {statistics.median(out[name]) / count:,.0f}; "
+                f"plain {statistics.median(out['plain']) / count:,.0f}"
+            )
             rows.append(row)
     windows.flushdb()
     broker.flushdb()
     return rows
 
 
-def combiner_ab(app: Any, rounds: int, calls: int,
-                counts: tuple[int, ...] = (1, 4, 16)) -> list[Row]:
+def combiner_ab(
+    app: Any, rounds: int, calls: int, counts: tuple[int, ...] = (1, 4, 16)
+) -> list[Row]:
     """Hot-key calls/s with the gate's auto-pipelining (``store._Combiner``) on and
     off, interleaved, same process (the A/B behind keeping it)."""
     from celery_debounce.store import store_for
@@ -88,14 +98,23 @@ def combiner_ab(app: Any, rounds: int, calls: int,
     for count in counts:
         out: dict[str, list[float]] = {"on": [], "off": []}
         for i in range(rounds):
-            for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
                 store.transport._combiner = combiner if mode == "on" else None
-                out[mode].append(threaded_rate(count, max(1, calls // count),
-                                               lambda: debounced.delay("hot", n=1)))
+                out[mode].append(
+                    threaded_rate(
+                        count, max(1, calls // count), lambda: debounced.delay("hot", n=1)
+                    )
+                )
         store.transport._combiner = combiner
         per = [a / b for a, b in zip(out["on"], out["off"], strict=True)]
-        row = compare("10", f"hot key, {count} thread(s), pipelining on", out["on"],
-                      "same, pipelining off", out["off"], None)
+        row = compare(
+            "10",
+            f"hot key, {count} thread(s), pipelining on",
+            out["on"],
+            "same, pipelining off",
+            out["off"],
+            None,
+        )
         row.note = f"median of per-round ratios {statistics.median(per):.2f}"
         rows.append(row)
     return rows
@@ -105,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.threads", description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=3200, help="calls per round, all threads")
-    parser.add_argument("--pipelining-ab", action="store_true",
-                        help="instead: hot key with the gate's auto-pipelining on vs off")
+    parser.add_argument(
+        "--pipelining-ab",
+        action="store_true",
+        help="instead: hot key with the gate's auto-pipelining on vs off",
+    )
     args = parser.parse_args(argv)
     from bench.apps import make_app
     from celery_debounce.testing.servers import LocalRedis

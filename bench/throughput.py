@@ -64,23 +64,38 @@ def producer_rates(app: Celery, url: str, rounds: int, n: int) -> list[Row]:
         enqueue_many(debounced, [(("hotbulk",), {"n": 1}) for _ in range(n)])
 
     debounced.delay("hot", n=1)  # open the hot window
-    r = interleaved(rounds, n, {"plain": _plain_delay(app), "hot": hot, "evalsha": evalsha,
-                                "cold": cold},
-                    before=lambda: _clear_broker(app))
-    rb = interleaved(rounds, n * 5, {"plain": _plain_delay(app), "bulk": bulk,
-                                     "bulk_hot": bulk_hot},
-                     before=lambda: _clear_broker(app))
+    r = interleaved(
+        rounds,
+        n,
+        {"plain": _plain_delay(app), "hot": hot, "evalsha": evalsha, "cold": cold},
+        before=lambda: _clear_broker(app),
+    )
+    rb = interleaved(
+        rounds,
+        n * 5,
+        {"plain": _plain_delay(app), "bulk": bulk, "bulk_hot": bulk_hot},
+        before=lambda: _clear_broker(app),
+    )
     windows.flushdb()
     return [
         compare("1", "hot key .delay() (absorbed)", r["hot"], "plain .delay()", r["plain"], 3),
-        compare("1", "hot key .delay() vs EVALSHA ceiling", r["hot"], "bare EVALSHA 3 keys",
-                r["evalsha"], 0.7),
-        compare("2", "cold keys .delay() (opens a window)", r["cold"], "plain .delay()",
-                r["plain"], 2),
-        compare("3", "enqueue_many, new key per call", rb["bulk"], "plain .delay()",
-                rb["plain"], 10),
-        compare("3", "enqueue_many, one hot key", rb["bulk_hot"], "plain .delay()",
-                rb["plain"], 10),
+        compare(
+            "1",
+            "hot key .delay() vs EVALSHA ceiling",
+            r["hot"],
+            "bare EVALSHA 3 keys",
+            r["evalsha"],
+            0.7,
+        ),
+        compare(
+            "2", "cold keys .delay() (opens a window)", r["cold"], "plain .delay()", r["plain"], 2
+        ),
+        compare(
+            "3", "enqueue_many, new key per call", rb["bulk"], "plain .delay()", rb["plain"], 10
+        ),
+        compare(
+            "3", "enqueue_many, one hot key", rb["bulk_hot"], "plain .delay()", rb["plain"], 10
+        ),
     ]
 
 
@@ -91,7 +106,8 @@ def fill_due(app: Celery, count: int) -> None:
         enqueue_many(
             debounced,
             [((f"d{next(_ids)}",), {"n": 1}) for _ in range(min(5000, count - start))],
-            debounce="1ms", debounce_max_wait="1ms",
+            debounce="1ms",
+            debounce_max_wait="1ms",
         )
     time.sleep(0.01)
 
@@ -125,5 +141,14 @@ def dispatch_rate(app: Celery, url: str, rounds: int, backlog: int) -> list[Row]
             raise RuntimeError(f"dispatch published {published}, broker holds {queued}")
     windows.flushdb()
     _clear_broker(app)
-    return [compare("4", f"dispatch backlog of {backlog:,} due windows", ours,
-                    "plain apply_async one by one", base, 2, unit="msgs/s")]
+    return [
+        compare(
+            "4",
+            f"dispatch backlog of {backlog:,} due windows",
+            ours,
+            "plain apply_async one by one",
+            base,
+            2,
+            unit="msgs/s",
+        )
+    ]

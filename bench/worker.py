@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def celery_worker(url: str, concurrency: int = 1, pool: str = "prefork", switch: float = 0.0,
-                  **conf: str) -> Iterator[subprocess.Popen[bytes]]:
+def celery_worker(
+    url: str, concurrency: int = 1, pool: str = "prefork", switch: float = 0.0, **conf: str
+) -> Iterator[subprocess.Popen[bytes]]:
     """Start a worker on ``bench.apps`` and wait until its dispatcher published a probe window."""
     env = dict(os.environ, BENCH_REDIS_URL=url, PYTHONPATH=str(ROOT))
     if switch:
@@ -27,10 +28,27 @@ def celery_worker(url: str, concurrency: int = 1, pool: str = "prefork", switch:
         env[f"BENCH_CONF_{name.upper()}"] = value
     log = tempfile.NamedTemporaryFile(prefix="bench-worker-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "bench.apps", "worker", "--pool", pool,
-         "-c", str(concurrency), "-l", "warning", "--without-gossip", "--without-mingle",
-         "--without-heartbeat"],
-        env=env, cwd=str(ROOT), stdout=log, stderr=log,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.apps",
+            "worker",
+            "--pool",
+            pool,
+            "-c",
+            str(concurrency),
+            "-l",
+            "warning",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        env=env,
+        cwd=str(ROOT),
+        stdout=log,
+        stderr=log,
     )
     try:
         _wait_ready(url, proc, log.name)
@@ -48,7 +66,10 @@ def dispatcher_process(url: str) -> Iterator[subprocess.Popen[bytes]]:
     env = dict(os.environ, BENCH_REDIS_URL=url, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "bench.apps:app", "debounce", "dispatch"],
-        env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=str(ROOT),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         yield proc
@@ -70,7 +91,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: str, timeout: floa
 
     app = make_app(url)
     probe = app.tasks["bench.debounced"].apply_async(
-        (f"probe-{time.time_ns()}",), debounce="1ms", debounce_max_wait="1ms")
+        (f"probe-{time.time_ns()}",), debounce="1ms", debounce_max_wait="1ms"
+    )
     key = f"debounce:{{0}}:win:{probe.id}"
     windows = redis.Redis.from_url(f"{url}/0")
     deadline = time.monotonic() + timeout

@@ -79,7 +79,11 @@ def parse_aliases(raw: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def resolve_aliases(
-    app: Celery, window_id: str, aliases: list[dict[str, Any]], state: str, retval: Any,
+    app: Celery,
+    window_id: str,
+    aliases: list[dict[str, Any]],
+    state: str,
+    retval: Any,
 ) -> None:
     """Store the run's outcome under every alias, as Celery would have for that id.
 
@@ -93,9 +97,15 @@ def resolve_aliases(
         if alias["id"] == window_id and len(alias) == 1:
             continue  # Celery stored this one itself
         request = Context(
-            id=alias["id"], group=alias.get("group_id"), group_index=alias.get("group_index"),
-            chord=alias.get("chord"), chain=alias.get("chain"), ignore_result=False,
-            errbacks=None, parent_id=window_id, root_id=window_id,
+            id=alias["id"],
+            group=alias.get("group_id"),
+            group_index=alias.get("group_index"),
+            chord=alias.get("chord"),
+            chain=alias.get("chain"),
+            ignore_result=False,
+            errbacks=None,
+            parent_id=window_id,
+            root_id=window_id,
         )
         try:
             if state == states.SUCCESS:
@@ -107,8 +117,9 @@ def resolve_aliases(
             elif state in (states.REVOKED, states.REJECTED):
                 backend.mark_as_revoked(alias["id"], "debounce window revoked", request=request)
         except Exception:
-            logger.exception("debounce: could not store the result of %s (alias of %s)",
-                             alias["id"], window_id)
+            logger.exception(
+                "debounce: could not store the result of %s (alias of %s)", alias["id"], window_id
+            )
 
 
 def _continue_chain(app: Celery, alias: dict[str, Any], retval: Any, window_id: str) -> None:
@@ -116,5 +127,4 @@ def _continue_chain(app: Celery, alias: dict[str, Any], retval: Any, window_id: 
     if not chain:
         return
     tail = signature(chain[-1], app=app)
-    tail.apply_async((retval,), chain=chain[:-1] or None, parent_id=alias["id"],
-                     root_id=window_id)
+    tail.apply_async((retval,), chain=chain[:-1] or None, parent_id=alias["id"], root_id=window_id)

@@ -52,8 +52,11 @@ def parse_duration(option: str, value: object) -> int:
         text = value.strip().lower().replace(" ", "")
         whole = _WHOLE.fullmatch(text) if text else None
         if whole is not None and any(whole.groupdict().values()):
-            ms = sum(float(num) * _UNIT_MS[unit] for unit, num in whole.groupdict().items()
-                     if num is not None)
+            ms = sum(
+                float(num) * _UNIT_MS[unit]
+                for unit, num in whole.groupdict().items()
+                if num is not None
+            )
         elif _SECONDS.fullmatch(text):
             ms = float(text) * 1000
         else:

@@ -62,6 +62,7 @@ HOT_KEYS_KEPT = 100
 
 # -- idents and shards ---------------------------------------------------------------------
 
+
 def window_ident(task_name: str, key: str) -> str:
     """Injective encoding of (task, key): ``<UTF-8 bytes of task>:<task>:<key>``.
 
@@ -109,6 +110,7 @@ def split_ident(ident: str) -> tuple[str, str]:
 
 # -- keys ------------------------------------------------------------------------------
 
+
 def shard_tag(prefix: str, shard: int) -> str:
     """The hash-tagged prefix every key of ``shard`` starts with: ``<prefix>:{<shard>}``."""
     return f"{prefix}:{{{shard}}}"
@@ -120,8 +122,12 @@ def is_tag_of(prefix: str, tag: object) -> bool:
     if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
         return False
     inner = tag[len(prefix) + 2 : -1]
-    return bool(inner) and len(inner) <= 32 and all(c.isdigit() or c == "." for c in inner) \
+    return (
+        bool(inner)
+        and len(inner) <= 32
+        and all(c.isdigit() or c == "." for c in inner)
         and inner.isascii()
+    )
 
 
 def shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
@@ -349,10 +355,19 @@ def taken_set_key(tag: str, name: str) -> str:
 #: suppressed after a leading run (gate.lua), duplicate deliveries skipped (claim.lua),
 #: exclusive windows held and the ms they were held, counted when taken (take.lua);
 #: ``l<b>`` is lateness bucket b.
-COUNTER_KINDS = {"r": "runs", "c": "calls", "f": "forced", "x": "cancelled",
-                 "m": "closed_by_cap", "e": "leading_runs", "s": "suppressed",
-                 "d": "duplicates_skipped", "h": "holds", "hm": "held_ms",
-                 "i": "calls_in"}
+COUNTER_KINDS = {
+    "r": "runs",
+    "c": "calls",
+    "f": "forced",
+    "x": "cancelled",
+    "m": "closed_by_cap",
+    "e": "leading_runs",
+    "s": "suppressed",
+    "d": "duplicates_skipped",
+    "h": "holds",
+    "hm": "held_ms",
+    "i": "calls_in",
+}
 
 
 def split_counter(name: str) -> tuple[str, str]:
@@ -363,25 +378,25 @@ def split_counter(name: str) -> tuple[str, str]:
 
 # -- record fields -------------------------------------------------------------------------
 
-F_ID = "id"            # the window's Celery task id
-F_IDENT = "i"          # the ident, copied in when taken
-F_FIRST_SEEN = "fs"    # first call, ms
-F_DEADLINE = "dl"      # deadline ms (taken windows; pending ones: the due score)
-F_MAX_WAIT = "mw"      # max wait in ms (a duration, from fs)
-F_CALLS = "n"          # calls absorbed
+F_ID = "id"  # the window's Celery task id
+F_IDENT = "i"  # the ident, copied in when taken
+F_FIRST_SEEN = "fs"  # first call, ms
+F_DEADLINE = "dl"  # deadline ms (taken windows; pending ones: the due score)
+F_MAX_WAIT = "mw"  # max wait in ms (a duration, from fs)
+F_CALLS = "n"  # calls absorbed
 F_CONTENT_TYPE = "ct"  # payload content type; absent: DEFAULT_CONTENT_TYPE
-F_PAYLOAD = "p"        # the protocol-2 body
-F_OPTIONS = "o"        # stored options JSON; absent: EMPTY_OPTIONS
-F_STATE = "st"         # state once taken
-F_ERROR = "qe"         # quarantine reason
-F_MAX_CALLS = "mc"     # debounce_max_calls of the opener
-F_CAPPED = "cx"        # 1: closed by the call cap, 2: a collect window closed full
+F_PAYLOAD = "p"  # the protocol-2 body
+F_OPTIONS = "o"  # stored options JSON; absent: EMPTY_OPTIONS
+F_STATE = "st"  # state once taken
+F_ERROR = "qe"  # quarantine reason
+F_MAX_CALLS = "mc"  # debounce_max_calls of the opener
+F_CAPPED = "cx"  # 1: closed by the call cap, 2: a collect window closed full
 F_COLLECT_LIST = "cl"  # a collect window's list suffix (calls_key), until take.lua splices
 F_COLLECT_BYTES = "cb"  # a collect window: bytes of the body its run gets
-F_TRIES = "tries"      # times taken
-F_FAILURES = "fl"      # publish failures counted against it (not the broker's outages)
-F_LEADING = "ld"       # 1: a leading run (debounce_leading), closed by gate.lua at once
-F_TRAILING = "tr"      # 1: a trailing window, opened during a quiet period
+F_TRIES = "tries"  # times taken
+F_FAILURES = "fl"  # publish failures counted against it (not the broker's outages)
+F_LEADING = "ld"  # 1: a leading run (debounce_leading), closed by gate.lua at once
+F_TRAILING = "tr"  # 1: a trailing window, opened during a quiet period
 
 #: The quiet period's hash (:func:`quiet_key`): the leading run's id, the leading
 #: call's first seen and max wait, the quiet period's end (ms), calls, mode (L or B).
@@ -389,17 +404,57 @@ QUIET_FIELDS = ("id", "fs", "mw", "dl", "n", "m")
 QUIET_ID, QUIET_END = QUIET_FIELDS[0], QUIET_FIELDS[3]  # what operator views read
 
 #: Fields an operator view reads (HMGET) from a record.
-INSPECT_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_STATE,
-                  F_ERROR, F_MAX_CALLS, F_LEADING, F_TRAILING, F_COLLECT_BYTES)
+INSPECT_FIELDS = (
+    F_ID,
+    F_IDENT,
+    F_FIRST_SEEN,
+    F_DEADLINE,
+    F_MAX_WAIT,
+    F_CALLS,
+    F_STATE,
+    F_ERROR,
+    F_MAX_CALLS,
+    F_LEADING,
+    F_TRAILING,
+    F_COLLECT_BYTES,
+)
 #: Fields the testing helpers read from a pending record (its payload and options too).
-PAYLOAD_FIELDS = (F_ID, F_FIRST_SEEN, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE, F_PAYLOAD,
-                  F_OPTIONS, F_COLLECT_LIST)
+PAYLOAD_FIELDS = (
+    F_ID,
+    F_FIRST_SEEN,
+    F_MAX_WAIT,
+    F_CALLS,
+    F_CONTENT_TYPE,
+    F_PAYLOAD,
+    F_OPTIONS,
+    F_COLLECT_LIST,
+)
 #: The order of each window in take.lua's reply.
-TAKE_FIELDS = (F_ID, F_IDENT, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_CONTENT_TYPE,
-               F_PAYLOAD, F_OPTIONS, F_TRIES, F_CAPPED, F_LEADING)
+TAKE_FIELDS = (
+    F_ID,
+    F_IDENT,
+    F_FIRST_SEEN,
+    F_DEADLINE,
+    F_MAX_WAIT,
+    F_CALLS,
+    F_CONTENT_TYPE,
+    F_PAYLOAD,
+    F_OPTIONS,
+    F_TRIES,
+    F_CAPPED,
+    F_LEADING,
+)
 #: The order of each window in list.lua's reply (after its ident).
-LIST_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS, F_MAX_CALLS, F_TRAILING,
-               F_COLLECT_BYTES)
+LIST_FIELDS = (
+    F_ID,
+    F_FIRST_SEEN,
+    F_DEADLINE,
+    F_MAX_WAIT,
+    F_CALLS,
+    F_MAX_CALLS,
+    F_TRAILING,
+    F_COLLECT_BYTES,
+)
 #: flush.lua's reply.
 FLUSH_FIELDS = (F_ID, F_FIRST_SEEN, F_DEADLINE, F_MAX_WAIT, F_CALLS)
 #: cancel.lua's reply (then the aliases).
@@ -452,8 +507,12 @@ def _lenient_int(value: Any) -> int:
 
 
 def decode_record(
-    fields: tuple[str, ...], row: list[Any] | tuple[Any, ...], *, ident: str | None = None,
-    deadline: Any = None, strict: bool = False,
+    fields: tuple[str, ...],
+    row: list[Any] | tuple[Any, ...],
+    *,
+    ident: str | None = None,
+    deadline: Any = None,
+    strict: bool = False,
 ) -> Record | None:
     """The one record decoder: ``row`` holds the values of ``fields`` (an HMGET or a
     script's reply in that order). None when the record has no id (gone).
@@ -478,8 +537,9 @@ def decode_record(
     tries = get(F_TRIES)
     return Record(
         task_id=as_text(tid),
-        ident=ident if ident is not None else (as_text(raw_ident) if raw_ident is not None
-                                               else None),
+        ident=ident
+        if ident is not None
+        else (as_text(raw_ident) if raw_ident is not None else None),
         first_seen_ms=number(get(F_FIRST_SEEN)),
         deadline_ms=number(deadline if deadline is not None else get(F_DEADLINE)),
         max_wait_ms=number(get(F_MAX_WAIT)),
@@ -488,8 +548,9 @@ def decode_record(
         error=as_text(qe) if qe is not None else None,
         max_calls=_lenient_int(mc) if mc is not None else None,
         content_type=as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,
-        payload=(payload if isinstance(payload, bytes) or payload is None
-                 else as_text(payload).encode()),
+        payload=(
+            payload if isinstance(payload, bytes) or payload is None else as_text(payload).encode()
+        ),
         options_json=as_text(opts) if opts is not None else EMPTY_OPTIONS,
         tries=int(tries or 1) if strict else _lenient_int(tries or 1),
         capped=get(F_CAPPED) is not None,
@@ -501,6 +562,7 @@ def decode_record(
 
 
 # -- stored options ----------------------------------------------------------------------
+
 
 def encode_options(stored: dict[str, Any]) -> str:
     """Stored options as JSON (kombu's encoder, as the Redis transport uses).

@@ -80,16 +80,16 @@ def redact(text: str) -> str:
     pos = 0
     for i, match in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
-        blank = re.search(r"\s", text[match.end():end])
+        blank = re.search(r"\s", text[match.end() : end])
         if blank:
             end = match.end() + blank.start()
         before = text[match.start() - 1] if match.start() > 0 else ""
         if before and before in _QUOTES:
             closing = text.find(before, match.end(), end)
             end = closing if closing >= 0 else end
-        segment = text[match.end():end]
+        segment = text[match.end() : end]
         at = segment.rfind("@")
-        out.append(text[pos:match.end()])
+        out.append(text[pos : match.end()])
         if at >= 0:
             user, colon, _ = segment[:at].partition(":")
             out.append((f"{user}:***" if colon and "/" not in user else "***") + segment[at:])
@@ -100,8 +100,9 @@ def redact(text: str) -> str:
     return "".join(out)
 
 
-def parse_sentinel_url(option: str, url: str) -> tuple[tuple[tuple[str, int], ...], int,
-                                                       str | None, str | None]:
+def parse_sentinel_url(
+    option: str, url: str
+) -> tuple[tuple[tuple[str, int], ...], int, str | None, str | None]:
     """``(sentinels, db, username, password)`` of a ``sentinel://...;sentinel://...`` URL."""
     hosts: list[tuple[str, int]] = []
     shown = redact(url)
@@ -184,7 +185,8 @@ def sentinel_config(conf: Mapping[str, Any], url: str, *, from_broker: bool) -> 
             f"{option}={shown!r} is a Sentinel URL but no master name is set: set "
             "app.conf.debounce_redis_sentinel_master = 'mymaster' (or "
             "debounce_redis_transport_options={'master_name': 'mymaster'}"
-            + (", or broker_transport_options['master_name']" if from_broker else "") + ")"
+            + (", or broker_transport_options['master_name']" if from_broker else "")
+            + ")"
         )
     kwargs = source.get("sentinel_kwargs")
     if kwargs is not None and not isinstance(kwargs, Mapping):
@@ -196,7 +198,10 @@ def sentinel_config(conf: Mapping[str, Any], url: str, *, from_broker: bool) -> 
     if isinstance(others, bool) or not isinstance(others, int) or others < 0:
         raise DebounceConfigError(f"min_other_sentinels={others!r}: expected an int >= 0")
     return SentinelConfig(
-        sentinels=sentinels, master_name=master, db=db, username=username,
+        sentinels=sentinels,
+        master_name=master,
+        db=db,
+        username=username,
         password=password,
         sentinel_kwargs=None if kwargs is None else tuple(sorted(kwargs.items())),
         min_other_sentinels=others,

@@ -92,8 +92,9 @@ def parse_bool(option: str, value: object) -> bool:
 OUTAGE_POLICIES = ("raise", "publish")
 
 
-def check_on_outage(value: Any, name: str = "debounce_on_outage",
-                    allow_none: bool = True) -> str | None:
+def check_on_outage(
+    value: Any, name: str = "debounce_on_outage", allow_none: bool = True
+) -> str | None:
     """``debounce_on_outage``: ``"raise"`` or ``"publish"`` (None: the setting's)."""
     if value is None and allow_none:
         return None
@@ -103,7 +104,6 @@ def check_on_outage(value: Any, name: str = "debounce_on_outage",
             "(what a call does when the windows' Redis cannot take it)"
         )
     return value
-
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ class Settings:
             max_payload_bytes=_positive_int(
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
-            sentinel=sentinel_config(
-                conf, redis_url, from_broker=not get("debounce_redis_url")
-            ) if is_sentinel_url(redis_url) else None,
+            sentinel=sentinel_config(conf, redis_url, from_broker=not get("debounce_redis_url"))
+            if is_sentinel_url(redis_url)
+            else None,
             redis_cluster=parse_bool("debounce_redis_cluster", get("debounce_redis_cluster")),
             wait_replicas=_non_negative_int(
                 "debounce_redis_wait_replicas", get("debounce_redis_wait_replicas")
@@ -198,10 +198,12 @@ class Settings:
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
         if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
-            raise DebounceConfigError(redact(
-                f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
-                f"cluster node, got debounce_redis_url={self.redis_url!r}"
-            ))
+            raise DebounceConfigError(
+                redact(
+                    f"debounce_redis_cluster=True needs a redis:// or rediss:// URL naming any "
+                    f"cluster node, got debounce_redis_url={self.redis_url!r}"
+                )
+            )
         if self.claim_lease_ms < MIN_CLAIM_LEASE_MS:
             raise DebounceConfigError(
                 f"debounce_claim_lease={self.claim_lease_ms / 1000:g}s is too short: a worker "
@@ -254,8 +256,11 @@ class Settings:
         written again. Empty on a single node and with one shard (same tag)."""
         if not self.redis_cluster:
             return ()
-        return tuple(self.shards + i for i in range(self.shards)
-                     if cluster_shard_tag(i, self.shards) != str(i))
+        return tuple(
+            self.shards + i
+            for i in range(self.shards)
+            if cluster_shard_tag(i, self.shards) != str(i)
+        )
 
     @property
     def wake_channel(self) -> str:
@@ -279,6 +284,7 @@ def spell_settings(message: str, namespace: str) -> str:
     """``message`` with each setting named as a namespaced config module spells it:
     ``app.conf.debounce_redis_url`` and ``debounce_shards`` become
     ``CELERY_DEBOUNCE_REDIS_URL`` and ``CELERY_DEBOUNCE_SHARDS`` for ``"CELERY"``."""
+
     def spell(match: re.Match[str]) -> str:
         name = match.group(1)
         return f"{namespace.upper()}_{name.upper()}" if name in DEFAULTS else match.group(0)
@@ -301,18 +307,22 @@ _SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 def _redis_url(app: Celery, value: object) -> str:
     if value:
         if not isinstance(value, str) or not value.startswith(_SCHEMES):
-            raise DebounceConfigError(redact(
-                f"debounce_redis_url={value!r}: expected a redis://, rediss://, unix:// or "
-                "sentinel:// URL"
-            ))
+            raise DebounceConfigError(
+                redact(
+                    f"debounce_redis_url={value!r}: expected a redis://, rediss://, unix:// or "
+                    "sentinel:// URL"
+                )
+            )
         return value
     broker = app.conf.broker_url
     if isinstance(broker, str) and broker.startswith(("redis://", "rediss://", "sentinel://")):
         return broker
-    raise DebounceConfigError(redact(
-        f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
-        "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
-    ))
+    raise DebounceConfigError(
+        redact(
+            f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
+            "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
+        )
+    )
 
 
 def _result_expires_ms(value: object) -> int | None:
@@ -345,8 +355,7 @@ def _int_setting(option: str, value: object, minimum: int) -> int:
         text = value.strip()
         if not _DIGITS.fullmatch(text):
             raise DebounceConfigError(
-                f"{option}={value!r}: expected {what} (a string must be its ASCII digits, "
-                f"e.g. '4')"
+                f"{option}={value!r}: expected {what} (a string must be its ASCII digits, e.g. '4')"
             )
         number = int(text)
     elif isinstance(value, bool) or not isinstance(value, int):

@@ -87,12 +87,8 @@ __all__ = [
     "window_quarantined",
 ]
 
-window_opened = Signal(
-    name="window_opened", providing_args={"task_id", "key", "deadline", "calls"}
-)
-call_absorbed = Signal(
-    name="call_absorbed", providing_args={"task_id", "key", "deadline", "calls"}
-)
+window_opened = Signal(name="window_opened", providing_args={"task_id", "key", "deadline", "calls"})
+call_absorbed = Signal(name="call_absorbed", providing_args={"task_id", "key", "deadline", "calls"})
 window_dispatched = Signal(
     name="window_dispatched", providing_args={"task_id", "key", "calls", "lateness"}
 )
@@ -104,9 +100,7 @@ window_closed_by_cap = Signal(
     name="window_closed_by_cap", providing_args={"task_id", "key", "calls", "lateness"}
 )
 window_cancelled = Signal(name="window_cancelled", providing_args={"task_id", "key", "calls"})
-leading_run = Signal(
-    name="leading_run", providing_args={"task_id", "key", "calls", "lateness"}
-)
+leading_run = Signal(name="leading_run", providing_args={"task_id", "key", "calls", "lateness"})
 call_suppressed = Signal(
     name="call_suppressed", providing_args={"task_id", "key", "deadline", "calls"}
 )
@@ -118,9 +112,7 @@ call_failed = Signal(name="call_failed", providing_args={"key", "error", "latenc
 outage_fallback = Signal(
     name="outage_fallback", providing_args={"task_id", "key", "reason", "error"}
 )
-publish_failed = Signal(
-    name="publish_failed", providing_args={"task_id", "key", "kind", "reason"}
-)
+publish_failed = Signal(name="publish_failed", providing_args={"task_id", "key", "kind", "reason"})
 publish_refused = Signal(name="publish_refused", providing_args={"task_id", "key"})
 window_quarantined = Signal(
     name="window_quarantined", providing_args={"task_id", "key", "kind", "reason"}

@@ -19,15 +19,23 @@ PREFIX = "debounce_"
 
 
 def unknown_name(
-    kind: str, name: str, value: Any, known: Iterable[str], *,
-    bare: str | None = None, spell: Callable[[str], str] = str,
+    kind: str,
+    name: str,
+    value: Any,
+    known: Iterable[str],
+    *,
+    bare: str | None = None,
+    spell: Callable[[str], str] = str,
 ) -> DebounceConfigError:
     """The error for ``name`` (``bare``: its ``debounce_*`` part, when it carries a
     namespace), naming the closest of ``known`` (as ``spell`` writes it)."""
     ordered = sorted(known)
     close = difflib.get_close_matches(bare or name, ordered, n=1, cutoff=0.6)
-    hint = (f"did you mean {spell(close[0])!r}?" if close
-            else f"known: {', '.join(spell(k) for k in ordered)}")
+    hint = (
+        f"did you mean {spell(close[0])!r}?"
+        if close
+        else f"known: {', '.join(spell(k) for k in ordered)}"
+    )
     return DebounceConfigError(
         f"{name}={_short(value)}: unknown {kind} (every name starting with {PREFIX!r} must "
         f"be one of celery_debounce's); {hint}"
@@ -63,8 +71,8 @@ def refuse_unknown_settings(conf: Any, namespace: str | None, known: Iterable[st
         name = key
         spell: Callable[[str], str] = str
         if space is not None and key.upper().startswith(space):
-            name = key[len(space):].lower()
-            spell = _spelled(key[:len(space)], key[len(space):].isupper())
+            name = key[len(space) :].lower()
+            spell = _spelled(key[: len(space)], key[len(space) :].isupper())
         if name.startswith(PREFIX) and name not in known:
             raise unknown_name("setting", key, conf.get(key), known, bare=name, spell=spell)
 
@@ -72,4 +80,5 @@ def refuse_unknown_settings(conf: Any, namespace: str | None, known: Iterable[st
 def _spelled(space: str, upper: bool) -> Callable[[str], str]:
     def spell(name: str) -> str:
         return space + (name.upper() if upper else name)
+
     return spell

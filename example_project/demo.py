@@ -1,6 +1,6 @@
 """A burst of autosaves becoming a handful of runs, shown on the terminal.
 
-    python -m example_project.demo          # starts its own redis-server if REDIS_URL is unset
+python -m example_project.demo          # starts its own redis-server if REDIS_URL is unset
 """
 
 from __future__ import annotations
@@ -30,10 +30,25 @@ def main() -> int:
         editor._runs.delete("demo:runs")
         log = stack.enter_context(open(os.path.join(_tmpdir(), "worker.log"), "wb"))
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-q", "-A", "example_project.editor", "worker",
-             "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
-            env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-q",
+                "-A",
+                "example_project.editor",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            env=os.environ.copy(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         print(f"started a worker (log: {log.name})")
         stack.callback(_stop, worker)
@@ -62,13 +77,17 @@ def main() -> int:
                 break
             soonest = min(w.deadline for w in windows) - time.time()
             absorbed = sum(w.calls for w in windows)
-            line = (f"  waiting: {len(windows)} windows pending ({absorbed} calls), "
-                    f"next run in {max(soonest, 0):.1f}s")
+            line = (
+                f"  waiting: {len(windows)} windows pending ({absorbed} calls), "
+                f"next run in {max(soonest, 0):.1f}s"
+            )
             print(f"\r{line:<72}" if tty else line, end="" if tty else "\n", flush=True)
             time.sleep(0.25 if tty else 0.5)
         _wait_for_runs(editor, expected=2 * len(saves) + 2, timeout=10)
-        print("\n\nruns (notify_collaborators: leading edge, at the first save of each "
-              "document; the others after the last call of their window):")
+        print(
+            "\n\nruns (notify_collaborators: leading edge, at the first save of each "
+            "document; the others after the last call of their window):"
+        )
         runs = [json.loads(r) for r in editor._runs.lrange("demo:runs", 0, -1)]
         for run in runs:
             details = {k: v for k, v in run.items() if k not in ("task", "at")}

@@ -33,8 +33,8 @@ def _record(task: str, **details: object) -> None:
 
 @app.task(
     base=DebouncedTask,
-    debounce="2s",                      # rebuild once the user pauses for 2 seconds...
-    debounce_max_wait="6s",             # ...but never later than 6 s after the first save
+    debounce="2s",  # rebuild once the user pauses for 2 seconds...
+    debounce_max_wait="6s",  # ...but never later than 6 s after the first save
     debounce_key="report:{user_id}",
 )
 def rebuild_report(user_id: str) -> str:
@@ -47,7 +47,7 @@ def rebuild_report(user_id: str) -> str:
     debounce="1s",
     debounce_max_wait="4s",
     debounce_key="doc:{doc_id}",
-    debounce_replace_payload=True,      # index the newest revision, not the first one
+    debounce_replace_payload=True,  # index the newest revision, not the first one
 )
 def reindex_document(doc_id: str, revision: int) -> str:
     _record("reindex_document", doc_id=doc_id, revision=revision)
@@ -56,11 +56,11 @@ def reindex_document(doc_id: str, revision: int) -> str:
 
 @app.task(
     base=DebouncedTask,
-    debounce="5s",                      # quiet period: until the edits pause for 5 s
-    debounce_max_wait="1m",             # (at most a minute: then collaborators hear again)
+    debounce="5s",  # quiet period: until the edits pause for 5 s
+    debounce_max_wait="1m",  # (at most a minute: then collaborators hear again)
     debounce_key="doc:{doc_id}",
-    debounce_leading=True,              # tell collaborators at the FIRST save, at once...
-    debounce_trailing=False,            # ...and not again for the rest of the burst
+    debounce_leading=True,  # tell collaborators at the FIRST save, at once...
+    debounce_trailing=False,  # ...and not again for the rest of the burst
 )
 def notify_collaborators(doc_id: str, user_id: str) -> str:
     _record("notify_collaborators", doc_id=doc_id, user_id=user_id)

@@ -27,8 +27,14 @@ _client: redis.Redis | None = None
 _windows: redis.Redis | None = None
 
 
-@app.task(base=DebouncedTask, name="load.touch", bind=True, debounce="200ms",
-          debounce_key="k:{0}", debounce_max_wait="1s")
+@app.task(
+    base=DebouncedTask,
+    name="load.touch",
+    bind=True,
+    debounce="200ms",
+    debounce_key="k:{0}",
+    debounce_max_wait="1s",
+)
 def touch(self: DebouncedTask, key: str, seq: int) -> None:
     """Record this run: how many times it ran, and its window's deadline, ceiling, taken,
     published and claimed times (Redis ms, read from its record while it runs; ``ca`` is
@@ -37,8 +43,9 @@ def touch(self: DebouncedTask, key: str, seq: int) -> None:
     if _client is None or _windows is None:
         _client = redis.Redis.from_url(f"{REDIS}/3")
         _windows = redis.Redis.from_url(f"{REDIS}/0")
-    dl, fs, mw, ta, pa, ca = _windows.hmget(f"debounce:{{0}}:win:{self.request.id}",
-                                            "dl", "fs", "mw", "ta", "pa", "ca")
+    dl, fs, mw, ta, pa, ca = _windows.hmget(
+        f"debounce:{{0}}:win:{self.request.id}", "dl", "fs", "mw", "ta", "pa", "ca"
+    )
     ceiling = b"%d" % (int(fs) + int(mw)) if fs and mw else None  # mw: max wait from fs
     times = (dl, ceiling, ta, pa, ca)
     pipe = _client.pipeline(transaction=False)

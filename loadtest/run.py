@@ -60,8 +60,9 @@ def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> li
             if ahead > 0:
                 time.sleep(ahead)
         key = f"key{rng.randrange(keys)}"
-        call = prepare_call(settings, touch.name, spec, (key, seq), None, {}, signature,
-                            touch.serializer)
+        call = prepare_call(
+            settings, touch.name, spec, (key, seq), None, {}, signature, touch.serializer
+        )
         result = enter(backend, call)
         out.append((result.task_id, result.now_ms))
     return out
@@ -106,8 +107,7 @@ def pct(xs: list[float]) -> str:
     if not xs:
         return "-"
     xs = sorted(xs)
-    return (f"p50 {statistics.median(xs):.0f}  p99 {xs[int(len(xs) * 0.99)]:.0f}  "
-            f"max {xs[-1]:.0f}")
+    return f"p50 {statistics.median(xs):.0f}  p99 {xs[int(len(xs) * 0.99)]:.0f}  max {xs[-1]:.0f}"
 
 
 def main() -> int:
@@ -115,14 +115,23 @@ def main() -> int:
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--calls", type=int, default=10_000, help="calls per producer")
     parser.add_argument("--keys", type=int, default=1_000)
-    parser.add_argument("--rate", type=float, default=0,
-                        help="calls/s per producer (default 0: as fast as it can)")
-    parser.add_argument("--slack", type=int, default=250,
-                        help="X in 'reached the broker later than max_wait_at + X ms'")
+    parser.add_argument(
+        "--rate", type=float, default=0, help="calls/s per producer (default 0: as fast as it can)"
+    )
+    parser.add_argument(
+        "--slack",
+        type=int,
+        default=250,
+        help="X in 'reached the broker later than max_wait_at + X ms'",
+    )
     parser.add_argument("--history-ttl", type=float, default=5.0)
-    parser.add_argument("--lease", type=float, default=5.0,
-                        help="dispatch lease (s); after the last run the test waits this "
-                             "long + 2 s for duplicates (a lease that expired re-publishes)")
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=5.0,
+        help="dispatch lease (s); after the last run the test waits this "
+        "long + 2 s for duplicates (a lease that expired re-publishes)",
+    )
     parser.add_argument("--redis-url", help="use this server (flushed) instead of starting one")
     opts = parser.parse_args()
 
@@ -134,9 +143,13 @@ def main() -> int:
     if url is None:
         server = LocalRedis().start()
         url = server.url
-    env = dict(os.environ, LOAD_REDIS=url, LOAD_HISTORY_TTL=str(opts.history_ttl),
-               LOAD_LEASE=str(opts.lease),
-               PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ,
+        LOAD_REDIS=url,
+        LOAD_HISTORY_TTL=str(opts.history_ttl),
+        LOAD_LEASE=str(opts.lease),
+        PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    )
     procs: list[subprocess.Popen[bytes]] = []
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
@@ -147,30 +160,62 @@ def main() -> int:
         baseline_keys = package_keys(windows)
         baseline_mem = windows.info("memory")["used_memory"]
         celery = [sys.executable, "-m", "celery", "-A", "app"]
-        with (logs / "worker.log").open("wb") as w_log, \
-                (logs / "dispatcher.log").open("wb") as d_log:
+        with (
+            (logs / "worker.log").open("wb") as w_log,
+            (logs / "dispatcher.log").open("wb") as d_log,
+        ):
             # process 1: a worker (prefork, 2 children) + its embedded dispatcher;
             # process 2: a standalone dispatcher
-            procs.append(subprocess.Popen(
-                [*celery, "worker", "--pool", "prefork", "-c", "2", "--loglevel", "WARNING",
-                 "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                cwd=HERE, env=env, stdout=w_log, stderr=subprocess.STDOUT))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", "from app import app\nfrom celery_debounce import "
-                 "Dispatcher\nDispatcher(app, name='standalone').run()"],
-                cwd=HERE, env=env, stdout=d_log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *celery,
+                        "worker",
+                        "--pool",
+                        "prefork",
+                        "-c",
+                        "2",
+                        "--loglevel",
+                        "WARNING",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                    ],
+                    cwd=HERE,
+                    env=env,
+                    stdout=w_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        "from app import app\nfrom celery_debounce import "
+                        "Dispatcher\nDispatcher(app, name='standalone').run()",
+                    ],
+                    cwd=HERE,
+                    env=env,
+                    stdout=d_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         time.sleep(3)
         worker_pid, dispatcher_pid = procs[0].pid, procs[1].pid
         total = opts.producers * opts.calls
         rate = f", at most {opts.rate:g} calls/s each" if opts.rate else ""
-        print(f"{opts.producers} producers x {opts.calls} calls over {opts.keys} keys{rate} "
-              f"(debounce 200ms, max wait {MAX_WAIT_MS}ms), 2 dispatchers, worker prefork -c 2")
+        print(
+            f"{opts.producers} producers x {opts.calls} calls over {opts.keys} keys{rate} "
+            f"(debounce 200ms, max wait {MAX_WAIT_MS}ms), 2 dispatchers, worker prefork -c 2"
+        )
         cpu0 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         t0 = time.time()
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(opts.producers) as pool:
-            batches = pool.starmap(produce, [(url, i, opts.calls, opts.keys, opts.rate)
-                                             for i in range(opts.producers)])
+            batches = pool.starmap(
+                produce, [(url, i, opts.calls, opts.keys, opts.rate) for i in range(opts.producers)]
+            )
         produce_s = time.time() - t0
         cpu_produce = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         calls = [c for b in batches for c in b]
@@ -188,53 +233,79 @@ def main() -> int:
         cpu1 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         counts = {k.decode(): int(v) for k, v in runs.hgetall("load:runs").items()}
         # dl, mw, ta, pa, ca per window (Redis ms)
-        times = {k.decode(): [int(x) for x in v.split(b",")]
-                 for k, v in runs.hgetall("load:times").items()}
+        times = {
+            k.decode(): [int(x) for x in v.split(b",")]
+            for k, v in runs.hgetall("load:times").items()
+        }
         never = [c for c in calls if c[0] not in counts]
         dupes = {i: n for i, n in counts.items() if n > 1}
         early = [c for c in calls if c[0] in times and times[c[0]][4] < c[1]]
         print(f"windows opened: {len(ids)}  (calls coalesced per window: {total / len(ids):.1f})")
-        print(f"runs: {sum(counts.values())}  windows run: {len(counts)}  "
-              f"duplicate runs: {sum(n - 1 for n in dupes.values())}")
+        print(
+            f"runs: {sum(counts.values())}  windows run: {len(counts)}  "
+            f"duplicate runs: {sum(n - 1 for n in dupes.values())}"
+        )
         print(f"calls whose window never ran: {len(never)}")
-        print(f"calls whose run started (claimed, Redis time) before the gate saw the call "
-              f"(Redis time): {len(early)}")
-        print(f"all calls drained in {drain_s:.1f}s (then waited {opts.lease + 2:g}s, "
-              f"a {opts.lease:g}s lease + 2s, for duplicates)")
+        print(
+            f"calls whose run started (claimed, Redis time) before the gate saw the call "
+            f"(Redis time): {len(early)}"
+        )
+        print(
+            f"all calls drained in {drain_s:.1f}s (then waited {opts.lease + 2:g}s, "
+            f"a {opts.lease:g}s lease + 2s, for duplicates)"
+        )
 
         # pa is written by ack.lua; a worker that claimed the window first leaves it unset:
         # count those by their claim time, a later (conservative) bound
         before_ack = sum(1 for t in times.values() if not t[3] and t[4])
-        published = [[dl, mw, ta, pa or ca, ca] for dl, mw, ta, pa, ca in times.values()
-                     if pa or ca]
+        published = [
+            [dl, mw, ta, pa or ca, ca] for dl, mw, ta, pa, ca in times.values() if pa or ca
+        ]
         forced = sum(1 for dl, mw, *_ in published if dl >= mw)
         over = sum(1 for _, mw, _, pa, _ in published if pa > mw + opts.slack)
-        print(f"windows whose message reached the broker later than max_wait_at + "
-              f"{opts.slack}ms: {over} of {len(published)} ({forced} were forced by max wait); "
-              f"'reached' is the ack time, just after the publish, or the claim time for "
-              f"the {before_ack} windows a worker claimed before the ack")
-        print("  broker time - max_wait_at (ms), windows forced by max wait: "
-              + pct([pa - mw for dl, mw, _, pa, _ in published if dl >= mw]))
-        print(f"dispatch latency, deadline -> taken (ms): "
-              f"{pct([ta - dl for dl, _, ta, _, _ in published])}")
-        print(f"dispatch latency, deadline -> handed to the broker (ms): "
-              f"{pct([pa - dl for dl, _, _, pa, _ in published])}")
-        print(f"broker queue wait, published -> run claimed (ms): "
-              f"{pct([ca - pa for _, _, _, pa, ca in published if ca])}")
+        print(
+            f"windows whose message reached the broker later than max_wait_at + "
+            f"{opts.slack}ms: {over} of {len(published)} ({forced} were forced by max wait); "
+            f"'reached' is the ack time, just after the publish, or the claim time for "
+            f"the {before_ack} windows a worker claimed before the ack"
+        )
+        print(
+            "  broker time - max_wait_at (ms), windows forced by max wait: "
+            + pct([pa - mw for dl, mw, _, pa, _ in published if dl >= mw])
+        )
+        print(
+            f"dispatch latency, deadline -> taken (ms): "
+            f"{pct([ta - dl for dl, _, ta, _, _ in published])}"
+        )
+        print(
+            f"dispatch latency, deadline -> handed to the broker (ms): "
+            f"{pct([pa - dl for dl, _, _, pa, _ in published])}"
+        )
+        print(
+            f"broker queue wait, published -> run claimed (ms): "
+            f"{pct([ca - pa for _, _, _, pa, ca in published if ca])}"
+        )
         claims = sorted(t[4] for t in times.values() if t[4])
         if len(claims) > 1:
             span = (claims[-1] - claims[0]) / 1000
-            print(f"worker throughput: {len(claims)} runs in {span:.1f}s "
-                  f"({len(claims) / max(span, 0.001):,.0f} runs/s)")
+            print(
+                f"worker throughput: {len(claims)} runs in {span:.1f}s "
+                f"({len(claims) / max(span, 0.001):,.0f} runs/s)"
+            )
         for name in ("dispatcher", "worker"):
             ran_p = cpu_produce[name][0] - cpu0[name][0]
             wait_p = cpu_produce[name][1] - cpu0[name][1]
             ran = cpu1[name][0] - cpu0[name][0]
             wait = cpu1[name][1] - cpu0[name][1]
-            label = ("standalone dispatcher process" if name == "dispatcher"
-                     else "worker (parent + 2 children, embedded dispatcher)")
-            print(f"{label}: on a CPU {ran:.1f}s, runnable but waiting for a CPU {wait:.1f}s "
-                  f"(while producing: {ran_p:.1f}s / {wait_p:.1f}s in {produce_s:.1f}s)")
+            label = (
+                "standalone dispatcher process"
+                if name == "dispatcher"
+                else "worker (parent + 2 children, embedded dispatcher)"
+            )
+            print(
+                f"{label}: on a CPU {ran:.1f}s, runnable but waiting for a CPU {wait:.1f}s "
+                f"(while producing: {ran_p:.1f}s / {wait_p:.1f}s in {produce_s:.1f}s)"
+            )
         # invariants 2, 3 and 4: nothing lost, nothing early, nothing late, nothing twice
         ok = not never and not early and not dupes and not over
         t1 = time.time()
@@ -242,15 +313,23 @@ def main() -> int:
             time.sleep(0.5)
         left = package_keys(windows)
         mem = windows.info("memory")["used_memory"]
-        print(f"package keys after history TTL: {left} (baseline {baseline_keys}) after "
-              f"{time.time() - t1:.1f}s; used_memory {mem:,} B (baseline {baseline_mem:,} B)")
+        print(
+            f"package keys after history TTL: {left} (baseline {baseline_keys}) after "
+            f"{time.time() - t1:.1f}s; used_memory {mem:,} B (baseline {baseline_mem:,} B)"
+        )
         ok = ok and left == baseline_keys
         if not ok:
-            failed = [what for what, bad in (
-                ("calls lost", never), ("runs before their call", early),
-                ("duplicate runs", dupes),
-                (f"windows past max_wait_at + {opts.slack}ms", over),
-                ("keys left", left != baseline_keys)) if bad]
+            failed = [
+                what
+                for what, bad in (
+                    ("calls lost", never),
+                    ("runs before their call", early),
+                    ("duplicate runs", dupes),
+                    (f"windows past max_wait_at + {opts.slack}ms", over),
+                    ("keys left", left != baseline_keys),
+                )
+                if bad
+            ]
             print("FAILED: " + ", ".join(failed))
         else:
             print("OK")

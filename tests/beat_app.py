@@ -26,19 +26,30 @@ def build(windows_url: str, broker_url: str, **conf: object) -> Celery:
         debounce_dispatch_batch=int(os.environ.get("DEBOUNCE_BEAT_BATCH", "500")),
         broker_connection_retry_on_startup=True,
         beat_schedule={
-            "heartbeat": {"task": "beat_app.heartbeat", "schedule": 1.0,
-                          "options": {"queue": "heartbeat"}},
+            "heartbeat": {
+                "task": "beat_app.heartbeat",
+                "schedule": 1.0,
+                "options": {"queue": "heartbeat"},
+            },
         },
         **conf,
     )
 
-    @app.task(base=DebouncedTask, shared=False, name="beat_app.sync", debounce="1h",
-              debounce_max_wait="2h", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="beat_app.sync",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+    )
     def sync(item: str) -> str:
         return item
 
     return app
 
 
-app = build(os.environ.get("DEBOUNCE_BEAT_WINDOWS", "redis://127.0.0.1:1/0"),
-            os.environ.get("DEBOUNCE_BEAT_BROKER", "redis://127.0.0.1:1/1"))
+app = build(
+    os.environ.get("DEBOUNCE_BEAT_WINDOWS", "redis://127.0.0.1:1/0"),
+    os.environ.get("DEBOUNCE_BEAT_BROKER", "redis://127.0.0.1:1/1"),
+)

@@ -7,13 +7,23 @@ from check_app import app
 from celery_debounce import DebouncedTask
 
 
-@app.task(base=DebouncedTask, name="check.misspelt", debounce="1h", debounce_max_wait="2h",
-          debounce_colect=True)
+@app.task(
+    base=DebouncedTask,
+    name="check.misspelt",
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_colect=True,
+)
 def misspelt(x: int) -> int:
     return x
 
 
-@app.task(base=DebouncedTask, name="check.bad_key", debounce="1h", debounce_max_wait="2h",
-          debounce_key="user:{user}")
+@app.task(
+    base=DebouncedTask,
+    name="check.bad_key",
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_key="user:{user}",
+)
 def bad_key(x: int) -> int:
     return x

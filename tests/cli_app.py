@@ -11,7 +11,13 @@ from celery_debounce import DebouncedTask
 app = make_app(os.environ["DEBOUNCE_TEST_REDIS_URL"], name="cli_app")
 
 
-@app.task(base=DebouncedTask, name="reports.build", shared=False, debounce="1h",
-          debounce_max_wait="2h", debounce_key="report:{0}")
+@app.task(
+    base=DebouncedTask,
+    name="reports.build",
+    shared=False,
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_key="report:{0}",
+)
 def build(user_id: str) -> str:
     return user_id

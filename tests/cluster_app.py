@@ -36,8 +36,15 @@ def build(cluster_url: str, broker_url: str, **conf: object) -> Celery:
     )
     app.conf.update(conf)
 
-    @app.task(base=DebouncedTask, name="cluster.record", bind=True, shared=False,
-              debounce="200ms", debounce_key="k:{0}", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        name="cluster.record",
+        bind=True,
+        shared=False,
+        debounce="200ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="2s",
+    )
     def record(self: DebouncedTask, key: str) -> str:
         client = redis.Redis.from_url(f"{broker_url}/3", socket_timeout=2)
         client.rpush(f"runs:{key}", self.request.id)
@@ -47,8 +54,10 @@ def build(cluster_url: str, broker_url: str, **conf: object) -> Celery:
     return app
 
 
-app = build(os.environ.get("CLUSTER_REDIS", "redis://127.0.0.1:7000"),
-            os.environ.get("CLUSTER_BROKER", "redis://127.0.0.1:6379"))
+app = build(
+    os.environ.get("CLUSTER_REDIS", "redis://127.0.0.1:7000"),
+    os.environ.get("CLUSTER_BROKER", "redis://127.0.0.1:6379"),
+)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["take"]:

@@ -14,8 +14,15 @@ def produce(redis_url: str, producer: int, calls: int, barrier: Any, out: Any) -
     every process is ready; puts the ids the calls returned on ``out``."""
     app = make_app(redis_url, name="collect-burst")
 
-    @app.task(base=DebouncedTask, shared=False, name="collect.report", debounce="60s",
-              debounce_max_wait="120s", debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="collect.report",
+        debounce="60s",
+        debounce_max_wait="120s",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> None:
         pass
 

@@ -51,8 +51,12 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         return
     out = tmp_path_factory.mktemp("dist")
     checkout = Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(checkout)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(checkout)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (built,) = out.glob("celery_debounced-*.whl")
     yield built
 
@@ -91,12 +95,16 @@ def rabbitmq_server() -> Iterator[RabbitNode]:
     scripts/ensure-rabbitmq.sh), unless $DEBOUNCE_SKIP_RABBITMQ is set: then it skips.
     """
     if rabbitmq_server_path() is None:
-        reason = (f"rabbitmq-server is not installed (scripts/ensure-rabbitmq.sh installs it; "
-                  f"{SKIP_ENV} is set)")
+        reason = (
+            f"rabbitmq-server is not installed (scripts/ensure-rabbitmq.sh installs it; "
+            f"{SKIP_ENV} is set)"
+        )
         if os.environ.get(SKIP_ENV):
             pytest.skip(reason)
-        pytest.fail(f"rabbitmq-server is not installed: run scripts/ensure-rabbitmq.sh, or set "
-                    f"{SKIP_ENV}=1 to skip the rabbitmq tests")
+        pytest.fail(
+            f"rabbitmq-server is not installed: run scripts/ensure-rabbitmq.sh, or set "
+            f"{SKIP_ENV}=1 to skip the rabbitmq tests"
+        )
     node = RabbitNode()
     try:
         node.start()
@@ -136,8 +144,6 @@ def app_factory(redis_client: redis.Redis, redis_server: str) -> Callable[..., C
 @pytest.fixture
 def app(app_factory: Callable[..., Celery]) -> Celery:
     return app_factory()
-
-
 
 
 @pytest.fixture(params=["fakeredis", "redis-server"])

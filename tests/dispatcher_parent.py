@@ -98,9 +98,13 @@ def race(app: object, name: str) -> None:
 def main() -> None:
     url = sys.argv[1]
     app = Celery("dispatcher_parent", set_as_current=False)
-    app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0",
-                    debounce_poll_interval=0.2, debounce_redis_timeout=1,
-                    broker_connection_retry_on_startup=True)
+    app.conf.update(
+        broker_url=f"{url}/1",
+        debounce_redis_url=f"{url}/0",
+        debounce_poll_interval=0.2,
+        debounce_redis_timeout=1,
+        broker_connection_retry_on_startup=True,
+    )
     forked: list[int] = []
     for line in sys.stdin:
         words = line.split()

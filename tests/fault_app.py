@@ -23,8 +23,14 @@ from celery.exceptions import Ignore
 from celery_debounce import DebouncedTask
 
 
-def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
-          visibility: float = 2.0, claim_lease: float = 2.0, **conf: object) -> Celery:
+def build(
+    redis_url: str,
+    broker_url: str | None = None,
+    lease: float = 1.0,
+    visibility: float = 2.0,
+    claim_lease: float = 2.0,
+    **conf: object,
+) -> Celery:
     """The fault-test app; the same task names in the test process and in subprocesses.
 
     ``visibility`` is the broker's visibility timeout (an unacked ``acks_late`` message
@@ -51,37 +57,55 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
     )
     app.conf.update(conf)
 
-    @app.task(base=DebouncedTask, name="faults.record", bind=True, shared=False,
-              debounce="200ms", debounce_key="k:{0}", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        name="faults.record",
+        bind=True,
+        shared=False,
+        debounce="200ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="2s",
+    )
     def record(self: DebouncedTask, key: str, n: int = 0) -> str:
         """Append this run's id to runs:<key>; block while ``block:<key>`` exists (or
         ``block:<key>:<n>`` for the n-th run of that key)."""
-        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
         nth = client.rpush(f"runs:{key}", self.request.id)
         while client.exists(f"block:{key}", f"block:{key}:{nth}"):
             time.sleep(0.05)
         client.close()
         return key
 
-    @app.task(base=DebouncedTask, name="faults.ignored", bind=True, shared=False,
-              debounce="100ms", debounce_key="i:{0}", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        name="faults.ignored",
+        bind=True,
+        shared=False,
+        debounce="100ms",
+        debounce_key="i:{0}",
+        debounce_max_wait="2s",
+    )
     def ignored(self: DebouncedTask, key: str) -> None:
         """Record the run, then end it as IGNORED (``raise Ignore()``)."""
-        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
         client.rpush(f"runs:{key}", self.request.id)
         client.close()
         raise Ignore()
 
-    @app.task(base=DebouncedTask, name="faults.exclusive", bind=True, shared=False,
-              debounce="200ms", debounce_key="x:{0}", debounce_max_wait="1s",
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        name="faults.exclusive",
+        bind=True,
+        shared=False,
+        debounce="200ms",
+        debounce_key="x:{0}",
+        debounce_max_wait="1s",
+        debounce_exclusive=True,
+    )
     def exclusive(self: DebouncedTask, key: str, seconds: float = 0.0, n: int = 0) -> int:
         """Record the run's start and end (Redis time, as "start <id> <ms>" and "end <id>
         <ms>" in runs:<key>), sleeping ``seconds`` in between."""
-        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
 
         def now_ms() -> int:
             secs, micros = client.time()
@@ -93,14 +117,20 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
         client.close()
         return n
 
-    @app.task(base=DebouncedTask, name="faults.lost", bind=True, shared=False,
-              ignore_result=False, debounce="200ms", debounce_key="l:{0}",
-              debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        name="faults.lost",
+        bind=True,
+        shared=False,
+        ignore_result=False,
+        debounce="200ms",
+        debounce_key="l:{0}",
+        debounce_max_wait="2s",
+    )
     def lost(self: DebouncedTask, key: str, n: int = 0) -> str:
         """Append "<id> <pid>" to runs:<key> (the pool child's pid, for a test to kill),
         then block while ``block:<key>:<nth>`` exists; its result is stored."""
-        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
         nth = client.rpush(f"runs:{key}", f"{self.request.id} {os.getpid()}")
         while client.exists(f"block:{key}:{nth}"):
             time.sleep(0.05)
@@ -112,12 +142,18 @@ def build(redis_url: str, broker_url: str | None = None, lease: float = 1.0,
             """Celery stored the result; the process dies before task_postrun."""
             os._exit(1)
 
-    @app.task(base=DiesAfterStoring, name="faults.stored_then_lost", bind=True, shared=False,
-              ignore_result=False, debounce="200ms", debounce_key="s:{0}",
-              debounce_max_wait="2s")
+    @app.task(
+        base=DiesAfterStoring,
+        name="faults.stored_then_lost",
+        bind=True,
+        shared=False,
+        ignore_result=False,
+        debounce="200ms",
+        debounce_key="s:{0}",
+        debounce_max_wait="2s",
+    )
     def stored_then_lost(self: DebouncedTask, key: str) -> str:
-        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2,
-                                      socket_connect_timeout=2)
+        client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
         client.rpush(f"runs:{key}", f"{self.request.id} {os.getpid()}")
         client.close()
         return key
@@ -135,7 +171,8 @@ app = build(
     debounce_dispatcher_process=os.environ.get("FAULT_DISPATCHER_PROCESS", "0") == "1",
     task_reject_on_worker_lost=os.environ.get("FAULT_REJECT_ON_WORKER_LOST") == "1",
     result_backend=os.environ.get("FAULT_RESULTS") or None,
-    task_time_limit=float(os.environ["FAULT_TIME_LIMIT"]) if os.environ.get("FAULT_TIME_LIMIT")
+    task_time_limit=float(os.environ["FAULT_TIME_LIMIT"])
+    if os.environ.get("FAULT_TIME_LIMIT")
     else None,
     debounce_redis_wait_replicas=int(os.environ.get("FAULT_WAIT_REPLICAS", "0")),
 )

@@ -52,23 +52,23 @@ def parse_command(buf: bytes, start: int) -> tuple[Command, int] | None:
     if it is not complete yet. Inline commands are taken as one line."""
     if start >= len(buf):
         return None
-    if buf[start:start + 1] != b"*":
+    if buf[start : start + 1] != b"*":
         end = buf.find(b"\r\n", start)
         return None if end < 0 else (buf[start:end].split(), end + 2)
     end = buf.find(b"\r\n", start)
     if end < 0:
         return None
-    count = int(buf[start + 1:end])
+    count = int(buf[start + 1 : end])
     pos = end + 2
     items: Command = []
     for _ in range(count):
         end = buf.find(b"\r\n", pos)
         if end < 0:
             return None
-        size = int(buf[pos + 1:end])
+        size = int(buf[pos + 1 : end])
         if len(buf) < end + 2 + size + 2:
             return None
-        items.append(buf[end + 2:end + 2 + size])
+        items.append(buf[end + 2 : end + 2 + size])
         pos = end + 2 + size + 2
     return items, pos
 
@@ -77,14 +77,14 @@ def parse_head(buf: bytes, start: int) -> Command:
     """The items already complete of the RESP array that starts at ``buf[start:]``."""
     items: Command = []
     end = buf.find(b"\r\n", start)
-    if buf[start:start + 1] != b"*" or end < 0:
+    if buf[start : start + 1] != b"*" or end < 0:
         return items
     pos = end + 2
-    for _ in range(int(buf[start + 1:end])):
+    for _ in range(int(buf[start + 1 : end])):
         end = buf.find(b"\r\n", pos)
-        if end < 0 or len(buf) < end + 2 + int(buf[pos + 1:end]) + 2:
+        if end < 0 or len(buf) < end + 2 + int(buf[pos + 1 : end]) + 2:
             break
-        items.append(buf[end + 2:end + 2 + int(buf[pos + 1:end])])
+        items.append(buf[end + 2 : end + 2 + int(buf[pos + 1 : end])])
         pos = end + 2 + len(items[-1]) + 2
     return items
 
@@ -129,8 +129,14 @@ class FaultProxy:
         return f"redis://127.0.0.1:{self.port}"
 
     # -- control ---------------------------------------------------------------------
-    def arm(self, fault: str, match: Matcher, error: bytes | None = None,
-            then_refuse: bool = False, every: bool = False) -> None:
+    def arm(
+        self,
+        fault: str,
+        match: Matcher,
+        error: bytes | None = None,
+        then_refuse: bool = False,
+        every: bool = False,
+    ) -> None:
         """Inject ``fault`` into the next command ``match`` accepts (once); with
         ``then_refuse``, refuse every connection from then on (until :meth:`disarm`);
         with ``every`` (error replies only), into every such command until

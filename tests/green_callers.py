@@ -36,27 +36,34 @@ from celery_debounce.ops.read_view import list_windows
 
 def build(url: str) -> Celery:
     app = Celery("green", set_as_current=False)
-    app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0",
-                    task_ignore_result=True)
+    app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0", task_ignore_result=True)
 
-    @app.task(name="green.debounced", base=DebouncedTask, shared=False,
-              debounce="1h", debounce_max_wait="2h", debounce_key="{key}")
+    @app.task(
+        name="green.debounced",
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{key}",
+    )
     def debounced(key: str) -> None:
         return None
 
     return app
 
 
-def assert_each_call_got_its_window(redis_server: str, results: list[list[Any]],
-                                    others: tuple[str, ...] = ()) -> None:
+def assert_each_call_got_its_window(
+    redis_server: str, results: list[list[Any]], others: tuple[str, ...] = ()
+) -> None:
     """No call failed; each returned its own key's open window id; each window counts
     exactly the calls that returned it (``others``: keys called outside ``results``)."""
     failed = Counter(error.split(":")[0] for _, _, error in results if error)
     assert not failed, f"{sum(failed.values())} of {len(results)} calls raised: {failed}"
     windows = {w.key: w for w in list_windows(build(redis_server)) if w.key not in others}
     returned = Counter(key for key, _, _ in results)
-    wrong = [(key, wid) for key, wid, _ in results
-             if key not in windows or windows[key].task_id != wid]
+    wrong = [
+        (key, wid) for key, wid, _ in results if key not in windows or windows[key].task_id != wid
+    ]
     assert not wrong, f"{len(wrong)} calls got another window's id: {wrong[:5]}"
     stored = {key: w.calls for key, w in windows.items()}
     assert stored == dict(returned), "Redis holds other calls than those that returned"
@@ -104,9 +111,11 @@ def main(argv: list[str]) -> int:
                 pool.spawn(caller, i)
             pool.waitall()
     else:
+
         def run() -> None:
             for i in range(greenlets):
                 caller(i)
+
     if warm:  # the kept connection (a stdlib socket) reconnects, now on a patched one
         import redis
 

@@ -15,8 +15,7 @@ task = build(os.environ["GREEN_REDIS"]).tasks["green.debounced"]
 task.delay("warm")
 
 
-def application(environ: dict[str, Any],
-                start_response: Callable[..., Any]) -> Iterable[bytes]:
+def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
     key = environ["PATH_INFO"].strip("/")
     try:
         body, status = "\n".join(task.delay(key).id for _ in range(3)), "200 OK"

@@ -95,8 +95,14 @@ def assert_a_call_during_a_run_opens_a_new_window(app: Celery, timeout: float) -
     running, release = threading.Event(), threading.Event()
     seen: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s", debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="200ms",
+        debounce_key="k",
+        debounce_max_wait="5s",
+        debounce_replace_payload=True,
+    )
     def slow(revision: int) -> int:
         seen.append(revision)
         if revision == 1:

@@ -34,7 +34,13 @@ app.conf.update(
 )
 
 
-@app.task(base=DebouncedTask, name="killed.die", shared=False, debounce="100ms",
-          debounce_key="k:{0}", debounce_max_wait="1s")
+@app.task(
+    base=DebouncedTask,
+    name="killed.die",
+    shared=False,
+    debounce="100ms",
+    debounce_key="k:{0}",
+    debounce_max_wait="1s",
+)
 def die(key: str) -> None:
     os._exit(1)  # the worker child is killed mid-run

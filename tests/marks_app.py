@@ -28,8 +28,15 @@ def build(windows: str, broker: str) -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(base=DebouncedTask, name="marks.work", bind=True, shared=False,
-              debounce="50ms", debounce_key="{0}", debounce_max_wait="200ms")
+    @app.task(
+        base=DebouncedTask,
+        name="marks.work",
+        bind=True,
+        shared=False,
+        debounce="50ms",
+        debounce_key="{0}",
+        debounce_max_wait="200ms",
+    )
     def work(self: DebouncedTask, key: str, n: int = 0) -> str:
         """Log this run's id in the broker's Redis (never the windows' one), take 20 ms."""
         client = redis.Redis.from_url(f"{broker}/2")
@@ -41,5 +48,7 @@ def build(windows: str, broker: str) -> Celery:
     return app
 
 
-app = build(os.environ.get("MARKS_WINDOWS", "redis://127.0.0.1:1"),
-            os.environ.get("MARKS_BROKER", "redis://127.0.0.1:1"))
+app = build(
+    os.environ.get("MARKS_WINDOWS", "redis://127.0.0.1:1"),
+    os.environ.get("MARKS_BROKER", "redis://127.0.0.1:1"),
+)

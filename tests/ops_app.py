@@ -16,30 +16,54 @@ app = make_app(os.environ["DEBOUNCE_OPS_REDIS"], name="ops_app")
 runs: list[tuple[str, object]] = []
 
 
-@app.task(base=DebouncedTask, shared=False, name="ops.report", debounce="1h",
-          debounce_max_wait="2h", debounce_key="user:{user_id}")
+@app.task(
+    base=DebouncedTask,
+    shared=False,
+    name="ops.report",
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_key="user:{user_id}",
+)
 def report(user_id: str, n: int = 0) -> str:
     runs.append(("report", user_id))
     return f"report {user_id}"
 
 
-@app.task(base=DebouncedTask, shared=False, name="ops.sync", debounce="1h",
-          debounce_max_wait="2h", debounce_key="{item}")
+@app.task(
+    base=DebouncedTask,
+    shared=False,
+    name="ops.sync",
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_key="{item}",
+)
 def sync(item: str) -> str:
     runs.append(("sync", item))
     return f"sync {item}"
 
 
-@app.task(base=DebouncedTask, shared=False, name="ops.tick", debounce="200ms",
-          debounce_max_wait="200ms", debounce_key="{0}")
+@app.task(
+    base=DebouncedTask,
+    shared=False,
+    name="ops.tick",
+    debounce="200ms",
+    debounce_max_wait="200ms",
+    debounce_key="{0}",
+)
 def tick(item: str) -> str:
     """Window == max wait: every window is forced by its max wait."""
     runs.append(("tick", item))
     return item
 
 
-@app.task(base=DebouncedTask, shared=False, name="ops.quick", debounce="200ms",
-          debounce_max_wait="10s", debounce_key="{0}")
+@app.task(
+    base=DebouncedTask,
+    shared=False,
+    name="ops.quick",
+    debounce="200ms",
+    debounce_max_wait="10s",
+    debounce_key="{0}",
+)
 def quick(item: str) -> str:
     runs.append(("quick", item))
     return item

@@ -67,10 +67,12 @@ class PgProxy:
             with self._lock:
                 self._sockets += [client, server]
             dropping = threading.Event()  # this connection's reply is being dropped
-            threading.Thread(target=self._pipe, args=(client, server, True, dropping),
-                             daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, False, dropping),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(client, server, True, dropping), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pipe, args=(server, client, False, dropping), daemon=True
+            ).start()
 
     def _take(self, data: bytes) -> bool:
         with self._lock:
@@ -79,8 +81,9 @@ class PgProxy:
                 return True
         return False
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, upstream: bool,
-              dropping: threading.Event) -> None:
+    def _pipe(
+        self, source: socket.socket, sink: socket.socket, upstream: bool, dropping: threading.Event
+    ) -> None:
         try:
             while data := source.recv(65536):
                 if not upstream and dropping.is_set():

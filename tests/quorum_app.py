@@ -30,8 +30,14 @@ def build(redis_url: str, broker_url: str, queue: str, limit: int) -> Celery:
         debounce_poll_interval=0.2,
         debounce_claim_lease=float(os.environ.get("QUORUM_CLAIM_LEASE", "60")),
         task_default_queue=queue,
-        task_queues=[Queue(queue, Exchange(queue), routing_key=queue, queue_arguments={
-            "x-queue-type": "quorum", "x-delivery-limit": limit})],
+        task_queues=[
+            Queue(
+                queue,
+                Exchange(queue),
+                routing_key=queue,
+                queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": limit},
+            )
+        ],
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -40,16 +46,30 @@ def build(redis_url: str, broker_url: str, queue: str, limit: int) -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(base=DebouncedTask, name="quorum.lost", bind=True, shared=False,
-              debounce="100ms", debounce_key="{0}", debounce_max_wait="2s",
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        name="quorum.lost",
+        bind=True,
+        shared=False,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="2s",
+        debounce_exclusive=True,
+    )
     def lost(self: DebouncedTask, key: str) -> str:
         client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2)
         client.rpush(f"runs:{key}", f"{self.request.get('x-delivery-count')} {os.getpid()}")
         os._exit(1)
 
-    @app.task(base=DebouncedTask, name="quorum.hangs", bind=True, shared=False,
-              debounce="100ms", debounce_key="{0}", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        name="quorum.hangs",
+        bind=True,
+        shared=False,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="2s",
+    )
     def hangs(self: DebouncedTask, key: str) -> str:
         client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2)
         client.rpush(f"runs:{key}", f"{self.request.get('x-delivery-count')} {os.getpid()}")
@@ -59,6 +79,9 @@ def build(redis_url: str, broker_url: str, queue: str, limit: int) -> Celery:
     return app
 
 
-app = build(os.environ.get("QUORUM_REDIS", "redis://127.0.0.1:6379"),
-            os.environ.get("QUORUM_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
-            os.environ.get("QUORUM_QUEUE", "quorum"), int(os.environ.get("QUORUM_LIMIT", "2")))
+app = build(
+    os.environ.get("QUORUM_REDIS", "redis://127.0.0.1:6379"),
+    os.environ.get("QUORUM_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
+    os.environ.get("QUORUM_QUEUE", "quorum"),
+    int(os.environ.get("QUORUM_LIMIT", "2")),
+)

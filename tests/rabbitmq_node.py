@@ -107,8 +107,13 @@ class RabbitNode:
             return self
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(self.server)], env=self.env(), cwd=self.dir, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [str(self.server)],
+                env=self.env(),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while not self.accepts_amqp():
@@ -176,16 +181,23 @@ class RabbitNode:
     def ctl(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run ``rabbitmqctl`` against this node."""
         return subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args], env=self.env(),
-            cwd=self.dir, capture_output=True, text=True, timeout=timeout,
+            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.name, *args],
+            env=self.env(),
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def tail(self, lines: int = 40) -> str:
         text = ""
         for path in [self.log, *sorted((self.dir / "log").glob("*.log"))]:
             if path.exists():
-                text += f"--- {path.name}\n" + "\n".join(
-                    path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+                text += (
+                    f"--- {path.name}\n"
+                    + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                    + "\n"
+                )
         return text
 
     def cleanup(self) -> None:
@@ -193,8 +205,11 @@ class RabbitNode:
         self.stop(kill=True)
         epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
         subprocess.run(
-            [epmd, "-port", str(self.epmd_port), "-kill"], capture_output=True, timeout=10,
-            env=dict(os.environ, ERL_EPMD_PORT=str(self.epmd_port)), check=False,
+            [epmd, "-port", str(self.epmd_port), "-kill"],
+            capture_output=True,
+            timeout=10,
+            env=dict(os.environ, ERL_EPMD_PORT=str(self.epmd_port)),
+            check=False,
         )
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -10,8 +10,15 @@ from celery_debounce import DebouncedTask
 from celery_debounce.store import store_for
 
 
-def produce(redis_url: str, app_name: str, barrier: Any, started: Any, producers: int,
-            calls_after_all_started: int, out: Any) -> None:
+def produce(
+    redis_url: str,
+    app_name: str,
+    barrier: Any,
+    started: Any,
+    producers: int,
+    calls_after_all_started: int,
+    out: Any,
+) -> None:
     """Call ``race.task("same", i)`` from this process, overlapping with the others.
 
     After a warm-up call (connection and scripts loaded), every process waits at
@@ -21,8 +28,14 @@ def produce(redis_url: str, app_name: str, barrier: Any, started: Any, producers
     """
     app = make_app(redis_url, name=app_name)
 
-    @app.task(base=DebouncedTask, shared=False, name="race.task", debounce="30s",
-              debounce_key="k:{0}", debounce_max_wait="60s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="race.task",
+        debounce="30s",
+        debounce_key="k:{0}",
+        debounce_max_wait="60s",
+    )
     def task(x: str, n: int) -> None:
         pass
 

@@ -33,20 +33,25 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def include_if(self, parent: Any) -> bool:
         value = parent.app.conf.get("debounce_dispatcher")
         # "False" from an environment-driven settings module means False; garbage is refused
-        return parse_bool("debounce_dispatcher",
-                          DEFAULTS["debounce_dispatcher"] if value is None else value)
+        return parse_bool(
+            "debounce_dispatcher", DEFAULTS["debounce_dispatcher"] if value is None else value
+        )
 
     def create(self, parent: Any) -> Dispatcher | DispatcherProcess:
         # The step framework calls start()/stop() on what create() returns.
         app = parent.app
         name = f"worker-{parent.hostname}"
         value = app.conf.get("debounce_dispatcher_process")
-        if parse_bool("debounce_dispatcher_process",
-                      DEFAULTS["debounce_dispatcher_process"] if value is None else value):
+        if parse_bool(
+            "debounce_dispatcher_process",
+            DEFAULTS["debounce_dispatcher_process"] if value is None else value,
+        ):
             if not green_pool(parent):
                 return DispatcherProcess(app, name)
-            logger.info("debounce: debounce_dispatcher_process is ignored under a gevent or "
-                        "eventlet pool (no fork there): the dispatcher runs as a thread")
+            logger.info(
+                "debounce: debounce_dispatcher_process is ignored under a gevent or "
+                "eventlet pool (no fork there): the dispatcher runs as a thread"
+            )
         return Dispatcher(app, name=name)
 
     def start(self, parent: Any) -> None:
@@ -54,15 +59,25 @@ class DispatcherStep(bootsteps.StartStopStep):  # type: ignore[misc]
         dispatcher: Dispatcher | DispatcherProcess = self.obj
         store = store_for(parent.app)
         settings = store.settings
-        where = (f"process pid {dispatcher.pid}" if isinstance(dispatcher, DispatcherProcess)
-                 else "thread")
-        logger.info("debounce: embedded dispatcher %s started (%s, prefix %r, %d shard(s), "
-                    "poll %dms)", dispatcher.name, where, settings.key_prefix, settings.shards,
-                    settings.poll_interval_ms)
+        where = (
+            f"process pid {dispatcher.pid}"
+            if isinstance(dispatcher, DispatcherProcess)
+            else "thread"
+        )
+        logger.info(
+            "debounce: embedded dispatcher %s started (%s, prefix %r, %d shard(s), poll %dms)",
+            dispatcher.name,
+            where,
+            settings.key_prefix,
+            settings.shards,
+            settings.poll_interval_ms,
+        )
         # beside the worker's start-up: a hung Redis must not hold the worker up
         threading.Thread(
-            target=warn_if_evicting, args=(store, dispatcher.name, logger),
-            name="debounce-eviction-check", daemon=True,
+            target=warn_if_evicting,
+            args=(store, dispatcher.name, logger),
+            name="debounce-eviction-check",
+            daemon=True,
         ).start()
 
     def stop(self, parent: Any) -> None:

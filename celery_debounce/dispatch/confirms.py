@@ -48,8 +48,10 @@ def uses_confirms(app: Celery) -> bool:
     """True when the app's broker is an AMQP 0-9-1 broker reached through py-amqp."""
     conn = app.connection_for_write()
     try:
-        return bool(getattr(conn.transport, "driver_type", None) == "amqp"
-                    and getattr(conn.transport, "driver_name", None) == "py-amqp")
+        return bool(
+            getattr(conn.transport, "driver_type", None) == "amqp"
+            and getattr(conn.transport, "driver_name", None) == "py-amqp"
+        )
     finally:
         conn.release()
 

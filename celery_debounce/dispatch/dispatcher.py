@@ -94,7 +94,8 @@ class Dispatcher:
         settings = self.settings
         self._layout = settings.layout
         self._own_tags = frozenset(
-            self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards))
+            self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards)
+        )
         self._foreign: dict[str, set[str]] = {}
         self._foreign_busy: set[str] = set()  # foreign tags holding windows lately
         self._took = False  # own shards took windows since the layouts were last written
@@ -123,22 +124,25 @@ class Dispatcher:
         published = 0
         self.broker_fault = None
         next_at = time.monotonic() + self.settings.poll_interval_ms / 1000
-        shards: tuple[Shard, ...] = (*range(self.settings.shards), *self._draining,
-                                     *self._foreign)
+        shards: tuple[Shard, ...] = (*range(self.settings.shards), *self._draining, *self._foreign)
         for shard in shards:
             if self.broker_fault is not None:  # shared by every shard: stop the pass
                 break
             while True:
                 took_at = time.monotonic()
-                taken = self.store.take(shard, self.settings.dispatch_batch, self.name,
-                                        self._lapse_upto(shard, took_at))
+                taken = self.store.take(
+                    shard, self.settings.dispatch_batch, self.name, self._lapse_upto(shard, took_at)
+                )
                 step = self._watch_clock(shard, taken.now_ms, took_at, time.monotonic())
                 if step > 0:  # the claims of runs still going: renewed within a lease
                     moved = self._claims_moved.get(shard, (0, 0.0))[0] + step
                     self._claims_moved[shard] = (
-                        moved, time.monotonic() + self.settings.claim_lease_ms / 1000)
+                        moved,
+                        time.monotonic() + self.settings.claim_lease_ms / 1000,
+                    )
                 empty = taken.next_in_ms < 0 and not (
-                    taken.windows or taken.skipped or taken.unreadable)
+                    taken.windows or taken.skipped or taken.unreadable
+                )
                 if isinstance(shard, str):  # another layout's: kept while it holds windows
                     if not empty:
                         self._foreign_busy.add(shard)
@@ -153,12 +157,16 @@ class Dispatcher:
                     next_at = min(next_at, mid + taken.next_in_ms / 1000)
                 published += self._publish(shard, taken.windows, took_at)
                 got = len(taken.windows) + len(taken.skipped) + len(taken.unreadable)
-                if (got < self.settings.dispatch_batch or self._stop.is_set()
-                        or self.broker_fault is not None):
+                if (
+                    got < self.settings.dispatch_batch
+                    or self._stop.is_set()
+                    or self.broker_fault is not None
+                ):
                     break
             self._finish_expired(shard)
         if (self._took or self._foreign_busy) and (
-                time.monotonic() - self._layouts_written_at >= self._layouts_every):
+            time.monotonic() - self._layouts_written_at >= self._layouts_every
+        ):
             self._layouts_at = -math.inf  # written now, not at the next read
         self._refresh_layouts()  # after the takes: the next pass drains what it finds
         if self.broker_fault is None:
@@ -206,7 +214,9 @@ class Dispatcher:
                 "node whose clock is behind): every window deadline, max wait, quiet "
                 "period, lease and claim lease written before it ends that much later in "
                 "real time; nothing is lost or run twice (docs/guarantees.md)",
-                shard, -step / 1000)
+                shard,
+                -step / 1000,
+            )
             return step
         if moved > most + CLOCK_STEP_MS:
             step = math.ceil(moved - most)
@@ -215,7 +225,10 @@ class Dispatcher:
                 "%.1f s against this dispatcher's clock (a clock step, a failover to a node "
                 "whose clock is ahead, or this host was suspended): windows, max waits and "
                 "quiet periods written before it end that much earlier, leases and claim "
-                "leases may lapse at once (docs/guarantees.md)", shard, step / 1000)
+                "leases may lapse at once (docs/guarantees.md)",
+                shard,
+                step / 1000,
+            )
             return step
         return 0
 
@@ -279,7 +292,9 @@ class Dispatcher:
         if set(foreign) - set(self._foreign):
             logger.warning(
                 "debounce: dispatcher %s (%s) also drains the shards other layouts left "
-                "(%s: a changed debounce_shards): %s", self.name, self._layout,
+                "(%s: a changed debounce_shards): %s",
+                self.name,
+                self._layout,
                 ", ".join(sorted({n for names in foreign.values() for n in names})),
                 ", ".join(sorted(foreign)),
             )
@@ -299,19 +314,20 @@ class Dispatcher:
         for task_id, aliases in self.store.expire(shard):
             logger.warning(
                 "debounce: window %s expired before any worker ran it (its message's "
-                "expires passed in the broker): finished as REVOKED", task_id,
+                "expires passed in the broker): finished as REVOKED",
+                task_id,
             )
             try:
                 self.app.backend.mark_as_revoked(task_id, "expired")
             except NotImplementedError:  # no result backend: nothing to store
                 pass
             except Exception as error:  # the result backend is down: again next time
-                logger.warning("debounce: window %s expired but could not store REVOKED: "
-                               "%r", task_id, error)
+                logger.warning(
+                    "debounce: window %s expired but could not store REVOKED: %r", task_id, error
+                )
                 continue
             if aliases:
-                resolve_aliases(self.app, task_id, aliases, states.REVOKED,
-                                None)
+                resolve_aliases(self.app, task_id, aliases, states.REVOKED, None)
             stored.append(task_id)
         self.store.expired(shard, stored)  # until then expire.lua returns them again
 
@@ -321,22 +337,27 @@ class Dispatcher:
             logger.error(
                 "debounce: skipped %s: %s (not a window record: something else wrote this "
                 "key; it was taken out of the due/lease set, delete it to reuse the key)",
-                key, error,
+                key,
+                error,
             )
         for task_id, reason in taken.unreadable:
             logger.error("debounce: quarantined window %s: %s", task_id, reason)
             if task_id != "?":
                 self.actions.quarantine_id(shard, task_id, reason)
                 if window_quarantined.receivers:
-                    window_quarantined.send(sender="?", task_id=task_id, key="",
-                                            kind="record", reason=reason)
+                    window_quarantined.send(
+                        sender="?", task_id=task_id, key="", kind="record", reason=reason
+                    )
 
     # -- loop ---------------------------------------------------------------
     @property
     def backend(self) -> WindowStore:
         """:attr:`store` under its name before ``store``: deprecated, warns."""
-        warnings.warn("Dispatcher.backend is deprecated: use Dispatcher.store",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Dispatcher.backend is deprecated: use Dispatcher.store",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.store
 
     def run(self) -> None:
@@ -353,8 +374,12 @@ class Dispatcher:
                     continue
                 self._wait(next_in / 1000)
             except DebounceBackendError as exc:  # the store raises only its typed errors
-                logger.warning("debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
-                               self.name, backoff, exc)
+                logger.warning(
+                    "debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
+                    self.name,
+                    backoff,
+                    exc,
+                )
                 self.store.refresh_topology()  # a cluster's failover or resharding
                 self._close_pubsub()
                 self._stop.wait(backoff)

@@ -72,10 +72,14 @@ class Action(Enum):
     """What a window's outcome calls for (delays in ms; ``lease``: the dispatch lease)."""
 
     ACK = "ack: queued"
-    RETRY = ("release after min(lease, 250 ms x 2^(fl + 1)), counted against it (fl + 1); "
-             "quarantine at fl + 1 = MAX_TRIES")
-    SOON = ("release after min(lease, 1 s), or after the pass's back-off when a shared "
-            "fault stopped it; not counted")
+    RETRY = (
+        "release after min(lease, 250 ms x 2^(fl + 1)), counted against it (fl + 1); "
+        "quarantine at fl + 1 = MAX_TRIES"
+    )
+    SOON = (
+        "release after min(lease, 1 s), or after the pass's back-off when a shared "
+        "fault stopped it; not counted"
+    )
     LEASE = "release after a full lease, so a worker claims a message that did arrive"
     BACK_OFF = "release after min(lease, 250 ms x 2^tries); not counted"
     QUARANTINE = "quarantine with the reason"
@@ -83,22 +87,28 @@ class Action(Enum):
 
 
 #: The rule, outcome -> action: its one owner (SUSPECT is settled first).
-ACTIONS: Mapping[Outcome, Action] = MappingProxyType({
-    Outcome.SENT: Action.ACK,
-    Outcome.UNSENT: Action.SOON,
-    Outcome.REFUSED: Action.SOON,
-    Outcome.UNCERTAIN: Action.LEASE,
-    Outcome.FAILED: Action.RETRY,
-    Outcome.HELD: Action.BACK_OFF,
-    Outcome.BAD: Action.QUARANTINE,
-    Outcome.LATE: Action.KEEP,
-})
+ACTIONS: Mapping[Outcome, Action] = MappingProxyType(
+    {
+        Outcome.SENT: Action.ACK,
+        Outcome.UNSENT: Action.SOON,
+        Outcome.REFUSED: Action.SOON,
+        Outcome.UNCERTAIN: Action.LEASE,
+        Outcome.FAILED: Action.RETRY,
+        Outcome.HELD: Action.BACK_OFF,
+        Outcome.BAD: Action.QUARANTINE,
+        Outcome.LATE: Action.KEEP,
+    }
+)
 
 #: ``publish_failed``'s ``kind`` per outcome (signals.py); REFUSED sends ``publish_refused``
-FAILURE_KINDS: Mapping[Outcome, str] = MappingProxyType({
-    Outcome.FAILED: "message", Outcome.UNSENT: "broker", Outcome.UNCERTAIN: "uncertain",
-    Outcome.HELD: "suspect",
-})
+FAILURE_KINDS: Mapping[Outcome, str] = MappingProxyType(
+    {
+        Outcome.FAILED: "message",
+        Outcome.UNSENT: "broker",
+        Outcome.UNCERTAIN: "uncertain",
+        Outcome.HELD: "suspect",
+    }
+)
 
 
 def release_after(action: Action, window: TakenWindow, lease: int, soon: int) -> int:
@@ -157,7 +167,8 @@ class Outcomes:
                 logger.warning(
                     "debounce: %d window(s) refused and no other published in this pass, "
                     "not counted against them (the broker's fault or theirs: %s); will retry",
-                    len(suspects), suspects[0][1],
+                    len(suspects),
+                    suspects[0][1],
                 )
 
 
@@ -169,8 +180,9 @@ class WindowActions:
         self.store = store
         self.settings = store.settings
 
-    def apply(self, shard: Shard, windows: list[TakenWindow], outcomes: Outcomes,
-              backoff_s: float | None) -> int:
+    def apply(
+        self, shard: Shard, windows: list[TakenWindow], outcomes: Outcomes, backoff_s: float | None
+    ) -> int:
         """Act on each window's outcome; returns how many were sent.
 
         ``backoff_s``: the pass's back-off when a shared fault stopped it (SOON then
@@ -190,8 +202,13 @@ class WindowActions:
             # broker outage wasted (tries counts those too)
             for window, reason in failed:
                 if window.failures + 1 >= MAX_TRIES:
-                    bad.append((window, f"publish failed {window.failures + 1} times, last: "
-                                        f"{reason}", "publish_failed"))
+                    bad.append(
+                        (
+                            window,
+                            f"publish failed {window.failures + 1} times, last: {reason}",
+                            "publish_failed",
+                        )
+                    )
             retry = [w for w, _ in failed if w.failures + 1 < MAX_TRIES]
             self._release(shard, outcomes, retry, backoff_s)
             for window, reason, kind in bad:
@@ -202,8 +219,9 @@ class WindowActions:
                 _count_failures(outcomes)
         return len(sent)
 
-    def _release(self, shard: Shard, outcomes: Outcomes, retry: list[TakenWindow],
-                 backoff_s: float | None) -> None:
+    def _release(
+        self, shard: Shard, outcomes: Outcomes, retry: list[TakenWindow], backoff_s: float | None
+    ) -> None:
         """Hand back every window an outcome releases (``retry``: the FAILED ones below
         MAX_TRIES), one ``release.lua`` call per delay.
 
@@ -221,32 +239,45 @@ class WindowActions:
             for window in retry if outcome is Outcome.FAILED else outcomes.windows(outcome):
                 tries = f"{window.tries}!" if action is Action.RETRY else window.tries
                 by_delay.setdefault(release_after(action, window, lease, soon), []).append(
-                    (window.task_id, tries))
+                    (window.task_id, tries)
+                )
         for delay, group in by_delay.items():
             try:
                 self.store.release(shard, delay, group)
             except DebounceOutcomeUnknown as exc:  # released, or taken after the lease
-                logger.warning("debounce: %d window(s) may not have been handed back "
-                               "(taken again after their lease if not): %s", len(group), exc)
+                logger.warning(
+                    "debounce: %d window(s) may not have been handed back "
+                    "(taken again after their lease if not): %s",
+                    len(group),
+                    exc,
+                )
 
-    def _track_expiry(self, shard: Shard, sent: list[TakenWindow],
-                      expiry: dict[str, int]) -> None:
+    def _track_expiry(self, shard: Shard, sent: list[TakenWindow], expiry: dict[str, int]) -> None:
         """Record when the messages just sent expire (expiring.lua), before their ack."""
-        tracked = [(w.task_id, expiry[w.task_id]) for w in sent if w.task_id in expiry
-                   and expiry[w.task_id] < self.settings.record_ttl_ms]
+        tracked = [
+            (w.task_id, expiry[w.task_id])
+            for w in sent
+            if w.task_id in expiry and expiry[w.task_id] < self.settings.record_ttl_ms
+        ]
         if not tracked:  # (an expiry past the record's TTL: the record goes first)
             return
         try:
             self.store.expiring(shard, tracked)
         except DebounceBackendError as exc:
-            logger.warning("debounce: could not record when %d message(s) expire (their "
-                           "windows stay queued if the broker drops them unseen): %s",
-                           len(tracked), exc)
+            logger.warning(
+                "debounce: could not record when %d message(s) expire (their "
+                "windows stay queued if the broker drops them unseen): %s",
+                len(tracked),
+                exc,
+            )
 
     def quarantine(self, window: TakenWindow, reason: str, kind: str = "message") -> None:
         logger.error(
             "debounce: quarantined %s[%s] key=%r: cannot publish its message: %s",
-            window.task_name, window.task_id, window.key, reason,
+            window.task_name,
+            window.task_id,
+            window.key,
+            reason,
         )
         try:
             self.quarantine_id(window.shard, window.task_id, reason)
@@ -254,8 +285,13 @@ class WindowActions:
             logger.warning("debounce: could not quarantine %s: %s", window.task_id, exc)
             return
         if window_quarantined.receivers:
-            window_quarantined.send(sender=window.task_name, task_id=window.task_id,
-                                    key=window.key, kind=kind, reason=reason)
+            window_quarantined.send(
+                sender=window.task_name,
+                task_id=window.task_id,
+                key=window.key,
+                kind=kind,
+                reason=reason,
+            )
 
     def quarantine_id(self, shard: Shard, task_id: str, reason: str) -> None:
         """Set the record aside, then fail the window's id and every id that joined
@@ -267,8 +303,9 @@ class WindowActions:
         try:
             self.app.backend.mark_as_failure(task_id, exc)
         except Exception as error:  # no result backend, or it is down: logged, as cancel does
-            logger.warning("debounce: quarantined %s but could not store its failure: %r",
-                           task_id, error)
+            logger.warning(
+                "debounce: quarantined %s but could not store its failure: %r", task_id, error
+            )
         resolve_aliases(self.app, task_id, aliases, states.FAILURE, exc)
 
 
@@ -277,17 +314,26 @@ def _announce(window: TakenWindow) -> None:
     log = logger.warning if window.tries > 1 else logger.info
     log(
         "debounce: dispatched %s[%s] key=%r calls=%d late=%dms%s",
-        window.task_name, window.task_id, window.key, window.calls, window.lateness_ms,
+        window.task_name,
+        window.task_id,
+        window.key,
+        window.calls,
+        window.lateness_ms,
         f" (attempt {window.tries}: an earlier publish was not confirmed)"
-        if window.tries > 1 else "",
+        if window.tries > 1
+        else "",
     )
     if window_dispatched.receivers:
         window_dispatched.send(sender=window.task_name, **_fields(window))
 
 
 def _fields(window: TakenWindow) -> dict[str, Any]:
-    return {"task_id": window.task_id, "key": window.key, "calls": window.calls,
-            "lateness": window.lateness_ms / 1000}
+    return {
+        "task_id": window.task_id,
+        "key": window.key,
+        "calls": window.calls,
+        "lateness": window.lateness_ms / 1000,
+    }
 
 
 def _count_forced(windows: list[TakenWindow]) -> None:
@@ -305,8 +351,9 @@ def _count_forced(windows: list[TakenWindow]) -> None:
     if window_held.receivers:  # h|<task>, hm|<task> in the stats
         for window in windows:
             if window.held_ms:
-                window_held.send(sender=window.task_name, **_fields(window),
-                                 held=window.held_ms / 1000)
+                window_held.send(
+                    sender=window.task_name, **_fields(window), held=window.held_ms / 1000
+                )
     if leading_run.receivers:  # e|<task> in the stats
         for window in windows:
             if window.tries == 1 and window.leading:
@@ -316,7 +363,8 @@ def _count_forced(windows: list[TakenWindow]) -> None:
     for window in windows:
         if window.tries == 1 and window.forced_by_max_wait:
             window_forced_by_max_wait.send(
-                sender=window.task_name, max_wait_at=window.ceiling_ms / 1000,
+                sender=window.task_name,
+                max_wait_at=window.ceiling_ms / 1000,
                 **_fields(window),
             )
 
@@ -326,8 +374,12 @@ def _count_failures(outcomes: Outcomes) -> None:
     and ``publish_refused`` per nacked message; only called when someone listens."""
     for outcome, kind in FAILURE_KINDS.items():
         for window, reason in outcomes.reasons(outcome):
-            publish_failed.send(sender=window.task_name, task_id=window.task_id,
-                                key=window.key, kind=kind,
-                                reason=reason if outcome is Outcome.FAILED else "")
+            publish_failed.send(
+                sender=window.task_name,
+                task_id=window.task_id,
+                key=window.key,
+                kind=kind,
+                reason=reason if outcome is Outcome.FAILED else "",
+            )
     for window in outcomes.windows(Outcome.REFUSED):
         publish_refused.send(sender=window.task_name, task_id=window.task_id, key=window.key)

@@ -58,8 +58,13 @@ def _term_when_parent_dies() -> None:
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM),
-                   ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        libc.prctl(
+            ctypes.c_int(_PR_SET_PDEATHSIG),
+            ctypes.c_ulong(signal.SIGTERM),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+            ctypes.c_ulong(0),
+        )
     except (OSError, AttributeError):  # no prctl: the pid comparison below still holds
         pass
 
@@ -79,8 +84,7 @@ class _Child(Process):  # type: ignore[misc]
         from .dispatcher import Dispatcher
 
         reset_signals(full=False)
-        close_open_fds([sys.__stdin__, sys.__stdout__, sys.__stderr__,
-                        *iter_open_logger_fds()])
+        close_open_fds([sys.__stdin__, sys.__stdout__, sys.__stderr__, *iter_open_logger_fds()])
         # The handler only sets a flag: taking a lock there (Event.set) deadlocks when the
         # signal lands while this thread holds that lock (seen: a child that never stopped)
         terms: list[int] = []
@@ -89,8 +93,12 @@ class _Child(Process):  # type: ignore[misc]
         _term_when_parent_dies()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked at the fork
         if self._orphaned():  # the worker died before the prctl: start nothing
-            logger.warning("debounce: dispatcher %s: its worker (pid %d) is gone before it "
-                           "started; not starting", self.dispatcher_name, self.parent_pid)
+            logger.warning(
+                "debounce: dispatcher %s: its worker (pid %d) is gone before it "
+                "started; not starting",
+                self.dispatcher_name,
+                self.parent_pid,
+            )
             return
         self.app.set_default()
         self.app.set_current()
@@ -102,8 +110,11 @@ class _Child(Process):  # type: ignore[misc]
             while thread.is_alive() and not terms and not self._orphaned():
                 time.sleep(TICK_S)
             if self._orphaned():
-                logger.warning("debounce: dispatcher %s: its worker (pid %d) is gone; "
-                               "stopping", self.dispatcher_name, self.parent_pid)
+                logger.warning(
+                    "debounce: dispatcher %s: its worker (pid %d) is gone; stopping",
+                    self.dispatcher_name,
+                    self.parent_pid,
+                )
             dispatcher.stop()
 
 
@@ -135,8 +146,9 @@ class DispatcherProcess:
         self._stopping.clear()
         self._started.clear()
         self._start_error = None
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
-                                            name=f"debounce-{self.name}-supervisor")
+        self._supervisor = threading.Thread(
+            target=self._supervise, daemon=True, name=f"debounce-{self.name}-supervisor"
+        )
         self._supervisor.start()
         self._started.wait()
         if self._start_error is not None:
@@ -175,21 +187,32 @@ class DispatcherProcess:
                 continue
             if self._stopping.is_set():
                 return
-            logger.warning("debounce: embedded dispatcher process %s (pid %s) exited with "
-                           "code %s; starting it again in %.0fs", self.name, child.pid,
-                           child.exitcode, backoff)
+            logger.warning(
+                "debounce: embedded dispatcher process %s (pid %s) exited with "
+                "code %s; starting it again in %.0fs",
+                self.name,
+                child.pid,
+                child.exitcode,
+                backoff,
+            )
             if self._stopping.wait(backoff):
                 return
             try:
                 if not self._spawn():
                     return
             except OSError as exc:  # fork failed (EAGAIN, ENOMEM): try again later
-                logger.error("debounce: embedded dispatcher process %s could not be started "
-                             "again: %s", self.name, exc)
+                logger.error(
+                    "debounce: embedded dispatcher process %s could not be started again: %s",
+                    self.name,
+                    exc,
+                )
             else:
                 self.restarts += 1
-                logger.warning("debounce: embedded dispatcher process %s started again "
-                               "(pid %s)", self.name, self.pid)
+                logger.warning(
+                    "debounce: embedded dispatcher process %s started again (pid %s)",
+                    self.name,
+                    self.pid,
+                )
             backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
 
     def stop(self, timeout: float | None = None) -> None:
@@ -202,8 +225,12 @@ class DispatcherProcess:
         self._signal(child, signal.SIGTERM)
         supervisor.join(self.stop_timeout if timeout is None else timeout)
         if supervisor.is_alive():
-            logger.warning("debounce: embedded dispatcher process %s (pid %s) did not "
-                           "stop in time; killing it", self.name, child.pid)
+            logger.warning(
+                "debounce: embedded dispatcher process %s (pid %s) did not "
+                "stop in time; killing it",
+                self.name,
+                child.pid,
+            )
             self._signal(child, signal.SIGKILL)
             supervisor.join(PARENT_CHECK_S * 3)
         self._supervisor = None

@@ -42,24 +42,33 @@ from ..store import (
 from .confirms import ConfirmingPublisher, uses_confirms
 from .outcomes import MAX_TRIES, Outcome, Outcomes
 
-__all__ = ["AmqpPublisher", "MessageSender", "PoolPublisher", "Publisher", "SharedFault",
-           "publisher_for"]
+__all__ = [
+    "AmqpPublisher",
+    "MessageSender",
+    "PoolPublisher",
+    "Publisher",
+    "SharedFault",
+    "publisher_for",
+]
 
 logger = logging.getLogger("celery_debounce.dispatcher")
 
 #: Redis error codes that describe the broker, never one message: the next unrelated
 #: message would get the same answer (a shared fault is an outage: docs/design.md,
 #: "Dispatcher loop"). Never counted against a window.
-BROKER_WIDE_CODES = frozenset({
-    "OOM",  # maxmemory with noeviction (a backlog filled the broker)
-    "READONLY",  # a replica: the broker's own failover demoted this node
-    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed
-    "LOADING",  # loading its dataset after a restart
-    "NOAUTH", "WRONGPASS",  # the connection is not authenticated
-    "MASTERDOWN",  # a replica whose link to its master is down
-    "NOREPLICAS",  # min-replicas-to-write not met
-    "BUSY",  # a script or function runs too long
-})
+BROKER_WIDE_CODES = frozenset(
+    {
+        "OOM",  # maxmemory with noeviction (a backlog filled the broker)
+        "READONLY",  # a replica: the broker's own failover demoted this node
+        "MISCONF",  # stop-writes-on-bgsave-error: its last save failed
+        "LOADING",  # loading its dataset after a restart
+        "NOAUTH",
+        "WRONGPASS",  # the connection is not authenticated
+        "MASTERDOWN",  # a replica whose link to its master is down
+        "NOREPLICAS",  # min-replicas-to-write not met
+        "BUSY",  # a script or function runs too long
+    }
+)
 #: Codes that may depend on the message's key (an ACL key pattern, a cluster slot): a
 #: shared fault unless shown to be this message's, i.e. another window of the same
 #: pass was published.
@@ -107,8 +116,11 @@ def check_json_body(body: bytes) -> tuple[list[Any], dict[str, Any]]:
     except ValueError as exc:
         raise ValueError(f"body is not JSON: {exc}") from None
     if not (
-        isinstance(parsed, list) and len(parsed) == 3 and isinstance(parsed[0], list)
-        and isinstance(parsed[1], dict) and isinstance(parsed[2], dict)
+        isinstance(parsed, list)
+        and len(parsed) == 3
+        and isinstance(parsed[0], list)
+        and isinstance(parsed[1], dict)
+        and isinstance(parsed[2], dict)
     ):
         raise ValueError(
             "body is not a Celery protocol-2 body [args, kwargs, embed] (a record "
@@ -128,9 +140,12 @@ class MessageSender:
         try:
             self._send_message = app.amqp.send_task_message
         except ValueError:  # kombu cannot read the broker URL; its error quotes a part of it
-            raise DebounceConfigError(redact(
-                f"broker_url {app.conf.broker_url!r} cannot be read (a password holding "
-                "';', '/', '@' or ':' must be percent-encoded)")) from None
+            raise DebounceConfigError(
+                redact(
+                    f"broker_url {app.conf.broker_url!r} cannot be read (a password holding "
+                    "';', '/', '@' or ':' must be percent-encoded)"
+                )
+            ) from None
         #: task id -> ms until its message expires, for the windows published with one
         self.expiry: dict[str, int] = {}
         self._errors: tuple[type[BaseException], ...] | None = None
@@ -143,9 +158,15 @@ class MessageSender:
             if window.content_type == DEFAULT_CONTENT_TYPE:
                 arguments = check_json_body(window.payload)
             message, options = self.messages.build(
-                window.task_name, window.task_id, window.shard, window.calls,
-                window.content_type, window.payload, window.options_json,
-                tag=self.store.tag(window.shard), arguments=arguments,
+                window.task_name,
+                window.task_id,
+                window.shard,
+                window.calls,
+                window.content_type,
+                window.payload,
+                window.options_json,
+                tag=self.store.tag(window.shard),
+                arguments=arguments,
                 ident=window.ident if self.settings.wait_replicas else None,
             )
             left = options.get("expiration")  # expires: the broker may drop it unseen
@@ -193,9 +214,13 @@ class MessageSender:
             errors = (  # kombu's Redis transport also lists KeyError (a missing queue)
                 # and InconsistencyError (no route for the exchange): those are one
                 # message's fault, counted against its window
-                *(e for e in getattr(conn, "connection_errors", ())
-                  if not issubclass(e, (LookupError, InconsistencyError))),
-                OSError, *CONNECTION_ERRORS,
+                *(
+                    e
+                    for e in getattr(conn, "connection_errors", ())
+                    if not issubclass(e, (LookupError, InconsistencyError))
+                ),
+                OSError,
+                *CONNECTION_ERRORS,
             )
             self._errors = errors
         seen: BaseException | None = exc
@@ -273,18 +298,29 @@ class _Publishing:
     def _producer(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
-    def _open_group(self, producer: Any, group: list[TakenWindow], batched: bool,
-                    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
+    def _open_group(
+        self,
+        producer: Any,
+        group: list[TakenWindow],
+        batched: bool,
+    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
         """The context ``group`` is published in, and the reader of its replies."""
         return (_batch(producer, len(group)) if batched else nullcontext()), None
 
-    def _sent(self, window: TakenWindow, batched: bool, ok: list[TakenWindow],
-              out: Outcomes, lease_end: float) -> None:
+    def _sent(
+        self,
+        window: TakenWindow,
+        batched: bool,
+        ok: list[TakenWindow],
+        out: Outcomes,
+        lease_end: float,
+    ) -> None:
         """``window``'s publish returned (an error raised here is the message's)."""
         ok.append(window)
 
-    def _answered(self, batched: bool, ok: list[TakenWindow], out: Outcomes,
-                  lease_end: float) -> None:
+    def _answered(
+        self, batched: bool, ok: list[TakenWindow], out: Outcomes, lease_end: float
+    ) -> None:
         """The group is published: read what the broker answered."""
 
     def _usable(self) -> bool:
@@ -292,8 +328,14 @@ class _Publishing:
         return True
 
     # -- one group -------------------------------------------------------------------
-    def _publish_group(self, producer: Any, group: list[TakenWindow], batched: bool,
-                       lease_end: float, out: Outcomes) -> None:
+    def _publish_group(
+        self,
+        producer: Any,
+        group: list[TakenWindow],
+        batched: bool,
+        lease_end: float,
+        out: Outcomes,
+    ) -> None:
         ok: list[TakenWindow] = []
         try:
             context, exact = self._open_group(producer, group, batched)
@@ -303,8 +345,11 @@ class _Publishing:
                         logger.warning(
                             "debounce: %s[%s] key=%r not published: half its %dms "
                             "lease passed (slow broker?); it is published after the "
-                            "lease expires", window.task_name, window.task_id,
-                            window.key, self.lease_ms,
+                            "lease expires",
+                            window.task_name,
+                            window.task_id,
+                            window.key,
+                            self.lease_ms,
                         )
                         out.add(window, Outcome.LATE)
                         continue
@@ -319,7 +364,9 @@ class _Publishing:
                         logger.warning(
                             "debounce: broker unavailable, %d window(s) not published, "
                             "not counted against them; will retry in %.1fs: %s",
-                            len(group) - i, fault.delay, exc,
+                            len(group) - i,
+                            fault.delay,
+                            exc,
                         )
                         out.add_all(group[i:], Outcome.UNSENT)
                         break
@@ -327,15 +374,19 @@ class _Publishing:
                         out.add(window, Outcome.SUSPECT, str(exc))
                     except Exception as exc:  # this message: count it, go on
                         logger.warning(
-                            "debounce: publishing %s[%s] key=%r failed (attempt "
-                            "%d of %d): %r", window.task_name, window.task_id,
-                            window.key, window.failures + 1, MAX_TRIES, exc,
+                            "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %r",
+                            window.task_name,
+                            window.task_id,
+                            window.key,
+                            window.failures + 1,
+                            MAX_TRIES,
+                            exc,
                         )
                         out.add(window, Outcome.FAILED, f"{type(exc).__name__}: {exc}")
                         if not self._usable():
                             # the broker closed the channel: nothing more goes out on
                             # it; the rest waits for the next pass
-                            out.add_all(group[i + 1:], Outcome.UNSENT)
+                            out.add_all(group[i + 1 :], Outcome.UNSENT)
                             break
                     else:
                         if exact is not None:
@@ -349,8 +400,9 @@ class _Publishing:
             shared = self.sender.fault_kind(producer, exc) == BROKER
             noted = self.note_fault(exc) if shared else None
             logger.warning(
-                "debounce: publishing a batch of %d failed, none is confirmed; "
-                "will retry: %r (%s)", len(ok), exc,
+                "debounce: publishing a batch of %d failed, none is confirmed; will retry: %r (%s)",
+                len(ok),
+                exc,
                 f"the broker as a whole: {noted.reason}" if noted else "this batch",
                 exc_info=False,
             )
@@ -363,8 +415,12 @@ class _Publishing:
         out.add_all(ok, Outcome.SENT)
 
     def _sort_replies(
-        self, producer: Any, spans: list[tuple[TakenWindow, int, int]], replies: list[Any],
-        ok: list[TakenWindow], out: Outcomes,
+        self,
+        producer: Any,
+        spans: list[tuple[TakenWindow, int, int]],
+        replies: list[Any],
+        ok: list[TakenWindow],
+        out: Outcomes,
     ) -> None:
         """Sort a batch's windows by their commands' replies (:class:`_ExactBatch`).
 
@@ -388,8 +444,12 @@ class _Publishing:
             else:
                 logger.warning(
                     "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
-                    window.task_name, window.task_id, window.key, window.failures + 1,
-                    MAX_TRIES, reason,
+                    window.task_name,
+                    window.task_id,
+                    window.key,
+                    window.failures + 1,
+                    MAX_TRIES,
+                    reason,
                 )
                 out.add(window, Outcome.FAILED, reason)
 
@@ -403,8 +463,12 @@ class PoolPublisher(_Publishing):
         with self.app.producer_or_acquire() as producer:
             yield producer
 
-    def _open_group(self, producer: Any, group: list[TakenWindow], batched: bool,
-                    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
+    def _open_group(
+        self,
+        producer: Any,
+        group: list[TakenWindow],
+        batched: bool,
+    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
         exact = _ExactBatch(producer) if batched else None
         return (_batch(producer, len(group)) if batched else nullcontext()), exact
 
@@ -432,32 +496,47 @@ class AmqpPublisher(_Publishing):
             producer = self.confirms.producer()
         except Exception as exc:  # cannot connect: nothing is sent, every window waits
             self.note_fault(exc)
-            logger.warning("debounce: broker unavailable, windows not published, will "
-                           "retry: %s: %s", type(exc).__name__, exc)
+            logger.warning(
+                "debounce: broker unavailable, windows not published, will retry: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
             producer = None
         yield producer
 
-    def _open_group(self, producer: Any, group: list[TakenWindow], batched: bool,
-                    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
+    def _open_group(
+        self,
+        producer: Any,
+        group: list[TakenWindow],
+        batched: bool,
+    ) -> tuple[AbstractContextManager[Any], _ExactBatch | None]:
         self._confirming = {}
         return super()._open_group(producer, group, batched)
 
-    def _sent(self, window: TakenWindow, batched: bool, ok: list[TakenWindow],
-              out: Outcomes, lease_end: float) -> None:
+    def _sent(
+        self,
+        window: TakenWindow,
+        batched: bool,
+        ok: list[TakenWindow],
+        out: Outcomes,
+        lease_end: float,
+    ) -> None:
         self._confirming[self.confirms.sent()] = window
         if not batched:  # one by one: its answer before the next
             self._confirmed(lease_end, batched, ok, out)
 
-    def _answered(self, batched: bool, ok: list[TakenWindow], out: Outcomes,
-                  lease_end: float) -> None:
+    def _answered(
+        self, batched: bool, ok: list[TakenWindow], out: Outcomes, lease_end: float
+    ) -> None:
         if self._confirming:
             self._confirmed(lease_end, batched, ok, out)
 
     def _usable(self) -> bool:
         return self.confirms.usable()
 
-    def _confirmed(self, lease_end: float, batched: bool, ok: list[TakenWindow],
-                   out: Outcomes) -> None:
+    def _confirmed(
+        self, lease_end: float, batched: bool, ok: list[TakenWindow], out: Outcomes
+    ) -> None:
         """Wait for the broker's confirms of the messages published (then forgotten)
         and sort them.
 
@@ -478,7 +557,11 @@ class AmqpPublisher(_Publishing):
                 # confirmed, but no queue took it (basic.return): this message's fault
                 logger.warning(
                     "debounce: publishing %s[%s] key=%r failed (attempt %d of %d): %s",
-                    window.task_name, window.task_id, window.key, window.tries, MAX_TRIES,
+                    window.task_name,
+                    window.task_id,
+                    window.key,
+                    window.tries,
+                    MAX_TRIES,
                     unroutable,
                 )
                 out.add(window, Outcome.FAILED, unroutable)
@@ -488,14 +571,13 @@ class AmqpPublisher(_Publishing):
             elif seq in result.nacked:
                 out.add(window, Outcome.REFUSED)
             elif not batched and _channel_closed(result.error):
-                out.add(window, Outcome.FAILED,
-                        f"{type(result.error).__name__}: {result.error}")
+                out.add(window, Outcome.FAILED, f"{type(result.error).__name__}: {result.error}")
             else:
                 out.add(window, Outcome.UNCERTAIN)
         if result.nacked:
             logger.warning(
-                "debounce: the broker refused (nack) %d message(s); their windows are "
-                "retried: %s", len(result.nacked),
+                "debounce: the broker refused (nack) %d message(s); their windows are retried: %s",
+                len(result.nacked),
                 ", ".join(confirming[s].task_id for s in sorted(result.nacked)[:5]),
             )
         if result.unconfirmed and not _channel_closed(result.error):
@@ -505,7 +587,9 @@ class AmqpPublisher(_Publishing):
             logger.warning(
                 "debounce: %d message(s) not confirmed by the broker (%r); their windows "
                 "are not acked and are published again after the lease unless a worker "
-                "claims them", len(result.unconfirmed), result.error,
+                "claims them",
+                len(result.unconfirmed),
+                result.error,
             )
         confirming.clear()
 
@@ -557,9 +641,13 @@ class _ExactBatch:
     def flush(self) -> list[Any] | None:
         """Run the buffered commands; one reply (or error) per command, or None."""
         session = self._session()
-        if not (self.usable and self.spans and session is not None
-                and isinstance(getattr(session, "_buffered", None), int)
-                and self.spans[-1][2] == self.position()):
+        if not (
+            self.usable
+            and self.spans
+            and session is not None
+            and isinstance(getattr(session, "_buffered", None), int)
+            and self.spans[-1][2] == self.position()
+        ):
             return None
         replies = list(session.pipeline.execute(raise_on_error=False))
         session._buffered = 0  # kombu's own flush finds nothing left to send

@@ -42,8 +42,16 @@ from .read_view import (
 
 logger = logging.getLogger("celery_debounce.admin")
 
-__all__ = ["COMMANDS_PER_SHARD", "LATE_BUCKETS_MS", "DebounceAdmin", "Held", "Snapshot", "Stats",
-           "TaskStats", "read_snapshot"]
+__all__ = [
+    "COMMANDS_PER_SHARD",
+    "LATE_BUCKETS_MS",
+    "DebounceAdmin",
+    "Held",
+    "Snapshot",
+    "Stats",
+    "TaskStats",
+    "read_snapshot",
+]
 
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
@@ -117,29 +125,41 @@ class TaskStats:
         self.holds += other.holds
         self.held_ms += other.held_ms
         self.calls_in += other.calls_in
-        self.lateness_buckets = [a + b for a, b in zip(
-            self.lateness_buckets, other.lateness_buckets, strict=True)]
+        self.lateness_buckets = [
+            a + b for a, b in zip(self.lateness_buckets, other.lateness_buckets, strict=True)
+        ]
 
     def as_json(self, census: bool = True) -> dict[str, Any]:
         """``census=False`` (``stats --quick``): the figures the scan counts (open, due,
         oldest_first_seen, calls_waiting) are null, "not counted", never 0."""
         return {
-            "task": self.task, "open": self.open if census else None,
+            "task": self.task,
+            "open": self.open if census else None,
             "due": self.due if census else None,
             "oldest_first_seen": self.oldest_first_seen if census else None,
             "calls_waiting": self.calls_waiting if census else None,
-            "runs": self.runs, "calls": self.calls, "coalescing_ratio": self.coalescing_ratio,
-            "forced_by_max_wait": self.forced, "cancelled": self.cancelled,
+            "runs": self.runs,
+            "calls": self.calls,
+            "coalescing_ratio": self.coalescing_ratio,
+            "forced_by_max_wait": self.forced,
+            "cancelled": self.cancelled,
             "closed_by_cap": self.closed_by_cap,
-            "leading_runs": self.leading_runs, "suppressed": self.suppressed,
+            "leading_runs": self.leading_runs,
+            "suppressed": self.suppressed,
             "duplicates_skipped": self.duplicates_skipped,
-            "holds": self.holds, "held_ms": self.held_ms,
+            "holds": self.holds,
+            "held_ms": self.held_ms,
             "calls_in": self.calls_in,
-            "lateness_ms": {f"p{int(q * 100)}": _finite(self.lateness_ms(q))
-                            for q in (0.5, 0.9, 0.99)},
-            "lateness_buckets": dict(zip(
-                [*(f"le_{b}" for b in LATE_BUCKETS_MS), "above"], self.lateness_buckets,
-                strict=True)),
+            "lateness_ms": {
+                f"p{int(q * 100)}": _finite(self.lateness_ms(q)) for q in (0.5, 0.9, 0.99)
+            },
+            "lateness_buckets": dict(
+                zip(
+                    [*(f"le_{b}" for b in LATE_BUCKETS_MS), "above"],
+                    self.lateness_buckets,
+                    strict=True,
+                )
+            ),
         }
 
 
@@ -173,9 +193,14 @@ class Stats:
         are null (not counted); the total open and due are exact either way."""
         total = self.total.as_json(self.census)
         total["open"], total["due"] = self.open, self.due
-        return {"now": self.now, "open": self.open, "due": self.due, "census": self.census,
-                "total": total,
-                "tasks": [self.tasks[name].as_json(self.census) for name in sorted(self.tasks)]}
+        return {
+            "now": self.now,
+            "open": self.open,
+            "due": self.due,
+            "census": self.census,
+            "total": total,
+            "tasks": [self.tasks[name].as_json(self.census) for name in sorted(self.tasks)],
+        }
 
 
 class DebounceAdmin:
@@ -190,14 +215,20 @@ class DebounceAdmin:
     @property
     def backend(self) -> WindowStore:
         """:attr:`store` under its name before ``store``: deprecated, warns."""
-        warnings.warn("DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.store
 
     @backend.setter
     def backend(self, store: WindowStore) -> None:
-        warnings.warn("DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.store = store
 
     # -- reading ------------------------------------------------------------
@@ -313,15 +344,18 @@ class DebounceAdmin:
                 while True:
                     cursor, rows = self.store.census_step(shard, cursor, _SCAN_COUNT, now_ms)
                     for found in rows:
-                        row = TaskStats(task=found.task, open=found.open, due=found.due,
-                                        calls_waiting=found.calls_waiting)
+                        row = TaskStats(
+                            task=found.task,
+                            open=found.open,
+                            due=found.due,
+                            calls_waiting=found.calls_waiting,
+                        )
                         if found.oldest_first_seen_ms >= 0:
                             row.oldest_first_seen = found.oldest_first_seen_ms / 1000
                         tasks.setdefault(row.task, TaskStats(task=row.task)).merge(row)
                     if cursor == "0":
                         break
-        return Stats(now=now_ms / 1000, open=total_open, due=total_due, census=census,
-                     tasks=tasks)
+        return Stats(now=now_ms / 1000, open=total_open, due=total_due, census=census, tasks=tasks)
 
     def reset_stats(self) -> dict[str, TaskStats]:
         """Zero the counters (runs, calls, forced, cancelled, lateness) atomically.
@@ -370,7 +404,9 @@ class DebounceAdmin:
         if taken is not None:
             raise WindowNotPending(
                 f"window {task_id} ({taken.task} key {taken.key!r}) is {taken.state}: "
-                "already taken for dispatch", taken.state)
+                "already taken for dispatch",
+                taken.state,
+            )
         found = self._find_pending(task_id)
         if found is not None:
             return found
@@ -379,8 +415,10 @@ class DebounceAdmin:
     def _pending_idents(self, task: str | None) -> Iterable[tuple[int, list[tuple[str, str]]]]:
         """Per shard, (ident, task id) of every pending window (of ``task``)."""
         for shard in range(self.settings.shards):
-            listed = [(window_ident(w.task, w.key), w.task_id)
-                      for w in walk_pending(self.store, shard, task=task)]
+            listed = [
+                (window_ident(w.task, w.key), w.task_id)
+                for w in walk_pending(self.store, shard, task=task)
+            ]
             if listed:
                 yield shard, listed
 
@@ -390,8 +428,9 @@ class DebounceAdmin:
         except CancelOutcomeUnknown as lost:
             # it may have dropped the window: once Redis answers, its token's key says
             # whether it did, and its result is revoked then (this process permitting)
-            threading.Thread(target=self._settle_cancel, args=(lost,), daemon=True,
-                             name="debounce-cancel").start()
+            threading.Thread(
+                target=self._settle_cancel, args=(lost,), daemon=True, name="debounce-cancel"
+            ).start()
             raise
         if cancelled is None:
             return None
@@ -409,14 +448,18 @@ class DebounceAdmin:
                 delay = min(delay * 2, 5.0)
                 continue
             if cancelled is None:
-                logger.warning("debounce: a cancel whose reply was lost did not run (%s)",
-                               lost.ident)
+                logger.warning(
+                    "debounce: a cancel whose reply was lost did not run (%s)", lost.ident
+                )
             else:
                 self._revoke(cancelled, lost.shard)
             return
-        logger.warning("debounce: a cancel whose reply was lost (%s) could not be checked "
-                       "in %d s: its window may be gone with its result not revoked",
-                       lost.ident, _SETTLE_S)
+        logger.warning(
+            "debounce: a cancel whose reply was lost (%s) could not be checked "
+            "in %d s: its window may be gone with its result not revoked",
+            lost.ident,
+            _SETTLE_S,
+        )
 
     def _revoke(self, cancelled: Cancelled, shard: int) -> WindowInfo:
         info = window_info(cancelled.record, shard, "cancelled")
@@ -424,20 +467,31 @@ class DebounceAdmin:
         try:
             self.app.backend.mark_as_revoked(info.task_id, _REVOKE_REASON)
         except Exception as exc:  # no result backend, or it is down: the window is gone anyway
-            logger.warning("debounce: cancelled %s[%s] but could not mark its result revoked: %r",
-                           info.task, info.task_id, exc)
+            logger.warning(
+                "debounce: cancelled %s[%s] but could not mark its result revoked: %r",
+                info.task,
+                info.task_id,
+                exc,
+            )
         if aliases:  # ids callers fixed (task_id=, canvas): revoked too, never left waiting
             resolve_aliases(self.app, info.task_id, parse_aliases(aliases), states.REVOKED, None)
-        logger.info("debounce: cancelled %s[%s] key=%r calls=%d",
-                    info.task, info.task_id, info.key, info.calls)
+        logger.info(
+            "debounce: cancelled %s[%s] key=%r calls=%d",
+            info.task,
+            info.task_id,
+            info.key,
+            info.calls,
+        )
         if window_cancelled.receivers:
-            window_cancelled.send(sender=info.task, task_id=info.task_id, key=info.key,
-                                  calls=info.calls)
+            window_cancelled.send(
+                sender=info.task, task_id=info.task_id, key=info.key, calls=info.calls
+            )
         return info
 
 
-def flush_window(store: WindowStore, shard: int, ident: str,
-                 task_id: str = "") -> WindowInfo | None:
+def flush_window(
+    store: WindowStore, shard: int, ident: str, task_id: str = ""
+) -> WindowInfo | None:
     """Close the pending window of ``ident`` (with ``task_id`` if given) and make it due
     now (:meth:`WindowStore.flush`). Returns the window as flushed, or None."""
     record = store.flush(shard, ident, task_id)
@@ -543,9 +597,23 @@ def read_snapshot(store: OperatorStore) -> Snapshot:
         if part.held_front:  # only then a second round trip: what each one waits for
             idents = [ident for ident, _ in part.held_front]
             for (ident, since), (runner, state) in zip(
-                    part.held_front, store.waits_for(shard, idents), strict=True):
+                part.held_front, store.waits_for(shard, idents), strict=True
+            ):
                 held.append(Held(ident, since / 1000, runner, state))
     held.sort(key=lambda h: h.since)
-    return Snapshot(now_ms / 1000, n_open, n_due, oldest_due, leased, active, quarantined,
-                    tasks, hot, dispatchers, alive, stopped, n_held,
-                    held[:store.held_listed()])
+    return Snapshot(
+        now_ms / 1000,
+        n_open,
+        n_due,
+        oldest_due,
+        leased,
+        active,
+        quarantined,
+        tasks,
+        hot,
+        dispatchers,
+        alive,
+        stopped,
+        n_held,
+        held[: store.held_listed()],
+    )

@@ -48,26 +48,61 @@ def debounce(ctx: click.Context) -> None:
 
 
 @debounce.command(cls=CeleryCommand)
-@click.option("--task", "task", cls=CeleryOption, help_group="Filter",
-              help="Only windows of this task name.")
-@click.option("--key", "key", cls=CeleryOption, help_group="Filter",
-              help="Only the window(s) with exactly this key (as in flush and cancel). "
-                   "A value with *, ? or [ is still read as a glob, with a deprecation "
-                   "warning: use --match for that.")
-@click.option("--match", "key_glob", cls=CeleryOption, help_group="Filter",
-              help="Only keys matching this glob (fnmatch, case-sensitive: *, ?, [seq]).")
-@click.option("--state", "states", cls=CeleryOption, help_group="Filter", multiple=True,
-              type=click.Choice(STATES), help="Only windows in this state (repeatable).")
-@click.option("--id", "task_id", cls=CeleryOption, help_group="Filter",
-              help="Only the window with this task id (any state).")
-@click.option("--limit", type=click.IntRange(min=1), cls=CeleryOption, help_group="Filter",
-              help="Show at most this many windows (earliest deadline first). Reads only "
-                   "the front of the due set, so it stays fast with millions of windows.")
+@click.option(
+    "--task", "task", cls=CeleryOption, help_group="Filter", help="Only windows of this task name."
+)
+@click.option(
+    "--key",
+    "key",
+    cls=CeleryOption,
+    help_group="Filter",
+    help="Only the window(s) with exactly this key (as in flush and cancel). "
+    "A value with *, ? or [ is still read as a glob, with a deprecation "
+    "warning: use --match for that.",
+)
+@click.option(
+    "--match",
+    "key_glob",
+    cls=CeleryOption,
+    help_group="Filter",
+    help="Only keys matching this glob (fnmatch, case-sensitive: *, ?, [seq]).",
+)
+@click.option(
+    "--state",
+    "states",
+    cls=CeleryOption,
+    help_group="Filter",
+    multiple=True,
+    type=click.Choice(STATES),
+    help="Only windows in this state (repeatable).",
+)
+@click.option(
+    "--id",
+    "task_id",
+    cls=CeleryOption,
+    help_group="Filter",
+    help="Only the window with this task id (any state).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    cls=CeleryOption,
+    help_group="Filter",
+    help="Show at most this many windows (earliest deadline first). Reads only "
+    "the front of the due set, so it stays fast with millions of windows.",
+)
 @json_option("a JSON array")
 @click.pass_context
-def inspect(ctx: click.Context, task: str | None, key: str | None, key_glob: str | None,
-            states: tuple[str, ...], task_id: str | None, limit: int | None,
-            as_json: bool) -> None:
+def inspect(
+    ctx: click.Context,
+    task: str | None,
+    key: str | None,
+    key_glob: str | None,
+    states: tuple[str, ...],
+    task_id: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
     """List windows, earliest deadline first.
 
     Pending windows accept calls; dispatching, queued and claimed ones were
@@ -88,8 +123,11 @@ def inspect(ctx: click.Context, task: str | None, key: str | None, key_glob: str
         raise click.UsageError("--key (exact) and --match (glob) cannot be combined")
     if key is not None:
         if any(c in key for c in "*?["):  # the old meaning, kept for now
-            click.echo("warning: --key with a glob is deprecated and will be exact in a "
-                       f"later release: use --match {key!r}", err=True)
+            click.echo(
+                "warning: --key with a glob is deprecated and will be exact in a "
+                f"later release: use --match {key!r}",
+                err=True,
+            )
         key_glob = key  # without glob characters fnmatch matches exactly this key
     admin = _admin(ctx)
     try:
@@ -97,8 +135,9 @@ def inspect(ctx: click.Context, task: str | None, key: str | None, key_glob: str
             found = admin.find(task_id)
             windows = [w for w in [found] if w is not None and (not states or w.state in states)]
         else:
-            windows = admin.windows(states=states or None, task=task, key_glob=key_glob,
-                                    limit=limit)
+            windows = admin.windows(
+                states=states or None, task=task, key_glob=key_glob, limit=limit
+            )
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -123,37 +162,70 @@ def _selector(task: str | None, key: str | None, task_id: str | None, every: boo
         return "all"
     if task is not None:
         raise click.UsageError(
-            f"--task {task}: add --key KEY for one window or --all for all of its windows")
-    raise click.UsageError("name the windows: --task NAME --key KEY, --id TASK_ID, or --all "
-                           "(optionally with --task NAME)")
+            f"--task {task}: add --key KEY for one window or --all for all of its windows"
+        )
+    raise click.UsageError(
+        "name the windows: --task NAME --key KEY, --id TASK_ID, or --all "
+        "(optionally with --task NAME)"
+    )
 
 
 def _selector_options(verb: str) -> Callable[[_F], _F]:
     def wrap(fn: _F) -> _F:
-        for option in reversed([
-            click.option("--task", cls=CeleryOption, help_group="Window",
-                         help=f"Task name: with --key, {verb} one window; with --all, "
-                              "all windows of the task."),
-            click.option("--key", cls=CeleryOption, help_group="Window",
-                         help="The window's exact key (as shown by inspect; no glob)."),
-            click.option("--id", "task_id", cls=CeleryOption, help_group="Window",
-                         help="The window's task id (what every coalesced call returned). "
-                              "Scans the due set: about 1.5 s per million open windows."),
-            click.option("--all", "every", is_flag=True, cls=CeleryOption, help_group="Window",
-                         help=f"{verb.capitalize()} every pending window (of --task if given)."),
-        ]):
+        for option in reversed(
+            [
+                click.option(
+                    "--task",
+                    cls=CeleryOption,
+                    help_group="Window",
+                    help=f"Task name: with --key, {verb} one window; with --all, "
+                    "all windows of the task.",
+                ),
+                click.option(
+                    "--key",
+                    cls=CeleryOption,
+                    help_group="Window",
+                    help="The window's exact key (as shown by inspect; no glob).",
+                ),
+                click.option(
+                    "--id",
+                    "task_id",
+                    cls=CeleryOption,
+                    help_group="Window",
+                    help="The window's task id (what every coalesced call returned). "
+                    "Scans the due set: about 1.5 s per million open windows.",
+                ),
+                click.option(
+                    "--all",
+                    "every",
+                    is_flag=True,
+                    cls=CeleryOption,
+                    help_group="Window",
+                    help=f"{verb.capitalize()} every pending window (of --task if given).",
+                ),
+            ]
+        ):
             fn = option(fn)
         return fn
+
     return wrap
 
 
 @debounce.command(cls=CeleryCommand)
 @_selector_options("flush")
-@json_option('a JSON object ({"flushed": N, "task": ...} with --all, else the window '
-             'flushed, fields as in inspect --json)')
+@json_option(
+    'a JSON object ({"flushed": N, "task": ...} with --all, else the window '
+    "flushed, fields as in inspect --json)"
+)
 @click.pass_context
-def flush(ctx: click.Context, task: str | None, key: str | None, task_id: str | None,
-          every: bool, as_json: bool) -> None:
+def flush(
+    ctx: click.Context,
+    task: str | None,
+    key: str | None,
+    task_id: str | None,
+    every: bool,
+    as_json: bool,
+) -> None:
     """Run pending windows now, as if their deadline had passed.
 
     The window's deadline becomes now and running dispatchers are woken, so it
@@ -182,13 +254,28 @@ def flush(ctx: click.Context, task: str | None, key: str | None, task_id: str | 
 
 @debounce.command(cls=CeleryCommand)
 @_selector_options("cancel")
-@click.option("-f", "--force", is_flag=True, cls=CeleryOption, help_group="Window",
-              help="Do not ask for confirmation with --all.")
-@json_option('a JSON object ({"cancelled": N, "task": ...} with --all, else the window '
-             'cancelled, fields as in inspect --json)')
+@click.option(
+    "-f",
+    "--force",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Window",
+    help="Do not ask for confirmation with --all.",
+)
+@json_option(
+    'a JSON object ({"cancelled": N, "task": ...} with --all, else the window '
+    "cancelled, fields as in inspect --json)"
+)
 @click.pass_context
-def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str | None,
-           every: bool, force: bool, as_json: bool) -> None:
+def cancel(
+    ctx: click.Context,
+    task: str | None,
+    key: str | None,
+    task_id: str | None,
+    every: bool,
+    force: bool,
+    as_json: bool,
+) -> None:
     """Drop pending windows so they never run.
 
     Each cancelled window's result is marked REVOKED in the result backend, so
@@ -212,25 +299,38 @@ def cancel(ctx: click.Context, task: str | None, key: str | None, task_id: str |
         info = admin.cancel_id(task_id) if mode == "id" else admin.cancel(task, key)  # type: ignore[arg-type]
     except WindowNotPending as exc:
         raise click.ClickException(
-            f"{exc}; to stop its run use: celery -A <app> control revoke {task_id}") from exc
+            f"{exc}; to stop its run use: celery -A <app> control revoke {task_id}"
+        ) from exc
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         echo_json({"cancelled": 1, **info.as_json()})
     else:
-        click.echo(f"Cancelled {info.task}[{info.task_id}] key={info.key!r} "
-                   f"calls={info.calls}; result marked revoked.")
+        click.echo(
+            f"Cancelled {info.task}[{info.task_id}] key={info.key!r} "
+            f"calls={info.calls}; result marked revoked."
+        )
 
 
 @debounce.command(cls=CeleryCommand)
-@click.option("--quick", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Skip the scan of open windows (per-task open/due counts, oldest window, "
-                   "calls waiting); totals and counters only. The scan takes ~1.5 s per "
-                   "million open windows.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Skip the scan of open windows (per-task open/due counts, oldest window, "
+    "calls waiting); totals and counters only. The scan takes ~1.5 s per "
+    "million open windows.",
+)
 @json_option("a JSON object (figures --quick does not count are null)")
-@click.option("--reset", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Zero the counters (runs, calls, forced, capped, cancelled, lateness) and print "
-                   "the values zeroed (atomic: no increment is lost).")
+@click.option(
+    "--reset",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Zero the counters (runs, calls, forced, capped, cancelled, lateness) and print "
+    "the values zeroed (atomic: no increment is lost).",
+)
 @click.pass_context
 def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     """Show window counts, calls per run and dispatch lateness per task.
@@ -259,8 +359,13 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
         raise click.ClickException(str(exc)) from exc
     policy = admin.store.maxmemory_policy()
     if as_json:
-        echo_json({**figures.as_json(), "maxmemory_policy": policy,
-                   "evicts_windows": evicts_windows(policy)})
+        echo_json(
+            {
+                **figures.as_json(),
+                "maxmemory_policy": policy,
+                "evicts_windows": evicts_windows(policy),
+            }
+        )
     else:
         click.echo(render_stats(figures))
         click.echo(describe_policy(policy))
@@ -272,30 +377,75 @@ def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:
         row = figures.tasks.setdefault(name, TaskStats(task=name))
         new = counters.get(name, TaskStats(task=name))
         row.runs, row.calls, row.forced, row.cancelled, row.closed_by_cap = (
-            new.runs, new.calls, new.forced, new.cancelled, new.closed_by_cap)
+            new.runs,
+            new.calls,
+            new.forced,
+            new.cancelled,
+            new.closed_by_cap,
+        )
         row.leading_runs, row.suppressed = new.leading_runs, new.suppressed
         row.calls_in = new.calls_in
         row.lateness_buckets = list(new.lateness_buckets)
 
 
 @debounce.command(cls=CeleryCommand)
-@click.option("-l", "--loglevel", default="INFO", cls=CeleryOption, help_group="Dispatcher",
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                                case_sensitive=False),
-              help="Logging level.")
-@click.option("-n", "--name", default=None, cls=CeleryOption, help_group="Dispatcher",
-              help="Name shown in log lines, ping and top (default: dispatch-<pid>).")
-@click.option("-f", "--logfile", default=None, cls=CeleryOption, help_group="Daemonization",
-              help="Log to this file (default: stderr).")
-@click.option("--pidfile", default=None, cls=CeleryOption, help_group="Daemonization",
-              help="Write the pid here; refuse to start while the pid it holds still runs.")
-@click.option("-D", "--detach", is_flag=True, cls=CeleryOption, help_group="Daemonization",
-              help="Run in the background, as celery beat does (log with -f FILE).")
-@click.option("--workdir", default=None, cls=CeleryOption, help_group="Daemonization",
-              help="Change to this directory when detached.")
+@click.option(
+    "-l",
+    "--loglevel",
+    default="INFO",
+    cls=CeleryOption,
+    help_group="Dispatcher",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    help="Logging level.",
+)
+@click.option(
+    "-n",
+    "--name",
+    default=None,
+    cls=CeleryOption,
+    help_group="Dispatcher",
+    help="Name shown in log lines, ping and top (default: dispatch-<pid>).",
+)
+@click.option(
+    "-f",
+    "--logfile",
+    default=None,
+    cls=CeleryOption,
+    help_group="Daemonization",
+    help="Log to this file (default: stderr).",
+)
+@click.option(
+    "--pidfile",
+    default=None,
+    cls=CeleryOption,
+    help_group="Daemonization",
+    help="Write the pid here; refuse to start while the pid it holds still runs.",
+)
+@click.option(
+    "-D",
+    "--detach",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Daemonization",
+    help="Run in the background, as celery beat does (log with -f FILE).",
+)
+@click.option(
+    "--workdir",
+    default=None,
+    cls=CeleryOption,
+    help_group="Daemonization",
+    help="Change to this directory when detached.",
+)
 @click.pass_context
-def dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str | None,
-             pidfile: str | None, detach: bool, workdir: str | None) -> None:
+def dispatch(
+    ctx: click.Context,
+    loglevel: str,
+    name: str | None,
+    logfile: str | None,
+    pidfile: str | None,
+    detach: bool,
+    workdir: str | None,
+) -> None:
     """Run a standalone dispatcher until SIGTERM or SIGINT.
 
     Publishes due windows like the one embedded in workers; run it when
@@ -314,8 +464,9 @@ def dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str |
     _dispatch(ctx, loglevel, name, logfile, pidfile)
 
 
-def _dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str | None,
-              pidfile: str | None) -> None:
+def _dispatch(
+    ctx: click.Context, loglevel: str, name: str | None, logfile: str | None, pidfile: str | None
+) -> None:
     import os
 
     from celery.platforms import create_pidlock
@@ -332,34 +483,61 @@ def _dispatch(ctx: click.Context, loglevel: str, name: str | None, logfile: str 
         raise config_error(exc, app) from exc
 
     def _shutdown(signum: int, _frame: Any) -> None:
-        logger.info("debounce: dispatcher %s: %s received, stopping",
-                    dispatcher.name, signal.Signals(signum).name)
+        logger.info(
+            "debounce: dispatcher %s: %s received, stopping",
+            dispatcher.name,
+            signal.Signals(signum).name,
+        )
         dispatcher.stop(timeout=0)
 
     signal.signal(signal.SIGTERM, _shutdown)
     signal.signal(signal.SIGINT, _shutdown)
     settings = dispatcher.settings
-    logger.info("debounce: dispatcher %s started (prefix %r, %d shard(s), poll %dms)",
-                dispatcher.name, settings.key_prefix, settings.shards, settings.poll_interval_ms)
+    logger.info(
+        "debounce: dispatcher %s started (prefix %r, %d shard(s), poll %dms)",
+        dispatcher.name,
+        settings.key_prefix,
+        settings.shards,
+        settings.poll_interval_ms,
+    )
     warn_if_evicting(dispatcher.store, dispatcher.name, logger)
     dispatcher.run()
     logger.info("debounce: dispatcher %s stopped", dispatcher.name)
 
 
 @debounce.command(cls=CeleryCommand)
-@click.option("--repair", is_flag=True, cls=CeleryOption, help_group="Doctor",
-              help="Fix what is found, atomically per key (safe to run twice).")
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, cls=CeleryOption,
-              help_group="Doctor", show_default=True,
-              help="Seconds past its lease after which an unreleased claim is a finding.")
-@click.option("--held-after", type=click.FloatRange(min=0), default=3600.0, cls=CeleryOption,
-              help_group="Doctor", show_default=True,
-              help="Seconds a window may be held behind a live run before it is reported.")
-@json_option('a JSON object ({"ok": bool, "findings": [{"check", "key", "task", '
-             '"detail", "repaired"}]})')
+@click.option(
+    "--repair",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Doctor",
+    help="Fix what is found, atomically per key (safe to run twice).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    cls=CeleryOption,
+    help_group="Doctor",
+    show_default=True,
+    help="Seconds past its lease after which an unreleased claim is a finding.",
+)
+@click.option(
+    "--held-after",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    cls=CeleryOption,
+    help_group="Doctor",
+    show_default=True,
+    help="Seconds a window may be held behind a live run before it is reported.",
+)
+@json_option(
+    'a JSON object ({"ok": bool, "findings": [{"check", "key", "task", "detail", "repaired"}]})'
+)
 @click.pass_context
-def doctor(ctx: click.Context, repair: bool, grace: float, held_after: float,
-           as_json: bool) -> None:
+def doctor(
+    ctx: click.Context, repair: bool, grace: float, held_after: float, as_json: bool
+) -> None:
     """Check the store's invariants; with --repair, fix what is found.
 
     Open windows without a due entry, claims past their lease that no dispatcher
@@ -372,13 +550,18 @@ def doctor(ctx: click.Context, repair: bool, grace: float, held_after: float,
 
     admin = _admin(ctx)
     try:
-        findings = diagnose(admin.store, repair=repair, grace_ms=int(grace * 1000),
-                            held_after_ms=int(held_after * 1000))
+        findings = diagnose(
+            admin.store,
+            repair=repair,
+            grace_ms=int(grace * 1000),
+            held_after_ms=int(held_after * 1000),
+        )
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        echo_json({"ok": not findings, "checks": CHECKS,
-                   "findings": [f.as_json() for f in findings]})
+        echo_json(
+            {"ok": not findings, "checks": CHECKS, "findings": [f.as_json() for f in findings]}
+        )
     else:
         click.echo(render(findings, repair))
     if findings:
@@ -409,8 +592,9 @@ def _write_shipped(name: str, output: str | None) -> None:
 
 
 def _output_option(fn: _F) -> _F:
-    return click.option("-o", "--output", metavar="PATH", default=None,
-                        help="Write to PATH instead of stdout.")(fn)
+    return click.option(
+        "-o", "--output", metavar="PATH", default=None, help="Write to PATH instead of stdout."
+    )(fn)
 
 
 @debounce.command()

@@ -25,18 +25,32 @@ def liveness(app: Any) -> dict[str, Any]:
     rows = []
     for name, ms in alive:
         age = max(0.0, (now_ms - ms) / 1000)
-        rows.append({"name": name, "status": "alive" if age <= 3 * HEARTBEAT_S else "silent",
-                     "heartbeat_age_s": round(age, 3), "stopped_at": None})
+        rows.append(
+            {
+                "name": name,
+                "status": "alive" if age <= 3 * HEARTBEAT_S else "silent",
+                "heartbeat_age_s": round(age, 3),
+                "stopped_at": None,
+            }
+        )
     for name, ms in stopped:
-        rows.append({"name": name, "status": "stopped", "heartbeat_age_s": None,
-                     "stopped_at": ms / 1000})
+        rows.append(
+            {"name": name, "status": "stopped", "heartbeat_age_s": None, "stopped_at": ms / 1000}
+        )
     rows.sort(key=lambda r: (r["status"] != "alive", r["name"]))
     return {"now": now_ms / 1000, "dispatchers": rows}
 
 
 @click.command(cls=CeleryCommand)
-@click.option("-n", "--name", "names", multiple=True, cls=CeleryOption, help_group="Ping",
-              help="Only this dispatcher (repeatable); exit 1 unless every one named is alive.")
+@click.option(
+    "-n",
+    "--name",
+    "names",
+    multiple=True,
+    cls=CeleryOption,
+    help_group="Ping",
+    help="Only this dispatcher (repeatable); exit 1 unless every one named is alive.",
+)
 @json_option("a JSON object")
 @click.pass_context
 def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
@@ -62,9 +76,11 @@ def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
         echo_json({**found, "dispatchers": rows, "ok": ok})
     else:
         for row in rows:
-            detail = (f"heartbeat {relative(-row['heartbeat_age_s'])}"
-                      if row["status"] != "stopped"
-                      else f"stopped {relative(row['stopped_at'] - found['now'])}")
+            detail = (
+                f"heartbeat {relative(-row['heartbeat_age_s'])}"
+                if row["status"] != "stopped"
+                else f"stopped {relative(row['stopped_at'] - found['now'])}"
+            )
             click.echo(f"-> {printable(row['name'])}: {row['status'].upper()} ({detail})")
         for missing in sorted(set(names) - {r["name"] for r in rows}):
             click.echo(f"-> {printable(missing)}: no heartbeat recorded")
@@ -93,19 +109,28 @@ def check(ctx: click.Context, as_json: bool) -> None:
     except Exception as exc:  # a task module that fails to import: the worker fails too
         problems = [import_problem(exc)]
     if as_json:
-        echo_json({"ok": not problems,
-                   "problems": [{"where": p.where, "message": p.message} for p in problems]})
+        echo_json(
+            {
+                "ok": not problems,
+                "problems": [{"where": p.where, "message": p.message} for p in problems],
+            }
+        )
     else:
         for problem in problems:
-            click.echo(f"{printable(problem.where)}: {problem.message}"
-                       if not problem.message.startswith(f"{problem.where}:")
-                       else problem.message)
+            click.echo(
+                f"{printable(problem.where)}: {problem.message}"
+                if not problem.message.startswith(f"{problem.where}:")
+                else problem.message
+            )
         for problem in problems:  # no -A (Celery's default app): say so
             if problem.where == "settings":
                 said = config_error(DebounceConfigError(problem.message), ctx.obj.app).message
                 if "\n" in said:
                     click.echo(said.partition("\n")[2])
-        click.echo(f"{len(problems)} problem(s) found." if problems
-                   else "All debounced tasks and settings are valid.")
+        click.echo(
+            f"{len(problems)} problem(s) found."
+            if problems
+            else "All debounced tasks and settings are valid."
+        )
     if problems:
         ctx.exit(1)

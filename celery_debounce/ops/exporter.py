@@ -56,8 +56,9 @@ class StoreCollector:
     process exporting it exports the same store-wide values: aggregate with ``max``.
     """
 
-    def __init__(self, app: Any, namespace: str = "celery_debounce",
-                 min_interval: float = 0.0) -> None:
+    def __init__(
+        self, app: Any, namespace: str = "celery_debounce", min_interval: float = 0.0
+    ) -> None:
         self.app = app
         self.namespace = namespace
         self.min_interval = min_interval
@@ -106,16 +107,28 @@ class StoreCollector:
             return kind(f"{ns}_{name}", doc, labels=[label])
 
         have = snap is not None
-        dispatchers = per("dispatcher_last_batch_timestamp_seconds",
-                          "When each dispatcher last took windows (Redis clock); kept for "
-                          "debounce_history_ttl.", "dispatcher")
-        ages = per("dispatcher_last_batch_age_seconds",
-                   "Seconds since each dispatcher last took windows (Redis clock).",
-                   "dispatcher")
-        runs = per("store_runs", "Windows taken for a run, counted in Redis (<tag>:stats; "
-                   "`stats --reset` zeroes it).", "task", CounterMetricFamily)
-        calls = per("store_calls", "Calls carried by the windows taken, counted in Redis.",
-                    "task", CounterMetricFamily)
+        dispatchers = per(
+            "dispatcher_last_batch_timestamp_seconds",
+            "When each dispatcher last took windows (Redis clock); kept for debounce_history_ttl.",
+            "dispatcher",
+        )
+        ages = per(
+            "dispatcher_last_batch_age_seconds",
+            "Seconds since each dispatcher last took windows (Redis clock).",
+            "dispatcher",
+        )
+        runs = per(
+            "store_runs",
+            "Windows taken for a run, counted in Redis (<tag>:stats; `stats --reset` zeroes it).",
+            "task",
+            CounterMetricFamily,
+        )
+        calls = per(
+            "store_calls",
+            "Calls carried by the windows taken, counted in Redis.",
+            "task",
+            CounterMetricFamily,
+        )
         since: float | None = None
         if snap is not None:
             for name, at in sorted(snap.dispatchers.items()):
@@ -133,25 +146,45 @@ class StoreCollector:
         return [
             gauge("store_up", "1 when the debounce Redis answered this scrape.", up),
             gauge("open_windows", "Pending windows.", value(lambda s: s.open)),
-            gauge("due_windows", "Pending windows whose deadline passed.",
-                  value(lambda s: s.due)),
-            gauge("oldest_due_age_seconds", "How long the most overdue pending window has "
-                  "been due (0: none due).", value(lambda s: s.oldest_due_s or 0.0)),
-            gauge("inflight_windows", "Windows taken and not finished.",
-                  value(lambda s: s.leased + s.active)),
+            gauge("due_windows", "Pending windows whose deadline passed.", value(lambda s: s.due)),
+            gauge(
+                "oldest_due_age_seconds",
+                "How long the most overdue pending window has been due (0: none due).",
+                value(lambda s: s.oldest_due_s or 0.0),
+            ),
+            gauge(
+                "inflight_windows",
+                "Windows taken and not finished.",
+                value(lambda s: s.leased + s.active),
+            ),
             gauge("quarantined_windows", "Windows set aside.", value(lambda s: s.quarantined)),
-            gauge("held_windows", "debounce_exclusive windows held behind a run of their "
-                  "key.", value(lambda s: s.held)),
-            gauge("oldest_held_age_seconds", "How long the longest held window has been "
-                  "held (0: none held).",
-                  value(lambda s: max(0.0, s.at - s.held_windows[0].since)
-                        if s.held_windows else 0.0)),
-            gauge("dispatchers_seen", "Dispatchers that took windows within "
-                  "debounce_history_ttl.", value(lambda s: len(s.dispatchers))),
-            gauge("seconds_since_last_batch", "Seconds since any dispatcher last took "
-                  "windows (Redis clock; absent when none is recorded).",
-                  since if have else None),
-            dispatchers, ages, runs, calls,
+            gauge(
+                "held_windows",
+                "debounce_exclusive windows held behind a run of their key.",
+                value(lambda s: s.held),
+            ),
+            gauge(
+                "oldest_held_age_seconds",
+                "How long the longest held window has been held (0: none held).",
+                value(
+                    lambda s: max(0.0, s.at - s.held_windows[0].since) if s.held_windows else 0.0
+                ),
+            ),
+            gauge(
+                "dispatchers_seen",
+                "Dispatchers that took windows within debounce_history_ttl.",
+                value(lambda s: len(s.dispatchers)),
+            ),
+            gauge(
+                "seconds_since_last_batch",
+                "Seconds since any dispatcher last took "
+                "windows (Redis clock; absent when none is recorded).",
+                since if have else None,
+            ),
+            dispatchers,
+            ages,
+            runs,
+            calls,
         ]
 
     def describe(self) -> list[Any]:
@@ -178,17 +211,27 @@ class ExporterHealth:
 
         ns = f"{self.namespace}_exporter"
         return [
-            CounterMetricFamily(f"{ns}_reads", "Readings of the store (one per scrape, "
-                                "or per min_interval).", value=self.store.reads),
-            CounterMetricFamily(f"{ns}_read_errors", "Readings that failed (Redis "
-                                "unreachable or refusing).", value=self.store.read_errors),
-            GaugeMetricFamily(f"{ns}_read_duration_seconds", "How long the last reading "
-                              "took.", value=self.store.read_duration),
+            CounterMetricFamily(
+                f"{ns}_reads",
+                "Readings of the store (one per scrape, or per min_interval).",
+                value=self.store.reads,
+            ),
+            CounterMetricFamily(
+                f"{ns}_read_errors",
+                "Readings that failed (Redis unreachable or refusing).",
+                value=self.store.read_errors,
+            ),
+            GaugeMetricFamily(
+                f"{ns}_read_duration_seconds",
+                "How long the last reading took.",
+                value=self.store.read_duration,
+            ),
         ]
 
 
-def exporter_registry(app: Any, min_interval: float = DEFAULT_MIN_INTERVAL,
-                      namespace: str = "celery_debounce") -> Any:
+def exporter_registry(
+    app: Any, min_interval: float = DEFAULT_MIN_INTERVAL, namespace: str = "celery_debounce"
+) -> Any:
     """A registry holding the store gauges and the exporter's health (nothing else:
     no process or platform collector, so two exporters export the same names)."""
     from prometheus_client import CollectorRegistry
@@ -200,18 +243,28 @@ def exporter_registry(app: Any, min_interval: float = DEFAULT_MIN_INTERVAL,
     return registry
 
 
-def serve(app: Any, port: int = DEFAULT_PORT, addr: str = ALL_INTERFACES,
-          min_interval: float = DEFAULT_MIN_INTERVAL) -> Any:
+def serve(
+    app: Any,
+    port: int = DEFAULT_PORT,
+    addr: str = ALL_INTERFACES,
+    min_interval: float = DEFAULT_MIN_INTERVAL,
+) -> Any:
     """Start the HTTP server in a thread; returns the server (``shutdown()`` stops it)."""
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(port, addr=addr,
-                                        registry=exporter_registry(app, min_interval))
+    server, _thread = start_http_server(
+        port, addr=addr, registry=exporter_registry(app, min_interval)
+    )
     return server
 
 
-def run(app: Any, port: int = DEFAULT_PORT, addr: str = ALL_INTERFACES,
-        min_interval: float = DEFAULT_MIN_INTERVAL, name: str = "exporter") -> None:
+def run(
+    app: Any,
+    port: int = DEFAULT_PORT,
+    addr: str = ALL_INTERFACES,
+    min_interval: float = DEFAULT_MIN_INTERVAL,
+    name: str = "exporter",
+) -> None:
     """Serve until SIGTERM or SIGINT (the main thread waits; scrapes run in the server's)."""
     import signal
 
@@ -227,9 +280,16 @@ def run(app: Any, port: int = DEFAULT_PORT, addr: str = ALL_INTERFACES,
     signal.signal(signal.SIGTERM, _shutdown)
     signal.signal(signal.SIGINT, _shutdown)
     server = serve(app, port, addr, min_interval)
-    logger.info("debounce: %s serving the store gauges on http://%s:%d/metrics (prefix %r, "
-                "%d shard(s), a reading at most every %gs)", name, addr or ALL_INTERFACES,
-                server.server_port, settings.key_prefix, settings.shards, min_interval)
+    logger.info(
+        "debounce: %s serving the store gauges on http://%s:%d/metrics (prefix %r, "
+        "%d shard(s), a reading at most every %gs)",
+        name,
+        addr or ALL_INTERFACES,
+        server.server_port,
+        settings.key_prefix,
+        settings.shards,
+        min_interval,
+    )
     try:
         while not stop.wait(1.0):
             pass
@@ -244,21 +304,45 @@ def _command() -> Any:
     from celery.bin.base import CeleryCommand, CeleryOption
 
     @click.command(name="exporter", cls=CeleryCommand)
-    @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
-                  show_default=True, cls=CeleryOption, help_group="Exporter",
-                  help="TCP port of the /metrics endpoint (0: any free port, logged).")
-    @click.option("--addr", default=ALL_INTERFACES, show_default=True, cls=CeleryOption,
-                  help_group="Exporter", help="Address to listen on.")
-    @click.option("--min-interval", type=click.FloatRange(min=0), default=DEFAULT_MIN_INTERVAL,
-                  show_default=True, cls=CeleryOption, help_group="Exporter",
-                  help="Scrapes closer together than this many seconds share one reading "
-                       "of Redis.")
-    @click.option("-l", "--loglevel", default="INFO", cls=CeleryOption, help_group="Exporter",
-                  type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                                    case_sensitive=False), help="Logging level.")
+    @click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=DEFAULT_PORT,
+        show_default=True,
+        cls=CeleryOption,
+        help_group="Exporter",
+        help="TCP port of the /metrics endpoint (0: any free port, logged).",
+    )
+    @click.option(
+        "--addr",
+        default=ALL_INTERFACES,
+        show_default=True,
+        cls=CeleryOption,
+        help_group="Exporter",
+        help="Address to listen on.",
+    )
+    @click.option(
+        "--min-interval",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_MIN_INTERVAL,
+        show_default=True,
+        cls=CeleryOption,
+        help_group="Exporter",
+        help="Scrapes closer together than this many seconds share one reading of Redis.",
+    )
+    @click.option(
+        "-l",
+        "--loglevel",
+        default="INFO",
+        cls=CeleryOption,
+        help_group="Exporter",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+        help="Logging level.",
+    )
     @click.pass_context
-    def exporter(ctx: click.Context, port: int, addr: str, min_interval: float,
-                 loglevel: str) -> None:
+    def exporter(
+        ctx: click.Context, port: int, addr: str, min_interval: float, loglevel: str
+    ) -> None:
         """Export the store gauges to Prometheus until SIGTERM or SIGINT.
 
         Open, due and quarantined windows, the most overdue window's age, the

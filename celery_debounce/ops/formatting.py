@@ -111,10 +111,13 @@ def config_error(exc: DebounceError, app: Any = None) -> click.ClickException:
     """``exc`` as a CLI error; a Redis URL missing because no app was named says so
     (Celery's default app, main ``"default"``, with no broker URL)."""
     message = str(exc)
-    default = app is None or (getattr(app, "main", None) in (None, "default")
-                              and not app.conf.broker_url)
+    default = app is None or (
+        getattr(app, "main", None) in (None, "default") and not app.conf.broker_url
+    )
     if isinstance(exc, DebounceConfigError) and "is not a Redis URL" in message and default:
-        message += ("\nHint: name your app with -A/--app before the command, e.g. "
-                    "`celery -A proj debounce inspect` (without it Celery uses its "
-                    "default app, which has no Redis URL).")
+        message += (
+            "\nHint: name your app with -A/--app before the command, e.g. "
+            "`celery -A proj debounce inspect` (without it Celery uses its "
+            "default app, which has no Redis URL)."
+        )
     return click.ClickException(message)

@@ -84,18 +84,46 @@ from ..signals import (
 )
 
 #: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
-_SIGNALS = (window_opened, call_absorbed, window_dispatched, window_forced_by_max_wait,
-            window_cancelled, window_closed_by_cap, leading_run, call_suppressed,
-            call_failed, publish_failed, publish_refused, window_quarantined,
-            duplicate_skipped, window_held, outage_fallback, max_wait_exceeded)
+_SIGNALS = (
+    window_opened,
+    call_absorbed,
+    window_dispatched,
+    window_forced_by_max_wait,
+    window_cancelled,
+    window_closed_by_cap,
+    leading_run,
+    call_suppressed,
+    call_failed,
+    publish_failed,
+    publish_refused,
+    window_quarantined,
+    duplicate_skipped,
+    window_held,
+    outage_fallback,
+    max_wait_exceeded,
+)
 
 #: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
 
 #: Bounds (s) of the call-duration histogram: a loopback round trip is ~0.1-0.5 ms, a
 #: call that times out takes debounce_redis_timeout (default 5 s).
-CALL_DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                         1.0, 2.5, 5.0, 10.0)
+CALL_DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 #: The environment variable of prometheus_client's multiprocess mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -153,7 +181,8 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     except ImportError as exc:  # pragma: no cover - depends on the extra
         raise ImportError(
             "celery_debounce.ops.metrics needs prometheus-client: "
-            "pip install 'celery-debounced[prometheus]'") from exc
+            "pip install 'celery-debounced[prometheus]'"
+        ) from exc
     registry = REGISTRY if registry is None else registry
     done = _ENABLED.setdefault(registry, {})
     if namespace in done:
@@ -166,46 +195,76 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     opened = counter("windows_opened", "Debounce windows opened by producers.")
     absorbed = counter("calls_absorbed", "Calls that joined an already open window.")
     dispatched = counter("windows_dispatched", "Debounce windows published to the broker.")
-    forced = counter("windows_forced_by_max_wait",
-                     "Published windows whose deadline was set by the max wait.")
+    forced = counter(
+        "windows_forced_by_max_wait", "Published windows whose deadline was set by the max wait."
+    )
     cancelled = counter("windows_cancelled", "Debounce windows cancelled by an operator.")
-    closed_by_cap = counter("windows_closed_by_cap",
-                            "Debounce windows closed by their call cap (debounce_max_calls).")
-    leading_runs = counter("leading_runs",
-                           "Leading runs (debounce_leading=True), published at their first call.")
-    suppressed = counter("calls_suppressed",
-                         "Calls suppressed by the quiet period after a leading run "
-                         "(debounce_leading=True, debounce_trailing=False).")
-    duplicates = counter("duplicates_skipped",
-                         "Duplicate deliveries of a finished or running window, skipped "
-                         "before the task's code.")
+    closed_by_cap = counter(
+        "windows_closed_by_cap", "Debounce windows closed by their call cap (debounce_max_calls)."
+    )
+    leading_runs = counter(
+        "leading_runs", "Leading runs (debounce_leading=True), published at their first call."
+    )
+    suppressed = counter(
+        "calls_suppressed",
+        "Calls suppressed by the quiet period after a leading run "
+        "(debounce_leading=True, debounce_trailing=False).",
+    )
+    duplicates = counter(
+        "duplicates_skipped",
+        "Duplicate deliveries of a finished or running window, skipped before the task's code.",
+    )
     held = counter("windows_held", "debounce_exclusive windows held behind a run of their key.")
-    held_seconds = counter("held_seconds",
-                           "Seconds debounce_exclusive windows were held behind a run.")
+    held_seconds = counter(
+        "held_seconds", "Seconds debounce_exclusive windows were held behind a run."
+    )
     dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
-    lateness = Histogram("dispatch_lateness_seconds",
-                         "Time from a window's deadline to its take by a dispatcher.",
-                         ["task"], namespace=namespace, registry=registry,
-                         buckets=LATENESS_BUCKETS)
-    call_duration = Histogram("call_duration_seconds",
-                              "One call's round trip to the gate (.delay()/apply_async), "
-                              "failed calls included.", ["task"], namespace=namespace,
-                              registry=registry, buckets=CALL_DURATION_BUCKETS)
-    call_errors = counter("call_errors", "Calls the gate could not take (Redis errors), by "
-                          "exception class.", "error")
-    publish_failures = counter("publish_failures", "Windows a dispatcher took but could not "
-                               "publish, by kind (message, broker, uncertain, suspect, nack).",
-                               "kind")
-    calls = counter("calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).",
-                    "outcome")
-    outage_fallbacks = counter("outage_fallbacks", "Calls published plainly because the "
-                               "windows' Redis could not take them (debounce_on_outage="
-                               "'publish'), by reason (unreachable, unknown, refused, "
-                               "breaker).", "reason")
-    quarantined = counter("windows_quarantined", "Windows set aside, by kind (message, "
-                          "publish_failed, record).", "kind")
-    violations = counter("max_wait_violations", "Runs that started later than their "
-                         "window's ceiling (first call + max wait) plus a tolerance.")
+    lateness = Histogram(
+        "dispatch_lateness_seconds",
+        "Time from a window's deadline to its take by a dispatcher.",
+        ["task"],
+        namespace=namespace,
+        registry=registry,
+        buckets=LATENESS_BUCKETS,
+    )
+    call_duration = Histogram(
+        "call_duration_seconds",
+        "One call's round trip to the gate (.delay()/apply_async), failed calls included.",
+        ["task"],
+        namespace=namespace,
+        registry=registry,
+        buckets=CALL_DURATION_BUCKETS,
+    )
+    call_errors = counter(
+        "call_errors", "Calls the gate could not take (Redis errors), by exception class.", "error"
+    )
+    publish_failures = counter(
+        "publish_failures",
+        "Windows a dispatcher took but could not "
+        "publish, by kind (message, broker, uncertain, suspect, nack).",
+        "kind",
+    )
+    calls = counter(
+        "calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).", "outcome"
+    )
+    outage_fallbacks = counter(
+        "outage_fallbacks",
+        "Calls published plainly because the "
+        "windows' Redis could not take them (debounce_on_outage="
+        "'publish'), by reason (unreachable, unknown, refused, "
+        "breaker).",
+        "reason",
+    )
+    quarantined = counter(
+        "windows_quarantined",
+        "Windows set aside, by kind (message, publish_failed, record).",
+        "kind",
+    )
+    violations = counter(
+        "max_wait_violations",
+        "Runs that started later than their "
+        "window's ceiling (first call + max wait) plus a tolerance.",
+    )
 
     #: (task, outcome) -> the labelled children a producer's call bumps: looked up
     #: once per task, so a call pays two increments and one observation
@@ -215,8 +274,10 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         children = producer_children.get((sender, outcome))
         if children is None:
             children = producer_children[(sender, outcome)] = (
-                own.labels(task=sender), calls.labels(task=sender, outcome=outcome),
-                call_duration.labels(task=sender))
+                own.labels(task=sender),
+                calls.labels(task=sender, outcome=outcome),
+                call_duration.labels(task=sender),
+            )
         children[0].inc()
         children[1].inc()
         if latency is not None:
@@ -248,8 +309,9 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     def on_suppressed(sender: str, latency: float | None = None, **_: Any) -> None:
         on_call(sender, "suppressed", suppressed, latency)
 
-    def on_call_failed(sender: str, error: str = "DebounceBackendError",
-                       latency: float | None = None, **_: Any) -> None:
+    def on_call_failed(
+        sender: str, error: str = "DebounceBackendError", latency: float | None = None, **_: Any
+    ) -> None:
         call_errors.labels(task=sender, error=error).inc()
         if latency is not None:
             call_duration.labels(task=sender).observe(latency)
@@ -278,14 +340,47 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
 
     held_metric = held
     lateness_metric = lateness
-    receivers = (on_opened, on_absorbed, on_dispatched, on_forced, on_cancelled,
-                 on_closed_by_cap, on_leading, on_suppressed, on_call_failed,
-                 on_publish_failed, on_publish_refused, on_quarantined, on_duplicate,
-                 on_held, on_fallback, on_violation)
-    enabled = Metrics(opened, absorbed, dispatched, forced, cancelled, dispatched_calls,
-                      lateness, receivers, closed_by_cap, leading_runs, suppressed,
-                      call_duration, call_errors, publish_failures, quarantined, calls,
-                      duplicates, held, held_seconds, outage_fallbacks, violations)
+    receivers = (
+        on_opened,
+        on_absorbed,
+        on_dispatched,
+        on_forced,
+        on_cancelled,
+        on_closed_by_cap,
+        on_leading,
+        on_suppressed,
+        on_call_failed,
+        on_publish_failed,
+        on_publish_refused,
+        on_quarantined,
+        on_duplicate,
+        on_held,
+        on_fallback,
+        on_violation,
+    )
+    enabled = Metrics(
+        opened,
+        absorbed,
+        dispatched,
+        forced,
+        cancelled,
+        dispatched_calls,
+        lateness,
+        receivers,
+        closed_by_cap,
+        leading_runs,
+        suppressed,
+        call_duration,
+        call_errors,
+        publish_failures,
+        quarantined,
+        calls,
+        duplicates,
+        held,
+        held_seconds,
+        outage_fallbacks,
+        violations,
+    )
     enabled.connect()
     done[namespace] = enabled
     return enabled

@@ -56,8 +56,9 @@ class WindowInfo:
         return data
 
 
-def window_info(record: Record, shard: int, state: str,
-                quiet_until_ms: int | None = None) -> WindowInfo:
+def window_info(
+    record: Record, shard: int, state: str, quiet_until_ms: int | None = None
+) -> WindowInfo:
     """A decoded record (layout.decode_record) as operators see it; ``state`` is used
     when the record holds none (a pending window); ``quiet_until_ms``: the end of the
     quiet period a leading run still owns (``WindowStore.quiet_ends``)."""
@@ -91,15 +92,22 @@ def pending_info(store: WindowStore, ident: str, shard: int) -> WindowInfo | Non
 
 
 def _shard_windows(
-    store: WindowStore, shard: int, wanted: set[str], task: str | None, key_glob: str | None,
+    store: WindowStore,
+    shard: int,
+    wanted: set[str],
+    task: str | None,
+    key_glob: str | None,
     limit: int | None = None,
 ) -> Iterator[WindowInfo]:
     if "pending" in wanted:
         held = store.held(shard)
         for info in walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit):
             hold = held.get(window_ident(info.task, info.key)) if held else None
-            yield info if hold is None else replace(
-                info, held_since=hold[0] / 1000, waits_for=hold[1])
+            yield (
+                info
+                if hold is None
+                else replace(info, held_since=hold[0] / 1000, waits_for=hold[1])
+            )
     for zset, states in TAKEN_SETS:
         if not states & wanted:
             continue
@@ -114,8 +122,9 @@ def _shard_windows(
                 if entry.error is not None:  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
                         found += 1
-                        yield WindowInfo("?", "", entry.task_id, "quarantined", 0, 0, 0, 0,
-                                         shard, entry.error)
+                        yield WindowInfo(
+                            "?", "", entry.task_id, "quarantined", 0, 0, 0, 0, shard, entry.error
+                        )
                     continue
                 if entry.record is None:
                     continue

@@ -48,9 +48,10 @@ class Top:
         self.census = Census()
         self.error: str | None = None
         settings = self.store.settings
-        self.title = (f"celery debounce top - prefix {settings.key_prefix!r}, "
-                      f"{settings.shards} shard(s), every {interval:g}s"
-                      + (" - q quits" if screen else ""))
+        self.title = (
+            f"celery debounce top - prefix {settings.key_prefix!r}, "
+            f"{settings.shards} shard(s), every {interval:g}s" + (" - q quits" if screen else "")
+        )
 
     def refresh(self, unicode: bool = True) -> list[Line]:
         try:
@@ -64,8 +65,9 @@ class Top:
         return render(self.history, f"{self.title}   {stamp}", self.error, unicode, self.census)
 
 
-def run_json(top: Top, out: TextIO, iterations: int | None,
-             sleep: Callable[[float], None] = time.sleep) -> None:
+def run_json(
+    top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None] = time.sleep
+) -> None:
     """``top -j``: one JSON object per line and refresh (a failed reading is
     ``{"error": ...}``)."""
     import json
@@ -82,8 +84,9 @@ def run_json(top: Top, out: TextIO, iterations: int | None,
         out.flush()
 
 
-def run_plain(top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None]
-              = time.sleep) -> None:
+def run_plain(
+    top: Top, out: TextIO, iterations: int | None, sleep: Callable[[float], None] = time.sleep
+) -> None:
     """The non-terminal printout: one block per refresh, separated by a blank line."""
     unicode = can_encode(out)
     for index in _count(iterations):
@@ -140,18 +143,46 @@ def _stop_on_sigterm() -> None:
 
 
 @click.command(name="top", cls=CeleryCommand)
-@click.option("-i", "--interval", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
-              cls=CeleryOption, help_group="Output", help="Seconds between refreshes.")
-@click.option("-n", "--iterations", type=click.IntRange(min=1), default=None, cls=CeleryOption,
-              help_group="Output", help="Stop after this many refreshes (default: until q).")
-@click.option("--plain", is_flag=True, cls=CeleryOption, help_group="Output",
-              help="Print a block of text every refresh instead of the full-screen view "
-                   "(the default when stdout is not a terminal).")
-@click.option("-j", "--json", "as_json_lines", is_flag=True, cls=CeleryOption,
-              help_group="Output", help="Print one JSON object per refresh, one a line.")
+@click.option(
+    "-i",
+    "--interval",
+    type=click.FloatRange(min=0.2),
+    default=1.0,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Seconds between refreshes.",
+)
+@click.option(
+    "-n",
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=None,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Stop after this many refreshes (default: until q).",
+)
+@click.option(
+    "--plain",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Print a block of text every refresh instead of the full-screen view "
+    "(the default when stdout is not a terminal).",
+)
+@click.option(
+    "-j",
+    "--json",
+    "as_json_lines",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Output",
+    help="Print one JSON object per refresh, one a line.",
+)
 @click.pass_context
-def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool,
-        as_json_lines: bool) -> None:
+def top(
+    ctx: click.Context, interval: float, iterations: int | None, plain: bool, as_json_lines: bool
+) -> None:
     """Live view: open windows and their trend, calls/s in and runs/s out,
     calls per run, windows forced by max wait, lateness p50/p99 over the last
     minute, open windows per task, the hottest keys, dispatchers (alive, silent
@@ -187,5 +218,18 @@ def top(ctx: click.Context, interval: float, iterations: int | None, plain: bool
         raise click.ClickException(view.error)
 
 
-__all__ = ["CENSUS_STEP", "COMMANDS_PER_SHARD", "Census", "Held", "History", "Line", "Snapshot",
-           "Top", "as_json", "fit", "read_snapshot", "render", "top"]
+__all__ = [
+    "CENSUS_STEP",
+    "COMMANDS_PER_SHARD",
+    "Census",
+    "Held",
+    "History",
+    "Line",
+    "Snapshot",
+    "Top",
+    "as_json",
+    "fit",
+    "read_snapshot",
+    "render",
+    "top",
+]

@@ -40,8 +40,9 @@ class Census:
         for shard in range(shards):
             if shard in self.done:
                 continue
-            cursor, rows = store.census_step(shard, self.cursors.get(shard, "0"),
-                                             CENSUS_STEP, now_ms)
+            cursor, rows = store.census_step(
+                shard, self.cursors.get(shard, "0"), CENSUS_STEP, now_ms
+            )
             for row in rows:
                 self.partial[row.task] = self.partial.get(row.task, 0) + row.open
             if cursor == "0":
@@ -86,11 +87,15 @@ def _diff(new: TaskStats, old: TaskStats | None, seconds: float) -> Rates:
     def up(a: int, b: int) -> int:
         return max(0, a - b)
 
-    return Rates(seconds, up(new.calls, old.calls), up(new.runs, old.runs),
-                 up(new.forced, old.forced), up(new.cancelled, old.cancelled),
-                 [up(a, b) for a, b in zip(new.lateness_buckets, old.lateness_buckets,
-                                           strict=True)],
-                 up(new.calls_in, old.calls_in))
+    return Rates(
+        seconds,
+        up(new.calls, old.calls),
+        up(new.runs, old.runs),
+        up(new.forced, old.forced),
+        up(new.cancelled, old.cancelled),
+        [up(a, b) for a, b in zip(new.lateness_buckets, old.lateness_buckets, strict=True)],
+        up(new.calls_in, old.calls_in),
+    )
 
 
 @dataclass
@@ -110,8 +115,12 @@ class History:
     @staticmethod
     def _went_back(old: Snapshot, new: Snapshot) -> bool:
         a, b = old.total, new.total
-        return (b.runs < a.runs or b.calls < a.calls or b.calls_in < a.calls_in
-                or sum(b.lateness_buckets) < sum(a.lateness_buckets))
+        return (
+            b.runs < a.runs
+            or b.calls < a.calls
+            or b.calls_in < a.calls_in
+            or sum(b.lateness_buckets) < sum(a.lateness_buckets)
+        )
 
     def since(self, seconds: float) -> Snapshot | None:
         """The oldest kept snapshot at most ``seconds`` older than the newest."""

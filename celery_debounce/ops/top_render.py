@@ -60,8 +60,13 @@ class Line:
     heading: bool = False
 
 
-def render(history: History, title: str, error: str | None = None,
-           unicode: bool = True, census: Census | None = None) -> list[Line]:
+def render(
+    history: History,
+    title: str,
+    error: str | None = None,
+    unicode: bool = True,
+    census: Census | None = None,
+) -> list[Line]:
     """The lines of one refresh (the same for the screen and the plain printout).
 
     Calls in are the gate's own counter (``i|<task>``, one per call as it arrives);
@@ -77,13 +82,18 @@ def render(history: History, title: str, error: str | None = None,
     trend = ""
     if minute is not None:
         trend = f" ({snap.open - minute.open:+,} in {snap.at - minute.at:.0f}s)"
-    spark = sparkline([s.open for s in history.snapshots],
-                      marks=_SPARK if unicode else _SPARK_ASCII)
+    spark = sparkline(
+        [s.open for s in history.snapshots], marks=_SPARK if unicode else _SPARK_ASCII
+    )
     overdue = "-" if snap.oldest_due_s is None else f"{snap.oldest_due_s:.1f}s"
     lines.append(Line(f"open windows {snap.open:,}{trend}  {spark}"))
-    lines.append(Line(f"due now {snap.due:,}   oldest overdue {overdue}   in flight "
-                      f"{snap.leased + snap.active:,}   held {snap.held:,}   quarantined "
-                      f"{snap.quarantined:,}"))
+    lines.append(
+        Line(
+            f"due now {snap.due:,}   oldest overdue {overdue}   in flight "
+            f"{snap.leased + snap.active:,}   held {snap.held:,}   quarantined "
+            f"{snap.quarantined:,}"
+        )
+    )
     fast = history.rates(RATE_S)
     slow = history.rates(MINUTE_S)
     if fast is None or slow is None:
@@ -91,14 +101,26 @@ def render(history: History, title: str, error: str | None = None,
     else:
         ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
         share = f" ({100 * slow.forced / slow.runs:.0f}% of runs)" if slow.runs else ""
-        lines.append(Line(f"calls/s in {_num(fast.per_s(fast.calls_in))}   runs/s out "
-                          f"{_num(fast.per_s(fast.runs))}   coalescing {ratio} calls/run "
-                          f"(last {slow.seconds:.0f}s)"))
-        lines.append(Line(f"forced by max wait {slow.forced:,}{share}   cancelled "
-                          f"{slow.cancelled:,}   (last {slow.seconds:.0f}s)"))
-        lines.append(Line(f"lateness p50 {_ms(slow.lateness_ms(0.5))}   p99 "
-                          f"{_ms(slow.lateness_ms(0.99))}   over {sum(slow.lateness_buckets):,} "
-                          f"runs (last {slow.seconds:.0f}s)"))
+        lines.append(
+            Line(
+                f"calls/s in {_num(fast.per_s(fast.calls_in))}   runs/s out "
+                f"{_num(fast.per_s(fast.runs))}   coalescing {ratio} calls/run "
+                f"(last {slow.seconds:.0f}s)"
+            )
+        )
+        lines.append(
+            Line(
+                f"forced by max wait {slow.forced:,}{share}   cancelled "
+                f"{slow.cancelled:,}   (last {slow.seconds:.0f}s)"
+            )
+        )
+        lines.append(
+            Line(
+                f"lateness p50 {_ms(slow.lateness_ms(0.5))}   p99 "
+                f"{_ms(slow.lateness_ms(0.99))}   over {sum(slow.lateness_buckets):,} "
+                f"runs (last {slow.seconds:.0f}s)"
+            )
+        )
     lines.append(Line(""))
     lines.extend(_task_lines(history, census))
     lines.append(Line(""))
@@ -120,10 +142,17 @@ def _held_lines(snap: Snapshot) -> list[Line]:
         except ValueError:
             task, key = "?", held.ident
         waits = "-" if held.waits_for is None else clip(held.waits_for, 36)
-        rows.append((f"{task} {clip(key, 40)}", _ago(max(0.0, snap.at - held.since)), waits,
-                     held.state or "ended"))
-    out = _table(("HELD WINDOWS (task key)", "HELD SINCE", "WAITS FOR (run in progress)",
-                  "ITS STATE"), rows)
+        rows.append(
+            (
+                f"{task} {clip(key, 40)}",
+                _ago(max(0.0, snap.at - held.since)),
+                waits,
+                held.state or "ended",
+            )
+        )
+    out = _table(
+        ("HELD WINDOWS (task key)", "HELD SINCE", "WAITS FOR (run in progress)", "ITS STATE"), rows
+    )
     if snap.held > len(rows):
         out.append(Line(f"(and {snap.held - len(rows):,} more held)"))
     return out
@@ -141,8 +170,9 @@ def _task_lines(history: History, census: Census | None = None) -> list[Line]:
     counted = census.open if census is not None else None
     names = set(snap.tasks) | set(counted or {})
     if not names:
-        return [Line("No calls or windows recorded yet (counters expire an hour after the "
-                     "last one).")]
+        return [
+            Line("No calls or windows recorded yet (counters expire an hour after the last one).")
+        ]
     rows = []
     for name in sorted(names):
         open_now = "-" if counted is None else f"{counted.get(name, 0):,}"
@@ -153,14 +183,38 @@ def _task_lines(history: History, census: Census | None = None) -> list[Line]:
             continue
         ratio = "-" if slow.ratio is None else f"{slow.ratio:.1f}"
         late = f"{_ms(slow.lateness_ms(0.5))}/{_ms(slow.lateness_ms(0.99))}"
-        rows.append((printable(name), open_now, _num(fast.per_s(fast.calls_in)),
-                     _num(fast.per_s(fast.runs)), ratio, str(slow.forced), late,
-                     str(row.runs)))
-    out = _table(("TASK", "OPEN", "CALLS/s IN", "RUNS/s OUT", "CALLS/RUN 1m", "FORCED 1m",
-                  "LATE p50/p99 1m", "RUNS TOTAL"), rows)
+        rows.append(
+            (
+                printable(name),
+                open_now,
+                _num(fast.per_s(fast.calls_in)),
+                _num(fast.per_s(fast.runs)),
+                ratio,
+                str(slow.forced),
+                late,
+                str(row.runs),
+            )
+        )
+    out = _table(
+        (
+            "TASK",
+            "OPEN",
+            "CALLS/s IN",
+            "RUNS/s OUT",
+            "CALLS/RUN 1m",
+            "FORCED 1m",
+            "LATE p50/p99 1m",
+            "RUNS TOTAL",
+        ),
+        rows,
+    )
     if census is not None and census.at is not None and census.at < snap.at - 1:
-        out.append(Line(f"(OPEN as counted by a census pass {_ago(snap.at - census.at)}; "
-                        f"it reads {CENSUS_STEP:,} windows per shard a refresh)"))
+        out.append(
+            Line(
+                f"(OPEN as counted by a census pass {_ago(snap.at - census.at)}; "
+                f"it reads {CENSUS_STEP:,} windows per shard a refresh)"
+            )
+        )
     elif census is not None and census.open is None:
         out.append(Line("(OPEN: the first census pass is still counting)"))
     return out
@@ -185,7 +239,7 @@ def _hot_lines(history: History) -> list[Line]:
 
 
 def dispatcher_status(snap: Snapshot, name: str) -> str:
-    """"alive", "silent 40s" (no heartbeat for over 3 x HEARTBEAT_S: killed, hung or cut
+    """ "alive", "silent 40s" (no heartbeat for over 3 x HEARTBEAT_S: killed, hung or cut
     off), "stopped 2m ago" (a clean stop), or "-" (no heartbeat: an older version)."""
     from ..dispatch.dispatcher import HEARTBEAT_S
 
@@ -208,9 +262,14 @@ def _dispatcher_lines(snap: Snapshot) -> list[Line]:
         status = dispatcher_status(snap, name)
         return (status != "alive", -snap.dispatchers.get(name, 0.0))
 
-    rows = [(printable(name), dispatcher_status(snap, name),
-             _ago(snap.at - snap.dispatchers[name]) if name in snap.dispatchers else "-")
-            for name in sorted(names, key=order)]
+    rows = [
+        (
+            printable(name),
+            dispatcher_status(snap, name),
+            _ago(snap.at - snap.dispatchers[name]) if name in snap.dispatchers else "-",
+        )
+        for name in sorted(names, key=order)
+    ]
     return _table(("DISPATCHER", "STATUS", "LAST BATCH"), rows)
 
 
@@ -223,11 +282,18 @@ def fit(lines: list[Line], height: int) -> list[Line]:
     if room < 1:
         return []
     shown, hidden = lines[: room - 1], lines[room - 1 :]
-    sections = [line.text.split("  ")[0].rstrip(":") for line in hidden
-                if line.heading and line.text]
+    sections = [
+        line.text.split("  ")[0].rstrip(":") for line in hidden if line.heading and line.text
+    ]
     what = f" ({', '.join(sections)})" if sections else ""
-    return [*shown, Line(f"-- {len(hidden)} more line(s){what} do not fit: enlarge the "
-                         "terminal, or use --plain --", heading=True)]
+    return [
+        *shown,
+        Line(
+            f"-- {len(hidden)} more line(s){what} do not fit: enlarge the "
+            "terminal, or use --plain --",
+            heading=True,
+        ),
+    ]
 
 
 def as_json(history: History, census: Census | None = None) -> dict[str, Any]:
@@ -241,24 +307,46 @@ def as_json(history: History, census: Census | None = None) -> dict[str, Any]:
     for name in sorted(set(snap.tasks) | set(counted or {})):
         rate = history.rates(RATE_S, name)
         row = snap.tasks.get(name, TaskStats(task=name))
-        tasks.append({
-            "task": name, "open": None if counted is None else counted.get(name, 0),
-            "calls_in_per_s": None if rate is None else rate.per_s(rate.calls_in),
-            "runs_per_s": None if rate is None else rate.per_s(rate.runs),
-            "runs_total": row.runs, "calls_in_total": row.calls_in})
+        tasks.append(
+            {
+                "task": name,
+                "open": None if counted is None else counted.get(name, 0),
+                "calls_in_per_s": None if rate is None else rate.per_s(rate.calls_in),
+                "runs_per_s": None if rate is None else rate.per_s(rate.runs),
+                "runs_total": row.runs,
+                "calls_in_total": row.calls_in,
+            }
+        )
     names = set(snap.dispatchers) | set(snap.alive) | set(snap.stopped)
     return {
-        "at": snap.at, "open": snap.open, "due": snap.due, "oldest_due_s": snap.oldest_due_s,
-        "in_flight": snap.leased + snap.active, "quarantined": snap.quarantined,
+        "at": snap.at,
+        "open": snap.open,
+        "due": snap.due,
+        "oldest_due_s": snap.oldest_due_s,
+        "in_flight": snap.leased + snap.active,
+        "quarantined": snap.quarantined,
         "held": snap.held,
-        "held_windows": [{"ident": h.ident, "held_since": h.since, "waits_for": h.waits_for,
-                          "waits_for_state": h.state} for h in snap.held_windows],
+        "held_windows": [
+            {
+                "ident": h.ident,
+                "held_since": h.since,
+                "waits_for": h.waits_for,
+                "waits_for_state": h.state,
+            }
+            for h in snap.held_windows
+        ],
         "calls_in_per_s": None if fast is None else fast.per_s(fast.calls_in),
         "runs_per_s": None if fast is None else fast.per_s(fast.runs),
         "open_counted_at": None if census is None else census.at,
         "tasks": tasks,
-        "dispatchers": [{"name": name, "status": dispatcher_status(snap, name).split(" ")[0],
-                         "last_batch_at": snap.dispatchers.get(name),
-                         "heartbeat_at": snap.alive.get(name),
-                         "stopped_at": snap.stopped.get(name)} for name in sorted(names)],
+        "dispatchers": [
+            {
+                "name": name,
+                "status": dispatcher_status(snap, name).split(" ")[0],
+                "last_batch_at": snap.dispatchers.get(name),
+                "heartbeat_at": snap.alive.get(name),
+                "stopped_at": snap.stopped.get(name),
+            }
+            for name in sorted(names)
+        ],
     }

@@ -56,8 +56,17 @@ def enqueue_many(
     if task.app.conf.task_always_eager:
         plain = {k: v for k, v in options.items() if k not in ("link", "link_error", "shadow")}
         for args, kwargs in pairs:  # checked as the gated path: one refused, none runs
-            check_eager(task, spec, args, kwargs, None, options.get("link"),
-                        options.get("link_error"), options.get("shadow"), plain)
+            check_eager(
+                task,
+                spec,
+                args,
+                kwargs,
+                None,
+                options.get("link"),
+                options.get("link_error"),
+                options.get("shadow"),
+                plain,
+            )
         return [task.apply_async(args, kwargs, **original) for args, kwargs in pairs]
     for name in ("link", "link_error", "shadow"):
         if options.get(name) is None:
@@ -70,10 +79,21 @@ def enqueue_many(
     prepared: list[PreparedCall] = []
     for args, kwargs in pairs:
         check_arguments(task, args, kwargs)
-        prepared.append(prepare_call(
-            settings, task.name, spec, args, kwargs, dict(options), signature, serializer,
-            app=task.app, task_type=task, static=static,
-        ))
+        prepared.append(
+            prepare_call(
+                settings,
+                task.name,
+                spec,
+                args,
+                kwargs,
+                dict(options),
+                signature,
+                serializer,
+                app=task.app,
+                task_type=task,
+                static=static,
+            )
+        )
     app = task.app
     plain = {**original, "debounce": False}  # how a call is published without a window
 
@@ -144,7 +164,9 @@ def enqueue_many(
         raise DebounceBulkError(
             f"enqueue_many: {len(errors)} of {len(prepared)} call(s) not written "
             f"(first error: {first}); see .unwritten",
-            results=results, errors=errors, unknown=unknown,
+            results=results,
+            errors=errors,
+            unknown=unknown,
         )
     return [r for r in results if r is not None]
 
@@ -164,8 +186,12 @@ class DebounceBulkError(DebounceBackendError):
     """
 
     def __init__(
-        self, message: str, *, results: list[AsyncResult | None],
-        errors: dict[int, BaseException], unknown: list[int],
+        self,
+        message: str,
+        *,
+        results: list[AsyncResult | None],
+        errors: dict[int, BaseException],
+        unknown: list[int],
     ) -> None:
         super().__init__(message)
         self.results = results
@@ -177,8 +203,10 @@ class DebounceBulkError(DebounceBackendError):
 
 def _pair(call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if (
-        not isinstance(call, (tuple, list)) or len(call) != 2
-        or not isinstance(call[0], (tuple, list)) or not isinstance(call[1], Mapping)
+        not isinstance(call, (tuple, list))
+        or len(call) != 2
+        or not isinstance(call[0], (tuple, list))
+        or not isinstance(call[1], Mapping)
     ):
         raise DebounceConfigError(
             f"enqueue_many: each call must be an (args, kwargs) pair, got {call!r:.80}"

@@ -88,8 +88,11 @@ def prepare_call(
     else:
         kwargs = dict(kwargs)
     embed = _NO_EMBED
-    if static is not None and task_name in static and not spec.exclusive and (
-        app is None or app.current_worker_task is None
+    if (
+        static is not None
+        and task_name in static
+        and not spec.exclusive
+        and (app is None or app.current_worker_task is None)
     ):
         options_json = static[task_name]
     else:
@@ -117,7 +120,8 @@ def prepare_call(
     collect_embed = embed_json = ""
     if spec.collect:
         content_type, payload, collect_embed = _collect_payload(
-            settings, task_name, args, kwargs, embed, serializer, task_id)
+            settings, task_name, args, kwargs, embed, serializer, task_id
+        )
     else:
         try:  # inline, not encode_call: this is every call's hot path
             content_type, payload = encode([args, kwargs, embed], serializer)
@@ -162,8 +166,13 @@ def prepare_call(
 
 
 def _collect_payload(
-    settings: Settings, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-    embed: dict[str, Any], serializer: str, task_id: str | None,
+    settings: Settings,
+    task_name: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    embed: dict[str, Any],
+    serializer: str,
+    task_id: str | None,
 ) -> tuple[str, bytes, str]:
     """``(content type, the call's element, embed JSON)`` of a debounce_collect call.
 
@@ -176,8 +185,9 @@ def _collect_payload(
             f"{task_name}: debounce_collect=True needs serializer='json' (got "
             f"serializer={serializer!r}): the run's body is spliced from the calls' JSON"
         )
-    content_type, element = encode_call(task_name, call_element(args, kwargs, task_id), args,
-                                        kwargs, serializer)
+    content_type, element = encode_call(
+        task_name, call_element(args, kwargs, task_id), args, kwargs, serializer
+    )
     embed_json = encode_stored(embed) if embed else "{}"
     size = BODY_OVERHEAD + len(embed_json.encode("utf-8")) + len(element) + TIME_PREFIX
     if size > settings.max_payload_bytes:
@@ -200,8 +210,9 @@ def call_key(
     """The window key a call with these arguments resolves to: :func:`prepare_call`
     itself (same checks, binding, template or digest, limits), with no options of
     its own and nothing written. Used to steer a window by the task's arguments."""
-    return prepare_call(settings, task_name, spec, args, kwargs, {}, signature, serializer,
-                        static={task_name: "{}"}).key
+    return prepare_call(
+        settings, task_name, spec, args, kwargs, {}, signature, serializer, static={task_name: "{}"}
+    ).key
 
 
 def static_routing(app: Celery) -> dict[str, str] | None:
@@ -214,9 +225,7 @@ def static_routing(app: Celery) -> dict[str, str] | None:
     routes = cached_attribute(cached_attribute(app, "amqp"), "routes")
     if cached is not None and cached[0] is routes:
         return cached[1]
-    static: dict[str, str] | None = (
-        {} if all(isinstance(r, MapRoute) for r in routes) else None
-    )
+    static: dict[str, str] | None = {} if all(isinstance(r, MapRoute) for r in routes) else None
     app._debounce_static = (routes, static)  # type: ignore[attr-defined, unused-ignore]
     return static
 
@@ -236,7 +245,9 @@ def _short(value: object) -> str:
 
 
 def canonical_arguments(
-    positional: Sequence[Any], named: Mapping[str, Any], serializer: str,
+    positional: Sequence[Any],
+    named: Mapping[str, Any],
+    serializer: str,
 ) -> bytes:
     """The bytes the default key digests: equal arguments give equal bytes.
 
@@ -285,7 +296,8 @@ def _canonical(value: Any) -> Any:
 
 # typed here: kombu < 5.7 has no annotations (mypy --strict on the lowest corner)
 _canonical_json: Callable[[Any], str] = kombu_json.JSONEncoder(
-    sort_keys=True, separators=(",", ":")).encode
+    sort_keys=True, separators=(",", ":")
+).encode
 _plain_json: Callable[[Any], str] = kombu_json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -313,8 +325,9 @@ def encode(data: Any, serializer: str) -> tuple[str, bytes]:
 _codecs: dict[str, Any] = {}
 
 
-def encode_call(task_name: str, data: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-                serializer: str) -> tuple[str, bytes]:
+def encode_call(
+    task_name: str, data: Any, args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str
+) -> tuple[str, bytes]:
     """:func:`encode` of a call's ``data``; kombu's ``EncodeError`` (what plain Celery
     raises) names the task and the first argument the serializer refuses."""
     try:
@@ -323,12 +336,15 @@ def encode_call(task_name: str, data: Any, args: Sequence[Any], kwargs: Mapping[
         raise encode_refused(task_name, args, kwargs, serializer, exc) from exc
 
 
-def encode_refused(task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-                   serializer: str, exc: Exception) -> EncodeError:
+def encode_refused(
+    task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str, exc: Exception
+) -> EncodeError:
     """The ``EncodeError`` of a call whose arguments ``serializer`` refused, naming the
     task and the first argument it refuses."""
-    return EncodeError(f"{task_name}: {_refused_argument(args, kwargs, serializer)} "
-                       f"cannot be serialized with {serializer!r}: {exc}")
+    return EncodeError(
+        f"{task_name}: {_refused_argument(args, kwargs, serializer)} "
+        f"cannot be serialized with {serializer!r}: {exc}"
+    )
 
 
 def _refused_argument(args: Sequence[Any], kwargs: Mapping[str, Any], serializer: str) -> str:
@@ -340,6 +356,7 @@ def _refused_argument(args: Sequence[Any], kwargs: Mapping[str, Any], serializer
         except Exception:  # any refusal names this argument
             return f"{label}, {type(value).__name__})"
     return "the call"
+
 
 #: (signature, parameter names, defaults) of a signature with positional-or-keyword
 #: parameters only; such calls are bound without ``Signature.bind``.
@@ -388,7 +405,7 @@ def bind_arguments(
         names, defaults = simple[1], simple[2]
         fast = dict(zip(names, args, strict=False))
         used = 0
-        for name in names[len(args):]:
+        for name in names[len(args) :]:
             if name in kwargs:
                 fast[name] = kwargs[name]
                 used += 1

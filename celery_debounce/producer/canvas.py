@@ -100,12 +100,17 @@ def check_signature(app: Celery, sig: Signature, where: str | None, *, fixed: bo
     except DebounceConfigError as exc:
         if where is None:
             raise
-        raise DebounceConfigError(f"{exc} (as {where}, refused when the canvas is applied)") \
-            from None
+        raise DebounceConfigError(
+            f"{exc} (as {where}, refused when the canvas is applied)"
+        ) from None
 
 
 def check_publish(
-    app: Celery, name: Any, args: Any, kwargs: Any, options: Mapping[str, Any],
+    app: Celery,
+    name: Any,
+    args: Any,
+    kwargs: Any,
+    options: Mapping[str, Any],
 ) -> None:
     """What ``app.send_task`` is about to publish: its deferred canvas, and the inline
     shortcuts of a debounced task."""
@@ -141,8 +146,7 @@ def check_eager(canvas: Any, body: Any = None) -> None:
         return
     refuse_deferred(app, steps[1:], None)
     head = steps[0]
-    if isinstance(head, Signature) and head.get("subtask_type") not in (
-            "group", "chain", "chord"):
+    if isinstance(head, Signature) and head.get("subtask_type") not in ("group", "chain", "chord"):
         check_signature(app, head, None, fixed=True)
 
 
@@ -174,8 +178,9 @@ def install(app: Celery) -> None:
         return
     original: Callable[..., Any] = app.send_task
 
-    def send_task(name: Any, args: Any = None, kwargs: Any = None, *rest: Any,
-                  **options: Any) -> Any:
+    def send_task(
+        name: Any, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any
+    ) -> Any:
         if options.get("chain") or options.get("chord") or name in INLINE_TASKS:
             check_publish(app, name, args, kwargs, options)
         return original(name, args, kwargs, *rest, **options)

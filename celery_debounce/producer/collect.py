@@ -65,11 +65,18 @@ class DebouncedCall:
         """A call from its element in the run's body: ``[ms, args, kwargs(, id)]``."""
         if isinstance(element, DebouncedCall):
             return element
-        if (isinstance(element, (list, tuple)) and len(element) in (3, 4)
-                and isinstance(element[1], (list, tuple)) and isinstance(element[2], Mapping)):
+        if (
+            isinstance(element, (list, tuple))
+            and len(element) in (3, 4)
+            and isinstance(element[1], (list, tuple))
+            and isinstance(element[2], Mapping)
+        ):
             ms = element[0]
-            at = datetime.fromtimestamp(ms / 1000, timezone.utc) if isinstance(
-                ms, (int, float)) else None
+            at = (
+                datetime.fromtimestamp(ms / 1000, timezone.utc)
+                if isinstance(ms, (int, float))
+                else None
+            )
             return cls(
                 tuple(element[1]),
                 dict(element[2]),
@@ -99,8 +106,9 @@ def wrap_run(run: Any) -> Any:
     ``run`` is a ``staticmethod`` (``bind=False``) or a function taking the task
     first (``bind=True``, or a class-based task's method).
     """
-    if getattr(run.__func__ if isinstance(run, staticmethod) else run,
-               "__debounce_collect__", False):
+    if getattr(
+        run.__func__ if isinstance(run, staticmethod) else run, "__debounce_collect__", False
+    ):
         return run  # already wrapped (inherited from a collect task class)
     if isinstance(run, staticmethod):
         fun: Callable[..., Any] = run.__func__
@@ -126,7 +134,8 @@ def wrap_run(run: Any) -> Any:
 
 
 def _calls_of(
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> tuple[list[DebouncedCall], tuple[Any, ...], dict[str, Any]]:
     """``(calls, other args, other kwargs)`` for the wrapped function.
 
@@ -142,11 +151,13 @@ def _calls_of(
             if not _in_worker():
                 raise
     elif not _in_worker():
-        raise TypeError("a debounce_collect task takes one argument, the list of its "
-                        "window's calls; got none")
+        raise TypeError(
+            "a debounce_collect task takes one argument, the list of its window's calls; got none"
+        )
     logger.warning(
         "debounce: a debounce_collect task got a plain call's arguments (published where "
-        "the task is not debounce_collect, e.g. during a rolling deploy): run as one call")
+        "the task is not debounce_collect, e.g. during a rolling deploy): run as one call"
+    )
     return [DebouncedCall(tuple(args), dict(kwargs))], (), {}
 
 
@@ -177,7 +188,9 @@ def plain_call_of(args: Any, replace_payload: bool) -> DebouncedCall | None:
 
 
 def single_call_args(
-    args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, task_id: str | None = None,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    task_id: str | None = None,
 ) -> list[Any]:
     """The run's args for one call published without a window (``debounce=False``,
     eager mode): a list of one call, stamped with this process's clock."""

@@ -28,8 +28,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from .call import PreparedCall
 
 __all__ = [
-    "CAP_ARGV", "COLLECT_ARGV", "EDGE_ARGV", "GateResult", "GateStore",
-    "announce", "enter", "gate_args", "gate_keys", "listening", "parse_reply",
+    "CAP_ARGV",
+    "COLLECT_ARGV",
+    "EDGE_ARGV",
+    "GateResult",
+    "GateStore",
+    "announce",
+    "enter",
+    "gate_args",
+    "gate_keys",
+    "listening",
+    "parse_reply",
 ]
 
 
@@ -43,19 +52,32 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
     ``call_suppressed``, only if someone listens, with the round trip's ``latency``;
     ``call_failed`` for a Redis error (the clock is read only when someone listens).
     """
-    start = perf_counter() if (window_opened.receivers or call_absorbed.receivers
-                               or call_suppressed.receivers or call_failed.receivers) else None
+    start = (
+        perf_counter()
+        if (
+            window_opened.receivers
+            or call_absorbed.receivers
+            or call_suppressed.receivers
+            or call_failed.receivers
+        )
+        else None
+    )
     try:
         result = store.gate(call, fixed)
     except PayloadTooLarge as exc:  # collect: the call cannot fit an empty window
         raise DebouncePayloadError(str(exc)) from None
     except ReplaceRefused as exc:  # a replacing join the window's message cannot take
         raise DebounceConfigError(
-            f"{call.task_name}: debounce_replace_payload=True: {exc.reason}") from None
+            f"{call.task_name}: debounce_replace_payload=True: {exc.reason}"
+        ) from None
     except DebounceBackendError as exc:
         if call_failed.receivers:
-            call_failed.send(sender=call.task_name, key=call.key, error=error_name(exc),
-                             latency=None if start is None else perf_counter() - start)
+            call_failed.send(
+                sender=call.task_name,
+                key=call.key,
+                error=error_name(exc),
+                latency=None if start is None else perf_counter() - start,
+            )
         raise
     announce(call, result, None if start is None else perf_counter() - start)
     return result
@@ -63,8 +85,7 @@ def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) 
 
 def listening() -> bool:
     """Whether any of the signals :func:`announce` sends has a receiver."""
-    return bool(window_opened.receivers or call_absorbed.receivers
-                or call_suppressed.receivers)
+    return bool(window_opened.receivers or call_absorbed.receivers or call_suppressed.receivers)
 
 
 def announce(call: PreparedCall, result: GateResult, latency: float | None = None) -> None:

@@ -98,8 +98,9 @@ def _parse_placeholder(body: str, source: str, option: str) -> Placeholder:
     return Placeholder(int(head) if head.isdigit() else head, tuple(path), body)
 
 
-def check_against(template: KeyTemplate, fn: Callable[..., object], owner: str,
-                  skip_first: bool = False) -> None:
+def check_against(
+    template: KeyTemplate, fn: Callable[..., object], owner: str, skip_first: bool = False
+) -> None:
     """Refuse, at registration, a placeholder that no call of ``fn`` can fill: a name
     that is not a parameter (unless ``fn`` takes ``**kwargs``), a position past the
     last positional parameter (unless it takes ``*args``). ``skip_first``: ``fn`` is a
@@ -109,14 +110,24 @@ def check_against(template: KeyTemplate, fn: Callable[..., object], owner: str,
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return
-    if skip_first and params and params[0].kind in (
-            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    if (
+        skip_first
+        and params
+        and params[0].kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ):
         params = params[1:]
     kinds = {p.kind for p in params}
-    positional = [p.name for p in params if p.kind in (
-        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    names = [p.name for p in params if p.kind not in (
-        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    positional = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    names = [
+        p.name
+        for p in params
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     shown = ", ".join(names) or "none"
     for part in template.placeholders:
         if isinstance(part.head, int):
@@ -124,11 +135,13 @@ def check_against(template: KeyTemplate, fn: Callable[..., object], owner: str,
                 raise DebounceConfigError(
                     f"{owner}: debounce_key={template.source!r}: {{{part.text}}} refers to "
                     f"argument {part.head} but the task takes {len(positional)} positional "
-                    f"argument(s) ({shown})")
+                    f"argument(s) ({shown})"
+                )
         elif part.head not in names and inspect.Parameter.VAR_KEYWORD not in kinds:
             raise DebounceConfigError(
                 f"{owner}: debounce_key={template.source!r}: {{{part.text}}} names no "
-                f"parameter of the task (parameters: {shown})")
+                f"parameter of the task (parameters: {shown})"
+            )
 
 
 def scalar_text(value: object) -> str | None:

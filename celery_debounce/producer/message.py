@@ -43,22 +43,50 @@ CALLS_HEADER = "debounce_calls"
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
 #: window is retried by lease) and declares the routed queue itself.
-CALL_ONLY = frozenset({
-    "producer", "connection", "publisher", "router", "add_to_parent", "retry",
-    "retry_policy", "declare", "timeout", "confirm_timeout", "content_encoding",
-    "result_cls", "task_type", "route_name", "serializer",
-    "retries",  # a window's run starts at retries=0
-})
+CALL_ONLY = frozenset(
+    {
+        "producer",
+        "connection",
+        "publisher",
+        "router",
+        "add_to_parent",
+        "retry",
+        "retry_policy",
+        "declare",
+        "timeout",
+        "confirm_timeout",
+        "content_encoding",
+        "result_cls",
+        "task_type",
+        "route_name",
+        "serializer",
+        "retries",  # a window's run starts at retries=0
+    }
+)
 
 #: Call option -> key of the protocol-2 embed (the third element of the body).
 EMBED = {"link": "callbacks", "link_error": "errbacks", "chain": "chain", "chord": "chord"}
 
 #: Stored options that become message headers rather than publish arguments.
-HEADER_OPTIONS = frozenset({
-    "shadow", "time_limit", "soft_time_limit", "group_id", "group_index", "root_id",
-    "parent_id", "ignore_result", "replaced_task_nesting", "stamped_headers", "stamps",
-    "reply_to", "expires", "expires_at", "headers",
-})
+HEADER_OPTIONS = frozenset(
+    {
+        "shadow",
+        "time_limit",
+        "soft_time_limit",
+        "group_id",
+        "group_index",
+        "root_id",
+        "parent_id",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        "reply_to",
+        "expires",
+        "expires_at",
+        "headers",
+    }
+)
 
 _EMPTY_EMBED: dict[str, Any] = {}
 
@@ -99,13 +127,15 @@ def call_options(
         unknown = set(policy) - _ensure_parameters()
         if retry and unknown:  # kombu's Connection.ensure(**policy) refuses them
             raise refuse(
-                "retry_policy", policy,
+                "retry_policy",
+                policy,
                 f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
                 f"{', '.join(sorted(_ensure_parameters()))})",
             )
     if options.get("content_type") is not None:
         raise refuse(
-            "content_type", options["content_type"],
+            "content_type",
+            options["content_type"],
             "the body is serialized with the task's serializer; pass serializer= instead "
             "(Celery fails to publish such a call too)",
         )
@@ -137,14 +167,14 @@ def call_options(
         try:  # kombu's Producer.publish: str(int(expiration * 1000))
             str(int(stored["expiration"] * 1000))
         except (TypeError, ValueError, OverflowError) as exc:
-            raise refuse("expiration", stored["expiration"], f"expected seconds ({exc})") \
-                from None
+            raise refuse("expiration", stored["expiration"], f"expected seconds ({exc})") from None
     if stored.get("compression"):
         try:
             compression.get_encoder(stored["compression"])
         except (KeyError, TypeError):
             raise refuse(
-                "compression", stored["compression"],
+                "compression",
+                stored["compression"],
                 f"unknown compression (known: {', '.join(sorted(compression.encoders()))})",
             ) from None
     if stored.get("delivery_mode"):
@@ -152,7 +182,8 @@ def call_options(
             maybe_delivery_mode(stored["delivery_mode"])
         except (KeyError, TypeError):
             raise refuse(
-                "delivery_mode", stored["delivery_mode"],
+                "delivery_mode",
+                stored["delivery_mode"],
                 "expected 1, 2, 'transient' or 'persistent'",
             ) from None
     stamped = stored.get("stamped_headers")
@@ -160,8 +191,9 @@ def call_options(
         try:
             stored["stamps"] = {h: options[h] for h in stamped}
         except (KeyError, TypeError) as exc:
-            raise refuse("stamped_headers", stamped, f"each stamp needs its option ({exc})") \
-                from None
+            raise refuse(
+                "stamped_headers", stamped, f"each stamp needs its option ({exc})"
+            ) from None
         for h in stamped:  # as app.send_task: a stamp is a header, not a property
             stored.pop(h, None)
     if app is not None:
@@ -183,8 +215,12 @@ def _ensure_parameters() -> frozenset[str]:
     from kombu.connection import Connection
 
     params = inspect.signature(Connection.ensure).parameters
-    return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or
-                     (p.default is not p.empty and n not in ("self", "obj", "fun")))
+    return frozenset(
+        n
+        for n, p in params.items()
+        if p.kind is p.KEYWORD_ONLY
+        or (p.default is not p.empty and n not in ("self", "obj", "fun"))
+    )
 
 
 def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
@@ -223,7 +259,12 @@ def _expires(app: Celery | None, stored: dict[str, Any]) -> None:
 
 
 def _route(
-    app: Celery, router: Any, name: str, task_type: Any, args: Any, kwargs: Any,
+    app: Celery,
+    router: Any,
+    name: str,
+    task_type: Any,
+    args: Any,
+    kwargs: Any,
     stored: dict[str, Any],
 ) -> None:
     """Resolve the route as ``app.send_task`` would and keep it by name."""
@@ -259,7 +300,8 @@ def encode_stored(stored: dict[str, Any]) -> str:
     except (TypeError, ValueError) as exc:
         bad = next((n for n, v in stored.items() if not _json_ok(v)), "?")
         raise refuse(
-            bad, stored.get(bad),
+            bad,
+            stored.get(bad),
             f"a debounced call's options are stored until the window runs and must be "
             f"JSON-serializable, as the Redis broker would encode them ({exc})",
         ) from None
@@ -274,6 +316,7 @@ def _json_ok(value: Any) -> bool:
 
 
 # -- dispatch side ------------------------------------------------------------
+
 
 class WindowMessage:
     """What a dispatcher needs to publish windows of one app (built once per dispatcher)."""
@@ -291,16 +334,28 @@ class WindowMessage:
 
             name = registry.type_to_name.get(content_type)
             codec = registry._encoders.get(name) if name else None
-            enc = codec.content_encoding if codec is not None else (
-                "utf-8" if content_type.startswith(("application/json", "text/")) else "binary"
+            enc = (
+                codec.content_encoding
+                if codec is not None
+                else (
+                    "utf-8" if content_type.startswith(("application/json", "text/")) else "binary"
+                )
             )
             self.encodings[content_type] = enc
         return enc
 
     def build(
-        self, task_name: str, task_id: str, shard: int | str, calls: int, content_type: str,
-        body: bytes, options_json: str, tag: str | None = None,
-        arguments: tuple[list[Any], dict[str, Any]] | None = None, ident: str | None = None,
+        self,
+        task_name: str,
+        task_id: str,
+        shard: int | str,
+        calls: int,
+        content_type: str,
+        body: bytes,
+        options_json: str,
+        tag: str | None = None,
+        arguments: tuple[list[Any], dict[str, Any]] | None = None,
+        ident: str | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """``(task_message, send_task_message options)`` for one window; no deserializing.
 
@@ -386,8 +441,14 @@ class WindowMessage:
         sent_event = None
         if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
             sent_event = {
-                "uuid": task_id, "root_id": headers["root_id"],
-                "parent_id": headers["parent_id"], "name": task_name, "args": argsrepr,
-                "kwargs": kwargsrepr, "retries": 0, "eta": None, "expires": expires,
+                "uuid": task_id,
+                "root_id": headers["root_id"],
+                "parent_id": headers["parent_id"],
+                "name": task_name,
+                "args": argsrepr,
+                "kwargs": kwargsrepr,
+                "retries": 0,
+                "eta": None,
+                "expires": expires,
             }
         return task_message(headers, properties, body, sent_event), opts

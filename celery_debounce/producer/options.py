@@ -13,14 +13,27 @@ from ..settings import OUTAGE_POLICIES, check_on_outage
 from ..unknown_names import PREFIX, unknown_name
 from .key_templates import KeyTemplate, parse_template
 
-__all__ = ["OPTION_NAMES", "OUTAGE_POLICIES", "DebounceSpec", "TaskDefaults", "build_spec",
-           "check_on_outage"]
+__all__ = [
+    "OPTION_NAMES",
+    "OUTAGE_POLICIES",
+    "DebounceSpec",
+    "TaskDefaults",
+    "build_spec",
+    "check_on_outage",
+]
 
 #: The options a task or a call may set.
 OPTION_NAMES = (
-    "debounce", "debounce_key", "debounce_max_wait", "debounce_replace_payload",
-    "debounce_max_calls", "debounce_leading", "debounce_trailing", "debounce_collect",
-    "debounce_exclusive", "debounce_on_outage",
+    "debounce",
+    "debounce_key",
+    "debounce_max_wait",
+    "debounce_replace_payload",
+    "debounce_max_calls",
+    "debounce_leading",
+    "debounce_trailing",
+    "debounce_collect",
+    "debounce_exclusive",
+    "debounce_on_outage",
 )
 
 _KNOWN = frozenset(OPTION_NAMES)
@@ -36,7 +49,9 @@ def refuse_unknown_options(options: Mapping[str, Any], kind: str = "option") -> 
 
 #: ``gate.lua``'s ARGV[13] per (leading, trailing); trailing only sends nothing.
 EDGE_MODES: dict[tuple[bool, bool], bytes | None] = {
-    (False, True): None, (True, False): b"L", (True, True): b"B",
+    (False, True): None,
+    (True, False): b"L",
+    (True, True): b"B",
 }
 
 
@@ -88,7 +103,8 @@ class TaskDefaults:
         check_max_calls(defaults.debounce_max_calls)
         lead, _ = check_edges(defaults.debounce_leading, defaults.debounce_trailing)
         check_collect_leading(
-            check_collect(defaults.debounce_collect, defaults.debounce_replace_payload), lead)
+            check_collect(defaults.debounce_collect, defaults.debounce_replace_payload), lead
+        )
         check_exclusive(defaults.debounce_exclusive, lead, defaults.debounce_max_calls)
         check_on_outage(defaults.debounce_on_outage)
         spec = None
@@ -120,7 +136,10 @@ class TaskDefaults:
         )
 
     def for_call(
-        self, options: MutableMapping[str, Any], *, collect_fixed: bool = True,
+        self,
+        options: MutableMapping[str, Any],
+        *,
+        collect_fixed: bool = True,
     ) -> DebounceSpec | None:
         """Pop the debounce options from a call's ``options``; None: publish plainly.
 
@@ -203,9 +222,18 @@ def build_spec(
     lead, trail = check_edges(leading, trailing)
     replace = _check_bool(replace)
     cap = check_max_calls(max_calls)
-    return DebounceSpec(window, ceiling, template, replace, cap, lead, trail,
-                        check_collect_leading(check_collect(collect, replace), lead),
-                        check_exclusive(exclusive, lead, cap), check_on_outage(on_outage))
+    return DebounceSpec(
+        window,
+        ceiling,
+        template,
+        replace,
+        cap,
+        lead,
+        trail,
+        check_collect_leading(check_collect(collect, replace), lead),
+        check_exclusive(exclusive, lead, cap),
+        check_on_outage(on_outage),
+    )
 
 
 def _check_bool(value: Any, name: str = "debounce_replace_payload") -> bool:
@@ -235,8 +263,7 @@ def check_max_calls(value: Any) -> int | None:
     """``debounce_max_calls``: None (no cap) or a positive integer (not a bool)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not (
-            1 <= value <= MAX_CALLS_LIMIT):
+    if isinstance(value, bool) or not isinstance(value, int) or not (1 <= value <= MAX_CALLS_LIMIT):
         raise DebounceConfigError(
             f"debounce_max_calls={value!r}: expected a positive integer (at most "
             f"{MAX_CALLS_LIMIT}) or None for no cap"
@@ -267,12 +294,14 @@ def check_exclusive(value: Any, leading: Any, max_calls: Any) -> bool:
         raise DebounceConfigError(
             "debounce_exclusive=True with debounce_leading=True: a leading run is published "
             "at its first call and cannot wait for a run of its key to end; use "
-            "debounce_leading=False with debounce_exclusive=True")
+            "debounce_leading=False with debounce_exclusive=True"
+        )
     if exclusive and max_calls is not None:
         raise DebounceConfigError(
             f"debounce_exclusive=True with debounce_max_calls={max_calls!r}: a window closed "
             "by its call cap is published at once and cannot wait for a run of its key to "
-            "end; drop debounce_max_calls (the max wait still bounds the window)")
+            "end; drop debounce_max_calls (the max wait still bounds the window)"
+        )
     return exclusive
 
 

@@ -48,8 +48,7 @@ class Fallback(Exception):
     """Raised by the guarded gate paths when the call is to be published plainly
     (``debounce_on_outage="publish"``); the entry point catches it and publishes."""
 
-    def __init__(self, task_name: str, key: str, reason: str,
-                 error: BaseException | None) -> None:
+    def __init__(self, task_name: str, key: str, reason: str, error: BaseException | None) -> None:
         super().__init__(reason)
         self.task_name, self.key, self.reason, self.error = task_name, key, reason, error
 
@@ -58,9 +57,14 @@ class Fallback(Exception):
         publish ``result`` (an AsyncResult: its id is the message's); returns it."""
         if outage_fallback.receivers:
             outage_fallback.send(
-                sender=self.task_name, task_id=getattr(result, "id", None), key=self.key,
-                reason=self.reason, error=error_name(self.error)
-                if self.error is not None else DebounceBreakerOpen.__name__)
+                sender=self.task_name,
+                task_id=getattr(result, "id", None),
+                key=self.key,
+                reason=self.reason,
+                error=error_name(self.error)
+                if self.error is not None
+                else DebounceBreakerOpen.__name__,
+            )
         return result
 
 
@@ -154,7 +158,8 @@ class Breaker:
         return DebounceBreakerOpen(
             f"debounce Redis breaker open since {since} (a call timed out: "
             f"{self.reason}); calls skip Redis, the next one to try it in {wait:.1f} s "
-            "(debounce_outage_probe_interval); nothing was written")
+            "(debounce_outage_probe_interval); nothing was written"
+        )
 
 
 _lock = threading.Lock()
@@ -190,6 +195,7 @@ def policy(app: Celery, spec: DebounceSpec | None) -> str:
 
 # -- a single call (DebouncedTask.apply_async, send_task) -------------------------------
 
+
 def gate_guarded(app: Celery, call: PreparedCall, fixed: FixedId | None) -> GateResult:
     """:func:`gate.enter` while some breaker is open (the slow path). Raises
     :class:`Fallback` (publish the call plainly) or what the policy raises."""
@@ -207,8 +213,9 @@ def gate_guarded(app: Celery, call: PreparedCall, fixed: FixedId | None) -> Gate
     return result
 
 
-def failed(app: Celery, spec: DebounceSpec | None, task_name: str, key: str,
-           exc: DebounceBackendError) -> Fallback:
+def failed(
+    app: Celery, spec: DebounceSpec | None, task_name: str, key: str, exc: DebounceBackendError
+) -> Fallback:
     """After the gate (or the store's first use) raised ``exc``: the :class:`Fallback`
     to raise if the call is to be published plainly (``"publish"`` and an outage), else
     ``exc`` itself is raised."""
@@ -232,8 +239,9 @@ def observe(app: Celery, exc: BaseException) -> str | None:
     return kind
 
 
-def skipped(app: Celery, spec: DebounceSpec | None, task_name: str, key: str,
-            breaker: Breaker) -> Fallback:
+def skipped(
+    app: Celery, spec: DebounceSpec | None, task_name: str, key: str, breaker: Breaker
+) -> Fallback:
     """A call the open breaker kept from Redis: the :class:`Fallback` to raise
     (``"publish"``), else :class:`DebounceBreakerOpen` is raised."""
     if policy(app, spec) == "publish":

@@ -30,8 +30,14 @@ class _Light:
     id: Any
     parent: Any
 
-    def __init__(self, id: Any, backend: Any = None, task_name: Any = None,
-                 app: Any = None, parent: Any = None) -> None:
+    def __init__(
+        self,
+        id: Any,
+        backend: Any = None,
+        task_name: Any = None,
+        app: Any = None,
+        parent: Any = None,
+    ) -> None:
         # AsyncResult.__init__ without the promise; the class is bound to its app
         if id is None:
             raise ValueError(f"AsyncResult requires valid id, not {type(id)}")
@@ -54,7 +60,8 @@ class _Light:
         if backend is None:
             task = self._debounce_task
             backend = self.__dict__["_backend"] = (
-                task.backend if task is not None else self.app.backend)
+                task.backend if task is not None else self.app.backend
+            )
         return backend
 
     @backend.setter
@@ -72,8 +79,7 @@ class _Light:
     def on_ready(self) -> promise:
         ready: promise | None = self.__dict__.get("_on_ready")
         if ready is None:
-            ready = self.__dict__["_on_ready"] = promise(
-                self._on_fulfilled, weak=True)  # type: ignore[attr-defined]
+            ready = self.__dict__["_on_ready"] = promise(self._on_fulfilled, weak=True)  # type: ignore[attr-defined]
         return ready
 
     @on_ready.setter
@@ -85,11 +91,15 @@ def result_class(app: Celery) -> type[AsyncResult]:
     """The light subclass of ``app.AsyncResult`` (built once per app)."""
     base = cached_attribute(app, "AsyncResult")
     cached: tuple[type[AsyncResult], type[AsyncResult]] | None = app.__dict__.get(
-        "_debounce_result")
+        "_debounce_result"
+    )
     if cached is not None and cached[0] is base:
         return cached[1]
-    light: type[AsyncResult] = type("AsyncResult", (_Light, base), {
-        "__module__": base.__module__, "__qualname__": base.__qualname__})
+    light: type[AsyncResult] = type(
+        "AsyncResult",
+        (_Light, base),
+        {"__module__": base.__module__, "__qualname__": base.__qualname__},
+    )
     app.__dict__["_debounce_result"] = (base, light)
     return light
 

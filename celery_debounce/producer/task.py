@@ -93,8 +93,11 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         canvas.install(app)  # a chain/chord with this task later in it is checked when applied
-        if (cls._debounce_refused is None and cls._debounce_defaults.debounce_collect
-                and cls.serializer != "json"):
+        if (
+            cls._debounce_refused is None
+            and cls._debounce_defaults.debounce_collect
+            and cls.serializer != "json"
+        ):
             # the app's task_serializer, known once the task is bound to the app
             exc = DebounceConfigError(
                 f"{cls.name}: debounce_collect=True needs serializer='json' (the task's "
@@ -146,8 +149,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             canvas.refuse_deferred(self.app, options.get("chain"), options.get("chord"))
         if spec is None or always_eager(self.app):
             if spec is not None:  # eager: every check of a real call, nothing written
-                check_eager(self, spec, args, kwargs, task_id, link, link_error, shadow,
-                            options)
+                check_eager(self, spec, args, kwargs, task_id, link, link_error, shadow, options)
             if self._debounce_defaults.debounce_collect and "retries" not in options:
                 # published without a window: the run still gets a list, of this call
                 args, kwargs = single_call_args(args, kwargs, task_id), {}
@@ -165,11 +167,15 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         if fixed is not None and spec.leading and not spec.trailing:
             refuse_fixed_leading(self.name)
         try:
-            result = self._gate(spec, args, kwargs, task_id, link, link_error, shadow,
-                                options, fixed)
+            result = self._gate(
+                spec, args, kwargs, task_id, link, link_error, shadow, options, fixed
+            )
         except outage.Fallback as fallback:  # debounce_on_outage="publish"
-            return fallback.published(self._publish_plainly(
-                args, kwargs, task_id, producer, link, link_error, shadow, plain or {}))
+            return fallback.published(
+                self._publish_plainly(
+                    args, kwargs, task_id, producer, link, link_error, shadow, plain or {}
+                )
+            )
         return light_result(self, result_id(result.task_id, fixed))
 
     def _publish_plainly(
@@ -189,7 +195,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
             args, kwargs = single_call_args(args, kwargs, task_id), {}
             options["headers"] = {**(options.get("headers") or {}), COLLECT_HEADER: 1}
         return super().apply_async(
-            args, kwargs, task_id, producer, link, link_error, shadow, **options)
+            args, kwargs, task_id, producer, link, link_error, shadow, **options
+        )
 
     def apply(
         self,
@@ -216,19 +223,43 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         eager mode (``apply`` is then a local run, as in Celery).
         """
         self._refuse_if_invalid()
-        if (self.app.conf.task_always_eager and not _CHECKED.get() and not retries
-                and not (headers and SHARD_HEADER in headers)):
+        if (
+            self.app.conf.task_always_eager
+            and not _CHECKED.get()
+            and not retries
+            and not (headers and SHARD_HEADER in headers)
+        ):
             call_options = dict(options)
             spec = self._debounce_defaults.for_call(call_options)
             if spec is not None:
                 # a group member's id is fixed (Celery freezes it), even if not passed here
                 member = (task_id or new_task_id()) if call_options.get("group_id") else None
-                check_eager(self, spec, args, kwargs, member, link, link_error,
-                            call_options.get("shadow"), call_options)
+                check_eager(
+                    self,
+                    spec,
+                    args,
+                    kwargs,
+                    member,
+                    link,
+                    link_error,
+                    call_options.get("shadow"),
+                    call_options,
+                )
             for name in OPTION_NAMES:
                 options.pop(name, None)
-        return super().apply(args, kwargs, link, link_error, task_id, retries, throw,
-                             logfile, loglevel, headers, **options)
+        return super().apply(
+            args,
+            kwargs,
+            link,
+            link_error,
+            task_id,
+            retries,
+            throw,
+            logfile,
+            loglevel,
+            headers,
+            **options,
+        )
 
     # -- the canvas shortcuts that would run the task inline, never gated --------
     def map(self, it: Any) -> Any:
@@ -256,8 +287,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         binding, template or default digest); pass ``debounce_key=`` if the calls
         override the task's template. Reads only (one HMGET and one ZSCORE).
         """
-        return self._debounce_admin().window(self.name, self._debounce_key_of(
-            args, kwargs, debounce_key))
+        return self._debounce_admin().window(
+            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        )
 
     def debounce_flush(
         self, *args: Any, debounce_key: str | None = None, **kwargs: Any
@@ -265,8 +297,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         """Run the pending window for these arguments now: close it to new calls and
         make it due at once (the next call opens a new window). Returns the window as
         flushed; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
-        return self._debounce_admin().flush(self.name, self._debounce_key_of(
-            args, kwargs, debounce_key))
+        return self._debounce_admin().flush(
+            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        )
 
     def debounce_cancel(
         self, *args: Any, debounce_key: str | None = None, **kwargs: Any
@@ -274,8 +307,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         """Drop the pending window for these arguments so it never runs; its result
         (and every caller-chosen id it absorbed) is marked revoked. Returns the window
         cancelled; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
-        return self._debounce_admin().cancel(self.name, self._debounce_key_of(
-            args, kwargs, debounce_key))
+        return self._debounce_admin().cancel(
+            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        )
 
     def _debounce_key_of(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], key: str | None
@@ -289,8 +323,15 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
                 f"{self.name}: debounce=None on the task: it has no debounce window to steer"
             )
         check_arguments(self, args, kwargs)
-        return call_key(settings_for(self.app), self.name, spec, args, kwargs,
-                        self.debounce_signature(), self.serializer)
+        return call_key(
+            settings_for(self.app),
+            self.name,
+            spec,
+            args,
+            kwargs,
+            self.debounce_signature(),
+            self.serializer,
+        )
 
     def on_replace(self, sig: Any) -> Any:
         """``self.replace(sig)`` in a window's run: the window and its aliases get the
@@ -408,8 +449,17 @@ def send_task(
     if fixed is not None and spec.leading and not spec.trailing:
         refuse_fixed_leading(name)
     call = prepare_call(
-        settings_for(app), name, spec, args, kwargs, options, signature, serializer, task_id,
-        app=app, task_type=local,
+        settings_for(app),
+        name,
+        spec,
+        args,
+        kwargs,
+        options,
+        signature,
+        serializer,
+        task_id,
+        app=app,
+        task_type=local,
     )
     try:
         if outage.OPEN:
@@ -458,9 +508,17 @@ def check_eager(
     if defaults:
         copied = {**defaults, **copied}
     prepare_call(
-        _eager_settings(task.app), task.name, spec, args, kwargs, copied,
-        task.debounce_signature(), copied.pop("serializer", None) or task.serializer,
-        task_id, app=task.app, task_type=task,
+        _eager_settings(task.app),
+        task.name,
+        spec,
+        args,
+        kwargs,
+        copied,
+        task.debounce_signature(),
+        copied.pop("serializer", None) or task.serializer,
+        task_id,
+        app=task.app,
+        task_type=task,
     )
 
 
@@ -499,8 +557,11 @@ EAGER_URL = "redis://eager.invalid:6379/0"
 def refused_tasks(app: Celery) -> dict[str, str]:
     """Task name -> the error of each debounced task of ``app`` whose definition was
     refused (finalizes the app)."""
-    return {name: str(task._debounce_refused) for name, task in sorted(app.tasks.items())
-            if isinstance(task, DebouncedTask) and task._debounce_refused is not None}
+    return {
+        name: str(task._debounce_refused)
+        for name, task in sorted(app.tasks.items())
+        if isinstance(task, DebouncedTask) and task._debounce_refused is not None
+    }
 
 
 def exec_defaults(task: Task) -> dict[str, Any]:
@@ -527,4 +588,3 @@ def _signature_of(task: Task | None) -> inspect.Signature | None:
         return inspect.signature(task.run)
     except (TypeError, ValueError):
         return None
-

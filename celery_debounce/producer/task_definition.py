@@ -35,9 +35,12 @@ def check_key_template(cls: type[DebouncedTask]) -> None:
     from .key_templates import check_against, parse_template
 
     fn = run.__func__ if isinstance(run, staticmethod) else run
-    check_against(parse_template(defaults.debounce_key), fn,
-                  str(cls.__dict__.get("name") or cls.__name__),
-                  skip_first=not isinstance(run, staticmethod))
+    check_against(
+        parse_template(defaults.debounce_key),
+        fn,
+        str(cls.__dict__.get("name") or cls.__name__),
+        skip_first=not isinstance(run, staticmethod),
+    )
 
 
 def definition_error(cls: type[DebouncedTask], exc: DebounceConfigError) -> DebounceConfigError:
@@ -76,7 +79,8 @@ def refuse_later(cls: type[DebouncedTask], exc: DebounceConfigError) -> bool:
     name = str(cls.__dict__.get("name") or cls.__name__)
     message = str(exc)
     cls._debounce_refused = DebounceConfigError(
-        message if message.startswith(f"{name}:") else f"{name}: {message}")
+        message if message.startswith(f"{name}:") else f"{name}: {message}"
+    )
     return True
 
 
@@ -85,9 +89,13 @@ def refuse_unknown_class_options(cls: type[DebouncedTask]) -> None:
     attribute: refused at registration, the closest option named. Methods and other
     descriptors named ``debounce_*`` (a subclass's own helpers) are not options."""
     for name, value in cls.__dict__.items():
-        if (name.startswith(PREFIX) and name not in OPTION_NAMES
-                and not callable(value) and not hasattr(value, "__get__")
-                and not hasattr(_base(), name)):
+        if (
+            name.startswith(PREFIX)
+            and name not in OPTION_NAMES
+            and not callable(value)
+            and not hasattr(value, "__get__")
+            and not hasattr(_base(), name)
+        ):
             raise unknown_name(f"task option of {cls.__name__}", name, value, OPTION_NAMES)
 
 

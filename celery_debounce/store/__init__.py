@@ -12,7 +12,6 @@ With ``debounce_redis_wait_replicas`` the store is a :class:`WaitedStore`, whose
 writes are each followed by ``WAIT``; the default store checks nothing of it.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -91,18 +90,47 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..producer.call import PreparedCall
 
 __all__ = [
-    "CONNECTION_ERRORS", "EXPIRY_GRACE_MS", "MIN_REDIS", "REDIS_ERROR", "SCRIPT_NAMES",
-    "UNKNOWN_OUTCOME", "WRITTEN", "CancelOutcomeUnknown", "Cancelled", "CensusRow",
-    "ClaimResult", "FinishNotReplicated", "FinishResult",
-    "ListStep", "NotReplicated", "Outcome", "Shard", "ShardCounts", "ShardSnapshot", "TakeResult",
-    "TakenEntry", "TakenWindow", "WaitedStore", "WakeListener", "WindowStore", "as_text",
-    "is_error_reply", "is_outage", "is_unknown_outcome", "pipeline_failed_at",
-    "read_server_version", "reply_code", "script_source", "server_supported", "store_for",
+    "CONNECTION_ERRORS",
+    "EXPIRY_GRACE_MS",
+    "MIN_REDIS",
+    "REDIS_ERROR",
+    "SCRIPT_NAMES",
+    "UNKNOWN_OUTCOME",
+    "WRITTEN",
+    "CancelOutcomeUnknown",
+    "Cancelled",
+    "CensusRow",
+    "ClaimResult",
+    "FinishNotReplicated",
+    "FinishResult",
+    "ListStep",
+    "NotReplicated",
+    "Outcome",
+    "Shard",
+    "ShardCounts",
+    "ShardSnapshot",
+    "TakeResult",
+    "TakenEntry",
+    "TakenWindow",
+    "WaitedStore",
+    "WakeListener",
+    "WindowStore",
+    "as_text",
+    "is_error_reply",
+    "is_outage",
+    "is_unknown_outcome",
+    "pipeline_failed_at",
+    "read_server_version",
+    "reply_code",
+    "script_source",
+    "server_supported",
+    "store_for",
     "translate_errors",
 ]
 
 
 # -- the store -------------------------------------------------------------------------------
+
 
 class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     """One app's windows in Redis, for the current process.
@@ -110,7 +138,6 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     Scripts run with EVALSHA and are reloaded on NOSCRIPT. How commands reach Redis
     is the transport's (:mod:`celery_debounce.store.transport`), chosen once here.
     """
-
 
     #: The transport's, bound here (no call in between on the hot path): see
     #: :meth:`Transport.run <celery_debounce.store.transport.Transport.run>`,
@@ -136,7 +163,8 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         self.send_on_node = transport.send_on_node
         #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
         self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
-            (open_key(tag, ""), due_key(tag)) for tag in settings.tags)
+            (open_key(tag, ""), due_key(tag)) for tag in settings.tags
+        )
 
     @property
     def direct(self) -> bool:
@@ -168,16 +196,18 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
         """One call through ``gate.lua``: one EVALSHA round trip (the hot path; with
         ``debounce_redis_wait_replicas`` :meth:`WaitedStore.gate`)."""
-        return parse_reply(self.run_once(
-            "gate", gate_keys(self, call), gate_args(self, call, fixed)))
+        return parse_reply(
+            self.run_once("gate", gate_keys(self, call), gate_args(self, call, fixed))
+        )
 
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua``'s raw reply (for :meth:`gate_many`)."""
         return self.run_once("gate", keys, args)
 
     # -- dispatchers -------------------------------------------------------------------------
-    def take(self, shard: Shard, limit: int, observer: str = "",
-             lapse_upto: int | None = None) -> TakeResult:
+    def take(
+        self, shard: Shard, limit: int, observer: str = "", lapse_upto: int | None = None
+    ) -> TakeResult:
         """Atomically take up to ``limit`` due windows (and expired leases) of ``shard``.
 
         ``take.lua`` is not idempotent (it leases what it returns), so it is sent once
@@ -191,9 +221,17 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         reply = self.run_once(
             "take",
             [due_key(tag), leased_key(tag), stats_key(tag)],
-            [tag, limit, settings.dispatch_lease_ms, settings.record_ttl_ms,
-             settings.history_ttl_ms, observer, HOT_KEYS_KEPT,
-             "" if lapse_upto is None else lapse_upto, *LATE_BUCKETS_MS],
+            [
+                tag,
+                limit,
+                settings.dispatch_lease_ms,
+                settings.record_ttl_ms,
+                settings.history_ttl_ms,
+                observer,
+                HOT_KEYS_KEPT,
+                "" if lapse_upto is None else lapse_upto,
+                *LATE_BUCKETS_MS,
+            ],
         )
         now_ms = int(reply[0])
         result = TakeResult(now_ms, int(reply[1]), [])
@@ -213,8 +251,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int | str]]
-                ) -> int:
+    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int | str]]) -> int:
         """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``
         (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``).
 
@@ -226,13 +263,18 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         pairs = [x for pair in windows for x in pair]
         return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
-    def quarantine(self, shard: Shard, task_id: str, reason: str,
-                   ) -> list[dict[str, Any]] | None:
+    def quarantine(
+        self,
+        shard: Shard,
+        task_id: str,
+        reason: str,
+    ) -> list[dict[str, Any]] | None:
         """Set a taken record aside; its aliases (``aliases.parse_aliases``), or None if
         it was not quarantined."""
         tag = self.tag(shard)
-        reply = self.run_once("quarantine", [leased_key(tag), quarantine_key(tag)],
-                              [tag, task_id, reason])
+        reply = self.run_once(
+            "quarantine", [leased_key(tag), quarantine_key(tag)], [tag, task_id, reason]
+        )
         return parse_aliases(reply[1:]) if int(reply[0]) else None
 
     def expiring(self, shard: Shard, windows: Sequence[tuple[str, int]]) -> int:
@@ -243,17 +285,22 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         slack = EXPIRY_GRACE_MS + self.settings.history_ttl_ms
         return int(self.run("expiring", [expiring_key(tag)], [slack, *pairs])[1])
 
-    def expire(self, shard: Shard, limit: int = 100,
-               ) -> list[tuple[str, list[dict[str, Any]]]]:
+    def expire(
+        self,
+        shard: Shard,
+        limit: int = 100,
+    ) -> list[tuple[str, list[dict[str, Any]]]]:
         """Finish as REVOKED the queued windows whose message expired more than
         :data:`EXPIRY_GRACE_MS` ago, on Redis's clock and on this process's (a Redis
         clock stepped forward revokes nothing early); ``(task id, aliases)`` of each
         one finished, and of those finished earlier whose outcome :meth:`expired` has
         not confirmed."""
         tag = self.tag(shard)
-        reply = self.run("expire", [expiring_key(tag), active_key(tag)],
-                         [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit,
-                          int(time.time() * 1000)])
+        reply = self.run(
+            "expire",
+            [expiring_key(tag), active_key(tag)],
+            [tag, EXPIRY_GRACE_MS, self.settings.history_ttl_ms, limit, int(time.time() * 1000)],
+        )
         return [(as_text(row[0]), parse_aliases(row[1:])) for row in reply[1:]]
 
     def expired(self, shard: Shard, task_ids: Sequence[str]) -> None:
@@ -265,11 +312,15 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
         """Write the layout names ``write`` (now), drop those not written for the
         history TTL; ``(now ms, every layout remembered -> ms last written)``."""
-        reply = self.run("layouts", [layouts_key(self.settings.key_prefix)],
-                         [self.settings.history_ttl_ms, *write])
+        reply = self.run(
+            "layouts",
+            [layouts_key(self.settings.key_prefix)],
+            [self.settings.history_ttl_ms, *write],
+        )
         items = reply[1:]
-        return int(reply[0]), {as_text(items[i]): int(items[i + 1])
-                               for i in range(0, len(items) - 1, 2)}
+        return int(reply[0]), {
+            as_text(items[i]): int(items[i + 1]) for i in range(0, len(items) - 1, 2)
+        }
 
     def wake_listener(self) -> WakeListener:
         """A subscription to the wake channel (one per dispatcher)."""
@@ -294,12 +345,24 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         return bool(int(self.run_once("unclaim", keys, [task_id, as_text(at), "queued"])))
 
     def _claim_args(self, task_id: str, task_name: str, retry: bool) -> list[Any]:
-        return [task_id, self.settings.claim_lease_ms, "1" if retry else "0", task_name,
-                self.settings.history_ttl_ms]
+        return [
+            task_id,
+            self.settings.claim_lease_ms,
+            "1" if retry else "0",
+            task_name,
+            self.settings.history_ttl_ms,
+        ]
 
-    def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "", *,
-              last_delivery: bool = False) -> ClaimResult:
+    def claim(
+        self,
+        shard: Shard,
+        task_id: str,
+        task_name: str = "",
+        retry: bool = False,
+        ident: str = "",
+        *,
+        last_delivery: bool = False,
+    ) -> ClaimResult:
         """Claim a window's run for one claim lease: ``(state before ("" if the record
         is gone), run)``; ``run`` False: a duplicate delivery (finished, or claimed under
         a live lease), which must not run. ``ident`` is read only with
@@ -312,8 +375,9 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         before, _, run = self.run_once("claim", self._record_keys(shard, task_id), args)
         return ClaimResult(as_text(before), bool(int(run)))
 
-    def claim_late(self, shard: Shard, task_id: str, task_name: str = "",
-                   retry: bool = False) -> ClaimResult:
+    def claim_late(
+        self, shard: Shard, task_id: str, task_name: str = "", retry: bool = False
+    ) -> ClaimResult:
         """A claim kept during an outage (its run went ahead), sent once Redis is back:
         :meth:`claim` without ``WAIT`` even with ``debounce_redis_wait_replicas`` (sent
         again, it would find its own first copy live and mark a duplicate)."""
@@ -344,8 +408,10 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
                 for ident in idents:
                     pipe.hget(run_key(tag, ident), "id")
                 runners = pipe.execute(raise_on_error=False)
-        return {ident: (int(score), as_text(runner) if isinstance(runner, bytes) else None)
-                for ident, (_, score), runner in zip(idents, rows, runners, strict=True)}
+        return {
+            ident: (int(score), as_text(runner) if isinstance(runner, bytes) else None)
+            for ident, (_, score), runner in zip(idents, rows, runners, strict=True)
+        }
 
     def _finish_args(self, task_id: str, state: str) -> list[Any]:
         return [task_id, state, self.settings.history_ttl_ms]
@@ -358,8 +424,7 @@ class WaitedStore(WindowStore):
 
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
         """:meth:`WindowStore.gate` followed by ``WAIT`` (:meth:`run_gate`)."""
-        return parse_reply(self.run_gate(
-            gate_keys(self, call), gate_args(self, call, fixed)))
+        return parse_reply(self.run_gate(gate_keys(self, call), gate_args(self, call, fixed)))
 
     def run_gate(self, keys: list[str], args: list[Any]) -> Any:
         """``gate.lua`` then ``WAIT n timeout`` on the same connection, in one write.
@@ -382,7 +447,8 @@ class WaitedStore(WindowStore):
             raise DebounceOutcomeUnknown(
                 f"debounce Redis refused WAIT after the call was written on the master "
                 f"({type(acks).__name__}: {acks}); whether it survives a failover is "
-                "unknown (it was not sent again)") from acks
+                "unknown (it was not sent again)"
+            ) from acks
         if int(acks) < wanted:
             raise DebounceOutcomeUnknown(
                 f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
@@ -399,21 +465,37 @@ class WaitedStore(WindowStore):
         wanted = self.settings.wait_replicas
         wait_ms = self.settings.wait_replicas_ms
         with translate_errors(name):
-            reply, acks = self.send_on_node(keys[0], [
-                ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args),
-                ("WAIT", wanted, wait_ms)], name)
+            reply, acks = self.send_on_node(
+                keys[0],
+                [
+                    ("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args),
+                    ("WAIT", wanted, wait_ms),
+                ],
+                name,
+            )
         if isinstance(acks, Exception) or int(acks) < wanted:
-            said = (f"WAIT refused ({type(acks).__name__}: {acks})"
-                    if isinstance(acks, Exception) else
-                    f"only {int(acks)} replica(s) acknowledged it within {wait_ms} ms")
+            said = (
+                f"WAIT refused ({type(acks).__name__}: {acks})"
+                if isinstance(acks, Exception)
+                else f"only {int(acks)} replica(s) acknowledged it within {wait_ms} ms"
+            )
             raise NotReplicated(
                 f"debounce_redis_wait_replicas={wanted}: {name} ran on the master but "
-                f"{said}; a failover may discard it", reply)
+                f"{said}; a failover may discard it",
+                reply,
+            )
         return reply
 
-    def claim(self, shard: Shard, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "", *,
-              last_delivery: bool = False) -> ClaimResult:
+    def claim(
+        self,
+        shard: Shard,
+        task_id: str,
+        task_name: str = "",
+        retry: bool = False,
+        ident: str = "",
+        *,
+        last_delivery: bool = False,
+    ) -> ClaimResult:
         """:meth:`WindowStore.claim` followed by ``WAIT``: a claim that would run the
         body and that fewer replicas acknowledged is undone on the master it ran on
         (``unclaim.lua``, only if the claim is still that one) and raised as
@@ -426,8 +508,14 @@ class WaitedStore(WindowStore):
         keys = self._record_keys(shard, task_id)
         try:
             before, at, run = self._run_waited(
-                "claim", keys, [*self._claim_args(task_id, task_name, retry), ident,
-                                *(["1"] if last_delivery else [])])
+                "claim",
+                keys,
+                [
+                    *self._claim_args(task_id, task_name, retry),
+                    ident,
+                    *(["1"] if last_delivery else []),
+                ],
+            )
         except NotReplicated as exc:
             before, at, run = exc.reply
             if not int(run) or not before:
@@ -444,8 +532,9 @@ class WaitedStore(WindowStore):
         acknowledged raises :class:`FinishNotReplicated` (its ``result`` what it marked:
         the caller keeps the finish to be sent again, ``finish.lua`` is idempotent)."""
         try:
-            reply = self._run_waited("finish", self._record_keys(shard, task_id),
-                                     self._finish_args(task_id, state))
+            reply = self._run_waited(
+                "finish", self._record_keys(shard, task_id), self._finish_args(task_id, state)
+            )
         except NotReplicated as exc:
             raise FinishNotReplicated(str(exc), exc.reply, finish_result(exc.reply)) from None
         return finish_result(reply)

@@ -42,8 +42,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..settings import Settings
 
 __all__ = [
-    "BaseStore", "DispatcherStore", "OperatorStore", "ProducerStore", "Store",
-    "WakeListening", "WorkerStore",
+    "BaseStore",
+    "DispatcherStore",
+    "OperatorStore",
+    "ProducerStore",
+    "Store",
+    "WakeListening",
+    "WorkerStore",
 ]
 
 
@@ -71,8 +76,11 @@ class ProducerStore(BaseStore, Protocol):
         deadline never past the opener's ceiling. Raises ``PayloadTooLarge``,
         ``ReplaceRefused``, ``AliasesFull``, ``DebounceContractMismatch`` (nothing written)."""
 
-    def gate_many(self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
-                  ) -> list[Outcome]:
+    def gate_many(
+        self,
+        calls: Sequence[PreparedCall],
+        chunk_size: int = 1000,
+    ) -> list[Outcome]:
         """Each call as :meth:`gate`, in order: one outcome per call (its
         :class:`GateResult`, ``WRITTEN`` when it ran but its id is unknown, or the
         exception that kept it out)."""
@@ -94,21 +102,27 @@ class WakeListening(Protocol):
 class DispatcherStore(BaseStore, Protocol):
     """The dispatcher's: take due windows, settle each publish, sweep, keep time."""
 
-    def take(self, shard: ShardRef, limit: int, observer: str = "",
-             lapse_upto: int | None = None) -> TakeResult:
+    def take(
+        self, shard: ShardRef, limit: int, observer: str = "", lapse_upto: int | None = None
+    ) -> TakeResult:
         """Lease up to ``limit`` due windows of ``shard`` (and those whose dispatch lease
         ended); a window held for an exclusive run is not taken. Sent at most once."""
 
     def ack(self, shard: ShardRef, task_ids: Sequence[str]) -> int:
         """Published: these taken windows are queued (idempotent); how many were."""
 
-    def release(self, shard: ShardRef, delay_ms: int,
-                windows: Sequence[tuple[str, int | str]]) -> int:
+    def release(
+        self, shard: ShardRef, delay_ms: int, windows: Sequence[tuple[str, int | str]]
+    ) -> int:
         """Not published: ``(task id, tries)`` windows are taken again in ``delay_ms``
         (``"<tries>!"``: a failure counted against it). Sent at most once."""
 
-    def quarantine(self, shard: ShardRef, task_id: str, reason: str,
-                   ) -> list[dict[str, Any]] | None:
+    def quarantine(
+        self,
+        shard: ShardRef,
+        task_id: str,
+        reason: str,
+    ) -> list[dict[str, Any]] | None:
         """Set a taken window aside for good (its aliases, as
         :attr:`FinishResult.aliases <celery_debounce.store.domain.FinishResult.aliases>`;
         None: it was not)."""
@@ -116,8 +130,11 @@ class DispatcherStore(BaseStore, Protocol):
     def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
         """Remember when the messages of ``(task id, ms left)`` just published expire."""
 
-    def expire(self, shard: ShardRef, limit: int = 100,
-               ) -> list[tuple[str, list[dict[str, Any]]]]:
+    def expire(
+        self,
+        shard: ShardRef,
+        limit: int = 100,
+    ) -> list[tuple[str, list[dict[str, Any]]]]:
         """The expiry sweep: finish as REVOKED the queued windows whose message
         expired; ``(task id, aliases)`` of each, until :meth:`expired` confirms."""
 
@@ -140,17 +157,25 @@ class DispatcherStore(BaseStore, Protocol):
 class WorkerStore(BaseStore, Protocol):
     """The worker's: claim a run, keep its claim alive, end it, mark it finished."""
 
-    def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "", *,
-              last_delivery: bool = False) -> ClaimResult:
+    def claim(
+        self,
+        shard: ShardRef,
+        task_id: str,
+        task_name: str = "",
+        retry: bool = False,
+        ident: str = "",
+        *,
+        last_delivery: bool = False,
+    ) -> ClaimResult:
         """Claim a window's run for one claim lease; ``run`` False: a duplicate
         delivery that must not run. Sent at most once; ``NotReplicated`` (an
         ``OutcomeUnknown``) when too few replicas acknowledged it. ``last_delivery``:
         the last delivery its quorum queue allows; should this claim lapse, the
         window is finished (REVOKED), since nothing delivers it again."""
 
-    def claim_late(self, shard: ShardRef, task_id: str, task_name: str = "",
-                   retry: bool = False) -> ClaimResult:
+    def claim_late(
+        self, shard: ShardRef, task_id: str, task_name: str = "", retry: bool = False
+    ) -> ClaimResult:
         """A claim that failed in an outage, sent once the store is back (its run went
         ahead meanwhile): as :meth:`claim`, never waited for by replicas (sent again, it
         would find its own first copy live and mark a duplicate)."""
@@ -193,30 +218,49 @@ class OperatorStore(BaseStore, Protocol):
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(shard, record)`` of a window taken for dispatch, by id, or None."""
 
-    def list_step(self, shard: int, start: str, skip: int, budget: int, want: int,
-                  prefix: str, pattern: bytes) -> ListStep:
+    def list_step(
+        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
+    ) -> ListStep:
         """One bounded step of listing a shard's open windows."""
 
-    def taken_page(self, shard: int, set_name: str, start: int, count: int,
-                   ) -> list[TakenEntry]:
+    def taken_page(
+        self,
+        shard: int,
+        set_name: str,
+        start: int,
+        count: int,
+    ) -> list[TakenEntry]:
         """One page of a shard's leased or active windows."""
 
     def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
         """When each leading run's quiet period ends (ms), by ident."""
 
-    def find_step(self, shard: int, cursor: str, task_id: str, count: int,
-                  ) -> tuple[str, str | None]:
+    def find_step(
+        self,
+        shard: int,
+        cursor: str,
+        task_id: str,
+        count: int,
+    ) -> tuple[str, str | None]:
         """One bounded step of finding an open window by id."""
 
     def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
 
-    def waits_for(self, shard: int, idents: Sequence[str],
-                  ) -> list[tuple[str | None, str | None]]:
+    def waits_for(
+        self,
+        shard: int,
+        idents: Sequence[str],
+    ) -> list[tuple[str | None, str | None]]:
         """For held idents: the id held and the id of the run it waits for."""
 
-    def census_step(self, shard: int, cursor: str, count: int, now_ms: int,
-                    ) -> tuple[str, list[CensusRow]]:
+    def census_step(
+        self,
+        shard: int,
+        cursor: str,
+        count: int,
+        now_ms: int,
+    ) -> tuple[str, list[CensusRow]]:
         """One bounded step of counting open windows per task."""
 
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
@@ -238,8 +282,11 @@ class OperatorStore(BaseStore, Protocol):
     def collected(self, shard: int, collect_list: str) -> list[bytes]:
         """The elements a collect window gathered so far."""
 
-    def pending_payloads(self, shard: int, prefix: str | None = None,
-                         ) -> Iterator[Record]:
+    def pending_payloads(
+        self,
+        shard: int,
+        prefix: str | None = None,
+    ) -> Iterator[Record]:
         """Every open window of ``shard`` with its payload (tests, ``debounce_fakeredis``)."""
 
     def maxmemory_policy(self) -> str:

@@ -44,9 +44,9 @@ def is_unknown_outcome(outcome: object) -> bool:
     unknown (Redis unreachable), or too few replicas acknowledged it (``WAIT``)."""
     return isinstance(outcome, DebounceOutcomeUnknown)
 
+
 #: How long a bulk chunk's "this chunk ran" marker key lives (ms).
 _MARKER_TTL_MS = 60_000
-
 
 
 class BulkGate:
@@ -61,8 +61,8 @@ class BulkGate:
     send_on_node: Callable[..., list[Any]]
 
     if TYPE_CHECKING:  # pragma: no cover
-        def tag(self, shard: Shard) -> str: ...
 
+        def tag(self, shard: Shard) -> str: ...
 
     def _wait_command(self) -> tuple[tuple[Any, ...], ...]:
         """``WAIT n timeout`` after each bulk chunk with ``debounce_redis_wait_replicas``."""
@@ -70,15 +70,21 @@ class BulkGate:
         return (("WAIT", wanted, self.settings.wait_replicas_ms),) if wanted else ()
 
     def _chunk_commands(
-        self, sha: str, calls: Sequence[PreparedCall], chunk: Sequence[int], marker: str,
+        self,
+        sha: str,
+        calls: Sequence[PreparedCall],
+        chunk: Sequence[int],
+        marker: str,
         waited: tuple[tuple[Any, ...], ...],
     ) -> list[tuple[Any, ...]]:
         """One bulk chunk: its gate calls and its marker in one ``MULTI``/``EXEC``, then
         the ``WAIT`` of ``debounce_redis_wait_replicas`` if set."""
         return [
             ("MULTI",),
-            *(("EVALSHA", sha, 2, *gate_keys(self, calls[i]), *gate_args(self, calls[i]))
-              for i in chunk),
+            *(
+                ("EVALSHA", sha, 2, *gate_keys(self, calls[i]), *gate_args(self, calls[i]))
+                for i in chunk
+            ),
             ("SET", marker, 1, "PX", _MARKER_TTL_MS),
             ("EXEC",),
             *waited,
@@ -92,7 +98,8 @@ class BulkGate:
             error = DebounceOutcomeUnknown(
                 f"debounce Redis refused WAIT after this chunk was written on the master "
                 f"({type(acks).__name__}: {acks}); whether its calls survive a failover "
-                "is unknown")
+                "is unknown"
+            )
             error.__cause__ = acks
         elif int(acks) >= wanted:
             return
@@ -100,14 +107,18 @@ class BulkGate:
             error = DebounceOutcomeUnknown(
                 f"debounce_redis_wait_replicas={wanted}: only {int(acks)} replica(s) "
                 "acknowledged this chunk; its calls were written on the master but may not "
-                "survive a failover")
+                "survive a failover"
+            )
         for i in chunk:
             if isinstance(outcomes[i], GateResult):
                 outcomes[i] = error
 
     def gate_many(
-        self, calls: Sequence[PreparedCall], chunk_size: int = 1000,
-        on_chunk: Callable[[range], None] | None = None, into: list[Outcome] | None = None,
+        self,
+        calls: Sequence[PreparedCall],
+        chunk_size: int = 1000,
+        on_chunk: Callable[[range], None] | None = None,
+        into: list[Outcome] | None = None,
     ) -> list[Outcome]:
         """Run ``gate.lua`` for each call, in order, pipelined on one connection.
 
@@ -132,7 +143,10 @@ class BulkGate:
         return outcomes
 
     def _rerun_missing(
-        self, calls: Sequence[PreparedCall], outcomes: list[Any], missing: list[int],
+        self,
+        calls: Sequence[PreparedCall],
+        outcomes: list[Any],
+        missing: list[int],
     ) -> None:
         """Run again, one by one, the bulk calls that met NOSCRIPT (a restart, SCRIPT
         FLUSH, a promoted replica)."""
@@ -149,7 +163,8 @@ class BulkGate:
                     except DebounceOutcomeUnknown as exc:  # this one may have run
                         outcomes[i] = exc
                         raise DebounceBackendError(
-                            "debounce Redis: not sent (an earlier reply was lost)") from exc
+                            "debounce Redis: not sent (an earlier reply was lost)"
+                        ) from exc
                     except DebounceBackendError as exc:
                         if not isinstance(exc.__cause__, redis.ResponseError):
                             raise
@@ -160,8 +175,12 @@ class BulkGate:
                     outcomes[i] = exc
 
     def _gate_many_pipelined(
-        self, calls: Sequence[PreparedCall], chunk_size: int,
-        on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+        self,
+        calls: Sequence[PreparedCall],
+        chunk_size: int,
+        on_chunk: Callable[[range], None] | None,
+        outcomes: list[Any],
+        missing: list[int],
     ) -> None:
         """:meth:`gate_many` on one node: every chunk on one connection, chunk ``k + 1``
         sent before the replies of chunk ``k`` are read."""
@@ -218,8 +237,12 @@ class BulkGate:
             self._settle(calls, sent, outcomes, failure)
 
     def _gate_many_cluster(
-        self, calls: Sequence[PreparedCall], chunk_size: int,
-        on_chunk: Callable[[range], None] | None, outcomes: list[Any], missing: list[int],
+        self,
+        calls: Sequence[PreparedCall],
+        chunk_size: int,
+        on_chunk: Callable[[range], None] | None,
+        outcomes: list[Any],
+        missing: list[int],
     ) -> None:
         """:meth:`gate_many` on a Redis Cluster: a ``MULTI``/``EXEC`` may hold one slot
         only, so calls are grouped by shard (in order within a shard: a window's calls
@@ -273,14 +296,20 @@ class BulkGate:
                 pass  # they expire
 
     def _settle(
-        self, calls: Sequence[PreparedCall], unanswered: Sequence[tuple[str, Sequence[int]]],
-        outcomes: list[Any], failure: BaseException,
+        self,
+        calls: Sequence[PreparedCall],
+        unanswered: Sequence[tuple[str, Sequence[int]]],
+        outcomes: list[Any],
+        failure: BaseException,
     ) -> None:
         """After a connection error: find out which unanswered chunks ran (their marker
         exists)."""
         error = DebounceBackendError(f"debounce Redis unreachable during gate (bulk): {failure}")
-        pending = [i for i in range(len(calls)) if outcomes[i] is None and
-                   not any(i in chunk for _, chunk in unanswered)]
+        pending = [
+            i
+            for i in range(len(calls))
+            if outcomes[i] is None and not any(i in chunk for _, chunk in unanswered)
+        ]
         for i in pending:  # never sent
             outcomes[i] = error
         try:
@@ -299,8 +328,9 @@ class BulkGate:
                             pipe.hget(open_key(self.tag(calls[i].shard), calls[i].ident), F_ID)
                         ids = pipe.execute()
                     for i, tid in zip(chunk, ids, strict=True):
-                        outcomes[i] = WRITTEN if tid is None else GateResult(
-                            as_text(tid), False, 0, 0, 0)
+                        outcomes[i] = (
+                            WRITTEN if tid is None else GateResult(as_text(tid), False, 0, 0, 0)
+                        )
         except DebounceBackendError:
             for _, chunk in unanswered:
                 for i in chunk:

@@ -40,8 +40,10 @@ def describe_policy(policy: str) -> str:
     if evicts is None:
         return "maxmemory-policy: unknown (CONFIG GET refused or unavailable)"
     if evicts:
-        return (f"maxmemory-policy: {policy}  WARNING: Redis may evict window records "
-                "(set maxmemory-policy noeviction)")
+        return (
+            f"maxmemory-policy: {policy}  WARNING: Redis may evict window records "
+            "(set maxmemory-policy noeviction)"
+        )
     return f"maxmemory-policy: {policy}"
 
 
@@ -55,9 +57,14 @@ def warn_if_evicting(store: Any, who: str, logger: logging.Logger | None = None)
         log.warning(
             "debounce: %s: the windows' Redis has maxmemory-policy %s, which can evict "
             "window records (pending calls or windows being dispatched would be lost): "
-            "use maxmemory-policy noeviction for the debounce Redis", who, policy,
+            "use maxmemory-policy noeviction for the debounce Redis",
+            who,
+            policy,
         )
     elif evicts is None:
-        log.info("debounce: %s: could not read the windows' Redis maxmemory-policy "
-                 "(CONFIG GET refused?); make sure it is noeviction", who)
+        log.info(
+            "debounce: %s: could not read the windows' Redis maxmemory-policy "
+            "(CONFIG GET refused?); make sure it is noeviction",
+            who,
+        )
     return policy

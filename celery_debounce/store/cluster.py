@@ -49,8 +49,8 @@ class ClusterTransport(Transport):
         script = self.scripts[name]
         try:
             return self.send_on_node(
-                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name,
-                operation=name)[0]
+                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name, operation=name
+            )[0]
         except redis.RedisError as exc:
             raise _translated(name, exc) from exc
 
@@ -76,8 +76,10 @@ class ClusterTransport(Transport):
         return 0  # no Sentinel on a cluster
 
     def servers(self) -> list[tuple[str, Any]]:
-        return [(f"{node.host}:{node.port}", self.client.get_redis_connection(node))
-                for node in self.client.get_primaries()]
+        return [
+            (f"{node.host}:{node.port}", self.client.get_redis_connection(node))
+            for node in self.client.get_primaries()
+        ]
 
     def masters(self) -> list[Any]:
         return [self.client.get_redis_connection(node) for node in self.client.get_primaries()]
@@ -103,8 +105,15 @@ class ClusterTransport(Transport):
                 self.refresh_topology()  # a failed-over master: its replica is found
                 raise
 
-    def gate_many(self, store: BulkGate, calls: Sequence[PreparedCall], chunk_size: int,
-                  on_chunk: Any, outcomes: list[Any], missing: list[int]) -> None:
+    def gate_many(
+        self,
+        store: BulkGate,
+        calls: Sequence[PreparedCall],
+        chunk_size: int,
+        on_chunk: Any,
+        outcomes: list[Any],
+        missing: list[int],
+    ) -> None:
         """A ``MULTI``/``EXEC`` may hold one slot only: chunks per shard, one at a time."""
         store._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
 
@@ -115,8 +124,11 @@ def _every_master_has_sharded_pubsub(client: Any) -> bool:
         replies = client.info("server", target_nodes=redis.RedisCluster.PRIMARIES)
     except redis.RedisError:
         return False
-    rows = replies.values() if isinstance(replies, dict) and "redis_version" not in replies \
+    rows = (
+        replies.values()
+        if isinstance(replies, dict) and "redis_version" not in replies
         else [replies]
+    )
     for row in rows:
         version = str(row.get("redis_version", "0")) if isinstance(row, dict) else "0"
         if int(version.split(".")[0] or 0) < 7:

@@ -39,6 +39,7 @@ EXPIRY_GRACE_MS = 2000
 
 # -- typed results ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TakenWindow:
     """A window taken out of the due set, ready to publish (times: Redis ms): its
@@ -227,8 +228,11 @@ _SPEC_ARGV = "_gate_argv"
 def spec_argv(spec: DebounceSpec) -> tuple[bytes, bytes, bytes]:
     """Window, max wait and ``<contract version>:<replace flag>`` as ``gate.lua``
     takes them (ARGV[2..4]), encoded once per spec."""
-    argv = (b"%d" % spec.window_ms, b"%d" % spec.max_wait_ms,
-            _CONTRACT_PREFIX + (b"1" if spec.replace_payload else b"0"))
+    argv = (
+        b"%d" % spec.window_ms,
+        b"%d" % spec.max_wait_ms,
+        _CONTRACT_PREFIX + (b"1" if spec.replace_payload else b"0"),
+    )
     spec.__dict__[_SPEC_ARGV] = argv  # a frozen dataclass: set as cached_property does
     return argv
 
@@ -272,9 +276,7 @@ def _pad_to(args: list[object], position: int) -> None:
     args += [""] * (position - 1 - len(args))
 
 
-def gate_args(
-    store: GateStore, call: PreparedCall, fixed: FixedId | None = None
-) -> list[object]:
+def gate_args(store: GateStore, call: PreparedCall, fixed: FixedId | None = None) -> list[object]:
     """ARGV of ``gate.lua``; defaults (JSON payload, no options) are sent as ''.
 
     Seven values for a default call; the fixed-id four (ARGV[8..11]) only with
@@ -336,6 +338,7 @@ def _edge_reply(reply: list[object]) -> GateResult:
 
 
 # -- finish.lua ----------------------------------------------------------------------------
+
 
 def finish_aliases(reply: Any) -> list[Any]:
     """The raw aliases (``aliases.parse_aliases``) in ``finish.lua``'s reply."""

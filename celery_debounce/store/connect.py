@@ -26,8 +26,9 @@ def connect(settings: Settings) -> Any:
     # every new connection) two timeouts instead of one. No health_check_interval: a
     # dead pooled connection already fails over to the retry, and redis-py 5
     # recursed in its health check when a TLS handshake failed.
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1,
-                  supported_errors=(redis.ConnectionError,))
+    retry = Retry(
+        ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(redis.ConnectionError,)
+    )
     if settings.sentinel is not None:
         return sentinel_client(settings.sentinel, timeout, retry)
     options: dict[str, Any] = dict(  # the same for a single node and a cluster
@@ -40,9 +41,9 @@ def connect(settings: Settings) -> Any:
         try:
             return redis.RedisCluster.from_url(settings.redis_url, **options)
         except (redis.RedisError, RedisClusterException) as exc:
-            raise unreachable(redact(
-                f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"
-            ), exc) from exc
+            raise unreachable(
+                redact(f"debounce Redis Cluster unreachable at {settings.redis_url}: {exc}"), exc
+            ) from exc
         except ValueError:
             raise _unreadable_url(settings.redis_url) from None
     try:

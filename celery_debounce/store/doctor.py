@@ -42,14 +42,18 @@ class DoctorOps:
         with translate_errors("doctor"):
             for start in range(0, len(open_keys), DOCTOR_BATCH):
                 with self.client.pipeline(transaction=False) as pipe:
-                    for key in open_keys[start:start + DOCTOR_BATCH]:
+                    for key in open_keys[start : start + DOCTOR_BATCH]:
                         pipe.hget(key, "cl")
-                    found.update(as_text(v) for v in pipe.execute(raise_on_error=False)
-                                 if isinstance(v, bytes))
+                    found.update(
+                        as_text(v)
+                        for v in pipe.execute(raise_on_error=False)
+                        if isinstance(v, bytes)
+                    )
         return found
 
-    def doctor_step(self, script: str, tag: str, first_key: str, names: Sequence[str],
-                    repair: bool, *extra: Any) -> list[Any]:
+    def doctor_step(
+        self, script: str, tag: str, first_key: str, names: Sequence[str], repair: bool, *extra: Any
+    ) -> list[Any]:
         """Run ``doctor_<script>.lua`` on ``names`` of one tag, in batches; its findings.
 
         Each script is idempotent (it decides from the state it reads, and a repair
@@ -61,6 +65,7 @@ class DoctorOps:
         if not names:
             return list(self.run(f"doctor_{script}", keys, [tag, flag, *extra]))
         for start in range(0, len(names), DOCTOR_BATCH):
-            found += self.run(f"doctor_{script}", keys,
-                              [tag, flag, *extra, *names[start:start + DOCTOR_BATCH]])
+            found += self.run(
+                f"doctor_{script}", keys, [tag, flag, *extra, *names[start : start + DOCTOR_BATCH]]
+            )
         return found

@@ -20,8 +20,16 @@ from .codec import Shard
 from .errors import NotReplicated
 
 __all__ = [
-    "AliasesFull", "ClaimResult", "FinishNotReplicated", "FinishResult", "OutcomeUnknown",
-    "PayloadTooLarge", "ReplaceRefused", "ReplyLost", "ServerRefused", "ShardRef",
+    "AliasesFull",
+    "ClaimResult",
+    "FinishNotReplicated",
+    "FinishResult",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "ReplaceRefused",
+    "ReplyLost",
+    "ServerRefused",
+    "ShardRef",
     "StoreUnavailable",
 ]
 
@@ -32,6 +40,7 @@ ShardRef = Shard
 
 
 # -- typed errors ----------------------------------------------------------------------
+
 
 class StoreUnavailable(DebounceBackendError):
     """The store could not be reached (an outage): nothing was sent, or what was sent
@@ -74,6 +83,7 @@ class AliasesFull(DebounceBackendError):
 
 
 # -- typed results ---------------------------------------------------------------------
+
 
 class ClaimResult(NamedTuple):
     """A worker's claim of a window's run (``before, run = store.claim(...)`` still

@@ -32,7 +32,8 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
         # written (docs/design.md, "Maxmemory"); a plain command or a MULTI is refused whole
         return ServerRefused(
             f"debounce Redis is at maxmemory (OOM): {operation} refused, nothing was written "
-            f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}")
+            f"(free memory, raise maxmemory, or check the maxmemory-policy): {exc}"
+        )
     match = _CONTRACT.search(str(exc))
     if match:  # gate.lua: the producer speaks another contract version (nothing written)
         from ..errors import DebounceContractMismatch  # (kept off the shared import block)
@@ -40,10 +41,16 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
         return DebounceContractMismatch(
             f"debounce gate refused {operation}: {match.group(0)} (the producer and the "
             "gate script speak different versions of the gate contract; see "
-            "docs/contract.md)", match.group(1), match.group(2))
+            "docs/contract.md)",
+            match.group(1),
+            match.group(2),
+        )
     text = str(exc)
-    for code, typed in ((PAYLOAD_TOO_LARGE, PayloadTooLarge), (REPLACE_REFUSED, ReplaceRefused),
-                        (ALIASES_FULL, AliasesFull)):
+    for code, typed in (
+        (PAYLOAD_TOO_LARGE, PayloadTooLarge),
+        (REPLACE_REFUSED, ReplaceRefused),
+        (ALIASES_FULL, AliasesFull),
+    ):
         if code in text:  # a script's own refusal (nothing written): its typed error
             refused = typed(f"debounce Redis refused {operation}: {exc}")
             if isinstance(refused, ReplaceRefused):
@@ -57,8 +64,9 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
 #: Error replies that mean "this server cannot take writes now", the command did not
 #: run (:class:`~.domain.ServerRefused`). NOPERM, NOAUTH, WRONGTYPE, script errors are
 #: not: they are the store's plain :class:`DebounceBackendError`.
-REFUSED_CODES = frozenset({"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN",
-                           "TRYAGAIN", "MISCONF"})
+REFUSED_CODES = frozenset(
+    {"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MISCONF"}
+)
 #: Connection-level errors that are configuration, not outages.
 NOT_OUTAGE_CODES = frozenset({"NOAUTH", "WRONGPASS", "NOPERM"})
 
@@ -115,10 +123,12 @@ def _lost(operation: str, exc: BaseException, cut: bool = False) -> DebounceOutc
     what = "its write cut off part-way" if cut else "its reply lost"
     message = redact(
         f"debounce Redis unreachable during {operation}, {what} ({exc}); the "
-        "outcome is unknown: it may or may not have run, and it was not sent again")
+        "outcome is unknown: it may or may not have run, and it was not sent again"
+    )
     code = reply_code(exc)
     if code in NOT_OUTAGE_CODES or not isinstance(
-            exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        exc, (redis.ConnectionError, redis.TimeoutError, OSError)
+    ):
         return DebounceOutcomeUnknown(message)
     lost = ReplyLost(message)
     lost.refused = code in REFUSED_CODES
@@ -177,8 +187,14 @@ def reply_code(exc: BaseException) -> str | None:
     for _ in range(10):
         if seen is None:
             return None
-        if isinstance(seen, (redis.ResponseError, redis.exceptions.BusyLoadingError,
-                             redis.exceptions.AuthenticationError)):
+        if isinstance(
+            seen,
+            (
+                redis.ResponseError,
+                redis.exceptions.BusyLoadingError,
+                redis.exceptions.AuthenticationError,
+            ),
+        ):
             for cls, code in _CODE_OF_CLASS:
                 if isinstance(seen, cls):
                     return code
@@ -206,16 +222,17 @@ def pipeline_failed_at(exc: BaseException) -> int | None:
     return None
 
 
-
 def _unreadable_url(url: str) -> Exception:
     """redis-py could not read ``url``: its own error is not shown (it quotes the part it
     could not read, a password holding '/' or ';' unencoded included)."""
     from ..errors import DebounceConfigError  # (kept off the import block other edits touch)
 
-    return DebounceConfigError(redact(
-        f"the windows' Redis URL {url!r} cannot be read (a password holding "
-        "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
-    ))
+    return DebounceConfigError(
+        redact(
+            f"the windows' Redis URL {url!r} cannot be read (a password holding "
+            "'/', ';', '@' or ':' must be percent-encoded, e.g. quote(password, safe=''))"
+        )
+    )
 
 
 # -- the scripts' error codes: how their error replies start (gate.lua spells them too) --

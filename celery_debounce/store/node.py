@@ -220,7 +220,8 @@ class _Combiner:
                 if other.reply is None and other.error is None:  # interrupted
                     other.error = DebounceOutcomeUnknown(
                         f"debounce Redis: {name} interrupted while its reply was "
-                        "awaited; the outcome is unknown")
+                        "awaited; the outcome is unknown"
+                    )
             for other in batch:
                 if other is not slot:
                     other.done.release()
@@ -284,12 +285,18 @@ class _Combiner:
             return
         try:
             conn.send_packed_command(
-                [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)])
+                [batch[0].command if len(batch) == 1 else b"".join(s.command for s in batch)]
+            )
         except LINK_ERRORS as exc:  # a timeout too: redis-py's is no ConnectionError
             conn.disconnect()
             for slot in batch:  # a lone call did not run; a batch's first ones may have
-                slot.error = (_lost(name, exc, cut=True) if len(batch) > 1
-                              else exc if isinstance(exc, redis.TimeoutError) else _NotSent())
+                slot.error = (
+                    _lost(name, exc, cut=True)
+                    if len(batch) > 1
+                    else exc
+                    if isinstance(exc, redis.TimeoutError)
+                    else _NotSent()
+                )
             return
         for i, slot in enumerate(batch):
             try:
@@ -326,8 +333,11 @@ def is_direct_node(client: Any) -> bool:
     connect, turn a demoted master's READONLY into a ConnectionError (the command did
     not run: it is sent again) and are dropped on release once the master moved
     (docs/design.md, "Sentinel")."""
-    return (type(client) is redis.Redis and type(client.connection_pool) in _DIRECT_POOLS
-            and client.connection is None)
+    return (
+        type(client) is redis.Redis
+        and type(client.connection_pool) in _DIRECT_POOLS
+        and client.connection is None
+    )
 
 
 class NodeTransport(Transport):
@@ -350,17 +360,22 @@ class NodeTransport(Transport):
         pool = self.client.connection_pool
         self._lease: _Lease | None = _Lease(pool) if _Lease.suits(pool) else None
         # concurrent gate calls share round trips (needs hiredis' packer: one bytes each)
-        self._combiner: _Combiner | None = _Combiner(self._lease) if (
-            self._lease is not None and _hiredis_pack is not None
-            and not self._lease.pool.connection_kwargs.get("command_packer")) else None
+        self._combiner: _Combiner | None = (
+            _Combiner(self._lease)
+            if (
+                self._lease is not None
+                and _hiredis_pack is not None
+                and not self._lease.pool.connection_kwargs.get("command_packer")
+            )
+            else None
+        )
 
     def servers(self) -> list[tuple[str, Any]]:
         # on a pooled connection without redis-py's retry (as _evalsha_once): a server
         # that never answers costs one timeout
         return [(redact(self.settings.redis_url), _PooledCommands(self))]
 
-    def flush_many(self, store: Operators, shard: int,
-                   windows: Sequence[tuple[str, str]]) -> int:
+    def flush_many(self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
         calls = [store._flush_call(shard, ident, task_id) for ident, task_id in windows]
         return sum(1 for r in self.pipeline_once("flush", calls) if r)
@@ -407,7 +422,8 @@ class NodeTransport(Transport):
         elif self._combiner is not None and name == "gate" and _Lease.holders > 1:
             try:
                 reply = self._combiner.call(
-                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args)))
+                    name, _hiredis_pack(("EVALSHA", sha, numkeys, *keys_and_args))
+                )
             except _NotSent:
                 attempts = (2,)  # nothing reached Redis: once more, alone, on a fresh one
             else:
@@ -421,8 +437,7 @@ class NodeTransport(Transport):
                 conn = checkout(pool)  # one made before patching is made anew
             try:
                 try:
-                    conn.send_packed_command(
-                        _pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
+                    conn.send_packed_command(_pack(conn, ("EVALSHA", sha, numkeys, *keys_and_args)))
                 except LINK_ERRORS as exc:
                     # cut part-way, so it did not run: reset, once more on a fresh
                     # connection; timed out, unreachable (again it would wait as long)
@@ -462,8 +477,10 @@ class NodeTransport(Transport):
         with translate_errors(name):
             for _ in (1, 2):
                 conn: Any = checkout(pool)
-                wire = [("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                        for i in todo]
+                wire = [
+                    ("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                    for i in todo
+                ]
                 written = False
                 try:
                     conn.send_packed_command(conn.pack_commands(wire))
@@ -476,8 +493,12 @@ class NodeTransport(Transport):
                             break
                 except LINK_ERRORS as exc:
                     conn.disconnect()
-                    if (not written and len(todo) == len(calls) and cut_runs_nothing(wire)
-                            and isinstance(exc, redis.RedisError)):
+                    if (
+                        not written
+                        and len(todo) == len(calls)
+                        and cut_runs_nothing(wire)
+                        and isinstance(exc, redis.RedisError)
+                    ):
                         raise  # one call, cut part-way, nothing before it: it did not run
                     raise _lost(name, exc, cut=not written) from exc
                 except BaseException:

@@ -54,6 +54,7 @@ from .checks import combined_policy
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
 from .doctor import DoctorOps
 from .errors import CancelOutcomeUnknown, translate_errors
+from .liveness import Liveness
 from .server import maxmemory_policy
 from .transport import Transport
 
@@ -63,7 +64,7 @@ SNAPSHOT_COMMANDS = 13
 HELD_LISTED = 8
 
 
-class Operators(DoctorOps):
+class Operators(DoctorOps, Liveness):
     """Operations of :class:`~celery_debounce.store.WindowStore` for ``celery debounce``
     commands, the admin API, ``top`` and tests."""
 
@@ -75,11 +76,11 @@ class Operators(DoctorOps):
     run_once: Callable[[str, list[str], list[Any]], Any]
 
     if TYPE_CHECKING:  # pragma: no cover
+
         def tag(self, shard: Shard) -> str: ...
 
         @property
         def sharded_wake(self) -> bool: ...
-
 
     # -- operators -------------------------------------------------------------------------
     def ping(self) -> bool:
@@ -116,8 +117,9 @@ class Operators(DoctorOps):
                 return shard, record
         return None
 
-    def list_step(self, shard: int, start: str, skip: int, budget: int, want: int,
-                  prefix: str, pattern: bytes) -> ListStep:
+    def list_step(
+        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
+    ) -> ListStep:
         """One ``list.lua`` step: pending windows along the due set, filtered in Redis."""
         tag = self.tag(shard)
         reply = self.run("list", [due_key(tag)], [tag, start, skip, budget, want, prefix, pattern])
@@ -135,8 +137,10 @@ class Operators(DoctorOps):
         tag = self.tag(shard)
         client = self.client
         with translate_errors("inspect"):
-            ids = [as_text(m) for m in client.zrange(taken_set_key(tag, set_name), start,
-                                                     start + count - 1)]
+            ids = [
+                as_text(m)
+                for m in client.zrange(taken_set_key(tag, set_name), start, start + count - 1)
+            ]
         if not ids:
             return []
         with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
@@ -164,13 +168,18 @@ class Operators(DoctorOps):
             rows = pipe.execute(raise_on_error=False)
         ends = {}
         for record, row in zip(runs, rows, strict=True):
-            if isinstance(row, list) and row[0] is not None and row[1] is not None and \
-                    as_text(row[0]) == record.task_id:
+            if (
+                isinstance(row, list)
+                and row[0] is not None
+                and row[1] is not None
+                and as_text(row[0]) == record.task_id
+            ):
                 ends[record.task_id] = int(row[1])
         return ends
 
-    def find_step(self, shard: int, cursor: str, task_id: str,
-                  count: int) -> tuple[str, str | None]:
+    def find_step(
+        self, shard: int, cursor: str, task_id: str, count: int
+    ) -> tuple[str, str | None]:
         """One ``find.lua`` step: ``(next cursor, ident of the pending window with this id
         or None)``."""
         tag = self.tag(shard)
@@ -180,8 +189,10 @@ class Operators(DoctorOps):
     def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
         tag = self.tag(shard)
         channel = shard_wake_channel(tag) if self.sharded_wake else self.settings.wake_channel
-        return ([open_key(tag, ident), due_key(tag), leased_key(tag)],
-                [ident, channel, task_id, self.settings.record_ttl_ms])
+        return (
+            [open_key(tag, ident), due_key(tag), leased_key(tag)],
+            [ident, channel, task_id, self.settings.record_ttl_ms],
+        )
 
     def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
         """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
@@ -217,7 +228,8 @@ class Operators(DoctorOps):
                     raise  # nothing ran: a plain error
                 if time.monotonic() >= deadline:
                     raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
-                        lost.__cause__ or lost)
+                        lost.__cause__ or lost
+                    )
                 time.sleep(0.05)
         return self._cancel_result(shard, ident, token, reply)
 
@@ -231,7 +243,7 @@ class Operators(DoctorOps):
             pass  # it expires
         record = decode_record(CANCEL_FIELDS, reply, ident=ident)
         assert record is not None
-        return Cancelled(record, list(reply[len(CANCEL_FIELDS):]))
+        return Cancelled(record, list(reply[len(CANCEL_FIELDS) :]))
 
     def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
         """After :class:`CancelOutcomeUnknown`: the window that cancel dropped (read from
@@ -241,13 +253,16 @@ class Operators(DoctorOps):
             reply = self.client.lrange(cancel_marker_key(self.tag(lost.shard), lost.token), 0, -1)
         return self._cancel_result(lost.shard, lost.ident, lost.token, reply)
 
-    def census_step(self, shard: int, cursor: str, count: int,
-                    now_ms: int) -> tuple[str, list[CensusRow]]:
+    def census_step(
+        self, shard: int, cursor: str, count: int, now_ms: int
+    ) -> tuple[str, list[CensusRow]]:
         """One ``census.lua`` step of per-task counts of pending windows."""
         tag = self.tag(shard)
         reply = self.run("census", [due_key(tag)], [tag, cursor, count, now_ms])
-        rows = [CensusRow(as_text(task), int(n_open), int(n_due), int(oldest), int(waiting))
-                for task, n_open, n_due, oldest, waiting in reply[1:]]
+        rows = [
+            CensusRow(as_text(task), int(n_open), int(n_due), int(oldest), int(waiting))
+            for task, n_open, n_due, oldest, waiting in reply[1:]
+        ]
         return as_text(reply[0]), rows
 
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
@@ -258,8 +273,9 @@ class Operators(DoctorOps):
             pipe.zcount(due_key(tag), "-inf", now_ms)
             pipe.hgetall(stats_key(tag))
             zcard, zcount, counters = pipe.execute()
-        return ShardCounts(int(zcard), int(zcount),
-                           {as_text(k): int(v) for k, v in counters.items()})
+        return ShardCounts(
+            int(zcard), int(zcount), {as_text(k): int(v) for k, v in counters.items()}
+        )
 
     def reset_counters(self, shard: int) -> dict[str, int]:
         """Zero the shard's counters atomically; the counters removed.
@@ -285,28 +301,6 @@ class Operators(DoctorOps):
             client.delete(held)
         return removed
 
-    # -- liveness ----------------------------------------------------------------------------
-    def heartbeat(self, name: str, alive: bool = True) -> int:
-        """Record that dispatcher ``name`` runs (``alive``) or stopped cleanly
-        (``alive.lua``, on shard 0's tag); returns the Redis time, ms."""
-        tag = self.tag(0)
-        return int(self.run("alive", [alive_key(tag), stopped_key(tag)],
-                            [name, "1" if alive else "0", self.settings.history_ttl_ms]))
-
-    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-        """``(Redis time ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
-        tag = self.tag(0)
-        now_ms = self.time_ms("ping")
-        with translate_errors("ping"), self.client.pipeline(False) as pipe:
-            pipe.zrange(alive_key(tag), 0, -1, withscores=True)
-            pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
-            alive, stopped = pipe.execute()
-        return (now_ms, [(as_text(n), int(ms)) for n, ms in alive],
-                [(as_text(n), int(ms)) for n, ms in stopped])
-
-    SNAPSHOT_COMMANDS = SNAPSHOT_COMMANDS  # (read as class attributes by older callers)
-    HELD_LISTED = HELD_LISTED
-
     def snapshot_commands(self) -> int:
         """Redis commands :meth:`snapshot` sends per shard."""
         return SNAPSHOT_COMMANDS
@@ -331,12 +325,24 @@ class Operators(DoctorOps):
             pipe.zrange(alive_key(tag), 0, -1, withscores=True)  # written on shard 0 only
             pipe.zrange(stopped_key(tag), 0, -1, withscores=True)
             pipe.zcard(held_key(tag))
-            pipe.zrange(held_key(tag), 0, self.HELD_LISTED - 1, withscores=True)
+            pipe.zrange(held_key(tag), 0, HELD_LISTED - 1, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         # A key of the wrong type (someone wrote it by hand) must not blind the view.
-        (z_open, z_due, first, z_leased, z_active, z_quar, counters, hot_rows, seen, alive,
-         stopped, z_held, held_rows) = (r if not isinstance(r, Exception) else None
-                                        for r in replies)
+        (
+            z_open,
+            z_due,
+            first,
+            z_leased,
+            z_active,
+            z_quar,
+            counters,
+            hot_rows,
+            seen,
+            alive,
+            stopped,
+            z_held,
+            held_rows,
+        ) = (r if not isinstance(r, Exception) else None for r in replies)
         kept: dict[str, int] = {}
         for name, value in (counters or {}).items():
             try:
@@ -344,17 +350,22 @@ class Operators(DoctorOps):
             except ValueError:
                 continue
         return ShardSnapshot(
-            int(z_open or 0), int(z_due or 0), int(first[0][1]) if first else None,
-            int(z_leased or 0), int(z_active or 0), int(z_quar or 0), kept,
+            int(z_open or 0),
+            int(z_due or 0),
+            int(first[0][1]) if first else None,
+            int(z_leased or 0),
+            int(z_active or 0),
+            int(z_quar or 0),
+            kept,
             [(as_text(i), int(c)) for i, c in hot_rows or []],
             [(as_text(n), int(ms)) for n, ms in seen or []],
             [(as_text(n), int(ms)) for n, ms in alive or []],
             [(as_text(n), int(ms)) for n, ms in stopped or []],
-            int(z_held or 0), [(as_text(i), int(ms)) for i, ms in held_rows or []],
+            int(z_held or 0),
+            [(as_text(i), int(ms)) for i, ms in held_rows or []],
         )
 
-    def waits_for(self, shard: Shard, idents: Sequence[str]) -> list[tuple[str | None,
-                                                                         str | None]]:
+    def waits_for(self, shard: Shard, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
         """For held windows' idents: (id, state) of the window in progress each waits
         for (``<tag>:run:<ident>``), None where it just ended. One pipeline per step."""
         if not idents:
@@ -364,22 +375,29 @@ class Operators(DoctorOps):
             with self.client.pipeline(transaction=False) as pipe:
                 for ident in idents:
                     pipe.hget(run_key(tag, ident), "id")
-                runners = [as_text(r) if isinstance(r, bytes) else None
-                           for r in pipe.execute(raise_on_error=False)]
+                runners = [
+                    as_text(r) if isinstance(r, bytes) else None
+                    for r in pipe.execute(raise_on_error=False)
+                ]
             with self.client.pipeline(transaction=False) as pipe:
                 for runner in runners:
                     pipe.hget(win_key(tag, runner or ""), F_STATE)
-                states = [as_text(r) if isinstance(r, bytes) else None
-                          for r in pipe.execute(raise_on_error=False)]
-        return [(runner, state if runner else None)
-                for runner, state in zip(runners, states, strict=True)]
+                states = [
+                    as_text(r) if isinstance(r, bytes) else None
+                    for r in pipe.execute(raise_on_error=False)
+                ]
+        return [
+            (runner, state if runner else None)
+            for runner, state in zip(runners, states, strict=True)
+        ]
 
     def ceiling_lateness_ms(self, shard: Shard, task_id: str) -> int | None:
         """How many ms past its ceiling (``fs + mw``, Redis time) window ``task_id``'s run
         starts now (negative: before it); None for a record without them."""
         with translate_errors("claim"):
             first_seen, max_wait = self.client.hmget(
-                win_key(self.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT)
+                win_key(self.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT
+            )
         if first_seen is None or max_wait is None:
             return None
         return self.time_ms("claim") - int(first_seen) - int(max_wait)
@@ -415,9 +433,9 @@ class Operators(DoctorOps):
     def delete_all(self) -> int:
         """Delete every key under the app's ``debounce_key_prefix``; how many."""
         with translate_errors("clear"):
-            keys = list(self.client.scan_iter(
-                match=all_keys_pattern(self.settings.key_prefix), count=1000))
+            keys = list(
+                self.client.scan_iter(match=all_keys_pattern(self.settings.key_prefix), count=1000)
+            )
             # the one key outside every hash tag (all_keys_pattern matches tagged keys)
             keys.append(layouts_key(self.settings.key_prefix))
             return int(self.client.delete(*keys))
-

@@ -31,6 +31,7 @@ class RunOps:
     run_once: Callable[[str, list[str], list[Any]], Any]
 
     if TYPE_CHECKING:  # pragma: no cover
+
         def tag(self, shard: Shard) -> str: ...
         def _record_keys(self, shard: Shard, task_id: str) -> list[str]: ...
         def _finish_args(self, task_id: str, state: str) -> list[Any]: ...
@@ -39,8 +40,11 @@ class RunOps:
     def finish_run(self, shard: Shard, task_id: str, state: str) -> FinishResult:
         """Mark the run's window finished with Celery ``state`` (``finish.lua``,
         idempotent): its claim ends, an exclusive key it held is freed. Sent once."""
-        return finish_result(self.run_once("finish", self._record_keys(shard, task_id),
-                                           self._finish_args(task_id, state)))
+        return finish_result(
+            self.run_once(
+                "finish", self._record_keys(shard, task_id), self._finish_args(task_id, state)
+            )
+        )
 
     def renew_claims(self, held: Mapping[Shard, Sequence[str]]) -> None:
         """Extend the live claims of the runs ``held`` (shard -> task ids) by one claim

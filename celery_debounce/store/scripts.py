@@ -69,7 +69,8 @@ def inline_includes(
             if piece is None:
                 raise ValueError(
                     f"{owner}: --@include {name}: no celery_debounce/lua/lib/{name}.lua "
-                    f"(the library has: {', '.join(library_names()) or 'nothing'})")
+                    f"(the library has: {', '.join(library_names()) or 'nothing'})"
+                )
             done.add(name)
             return expand(piece, f"lib/{name}.lua").rstrip("\n")
 

@@ -33,7 +33,8 @@ def sentinel_client(config: SentinelConfig, timeout_s: float, retry: Retry) -> r
     # in turn, and redis-py's default retry (3, backing off to 10 s) made a call with
     # no sentinel reachable fail only after 25 s.
     sentinel_kwargs: dict[str, Any] = {
-        "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 0),
         **dict(config.sentinel_kwargs or ()),
     }
@@ -87,8 +88,9 @@ class SwitchWatcher:
     #: Silence (seconds) after which a subscription is pinged.
     KEEPALIVE = 2.0
 
-    def __init__(self, config: SentinelConfig, sentinel_kwargs: dict[str, Any],
-                 pool: SentinelConnectionPool) -> None:
+    def __init__(
+        self, config: SentinelConfig, sentinel_kwargs: dict[str, Any], pool: SentinelConnectionPool
+    ) -> None:
         self.config = config
         self.sentinel_kwargs = sentinel_kwargs
         self._pool = weakref.ref(pool)
@@ -103,7 +105,9 @@ class SwitchWatcher:
     def start(self) -> None:
         for host, port in self.config.sentinels:
             threading.Thread(
-                target=self._listen, args=(host, port), daemon=True,
+                target=self._listen,
+                args=(host, port),
+                daemon=True,
                 name=f"debounce-sentinel-{self.config.master_name}-{host}:{port}",
             ).start()
 
@@ -128,7 +132,8 @@ class SwitchWatcher:
                             self._on_message(message["data"], (host, port))
                     elif pinged and now - pinged > self._timeout:
                         raise redis.TimeoutError(
-                            f"no answer to a keepalive PING within {self._timeout:g}s")
+                            f"no answer to a keepalive PING within {self._timeout:g}s"
+                        )
                     elif not pinged and now - heard >= self.KEEPALIVE:
                         pubsub.ping()
                         pinged = now

@@ -150,8 +150,11 @@ class ServerCheck:
         except redis.RedisError as exc:
             _logger.debug("debounce: could not read the Redis version: %r", exc)
             found = []
-        old = [(where, server, version) for where, server, version in found
-               if not server_supported(server, version)]
+        old = [
+            (where, server, version)
+            for where, server, version in found
+            if not server_supported(server, version)
+        ]
         if old:
             where, server, version = old[0]
             self._refusal = DebounceBackendError(
@@ -173,8 +176,6 @@ class ServerCheck:
             if got is not None:
                 found.append((where, *got))
         return found
-
-
 
 
 def maxmemory_policy(client: Any) -> str:

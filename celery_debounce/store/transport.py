@@ -56,8 +56,7 @@ logger = logging.getLogger("celery_debounce.store")
 
 def _checkout_args() -> tuple[str, ...]:
     """redis-py < 5.3 requires a command name for ``get_connection``; later ones warn."""
-    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
-        "command_name")
+    name = inspect.signature(redis.ConnectionPool.get_connection).parameters.get("command_name")
     return ("EVALSHA",) if name is not None and name.default is inspect.Parameter.empty else ()
 
 
@@ -71,8 +70,11 @@ STD_SOCKET: Any = socket.socket if socket.socket.__module__ == "socket" else Non
 def made_before_patching(conn: Any) -> bool:
     """True when gevent or eventlet patched ``socket`` after this import and ``conn``
     still holds a stdlib socket (TLS too): its reads would block every greenlet."""
-    return (STD_SOCKET is not None and socket.socket is not STD_SOCKET
-            and isinstance(conn._sock, STD_SOCKET))
+    return (
+        STD_SOCKET is not None
+        and socket.socket is not STD_SOCKET
+        and isinstance(conn._sock, STD_SOCKET)
+    )
 
 
 def checkout(pool: Any) -> Any:
@@ -100,8 +102,7 @@ def _reply_or_error(conn: Any) -> Any:
 
 #: A link that failed part-way through a write or a read: a reset, a timeout (redis-py's
 #: is a ``redis.TimeoutError``, not a ``ConnectionError``), or the OS's own error.
-LINK_ERRORS: tuple[type[BaseException], ...] = (
-    redis.ConnectionError, redis.TimeoutError, OSError)
+LINK_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 def _name(command: Sequence[Any]) -> str:
@@ -127,8 +128,11 @@ def cut_runs_nothing(wire: Sequence[Sequence[Any]]) -> bool:
         names.pop(0)
     if len(names) <= 1:
         return True
-    return (names[0] == "MULTI" and names[-1] == "EXEC"
-            and not {"MULTI", "EXEC", "DISCARD"} & set(names[1:-1]))
+    return (
+        names[0] == "MULTI"
+        and names[-1] == "EXEC"
+        and not {"MULTI", "EXEC", "DISCARD"} & set(names[1:-1])
+    )
 
 
 class RenewalLink:
@@ -253,26 +257,37 @@ class Transport:
             link = self.__dict__.get("_renewal")
             if link is None:
                 link = self.__dict__.setdefault("_renewal", RenewalLink())
-            link.send(self.pool_for(next(iter(held))),
-                      [("EVALSHA", sha, 1, key, lease, *ids) for key, ids in held.items()])
+            link.send(
+                self.pool_for(next(iter(held))),
+                [("EVALSHA", sha, 1, key, lease, *ids) for key, ids in held.items()],
+            )
             return
         with self.client.pipeline(transaction=False) as pipe:
             for key, ids in held.items():
                 pipe.evalsha(sha, 1, key, lease, *ids)
             pipe.execute()
 
-    def flush_many(self, store: Operators, shard: int,
-                   windows: Sequence[tuple[str, str]]) -> int:
+    def flush_many(self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """Flush ``(ident, task id)`` windows, one by one; how many were flushed."""
         return sum(1 for ident, task_id in windows if store.flush(shard, ident, task_id))
 
-    def gate_many(self, store: BulkGate, calls: Sequence[PreparedCall], chunk_size: int,
-                  on_chunk: Any, outcomes: list[Any], missing: list[int]) -> None:
+    def gate_many(
+        self,
+        store: BulkGate,
+        calls: Sequence[PreparedCall],
+        chunk_size: int,
+        on_chunk: Any,
+        outcomes: list[Any],
+        missing: list[int],
+    ) -> None:
         """The bulk chunks of ``enqueue_many``, pipelined on one connection."""
         store._gate_many_pipelined(calls, chunk_size, on_chunk, outcomes, missing)
 
     def send_on_node(
-        self, key: str, commands: list[tuple[Any, ...]], script: str = "",
+        self,
+        key: str,
+        commands: list[tuple[Any, ...]],
+        script: str = "",
         operation: str = "",
     ) -> list[Any]:
         """Send ``commands`` (the first an EVALSHA of ``script`` when given) in one write
@@ -293,7 +308,8 @@ class Transport:
         for attempt in range(8):
             if asking is not None:
                 pool = self.client.get_redis_connection(
-                    self.client.get_node(*asking)).connection_pool
+                    self.client.get_node(*asking)
+                ).connection_pool
             else:
                 pool = self.pool_for(key)
             try:
@@ -303,8 +319,10 @@ class Transport:
                 # names): nothing was sent; read the slot table again, so a promoted
                 # replica is found (after a timeout, only if the table moved)
                 self.refresh_topology()
-                if attempt >= 2 or (isinstance(exc, redis.TimeoutError) and (
-                        asking is not None or self.pool_for(key) is pool)):
+                if attempt >= 2 or (
+                    isinstance(exc, redis.TimeoutError)
+                    and (asking is not None or self.pool_for(key) is pool)
+                ):
                     raise
                 continue
             wire = [("ASKING",), *commands] if asking is not None else commands
@@ -315,8 +333,7 @@ class Transport:
                     conn.disconnect()
                     self.refresh_topology()
                     if not cut_runs_nothing(wire):  # its first commands may have run
-                        raise _lost(operation or script or commands[0][0], exc,
-                                    cut=True) from exc
+                        raise _lost(operation or script or commands[0][0], exc, cut=True) from exc
                     if attempt >= 2 or isinstance(exc, redis.TimeoutError):
                         raise
                     continue  # nothing ran: safe to send again

@@ -57,7 +57,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class PendingWindow:
     """An open window as a test sees it. Times are epoch seconds on the Redis clock."""
@@ -75,7 +74,6 @@ class PendingWindow:
     shard: int = 0
 
 
-
 def _task_name(task: Any) -> str | None:
     return task if task is None or isinstance(task, str) else str(task.name)
 
@@ -89,7 +87,8 @@ def _decode(app: Celery, content_type: str, payload: Any) -> tuple[tuple[Any, ..
 
 
 def _pending(
-    app: Celery, task: Any = None,
+    app: Celery,
+    task: Any = None,
 ) -> Iterator[tuple[WindowStore, int, str, PendingWindow]]:
     store = store_for(app)
     name = _task_name(task)
@@ -101,22 +100,28 @@ def _pending(
             if record.collect_list is not None:  # debounce_collect: what the run gets
                 listed = store.collected(shard, record.collect_list)
                 args: tuple[Any, ...] = (
-                    [DebouncedCall.from_element(json.loads(e)) for e in listed],)
+                    [DebouncedCall.from_element(json.loads(e)) for e in listed],
+                )
                 kwargs: dict[str, Any] = {}
             else:
                 args, kwargs = _decode(app, record.content_type, record.payload)
-            yield store, shard, ident, PendingWindow(
-                task=task_name,
-                key=key,
-                task_id=record.task_id,
-                calls=record.calls,
-                args=args,
-                kwargs=kwargs,
-                options=decode_options(record.options_json),
-                first_seen=record.first_seen_ms / 1000,
-                deadline=record.deadline_ms / 1000,
-                max_wait_at=record.ceiling_ms / 1000,
-                shard=shard,
+            yield (
+                store,
+                shard,
+                ident,
+                PendingWindow(
+                    task=task_name,
+                    key=key,
+                    task_id=record.task_id,
+                    calls=record.calls,
+                    args=args,
+                    kwargs=kwargs,
+                    options=decode_options(record.options_json),
+                    first_seen=record.first_seen_ms / 1000,
+                    deadline=record.deadline_ms / 1000,
+                    max_wait_at=record.ceiling_ms / 1000,
+                    shard=shard,
+                ),
             )
 
 
@@ -173,16 +178,20 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
         while True:
             taken = store.take(shard, store.settings.dispatch_batch)
             for window in taken.windows:
-                if (name is not None and window.task_name != name) or \
-                        window.task_name not in app.tasks:
+                if (
+                    name is not None and window.task_name != name
+                ) or window.task_name not in app.tasks:
                     handed_back.append((window.task_id, window.tries))  # not ours: due again
                     continue
                 args, kwargs = _decode(app, window.content_type, window.payload)
                 try:  # never acked: the run itself marks the window claimed, then finished
                     results.append(
                         app.tasks[window.task_name].apply(
-                            args, kwargs, task_id=window.task_id,
-                            headers={SHARD_HEADER: shard}, throw=throw,
+                            args,
+                            kwargs,
+                            task_id=window.task_id,
+                            headers={SHARD_HEADER: shard},
+                            throw=throw,
                         )
                     )
                 except Exception as exc:  # propagated: finish it, run the rest, raise later
@@ -199,7 +208,10 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
 
 
 def assert_pending(
-    task: Any, *args: Any, calls: int | None = None, debounce_key: str | None = None,
+    task: Any,
+    *args: Any,
+    calls: int | None = None,
+    debounce_key: str | None = None,
     **kwargs: Any,
 ) -> WindowInfo:
     """Assert that ``task`` has a pending window for these arguments (and, with
@@ -215,7 +227,8 @@ def assert_pending(
     if calls is not None and window.calls != calls:
         raise AssertionError(
             f"pending debounce window for {where} (key {window.key!r}) has "
-            f"{window.calls} call(s), expected {calls}")
+            f"{window.calls} call(s), expected {calls}"
+        )
     return window
 
 
@@ -228,7 +241,8 @@ def assert_not_pending(
     if window is not None:
         raise AssertionError(
             f"unexpected pending debounce window for {task.name}{_call_repr(args, kwargs)}: "
-            f"{window.task_id} (key {window.key!r}, {window.calls} call(s))")
+            f"{window.task_id} (key {window.key!r}, {window.calls} call(s))"
+        )
 
 
 def _call_repr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -272,8 +286,10 @@ _APP_ATTRS = ("_debounce_settings", "_debounce_store")
 
 
 def _snapshot(app: Celery) -> tuple[Any, ...]:
-    return (app.conf.changes.get("debounce_redis_url", _MISSING),
-            *(app.__dict__.get(attr, _MISSING) for attr in _APP_ATTRS))
+    return (
+        app.conf.changes.get("debounce_redis_url", _MISSING),
+        *(app.__dict__.get(attr, _MISSING) for attr in _APP_ATTRS),
+    )
 
 
 def _restore(app: Celery, snapshot: tuple[Any, ...]) -> None:
@@ -305,4 +321,3 @@ def fakeredis_fixture() -> Iterator[Callable[[Celery], fakeredis.FakeRedis]]:
     finally:
         for app, snapshot in reversed(saved.values()):
             _restore(app, snapshot)
-

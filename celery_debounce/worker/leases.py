@@ -49,8 +49,9 @@ class _Renewer:
             ids = shards.setdefault(shard, {})
             ids[task_id] = ids.get(task_id, 0) + 1
             if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="debounce-claims",
-                                               daemon=True, args=(self.kick,))
+                self.thread = threading.Thread(
+                    target=self._run, name="debounce-claims", daemon=True, args=(self.kick,)
+                )
                 self.thread.start()
 
     def drop(self, store: WorkerStore, shard: ShardRef, task_id: str) -> None:
@@ -73,8 +74,9 @@ class _Renewer:
                     out.append((store, held))
             return out
 
-    def renew_now(self, only: set[WorkerStore] | None = None
-                  ) -> dict[WorkerStore, Exception | None]:
+    def renew_now(
+        self, only: set[WorkerStore] | None = None
+    ) -> dict[WorkerStore, Exception | None]:
         """Renew the claims held (of the stores in ``only``): each store's error, or
         None if its renewal reached Redis."""
         done: dict[WorkerStore, Exception | None] = {}
@@ -132,15 +134,18 @@ class _Renewer:
                         logger.info("debounce: claims renewed again")
                     continue
                 tries = failures[store] = failures.get(store, 0) + 1
-                logger.log(logging.WARNING if tries == 1 else logging.DEBUG,
-                           "debounce: could not renew claims (attempt %d; tried again "
-                           "within the lease): %s", tries, exc)
+                logger.log(
+                    logging.WARNING if tries == 1 else logging.DEBUG,
+                    "debounce: could not renew claims (attempt %d; tried again "
+                    "within the lease): %s",
+                    tries,
+                    exc,
+                )
                 lease = store.settings.claim_lease_ms / 1000
                 # never renewed yet: its claims were made within the last period
                 left = renewed.get(store, started - lease / 3) + lease - time.monotonic()
                 wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(tries - 1, 8))
-                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0
-                                                      else wait)
+                retry_at[store] = time.monotonic() + (min(wait, left / 4) if left > 0 else wait)
 
 
 #: Shortest renewal period (ms), whatever the lease (settings refuse leases below 1 s).

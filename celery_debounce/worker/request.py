@@ -27,8 +27,9 @@ class _Watch(threading.local):
 _watch = _Watch()
 
 
-def _failed_in_parent(sender: Any = None, task_id: str | None = None,
-                      exception: BaseException | None = None, **_: Any) -> None:
+def _failed_in_parent(
+    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
+) -> None:
     """``task_failure`` sent by the main process for the request it watches: Celery
     stored FAILURE for the run's id (not requeued, not retried)."""
     if task_id is not None and task_id == _watch.task_id:
@@ -51,18 +52,17 @@ class WindowRequest(Request):  # type: ignore[misc]
     sets its own ``Request`` should derive it from this one.
     """
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         if return_ok:  # the child ran the body and handled its failure (task_postrun)
             return super().on_failure(exc_info, send_failed_event, return_ok)
-        return self._debounce_watch(super().on_failure, exc_info, send_failed_event,
-                                    return_ok)
+        return self._debounce_watch(super().on_failure, exc_info, send_failed_event, return_ok)
 
     def on_timeout(self, soft: bool, timeout: float) -> Any:
         if soft:
             return super().on_timeout(soft, timeout)
-        return self._debounce_watch(super().on_timeout, soft, timeout,
-                                    hard_limit=timeout)
+        return self._debounce_watch(super().on_timeout, soft, timeout, hard_limit=timeout)
 
     def _debounce_watch(self, handle: Any, *args: Any, hard_limit: float | None = None) -> Any:
         before = (_watch.task_id, _watch.exc)
@@ -75,8 +75,12 @@ class WindowRequest(Request):  # type: ignore[misc]
             try:
                 self._debounce_end(exc, hard_limit)
             except Exception:
-                logger.exception("debounce: could not end the window of %s[%s] after its "
-                                 "worker process was lost", self.name, self.id)
+                logger.exception(
+                    "debounce: could not end the window of %s[%s] after its "
+                    "worker process was lost",
+                    self.name,
+                    self.id,
+                )
 
     def _debounce_end(self, exc: BaseException | None, hard_limit: float | None) -> None:
         from celery.exceptions import TimeLimitExceeded
@@ -95,19 +99,33 @@ class WindowRequest(Request):  # type: ignore[misc]
             exc = TimeLimitExceeded(hard_limit)
         self._debounce_ended = True
         if exc is not None:
-            logger.warning("debounce: %s[%s] lost its worker process mid-run (%r): window "
-                           "finished as FAILURE, with its aliases", self.name, self.id, exc)
+            logger.warning(
+                "debounce: %s[%s] lost its worker process mid-run (%r): window "
+                "finished as FAILURE, with its aliases",
+                self.name,
+                self.id,
+                exc,
+            )
             _finish_window(app, shard, self.id, self.name, states.FAILURE, exc)
             return
         stored = None if getattr(self, "_debounce_requeued", False) else self._stored_success()
         if stored is not None:  # the child stored SUCCESS, then died before task_postrun
-            logger.warning("debounce: %s[%s] succeeded, then lost its worker process before "
-                           "finishing its window: finished here, with its aliases",
-                           self.name, self.id)
+            logger.warning(
+                "debounce: %s[%s] succeeded, then lost its worker process before "
+                "finishing its window: finished here, with its aliases",
+                self.name,
+                self.id,
+            )
             _finish_window(app, shard, self.id, self.name, states.SUCCESS, stored[0])
         elif getattr(self, "_debounce_requeued", False) and (gone := dropped_delivery(app, self)):
-            _finish_window(app, shard, self.id, self.name, states.FAILURE,
-                           store_failure(self.task, self.id, gone, self._context))
+            _finish_window(
+                app,
+                shard,
+                self.id,
+                self.name,
+                states.FAILURE,
+                store_failure(self.task, self.id, gone, self._context),
+            )
         else:  # put back (or retried): the next delivery takes the dead run's claim over
             _end_claim(store_for(app), shard, self.id, self.name)
 
@@ -127,4 +145,3 @@ class WindowRequest(Request):  # type: ignore[misc]
         if requeue:
             self._debounce_requeued = True
         super().reject(requeue)
-

@@ -96,8 +96,12 @@ def worth_keeping(exc: BaseException) -> bool:
     return is_outage(exc) or isinstance(exc, NotReplicated)
 
 
-def keep(store: WorkerStore, mark: ClaimMark | FinishMark, error: BaseException,
-         then: Callable[[Any], None] | None = None) -> None:
+def keep(
+    store: WorkerStore,
+    mark: ClaimMark | FinishMark,
+    error: BaseException,
+    then: Callable[[Any], None] | None = None,
+) -> None:
     """Keep a mark that failed with ``error``; it is sent again once Redis answers,
     and ``then(result)`` runs with its result (a :class:`FinishResult` for a finish:
     e.g. to resolve aliases)."""
@@ -123,8 +127,9 @@ def keep(store: WorkerStore, mark: ClaimMark | FinishMark, error: BaseException,
             start = threading.Thread(target=_retry, name="debounce-marks", daemon=True)
             _state["thread"] = start
     if dropped in (1, 10, 100) or (dropped and dropped % 1000 == 0):
-        logger.warning("debounce: %d failed window mark(s) dropped (more than %d kept)",
-                       dropped, MAX_PENDING)
+        logger.warning(
+            "debounce: %d failed window mark(s) dropped (more than %d kept)", dropped, MAX_PENDING
+        )
     if start is not None:
         try:
             start.start()
@@ -168,15 +173,15 @@ def flush() -> bool:
         except Exception as exc:
             if worth_keeping(exc):
                 return False  # still down: keep it (and the rest), try again later
-            logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.mark.name,
-                           exc)
+            logger.warning("debounce: dropped a %s mark Redis refused: %s", mark.mark.name, exc)
         else:
             if mark.then is not None:
                 try:
                     mark.then(result)
                 except Exception:
-                    logger.exception("debounce: handling the reply of a kept %s mark failed",
-                                     mark.mark.name)
+                    logger.exception(
+                        "debounce: handling the reply of a kept %s mark failed", mark.mark.name
+                    )
         with _lock:
             if _pending and _pending[0] is mark:
                 _pending.popleft()

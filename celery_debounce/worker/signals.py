@@ -70,8 +70,12 @@ def _shard_of(headers: Any, request: Any, app: Celery) -> str | int | None:
         prefix = store_for(app).settings.key_prefix
         if is_tag_of(prefix, tag):
             return str(tag)
-        logger.warning("debounce: ignored a %s header naming no shard of prefix %r: %r",
-                       TAG_HEADER, prefix, tag)
+        logger.warning(
+            "debounce: ignored a %s header naming no shard of prefix %r: %r",
+            TAG_HEADER,
+            prefix,
+            tag,
+        )
         return None
     value = getattr(request, SHARD_HEADER, None) if request is not None else None
     if value is None:
@@ -99,9 +103,14 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
     last = dropped_delivery(task.app, task.request) is not None
     try:
         if store.settings.wait_replicas:
-            before, run = store.claim(shard, task_id, task.name, retry,
-                                      str(_header(task.request, IDENT_HEADER) or ""),
-                                      last_delivery=last)
+            before, run = store.claim(
+                shard,
+                task_id,
+                task.name,
+                retry,
+                str(_header(task.request, IDENT_HEADER) or ""),
+                last_delivery=last,
+            )
         elif last:
             before, run = store.claim(shard, task_id, task.name, retry, last_delivery=True)
         else:
@@ -110,8 +119,12 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
         if getattr(type(task), _HOOK, False) and _defer(task, task_id, exc):
             setattr(task.request, SKIP, True)
             return
-        logger.warning("debounce: %s[%s] runs although its claim may not survive a "
-                       "failover (%s)", task.name, task_id, exc)
+        logger.warning(
+            "debounce: %s[%s] runs although its claim may not survive a failover (%s)",
+            task.name,
+            task_id,
+            exc,
+        )
         return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] claimed: %s", task.name, task_id, exc)
@@ -124,19 +137,31 @@ def _claim(task_id: str, task: Task, **_: Any) -> None:
             logger.info(
                 "debounce: %s[%s] skipped: a duplicate delivery of a window %s "
                 "(redelivered or republished); its callers get the first run's outcome",
-                task.name, task_id, "already finished" if before == "finished"
-                else "still open here: its take was lost with a failover, it is "
-                "published again" if before == "pending"
-                else "running under a live claim")
+                task.name,
+                task_id,
+                "already finished"
+                if before == "finished"
+                else "still open here: its take was lost with a failover, it is published again"
+                if before == "pending"
+                else "running under a live claim",
+            )
             if duplicate_skipped.receivers:
                 duplicate_skipped.send(sender=task.name, task_id=task_id, state=before)
             return
-        logger.warning("debounce: %s[%s] runs again (window was %s): the task has no "
-                       "duplicate-skip hook here (registered after the worker started?)",
-                       task.name, task_id, before)
+        logger.warning(
+            "debounce: %s[%s] runs again (window was %s): the task has no "
+            "duplicate-skip hook here (registered after the worker started?)",
+            task.name,
+            task_id,
+            before,
+        )
     elif before in ("claimed", "stale") and not retry:
-        logger.warning("debounce: %s[%s] runs again: its previous claim went stale "
-                       "(its worker died or stopped renewing)", task.name, task_id)
+        logger.warning(
+            "debounce: %s[%s] runs again: its previous claim went stale "
+            "(its worker died or stopped renewing)",
+            task.name,
+            task_id,
+        )
     _renewer.hold(store, shard, task_id)
     if max_wait_exceeded.receivers and not retry:  # the max_wait_violations counter
         check_ceiling(store, shard, task.name, task_id)
@@ -172,15 +197,24 @@ def _defer(task: Task, task_id: str, exc: BaseException) -> bool:
     headers = {**(getattr(request, "headers", None) or {}), DEFERRED_HEADER: times + 1}
     try:
         task.signature_from_request(
-            request, countdown=countdown, retries=request.retries or 0, headers=headers,
+            request,
+            countdown=countdown,
+            retries=request.retries or 0,
+            headers=headers,
         ).apply_async()
     except Exception as sent:
-        logger.warning("debounce: %s[%s] runs now: its claim may not survive a failover "
-                       "(%s) and it could not be sent again (%r)", task.name, task_id,
-                       exc, sent)
+        logger.warning(
+            "debounce: %s[%s] runs now: its claim may not survive a failover "
+            "(%s) and it could not be sent again (%r)",
+            task.name,
+            task_id,
+            exc,
+            sent,
+        )
         return False
-    logger.info("debounce: %s[%s] delivered again in %.2f s: %s", task.name, task_id,
-                countdown, exc)
+    logger.info(
+        "debounce: %s[%s] delivered again in %.2f s: %s", task.name, task_id, countdown, exc
+    )
     return True
 
 
@@ -198,6 +232,7 @@ def _skip_hook(original: Any) -> Any:
             raise Ignore()
         if original is not None:
             original(self, task_id, args, kwargs)
+
     return before_start
 
 
@@ -254,8 +289,7 @@ def _install_in_child(sender: Any = None, **_: Any) -> None:
             task.__trace__ = build_tracer(name, task, app.loader, sender, app=app)
 
 
-def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
-             **_: Any) -> None:
+def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None, **_: Any) -> None:
     """A collect body (header ``debounce_collect``) reaching a task that is not
     ``debounce_collect`` here (a rolling deploy that turned it off): the run gets the
     opener's call (the newest with ``debounce_replace_payload``), as a plain window's
@@ -275,14 +309,18 @@ def _reshape(task_id: str, task: Task, args: Any = None, kwargs: Any = None,
     logger.warning(
         "debounce: %s[%s] got a debounce_collect window's calls, but the task is not "
         "debounce_collect here (a rolling deploy?): it runs with the %s call's arguments",
-        task.name, task_id, "newest" if replace else "first")
+        task.name,
+        task_id,
+        "newest" if replace else "first",
+    )
     args[:] = list(call.args)
     kwargs.clear()
     kwargs.update(call.kwargs)
 
 
-def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state: str,
-                   retval: Any = None) -> None:
+def _finish_window(
+    app: Celery, shard: str | int, task_id: str, name: str, state: str, retval: Any = None
+) -> None:
     """Mark the window finished; store the run's outcome under its aliases (aliases.py)."""
     store: WorkerStore = store_for(app)
     mark = marks.FinishMark(shard, task_id, state)
@@ -292,30 +330,28 @@ def _finish_window(app: Celery, shard: str | int, task_id: str, name: str, state
         # finished on the master, too few replicas acknowledged it: the body ran, so its
         # outcome is stored now and the finish is sent again until it is acknowledged
         # (finish.lua is idempotent): a failover cannot forget that it ran
-        logger.warning("debounce: %s[%s] finished; its mark is sent again: %s",
-                       name, task_id, exc)
+        logger.warning("debounce: %s[%s] finished; its mark is sent again: %s", name, task_id, exc)
         marks.keep(store, mark, exc)
         _finished(app, task_id, exc.result, state, retval)
         return
     except Exception as exc:
         logger.warning("debounce: could not mark %s[%s] finished: %s", name, task_id, exc)
         # sent again when Redis is back (worker/retry_queue.py), and its aliases resolved then
-        marks.keep(store, mark, exc,
-                   then=lambda done: _finished(app, task_id, done, state, retval))
+        marks.keep(store, mark, exc, then=lambda done: _finished(app, task_id, done, state, retval))
         return
     _finished(app, task_id, done, state, retval)
 
 
-def _finished(app: Celery, task_id: str, done: FinishResult, state: str,
-              retval: Any) -> None:
+def _finished(app: Celery, task_id: str, done: FinishResult, state: str, retval: Any) -> None:
     """The finish answered: store the run's outcome under the window's aliases."""
     aliases = done.aliases
     if aliases:
         resolve_aliases(app, task_id, aliases, state, retval)
 
 
-def _finish(task_id: str, task: Task, state: str | None = None, retval: Any = None,
-            **_: Any) -> None:
+def _finish(
+    task_id: str, task: Task, state: str | None = None, retval: Any = None, **_: Any
+) -> None:
     shard = _window_shard(task)
     if shard is None or getattr(task.request, SKIP, False):
         return  # a skipped duplicate: the first run holds and finishes the window
@@ -343,8 +379,9 @@ def _end_claim(store: WorkerStore, shard: ShardRef, task_id: str, name: str) -> 
     try:
         store.end_claim(shard, task_id)
     except Exception as exc:
-        logger.warning("debounce: could not end the claim of %s[%s] (requeued): %s",
-                       name, task_id, exc)
+        logger.warning(
+            "debounce: could not end the claim of %s[%s] (requeued): %s", name, task_id, exc
+        )
 
 
 def _put_back(store: WorkerStore, shard: ShardRef, task_id: str, name: str) -> None:
@@ -356,8 +393,9 @@ def _put_back(store: WorkerStore, shard: ShardRef, task_id: str, name: str) -> N
     try:
         store.put_back(shard, task_id)
     except Exception as exc:
-        logger.warning("debounce: could not put %s[%s] back in its queue (requeued): %s",
-                       name, task_id, exc)
+        logger.warning(
+            "debounce: could not put %s[%s] back in its queue (requeued): %s", name, task_id, exc
+        )
         _end_claim(store, shard, task_id, name)
 
 
@@ -405,19 +443,20 @@ def forward_replacement(task: Task, sig: Any) -> None:
 
 
 @shared_task(name=REPLACED_DONE, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
-def _replacement_done(self: Task, retval: Any, *, shard: int, window_id: str,
-                      name: str) -> None:
+def _replacement_done(self: Task, retval: Any, *, shard: int, window_id: str, name: str) -> None:
     _finish_window(self.app, shard, window_id, name, states.SUCCESS, retval)
 
 
 @shared_task(name=REPLACED_FAILED, bind=True, ignore_result=True)  # type: ignore[untyped-decorator]
-def _replacement_failed(self: Task, failed_id: str, *, shard: int, window_id: str,
-                        name: str) -> None:
+def _replacement_failed(
+    self: Task, failed_id: str, *, shard: int, window_id: str, name: str
+) -> None:
     result = self.app.AsyncResult(failed_id)
     exc = result.result
     if not isinstance(exc, BaseException):  # not stored (ignore_result): say what we know
-        exc = Exception(f"the replacement of {name}[{window_id}] failed in {failed_id} "
-                        f"({result.state})")
+        exc = Exception(
+            f"the replacement of {name}[{window_id}] failed in {failed_id} ({result.state})"
+        )
     _finish_window(self.app, shard, window_id, name, states.FAILURE, exc)
 
 
@@ -431,8 +470,13 @@ def _revoked(sender: Task | None = None, request: Any = None, **_: Any) -> None:
     _finish_window(sender.app, shard, task_id, sender.name, states.REVOKED)
 
 
-def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
-             id: str | None = None, **_: Any) -> None:
+def _dropped(
+    sender: Any = None,
+    message: Any = None,
+    name: str | None = None,
+    id: str | None = None,
+    **_: Any,
+) -> None:
     """A message the consumer rejected: unregistered task name or invalid message."""
     headers = getattr(message, "headers", None) or {}
     task_id = id or headers.get("id")
@@ -445,7 +489,9 @@ def _dropped(sender: Any = None, message: Any = None, name: str | None = None,
     name = name or headers.get("task") or "?"
     logger.warning(
         "debounce: %s[%s] was rejected by the worker (%s): window finished as REJECTED",
-        name, task_id, "unregistered task" if id else "invalid message",
+        name,
+        task_id,
+        "unregistered task" if id else "invalid message",
     )
     _finish_window(app, shard, task_id, name, states.REJECTED)
 

@@ -27,13 +27,34 @@ MAX_GAP = 3.0
 
 
 def _beat(windows: str, broker: str, tmp_path: Path, batch: int = 500) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "DEBOUNCE_BEAT_WINDOWS": windows,
-           "DEBOUNCE_BEAT_BROKER": broker, "DEBOUNCE_BEAT_BATCH": str(batch)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(TESTS),
+        "DEBOUNCE_BEAT_WINDOWS": windows,
+        "DEBOUNCE_BEAT_BROKER": broker,
+        "DEBOUNCE_BEAT_BATCH": str(batch),
+    }
     with open(tmp_path / "beat.log", "w") as log:  # a file: a full pipe would block beat
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "beat_app", "beat", "-S", "debounce",
-             "-s", str(tmp_path / "schedule"), "-l", "info"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "beat_app",
+                "beat",
+                "-S",
+                "debounce",
+                "-s",
+                str(tmp_path / "schedule"),
+                "-l",
+                "info",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+            cwd=tmp_path,
         )
 
 
@@ -42,9 +63,12 @@ def _stop(proc: subprocess.Popen[str], tmp_path: Path) -> str:
     return (tmp_path / "beat.log").read_text()
 
 
-def _heartbeats(broker: redis.Redis, seconds: float,
-                until: Callable[[], bool] = lambda: True,
-                samples: list[tuple[float, int]] | None = None) -> list[float]:
+def _heartbeats(
+    broker: redis.Redis,
+    seconds: float,
+    until: Callable[[], bool] = lambda: True,
+    samples: list[tuple[float, int]] | None = None,
+) -> list[float]:
     """Times (monotonic) at which beat's heartbeat messages arrived, over ``seconds``
     counted from the first one (and on until ``until()``, at most 60 s). ``samples``
     gets (time, length of the broker's default queue) at each heartbeat."""
@@ -128,8 +152,9 @@ def test_beat_keeps_firing_while_the_debounce_redis_hangs(
     log = tmp_path / "beat.log"
     try:
         # beat's dispatch passes hang 2 x 3 s (timeout, one retry) each, again and again
-        times = _heartbeats(broker, 10.0,
-                            until=lambda: "beat could not dispatch windows" in log.read_text())
+        times = _heartbeats(
+            broker, 10.0, until=lambda: "beat could not dispatch windows" in log.read_text()
+        )
         _assert_keeps_firing(times, 10.0)
     finally:
         err = _stop(proc, tmp_path)

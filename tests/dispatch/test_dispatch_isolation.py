@@ -34,8 +34,14 @@ TAG = "debounce:{0}"
 
 
 def _task(app: Celery, name: str = "iso.t") -> Any:
-    @app.task(base=DebouncedTask, shared=False, name=name, debounce="1ms",
-              debounce_max_wait="1ms", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name=name,
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        debounce_key="{0}",
+    )
     def t(k: str) -> str:
         return k
 
@@ -53,7 +59,8 @@ def _state(client: redis.Redis, task_id: str) -> str | None:
 
 
 def test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_others(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     app = app_factory(debounce_dispatch_lease=3.0, worker_prefetch_multiplier=64)
     task = _task(app)
@@ -79,7 +86,8 @@ def test_a_window_failing_every_publish_at_the_head_of_500_does_not_hold_the_oth
 
 
 def test_only_the_windows_actually_published_are_acked(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """One publish succeeds, a later one fails: the failed one stays leased, not queued."""
     app = app_factory(task_create_missing_queues=False)  # "nowhere" is unknown here
@@ -87,8 +95,12 @@ def test_only_the_windows_actually_published_are_acked(
     good = task.apply_async(("good",))
     bad = task.apply_async(("bad",))
     later = task.apply_async(("later",))
-    _spoil(redis_client, task, "bad", '{"queue":"nowhere","exchange":"nowhere-x",'
-                                      '"routing_key":"r","exchange_type":"nonsense"}')
+    _spoil(
+        redis_client,
+        task,
+        "bad",
+        '{"queue":"nowhere","exchange":"nowhere-x","routing_key":"r","exchange_type":"nonsense"}',
+    )
     wait_until(lambda: redis_client.zcount(f"{TAG}:due", "-inf", "+inf") == 3)
     import time
 
@@ -103,7 +115,8 @@ def test_only_the_windows_actually_published_are_acked(
 
 
 def test_a_redis_error_while_quarantining_does_not_release_windows_already_sent(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     app = app_factory()
     task = _task(app)
@@ -127,7 +140,8 @@ def test_a_redis_error_while_quarantining_does_not_release_windows_already_sent(
 
 
 def test_a_batch_that_fails_half_way_does_not_republish_what_reached_the_broker(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """kombu's batched pipeline fails after some messages reached the broker (here: one
     queue's list key has the wrong type). The dispatcher reads every command's reply:
@@ -162,7 +176,9 @@ def test_a_batch_that_fails_half_way_does_not_republish_what_reached_the_broker(
 
 
 def test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease(
-    app_factory: Any, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    app_factory: Any,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
 ) -> None:
     """redis-py would resend take.lua after a lost reply, leasing a second batch; the
     dispatcher sends it once: the error surfaces, and the windows that one take leased
@@ -188,7 +204,8 @@ def test_a_lost_take_reply_is_not_retried_and_its_windows_run_after_the_lease(
 
 
 def test_forced_by_max_wait_is_signalled_once_per_window_as_stats_count_it(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """The window's first publish fails, the second succeeds: the signal still fires
     once, as ``f|<task>`` in the stats counts it once."""
@@ -218,7 +235,9 @@ def test_forced_by_max_wait_is_signalled_once_per_window_as_stats_count_it(
 
 
 def test_publish_failures_are_logged_with_the_attempt(
-    app_factory: Any, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    app_factory: Any,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = app_factory()
     task = _task(app)
@@ -233,7 +252,8 @@ def test_publish_failures_are_logged_with_the_attempt(
 
 
 def test_a_half_failed_batch_is_not_sent_again_while_the_queue_wait_exceeds_the_lease(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """kombu's batched pipeline fails at one message (its queue key has the wrong type)
     after the others reached the broker, and no worker takes them for longer than the
@@ -266,6 +286,7 @@ def test_a_half_failed_batch_is_not_sent_again_while_the_queue_wait_exceeds_the_
     assert int(redis_client.hget(f"{TAG}:win:{bad.id}", "fl")) >= 2  # its own, retried
     with running_worker(app):
         assert sorted(r.get(timeout=10) for r in good) == sorted(
-            [f"a{i}" for i in range(3)] + [f"z{i}" for i in range(2)])
+            [f"a{i}" for i in range(3)] + [f"z{i}" for i in range(2)]
+        )
         wait_until(lambda: _state(redis_client, bad.id) == "quarantined", timeout=30)
     assert broker.llen("celery") == 0

@@ -51,7 +51,8 @@ ENV = {"FAULT_DISPATCHER_PROCESS": "1"}
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_the_child_dispatches_and_stops_with_its_worker(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path, pool: str) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, pool: str
+) -> None:
     log = tmp_path / "worker.log"
     app = build(redis_server)
     with worker_process(redis_server, log, extra_env=ENV, pool=pool) as worker:
@@ -67,7 +68,8 @@ def test_the_child_dispatches_and_stops_with_its_worker(
 
 
 def test_a_killed_child_is_started_again(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     log = tmp_path / "worker.log"
     app = build(redis_server)
     with worker_process(redis_server, log, extra_env=ENV, pool="prefork") as worker:
@@ -75,8 +77,7 @@ def test_a_killed_child_is_started_again(
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: b"exited with code" in log.read_bytes(), 10)
         # started again after the first back-off (1 s)
-        again = wait_until(lambda: re.search(rb"started again \(pid (\d+)\)",
-                                             log.read_bytes()), 15)
+        again = wait_until(lambda: re.search(rb"started again \(pid (\d+)\)", log.read_bytes()), 15)
         pid = int(again.group(1))
         assert pid != first and _alive(pid) and _parent(pid) == worker.pid
         result = app.tasks["faults.record"].delay("q")
@@ -84,7 +85,8 @@ def test_a_killed_child_is_started_again(
 
 
 def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
-        redis_server: str, tmp_path: Path) -> None:
+    redis_server: str, tmp_path: Path
+) -> None:
     """A burst of SIGTERMs (a supervisor, systemd and a user at once) stops the child. Its
     handler only sets a flag: an earlier one called ``Event.set`` and a child was found
     deadlocked in nested handlers, never stopping (this burst did not reproduce that
@@ -101,8 +103,7 @@ def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
         wait_until(lambda: not _alive(pid), 10)
 
 
-def test_the_child_stops_when_its_worker_is_sigkilled(
-        redis_server: str, tmp_path: Path) -> None:
+def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     with worker_process(redis_server, log, extra_env=ENV, pool="solo") as worker:
         (pid,) = _pids(log)
@@ -125,8 +126,9 @@ def test_the_child_stops_when_its_worker_is_sigkilled(
 
 def test_gevent_and_eventlet_pools_keep_the_thread() -> None:
     assert green_pool(type("W", (), {"pool_cls": "gevent"})())
-    assert green_pool(type("W", (), {"pool_cls": type("P", (), {"__module__":
-                                                                 "celery.concurrency.eventlet"})})())
+    assert green_pool(
+        type("W", (), {"pool_cls": type("P", (), {"__module__": "celery.concurrency.eventlet"})})()
+    )
     assert not green_pool(type("W", (), {"pool_cls": "prefork"})())
 
 
@@ -151,12 +153,16 @@ class Workers:
     """tests/dispatcher_parent.py: forks stand-in workers on request."""
 
     def __init__(self, redis_url: str) -> None:
-        path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent),
-                                             os.environ.get("PYTHONPATH", "")]))
+        path = os.pathsep.join(
+            filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+        )
         self.proc = subprocess.Popen(
             [sys.executable, str(TESTS / "dispatcher_parent.py"), redis_url],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=TESTS,
-            env=dict(os.environ, PYTHONPATH=path))
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=TESTS,
+            env=dict(os.environ, PYTHONPATH=path),
+        )
         self.groups: set[int] = set()
         self._read = b""
 
@@ -224,14 +230,19 @@ def _app(redis_url: str) -> Celery:
 
 
 def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
-        redis_server: str, workers: Workers) -> None:
+    redis_server: str, workers: Workers
+) -> None:
     """50 stand-in workers, each SIGKILLed at a random point of its child's start (the
     child itself sometimes slow to start, as on a loaded box): every child is gone
     within seconds, and no heartbeat under a dead worker's name advances."""
     rng = random.Random()
     for batch in range(0, 50, 5):  # five at a time
-        workers.send(*(f"spawn kill-{n} {rng.choice([0, rng.randrange(80)])}"
-                       for n in range(batch, batch + 5)))
+        workers.send(
+            *(
+                f"spawn kill-{n} {rng.choice([0, rng.randrange(80)])}"
+                for n in range(batch, batch + 5)
+            )
+        )
         pending: list[tuple[float, int]] = []  # (when to kill it, worker)
         read, killed = 0, []
         while read < 5 or pending:
@@ -257,7 +268,8 @@ def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
 
 
 def test_a_child_whose_worker_died_before_it_started_starts_nothing(
-        redis_server: str, workers: Workers, tmp_path: Path) -> None:
+    redis_server: str, workers: Workers, tmp_path: Path
+) -> None:
     """The worker SIGKILLed after the fork, before the child even looked at its parent:
     the child sees its parent is not the worker's pid read before the fork and stops
     before starting a dispatcher (no heartbeat, no record for a dead worker)."""
@@ -273,7 +285,8 @@ def test_a_child_whose_worker_died_before_it_started_starts_nothing(
 
 
 def test_a_child_started_from_a_thread_that_ends_keeps_running(
-        redis_server: str, workers: Workers) -> None:
+    redis_server: str, workers: Workers
+) -> None:
     """PR_SET_PDEATHSIG fires when the thread that forked ends: the supervisor forks every
     child, so the thread that called start() may end (before, it forked the first child,
     which was then stopped and started again)."""

@@ -15,9 +15,11 @@ from helpers import running_worker, wait_until
 from celery_debounce import DebouncedTask
 
 
-def _listen(app: Celery, seen: list[dict[str, Any]], ready: threading.Event,
-            stop: threading.Event) -> None:
+def _listen(
+    app: Celery, seen: list[dict[str, Any]], ready: threading.Event, stop: threading.Event
+) -> None:
     """An ``app.events.Receiver``, as ``celery events --dump`` and Flower use."""
+
     def handle(event: dict[str, Any]) -> None:
         seen.append(event)
         if stop.is_set():
@@ -35,8 +37,15 @@ def test_celery_events_show_a_debounced_runs_real_arguments(
     app = app_factory(worker_send_task_events=True, task_send_sent_event=True)
     calls: list[Any] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="ev.report", bind=True, debounce="300ms",
-              debounce_max_wait="5s", debounce_key="{user}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ev.report",
+        bind=True,
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="{user}",
+    )
     def report(self: Any, user: str, note: str = "", blob: str = "") -> str:
         calls.append(self.request.debounce_calls)
         return user
@@ -52,8 +61,10 @@ def test_celery_events_show_a_debounced_runs_real_arguments(
             report.delay("u42", note=f"later {i}")
         with running_worker(app):
             assert first.get(timeout=20) == "u42"
-            wait_until(lambda: any(e["type"] == "task-succeeded" and e["uuid"] == first.id
-                                   for e in seen), timeout=20)
+            wait_until(
+                lambda: any(e["type"] == "task-succeeded" and e["uuid"] == first.id for e in seen),
+                timeout=20,
+            )
     finally:
         stop.set()
         with app.events.default_dispatcher() as dispatcher:  # wakes the receiver

@@ -20,9 +20,18 @@ DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 
 
 def _window(task_id: str, tries: int = 1, failures: int = 0) -> TakenWindow:
-    record = Record(task_id=task_id, ident="1:t:k", first_seen_ms=0, deadline_ms=0,
-                    max_wait_ms=0, calls=1, content_type="application/json",
-                    payload=b"[[], {}, {}]", options_json="{}", tries=tries)
+    record = Record(
+        task_id=task_id,
+        ident="1:t:k",
+        first_seen_ms=0,
+        deadline_ms=0,
+        max_wait_ms=0,
+        calls=1,
+        content_type="application/json",
+        payload=b"[[], {}, {}]",
+        options_json="{}",
+        tries=tries,
+    )
     return TakenWindow(shard=0, record=record, taken_ms=0, failures=failures)
 
 
@@ -58,5 +67,5 @@ def test_a_suspect_is_failed_only_when_another_window_of_the_take_was_sent() -> 
 
 def test_the_design_page_lists_every_outcome() -> None:
     text = DESIGN.read_text("utf-8")
-    table = text[text.index("### Dispatcher outcomes"):text.index("### Maxmemory")]
+    table = text[text.index("### Dispatcher outcomes") : text.index("### Maxmemory")]
     assert sorted(o.name for o in Outcome if f"| `{o.name}` |" not in table) == []

@@ -44,14 +44,24 @@ def rabbit(rabbitmq_server: RabbitNode) -> Any:
 
 
 def quorum_queue(name: str, limit: int = LIMIT) -> Queue:
-    return Queue(name, Exchange(name), routing_key=name,
-                 queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": limit})
+    return Queue(
+        name,
+        Exchange(name),
+        routing_key=name,
+        queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": limit},
+    )
 
 
 def quorum_app(redis_server: str, rabbit: RabbitNode, **conf: Any) -> tuple[Celery, str]:
     qname = f"qq-{uuid.uuid4().hex[:10]}"
-    app = make_app(redis_server, broker_url=rabbit.url, task_default_queue=qname,
-                   task_queues=[quorum_queue(qname)], broker_heartbeat=2, **conf)
+    app = make_app(
+        redis_server,
+        broker_url=rabbit.url,
+        task_default_queue=qname,
+        task_queues=[quorum_queue(qname)],
+        broker_heartbeat=2,
+        **conf,
+    )
     return app, qname
 
 
@@ -92,7 +102,8 @@ def test_the_broker_counts_deliveries_and_drops_the_one_past_the_limit(
 
 
 def test_delivery_limit_is_read_from_the_apps_queue_arguments(
-    redis_server: str, rabbit: RabbitNode,
+    redis_server: str,
+    rabbit: RabbitNode,
 ) -> None:
     app, qname = quorum_app(redis_server, rabbit)
     info = {"exchange": qname, "routing_key": qname}
@@ -110,7 +121,9 @@ def test_delivery_limit_is_read_from_the_apps_queue_arguments(
 
 
 def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_key(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
 ) -> None:
     """Rule "every id resolves": a debounced task that always raises
     ``Reject(requeue=True)`` on a quorum queue with ``x-delivery-limit`` 2 runs three
@@ -121,9 +134,16 @@ def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_k
     app, qname = quorum_app(redis_server, rabbit)
     deliveries: list[Any] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, acks_late=True,
-              debounce="100ms", debounce_key="{0}", debounce_max_wait="2s",
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        acks_late=True,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="2s",
+        debounce_exclusive=True,
+    )
     def reject(self: Any, key: str, ok: bool = False) -> str:
         deliveries.append(self.request.get("x-delivery-count"))
         if ok:
@@ -146,24 +166,55 @@ def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_k
 def worker_env(redis_server: str, rabbit: RabbitNode, queue: str, **more: str) -> dict[str, str]:
     """tests/quorum_app.py's environment; tests/ and its tree first on the path (the
     mutation check runs a mutated copy)."""
-    path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent),
-                                         os.environ.get("PYTHONPATH", "")]))
-    return dict(os.environ, QUORUM_REDIS=redis_server, QUORUM_BROKER=rabbit.url,
-                QUORUM_QUEUE=queue, QUORUM_LIMIT=str(LIMIT), PYTHONPATH=path, **more)
+    path = os.pathsep.join(
+        filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    )
+    return dict(
+        os.environ,
+        QUORUM_REDIS=redis_server,
+        QUORUM_BROKER=rabbit.url,
+        QUORUM_QUEUE=queue,
+        QUORUM_LIMIT=str(LIMIT),
+        PYTHONPATH=path,
+        **more,
+    )
 
 
 def worker_process(env: dict[str, str], log: Path, pool: str) -> subprocess.Popen[bytes]:
     """``celery -A quorum_app worker`` (one process or child, embedded dispatcher)."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "quorum_app", "worker", "--pool", pool,
-             "--concurrency", "1", "--loglevel", "INFO", "-n", f"quorum{time.time_ns()}@%h",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "quorum_app",
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"quorum{time.time_ns()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=TESTS,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def test_a_pool_child_lost_on_the_last_delivery_resolves_its_window(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, tmp_path: Path,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
+    tmp_path: Path,
 ) -> None:
     """The same with a prefork child that dies mid-run on every delivery
     (``acks_late``, ``task_reject_on_worker_lost``: the worker's main process puts the
@@ -190,7 +241,10 @@ def test_a_pool_child_lost_on_the_last_delivery_resolves_its_window(
 
 
 def test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode, tmp_path: Path,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
+    tmp_path: Path,
 ) -> None:
     """The whole worker SIGKILLed mid-run on each delivery (``acks_late``), each next
     worker started after the dead run's claim lease (2 s) passed, so each redelivery

@@ -98,8 +98,13 @@ def test_burst_runs_once_and_every_caller_gets_the_result_on_rabbitmq(
     app = rabbit_app(redis_server, rabbit)
     runs_seen: list[tuple[str, int]] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms",
-              debounce_key="report:{user_id}", debounce_max_wait="10s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="report:{user_id}",
+        debounce_max_wait="10s",
+    )
     def build_report(user_id: str, revision: int = 0) -> str:
         runs_seen.append((user_id, revision))
         return f"built {user_id}@{revision}"
@@ -124,8 +129,9 @@ def test_max_wait_forces_runs_under_a_stream_on_rabbitmq(
     app = rabbit_app(redis_server, rabbit)
     started: list[float] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
-              debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="2s"
+    )
     def work() -> None:
         started.append(time.time())
 
@@ -165,14 +171,24 @@ def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
     travel with the window; RabbitMQ hands the worker the highest priority first."""
     qname = own_queue()
     app = rabbit_app(
-        redis_server, rabbit, debounce_dispatcher=False, worker_prefetch_multiplier=1,
-        task_queues=[Queue(qname, Exchange(qname), routing_key=qname,
-                           queue_arguments={"x-max-priority": 10})],
+        redis_server,
+        rabbit,
+        debounce_dispatcher=False,
+        worker_prefetch_multiplier=1,
+        task_queues=[
+            Queue(qname, Exchange(qname), routing_key=qname, queue_arguments={"x-max-priority": 10})
+        ],
     )
     order: list[tuple[str, Any, Any]] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="100ms",
-              debounce_key="k:{0}", debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="100ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="1s",
+    )
     def work(self: Any, key: str) -> str:
         info = self.request.delivery_info
         order.append((key, info.get("priority"), info.get("routing_key")))
@@ -184,8 +200,13 @@ def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
     wait_until(lambda: all(w.deadline <= time.time() for w in list_windows(app)), 5)
     dispatcher = Dispatcher(app, name="prio")
     published = [0]
-    wait_until(lambda: published.__setitem__(0, published[0] + dispatcher.dispatch_once()[0])
-               or published[0] == 3, 10)
+    wait_until(
+        lambda: (
+            published.__setitem__(0, published[0] + dispatcher.dispatch_once()[0])
+            or published[0] == 3
+        ),
+        10,
+    )
     dispatcher.close()
     assert queue_depth(app, qname) == 3  # all three wait in the priority queue
     with running_worker(app, queues=[qname]):
@@ -224,8 +245,9 @@ def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_
     redis_client.set(f"block:{key}:1", 1)  # the first run blocks until the worker dies
     call = app.tasks["faults.record"].delay(key)
     env = {"FAULT_CLAIM_LEASE": "6"}
-    with worker_process(redis_server, tmp_path / "w1.log", broker_url=rabbit.url,
-                        extra_env=env) as worker:
+    with worker_process(
+        redis_server, tmp_path / "w1.log", broker_url=rabbit.url, extra_env=env
+    ) as worker:
         wait_until(lambda: runs(redis_client, key) == [call.id], 20)
         worker.kill()
         worker.wait(10)
@@ -244,11 +266,18 @@ def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_
 
 
 def test_rabbitmq_down_windows_wait_and_run_once_it_is_back(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = rabbit_fault_app(redis_server, rabbit, lease=5.0, broker_connection_timeout=1,
-                           broker_connection_max_retries=1)
+    app = rabbit_fault_app(
+        redis_server,
+        rabbit,
+        lease=5.0,
+        broker_connection_timeout=1,
+        broker_connection_max_retries=1,
+    )
     rabbit.stop()
     ids = [app.tasks["faults.record"].delay(f"rd{i}").id for i in range(5)]
     dispatcher = Dispatcher(app, name="while-down")
@@ -270,7 +299,9 @@ def test_rabbitmq_down_windows_wait_and_run_once_it_is_back(
 
 
 def test_a_memory_alarm_for_several_leases_quarantines_nothing(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
 ) -> None:
     """A RabbitMQ resource alarm blocks every publishing connection: no confirm comes for
     any message. That is the broker's fault, not any window's: for 6 leases of 1 s (more
@@ -309,7 +340,9 @@ def test_a_memory_alarm_for_several_leases_quarantines_nothing(
 
 
 def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Publisher confirms: a queue that holds 2 messages and rejects more
@@ -318,9 +351,17 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     published again once the queue has room, and every window runs exactly once."""
     qname = own_queue()
     app = rabbit_fault_app(
-        redis_server, rabbit, debounce_dispatcher=False,
-        task_queues=[Queue(qname, Exchange(qname), routing_key=qname, queue_arguments={
-            "x-max-length": 2, "x-overflow": "reject-publish"})],
+        redis_server,
+        rabbit,
+        debounce_dispatcher=False,
+        task_queues=[
+            Queue(
+                qname,
+                Exchange(qname),
+                routing_key=qname,
+                queue_arguments={"x-max-length": 2, "x-overflow": "reject-publish"},
+            )
+        ],
     )
     task = app.tasks["faults.record"]
     ids = [task.apply_async((f"nk{i}",), queue=qname).id for i in range(5)]
@@ -336,10 +377,16 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
     assert published == 2
     assert "the broker refused (nack) 3 message(s)" in caplog.text
     # the metrics count each nack as a publish failure of kind "nack", nothing else
-    assert registry.get_sample_value("celery_debounce_publish_failures_total",
-                                     {"task": task.name, "kind": "nack"}) == 3
-    assert registry.get_sample_value("celery_debounce_windows_dispatched_total",
-                                     {"task": task.name}) == 2
+    assert (
+        registry.get_sample_value(
+            "celery_debounce_publish_failures_total", {"task": task.name, "kind": "nack"}
+        )
+        == 3
+    )
+    assert (
+        registry.get_sample_value("celery_debounce_windows_dispatched_total", {"task": task.name})
+        == 2
+    )
     states = {w.task_id: w.state for w in list_windows(app)}
     assert sorted(states.values()) == ["dispatching"] * 3 + ["queued"] * 2
     assert queue_depth(app, qname) == 2
@@ -354,7 +401,9 @@ def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
 
 
 def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Rule "every id resolves": a window routed to an exchange with a routing key no
@@ -364,12 +413,22 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     the reason, and the caller's ``.get()`` raises ``WindowQuarantined`` instead of
     waiting forever. A routable window of the same pass runs."""
     qname = own_queue()
-    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
-                     debounce_dispatch_lease="1s", task_default_queue=qname)
+    app = rabbit_app(
+        redis_server,
+        rabbit,
+        debounce_dispatcher=False,
+        debounce_dispatch_lease="1s",
+        task_default_queue=qname,
+    )
     ran: list[str] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="1s",
+    )
     def task(key: str) -> str:
         ran.append(key)
         return key
@@ -397,28 +456,36 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
         enabled.disable()
     assert ran == ["ok"]
     assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
+
     # each returned publish is a failure of its own message; the fifth quarantines it
     def value(name: str, kind: str) -> float | None:
-        return registry.get_sample_value(f"celery_debounce_{name}_total",
-                                         {"task": task.name, "kind": kind})
+        return registry.get_sample_value(
+            f"celery_debounce_{name}_total", {"task": task.name, "kind": kind}
+        )
 
     assert value("publish_failures", "message") == 5
     assert value("windows_quarantined", "publish_failed") == 1
 
 
 def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantined(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
 ) -> None:
     """kombu declares a routed queue once per connection. The queue is deleted after
     the dispatcher's first publish to it (an operator, ``x-expires``): the next
     window's message is returned unroutable; the dispatcher declares again on the
     retry, so the window runs (tries 2) instead of being quarantined."""
     qname = own_queue()
-    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
-                     task_default_queue=qname)
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False, task_default_queue=qname)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="1s",
+    )
     def task(key: str) -> str:
         return key
 
@@ -441,7 +508,9 @@ def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantin
 
 
 def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
 ) -> None:
     """Rule "every id resolves": RabbitMQ discards a message whose ``expires``
     (per-message TTL) passed in a queue no worker reads, and no worker signal fires.
@@ -450,11 +519,15 @@ def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
     from celery.exceptions import TaskRevokedError
 
     qname = own_queue()
-    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False,
-                     task_default_queue=qname)
+    app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False, task_default_queue=qname)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="{0}",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="1s",
+    )
     def task(key: str) -> str:
         return key
 
@@ -475,15 +548,23 @@ def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
 
 
 def test_rabbitmq_killed_mid_batch_loses_no_window(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode,
+    redis_server: str,
+    redis_client: redis.Redis,
+    rabbit: RabbitNode,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """RabbitMQ is SIGKILLed while a batch of 20 is being published. Windows whose
     messages the broker did not confirm are not acked; after the restart every
     window runs (at most twice: a message that reached the disk unconfirmed is
     delivered and, unless a worker claims it first, published again after the lease)."""
-    app = rabbit_fault_app(redis_server, rabbit, debounce_dispatcher=False, lease=3.0,
-                           broker_connection_timeout=1, broker_connection_max_retries=1)
+    app = rabbit_fault_app(
+        redis_server,
+        rabbit,
+        debounce_dispatcher=False,
+        lease=3.0,
+        broker_connection_timeout=1,
+        broker_connection_max_retries=1,
+    )
     qname = app.conf.task_default_queue
     task = app.tasks["faults.record"]
     ids = [task.delay(f"mb{i}").id for i in range(20)]
@@ -560,8 +641,7 @@ def test_confirm_bookkeeping_follows_amqp_numbering() -> None:
     pub._on_nack(6, True)  # 5 and 6 (4 was acked on its own)
     pub._on_ack(7, False)
     answers = {s: pub._answer(s) for s in seqs}
-    assert answers == {1: True, 2: True, 3: False, 4: True, 5: False, 6: False, 7: True,
-                       8: None}
+    assert answers == {1: True, 2: True, 3: False, 4: True, 5: False, 6: False, 7: True, 8: None}
     result = pub.wait(seqs[:7], deadline=0)  # all of these answered: no waiting
     assert (sorted(result.acked), sorted(result.nacked)) == ([1, 2, 4, 7], [3, 5, 6])
     assert result.unconfirmed == set() and result.error is None

@@ -41,8 +41,9 @@ def _due(app: Celery) -> None:
 def _task(app: Celery, name: str = "raw.t", **opts: Any) -> Any:
     opts.setdefault("debounce_key", "{0}")
 
-    @app.task(base=DebouncedTask, shared=False, name=name, debounce="1ms",
-              debounce_max_wait="1ms", **opts)
+    @app.task(
+        base=DebouncedTask, shared=False, name=name, debounce="1ms", debounce_max_wait="1ms", **opts
+    )
     def t(x: Any) -> Any:
         return x
 
@@ -50,7 +51,9 @@ def _task(app: Celery, name: str = "raw.t", **opts: Any) -> Any:
 
 
 def test_a_forged_pickle_record_runs_nothing_in_the_dispatcher(
-    app_factory: Any, redis_client: redis.Redis, tmp_path: Path,
+    app_factory: Any,
+    redis_client: redis.Redis,
+    tmp_path: Path,
 ) -> None:
     """A writer to the windows' Redis forges a pickle body; the app accepts pickle.
 
@@ -79,7 +82,8 @@ def test_a_forged_pickle_record_runs_nothing_in_the_dispatcher(
 
 
 def test_dispatching_subscribes_nothing_on_the_result_backend(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """app.send_task subscribes the Redis result backend to every id it publishes;
     the dispatcher publishes without it (issue 13's per-window subscribe/unsubscribe)."""
@@ -102,7 +106,8 @@ def test_dispatching_subscribes_nothing_on_the_result_backend(
 
 
 def test_the_stored_body_is_celerys_protocol_2_body(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     app = app_factory()
     task = _task(app)
@@ -118,18 +123,30 @@ def test_the_stored_body_is_celerys_protocol_2_body(
 
 
 def test_the_worker_gets_the_stored_body_headers_and_callbacks(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     app = app_factory()
     seen: dict[str, Any] = {}
 
-    @app.task(base=DebouncedTask, shared=False, name="raw.see", bind=True, debounce="300ms",
-              debounce_max_wait="5s", debounce_key="k")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="raw.see",
+        bind=True,
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="k",
+    )
     def see(self: Any, x: Any) -> Any:
-        seen.update(argsrepr=self.request.argsrepr, shard=self.request.debounce_shard,
-                    calls=self.request.debounce_calls,
-                    custom=(self.request.headers or {}).get("custom"),
-                    timelimit=self.request.timelimit, args=self.request.args)
+        seen.update(
+            argsrepr=self.request.argsrepr,
+            shard=self.request.debounce_shard,
+            calls=self.request.debounce_calls,
+            custom=(self.request.headers or {}).get("custom"),
+            timelimit=self.request.timelimit,
+            args=self.request.args,
+        )
         return x
 
     @app.task(shared=False, name="raw.after")
@@ -150,7 +167,8 @@ def test_the_worker_gets_the_stored_body_headers_and_callbacks(
 
 
 def test_a_legacy_two_element_record_is_quarantined_not_sent_to_crash_a_worker(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """0.1 stored ``[args, kwargs]``; Celery's worker stops on such a body
     ("Unrecoverable error"). No migration: the dispatcher checks a JSON body's shape
@@ -169,7 +187,8 @@ def test_a_legacy_two_element_record_is_quarantined_not_sent_to_crash_a_worker(
 
 
 def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """The header is left out unless the call passes ``ignore_result``: in Celery 5.7
     a request's header overrides the task's own ``ignore_result``; in 5.3-5.6 the
@@ -180,8 +199,15 @@ def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
     app = app_factory()
     done: list[str] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="raw.quiet", ignore_result=True,
-              debounce="1ms", debounce_max_wait="1ms", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="raw.quiet",
+        ignore_result=True,
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        debounce_key="{0}",
+    )
     def quiet(x: str) -> str:
         done.append(x)
         return x
@@ -215,7 +241,8 @@ def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
 
 
 def test_an_opener_in_a_group_or_chord_carries_its_group_and_chord_as_plain_celery(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """group_id/group_index go to the headers and chord/chain into the stored body's
     embed, as app.send_task puts them: members that open their own window complete
@@ -224,8 +251,14 @@ def test_an_opener_in_a_group_or_chord_carries_its_group_and_chord_as_plain_cele
 
     app = app_factory()
 
-    @app.task(base=DebouncedTask, shared=False, name="raw.member", debounce="50ms",
-              debounce_max_wait="1s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="raw.member",
+        debounce="50ms",
+        debounce_max_wait="1s",
+        debounce_key="{0}",
+    )
     def member(x: int) -> int:
         return x * 2
 

@@ -34,9 +34,13 @@ with transaction.atomic():
     index_note.delay_on_commit(note.id)
     index_note.apply_async_on_commit(kwargs={"note_id": note.id})
     # what a call writes (the worker's dispatcher may already have written its own keys)
-    out["keys_inside_transaction"] = len([
-        k for k in client.scan_iter("djdebounce:*")
-        if b":open:" in k or k.endswith((b":due", b":ids"))])
+    out["keys_inside_transaction"] = len(
+        [
+            k
+            for k in client.scan_iter("djdebounce:*")
+            if b":open:" in k or k.endswith((b":due", b":ids"))
+        ]
+    )
 window = admin.window("notes.tasks.index_note", f"note:{note.id}")
 out["window_after_commit"] = None if window is None else window.calls
 

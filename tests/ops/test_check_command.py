@@ -10,27 +10,40 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).parents[1]
-MISSPELT = ("check.misspelt: debounce_colect=True: unknown task option of misspelt (every "
-            "name starting with 'debounce_' must be one of celery_debounce's); did you mean "
-            "'debounce_collect'?")
-BAD_KEY = ("check.bad_key: debounce_key='user:{user}': {user} names no parameter of the "
-           "task (parameters: x)")
+MISSPELT = (
+    "check.misspelt: debounce_colect=True: unknown task option of misspelt (every "
+    "name starting with 'debounce_' must be one of celery_debounce's); did you mean "
+    "'debounce_collect'?"
+)
+BAD_KEY = (
+    "check.bad_key: debounce_key='user:{user}': {user} names no parameter of the "
+    "task (parameters: x)"
+)
 
 
 def _env(redis_server: str, bad: bool) -> dict[str, str]:
-    env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server,
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "DEBOUNCE_TEST_REDIS_URL": redis_server,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("CHECK_APP_BAD", None)
     if bad:
         env["CHECK_APP_BAD"] = "1"
     return env
 
 
-def _celery(redis_server: str, bad: bool, *args: str,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "check_app", *args],
-                          cwd=TESTS, env=_env(redis_server, bad), capture_output=True,
-                          text=True, timeout=timeout)
+def _celery(
+    redis_server: str, bad: bool, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "check_app", *args],
+        cwd=TESTS,
+        env=_env(redis_server, bad),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_check_lists_each_refused_definition_with_its_own_message(redis_server: str) -> None:
@@ -52,9 +65,14 @@ def test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback(
     line as the ``imports`` problem, and ``-j`` still prints its JSON object."""
     env = {**_env(redis_server, False), "CHECK_APP_BROKEN": "1"}
     for args in ((), ("-j",)):
-        run = subprocess.run([sys.executable, "-m", "celery", "-A", "check_app", "debounce",
-                              "check", *args], cwd=TESTS, env=env, capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "check_app", "debounce", "check", *args],
+            cwd=TESTS,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
         if args:
             [problem] = json.loads(run.stdout)["problems"]
@@ -77,12 +95,15 @@ def test_a_definition_refused_at_once_names_its_task() -> None:
 
     app = Celery("named", set_as_current=False)
     with pytest.raises(DebounceConfigError, match=r"^check\.classbad: debounce_leading=3"):
+
         class Bad(DebouncedTask):  # type: ignore[misc]
             name = "check.classbad"
             debounce, debounce_max_wait, debounce_leading = "1s", "2s", 3
 
-    with pytest.raises(DebounceConfigError,
-                       match=r"^test_check_command\.[\w.<>]*Unnamed: debounce_max_wait"):
+    with pytest.raises(
+        DebounceConfigError, match=r"^test_check_command\.[\w.<>]*Unnamed: debounce_max_wait"
+    ):
+
         class Unnamed(DebouncedTask):  # type: ignore[misc]
             debounce, debounce_max_wait = "2s", "1s"
 
@@ -90,29 +111,55 @@ def test_a_definition_refused_at_once_names_its_task() -> None:
         return x
 
     with pytest.raises(DebounceConfigError, match=r"^check\.eager: debounce_leading='yes'"):
-        app.task(base=DebouncedTask, shared=False, lazy=False, name="check.eager",
-                 debounce="1s", debounce_max_wait="2s", debounce_leading="yes")(job)
-    with pytest.raises(DebounceConfigError,
-                       match=r"^check\.eager: debounce_key='\{nope\}'"):  # named already
-        app.task(base=DebouncedTask, shared=False, lazy=False, name="check.eager",
-                 debounce="1s", debounce_max_wait="2s", debounce_key="{nope}")(job)
+        app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            name="check.eager",
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_leading="yes",
+        )(job)
+    with pytest.raises(
+        DebounceConfigError, match=r"^check\.eager: debounce_key='\{nope\}'"
+    ):  # named already
+        app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            name="check.eager",
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_key="{nope}",
+        )(job)
 
 
 def test_check_reports_a_refused_setting(redis_server: str) -> None:
     run = subprocess.run(
-        [sys.executable, "-c", "import check_app, sys\n"
-         "from celery_debounce.ops.validation import check_app as check\n"
-         "check_app.app.conf.debounce_shardz = 2\n"
-         "print(check(check_app.app))"],
-        cwd=TESTS, env=_env(redis_server, False), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import check_app, sys\n"
+            "from celery_debounce.ops.validation import check_app as check\n"
+            "check_app.app.conf.debounce_shardz = 2\n"
+            "print(check(check_app.app))",
+        ],
+        cwd=TESTS,
+        env=_env(redis_server, False),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "Problem(where='settings'" in run.stdout and "debounce_shardz" in run.stdout, (
-        run.stdout + run.stderr)
+        run.stdout + run.stderr
+    )
 
 
 def test_the_worker_refuses_to_start_with_the_same_messages(redis_server: str) -> None:
     # a worker that started would run until the timeout: a failure in 20 s, not 60
-    run = _celery(redis_server, True, "worker", "--pool", "solo", "--loglevel", "warning",
-                  timeout=20)
+    run = _celery(
+        redis_server, True, "worker", "--pool", "solo", "--loglevel", "warning", timeout=20
+    )
     assert run.returncode != 0
     out = run.stdout + run.stderr
     assert "2 debounced task definition(s) refused:" in out, out
@@ -143,9 +190,14 @@ print(json.dumps(out))
 
 def test_one_refused_definition_does_not_break_the_apps_other_tasks(redis_server: str) -> None:
     # shared=True (the default): Celery builds the task for every app it finalizes
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=TESTS,
-                         env=_env(redis_server, True), capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=TESTS,
+        env=_env(redis_server, True),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["tasks"] == ["check.bad_key", "check.good", "check.misspelt"]

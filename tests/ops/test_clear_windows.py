@@ -21,8 +21,14 @@ from celery_debounce.testing import clear_windows
 def _app_with_a_window(redis_server: str, prefix: str) -> Any:
     app = make_app(redis_server, debounce_key_prefix=prefix)
 
-    @app.task(base=DebouncedTask, shared=False, name="clear.t", debounce="1m",
-              debounce_max_wait="2m", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="clear.t",
+        debounce="1m",
+        debounce_max_wait="2m",
+        debounce_key="{0}",
+    )
     def t(x: int) -> int:
         return x
 
@@ -31,15 +37,21 @@ def _app_with_a_window(redis_server: str, prefix: str) -> Any:
     return app
 
 
-@pytest.mark.parametrize(("mine", "theirs"), [
-    ("debounce", "debounce:tenant2"),
-    ("app*", "appX"),
-    ("a?c", "abc"),
-    ("x[yz]", "xy"),
-    ("b\\", "b\\x"),
-])
+@pytest.mark.parametrize(
+    ("mine", "theirs"),
+    [
+        ("debounce", "debounce:tenant2"),
+        ("app*", "appX"),
+        ("a?c", "abc"),
+        ("x[yz]", "xy"),
+        ("b\\", "b\\x"),
+    ],
+)
 def test_clear_windows_deletes_this_apps_keys_only(
-    redis_server: str, redis_client: redis.Redis, mine: str, theirs: str,
+    redis_server: str,
+    redis_client: redis.Redis,
+    mine: str,
+    theirs: str,
 ) -> None:
     app = _app_with_a_window(redis_server, mine)
     _app_with_a_window(redis_server, theirs)

@@ -26,8 +26,6 @@ from celery_debounce.ops.read_view import WindowInfo
 TESTS = Path(__file__).parents[1]
 
 
-
-
 def test_every_verb_takes_dash_j(ops: ModuleType) -> None:
     first = ops.report.delay("u1")
     ops.report.delay("u2")
@@ -59,8 +57,9 @@ def test_key_is_exact_everywhere_and_match_is_the_glob(ops: ModuleType) -> None:
     assert [r["task_id"] for r in exact] == [a.id]
     globbed = json.loads(cli("inspect", "-j", "--match", "user:u1*").output)
     assert len(globbed) == 2
-    old = CliRunner().invoke(celery_cli, ["-A", "ops_app", "debounce", "inspect", "-j",
-                                          "--key", "user:u1*"])
+    old = CliRunner().invoke(
+        celery_cli, ["-A", "ops_app", "debounce", "inspect", "-j", "--key", "user:u1*"]
+    )
     assert old.exit_code == 0
     assert "deprecated" in old.stderr and "--match" in old.stderr
     assert len(json.loads(old.stdout)) == 2  # the old meaning still works
@@ -87,9 +86,20 @@ def test_wide_characters_keep_the_columns_aligned() -> None:
     # every B value starts in the same terminal cell
     assert len({cell_width(line[: line.rindex(" ") + 1]) for line in lines}) == 1, lines
     now = time.time()
-    infos = [WindowInfo(task="t", key=key, task_id="id", state="pending", calls=1,
-                        first_seen=now, deadline=now + 10, max_wait_at=now + 20, shard=0)
-             for key in ("報告:42", "plain:42", "🎉:1")]
+    infos = [
+        WindowInfo(
+            task="t",
+            key=key,
+            task_id="id",
+            state="pending",
+            calls=1,
+            first_seen=now,
+            deadline=now + 10,
+            max_wait_at=now + 20,
+            shard=0,
+        )
+        for key in ("報告:42", "plain:42", "🎉:1")
+    ]
     table = render_table(infos, now).splitlines()
     starts = {cell_width(line[: line.index("id ")]) for line in table[1:]}
     assert len(starts) == 1, table
@@ -97,27 +107,51 @@ def test_wide_characters_keep_the_columns_aligned() -> None:
 
 def test_no_app_gets_a_hint_about_dash_a(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
-    out = subprocess.run([sys.executable, "-m", "celery", "debounce", "inspect"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "debounce", "inspect"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "not a Redis URL" in out.stderr and "-A/--app" in out.stderr
 
 
 def _celery(redis_server: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS),
-                                                       os.environ.get("PYTHONPATH", "")]),
-           "DEBOUNCE_OPS_REDIS": redis_server}
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "ops_app", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=TESTS, **kwargs)  # type: ignore[call-overload]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "DEBOUNCE_OPS_REDIS": redis_server,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "ops_app", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=TESTS,
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def test_dispatch_detaches_with_pidfile_and_logfile_and_answers_ping(
     ops: ModuleType, redis_server: str, tmp_path: Path
 ) -> None:
     pidfile, logfile = tmp_path / "d.pid", tmp_path / "d.log"
-    proc = _celery(redis_server, "debounce", "dispatch", "--detach", "-n", "bg-1",
-                   "--pidfile", str(pidfile), "--logfile", str(logfile))
+    proc = _celery(
+        redis_server,
+        "debounce",
+        "dispatch",
+        "--detach",
+        "-n",
+        "bg-1",
+        "--pidfile",
+        str(pidfile),
+        "--logfile",
+        str(logfile),
+    )
     proc.communicate(timeout=30)
     assert proc.returncode == 0
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=20)
@@ -149,8 +183,13 @@ def test_the_worker_logs_when_its_dispatcher_starts_and_stops(
 ) -> None:
     caplog.set_level(logging.INFO, logger="celery_debounce.worker")
     with running_worker(ops.app):
-        wait_until(lambda: any("embedded dispatcher" in r.getMessage() and "started"
-                               in r.getMessage() for r in caplog.records), timeout=20)
+        wait_until(
+            lambda: any(
+                "embedded dispatcher" in r.getMessage() and "started" in r.getMessage()
+                for r in caplog.records
+            ),
+            timeout=20,
+        )
     messages = [r.getMessage() for r in caplog.records]
     assert any("embedded dispatcher" in m and "stopped" in m for m in messages), messages
 
@@ -172,8 +211,10 @@ def test_the_dash_a_hint_is_only_for_celerys_default_app() -> None:
     from celery_debounce.errors import DebounceConfigError
     from celery_debounce.ops.cli import config_error
 
-    exc = DebounceConfigError("debounce_redis_url is not set and the broker URL ('amqp://') "
-                              "is not a Redis URL: set app.conf.debounce_redis_url")
+    exc = DebounceConfigError(
+        "debounce_redis_url is not set and the broker URL ('amqp://') "
+        "is not a Redis URL: set app.conf.debounce_redis_url"
+    )
     named = Celery("proj", broker="amqp://", set_as_current=False)
     assert "-A" not in config_error(exc, named).message  # its app was named: no hint
     assert "-A/--app" in config_error(exc, Celery("default", set_as_current=False)).message

@@ -15,11 +15,18 @@ HERE = Path(__file__).parents[1]
 
 
 def celery(redis_server: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server,
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "DEBOUNCE_TEST_REDIS_URL": redis_server,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", *args],
-        capture_output=True, text=True, env=env, timeout=60, cwd=HERE,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=HERE,
     )
 
 
@@ -101,8 +108,9 @@ def test_listing_never_skips_a_window_when_one_at_the_same_deadline_leaves(
 
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
+    )
     def job(key: str) -> None:
         pass
 

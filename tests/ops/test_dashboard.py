@@ -41,7 +41,8 @@ EXPORTER_JOB = "celery-debounce-exporter"  # the job name dashboards/alerts.yml 
 
 needs_prometheus = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
-    reason="prometheus/promtool not installed (scripts/ensure-observability.sh installs them)")
+    reason="prometheus/promtool not installed (scripts/ensure-observability.sh installs them)",
+)
 
 APP = '''
 import os
@@ -118,8 +119,7 @@ def targets() -> Iterator[tuple[str, str, str]]:
 
 def promql(expr: str) -> str:
     """A panel's query as Grafana sends it with every task selected."""
-    return (expr.replace("$__rate_interval", "10s").replace("$task", ".*")
-            .replace("$job", ".*"))
+    return expr.replace("$__rate_interval", "10s").replace("$task", ".*").replace("$job", ".*")
 
 
 # -- static checks ----------------------------------------------------------------
@@ -131,21 +131,32 @@ def test_dashboard_queries_name_only_metrics_the_package_exports(redis_server: s
 
     registry = exporter_registry(make_app(redis_server))
     metrics.enable(registry=registry).disable()
-    exported = {f"{family.name}{suffix}" for family in registry.collect()
-                for suffix in ("", "_total", "_bucket", "_count", "_sum")}
-    used = {name for _, _, expr in targets()
-            for name in re.findall(r"celery_debounce_[a-z_]+", expr)}
+    exported = {
+        f"{family.name}{suffix}"
+        for family in registry.collect()
+        for suffix in ("", "_total", "_bucket", "_count", "_sum")
+    }
+    used = {
+        name for _, _, expr in targets() for name in re.findall(r"celery_debounce_[a-z_]+", expr)
+    }
     assert used and used <= exported, used - exported
     # the panels the issue asks for are all there
     titles = {title for title, _, _ in targets()}
-    for wanted in ("Coalescing ratio", "Open windows", "Dispatch lateness",
-                   "Forced by max wait", "Quarantined", "Dispatcher liveness"):
+    for wanted in (
+        "Coalescing ratio",
+        "Open windows",
+        "Dispatch lateness",
+        "Forced by max wait",
+        "Quarantined",
+        "Dispatcher liveness",
+    ):
         assert any(title.startswith(wanted) for title in titles), wanted
     # every query uses the dashboard's variables the way Grafana fills them
     assert all("$__rate_interval" in expr for _, _, expr in targets() if "rate(" in expr)
     assert all('job=~"$job"' in expr for _, _, expr in targets())
-    assert all('task=~"$task"' in expr for _, _, expr in targets()
-               if "_total" in expr or "_bucket" in expr)
+    assert all(
+        'task=~"$task"' in expr for _, _, expr in targets() if "_total" in expr or "_bucket" in expr
+    )
     # no vector arithmetic that drops a series present on one side only: "calls in" is
     # one selector over the counters, not opened + absorbed
     for title, ref, expr in targets():
@@ -157,24 +168,36 @@ def test_dashboard_queries_name_only_metrics_the_package_exports(redis_server: s
     # one unit per axis: a panel whose targets measure different things says so
     for panel in dashboard()["panels"]:
         units = {panel["fieldConfig"]["defaults"].get("unit")}
-        units |= {prop["value"] for o in panel["fieldConfig"].get("overrides", [])
-                  for prop in o["properties"] if prop["id"] == "unit"}
+        units |= {
+            prop["value"]
+            for o in panel["fieldConfig"].get("overrides", [])
+            for prop in o["properties"]
+            if prop["id"] == "unit"
+        }
         if len(units) > 1:
-            assert any(prop["id"] == "custom.axisPlacement"
-                       for o in panel["fieldConfig"]["overrides"] for prop in o["properties"]
-                       ), panel["title"]
+            assert any(
+                prop["id"] == "custom.axisPlacement"
+                for o in panel["fieldConfig"]["overrides"]
+                for prop in o["properties"]
+            ), panel["title"]
     names = [v["name"] for v in dashboard()["templating"]["list"]]
     assert names == ["datasource", "job", "task"], names
 
 
 @needs_prometheus
 def test_alerting_rules_pass_promtool_check_and_unit_tests() -> None:
-    checked = subprocess.run(["promtool", "check", "rules", str(ALERTS)],
-                             capture_output=True, text=True, timeout=60)
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 11 rules found" in checked.stdout
-    tested = subprocess.run(["promtool", "test", "rules", ALERT_TESTS.name], cwd=ALERT_TESTS.parent,
-                            capture_output=True, text=True, timeout=60)
+    tested = subprocess.run(
+        ["promtool", "test", "rules", ALERT_TESTS.name],
+        cwd=ALERT_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
 
@@ -183,8 +206,11 @@ def test_alerting_rules_pass_promtool_check_and_unit_tests() -> None:
 
 
 def series(result: list[dict[str, Any]], **labels: str) -> list[float]:
-    return [float(r["value"][1]) for r in result
-            if all(r["metric"].get(k, "").startswith(v) for k, v in labels.items())]
+    return [
+        float(r["value"][1])
+        for r in result
+        if all(r["metric"].get(k, "").startswith(v) for k, v in labels.items())
+    ]
 
 
 def one(result: list[dict[str, Any]], **labels: str) -> float:
@@ -227,6 +253,7 @@ def _check_call_duration(results: dict[str, Any]) -> None:
 def _no_errors(ref: str) -> Callable[[dict[str, Any]], None]:
     def check(results: dict[str, Any]) -> None:  # a valid query; no error happened
         assert all(v == 0 for v in series(results[ref])), results[ref]
+
     return check
 
 
@@ -245,19 +272,20 @@ CHECKS: dict[tuple[str, str], Callable[[dict[str, Any]], None]] = {
     ("Forced by max wait", "B"): _check_forced,
     ("Quarantined windows", "A"): lambda r: _assert(one(r["A"]) == QUARANTINED),
     ("Dispatcher liveness", "A"): lambda r: _assert(
-        0 <= one(r["A"], dispatcher="worker-dashworker@") < 10),
+        0 <= one(r["A"], dispatcher="worker-dashworker@") < 10
+    ),
     ("Dispatcher liveness", "B"): lambda r: _assert(0 <= one(r["B"]) < 5),
     ("Store and targets up", "A"): lambda r: _assert(one(r["A"], job=EXPORTER_JOB) == 1),
     ("Store and targets up", "B"): lambda r: _assert(
         sorted((x["metric"]["job"], float(x["value"][1])) for x in r["B"])
-        == [(EXPORTER_JOB, 1.0), ("producer", 1.0), ("worker", 1.0)]),
+        == [(EXPORTER_JOB, 1.0), ("producer", 1.0), ("worker", 1.0)]
+    ),
     ("Call duration p50 / p99", "A"): _check_call_duration,
     ("Call duration p50 / p99", "B"): _check_call_duration,
     ("Errors", "A"): _no_errors("A"),
     ("Errors", "B"): _no_errors("B"),
     # the spoilt window, counted by the worker that quarantined it, by kind
-    ("Errors", "C"): lambda r: _assert(
-        one(r["C"], task="dashapp.spoil", kind="message") >= 0),
+    ("Errors", "C"): lambda r: _assert(one(r["C"], task="dashapp.spoil", kind="message") >= 0),
 }
 
 
@@ -275,14 +303,24 @@ class Prometheus:
         self.workdir = workdir
         jobs = "".join(
             f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
-            for job, port in scrape.items())
+            for job, port in scrape.items()
+        )
         config = workdir / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                          f"rule_files:\n  - {rules}\nscrape_configs:\n{jobs}")
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            f"rule_files:\n  - {rules}\nscrape_configs:\n{jobs}"
+        )
         self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=(workdir / "prometheus.log").open("wb"))
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(workdir / "prometheus.log").open("wb"),
+        )
 
     def api(self, path: str, **params: str) -> Any:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
@@ -299,8 +337,9 @@ class Prometheus:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready",
-                                        timeout=2) as reply:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/-/ready", timeout=2
+            ) as reply:
                 return bool(reply.status == 200)
         except OSError:
             return False
@@ -312,39 +351,86 @@ class Prometheus:
 class Stack:
     """Prometheus scraping real workers, a producer streaming calls and the exporter."""
 
-    def __init__(self, tmp_path: Path, redis_server: str, workers: int = 1,
-                 rules: Path = ALERTS, seconds: float = 50) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        redis_server: str,
+        workers: int = 1,
+        rules: Path = ALERTS,
+        seconds: float = 50,
+    ) -> None:
         (tmp_path / "dashapp.py").write_text(APP)
-        ports = {"worker": [free_port() for _ in range(workers)], "producer": free_port(),
-                 EXPORTER_JOB: free_port()}
-        self.env = {**os.environ, "DASHAPP_REDIS": redis_server,
-                    "PYTHONPATH": os.pathsep.join([str(tmp_path),
-                                                   os.environ.get("PYTHONPATH", "")]),
-                    "PRODUCER_METRICS_PORT": str(ports["producer"])}
+        ports = {
+            "worker": [free_port() for _ in range(workers)],
+            "producer": free_port(),
+            EXPORTER_JOB: free_port(),
+        }
+        self.env = {
+            **os.environ,
+            "DASHAPP_REDIS": redis_server,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+            "PRODUCER_METRICS_PORT": str(ports["producer"]),
+        }
         scrape = {"producer": ports["producer"], EXPORTER_JOB: ports[EXPORTER_JOB]}
-        scrape.update({f"worker{i}" if i else "worker": port
-                       for i, port in enumerate(ports["worker"])})
+        scrape.update(
+            {f"worker{i}" if i else "worker": port for i, port in enumerate(ports["worker"])}
+        )
         self.prometheus = Prometheus(tmp_path, scrape, rules)
         self.workers = [
             subprocess.Popen(
-                [CELERY, "-A", "dashapp", "worker", "-P", "solo", "-l", "warning",
-                 "-n", f"dashworker{i or ''}@%h"],
-                cwd=tmp_path, env={**self.env, "WORKER_METRICS_PORT": str(port)},
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            for i, port in enumerate(ports["worker"])]
+                [
+                    CELERY,
+                    "-A",
+                    "dashapp",
+                    "worker",
+                    "-P",
+                    "solo",
+                    "-l",
+                    "warning",
+                    "-n",
+                    f"dashworker{i or ''}@%h",
+                ],
+                cwd=tmp_path,
+                env={**self.env, "WORKER_METRICS_PORT": str(port)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for i, port in enumerate(ports["worker"])
+        ]
         self.exporter = subprocess.Popen(
-            [CELERY, "-A", "dashapp", "debounce", "exporter", "--addr", "127.0.0.1",
-             "--port", str(ports[EXPORTER_JOB]), "-l", "warning"],
-            cwd=tmp_path, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CELERY,
+                "-A",
+                "dashapp",
+                "debounce",
+                "exporter",
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                str(ports[EXPORTER_JOB]),
+                "-l",
+                "warning",
+            ],
+            cwd=tmp_path,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.producer = subprocess.Popen(
             [sys.executable, "-c", f"import dashapp; dashapp.stream({seconds})"],
-            cwd=tmp_path, env=self.env)
+            cwd=tmp_path,
+            env=self.env,
+        )
         self.targets = len(scrape)
 
     def wait_scraped(self) -> None:
         wait_until(self.prometheus.ready, timeout=30, interval=0.3)
-        wait_until(lambda: series(self.prometheus.query("up")) == [1.0] * self.targets,
-                   timeout=30, interval=0.5)
+        wait_until(
+            lambda: series(self.prometheus.query("up")) == [1.0] * self.targets,
+            timeout=30,
+            interval=0.5,
+        )
 
     def stop(self) -> None:
         self.producer.kill()
@@ -367,23 +453,26 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
         stack.wait_scraped()
         groups = prometheus.api("rules")["groups"]
         assert [r["health"] for g in groups for r in g["rules"]] == ["ok"] * 11
-        redis_client.zadd("debounce:{0}:quarantine", {f"set-aside-{i}": 1
-                                                       for i in range(HAND_QUARANTINED)})
+        redis_client.zadd(
+            "debounce:{0}:quarantine", {f"set-aside-{i}": 1 for i in range(HAND_QUARANTINED)}
+        )
 
         failures: dict[tuple[str, str], str] = {}
 
         def all_panels_hold() -> bool:
             failures.clear()
             for panel in dashboard()["panels"]:
-                results = {t["refId"]: prometheus.query(promql(t["expr"]))
-                           for t in panel["targets"]}
+                results = {
+                    t["refId"]: prometheus.query(promql(t["expr"])) for t in panel["targets"]
+                }
                 for target in panel["targets"]:
                     ref = target["refId"]
                     try:
                         CHECKS[(panel["title"], ref)](results)
                     except AssertionError as exc:
                         failures[(panel["title"], ref)] = (
-                            f"{promql(target['expr'])} -> {results[ref]} ({exc})")
+                            f"{promql(target['expr'])} -> {results[ref]} ({exc})"
+                        )
             return not failures
 
         deadline = time.monotonic() + 40
@@ -409,8 +498,7 @@ def fast_rules(tmp_path: Path) -> Path:
     start = text.index("- alert: DebounceDispatcherDown")
     end = text.index("- alert:", start + 1)
     rule = text[start:end]
-    fast = (rule.replace("> 30\n", "> 3\n").replace("< 30\n", "< 3\n")
-            .replace("for: 1m", "for: 2s"))
+    fast = rule.replace("> 30\n", "> 3\n").replace("< 30\n", "< 3\n").replace("for: 1m", "for: 2s")
     assert fast.count("3\n") == 2 and "for: 2s" in fast, fast
     path = tmp_path / "alerts-fast.yml"
     path.write_text(text[:start] + fast + text[end:])
@@ -432,9 +520,13 @@ def test_killing_every_worker_fires_dispatcher_down_from_the_exporters_series(
         stack.wait_scraped()
         # the workers dispatch (both compete for the same windows: at least one takes
         # batches); the alert stays quiet for a while (a few "for" periods)
-        wait_until(lambda: prometheus.query(
-            f'celery_debounce_seconds_since_last_batch{{job="{EXPORTER_JOB}"}} < 2'),
-            timeout=30, interval=0.5)
+        wait_until(
+            lambda: prometheus.query(
+                f'celery_debounce_seconds_since_last_batch{{job="{EXPORTER_JOB}"}} < 2'
+            ),
+            timeout=30,
+            interval=0.5,
+        )
         quiet_until = time.monotonic() + 8
         while time.monotonic() < quiet_until:
             assert not firing(prometheus, "DebounceDispatcherDown")
@@ -444,14 +536,17 @@ def test_killing_every_worker_fires_dispatcher_down_from_the_exporters_series(
         killed = time.monotonic()
         # the producer goes on calling: windows come due and wait; the workers' own
         # series are gone, the exporter's are not
-        (alert,) = wait_until(lambda: firing(prometheus, "DebounceDispatcherDown"),
-                              timeout=40, interval=0.5)
+        (alert,) = wait_until(
+            lambda: firing(prometheus, "DebounceDispatcherDown"), timeout=40, interval=0.5
+        )
         assert alert["metric"]["job"] == EXPORTER_JOB
         assert alert["metric"]["severity"] == "critical", alert
         assert time.monotonic() - killed >= 3  # not before a window was 3 s overdue
         assert series(prometheus.query('up{job=~"worker.*"}')) == [0.0, 0.0]
-        assert one(prometheus.query(
-            f'celery_debounce_oldest_due_age_seconds{{job="{EXPORTER_JOB}"}}')) >= 3
+        assert (
+            one(prometheus.query(f'celery_debounce_oldest_due_age_seconds{{job="{EXPORTER_JOB}"}}'))
+            >= 3
+        )
     finally:
         stack.stop()
 
@@ -469,16 +564,22 @@ def test_store_gauges_say_store_down_within_seconds_when_redis_is_unreachable() 
     assert not re.search(r"^celery_debounce_open_windows ", text, re.M)  # no made-up values
 
 
-def test_store_gauges_read_the_store(app_factory: Callable[..., Any],
-                                     redis_client: redis.Redis) -> None:
+def test_store_gauges_read_the_store(
+    app_factory: Callable[..., Any], redis_client: redis.Redis
+) -> None:
     from prometheus_client import CollectorRegistry
 
     from celery_debounce import DebouncedTask, enqueue_many
 
     app = app_factory(debounce_shards=2)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def work(user: int) -> None:
         pass
 

@@ -41,19 +41,38 @@ def factory(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Calla
         return
     cluster = request.getfixturevalue("redis_cluster")
     cluster.flushall()
-    yield lambda **conf: make_app(redis_server, **{
-        "debounce_redis_url": f"{cluster.url}/0", "debounce_redis_cluster": True,
-        "debounce_shards": 3, **conf})
+    yield lambda **conf: make_app(
+        redis_server,
+        **{
+            "debounce_redis_url": f"{cluster.url}/0",
+            "debounce_redis_cluster": True,
+            "debounce_shards": 3,
+            **conf,
+        },
+    )
 
 
 def _tasks(app: Celery) -> tuple[Any, Any]:
-    @app.task(base=DebouncedTask, shared=False, name="doc.work", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="doc.work",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k{0}",
+    )
     def work(x: int) -> int:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="doc.quick", debounce="50ms",
-              debounce_max_wait="200ms", debounce_key="q{0}", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="doc.quick",
+        debounce="50ms",
+        debounce_max_wait="200ms",
+        debounce_key="q{0}",
+        debounce_exclusive=True,
+    )
     def quick(x: int) -> int:
         time.sleep(0.3)  # longer than its max wait: the next window of its key is held
         return x
@@ -81,8 +100,9 @@ def _break_everything(store: WindowStore, work: Any) -> dict[str, str]:
     ghost = window_ident("doc.work", "gone")
     c.zadd(held_key(tag2), {ghost: 1})  # held with no window at all
     tag3 = store.tag(0)
-    c.hset(win_key(tag3, "dead-claim"),
-           mapping={"st": "claimed", "i": window_ident("doc.work", "dc")})
+    c.hset(
+        win_key(tag3, "dead-claim"), mapping={"st": "claimed", "i": window_ident("doc.work", "dc")}
+    )
     c.pexpire(win_key(tag3, "dead-claim"), 600_000)
     c.zadd(claims_key(tag3), {"dead-claim": 1000})  # lease ended in 1970
     c.zadd(active_key(tag3), {"dead-claim": 1000})
@@ -95,12 +115,15 @@ def _break_everything(store: WindowStore, work: Any) -> dict[str, str]:
     c.hset(win_key(tag3, "claimed-no-lease"), mapping={"st": "claimed", "i": unleased})
     c.pexpire(win_key(tag3, "claimed-no-lease"), 600_000)
     c.rpush(calls_key(tag3, "orphan-list"), "[]")
-    c.hset(win_key(tag3, "forever"),
-           mapping={"st": "finished", "i": window_ident("doc.work", "f")})
+    c.hset(win_key(tag3, "forever"), mapping={"st": "finished", "i": window_ident("doc.work", "f")})
     # healthy without a TTL: closed by its cap, not yet taken (take.lua sets it), quarantined
     capped = work.apply_async((4,), debounce_max_calls=1)
-    assert c.hget(win_key(store.tag(shard_of(window_ident("doc.work", "k4"),
-                                             store.settings.shards)), capped.id), "st")
+    assert c.hget(
+        win_key(
+            store.tag(shard_of(window_ident("doc.work", "k4"), store.settings.shards)), capped.id
+        ),
+        "st",
+    )
     c.hset(win_key(tag3, "quarantined"), mapping={"st": "quarantined", "qe": "bad"})
     return {
         "open_without_due": open_key(tag, lost),
@@ -132,8 +155,9 @@ def test_doctor_finds_and_repairs_each_broken_invariant(factory: Callable[..., C
         assert key in [f.key for f in found[check]], (check, found[check])
     assert len(found["held_without_run"]) == len(found["held_without_window"]) == 1
     assert [f.key for f in found["no_ttl"]] == [broken["no_ttl"]]  # not the healthy ones
-    assert all(f.task == "doc.work" for c, fs in found.items() for f in fs
-               if c != "calls_without_window"), found
+    assert all(
+        f.task == "doc.work" for c, fs in found.items() for f in fs if c != "calls_without_window"
+    ), found
     assert not any(f.repaired for fs in found.values() for f in fs)
     assert _by_check(diagnose(store)).keys() == broken.keys()  # reporting changed nothing
 
@@ -151,9 +175,9 @@ def test_doctor_finds_and_repairs_each_broken_invariant(factory: Callable[..., C
     assert c.pttl(win_key(tag3, "forever")) > 0
 
 
-def test_the_command_exits_1_with_findings_and_0_when_healthy(factory: Callable[..., Celery],
-                                                             monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
+def test_the_command_exits_1_with_findings_and_0_when_healthy(
+    factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from celery.bin.celery import celery as celery_cli
 
     app = factory()
@@ -171,7 +195,8 @@ def test_the_command_exits_1_with_findings_and_0_when_healthy(factory: Callable[
     out = json.loads(first.output)
     assert out["ok"] is False
     assert [(f["check"], f["key"], f["task"]) for f in out["findings"]] == [
-        ("open_without_due", open_key(tag, lost), "doc.work")]
+        ("open_without_due", open_key(tag, lost), "doc.work")
+    ]
     fixed = runner.invoke(celery_cli, ["debounce", "doctor", "--repair"])
     assert fixed.exit_code == 1 and "[repaired]" in fixed.output, fixed.output
     healthy = runner.invoke(celery_cli, ["debounce", "doctor"])
@@ -214,8 +239,7 @@ def test_a_healthy_store_under_load_has_no_finding(factory: Callable[..., Celery
     assert rounds > 3 and calls[0] > 50
 
 
-def test_a_key_held_too_long_is_reported_and_never_repaired(
-        factory: Callable[..., Celery]) -> None:
+def test_a_key_held_too_long_is_reported_and_never_repaired(factory: Callable[..., Celery]) -> None:
     """A window held behind a run still queued (its message may be lost): doctor names
     it past --held-after, and --repair leaves it held (only an operator knows the run
     is gone)."""
@@ -235,6 +259,7 @@ def test_a_key_held_too_long_is_reported_and_never_repaired(
     for repair in (False, True):
         found = diagnose(store, repair=repair)
         assert [(f.check, f.key, f.task, f.detail, f.repaired) for f in found] == [
-            ("held_too_long", held_key(tag), "doc.work", "runner queued-run queued", False)]
+            ("held_too_long", held_key(tag), "doc.work", "runner queued-run queued", False)
+        ]
     assert c.zscore(held_key(tag), ident) is not None  # still held
     assert diagnose(store, held_after_ms=3 * 3_600_000) == []

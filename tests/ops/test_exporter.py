@@ -25,12 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_debounce import DebouncedTask, enqueue_many
 from celery_debounce.ops.exporter import StoreCollector, exporter_registry
-from celery_debounce.store import WindowStore
+from celery_debounce.store.operators import SNAPSHOT_COMMANDS
 from celery_debounce.testing.servers import LocalRedis, free_port
 
 CELERY = str(Path(sys.executable).with_name("celery"))
 
-APP = '''
+APP = """
 import os
 
 from celery import Celery
@@ -46,7 +46,7 @@ app.conf.update(debounce_redis_url=f"{URL}/0", debounce_redis_timeout=1,
 @app.task(base=DebouncedTask, debounce="1h", debounce_max_wait="2h", debounce_key="u:{0}")
 def touch(user):
     return user
-'''
+"""
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -61,15 +61,34 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def start_exporter(tmp_path: Path, url: str, port: int, *extra: str,
-                   shards: int = 1) -> subprocess.Popen[bytes]:
+def start_exporter(
+    tmp_path: Path, url: str, port: int, *extra: str, shards: int = 1
+) -> subprocess.Popen[bytes]:
     (tmp_path / "expapp.py").write_text(APP)
-    env = {**os.environ, "EXPAPP_REDIS": url, "EXPAPP_SHARDS": str(shards),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "EXPAPP_REDIS": url,
+        "EXPAPP_SHARDS": str(shards),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.Popen(
-        [CELERY, "-A", "expapp", "debounce", "exporter", "--port", str(port),
-         "--addr", "127.0.0.1", *extra],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            CELERY,
+            "-A",
+            "expapp",
+            "debounce",
+            "exporter",
+            "--port",
+            str(port),
+            "--addr",
+            "127.0.0.1",
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _up(port: int) -> dict[str, float] | None:
@@ -84,8 +103,14 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
 ) -> None:
     app = make_app(redis_server, debounce_shards=2)
 
-    @app.task(base=DebouncedTask, shared=False, name="expapp.touch", debounce="1h",
-              debounce_max_wait="2h", debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="expapp.touch",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def touch(user: int) -> None:
         pass
 
@@ -109,8 +134,11 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
         assert got["celery_debounce_inflight_windows"] == 0
         assert got["celery_debounce_dispatchers_seen"] == 1
         assert 29 <= got["celery_debounce_seconds_since_last_batch"] < 60
-        assert 29 <= got[
-            "celery_debounce_dispatcher_last_batch_age_seconds{dispatcher=worker-gone@host}"] < 60
+        assert (
+            29
+            <= got["celery_debounce_dispatcher_last_batch_age_seconds{dispatcher=worker-gone@host}"]
+            < 60
+        )
         assert got["celery_debounce_store_runs_total{task=expapp.touch}"] == 4
         assert got["celery_debounce_store_calls_total{task=expapp.touch}"] == 9
         assert got["celery_debounce_exporter_reads_total"] >= 1
@@ -137,8 +165,9 @@ def test_the_exporter_keeps_answering_while_redis_is_down(tmp_path: Path) -> Non
     port = free_port()
     proc = start_exporter(tmp_path, server.url, port, "--min-interval", "0")
     try:
-        assert wait_until(lambda: _up(port), timeout=30, interval=0.2)[
-            "celery_debounce_store_up"] == 1
+        assert (
+            wait_until(lambda: _up(port), timeout=30, interval=0.2)["celery_debounce_store_up"] == 1
+        )
         redis_port = server.port
         server.cleanup()
         down = scrape(port)
@@ -146,8 +175,7 @@ def test_the_exporter_keeps_answering_while_redis_is_down(tmp_path: Path) -> Non
         assert "celery_debounce_open_windows" not in down  # no made-up value
         assert down["celery_debounce_exporter_read_errors_total"] >= 1
         server = LocalRedis(port=redis_port).start()
-        wait_until(lambda: scrape(port)["celery_debounce_store_up"] == 1, timeout=15,
-                   interval=0.3)
+        wait_until(lambda: scrape(port)["celery_debounce_store_up"] == 1, timeout=15, interval=0.3)
     finally:
         stop_process(proc)
         server.cleanup()
@@ -181,8 +209,13 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
 ) -> None:
     app = app_factory(debounce_shards=3)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def work(user: int) -> None:
         pass
 
@@ -197,13 +230,13 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
         # INFO commandstats itself is one command
         costs.append(_commands(redis_client) - before - 1)
         redis_client.flushdb()
-    assert costs == [1 + WindowStore.SNAPSHOT_COMMANDS * 3] * 2, costs
+    assert costs == [1 + SNAPSHOT_COMMANDS * 3] * 2, costs
     # scrapes within min_interval (as from several Prometheus servers) share one reading
     shared = exporter_registry(app, min_interval=60)
     before = _commands(redis_client)
     for _ in range(5):
         assert shared.get_sample_value("celery_debounce_store_up") == 1
-    assert _commands(redis_client) - before - 1 == 1 + WindowStore.SNAPSHOT_COMMANDS * 3
+    assert _commands(redis_client) - before - 1 == 1 + SNAPSHOT_COMMANDS * 3
     assert shared.get_sample_value("celery_debounce_exporter_reads_total") == 1
 
 

@@ -49,8 +49,13 @@ def test_enable_twice_returns_the_same_metrics_and_counts_each_call_once(
         metrics.enable(other).disable()
         app = make_app(redis_server)
 
-        @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-                  debounce_key="{0}")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_key="{0}",
+        )
         def twice(k: str) -> None:
             pass
 
@@ -72,8 +77,10 @@ def test_enable_twice_on_the_global_registry_does_not_raise() -> None:
     first = metrics.enable()
     try:
         assert metrics.enable() is first
-        assert REGISTRY.get_sample_value("celery_debounce_windows_opened_total",
-                                         {"task": "never"}) is None
+        assert (
+            REGISTRY.get_sample_value("celery_debounce_windows_opened_total", {"task": "never"})
+            is None
+        )
     finally:
         first.disable()
 
@@ -96,8 +103,7 @@ def test_a_call_redis_does_not_answer_is_counted_by_error_and_timed(
                 lost.delay()
     finally:
         server.cleanup()
-    assert sample(registry, "call_errors_total", task=lost.name,
-                  error="DebounceBackendError") == 2
+    assert sample(registry, "call_errors_total", task=lost.name, error="DebounceBackendError") == 2
     assert sample(registry, "call_duration_seconds_count", task=lost.name) == 3
     assert sample(registry, "windows_opened_total", task=lost.name) == 1
 
@@ -107,11 +113,20 @@ def test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures(
 ) -> None:
     broker = LocalRedis().start()
     try:
-        app = make_app(redis_server, broker_url=f"{broker.url}/1",
-                       broker_connection_timeout=1, broker_connection_max_retries=0)
+        app = make_app(
+            redis_server,
+            broker_url=f"{broker.url}/1",
+            broker_connection_timeout=1,
+            broker_connection_max_retries=0,
+        )
 
-        @app.task(base=DebouncedTask, shared=False, debounce="1ms", debounce_max_wait="1ms",
-                  debounce_key="{0}")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            debounce="1ms",
+            debounce_max_wait="1ms",
+            debounce_key="{0}",
+        )
         def held(n: int) -> None:
             pass
 
@@ -126,8 +141,7 @@ def test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures(
         assert sample(registry, "publish_failures_total", task=held.name, kind="message") == 0
         broker = LocalRedis(port=port).start()
         wait_until(lambda: dispatcher.dispatch_once()[0], timeout=10, interval=0.2)
-        assert sample(registry, "windows_quarantined_total", task=held.name,
-                      kind="message") == 0
+        assert sample(registry, "windows_quarantined_total", task=held.name, kind="message") == 0
     finally:
         broker.cleanup()
 
@@ -137,15 +151,19 @@ def test_a_window_whose_message_cannot_be_built_is_counted_as_quarantined_by_kin
 ) -> None:
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1ms", debounce_max_wait="1ms",
-              debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        debounce_key="{0}",
+    )
     def spoilt(k: str) -> None:
         pass
 
     spoilt.delay("bad")
     spoilt.delay("good")
-    redis_client.hset(f"debounce:{{0}}:open:{window_ident(spoilt.name, 'bad')}", "p",
-                      b"{not json")
+    redis_client.hset(f"debounce:{{0}}:open:{window_ident(spoilt.name, 'bad')}", "p", b"{not json")
     time.sleep(0.01)
     assert Dispatcher(app).dispatch_once()[0] == 1
     assert sample(registry, "windows_quarantined_total", task=spoilt.name, kind="message") == 1
@@ -156,12 +174,14 @@ def _commands(client: redis.Redis) -> dict[str, int]:
     return {name: row["calls"] for name, row in client.info("commandstats").items()}
 
 
-def test_metrics_add_no_redis_command_to_a_call(redis_server: str,
-                                               redis_client: redis.Redis) -> None:
+def test_metrics_add_no_redis_command_to_a_call(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
+    )
     def counted(k: int) -> None:
         pass
 

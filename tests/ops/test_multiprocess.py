@@ -87,14 +87,22 @@ def counted(port: int, name: str, **labels: str) -> float:
             text = reply.read().decode()
     except OSError:
         return -1.0
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def _env(tmp_path: Path, redis_server: str, port: int, multiproc: Path | None) -> dict[str, str]:
     (tmp_path / "mpapp.py").write_text(APP)
-    env = {**os.environ, "MPAPP_REDIS": redis_server, "MPAPP_METRICS_PORT": str(port),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MPAPP_REDIS": redis_server,
+        "MPAPP_METRICS_PORT": str(port),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("prometheus_multiproc_dir", None)
     if multiproc is not None:
@@ -111,27 +119,59 @@ def test_a_delay_inside_a_task_on_a_prefork_worker_is_counted(
     port = free_port()
     env = _env(tmp_path, redis_server, port, tmp_path / "prom" if multiprocess else None)
     worker = subprocess.Popen(
-        [CELERY, "-A", "mpapp", "worker", "-P", "prefork", "-c", "2", "-l", "warning",
-         "-n", "mpworker@%h"], cwd=tmp_path, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            CELERY,
+            "-A",
+            "mpapp",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "2",
+            "-l",
+            "warning",
+            "-n",
+            "mpworker@%h",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     calls = 12
     try:
-        wait_until(lambda: counted(port, "celery_debounce_windows_opened_total") >= 0,
-                   timeout=60, interval=0.3)
+        wait_until(
+            lambda: counted(port, "celery_debounce_windows_opened_total") >= 0,
+            timeout=60,
+            interval=0.3,
+        )
         sender = subprocess.run(
-            [sys.executable, "-c", "import mpapp\n"
-             f"rs = [mpapp.outer.delay(f'c{{i}}') for i in range({calls})]\n"
-             "print(len({r.get(timeout=60) for r in rs}))"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "import mpapp\n"
+                f"rs = [mpapp.outer.delay(f'c{{i}}') for i in range({calls})]\n"
+                "print(len({r.get(timeout=60) for r in rs}))",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert sender.returncode == 0, sender.stderr
         assert sender.stdout.strip() in {"1", "2"}  # pool children ran them
         # the runs of the inner windows were dispatched by the main process's dispatcher
-        wait_until(lambda: counted(port, "celery_debounce_windows_dispatched_total",
-                                   task="mpapp.inner") == calls, timeout=30, interval=0.3)
-        opened = counted(port, "celery_debounce_calls_total", task="mpapp.inner",
-                         outcome="opened")
-        timed = counted(port, "celery_debounce_call_duration_seconds_count",
-                        task="mpapp.inner")
+        wait_until(
+            lambda: (
+                counted(port, "celery_debounce_windows_dispatched_total", task="mpapp.inner")
+                == calls
+            ),
+            timeout=30,
+            interval=0.3,
+        )
+        opened = counted(port, "celery_debounce_calls_total", task="mpapp.inner", outcome="opened")
+        timed = counted(port, "celery_debounce_call_duration_seconds_count", task="mpapp.inner")
     finally:
         stop_process(worker)
     if multiprocess:
@@ -148,13 +188,18 @@ def test_calls_of_preforked_producers_are_counted_by_the_master(
     env = _env(tmp_path, redis_server, port, tmp_path / "prom")
     master = subprocess.Popen(
         [sys.executable, "-c", "import mpapp; mpapp.preforked_producers(3, 7)"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert master.stdout is not None
         assert master.stdout.readline().strip() == "done"
         assert counted(port, "celery_debounce_windows_opened_total", task="mpapp.inner") == 21
-        assert counted(port, "celery_debounce_call_duration_seconds_count",
-                       task="mpapp.inner") == 21
+        assert (
+            counted(port, "celery_debounce_call_duration_seconds_count", task="mpapp.inner") == 21
+        )
     finally:
         stop_process(master)
 
@@ -167,24 +212,62 @@ def test_two_nodes_sharing_a_directory_are_served_by_one(
     every task (it alone consumes their queue); w1's /metrics counts w2's children."""
     port = free_port()
     env = {**_env(tmp_path, redis_server, port, tmp_path / "prom"), "MPAPP_SERVING_NODE": "w1"}
-    nodes = [subprocess.Popen(
-        [CELERY, "-A", "mpapp", "worker", "-P", "prefork", "-c", "1", "-l", "warning",
-         "-n", f"{node}@%h", "-Q", queue], cwd=tmp_path, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for node, queue in (("w1", "celery"), ("w2", "only-w2"))]
+    nodes = [
+        subprocess.Popen(
+            [
+                CELERY,
+                "-A",
+                "mpapp",
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                "1",
+                "-l",
+                "warning",
+                "-n",
+                f"{node}@%h",
+                "-Q",
+                queue,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for node, queue in (("w1", "celery"), ("w2", "only-w2"))
+    ]
     calls = 6
     try:
-        wait_until(lambda: counted(port, "celery_debounce_windows_opened_total") >= 0,
-                   timeout=60, interval=0.3)
+        wait_until(
+            lambda: counted(port, "celery_debounce_windows_opened_total") >= 0,
+            timeout=60,
+            interval=0.3,
+        )
         sender = subprocess.run(
-            [sys.executable, "-c", "import mpapp\n"
-             f"rs = [mpapp.outer.apply_async((f'n{{i}}',), queue='only-w2') "
-             f"for i in range({calls})]\n"
-             "print([r.get(timeout=60) for r in rs])"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "import mpapp\n"
+                f"rs = [mpapp.outer.apply_async((f'n{{i}}',), queue='only-w2') "
+                f"for i in range({calls})]\n"
+                "print([r.get(timeout=60) for r in rs])",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert sender.returncode == 0, sender.stderr
-        wait_until(lambda: counted(port, "celery_debounce_calls_total", task="mpapp.inner",
-                                   outcome="opened") == calls, timeout=30, interval=0.3)
+        wait_until(
+            lambda: (
+                counted(port, "celery_debounce_calls_total", task="mpapp.inner", outcome="opened")
+                == calls
+            ),
+            timeout=30,
+            interval=0.3,
+        )
     finally:
         for node in nodes:
             stop_process(node)

@@ -23,17 +23,32 @@ from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.admin import DebounceAdmin
 
 TESTS = Path(__file__).parents[1]
-JSON_FIELDS = {"task", "key", "task_id", "state", "first_seen", "deadline", "max_wait_at",
-               "calls", "shard", "error", "forced_by_max_wait"}
-
-
+JSON_FIELDS = {
+    "task",
+    "key",
+    "task_id",
+    "state",
+    "first_seen",
+    "deadline",
+    "max_wait_at",
+    "calls",
+    "shard",
+    "error",
+    "forced_by_max_wait",
+}
 
 
 def celery_subprocess(redis_server: str, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
     """The real ``celery`` entry point in a child process, tests/ on PYTHONPATH."""
     env = {**os.environ, "PYTHONPATH": str(TESTS), "DEBOUNCE_OPS_REDIS": redis_server}
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "ops_app", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "ops_app", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def state_of(ops: ModuleType, task_id: str) -> str | None:
@@ -71,8 +86,9 @@ def test_inspect_filters_sort_and_json_shape(ops: ModuleType) -> None:
     assert [r["key"] for r in by_task] == ["orders"]
     globbed = json.loads(cli("inspect", "--match", "user:u?", "--json").output)
     assert sorted(r["key"] for r in globbed) == ["user:u1", "user:u2"]
-    sets = json.loads(cli("inspect", "--task", "ops.report", "--match", "user:[!u]*",
-                          "--json").output)
+    sets = json.loads(
+        cli("inspect", "--task", "ops.report", "--match", "user:[!u]*", "--json").output
+    )
     assert [r["key"] for r in sets] == ["user:admin"]
     limited = json.loads(cli("inspect", "--limit", "2", "--json").output)
     assert [r["key"] for r in limited] == [r["key"] for r in rows[:2]]
@@ -100,9 +116,13 @@ def test_inspect_limit_walks_past_other_tasks_in_deadline_order(ops: ModuleType)
 def test_bad_options_are_usage_errors(ops: ModuleType) -> None:
     assert cli("inspect", "--state", "nope").exit_code == 2
     assert cli("inspect", "--limit", "0").exit_code == 2
-    for args in (("flush",), ("flush", "--task", "ops.report"), ("flush", "--key", "k"),
-                 ("cancel", "--id", "x", "--all"), ("cancel", "--task", "t", "--key", "k",
-                                                    "--all")):
+    for args in (
+        ("flush",),
+        ("flush", "--task", "ops.report"),
+        ("flush", "--key", "k"),
+        ("cancel", "--id", "x", "--all"),
+        ("cancel", "--task", "t", "--key", "k", "--all"),
+    ):
         result = cli(*args)
         assert result.exit_code == 2, (args, result.output)
         assert "Error:" in result.output
@@ -340,8 +360,17 @@ def test_celery_beat_with_the_debounce_scheduler_dispatches(
     ops: ModuleType, redis_server: str, tmp_path: Path
 ) -> None:
     """``celery beat -S debounce`` (the entry point alias) publishes a due window."""
-    proc = celery_subprocess(redis_server, "beat", "-S", "debounce", "-s",
-                             str(tmp_path / "schedule"), "-l", "info", cwd=tmp_path)
+    proc = celery_subprocess(
+        redis_server,
+        "beat",
+        "-S",
+        "debounce",
+        "-s",
+        str(tmp_path / "schedule"),
+        "-l",
+        "info",
+        cwd=tmp_path,
+    )
     try:
         result = ops.quick.delay("beat")
         wait_until(lambda: state_of(ops, result.id) == "queued", timeout=30)
@@ -382,6 +411,7 @@ def test_signals_fire_with_task_key_and_lateness(ops: ModuleType) -> None:
         def on(sender: str, **kwargs: Any) -> None:
             kwargs.pop("signal", None)
             seen.append((name, sender, kwargs))
+
         return on
 
     pairs = [(getattr(signals, n), receiver(n)) for n in signals.__all__]
@@ -398,9 +428,14 @@ def test_signals_fire_with_task_key_and_lateness(ops: ModuleType) -> None:
         for sig, rec in pairs:
             sig.disconnect(rec)
     names = [(name, sender) for name, sender, _ in seen]
-    assert names == [("window_opened", "ops.tick"), ("call_absorbed", "ops.tick"),
-                     ("window_opened", "ops.sync"), ("window_cancelled", "ops.sync"),
-                     ("window_dispatched", "ops.tick"), ("window_forced_by_max_wait", "ops.tick")]
+    assert names == [
+        ("window_opened", "ops.tick"),
+        ("call_absorbed", "ops.tick"),
+        ("window_opened", "ops.sync"),
+        ("window_cancelled", "ops.sync"),
+        ("window_dispatched", "ops.tick"),
+        ("window_forced_by_max_wait", "ops.tick"),
+    ]
     opened, absorbed = seen[0][2], seen[1][2]
     assert opened["task_id"] == opener.id and opened["key"] == "s" and opened["calls"] == 1
     assert absorbed["calls"] == 2

@@ -42,8 +42,9 @@ def _hammer(client: redis.Redis, stop: threading.Event, done: list[int]) -> None
 
 def test_stats_reset_loses_no_increment(redis_server: str, redis_client: redis.Redis) -> None:
     stop, done = threading.Event(), [0]
-    thread = threading.Thread(target=_hammer, args=(redis.Redis.from_url(f"{redis_server}/0"),
-                                                   stop, done))
+    thread = threading.Thread(
+        target=_hammer, args=(redis.Redis.from_url(f"{redis_server}/0"), stop, done)
+    )
     thread.start()
     printed = 0
     try:
@@ -98,9 +99,13 @@ def test_a_standalone_dispatcher_warns_about_an_evicting_redis(
     env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server, "PYTHONPATH": str(HERE)}
     log = tmp_path / "dispatch.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "cli_app", "debounce",
-                                 "dispatch"], env=env, cwd=HERE, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "dispatch"],
+            env=env,
+            cwd=HERE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_until(lambda: "maxmemory-policy allkeys-lru" in log.read_text(), timeout=30)
     finally:
@@ -112,19 +117,28 @@ def test_a_standalone_dispatcher_warns_about_an_evicting_redis(
 def test_a_refused_config_get_is_unknown_never_an_error(
     redis_server: str, redis_client: redis.Redis
 ) -> None:
-    redis_client.execute_command("ACL", "SETUSER", "nocfg", "reset", "on", ">pw", "~*", "&*",
-                                 "+@all", "-config")
+    redis_client.execute_command(
+        "ACL", "SETUSER", "nocfg", "reset", "on", ">pw", "~*", "&*", "+@all", "-config"
+    )
     try:
         host_port = redis_server.split("://", 1)[1]
         client = redis.Redis.from_url(f"redis://nocfg:pw@{host_port}/0")
         assert maxmemory_policy(client) == "unknown"
         assert maxmemory_policy(redis.Redis.from_url(f"{redis_server}/0")) == "noeviction"
         # the real CLI in a fresh process, as that user
-        env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": f"redis://nocfg:pw@{host_port}",
-               "PYTHONPATH": str(HERE)}
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "cli_app", "debounce",
-                              "stats"], capture_output=True, text=True, env=env, timeout=60,
-                             cwd=HERE)
+        env = {
+            **os.environ,
+            "DEBOUNCE_TEST_REDIS_URL": f"redis://nocfg:pw@{host_port}",
+            "PYTHONPATH": str(HERE),
+        }
+        out = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "stats"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=HERE,
+        )
         assert out.returncode == 0, out.stderr
         assert "maxmemory-policy: unknown" in out.stdout
     finally:

@@ -24,8 +24,15 @@ from celery_debounce.worker import ceiling
 def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
     """A window of an exclusive task held behind a (hand-made) queued run of its key."""
 
-    @app.task(base=DebouncedTask, shared=False, name="sig.ex", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="sig.ex",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k",
+        debounce_exclusive=True,
+    )
     def ex() -> None:
         pass
 
@@ -40,7 +47,8 @@ def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
 
 
 def test_inspect_shows_a_held_window_as_after_its_runner_ends(
-        app: Celery, redis_client: redis.Redis) -> None:
+    app: Celery, redis_client: redis.Redis
+) -> None:
     _hold_one(app, redis_client)
     windows = DebounceAdmin(app).windows()
     assert [w.waits_for for w in windows] == ["the-run"]
@@ -50,7 +58,8 @@ def test_inspect_shows_a_held_window_as_after_its_runner_ends(
 
 
 def test_the_exporter_gauges_held_windows_and_the_longest_hold(
-        app: Celery, redis_client: redis.Redis) -> None:
+    app: Celery, redis_client: redis.Redis
+) -> None:
     registry = CollectorRegistry()
     metrics.enable_store_gauges(app, registry=registry)
     assert registry.get_sample_value("celery_debounce_held_windows") == 0
@@ -64,15 +73,23 @@ def test_the_exporter_gauges_held_windows_and_the_longest_hold(
 
 
 def test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation(
-        app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch) -> None:
+    app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A debounce_exclusive window's ceiling is its own or the end of the run it was
     held behind, whichever is later: held past its own, its run is on time."""
     monkeypatch.setattr(ceiling, "MAX_WAIT_TOLERANCE_S", 0.2)
     app = app_factory(debounce_poll_interval=0.05)
     started = threading.Event()
 
-    @app.task(base=DebouncedTask, shared=False, name="sig.exclusive", debounce="50ms",
-              debounce_max_wait="100ms", debounce_key="k", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="sig.exclusive",
+        debounce="50ms",
+        debounce_max_wait="100ms",
+        debounce_key="k",
+        debounce_exclusive=True,
+    )
     def exclusive(x: int) -> int:
         started.set()
         time.sleep(0.8 if x == 1 else 0)  # the second window is held behind this run
@@ -86,35 +103,58 @@ def test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation(
             assert started.wait(10)
             second = exclusive.delay(2)  # due in 50 ms, held about 0.7 s: past its own
             assert first.get(timeout=20) == 1 and second.get(timeout=20) == 2
-        assert registry.get_sample_value("celery_debounce_windows_held_total",
-                                         {"task": "sig.exclusive"}) == 1  # it was held
-        assert registry.get_sample_value("celery_debounce_max_wait_violations_total",
-                                         {"task": "sig.exclusive"}) in (None, 0.0)
+        assert (
+            registry.get_sample_value(
+                "celery_debounce_windows_held_total", {"task": "sig.exclusive"}
+            )
+            == 1
+        )  # it was held
+        assert registry.get_sample_value(
+            "celery_debounce_max_wait_violations_total", {"task": "sig.exclusive"}
+        ) in (None, 0.0)
     finally:
         enabled.disable()
 
 
 def test_a_run_past_its_ceiling_counts_one_max_wait_violation(
-        app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch) -> None:
+    app_factory: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ceiling, "MAX_WAIT_TOLERANCE_S", 0.2)
     app = app_factory(debounce_poll_interval=0.05)
 
-    @app.task(base=DebouncedTask, shared=False, name="sig.late", debounce="50ms",
-              debounce_max_wait="100ms", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="sig.late",
+        debounce="50ms",
+        debounce_max_wait="100ms",
+        debounce_key="{0}",
+    )
     def late(x: int) -> int:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="sig.on_time", debounce="50ms",
-              debounce_max_wait="30s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="sig.on_time",
+        debounce="50ms",
+        debounce_max_wait="30s",
+        debounce_key="{0}",
+    )
     def on_time(x: int) -> int:
         return x
 
     registry = CollectorRegistry()
     enabled = metrics.enable(registry)
     try:
+
         def count(task: str = "sig.late") -> float:
-            return registry.get_sample_value("celery_debounce_max_wait_violations_total",
-                                             {"task": task}) or 0.0
+            return (
+                registry.get_sample_value(
+                    "celery_debounce_max_wait_violations_total", {"task": task}
+                )
+                or 0.0
+            )
 
         first = late.delay(1)  # no dispatcher yet: its run starts well past its ceiling
         time.sleep(0.6)

@@ -21,8 +21,12 @@ def test_forced_metric_counts_windows_whose_first_publish_failed(
     registry = CollectorRegistry()
     enabled = metrics.enable(registry)
     try:
-        app: Celery = make_app(redis_server, broker_url=f"{broker.url}/1",
-                               broker_connection_timeout=1, broker_connection_max_retries=0)
+        app: Celery = make_app(
+            redis_server,
+            broker_url=f"{broker.url}/1",
+            broker_connection_timeout=1,
+            broker_connection_max_retries=0,
+        )
 
         @app.task(base=DebouncedTask, shared=False, debounce="1ms", debounce_max_wait="1ms")
         def forced(n: int) -> None:
@@ -42,8 +46,10 @@ def test_forced_metric_counts_windows_whose_first_publish_failed(
         wait_until(lambda: dispatcher.dispatch_once()[0], timeout=10, interval=0.2)
 
         def value(name: str) -> float:
-            return registry.get_sample_value(
-                f"celery_debounce_{name}_total", {"task": forced.name}) or 0.0
+            return (
+                registry.get_sample_value(f"celery_debounce_{name}_total", {"task": forced.name})
+                or 0.0
+            )
 
         stats = DebounceAdmin(app).stats().tasks[forced.name]
         assert stats.runs == 4 and stats.forced == 4

@@ -91,8 +91,11 @@ def worker(topapp: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
     """A real `celery worker` (solo pool, embedded dispatcher) named topworker."""
     proc = subprocess.Popen(
         [CELERY, "-A", "topapp", "worker", "-P", "solo", "-l", "warning", "-n", "topworker@%h"],
-        cwd=topapp["dir"], env=topapp["env"], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        cwd=topapp["dir"],
+        env=topapp["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     yield proc
     stop_process(proc)
 
@@ -107,8 +110,13 @@ class Tmux:
         self.env = env
 
     def tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True,
-                              capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
 
     def start(self, name: str, command: str) -> None:
         """Run ``command`` in a new pane. A bash wrapper records its exit status in a
@@ -116,22 +124,49 @@ class Tmux:
         ``pane_dead`` is not a reliable signal."""
         wrapper = self.cwd / "run-in-pane.sh"
         if not wrapper.exists():  # written once: bash reads a running script as it goes
-            wrapper.write_text('#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
-                               'echo "[exited with status $status]"\nsleep 30\n')
-        exports = " ".join(f"{k}={v}" for k, v in (
-            ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]), ("PYTHONPATH", self.env["PYTHONPATH"])))
-        shell = (f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
-                 f"{self.cwd / (name + '.status')} {command}")
+            wrapper.write_text(
+                '#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
+                'echo "[exited with status $status]"\nsleep 30\n'
+            )
+        exports = " ".join(
+            f"{k}={v}"
+            for k, v in (
+                ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]),
+                ("PYTHONPATH", self.env["PYTHONPATH"]),
+            )
+        )
+        shell = (
+            f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
+            f"{self.cwd / (name + '.status')} {command}"
+        )
         if self._running():
             pane = self.tmux("new-window", "-P", "-F", "#{pane_id}", "-t", "top", shell)
         else:
-            pane = self.tmux("new-session", "-d", "-P", "-F", "#{pane_id}", "-s", "top",
-                             "-x", "160", "-y", "50", shell)
+            pane = self.tmux(
+                "new-session",
+                "-d",
+                "-P",
+                "-F",
+                "#{pane_id}",
+                "-s",
+                "top",
+                "-x",
+                "160",
+                "-y",
+                "50",
+                shell,
+            )
         self.panes[name] = pane.strip()
 
     def _running(self) -> bool:
-        return subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", "top"],
-                              capture_output=True, timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                ["tmux", "-L", self.socket, "has-session", "-t", "top"],
+                capture_output=True,
+                timeout=10,
+            ).returncode
+            == 0
+        )
 
     def screen(self, name: str) -> str:
         return self.tmux("capture-pane", "-p", "-t", self.panes[name])
@@ -152,8 +187,11 @@ class Tmux:
         except AssertionError:
             raise AssertionError(f"{keys} did not end top:\n{self.screen(name)}") from None
         # what the user sees: the terminal is back, the view gone
-        screen = wait_until(lambda: "[exited with status" in self.screen(name) and
-                            self.screen(name), timeout=10, interval=0.2)
+        screen = wait_until(
+            lambda: "[exited with status" in self.screen(name) and self.screen(name),
+            timeout=10,
+            interval=0.2,
+        )
         assert "open windows" not in screen and "Traceback" not in screen, screen
         return status
 
@@ -167,24 +205,31 @@ def number(pattern: str, screen: str) -> float | None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
-                    "(scripts/ensure-observability.sh installs it)")
+@pytest.mark.skipif(
+    shutil.which("tmux") is None,
+    reason="tmux is not installed (scripts/ensure-observability.sh installs it)",
+)
 def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
     topapp: dict[str, Any], worker: subprocess.Popen[bytes], redis_client: redis.Redis
 ) -> None:
     opener = "import topapp\nfor name in 'abc': topapp.nightly.delay(name)\n"
-    subprocess.run([sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"],
-                   check=True, timeout=60)
-    producer = subprocess.Popen([sys.executable, "-c", "import topapp; topapp.stream(40)"],
-                                cwd=topapp["dir"], env=topapp["env"])
+    subprocess.run(
+        [sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"], check=True, timeout=60
+    )
+    producer = subprocess.Popen(
+        [sys.executable, "-c", "import topapp; topapp.stream(40)"],
+        cwd=topapp["dir"],
+        env=topapp["env"],
+    )
     tmux = Tmux(topapp["dir"], topapp["env"])
     try:
         tmux.start("q", f"{CELERY} -A topapp debounce top -i 0.5")
         tmux.start("ctrlc", f"{CELERY} -A topapp debounce top -i 0.5")
         tmux.start("side", f"{CELERY} -A topapp debounce dispatch -n side-1")
         # a terminal of 14 rows (the pane's tty told so; curses reads that size)
-        tmux.start("short", f"bash -c 'stty rows 14 cols 160; exec {CELERY} -A topapp "
-                            "debounce top -i 0.5'")
+        tmux.start(
+            "short", f"bash -c 'stty rows 14 cols 160; exec {CELERY} -A topapp debounce top -i 0.5'"
+        )
 
         def settled() -> str | None:
             screen = tmux.screen("q")
@@ -192,15 +237,24 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
             runs = number(r"runs/s out ([\d,.]+)", screen)
             ratio = number(r"coalescing ([\d.]+) calls/run", screen)
             forced = number(r"forced by max wait ([\d,]+)", screen)
-            ok = (calls and runs and ratio and ratio > 3 and forced
-                  and "worker-topworker@" in screen and "side-1" in screen and "<=" in screen)
+            ok = (
+                calls
+                and runs
+                and ratio
+                and ratio > 3
+                and forced
+                and "worker-topworker@" in screen
+                and "side-1" in screen
+                and "<=" in screen
+            )
             return screen if ok else None
 
         try:  # four celery processes starting on a loaded 2-core machine: 60 s
             screen = wait_until(settled, timeout=60, interval=0.5)
         except AssertionError:
-            raise AssertionError(tmux.screen("q") + "\n--- side pane:\n"
-                                 + tmux.screen("side")) from None
+            raise AssertionError(
+                tmux.screen("q") + "\n--- side pane:\n" + tmux.screen("side")
+            ) from None
         # What a user reads: calls in outnumber runs out, the hot key leads the table,
         # the worker's dispatcher took a batch moments ago, nothing is quarantined.
         assert number(r"calls/s in ([\d,.]+)", screen) > number(r"runs/s out ([\d,.]+)", screen)
@@ -228,8 +282,11 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
 
         # A short terminal names the sections it cannot show.
         try:
-            short = wait_until(lambda: "do not fit" in tmux.screen("short") and
-                               tmux.screen("short"), timeout=10, interval=0.3)
+            short = wait_until(
+                lambda: "do not fit" in tmux.screen("short") and tmux.screen("short"),
+                timeout=10,
+                interval=0.3,
+            )
         except AssertionError:
             raise AssertionError(tmux.screen("short")) from None
         assert re.search(r"-- \d+ more line\(s\) \(.*DISPATCHER.*\) do not fit", short), short
@@ -239,8 +296,9 @@ def test_top_under_tmux_shows_the_stream_and_quits_on_q_or_ctrl_c(
         if os.environ.get("TOP_SCREEN_OUT"):  # docs/monitoring.md's sample
             Path(os.environ["TOP_SCREEN_OUT"]).write_text(tmux.screen("q"))
         tmux.keys("side", "C-c")
-        wait_until(lambda: re.search(r"side-1\s+stopped \d", tmux.screen("q")), timeout=15,
-                   interval=0.3)
+        wait_until(
+            lambda: re.search(r"side-1\s+stopped \d", tmux.screen("q")), timeout=15, interval=0.3
+        )
 
         # An operator sets a window aside: top shows it at the next refresh.
         redis_client.zadd("debounce:{0}:quarantine", {"set-aside-id": 1})
@@ -263,11 +321,17 @@ def test_plain_printout_when_stdout_is_not_a_terminal(
         "for user in 'abcdefga':\n"
         "    topapp.touch.apply_async((user,), debounce='1h', debounce_max_wait='2h')\n"
     )
-    subprocess.run([sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"],
-                   check=True, timeout=60)
-    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
-                          cwd=topapp["dir"], env=topapp["env"], capture_output=True,
-                          text=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", opener], cwd=topapp["dir"], env=topapp["env"], check=True, timeout=60
+    )
+    done = subprocess.run(
+        [CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
+        cwd=topapp["dir"],
+        env=topapp["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "\x1b" not in out  # no terminal control sequences in a pipe
@@ -302,37 +366,65 @@ def test_top_shows_held_windows_and_the_run_each_waits_for(topapp: dict[str, Any
     """A debounce_exclusive window due while its key's run is in progress (here queued in
     the broker: no worker runs) is held: top counts it, lists it with what it waits for,
     and says so in its JSON too."""
-    done = subprocess.run([sys.executable, "-c", HOLD], cwd=topapp["dir"], env=topapp["env"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", HOLD],
+        cwd=topapp["dir"],
+        env=topapp["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     first = done.stdout.strip()
-    plain = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "1"],
-                           cwd=topapp["dir"], env=topapp["env"], capture_output=True,
-                           text=True, timeout=60)
+    plain = subprocess.run(
+        [CELERY, "-A", "topapp", "debounce", "top", "-n", "1"],
+        cwd=topapp["dir"],
+        env=topapp["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert plain.returncode == 0, plain.stderr
     out = plain.stdout
     assert re.search(r"in flight 1\s+held 1\s+quarantined 0", out), out
     table = out.split("HELD WINDOWS (task key)")[1].splitlines()
     assert re.match(rf"topapp\.report weekly\s+\S+ ago\s+{first}\s+queued$", table[1]), out
-    as_json = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-j", "-n", "1"],
-                             cwd=topapp["dir"], env=topapp["env"], capture_output=True,
-                             text=True, timeout=60)
+    as_json = subprocess.run(
+        [CELERY, "-A", "topapp", "debounce", "top", "-j", "-n", "1"],
+        cwd=topapp["dir"],
+        env=topapp["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert as_json.returncode == 0, as_json.stderr
     reading = json.loads(as_json.stdout.splitlines()[0])
     assert reading["held"] == 1
     (held,) = reading["held_windows"]
     assert (held["ident"], held["waits_for"], held["waits_for_state"]) == (
-        window_ident("topapp.report", "weekly"), first, "queued")
+        window_ident("topapp.report", "weekly"),
+        first,
+        "queued",
+    )
     assert held["held_since"] <= reading["at"]
 
 
 def test_top_reports_an_unreachable_redis_within_seconds(tmp_path: Path) -> None:
     (tmp_path / "topapp.py").write_text(APP)
-    env = {**os.environ, "TOPAPP_REDIS": f"redis://127.0.0.1:{free_port()}",
-           "PYTHONPATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "TOPAPP_REDIS": f"redis://127.0.0.1:{free_port()}",
+        "PYTHONPATH": str(tmp_path),
+    }
     start = time.monotonic()
-    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert time.monotonic() - start < 30
     assert done.returncode == 1
     assert done.stdout.count("!! debounce Redis unreachable during top") == 2
@@ -342,8 +434,11 @@ def test_top_reports_an_unreachable_redis_within_seconds(tmp_path: Path) -> None
 
 def _commands(client: redis.Redis) -> int:
     stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items()
-               if not k.startswith(("cmdstat_info", "cmdstat_config")))
+    return sum(
+        int(v["calls"])
+        for k, v in stats.items()
+        if not k.startswith(("cmdstat_info", "cmdstat_config"))
+    )
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -352,8 +447,13 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
 ) -> None:
     app = app_factory(debounce_shards=shards)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def work(user: int) -> None:
         pass
 
@@ -376,8 +476,13 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
 ) -> None:
     app = app_factory(debounce_history_ttl="30s")
 
-    @app.task(base=DebouncedTask, shared=False, debounce="10ms", debounce_max_wait="1s",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="10ms",
+        debounce_max_wait="1s",
+        debounce_key="u:{0}",
+    )
     def work(user: int) -> None:
         pass
 
@@ -388,8 +493,13 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
     # Without a name (tests, tools calling take without one) nothing is recorded.
     assert len(backend.take(0, 10).windows) == 10
     assert not redis_client.exists("debounce:{0}:hot", "debounce:{0}:dispatchers")
-    wait_until(lambda: Dispatcher(app, name="obs-1").dispatch_once()[0] == 0 and
-               not redis_client.zcard("debounce:{0}:due"), timeout=20)
+    wait_until(
+        lambda: (
+            Dispatcher(app, name="obs-1").dispatch_once()[0] == 0
+            and not redis_client.zcard("debounce:{0}:due")
+        ),
+        timeout=20,
+    )
     hot = redis_client.zrevrange("debounce:{0}:hot", 0, -1, withscores=True)
     assert len(hot) == HOT_KEYS_KEPT  # trimmed to the hottest
     ident = f"{len(work.name)}:{work.name}:u:149"
@@ -415,8 +525,9 @@ def _snap(at: float, runs: int, calls: int, buckets: dict[int, int], **extra: An
     row = TaskStats(task="t", runs=runs, calls=calls)
     for index, count in buckets.items():
         row.lateness_buckets[index] = count
-    fields: dict[str, Any] = dict(open=5, due=0, oldest_due_s=None, leased=0, active=0,
-                                  quarantined=0, hot={}, dispatchers={})
+    fields: dict[str, Any] = dict(
+        open=5, due=0, oldest_due_s=None, leased=0, active=0, quarantined=0, hot={}, dispatchers={}
+    )
     fields.update(extra)
     return Snapshot(at=at, tasks={"t": row}, **fields)
 
@@ -428,8 +539,14 @@ def test_last_minute_figures_come_from_counter_differences() -> None:
     history.add(_snap(1000.0, runs=1000, calls=1000, buckets={slow: 1000}))
     history.add(_snap(1070.0, runs=1000, calls=1000, buckets={slow: 1000}))
     for second in range(0, 61, 10):
-        history.add(_snap(1070.0 + second, runs=1000 + 2 * second, calls=1000 + 20 * second,
-                          buckets={slow: 1000, 0: 2 * second}))
+        history.add(
+            _snap(
+                1070.0 + second,
+                runs=1000 + 2 * second,
+                calls=1000 + 20 * second,
+                buckets={slow: 1000, 0: 2 * second},
+            )
+        )
     minute = history.rates(60)
     assert minute is not None and minute.runs == 120 and minute.calls == 1200
     assert minute.ratio == 10 and minute.lateness_ms(0.99) == 1.0  # the old slow ones are gone
@@ -440,14 +557,16 @@ def test_last_minute_figures_come_from_counter_differences() -> None:
     history.add(_snap(1140.0, runs=3, calls=3, buckets={0: 3}))
     assert history.rates(60) is None
     assert "rates after the second reading" in "\n".join(
-        line.text for line in render(history, "title"))
+        line.text for line in render(history, "title")
+    )
 
 
 def test_hot_keys_show_their_calls_of_the_last_minute_even_when_new() -> None:
     history = History()
     history.add(_snap(1000.0, runs=0, calls=0, buckets={}, hot={}))
-    history.add(_snap(1030.0, runs=10, calls=300, buckets={0: 10},
-                      hot={"1:t:hot": 290, "1:t:cold": 10}))
+    history.add(
+        _snap(1030.0, runs=10, calls=300, buckets={0: 10}, hot={"1:t:hot": 290, "1:t:cold": 10})
+    )
     text = "\n".join(line.text for line in render(history, "title"))
     hot = text.split("HOTTEST KEYS")[1].splitlines()[1:]
     rows = {line.split()[1]: line.split()[2:] for line in hot if line.startswith("t ")}
@@ -455,11 +574,16 @@ def test_hot_keys_show_their_calls_of_the_last_minute_even_when_new() -> None:
 
 
 def test_plain_printout_falls_back_to_ascii_where_the_output_cannot_encode_blocks(
-    topapp: dict[str, Any]
+    topapp: dict[str, Any],
 ) -> None:
     env = {**topapp["env"], "PYTHONIOENCODING": "ascii"}
-    done = subprocess.run([CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.3"],
-                          cwd=topapp["dir"], env=env, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [CELERY, "-A", "topapp", "debounce", "top", "-n", "2", "-i", "0.3"],
+        cwd=topapp["dir"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert re.search(rb"open windows 0 \(\+0 in \ds\)  __\n", done.stdout), done.stdout
 
@@ -482,9 +606,14 @@ def test_a_counter_that_goes_back_on_one_task_never_shows_a_negative_rate() -> N
 def test_a_short_screen_names_the_sections_it_cannot_show() -> None:
     from celery_debounce.ops.top import Line, fit
 
-    lines = [Line("title", True), *(Line(f"row {i}") for i in range(5)),
-             Line("HOTTEST KEYS (task key)  CALLS", True), Line("k"),
-             Line("DISPATCHER  STATUS", True), Line("worker-1")]
+    lines = [
+        Line("title", True),
+        *(Line(f"row {i}") for i in range(5)),
+        Line("HOTTEST KEYS (task key)  CALLS", True),
+        Line("k"),
+        Line("DISPATCHER  STATUS", True),
+        Line("worker-1"),
+    ]
     assert fit(lines, 20) == lines
     cut = fit(lines, 8)
     assert len(cut) == 7 and cut[:6] == lines[:6]
@@ -499,13 +628,23 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
 
     app = app_factory(debounce_shards=shards)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def work(user: int) -> None:
         pass
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{0}",
+    )
     def other(user: int) -> None:
         pass
 
@@ -525,8 +664,7 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
     assert int(stats["cmdstat_hmget"]["calls"]) <= refresh * shards * 2 * CENSUS_STEP
     assert refresh > 1  # a large store takes several refreshes: never one long scan
     assert view.census.open == {work.name: total, other.name: 1}
-    assert any(work.name in line.text and f"{total:,}" in line.text
-               for line in view.refresh())
+    assert any(work.name in line.text and f"{total:,}" in line.text for line in view.refresh())
 
 
 OPEN_WIDE_KEYS = """
@@ -537,10 +675,12 @@ for key in ("\u5831\u544a:42", "plain:42", "\U0001f389:1"):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed "
-                    "(scripts/ensure-observability.sh installs it)")
+@pytest.mark.skipif(
+    shutil.which("tmux") is None,
+    reason="tmux is not installed (scripts/ensure-observability.sh installs it)",
+)
 def test_the_cli_under_tmux_aligns_wide_keys_answers_json_and_hints_at_dash_a(
-    topapp: dict[str, Any]
+    topapp: dict[str, Any],
 ) -> None:
     """The CLI changes as a person meets them in a terminal: ``inspect`` keeps its
     columns aligned when keys hold CJK characters and emoji (two cells each), ``flush -j``
@@ -551,12 +691,14 @@ def test_the_cli_under_tmux_aligns_wide_keys_answers_json_and_hints_at_dash_a(
     try:
         tmux.start("open", f"{sys.executable} open_wide_keys.py")
         wait_until(lambda: tmux.status("open"), timeout=30, interval=0.2)
-        opened = [line.split() for line in tmux.screen("open").splitlines()
-                  if line.startswith("OPENED")]
+        opened = [
+            line.split() for line in tmux.screen("open").splitlines() if line.startswith("OPENED")
+        ]
         assert tmux.status("open") == "0" and len(opened) == 3, tmux.screen("open")
         tmux.start("inspect", f"{CELERY} -A topapp debounce inspect")
-        tmux.start("flush", f"{CELERY} -A topapp debounce flush -j --task topapp.nightly "
-                            "--key plain:42")
+        tmux.start(
+            "flush", f"{CELERY} -A topapp debounce flush -j --task topapp.nightly --key plain:42"
+        )
         tmux.start("ping", f"{CELERY} -A topapp debounce ping")
         tmux.start("noapp", f"{CELERY} debounce inspect")
         for name in ("inspect", "flush", "ping", "noapp"):
@@ -567,14 +709,17 @@ def test_the_cli_under_tmux_aligns_wide_keys_answers_json_and_hints_at_dash_a(
         screen = tmux.screen("inspect")
         assert tmux.status("inspect") == "0", screen
         # each task id starts in the same terminal cell, whatever the key's width
-        starts = {cell_width(line[: line.index(task_id)])
-                  for _, key, task_id in opened
-                  for line in screen.splitlines() if task_id in line}
+        starts = {
+            cell_width(line[: line.index(task_id)])
+            for _, key, task_id in opened
+            for line in screen.splitlines()
+            if task_id in line
+        }
         assert len(starts) == 1, screen
         assert all(key in screen for _, key, _ in opened), screen
         flushed = tmux.screen("flush")
         assert tmux.status("flush") == "0", flushed
-        text = flushed[flushed.index("{"): flushed.rindex("}") + 1]
+        text = flushed[flushed.index("{") : flushed.rindex("}") + 1]
         reply = json.loads(text)
         assert reply["flushed"] == 1 and reply["key"] == "plain:42", flushed
         assert tmux.status("ping") == "1", tmux.screen("ping")

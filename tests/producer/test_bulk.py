@@ -12,8 +12,13 @@ from celery_debounce.ops.read_view import list_windows
 
 
 def _task(app: Celery, runs: list[tuple[str, int]]) -> DebouncedTask:
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="acct:{account}",
-              debounce_max_wait="10s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="acct:{account}",
+        debounce_max_wait="10s",
+    )
     def sync(account: str, n: int = 0) -> int:
         runs.append((account, n))
         return n
@@ -104,18 +109,24 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
 
     broker = LocalRedis().start()
     try:
-        app = make_app(redis_server, broker_url=f"{broker.url}/1",
-                       broker_connection_timeout=1, broker_connection_max_retries=0)
+        app = make_app(
+            redis_server,
+            broker_url=f"{broker.url}/1",
+            broker_connection_timeout=1,
+            broker_connection_max_retries=0,
+        )
         sync = _task(app, [])
-        enqueue_many(sync, [((f"k{i}",), {}) for i in range(5)],
-                     debounce="1ms", debounce_max_wait="1ms")
+        enqueue_many(
+            sync, [((f"k{i}",), {}) for i in range(5)], debounce="1ms", debounce_max_wait="1ms"
+        )
         time.sleep(0.01)
         dispatcher = Dispatcher(app)
         assert dispatcher.dispatch_once()[0] == 5  # warm: the broker is up
         assert redis.Redis.from_url(f"{broker.url}/1").llen("celery") == 5
 
-        enqueue_many(sync, [((f"j{i}",), {}) for i in range(3)],
-                     debounce="1ms", debounce_max_wait="1ms")
+        enqueue_many(
+            sync, [((f"j{i}",), {}) for i in range(3)], debounce="1ms", debounce_max_wait="1ms"
+        )
         time.sleep(0.01)
         port = broker.port
         broker.cleanup()
@@ -168,10 +179,16 @@ def test_bulk_sends_the_same_signals_as_single_calls(app: Celery) -> None:
     finally:
         window_opened.disconnect(opened)
         call_absorbed.disconnect(absorbed)
-    assert single == [("opened", sync.name, "acct:a", 1), ("opened", sync.name, "acct:b", 1),
-                      ("absorbed", sync.name, "acct:a", 2)]
-    assert seen == [("opened", sync.name, "acct:c", 1), ("opened", sync.name, "acct:d", 1),
-                    ("absorbed", sync.name, "acct:c", 2)]
+    assert single == [
+        ("opened", sync.name, "acct:a", 1),
+        ("opened", sync.name, "acct:b", 1),
+        ("absorbed", sync.name, "acct:a", 2),
+    ]
+    assert seen == [
+        ("opened", sync.name, "acct:c", 1),
+        ("opened", sync.name, "acct:d", 1),
+        ("absorbed", sync.name, "acct:c", 2),
+    ]
 
 
 def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(

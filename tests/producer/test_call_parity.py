@@ -32,19 +32,41 @@ from hypothesis import strategies as st
 from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 
-_SIG = {"task": "parity.after", "args": [1], "kwargs": {}, "options": {}, "subtask_type": None,
-        "immutable": True}
+_SIG = {
+    "task": "parity.after",
+    "args": [1],
+    "kwargs": {},
+    "options": {},
+    "subtask_type": None,
+    "immutable": True,
+}
 
 VALUES: dict[str, list[Any]] = {
-    "expires": [None, 0, 60, -5, 2.5, True, math.nan, math.inf, -math.inf, 1e12, 1e300,
-                "2099-01-01T00:00:00+00:00", "2099-01-01", "garbage", "", [1],
-                datetime(2099, 1, 1, tzinfo=timezone.utc), datetime(2099, 1, 1)],
+    "expires": [
+        None,
+        0,
+        60,
+        -5,
+        2.5,
+        True,
+        math.nan,
+        math.inf,
+        -math.inf,
+        1e12,
+        1e300,
+        "2099-01-01T00:00:00+00:00",
+        "2099-01-01",
+        "garbage",
+        "",
+        [1],
+        datetime(2099, 1, 1, tzinfo=timezone.utc),
+        datetime(2099, 1, 1),
+    ],
     "compression": [None, "zlib", "gzip", "bzip2", "bogus", "", 5, ["zlib"]],
     "delivery_mode": [None, 1, 2, "transient", "persistent", "x", 7, 1.5, 0, [], {"a": 1}],
     "priority": [None, 0, 5, 9, 255, -1, "a", 3.5, [1], {"p": 1}, object()],
     "serializer": [None, "json", "pickle", "nope", 5],
-    "headers": [None, {}, {"a": 1}, {"x-n": [1, 2]}, [("a", 1)], "x", [1], 5, 0,
-                {"a": object()}],
+    "headers": [None, {}, {"a": 1}, {"x-n": [1, 2]}, [("a", 1)], "x", [1], 5, 0, {"a": object()}],
     "queue": [None, "celery", "other", "", 5],
     "exchange": [None, "", 5],
     "routing_key": [None, "rk", 5, ""],
@@ -78,8 +100,10 @@ def option_dicts(draw: Any) -> dict[str, Any]:
 
 
 def _copy(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: (copy.deepcopy(v) if not isinstance(v, object.__class__) else v)
-            for k, v in options.items()}
+    return {
+        k: (copy.deepcopy(v) if not isinstance(v, object.__class__) else v)
+        for k, v in options.items()
+    }
 
 
 def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_server: str) -> None:
@@ -91,8 +115,13 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
     def plain(x: Any) -> Any:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.debounced", debounce="1ms",
-              debounce_max_wait="1ms")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="parity.debounced",
+        debounce="1ms",
+        debounce_max_wait="1ms",
+    )
     def debounced(x: Any) -> Any:
         return x
 
@@ -100,11 +129,11 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
     outcomes = {"refused": 0, "published": 0}
 
     def messages() -> dict[bytes, int]:
-        return {k: int(broker.llen(k)) for k in broker.keys("*")
-                if broker.type(k) == b"list"}
+        return {k: int(broker.llen(k)) for k in broker.keys("*") if broker.type(k) == b"list"}
 
-    @settings(max_examples=600, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=600, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(option_dicts())
     def check(options: dict[str, Any]) -> None:
         windows.flushdb()
@@ -124,8 +153,9 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
             assert windows.keys("*") == [], "a refused call wrote to Redis"
             outcomes["refused"] += 1
             return
-        assert plain_error is None, \
+        assert plain_error is None, (
             f"plain refused {options!r} ({plain_error!r}), debounce accepted"
+        )
         time.sleep(0.002)
         published, _ = dispatcher.dispatch_once()
         assert published == 1, f"{options!r}: accepted but not published"
@@ -148,8 +178,9 @@ def test_expires_relative_counts_from_the_publish_and_refuses_what_celery_refuse
     windows = redis.Redis.from_url(f"{redis_server}/0")
     windows.flushdb()
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.exp", debounce="1s",
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask, shared=False, name="parity.exp", debounce="1s", debounce_max_wait="1m"
+    )
     def exp(x: Any) -> Any:
         return x
 
@@ -178,18 +209,28 @@ def test_equal_arguments_coalesce_whatever_the_order_of_nested_mappings(
     redis_server: str,
 ) -> None:
     for serializer in ("json", "pickle"):
-        app = _digest_app(redis_server, task_serializer=serializer,
-                          accept_content=["json", "pickle"])
+        app = _digest_app(
+            redis_server, task_serializer=serializer, accept_content=["json", "pickle"]
+        )
 
-        @app.task(base=DebouncedTask, shared=False, name=f"digest.{serializer}",
-                  debounce="1m", debounce_max_wait="1h")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name=f"digest.{serializer}",
+            debounce="1m",
+            debounce_max_wait="1h",
+        )
         def t(doc: Any, *, flags: Any = None) -> None:
             pass
 
         a = t.delay({"a": 1, "b": {"x": [1, {"p": 1, "q": 2}], "y": 2}}, flags={"m": 1, "n": 2})
         b = t.delay({"b": {"y": 2, "x": [1, {"q": 2, "p": 1}]}, "a": 1}, flags={"n": 2, "m": 1})
-        c = t.apply_async(kwargs={"flags": {"m": 1, "n": 2},
-                                  "doc": {"b": {"y": 2, "x": [1, {"q": 2, "p": 1}]}, "a": 1}})
+        c = t.apply_async(
+            kwargs={
+                "flags": {"m": 1, "n": 2},
+                "doc": {"b": {"y": 2, "x": [1, {"q": 2, "p": 1}]}, "a": 1},
+            }
+        )
         assert a.id == b.id == c.id, serializer
         # keyword-only arguments are part of the key
         assert t.delay({"a": 1}, flags=1).id != t.delay({"a": 1}, flags=2).id
@@ -217,8 +258,9 @@ def test_mapping_keys_of_mixed_types_do_not_raise_and_compare_as_sent(
     """Python cannot sort {1: .., "b": ..}; JSON sends both keys as strings."""
     app = _digest_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, name="digest.mixed", debounce="1m",
-              debounce_max_wait="1h")
+    @app.task(
+        base=DebouncedTask, shared=False, name="digest.mixed", debounce="1m", debounce_max_wait="1h"
+    )
     def t(doc: Any) -> None:
         pass
 

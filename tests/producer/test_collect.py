@@ -32,12 +32,21 @@ from celery_debounce.store import WindowStore as Backend
 from celery_debounce.store import store_for
 
 
-def call(backend: Backend, key: str, *, seq: int = 0, max_calls: int | None = None,
-         collect: bool = True, task_id: str | None = None, pad: str = "") -> GateResult:
+def call(
+    backend: Backend,
+    key: str,
+    *,
+    seq: int = 0,
+    max_calls: int | None = None,
+    collect: bool = True,
+    task_id: str | None = None,
+    pad: str = "",
+) -> GateResult:
     spec = build_spec("1h", "{0}", "2h", False, max_calls, collect=collect)
     options: dict[str, object] = {}
-    prepared = prepare_call(backend.settings, "t", spec, (key, seq), {"pad": pad}, options,
-                            None, "json", task_id)
+    prepared = prepare_call(
+        backend.settings, "t", spec, (key, seq), {"pad": pad}, options, None, "json", task_id
+    )
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
@@ -79,7 +88,8 @@ def test_a_collect_window_keeps_every_call_in_order(backend: Backend) -> None:
 
 
 def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_one(
-        backend: Backend) -> None:
+    backend: Backend,
+) -> None:
     tag = backend.settings.tag(0)
     first = [call(backend, "k", seq=i, max_calls=3) for i in range(3)]
     assert first[2].deadline_ms == first[2].now_ms  # due at once
@@ -92,7 +102,8 @@ def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_on
 
 
 def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_next(
-        app_factory: Any) -> None:
+    app_factory: Any,
+) -> None:
     app = app_factory(debounce_max_payload_bytes=400)
     backend = store_for(app)
     tag = backend.settings.tag(0)
@@ -115,8 +126,7 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
     seqs: list[int] = []
     for tid in ids[:-1]:  # every full window, in order; the last one is still open
         body = bodies[tid].payload
-        assert len(body) <= 400 and len(body) == int(
-            backend.client.hget(f"{tag}:win:{tid}", "cb"))
+        assert len(body) <= 400 and len(body) == int(backend.client.hget(f"{tag}:win:{tid}", "cb"))
         seqs += [e[1][1] for e in elements(body)]
     assert backend.client.zscore(f"{tag}:due", "1:t:k") is not None  # the last, pending
     tail = [json.loads(e)[1][1] for e in backend.client.lrange(f"{tag}:calls:{ids[-1]}", 0, -1)]
@@ -124,7 +134,8 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
 
 
 def test_a_call_too_large_for_an_empty_window_is_refused_with_nothing_written(
-        app_factory: Any, redis_client: redis.Redis) -> None:
+    app_factory: Any, redis_client: redis.Redis
+) -> None:
     app = app_factory(debounce_max_payload_bytes=200)
     backend = store_for(app)
     with pytest.raises(DebouncePayloadError, match="debounce_max_payload_bytes=200"):
@@ -156,38 +167,75 @@ def test_cancelling_a_collect_window_deletes_its_call_list(backend: Backend) -> 
 # -- options -----------------------------------------------------------------------
 def test_unsupported_serializers_and_options_are_refused_at_registration(app: Celery) -> None:
     with pytest.raises(DebounceConfigError, match="debounce_collect=True needs serializer='json'"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="2s", debounce_collect=True, serializer="pickle")
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_collect=True,
+            serializer="pickle",
+        )
         def pickled(calls: list[DebouncedCall]) -> None:
             pass
 
     with pytest.raises(DebounceConfigError, match="debounce_replace_payload=True"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="2s", debounce_collect=True, debounce_replace_payload=True)
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_collect=True,
+            debounce_replace_payload=True,
+        )
         def replaced(calls: list[DebouncedCall]) -> None:
             pass
 
     with pytest.raises(DebounceConfigError, match="debounce_collect='yes'"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="2s", debounce_collect="yes")
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_collect="yes",
+        )
         def bad(calls: list[DebouncedCall]) -> None:
             pass
 
 
 def test_an_app_serializer_other_than_json_is_refused_when_the_task_is_bound(
-        app_factory: Any) -> None:
+    app_factory: Any,
+) -> None:
     app = app_factory(task_serializer="pickle", accept_content=["json", "pickle"])
     with pytest.raises(DebounceConfigError, match="serializer is 'pickle'"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="2s", debounce_collect=True)
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_collect=True,
+        )
         def report(calls: list[DebouncedCall]) -> None:
             pass
 
 
-def test_a_per_call_serializer_or_mode_change_is_refused(app: Celery,
-                                                          redis_client: redis.Redis) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_collect=True)
+def test_a_per_call_serializer_or_mode_change_is_refused(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> None:
         pass
 
@@ -198,32 +246,58 @@ def test_a_per_call_serializer_or_mode_change_is_refused(app: Celery,
     assert not list(redis_client.scan_iter(match="debounce:*"))
 
 
-def test_collect_refused_with_leading(app: Celery, app_factory: Any,
-                                      redis_client: redis.Redis) -> None:
+def test_collect_refused_with_leading(
+    app: Celery, app_factory: Any, redis_client: redis.Redis
+) -> None:
     """docs/design.md, "Collect and the leading edge": refused at registration, per call
     and by name, naming both options and values, before anything is written."""
     both = r"debounce_collect=True with debounce_leading=True"
     for trailing in (True, False):
         with pytest.raises(DebounceConfigError, match=both):
-            @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                      debounce_max_wait="2s", debounce_collect=True, debounce_leading=True,
-                      debounce_trailing=trailing)
+
+            @app.task(
+                base=DebouncedTask,
+                shared=False,
+                lazy=False,
+                debounce="1s",
+                debounce_max_wait="2s",
+                debounce_collect=True,
+                debounce_leading=True,
+                debounce_trailing=trailing,
+            )
             def leading(calls: list[DebouncedCall]) -> None:
                 pass
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> None:
         pass
 
     with pytest.raises(DebounceConfigError, match=both):
         report.apply_async(kwargs={"x": 1}, debounce_leading=True)
     with pytest.raises(DebounceConfigError, match=both):
-        send_task(app_factory(), "not.registered", kwargs={"x": 1}, debounce="1h",
-                  debounce_max_wait="2h", debounce_collect=True, debounce_leading=True)
+        send_task(
+            app_factory(),
+            "not.registered",
+            kwargs={"x": 1},
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_collect=True,
+            debounce_leading=True,
+        )
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_leading=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_leading=True,
+    )
     def lead(x: int) -> None:
         pass
 
@@ -236,8 +310,9 @@ def test_collect_refused_with_leading(app: Celery, app_factory: Any,
 
 
 def test_a_collect_call_sends_argv_15_16_after_blanks(backend: Backend) -> None:
-    plain = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False),
-                         ("k", 0), {}, {}, None, "json")
+    plain = prepare_call(
+        backend.settings, "t", build_spec("1h", "{0}", "2h", False), ("k", 0), {}, {}, None, "json"
+    )
     assert len(gate_args(backend, plain)) == 7  # the hot path's ARGV, unchanged
     for cap, blanks in ((None, [""] * 7), (3, ["", "", "", "", 3, "", ""])):
         spec = build_spec("1h", "{0}", "2h", False, cap, collect=True)
@@ -249,20 +324,29 @@ def test_a_collect_call_sends_argv_15_16_after_blanks(backend: Backend) -> None:
 
 def test_blank_edge_and_collect_argv_mean_not_given(backend: Backend) -> None:
     tag = backend.settings.tag(0)
-    plain = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False),
-                         ("b", 0), {}, {}, None, "json")
+    plain = prepare_call(
+        backend.settings, "t", build_spec("1h", "{0}", "2h", False), ("b", 0), {}, {}, None, "json"
+    )
     # a plain call with '' in ARGV[8..16]: exactly a plain call
-    result = parse_reply(backend.run("gate", gate_keys(backend, plain),
-                                     gate_args(backend, plain) + [""] * 9))
+    result = parse_reply(
+        backend.run("gate", gate_keys(backend, plain), gate_args(backend, plain) + [""] * 9)
+    )
     assert result.opened and result.edge == "" and result.calls == 1
     assert set(backend.client.hgetall(f"{tag}:open:1:t:b")) == {b"id", b"fs", b"mw", b"n", b"p"}
     # plus the calls-in counter (gate.lua's i|<task>), which expires on its own
     assert keys(backend) == {f"{tag}:open:1:t:b", f"{tag}:due", f"{tag}:stats"}
     assert 0 < backend.client.pttl(f"{tag}:stats") <= 3_600_000
     # a collect call (ARGV[13..14] '') ignores a running quiet period of its ident
-    lead = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False, None,
-                                                          True, True),
-                        ("q", 0), {}, {}, None, "json")
+    lead = prepare_call(
+        backend.settings,
+        "t",
+        build_spec("1h", "{0}", "2h", False, None, True, True),
+        ("q", 0),
+        {},
+        {},
+        None,
+        "json",
+    )
     assert enter(backend, lead).edge == "lead"
     assert backend.client.hget(f"{tag}:quiet:1:t:q", "n") == b"1"
     collected = call(backend, "q")
@@ -276,14 +360,27 @@ def test_blank_edge_and_collect_argv_mean_not_given(backend: Backend) -> None:
 def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery) -> None:
     runs: list[list[DebouncedCall]] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> int:
         runs.append(calls)
         return sum(c.kwargs["change"] for c in calls)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="pos:{0}", debounce_collect=True, bind=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="pos:{0}",
+        debounce_collect=True,
+        bind=True,
+    )
     def by_position(self: Any, calls: list[DebouncedCall]) -> list[Any]:
         return [[list(c.args), c.task_id] for c in calls]
 
@@ -292,8 +389,11 @@ def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery)
         # by their own kwargs ({user_id}) or args ({0})
         u1 = [report.delay(user_id="u1", change=i) for i in (1, 2, 3)]
         u2 = [report.delay(user_id="u2", change=10)]
-        pos = [by_position.delay("a", 1), by_position.apply_async(("a", 2), task_id="mine"),
-               by_position.delay("b", 3)]
+        pos = [
+            by_position.delay("a", 1),
+            by_position.apply_async(("a", 2), task_id="mine"),
+            by_position.delay("b", 3),
+        ]
         assert len({r.id for r in u1}) == 1 and u2[0].id != u1[0].id
         assert report.debounce_pending(user_id="u1").calls == 3  # type: ignore[union-attr]
         assert by_position.debounce_pending("a").calls == 2  # type: ignore[union-attr]
@@ -316,8 +416,13 @@ def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery)
 def test_bypass_eager_and_direct_calls_still_get_a_list(app_factory: Any) -> None:
     app = app_factory(task_always_eager=True)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> list[Any]:
         return [[list(c.args), c.kwargs] for c in calls]
 
@@ -338,8 +443,14 @@ def test_bypass_eager_and_direct_calls_still_get_a_list(app_factory: Any) -> Non
 
 
 def test_inspect_shows_collected_calls_and_bytes(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> None:
         pass
 
@@ -354,14 +465,25 @@ def test_inspect_shows_collected_calls_and_bytes(app: Celery) -> None:
 def test_send_task_by_name_declares_collect_per_call(app: Celery, app_factory: Any) -> None:
     worker_app = app
 
-    @worker_app.task(base=DebouncedTask, shared=False, name="by.name", debounce="1h",
-                     debounce_max_wait="2h", debounce_key="{k}", debounce_collect=True)
+    @worker_app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="by.name",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{k}",
+        debounce_collect=True,
+    )
     def by_name(calls: list[DebouncedCall]) -> list[Any]:
         return [c.kwargs["v"] for c in calls]
 
     producer = app_factory()  # does not have the task registered
-    opts = {"debounce": "1h", "debounce_max_wait": "2h", "debounce_key": "{k}",
-            "debounce_collect": True}
+    opts = {
+        "debounce": "1h",
+        "debounce_max_wait": "2h",
+        "debounce_key": "{k}",
+        "debounce_collect": True,
+    }
     first = send_task(producer, "by.name", kwargs={"k": "x", "v": 1}, **opts)
     assert send_task(producer, "by.name", kwargs={"k": "x", "v": 2}, **opts).id == first.id
     with running_worker(worker_app):
@@ -370,14 +492,17 @@ def test_send_task_by_name_declares_collect_per_call(app: Celery, app_factory: A
 
 
 def test_a_burst_of_1000_calls_from_4_processes_is_one_run_with_every_call(
-        redis_server: str, redis_client: redis.Redis) -> None:
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     from collect_producer import produce
 
     producers, each = 4, 250
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(producers), ctx.Queue()
-    procs = [ctx.Process(target=produce, args=(redis_server, p, each, barrier, out))
-             for p in range(producers)]
+    procs = [
+        ctx.Process(target=produce, args=(redis_server, p, each, barrier, out))
+        for p in range(producers)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -391,8 +516,15 @@ def test_a_burst_of_1000_calls_from_4_processes_is_one_run_with_every_call(
     app = make_app(redis_server, name="collect-burst")
     received: list[list[DebouncedCall]] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="collect.report", debounce="60s",
-              debounce_max_wait="120s", debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="collect.report",
+        debounce="60s",
+        debounce_max_wait="120s",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> int:
         received.append(calls)
         return len(calls)
@@ -413,31 +545,49 @@ def test_a_burst_of_1000_calls_from_4_processes_is_one_run_with_every_call(
 
 
 def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
-        app: Celery, redis_server: str) -> None:
+    app: Celery, redis_server: str
+) -> None:
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    @app.task(base=DebouncedTask, shared=False, name="collect.inspected", debounce="1h",
-              debounce_max_wait="2h", debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="collect.inspected",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def inspected(calls: list[DebouncedCall]) -> None:
         pass
 
     for i in range(4):
         inspected.delay(user_id="u1", change=i)
     here = Path(__file__).parents[1]
-    env = {**os.environ, "DEBOUNCE_TEST_REDIS_URL": redis_server,
-           "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "inspect",
-                          "--json"], capture_output=True, text=True, env=env, timeout=60, cwd=here)
+    env = {
+        **os.environ,
+        "DEBOUNCE_TEST_REDIS_URL": redis_server,
+        "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "inspect", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=here,
+    )
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert row["task"] == "collect.inspected" and row["calls"] == 4
     tag = "debounce:{0}"
     client = redis.Redis.from_url(f"{redis_server}/0")
-    assert row["collected_bytes"] == int(client.hget(f"{tag}:open:{row['task'].__len__()}:"
-                                                     f"collect.inspected:u1", "cb"))
+    assert row["collected_bytes"] == int(
+        client.hget(f"{tag}:open:{row['task'].__len__()}:collect.inspected:u1", "cb")
+    )
     elements = client.lrange(f"{tag}:calls:{row['task_id']}", 0, -1)
     assert row["collected_bytes"] == 10 + 2 + sum(len(e) for e in elements) + len(elements) - 1
 
@@ -445,8 +595,14 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
 def test_testing_helpers_show_and_run_a_collect_window(app: Celery) -> None:
     from celery_debounce.testing import debounce_windows, run_windows
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{user_id}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{user_id}",
+        debounce_collect=True,
+    )
     def report(calls: list[DebouncedCall]) -> list[int]:
         return [c.kwargs["change"] for c in calls]
 
@@ -464,9 +620,17 @@ def test_enqueue_many_and_a_retried_run_keep_every_call(app: Celery) -> None:
 
     attempts: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="1h",
-              debounce_max_wait="2h", debounce_key="{k}", debounce_collect=True,
-              max_retries=2, default_retry_delay=0.05)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{k}",
+        debounce_collect=True,
+        max_retries=2,
+        default_retry_delay=0.05,
+    )
     def flaky(self: Any, calls: list[DebouncedCall]) -> list[int]:
         attempts.append(self.request.retries)
         if self.request.retries < 1:
@@ -487,8 +651,15 @@ def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) 
     body runs, the chain's tail runs): none waits forever."""
     from celery import chain, chord
 
-    @app.task(base=DebouncedTask, shared=False, name="canvas.coll", debounce="300ms",
-              debounce_max_wait="5s", debounce_key="{0}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="canvas.coll",
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="{0}",
+        debounce_collect=True,
+    )
     def coll(calls: list[DebouncedCall]) -> list[Any]:
         return sorted([c.args[1], c.task_id is not None] for c in calls)
 
@@ -507,7 +678,8 @@ def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) 
 
 
 def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_error(
-        app_factory: Any, redis_client: redis.Redis) -> None:
+    app_factory: Any, redis_client: redis.Redis
+) -> None:
     """Non-ASCII keys name the quiet period and the call list (``<tag>:quiet:<ident>``,
     ``<tag>:calls:<cl>``) and non-ASCII payloads are spliced byte for byte; with the
     windows' Redis down a collect call raises DebounceBackendError in seconds."""
@@ -519,15 +691,29 @@ def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_
     app = app_factory()
     got: list[list[Any]] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="uni.coll·é", debounce="300ms",
-              debounce_max_wait="5s", debounce_key="{0}", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="uni.coll·é",
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="{0}",
+        debounce_collect=True,
+    )
     def coll(calls: list[DebouncedCall]) -> int:
         got.append([[list(c.args), c.kwargs] for c in calls])
         return len(calls)
 
-    @app.task(base=DebouncedTask, shared=False, name="uni.edge·é", debounce="5s",
-              debounce_max_wait="10s", debounce_key="{0}", debounce_leading=True,
-              debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="uni.edge·é",
+        debounce="5s",
+        debounce_max_wait="10s",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def lead(key: str) -> str:
         return key
 
@@ -545,8 +731,13 @@ def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_
     listener.close()
     down = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
 
-    @down.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-               debounce_collect=True)
+    @down.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_collect=True,
+    )
     def lost(calls: list[DebouncedCall]) -> None:  # pragma: no cover - never run
         pass
 

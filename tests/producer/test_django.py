@@ -20,8 +20,9 @@ pytest.importorskip("django")
 PROJECT = Path(__file__).resolve().parents[1] / "django_project"
 
 
-def _scenario_with_worker(script: str, tmp_path: Path, redis_server: str,
-                          **extra_env: str) -> tuple[dict[str, Any], str]:
+def _scenario_with_worker(
+    script: str, tmp_path: Path, redis_server: str, **extra_env: str
+) -> tuple[dict[str, Any], str]:
     """Run ``script`` of the Django project beside a real solo worker of it: the JSON
     object its last line prints, and the worker's log."""
     env = {
@@ -33,14 +34,32 @@ def _scenario_with_worker(script: str, tmp_path: Path, redis_server: str,
         **extra_env,
     }
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "djproj", "worker", "--pool", "solo",
-         "--loglevel", "info"],
-        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "djproj",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "info",
+        ],
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         run = subprocess.run(
-            [sys.executable, script], cwd=PROJECT, env=env,
-            capture_output=True, text=True, timeout=90,
+            [sys.executable, script],
+            cwd=PROJECT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
         )
     finally:
         log = stop_process(worker, timeout=20)
@@ -82,8 +101,14 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool 
     }
     if bad:
         env["DJPROJ_BROKEN" if bad == "broken" else "DJPROJ_BAD"] = "1"
-    run = subprocess.run([sys.executable, "-m", "django", "check"], cwd=PROJECT, env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = run.stdout + run.stderr
     if not bad:
         assert run.returncode == 0 and "no issues" in out, out
@@ -91,11 +116,14 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool 
     assert run.returncode == 1, out
     if bad == "broken":  # a tasks module that raises while imported: an error, no traceback
         assert "Traceback" not in out, out
-        assert ("imports: (celery_debounce.E001) NameError: name 'settings_module_typo' is "
-                "not defined") in out and "notes/tasks.py, line" in out, out
+        assert (
+            "imports: (celery_debounce.E001) NameError: name 'settings_module_typo' is not defined"
+        ) in out and "notes/tasks.py, line" in out, out
         return
-    assert ("notes.tasks.misspelt: (celery_debounce.E001) debounce_colect=True: unknown task "
-            "option of misspelt") in out, out
+    assert (
+        "notes.tasks.misspelt: (celery_debounce.E001) debounce_colect=True: unknown task "
+        "option of misspelt"
+    ) in out, out
 
 
 @pytest.mark.slow
@@ -108,8 +136,12 @@ def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
     committed row); under "raise" the hook raises after the commit, as before."""
     from celery_debounce.testing.servers import free_port
 
-    out, _ = _scenario_with_worker("outage_scenario.py", tmp_path, redis_server,
-                                   DJPROJ_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0")
+    out, _ = _scenario_with_worker(
+        "outage_scenario.py",
+        tmp_path,
+        redis_server,
+        DJPROJ_DEAD_URL=f"redis://127.0.0.1:{free_port()}/0",
+    )
     assert out["policy"] == "publish"  # CELERY_DEBOUNCE_ON_OUTAGE was read
     assert out["fallbacks"] == 1
     assert out["result"] == "saved while Redis was down"  # ran, on the committed row

@@ -20,23 +20,44 @@ def _exclusive(client: redis.Redis, task: str, key: str) -> bool:
     return b'"debounce_exclusive"' in options
 
 
-def test_every_way_in_marks_an_exclusive_window(redis_server: str,
-                                                redis_client: redis.Redis) -> None:
+def test_every_way_in_marks_an_exclusive_window(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.plain", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k:{0}", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.plain",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     def plain(x: Any) -> Any:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.collect", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k:{0}", debounce_collect=True,
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.collect",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{0}",
+        debounce_collect=True,
+        debounce_exclusive=True,
+    )
     def collect(calls: Any) -> Any:
         return calls
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.off", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.off",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{0}",
+    )
     def off(x: Any) -> Any:
         return x
 
@@ -45,35 +66,61 @@ def test_every_way_in_marks_an_exclusive_window(redis_server: str,
     collect.delay("collect")
     enqueue_many(plain, [(("bulk",), {}), (("bulk",), {})])
     group(plain.s("canvas"), plain.s("canvas-2")).apply_async()
-    send_task(app, "ex.byname", args=("n",), debounce="1h", debounce_max_wait="2h",
-              debounce_key="k:{0}", debounce_exclusive=True)
+    send_task(
+        app,
+        "ex.byname",
+        args=("n",),
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     off.apply_async(("per-call",), debounce_exclusive=True)
     off.delay("not")
     off.apply_async(("joined",))
     off.apply_async(("joined",), debounce_exclusive=True)  # a joiner cannot change it
-    for task, key in [("ex.plain", "k:delay"), ("ex.plain", "k:replace"),
-                      ("ex.collect", "k:collect"), ("ex.plain", "k:bulk"),
-                      ("ex.plain", "k:canvas"), ("ex.plain", "k:canvas-2"),
-                      ("ex.byname", "k:n"), ("ex.off", "k:per-call")]:
+    for task, key in [
+        ("ex.plain", "k:delay"),
+        ("ex.plain", "k:replace"),
+        ("ex.collect", "k:collect"),
+        ("ex.plain", "k:bulk"),
+        ("ex.plain", "k:canvas"),
+        ("ex.plain", "k:canvas-2"),
+        ("ex.byname", "k:n"),
+        ("ex.off", "k:per-call"),
+    ]:
         assert _exclusive(redis_client, task, key), (task, key)
     assert not _exclusive(redis_client, "ex.off", "k:not")
     assert not _exclusive(redis_client, "ex.off", "k:joined")
 
 
-@pytest.mark.parametrize("options", [
-    {"debounce_leading": True}, {"debounce_max_calls": 5},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"debounce_leading": True},
+        {"debounce_max_calls": 5},
+    ],
+)
 def test_exclusive_windows_that_cannot_wait_are_refused_by_name(
-        redis_server: str, options: dict[str, Any]) -> None:
+    redis_server: str, options: dict[str, Any]
+) -> None:
     app = make_app(redis_server)
     with pytest.raises(DebounceConfigError, match="debounce_exclusive=True with"):
-        @app.task(base=DebouncedTask, shared=False, name="ex.refused", debounce="1h",
-                  debounce_max_wait="2h", debounce_exclusive=True, lazy=False, **options)
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="ex.refused",
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_exclusive=True,
+            lazy=False,
+            **options,
+        )
         def refused(x: Any) -> Any:
             return x
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.ok", debounce="1h",
-              debounce_max_wait="2h")
+    @app.task(base=DebouncedTask, shared=False, name="ex.ok", debounce="1h", debounce_max_wait="2h")
     def ok(x: Any) -> Any:
         return x
 
@@ -85,7 +132,8 @@ def test_exclusive_windows_that_cannot_wait_are_refused_by_name(
 
 @pytest.mark.parametrize("expires", [2.0, None], ids=["expires", "no expires"])
 def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
-        redis_server: str, redis_client: redis.Redis, expires: float | None) -> None:
+    redis_server: str, redis_client: redis.Redis, expires: float | None
+) -> None:
     """A window of an exclusive task was published and acked, then the broker lost its
     message (a non-persistent broker restarted) before any worker got it: the record
     stays ``queued`` and the next window of the key is held behind it. With
@@ -100,8 +148,15 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
 
     app = make_app(redis_server, debounce_dispatch_lease=30)
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.lost", debounce="100ms",
-              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.lost",
+        debounce="100ms",
+        debounce_max_wait="1s",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     def lost(x: Any) -> Any:
         return x
 
@@ -109,19 +164,30 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
     dispatcher = Dispatcher(app, name="lost")
     first = lost.apply_async(("a",), expires=expires)
     record = f"debounce:{{0}}:win:{first.id}"
-    wait_until(lambda: dispatcher.dispatch_once() is not None
-               and redis_client.hget(record, "st") == b"queued", 10)
+    wait_until(
+        lambda: (
+            dispatcher.dispatch_once() is not None and redis_client.hget(record, "st") == b"queued"
+        ),
+        10,
+    )
     published = time.monotonic()
     assert broker.llen("celery") == 1
     broker.delete("celery")  # the broker lost it: no worker will ever claim it
     follow = lost.delay("a")
     assert follow.id != first.id
     held = "debounce:{0}:held"
-    wait_until(lambda: dispatcher.dispatch_once() is not None
-               and redis_client.zscore(held, window_ident("ex.lost", "k:a")) is not None, 10)
+    wait_until(
+        lambda: (
+            dispatcher.dispatch_once() is not None
+            and redis_client.zscore(held, window_ident("ex.lost", "k:a")) is not None
+        ),
+        10,
+    )
     if expires is not None:
-        wait_until(lambda: dispatcher.dispatch_once() is not None
-                   and broker.llen("celery") == 1, expires + 10)
+        wait_until(
+            lambda: dispatcher.dispatch_once() is not None and broker.llen("celery") == 1,
+            expires + 10,
+        )
         # expires + the grace + the once-a-second sweep, never the 30 s dispatch lease
         assert time.monotonic() - published < expires + 2 + 10
         assert redis_client.hget(record, "rs") == b"REVOKED"
@@ -133,16 +199,20 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
         assert broker.llen("celery") == 0
         assert redis_client.hget(record, "st") == b"queued"
         DebounceAdmin(app).flush("ex.lost", "k:a")  # celery debounce flush --task --key
-        wait_until(lambda: dispatcher.dispatch_once() is not None
-                   and broker.llen("celery") == 1, 10)
+        wait_until(
+            lambda: dispatcher.dispatch_once() is not None and broker.llen("celery") == 1, 10
+        )
     assert redis_client.hget(f"debounce:{{0}}:win:{follow.id}", "st") == b"queued"
     assert not redis_client.zrange(held, 0, -1)  # held no more
-    assert redis_client.hget(f"debounce:{{0}}:run:{window_ident('ex.lost', 'k:a')}",
-                             "id") == follow.id.encode()
+    assert (
+        redis_client.hget(f"debounce:{{0}}:run:{window_ident('ex.lost', 'k:a')}", "id")
+        == follow.id.encode()
+    )
 
 
-def test_a_cancelled_held_window_is_held_no_more(redis_server: str,
-                                                 redis_client: redis.Redis) -> None:
+def test_a_cancelled_held_window_is_held_no_more(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     """Cancelling a window held behind a run of its key drops it from <tag>:held too (a
     stale entry would list it in inspect and top, and keep the key's next window from
     being published the moment the run ends)."""
@@ -151,25 +221,43 @@ def test_a_cancelled_held_window_is_held_no_more(redis_server: str,
 
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.cancelled", debounce="100ms",
-              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.cancelled",
+        debounce="100ms",
+        debounce_max_wait="1s",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     def cancelled(x: Any) -> Any:
         return x
 
     dispatcher = Dispatcher(app, name="cancel")
     first = cancelled.delay("c")
-    wait_until(lambda: dispatcher.dispatch_once() is not None and redis_client.hget(
-        f"debounce:{{0}}:win:{first.id}", "st") == b"queued", 10)
+    wait_until(
+        lambda: (
+            dispatcher.dispatch_once() is not None
+            and redis_client.hget(f"debounce:{{0}}:win:{first.id}", "st") == b"queued"
+        ),
+        10,
+    )
     cancelled.delay("c")
     ident = window_ident("ex.cancelled", "k:c")
-    wait_until(lambda: dispatcher.dispatch_once() is not None
-               and redis_client.zscore("debounce:{0}:held", ident) is not None, 10)
+    wait_until(
+        lambda: (
+            dispatcher.dispatch_once() is not None
+            and redis_client.zscore("debounce:{0}:held", ident) is not None
+        ),
+        10,
+    )
     DebounceAdmin(app).cancel("ex.cancelled", "k:c")
     assert redis_client.zscore("debounce:{0}:held", ident) is None
 
 
 def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
-        redis_server: str, redis_client: redis.Redis) -> None:
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     """An exclusive run raises ``Reject(requeue=True)`` (``acks_late``): its message goes
     back to the queue, behind a backlog here, and its window is ``queued`` again, so the
     window held behind it stays held. The follow-up starts after the requeued delivery
@@ -179,17 +267,25 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
     from celery.exceptions import Reject
     from helpers import running_worker
 
-    app = make_app(redis_server, task_acks_late=True, worker_prefetch_multiplier=1,
-                   task_ignore_result=True)
+    app = make_app(
+        redis_server, task_acks_late=True, worker_prefetch_multiplier=1, task_ignore_result=True
+    )
     log = "runs:rq"
 
     def now_ms() -> int:
         secs, micros = redis_client.time()
         return int(secs) * 1000 + int(micros) // 1000
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.requeued", bind=True,
-              debounce="100ms", debounce_max_wait="1s", debounce_key="k:{0}",
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="ex.requeued",
+        bind=True,
+        debounce="100ms",
+        debounce_max_wait="1s",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     def requeued(self: DebouncedTask, key: str, n: int = 0) -> int:
         redis_client.rpush(log, f"start {self.request.id} {now_ms()}")
         if n == 0 and redis_client.incr("rq:attempt") == 1:
@@ -215,7 +311,11 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
         time.sleep(0.5)  # nothing more runs
     events = [r.decode().split() for r in redis_client.lrange(log, 0, -1)]
     assert [e[:2] for e in events] == [
-        ["start", first.id], ["end", first.id],  # put back
-        ["start", first.id], ["end", first.id],  # ran again
-        ["start", follow.id], ["end", follow.id]], events
+        ["start", first.id],
+        ["end", first.id],  # put back
+        ["start", first.id],
+        ["end", first.id],  # ran again
+        ["start", follow.id],
+        ["end", follow.id],
+    ], events
     assert int(events[4][2]) >= int(events[3][2])  # after the requeued run ended

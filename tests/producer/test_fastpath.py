@@ -23,19 +23,32 @@ def _slow(sig: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any])
 def f(a: Any, b: Any = 2, c: Any = None) -> None: ...
 
 
-@pytest.mark.parametrize(("args", "kwargs"), [
-    ((1,), {}), ((1, 5), {}), ((1, 5, 6), {}), ((), {"a": 1}), ((1,), {"c": 3}),
-    ((), {"c": 3, "a": 0, "b": 1}),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((1,), {}),
+        ((1, 5), {}),
+        ((1, 5, 6), {}),
+        ((), {"a": 1}),
+        ((1,), {"c": 3}),
+        ((), {"c": 3, "a": 0, "b": 1}),
+    ],
+)
 def test_fast_binding_matches_inspect(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     sig = inspect.signature(f)
     assert bind_arguments(sig, args, kwargs) == _slow(sig, args, kwargs)
     assert list(bind_arguments(sig, args, kwargs)[1]) == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize(("args", "kwargs"), [
-    ((), {}), ((1, 2, 3, 4), {}), ((1,), {"a": 1}), ((1,), {"zz": 1}),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), {}),
+        ((1, 2, 3, 4), {}),
+        ((1,), {"a": 1}),
+        ((1,), {"zz": 1}),
+    ],
+)
 def test_fast_binding_keeps_inspect_errors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     with pytest.raises(TypeError):
         bind_arguments(inspect.signature(f), args, kwargs)
@@ -57,13 +70,20 @@ def test_default_content_type_and_empty_options_are_not_stored(
     app.conf.accept_content = ["json", "pickle"]
     runs: list[Any] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
+    )
     def plain(x: Any) -> None:
         runs.append(x)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s", serializer="pickle")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="200ms",
+        debounce_key="k",
+        debounce_max_wait="5s",
+        serializer="pickle",
+    )
     def pickled(x: Any) -> None:
         runs.append(x)
 
@@ -87,8 +107,9 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
 ) -> None:
     from celery_debounce.store import store_for
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_key="k",
-              debounce_max_wait="2h")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_key="k", debounce_max_wait="2h"
+    )
     def hot(x: Any) -> None: ...
 
     backend = store_for(app)
@@ -105,8 +126,9 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
 def test_wake_is_published_only_when_a_call_makes_its_window_the_earliest(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="10m", debounce_key="{0}",
-              debounce_max_wait="1h")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="10m", debounce_key="{0}", debounce_max_wait="1h"
+    )
     def task(key: str) -> None: ...
 
     pubsub = redis_client.pubsub()

@@ -25,8 +25,15 @@ def capp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     app.gate = threading.Event()  # type: ignore[attr-defined]
     app.gate.set()  # type: ignore[attr-defined]
 
-    @app.task(base=DebouncedTask, shared=False, name="canvas.t", bind=True,
-              debounce="500ms", debounce_max_wait="3s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="canvas.t",
+        bind=True,
+        debounce="500ms",
+        debounce_max_wait="3s",
+        debounce_key="{0}",
+    )
     def t(self: Any, x: int) -> int:
         app.runs.append((self.request.id, x))  # type: ignore[attr-defined]
         assert app.gate.wait(20)  # type: ignore[attr-defined]

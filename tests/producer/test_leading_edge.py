@@ -37,19 +37,27 @@ BOTH = (True, True)
 TRAIL = (False, True)
 
 
-def call(backend: WindowStore, key: str, edge: tuple[bool, bool], *, payload: int = 0,
-         window: str = "1h", max_wait: str = "2h", replace: bool = False,
-         task_id: str | None = None) -> GateResult:
+def call(
+    backend: WindowStore,
+    key: str,
+    edge: tuple[bool, bool],
+    *,
+    payload: int = 0,
+    window: str = "1h",
+    max_wait: str = "2h",
+    replace: bool = False,
+    task_id: str | None = None,
+) -> GateResult:
     spec = build_spec(window, "{0}", max_wait, replace, None, *edge)
     options: dict[str, object] = {}
-    prepared = prepare_call(backend.settings, "t", spec, (key, payload), {}, options, None,
-                            "json", task_id)
+    prepared = prepare_call(
+        backend.settings, "t", spec, (key, payload), {}, options, None, "json", task_id
+    )
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
 def record(backend: WindowStore, key: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in backend.client.hgetall(key).items()
-            if k != b"p"}
+    return {k.decode(): v.decode() for k, v in backend.client.hgetall(key).items() if k != b"p"}
 
 
 def admin_of(backend: WindowStore) -> DebounceAdmin:
@@ -60,7 +68,8 @@ def admin_of(backend: WindowStore) -> DebounceAdmin:
 
 # -- rule 1: a leading call runs at once --------------------------------------------------
 def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD)
     assert first.opened and first.edge == "lead" and first.calls == 1
@@ -71,8 +80,14 @@ def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
     assert backend.client.zscore(f"{tag}:leased", first.task_id) == first.now_ms
     assert backend.client.zscore(f"{tag}:due", "1:t:k") is None
     quiet = record(backend, f"{tag}:quiet:1:t:k")
-    assert quiet == {"id": first.task_id, "fs": str(first.now_ms), "mw": "7200000",
-                     "dl": str(first.now_ms + 3_600_000), "n": "1", "m": "L"}
+    assert quiet == {
+        "id": first.task_id,
+        "fs": str(first.now_ms),
+        "mw": "7200000",
+        "dl": str(first.now_ms + 3_600_000),
+        "n": "1",
+        "m": "L",
+    }
     assert 0 < backend.client.pttl(f"{tag}:quiet:1:t:k") <= 3_600_000
     (taken,) = backend.take(0, 10).windows
     assert taken.task_id == first.task_id and taken.leading and not taken.capped
@@ -98,7 +113,8 @@ def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: Windo
 
 # -- rule 3: the quiet period slides, bounded by the leading call's max wait ----------------
 def test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", LEAD, window="1h", max_wait="90m")
     later = call(backend, "k", LEAD, window="1h")
@@ -118,13 +134,20 @@ def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: Window
     again = call(backend, "k", LEAD)
     assert again.edge == "lead" and again.opened and again.task_id != first.task_id
     # the quiet key expires with the quiet period
-    wait_until(lambda: call(backend, "x", LEAD, window="1s", max_wait="1s").edge == "lead"
-               if not backend.client.exists(f"{tag}:quiet:1:t:x") else False, timeout=10)
+    wait_until(
+        lambda: (
+            call(backend, "x", LEAD, window="1s", max_wait="1s").edge == "lead"
+            if not backend.client.exists(f"{tag}:quiet:1:t:x")
+            else False
+        ),
+        timeout=10,
+    )
 
 
 # -- rule 5: leading and trailing ----------------------------------------------------------
 def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_period(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     first = call(backend, "k", BOTH, window="1h", max_wait="90m")
     assert first.edge == "lead"
@@ -148,7 +171,8 @@ def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_peri
 
 
 def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     call(backend, "k", BOTH, replace=True)
     call(backend, "k", BOTH, payload=1, replace=True)
@@ -173,7 +197,8 @@ def test_rule_6_a_burst_of_one_runs_once(backend: WindowStore) -> None:
 
 # -- rule 7: the mode is per call; trailing-only calls ignore the quiet period -------------
 def test_rule_7_a_trailing_only_call_ignores_the_quiet_period_and_leading_calls_join_it(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     plain = call(backend, "k", TRAIL)
     assert plain.opened and plain.edge == ""
@@ -191,16 +216,44 @@ def test_a_trailing_only_call_sends_nothing_extra(backend: WindowStore) -> None:
     assert spec.edge is None
     prepared = prepare_call(backend.settings, "t", spec, ("k",), {}, {}, None, "json")
     assert len(gate_args(backend, prepared)) == 7  # the hot path's ARGV, unchanged
-    lead = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False, None,
-                                                           True, True),
-                        ("k",), {}, {}, None, "json")
-    assert gate_args(backend, lead)[7:] == ["", "", "", "", "", b"B",
-                                            backend.settings.history_ttl_ms]
-    capped = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False, 3,
-                                                             True, False),
-                          ("k",), {}, {}, None, "json")
-    assert gate_args(backend, capped)[7:] == ["", "", "", "", 3, b"L",
-                                              backend.settings.history_ttl_ms]
+    lead = prepare_call(
+        backend.settings,
+        "t",
+        build_spec("1h", "{0}", "2h", False, None, True, True),
+        ("k",),
+        {},
+        {},
+        None,
+        "json",
+    )
+    assert gate_args(backend, lead)[7:] == [
+        "",
+        "",
+        "",
+        "",
+        "",
+        b"B",
+        backend.settings.history_ttl_ms,
+    ]
+    capped = prepare_call(
+        backend.settings,
+        "t",
+        build_spec("1h", "{0}", "2h", False, 3, True, False),
+        ("k",),
+        {},
+        {},
+        None,
+        "json",
+    )
+    assert gate_args(backend, capped)[7:] == [
+        "",
+        "",
+        "",
+        "",
+        3,
+        b"L",
+        backend.settings.history_ttl_ms,
+    ]
 
 
 def test_a_leading_call_with_a_caller_chosen_id(backend: WindowStore) -> None:
@@ -211,31 +264,59 @@ def test_a_leading_call_with_a_caller_chosen_id(backend: WindowStore) -> None:
 
 
 # -- the options -----------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "bad"), [("debounce_leading", 1), ("debounce_leading", "yes"),
-                                           ("debounce_trailing", None),
-                                           ("debounce_trailing", 0)])
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("debounce_leading", 1),
+        ("debounce_leading", "yes"),
+        ("debounce_trailing", None),
+        ("debounce_trailing", 0),
+    ],
+)
 def test_edge_options_are_strict_bools(app: Celery, name: str, bad: Any) -> None:
-    with pytest.raises(DebounceConfigError,
-                       match=rf"^[\w.]+: {name}={bad!r}: expected True or False"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="1m", **{name: bad})
+    with pytest.raises(
+        DebounceConfigError, match=rf"^[\w.]+: {name}={bad!r}: expected True or False"
+    ):
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="1m",
+            **{name: bad},
+        )
         def job() -> None:  # pragma: no cover - never registered
             pass
 
 
 def test_neither_edge_is_refused_at_registration(app: Celery) -> None:
-    with pytest.raises(DebounceConfigError,
-                       match=r"^[\w.]+: debounce_leading=False, debounce_trailing=False: "):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="1m", debounce_trailing=False)
+    with pytest.raises(
+        DebounceConfigError, match=r"^[\w.]+: debounce_leading=False, debounce_trailing=False: "
+    ):
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="1m",
+            debounce_trailing=False,
+        )
         def job() -> None:  # pragma: no cover - never registered
             pass
 
 
 def test_neither_edge_is_refused_per_call_and_writes_nothing(
-        app: Celery, redis_client: redis.Redis) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m",
-              debounce_leading=True)
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1s",
+        debounce_max_wait="1m",
+        debounce_leading=True,
+    )
     def job(x: int) -> None:  # pragma: no cover - never run
         pass
 
@@ -253,13 +334,19 @@ def _settled(app: Celery) -> bool:
     return not list_windows(app, states=["pending", "dispatching", "queued", "claimed"])
 
 
-def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(
-        app: Celery) -> None:
+def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(app: Celery) -> None:
     runs: list[tuple[str, int, float]] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="20s",
-              debounce_max_wait="1m", debounce_key="{user}", debounce_leading=True,
-              debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="20s",
+        debounce_max_wait="1m",
+        debounce_key="{user}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def refresh(self: Any, user: str, i: int) -> int:
         runs.append((self.request.id, i, time.time()))
         return i
@@ -299,9 +386,16 @@ def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(
 def test_worker_leading_and_trailing_burst_runs_first_then_trailing(app: Celery) -> None:
     runs: list[tuple[str, int, float]] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="3s",
-              debounce_max_wait="1m", debounce_key="{user}", debounce_leading=True,
-              debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="3s",
+        debounce_max_wait="1m",
+        debounce_key="{user}",
+        debounce_leading=True,
+        debounce_replace_payload=True,
+    )
     def refresh(self: Any, user: str, i: int) -> int:
         runs.append((self.request.id, i, time.time()))
         return i
@@ -329,8 +423,7 @@ def test_worker_leading_and_trailing_burst_runs_first_then_trailing(app: Celery)
             wait_until(lambda: _settled(app))
     finally:
         leading_run.disconnect(on_lead)
-    assert [(r[0], r[1]) for r in runs] == [(results[0].id, 0), (trailing_id, 4),
-                                           (single.id, 7)]
+    assert [(r[0], r[1]) for r in runs] == [(results[0].id, 0), (trailing_id, 4), (single.id, 7)]
     assert runs[1][2] >= burst_end + 2  # the trailing run waited for the quiet period
     assert sorted(x["task_id"] for x in leads) == sorted([results[0].id, single.id])
     row = DebounceAdmin(app).stats().tasks[refresh.name]
@@ -340,8 +433,14 @@ def test_worker_leading_and_trailing_burst_runs_first_then_trailing(app: Celery)
 def test_worker_a_burst_of_one_runs_once(app: Celery) -> None:
     runs: list[str] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="2s",
-              debounce_max_wait="1m", debounce_leading=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="2s",
+        debounce_max_wait="1m",
+        debounce_leading=True,
+    )
     def ping(self: Any, x: int) -> int:
         runs.append(self.request.id)
         return x
@@ -366,8 +465,15 @@ def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:
     leading call's max wait, so the next call leads again (leading only)."""
     runs: list[tuple[int, float]] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="3s", debounce_max_wait="4s",
-              debounce_key="{user}", debounce_leading=True, debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="3s",
+        debounce_max_wait="4s",
+        debounce_key="{user}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def refresh(user: str, i: int) -> int:
         runs.append((i, time.time()))
         return i
@@ -393,8 +499,13 @@ def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:
 def test_worker_per_call_override(app: Celery) -> None:
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="30s", debounce_max_wait="1m",
-              debounce_key="{user}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="30s",
+        debounce_max_wait="1m",
+        debounce_key="{user}",
+    )
     def refresh(user: str, i: int) -> int:
         runs.append(i)
         return i
@@ -410,8 +521,13 @@ def test_worker_per_call_override(app: Celery) -> None:
 
 
 def test_inspect_shows_the_edge_state(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_leading=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_leading=True,
+    )
     def job(x: int) -> None:  # pragma: no cover - never run (no worker)
         pass
 
@@ -436,8 +552,15 @@ def test_inspect_shows_the_edge_state(app: Celery) -> None:
 
 
 def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def job(user: str, i: int) -> None:  # pragma: no cover - never run (no worker)
         pass
 
@@ -457,12 +580,21 @@ def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
 
 
 def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
-        app: Celery, redis_client: redis.Redis) -> None:
+    app: Celery, redis_client: redis.Redis
+) -> None:
     """``enqueue_many(..., task_id=...)`` gives no call that id (each call gets its own
     or joins a window): a caller waiting on ``AsyncResult(task_id)`` would wait forever,
     and with leading only it would slip past the fixed-id refusal. Refused by name."""
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def job(user: str) -> None:  # pragma: no cover - never run (no worker)
         pass
 
@@ -472,7 +604,8 @@ def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
 
 
 def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
-        app_factory: Any, redis_client: redis.Redis) -> None:
+    app_factory: Any, redis_client: redis.Redis
+) -> None:
     """The leading run is a window written by the one gate call: with the windows'
     Redis down the call raises DebounceBackendError in seconds and nothing is
     written anywhere (no quiet period without its run)."""
@@ -484,8 +617,14 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
     listener.close()  # nothing listens there: connections are refused
     app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_leading=True, debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def job(x: int) -> None:  # pragma: no cover - never run
         pass
 
@@ -497,7 +636,8 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
 
 
 def test_canvas_with_both_edges_resolves_every_member_and_leading_only_is_refused(
-        app: Celery) -> None:
+    app: Celery,
+) -> None:
     """A chord whose members are edge calls: the first leads, the rest join the trailing
     window as aliases; every member id resolves and the chord's body runs. Leading
     only in a group is refused before anything is written (a suppressed member's id
@@ -506,9 +646,16 @@ def test_canvas_with_both_edges_resolves_every_member_and_leading_only_is_refuse
 
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="canvas.edge", debounce="500ms",
-              debounce_max_wait="5s", debounce_key="{0}", debounce_leading=True,
-              debounce_trailing=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="canvas.edge",
+        debounce="500ms",
+        debounce_max_wait="5s",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=True,
+    )
     def edge(key: str, x: int) -> int:
         runs.append(x)
         return x

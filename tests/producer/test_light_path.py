@@ -21,8 +21,15 @@ from celery_debounce.store import store_for
 
 
 def _task(app: Celery, **options: Any) -> Any:
-    @app.task(base=DebouncedTask, shared=False, name="light.t", debounce="300ms",
-              debounce_max_wait="2s", debounce_key="{0}", **options)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="light.t",
+        debounce="300ms",
+        debounce_max_wait="2s",
+        debounce_key="{0}",
+        **options,
+    )
     def t(x: int) -> int:
         return x * 10
 
@@ -69,8 +76,14 @@ def test_a_task_that_overrides_async_result_keeps_its_own(
         def AsyncResult(self, task_id: str, **kwargs: Any) -> Any:
             return Mine(task_id, app=self.app)
 
-    @app.task(base=Custom, shared=False, name="light.c", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k")
+    @app.task(
+        base=Custom,
+        shared=False,
+        name="light.c",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k",
+    )
     def c() -> None: ...
 
     assert type(app.tasks["light.c"].delay()) is Mine
@@ -194,8 +207,9 @@ def test_a_batch_gives_each_call_its_own_reply_or_error() -> None:
     from celery_debounce.errors import DebounceOutcomeUnknown
     from celery_debounce.store.node import _Combiner
 
-    conn = _FakeConn([b"a", redis.ResponseError("NOSCRIPT no"), None,
-                      redis.ConnectionError("lost"), b"never"])
+    conn = _FakeConn(
+        [b"a", redis.ResponseError("NOSCRIPT no"), None, redis.ConnectionError("lost"), b"never"]
+    )
     combiner = _Combiner(_FakeLease(conn))  # type: ignore[arg-type]
     batch = _batch(b"1", b"2", b"3", b"4", b"5")
     combiner._send("gate", batch)
@@ -249,7 +263,8 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
     # a script that holds the server 50 ms: calls made meanwhile queue up
     slow = redis_client.register_script(
         "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
-        "until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 50000 return 1")
+        "until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 50000 return 1"
+    )
     threads_n, calls = 8, 30
     start = threading.Barrier(threads_n + 1)
     got: dict[int, list[str]] = {}

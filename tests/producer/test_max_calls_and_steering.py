@@ -26,12 +26,20 @@ from celery_debounce.store import WindowStore
 from celery_debounce.testing import assert_not_pending, assert_pending
 
 
-def call(backend: WindowStore, key: str, max_calls: int | None, *, payload: int = 0,
-         task_id: str | None = None, window: str = "1h") -> GateResult:
+def call(
+    backend: WindowStore,
+    key: str,
+    max_calls: int | None,
+    *,
+    payload: int = 0,
+    task_id: str | None = None,
+    window: str = "1h",
+) -> GateResult:
     spec = build_spec(window, "{0}", "2h", False, max_calls)
     options: dict[str, object] = {}
-    prepared = prepare_call(backend.settings, "t", spec, (key, payload), {}, options, None,
-                            "json", task_id)
+    prepared = prepare_call(
+        backend.settings, "t", spec, (key, payload), {}, options, None, "json", task_id
+    )
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
@@ -41,7 +49,8 @@ def keys(backend: WindowStore) -> set[str]:
 
 # -- the cap, at the script level ------------------------------------------------------
 def test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     tag = backend.settings.tag(0)
     first = [call(backend, "k", 3, payload=i) for i in range(3)]
     assert [r.calls for r in first] == [1, 2, 3]
@@ -55,8 +64,11 @@ def test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one(
     assert f"{tag}:open:1:t:k" not in keys(backend)
     assert backend.client.zscore(f"{tag}:due", "1:t:k") is None
     assert backend.client.zscore(f"{tag}:leased", tid) == closer.now_ms
-    rec = {k.decode(): v.decode() for k, v in backend.client.hgetall(f"{tag}:win:{tid}").items()
-           if k != b"p"}
+    rec = {
+        k.decode(): v.decode()
+        for k, v in backend.client.hgetall(f"{tag}:win:{tid}").items()
+        if k != b"p"
+    }
     assert rec["st"] == "dispatching" and rec["tries"] == "0" and rec["cx"] == "1"
     assert rec["mc"] == "3" and rec["n"] == "3" and rec["dl"] == str(closer.now_ms)
     # the next call opens a new window
@@ -101,12 +113,14 @@ def test_a_windows_cap_is_its_openers(backend: WindowStore) -> None:
 
 
 def test_a_call_without_max_calls_sends_nothing_extra_and_stores_no_cap(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     spec = build_spec("1h", "{0}", "2h", False)
     prepared = prepare_call(backend.settings, "t", spec, ("k",), {}, {}, None, "json")
     assert len(gate_args(backend, prepared)) == 7  # the hot path's ARGV, unchanged
-    capped = prepare_call(backend.settings, "t", build_spec("1h", "{0}", "2h", False, 5),
-                          ("k",), {}, {}, None, "json")
+    capped = prepare_call(
+        backend.settings, "t", build_spec("1h", "{0}", "2h", False, 5), ("k",), {}, {}, None, "json"
+    )
     assert gate_args(backend, capped)[7:] == ["", "", "", "", 5]
     enter(backend, prepared)
     tag = backend.settings.tag(0)
@@ -131,16 +145,26 @@ def test_the_cap_with_caller_chosen_ids(backend: WindowStore) -> None:
 # -- the option ---------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [0, -1, True, "3", 2.5, 2**31])
 def test_a_bad_max_calls_is_refused_at_registration(app: Celery, bad: Any) -> None:
-    with pytest.raises(DebounceConfigError,
-                       match=rf"^[\w.]+: debounce_max_calls={bad!r}: expected a positive integer"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                  debounce_max_wait="1m", debounce_max_calls=bad)
+    with pytest.raises(
+        DebounceConfigError,
+        match=rf"^[\w.]+: debounce_max_calls={bad!r}: expected a positive integer",
+    ):
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="1m",
+            debounce_max_calls=bad,
+        )
         def job() -> None:  # pragma: no cover - never registered
             pass
 
 
 def test_a_bad_per_call_max_calls_raises_and_writes_nothing(
-        app: Celery, redis_client: redis.Redis) -> None:
+    app: Celery, redis_client: redis.Redis
+) -> None:
     @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
     def job(x: int) -> None:  # pragma: no cover - never run
         pass
@@ -155,8 +179,15 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
     period; the last one (5 calls) waits for it."""
     runs: list[tuple[str, float]] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="6s",
-              debounce_max_wait="1m", debounce_key="report:{user}", debounce_max_calls=10)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="6s",
+        debounce_max_wait="1m",
+        debounce_key="report:{user}",
+        debounce_max_calls=10,
+    )
     def build_report(self: Any, user: str, i: int) -> int:
         runs.append((self.request.id, time.time()))
         return i
@@ -181,8 +212,11 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
             assert len(runs) == 2
             assert results[20].get(timeout=30) == 20  # after its 6 s quiet period
             assert runs[2][1] >= burst_end + 5  # the last one waited (Redis vs local clock)
-            wait_until(lambda: not list_windows(app, states=["pending", "dispatching",
-                                                                "queued", "claimed"]))
+            wait_until(
+                lambda: (
+                    not list_windows(app, states=["pending", "dispatching", "queued", "claimed"])
+                )
+            )
     finally:
         window_closed_by_cap.disconnect(on_closed)
     assert [r[0] for r in runs] == [ids[0], ids[10], ids[20]]
@@ -194,8 +228,13 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
 
 
 def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_max_calls=4)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_max_calls=4,
+    )
     def job(x: int) -> None:  # pragma: no cover - never run
         pass
 
@@ -213,8 +252,13 @@ def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
 def test_pending_flush_and_cancel_by_the_tasks_own_arguments(app: Celery) -> None:
     runs: list[tuple[str, int]] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="report:{user_id}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="report:{user_id}",
+    )
     def build_report(user_id: str, revision: int = 0) -> str:
         runs.append((user_id, revision))
         return f"built {user_id}@{revision}"
@@ -248,8 +292,13 @@ def test_steering_resolves_the_key_exactly_as_a_call(app: Celery) -> None:
     def digest(a: int, b: int = 2, *, c: dict[str, int] | None = None) -> None:
         pass  # pragma: no cover - never run
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="k:{a}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{a}",
+    )
     def templated(a: int, b: int = 0) -> None:
         pass  # pragma: no cover - never run
 
@@ -278,8 +327,13 @@ def test_steering_a_task_without_a_window_is_a_clear_error(app: Celery) -> None:
 
 
 def test_assert_pending_and_assert_not_pending(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="u:{user}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="u:{user}",
+    )
     def touch(user: str, n: int = 0) -> None:
         pass  # pragma: no cover - never run
 
@@ -301,8 +355,9 @@ def test_assert_pending_and_assert_not_pending(app: Celery) -> None:
 def test_enqueue_many_and_send_task_honour_the_cap(app: Celery) -> None:
     from celery_debounce import enqueue_many, send_task
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="k")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="k"
+    )
     def job(i: int) -> None:  # pragma: no cover - never run
         pass
 

@@ -69,21 +69,33 @@ def fallbacks() -> Iterator[list[dict[str, Any]]]:
 
 def _app(redis_server: str, windows_url: str, **conf: Any) -> Celery:
     """Broker and results on the session's server; the windows' Redis elsewhere."""
-    app = make_app(redis_server, debounce_redis_url=f"{windows_url}/0",
-                   debounce_redis_timeout=TIMEOUT, debounce_dispatcher=False, **conf)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{windows_url}/0",
+        debounce_redis_timeout=TIMEOUT,
+        debounce_dispatcher=False,
+        **conf,
+    )
     redis.Redis.from_url(f"{redis_server}/1").flushdb()
     return app
 
 
 def _tasks(app: Celery, ran: list[Any]) -> tuple[Any, Any]:
-    @app.task(base=DebouncedTask, shared=False, name="o.work", debounce="5s",
-              debounce_max_wait="10s")
+    @app.task(
+        base=DebouncedTask, shared=False, name="o.work", debounce="5s", debounce_max_wait="10s"
+    )
     def work(x: int) -> int:
         ran.append(x)
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="o.collect", debounce="5s",
-              debounce_max_wait="10s", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="o.collect",
+        debounce="5s",
+        debounce_max_wait="10s",
+        debounce_collect=True,
+    )
     def collect(calls: list[Any]) -> int:
         # stamped: published as a list of calls (as debounce=False), not as plain args
         ran.extend(("collect", *call.args, call.called_at is not None) for call in calls)
@@ -94,9 +106,13 @@ def _tasks(app: Celery, ran: list[Any]) -> tuple[Any, Any]:
 
 def _every_way_in(app: Celery, work: Any, collect: Any) -> list[Any]:
     """delay, apply_async with options, a fixed id, send_task, enqueue_many, collect."""
-    results = [work.delay(1), work.apply_async((2,), priority=3, headers={"h": "v"}),
-               work.apply_async((3,), task_id="fixed-3"),
-               send_task(app, "o.work", (4,)), collect.delay(5)]
+    results = [
+        work.delay(1),
+        work.apply_async((2,), priority=3, headers={"h": "v"}),
+        work.apply_async((3,), task_id="fixed-3"),
+        send_task(app, "o.work", (4,)),
+        collect.delay(5),
+    ]
     results += enqueue_many(work, [((6,), {}), ((7,), {})])
     return results
 
@@ -105,10 +121,10 @@ EVERY_CALL = [1, 2, 3, 4, ("collect", 5, True), 6, 7]
 
 
 def test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it(
-    redis_server: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}",
-               debounce_on_outage="publish")
+    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
     ran: list[Any] = []
     work, collect = _tasks(app, ran)
     with running_worker(app):
@@ -122,13 +138,13 @@ def test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it(
 
 
 def test_publish_with_the_redis_stopped_resolves_groups_chains_and_chords(
-    redis_server: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
     """Canvas members keep their frozen ids and canvas options in the plain publish."""
     from celery import chain, chord, group
 
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}",
-               debounce_on_outage="publish")
+    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
     work, _ = _tasks(app, [])
 
     @app.task(shared=False, name="o.total")
@@ -143,12 +159,17 @@ def test_publish_with_the_redis_stopped_resolves_groups_chains_and_chords(
 
 
 def test_raise_with_the_redis_stopped_raises_as_before(
-    redis_server: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
     app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
     work, collect = _tasks(app, [])
-    for call in (lambda: work.delay(1), lambda: send_task(app, "o.work", (2,)),
-                 lambda: collect.delay(3), lambda: enqueue_many(work, [((4,), {})])):
+    for call in (
+        lambda: work.delay(1),
+        lambda: send_task(app, "o.work", (2,)),
+        lambda: collect.delay(3),
+        lambda: enqueue_many(work, [((4,), {})]),
+    ):
         with pytest.raises(DebounceBackendError, match="unreachable") as info:
             call()
         assert not isinstance(info.value, DebounceBreakerOpen)
@@ -166,10 +187,13 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def test_publish_with_a_redis_that_never_answers_waits_once_then_skips_it(
-    redis_server: str, silent_url: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    silent_url: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, silent_url, debounce_on_outage="publish",
-               debounce_outage_probe_interval=60)
+    app = _app(
+        redis_server, silent_url, debounce_on_outage="publish", debounce_outage_probe_interval=60
+    )
     ran: list[Any] = []
     work, collect = _tasks(app, ran)
     with running_worker(app):
@@ -188,15 +212,21 @@ def test_publish_with_a_redis_that_never_answers_waits_once_then_skips_it(
 
 
 def test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call(
-    redis_server: str, silent_url: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    silent_url: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
     app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
     work, collect = _tasks(app, [])
     first, error = _timed(lambda: work.delay(1))
     assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
     assert not isinstance(error, DebounceBreakerOpen)  # the store's own error, waited for
-    for call in (lambda: work.delay(2), lambda: send_task(app, "o.work", (3,)),
-                 lambda: collect.delay(4), lambda: enqueue_many(work, [((5,), {})])):
+    for call in (
+        lambda: work.delay(2),
+        lambda: send_task(app, "o.work", (3,)),
+        lambda: collect.delay(4),
+        lambda: enqueue_many(work, [((5,), {})]),
+    ):
         took, error = _timed(call)
         assert took < TIMEOUT / 2
         assert isinstance(error, DebounceBreakerOpen), error
@@ -216,7 +246,8 @@ def stoppable() -> Iterator[LocalRedis]:
 
 
 def test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker(
-    redis_server: str, stoppable: LocalRedis,
+    redis_server: str,
+    stoppable: LocalRedis,
 ) -> None:
     """A SIGSTOPped redis-server: the breaker opens; while it is open calls fail at
     once; after the interval one call probes (the others still skip); once the server
@@ -232,8 +263,10 @@ def test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker(
     wait_until(lambda: time.monotonic() >= breaker.probe_at, 5)
     # several threads at once after the interval: exactly one of them waits on Redis
     timings: list[tuple[float, Any]] = []
-    threads = [threading.Thread(target=lambda: timings.append(_timed(lambda: work.delay(4))))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: timings.append(_timed(lambda: work.delay(4))))
+        for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -256,7 +289,8 @@ def test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker(
 
 
 def test_a_forked_child_starts_with_the_breaker_closed(
-    redis_server: str, silent_url: str,
+    redis_server: str,
+    silent_url: str,
 ) -> None:
     app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
     work, _ = _tasks(app, [])
@@ -321,8 +355,12 @@ def test_greenlets_patched_after_import_share_one_probe_and_never_block_each_oth
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", GREEN_CALLERS, redis_server],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", GREEN_CALLERS, redis_server],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["first"][0] >= TIMEOUT * 0.9 and out["first"][1] != "open"
@@ -332,13 +370,23 @@ def test_greenlets_patched_after_import_share_one_probe_and_never_block_each_oth
     assert len(skipped) == 19 and max(t for t, _ in skipped) < TIMEOUT / 2, out
 
 
-@pytest.mark.parametrize(("fault", "kind"), [
-    ("error", "refused"), ("error-readonly", "refused"), ("error-loading", "refused"),
-    ("error-noperm", None), ("drop", "unknown"),
-])
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ("error", "refused"),
+        ("error-readonly", "refused"),
+        ("error-loading", "refused"),
+        ("error-noperm", None),
+        ("drop", "unknown"),
+    ],
+)
 def test_which_errors_are_an_outage(
-    fault: str, kind: str | None, fault_proxy: FaultProxy, redis_server: str,
-    redis_client: redis.Redis, fallbacks: list[dict[str, Any]],
+    fault: str,
+    kind: str | None,
+    fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
     """OOM, READONLY, LOADING (nothing ran) and a lost reply (it may have run) fall
     back under "publish"; NOPERM is configuration: it raises under every policy."""
@@ -359,7 +407,9 @@ def test_which_errors_are_an_outage(
 
 
 def test_enqueue_many_publishes_only_the_calls_an_outage_kept_out(
-    fault_proxy: FaultProxy, redis_server: str, redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
     fallbacks: list[dict[str, Any]],
 ) -> None:
     """One call of a bulk batch refused (OOM): under "publish" that one is published
@@ -380,7 +430,8 @@ def test_enqueue_many_publishes_only_the_calls_an_outage_kept_out(
 
 
 def test_bad_values_are_refused_naming_the_option_and_nothing_is_written(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     app = make_app(redis_server, debounce_on_outage="later")
     with pytest.raises(DebounceConfigError, match=r"debounce_on_outage='later'"):
@@ -392,16 +443,24 @@ def test_bad_values_are_refused_naming_the_option_and_nothing_is_written(
     work, _ = _tasks(app, [])
     with pytest.raises(DebounceConfigError, match=r"debounce_on_outage='Publish'"):
         work.apply_async((1,), debounce_on_outage="Publish")
+
     def job() -> None: ...
 
     with pytest.raises(DebounceConfigError, match=r"debounce_on_outage=True"):
-        app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1s",
-                 debounce_max_wait="2s", debounce_on_outage=True)(job)
+        app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1s",
+            debounce_max_wait="2s",
+            debounce_on_outage=True,
+        )(job)
     assert redis_client.keys("debounce:*") == []
 
 
 def test_the_per_call_option_overrides_the_setting_and_errors_of_the_call_still_raise(
-    redis_server: str, fallbacks: list[dict[str, Any]],
+    redis_server: str,
+    fallbacks: list[dict[str, Any]],
 ) -> None:
     app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
     work, _ = _tasks(app, [])

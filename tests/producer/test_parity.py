@@ -35,8 +35,13 @@ from celery_debounce import (
 from celery_debounce import signals as sig
 from celery_debounce.ops.admin import DebounceAdmin
 
-LEAD = {"debounce": "1h", "debounce_max_wait": "2h", "debounce_key": "{0}",
-        "debounce_leading": True, "debounce_trailing": False}
+LEAD = {
+    "debounce": "1h",
+    "debounce_max_wait": "2h",
+    "debounce_key": "{0}",
+    "debounce_leading": True,
+    "debounce_trailing": False,
+}
 TRAIL = {"debounce": "1h", "debounce_max_wait": "2h", "debounce_key": "{0}"}
 
 
@@ -75,28 +80,37 @@ CANVAS = {
     "chain in a chord body": lambda p, lead, t: chord([p.s(1)], chain(p.s(), lead.s())),
     "countdown on a chain tail": lambda p, lead, t: chain(p.s(1), t.s().set(countdown=5)),
     "misspelt option on a chord body": lambda p, lead, t: chord(
-        [p.s(1)], t.s().set(debounce_replace_paylod=True)),
+        [p.s(1)], t.s().set(debounce_replace_paylod=True)
+    ),
 }
 
 
 @pytest.mark.parametrize("build", CANVAS.values(), ids=list(CANVAS))
 def test_a_deferred_canvas_position_is_refused_when_the_canvas_is_applied(
-        app: Celery, build: Any) -> None:
+    app: Celery, build: Any
+) -> None:
     plain, lead, trail = _tasks(app)
     with pytest.raises(DebounceConfigError) as refused:
         build(plain, lead, trail).apply_async()
     text = str(refused.value)
     assert "refused when the canvas is applied" in text
-    assert any(name in text for name in (
-        "debounce_leading=True, debounce_trailing=False", "countdown=5",
-        "debounce_replace_paylod=True"))
+    assert any(
+        name in text
+        for name in (
+            "debounce_leading=True, debounce_trailing=False",
+            "countdown=5",
+            "debounce_replace_paylod=True",
+        )
+    )
     _nothing_written(app)
 
 
 def test_a_trailing_task_later_in_a_canvas_is_accepted(app: Celery) -> None:
     plain, _lead, trail = _tasks(app)
-    results = [chain(plain.s(1), trail.s()).apply_async(),
-               chord([plain.s(1)], trail.s()).apply_async()]
+    results = [
+        chain(plain.s(1), trail.s()).apply_async(),
+        chord([plain.s(1)], trail.s()).apply_async(),
+    ]
     broker = redis.Redis.from_url(app.conf.broker_url)
     assert broker.llen("celery") == 2  # the two plain heads, published
     for result in results:  # unsubscribe while the result backend is up
@@ -113,8 +127,13 @@ def _eager_app(**conf: Any) -> Celery:
 def test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis() -> None:
     app = _eager_app(debounce_max_payload_bytes=200)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="user:{user}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="user:{user}",
+    )
     def keyed(user: str) -> str:
         return user
 
@@ -198,8 +217,9 @@ class _PlainBase(DebouncedTask):
     """A class-based task whose run a collect subclass inherits."""
 
     def run(self, calls: Any) -> Any:
-        return [[type(c).__name__, list(c.args) if isinstance(c, DebouncedCall) else c]
-                for c in calls]
+        return [
+            [type(c).__name__, list(c.args) if isinstance(c, DebouncedCall) else c] for c in calls
+        ]
 
 
 class _Registered(DebouncedTask):
@@ -214,50 +234,72 @@ class _Registered(DebouncedTask):
 
 # shared_task registers in every app this process finalizes later (shared= is not its
 # option): its own JSON serializer keeps it valid in the suite's pickle apps
-@shared_task(base=DebouncedTask, name="parity.collect.shared", debounce="1h",
-             debounce_max_wait="2h", debounce_collect=True, serializer="json")
+@shared_task(
+    base=DebouncedTask,
+    name="parity.collect.shared",
+    debounce="1h",
+    debounce_max_wait="2h",
+    debounce_collect=True,
+    serializer="json",
+)
 def _shared(calls: Any) -> Any:
     return [[type(c).__name__, list(c.args)] for c in calls]
 
 
 def _collect_task(app: Celery, shape: str) -> Any:
-    opts: dict[str, Any] = {"debounce": "1h", "debounce_max_wait": "2h",
-                            "debounce_collect": True, "shared": False}
+    opts: dict[str, Any] = {
+        "debounce": "1h",
+        "debounce_max_wait": "2h",
+        "debounce_collect": True,
+        "shared": False,
+    }
     if shape == "function":
+
         @app.task(base=DebouncedTask, name="parity.collect.fn", **opts)
         def fn(calls: Any) -> Any:
             return [[type(c).__name__, list(c.args)] for c in calls]
+
         return fn
     if shape == "bind":
+
         @app.task(base=DebouncedTask, bind=True, name="parity.collect.bound", **opts)
         def bound(self: Any, calls: Any) -> Any:
             return [[type(c).__name__, list(c.args)] for c in calls]
+
         return bound
     if shape == "register_task":
         return app.register_task(_Registered())
     if shape == "subclass inheriting run":
+
         class Inherits(_PlainBase):
             name = "parity.collect.inherits"
             debounce = "1h"
             debounce_max_wait = "2h"
             debounce_collect = True
+
         return app.register_task(Inherits())
     if shape == "shared_task":
         app.finalize()
         return _shared if isinstance(_shared, DebouncedTask) else app.tasks[_shared.name]
     assert shape == "custom app Task class"
-    custom = Celery("custom-collect", task_cls=_PlainBase, broker="memory://",
-                    set_as_current=False)
+    custom = Celery("custom-collect", task_cls=_PlainBase, broker="memory://", set_as_current=False)
     custom.conf.task_always_eager = True
 
     @custom.task(name="parity.collect.custom", **opts)
     def custom_fn(calls: Any) -> Any:
         return [[type(c).__name__, list(c.args)] for c in calls]
+
     return custom_fn
 
 
-SHAPES = ["function", "bind", "register_task", "subclass inheriting run", "shared_task",
-          "custom app Task class"]
+SHAPES = [
+    "function",
+    "bind",
+    "register_task",
+    "subclass inheriting run",
+    "shared_task",
+    "custom app Task class",
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -293,8 +335,11 @@ def test_a_plain_subclass_of_a_collect_class_gets_its_own_arguments() -> None:
 # -- 4. map / starmap / chunks ---------------------------------------------------------------
 def test_map_starmap_chunks_of_a_debounced_task_are_refused_at_call_time(app: Celery) -> None:
     _plain, _lead, trail = _tasks(app)
-    for make in (lambda: trail.map([1, 2]), lambda: trail.starmap([(1,), (2,)]),
-                 lambda: trail.chunks([(1,), (2,)], 1)):
+    for make in (
+        lambda: trail.map([1, 2]),
+        lambda: trail.starmap([(1,), (2,)]),
+        lambda: trail.chunks([(1,), (2,)], 1),
+    ):
         with pytest.raises(DebounceConfigError, match=r"runs the task inline"):
             make()
     with pytest.raises(DebounceConfigError, match=r"parity.trail: map\(\) runs the task inline"):
@@ -310,11 +355,20 @@ def test_map_starmap_chunks_of_a_debounced_task_are_refused_at_call_time(app: Ce
 
 # -- 5. unknown debounce_* names ---------------------------------------------------------------
 def test_an_unknown_task_option_is_refused_at_registration(app: Celery) -> None:
-    with pytest.raises(DebounceConfigError,
-                       match=r"debounce_colect=True: unknown task option.*did you mean "
-                             r"'debounce_collect'"):
-        @app.task(base=DebouncedTask, shared=False, lazy=False, debounce="1h",
-                  debounce_max_wait="2h", debounce_colect=True)
+    with pytest.raises(
+        DebounceConfigError,
+        match=r"debounce_colect=True: unknown task option.*did you mean "
+        r"'debounce_collect'",
+    ):
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            lazy=False,
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_colect=True,
+        )
         def typo(calls: Any) -> None:  # pragma: no cover - never registered
             pass
 
@@ -335,9 +389,11 @@ def test_an_unknown_call_option_is_refused_and_nothing_is_written(app: Celery) -
         lambda: enqueue_many(trail, [(("k",), {})], debounce_replace_paylod=True),
     ]
     for call in ways:
-        with pytest.raises(DebounceConfigError,
-                           match=r"debounce_replace_paylod=True: unknown option.*did you "
-                                 r"mean 'debounce_replace_payload'"):
+        with pytest.raises(
+            DebounceConfigError,
+            match=r"debounce_replace_paylod=True: unknown option.*did you "
+            r"mean 'debounce_replace_payload'",
+        ):
             call()
     _nothing_written(app)
 
@@ -349,9 +405,11 @@ def test_an_unknown_setting_is_refused_at_settings_load(redis_server: str) -> No
     def job(x: str) -> None:  # pragma: no cover - never run
         pass
 
-    with pytest.raises(DebounceConfigError,
-                       match=r"debounce_redis_ulr='redis://x': unknown setting.*did you mean "
-                             r"'debounce_redis_url'"):
+    with pytest.raises(
+        DebounceConfigError,
+        match=r"debounce_redis_ulr='redis://x': unknown setting.*did you mean "
+        r"'debounce_redis_url'",
+    ):
         job.delay("k")
 
 
@@ -364,14 +422,17 @@ def test_only_the_packages_prefix_counts_in_django_style_settings(redis_server: 
     app = Celery("django-style", set_as_current=False)
     app.config_from_object(Django, namespace="CELERY")
     from celery_debounce.settings import Settings
+
     assert Settings.from_app(app).redis_url == f"{redis_server}/0"
 
     Django.CELERY_DEBOUNCE_KEY_PREFX = "x"  # type: ignore[attr-defined]
     app = Celery("django-typo", set_as_current=False)
     app.config_from_object(Django, namespace="CELERY")
-    with pytest.raises(DebounceConfigError,
-                       match=r"CELERY_DEBOUNCE_KEY_PREFX='x': unknown setting.*did you mean "
-                             r"'CELERY_DEBOUNCE_KEY_PREFIX'"):
+    with pytest.raises(
+        DebounceConfigError,
+        match=r"CELERY_DEBOUNCE_KEY_PREFX='x': unknown setting.*did you mean "
+        r"'CELERY_DEBOUNCE_KEY_PREFIX'",
+    ):
         Settings.from_app(app)
 
 
@@ -383,10 +444,12 @@ def test_enqueue_many_sends_the_signals_a_single_call_sends(app: Celery) -> None
     def listen(name: str) -> Any:
         def receiver(sender: str, key: str, **kwargs: Any) -> None:
             heard.append((name, key))
+
         return receiver
 
-    receivers = {s: listen(s.name) for s in (sig.window_opened, sig.call_absorbed,
-                                              sig.call_suppressed)}
+    receivers = {
+        s: listen(s.name) for s in (sig.window_opened, sig.call_absorbed, sig.call_suppressed)
+    }
     for s, r in receivers.items():
         s.connect(r, weak=False)
     try:
@@ -421,11 +484,24 @@ PER_CALL: dict[str, dict[str, Any]] = {
     "trailing on the call": {"debounce_trailing": True},  # contradicts leading only
 }
 #: Ways in whose call has an id fixed before it is made (canvas freezes every member).
-FIXED_WAYS = ("task_id=", "group member", "chord header", "chord body", "chain head",
-              "chain middle", "chain tail")
+FIXED_WAYS = (
+    "task_id=",
+    "group member",
+    "chord header",
+    "chord body",
+    "chain head",
+    "chain middle",
+    "chain tail",
+)
 INLINE_WAYS = ("map", "starmap", "chunks")
-CANVAS_WAYS = ("group member", "chord header", "chord body", "chain head", "chain middle",
-               "chain tail")
+CANVAS_WAYS = (
+    "group member",
+    "chord header",
+    "chord body",
+    "chain head",
+    "chain middle",
+    "chain tail",
+)
 
 
 def _apply(way: str, task: Any, plain: Any, app: Celery, opts: dict[str, Any]) -> Any:
@@ -471,8 +547,9 @@ def _expected_refusal(options: str, per_call: str, way: str) -> str | None:
     if per_call == "countdown":
         texts.append(re.escape("countdown=5"))
     if per_call == "misspelt":
-        texts.append("debounce_replace_paylod=True: unknown option.*did you mean "
-                     "'debounce_replace_payload'")
+        texts.append(
+            "debounce_replace_paylod=True: unknown option.*did you mean 'debounce_replace_payload'"
+        )
     if options == "leading only" and per_call != "trailing on the call" and way in FIXED_WAYS:
         texts.append("debounce_leading=True, debounce_trailing=False cannot be combined")
     return "|".join(texts) or None
@@ -489,15 +566,20 @@ def _shaped_task(app: Celery, shape: str, options: dict[str, Any]) -> Any:
         return [list(c.args) for c in first] if collect else list(args)
 
     if shape in ("function", "custom app Task class"):
-        @app.task(base=DebouncedTask if shape == "function" else None, shared=False,
-                  name=name, **opts)
+
+        @app.task(
+            base=DebouncedTask if shape == "function" else None, shared=False, name=name, **opts
+        )
         def fn(x: Any = None) -> Any:
             return body(x)
+
         return fn
     if shape == "bind":
+
         @app.task(base=DebouncedTask, bind=True, shared=False, name=name, **opts)
         def bound(self: Any, x: Any = None) -> Any:
             return body(x)
+
         return bound
     attrs = {"name": name, **opts}
     if shape == "register_task":
@@ -508,10 +590,14 @@ def _shaped_task(app: Celery, shape: str, options: dict[str, Any]) -> Any:
     return app.register_task(type("Inheriting", (base,), attrs)())
 
 
-CLASS_SHAPES = ["function", "bind", "register_task", "subclass inheriting run",
-                "custom app Task class"]
-WAYS = ["delay", "task_id=", "send_task", "enqueue_many", "signature", *CANVAS_WAYS,
-        *INLINE_WAYS]
+CLASS_SHAPES = [
+    "function",
+    "bind",
+    "register_task",
+    "subclass inheriting run",
+    "custom app Task class",
+]
+WAYS = ["delay", "task_id=", "send_task", "enqueue_many", "signature", *CANVAS_WAYS, *INLINE_WAYS]
 
 
 def _class_cases() -> list[Any]:
@@ -520,25 +606,45 @@ def _class_cases() -> list[Any]:
         for shape in CLASS_SHAPES:
             for options in OPTION_SETS:
                 for per_call in PER_CALL:
-                    if shape != "function" and per_call != "no option" and options not in (
-                            "trailing", "leading only"):
+                    if (
+                        shape != "function"
+                        and per_call != "no option"
+                        and options not in ("trailing", "leading only")
+                    ):
                         continue  # shapes x every per-call option only for two option sets
                     for way in WAYS:
-                        cases.append(pytest.param(
-                            eager, shape, options, per_call, way,
-                            id=f"{'eager' if eager else 'real'}-{shape}-{options}-"
-                               f"{per_call}-{way}"))
+                        cases.append(
+                            pytest.param(
+                                eager,
+                                shape,
+                                options,
+                                per_call,
+                                way,
+                                id=f"{'eager' if eager else 'real'}-{shape}-{options}-"
+                                f"{per_call}-{way}",
+                            )
+                        )
     return cases
 
 
 @pytest.mark.parametrize(("eager", "shape", "options", "per_call", "way"), _class_cases())
 def test_every_way_in_works_or_is_refused_at_call_time(
-        redis_server: str, redis_client: redis.Redis, eager: bool, shape: str, options: str,
-        per_call: str, way: str) -> None:
+    redis_server: str,
+    redis_client: redis.Redis,
+    eager: bool,
+    shape: str,
+    options: str,
+    per_call: str,
+    way: str,
+) -> None:
     if eager:
         custom = shape == "custom app Task class"
-        app = Celery("class-eager", broker="memory://", set_as_current=False,
-                     task_cls=_PlainBase if custom else "celery.app.task:Task")
+        app = Celery(
+            "class-eager",
+            broker="memory://",
+            set_as_current=False,
+            task_cls=_PlainBase if custom else "celery.app.task:Task",
+        )
         app.conf.update(task_always_eager=True)
     else:
         app = make_app(redis_server)
@@ -577,19 +683,27 @@ def _deploy_pair(redis_server: str, producer_collect: bool) -> tuple[Any, Celery
     """The same task name on two apps (two releases of one project): the producer's
     release with ``debounce_collect=producer_collect``, the worker's with the other."""
     producer, worker = make_app(redis_server), make_app(redis_server)
-    opts = {"debounce": "200ms", "debounce_max_wait": "5s", "debounce_key": "{0}",
-            "shared": False, "name": "parity.deploy.report"}
+    opts = {
+        "debounce": "200ms",
+        "debounce_max_wait": "5s",
+        "debounce_key": "{0}",
+        "shared": False,
+        "name": "parity.deploy.report",
+    }
 
     def define(app: Celery, collect: bool) -> Any:
         if collect:
+
             @app.task(base=DebouncedTask, debounce_collect=True, **opts)
             def report(calls: list[DebouncedCall]) -> Any:
                 return ["calls", [[list(c.args), c.kwargs] for c in calls]]
+
             return report
 
         @app.task(base=DebouncedTask, **opts)
         def report(user: str, n: int = 0) -> Any:
             return ["plain", user, n]
+
         return report
 
     return define(producer, producer_collect), define(worker, not producer_collect) and worker
@@ -597,7 +711,8 @@ def _deploy_pair(redis_server: str, producer_collect: bool) -> tuple[Any, Celery
 
 @pytest.mark.parametrize("producer_collect", [True, False], ids=["collect off", "collect on"])
 def test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_workers_shape(
-        redis_server: str, redis_client: redis.Redis, producer_collect: bool) -> None:
+    redis_server: str, redis_client: redis.Redis, producer_collect: bool
+) -> None:
     """A window written by a release where the task is (not) ``debounce_collect`` and run
     by a worker of the other release: the run gets what its function takes, never the
     other shape (a raw list of call elements, or a TypeError that failed the run).

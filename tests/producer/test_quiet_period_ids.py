@@ -24,7 +24,8 @@ TAG = "debounce:{0}"
 
 
 def test_a_suppressed_call_never_gets_the_id_of_an_expired_result(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """result_expires=2 s, a leading-only task with a 20 s window and a 1 min max
     wait, a call every 0.25 s for 5 s: every call's id resolves right after the call
@@ -33,9 +34,16 @@ def test_a_suppressed_call_never_gets_the_id_of_an_expired_result(
     app = make_app(redis_server, result_expires=2)
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="quiet.digest", debounce="20s",
-              debounce_max_wait="1m", debounce_key="{0}", debounce_leading=True,
-              debounce_trailing=False)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="quiet.digest",
+        debounce="20s",
+        debounce_max_wait="1m",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     def digest(user: str, i: int) -> int:
         runs.append(i)
         return i
@@ -58,20 +66,35 @@ def test_a_suppressed_call_never_gets_the_id_of_an_expired_result(
 
 
 def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     for expires in (None, 0, 3600):
         redis_client.flushall()
         app = make_app(redis_server, result_expires=expires)
 
-        @app.task(base=DebouncedTask, shared=False, name="quiet.t", debounce="20s",
-                  debounce_max_wait="1m", debounce_key="{0}", debounce_leading=True,
-                  debounce_trailing=False)
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="quiet.t",
+            debounce="20s",
+            debounce_max_wait="1m",
+            debounce_key="{0}",
+            debounce_leading=True,
+            debounce_trailing=False,
+        )
         def t(user: str) -> None: ...
 
-        @app.task(base=DebouncedTask, shared=False, name="quiet.both", debounce="20s",
-                  debounce_max_wait="2h", debounce_key="{0}", debounce_leading=True,
-                  debounce_trailing=True)
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="quiet.both",
+            debounce="20s",
+            debounce_max_wait="2h",
+            debounce_key="{0}",
+            debounce_leading=True,
+            debounce_trailing=True,
+        )
         def both(user: str) -> None: ...
 
         t.delay("u")
@@ -88,8 +111,14 @@ def test_every_way_in_gets_the_ceiling(redis_server: str, redis_client: redis.Re
 
     app = make_app(redis_server, result_expires=60)
 
-    @app.task(base=DebouncedTask, shared=False, name="quiet.plain", debounce="20s",
-              debounce_max_wait="1h", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="quiet.plain",
+        debounce="20s",
+        debounce_max_wait="1h",
+        debounce_key="{0}",
+    )
     def plain(user: str) -> None: ...
 
     def mw(name: str, key: str) -> int:
@@ -98,9 +127,18 @@ def test_every_way_in_gets_the_ceiling(redis_server: str, redis_client: redis.Re
 
     plain.apply_async(("a",), debounce_leading=True, debounce_trailing=False)
     assert mw(plain.name, "a") == 60_000
-    send_task(app, "quiet.byname", args=("b",), debounce="20s", debounce_max_wait="2h",
-              debounce_key="{0}", debounce_leading=True, debounce_trailing=False)
+    send_task(
+        app,
+        "quiet.byname",
+        args=("b",),
+        debounce="20s",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+        debounce_leading=True,
+        debounce_trailing=False,
+    )
     assert mw("quiet.byname", "b") == 60_000
-    enqueue_many(plain, [(("c",), {}), (("c",), {})], debounce_leading=True,
-                 debounce_trailing=False)
+    enqueue_many(
+        plain, [(("c",), {}), (("c",), {})], debounce_leading=True, debounce_trailing=False
+    )
     assert mw(plain.name, "c") == 60_000

@@ -37,8 +37,15 @@ def rapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     def collect(results: list[int]) -> list[int]:
         return sorted(results)
 
-    @app.task(base=DebouncedTask, shared=False, name="rep.t", bind=True,
-              debounce="300ms", debounce_max_wait="3s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="rep.t",
+        bind=True,
+        debounce="300ms",
+        debounce_max_wait="3s",
+        debounce_key="{0}",
+    )
     def t(self: Any, x: int, how: str = "task") -> Any:
         if how == "task":
             return self.replace(add.s(x, 1000))
@@ -52,8 +59,14 @@ def rapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
             return self.replace(app.tasks["rep.d"].s(x))
         return self.replace(boom.s(x))
 
-    @app.task(base=DebouncedTask, shared=False, name="rep.d", debounce="200ms",
-              debounce_max_wait="1s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="rep.d",
+        debounce="200ms",
+        debounce_max_wait="1s",
+        debounce_key="{0}",
+    )
     def d(x: int) -> int:
         return x + 3000
 
@@ -69,7 +82,8 @@ def _finished(client: redis.Redis, task_id: str) -> bytes | None:
 
 
 def test_a_group_whose_members_join_a_replaced_window_completes(
-    rapp: Celery, redis_client: redis.Redis,
+    rapp: Celery,
+    redis_client: redis.Redis,
 ) -> None:
     t = rapp.tasks["rep.t"]
     with running_worker(rapp):
@@ -78,11 +92,15 @@ def test_a_group_whose_members_join_a_replaced_window_completes(
         assert [r.get(timeout=5) for r in result.results] == [1005, 1005, 1006]
 
 
-@pytest.mark.parametrize(("how", "want"), [
-    ("task", 1007), ("chain", 1008), ("group", [8, 9]), ("twice", 2007),
-    ("debounced", 3007)])
+@pytest.mark.parametrize(
+    ("how", "want"),
+    [("task", 1007), ("chain", 1008), ("group", [8, 9]), ("twice", 2007), ("debounced", 3007)],
+)
 def test_every_id_of_a_replaced_window_resolves_to_the_replacements_result(
-    rapp: Celery, redis_client: redis.Redis, how: str, want: Any,
+    rapp: Celery,
+    redis_client: redis.Redis,
+    how: str,
+    want: Any,
 ) -> None:
     """A default call, a caller's task_id= and a chord member all join one window
     whose run replaces itself (with a task, a chain, a group, a task that replaces

@@ -44,18 +44,29 @@ def silent_host() -> Iterator[int]:
 
 @pytest.mark.cluster
 def test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_master(
-        redis_cluster: LocalCluster, redis_server: str, silent_host: int) -> None:
+    redis_cluster: LocalCluster, redis_server: str, silent_host: int
+) -> None:
     """The slot table names a master that never answers a connect. Nothing was sent:
     the table is read again and the call goes to the slot's current master, after one
     connect timeout (before: 'Timeout connecting' on this call and on every later one,
     the table never read again: only a refused connect re-read it)."""
     redis_cluster.flushall()
-    app = make_app(redis_server, debounce_redis_url=f"{redis_cluster.url}/0",
-                   debounce_redis_cluster=True, debounce_shards=6,
-                   debounce_redis_timeout=0.5)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{redis_cluster.url}/0",
+        debounce_redis_cluster=True,
+        debounce_shards=6,
+        debounce_redis_timeout=0.5,
+    )
 
-    @app.task(base=DebouncedTask, shared=False, debounce="30s", debounce_key="k{x}",
-              debounce_max_wait="60s", name="cl.silent")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="30s",
+        debounce_key="k{x}",
+        debounce_max_wait="60s",
+        name="cl.silent",
+    )
     def work(x: int) -> int:
         return x
 
@@ -64,14 +75,26 @@ def test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_mast
     tag = store.tag(0)
     slot = key_slot(tag)
     manager = store.client.nodes_manager
-    gone = ClusterNode("127.0.0.1", silent_host, PRIMARY, redis.Redis(
-        port=silent_host, socket_connect_timeout=0.5, socket_timeout=0.5,
-        retry=Retry(NoBackoff(), 0)))
-    for shard_slot in [s for s, nodes in manager.slots_cache.items()
-                       if nodes[0].name == manager.slots_cache[slot][0].name]:
+    gone = ClusterNode(
+        "127.0.0.1",
+        silent_host,
+        PRIMARY,
+        redis.Redis(
+            port=silent_host,
+            socket_connect_timeout=0.5,
+            socket_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
+        ),
+    )
+    for shard_slot in [
+        s
+        for s, nodes in manager.slots_cache.items()
+        if nodes[0].name == manager.slots_cache[slot][0].name
+    ]:
         manager.slots_cache[shard_slot] = [gone]  # as after a failover not yet read
-    work_on_shard_0 = next(x for x in range(2, 1000)
-                           if shard_of(window_ident(work.name, f"k{x}"), 6) == 0)
+    work_on_shard_0 = next(
+        x for x in range(2, 1000) if shard_of(window_ident(work.name, f"k{x}"), 6) == 0
+    )
     started = time.monotonic()
     call = work.delay(work_on_shard_0)
     assert time.monotonic() - started < 3

@@ -19,8 +19,9 @@ from celery_debounce import DebouncedTask, enqueue_many, send_task
 from celery_debounce.dispatch.dispatcher import Dispatcher
 
 
-def _vip_router(name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
-                **kw: Any) -> dict[str, str] | None:
+def _vip_router(
+    name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+) -> dict[str, str] | None:
     if name == "shapes.routed" and args and str(args[0]).startswith("vip"):
         return {"queue": "q-vip"}
     return None
@@ -36,14 +37,21 @@ def _due() -> None:
 
 
 def test_delay_send_task_and_enqueue_many_publish_where_plain_celery_routes(
-    app_factory: Any, redis_server: str,
+    app_factory: Any,
+    redis_server: str,
 ) -> None:
     routes = [_vip_router, {"shapes.routed": {"queue": "q-routes"}}]
     app = app_factory(task_routes=routes)
     producer = app_factory(task_routes=routes)  # a producer that only knows the name
 
-    @app.task(base=DebouncedTask, shared=False, name="shapes.routed", debounce="1ms",
-              debounce_max_wait="1ms", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="shapes.routed",
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        debounce_key="{0}",
+    )
     def routed(x: str) -> str:
         return x
 
@@ -61,10 +69,8 @@ def test_delay_send_task_and_enqueue_many_publish_where_plain_celery_routes(
     results = [
         routed.delay("vip-1"),
         routed.delay("std-1"),
-        send_task(producer, "shapes.routed", ("vip-2",), debounce="1ms",
-                  debounce_max_wait="1ms"),
-        send_task(producer, "shapes.routed", ("std-2",), debounce="1ms",
-                  debounce_max_wait="1ms"),
+        send_task(producer, "shapes.routed", ("vip-2",), debounce="1ms", debounce_max_wait="1ms"),
+        send_task(producer, "shapes.routed", ("std-2",), debounce="1ms", debounce_max_wait="1ms"),
         *enqueue_many(routed, [(("vip-3",), {}), (("std-3",), {})]),
     ]
     _due()
@@ -74,16 +80,30 @@ def test_delay_send_task_and_enqueue_many_publish_where_plain_celery_routes(
     assert broker.llen("celery") == 0
     with running_worker(app, queues=["q-vip", "q-routes"]):
         assert [r.get(timeout=10) for r in results] == [
-            "vip-1", "std-1", "vip-2", "std-2", "vip-3", "std-3"]
+            "vip-1",
+            "std-1",
+            "vip-2",
+            "std-2",
+            "vip-3",
+            "std-3",
+        ]
 
 
 def test_the_tasks_own_queue_and_priority_are_stored_with_the_window(
-    app_factory: Any, redis_server: str,
+    app_factory: Any,
+    redis_server: str,
 ) -> None:
     app = app_factory()
 
-    @app.task(base=DebouncedTask, shared=False, name="shapes.own", debounce="1ms",
-              debounce_max_wait="1ms", queue="q-own", priority=3)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="shapes.own",
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        queue="q-own",
+        priority=3,
+    )
     def own(x: int) -> int:
         return x
 
@@ -119,8 +139,13 @@ def test_a_class_based_task_registered_with_register_task(app_factory: Any) -> N
         assert first.get(timeout=10) == 2  # the opener's arguments
 
 
-@shared_task(base=DebouncedTask, name="shapes.shared", debounce="100ms",
-             debounce_max_wait="1s", debounce_key="{0}")
+@shared_task(
+    base=DebouncedTask,
+    name="shapes.shared",
+    debounce="100ms",
+    debounce_max_wait="1s",
+    debounce_key="{0}",
+)
 def shared(x: int) -> int:
     return x + 1
 
@@ -158,8 +183,13 @@ def test_an_app_with_a_custom_task_class(redis_server: str, redis_client: redis.
     app = _app_with_task_cls(redis_server, AuditedTask)
     assert issubclass(app.Task, AuditedTask)
 
-    @app.task(base=DebouncedAuditedTask, shared=False, name="shapes.audited",
-              debounce="100ms", debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedAuditedTask,
+        shared=False,
+        name="shapes.audited",
+        debounce="100ms",
+        debounce_max_wait="1s",
+    )
     def audited(x: int) -> int:
         return x
 
@@ -187,4 +217,3 @@ def test_route_resolution_is_cached_only_when_it_cannot_depend_on_arguments(
     assert static_routing(app_factory(task_routes={"a.*": {"queue": "x"}})) == {}
     assert static_routing(app_factory(task_routes=[_vip_router])) is None
     assert static_routing(app_factory()) == {}
-

@@ -28,8 +28,14 @@ def uapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
         return k
 
     for name in NAMES:
-        app.task(base=DebouncedTask, shared=False, name=name, debounce="1h",
-                 debounce_max_wait="2h", debounce_key="{0}")(echo)
+        app.task(
+            base=DebouncedTask,
+            shared=False,
+            name=name,
+            debounce="1h",
+            debounce_max_wait="2h",
+            debounce_key="{0}",
+        )(echo)
     yield app
 
 
@@ -53,21 +59,26 @@ def test_unicode_task_names_and_keys_agree_between_python_and_lua(uapp: Celery) 
     Dispatcher(uapp).dispatch_once()
     stats = admin.stats()
     assert {t: s.runs for t, s in stats.tasks.items() if s.runs} == {
-        n: len(KEYS) - (n == NAMES[0]) for n in NAMES}
+        n: len(KEYS) - (n == NAMES[0]) for n in NAMES
+    }
     assert stats.tasks[NAMES[0]].cancelled == 1
     assert {w.task_id for w in admin.windows(states=["queued"])} == set(ids.values()) - {
-        ids[NAMES[0], KEYS[0]]}
+        ids[NAMES[0], KEYS[0]]
+    }
 
 
-@pytest.mark.parametrize("glob, matches", [
-    ("?", {"é", "🙂"}),
-    ("??", {"日本"}),
-    ("?????", {"مرحبا"}),
-    ("*", set(KEYS)),
-    ("a?b", {"a\u200fb"}),
-    ("日*", {"日本"}),
-    ("*本", {"日本"}),
-])
+@pytest.mark.parametrize(
+    "glob, matches",
+    [
+        ("?", {"é", "🙂"}),
+        ("??", {"日本"}),
+        ("?????", {"مرحبا"}),
+        ("*", set(KEYS)),
+        ("a?b", {"a\u200fb"}),
+        ("日*", {"日本"}),
+        ("*本", {"日本"}),
+    ],
+)
 def test_key_globs_match_characters_not_bytes(uapp: Celery, glob: str, matches: set[str]) -> None:
     for key in KEYS:
         uapp.tasks[NAMES[1]].delay(key)
@@ -76,7 +87,8 @@ def test_key_globs_match_characters_not_bytes(uapp: Celery, glob: str, matches: 
 
 
 def test_a_key_with_a_lone_surrogate_is_a_key_error_and_writes_nothing(
-        uapp: Celery, redis_client: redis.Redis) -> None:
+    uapp: Celery, redis_client: redis.Redis
+) -> None:
     with pytest.raises(DebounceKeyError, match="debounce_key"):
         uapp.tasks[NAMES[0]].delay("bad\ud800key")
     assert redis_client.keys("debounce:*") == []

@@ -18,17 +18,45 @@ from celery_debounce.producer.options import TaskDefaults, build_spec
 
 @pytest.mark.parametrize(
     ("value", "ms"),
-    [("250ms", 250), ("10s", 10_000), ("5m", 300_000), ("2h", 7_200_000), ("1d", 86_400_000),
-     ("1h30m", 5_400_000), ("1m30s", 90_000), (10, 10_000), (0.25, 250), ("1.5", 1500),
-     (timedelta(minutes=2), 120_000), (" 5 m ", 300_000)],
+    [
+        ("250ms", 250),
+        ("10s", 10_000),
+        ("5m", 300_000),
+        ("2h", 7_200_000),
+        ("1d", 86_400_000),
+        ("1h30m", 5_400_000),
+        ("1m30s", 90_000),
+        (10, 10_000),
+        (0.25, 250),
+        ("1.5", 1500),
+        (timedelta(minutes=2), 120_000),
+        (" 5 m ", 300_000),
+    ],
 )
 def test_durations_parse(value: Any, ms: int) -> None:
     assert parse_duration("debounce", value) == ms
 
 
 @pytest.mark.parametrize(
-    "value", [0, -1, "0s", "-5m", "soon", "5x", "", "1h-30m", None, True, [1], float("inf"),
-              float("nan"), timedelta(0), timedelta(seconds=-1), "0.1ms"],
+    "value",
+    [
+        0,
+        -1,
+        "0s",
+        "-5m",
+        "soon",
+        "5x",
+        "",
+        "1h-30m",
+        None,
+        True,
+        [1],
+        float("inf"),
+        float("nan"),
+        timedelta(0),
+        timedelta(seconds=-1),
+        "0.1ms",
+    ],
 )
 def test_bad_durations_name_the_option_and_value(value: Any) -> None:
     with pytest.raises(DebounceConfigError) as info:
@@ -38,8 +66,22 @@ def test_bad_durations_name_the_option_and_value(value: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["1_000", "1_000s", "\u0661\u0662", "\uff15s", "5s5s", "1m1m", "30m1h", "1e3", "nan",
-              "inf", "5mm", "-5m", " "],
+    "value",
+    [
+        "1_000",
+        "1_000s",
+        "\u0661\u0662",
+        "\uff15s",
+        "5s5s",
+        "1m1m",
+        "30m1h",
+        "1e3",
+        "nan",
+        "inf",
+        "5mm",
+        "-5m",
+        " ",
+    ],
 )
 def test_durations_parse_strictly(value: str) -> None:
     """Underscores, non-ASCII digits, repeated or unordered units, exponents: refused."""
@@ -66,8 +108,20 @@ def test_template_parts_and_literal_braces() -> None:
 
 
 @pytest.mark.parametrize(
-    "source", ["{", "}", "{a", "{a!r}", "{a:>4}", "{a[0]}", "{0.__class__[x]}", "{}", "{a b}",
-               "{-1}", "{a.}"],
+    "source",
+    [
+        "{",
+        "}",
+        "{a",
+        "{a!r}",
+        "{a:>4}",
+        "{a[0]}",
+        "{0.__class__[x]}",
+        "{}",
+        "{a b}",
+        "{-1}",
+        "{a.}",
+    ],
 )
 def test_bad_templates_are_config_errors(source: str) -> None:
     with pytest.raises(DebounceConfigError, match="debounce_key="):
@@ -118,8 +172,7 @@ def test_max_wait_equal_to_window_is_a_fixed_window() -> None:
     assert spec.window_ms == spec.max_wait_ms == 5000
 
 
-def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_foreign_keys(
-) -> None:
+def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_foreign_keys() -> None:
     """Where a worker looks for a window's record: the message's ``debounce_tag`` (the
     record's own tag, whatever the worker's ``debounce_shards``), else the shard number
     of a message a 0.2 dispatcher sent (``debounce_shard``); a tag naming anything but
@@ -129,10 +182,15 @@ def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_fore
     from celery_debounce.worker.signals import _shard_of
 
     app = Celery("tags", set_as_current=False)
-    app.conf.update(debounce_redis_url="redis://localhost:1/0", broker_url="memory://",
-                    debounce_dispatcher=False)
-    assert _shard_of({"debounce_tag": "debounce:{3.10}", "debounce_shard": 3}, None,
-                     app) == "debounce:{3.10}"
+    app.conf.update(
+        debounce_redis_url="redis://localhost:1/0",
+        broker_url="memory://",
+        debounce_dispatcher=False,
+    )
+    assert (
+        _shard_of({"debounce_tag": "debounce:{3.10}", "debounce_shard": 3}, None, app)
+        == "debounce:{3.10}"
+    )
     assert _shard_of({"debounce_shard": 2}, None, app) == 2
     assert _shard_of({}, None, app) is None
     for foreign in ("other:{1}", "debounce:{1}:win:x", "debounce:{}", "debounce:{a}", 5):
@@ -141,14 +199,16 @@ def test_the_worker_reads_the_tag_header_then_0_2s_shard_number_and_ignores_fore
 
 @pytest.mark.parametrize("value", ["2M", "1h30M", "2 M", "1M30s"])
 def test_a_capital_m_is_refused_as_ambiguous(value: str) -> None:
-    """"2M" is 2 months in ISO 8601 periods: refused, never silently 2 minutes."""
+    """ "2M" is 2 months in ISO 8601 periods: refused, never silently 2 minutes."""
     with pytest.raises(DebounceConfigError, match="'M' is ambiguous") as info:
         parse_duration("debounce", value)
     assert f"debounce={value!r}" in str(info.value) and "'m' for minutes" in str(info.value)
 
 
-@pytest.mark.parametrize(("value", "ms"), [("2m", 120_000), ("250MS", 250), ("250Ms", 250),
-                                           ("2H", 7_200_000), ("10S", 10_000)])
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [("2m", 120_000), ("250MS", 250), ("250Ms", 250), ("2H", 7_200_000), ("10S", 10_000)],
+)
 def test_lowercase_m_and_other_capitals_keep_their_meaning(value: str, ms: int) -> None:
     assert parse_duration("debounce", value) == ms
 
@@ -174,7 +234,11 @@ def test_a_key_template_naming_no_parameter_is_refused_at_registration() -> None
     def plain(user_id: str, n: int = 0) -> None: ...
 
     # bind=True (self is not an argument), *args and **kwargs accept any position / name
-    assert app.task(name="k.ok", bind=True, debounce_key="{user_id}:{3}:{other}",
-                    **opts)(ok).name == "k.ok"
-    assert app.task(name="k.plain", debounce_key="{0}:{n}:{user_id.x}",
-                    **opts)(plain).name == "k.plain"
+    assert (
+        app.task(name="k.ok", bind=True, debounce_key="{user_id}:{3}:{other}", **opts)(ok).name
+        == "k.ok"
+    )
+    assert (
+        app.task(name="k.plain", debounce_key="{0}:{n}:{user_id.x}", **opts)(plain).name
+        == "k.plain"
+    )

@@ -34,9 +34,16 @@ def _record(client: redis.Redis, task: Any, key: str) -> dict[bytes, bytes]:
 
 
 def _tasks(app: Celery, seen: dict[str, Any], **opts: Any) -> tuple[Any, Any, Any]:
-    @app.task(base=DebouncedTask, shared=False, name="wo.t", debounce="300ms",
-              debounce_max_wait="5s", debounce_key="k", debounce_replace_payload=True,
-              **opts)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wo.t",
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="k",
+        debounce_replace_payload=True,
+        **opts,
+    )
     def t(x: Any) -> Any:
         return x
 
@@ -52,7 +59,8 @@ def _tasks(app: Celery, seen: dict[str, Any], **opts: Any) -> tuple[Any, Any, An
 
 
 def test_a_replacing_joiner_replaces_the_arguments_not_the_openers_link(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """On a real worker: the run gets the newest arguments and the opener's link runs;
     the joiners' link and link_error do not (before: the last joiner's replaced them)."""
@@ -61,28 +69,34 @@ def test_a_replacing_joiner_replaces_the_arguments_not_the_openers_link(
     t, opener_cb, joiner_cb = _tasks(app, seen)
     first = t.apply_async(("a",), link=opener_cb.s())
     t.apply_async(("b",), link=joiner_cb.s(), link_error=joiner_cb.si("err"))
-    t.apply_async(({"}]\"\\": ", {}]"},), link=joiner_cb.s())
+    t.apply_async(({'}]"\\': ", {}]"},), link=joiner_cb.s())
     body = json.loads(_record(redis_client, t, "k")[b"p"])
-    assert body[0] == [{"}]\"\\": ", {}]"}] and body[1] == {}
+    assert body[0] == [{'}]"\\': ", {}]"}] and body[1] == {}
     assert body[2] == {"callbacks": [json.loads(json.dumps(dict(opener_cb.s())))]}
     with running_worker(app):
-        assert first.get(timeout=10) == {"}]\"\\": ", {}]"}
+        assert first.get(timeout=10) == {'}]"\\': ", {}]"}
         wait_until(lambda: "opener_cb" in seen)
-    assert seen == {"opener_cb": [{"}]\"\\": ", {}]"}]}
+    assert seen == {"opener_cb": [{'}]"\\': ", {}]"}]}
 
 
-@pytest.mark.parametrize("args", [
-    ("plain",),
-    ("}", "{", "]", "["),
-    ('"', '\\', '\\"', '\\\\"}'),
-    ({"callbacks": [1], "x": {"errbacks": {}}},),
-    ([[[{}]]], {}, "{}]"),
-    ("é ü 中 \u2028",),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plain",),
+        ("}", "{", "]", "["),
+        ('"', "\\", '\\"', '\\\\"}'),
+        ({"callbacks": [1], "x": {"errbacks": {}}},),
+        ([[[{}]]], {}, "{}]"),
+        ("é ü 中 \u2028",),
+    ],
+)
 @pytest.mark.parametrize("opener_embed", ["none", "link", "both"])
 @pytest.mark.parametrize("joiner_embed", ["none", "link", "both"])
 def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
-    app_factory: Any, redis_client: redis.Redis, args: tuple[Any, ...], opener_embed: str,
+    app_factory: Any,
+    redis_client: redis.Redis,
+    args: tuple[Any, ...],
+    opener_embed: str,
     joiner_embed: str,
 ) -> None:
     """Strings full of brackets, quotes and backslashes, in the opener's and the
@@ -91,16 +105,26 @@ def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
     app = app_factory()
     seen: dict[str, Any] = {}
 
-    @app.task(base=DebouncedTask, shared=False, name="wo.v", debounce="5s",
-              debounce_max_wait="10s", debounce_key="k", debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wo.v",
+        debounce="5s",
+        debounce_max_wait="10s",
+        debounce_key="k",
+        debounce_replace_payload=True,
+    )
     def v(*a: Any, **kw: Any) -> Any:
         return a
 
     _, opener_cb, joiner_cb = _tasks(app, seen)
 
     def links(kind: str, cb: Any) -> dict[str, Any]:
-        return {"none": {}, "link": {"link": cb.s()},
-                "both": {"link": cb.s(), "link_error": [cb.si(1), cb.si('"}]')]}}[kind]
+        return {
+            "none": {},
+            "link": {"link": cb.s()},
+            "both": {"link": cb.s(), "link_error": [cb.si(1), cb.si('"}]')]},
+        }[kind]
 
     v.apply_async(("}]", {"a": '"'}), {"o": "]"}, **links(opener_embed, opener_cb))
     opener = json.loads(_record(redis_client, v, "k")[b"p"])
@@ -110,7 +134,8 @@ def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
 
 
 def test_a_joiner_of_another_serializer_is_refused_and_writes_nothing(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """A window's content type is its opener's: a replacing joiner with serializer=
     of another type is refused (DebounceConfigError naming both), nothing written,
@@ -131,7 +156,8 @@ def test_a_joiner_of_another_serializer_is_refused_and_writes_nothing(
 
 
 def test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_it(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """A body Lua cannot read: replaced whole when the joiner's embed is the window's
     (stored as e by the opener), refused with nothing written when it is not."""
@@ -154,7 +180,8 @@ def test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_i
 
 
 def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """Rolling upgrade: a record as 0.2 wrote it (JSON: no new field, the embed inside
     p; pickle: no e) still runs; a replacing join keeps a JSON record's embed, and
@@ -164,8 +191,13 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
     t, opener_cb, joiner_cb = _tasks(app, seen)
     cb = json.loads(json.dumps(dict(opener_cb.s())))
     now = int(time.time() * 1000)
-    legacy = {"id": "legacy-json", "fs": now, "mw": 60_000, "n": 1,
-              "p": json.dumps([["a"], {}, {"callbacks": [cb]}])}
+    legacy = {
+        "id": "legacy-json",
+        "fs": now,
+        "mw": 60_000,
+        "n": 1,
+        "p": json.dumps([["a"], {}, {"callbacks": [cb]}]),
+    }
     ident = window_ident(t.name, "k")
     redis_client.hset(f"{TAG}:open:{ident}", mapping=legacy)  # type: ignore[arg-type]
     redis_client.zadd(f"{TAG}:due", {ident: now + 300})
@@ -176,15 +208,31 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
         assert app.AsyncResult("legacy-json").get(timeout=10) == "b"
         wait_until(lambda: "opener_cb" in seen)
     assert seen == {"opener_cb": ["b"]}
-    redis_client.hset(f"{TAG}:open:{ident}", mapping={  # type: ignore[arg-type]
-        "id": "legacy-pickle", "fs": now, "mw": 60_000, "n": 1,
-        "ct": "application/x-python-serialize", "p": pickle.dumps((("a",), {}, {}))})
+    redis_client.hset(
+        f"{TAG}:open:{ident}",
+        mapping={  # type: ignore[arg-type]
+            "id": "legacy-pickle",
+            "fs": now,
+            "mw": 60_000,
+            "n": 1,
+            "ct": "application/x-python-serialize",
+            "p": pickle.dumps((("a",), {}, {})),
+        },
+    )
     redis_client.zadd(f"{TAG}:due", {ident: now + 60_000})
     t.apply_async(("c",), serializer="pickle")
     assert pickle.loads(_record(redis_client, t, "k")[b"p"])[0] == ("c",)
-    redis_client.hset(f"{TAG}:open:{ident}", mapping={  # type: ignore[arg-type]
-        "id": "legacy-ct", "fs": now, "mw": 60_000, "n": 1, "ct": "application/json",
-        "p": json.dumps([["a"], {}, {"callbacks": [cb]}])})
+    redis_client.hset(
+        f"{TAG}:open:{ident}",
+        mapping={  # type: ignore[arg-type]
+            "id": "legacy-ct",
+            "fs": now,
+            "mw": 60_000,
+            "n": 1,
+            "ct": "application/json",
+            "p": json.dumps([["a"], {}, {"callbacks": [cb]}]),
+        },
+    )
     t.apply_async(("d",), link=joiner_cb.s())  # the default type spelt out is the same
     assert json.loads(_record(redis_client, t, "k")[b"p"]) == [["d"], {}, {"callbacks": [cb]}]
 
@@ -200,8 +248,11 @@ def test_the_splice_runs_on_fakeredis_too(app_factory: Any) -> None:
     t.apply_async(("a",), link=opener_cb.s())
     t.apply_async(({'}"\\': "]"},), link=joiner_cb.s())
     body = json.loads(fake.hget(f"{TAG}:open:{window_ident(t.name, 'k')}", "p"))
-    assert body == [[{'}"\\': "]"}], {}, {"callbacks": [
-        json.loads(json.dumps(dict(opener_cb.s())))]}]
+    assert body == [
+        [{'}"\\': "]"}],
+        {},
+        {"callbacks": [json.loads(json.dumps(dict(opener_cb.s())))]},
+    ]
     with pytest.raises(DebounceConfigError, match="content type"):
         t.apply_async(("b",), serializer="pickle")
 
@@ -214,13 +265,17 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(opener=_JSON, joiner=_JSON, opener_links=st.integers(0, 2),
-       joiner_links=st.integers(0, 2))
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(opener=_JSON, joiner=_JSON, opener_links=st.integers(0, 2), joiner_links=st.integers(0, 2))
 def test_any_json_arguments_splice_before_the_openers_embed(
-    app_factory: Any, redis_client: redis.Redis, opener: Any, joiner: Any,
-    opener_links: int, joiner_links: int,
+    app_factory: Any,
+    redis_client: redis.Redis,
+    opener: Any,
+    joiner: Any,
+    opener_links: int,
+    joiner_links: int,
 ) -> None:
     """Hypothesis: any JSON arguments (strings of brackets, quotes, backslashes,
     escapes) of the opener and a replacing joiner, each with 0 to 2 links: the body
@@ -228,8 +283,15 @@ def test_any_json_arguments_splice_before_the_openers_embed(
     redis_client.flushdb()
     app = app_factory()
 
-    @app.task(base=DebouncedTask, shared=False, name="wo.h", debounce="1m",
-              debounce_max_wait="2m", debounce_key="k", debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wo.h",
+        debounce="1m",
+        debounce_max_wait="2m",
+        debounce_key="k",
+        debounce_replace_payload=True,
+    )
     def h(x: Any) -> Any:
         return x
 

@@ -41,8 +41,12 @@ def test_the_package_imports_without_celery_57_time_helpers() -> None:
         print("ok")
     """)
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-        env={**os.environ}, check=False,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
@@ -82,14 +86,26 @@ def test_add_seconds_counts_elapsed_time_across_a_dst_change() -> None:
 @pytest.mark.parametrize(
     ("end", "start", "delta"),
     [
-        (datetime(2026, 1, 1, 0, 0, 10, tzinfo=timezone.utc),
-         datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(seconds=10)),
-        (datetime(2026, 1, 1, 1, 0, 0, tzinfo=ZoneInfo("Europe/Paris")),
-         datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(0)),
-        (datetime(2026, 1, 1, 0, 0, 5),  # naive counts as UTC
-         datetime(2026, 1, 1, tzinfo=timezone.utc), timedelta(seconds=5)),
-        (datetime(2026, 1, 1, tzinfo=timezone.utc),
-         datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc), timedelta(seconds=-60)),
+        (
+            datetime(2026, 1, 1, 0, 0, 10, tzinfo=timezone.utc),
+            datetime(2026, 1, 1, tzinfo=timezone.utc),
+            timedelta(seconds=10),
+        ),
+        (
+            datetime(2026, 1, 1, 1, 0, 0, tzinfo=ZoneInfo("Europe/Paris")),
+            datetime(2026, 1, 1, tzinfo=timezone.utc),
+            timedelta(0),
+        ),
+        (
+            datetime(2026, 1, 1, 0, 0, 5),  # naive counts as UTC
+            datetime(2026, 1, 1, tzinfo=timezone.utc),
+            timedelta(seconds=5),
+        ),
+        (
+            datetime(2026, 1, 1, tzinfo=timezone.utc),
+            datetime(2026, 1, 1, 0, 1, tzinfo=timezone.utc),
+            timedelta(seconds=-60),
+        ),
     ],
 )
 def test_subtract_datetimes(end: datetime, start: datetime, delta: timedelta) -> None:
@@ -116,7 +132,8 @@ def test_task_message_fields() -> None:
 
 
 def _window_and_celery_headers(
-    options: dict[str, Any], now: datetime,
+    options: dict[str, Any],
+    now: datetime,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Headers and properties of a window built from ``options`` and of
     ``app.amqp.as_task_v2`` given the same options, both at ``now``."""
@@ -128,18 +145,35 @@ def _window_and_celery_headers(
     _, stored = call_options(app, "compat.task", None, (), {}, dict(options))
     wm = WindowMessage(app)
     message, publish = wm.build(
-        "compat.task", "tid-1", 3, 2, "application/json", b'[[], {}, {}]', encode_stored(stored),
+        "compat.task",
+        "tid-1",
+        3,
+        2,
+        "application/json",
+        b"[[], {}, {}]",
+        encode_stored(stored),
     )
     stamped = options.get("stamped_headers")
     theirs = app.amqp.as_task_v2(
-        "tid-1", "compat.task", (), {},
-        expires=options.get("expires"), group_id=options.get("group_id"),
-        group_index=options.get("group_index"), time_limit=options.get("time_limit"),
-        soft_time_limit=options.get("soft_time_limit"), root_id=options.get("root_id"),
-        parent_id=options.get("parent_id"), shadow=options.get("shadow"),
+        "tid-1",
+        "compat.task",
+        (),
+        {},
+        expires=options.get("expires"),
+        group_id=options.get("group_id"),
+        group_index=options.get("group_index"),
+        time_limit=options.get("time_limit"),
+        soft_time_limit=options.get("soft_time_limit"),
+        root_id=options.get("root_id"),
+        parent_id=options.get("parent_id"),
+        shadow=options.get("shadow"),
         replaced_task_nesting=options.get("replaced_task_nesting", 0),
-        stamped_headers=stamped, origin=wm.origin, now=now, timezone=app.timezone,
-        argsrepr="<debounced: 2 calls>", kwargsrepr="<debounced>",
+        stamped_headers=stamped,
+        origin=wm.origin,
+        now=now,
+        timezone=app.timezone,
+        argsrepr="<debounced: 2 calls>",
+        kwargsrepr="<debounced>",
         reply_to=options.get("reply_to") or app.thread_oid,
         **{h: options[h] for h in stamped or ()},
     )
@@ -149,14 +183,17 @@ def _window_and_celery_headers(
     return ours, dict(theirs.headers), dict(message.properties), publish
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"expires": 30},
-    {"expires": 2.5, "shadow": "alias", "time_limit": 10, "soft_time_limit": 5},
-    {"expires": "2026-06-10T12:05:00+00:00", "group_id": "g", "group_index": 1},
-    {"root_id": "r", "parent_id": "p", "replaced_task_nesting": 2, "reply_to": "me"},
-    {"stamped_headers": ["color"], "color": "blue"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"expires": 30},
+        {"expires": 2.5, "shadow": "alias", "time_limit": 10, "soft_time_limit": 5},
+        {"expires": "2026-06-10T12:05:00+00:00", "group_id": "g", "group_index": 1},
+        {"root_id": "r", "parent_id": "p", "replaced_task_nesting": 2, "reply_to": "me"},
+        {"stamped_headers": ["color"], "color": "blue"},
+    ],
+)
 def test_window_headers_are_as_task_v2s(options: dict[str, Any]) -> None:
     """The dispatcher builds a window's headers by hand (around a body it never
     deserializes); they are the headers ``app.amqp.as_task_v2`` builds on this Celery,
@@ -232,8 +269,18 @@ def test_send_task_message_takes_what_the_dispatcher_passes() -> None:
 
     app = _app()
     params = inspect.signature(app.amqp.send_task_message).parameters
-    for name in ("producer", "name", "message", "exchange", "routing_key", "queue",
-                 "retry", "retry_policy", "declare", "headers"):
+    for name in (
+        "producer",
+        "name",
+        "message",
+        "exchange",
+        "routing_key",
+        "queue",
+        "retry",
+        "retry_policy",
+        "declare",
+        "headers",
+    ):
         assert name in params, name
 
 
@@ -309,7 +356,7 @@ def test_worker_signals_the_package_connects_to() -> None:
     source = inspect.getsource(consumer)
     assert "signals.task_rejected.send(sender=self, message=message" in source
     assert "signals.task_unknown.send(" in source
-    unknown = source[source.index("signals.task_unknown.send("):][:200]
+    unknown = source[source.index("signals.task_unknown.send(") :][:200]
     for arg in ("message=", "name=", "id="):
         assert arg in unknown, arg
     assert "send_revoked(self.task, request=self._context" in inspect.getsource(request)
@@ -334,6 +381,5 @@ def test_what_the_dispatcher_process_borrows() -> None:
     from celery.utils.log import iter_open_logger_fds
 
     assert callable(reset_signals) and callable(close_open_fds)
-    assert all(hasattr(Process, name) for name in ("start", "terminate", "join", "exitcode",
-                                                    "pid"))
+    assert all(hasattr(Process, name) for name in ("start", "terminate", "join", "exitcode", "pid"))
     assert isinstance(list(iter_open_logger_fds()), list)

@@ -24,11 +24,23 @@ PACKAGE = ROOT / "celery_debounce"
 PAGE = ROOT / "docs" / "design.md"
 
 #: The call encoding, which the store must not need.
-CALL_ENCODING = ("producer.call", "producer.message", "producer.options",
-                 "producer.key_templates", "producer.gate", "producer.task")
+CALL_ENCODING = (
+    "producer.call",
+    "producer.message",
+    "producer.options",
+    "producer.key_templates",
+    "producer.gate",
+    "producer.task",
+)
 #: Nor the producer's other modules (nor, through the package's ``__init__``, anything).
-PRODUCER = (*CALL_ENCODING, "producer.canvas", "producer.result", "producer.bulk",
-            "dispatch.dispatcher", "worker.signals")
+PRODUCER = (
+    *CALL_ENCODING,
+    "producer.canvas",
+    "producer.result",
+    "producer.bulk",
+    "dispatch.dispatcher",
+    "worker.signals",
+)
 
 
 def _section(text: str, heading: str) -> str:
@@ -61,8 +73,10 @@ def test_the_module_map_lists_every_module_once() -> None:
 
 
 def test_the_map_check_sees_a_missing_and_a_doubled_module() -> None:
-    text = "x\n## Module map\n\n| module | owns |\n|---|---|\n| `a.py`, `b.py` | x |\n" \
-           "| `a.py` | y |\n| `lua/*.lua` | z |\n\n## Next\n| `c.py` | w |\n"
+    text = (
+        "x\n## Module map\n\n| module | owns |\n|---|---|\n| `a.py`, `b.py` | x |\n"
+        "| `a.py` | y |\n| `lua/*.lua` | z |\n\n## Next\n| `c.py` | w |\n"
+    )
     assert listed_modules(text) == ["a.py", "b.py", "a.py"]
 
 
@@ -99,7 +113,7 @@ def import_graph() -> dict[str, set[str]]:
                 elif isinstance(node, ast.ImportFrom):
                     if node.level:
                         base = package.split(".")
-                        base = base[:len(base) - node.level + 1]
+                        base = base[: len(base) - node.level + 1]
                         target = ".".join([*base, *([node.module] if node.module else [])])
                     else:
                         target = node.module or ""
@@ -131,13 +145,13 @@ def test_the_store_needs_no_call_encoding() -> None:
     reached = _reached("celery_debounce.store")
     for sub in [m for m in import_graph() if m.startswith("celery_debounce.store.")]:
         reached |= _reached(sub)
-    assert sorted(m for m in reached
-                  if m.removeprefix("celery_debounce.") in CALL_ENCODING) == []
+    assert sorted(m for m in reached if m.removeprefix("celery_debounce.") in CALL_ENCODING) == []
 
 
 def _run(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -146,8 +160,11 @@ def test_importing_the_store_loads_no_producer_module() -> None:
     """``python -X importtime -c "import celery_debounce.store"``: the package's
     ``__init__`` loads its public names lazily, so nothing of the call encoding runs."""
     err = _run("import celery_debounce.store", "-X", "importtime").stderr
-    loaded = {line.rsplit("|", 1)[1].strip() for line in err.splitlines()
-              if line.startswith("import time:") and "celery_debounce" in line}
+    loaded = {
+        line.rsplit("|", 1)[1].strip()
+        for line in err.splitlines()
+        if line.startswith("import time:") and "celery_debounce" in line
+    }
     assert "celery_debounce.store" in loaded
     assert sorted(m for m in loaded if m.removeprefix("celery_debounce.") in PRODUCER) == []
 
@@ -164,16 +181,19 @@ print(w._claim in [r[1] for r in task_prerun.receivers],
 """
 
 
-@pytest.mark.parametrize(("way_in", "connected"), [
-    ("from celery_debounce import DebouncedTask", "True True"),
-    ("from celery_debounce.producer.task import DebouncedTask", "True True"),
-    ("from celery_debounce import send_task", "True True"),
-    ("from celery_debounce import install", "True True"),
-    ("from celery_debounce import DebounceError", "True True"),
-    ("import celery_debounce; celery_debounce.signals", "True True"),
-    # every `celery` command (worker included) loads the CLI plugin
-    ("import celery_debounce.ops.cli", "True False"),
-])
+@pytest.mark.parametrize(
+    ("way_in", "connected"),
+    [
+        ("from celery_debounce import DebouncedTask", "True True"),
+        ("from celery_debounce.producer.task import DebouncedTask", "True True"),
+        ("from celery_debounce import send_task", "True True"),
+        ("from celery_debounce import install", "True True"),
+        ("from celery_debounce import DebounceError", "True True"),
+        ("import celery_debounce; celery_debounce.signals", "True True"),
+        # every `celery` command (worker included) loads the CLI plugin
+        ("import celery_debounce.ops.cli", "True False"),
+    ],
+)
 def test_every_way_in_connects_the_worker_signals(way_in: str, connected: str) -> None:
     assert _run(f"{way_in}\n{_CONNECTED}").stdout.split() == connected.split()
 
@@ -190,17 +210,28 @@ def test_every_public_name_imports() -> None:
 
 def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
     servers = ("testing/servers.py", "testing/cluster.py")
-    outside = [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "store"
-               and p.relative_to(PACKAGE).as_posix() not in servers]
-    redis_py = sorted(p.name for p in outside
-                      if {"redis"} & {m.split(".")[0] for m in _top_imports(p)})
+    outside = [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] != "store"
+        and p.relative_to(PACKAGE).as_posix() not in servers
+    ]
+    redis_py = sorted(
+        p.name for p in outside if {"redis"} & {m.split(".")[0] for m in _top_imports(p)}
+    )
     assert redis_py == []
     flags = re.compile(r"store\.(sharded_wake|direct|transport)\b|\.cluster\b|RedisCluster")
     assert sorted(p.name for p in outside if flags.search(p.read_text("utf-8"))) == []
     # the key layout's one cluster fact (its hash tags) is the settings' and layout's
     layout_owners = ("settings.py", "layout.py")
-    assert sorted(p.name for p in outside if p.name not in layout_owners
-                  and "redis_cluster" in p.read_text("utf-8")) == []
+    assert (
+        sorted(
+            p.name
+            for p in outside
+            if p.name not in layout_owners and "redis_cluster" in p.read_text("utf-8")
+        )
+        == []
+    )
 
 
 def _top_imports(path: Path) -> set[str]:

@@ -21,13 +21,27 @@ def _app(**conf: Any) -> Celery:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(True, True), (False, False), (1, True), (0, False), ("False", False), ("false", False),
-     ("0", False), ("no", False), ("OFF", False), (" Off ", False), ("True", True),
-     ("1", True), ("YES", True), ("on", True)],
+    [
+        (True, True),
+        (False, False),
+        (1, True),
+        (0, False),
+        ("False", False),
+        ("false", False),
+        ("0", False),
+        ("no", False),
+        ("OFF", False),
+        (" Off ", False),
+        ("True", True),
+        ("1", True),
+        ("YES", True),
+        ("on", True),
+    ],
 )
 @pytest.mark.parametrize("name", ["debounce_dispatcher", "debounce_dispatcher_process"])
 def test_dispatcher_setting_accepts_bools_and_their_strings(
-        name: str, value: Any, expected: bool) -> None:
+    name: str, value: Any, expected: bool
+) -> None:
     Settings.from_app(_app(**{name: value}))  # accepted (the bootstep reads it)
     assert parse_bool(name, value) is expected
 
@@ -69,7 +83,9 @@ INT_SETTINGS = {  # name -> the Settings field and the smallest value accepted
 @pytest.mark.parametrize("name", sorted(INT_SETTINGS))
 @pytest.mark.parametrize(("text", "number"), [("4", 4), (" 4 ", 4), ("16\n", 16), ("0012", 12)])
 def test_integer_settings_parse_strings_from_the_environment(
-    name: str, text: str, number: int,
+    name: str,
+    text: str,
+    number: int,
 ) -> None:
     """``CELERY_DEBOUNCE_SHARDS = os.environ.get(...)`` gives a string: read as the int
     it spells, as boolean and duration settings read theirs (issue 18, item 5)."""
@@ -80,10 +96,29 @@ def test_integer_settings_parse_strings_from_the_environment(
 
 
 @pytest.mark.parametrize("name", sorted(INT_SETTINGS))
-@pytest.mark.parametrize("text", ["", " ", "four", "4.0", "4.5", "1e3", "0x10", "1_000",
-                                  "+4", "-4", "4 4", "\u0664", "\uff14", "4s", "True"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " ",
+        "four",
+        "4.0",
+        "4.5",
+        "1e3",
+        "0x10",
+        "1_000",
+        "+4",
+        "-4",
+        "4 4",
+        "\u0664",
+        "\uff14",
+        "4s",
+        "True",
+    ],
+)
 def test_integer_settings_refuse_other_strings_naming_the_setting_and_value(
-    name: str, text: str,
+    name: str,
+    text: str,
 ) -> None:
     _, least = INT_SETTINGS[name]
     what = "a positive int" if least == 1 else "an int >= 0"
@@ -101,15 +136,22 @@ def test_integer_settings_below_their_least_value_are_refused_as_strings_too(nam
 
 
 def test_durations_from_strings_work() -> None:
-    settings = Settings.from_app(_app(debounce_poll_interval="250ms", debounce_dispatch_lease="10",
-                                      debounce_record_ttl="1h"))
+    settings = Settings.from_app(
+        _app(debounce_poll_interval="250ms", debounce_dispatch_lease="10", debounce_record_ttl="1h")
+    )
     assert (settings.poll_interval_ms, settings.dispatch_lease_ms, settings.record_ttl_ms) == (
-        250, 10_000, 3_600_000)
+        250,
+        10_000,
+        3_600_000,
+    )
 
 
 def test_record_ttl_shorter_than_the_lease_is_refused() -> None:
-    with pytest.raises(DebounceConfigError, match=r"debounce_record_ttl=10s .*"
-                       r"debounce_dispatch_lease=30s"):
+    with pytest.raises(
+        DebounceConfigError,
+        match=r"debounce_record_ttl=10s .*"
+        r"debounce_dispatch_lease=30s",
+    ):
         Settings.from_app(_app(debounce_record_ttl=10))
     floor = RECORD_TTL_LEASES * 30
     with pytest.raises(DebounceConfigError, match=f"at least {floor}s"):

@@ -24,16 +24,18 @@ from celery_debounce.testing import (
 
 
 def _tasks(app: Celery, ran: list[str]) -> tuple[Any, Any]:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
+    )
     def sync(key: str) -> str:
         ran.append(f"sync:{key}")
         if key == "boom":
             raise RuntimeError("boom")
         return key
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h",
-              debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
+    )
     def other(key: str) -> str:
         ran.append(f"other:{key}")
         return key
@@ -49,8 +51,9 @@ def _states(redis_client: redis.Redis) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("how", ["throw", "eager_propagates"])
-def test_a_raising_run_loses_no_window(app_factory: Any, redis_client: redis.Redis,
-                                       how: str) -> None:
+def test_a_raising_run_loses_no_window(
+    app_factory: Any, redis_client: redis.Redis, how: str
+) -> None:
     app = app_factory(task_eager_propagates=how == "eager_propagates")
     ran: list[str] = []
     sync, _ = _tasks(app, ran)
@@ -66,8 +69,9 @@ def test_a_raising_run_loses_no_window(app_factory: Any, redis_client: redis.Red
     assert run_windows(app) == []  # nothing left behind
 
 
-def test_run_windows_of_one_task_runs_only_that_task(app: Celery, redis_client: redis.Redis
-                                                     ) -> None:
+def test_run_windows_of_one_task_runs_only_that_task(
+    app: Celery, redis_client: redis.Redis
+) -> None:
     ran: list[str] = []
     sync, other = _tasks(app, ran)
     sync.delay("s1")
@@ -114,7 +118,7 @@ def test_the_fakeredis_fixture_leaves_the_app_as_it_found_it() -> None:
     assert not hasattr(configured, "_debounce_store")
 
 
-PROBE = '''
+PROBE = """
 import sys
 
 def test_nothing_imported(debounce_probe_modules):
@@ -125,38 +129,69 @@ def test_fixture_works(debounce_fakeredis):
     app = Celery("probe", set_as_current=False)
     app.conf.broker_url = "memory://"
     debounce_fakeredis(app)
-'''
+"""
 
-CONFTEST = '''
+CONFTEST = """
 import sys
 import pytest
 
 @pytest.fixture
 def debounce_probe_modules():
     return [m for m in ("celery", "celery_debounce", "kombu", "redis") if m in sys.modules]
-'''
+"""
 
 
 def test_the_plugin_imports_nothing_until_its_fixture_is_used(tmp_path: Path) -> None:
-    code = ("import sys, celery_debounce_pytest; "
-            "print(sorted(m for m in ('celery', 'kombu', 'redis', 'celery_debounce') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, celery_debounce_pytest; "
+        "print(sorted(m for m in ('celery', 'kombu', 'redis', 'celery_debounce') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     # in a real pytest run that loads the plugin from its entry point
     (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE))
     (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
-         "--rootdir", str(tmp_path), "-k", "nothing_imported", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            "/dev/null",
+            "--rootdir",
+            str(tmp_path),
+            "-k",
+            "nothing_imported",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert "1 passed" in run.stdout, run.stdout + run.stderr
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
-         "--rootdir", str(tmp_path), "-k", "fixture_works", str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            "/dev/null",
+            "--rootdir",
+            str(tmp_path),
+            "-k",
+            "fixture_works",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert "1 passed" in run.stdout, run.stdout + run.stderr
 
@@ -167,8 +202,14 @@ def test_helpers_find_windows_of_a_non_ascii_task_name(app_factory: Any) -> None
     app = app_factory()
     ran: list[str] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="tâches.résumé", debounce="1h",
-              debounce_max_wait="2h", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="tâches.résumé",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+    )
     def resume(key: str) -> str:
         ran.append(key)
         return key

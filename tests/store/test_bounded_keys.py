@@ -18,7 +18,8 @@ TESTS = Path(__file__).parents[1]
 
 
 def test_runs_killed_without_acks_late_leave_no_key_after_the_record_ttl(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     env = {**os.environ, "PYTHONPATH": str(TESTS), "KILLED_REDIS": redis_server}
     sys.path.insert(0, str(TESTS))
     os.environ["KILLED_REDIS"] = redis_server
@@ -29,10 +30,28 @@ def test_runs_killed_without_acks_late_leave_no_key_after_the_record_ttl(
     log = tmp_path / "worker.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "killed_app", "worker", "--pool", "prefork",
-             "-c", "1", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-             "--without-heartbeat"],
-            cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "killed_app",
+                "worker",
+                "--pool",
+                "prefork",
+                "-c",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=TESTS,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 30)
         assert proc.poll() is None, log.read_text()
@@ -41,8 +60,10 @@ def test_runs_killed_without_acks_late_leave_no_key_after_the_record_ttl(
         # the run starts (claimed) and is killed; the worker's main process finishes the
         # window (FAILURE, WorkerLostError), or if it cannot the record stays claimed
         # until its TTL: either way the keys go and the dispatcher prunes its id
-        wait_until(lambda: (w := admin.find(task_id)) is not None
-                   and w.state in ("claimed", "finished"), 30)
+        wait_until(
+            lambda: (w := admin.find(task_id)) is not None and w.state in ("claimed", "finished"),
+            30,
+        )
         wait_until(lambda: b"WorkerLostError" in log.read_bytes(), 30)
         wait_until(lambda: package_keys(redis_client) == [], 20)
         assert admin.find(task_id) is None

@@ -46,22 +46,36 @@ def test_single_node_keys_are_unchanged_by_the_cluster_support() -> None:
     app.conf.debounce_redis_cluster = True
     on_cluster = Settings.from_app(app)
     assert [t.split("{")[1].split(".")[0].rstrip("}") for t in on_cluster.tags] == [
-        "0", "1", "2", "3"]
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
     assert on_cluster.tags != settings.tags
     app.conf.debounce_shards = 1
     assert Settings.from_app(app).tags == ("debounce:{0}",)
 
 
-@pytest.mark.parametrize(("conf", "message"), [
-    ({"debounce_redis_cluster": "maybe"}, "debounce_redis_cluster='maybe'"),
-    ({"debounce_redis_wait_replicas": -1}, "debounce_redis_wait_replicas=-1"),
-    ({"debounce_redis_wait_replicas": "one"}, "debounce_redis_wait_replicas='one'"),
-    ({"debounce_redis_cluster": True, "debounce_redis_url": "unix:///tmp/r.sock"},
-     "debounce_redis_cluster=True needs a redis:// or rediss:// URL"),
-    ({"debounce_redis_cluster": True, "debounce_redis_url": "sentinel://127.0.0.1:26379",
-      "debounce_redis_sentinel_master": "m"},
-     "debounce_redis_cluster=True needs a redis:// or rediss:// URL"),
-])
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"debounce_redis_cluster": "maybe"}, "debounce_redis_cluster='maybe'"),
+        ({"debounce_redis_wait_replicas": -1}, "debounce_redis_wait_replicas=-1"),
+        ({"debounce_redis_wait_replicas": "one"}, "debounce_redis_wait_replicas='one'"),
+        (
+            {"debounce_redis_cluster": True, "debounce_redis_url": "unix:///tmp/r.sock"},
+            "debounce_redis_cluster=True needs a redis:// or rediss:// URL",
+        ),
+        (
+            {
+                "debounce_redis_cluster": True,
+                "debounce_redis_url": "sentinel://127.0.0.1:26379",
+                "debounce_redis_sentinel_master": "m",
+            },
+            "debounce_redis_cluster=True needs a redis:// or rediss:// URL",
+        ),
+    ],
+)
 def test_bad_cluster_settings_are_refused_by_name(conf: dict[str, Any], message: str) -> None:
     app = Celery("t", set_as_current=False)
     app.conf.update(**{"debounce_redis_url": "redis://x/0", **conf})
@@ -74,23 +88,33 @@ def test_bad_cluster_settings_are_refused_by_name(conf: dict[str, Any], message:
 
 
 @pytest.fixture
-def cluster_app(
-    redis_cluster: LocalCluster, redis_server: str
-) -> Iterator[Callable[..., Celery]]:
+def cluster_app(redis_cluster: LocalCluster, redis_server: str) -> Iterator[Callable[..., Celery]]:
     redis_cluster.flushall()
     redis.Redis.from_url(f"{redis_server}/0").flushall()
 
     def factory(**conf: Any) -> Celery:
-        return make_app(redis_server, **{
-            "debounce_redis_url": f"{redis_cluster.url}/0", "debounce_redis_cluster": True,
-            "debounce_shards": 6, **conf})
+        return make_app(
+            redis_server,
+            **{
+                "debounce_redis_url": f"{redis_cluster.url}/0",
+                "debounce_redis_cluster": True,
+                "debounce_shards": 6,
+                **conf,
+            },
+        )
 
     yield factory
 
 
 def _task(app: Celery, window: str = "30s") -> Any:
-    @app.task(base=DebouncedTask, shared=False, debounce=window, debounce_key="k{x}",
-              debounce_max_wait="60s", name="cl.work")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce=window,
+        debounce_key="k{x}",
+        debounce_max_wait="60s",
+        name="cl.work",
+    )
     def work(x: int) -> int:
         return x
 
@@ -182,8 +206,9 @@ def test_wake_ups_use_sharded_pub_sub_on_each_shards_master(
         node_of = {c: redis_cluster.node_of_slot(key_slot(c.encode())) for c in channels}
 
         def subscribed() -> bool:
-            return all(redis.Redis(port=node_of[c]).pubsub_shardnumsub(c)[0][1] == 1
-                       for c in channels)
+            return all(
+                redis.Redis(port=node_of[c]).pubsub_shardnumsub(c)[0][1] == 1 for c in channels
+            )
 
         wait_until(subscribed, timeout=10)
         time.sleep(0.5)  # the dispatcher is now in its 30 s sleep
@@ -215,8 +240,7 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
     dispatcher = Dispatcher(app, name="plain-wake")
     dispatcher.start()
     try:
-        wait_until(lambda: dispatcher._wake is not None and dispatcher._wake.subscribed,
-                   timeout=10)
+        wait_until(lambda: dispatcher._wake is not None and dispatcher._wake.subscribed, timeout=10)
         time.sleep(0.5)  # in its 30 s sleep
         broker = redis.Redis.from_url(app.conf.broker_url)
         for x in range(6):
@@ -228,7 +252,7 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
 
 @pytest.mark.cluster
 def test_a_worker_runs_windows_of_every_shard_on_the_cluster(
-    cluster_app: Callable[..., Celery]
+    cluster_app: Callable[..., Celery],
 ) -> None:
     app = cluster_app()
     work = _task(app, window="300ms")
@@ -240,15 +264,22 @@ def test_a_worker_runs_windows_of_every_shard_on_the_cluster(
 
 @pytest.mark.cluster
 def test_exclusive_holds_and_claim_renewals_work_on_the_cluster(
-    cluster_app: Callable[..., Celery]
+    cluster_app: Callable[..., Celery],
 ) -> None:
     """debounce_exclusive and claim leases on a cluster of 3 masters, 6 shards: keys a
     script builds by name share their shard's slot; one renewal round trip covers the
     claims of every shard (a pipeline per node); each key's follow-up waits for its run."""
     app = cluster_app(debounce_claim_lease=1.0, debounce_poll_interval=0.1)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k{x}",
-              debounce_max_wait="1s", name="cl.exclusive", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="k{x}",
+        debounce_max_wait="1s",
+        name="cl.exclusive",
+        debounce_exclusive=True,
+    )
     def exclusive(x: int, seconds: float) -> tuple[float, float]:
         start = time.time()
         time.sleep(seconds)
@@ -270,7 +301,7 @@ def test_exclusive_holds_and_claim_renewals_work_on_the_cluster(
 
 
 def test_wait_replicas_without_replicas_is_an_error_within_the_timeout(
-    app_factory: Callable[..., Celery]
+    app_factory: Callable[..., Celery],
 ) -> None:
     app = app_factory(debounce_redis_wait_replicas=1, debounce_redis_timeout="1s")
     work = _task(app)
@@ -289,8 +320,9 @@ def test_wait_replicas_is_one_round_trip_and_succeeds_with_a_replica(
     port = int(redis_server.rsplit(":", 1)[1])
     with LocalRedis("--replicaof", "127.0.0.1", str(port)) as replica:
         replica_client = redis.Redis(port=replica.port)
-        wait_until(lambda: replica_client.info("replication")["master_link_status"] == "up",
-                   timeout=15)
+        wait_until(
+            lambda: replica_client.info("replication")["master_link_status"] == "up", timeout=15
+        )
         app = app_factory(debounce_redis_wait_replicas=1)
         work = _task(app)
         primary = redis.Redis.from_url(f"{redis_server}/0")
@@ -306,8 +338,9 @@ def test_wait_replicas_is_one_round_trip_and_succeeds_with_a_replica(
         assert replica_client.hget("debounce:{0}:open:7:cl.work:k1", "n") == b"3"
 
 
-def test_wait_replicas_off_sends_no_wait(app_factory: Callable[..., Celery],
-                                          redis_server: str) -> None:
+def test_wait_replicas_off_sends_no_wait(
+    app_factory: Callable[..., Celery], redis_server: str
+) -> None:
     app = app_factory()
     work = _task(app)
     primary = redis.Redis.from_url(f"{redis_server}/0")
@@ -327,8 +360,10 @@ def test_wait_replicas_on_the_cluster_waits_on_the_shards_master(
     assert len(ids) == 12
     assert len(enqueue_many(work, [((x,), {}) for x in range(12, 30)])) == 18
     assert DebounceAdmin(app).stats().open == 30
-    waits = sum(redis.Redis(port=p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
-                for p in redis_cluster.master_ports())
+    waits = sum(
+        redis.Redis(port=p).info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+        for p in redis_cluster.master_ports()
+    )
     assert waits >= 12 + 3  # one per call, one per shard's chunk (at least 3 shards)
 
 
@@ -343,24 +378,33 @@ def test_windows_written_before_cluster_support_run_after_the_upgrade(
     old_settings = dataclasses.replace(settings_for(old_app), redis_cluster=False)
     old_client = redis.RedisCluster.from_url(f"{redis_cluster.url}/0")
     old_app._debounce_store = (  # type: ignore[attr-defined]
-        os.getpid(), WindowStore(old_settings, client=old_client))
+        os.getpid(),
+        WindowStore(old_settings, client=old_client),
+    )
     old_work = _task(old_app, window="500ms")
     old = {x: old_work.delay(x).id for x in range(12)}
     assert {k.split(b"}")[0] for k in old_client.scan_iter(match="debounce:*:open:*")} == {
-        b"debounce:{0", b"debounce:{1", b"debounce:{2", b"debounce:{3"}
+        b"debounce:{0",
+        b"debounce:{1",
+        b"debounce:{2",
+        b"debounce:{3",
+    }
     app = cluster_app(debounce_shards=4)
     assert settings_for(app).legacy_shards == (4, 5, 6, 7)  # none of {0}..{3} fits
     work = _task(app, window="500ms")
     with running_worker(app):
         new = work.delay(100)
-        assert sorted(work.AsyncResult(i).get(timeout=15) for i in old.values()) == list(
-            range(12))
+        assert sorted(work.AsyncResult(i).get(timeout=15) for i in old.values()) == list(range(12))
         assert new.get(timeout=15) == 100
 
         def finished() -> bool:
-            states = [old_client.hget(f"debounce:{{{s}}}:win:{i}", "st")
-                      for i in old.values() for s in range(4)]
+            states = [
+                old_client.hget(f"debounce:{{{s}}}:win:{i}", "st")
+                for i in old.values()
+                for s in range(4)
+            ]
             return states.count(b"finished") == 12
+
         wait_until(finished, timeout=10)
     assert not list(old_client.scan_iter(match="debounce:{[0-3]}:open:*"))
 
@@ -391,12 +435,15 @@ def test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_ta
     work = _task(app, window="100ms")
     with running_worker(app):  # its dispatcher drains the 6-shard layout's tags
         assert sorted(work.AsyncResult(a).get(timeout=15) for a in aliases.values()) == list(
-            range(8))
+            range(8)
+        )
         assert sorted(work.AsyncResult(i).get(timeout=15) for i in left.values()) == list(
-            range(20, 28))
+            range(20, 28)
+        )
     tags = settings_for(old_app).tags
-    states = {client.hget(f"{tag}:win:{i}", "st") for i in (*ids.values(), *left.values())
-              for tag in tags}
+    states = {
+        client.hget(f"{tag}:win:{i}", "st") for i in (*ids.values(), *left.values()) for tag in tags
+    }
     assert states - {None} == {b"finished"}
 
 
@@ -406,15 +453,20 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
     from celery_debounce.testing import run_windows, use_fakeredis
 
     app = Celery("fake", set_as_current=False)
-    app.conf.update(debounce_redis_url="redis://cluster.invalid:7000/0",
-                    debounce_redis_cluster=True, debounce_shards=6,
-                    debounce_redis_wait_replicas=1,  # fakeredis has no replicas: off there
-                    broker_url="memory://", debounce_dispatcher=False)
+    app.conf.update(
+        debounce_redis_url="redis://cluster.invalid:7000/0",
+        debounce_redis_cluster=True,
+        debounce_shards=6,
+        debounce_redis_wait_replicas=1,  # fakeredis has no replicas: off there
+        broker_url="memory://",
+        debounce_dispatcher=False,
+    )
     use_fakeredis(app)
     ran: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="5s"
+    )
     def work(x: int) -> None:
         ran.append(x)
 
@@ -425,12 +477,15 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
 
 
 def test_an_unreachable_cluster_is_a_debounce_error_within_seconds(
-    app_factory: Callable[..., Celery]
+    app_factory: Callable[..., Celery],
 ) -> None:
     from celery_debounce.testing.servers import free_port
 
-    app = app_factory(debounce_redis_url=f"redis://user:secret@127.0.0.1:{free_port()}/0",
-                      debounce_redis_cluster=True, debounce_redis_timeout="1s")
+    app = app_factory(
+        debounce_redis_url=f"redis://user:secret@127.0.0.1:{free_port()}/0",
+        debounce_redis_cluster=True,
+        debounce_redis_timeout="1s",
+    )
     work = _task(app)
     started = time.monotonic()
     with pytest.raises(DebounceBackendError, match="Redis Cluster unreachable") as caught:
@@ -441,7 +496,8 @@ def test_an_unreachable_cluster_is_a_debounce_error_within_seconds(
 
 @pytest.mark.cluster
 def test_the_server_version_is_read_from_every_master(
-    cluster_app: Callable[..., Celery], redis_cluster: LocalCluster,
+    cluster_app: Callable[..., Celery],
+    redis_cluster: LocalCluster,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """tests/store/test_server_version.py on a cluster: each master's version is checked; one
@@ -451,8 +507,9 @@ def test_the_server_version_is_read_from_every_master(
     app = cluster_app()
     store = store_for(app)
     found = store.server_versions()
-    assert sorted(int(where.rsplit(":", 1)[1]) for where, _, _ in found) == \
-        sorted(redis_cluster.master_ports())
+    assert sorted(int(where.rsplit(":", 1)[1]) for where, _, _ in found) == sorted(
+        redis_cluster.master_ports()
+    )
     assert store.server_checked
     last = redis_cluster.master_ports()[-1]
     real = store_module.read_server_version

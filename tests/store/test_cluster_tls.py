@@ -38,28 +38,54 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         for _ in range(3):
             tls_port = _free_cluster_port()  # in case the bus takes tls-port + 10000
             node = LocalRedis(
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "1000",
-                "--tls-port", str(tls_port), "--tls-cluster", "yes",
-                "--tls-cert-file", str(certs["server.crt"]),
-                "--tls-key-file", str(certs["server.key"]),
-                "--tls-ca-cert-file", str(certs["ca.crt"]), "--tls-auth-clients", "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--tls-port",
+                str(tls_port),
+                "--tls-cluster",
+                "yes",
+                "--tls-cert-file",
+                str(certs["server.crt"]),
+                "--tls-key-file",
+                str(certs["server.key"]),
+                "--tls-ca-cert-file",
+                str(certs["ca.crt"]),
+                "--tls-auth-clients",
+                "no",
                 port=_free_cluster_port(),
             )
             node.start()
             nodes.append((node, tls_port))
         subprocess.run(
-            [redis_cli(), "--tls", "--cacert", str(certs["ca.crt"]), "--cluster", "create",
-             *[f"127.0.0.1:{tls}" for _, tls in nodes], "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            [
+                redis_cli(),
+                "--tls",
+                "--cacert",
+                str(certs["ca.crt"]),
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{tls}" for _, tls in nodes],
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         deadline = time.monotonic() + 30
-        while not all(b"cluster_state:ok" in redis.Redis(port=n.port).execute_command(
-                "CLUSTER", "INFO") for n, _ in nodes):
+        while not all(
+            b"cluster_state:ok" in redis.Redis(port=n.port).execute_command("CLUSTER", "INFO")
+            for n, _ in nodes
+        ):
             assert time.monotonic() < deadline, "the TLS cluster never reached state ok"
             time.sleep(0.1)
-        url = (f"rediss://127.0.0.1:{nodes[0][1]}/0?ssl_cert_reqs=required"
-               f"&ssl_ca_certs={certs['ca.crt']}")
+        url = (
+            f"rediss://127.0.0.1:{nodes[0][1]}/0?ssl_cert_reqs=required"
+            f"&ssl_ca_certs={certs['ca.crt']}"
+        )
         yield {"url": url, "nodes": nodes, "ca": certs["ca.crt"]}
     finally:
         for node, _ in nodes:
@@ -67,12 +93,22 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 def test_a_worker_runs_debounced_windows_over_tls_to_a_cluster(
-        redis_server: str, tls_cluster: dict[str, Any]) -> None:
-    app = make_app(redis_server, debounce_redis_url=tls_cluster["url"],
-                   debounce_redis_cluster=True, debounce_shards=3)
+    redis_server: str, tls_cluster: dict[str, Any]
+) -> None:
+    app = make_app(
+        redis_server,
+        debounce_redis_url=tls_cluster["url"],
+        debounce_redis_cluster=True,
+        debounce_shards=3,
+    )
 
-    @app.task(base=DebouncedTask, debounce="200ms", debounce_key="{0}",
-              debounce_max_wait="5s", shared=False)
+    @app.task(
+        base=DebouncedTask,
+        debounce="200ms",
+        debounce_key="{0}",
+        debounce_max_wait="5s",
+        shared=False,
+    )
     def work(key: str, n: int) -> int:
         return n
 
@@ -95,15 +131,21 @@ def test_a_worker_runs_debounced_windows_over_tls_to_a_cluster(
 
 
 def test_plain_tcp_to_a_tls_port_is_a_backend_error_not_a_hang(
-        redis_server: str, tls_cluster: dict[str, Any]) -> None:
+    redis_server: str, tls_cluster: dict[str, Any]
+) -> None:
     from celery_debounce import DebounceBackendError
 
     tls_port = tls_cluster["nodes"][0][1]
-    app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{tls_port}/0",
-                   debounce_redis_cluster=True, debounce_redis_timeout=1)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://127.0.0.1:{tls_port}/0",
+        debounce_redis_cluster=True,
+        debounce_redis_timeout=1,
+    )
 
-    @app.task(base=DebouncedTask, debounce="1s", debounce_key="{0}", debounce_max_wait="2s",
-              shared=False)
+    @app.task(
+        base=DebouncedTask, debounce="1s", debounce_key="{0}", debounce_max_wait="2s", shared=False
+    )
     def work(key: str) -> None: ...
 
     began = time.monotonic()

@@ -23,11 +23,16 @@ def silent_port() -> Iterator[tuple[int, list[socket.socket]]]:
 
 
 def test_a_silent_redis_costs_the_first_call_one_timeout_not_two(
-        silent_port: tuple[int, list[socket.socket]]) -> None:
+    silent_port: tuple[int, list[socket.socket]],
+) -> None:
     port, held = silent_port
-    app = make_app("memory://", broker_url="memory://", result_backend=None,
-                   debounce_redis_url=f"redis://127.0.0.1:{port}/0",
-                   debounce_redis_timeout=TIMEOUT)
+    app = make_app(
+        "memory://",
+        broker_url="memory://",
+        result_backend=None,
+        debounce_redis_url=f"redis://127.0.0.1:{port}/0",
+        debounce_redis_timeout=TIMEOUT,
+    )
 
     @app.task(base=DebouncedTask, debounce="5s", debounce_max_wait="1m", shared=False)
     def silent_call(x: int) -> None: ...

@@ -101,10 +101,18 @@ def fake_clock() -> Iterator[None]:
 
 def make_settings(prefix: str, lease_ms: int, claim_ms: int = CLAIM_MS) -> Settings:
     return Settings(
-        redis_url="redis://unused", key_prefix=prefix, shards=1,
-        poll_interval_ms=1000, dispatch_batch=3, dispatch_lease_ms=lease_ms,
-        history_ttl_ms=86_400_000, record_ttl_ms=86_400_000, redis_timeout_s=3.0,
-        max_key_length=1024, max_payload_bytes=COLLECT_BYTES, claim_lease_ms=claim_ms,
+        redis_url="redis://unused",
+        key_prefix=prefix,
+        shards=1,
+        poll_interval_ms=1000,
+        dispatch_batch=3,
+        dispatch_lease_ms=lease_ms,
+        history_ttl_ms=86_400_000,
+        record_ttl_ms=86_400_000,
+        redis_timeout_s=3.0,
+        max_key_length=1024,
+        max_payload_bytes=COLLECT_BYTES,
+        claim_lease_ms=claim_ms,
     )
 
 
@@ -247,39 +255,64 @@ class GateMachine(RuleBasedStateMachine):
         collect=st.booleans(),
         exclusive=st.booleans(),
     )
-    def call(self, key: str, payload: bytes, window: int, extra: int, replace: bool,
-             chosen: str | None, cap: int | None = None,
-             edge: tuple[bool, bool] = (False, True), collect: bool = False,
-             exclusive: bool = False) -> None:
+    def call(
+        self,
+        key: str,
+        payload: bytes,
+        window: int,
+        extra: int,
+        replace: bool,
+        chosen: str | None,
+        cap: int | None = None,
+        edge: tuple[bool, bool] = (False, True),
+        collect: bool = False,
+        exclusive: bool = False,
+    ) -> None:
         ident = window_ident(TASK, key)
         window, extra = max(1, window // self.scale), extra // self.scale
         replace = replace and not collect
         if collect and edge[0]:  # refused before the gate (docs/design.md): nothing written
-            with pytest.raises(DebounceConfigError, match=(
-                    r"debounce_collect=True with debounce_leading=True")):
-                build_spec(timedelta(milliseconds=window), None,
-                           timedelta(milliseconds=window + extra), replace, cap, *edge,
-                           collect)
+            with pytest.raises(
+                DebounceConfigError, match=(r"debounce_collect=True with debounce_leading=True")
+            ):
+                build_spec(
+                    timedelta(milliseconds=window),
+                    None,
+                    timedelta(milliseconds=window + extra),
+                    replace,
+                    cap,
+                    *edge,
+                    collect,
+                )
             return
         if exclusive and (edge[0] or cap is not None):  # refused, nothing written
             with pytest.raises(DebounceConfigError, match=r"debounce_exclusive=True with"):
-                build_spec(timedelta(milliseconds=window), None,
-                           timedelta(milliseconds=window + extra), replace, cap, *edge,
-                           collect, exclusive)
+                build_spec(
+                    timedelta(milliseconds=window),
+                    None,
+                    timedelta(milliseconds=window + extra),
+                    replace,
+                    cap,
+                    *edge,
+                    collect,
+                    exclusive,
+                )
             return
-        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge, collect,
-                            exclusive)
+        spec = DebounceSpec(window, window + extra, None, replace, cap, *edge, collect, exclusive)
         options = EXCLUSIVE_OPTIONS if exclusive else "{}"
         task_id = chosen if chosen is not None else f"id-{next(self.ids):05d}"
         if collect:  # the call's JSON [args, kwargs(, id)], as call.py encodes it
-            payload = json.dumps([[int.from_bytes(payload[:2], "big")], {}]
-                                 + ([chosen] if chosen else []),
-                                 separators=(",", ":")).encode()
-            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/json",
-                                payload, options, "{}")
+            payload = json.dumps(
+                [[int.from_bytes(payload[:2], "big")], {}] + ([chosen] if chosen else []),
+                separators=(",", ":"),
+            ).encode()
+            call = PreparedCall(
+                TASK, key, ident, 0, task_id, spec, "application/json", payload, options, "{}"
+            )
         else:
-            call = PreparedCall(TASK, key, ident, 0, task_id, spec, "application/data",
-                                payload, options, "", "{}")
+            call = PreparedCall(
+                TASK, key, ident, 0, task_id, spec, "application/data", payload, options, "", "{}"
+            )
         fixed = fixed_id(chosen, {})
         result = enter(self.backend, call, fixed)
         now = self.seen_now(result.now_ms)
@@ -291,8 +324,13 @@ class GateMachine(RuleBasedStateMachine):
                 quiet.dl = min(now + window, quiet.fs + quiet.mw)  # slides, up to the ceiling
                 quiet.n += 1
                 if not edge[1]:  # leading only: suppressed, folded into the leading run
-                    assert (result.task_id, result.opened, result.deadline_ms, result.calls,
-                            result.edge) == (quiet.id, False, quiet.dl, quiet.n, "suppressed")
+                    assert (
+                        result.task_id,
+                        result.opened,
+                        result.deadline_ms,
+                        result.calls,
+                        result.edge,
+                    ) == (quiet.id, False, quiet.dl, quiet.n, "suppressed")
                     self.suppressed += 1
                     return
                 inherit = quiet
@@ -311,9 +349,12 @@ class GateMachine(RuleBasedStateMachine):
         if win is None:
             assert result.opened
             in_use = chosen is not None and (
-                any(w.id == chosen and w.st != "pending" and not w.cancelled
-                    for w in self.wins.values())
-                or any(w.id == chosen for w in self.open.values()))
+                any(
+                    w.id == chosen and w.st != "pending" and not w.cancelled
+                    for w in self.wins.values()
+                )
+                or any(w.id == chosen for w in self.open.values())
+            )
             if in_use:  # a record is never overwritten: another id, the caller's as alias
                 assert result.task_id != chosen and result.task_id not in self.wins
             else:
@@ -331,8 +372,11 @@ class GateMachine(RuleBasedStateMachine):
             win.exclusive = exclusive  # and so is debounce_exclusive (its stored options)
             if collect:
                 win.elements, win.cz, win.payload = [], COLLECT_BYTES, b"{}"
-                live = {w.cl for w in self.wins.values()
-                        if w.elements is not None and not w.built and not w.cancelled}
+                live = {
+                    w.cl
+                    for w in self.wins.values()
+                    if w.elements is not None and not w.built and not w.cancelled
+                }
                 win.cl, k = win.id, 0
                 while win.cl in live:
                     k += 1
@@ -353,8 +397,9 @@ class GateMachine(RuleBasedStateMachine):
             win.elements.append(element)
             assert win.cb <= win.cz  # bounded: the whole window, not each call
         if leading:  # due at once through the dispatcher; the quiet period starts
-            self.quiet[ident] = Quiet(win.id, now, window + extra, now + window, 1,
-                                      "B" if edge[1] else "L")
+            self.quiet[ident] = Quiet(
+                win.id, now, window + extra, now + window, 1, "B" if edge[1] else "L"
+            )
             del self.open[ident]
             win.st, win.dl, win.tries, win.leading = "dispatching", now, 0, True
             self.leased[win.id] = now
@@ -383,8 +428,7 @@ class GateMachine(RuleBasedStateMachine):
             return
         assert info is not None
         now = self.seen_now(round(info.deadline * 1000))
-        assert (info.task_id, info.calls, round(info.first_seen * 1000)) == (
-            win.id, win.n, win.fs)
+        assert (info.task_id, info.calls, round(info.first_seen * 1000)) == (win.id, win.n, win.fs)
         # closed to new calls and due now: taken by the next pass, ahead of due windows
         win.st, win.dl, win.tries = "dispatching", now, 0
         self.leased[win.id] = now
@@ -395,15 +439,22 @@ class GateMachine(RuleBasedStateMachine):
     def cancel(self, key: str) -> None:
         ident = window_ident(TASK, key)
         reply = self.backend.run(
-            "cancel", [f"{self.tag}:open:{ident}", f"{self.tag}:due", f"{self.tag}:stats"],
-            [ident, "", self.settings.history_ttl_ms])
+            "cancel",
+            [f"{self.tag}:open:{ident}", f"{self.tag}:due", f"{self.tag}:stats"],
+            [ident, "", self.settings.history_ttl_ms],
+        )
         win = self.open.pop(ident, None)
         if win is None:
             assert reply is None
             return
         tid, n, fs, dl, mw, *aliases = reply
         assert (tid.decode(), n, int(fs), int(dl), int(mw)) == (
-            win.id, win.n, win.fs, win.dl, win.mw - win.fs)
+            win.id,
+            win.n,
+            win.fs,
+            win.dl,
+            win.mw - win.fs,
+        )
         assert [json.loads(a)["id"] for a in aliases] == win.aliases  # revoked by the caller
         win.cancelled = True
         win.st = "cancelled"
@@ -433,8 +484,10 @@ class GateMachine(RuleBasedStateMachine):
         reply = self.backend.take(0, limit)
         now = self.seen_now(reply.now_ms)
         expected: list[str] = []
-        lapsed = sorted((kv for kv in self.claims.items() if kv[1] <= now),
-                        key=lambda kv: (kv[1], kv[0].encode()))[:20]
+        lapsed = sorted(
+            (kv for kv in self.claims.items() if kv[1] <= now),
+            key=lambda kv: (kv[1], kv[0].encode()),
+        )[:20]
         for tid, _ in lapsed:  # a claim not renewed for its lease: released
             del self.claims[tid]
             win = self.wins[tid]
@@ -464,7 +517,7 @@ class GateMachine(RuleBasedStateMachine):
             else:
                 del self.leased[tid]
         due = sorted(self.open.values(), key=lambda w: (w.dl, w.ident.encode()))
-        fetched = [w for w in due if w.dl <= now][:limit - len(expected)]
+        fetched = [w for w in due if w.dl <= now][: limit - len(expected)]
         held_ms: dict[str, int] = {}
         held_now = 0  # held in this pass: they used a place of the pass's batch
         for win in fetched:
@@ -496,7 +549,12 @@ class GateMachine(RuleBasedStateMachine):
             model.taken += 1
             assert w.ident == model.ident and w.payload == model.payload
             assert (w.first_seen_ms, w.deadline_ms, w.ceiling_ms, w.calls, w.tries) == (
-                model.fs, model.dl, model.mw, model.n, model.tries)
+                model.fs,
+                model.dl,
+                model.mw,
+                model.n,
+                model.tries,
+            )
             assert w.taken_ms >= w.deadline_ms  # never early
             assert w.capped == (model.capped or model.full)  # closed by gate.lua (cx)
             assert w.leading == model.leading  # a leading run (gate.lua's ld)
@@ -521,8 +579,9 @@ class GateMachine(RuleBasedStateMachine):
                     behind.dl = now
 
     def _ack(self, tid: str) -> None:
-        count, now = self.backend.run("ack", [f"{self.tag}:leased", f"{self.tag}:active"],
-                                      [self.tag, tid])
+        count, now = self.backend.run(
+            "ack", [f"{self.tag}:leased", f"{self.tag}:active"], [self.tag, tid]
+        )
         now = self.seen_now(now)
         win = self.wins[tid]
         self.leased.pop(tid, None)
@@ -549,8 +608,9 @@ class GateMachine(RuleBasedStateMachine):
         if not self.inflight:
             return
         tid, tries = self.inflight.pop(i % len(self.inflight))
-        released, now = self.backend.run("release", [f"{self.tag}:leased"],
-                                         [self.release_ms, self.tag, tid, tries])
+        released, now = self.backend.run(
+            "release", [f"{self.tag}:leased"], [self.release_ms, self.tag, tid, tries]
+        )
         now = self.seen_now(now)
         win = self.wins[tid]
         # only a lease that is still this dispatcher's moves (not one taken over since)
@@ -582,8 +642,8 @@ class GateMachine(RuleBasedStateMachine):
             return
         tid = self.broker.pop(i % len(self.broker))
         before, now, run = self.backend.run(
-            "claim", self.backend._record_keys(0, tid),
-            self.backend._claim_args(tid, TASK, False))
+            "claim", self.backend._record_keys(0, tid), self.backend._claim_args(tid, TASK, False)
+        )
         now = self.seen_now(now)
         win = self.wins[tid]
         assert before == win.st.encode()
@@ -612,8 +672,9 @@ class GateMachine(RuleBasedStateMachine):
         """The renewal thread of the workers' processes: every running claim, once."""
         if not self.running:
             return
-        reply = self.backend.run("renew", [f"{self.tag}:claims"],
-                                 [self.claim_ms, *dict.fromkeys(self.running)])
+        reply = self.backend.run(
+            "renew", [f"{self.tag}:claims"], [self.claim_ms, *dict.fromkeys(self.running)]
+        )
         now = self.seen_now(int(reply[0]))
         renewed = 0
         for tid in dict.fromkeys(self.running):
@@ -633,8 +694,10 @@ class GateMachine(RuleBasedStateMachine):
             self.broker.append(tid)
             return
         done, now, *aliases = self.backend.run(
-            "finish", self.backend._record_keys(0, tid),
-            [tid, "SUCCESS", self.settings.history_ttl_ms])
+            "finish",
+            self.backend._record_keys(0, tid),
+            [tid, "SUCCESS", self.settings.history_ttl_ms],
+        )
         now = self.seen_now(now)
         assert done == 1
         assert [json.loads(a)["id"] for a in aliases] == win.aliases
@@ -649,8 +712,9 @@ class GateMachine(RuleBasedStateMachine):
     @invariant()
     def redis_equals_model(self) -> None:
         c, tag = self.client, self.tag
-        assert {m.decode(): int(s) for m, s in c.zrange(f"{tag}:due", 0, -1, withscores=True)} \
-            == {w.ident: w.dl for w in self.open.values()}  # invariant 1: one open per ident
+        assert {m.decode(): int(s) for m, s in c.zrange(f"{tag}:due", 0, -1, withscores=True)} == {
+            w.ident: w.dl for w in self.open.values()
+        }  # invariant 1: one open per ident
         leased = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:leased", 0, -1, withscores=True)}
         assert leased == self.leased
         active = {m.decode(): int(s) for m, s in c.zrange(f"{tag}:active", 0, -1, withscores=True)}
@@ -661,35 +725,54 @@ class GateMachine(RuleBasedStateMachine):
         assert held == self.held
         for ident, tid in self.run_of.items():
             assert c.hgetall(f"{tag}:run:{ident}") == {b"id": tid.encode()}
-        assert {k.decode(): v.decode() for k, v in c.hgetall(f"{tag}:ids").items()} \
-            == self.ids_index
+        assert {
+            k.decode(): v.decode() for k, v in c.hgetall(f"{tag}:ids").items()
+        } == self.ids_index
         keys = {k.decode() for k in c.scan_iter(match=f"{self.prefix}:*", count=1000)}
         keys.discard(f"{tag}:stats")  # dispatch counters, not window state
         quiet_keys = {k for k in keys if k.startswith(f"{tag}:quiet:")}
         for qkey in quiet_keys:  # a quiet period's record, while its key lives
-            q = self.quiet[qkey[len(f"{tag}:quiet:"):]]
+            q = self.quiet[qkey[len(f"{tag}:quiet:") :]]
             got = c.hgetall(qkey)
             if not got and not self.exact_clock:
                 continue  # on the real clock it may expire between the SCAN and here
-            assert got == {b"id": q.id.encode(), b"fs": b"%d" % q.fs, b"mw": b"%d" % q.mw,
-                           b"dl": b"%d" % q.dl, b"n": b"%d" % q.n, b"m": q.m.encode()}
+            assert got == {
+                b"id": q.id.encode(),
+                b"fs": b"%d" % q.fs,
+                b"mw": b"%d" % q.mw,
+                b"dl": b"%d" % q.dl,
+                b"n": b"%d" % q.n,
+                b"m": q.m.encode(),
+            }
         if self.exact_clock:  # PEXPIREAT its end (Redis keeps a key until past it)
-            assert quiet_keys == {f"{tag}:quiet:{i}" for i, q in self.quiet.items()
-                                  if q.dl >= self.now()}
+            assert quiet_keys == {
+                f"{tag}:quiet:{i}" for i, q in self.quiet.items() if q.dl >= self.now()
+            }
         keys -= quiet_keys
         expected_keys = {f"{tag}:open:{i}" for i in self.open}
-        expected_keys |= {f"{tag}:win:{w.id}" for w in self.wins.values()
-                          if w.st not in ("pending", "cancelled")}
-        lists = {w.cl: w for w in self.wins.values()
-                 if w.elements is not None and not w.built and not w.cancelled}
+        expected_keys |= {
+            f"{tag}:win:{w.id}" for w in self.wins.values() if w.st not in ("pending", "cancelled")
+        }
+        lists = {
+            w.cl: w
+            for w in self.wins.values()
+            if w.elements is not None and not w.built and not w.cancelled
+        }
         expected_keys |= {f"{tag}:calls:{cl}" for cl in lists}
         for cl, w in lists.items():  # every call of the window, in call order
             assert c.lrange(f"{tag}:calls:{cl}", 0, -1) == w.elements
-        expected_keys |= {f"{tag}:{z}" for z, m in
-                          (("due", self.open), ("leased", self.leased), ("active", self.active),
-                           ("ids", self.ids_index), ("claims", self.claims),
-                           ("held", self.held))
-                          if m}
+        expected_keys |= {
+            f"{tag}:{z}"
+            for z, m in (
+                ("due", self.open),
+                ("leased", self.leased),
+                ("active", self.active),
+                ("ids", self.ids_index),
+                ("claims", self.claims),
+                ("held", self.held),
+            )
+            if m
+        }
         expected_keys |= {f"{tag}:run:{ident}" for ident in self.run_of}
         assert keys == expected_keys
         for win in self.wins.values():
@@ -702,8 +785,14 @@ class GateMachine(RuleBasedStateMachine):
     def _check_record(self, win: Win, rec: dict[str, bytes]) -> None:
         # mw holds the max wait (ceiling = fs + mw); a pending window's deadline is
         # only its due score (checked above), a taken one's is copied into dl
-        want: dict[str, Any] = {"id": win.id, "fs": win.fs, "mw": win.mw - win.fs,
-                                "n": win.n, "ct": "application/data", "e": "{}"}
+        want: dict[str, Any] = {
+            "id": win.id,
+            "fs": win.fs,
+            "mw": win.mw - win.fs,
+            "n": win.n,
+            "ct": "application/data",
+            "e": "{}",
+        }
         if win.elements is not None:  # collect: JSON (no ct), its list until taken
             del want["ct"], want["e"]
             want["cz"] = win.cz
@@ -743,8 +832,9 @@ class GateMachine(RuleBasedStateMachine):
         if win.st != "finished":
             want["p"] = win.payload
         got = {k: v for k, v in rec.items()}
-        assert got == {k: v if isinstance(v, bytes) else str(v).encode()
-                       for k, v in want.items()}, win.id  # every field, nothing else
+        assert got == {
+            k: v if isinstance(v, bytes) else str(v).encode() for k, v in want.items()
+        }, win.id  # every field, nothing else
         # invariant 5: once handed to the broker, the record's call data never changes
         snapshot = {k: v for k, v in rec.items() if k in ("id", "fs", "dl", "mw", "n", "p", "o")}
         if win.st in ("queued", "claimed"):
@@ -774,9 +864,9 @@ class GateMachine(RuleBasedStateMachine):
         """Let everything run; then every call's window has run, at or after the call."""
         self.inflight.clear()  # whoever held them is gone
         for _ in range(200):
-            if all(w.cancelled or (w.runs and w.st == "finished")
-                   for w in self.wins.values()) and not (
-                    self.broker or self.running):
+            if all(
+                w.cancelled or (w.runs and w.st == "finished") for w in self.wins.values()
+            ) and not (self.broker or self.running):
                 break
             if self.exact_clock:
                 self.advance(1500)
@@ -801,8 +891,12 @@ class GateMachine(RuleBasedStateMachine):
 
 @pytest.mark.timeout(600)
 def test_scripts_match_the_model_on_a_controlled_clock() -> None:
-    run = settings(max_examples=150, stateful_step_count=40, deadline=None,
-                   suppress_health_check=list(HealthCheck))
+    run = settings(
+        max_examples=150,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     with fake_clock():
         run_state_machine_as_test(GateMachine, settings=run)
 
@@ -816,7 +910,10 @@ def test_scripts_match_the_model_on_a_real_redis_server(redis_client: redis.Redi
         def now(self) -> int:
             return self.last_now
 
-    run = settings(max_examples=12, stateful_step_count=25, deadline=None,
-                   suppress_health_check=list(HealthCheck))
+    run = settings(
+        max_examples=12,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     run_state_machine_as_test(OnReal, settings=run)
-

@@ -34,12 +34,13 @@ def test_an_include_line_is_replaced_by_the_piece() -> None:
 
 
 def test_nested_includes_resolve_and_a_piece_is_inlined_once() -> None:
-    read = pieces(a="--@include b\nlocal function a() return b() end\n",
-                  b="local function b() return 2 end\n")
+    read = pieces(
+        a="--@include b\nlocal function a() return b() end\n", b="local function b() return 2 end\n"
+    )
     flat = inline_includes("--@include b\n--@include a\nreturn a()\n", "s.lua", read)
-    assert flat == ("local function b() return 2 end\n\n"
-                    "local function a() return b() end\n"
-                    "return a()\n")
+    assert flat == (
+        "local function b() return 2 end\n\nlocal function a() return b() end\nreturn a()\n"
+    )
     assert flat.count("local function b()") == 1
 
 
@@ -94,14 +95,16 @@ def test_a_script_includes_only_what_it_uses(name: str) -> None:
 def test_every_piece_is_used() -> None:
     used = set()
     for name in SCRIPT_NAMES:
-        used.update(re.findall(r"^--@include (\S+)$", (LUA / f"{name}.lua").read_text("utf-8"),
-                               re.MULTILINE))
+        used.update(
+            re.findall(
+                r"^--@include (\S+)$", (LUA / f"{name}.lua").read_text("utf-8"), re.MULTILINE
+            )
+        )
     assert used == set(library_names())
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
-def test_the_loaded_text_is_stable_and_only_the_wake_line_differs_on_a_cluster(
-        name: str) -> None:
+def test_the_loaded_text_is_stable_and_only_the_wake_line_differs_on_a_cluster(name: str) -> None:
     flat = script_source(name)
     assert script_source(name) == flat
     sharded = script_source(name, sharded_wake=True)
@@ -117,6 +120,7 @@ def test_every_script_loads_under_the_sha_of_its_flat_text(redis_client: redis.R
 
 # -- gate.lua's ARGV: one owner per position ---------------------------------------------
 
+
 def gate_bindings() -> dict[str, tuple[int, str | None]]:
     """gate.lua's ``local <name> = ARGV[<n>]  -- codec.<CONST>`` lines: name -> (n, CONST)."""
     code = (LUA / "gate.lua").read_text("utf-8")
@@ -128,8 +132,11 @@ def test_gate_binds_each_argv_once_by_name_and_reads_argv_nowhere_else() -> None
     bound = gate_bindings()
     assert sorted(n for n, _ in bound.values()) == list(range(1, len(bound) + 1))
     code = (LUA / "gate.lua").read_text("utf-8")
-    others = [line for line in code.splitlines()
-              if "ARGV[" in line.split("--", 1)[0] and not re.match(r"local \w+ = ARGV\[", line)]
+    others = [
+        line
+        for line in code.splitlines()
+        if "ARGV[" in line.split("--", 1)[0] and not re.match(r"local \w+ = ARGV\[", line)
+    ]
     assert others == []
     header = code.split("\n\n", 1)[0]
     documented = {int(n) for n in re.findall(r"ARGV\[(\d+)\]", header)}
@@ -140,8 +147,11 @@ def test_gate_argv_groups_start_where_codec_says() -> None:
     from celery_debounce.store import codec
 
     marked = {const: n for n, const in gate_bindings().values() if const}
-    assert marked == {"CAP_ARGV": codec.CAP_ARGV, "EDGE_ARGV": codec.EDGE_ARGV,
-                      "COLLECT_ARGV": codec.COLLECT_ARGV}
+    assert marked == {
+        "CAP_ARGV": codec.CAP_ARGV,
+        "EDGE_ARGV": codec.EDGE_ARGV,
+        "COLLECT_ARGV": codec.COLLECT_ARGV,
+    }
 
 
 def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> None:  # type: ignore[no-untyped-def]
@@ -154,11 +164,26 @@ def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> 
     settings = backend.settings
     fixed = fixed_id("mine", {})
     assert fixed is not None
-    edge = prepare_call(settings, "t", build_spec("1h", "{0}", "2h", False, 3, True, True),
-                        ("k",), {}, {}, None, "json")
-    collect = prepare_call(settings, "t", build_spec("1h", "{0}", "2h", False, 3,
-                                                     collect=True),
-                           ("k",), {}, {}, None, "json")
+    edge = prepare_call(
+        settings,
+        "t",
+        build_spec("1h", "{0}", "2h", False, 3, True, True),
+        ("k",),
+        {},
+        {},
+        None,
+        "json",
+    )
+    collect = prepare_call(
+        settings,
+        "t",
+        build_spec("1h", "{0}", "2h", False, 3, collect=True),
+        ("k",),
+        {},
+        {},
+        None,
+        "json",
+    )
     for prepared, last in ((edge, "history_ttl"), (collect, "collect_embed")):
         args = gate_args(backend, prepared, fixed)
         assert len(args) == at[last] + 1

@@ -33,18 +33,37 @@ TAG = "debounce:{0}"
 
 
 def _tasks(app: Celery) -> tuple[Any, Any, Any]:
-    @app.task(base=DebouncedTask, shared=False, name="mm.due", debounce="1ms",
-              debounce_max_wait="1ms", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="mm.due",
+        debounce="1ms",
+        debounce_max_wait="1ms",
+        debounce_key="{0}",
+    )
     def due(k: str) -> str:
         return k
 
-    @app.task(base=DebouncedTask, shared=False, name="mm.slow", debounce="1h",
-              debounce_max_wait="2h", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="mm.slow",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+    )
     def slow(k: str) -> str:
         return k
 
-    @app.task(base=DebouncedTask, shared=False, name="mm.lead", debounce="1h",
-              debounce_max_wait="2h", debounce_key="{0}", debounce_leading=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="mm.lead",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="{0}",
+        debounce_leading=True,
+    )
     def lead(k: str) -> str:
         return k
 
@@ -76,11 +95,13 @@ def _oom(client: redis.Redis) -> None:
 
 
 def test_the_windows_redis_at_maxmemory_refuses_new_calls_and_keeps_dispatching(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     with LocalRedis("--maxmemory-policy", "noeviction") as windows:
-        app = make_app(redis_server, debounce_redis_url=f"{windows.url}/0",
-                       debounce_dispatch_lease=1.0)
+        app = make_app(
+            redis_server, debounce_redis_url=f"{windows.url}/0", debounce_dispatch_lease=1.0
+        )
         due, slow, lead = _tasks(app)
         client = redis.Redis.from_url(f"{windows.url}/0")
         store = store_for(app)
@@ -98,9 +119,11 @@ def test_the_windows_redis_at_maxmemory_refuses_new_calls_and_keeps_dispatching(
         _oom(client)
 
         before = _keyspace(client)
-        for call in (lambda: due.apply_async(("new",)),  # opens a window
-                     lambda: slow.apply_async(("p",)),  # joins one
-                     lambda: lead.apply_async(("l",))):  # in a quiet period
+        for call in (
+            lambda: due.apply_async(("new",)),  # opens a window
+            lambda: slow.apply_async(("p",)),  # joins one
+            lambda: lead.apply_async(("l",)),
+        ):  # in a quiet period
             with pytest.raises(DebounceBackendError, match="maxmemory") as refused:
                 call()
             assert "nothing was written" in str(refused.value)
@@ -116,8 +139,10 @@ def test_the_windows_redis_at_maxmemory_refuses_new_calls_and_keeps_dispatching(
         again = store.take(0, 10)  # nothing due
         assert again.windows == []
         with running_worker(app):  # claim.lua and finish.lua go through
-            wait_until(lambda: all(client.hget(f"{TAG}:win:{t}", "st") == b"finished"
-                                   for t in everyone), 20)
+            wait_until(
+                lambda: all(client.hget(f"{TAG}:win:{t}", "st") == b"finished" for t in everyone),
+                20,
+            )
         assert client.hget(f"{TAG}:open:{pending_ident(slow, 'p')}", "n") == b"1"
         assert pending.id
         client.config_set("maxmemory", "0")  # room again: calls are accepted
@@ -157,20 +182,33 @@ def _read_only(broker: redis.Redis, master_port: int) -> None:
 
 @pytest.mark.parametrize("fault", ["oom", "readonly"])
 def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
-    redis_server: str, redis_client: redis.Redis, fault: str,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault: str,
 ) -> None:
     """A Redis broker at maxmemory (noeviction), or demoted to a read-only replica, answers
     every publish with an error reply (OOM, READONLY). That is the broker's fault, not any
     window's: for 6 leases of 1 s (MAX_TRIES is 5) none is counted or quarantined, and
     once the broker has room (is a master) again every window runs once."""
     with LocalRedis("--maxmemory-policy", "noeviction") as server, LocalRedis() as master:
-        app = make_app(redis_server, broker_url=f"{server.url}/0", debounce_dispatch_lease=1.0,
-                       task_ignore_result=True)
+        app = make_app(
+            redis_server,
+            broker_url=f"{server.url}/0",
+            debounce_dispatch_lease=1.0,
+            task_ignore_result=True,
+        )
         broker = redis.Redis.from_url(f"{server.url}/0")
         runs = redis.Redis.from_url(f"{redis_server}/3")
 
-        @app.task(base=DebouncedTask, shared=False, name="mm.run", debounce="1ms",
-                  debounce_max_wait="1ms", debounce_key="{0}", bind=True)
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="mm.run",
+            debounce="1ms",
+            debounce_max_wait="1ms",
+            debounce_key="{0}",
+            bind=True,
+        )
         def run(self: Any, k: str) -> str:
             runs.rpush(f"runs:{k}", self.request.id)
             return k
@@ -200,19 +238,20 @@ def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
         finally:
             dispatcher.stop()
         assert {k: [r.decode() for r in runs.lrange(f"runs:{k}", 0, -1)] for k in ids} == {
-            k: [tid] for k, tid in ids.items()}
+            k: [tid] for k, tid in ids.items()
+        }
         assert redis_client.zcard(f"{TAG}:quarantine") == 0
 
 
 #: What a Redis broker answers when it refuses every write (the reply, not the cause).
 _BROKER_REFUSALS = {
     "MISCONF": b"MISCONF Redis is configured to save RDB snapshots, but it's currently "
-               b"unable to persist to disk. (injected)",
+    b"unable to persist to disk. (injected)",
     "LOADING": b"LOADING Redis is loading the dataset in memory (injected)",
     "NOAUTH": b"NOAUTH Authentication required. (injected)",
     "WRONGPASS": b"WRONGPASS invalid username-password pair or user is disabled. (injected)",
     "MASTERDOWN": b"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set "
-                  b"to 'no'. (injected)",
+    b"to 'no'. (injected)",
     "NOREPLICAS": b"NOREPLICAS Not enough good replicas to write. (injected)",
     "BUSY": b"BUSY Redis is busy running a script. (injected)",
 }
@@ -220,7 +259,9 @@ _BROKER_REFUSALS = {
 
 @pytest.mark.parametrize("code", sorted(_BROKER_REFUSALS))
 def test_every_broker_wide_error_reply_counts_against_no_window(
-    redis_server: str, redis_client: redis.Redis, code: str,
+    redis_server: str,
+    redis_client: redis.Redis,
+    code: str,
 ) -> None:
     """The class of the rule, over every broker-wide code the real-server test above does
     not reach (OOM and READONLY): a proxy in front of a real broker answers every publish
@@ -232,8 +273,12 @@ def test_every_broker_wide_error_reply_counts_against_no_window(
     with LocalRedis() as server:
         proxy = FaultProxy(server.port)
         try:
-            app = make_app(redis_server, broker_url=f"{proxy.url}/0",
-                           debounce_dispatch_lease=1.0, task_ignore_result=True)
+            app = make_app(
+                redis_server,
+                broker_url=f"{proxy.url}/0",
+                debounce_dispatch_lease=1.0,
+                task_ignore_result=True,
+            )
             broker = redis.Redis(port=server.port)
             due, _, _ = _tasks(app)
             dispatcher = Dispatcher(app, name=f"refused-{code}")
@@ -258,9 +303,14 @@ def test_every_broker_wide_error_reply_counts_against_no_window(
             assert redis_client.zcard(f"{TAG}:quarantine") == 0
             assert broker.llen("celery") == queued  # nothing was written
             proxy.disarm()
-            wait_until(lambda: dispatcher.dispatch_once() is not None
-                       and all(redis_client.hget(r, "st") != b"dispatching" for r in records),
-                       30, interval=0.1)
+            wait_until(
+                lambda: (
+                    dispatcher.dispatch_once() is not None
+                    and all(redis_client.hget(r, "st") != b"dispatching" for r in records)
+                ),
+                30,
+                interval=0.1,
+            )
             assert broker.llen("celery") == queued + 3  # each published once
             assert redis_client.zcard(f"{TAG}:quarantine") == 0
         finally:
@@ -275,8 +325,11 @@ def test_error_replies_are_told_apart_by_their_code() -> None:
     from celery_debounce.dispatch.dispatcher import BROKER_WIDE_CODES, KEY_DEPENDENT_CODES
     from celery_debounce.store import pipeline_failed_at, reply_code
 
-    parser = redis.connection.DefaultParser if hasattr(redis.connection, "DefaultParser") \
-        else redis._parsers.base.BaseParser  # type: ignore[attr-defined]
+    parser = (
+        redis.connection.DefaultParser
+        if hasattr(redis.connection, "DefaultParser")
+        else redis._parsers.base.BaseParser
+    )  # type: ignore[attr-defined]
     replies = {
         "OOM command not allowed when used memory > 'maxmemory'.": "OOM",
         "READONLY You can't write against a read only replica.": "READONLY",
@@ -285,8 +338,9 @@ def test_error_replies_are_told_apart_by_their_code() -> None:
         "NOAUTH Authentication required.": "NOAUTH",
         "NOPERM this user has no permissions to access one of the keys": "NOPERM",
         "CLUSTERDOWN The cluster is down": "CLUSTERDOWN",
-        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.":
-            "MASTERDOWN",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.": (
+            "MASTERDOWN"
+        ),
         "TRYAGAIN Multiple keys request during rehashing of slot": "TRYAGAIN",
         "NOREPLICAS Not enough good replicas to write.": "NOREPLICAS",
         "BUSY Redis is busy running a script.": "BUSY",
@@ -296,8 +350,10 @@ def test_error_replies_are_told_apart_by_their_code() -> None:
         exc = parser.parse_error(reply)
         assert reply_code(exc) == code, (reply, exc)
         try:  # as kombu's batch raises it: annotated by the pipeline, wrapped
-            exc.args = (f"Command # 3 (LPUSH celery x) of pipeline caused error: {exc}",
-                        *exc.args[1:])
+            exc.args = (
+                f"Command # 3 (LPUSH celery x) of pipeline caused error: {exc}",
+                *exc.args[1:],
+            )
             raise RuntimeError("Redis publish batch failed; delivery is uncertain") from exc
         except RuntimeError as wrapped:
             assert reply_code(wrapped) == code, reply
@@ -310,7 +366,8 @@ def test_error_replies_are_told_apart_by_their_code() -> None:
 
 
 def test_takes_an_outage_wasted_never_count_toward_quarantine(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """``tries`` counts every take, also those a broker outage wasted; quarantine counts
     only the failures that were the window's own (``fl``, release.lua). A window taken 6
@@ -319,8 +376,13 @@ def test_takes_an_outage_wasted_never_count_toward_quarantine(
     from celery_debounce.dispatch.dispatcher import MAX_TRIES
 
     with LocalRedis("--maxmemory-policy", "noeviction") as server:
-        app = make_app(redis_server, broker_url=f"{server.url}/0", debounce_dispatch_lease=1.0,
-                       task_ignore_result=True, task_create_missing_queues=False)
+        app = make_app(
+            redis_server,
+            broker_url=f"{server.url}/0",
+            debounce_dispatch_lease=1.0,
+            task_ignore_result=True,
+            task_create_missing_queues=False,
+        )
         broker = redis.Redis.from_url(f"{server.url}/0")
         due, _, _ = _tasks(app)
         dispatcher = Dispatcher(app, name="counts")
@@ -337,15 +399,22 @@ def test_takes_an_outage_wasted_never_count_toward_quarantine(
         while tries() <= MAX_TRIES:  # taken again and again, refused by the broker
             seen = tries()
             dispatcher.dispatch_once()
-            wait_until(lambda: dispatcher.dispatch_once() is not None and tries() > seen, 5,
-                       interval=0.1)
+            wait_until(
+                lambda: dispatcher.dispatch_once() is not None and tries() > seen, 5, interval=0.1
+            )
         assert redis_client.zcard(f"{TAG}:quarantine") == 0
         assert redis_client.hget(record, "fl") is None  # none of that was its fault
         wasted = tries()
         redis_client.hset(record, "o", '{"queue":"nowhere"}')  # now it fails on its own
         broker.config_set("maxmemory", "0")
-        wait_until(lambda: dispatcher.dispatch_once() is not None
-                   and redis_client.hget(record, "st") == b"quarantined", 30, interval=0.1)
+        wait_until(
+            lambda: (
+                dispatcher.dispatch_once() is not None
+                and redis_client.hget(record, "st") == b"quarantined"
+            ),
+            30,
+            interval=0.1,
+        )
         reason = redis_client.hget(record, "qe").decode()
         assert f"publish failed {MAX_TRIES} times" in reason and "nowhere" in reason
         assert tries() == wasted + MAX_TRIES
@@ -353,7 +422,9 @@ def test_takes_an_outage_wasted_never_count_toward_quarantine(
 
 @pytest.mark.parametrize("refused", ["every queue", "one queue"])
 def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
-    redis_server: str, redis_client: redis.Redis, refused: str,
+    redis_server: str,
+    redis_client: redis.Redis,
+    refused: str,
 ) -> None:
     """NOPERM may be the broker's (the user lost its rights) or one message's (an ACL key
     pattern that misses its queue). It counts against a window only when another window
@@ -365,10 +436,15 @@ def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
     with LocalRedis() as server:
         admin = redis.Redis.from_url(f"{server.url}/0")
         keys = ["~_kombu.*", "~unacked*"] + (["~celery*"] if refused == "one queue" else [])
-        admin.acl_setuser("disp", enabled=True, passwords=["+pw"], keys=keys,
-                          channels=["*"], commands=["+@all"])
-        app = make_app(redis_server, broker_url=f"redis://disp:pw@127.0.0.1:{server.port}/0",
-                       debounce_dispatch_lease=1.0, task_ignore_result=True)
+        admin.acl_setuser(
+            "disp", enabled=True, passwords=["+pw"], keys=keys, channels=["*"], commands=["+@all"]
+        )
+        app = make_app(
+            redis_server,
+            broker_url=f"redis://disp:pw@127.0.0.1:{server.port}/0",
+            debounce_dispatch_lease=1.0,
+            task_ignore_result=True,
+        )
         due, _, _ = _tasks(app)
         good = [due.apply_async((f"g{i}",)) for i in range(3)]
         bad = due.apply_async(("b",), queue="secret")  # NOPERM for this user, always
@@ -383,8 +459,7 @@ def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
         if refused == "every queue":
             assert redis_client.zcard(f"{TAG}:quarantine") == 0
             assert set(states.values()) <= {b"dispatching"}, states
-            assert all(redis_client.hget(f"{TAG}:win:{r.id}", "fl") is None
-                       for r in [*good, bad])
+            assert all(redis_client.hget(f"{TAG}:win:{r.id}", "fl") is None for r in [*good, bad])
         else:
             assert all(states[r.id] == b"queued" for r in good), states
             assert states[bad.id] == b"quarantined"
@@ -393,7 +468,8 @@ def test_a_refused_key_counts_against_a_window_only_when_another_was_published(
 
 
 def test_the_back_off_after_a_shared_fault_grows_and_is_jittered(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """Passes in a row that meet a shared fault wait 0.5 s, 1 s, 2 s ... up to 10 s, each
     times a random factor in [0.5, 1], so dispatchers that met the same outage do not all
@@ -414,6 +490,6 @@ def test_the_back_off_after_a_shared_fault_grows_and_is_jittered(
         waits.append(seen)
     for seen in waits:
         for k, wait in enumerate(seen):
-            base = min(cap, first * 2 ** k)
+            base = min(cap, first * 2**k)
             assert base / 2 <= wait <= base, (k, wait)
     assert len({seen[0] for seen in waits}) > 10  # jittered, not in step

@@ -70,31 +70,44 @@ def store(make_store: Callable[..., PostgresStore]) -> PostgresStore:
     return made
 
 
-def call(ident: str = "tasks.t:k", window_ms: int = 10_000, max_wait_ms: int = 60_000,
-         payload: bytes = b"[[], {}, {}]", replace: bool = False, **spec: object
-         ) -> PreparedCall:
+def call(
+    ident: str = "tasks.t:k",
+    window_ms: int = 10_000,
+    max_wait_ms: int = 60_000,
+    payload: bytes = b"[[], {}, {}]",
+    replace: bool = False,
+    **spec: object,
+) -> PreparedCall:
     """A prepared call as the producer builds it (a fresh task id per call)."""
     return PreparedCall(
-        task_name=ident.split(":")[0], key=ident.split(":", 1)[1], ident=ident, shard=0,
+        task_name=ident.split(":")[0],
+        key=ident.split(":", 1)[1],
+        ident=ident,
+        shard=0,
         task_id=str(uuid.uuid4()),
-        spec=DebounceSpec(window_ms=window_ms, max_wait_ms=max_wait_ms, key=None,
-                          replace_payload=replace, **spec),  # type: ignore[arg-type]
-        content_type="application/json", payload=payload, options_json="{}")
+        spec=DebounceSpec(
+            window_ms=window_ms, max_wait_ms=max_wait_ms, key=None, replace_payload=replace, **spec
+        ),  # type: ignore[arg-type]
+        content_type="application/json",
+        payload=payload,
+        options_json="{}",
+    )
 
 
 def rows(database: str, table: str) -> list[tuple[object, ...]]:
     with psycopg.connect(database, autocommit=True) as conn:
-        query = {"open": "SELECT ident, task_id, calls FROM debounce_open ORDER BY ident",
-                 "taken": "SELECT ident, task_id, calls, state FROM debounce_taken "
-                          "ORDER BY ident"}[table]
+        query = {
+            "open": "SELECT ident, task_id, calls FROM debounce_open ORDER BY ident",
+            "taken": "SELECT ident, task_id, calls, state FROM debounce_taken ORDER BY ident",
+        }[table]
         return conn.execute(query).fetchall()
 
 
 def test_racing_producers_on_one_key_make_one_window_counting_every_call(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     def produce(_: int) -> list[tuple[str, bool, int]]:
-        return [(r.task_id, r.opened, r.calls)
-                for r in (store.gate(call()) for _ in range(50))]
+        return [(r.task_id, r.opened, r.calls) for r in (store.gate(call()) for _ in range(50))]
 
     with ThreadPoolExecutor(8) as pool:
         results = [r for batch in pool.map(produce, range(8)) for r in batch]
@@ -108,7 +121,8 @@ def test_racing_producers_on_one_key_make_one_window_counting_every_call(
 
 
 def test_the_deadline_is_the_servers_and_never_passes_the_ceiling(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     first = store.gate(call(window_ms=200, max_wait_ms=500))
     assert first.opened and first.deadline_ms == first.now_ms + 200
     with psycopg.connect(database, autocommit=True) as conn:
@@ -133,7 +147,8 @@ def test_a_window_shorter_than_the_ceiling_opens_at_the_ceiling(store: PostgresS
 
 
 def test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     opener = b'[["first"], {"n": 1}, {"callbacks": [{"task": "cb"}], "chain": null}]'
     joiner = b'[["second"], {"n": 2}, {"callbacks": [{"task": "other"}]}]'
     store.gate(call("a:k", window_ms=0, payload=opener))
@@ -145,16 +160,19 @@ def test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays
     taken = {w.ident: w for w in store.take(0, 10).windows}
     assert taken["a:k"].payload == opener and taken["a:k"].calls == 2
     assert json.loads(taken["b:k"].payload) == [
-        ["second"], {"n": 2}, {"callbacks": [{"task": "cb"}], "chain": None}]
+        ["second"],
+        {"n": 2},
+        {"callbacks": [{"task": "cb"}], "chain": None},
+    ]
     assert taken["b:k"].calls == 2
 
 
 def test_a_replacing_join_of_a_body_that_is_not_json_needs_the_openers_embed(
-        store: PostgresStore) -> None:
+    store: PostgresStore,
+) -> None:
     def pickled(payload: bytes, embed: str) -> PreparedCall:
         made = call("p:k", window_ms=0, payload=payload, replace=True)
-        return made._replace(content_type="application/x-python-serialize",
-                             embed_json=embed)
+        return made._replace(content_type="application/x-python-serialize", embed_json=embed)
 
     store.gate(pickled(b"opener", '{"callbacks": [1]}'))
     store.gate(pickled(b"same embed", '{"callbacks": [1]}'))
@@ -166,11 +184,9 @@ def test_a_replacing_join_of_a_body_that_is_not_json_needs_the_openers_embed(
     assert (taken.payload, taken.calls) == (b"same embed", 2)
 
 
-def test_a_fixed_id_in_use_is_never_reused_even_by_racing_calls(
-        store: PostgresStore) -> None:
+def test_a_fixed_id_in_use_is_never_reused_even_by_racing_calls(store: PostgresStore) -> None:
     def fixed(ident: str) -> GateResult:
-        return store.gate(call(ident)._replace(task_id="A"),
-                          FixedId("A", '{"id": "A"}', False))
+        return store.gate(call(ident)._replace(task_id="A"), FixedId("A", '{"id": "A"}', False))
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(fixed, [f"t:{i}" for i in range(16)]))
@@ -180,7 +196,8 @@ def test_a_fixed_id_in_use_is_never_reused_even_by_racing_calls(
 
 
 def test_a_taken_window_is_never_joined_a_later_call_opens_a_new_one(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     first = store.gate(call(window_ms=0))
     (taken,) = store.take(0, 10).windows
     assert taken.task_id == first.task_id
@@ -190,7 +207,8 @@ def test_a_taken_window_is_never_joined_a_later_call_opens_a_new_one(
 
 
 def test_gates_racing_takes_lose_no_call_and_count_none_twice(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     """Producers on one key while a dispatcher takes: every call is in exactly one
     window (taken or still open), and no window was joined after its take."""
     stop = threading.Event()
@@ -224,10 +242,12 @@ def test_gates_racing_takes_lose_no_call_and_count_none_twice(
 
 
 def test_two_dispatchers_taking_at_once_never_take_the_same_window(
-        store: PostgresStore, make_store: Callable[..., PostgresStore]) -> None:
+    store: PostgresStore, make_store: Callable[..., PostgresStore]
+) -> None:
     with ThreadPoolExecutor(4) as pool:
-        opened = set(pool.map(lambda i: store.gate(call(f"t:{i}", window_ms=0)).task_id,
-                              range(500)))
+        opened = set(
+            pool.map(lambda i: store.gate(call(f"t:{i}", window_ms=0)).task_id, range(500))
+        )
     assert len(opened) == 500
     other = make_store(max_size=2)
     seen: list[list[str]] = [[], []]
@@ -241,8 +261,10 @@ def test_two_dispatchers_taking_at_once_never_take_the_same_window(
                 return
             seen[index] += [w.task_id for w in result.windows]
 
-    threads = [threading.Thread(target=dispatch, args=(0, store)),
-               threading.Thread(target=dispatch, args=(1, other))]
+    threads = [
+        threading.Thread(target=dispatch, args=(0, store)),
+        threading.Thread(target=dispatch, args=(1, other)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -253,7 +275,8 @@ def test_two_dispatchers_taking_at_once_never_take_the_same_window(
 
 
 def test_a_lapsed_lease_is_taken_again_an_acked_window_never(
-        make_store: Callable[..., PostgresStore]) -> None:
+    make_store: Callable[..., PostgresStore],
+) -> None:
     store = make_store(lease_ms=150)
     store.migrate()
     lapsing = store.gate(call("t:lapsing", window_ms=0)).task_id
@@ -274,7 +297,8 @@ def test_a_lapsed_lease_is_taken_again_an_acked_window_never(
 
 
 def test_a_database_without_the_schema_is_refused_by_name_and_nothing_written(
-        make_store: Callable[..., PostgresStore], database: str) -> None:
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
     store = make_store()
     with pytest.raises(SchemaMissing, match=r"no celery_debounce schema.*debounce migrate"):
         store.gate(call())
@@ -287,13 +311,21 @@ def test_a_database_without_the_schema_is_refused_by_name_and_nothing_written(
     assert store.gate(call()).opened
 
 
-@pytest.mark.parametrize(("version", "error", "words"), [
-    (SCHEMA_VERSION - 1, SchemaTooOld, "older than this package's"),
-    (SCHEMA_VERSION + 1, SchemaTooNew, "newer than this package's"),
-])
+@pytest.mark.parametrize(
+    ("version", "error", "words"),
+    [
+        (SCHEMA_VERSION - 1, SchemaTooOld, "older than this package's"),
+        (SCHEMA_VERSION + 1, SchemaTooNew, "newer than this package's"),
+    ],
+)
 def test_an_older_or_newer_schema_is_refused_by_name(
-        store: PostgresStore, make_store: Callable[..., PostgresStore], database: str,
-        version: int, error: type[Exception], words: str) -> None:
+    store: PostgresStore,
+    make_store: Callable[..., PostgresStore],
+    database: str,
+    version: int,
+    error: type[Exception],
+    words: str,
+) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE debounce_schema SET version = %s", (version,))
     fresh = make_store()
@@ -304,12 +336,16 @@ def test_an_older_or_newer_schema_is_refused_by_name(
 
 
 def test_migrate_upgrades_an_older_schema_and_refuses_a_newer_one(
-        store: PostgresStore, make_store: Callable[..., PostgresStore], database: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    store: PostgresStore,
+    make_store: Callable[..., PostgresStore],
+    database: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE debounce_schema SET version = %s", (SCHEMA_VERSION - 1,))
-    monkeypatch.setitem(pg_schema.UPGRADES, SCHEMA_VERSION - 1,
-                        "CREATE TABLE upgraded_here (x int)")
+    monkeypatch.setitem(
+        pg_schema.UPGRADES, SCHEMA_VERSION - 1, "CREATE TABLE upgraded_here (x int)"
+    )
     assert store.migrate() == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
     assert make_store().gate(call()).opened
     with psycopg.connect(database, autocommit=True) as conn:
@@ -320,31 +356,42 @@ def test_migrate_upgrades_an_older_schema_and_refuses_a_newer_one(
 
 
 def test_concurrent_migrations_create_the_schema_once(
-        make_store: Callable[..., PostgresStore]) -> None:
+    make_store: Callable[..., PostgresStore],
+) -> None:
     stores = [make_store() for _ in range(3)]
     with ThreadPoolExecutor(3) as pool:
-        befores = sorted(pool.map(lambda s: s.migrate()[0], stores),
-                         key=lambda v: -1 if v is None else v)
+        befores = sorted(
+            pool.map(lambda s: s.migrate()[0], stores), key=lambda v: -1 if v is None else v
+        )
     assert befores == [None, SCHEMA_VERSION, SCHEMA_VERSION]
 
 
-@pytest.mark.parametrize("spec", [
-    {"collect": True}, {"collect": True, "max_calls": 3},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"collect": True},
+        {"collect": True, "max_calls": 3},
+    ],
+)
 def test_options_the_store_does_not_support_yet_are_refused_before_any_write(
-        store: PostgresStore, database: str, spec: dict[str, object]) -> None:
+    store: PostgresStore, database: str, spec: dict[str, object]
+) -> None:
     with pytest.raises(DebounceConfigError, match="does not support"):
         store.gate(call(**spec))
     assert rows(database, "open") == []
 
 
 def test_a_gate_whose_reply_is_lost_is_not_sent_again(
-        store: PostgresStore, make_store: Callable[..., PostgresStore],
-        postgres_server: LocalPostgres, database: str) -> None:
+    store: PostgresStore,
+    make_store: Callable[..., PostgresStore],
+    postgres_server: LocalPostgres,
+    database: str,
+) -> None:
     proxy = PgProxy(postgres_server.port)
     try:
-        through = make_store(database.replace(f"port={postgres_server.port}",
-                                              f"port={proxy.port}"), max_size=1)
+        through = make_store(
+            database.replace(f"port={postgres_server.port}", f"port={proxy.port}"), max_size=1
+        )
         assert through.gate(call()).opened
         proxy.drop_next(b"debounce_gate")
         with pytest.raises(OutcomeUnknown, match="gate was lost"):
@@ -356,25 +403,23 @@ def test_a_gate_whose_reply_is_lost_is_not_sent_again(
         proxy.close()
 
 
-def test_racing_first_calls_of_a_leading_burst_make_one_leading_run(
-        store: PostgresStore) -> None:
+def test_racing_first_calls_of_a_leading_burst_make_one_leading_run(store: PostgresStore) -> None:
     barrier = threading.Barrier(6)
 
     def first_calls(ident: str) -> list[str]:
         barrier.wait()
-        return [store.gate(call(ident, leading=True, trailing=False)).edge
-                for _ in range(3)]
+        return [store.gate(call(ident, leading=True, trailing=False)).edge for _ in range(3)]
 
     for round_ in range(10):
         with ThreadPoolExecutor(6) as pool:
-            edges = [e for batch in pool.map(first_calls, [f"t:{round_}"] * 6)
-                     for e in batch]
+            edges = [e for batch in pool.map(first_calls, [f"t:{round_}"] * 6) for e in batch]
         assert edges.count("lead") == 1 and edges.count("suppressed") == 17, edges
     leads = store.take(0, 100).windows
     assert len(leads) == 10 and all(w.leading for w in leads)
 
 
 # -- the dispatcher's role: wake-ups, the expiry sweep, heartbeats, layouts ------------
+
 
 def _wait_timed(listener: object, seconds: float) -> float:
     """How long ``listener.wait(seconds)`` took."""
@@ -394,7 +439,8 @@ def _later(delay: float, fn: Callable[[], object]) -> threading.Thread:
 
 
 def test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout(
-        store: PostgresStore) -> None:
+    store: PostgresStore,
+) -> None:
     listener = store.wake_listener()
     try:
         listener.subscribe()
@@ -421,7 +467,8 @@ def test_a_flush_wakes_a_listener_a_later_deadline_does_not(store: PostgresStore
 
 
 def test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     listener = store.wake_listener()
     try:
         listener.subscribe()
@@ -441,11 +488,12 @@ def test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes(
 
 
 def test_a_listener_that_cannot_subscribe_sleeps_and_the_store_is_unavailable(
-        make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres,
-        database: str) -> None:
+    make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres, database: str
+) -> None:
     proxy = PgProxy(postgres_server.port)
-    through = make_store(database.replace(f"port={postgres_server.port}",
-                                          f"port={proxy.port}"), max_size=1)
+    through = make_store(
+        database.replace(f"port={postgres_server.port}", f"port={proxy.port}"), max_size=1
+    )
     proxy.close()  # nothing listens there now
     listener = through.wake_listener()
     assert _wait_timed(listener, 0.5) >= 0.4  # a plain sleep, no error
@@ -463,13 +511,17 @@ def _queued(store: PostgresStore, ident: str, left_ms: int) -> str:
 
 
 def test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     expired = _queued(store, "t:expired", 0)
     running = _queued(store, "t:running", 0)
     later = _queued(store, "t:later", 600_000)
     with psycopg.connect(database, autocommit=True) as conn:  # a worker runs it
-        conn.execute("UPDATE debounce_taken SET state = 'claimed', claim_until = "
-                     "clock_timestamp() + interval '1 hour' WHERE task_id = %s", (running,))
+        conn.execute(
+            "UPDATE debounce_taken SET state = 'claimed', claim_until = "
+            "clock_timestamp() + interval '1 hour' WHERE task_id = %s",
+            (running,),
+        )
     deadline = time.monotonic() + 30
     swept = store.expire(0)
     while not swept and time.monotonic() < deadline:  # past the grace
@@ -479,8 +531,10 @@ def test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once(
 
     def state(task_id: str) -> tuple[object, ...]:
         with psycopg.connect(database, autocommit=True) as conn:
-            row = conn.execute("SELECT state, result_state, until FROM debounce_taken "
-                               "WHERE task_id = %s", (task_id,)).fetchone()
+            row = conn.execute(
+                "SELECT state, result_state, until FROM debounce_taken WHERE task_id = %s",
+                (task_id,),
+            ).fetchone()
         assert row is not None
         return tuple(row)
 
@@ -498,8 +552,7 @@ def test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once(
 
 def test_an_expired_window_records_its_callers_fixed_ids(store: PostgresStore) -> None:
     opened = store.gate(call("t:k", window_ms=0))
-    store.gate(call("t:k", window_ms=0)._replace(task_id="B"),
-               FixedId("B", '{"id": "B"}', False))
+    store.gate(call("t:k", window_ms=0)._replace(task_id="B"), FixedId("B", '{"id": "B"}', False))
     store.take(0, 10)
     store.ack(0, [opened.task_id])
     store.expiring(0, [(opened.task_id, 0)])
@@ -512,7 +565,8 @@ def test_an_expired_window_records_its_callers_fixed_ids(store: PostgresStore) -
 
 
 def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
-        store: PostgresStore, database: str) -> None:
+    store: PostgresStore, database: str
+) -> None:
     now = store.time_ms()
     assert store.liveness()[1:] == ([], [])
     assert abs(store.heartbeat("d1") - now) < 5000
@@ -525,8 +579,9 @@ def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
     assert [n for n, _ in store.liveness()[1]] == ["d1", "d2"] and not store.liveness()[2]
     store.heartbeat("d2", alive=False)
     with psycopg.connect(database, autocommit=True) as conn:
-        beats = conn.execute("SELECT name, alive FROM debounce_dispatchers "
-                             "ORDER BY name").fetchall()
+        beats = conn.execute(
+            "SELECT name, alive FROM debounce_dispatchers ORDER BY name"
+        ).fetchall()
     assert beats == [("d1", True), ("d2", False)]
     at, layouts = store.layouts(["a", "b"])
     assert abs(at - now) < 5000 and set(layouts) == {"a", "b"}
@@ -542,14 +597,15 @@ def test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out(
 
 
 def test_an_expiry_sweep_whose_reply_is_lost_is_not_sent_again(
-        store: PostgresStore, make_store: Callable[..., PostgresStore],
-        postgres_server: LocalPostgres) -> None:
+    store: PostgresStore, make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres
+) -> None:
     del store  # migrated
     proxy = PgProxy(postgres_server.port)
     try:
         database = make_store().url
-        through = make_store(database.replace(f"port={postgres_server.port}",
-                                              f"port={proxy.port}"), max_size=1)
+        through = make_store(
+            database.replace(f"port={postgres_server.port}", f"port={proxy.port}"), max_size=1
+        )
         assert through.expire(0) == []
         proxy.drop_next(b"debounce_expire")
         with pytest.raises(OutcomeUnknown, match="expire was lost"):

@@ -37,7 +37,9 @@ def open_key(client: redis.Redis, key: str) -> bytes:
 
 
 def test_wrong_type_keys_and_broken_records_do_not_block_the_shard(
-    redis_server: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    redis_server: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = build(redis_server, lease=0.3)
     record = app.tasks["faults.record"]
@@ -63,7 +65,8 @@ def test_wrong_type_keys_and_broken_records_do_not_block_the_shard(
     with running_worker(app):
         wait_until(lambda: all(runs(redis_client, f"g{i}") == [good[i].id] for i in range(3)), 15)
         quarantined = wait_until(
-            lambda: (q := list_windows(app, states=["quarantined"])) and len(q) == 2 and q, 10)
+            lambda: (q := list_windows(app, states=["quarantined"])) and len(q) == 2 and q, 10
+        )
         # the shard keeps flowing: a new call after the bad entries runs too
         again = record.delay("g0").id
         wait_until(lambda: runs(redis_client, "g0") == [good[0].id, again], 15)
@@ -86,7 +89,8 @@ def test_wrong_type_keys_and_broken_records_do_not_block_the_shard(
 
 
 def test_release_leaves_a_lease_another_dispatcher_took_over(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     app = build(redis_server, lease=0.2)
     backend = store_for(app)
@@ -107,7 +111,8 @@ def test_release_leaves_a_lease_another_dispatcher_took_over(
 
 
 def test_an_expired_message_finishes_its_window_as_revoked(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """The worker drops an expired message without running it (task_revoked), and that
     signal finishes the window: no dispatcher runs beside the worker, so the expiry
@@ -127,8 +132,14 @@ def test_an_expired_message_finishes_its_window_as_revoked(
 
 
 def _expiring_task(app: Celery, seconds: float = 0.0) -> Any:
-    @app.task(base=DebouncedTask, shared=False, name="rob.expiring", debounce="100ms",
-              debounce_key="{0}", debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="rob.expiring",
+        debounce="100ms",
+        debounce_key="{0}",
+        debounce_max_wait="1s",
+    )
     def expiring(key: str) -> str:
         time.sleep(seconds)
         return key
@@ -137,7 +148,8 @@ def _expiring_task(app: Celery, seconds: float = 0.0) -> Any:
 
 
 def test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """Rule "every id resolves": a window published with ``expires=1`` to a queue no
     worker reads. No worker signal ever fires, yet once ``expires`` (plus the grace)
@@ -167,7 +179,8 @@ def test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases
 
 
 def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """Script level: ``expire.lua`` finishes a queued window whose message expired
     and returns it (with its aliases) again on every call until the dispatcher has
@@ -180,8 +193,10 @@ def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
     tag = "debounce:{0}"
     past = store.time_ms() - EXPIRY_GRACE_MS - 1000
     for tid, st in (("q1", "queued"), ("c1", "claimed"), ("d1", "dispatching")):
-        redis_client.hset(f"{tag}:win:{tid}", mapping={"st": st, "id": tid, "na": 1,
-                                                      "a1": f'{{"id": "al-{tid}"}}'})
+        redis_client.hset(
+            f"{tag}:win:{tid}",
+            mapping={"st": st, "id": tid, "na": 1, "a1": f'{{"id": "al-{tid}"}}'},
+        )
         redis_client.zadd(f"{tag}:expiring", {tid: past})
         redis_client.zadd(f"{tag}:active", {tid: past})
     first = store.expire(0)
@@ -197,7 +212,8 @@ def test_expire_returns_a_window_it_finished_until_its_outcome_is_stored(
 
 
 def test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """The other side of the rule: a window whose run started before ``expires`` and
     is still running when ``expires`` (plus the grace) passes is left alone: it stays
@@ -216,23 +232,31 @@ def test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry(
 
 
 def test_a_dispatcher_without_the_task_publishes_with_the_payloads_serializer(
-    app_factory: Any, redis_client: redis.Redis,
+    app_factory: Any,
+    redis_client: redis.Redis,
 ) -> None:
     """A standalone dispatcher need not import the tasks; a pickled window stays pickled
     (send_task would otherwise encode it with the app's default serializer, json)."""
     runs: list[Any] = []
 
     def register(app: Celery) -> Any:
-        @app.task(base=DebouncedTask, shared=False, name="rob.pickled", debounce="100ms",
-                  debounce_key="k", debounce_max_wait="1s", serializer="pickle")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="rob.pickled",
+            debounce="100ms",
+            debounce_key="k",
+            debounce_max_wait="1s",
+            serializer="pickle",
+        )
         def pickled(x: Any) -> None:
             runs.append(x)
 
         return pickled
 
     producer, worker, dispatcher_app = (
-        app_factory(accept_content=["json", "pickle"], debounce_dispatcher=False)
-        for _ in range(3))
+        app_factory(accept_content=["json", "pickle"], debounce_dispatcher=False) for _ in range(3)
+    )
     task = register(producer)
     register(worker)
     task.delay({1, 2})

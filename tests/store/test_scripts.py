@@ -19,13 +19,22 @@ from celery_debounce.store import WindowStore
 from celery_debounce.store.errors import ALIASES_FULL
 
 
-def call(backend: WindowStore, key: str, window: str = "1m", max_wait: str = "5m",
-         replace: bool = False, payload: int = 0, task: str = "t",
-         task_id: str | None = None, exclusive: bool = False) -> GateResult:
+def call(
+    backend: WindowStore,
+    key: str,
+    window: str = "1m",
+    max_wait: str = "5m",
+    replace: bool = False,
+    payload: int = 0,
+    task: str = "t",
+    task_id: str | None = None,
+    exclusive: bool = False,
+) -> GateResult:
     spec = build_spec(window, "{0}", max_wait, replace, exclusive=exclusive)
     options: dict[str, object] = {}
-    prepared = prepare_call(backend.settings, task, spec, (key, payload), {}, options, None,
-                            "json", task_id)
+    prepared = prepare_call(
+        backend.settings, task, spec, (key, payload), {}, options, None, "json", task_id
+    )
     return enter(backend, prepared, fixed_id(task_id, options))
 
 
@@ -97,14 +106,12 @@ def test_claim_refuses_a_finished_or_claimed_record(backend: WindowStore) -> Non
     assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     claimed_at = backend.client.hget(keys[0], "ca")
     # a redelivered message under a live claim: a duplicate, not run, record left as it is
-    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
-        b"claimed", 0]
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"claimed", 0]
     assert backend.client.hget(keys[0], "ca") == claimed_at
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
     record = backend.client.hgetall(keys[0])
     # a republished message after the run: never claimed again, not run
-    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
-        b"finished", 0]
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"finished", 0]
     assert backend.client.hgetall(keys[0]) == record
     assert backend.client.zscore(f"{tag}:active", first.task_id) is None
     assert backend.client.zscore(f"{tag}:leased", first.task_id) is None
@@ -129,8 +136,9 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
     assert backend.client.hget(keys[0], "st") == b"claimed"
     assert backend.client.zscore(claims, "never-claimed") is None  # XX: not created
     # no renewal: stale within the lease, released by the next take
-    wait_until(lambda: backend.take(0, 10) and
-               backend.client.hget(keys[0], "st") == b"stale", timeout=3)
+    wait_until(
+        lambda: backend.take(0, 10) and backend.client.hget(keys[0], "st") == b"stale", timeout=3
+    )
     assert backend.client.zscore(f"{tag}:active", first.task_id) is None
     assert not backend.client.exists(claims)
     backend.renew_claims({0: [first.task_id]})  # a late renewal brings nothing back
@@ -142,7 +150,8 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
 
 
 def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     """A delivery skipped because a claim was live (RabbitMQ requeues a dead worker's
     message at once, before its claim lapses) must not lose the run: when that claim
     lapses, take.lua publishes the window again (same id), and it runs."""
@@ -155,8 +164,7 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
     assert backend.client.hget(f"{backend.settings.tag(0)}:stats", "d|t") == b"1"
     (again,) = wait_until(lambda: backend.take(0, 10).windows, timeout=4)
     assert again.task_id == first.task_id and again.payload == b'[["k", 5], {}, {}]'
-    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [
-        b"dispatching", 1]
+    assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"dispatching", 1]
     # a retry of the run takes a live claim over
     retry = backend._claim_args(first.task_id, "t", True)
     assert backend.run("claim", keys, retry)[::2] == [b"claimed", 1]
@@ -164,7 +172,8 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
 
 @pytest.mark.parametrize("end", ["finish", "stale claim"])
 def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
-        backend: WindowStore, end: str) -> None:
+    backend: WindowStore, end: str
+) -> None:
     """debounce_exclusive: a window of a key whose window is in progress (taken, queued
     or claimed) is held: not taken, still open to calls; the run's end (finish.lua, or
     its claim lapsing) makes it due at once. A non-exclusive window is never held."""
@@ -203,7 +212,8 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
 
 
 def test_claims_and_held_keys_of_the_wrong_type_never_block_a_take_or_a_finish(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     """A foreign write to <tag>:claims or <tag>:held (a string) must not fail every take
     of the shard, nor the finish of a run (bug class: one bad item blocks the others)."""
     tag = backend.settings.tag(0)
@@ -250,16 +260,15 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: WindowStore, stag
     assert _record(backend, "reindex-7") == before
     ids = set()
     for _ in range(2 if stage == "lease expired" else 1):  # the dead dispatcher's lease
-        ids |= {w.task_id for w in wait_until(lambda: backend.take(0, 10).windows,
-                                               timeout=5)}
+        ids |= {w.task_id for w in wait_until(lambda: backend.take(0, 10).windows, timeout=5)}
     assert second.task_id in ids
-    assert ids == ({second.task_id, "reindex-7"} if stage == "lease expired"
-                   else {second.task_id})
+    assert ids == ({second.task_id, "reindex-7"} if stage == "lease expired" else {second.task_id})
     rec2 = _record(backend, second.task_id)
     assert rec2[b"st"] == b"dispatching" and rec2[b"p"] == b'[["k", 2], {}, {}]'
     assert rec2[b"a1"] == b'{"id": "reindex-7"}'  # the caller's id resolves to window 2 too
     assert _record(backend, "reindex-7")[b"p" if stage != "finished" else b"st"] == (
-        b'[["k", 1], {}, {}]' if stage != "finished" else b"finished")
+        b'[["k", 1], {}, {}]' if stage != "finished" else b"finished"
+    )
     # finishing run 1 leaves window 2 alone
     backend.run("finish", keys, ["reindex-7", "SUCCESS", 60_000])
     assert _record(backend, second.task_id)[b"st"] == b"dispatching"
@@ -279,7 +288,10 @@ def test_a_caller_id_in_use_by_a_pending_window_of_another_key(backend: WindowSt
     third = call(backend, "b", task_id="Y")
     assert third.task_id == second.task_id
     assert backend.client.hmget(f"{tag}:open:1:t:b", "na", "a1", "a2") == [
-        b"2", b'{"id": "X"}', b'{"id": "Y"}']
+        b"2",
+        b'{"id": "X"}',
+        b'{"id": "Y"}',
+    ]
     # the id index forgets X once its window is taken or cancelled
     assert backend.client.hgetall(f"{tag}:ids") == {b"X": b"1:t:a"}
 
@@ -303,28 +315,36 @@ def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: WindowSto
     """Runs claimed and never finished (worker killed without acks_late): once their
     records expire, take.lua prunes their ids from the active set; nothing but the
     TTL'd stats is left."""
-    backend.settings = replace(backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500,
-                               claim_lease_ms=1000)
+    backend.settings = replace(
+        backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500, claim_lease_ms=1000
+    )
     tag = backend.settings.tag(0)
     ids = [call(backend, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(5)]
     ids += [call(backend, "chosen", window="1ms", max_wait="1s", task_id="mine").task_id]
     taken: list[str] = []
-    wait_until(lambda: taken.extend(w.task_id for w in backend.take(0, 10).windows)
-               or len(taken) == len(ids), timeout=5)
+    wait_until(
+        lambda: (
+            taken.extend(w.task_id for w in backend.take(0, 10).windows) or len(taken) == len(ids)
+        ),
+        timeout=5,
+    )
     assert sorted(taken) == sorted(ids)
     backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, *ids[:3]])
     for tid in ids[2:]:  # claimed, then the worker dies: no finish
         backend.run("claim", backend._record_keys(0, tid), _claim(backend, tid))
     assert backend.client.zcard(f"{tag}:active") == len(ids)
     wait_until(lambda: not backend.client.exists(*(f"{tag}:win:{t}" for t in ids)), timeout=10)
-    wait_until(lambda: backend.take(0, 10).next_in_ms == -1 and not backend.client.exists(
-        f"{tag}:active"), timeout=10)
+    wait_until(
+        lambda: backend.take(0, 10).next_in_ms == -1 and not backend.client.exists(f"{tag}:active"),
+        timeout=10,
+    )
     assert backend.client.keys("*") == [f"{tag}:stats".encode()]
     assert backend.client.pttl(f"{tag}:stats") > 0
 
 
 def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
-        backend: WindowStore) -> None:
+    backend: WindowStore,
+) -> None:
     first = call(backend, "k", window="1h", max_wait="2h", payload=1)
     flushed = flush_window(backend, 0, "1:t:k")
     assert flushed is not None and flushed.task_id == first.task_id and flushed.calls == 1
@@ -343,7 +363,8 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
 
 
 def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
-        backend: WindowStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend: WindowStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("celery_debounce.store.codec.MAX_ALIASES", 2)
     first = call(backend, "k")
     call(backend, "k", task_id="A")

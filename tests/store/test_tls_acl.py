@@ -59,12 +59,50 @@ def make_certs(where: Path) -> dict[str, Path]:
         subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
 
     (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-        "-days", "1", "-subj", "/CN=celery-debounce test CA")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-        "-subj", "/CN=127.0.0.1")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "san.ext")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=celery-debounce test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
     return {name: where / f"{name}" for name in ("ca.crt", "server.crt", "server.key")}
 
 
@@ -75,37 +113,59 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     tls = server_supports_tls()
     certs = make_certs(tmp_path_factory.mktemp("certs")) if tls else {}
     tls_port = free_port()
-    server = LocalRedis(
-        "--tls-port", str(tls_port), "--tls-cert-file", str(certs["server.crt"]),
-        "--tls-key-file", str(certs["server.key"]), "--tls-ca-cert-file", str(certs["ca.crt"]),
-        "--tls-auth-clients", "no",
-    ) if tls else LocalRedis()
+    server = (
+        LocalRedis(
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(certs["server.crt"]),
+            "--tls-key-file",
+            str(certs["server.key"]),
+            "--tls-ca-cert-file",
+            str(certs["ca.crt"]),
+            "--tls-auth-clients",
+            "no",
+        )
+        if tls
+        else LocalRedis()
+    )
     with server:
         admin = redis.Redis(port=server.port)
-        admin.execute_command("ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret",
-                              *ACL_RULES.split())
-        yield {"server": server, "tls_port": tls_port if tls else None,
-               "ca": certs.get("ca.crt"), "admin": admin}
+        admin.execute_command(
+            "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *ACL_RULES.split()
+        )
+        yield {
+            "server": server,
+            "tls_port": tls_port if tls else None,
+            "ca": certs.get("ca.crt"),
+            "admin": admin,
+        }
 
 
 def tls_url(tls: dict[str, Any], user: str = "debouncer:s3cret") -> str:
     if tls["tls_port"] is None:  # a server built without TLS: the ACL user over TCP
         return f"redis://{user}@127.0.0.1:{tls['server'].port}/0"
-    return (f"rediss://{user}@127.0.0.1:{tls['tls_port']}/0"
-            f"?ssl_cert_reqs=required&ssl_ca_certs={tls['ca']}")
+    return (
+        f"rediss://{user}@127.0.0.1:{tls['tls_port']}/0"
+        f"?ssl_cert_reqs=required&ssl_ca_certs={tls['ca']}"
+    )
 
 
 def test_debounced_tasks_work_over_tls_with_the_minimal_acl_user(
-    tls_server: dict[str, Any]
+    tls_server: dict[str, Any],
 ) -> None:
     tls_server["admin"].flushall()
     server = tls_server["server"]
-    app = make_app(server.url, debounce_redis_url=tls_url(tls_server),
-                   debounce_history_ttl="500ms")
+    app = make_app(server.url, debounce_redis_url=tls_url(tls_server), debounce_history_ttl="500ms")
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k:{0}",
-              debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="200ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="2s",
+    )
     def work(x: int) -> int:
         runs.append(x)
         return x
@@ -133,8 +193,14 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
     tls_server["admin"].flushall()
     app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server))
 
-    @app.task(base=DebouncedTask, shared=False, name="acl.work", debounce="1h",
-              debounce_max_wait="2h", debounce_key="k:{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="acl.work",
+        debounce="1h",
+        debounce_max_wait="2h",
+        debounce_key="k:{0}",
+    )
     def work(x: int) -> int:
         return x
 
@@ -143,8 +209,7 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
     sys.modules["acl_app"] = module
 
     def cli(*args: str) -> str:
-        result = CliRunner().invoke(celery_cli, ["-A", "acl_app", "debounce", *args],
-                                    input="y\n")
+        result = CliRunner().invoke(celery_cli, ["-A", "acl_app", "debounce", *args], input="y\n")
         assert result.exit_code == 0, result.output
         return result.output
 
@@ -157,7 +222,8 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
         work.delay(4)
         work.delay(5)
         assert {w.task_id for w in admin.windows()} == {a.id, b.id, c.id} | {
-            w.task_id for w in admin.windows(key_glob="k:[45]")}
+            w.task_id for w in admin.windows(key_glob="k:[45]")
+        }
         assert admin.window("acl.work", "k:1").task_id == a.id  # type: ignore[union-attr]
         assert admin.find(b.id).state == "pending"  # type: ignore[union-attr]
         assert admin.stats().tasks["acl.work"].open == 5
@@ -199,17 +265,27 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
         sys.modules.pop("acl_app", None)
 
 
-def test_exclusive_holds_and_claim_renewals_run_as_the_acl_user(
-        tls_server: dict[str, Any]) -> None:
+def test_exclusive_holds_and_claim_renewals_run_as_the_acl_user(tls_server: dict[str, Any]) -> None:
     """debounce_exclusive (take.lua's hold, finish.lua's release), claim leases (claim.lua,
     renew.lua every third of a 1 s lease during a 2 s run) as the documented user: a
     command it lacked would fail under pcall silently, and the follow-up would overlap."""
     tls_server["admin"].flushall()
-    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server),
-                   debounce_claim_lease=1.0, debounce_poll_interval=0.1)
+    app = make_app(
+        tls_server["server"].url,
+        debounce_redis_url=tls_url(tls_server),
+        debounce_claim_lease=1.0,
+        debounce_poll_interval=0.1,
+    )
 
-    @app.task(base=DebouncedTask, shared=False, name="acl.exclusive", debounce="100ms",
-              debounce_max_wait="1s", debounce_key="k:{0}", debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="acl.exclusive",
+        debounce="100ms",
+        debounce_max_wait="1s",
+        debounce_key="k:{0}",
+        debounce_exclusive=True,
+    )
     def exclusive(x: int, seconds: float) -> tuple[float, float]:
         start = time.time()
         time.sleep(seconds)
@@ -221,8 +297,7 @@ def test_exclusive_holds_and_claim_renewals_run_as_the_acl_user(
         wait_until(lambda: getattr(admin.find(first.id), "state", None) == "claimed", 10)
         follow = exclusive.delay(1, 0.0)
         time.sleep(1.5)  # the follow-up is due and held; the first run's claim renewed
-        assert store_for(app).client.zscore("debounce:{0}:held",
-                                            "13:acl.exclusive:k:1") is not None
+        assert store_for(app).client.zscore("debounce:{0}:held", "13:acl.exclusive:k:1") is not None
         _, first_end = first.get(timeout=15)
         follow_start, _ = follow.get(timeout=15)
     assert follow_start >= first_end
@@ -245,14 +320,15 @@ def test_the_acl_user_is_confined_to_the_package_keys(tls_server: dict[str, Any]
 
 
 def test_wrong_password_or_plain_tcp_on_the_tls_port_is_a_backend_error(
-    tls_server: dict[str, Any]
+    tls_server: dict[str, Any],
 ) -> None:
     if tls_server["tls_port"] is None:
         pytest.skip("the test server binary has no TLS support")
-    for url in (tls_url(tls_server, "debouncer:wrong"),
-                f"redis://127.0.0.1:{tls_server['tls_port']}/0"):
-        app = make_app(tls_server["server"].url, debounce_redis_url=url,
-                       debounce_redis_timeout=1)
+    for url in (
+        tls_url(tls_server, "debouncer:wrong"),
+        f"redis://127.0.0.1:{tls_server['tls_port']}/0",
+    ):
+        app = make_app(tls_server["server"].url, debounce_redis_url=url, debounce_redis_timeout=1)
 
         @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
         def task() -> None:
@@ -275,15 +351,29 @@ def test_edge_and_collect_calls_run_as_the_acl_user(tls_server: dict[str, Any]) 
     led: list[int] = []
     collected: list[list[int]] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="acl.edge", debounce="1s",
-              debounce_max_wait="5s", debounce_key="e", debounce_leading=True,
-              debounce_trailing=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="acl.edge",
+        debounce="1s",
+        debounce_max_wait="5s",
+        debounce_key="e",
+        debounce_leading=True,
+        debounce_trailing=True,
+    )
     def edge(x: int) -> int:
         led.append(x)
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="acl.collect", debounce="300ms",
-              debounce_max_wait="5s", debounce_key="c", debounce_collect=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="acl.collect",
+        debounce="300ms",
+        debounce_max_wait="5s",
+        debounce_key="c",
+        debounce_collect=True,
+    )
     def collect(calls: list[DebouncedCall]) -> list[int]:
         collected.append([c.args[0] for c in calls])
         return [c.args[0] for c in calls]
@@ -311,8 +401,13 @@ def _every_feature(app: Celery, errors: list[BaseException]) -> None:
     from celery_debounce import DebounceError
     from celery_debounce.producer.bulk import DebounceBulkError
 
-    options = {"base": DebouncedTask, "shared": False, "debounce": "1h",
-               "debounce_max_wait": "2h", "debounce_key": "k:{0}"}
+    options = {
+        "base": DebouncedTask,
+        "shared": False,
+        "debounce": "1h",
+        "debounce_max_wait": "2h",
+        "debounce_key": "k:{0}",
+    }
 
     @app.task(name="acl.plain", **options)  # type: ignore[untyped-decorator]
     def plain(x: int) -> int:
@@ -360,8 +455,12 @@ def _every_feature(app: Celery, errors: list[BaseException]) -> None:
     step(lambda: admin.flush_all("acl.collect"))
     step(lambda: Dispatcher(app).dispatch_once())
     step(lambda: [store.claim(w.shard, w.task_id) for w in admin.windows(states=["queued"])])
-    step(lambda: [store.finish_run(w.shard, w.task_id, "SUCCESS")
-                  for w in admin.windows(states=["claimed"])])
+    step(
+        lambda: [
+            store.finish_run(w.shard, w.task_id, "SUCCESS")
+            for w in admin.windows(states=["claimed"])
+        ]
+    )
     step(lambda: read_snapshot(store))
     assert all(isinstance(e, DebounceError) for e in errors), [repr(e) for e in errors]
 
@@ -377,15 +476,20 @@ def acl_replica(tls_server: dict[str, Any]) -> Iterator[LocalRedis]:
 
 @pytest.mark.parametrize("wait_replicas", [0, 1])
 def test_every_feature_runs_as_the_documented_user(
-    tls_server: dict[str, Any], acl_replica: LocalRedis, wait_replicas: int,
+    tls_server: dict[str, Any],
+    acl_replica: LocalRedis,
+    wait_replicas: int,
 ) -> None:
     """Issue 19, item 9: plain, leading, collect, the cap, enqueue_many, WAIT
     (debounce_redis_wait_replicas), inspect, stats, flush, cancel, dispatch, claim and
     finish as the documented user: no error at all (before, `+wait` was missing: every
     call with wait_replicas was written, then refused)."""
     tls_server["admin"].flushall()
-    app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server),
-                   debounce_redis_wait_replicas=wait_replicas)
+    app = make_app(
+        tls_server["server"].url,
+        debounce_redis_url=tls_url(tls_server),
+        debounce_redis_wait_replicas=wait_replicas,
+    )
     errors: list[BaseException] = []
     _every_feature(app, errors)
     assert errors == []
@@ -403,16 +507,28 @@ _COMMAND_RULES = [r for r in ACL_RULES.split() if r.startswith("+")]
 
 @pytest.mark.parametrize("missing", _COMMAND_RULES)
 def test_a_command_the_user_lacks_reaches_the_caller_as_a_debounce_error(
-    tls_server: dict[str, Any], acl_replica: LocalRedis, missing: str,
+    tls_server: dict[str, Any],
+    acl_replica: LocalRedis,
+    missing: str,
 ) -> None:
     """Every feature, with one rule of the documented line taken away: whatever fails
     reaches the caller as a DebounceError, never as a raw redis-py exception (before,
     enqueue_many raised NoPermissionError after writing its chunk without `+wait`)."""
     admin = tls_server["admin"]
     admin.flushall()
-    admin.execute_command("ACL", "SETUSER", "partial", "reset", "on", ">s3cret",
-                          *[r for r in ACL_RULES.split() if r != missing])
-    app = make_app(tls_server["server"].url,
-                   debounce_redis_url=tls_url(tls_server, "partial:s3cret"),
-                   debounce_redis_wait_replicas=1, debounce_redis_timeout=1)
+    admin.execute_command(
+        "ACL",
+        "SETUSER",
+        "partial",
+        "reset",
+        "on",
+        ">s3cret",
+        *[r for r in ACL_RULES.split() if r != missing],
+    )
+    app = make_app(
+        tls_server["server"].url,
+        debounce_redis_url=tls_url(tls_server, "partial:s3cret"),
+        debounce_redis_wait_replicas=1,
+        debounce_redis_timeout=1,
+    )
     _every_feature(app, [])

@@ -26,8 +26,13 @@ def socket_server() -> Iterator[Path]:
 def test_windows_over_a_unix_socket(redis_server: str, socket_server: Path) -> None:
     app = make_app(redis_server, debounce_redis_url=f"unix://{socket_server}?db=0")
 
-    @app.task(base=DebouncedTask, debounce="200ms", debounce_key="{0}",
-              debounce_max_wait="5s", shared=False)
+    @app.task(
+        base=DebouncedTask,
+        debounce="200ms",
+        debounce_key="{0}",
+        debounce_max_wait="5s",
+        shared=False,
+    )
     def work(key: str, n: int) -> int:
         return n
 

@@ -47,9 +47,21 @@ KEYS = 40
 def _dispatcher(redis_url: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fault_app", "debounce", "dispatch",
-             "--loglevel", "INFO"],
-            cwd=TESTS, env=env_for(redis_url), stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "fault_app",
+                "debounce",
+                "dispatch",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=TESTS,
+            env=env_for(redis_url),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -93,8 +105,9 @@ def test_dispatchers_killed_at_random_lose_nothing_and_run_no_body_twice(
     dispatchers = [_dispatcher(redis_server, tmp_path / f"d{i}.log") for i in range(2)]
     kills = doomed = stalls = doomed_windows = 0
     try:
-        with worker_process(redis_server, log, pool="prefork",
-                            extra_env={"FAULT_CLAIM_LEASE": "8"}) as worker:
+        with worker_process(
+            redis_server, log, pool="prefork", extra_env={"FAULT_CLAIM_LEASE": "8"}
+        ) as worker:
             producer = threading.Thread(target=produce, daemon=True)
             producer.start()
             ends = time.monotonic() + STREAM_S
@@ -118,7 +131,8 @@ def test_dispatchers_killed_at_random_lose_nothing_and_run_no_body_twice(
                     stalls += 1
                 elif rng.random() < 0.5:
                     doomed_windows += len(
-                        doomed_dispatcher(redis_server, publish=rng.random() < 0.8))
+                        doomed_dispatcher(redis_server, publish=rng.random() < 0.8)
+                    )
                     doomed += 1
                 else:
                     i = rng.randrange(len(dispatchers))
@@ -136,8 +150,7 @@ def test_dispatchers_killed_at_random_lose_nothing_and_run_no_body_twice(
                     out.update(r.decode() for r in redis_client.lrange(f"runs:{key}", 0, -1))
                 return out
 
-            wait_until(lambda: ids <= ran() and not list_windows(app), timeout=60,
-                       interval=0.25)
+            wait_until(lambda: ids <= ran() and not list_windows(app), timeout=60, interval=0.25)
             # past two dispatch leases: a copy still in the broker (a window published
             # twice) is delivered, and skipped or run, before the bodies are counted
             time.sleep(2.5)
@@ -145,15 +158,22 @@ def test_dispatchers_killed_at_random_lose_nothing_and_run_no_body_twice(
     finally:
         for proc in dispatchers:
             stop_process(proc)
-    bodies = Counter(r.decode() for key in given
-                     for r in redis_client.lrange(f"runs:{key}", 0, -1))
+    bodies = Counter(r.decode() for key in given for r in redis_client.lrange(f"runs:{key}", 0, -1))
     twice = {task_id: n for task_id, n in bodies.items() if n > 1}
     skipped = DebounceAdmin(app).stats().tasks["faults.record"].duplicates_skipped
-    figures = {"seed": seed, "calls": calls, "windows": len(ids), "dispatcher_kills": kills,
-               "doomed_dispatchers": doomed, "worker_stalls": stalls,
-               "windows_taken_by_doomed": doomed_windows, "duplicates_skipped": skipped,
-               "bodies_twice": len(twice), "lost": len(ids - set(bodies)),
-               "refused": len(refused)}
+    figures = {
+        "seed": seed,
+        "calls": calls,
+        "windows": len(ids),
+        "dispatcher_kills": kills,
+        "doomed_dispatchers": doomed,
+        "worker_stalls": stalls,
+        "windows_taken_by_doomed": doomed_windows,
+        "duplicates_skipped": skipped,
+        "bodies_twice": len(twice),
+        "lost": len(ids - set(bodies)),
+        "refused": len(refused),
+    }
     print(f"CHAOS {figures}")
     assert not refused, refused[:3]
     assert kills + doomed + stalls >= 5, figures  # the schedule did disturb them

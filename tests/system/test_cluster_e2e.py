@@ -52,14 +52,15 @@ CLUSTER_SHARDS = 6
 
 
 def cluster_conf(cluster: LocalCluster) -> dict[str, Any]:
-    return {"debounce_redis_url": f"{cluster.url}/0", "debounce_redis_cluster": True,
-            "debounce_shards": CLUSTER_SHARDS}
+    return {
+        "debounce_redis_url": f"{cluster.url}/0",
+        "debounce_redis_cluster": True,
+        "debounce_shards": CLUSTER_SHARDS,
+    }
 
 
 @pytest.fixture
-def redis_client(
-    redis_server: str, redis_cluster: LocalCluster
-) -> Iterator[redis.RedisCluster]:
+def redis_client(redis_server: str, redis_cluster: LocalCluster) -> Iterator[redis.RedisCluster]:
     """The windows' store here: a cluster client (emptied); the broker's DBs emptied too."""
     single = redis.Redis.from_url(f"{redis_server}/0")
     single.flushall()

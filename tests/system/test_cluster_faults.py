@@ -73,8 +73,11 @@ class Stream:
         self._thread.join(30)
 
     def accepted_on(self, shards: set[int], task_name: str, after: float) -> list[str]:
-        return [k for t, k in self.accepted if t > after
-                and shard_of(window_ident(task_name, k), SHARDS) in shards]
+        return [
+            k
+            for t, k in self.accepted
+            if t > after and shard_of(window_ident(task_name, k), SHARDS) in shards
+        ]
 
 
 def open_keys(app: Celery) -> set[str]:
@@ -103,8 +106,15 @@ def cluster_env(
 
 def _long_task(app: Celery) -> Any:
     """Windows that stay open for the whole test: what was accepted can be counted."""
-    @app.task(base=DebouncedTask, name="cluster.hold", shared=False, debounce="120s",
-              debounce_key="{0}", debounce_max_wait="240s")
+
+    @app.task(
+        base=DebouncedTask,
+        name="cluster.hold",
+        shared=False,
+        debounce="120s",
+        debounce_key="{0}",
+        debounce_max_wait="240s",
+    )
     def hold(key: str) -> None:
         return None
 
@@ -124,8 +134,11 @@ def _serves(cluster: LocalCluster, slot: int) -> int | None:
 
 
 def _key_on(shards: set[int], task_name: str) -> str:
-    return next(f"after{i}" for i in range(10_000)
-                if shard_of(window_ident(task_name, f"after{i}"), SHARDS) in shards)
+    return next(
+        f"after{i}"
+        for i in range(10_000)
+        if shard_of(window_ident(task_name, f"after{i}"), SHARDS) in shards
+    )
 
 
 def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
@@ -146,8 +159,11 @@ def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
         cluster.kill(victim)
         # the replica is promoted (cluster-node-timeout 1 s) and calls to its shards resume
         wait_until(lambda: stream.accepted_on(shards, hold.name, killed_at + 0.01), timeout=20)
-        resumed = min(t for t, k in stream.accepted if t > killed_at and k in set(
-            stream.accepted_on(shards, hold.name, killed_at)))
+        resumed = min(
+            t
+            for t, k in stream.accepted
+            if t > killed_at and k in set(stream.accepted_on(shards, hold.name, killed_at))
+        )
         time.sleep(0.5)
     finally:
         stream.stop()
@@ -160,8 +176,10 @@ def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
         assert max(gaps, default=0) < 5
         present = open_keys(app)
         lost = [k for _, k in stream.accepted if k not in present]
-        print(f"\nfailover: {len(stream.accepted)} calls accepted, {len(stream.errors)} refused, "
-              f"resumed after {resumed - killed_at:.2f}s, lost {len(lost)}")
+        print(
+            f"\nfailover: {len(stream.accepted)} calls accepted, {len(stream.errors)} refused, "
+            f"resumed after {resumed - killed_at:.2f}s, lost {len(lost)}"
+        )
         # the running dispatcher finds the new master without a restart
         record = app.tasks["cluster.record"]
         broker = redis.Redis.from_url(f"{redis_server}/1")
@@ -217,13 +235,18 @@ def test_a_lagging_replica_promoted_loses_acknowledged_calls_unless_waited_for(
         lost = {k for _, k in stream.accepted if k not in present}
 
         def accepted_between(start: float, end: float) -> set[str]:
-            return {k for k in stream.accepted_on(shards, hold.name, start)
-                    if k not in set(stream.accepted_on(shards, hold.name, end))}
+            return {
+                k
+                for k in stream.accepted_on(shards, hold.name, start)
+                if k not in set(stream.accepted_on(shards, hold.name, end))
+            }
 
         surely_lost = accepted_between(stalled_at + 0.05, killed_at)
-        print(f"\nwait_replicas={wait_replicas}: {len(stream.accepted)} accepted, "
-              f"{len(accepted_between(stalled_at, killed_at))} of them by the master after "
-              f"its replica's link dropped, lost {len(lost)}, refused {len(stream.errors)}")
+        print(
+            f"\nwait_replicas={wait_replicas}: {len(stream.accepted)} accepted, "
+            f"{len(accepted_between(stalled_at, killed_at))} of them by the master after "
+            f"its replica's link dropped, lost {len(lost)}, refused {len(stream.errors)}"
+        )
         if wait_replicas:
             assert lost == set()
             assert any("may not survive a failover" in str(e) for _, _, e in stream.errors)
@@ -264,9 +287,11 @@ def test_slot_migrated_during_a_stream_loses_nothing_and_dispatchers_follow(
         present = open_keys(app)
         lost = [k for _, k in stream.accepted if k not in present]
         after = stream.accepted_on({0}, hold.name, 0)
-        print(f"\nslot {slot} moved ({moved} keys): {len(stream.accepted)} accepted "
-              f"({len(after)} on shard 0), {len(stream.errors)} refused, lost {len(lost)}",
-              {str(e)[:120] for _, _, e in stream.errors})
+        print(
+            f"\nslot {slot} moved ({moved} keys): {len(stream.accepted)} accepted "
+            f"({len(after)} on shard 0), {len(stream.errors)} refused, lost {len(lost)}",
+            {str(e)[:120] for _, _, e in stream.errors},
+        )
         assert lost == []
         assert len(after) > 20  # shard 0 took calls before, during and after the move
         newest = stream.accepted_on({0}, hold.name, 0)[-1]
@@ -292,10 +317,18 @@ def test_dispatcher_killed_after_taking_windows_of_every_shard_each_runs_once(
     assert {shard_of(window_ident(record.name, k), SHARDS) for k in keys} == set(range(SHARDS))
     ids = {k: record.delay(k).id for k in keys}
     time.sleep(0.5)  # every window due (200 ms)
-    env = {"CLUSTER_REDIS": cluster.url, "CLUSTER_BROKER": redis_server,
-           "PYTHONPATH": f"{TESTS}:{TESTS.parent}", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, str(TESTS / "cluster_app.py"), "take"], cwd=TESTS,
-                            env=env, stdout=subprocess.PIPE)
+    env = {
+        "CLUSTER_REDIS": cluster.url,
+        "CLUSTER_BROKER": redis_server,
+        "PYTHONPATH": f"{TESTS}:{TESTS.parent}",
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "cluster_app.py"), "take"],
+        cwd=TESTS,
+        env=env,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode().split()
@@ -309,4 +342,5 @@ def test_dispatcher_killed_after_taking_windows_of_every_shard_each_runs_once(
         wait_until(lambda: all(runs.llen(f"runs:{k}") for k in keys), timeout=20)
         time.sleep(1.5)  # a second run would show up here
     assert {k: [r.decode() for r in runs.lrange(f"runs:{k}", 0, -1)] for k in keys} == {
-        k: [ids[k]] for k in keys}
+        k: [ids[k]] for k in keys
+    }

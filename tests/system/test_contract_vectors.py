@@ -41,9 +41,13 @@ NODE_VERSION = ROOT / "clients" / "node" / "src" / "contract.ts"
 
 #: Node option name -> Python call option (an unknown name maps the same way, so it is
 #: refused on both sides).
-_SETTING = {"prefix": "debounce_key_prefix", "shards": "debounce_shards",
-            "cluster": "debounce_redis_cluster", "maxKeyLength": "debounce_max_key_length",
-            "maxPayloadBytes": "debounce_max_payload_bytes"}
+_SETTING = {
+    "prefix": "debounce_key_prefix",
+    "shards": "debounce_shards",
+    "cluster": "debounce_redis_cluster",
+    "maxKeyLength": "debounce_max_key_length",
+    "maxPayloadBytes": "debounce_max_payload_bytes",
+}
 
 
 def load() -> dict[str, Any]:
@@ -89,9 +93,17 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
         call_options = {option_name(k): v for k, v in case["options"].items()}
         spec = TaskDefaults().for_call(call_options, collect_fixed=False)
         assert spec is not None
-        call = prepare_call(settings, case["task"], spec, decode(case["args"]),
-                            decode(case["kwargs"]), {}, None, "json",
-                            static={case["task"]: "{}"})
+        call = prepare_call(
+            settings,
+            case["task"],
+            spec,
+            decode(case["args"]),
+            decode(case["kwargs"]),
+            {},
+            None,
+            "json",
+            static={case["task"]: "{}"},
+        )
     except DebounceKeyError:
         return {"error": {"kind": "key"}}
     except DebouncePayloadError:
@@ -100,15 +112,21 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"kind": "config"}}
     except EncodeError:
         return {"error": {"kind": "encode"}}
-    store = SimpleNamespace(settings=settings, gate_prefixes=tuple(
-        (open_key(tag, ""), due_key(tag)) for tag in settings.tags))
-    argv = [a.decode() if isinstance(a, bytes) else str(a)
-            for a in gate_args(store, call)]
-    return {"expect": {
-        "key": call.key, "ident": call.ident, "shard": call.shard,
-        "keys": gate_keys(store, call),
-        "argv": argv[1:5] + argv[6:7], "body": call.payload.decode("ascii"),
-    }}
+    store = SimpleNamespace(
+        settings=settings,
+        gate_prefixes=tuple((open_key(tag, ""), due_key(tag)) for tag in settings.tags),
+    )
+    argv = [a.decode() if isinstance(a, bytes) else str(a) for a in gate_args(store, call)]
+    return {
+        "expect": {
+            "key": call.key,
+            "ident": call.ident,
+            "shard": call.shard,
+            "keys": gate_keys(store, call),
+            "argv": argv[1:5] + argv[6:7],
+            "body": call.payload.decode("ascii"),
+        }
+    }
 
 
 @pytest.mark.parametrize("case", python_cases(), ids=lambda c: c["name"])
@@ -123,12 +141,20 @@ def test_the_cases_cover_what_the_languages_differ_on() -> None:
     errors = {c["error"]["kind"] for c in cases if "error" in c}
     assert errors == {"config", "key", "payload", "encode"}
     text = VECTORS.read_text("utf-8")
-    for needed in ('"$float": "1.0"', '"$int": "9007199254740993"', "\\ud83d\\ude00",
-                   "e\\u0301", "\\ud800", '"cluster": true'):
+    for needed in (
+        '"$float": "1.0"',
+        '"$int": "9007199254740993"',
+        "\\ud83d\\ude00",
+        "e\\u0301",
+        "\\ud800",
+        '"cluster": true',
+    ):
         assert needed in text, needed
     by_name = {c["name"]: c for c in cases}
-    order = [by_name["kwargs order: the body keeps it"],
-             by_name["kwargs order: the digest does not (same ident as the case above)"]]
+    order = [
+        by_name["kwargs order: the body keeps it"],
+        by_name["kwargs order: the digest does not (same ident as the case above)"],
+    ]
     assert order[0]["expect"]["ident"] == order[1]["expect"]["ident"]
     assert order[0]["expect"]["body"] != order[1]["expect"]["body"]
     nfc, nfd = by_name["unicode NFC key"], by_name["unicode NFD key: another window"]
@@ -155,12 +181,12 @@ def vector_app(app_factory: Callable[..., Celery]) -> Iterator[Celery]:
 def written_cases() -> list[dict[str, Any]]:
     """The cases that open a window on one node (a cluster case:
     tests/system/test_node_producer.py)."""
-    return [c for c in python_cases()
-            if "expect" in c and not c.get("settings", {}).get("cluster")]
+    return [c for c in python_cases() if "expect" in c and not c.get("settings", {}).get("cluster")]
 
 
 def test_send_task_writes_each_case_s_body_under_its_ident(
-        app_factory: Callable[..., Celery], redis_client: redis.Redis) -> None:
+    app_factory: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
     from celery_debounce import send_task
 
     cases = written_cases()
@@ -170,7 +196,8 @@ def test_send_task_writes_each_case_s_body_under_its_ident(
         redis_client.flushdb()  # each case opens its own window
         given = case.get("settings", {})
         app = apps.get(json.dumps(given)) or apps.setdefault(
-            json.dumps(given), app_factory(**{_SETTING[k]: v for k, v in given.items()}))
+            json.dumps(given), app_factory(**{_SETTING[k]: v for k, v in given.items()})
+        )
         options = {option_name(k): v for k, v in case["options"].items()}
         send_task(app, case["task"], decode(case["args"]), decode(case["kwargs"]), **options)
         open_name, due = case["expect"]["keys"]
@@ -179,20 +206,32 @@ def test_send_task_writes_each_case_s_body_under_its_ident(
 
 
 def test_a_producer_of_another_contract_version_is_refused_and_writes_nothing(
-        vector_app: Celery, redis_client: redis.Redis,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    vector_app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from celery_debounce import send_task
 
     monkeypatch.setattr(codec_module, "_CONTRACT_PREFIX", b"2:")
     with pytest.raises(DebounceContractMismatch) as caught:
-        send_task(vector_app, "proj.build_report", ["u1"], debounce="5m",
-                  debounce_max_wait="30m", debounce_key="report:{0}")
+        send_task(
+            vector_app,
+            "proj.build_report",
+            ["u1"],
+            debounce="5m",
+            debounce_max_wait="30m",
+            debounce_key="report:{0}",
+        )
     assert (caught.value.producer, caught.value.gate) == ("2", "1")
     assert "DEBOUNCE_CONTRACT_MISMATCH producer 2 gate 1" in str(caught.value)
     assert redis_client.keys("debounce:*") == []
     monkeypatch.setattr(codec_module, "_CONTRACT_PREFIX", b"1:")
-    send_task(vector_app, "proj.build_report", ["u1"], debounce="5m",
-              debounce_max_wait="30m", debounce_key="report:{0}")
+    send_task(
+        vector_app,
+        "proj.build_report",
+        ["u1"],
+        debounce="5m",
+        debounce_max_wait="30m",
+        debounce_key="report:{0}",
+    )
     assert redis_client.exists("debounce:{0}:open:17:proj.build_report:report:u1")
 
 
@@ -217,8 +256,10 @@ def test_an_unversioned_producer_is_refused_as_producer_none(redis_client: redis
 
     keys = ["debounce:{0}:open:1:t:k", "debounce:{0}:due"]
     for flag in ("0", "1", "x:0", ""):  # a producer before the contract sent "0" / "1"
-        with pytest.raises(redis.ResponseError, match="DEBOUNCE_CONTRACT_MISMATCH producer "
-                           "none gate 1"):
-            redis_client.eval(script_source("gate"), 2, *keys, "id", "300", "1000", flag, "",
-                              "[[], {}, {}]", "")
+        with pytest.raises(
+            redis.ResponseError, match="DEBOUNCE_CONTRACT_MISMATCH producer none gate 1"
+        ):
+            redis_client.eval(
+                script_source("gate"), 2, *keys, "id", "300", "1000", flag, "", "[[], {}, {}]", ""
+            )
     assert redis_client.keys("*") == []

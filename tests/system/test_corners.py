@@ -74,25 +74,33 @@ def server_info(url: str) -> tuple[str, str]:
 
 
 @pytest.mark.skipif(
-    not CORNER and bool(os.environ.get("DEBOUNCE_TEST_REDIS_URL")
-                        or os.environ.get("CELERY_DEBOUNCE_TEST_SERVER")),
+    not CORNER
+    and bool(
+        os.environ.get("DEBOUNCE_TEST_REDIS_URL") or os.environ.get("CELERY_DEBOUNCE_TEST_SERVER")
+    ),
     reason="the main run's row names the server scripts/test.sh starts; this one was chosen",
 )
 def test_this_run_has_its_rows_versions(redis_server: str) -> None:
     row = row_named(CORNER or "main")
     python = "{}.{}".format(*sys.version_info[:2])
-    found = {"python": python, "celery": celery.__version__, "kombu": kombu.__version__,
-             "redis-py": redis.__version__}
+    found = {
+        "python": python,
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "redis-py": redis.__version__,
+    }
     for name, version in found.items():
         assert series(version, row[name]), (
-            f"{row['name']}: {name} {version} is not the row's {row[name]}.x")
+            f"{row['name']}: {name} {version} is not the row's {row[name]}.x"
+        )
     from redis.utils import HIREDIS_AVAILABLE
 
     assert HIREDIS_AVAILABLE == row["hiredis"], f"{row['name']}: hiredis {HIREDIS_AVAILABLE}"
     server, version = server_info(redis_server)
     assert (server, series(version, row["server-version"])) == (row["server"], True), (
         f"{row['name']}: the tests' server is {server} {version}, the row says "
-        f"{row['server']} {row['server-version']}")
+        f"{row['server']} {row['server-version']}"
+    )
     if CORNER:
         # the corner tests the built wheel: no checkout on the path
         site = Path(celery_debounce.__file__).resolve()
@@ -101,7 +109,8 @@ def test_this_run_has_its_rows_versions(redis_server: str) -> None:
         # exactly the lowest versions pyproject.toml admits, on the oldest server admitted
         for name, bound in lower_bounds().items():
             assert series(found[name], bound), (
-                f"lowest corner: {name} {found[name]} is not {bound}.x, the declared lower bound")
+                f"lowest corner: {name} {found[name]} is not {bound}.x, the declared lower bound"
+            )
         assert series(version, ".".join(map(str, MIN_REDIS))), (server, version, MIN_REDIS)
 
 
@@ -110,7 +119,8 @@ def test_the_lowest_corner_is_the_declared_lower_bounds() -> None:
     lowest = row_named("lowest")
     for name, bound in lower_bounds().items():
         assert lowest[name] == bound, (
-            f"pyproject.toml admits {name} {bound}; the lowest corner tests {lowest[name]}")
+            f"pyproject.toml admits {name} {bound}; the lowest corner tests {lowest[name]}"
+        )
     # the oldest server the package accepts (celery_debounce.store.MIN_REDIS)
     assert (lowest["server"], lowest["server-version"]) == ("redis", ".".join(map(str, MIN_REDIS)))
     # kombu is not declared: the lowest corner pairs it with its Celery minor
@@ -126,7 +136,8 @@ def test_every_corner_is_a_declared_combination() -> None:
     for row in [row_named("main"), *matrix()["corner"]]:
         for name in ("python", "celery", "redis-py"):
             assert tuple(map(int, row[name].split("."))) >= tuple(
-                map(int, bounds[name].split("."))), (row["name"], name)
+                map(int, bounds[name].split("."))
+            ), (row["name"], name)
         assert f"Programming Language :: Python :: {row['python']}" in classifiers, row["name"]
 
 
@@ -141,12 +152,14 @@ def corners_module() -> ModuleType:
 @in_checkout
 def test_the_docs_matrix_table_is_the_corners_file() -> None:
     docs = (ROOT / "docs" / "development.md").read_text()
-    found = re.search(r"<!-- matrix: scripts/corners.py table -->\n(.*?)\n<!-- end matrix -->",
-                      docs, re.S)
+    found = re.search(
+        r"<!-- matrix: scripts/corners.py table -->\n(.*?)\n<!-- end matrix -->", docs, re.S
+    )
     assert found, "docs/development.md: the matrix table between its markers is missing"
     assert found.group(1) + "\n" == corners_module().table(), (
         "docs/development.md's matrix differs from scripts/corners.toml: paste the output of "
-        "`python scripts/corners.py table`")
+        "`python scripts/corners.py table`"
+    )
 
 
 @in_checkout
@@ -155,7 +168,10 @@ def test_every_contract_and_valkey_test_exists() -> None:
     ids = data["contract"]["tests"] + data["valkey"]["tests"]
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     collected = out.stdout
@@ -185,8 +201,13 @@ def test_a_missing_interpreter_or_a_server_of_another_version_fails_the_corner(
 
     binary = find_redis_server()
     name, version = corners.server_version(binary)
-    row = {"name": "test", "server": name, "server-version": "1.0", "server-path": binary,
-           "server-from": "the tests' server"}
+    row = {
+        "name": "test",
+        "server": name,
+        "server-version": "1.0",
+        "server-path": binary,
+        "server-from": "the tests' server",
+    }
     with pytest.raises(corners.CornerError, match=f"is {name} {re.escape(version)}"):
         corners.server_binary(row, tmp_path, tmp_path)
     row["server-version"] = ".".join(version.split(".")[:2])
@@ -199,8 +220,10 @@ def test_the_pypi_description_names_the_corners_ci_runs() -> None:
     for index, row in enumerate(matrix()["corner"]):
         server = f"{row['server'].capitalize()} {row['server-version']}"
         if index == 0:
-            phrase = (f"Python {row['python']}, Celery {row['celery']}, "
-                      f"redis-py {row['redis-py']}, {server}")
+            phrase = (
+                f"Python {row['python']}, Celery {row['celery']}, "
+                f"redis-py {row['redis-py']}, {server}"
+            )
         else:
             phrase = f"{row['python']}, {row['celery']}, {row['redis-py']}, {server}"
         assert phrase in text, f"docs/pypi.md does not name the {row['name']} corner: {phrase}"

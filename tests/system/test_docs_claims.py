@@ -15,8 +15,13 @@ from celery_debounce.testing import debounce_windows
 def test_signatures_go_through_the_gate(app: Celery) -> None:
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="k:{0}",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="5s",
+    )
     def work(user: str, n: int) -> int:
         runs.append(n)
         return n
@@ -34,8 +39,9 @@ def test_signatures_go_through_the_gate(app: Celery) -> None:
 def test_chain_with_a_debounced_head_runs_its_tail_once(app: Celery) -> None:
     tails: list[Any] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="300ms", debounce_key="k", debounce_max_wait="5s"
+    )
     def head(n: int) -> int:
         return n * 10
 
@@ -62,14 +68,16 @@ def test_chain_with_a_debounced_head_runs_its_tail_once(app: Celery) -> None:
 def test_later_calls_move_the_deadline_with_their_own_window_under_the_openers_ceiling(
     app: Celery,
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="10s", debounce_key="k",
-              debounce_max_wait="20s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="10s", debounce_key="k", debounce_max_wait="20s"
+    )
     def work() -> None:
         pass
 
     opener = work.apply_async(task_id="chosen-by-opener", queue="opener-queue")
-    joiner = work.apply_async(task_id="ignored", queue="ignored-queue", debounce="1h",
-                              debounce_max_wait="2h")
+    joiner = work.apply_async(
+        task_id="ignored", queue="ignored-queue", debounce="1h", debounce_max_wait="2h"
+    )
     assert opener.id == joiner.id == "chosen-by-opener"
     [window] = debounce_windows(app)
     assert window.options == {"queue": "opener-queue"}  # a joiner's options are ignored

@@ -34,8 +34,9 @@ def collect_test_functions() -> dict[str, dict[str, list[str]]]:
         tree = ast.parse(path.read_text("utf-8"), str(path))
         funcs: dict[str, list[str]] = {}
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                    node.name.startswith("test_"):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
+                "test_"
+            ):
                 funcs[node.name] = [ast.unparse(d) for d in node.decorator_list]
         found[path.relative_to(ROOT).as_posix()] = funcs
     return found
@@ -98,17 +99,20 @@ def table_rows(header_start: str) -> list[str]:
     lines = PAGE.read_text("utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(line)
     return rows
 
 
-@pytest.mark.parametrize(("table", "allowed"), [
-    ("| fault |", "(Celery semantics)"),
-    ("| case | record |", None),
-])
+@pytest.mark.parametrize(
+    ("table", "allowed"),
+    [
+        ("| fault |", "(Celery semantics)"),
+        ("| case | record |", None),
+    ],
+)
 def test_every_row_of_the_failure_tables_cites_a_test(table: str, allowed: str | None) -> None:
     rows = table_rows(table)
     assert rows
@@ -123,8 +127,10 @@ def test_the_checker_catches_a_missing_or_truncated_name() -> None:
     assert problem("test_broker_down_...") is not None
     assert problem("tests/test_nope.py") is not None
     assert problem("tests/system/test_faults.py::test_no_such_test") is not None
-    assert problem(
-        "tests/system/test_faults.py::test_producer_clock_skew_does_not_change_deadlines") is None
+    assert (
+        problem("tests/system/test_faults.py::test_producer_clock_skew_does_not_change_deadlines")
+        is None
+    )
 
 
 def test_the_mutation_list_matches_the_code_and_the_tests() -> None:

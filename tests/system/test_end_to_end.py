@@ -37,8 +37,13 @@ def broker_is_empty(app: Celery) -> bool:
 def test_burst_coalesces_into_one_run_with_the_openers_arguments(app: Celery) -> None:
     runs: list[tuple[str, int]] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms",
-              debounce_key="report:{user_id}", debounce_max_wait="10s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="report:{user_id}",
+        debounce_max_wait="10s",
+    )
     def build_report(user_id: str, revision: int = 0) -> str:
         runs.append((user_id, revision))
         return f"built {user_id}@{revision}"
@@ -55,8 +60,9 @@ def test_burst_coalesces_into_one_run_with_the_openers_arguments(app: Celery) ->
 
 
 def test_every_coalesced_result_gets_the_one_runs_value(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
+    )
     def add(a: int, b: int) -> int:
         return a + b
 
@@ -70,8 +76,9 @@ def test_calls_slide_the_deadline(app: Celery) -> None:
 
     # a 1 s window and calls 200 ms apart: 800 ms of slack before a late call would
     # let the window close while calls still arrive
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
-              debounce_max_wait="20s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="20s"
+    )
     def work() -> None:
         started.append(time.time())
 
@@ -93,8 +100,13 @@ def test_max_wait_forces_a_run_under_a_never_ending_stream(app: Celery) -> None:
 
     # calls every 100 ms against a 1 s window: 900 ms of slack before a late call lets
     # the window close on its own; the 2.5 s ceiling forces the runs instead
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
-              debounce_max_wait="2500ms")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1s",
+        debounce_key="k",
+        debounce_max_wait="2500ms",
+    )
     def work() -> None:
         started.append(time.time())
 
@@ -115,8 +127,14 @@ def test_max_wait_forces_a_run_under_a_never_ending_stream(app: Celery) -> None:
 
 
 def test_replace_payload_runs_with_the_newest_arguments(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="doc:{0}",
-              debounce_max_wait="10s", debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="doc:{0}",
+        debounce_max_wait="10s",
+        debounce_replace_payload=True,
+    )
     def index(doc: str, revision: int) -> int:
         return revision
 
@@ -126,14 +144,23 @@ def test_replace_payload_runs_with_the_newest_arguments(app: Celery) -> None:
 
 
 def test_per_call_options_override_the_task_defaults(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_key="slow:{0}",
-              debounce_max_wait="2h")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_key="slow:{0}",
+        debounce_max_wait="2h",
+    )
     def work(user: str, revision: int) -> tuple[str, int]:
         return user, revision
 
     with running_worker(app):
-        opts = dict(debounce="300ms", debounce_key="fast:{user}", debounce_max_wait="5s",
-                    debounce_replace_payload=True)
+        opts = dict(
+            debounce="300ms",
+            debounce_key="fast:{user}",
+            debounce_max_wait="5s",
+            debounce_replace_payload=True,
+        )
         a = work.apply_async(args=("u1", 1), **opts)
         b = work.apply_async(args=("u1", 2), **opts)
         assert a.id == b.id
@@ -180,15 +207,29 @@ def test_by_name_producer_that_never_imported_the_task(app_factory: Any) -> None
     producer_app = app_factory()  # knows nothing about reports.build
     with running_worker(worker_app):
         ids = {
-            send_task(producer_app, "reports.build", args=("u1",), kwargs={"revision": i},
-                      debounce="300ms", debounce_key="report:{0}", debounce_max_wait="5s").id
+            send_task(
+                producer_app,
+                "reports.build",
+                args=("u1",),
+                kwargs={"revision": i},
+                debounce="300ms",
+                debounce_key="report:{0}",
+                debounce_max_wait="5s",
+            ).id
             for i in range(5)
         }
         assert len(ids) == 1
         assert producer_app.AsyncResult(ids.pop()).get(timeout=10) == "u1@0"
         # by-name keys: {name} reads kwargs
-        r = send_task(producer_app, "reports.build", args=("u2",), kwargs={"revision": 9},
-                      debounce="200ms", debounce_key="rev:{revision}", debounce_max_wait="1s")
+        r = send_task(
+            producer_app,
+            "reports.build",
+            args=("u2",),
+            kwargs={"revision": 9},
+            debounce="200ms",
+            debounce_key="rev:{revision}",
+            debounce_max_wait="1s",
+        )
         assert r.get(timeout=10) == "u2@9"
 
 
@@ -201,14 +242,22 @@ def test_by_name_producer_that_never_imported_the_task(app_factory: Any) -> None
         ({"debounce": -3, "debounce_max_wait": "1m"}, "debounce=-3"),
         ({"debounce": "soon", "debounce_max_wait": "1m"}, "debounce='soon'"),
         ({"debounce": "5m", "debounce_max_wait": "forever"}, "debounce_max_wait='forever'"),
-        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{0.__class__!r}"},
-         "bad placeholder"),
-        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a[0]}"},
-         "bad placeholder"),
-        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a:>10}"},
-         "bad placeholder"),
-        ({"debounce": "1s", "debounce_max_wait": "1m", "debounce_replace_payload": "yes"},
-         "debounce_replace_payload='yes'"),
+        (
+            {"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{0.__class__!r}"},
+            "bad placeholder",
+        ),
+        (
+            {"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a[0]}"},
+            "bad placeholder",
+        ),
+        (
+            {"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "{a:>10}"},
+            "bad placeholder",
+        ),
+        (
+            {"debounce": "1s", "debounce_max_wait": "1m", "debounce_replace_payload": "yes"},
+            "debounce_replace_payload='yes'",
+        ),
     ],
 )
 def test_registration_refuses_bad_options(
@@ -237,8 +286,13 @@ def test_registration_refuses_bad_options(
 def test_fixed_window_when_max_wait_equals_window(app: Celery) -> None:
     started: list[float] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="800ms", debounce_key="k",
-              debounce_max_wait="800ms")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="800ms",
+        debounce_key="k",
+        debounce_max_wait="800ms",
+    )
     def work() -> None:
         started.append(time.time())
 
@@ -267,11 +321,19 @@ def test_fixed_window_when_max_wait_equals_window(app: Celery) -> None:
     ],
 )
 def test_unresolvable_keys_raise_and_write_nothing(
-    app: Celery, redis_client: redis.Redis, template: str, args: tuple[Any, ...],
-    kwargs: dict[str, Any]
+    app: Celery,
+    redis_client: redis.Redis,
+    template: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key=template,
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1s",
+        debounce_key=template,
+        debounce_max_wait="1m",
+    )
     def task(user: Any, opts: Any = None) -> None:
         pass
 
@@ -288,15 +350,26 @@ def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_
     """On the task, the signature is known when it is registered: refused there. As a
     per-call ``debounce_key=`` it is refused when the call resolves it, writing nothing."""
     with pytest.raises(DebounceConfigError, match="debounce_key"):
-        @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key=template,
-                  debounce_max_wait="1m")
+
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            debounce="1s",
+            debounce_key=template,
+            debounce_max_wait="1m",
+        )
         def bad(user: Any, opts: Any = None) -> None:
             pass
 
         assert bad.name  # builds the task class
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="{user}",
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1s",
+        debounce_key="{user}",
+        debounce_max_wait="1m",
+    )
     def good(user: Any, opts: Any = None) -> None:
         pass
 
@@ -307,8 +380,13 @@ def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_
 
 
 def test_key_placeholders_bind_to_the_signature(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1m", debounce_key="{0}/{kind}/{meta.org}",
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1m",
+        debounce_key="{0}/{kind}/{meta.org}",
+        debounce_max_wait="1m",
+    )
     def task(user: str, kind: str = "full", meta: Any = None) -> None:
         pass
 
@@ -336,19 +414,35 @@ def test_no_key_means_a_digest_of_the_arguments(app: Celery) -> None:
     assert keyword_only.delay(1, mode="y").id != keyword_only.delay(1).id
     assert keyword_only.delay(1, extra=1).id != keyword_only.delay(1, extra=2).id
     # a by-name producer: its kwargs, as given, are part of the digest
-    by_name = [send_task(app, "by.name", args=(1,), kwargs={"m": m}, debounce="1m",
-                         debounce_max_wait="1m").id for m in (1, 2, 1)]
+    by_name = [
+        send_task(
+            app, "by.name", args=(1,), kwargs={"m": m}, debounce="1m", debounce_max_wait="1m"
+        ).id
+        for m in (1, 2, 1)
+    ]
     assert by_name[0] != by_name[1] and by_name[0] == by_name[2]
 
 
 def test_same_key_under_two_tasks_is_two_windows(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, name="a", debounce="1m", debounce_key="k:{0}",
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="a",
+        debounce="1m",
+        debounce_key="k:{0}",
+        debounce_max_wait="1m",
+    )
     def a(x: str) -> None:
         pass
 
-    @app.task(base=DebouncedTask, shared=False, name="a:k", debounce="1m",
-              debounce_key="{0}", debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="a:k",
+        debounce="1m",
+        debounce_key="{0}",
+        debounce_max_wait="1m",
+    )
     def b(x: str) -> None:
         pass
 
@@ -364,8 +458,14 @@ def test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one(app: 
 def test_openers_routing_priority_headers_and_expires_win(app: Celery) -> None:
     seen: dict[str, Any] = {}
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="300ms", debounce_key="k",
-              debounce_max_wait="5s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="300ms",
+        debounce_key="k",
+        debounce_max_wait="5s",
+    )
     def work(self: Any) -> None:
         seen["queue"] = self.request.delivery_info.get("routing_key")
         seen["tag"] = getattr(self.request, "tag", None)
@@ -389,9 +489,12 @@ def test_racing_producers_in_several_processes_open_one_window(
     ctx = multiprocessing.get_context("spawn")
     producers = 4
     barrier, started, out = ctx.Barrier(producers), ctx.Value("i", 0), ctx.Queue()
-    procs = [ctx.Process(target=produce, args=(redis_server, "race", barrier, started,
-                                               producers, 100, out))
-             for _ in range(producers)]
+    procs = [
+        ctx.Process(
+            target=produce, args=(redis_server, "race", barrier, started, producers, 100, out)
+        )
+        for _ in range(producers)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -416,8 +519,13 @@ def test_no_keys_left_behind_after_the_history_ttl(
 ) -> None:
     app = app_factory(debounce_history_ttl="2s")
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k:{0}",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="k:{0}",
+        debounce_max_wait="1s",
+    )
     def work(x: int) -> int:
         return x
 
@@ -433,8 +541,16 @@ def test_no_keys_left_behind_after_the_history_ttl(
 def test_retries_never_pass_through_the_gate_again(app: Celery) -> None:
     attempts: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, debounce="200ms", debounce_key="k",
-              debounce_max_wait="2s", max_retries=3, default_retry_delay=0.05)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        debounce="200ms",
+        debounce_key="k",
+        debounce_max_wait="2s",
+        max_retries=3,
+        default_retry_delay=0.05,
+    )
     def flaky(self: Any) -> str:
         attempts.append(self.request.retries)
         if self.request.retries < 2:
@@ -477,8 +593,9 @@ def test_bad_call_signature_raises_celerys_type_error(
 def test_unserializable_argument_raises_and_writes_nothing(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_key="k",
-              debounce_max_wait="1m")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="1m"
+    )
     def task(a: Any) -> None:
         pass
 
@@ -488,7 +605,8 @@ def test_unserializable_argument_raises_and_writes_nothing(
 
 
 def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dispatcher(
-    app_factory: Any, redis_client: Any,
+    app_factory: Any,
+    redis_client: Any,
 ) -> None:
     """The dispatcher publishes stored bodies as they are (it never deserializes one);
     the worker refuses content it does not accept, as Celery always did, and the
@@ -497,13 +615,25 @@ def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dis
     consumer = app_factory(accept_content=["json"])
     for app in (producer, consumer):
 
-        @app.task(base=DebouncedTask, shared=False, name="pickled", debounce="100ms",
-                  debounce_key="k", debounce_max_wait="1s")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="pickled",
+            debounce="100ms",
+            debounce_key="k",
+            debounce_max_wait="1s",
+        )
         def pickled(x: Any) -> None:
             raise AssertionError("must never run")
 
-        @app.task(base=DebouncedTask, shared=False, name="fine", debounce="100ms",
-                  debounce_key="k", debounce_max_wait="1s")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="fine",
+            debounce="100ms",
+            debounce_key="k",
+            debounce_max_wait="1s",
+        )
         def fine(x: int) -> int:
             return x
 
@@ -518,8 +648,9 @@ def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dis
 def test_redis_outage_is_an_error_within_seconds(app_factory: Any) -> None:
     from celery_debounce.testing.servers import free_port
 
-    app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                      debounce_redis_timeout=1)
+    app = app_factory(
+        debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", debounce_redis_timeout=1
+    )
 
     @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
     def task() -> None:
@@ -555,14 +686,14 @@ def test_eager_mode_runs_inline_without_redis() -> None:
         double.apply_async((1,), countdown=3)
 
 
-
 def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> None:
     from celery_debounce import Dispatcher, DispatcherStep
 
     app = app_factory(debounce_dispatcher=False)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
+    )
     def work() -> str:
         return "ran"
 
@@ -582,8 +713,16 @@ def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> N
 def test_task_level_queue_is_stored_with_the_window(app: Celery) -> None:
     seen: dict[str, Any] = {}
 
-    @app.task(base=DebouncedTask, shared=False, bind=True, queue="reports", priority=3,
-              debounce="200ms", debounce_key="k", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        bind=True,
+        queue="reports",
+        priority=3,
+        debounce="200ms",
+        debounce_key="k",
+        debounce_max_wait="2s",
+    )
     def work(self: Any) -> str:
         seen["queue"] = self.request.delivery_info.get("routing_key")
         return "ran"

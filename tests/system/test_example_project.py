@@ -14,7 +14,11 @@ def test_demo_starts_its_own_redis_and_collapses_the_burst() -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     out = subprocess.run(
         [sys.executable, "-m", "example_project.demo"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "started a local redis-server" in out.stdout

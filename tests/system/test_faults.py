@@ -49,18 +49,40 @@ def env_for(redis_url: str, broker_url: str | None = None) -> dict[str, str]:
 
 
 @contextmanager
-def worker_process(redis_url: str, log: Path, broker_url: str | None = None,
-                   name: str = "w1", extra_env: dict[str, str] | None = None,
-                   pool: str = "solo") -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    redis_url: str,
+    log: Path,
+    broker_url: str | None = None,
+    name: str = "w1",
+    extra_env: dict[str, str] | None = None,
+    pool: str = "solo",
+) -> Iterator[subprocess.Popen[bytes]]:
     """``celery -A fault_app worker`` (solo pool unless told, embedded dispatcher) in a
     subprocess."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fault_app", "worker", "--pool", pool,
-             "--concurrency", "2",
-             "--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
-             "--without-heartbeat"],
-            cwd=TESTS, env={**env_for(redis_url, broker_url), **(extra_env or {})}, stdout=out,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "fault_app",
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=TESTS,
+            env={**env_for(redis_url, broker_url), **(extra_env or {})},
+            stdout=out,
             stderr=subprocess.STDOUT,
         )
     try:
@@ -78,8 +100,9 @@ def runs(client: redis.Redis, key: str) -> list[str]:
 def doomed_dispatcher(redis_url: str, publish: bool) -> list[str]:
     """A dispatcher process that takes the due windows (and publishes them if asked),
     then is SIGKILLed before ack.lua runs. Returns the ids it took."""
-    args = [sys.executable, str(TESTS / "fault_app.py"), "take"] + (["--publish"] if publish
-                                                                     else [])
+    args = [sys.executable, str(TESTS / "fault_app.py"), "take"] + (
+        ["--publish"] if publish else []
+    )
     proc = subprocess.Popen(args, cwd=TESTS, env=env_for(redis_url), stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -145,8 +168,14 @@ def test_dispatcher_killed_after_publish_before_ack_runs_the_body_once(
     assert (first[b"st"], first[b"rs"]) == (b"finished", b"SUCCESS")  # not IGNORED
     assert redis_client.zscore("debounce:{0}:active", call.id) is None
     assert f"faults.record[{call.id}] skipped: a duplicate delivery" in caplog.text
-    assert skipped == [{"sender": "faults.record", "task_id": call.id, "state": "finished",
-                        "signal": duplicate_skipped}]
+    assert skipped == [
+        {
+            "sender": "faults.record",
+            "task_id": call.id,
+            "state": "finished",
+            "signal": duplicate_skipped,
+        }
+    ]
     assert redis_client.hget("debounce:{0}:stats", "d|faults.record") == b"1"
     assert DebounceAdmin(app).stats().tasks["faults.record"].duplicates_skipped == 1
     # the next call opens a new window, which runs once
@@ -200,8 +229,9 @@ def test_a_worker_claiming_before_the_lease_expires_stops_the_republish(
         claimed_at = redis_client.zscore("debounce:{0}:active", call.id)
         # an ack arriving after the claim (a slow dispatcher) leaves the claim alone
         backend = Dispatcher(app).store
-        acked = backend.run("ack", ["debounce:{0}:leased", "debounce:{0}:active"],
-                            ["debounce:{0}", call.id])
+        acked = backend.run(
+            "ack", ["debounce:{0}:leased", "debounce:{0}:active"], ["debounce:{0}", call.id]
+        )
         assert acked[0] == 0 and redis_client.hget(record, "st") == b"claimed"
         assert redis_client.zscore("debounce:{0}:active", call.id) == claimed_at
         # well past the 1 s lease: passes of the embedded dispatcher leave it alone
@@ -314,8 +344,11 @@ def test_broker_down_windows_wait_and_run_once_it_is_back(
             dispatcher.stop()
         assert [runs(redis_client, f"d{i}") for i in range(5)] == [[tid] for tid in ids]
     finally:
-        subprocess.run(["redis-cli", "-p", str(broker.port), "shutdown", "nosave"],
-                       capture_output=True, timeout=10)
+        subprocess.run(
+            ["redis-cli", "-p", str(broker.port), "shutdown", "nosave"],
+            capture_output=True,
+            timeout=10,
+        )
         broker.cleanup()
 
 
@@ -370,8 +403,9 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     app = build(redis_server)
     redis_client.set("block:n", 1)
     call = app.tasks["faults.record"].delay("n")
-    with worker_process(redis_server, tmp_path / "w1.log",
-                        extra_env={"FAULT_ACKS_LATE": "0"}) as worker:
+    with worker_process(
+        redis_server, tmp_path / "w1.log", extra_env={"FAULT_ACKS_LATE": "0"}
+    ) as worker:
         wait_until(lambda: runs(redis_client, "n") == [call.id], 15)
         assert [w.state for w in list_windows(app)] == ["claimed"]
         worker.send_signal(signal.SIGKILL)
@@ -380,8 +414,12 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     redis_client.delete("block:n")
     record = f"debounce:{{0}}:win:{call.id}"
     dispatcher = Dispatcher(app, name="survivor")
-    wait_until(lambda: dispatcher.dispatch_once() is not None
-               and redis_client.hget(record, "st") == b"stale", 10)
+    wait_until(
+        lambda: (
+            dispatcher.dispatch_once() is not None and redis_client.hget(record, "st") == b"stale"
+        ),
+        10,
+    )
     assert time.monotonic() - killed < 2.0 + 1.5  # one lease and a dispatcher pass
     assert redis_client.zscore("debounce:{0}:active", call.id) is None
     assert not redis_client.exists("debounce:{0}:claims")
@@ -416,9 +454,16 @@ def test_a_run_that_stored_its_result_then_lost_its_process_resolves_every_id(
     assert "succeeded, then lost its worker process" in log.read_text()
 
 
-@pytest.mark.parametrize("how", ["child, no acks_late", "child, acks_late",
-                                 "child, acks_late, reject_on_worker_lost",
-                                 "child, hard time limit", "whole worker, acks_late"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "child, no acks_late",
+        "child, acks_late",
+        "child, acks_late, reject_on_worker_lost",
+        "child, hard time limit",
+        "whole worker, acks_late",
+    ],
+)
 def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold(
     redis_server: str, redis_client: redis.Redis, tmp_path: Path, how: str
 ) -> None:
@@ -436,8 +481,11 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
     app = build(redis_server, result_backend=results)
     task = app.tasks["faults.lost"]
     redis_client.set("block:c:1", 1)  # the first run blocks (a redelivery does not)
-    env = {"FAULT_RESULTS": results, "FAULT_ACKS_LATE": "0" if "no acks_late" in how else "1",
-           "FAULT_REJECT_ON_WORKER_LOST": "1" if "reject_on_worker_lost" in how else "0"}
+    env = {
+        "FAULT_RESULTS": results,
+        "FAULT_ACKS_LATE": "0" if "no acks_late" in how else "1",
+        "FAULT_REJECT_ON_WORKER_LOST": "1" if "reject_on_worker_lost" in how else "0",
+    }
     child = how.startswith("child")
     if child:  # the broker must not redeliver, nor the claim lapse, before the main
         # process sees its child die (that took up to 4 s on the loaded test machine)
@@ -450,10 +498,11 @@ def test_a_run_whose_worker_process_is_killed_resolves_every_id_its_callers_hold
     ids = [first.id] + [m.id for m in members.results]
     assert len(set(ids)) == 4  # one window: the run's id and three aliases
     log = tmp_path / "w1.log"
-    with worker_process(redis_server, log, extra_env=env,
-                        pool="prefork" if child else "solo") as worker:
+    with worker_process(
+        redis_server, log, extra_env=env, pool="prefork" if child else "solo"
+    ) as worker:
         wait_until(lambda: runs(redis_client, "c"), 15)
-        (run_id, pid), = (r.split() for r in runs(redis_client, "c"))
+        ((run_id, pid),) = (r.split() for r in runs(redis_client, "c"))
         assert run_id == first.id
         killed = time.monotonic()
         if child:
@@ -520,10 +569,18 @@ def test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the
         enabled.disable()
     (signal_,) = held_signals
     assert signal_["sender"] == "faults.exclusive" and signal_["held"] > 1.0
-    assert registry.get_sample_value("celery_debounce_windows_held_total",
-                                     {"task": "faults.exclusive"}) == 1
-    assert registry.get_sample_value("celery_debounce_held_seconds_total",
-                                     {"task": "faults.exclusive"}) == signal_["held"]
+    assert (
+        registry.get_sample_value(
+            "celery_debounce_windows_held_total", {"task": "faults.exclusive"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "celery_debounce_held_seconds_total", {"task": "faults.exclusive"}
+        )
+        == signal_["held"]
+    )
 
 
 def test_a_burst_during_a_30_s_run_of_an_exclusive_task_gives_one_follow_up_after_it(
@@ -533,12 +590,12 @@ def test_a_burst_during_a_30_s_run_of_an_exclusive_task_gives_one_follow_up_afte
     2 s, renewed; thirty ceilings of the burst's 1 s max wait) and a burst during it:
     exactly one follow-up, which starts after the run ends."""
     app = build(redis_server)
-    _burst_during_an_exclusive_run(app, app.tasks["faults.exclusive"], redis_client,
-                                   seconds=30.0)
+    _burst_during_an_exclusive_run(app, app.tasks["faults.exclusive"], redis_client, seconds=30.0)
 
 
-def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.Redis,
-                                   seconds: float = 3.0) -> None:
+def _burst_during_an_exclusive_run(
+    app: Celery, task: Any, redis_client: redis.Redis, seconds: float = 3.0
+) -> None:
     with running_worker(app, pool="threads", concurrency=4):
         first = task.delay("e", seconds)
         wait_until(lambda: any(r.startswith("start") for r in runs(redis_client, "e")), 15)
@@ -556,7 +613,11 @@ def _burst_during_an_exclusive_run(app: Celery, task: Any, redis_client: redis.R
         time.sleep(1.0)  # nothing more runs
     events = [r.split() for r in runs(redis_client, "e")]
     assert [(e[0], e[1]) for e in events] == [
-        ("start", first.id), ("end", first.id), ("start", burst[0].id), ("end", burst[0].id)]
+        ("start", first.id),
+        ("end", first.id),
+        ("start", burst[0].id),
+        ("end", burst[0].id),
+    ]
     first_end, follow_start = int(events[1][2]), int(events[2][2])
     assert follow_start >= first_end
     assert follow_start - first_end < 1500  # published when the run ended (poll 0.2 s)
@@ -579,8 +640,10 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
     with worker_process(redis_server, tmp_path / "w1.log", extra_env=env) as worker:
         wait_until(lambda: runs(redis_client, "z"), 15)
         follow = task.delay("z", 0.0, 1)
-        wait_until(lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:z")
-                   is not None, 5)
+        wait_until(
+            lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:z") is not None,
+            5,
+        )
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         killed = time.monotonic()
@@ -591,8 +654,12 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
         # at most a claim lease (2 s) + a dispatcher pass + the new worker's start
         assert time.monotonic() - killed < 2.0 + 8.0
         if acks_late:  # the killed run is redelivered after the visibility timeout
-            wait_until(lambda: [r for r in runs(redis_client, "z")
-                                if r.startswith(f"start {first.id}")][1:], 20)
+            wait_until(
+                lambda: [r for r in runs(redis_client, "z") if r.startswith(f"start {first.id}")][
+                    1:
+                ],
+                20,
+            )
     starts = [r.split()[1] for r in runs(redis_client, "z") if r.startswith("start")]
     assert starts.count(follow.id) == 1
     # Without acks_late the killed run is not run again, unless a copy of its message was
@@ -613,12 +680,13 @@ def test_a_killed_pool_child_frees_its_exclusive_key_at_once(
     task = app.tasks["faults.exclusive"]
     first = task.delay("p", 30.0)
     env = {"FAULT_ACKS_LATE": "0", "FAULT_CLAIM_LEASE": "60", "FAULT_VISIBILITY": "120"}
-    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env,
-                        pool="prefork") as worker:
+    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env, pool="prefork") as worker:
         wait_until(lambda: runs(redis_client, "p"), 15)
         follow = task.delay("p", 0.0, 1)
-        wait_until(lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:p")
-                   is not None, 5)
+        wait_until(
+            lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:p") is not None,
+            5,
+        )
         children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
         assert len(children) == 2, children  # --concurrency 2
         for child in children:  # the one running the first window, and an idle one
@@ -674,8 +742,17 @@ def test_redis_restart_with_aof_during_a_stream_of_calls(tmp_path: Path) -> None
             assert not producer.is_alive(), "a producer call hung"
             client = redis.Redis.from_url(f"{url}/0")
             ids = {tid for _, tid in ok}
-            wait_until(lambda: ids <= {r.decode() for k in client.scan_iter("runs:*")
-                                       for r in client.lrange(k, 0, -1)}, 30)
+            wait_until(
+                lambda: (
+                    ids
+                    <= {
+                        r.decode()
+                        for k in client.scan_iter("runs:*")
+                        for r in client.lrange(k, 0, -1)
+                    }
+                ),
+                30,
+            )
             assert worker.poll() is None, "the worker died"
             wait_until(lambda: not list_windows(app), 10)
         # a refused connection: the error within about a second (timeout 1 s + margin)
@@ -757,15 +834,18 @@ def _succeeds(fn: Any) -> bool:
 
 def corrupt(client: redis.Redis, app: Celery, key: str, **fields: Any) -> str:
     """Open a window for ``key`` and overwrite fields of its record."""
-    tid = app.tasks["faults.record"].apply_async(
-        (key,), debounce="300ms", debounce_max_wait="2s").id
+    tid = (
+        app.tasks["faults.record"].apply_async((key,), debounce="300ms", debounce_max_wait="2s").id
+    )
     (open_key,) = client.keys(f"debounce:{{0}}:open:*:k:{key}")
     client.hset(open_key, mapping=fields)
     return tid
 
 
 def test_corrupt_records_are_quarantined_and_do_not_block_others(
-    redis_server: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    redis_server: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
     tmp_path: Path,
 ) -> None:
     app = build(redis_server)
@@ -775,53 +855,88 @@ def test_corrupt_records_are_quarantined_and_do_not_block_others(
     rejected = [corrupt(redis_client, app, "c1", ct="application/x-unknown")]
     # what each corruption is, and the reason the record must be quarantined with
     bad = {
-        corrupt(redis_client, app, "c2", p=b"{not json"):
-            ("c2", r"^ValueError: body is not JSON: "),  # payload is not JSON
-        corrupt(redis_client, app, "c3", o=b"{broken"):
-            ("c3", r"^JSONDecodeError: "),  # options are not JSON
-        corrupt(redis_client, app, "c4", o=b"[1, 2]"):
-            ("c4", r"^ValueError: options are not a JSON object$"),  # options are not an object
-        corrupt(redis_client, app, "c5", o=b'{"expires": "soon"}'):
-            ("c5", r"^ValueError: could not convert string to float: 'soon'"),  # bad option value
-        corrupt(redis_client, app, "c6", o=b'{"headers": "x"}'):
-            ("c6", r"^ValueError: dictionary update sequence"),  # headers not a mapping
-        corrupt(redis_client, app, "c7", o=b'{"expires_at": "not a time"}'):
-            ("c7", r"^ValueError: invalid literal for int\(\)"),  # bad time
+        corrupt(redis_client, app, "c2", p=b"{not json"): (
+            "c2",
+            r"^ValueError: body is not JSON: ",
+        ),  # payload is not JSON
+        corrupt(redis_client, app, "c3", o=b"{broken"): (
+            "c3",
+            r"^JSONDecodeError: ",
+        ),  # options are not JSON
+        corrupt(redis_client, app, "c4", o=b"[1, 2]"): (
+            "c4",
+            r"^ValueError: options are not a JSON object$",
+        ),  # options are not an object
+        corrupt(redis_client, app, "c5", o=b'{"expires": "soon"}'): (
+            "c5",
+            r"^ValueError: could not convert string to float: 'soon'",
+        ),  # bad option value
+        corrupt(redis_client, app, "c6", o=b'{"headers": "x"}'): (
+            "c6",
+            r"^ValueError: dictionary update sequence",
+        ),  # headers not a mapping
+        corrupt(redis_client, app, "c7", o=b'{"expires_at": "not a time"}'): (
+            "c7",
+            r"^ValueError: invalid literal for int\(\)",
+        ),  # bad time
     }
     good = [app.tasks["faults.record"].delay(f"g{i}") for i in range(3)]
     caplog.set_level(logging.ERROR, "celery_debounce.dispatcher")
     with running_worker(app):
         wait_until(lambda: all(runs(redis_client, f"g{i}") == [good[i].id] for i in range(3)), 15)
         quarantined = wait_until(
-            lambda: (q := list_windows(app, states=["quarantined"])) and len(q) == len(bad)
-            and q, 15)
-        wait_until(lambda: all(
-            redis_client.hget(f"debounce:{{0}}:win:{tid}", "rs") == b"REJECTED"
-            for tid in rejected), 15)
+            lambda: (q := list_windows(app, states=["quarantined"])) and len(q) == len(bad) and q,
+            15,
+        )
+        wait_until(
+            lambda: all(
+                redis_client.hget(f"debounce:{{0}}:win:{tid}", "rs") == b"REJECTED"
+                for tid in rejected
+            ),
+            15,
+        )
     assert {w.task_id for w in quarantined} == set(bad)
     for window in quarantined:
         key, reason = bad[window.task_id]
         assert window.key == f"k:{key}"
         assert re.search(reason, window.error or ""), (key, window.error)
         # the ERROR line the docs promise, with the same reason
-        assert (f"debounce: quarantined faults.record[{window.task_id}] key={window.key!r}: "
-                f"cannot publish its message: {window.error}") in caplog.text
+        assert (
+            f"debounce: quarantined faults.record[{window.task_id}] key={window.key!r}: "
+            f"cannot publish its message: {window.error}"
+        ) in caplog.text
     assert all(not runs(redis_client, f"c{i}") for i in range(1, 8))
     # operators see them in `celery debounce inspect --state quarantined`
     shown = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "fault_app", "debounce", "inspect",
-         "--state", "quarantined"],
-        cwd=TESTS, env=env_for(redis_server), capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "fault_app",
+            "debounce",
+            "inspect",
+            "--state",
+            "quarantined",
+        ],
+        cwd=TESTS,
+        env=env_for(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
     assert all(tid in shown.stdout for tid in bad)
     assert not list_windows(app, states=["pending", "dispatching", "queued", "claimed"])
 
 
-@pytest.mark.parametrize("ident", [
-    "garbage",
-    "99:short",  # a length prefix past the end of the ident
-])
+@pytest.mark.parametrize(
+    "ident",
+    [
+        "garbage",
+        "99:short",  # a length prefix past the end of the ident
+    ],
+)
 def test_a_malformed_ident_is_quarantined(
     redis_server: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, ident: str
 ) -> None:
@@ -896,8 +1011,12 @@ def test_a_record_nobody_finishes_expires_after_the_record_ttl(
 def test_a_record_nobody_finishes_leaves_no_key_after_the_record_ttl(
     redis_server: str, redis_client: redis.Redis
 ) -> None:
-    app = build(redis_server, debounce_record_ttl="2s", debounce_dispatch_lease="0.5s",
-                debounce_history_ttl="1s")
+    app = build(
+        redis_server,
+        debounce_record_ttl="2s",
+        debounce_dispatch_lease="0.5s",
+        debounce_history_ttl="1s",
+    )
     app.tasks["faults.record"].delay("ttl")
     dispatcher = Dispatcher(app, name="no-worker")
     wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
@@ -921,8 +1040,7 @@ def test_claim_and_finish_failures_leave_the_record_queued(
         windows.stop()  # SIGTERM: the AOF has the queued record
         caplog.set_level(logging.WARNING, "celery_debounce.worker")
         with running_worker(app):
-            wait_until(lambda: f"could not mark faults.ignored[{tid}] finished" in caplog.text,
-                       20)
+            wait_until(lambda: f"could not mark faults.ignored[{tid}] finished" in caplog.text, 20)
         assert f"could not mark faults.ignored[{tid}] claimed" in caplog.text
         windows.start()
         client = redis.Redis.from_url(f"{windows.url}/0")
@@ -939,7 +1057,9 @@ def test_claim_and_finish_failures_leave_the_record_queued(
 
 @pytest.mark.parametrize("skew", [-7200.0, 3600.0, 86400.0 * 365])
 def test_producer_clock_skew_does_not_change_deadlines(
-    redis_server: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    redis_server: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
     skew: float,
 ) -> None:
     app = build(redis_server)

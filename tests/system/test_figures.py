@@ -33,14 +33,22 @@ def words(svg: Path) -> set[str]:
 @pytest.mark.slow
 def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="pip install 'celery-debounced[figures]'")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if ":" in line}
 
     # a burst becomes one run, a window after the last call
-    burst = re.search(r"(\d+) calls -> (\d+) run\(s\), started ([\d.]+)s after the first "
-                      r"call, ([\d.]+)s after the last", lines["burst"])
+    burst = re.search(
+        r"(\d+) calls -> (\d+) run\(s\), started ([\d.]+)s after the first "
+        r"call, ([\d.]+)s after the last",
+        lines["burst"],
+    )
     assert burst, lines
     assert int(burst.group(1)) > 1 and int(burst.group(2)) == 1
     assert 0.95 <= float(burst.group(4)) <= 3.0  # the 1 s window, then dispatch
@@ -54,8 +62,11 @@ def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> No
     assert late and int(late.group(1)) == 200
     assert float(late.group(2)) <= float(late.group(3)) < 2000
     # a burst during a run of an exclusive task: one follow-up, after the run, held
-    held = re.search(r"(\d+) calls during the run -> (\d+) follow-up\(s\), started "
-                     r"(-?[\d.]+)s after the run ended, held ([\d.]+)s", lines["exclusive"])
+    held = re.search(
+        r"(\d+) calls during the run -> (\d+) follow-up\(s\), started "
+        r"(-?[\d.]+)s after the run ended, held ([\d.]+)s",
+        lines["exclusive"],
+    )
     assert held, lines
     assert int(held.group(1)) == 10 and int(held.group(2)) == 1
     assert 0 <= float(held.group(3)) < 1.5 and float(held.group(4)) > 0
@@ -72,7 +83,8 @@ def test_figures_script_draws_every_figure_from_a_real_run(tmp_path: Path) -> No
         assert ET.parse(fresh).getroot().tag.endswith("svg")
         assert committed.exists(), f"{committed} missing: run python scripts/figures.py"
         assert words(fresh) == words(committed), (
-            f"{committed} is stale: run python scripts/figures.py")
+            f"{committed} is stale: run python scripts/figures.py"
+        )
 
 
 def test_every_figure_is_shown_in_the_docs() -> None:

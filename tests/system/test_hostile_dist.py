@@ -23,8 +23,14 @@ from celery_debounce.testing.cluster import LocalCluster
 
 
 def _task(app: Celery) -> Any:
-    @app.task(base=DebouncedTask, shared=False, debounce="300ms", debounce_key="k{x}",
-              debounce_max_wait="5s", name="hd.work")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="300ms",
+        debounce_key="k{x}",
+        debounce_max_wait="5s",
+        name="hd.work",
+    )
     def work(x: int) -> int:
         return x
 
@@ -61,16 +67,17 @@ def test_windows_of_shards_dropped_by_lowering_debounce_shards_still_run(
 #: a call for a migrating slot follows ASK with ASKING
 #: for sharded wake-ups, which use SPUBLISH/SSUBSCRIBE on the per-shard channels
 #: <prefix>:{<tag>}:wake.
-CLUSTER_ACL_EXTRA = ("+cluster|slots +command +info +asking +spublish +ssubscribe "
-                     "+sunsubscribe &debounce:*")
+CLUSTER_ACL_EXTRA = (
+    "+cluster|slots +command +info +asking +spublish +ssubscribe +sunsubscribe &debounce:*"
+)
 
 
 def test_the_documented_cluster_acl_additions_are_the_ones_tested() -> None:
-    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "guarantees.md")
-                   .read_text().split())
+    doc = " ".join(
+        (Path(__file__).resolve().parents[2] / "docs" / "guarantees.md").read_text().split()
+    )
     added = doc.split("On a Redis Cluster (`debounce_redis_cluster`) add `", 1)[1]
-    assert sorted(added.split("` on every node", 1)[0].split()) == sorted(
-        CLUSTER_ACL_EXTRA.split())
+    assert sorted(added.split("` on every node", 1)[0].split()) == sorted(CLUSTER_ACL_EXTRA.split())
 
 
 @pytest.mark.cluster
@@ -88,10 +95,16 @@ def test_the_acl_user_on_a_cluster_errors_by_name_or_runs_every_window(
 
     def app_with(rules: str) -> Celery:
         for node in nodes:
-            node.execute_command("ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret",
-                                 *rules.split())
-        return make_app(redis_server, debounce_redis_url=url, debounce_redis_cluster=True,
-                        debounce_shards=3, debounce_poll_interval=30)
+            node.execute_command(
+                "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *rules.split()
+            )
+        return make_app(
+            redis_server,
+            debounce_redis_url=url,
+            debounce_redis_cluster=True,
+            debounce_shards=3,
+            debounce_poll_interval=30,
+        )
 
     try:
         app = app_with(ACL_RULES)
@@ -101,7 +114,8 @@ def test_the_acl_user_on_a_cluster_errors_by_name_or_runs_every_window(
             work.delay(0)
         assert time.monotonic() - started < 5
         assert redis_cluster.flushall() is None and not any(
-            node.dbsize() for node in nodes)  # nothing written
+            node.dbsize() for node in nodes
+        )  # nothing written
 
         app = app_with(f"{ACL_RULES} {CLUSTER_ACL_EXTRA}")
         work = _task(app)
@@ -140,13 +154,20 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
     dispatcher = Dispatcher(factory(debounce_poll_interval=30), name="woken")
     dispatcher.start()
     try:
-        wait_until(lambda: redis.Redis(port=victim).execute_command(
-            "PUBSUB", "SHARDNUMSUB", channel)[1] == 1, timeout=10)
+        wait_until(
+            lambda: (
+                redis.Redis(port=victim).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
+            ),
+            timeout=10,
+        )
         cluster.kill(victim)
-        new = wait_until(lambda: (p := _serves(cluster, slot)) not in (None, victim) and p,
-                         timeout=20)
-        wait_until(lambda: redis.Redis(port=new).execute_command(
-            "PUBSUB", "SHARDNUMSUB", channel)[1] == 1, timeout=15)
+        new = wait_until(
+            lambda: (p := _serves(cluster, slot)) not in (None, victim) and p, timeout=20
+        )
+        wait_until(
+            lambda: redis.Redis(port=new).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1,
+            timeout=15,
+        )
         before = broker.llen("celery")
 
         def called() -> bool:
@@ -155,6 +176,7 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
             except DebounceBackendError:  # refused until the slot table names the replica
                 return False
             return True
+
         wait_until(called, timeout=10)
         wait_until(lambda: broker.llen("celery") == before + 1, timeout=5)
     finally:
@@ -164,8 +186,9 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
 
 def _acl_on(nodes: list[redis.Redis], rules: str) -> None:
     for node in nodes:
-        node.execute_command("ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret",
-                             *rules.split())
+        node.execute_command(
+            "ACL", "SETUSER", "debouncer", "reset", "on", ">s3cret", *rules.split()
+        )
 
 
 @pytest.mark.cluster
@@ -183,9 +206,13 @@ def test_every_feature_runs_as_the_acl_user_on_a_cluster(
     port = redis_cluster.master_ports()[0]
     try:
         _acl_on(nodes, f"{ACL_RULES} {CLUSTER_ACL_EXTRA}")
-        app = make_app(redis_server, debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:"
-                       f"{port}/0", debounce_redis_cluster=True, debounce_shards=3,
-                       debounce_redis_wait_replicas=1)
+        app = make_app(
+            redis_server,
+            debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:{port}/0",
+            debounce_redis_cluster=True,
+            debounce_shards=3,
+            debounce_redis_wait_replicas=1,
+        )
         errors: list[BaseException] = []
         _every_feature(app, errors)
         assert errors == []
@@ -197,7 +224,9 @@ def test_every_feature_runs_as_the_acl_user_on_a_cluster(
 @pytest.mark.cluster
 @pytest.mark.parametrize("asking", [True, False])
 def test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user(
-    redis_cluster: LocalCluster, redis_server: str, asking: bool,
+    redis_cluster: LocalCluster,
+    redis_server: str,
+    asking: bool,
 ) -> None:
     """A window's keys moved to the target while its slot is MIGRATING: the source
     answers ASK, and the call is sent to the target after ASKING. With `+asking` (the
@@ -210,9 +239,13 @@ def test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user(
         rules = rules.replace(" +asking", "")
     _acl_on(nodes, rules)
     port = redis_cluster.master_ports()[0]
-    app = make_app(redis_server, debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:"
-                   f"{port}/0", debounce_redis_cluster=True, debounce_shards=1,
-                   debounce_redis_timeout=2)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://debouncer:s3cret@127.0.0.1:{port}/0",
+        debounce_redis_cluster=True,
+        debounce_shards=1,
+        debounce_redis_timeout=2,
+    )
     work = _task(app)
     tag = store_for(app).settings.tags[0]
     slot = key_slot(tag.encode())
@@ -239,8 +272,11 @@ def test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user(
             assert time.monotonic() - started < 8
             assert on_target.execute()[1] == b"1"
     finally:
-        for p in (target, source, *[p for p in redis_cluster.master_ports()
-                                    if p not in (source, target)]):
+        for p in (
+            target,
+            source,
+            *[p for p in redis_cluster.master_ports() if p not in (source, target)],
+        ):
             cli(p, "cluster", "setslot", str(slot), "node", redis_cluster.node_id(target))
         redis_cluster.migrate_slot(slot, target, source)
         for node in nodes:

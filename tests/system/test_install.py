@@ -54,12 +54,23 @@ def test_fresh_venv_with_only_the_package_runs_the_quickstart(
     py = venv / "bin" / "python"
     constraints = os.environ.get("CELERY_DEBOUNCE_CONSTRAINTS")
     subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(built_wheel),
-         *(["-c", constraints] if constraints else [])],
-        check=True, timeout=540,
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(built_wheel),
+            *(["-c", constraints] if constraints else []),
+        ],
+        check=True,
+        timeout=540,
     )
     freeze = subprocess.run(
-        [str(py), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True,
+        [str(py), "-m", "pip", "list", "--format=freeze"],
+        check=True,
+        capture_output=True,
         text=True,
     ).stdout.lower()
     assert "celery-debounced==" in freeze
@@ -73,8 +84,11 @@ def test_fresh_venv_with_only_the_package_runs_the_quickstart(
         import kombu
         import redis
 
-        for name, version in (("celery", celery.__version__), ("kombu", kombu.__version__),
-                              ("redis", redis.__version__)):
+        for name, version in (
+            ("celery", celery.__version__),
+            ("kombu", kombu.__version__),
+            ("redis", redis.__version__),
+        ):
             assert f"\n{name}=={version}\n" in f"\n{freeze}", (name, version, freeze)
 
     proj = tmp_path / "proj"
@@ -82,9 +96,20 @@ def test_fresh_venv_with_only_the_package_runs_the_quickstart(
     (proj / "proj.py").write_text(textwrap.dedent(PROJ.format(url=redis_server)))
     (proj / "caller.py").write_text(textwrap.dedent(CALLER.format()))
     worker = subprocess.Popen(
-        [str(venv / "bin" / "celery"), "-A", "proj", "worker", "--pool", "solo",
-         "--loglevel", "info"],
-        cwd=proj, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(venv / "bin" / "celery"),
+            "-A",
+            "proj",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "info",
+        ],
+        cwd=proj,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         out = subprocess.run(
@@ -106,13 +131,17 @@ def test_import_warns_when_the_2022_package_shares_the_folder(tmp_path: Path) ->
     shutil.copytree(ROOT / "celery_debounce", copy)
     clean = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-c", "import celery_debounce"],
-        cwd=tmp_path, capture_output=True, text=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert clean.returncode == 0, clean.stderr
     (copy / "celery_debounce.py").write_text("class DebouncedTask: pass\n")
     out = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-c", "import celery_debounce"],
-        cwd=tmp_path, capture_output=True, text=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode != 0
     assert "pip uninstall celery-debounce" in out.stderr

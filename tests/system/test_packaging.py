@@ -39,8 +39,11 @@ def test_the_wheel_declares_the_license_classifiers_and_version(built_wheel: Pat
     for python in PYTHONS:
         assert f"Programming Language :: Python :: {python}" in classifiers
     # no Python classifier beyond the ones the corners test
-    listed = {c.rsplit(" :: ", 1)[1] for c in classifiers
-              if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    listed = {
+        c.rsplit(" :: ", 1)[1]
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    }
     assert listed == set(PYTHONS)
     assert meta["Requires-Python"] == ">=3.10"
     assert meta["Description-Content-Type"] == "text/markdown"
@@ -49,18 +52,25 @@ def test_the_wheel_declares_the_license_classifiers_and_version(built_wheel: Pat
         assert re.fullmatch(r"[^,]+, https://\S+", url), url
 
 
-SHIPPED = ("celery_debounce/dashboards/celery-debounce.json",
-           "celery_debounce/dashboards/alerts.yml",
-           "celery_debounce/store/postgres/schema.sql")
+SHIPPED = (
+    "celery_debounce/dashboards/celery-debounce.json",
+    "celery_debounce/dashboards/alerts.yml",
+    "celery_debounce/store/postgres/schema.sql",
+)
 
 
 def test_the_wheel_and_the_sdist_ship_the_dashboard_and_the_alert_rules(
-        built_wheel: Path, tmp_path: Path) -> None:
+    built_wheel: Path, tmp_path: Path
+) -> None:
     with zipfile.ZipFile(built_wheel) as archive:
         for name in SHIPPED:
             assert archive.read(name) == (ROOT / name).read_bytes(), name
-    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (sdist,) = tmp_path.glob("celery_debounced-*.tar.gz")
     with tarfile.open(sdist) as archive:
         top = archive.getnames()[0].split("/")[0]
@@ -69,8 +79,7 @@ def test_the_wheel_and_the_sdist_ship_the_dashboard_and_the_alert_rules(
             assert member is not None and member.read() == (ROOT / name).read_bytes(), name
 
 
-def test_the_long_description_starts_with_the_install_command_and_has_no_relative_links(
-) -> None:
+def test_the_long_description_starts_with_the_install_command_and_has_no_relative_links() -> None:
     text = LONG.read_text()
     assert text.startswith("```bash\npip install celery-debounced\n```\n")
     example = re.search(r"```python\n(.*?)```", text, re.S).group(1)
@@ -87,10 +96,12 @@ def test_the_long_descriptions_example_runs(redis_server: str, tmp_path: Path) -
     example = re.search(r"```python\n(.*?)```", LONG.read_text(), re.S).group(1)
     assert 'broker="redis://localhost:6379/0"' in example
     script = tmp_path / "example.py"
-    script.write_text(example.replace("redis://localhost:6379/0", f"{redis_server}/5")
-                      + "\nprint('one window')\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)
+    script.write_text(
+        example.replace("redis://localhost:6379/0", f"{redis_server}/5") + "\nprint('one window')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "one window"
 

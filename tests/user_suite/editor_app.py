@@ -21,14 +21,25 @@ def create_app(**conf: Any) -> Celery:
     app.indexed = []  # type: ignore[attr-defined]
     app.reports = []  # type: ignore[attr-defined]
 
-    @app.task(base=DebouncedTask, shared=False, debounce="2s", debounce_max_wait="30s",
-              debounce_key="doc:{doc_id}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="2s",
+        debounce_max_wait="30s",
+        debounce_key="doc:{doc_id}",
+    )
     def reindex_document(doc_id: str, revision: int = 0) -> str:
         app.indexed.append((doc_id, revision))  # type: ignore[attr-defined]
         return f"indexed {doc_id}@{revision}"
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="1d",
-              debounce_key="report:{user_id}", debounce_replace_payload=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="1h",
+        debounce_max_wait="1d",
+        debounce_key="report:{user_id}",
+        debounce_replace_payload=True,
+    )
     def rebuild_report(user_id: int, reason: str) -> str:
         app.reports.append((user_id, reason))  # type: ignore[attr-defined]
         return f"report {user_id} ({reason})"

@@ -198,6 +198,7 @@ def flush_all(app: Celery, r: redis.Redis) -> Callable[[], Any]:
 
     def act() -> Any:
         assert admin.flush_all() == 2  # both flushed, each once
+
     return act
 
 
@@ -218,6 +219,7 @@ def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
         }[script]
         r.config_resetstat()
         return act
+
     return setup
 
 
@@ -242,8 +244,9 @@ CASES = {
     "flush": Case("flush", flush, flushed),
     "flush-all": Case("flush", flush_all, flushed_each, several=True),
     "gate-wait-replicas": Case("gate", gate_plain, _calls, waited=True, heavy=True),
-    "bulk-chunk-wait-replicas": Case("gate", bulk, most_calls, recovers=True, several=True,
-                                     waited=True, heavy=True),
+    "bulk-chunk-wait-replicas": Case(
+        "gate", bulk, most_calls, recovers=True, several=True, waited=True, heavy=True
+    ),
     "claim": Case("claim", _mark("claim"), _evalshas),
     "finish": Case("finish", _mark("finish"), _evalshas),
     "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
@@ -270,16 +273,25 @@ def replica(redis_server: str) -> Iterator[LocalRedis]:
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_script_is_sent_at_most_once_under_every_fault(
-    name: str, fault: str, fault_proxy: FaultProxy, redis_client: redis.Redis,
-    redis_server: str, request: pytest.FixtureRequest,
+    name: str,
+    fault: str,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     case = CASES[name]
     if case.waited:
         request.getfixturevalue("replica")
     heavy = case.heavy and fault == "stall-write"
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(case.waited),
-                   debounce_max_payload_bytes=2 * len(BIG), test_heavy=heavy)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        debounce_redis_timeout=1.0,
+        debounce_redis_wait_replicas=int(case.waited),
+        debounce_max_payload_bytes=2 * len(BIG),
+        test_heavy=heavy,
+    )
     store = store_for(app)
     for script in store.scripts.values():  # a lost NOSCRIPT reply would prove nothing
         redis_client.script_load(script.script)
@@ -337,12 +349,15 @@ def test_every_script_is_sent_at_most_once_under_every_fault(
 
 
 def test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again(
-    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """The plain case by name: the call was counted once, the caller is told the outcome
     is unknown; the next call joins the same window (n = 2, not 3)."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0)
+    app = make_app(
+        redis_server, debounce_redis_url=f"{fault_proxy.url}/0", debounce_redis_timeout=1.0
+    )
     work = _task(app)
     first = work.delay(0)
     fault_proxy.arm("drop", evalsha_of(store_for(app).scripts["gate"].sha))
@@ -353,13 +368,16 @@ def test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again(
 
 
 def test_a_stats_reset_whose_rename_reply_was_lost_still_returns_the_counters(
-    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """``reset_stats`` RENAMEs the counters away; redis-py sends a RENAME whose reply was
     lost again, which finds no key: the counters it moved must still be returned (they
     were reported as none, and lost)."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0)
+    app = make_app(
+        redis_server, debounce_redis_url=f"{fault_proxy.url}/0", debounce_redis_timeout=1.0
+    )
     work, _ = _open(app)
     DebounceAdmin(app).cancel(work.name, "k")
     fault_proxy.arm("drop", command(b"RENAME"))
@@ -369,14 +387,17 @@ def test_a_stats_reset_whose_rename_reply_was_lost_still_returns_the_counters(
 
 
 def test_a_cancel_whose_reply_is_lost_while_redis_stays_down_is_revoked_once_it_is_back(
-    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """The cancel ran, its reply was lost, and Redis refuses every connection longer
     than the store tries to send it again: the caller gets DebounceOutcomeUnknown, and
     once Redis answers the cancel's token key says the window was dropped: its result
     is revoked then (before: deleted, never revoked, `.get()` waited forever)."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=0.5)
+    app = make_app(
+        redis_server, debounce_redis_url=f"{fault_proxy.url}/0", debounce_redis_timeout=0.5
+    )
     for script in store_for(app).scripts.values():
         redis_client.script_load(script.script)
     work, first = _open(app)
@@ -393,15 +414,21 @@ def test_a_cancel_whose_reply_is_lost_while_redis_stays_down_is_revoked_once_it_
 
 
 def test_a_combined_write_of_gate_calls_that_times_out_makes_each_of_them_unknown(
-    fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """Gate calls of three threads; the second and third queue behind the first (held by
     CLIENT PAUSE) and go in one write (the combiner). Redis stops reading once the
     second call arrived complete, in the third's several MB: the write times out. The
     second call ran, so both callers of that write are told the outcome is unknown
     (before, the one that sent it was told "unreachable")."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0, debounce_max_payload_bytes=2 * len(BIG))
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        debounce_redis_timeout=1.0,
+        debounce_max_payload_bytes=2 * len(BIG),
+    )
     work = _task(app, debounce_key="{0}")
     store = store_for(app)
     combiner = store.transport._combiner
@@ -447,7 +474,10 @@ def test_a_combined_write_of_gate_calls_that_times_out_makes_each_of_them_unknow
 
 @pytest.mark.parametrize("waited", [False, True], ids=["alone", "then-wait"])
 def test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wait(
-    waited: bool, fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    waited: bool,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
     request: pytest.FixtureRequest,
 ) -> None:
     """Redis stops reading in a call's several MB, then the link is reset (every
@@ -457,13 +487,16 @@ def test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wai
     after the script: the outcome is unknown (before, it was sent again)."""
     if waited:
         request.getfixturevalue("replica")
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0, debounce_redis_wait_replicas=int(waited),
-                   debounce_max_payload_bytes=2 * len(BIG))
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        debounce_redis_timeout=1.0,
+        debounce_redis_wait_replicas=int(waited),
+        debounce_max_payload_bytes=2 * len(BIG),
+    )
     work = _task(app)
     work.delay(0)
-    fault_proxy.arm("stall-write", evalsha_of(store_for(app).scripts["gate"].sha),
-                    then_refuse=True)
+    fault_proxy.arm("stall-write", evalsha_of(store_for(app).scripts["gate"].sha), then_refuse=True)
     with pytest.raises(DebounceBackendError) as raised:
         work.delay(1, BIG)
     fault_proxy.disarm()
@@ -474,21 +507,27 @@ def test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wai
 
 @pytest.mark.parametrize("together", [False, True], ids=["alone", "after-another"])
 def test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone(
-    together: bool, fault_proxy: FaultProxy, redis_client: redis.Redis, redis_server: str,
+    together: bool,
+    fault_proxy: FaultProxy,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """``flush_all``'s pipeline (``pipeline_once``): Redis stops reading in the last
     flush's several MB (extra arguments the script ignores). After another flush that
     arrived complete, and ran, the outcome is unknown; alone, the flush did not run:
     unreachable."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0)
+    app = make_app(
+        redis_server, debounce_redis_url=f"{fault_proxy.url}/0", debounce_redis_timeout=1.0
+    )
     work = _task(app, debounce_key="{0}")
     work.delay("a")
     work.delay("b")
     store = store_for(app)
     redis_client.script_load(store.scripts["flush"].script)  # no NOSCRIPT for "a"
-    idents = {k.rsplit(b":", 1)[1]: k.split(b":open:", 1)[1].decode()
-              for k in redis_client.scan_iter(match=f"{TAG}:open:*")}
+    idents = {
+        k.rsplit(b":", 1)[1]: k.split(b":open:", 1)[1].decode()
+        for k in redis_client.scan_iter(match=f"{TAG}:open:*")
+    }
     keys, args = store._flush_call(0, idents[b"b"], "")
     calls = [(keys, [*args, BIG])]
     if together:

@@ -22,7 +22,8 @@ from celery_debounce.worker import retry_queue as marks
 
 
 def test_asyncio_callers_through_sync_to_async_each_get_their_own_reply(
-        redis_server: str, redis_client: redis.Redis) -> None:
+    redis_server: str, redis_client: redis.Redis
+) -> None:
     sync_to_async = pytest.importorskip("asgiref.sync").sync_to_async
     task = build(redis_server).tasks["green.debounced"]
     keys = [key_of(i, j) for i in range(30) for j in range(20)]
@@ -72,11 +73,13 @@ def _fork_while_held(lock: Any, in_child: Callable[[], object]) -> int | None:
 
 @pytest.mark.parametrize("where", ["store_for", "marks"])
 def test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child(
-        redis_server: str, redis_client: redis.Redis, where: str) -> None:
+    redis_server: str, redis_client: redis.Redis, where: str
+) -> None:
     app = build(redis_server)
     if where == "store_for":  # the child builds its own store under the lock
         lock, in_child = store_module._lock, lambda: store_module.store_for(app)
     else:  # the child's marks (kept while Redis was down) are read under the lock
         lock, in_child = marks._lock, marks.flush
-    assert _fork_while_held(lock, in_child) == 0, \
+    assert _fork_while_held(lock, in_child) == 0, (
         "the child deadlocked on a lock a thread of its parent held at the fork"
+    )

@@ -35,20 +35,23 @@ pytest.importorskip("gevent", reason="the test extra installs gevent")  # declar
 
 
 def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     log = tmp_path / "worker.log"
     app = build(redis_server)
     redis_client.set("block:g", 1)  # the run waits (gevent-patched sleeps) until we delete it
-    with worker_process(redis_server, log, pool="gevent",
-                        extra_env={"FAULT_DISPATCHER_PROCESS": "1"}):
+    with worker_process(
+        redis_server, log, pool="gevent", extra_env={"FAULT_DISPATCHER_PROCESS": "1"}
+    ):
         calls = [app.tasks["faults.record"].delay("g") for _ in range(3)]
         assert len({c.id for c in calls}) == 1
         wait_until(lambda: runs(redis_client, "g") == [calls[0].id], 15)
         key = f"debounce:{{0}}:win:{calls[0].id}"
         began = time.monotonic()
         while time.monotonic() - began < 3 * 2.0:  # three claim leases (2 s in fault_app)
-            assert redis_client.hget(key, "st") == b"claimed", \
+            assert redis_client.hget(key, "st") == b"claimed", (
                 "the claim went stale while its run was alive"
+            )
             time.sleep(0.25)
         redis_client.delete("block:g")
         wait_until(lambda: redis_client.hget(key, "st") == b"finished", 15)
@@ -59,24 +62,41 @@ def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
     assert "ignored under a gevent or eventlet pool" in text, text
 
 
-@pytest.mark.parametrize("model, warm", [
-    ("gevent", "warm"),  # a call before patching kept a connection; it reconnects after
-    ("gevent", "cold"),  # imported only: the first connection is made after patching
-    ("eventlet", "warm"),
-    ("gevent", "first"),  # patched before the import: as celery -P gevent does
-    ("eventlet", "first"),
-])
+@pytest.mark.parametrize(
+    "model, warm",
+    [
+        ("gevent", "warm"),  # a call before patching kept a connection; it reconnects after
+        ("gevent", "cold"),  # imported only: the first connection is made after patching
+        ("eventlet", "warm"),
+        ("gevent", "first"),  # patched before the import: as celery -P gevent does
+        ("eventlet", "first"),
+    ],
+)
 def test_greenlets_patched_before_or_after_import_each_get_their_own_reply(
-        redis_server: str, redis_client: redis.Redis, model: str, warm: str) -> None:
+    redis_server: str, redis_client: redis.Redis, model: str, warm: str
+) -> None:
     if model == "eventlet":
         pytest.importorskip("eventlet", reason="the test extra installs eventlet")
     # redis-py with hiredis checks a connection with select.poll, which eventlet's
     # patching removes: eventlet patched after redis was imported needs the plain parser
     extra = ["--no-hiredis"] if model == "eventlet" and warm != "first" else []
     done = subprocess.run(
-        [sys.executable, str(TESTS / "green_callers.py"), model, warm, f"{redis_server}",
-         "30", "20", *extra],
-        env=env_for(redis_server), capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            str(TESTS / "green_callers.py"),
+            model,
+            warm,
+            f"{redis_server}",
+            "30",
+            "20",
+            *extra,
+        ],
+        env=env_for(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert len(results) == 30 * 20 + (warm == "warm")
@@ -108,17 +128,33 @@ def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
     sock = str(tmp_path / "g.sock")
     log = (tmp_path / "gunicorn.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--preload", "-k", "gevent", "-w", "2",
-         "--bind", f"unix:{sock}", "green_wsgi:application"],
-        cwd=TESTS, env=dict(env_for(redis_server), GREEN_REDIS=redis_server),
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--preload",
+            "-k",
+            "gevent",
+            "-w",
+            "2",
+            "--bind",
+            f"unix:{sock}",
+            "green_wsgi:application",
+        ],
+        cwd=TESTS,
+        env=dict(env_for(redis_server), GREEN_REDIS=redis_server),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def answers() -> bool:
             assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
             try:
                 return _get(_UnixHTTP(sock), "ready")[0] == 200
             except OSError:
                 return False
+
         wait_until(answers, 30, 0.1)
         yield sock
     finally:
@@ -127,16 +163,21 @@ def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     clients, requests = 30, 8
     with gunicorn(redis_server, tmp_path) as sock:
+
         def client(i: int) -> list[list[Any]]:
             conn, got = _UnixHTTP(sock), []
             for j in range(requests):
                 key = key_of(i, j)
                 status, body = _get(conn, key)
-                got += [[key, wid, None] for wid in body.splitlines()] if status == 200 \
+                got += (
+                    [[key, wid, None] for wid in body.splitlines()]
+                    if status == 200
                     else [[key, None, body]] * 3
+                )
             return got
 
         with ThreadPoolExecutor(clients) as pool:
@@ -182,40 +223,64 @@ print(ticks - before)
 
 @pytest.mark.parametrize("path", ["kept", "per-call", "then-wait"])
 def test_a_connection_made_before_patching_does_not_block_the_other_greenlets(
-        redis_server: str, redis_client: redis.Redis, path: str) -> None:
+    redis_server: str, redis_client: redis.Redis, path: str
+) -> None:
     """A call after patching that takes a connection made before it (a stdlib socket:
     its reads block the whole thread) makes it anew: other greenlets run meanwhile. On
     each path: the thread's kept connection, the pool's checkout of each call (RESP3
     here, as Sentinel's pool: no kept connection), a script then WAIT."""
-    conf = {"kept": {}, "then-wait": {"debounce_redis_wait_replicas": 1},
-            "per-call": {"debounce_redis_url": f"{redis_server}/0?protocol=3"}}[path]
-    done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, redis_server,
-                           json.dumps(conf)],
-                          env=env_for(redis_server), capture_output=True, text=True,
-                          timeout=60, check=False)
+    conf = {
+        "kept": {},
+        "then-wait": {"debounce_redis_wait_replicas": 1},
+        "per-call": {"debounce_redis_url": f"{redis_server}/0?protocol=3"},
+    }[path]
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCKING_PROBE, redis_server, json.dumps(conf)],
+        env=env_for(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     # 0.6 s of 5 ms sleeps: about 100 ticks when the call yields, none when it blocks
     assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"
 
 
 def test_a_tls_connection_made_before_patching_is_made_anew(
-        redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> None:
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     """The same over TLS (rediss://): the connection's socket is the stdlib's SSLSocket,
     a subclass of its socket (before, only a plain socket was recognised)."""
     if not server_supports_tls():
         pytest.skip("this redis-server was built without TLS")
     certs = make_certs(tmp_path)
     port = free_port()
-    with LocalRedis("--tls-port", str(port), "--tls-cert-file", str(certs["server.crt"]),
-                    "--tls-key-file", str(certs["server.key"]),
-                    "--tls-ca-cert-file", str(certs["ca.crt"]),
-                    "--tls-auth-clients", "no") as server:
+    with LocalRedis(
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(certs["server.crt"]),
+        "--tls-key-file",
+        str(certs["server.key"]),
+        "--tls-ca-cert-file",
+        str(certs["ca.crt"]),
+        "--tls-auth-clients",
+        "no",
+    ) as server:
         url = f"redis://127.0.0.1:{server.port}"
-        conf = {"debounce_redis_url": f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required"
-                                      f"&ssl_ca_certs={certs['ca.crt']}"}
-        done = subprocess.run([sys.executable, "-c", _BLOCKING_PROBE, url, json.dumps(conf)],
-                              env=env_for(url), capture_output=True, text=True,
-                              timeout=60, check=False)
+        conf = {
+            "debounce_redis_url": f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required"
+            f"&ssl_ca_certs={certs['ca.crt']}"
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", _BLOCKING_PROBE, url, json.dumps(conf)],
+            env=env_for(url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"
 
@@ -243,15 +308,21 @@ print(len(set(ids)))
 
 @pytest.mark.cluster
 def test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock(
-        redis_cluster: LocalCluster, redis_server: str) -> None:
+    redis_cluster: LocalCluster, redis_server: str
+) -> None:
     """The first calls of a process, from greenlets at once, on a cluster: building the
     store reads the topology (I/O, so the greenlet yields). Before, that ran under
     store_for's lock, made before the patching (a real lock): the next greenlet blocked
     the thread on it, and every greenlet hung (a gunicorn --preload -k gevent worker)."""
     redis_cluster.flushall()
-    done = subprocess.run([sys.executable, "-c", _CLUSTER_PROBE, redis_cluster.url,
-                           redis_server], env=env_for(redis_server), capture_output=True,
-                          text=True, timeout=30, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _CLUSTER_PROBE, redis_cluster.url, redis_server],
+        env=env_for(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "10"
 
@@ -270,9 +341,15 @@ def test_a_green_worker_binds_its_module_thread_locals_after_celery_patches(pool
         "import celery_debounce.worker.request as signals, celery_debounce.store.node as node\n"
         "assert signals._Watch.__mro__[1] is threading.local, signals._Watch.__mro__\n"
         "assert threading.local.__module__ != '_thread', threading.local\n"
-        "assert node._STD_SOCKET is None and node._STD_LOCAL is None\n")
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True,
-                          text=True, timeout=60, check=False)
+        "assert node._STD_SOCKET is None and node._STD_LOCAL is None\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -311,9 +388,14 @@ def test_greenlets_patched_after_import_keep_failed_marks_without_deadlock() -> 
     thread is started, however many greenlets find none running."""
     unreachable = f"redis://127.0.0.1:{free_port()}"
     try:
-        done = subprocess.run([sys.executable, "-c", _MARKS_PROBE, unreachable],
-                              env=env_for(unreachable), capture_output=True, text=True,
-                              timeout=20, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", _MARKS_PROBE, unreachable],
+            env=env_for(unreachable),
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except subprocess.TimeoutExpired:  # the child is killed
         pytest.fail("keeping marks from greenlets hung")
     assert done.returncode == 0, done.stderr

@@ -48,13 +48,27 @@ def exclusive_app(redis_server: str, windows_url: str, **conf: Any) -> Celery:
     """An app whose windows are at ``windows_url`` (broker and results direct), with an
     exclusive task that records its start and end (Redis time) in ``runs:<key>`` and
     runs until ``go:<key>`` exists."""
-    app = make_app(redis_server, name="lease_budget", debounce_redis_url=windows_url,
-                   debounce_claim_lease=LEASE, debounce_redis_timeout=TIMEOUT,
-                   debounce_dispatcher=False, task_ignore_result=True, **conf)
+    app = make_app(
+        redis_server,
+        name="lease_budget",
+        debounce_redis_url=windows_url,
+        debounce_claim_lease=LEASE,
+        debounce_redis_timeout=TIMEOUT,
+        debounce_dispatcher=False,
+        task_ignore_result=True,
+        **conf,
+    )
 
-    @app.task(base=DebouncedTask, name="lease.exclusive", bind=True, shared=False,
-              debounce="100ms", debounce_key="x:{0}", debounce_max_wait="1s",
-              debounce_exclusive=True)
+    @app.task(
+        base=DebouncedTask,
+        name="lease.exclusive",
+        bind=True,
+        shared=False,
+        debounce="100ms",
+        debounce_key="x:{0}",
+        debounce_max_wait="1s",
+        debounce_exclusive=True,
+    )
     def exclusive(self: DebouncedTask, key: str, n: int = 0) -> int:
         client = redis.Redis.from_url(f"{redis_server}/0", socket_timeout=5)
         client.rpush(f"runs:{key}", f"start {self.request.id} {now_ms(client)}")
@@ -85,7 +99,9 @@ def runs(client: redis.Redis, key: str) -> list[list[str]]:
 
 
 def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
-    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
     dispatcher: Celery,
 ) -> None:
     """An exclusive run whose worker's link goes silent for the budget (2.3 s of a 6 s
@@ -120,20 +136,27 @@ def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
         wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)
         time.sleep(0.5)  # nothing more runs
     events = runs(redis_client, "e")
-    assert [e[:2] for e in events] == [["start", first.id], ["end", first.id],
-                                       ["start", follow.id], ["end", follow.id]]
+    assert [e[:2] for e in events] == [
+        ["start", first.id],
+        ["end", first.id],
+        ["start", follow.id],
+        ["end", follow.id],
+    ]
     assert int(events[2][2]) >= int(events[1][2])  # the follow-up started after the run
     assert not redis_client.hget("debounce:{0}:stats", "d|lease.exclusive")  # no duplicate
 
 
 def test_a_failed_renewal_costs_one_timeout_not_two(
-    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
 ) -> None:
     """A renewal on a silent link fails after one ``debounce_redis_timeout``, on its kept
     connection, on a new one, and connecting where nothing answers: it is sent without
     redis-py's retry (which waited for a second timeout, sending or connecting again)."""
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=1.0)
+    app = make_app(
+        redis_server, debounce_redis_url=f"{fault_proxy.url}/0", debounce_redis_timeout=1.0
+    )
     store = store_for(app)
     claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": now_ms(redis_client) + 60_000})
@@ -145,8 +168,11 @@ def test_a_failed_renewal_costs_one_timeout_not_two(
             store.renew_claims({0: ["t1"]})
         assert 1.0 <= time.monotonic() - started < 1.8, attempt
     with blackhole() as port:  # a connection that never completes (SYN dropped)
-        app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{port}/0",
-                       debounce_redis_timeout=1.0)
+        app = make_app(
+            redis_server,
+            debounce_redis_url=f"redis://127.0.0.1:{port}/0",
+            debounce_redis_timeout=1.0,
+        )
         unreachable = store_for(app)
         started = time.monotonic()
         with pytest.raises(DebounceBackendError):
@@ -176,14 +202,24 @@ def blackhole() -> Iterator[int]:
 
 
 @contextmanager
-def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
-                   timeout: float, lease: float, first: float) -> Iterator[tuple[str, float]]:
+def _renewed_claim(
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
+    timeout: float,
+    lease: float,
+    first: float,
+) -> Iterator[tuple[str, float]]:
     """A claim (``t1``) a fresh renewer holds through ``fault_proxy``: ``(its claims
     key, the monotonic time its first renewal was seen, within ``first`` seconds)``."""
     from celery_debounce.worker.leases import _Renewer
 
-    app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0",
-                   debounce_redis_timeout=timeout, debounce_claim_lease=lease)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        debounce_redis_timeout=timeout,
+        debounce_claim_lease=lease,
+    )
     store = store_for(app)
     claims = claims_key(store.tag(0))
     redis_client.zadd(claims, {"t1": now_ms(redis_client) + int(lease * 1000)})
@@ -198,8 +234,9 @@ def _renewed_claim(redis_server: str, redis_client: redis.Redis, fault_proxy: Fa
         renewer.drop(store, 0, "t1")
 
 
-def _least_time_left(redis_client: redis.Redis, claims: str, until: float,
-                     tick: Any = None) -> float:
+def _least_time_left(
+    redis_client: redis.Redis, claims: str, until: float, tick: Any = None
+) -> float:
     """The claim's least time left (ms), watched every 20 ms until monotonic ``until``
     (``tick()`` called each time); it must exist throughout."""
     lowest = float("inf")
@@ -214,7 +251,9 @@ def _least_time_left(redis_client: redis.Redis, claims: str, until: float,
 
 
 def test_a_refused_renewal_is_tried_again_within_the_lease(
-    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
 ) -> None:
     """A renewal that failed is tried again within a back-off, not a period later: with
     a 3 s lease (renewal every 1 s), a link refused for 1.6 s from just before a renewal
@@ -232,7 +271,9 @@ def test_a_refused_renewal_is_tried_again_within_the_lease(
 
 
 def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
-    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
 ) -> None:
     """A 6 s lease (renewal every 2 s), a 0.5 s timeout, and a link silent for 2.8 s from
     just before a renewal was due, past the next one's timeout: tried again a period
@@ -246,7 +287,8 @@ def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
 
 
 def test_a_forked_child_renews_on_a_connection_of_its_own(
-    redis_server: str, redis_client: redis.Redis,
+    redis_server: str,
+    redis_client: redis.Redis,
 ) -> None:
     """A process forked while its renewal thread was sending (the renewal link's lock
     held) renews in the child on a new connection, instead of waiting for that lock
@@ -280,7 +322,9 @@ def test_a_forked_child_renews_on_a_connection_of_its_own(
 
 
 def test_a_release_whose_reply_is_lost_counts_its_failure_once(
-    redis_server: str, redis_client: redis.Redis, fault_proxy: FaultProxy,
+    redis_server: str,
+    redis_client: redis.Redis,
+    fault_proxy: FaultProxy,
 ) -> None:
     """``release.lua`` with ``<tries>!`` counts a publish failure against the window (its
     ``fl``, which ``MAX_TRIES`` quarantines at). Its reply lost after it ran: it is not
@@ -289,8 +333,14 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     either way."""
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0")
 
-    @app.task(base=DebouncedTask, shared=False, name="lease.released", debounce="1ms",
-              debounce_key="r", debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="lease.released",
+        debounce="1ms",
+        debounce_key="r",
+        debounce_max_wait="1s",
+    )
     def released() -> None: ...
 
     store = store_for(app)
@@ -318,8 +368,12 @@ def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
     from celery_debounce.testing.servers import LocalSentinels
 
     with LocalSentinels(replicas=1) as group:
-        app = make_app(redis_server, debounce_redis_url=group.url, debounce_redis_timeout=1.0,
-                       debounce_redis_sentinel_master=group.master_name)
+        app = make_app(
+            redis_server,
+            debounce_redis_url=group.url,
+            debounce_redis_timeout=1.0,
+            debounce_redis_sentinel_master=group.master_name,
+        )
         store = store_for(app)
         master = redis.Redis(port=group.master_port())
         claims = claims_key(store.tag(0))

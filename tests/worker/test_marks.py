@@ -28,18 +28,34 @@ def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
     windows = LocalRedis(appendonly=True).start()
     broker = LocalRedis().start()
     log = tmp_path / "worker.log"
-    env = dict(os.environ, MARKS_WINDOWS=windows.url, MARKS_BROKER=broker.url,
-               PYTHONPATH=str(TESTS))
+    env = dict(
+        os.environ, MARKS_WINDOWS=windows.url, MARKS_BROKER=broker.url, PYTHONPATH=str(TESTS)
+    )
     proc: subprocess.Popen[bytes] | None = None
     try:
         app = build(windows.url, broker.url)
         task = app.tasks["marks.work"]
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "marks_app", "worker", "--pool", "solo",
-                 "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat"],
-                cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "marks_app",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "--loglevel",
+                    "INFO",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+                cwd=TESTS,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 30)
         assert proc.poll() is None, log.read_text()
@@ -61,8 +77,13 @@ def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
         runs = redis.Redis.from_url(f"{broker.url}/2")
         try:
             # a backlog of published windows, so runs go on while the windows' Redis is down
-            wait_until(lambda: runs.llen("runs") > 30
-                       and redis.Redis.from_url(f"{broker.url}/1").llen("celery") > 20, 30)
+            wait_until(
+                lambda: (
+                    runs.llen("runs") > 30
+                    and redis.Redis.from_url(f"{broker.url}/1").llen("celery") > 20
+                ),
+                30,
+            )
             windows.stop()  # SIGTERM: AOF flushed, the records survive the restart
             ran_before = runs.llen("runs")
             wait_until(lambda: runs.llen("runs") > ran_before + 10, 30)  # runs while it is down
@@ -147,11 +168,18 @@ def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
 
     windows = LocalRedis(appendonly=True).start()
     try:
-        app: Celery = make_app(redis_server, debounce_redis_url=f"{windows.url}/0",
-                               debounce_dispatcher=False)
+        app: Celery = make_app(
+            redis_server, debounce_redis_url=f"{windows.url}/0", debounce_dispatcher=False
+        )
 
-        @app.task(base=DebouncedTask, shared=False, name="marks.alias", debounce="50ms",
-                  debounce_max_wait="5s", debounce_key="{0}")
+        @app.task(
+            base=DebouncedTask,
+            shared=False,
+            name="marks.alias",
+            debounce="50ms",
+            debounce_max_wait="5s",
+            debounce_key="{0}",
+        )
         def work(key: str) -> str:
             return f"ran {key}"
 

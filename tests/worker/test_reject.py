@@ -29,8 +29,16 @@ def japp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     app = make_app(redis_server, result_expires=600)
     app.runs = []  # type: ignore[attr-defined]
 
-    @app.task(base=DebouncedTask, shared=False, name="rej.t", bind=True, acks_late=True,
-              debounce="300ms", debounce_max_wait="3s", debounce_key="{0}")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="rej.t",
+        bind=True,
+        acks_late=True,
+        debounce="300ms",
+        debounce_max_wait="3s",
+        debounce_key="{0}",
+    )
     def t(self: Any, x: int, requeue: bool) -> int:
         app.runs.append(x)  # type: ignore[attr-defined]
         if requeue and app.runs.count(x) == 1:  # type: ignore[attr-defined]
@@ -48,7 +56,8 @@ def _state(client: redis.Redis, task_id: str) -> tuple[Any, Any]:
 
 
 def test_reject_without_requeue_finishes_the_window_and_fails_every_alias(
-    japp: Celery, redis_client: redis.Redis,
+    japp: Celery,
+    redis_client: redis.Redis,
 ) -> None:
     t = japp.tasks["rej.t"]
     with running_worker(japp):
@@ -63,7 +72,8 @@ def test_reject_without_requeue_finishes_the_window_and_fails_every_alias(
 
 
 def test_reject_with_requeue_waits_for_the_run_that_follows(
-    japp: Celery, redis_client: redis.Redis,
+    japp: Celery,
+    redis_client: redis.Redis,
 ) -> None:
     t = japp.tasks["rej.t"]
     with running_worker(japp):

@@ -29,8 +29,7 @@ def replica(redis_server: str) -> Iterator[LocalRedis]:
     port = int(redis_server.rsplit(":", 1)[1])
     with LocalRedis("--replicaof", "127.0.0.1", str(port)) as server:
         client = redis.Redis(port=server.port)
-        wait_until(lambda: client.info("replication")["master_link_status"] == "up",
-                   timeout=15)
+        wait_until(lambda: client.info("replication")["master_link_status"] == "up", timeout=15)
         # and the master counts its acknowledgements (WAIT answers 1), before any call
         master = redis.Redis(port=port)
         wait_until(lambda: master.wait(1, 1000) >= 1, timeout=15)
@@ -76,14 +75,27 @@ class _Deferrals(logging.Handler):
 
 @pytest.mark.parametrize("acks_late", [False, True])
 def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
-    redis_client: redis.Redis, redis_server: str, replica: LocalRedis, acks_late: bool,
+    redis_client: redis.Redis,
+    redis_server: str,
+    replica: LocalRedis,
+    acks_late: bool,
 ) -> None:
-    app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=2.0,
-                   task_acks_late=acks_late)
+    app = make_app(
+        redis_server,
+        debounce_redis_wait_replicas=1,
+        debounce_redis_timeout=2.0,
+        task_acks_late=acks_late,
+    )
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, name="wc.delayed", debounce="1s",
-              debounce_key="k", debounce_max_wait="2s")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wc.delayed",
+        debounce="1s",
+        debounce_key="k",
+        debounce_max_wait="2s",
+    )
     def work(n: int) -> int:
         runs.append(n)
         return n
@@ -94,8 +106,7 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
         record = f"debounce:{{0}}:win:{result.id}"
         _pause(replica)
         # stopped before the window was taken (else its claim was acknowledged)
-        assert redis_client.hget("debounce:{0}:open:10:wc.delayed:k", "id") == \
-            result.id.encode()
+        assert redis_client.hget("debounce:{0}:open:10:wc.delayed:k", "id") == result.id.encode()
         try:
             # taken and published (not waited for), delivered, claimed, refused by WAIT,
             # undone and sent through the broker again, each time while it lasts
@@ -115,7 +126,9 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
 
 
 def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
-    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+    redis_client: redis.Redis,
+    redis_server: str,
+    replica: LocalRedis,
 ) -> None:
     """The body ran once: its outcome is stored at once (every caller gets it) and the
     finish, refused by WAIT, is kept and sent again until the replica acknowledges it,
@@ -123,8 +136,9 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
     app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=2.0)
     runs: list[int] = []
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
-              debounce_max_wait="1s")
+    @app.task(
+        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
+    )
     def work(n: int) -> int:
         runs.append(n)
         _pause(replica)  # claimed and acknowledged; its finish is not
@@ -146,14 +160,22 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
 
 
 def test_without_wait_replicas_a_claim_sends_no_wait(
-    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+    redis_client: redis.Redis,
+    redis_server: str,
+    replica: LocalRedis,
 ) -> None:
     """Nothing changes for users who did not opt in: no WAIT, no ident header."""
     app = make_app(redis_server)
     seen: dict[str, Any] = {}
 
-    @app.task(base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k",
-              debounce_max_wait="1s", bind=True)
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        debounce="100ms",
+        debounce_key="k",
+        debounce_max_wait="1s",
+        bind=True,
+    )
     def work(self: Any, n: int) -> int:
         seen.update(self.request.headers or {})
         return n
@@ -166,7 +188,9 @@ def test_without_wait_replicas_a_claim_sends_no_wait(
 
 
 def test_a_delivery_whose_window_is_still_open_here_is_skipped(
-    redis_client: redis.Redis, redis_server: str, replica: LocalRedis,
+    redis_client: redis.Redis,
+    redis_server: str,
+    replica: LocalRedis,
 ) -> None:
     """A failover lost the take of a window (the old master took, published and claimed
     it): on the promoted master the window is still open under its id and has no
@@ -177,8 +201,14 @@ def test_a_delivery_whose_window_is_still_open_here_is_skipped(
 
     app = make_app(redis_server, debounce_redis_wait_replicas=1)
 
-    @app.task(base=DebouncedTask, shared=False, name="wc.work", debounce="1h",
-              debounce_key="k", debounce_max_wait="1h")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wc.work",
+        debounce="1h",
+        debounce_key="k",
+        debounce_max_wait="1h",
+    )
     def work() -> None:
         pass
 
@@ -193,7 +223,8 @@ def test_a_delivery_whose_window_is_still_open_here_is_skipped(
 
 
 def test_unclaim_undoes_only_the_claim_it_names(
-    redis_client: redis.Redis, redis_server: str,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """``unclaim.lua``: the record back to its state before, out of the claims set, but
     only while the record's claim is the one of that time (``ca``): a later claim (another
@@ -203,8 +234,14 @@ def test_unclaim_undoes_only_the_claim_it_names(
 
     app = make_app(redis_server)
 
-    @app.task(base=DebouncedTask, shared=False, name="wc.un", debounce="1h",
-              debounce_key="k", debounce_max_wait="1h")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wc.un",
+        debounce="1h",
+        debounce_key="k",
+        debounce_max_wait="1h",
+    )
     def work() -> None:
         pass
 
@@ -227,7 +264,10 @@ def test_unclaim_undoes_only_the_claim_it_names(
 
 @pytest.mark.parametrize("acks_late", ["0", "1"])
 def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
-    redis_client: redis.Redis, redis_server: str, replica: LocalRedis, tmp_path: Any,
+    redis_client: redis.Redis,
+    redis_server: str,
+    replica: LocalRedis,
+    tmp_path: Any,
     acks_late: str,
 ) -> None:
     """As above, in a prefork worker process (the copy is sent from the pool child, as a
@@ -266,7 +306,8 @@ def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
 
 
 def test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits(
-    redis_client: redis.Redis, redis_server: str,
+    redis_client: redis.Redis,
+    redis_server: str,
 ) -> None:
     """With ``debounce_redis_wait_replicas`` the store is a ``WaitedStore``: a claim no
     replica acknowledged (here there is none) is undone and raised, but a claim kept
@@ -279,16 +320,25 @@ def test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits(
 
     app = make_app(redis_server)  # the call itself is not waited for
 
-    @app.task(base=DebouncedTask, shared=False, name="wc.late", debounce="1h",
-              debounce_key="k", debounce_max_wait="1h")
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="wc.late",
+        debounce="1h",
+        debounce_key="k",
+        debounce_max_wait="1h",
+    )
     def work() -> None:
         pass
 
     task_id = work.delay().id
     DebounceAdmin(app).flush("wc.late", "k")
     assert type(store_for(app)) is WindowStore
-    store = WindowStore(settings_for(make_app(
-        redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0)))
+    store = WindowStore(
+        settings_for(
+            make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=1.0)
+        )
+    )
     assert type(store) is WaitedStore
     record = f"debounce:{{0}}:win:{task_id}"
     with pytest.raises(NotReplicated):

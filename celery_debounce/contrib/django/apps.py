@@ -18,8 +18,9 @@ class DebounceConfig(AppConfig):  # type: ignore[misc]
         checks.register(check_debounced_tasks, "celery_debounce")
 
 
-def check_debounced_tasks(app_configs: Sequence[Any] | None = None,
-                          **_: Any) -> list[checks.CheckMessage]:
+def check_debounced_tasks(
+    app_configs: Sequence[Any] | None = None, **_: Any
+) -> list[checks.CheckMessage]:
     """``celery_debounce.E001`` per refused task or setting, for every Celery app of
     the process that defines a debounced task (the project's app is imported by
     ``proj/__init__.py``, as Celery's Django guide writes it)."""
@@ -39,9 +40,13 @@ def check_debounced_tasks(app_configs: Sequence[Any] | None = None,
         if not problems and not uses_debounce(app):
             continue
         for problem in problems:
-            errors.append(checks.Error(
-                problem.message.removeprefix(f"{problem.where}: "),
-                hint="a worker of this app refuses to start with it (celery -A "
-                     f"{app.main or 'proj'} debounce check lists the same)",
-                obj=problem.where, id="celery_debounce.E001"))
+            errors.append(
+                checks.Error(
+                    problem.message.removeprefix(f"{problem.where}: "),
+                    hint="a worker of this app refuses to start with it (celery -A "
+                    f"{app.main or 'proj'} debounce check lists the same)",
+                    obj=problem.where,
+                    id="celery_debounce.E001",
+                )
+            )
     return errors

@@ -16,6 +16,10 @@ from .schema import (
 from .store import PostgresStore
 
 __all__ = [
-    "SCHEMA_VERSION", "PostgresStore", "SchemaMismatch", "SchemaMissing", "SchemaTooNew",
+    "SCHEMA_VERSION",
+    "PostgresStore",
+    "SchemaMismatch",
+    "SchemaMissing",
+    "SchemaTooNew",
     "SchemaTooOld",
 ]

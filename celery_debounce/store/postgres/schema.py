@@ -8,8 +8,15 @@ from importlib import resources
 from ...errors import DebounceConfigError
 
 __all__ = [
-    "MIGRATE_COMMAND", "MIN_SERVER_VERSION", "SCHEMA_VERSION", "SchemaMismatch",
-    "SchemaMissing", "SchemaTooNew", "SchemaTooOld", "schema_sql", "upgrade_sql",
+    "MIGRATE_COMMAND",
+    "MIN_SERVER_VERSION",
+    "SCHEMA_VERSION",
+    "SchemaMismatch",
+    "SchemaMissing",
+    "SchemaTooNew",
+    "SchemaTooOld",
+    "schema_sql",
+    "upgrade_sql",
 ]
 
 #: The schema version this package reads and writes (``debounce_schema.version``).
@@ -39,8 +46,7 @@ class SchemaMismatch(DebounceConfigError):
     """The database's debounce schema is not the one this package uses: nothing was
     written. ``found`` is its version (None: no schema), ``expected`` this package's."""
 
-    def __init__(self, message: str, found: int | None, expected: int = SCHEMA_VERSION
-                 ) -> None:
+    def __init__(self, message: str, found: int | None, expected: int = SCHEMA_VERSION) -> None:
         super().__init__(message)
         self.found = found
         self.expected = expected
@@ -65,14 +71,32 @@ def refusal(found: int | None) -> SchemaMismatch | None:
     if found is None:
         return SchemaMissing(
             f"the database has no celery_debounce schema (expected version "
-            f"{SCHEMA_VERSION}): run `{MIGRATE_COMMAND}`", found)
+            f"{SCHEMA_VERSION}): run `{MIGRATE_COMMAND}`",
+            found,
+        )
     if found < SCHEMA_VERSION:
         return SchemaTooOld(
             f"the database's celery_debounce schema is version {found}, older than this "
-            f"package's {SCHEMA_VERSION}: run `{MIGRATE_COMMAND}`", found)
+            f"package's {SCHEMA_VERSION}: run `{MIGRATE_COMMAND}`",
+            found,
+        )
     if found > SCHEMA_VERSION:
         return SchemaTooNew(
             f"the database's celery_debounce schema is version {found}, newer than this "
             f"package's {SCHEMA_VERSION}: upgrade celery-debounced (a schema is never "
-            f"downgraded)", found)
+            f"downgraded)",
+            found,
+        )
     return None
+
+
+def _schema_error(exc: Exception) -> Exception:
+    error = refusal(None)
+    assert error is not None
+    return error
+
+
+def _safe(exc: Exception) -> str:
+    """An error's first line: psycopg's messages name host and port, never the
+    password."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -20,38 +20,39 @@ from __future__ import annotations
 
 import select
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql as pg_sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...aliases import MAX_ALIASES, parse_aliases
 from ...errors import DebounceConfigError
 from ...layout import Record, new_task_id
-from ..codec import EXPIRY_GRACE_MS, GateResult, TakenWindow, TakeResult
+from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
     AliasesFull,
-    ClaimResult,
-    FinishResult,
     OutcomeUnknown,
     ReplaceRefused,
     ShardRef,
     StoreUnavailable,
 )
+from .runs import PostgresRuns
 from .schema import (
     MIGRATE_LOCK,
     MIN_SERVER_VERSION,
     SCHEMA_VERSION,
     SchemaTooNew,
+    _safe,
+    _schema_error,
     refusal,
     schema_sql,
     upgrade_sql,
 )
+from .sweeps import PostgresSweeps
+from .wake import PostgresWakeListener
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...aliases import FixedId
@@ -69,38 +70,39 @@ DEFAULT_RECORD_TTL_MS = 7 * 86_400_000
 #: after 5 s, and a link that goes silent fails in about 10 s (TCP keepalives; sent
 #: data unacknowledged for 10 s) instead of hanging the call.
 LINK_DEFAULTS: dict[str, object] = {
-    "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5,
-    "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10_000,
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
 }
 
-_GATE = ("SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-         "%s, %s, %s)")
+_GATE = (
+    "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
 _QUARANTINE = "SELECT aliases FROM debounce_quarantine(%s, %s)"
-_CLAIM = "SELECT before, run FROM debounce_claim(%s, %s, %s)"
-_RENEW = "SELECT debounce_renew(%s, %s)"
-_END_CLAIM = "SELECT debounce_end_claim(%s)"
-_PUT_BACK = "SELECT debounce_put_back(%s)"
-_FINISH = "SELECT aliases FROM debounce_finish(%s, %s, %s)"
-_FLUSH = ("SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
-          "max_wait_ms, calls, 'dispatching', capped FROM debounce_close(%s, %s, "
-          "clock_timestamp())")
-_PENDING = ("SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
-            "max_wait_ms, calls, 'pending', capped FROM debounce_open WHERE ident = %s")
-_HELD = ("SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
-         "WHERE t.ident = o.ident AND t.exclusive AND t.state IN ('dispatching', 'queued', "
-         "'claimed') LIMIT 1) FROM debounce_open o WHERE o.held_since IS NOT NULL")
-_HEARTBEAT = "SELECT debounce_heartbeat(%s, %s, %s)"
-_LAYOUTS = "SELECT * FROM debounce_layouts(%s, %s)"
-_EXPIRING = "SELECT debounce_expiring(%s, %s)"
-_EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s)"
-_EXPIRED = "SELECT debounce_expired(%s)"
-_LIVENESS = ("SELECT debounce_ms(clock_timestamp()), d.name, d.alive, debounce_ms(d.seen_at) "
-             "FROM (SELECT 1) AS one LEFT JOIN debounce_dispatchers d ON true ORDER BY d.name")
-_LATENESS = ("SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
-             "FROM debounce_taken WHERE task_id = %s")
+_FLUSH = (
+    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
+    "max_wait_ms, calls, 'dispatching', capped FROM debounce_close(%s, %s, "
+    "clock_timestamp())"
+)
+_PENDING = (
+    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
+    "max_wait_ms, calls, 'pending', capped FROM debounce_open WHERE ident = %s"
+)
+_HELD = (
+    "SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
+    "WHERE t.ident = o.ident AND t.exclusive AND t.state IN ('dispatching', 'queued', "
+    "'claimed') LIMIT 1) FROM debounce_open o WHERE o.held_since IS NOT NULL"
+)
+_LIVENESS = (
+    "SELECT debounce_ms(clock_timestamp()), d.name, d.alive, debounce_ms(d.seen_at) "
+    "FROM (SELECT 1) AS one LEFT JOIN debounce_dispatchers d ON true ORDER BY d.name"
+)
 
 #: SQLSTATEs of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
 #: most aliases; a replacing join the window's message cannot take.
@@ -122,8 +124,10 @@ def _migrate(conn: psycopg.Connection[Any]) -> int | None:
         else:
             for step in upgrade_sql(found):
                 conn.execute(step.encode())
-            conn.execute("UPDATE debounce_schema SET version = %s, "
-                         "written_at = clock_timestamp()", (SCHEMA_VERSION,))
+            conn.execute(
+                "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()",
+                (SCHEMA_VERSION,),
+            )
         return found
 
 
@@ -136,7 +140,7 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-class PostgresStore:
+class PostgresStore(PostgresRuns, PostgresSweeps):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'
@@ -144,23 +148,35 @@ class PostgresStore:
     ``StoreUnavailable`` at the first call that needs it, after ``timeout`` seconds.
     """
 
-    def __init__(self, url: str, settings: Settings | None = None, *, min_size: int = 1,
-                 max_size: int = 8, timeout: float = 5.0, lease_ms: int | None = None,
-                 record_ttl_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: Settings | None = None,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        timeout: float = 5.0,
+        lease_ms: int | None = None,
+        record_ttl_ms: int | None = None,
+    ) -> None:
         self._settings = settings
-        self.lease_ms = lease_ms or (settings.dispatch_lease_ms if settings
-                                     else DEFAULT_LEASE_MS)
-        self.record_ttl_ms = record_ttl_ms or (settings.record_ttl_ms if settings
-                                               else DEFAULT_RECORD_TTL_MS)
+        self.lease_ms = lease_ms or (settings.dispatch_lease_ms if settings else DEFAULT_LEASE_MS)
+        self.record_ttl_ms = record_ttl_ms or (
+            settings.record_ttl_ms if settings else DEFAULT_RECORD_TTL_MS
+        )
         given = conninfo_to_dict(url)
         links = {name: value for name, value in LINK_DEFAULTS.items() if name not in given}
         self.pool = ConnectionPool(
-            url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
-            kwargs={"autocommit": True, **links}, name="celery-debounce",
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            kwargs={"autocommit": True, **links},
+            name="celery-debounce",
         )
         self.pool.open(wait=False)
-        self.history_ttl_ms = (settings.history_ttl_ms if settings
-                               else DEFAULT_RECORD_TTL_MS)
+        self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_RECORD_TTL_MS
         self.url = url
         self.timeout = timeout
         self.links = links
@@ -227,7 +243,8 @@ class PostgresStore:
             if server // 10000 < MIN_SERVER_VERSION:
                 raise DebounceConfigError(
                     f"PostgreSQL {server // 10000} is older than the oldest the store "
-                    f"supports ({MIN_SERVER_VERSION})")
+                    f"supports ({MIN_SERVER_VERSION})"
+                )
             error = refusal(found)
             if error is not None:
                 raise error
@@ -240,49 +257,85 @@ class PostgresStore:
         ``debounce_gate`` call). Options the store does not support yet are refused
         before anything is written."""
         spec = call.spec
-        unsupported = [name for name, used in (
-            ("debounce_trailing=False without debounce_leading",
-             not spec.trailing and not spec.leading),
-            ("debounce_collect", spec.collect)) if used]
+        unsupported = [
+            name
+            for name, used in (
+                (
+                    "debounce_trailing=False without debounce_leading",
+                    not spec.trailing and not spec.leading,
+                ),
+                ("debounce_collect", spec.collect),
+            )
+            if used
+        ]
         if unsupported:
             raise DebounceConfigError(
-                f"the PostgreSQL store does not support {', '.join(unsupported)} yet")
+                f"the PostgreSQL store does not support {', '.join(unsupported)} yet"
+            )
         self._check()
         alias = fallback = None
         if fixed is not None:
             alias, fallback = fixed.alias_json, new_task_id()
-        params = (call.ident, call.task_id, spec.window_ms, spec.max_wait_ms,
-                  call.content_type, call.payload, call.options_json, spec.replace_payload,
-                  spec.exclusive, spec.max_calls, alias, fallback,
-                  fixed is not None and fixed.canvas, MAX_ALIASES, call.embed_json,
-                  ("B" if spec.trailing else "L") if spec.leading else "")
+        params = (
+            call.ident,
+            call.task_id,
+            spec.window_ms,
+            spec.max_wait_ms,
+            call.content_type,
+            call.payload,
+            call.options_json,
+            spec.replace_payload,
+            spec.exclusive,
+            spec.max_calls,
+            alias,
+            fallback,
+            fixed is not None and fixed.canvas,
+            MAX_ALIASES,
+            call.embed_json,
+            ("B" if spec.trailing else "L") if spec.leading else "",
+        )
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
         task_id, opened, deadline_ms, calls, now_ms, edge = row
-        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms),
-                          edge)
+        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms), edge)
 
     # -- DispatcherStore ---------------------------------------------------------------
 
-    def take(self, shard: ShardRef, limit: int, observer: str = "",
-             lapse_upto: int | None = None) -> TakeResult:
+    def take(
+        self, shard: ShardRef, limit: int, observer: str = "", lapse_upto: int | None = None
+    ) -> TakeResult:
         """Lease up to ``limit`` windows for one dispatch lease: lapsed claims released
         first (up to ``lapse_upto`` ms), then those whose lease passed, then the due
         ones, earliest first; a held exclusive window is not taken (one
         ``debounce_take`` call)."""
         self._check()
-        rows = self._write(lambda conn: conn.execute(
-            _TAKE, (limit, self.lease_ms, lapse_upto)).fetchall(), "take")
+        rows = self._write(
+            lambda conn: conn.execute(_TAKE, (limit, self.lease_ms, lapse_upto)).fetchall(), "take"
+        )
         header = rows[-1]
         now_ms, next_ms = int(header[14]), header[15]
         windows = [
-            TakenWindow(shard=shard, taken_ms=now_ms, failures=int(row[10]),
-                        held_ms=int(row[12]), record=Record(
-                task_id=row[0], ident=row[1], first_seen_ms=int(row[2]),
-                deadline_ms=int(row[3]), max_wait_ms=int(row[4]), calls=int(row[5]),
-                state="dispatching", content_type=row[6], payload=bytes(row[7]),
-                options_json=row[8], tries=int(row[9]), capped=bool(row[11]),
-                leading=bool(row[13])))
+            TakenWindow(
+                shard=shard,
+                taken_ms=now_ms,
+                failures=int(row[10]),
+                held_ms=int(row[12]),
+                record=Record(
+                    task_id=row[0],
+                    ident=row[1],
+                    first_seen_ms=int(row[2]),
+                    deadline_ms=int(row[3]),
+                    max_wait_ms=int(row[4]),
+                    calls=int(row[5]),
+                    state="dispatching",
+                    content_type=row[6],
+                    payload=bytes(row[7]),
+                    options_json=row[8],
+                    tries=int(row[9]),
+                    capped=bool(row[11]),
+                    leading=bool(row[13]),
+                ),
+            )
             for row in rows[:-1]
         ]
         next_in = -1 if next_ms is None else max(0, int(next_ms) - now_ms)
@@ -294,12 +347,14 @@ class PostgresStore:
         if not task_ids:
             return 0
         self._check()
-        row = self._write(lambda conn: conn.execute(
-            _ACK, (list(task_ids), self.record_ttl_ms)).fetchone(), "ack")
+        row = self._write(
+            lambda conn: conn.execute(_ACK, (list(task_ids), self.record_ttl_ms)).fetchone(), "ack"
+        )
         return int(row[0]) if row else 0
 
-    def release(self, shard: ShardRef, delay_ms: int,
-                windows: Sequence[tuple[str, int | str]]) -> int:
+    def release(
+        self, shard: ShardRef, delay_ms: int, windows: Sequence[tuple[str, int | str]]
+    ) -> int:
         """Not published: each ``(task id, tries)`` window still leased to this caller
         is taken again in ``delay_ms`` (``"<tries>!"``: a publish failure counted);
         how many. Sent at most once."""
@@ -312,63 +367,25 @@ class PostgresStore:
             tries.append(int(text.rstrip("!")))
             counted.append(text.endswith("!"))
         self._check()
-        row = self._write(lambda conn: conn.execute(
-            _RELEASE, (ids, tries, counted, delay_ms)).fetchone(), "release")
+        row = self._write(
+            lambda conn: conn.execute(_RELEASE, (ids, tries, counted, delay_ms)).fetchone(),
+            "release",
+        )
         return int(row[0]) if row else 0
 
-    def quarantine(self, shard: ShardRef, task_id: str, reason: str,
-                   ) -> list[dict[str, Any]] | None:
+    def quarantine(
+        self,
+        shard: ShardRef,
+        task_id: str,
+        reason: str,
+    ) -> list[dict[str, Any]] | None:
         """Set a taken (dispatching) window aside for good: its aliases, or None when
         it was not dispatching."""
         self._check()
-        row = self._write(lambda conn: conn.execute(
-            _QUARANTINE, (task_id, reason)).fetchone(), "quarantine")
+        row = self._write(
+            lambda conn: conn.execute(_QUARANTINE, (task_id, reason)).fetchone(), "quarantine"
+        )
         return None if row is None else parse_aliases(row[0])
-
-    def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
-        """When the just published messages of ``(task id, ms left)`` expire; how many."""
-        if not windows:
-            return 0
-        self._check()
-        ids, left = [w[0] for w in windows], [int(w[1]) for w in windows]
-        row = self._write(lambda conn: conn.execute(_EXPIRING, (ids, left)).fetchone(),
-                          "expiring")
-        return int(row[0]) if row else 0
-
-    def expire(self, shard: ShardRef, limit: int = 100,
-               ) -> list[tuple[str, list[dict[str, Any]]]]:
-        """The expiry sweep: finish as REVOKED the queued windows whose message
-        expired more than :data:`EXPIRY_GRACE_MS` ago on the server's clock and on
-        this process's; ``(task id, aliases)`` of each, and of those finished earlier
-        that :meth:`expired` has not confirmed. Sent at most once."""
-        self._check()
-        params = (EXPIRY_GRACE_MS, self.history_ttl_ms, limit, int(time.time() * 1000))
-        rows = self._write(lambda conn: conn.execute(_EXPIRE, params).fetchall(), "expire")
-        return [(task_id, parse_aliases(aliases)) for task_id, aliases in rows]
-
-    def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
-        """The outcome of these swept windows is stored: they leave the sweep."""
-        if not task_ids:
-            return
-        self._check()
-        self._write(lambda conn: conn.execute(_EXPIRED, (list(task_ids),)).fetchone(),
-                    "expired")
-
-    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
-        """Write the layouts ``write`` (now), drop those not written for the history
-        TTL; ``(now ms, every layout -> ms last written)``."""
-        self._check()
-        rows = self._write(lambda conn: conn.execute(
-            _LAYOUTS, (list(write), self.history_ttl_ms)).fetchall(), "layouts")
-        return int(rows[0][0]), {name: int(ms) for _, name, ms in rows[1:]}
-
-    def heartbeat(self, name: str, alive: bool = True) -> int:
-        """Dispatcher ``name`` runs (or stopped cleanly); the server's time, ms."""
-        self._check()
-        row = self._write(lambda conn: conn.execute(
-            _HEARTBEAT, (name, alive, self.history_ttl_ms)).fetchone(), "heartbeat")
-        assert row is not None
-        return int(row[0])
 
     def wake_listener(self) -> PostgresWakeListener:
         """A new subscription to the wake channel (one per dispatcher)."""
@@ -376,66 +393,6 @@ class PostgresStore:
 
     def refresh_topology(self) -> None:
         """Nothing to find again: one server."""
-
-    # -- WorkerStore -------------------------------------------------------------------
-
-    def claim(self, shard: ShardRef, task_id: str, task_name: str = "",
-              retry: bool = False, ident: str = "", *, last_delivery: bool = False,
-              ) -> ClaimResult:
-        """Claim a window's run for one claim lease (``debounce_claim``); ``run``
-        False: a duplicate delivery. Sent at most once. ``last_delivery`` is accepted
-        and not recorded yet: a lapsed last-delivery claim waits for its record TTL."""
-        self._check()
-        row = self._write(lambda conn: conn.execute(
-            _CLAIM, (task_id, self.settings.claim_lease_ms, retry)).fetchone(), "claim")
-        assert row is not None
-        return ClaimResult(row[0], bool(row[1]))
-
-    def claim_late(self, shard: ShardRef, task_id: str, task_name: str = "",
-                   retry: bool = False) -> ClaimResult:
-        """A claim kept during an outage, sent once the store is back: :meth:`claim`
-        (no replicas to wait for here)."""
-        return self.claim(shard, task_id, task_name, retry)
-
-    def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
-        """The run ended with ``state``: its window is finished (idempotent), an
-        exclusive window held behind it is due; ``finished`` False: no record."""
-        self._check()
-        row = self._write(lambda conn: conn.execute(
-            _FINISH, (task_id, state, self.settings.history_ttl_ms)).fetchone(), "finish")
-        if row is None:
-            return FinishResult(False, [])
-        return FinishResult(True, parse_aliases(row[0]))
-
-    def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
-        """Extend the live claims of these runs by one claim lease (one call for every
-        shard: the store has one table); a lapsed or ended claim stays so."""
-        task_ids = [task_id for ids in held.values() for task_id in ids]
-        if not task_ids:
-            return
-        self._check()
-        self._write(lambda conn: conn.execute(
-            _RENEW, (task_ids, self.settings.claim_lease_ms)).fetchone(), "renew")
-
-    def end_claim(self, shard: ShardRef, task_id: str) -> None:
-        """End the run's claim now: its next delivery takes the claim over."""
-        self._check()
-        self._write(lambda conn: conn.execute(_END_CLAIM, (task_id,)).fetchone(),
-                    "end claim")
-
-    def put_back(self, shard: ShardRef, task_id: str) -> bool:
-        """The run's message was requeued: its window is queued again (an exclusive
-        key stays held); False if it was not claimed."""
-        self._check()
-        row = self._write(lambda conn: conn.execute(_PUT_BACK, (task_id,)).fetchone(),
-                          "put back")
-        return bool(row and row[0])
-
-    def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
-        """How many ms past its ceiling the run of ``task_id`` starts now (negative:
-        before it); None for a window the store does not hold."""
-        row = self._read(lambda conn: conn.execute(_LATENESS, (task_id,)).fetchone())
-        return None if row is None else int(row[0])
 
     # -- OperatorStore (the reads and actions that exist) ------------------------------
 
@@ -448,8 +405,9 @@ class PostgresStore:
 
     def time_ms(self, operation: str = "time") -> int:
         """The server's clock (``clock_timestamp()``), ms."""
-        row = self._read(lambda conn: conn.execute(
-            "SELECT debounce_ms(clock_timestamp())").fetchone())
+        row = self._read(
+            lambda conn: conn.execute("SELECT debounce_ms(clock_timestamp())").fetchone()
+        )
         assert row is not None
         return int(row[0])
 
@@ -458,8 +416,11 @@ class PostgresStore:
         self._check()
         rows = self._read(lambda conn: conn.execute(_LIVENESS).fetchall())
         beats = [(name, int(ms), alive) for _, name, alive, ms in rows if name is not None]
-        return (int(rows[0][0]), [(n, ms) for n, ms, alive in beats if alive],
-                [(n, ms) for n, ms, alive in beats if not alive])
+        return (
+            int(rows[0][0]),
+            [(n, ms) for n, ms, alive in beats if alive],
+            [(n, ms) for n, ms, alive in beats if not alive],
+        )
 
     def pending(self, shard: int, ident: str) -> Record | None:
         """The open window of ``ident``, or None."""
@@ -478,8 +439,7 @@ class PostgresStore:
         """Close the open window of ``ident`` (of ``task_id`` if given): the next take
         takes it. The window, or None."""
         self._check()
-        row = self._write(lambda conn: conn.execute(_FLUSH, (ident, task_id)).fetchone(),
-                          "flush")
+        row = self._write(lambda conn: conn.execute(_FLUSH, (ident, task_id)).fetchone(), "flush")
         return None if row is None else _record(row)
 
     # -- sending -----------------------------------------------------------------------
@@ -523,7 +483,8 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             raise OutcomeUnknown(
                 f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
-                f"it was not sent again): {_safe(exc)}") from exc
+                f"it was not sent again): {_safe(exc)}"
+            ) from exc
         except pg_errors.UndefinedFunction as exc:
             with self._check_lock:
                 self._checked = False
@@ -536,92 +497,6 @@ class PostgresStore:
             raise
         finally:
             self.pool.putconn(conn)
-
-
-class PostgresWakeListener:
-    """A dispatcher's ``LISTEN`` on the schema's wake channel, on a connection of its
-    own. When that connection fails, :meth:`wait` returns (the dispatcher takes, as
-    after a wake-up) and the next wait subscribes again; while it cannot subscribe, a
-    wait is a plain sleep (the dispatcher polls, as without wake-ups)."""
-
-    #: how long one look at the socket lasts at most (``stop`` is seen that often)
-    SLICE_S = 0.25
-
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
-        self._conn: psycopg.Connection[Any] | None = None
-
-    @property
-    def subscribed(self) -> bool:
-        return self._conn is not None
-
-    def subscribe(self) -> None:
-        """LISTEN (no-op when listening); an outage is :class:`StoreUnavailable`."""
-        if self._conn is not None:
-            return
-        try:  # outside the pool: the LISTEN lives as long as its connection
-            conn = psycopg.connect(self.store.url, autocommit=True,
-                                   **self.store.links)  # type: ignore[arg-type]
-        except psycopg.Error as exc:
-            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
-        try:
-            row = conn.execute("SELECT debounce_wake_channel()").fetchone()
-            assert row is not None
-            conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(row[0])))
-        except psycopg.Error as exc:
-            conn.close()
-            if isinstance(exc, pg_errors.UndefinedFunction):
-                raise _schema_error(exc) from exc
-            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
-        self._conn = conn
-
-    def wait(self, seconds: float, stop: threading.Event) -> None:
-        """Sleep up to ``seconds``; return early on a notification or when ``stop``
-        is set, or when the connection fails (it is dropped)."""
-        deadline = time.monotonic() + seconds
-        if seconds <= 0:
-            return
-        try:
-            self.subscribe()
-        except StoreUnavailable:
-            stop.wait(seconds)
-            return
-        while not stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if self._poll(min(remaining, self.SLICE_S)):
-                return
-            if self._conn is None:  # failed: a wake-up may be lost, so the dispatcher
-                return  # takes now, and its next wait subscribes again
-
-    def _poll(self, timeout: float) -> bool:
-        """True when a notification arrived within ``timeout`` (all of them read)."""
-        conn = self._conn
-        assert conn is not None
-        try:
-            readable, _, _ = select.select([conn.fileno()], [], [], timeout)
-            if not readable:
-                return False
-            conn.pgconn.consume_input()
-            got = False
-            while conn.pgconn.notifies() is not None:
-                got = True
-            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
-                raise psycopg.OperationalError("the wake connection closed")
-            return got
-        except (OSError, psycopg.Error):
-            self.close()
-            return False
-
-    def close(self) -> None:
-        """Stop listening (the connection is closed)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: S110 - closing a broken connection
-                pass
 
 
 def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
@@ -639,21 +514,16 @@ def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
 
 def _record(row: Sequence[Any]) -> Record:
     task_id, ident, first_seen, deadline, max_wait, calls, state, capped = row
-    return Record(task_id=task_id, ident=ident, first_seen_ms=int(first_seen),
-                  deadline_ms=int(deadline), max_wait_ms=int(max_wait), calls=int(calls),
-                  state=state, capped=bool(capped))
-
-
-def _schema_error(exc: Exception) -> Exception:
-    error = refusal(None)
-    assert error is not None
-    return error
-
-
-def _safe(exc: Exception) -> str:
-    """An error's first line: psycopg's messages name host and port, never the
-    password."""
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return Record(
+        task_id=task_id,
+        ident=ident,
+        first_seen_ms=int(first_seen),
+        deadline_ms=int(deadline),
+        max_wait_ms=int(max_wait),
+        calls=int(calls),
+        state=state,
+        capped=bool(capped),
+    )
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -7,9 +7,7 @@ SECRET_KEY = "test-only"
 DEBUG = False
 USE_TZ = True
 INSTALLED_APPS = ["celery_debounce.contrib.django", "notes"]
-DATABASES = {
-    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DJPROJ_DB"]}
-}
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DJPROJ_DB"]}}
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 CELERY_BROKER_URL = f"{REDIS}/1"

@@ -81,15 +81,22 @@ def _fakeredis() -> Harness:
 
     def build(overrides: dict[str, Any]) -> WindowStore:
         client = fakeredis.FakeRedis(server=server)
-        return WindowStore(_settings({"debounce_redis_url": "redis://fake"}, overrides),
-                           client=client)
+        return WindowStore(
+            _settings({"debounce_redis_url": "redis://fake"}, overrides), client=client
+        )
 
     def outage(down: bool) -> None:
         server.connected = not down
 
-    return Harness("fakeredis", build, _outage=outage, resends_after_a_lost_reply=(
-        "a client of another kind (fakeredis) goes through the generic Transport, whose "
-        "client may resend a script after a lost reply (store/transport.py)"))
+    return Harness(
+        "fakeredis",
+        build,
+        _outage=outage,
+        resends_after_a_lost_reply=(
+            "a client of another kind (fakeredis) goes through the generic Transport, whose "
+            "client may resend a script after a lost reply (store/transport.py)"
+        ),
+    )
 
 
 def _single(request: pytest.FixtureRequest) -> Harness:
@@ -99,8 +106,11 @@ def _single(request: pytest.FixtureRequest) -> Harness:
     request.addfinalizer(proxy.close)
 
     def build(overrides: dict[str, Any]) -> WindowStore:
-        return WindowStore(_settings({"debounce_redis_url": f"{proxy.url}/0",
-                                      "debounce_redis_timeout": 1.0}, overrides))
+        return WindowStore(
+            _settings(
+                {"debounce_redis_url": f"{proxy.url}/0", "debounce_redis_timeout": 1.0}, overrides
+            )
+        )
 
     def lose(store: Store, operation: str) -> None:
         assert isinstance(store, WindowStore)
@@ -120,9 +130,16 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
     cluster.flushall()
 
     def build(overrides: dict[str, Any]) -> WindowStore:
-        return WindowStore(_settings({"debounce_redis_url": f"{cluster.url}/0",
-                                      "debounce_redis_cluster": True,
-                                      "debounce_shards": 3}, overrides))
+        return WindowStore(
+            _settings(
+                {
+                    "debounce_redis_url": f"{cluster.url}/0",
+                    "debounce_redis_cluster": True,
+                    "debounce_shards": 3,
+                },
+                overrides,
+            )
+        )
 
     # lost replies on a cluster: tests/system/test_cluster_faults.py (a proxy per node is not
     # built here)
@@ -132,18 +149,25 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
 #: The cases the PostgreSQL store cannot pass yet, and why (skipped on it, never
 #: weakened: the same case runs on every other harness).
 POSTGRES_NOT_YET = {
-    "test_the_store_satisfies_every_role":
+    "test_the_store_satisfies_every_role": (
         "postgres: gate_many and the operators' reads and actions (list_step, "
-        "census_step, counts, snapshot, cancel, ...) are not implemented yet",
-    "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next":
-        "postgres: debounce_collect is not implemented yet (refused at the gate)",
-    "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written":
-        "postgres: debounce_collect is not implemented yet (refused at the gate)",
+        "census_step, counts, snapshot, cancel, ...) are not implemented yet"
+    ),
+    "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next": (
+        "postgres: debounce_collect is not implemented yet (refused at the gate)"
+    ),
+    "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written": (
+        "postgres: debounce_collect is not implemented yet (refused at the gate)"
+    ),
 }
 
 #: The PostgreSQL functions whose reply a harness can lose, by operation.
-_FUNCTION_OF = {"gate": b"debounce_gate", "claim": b"debounce_claim",
-                "take": b"debounce_take", "cancel": b"debounce_cancel"}
+_FUNCTION_OF = {
+    "gate": b"debounce_gate",
+    "claim": b"debounce_claim",
+    "take": b"debounce_take",
+    "cancel": b"debounce_cancel",
+}
 
 
 def _postgres(request: pytest.FixtureRequest) -> Harness:
@@ -192,17 +216,22 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
     return Harness("postgres", build, lose, outage, _close=lambda store: store.close())
 
 
-@pytest.fixture(params=[
-    "fakeredis",
-    "redis",
-    pytest.param("cluster", marks=pytest.mark.cluster),
-    "postgres",
-])
+@pytest.fixture(
+    params=[
+        "fakeredis",
+        "redis",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        "postgres",
+    ]
+)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """Each implementation of the store contract in turn."""
-    made = {"fakeredis": lambda: _fakeredis(), "redis": lambda: _single(request),
-            "cluster": lambda: _cluster(request),
-            "postgres": lambda: _postgres(request)}[request.param]()
+    made = {
+        "fakeredis": lambda: _fakeredis(),
+        "redis": lambda: _single(request),
+        "cluster": lambda: _cluster(request),
+        "postgres": lambda: _postgres(request),
+    }[request.param]()
     try:
         yield made
     finally:

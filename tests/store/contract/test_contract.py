@@ -51,25 +51,55 @@ class Gated(NamedTuple):
         return self.result.task_id
 
 
-def gate(store: ProducerStore, key: str, *, window: str = "1m", max_wait: str = "5m",
-         payload: Any = 0, task_id: str | None = None, exclusive: bool = False,
-         max_calls: int | None = None, leading: bool = False, trailing: bool = True,
-         collect: bool = False, pad: str = "", settings: Settings | None = None,
-         replace_payload: bool = False, serializer: str = "json") -> Gated:
+def gate(
+    store: ProducerStore,
+    key: str,
+    *,
+    window: str = "1m",
+    max_wait: str = "5m",
+    payload: Any = 0,
+    task_id: str | None = None,
+    exclusive: bool = False,
+    max_calls: int | None = None,
+    leading: bool = False,
+    trailing: bool = True,
+    collect: bool = False,
+    pad: str = "",
+    settings: Settings | None = None,
+    replace_payload: bool = False,
+    serializer: str = "json",
+) -> Gated:
     """One call of task ``t`` keyed ``key`` through :meth:`ProducerStore.gate`."""
-    spec = build_spec(window, "{0}", max_wait, replace_payload, max_calls, leading, trailing,
-                      collect=collect, exclusive=exclusive)
+    spec = build_spec(
+        window,
+        "{0}",
+        max_wait,
+        replace_payload,
+        max_calls,
+        leading,
+        trailing,
+        collect=collect,
+        exclusive=exclusive,
+    )
     options: dict[str, object] = {}
     kwargs = {"pad": pad} if pad else {}
-    call = prepare_call(settings or store.settings, "t", spec, (key, payload), kwargs,
-                        options, None, serializer, task_id)
+    call = prepare_call(
+        settings or store.settings,
+        "t",
+        spec,
+        (key, payload),
+        kwargs,
+        options,
+        None,
+        serializer,
+        task_id,
+    )
     return Gated(store.gate(call, fixed_id(task_id, options)), call)
 
 
 def take_due(store: DispatcherStore, shard: int, timeout: float = 5.0) -> list[TakenWindow]:
     """The windows of ``shard`` a take returns, once one does."""
-    found: list[TakenWindow] = wait_until(lambda: store.take(shard, 10).windows,
-                                          timeout=timeout)
+    found: list[TakenWindow] = wait_until(lambda: store.take(shard, 10).windows, timeout=timeout)
     return found
 
 
@@ -85,6 +115,7 @@ def run(store: Store, key: str, **options: Any) -> Gated:
 
 # -- the Protocols -----------------------------------------------------------------------
 
+
 def test_the_store_satisfies_every_role(store: Store) -> None:
     """Checked statically (mypy runs over this file) and here by member name."""
     producer: ProducerStore = store
@@ -93,12 +124,14 @@ def test_the_store_satisfies_every_role(store: Store) -> None:
     operator: OperatorStore = store
     for role in (BaseStore, ProducerStore, DispatcherStore, WorkerStore, OperatorStore):
         members = {name for name in vars(role) if not name.startswith("_")}
-        assert members and all(callable(getattr(store, name)) or name == "settings"
-                               for name in members), role
+        assert members and all(
+            callable(getattr(store, name)) or name == "settings" for name in members
+        ), role
     assert {id(producer), id(dispatcher), id(worker), id(operator)} == {id(store)}
 
 
 # -- open or join, atomically ------------------------------------------------------------
+
 
 def test_racing_calls_open_one_window_and_every_other_call_joins_it(store: Store) -> None:
     threads, per_thread = 8, 5
@@ -135,8 +168,7 @@ def test_a_join_moves_the_deadline_never_past_the_openers_ceiling(store: Store) 
 def test_a_due_window_is_taken_once_and_the_next_call_opens_a_new_one(store: Store) -> None:
     first = gate(store, "k", window="10ms", max_wait="1s", payload=1)
     (taken,) = take_due(store, first.call.shard)
-    assert (taken.task_id, taken.key, taken.task_name, taken.calls) == (
-        first.task_id, "k", "t", 1)
+    assert (taken.task_id, taken.key, taken.task_name, taken.calls) == (first.task_id, "k", "t", 1)
     assert taken.deadline_ms <= taken.taken_ms
     again = gate(store, "k", window="10ms", max_wait="1s", payload=2)
     assert again.result.opened and again.task_id != first.task_id
@@ -145,8 +177,10 @@ def test_a_due_window_is_taken_once_and_the_next_call_opens_a_new_one(store: Sto
 
 # -- claimed windows, leases -------------------------------------------------------------
 
+
 def test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new_one(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     first = run(store, "k")
     shard = first.call.shard
     during = gate(store, "k")  # while the run is in flight
@@ -163,8 +197,7 @@ def test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new
     assert store.claim(shard, "gone", "t") == ClaimResult("", True)
 
 
-def test_an_unacknowledged_take_is_taken_again_after_its_dispatch_lease(
-        harness: Harness) -> None:
+def test_an_unacknowledged_take_is_taken_again_after_its_dispatch_lease(harness: Harness) -> None:
     store = harness.build(dispatch_lease_ms=100)
     first = gate(store, "k", window="1ms", max_wait="1s")
     (taken,) = take_due(store, first.call.shard)
@@ -224,8 +257,10 @@ def test_a_put_back_window_is_claimed_again_by_its_next_delivery(store: Store) -
 
 # -- holds (debounce_exclusive) ----------------------------------------------------------
 
+
 def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     first = run(store, "k", exclusive=True)
     shard = first.call.shard
     second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
@@ -234,8 +269,7 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     ((ident, (since, waits_for)),) = store.held(shard).items()
     assert (ident, waits_for) == (first.call.ident, first.task_id) and since > 0
     joined = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
-    assert (joined.result.opened, joined.task_id, joined.result.calls) == (
-        False, second.task_id, 2)
+    assert (joined.result.opened, joined.task_id, joined.result.calls) == (False, second.task_id, 2)
     store.finish_run(shard, first.task_id, "SUCCESS")
     (follow,) = take_due(store, shard, timeout=3)
     assert follow.task_id == second.task_id and follow.calls == 2
@@ -243,7 +277,8 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
 
 
 def test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     first = gate(store, "k", replace_payload=True, payload=1)
     with pytest.raises(ReplaceRefused, match=first.task_id):
         gate(store, "k", replace_payload=True, payload=2, serializer="pickle")
@@ -253,8 +288,10 @@ def test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written(
 
 # -- caller ids --------------------------------------------------------------------------
 
+
 def test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_joins(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     opener = gate(store, "k", window="1ms", max_wait="1s", task_id="A")
     assert opener.result.opened and opener.task_id == "A"
     joiner = gate(store, "k", window="1ms", max_wait="1s", task_id="B")
@@ -272,11 +309,15 @@ def test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_j
 
 # -- collect bounds, caps ----------------------------------------------------------------
 
+
 def test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     store = harness.build(max_payload_bytes=400)
-    results = [gate(store, "k", payload=i, collect=True, pad="x" * 40,
-                    window="1h", max_wait="2h") for i in range(12)]
+    results = [
+        gate(store, "k", payload=i, collect=True, pad="x" * 40, window="1h", max_wait="2h")
+        for i in range(12)
+    ]
     ids = list(dict.fromkeys(r.task_id for r in results))
     assert len(ids) >= 2
     assert [r.result.opened for r in results].count(True) == len(ids)
@@ -288,7 +329,8 @@ def test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_ne
 
 
 def test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     store = harness.build(max_payload_bytes=200)
     # a producer whose own bound is higher (its call passed its check): the store refuses
     producer = replace(store.settings, max_payload_bytes=10_000)
@@ -299,7 +341,8 @@ def test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_wr
 
 
 def test_the_call_that_reaches_max_calls_closes_the_window_and_the_next_opens_one(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     calls = [gate(store, "k", max_calls=3, window="1h", max_wait="2h") for _ in range(4)]
     assert [c.result.calls for c in calls] == [1, 2, 3, 1]
     assert len({c.task_id for c in calls[:3]}) == 1 and calls[3].task_id != calls[0].task_id
@@ -309,12 +352,14 @@ def test_the_call_that_reaches_max_calls_closes_the_window_and_the_next_opens_on
 
 # -- edges -------------------------------------------------------------------------------
 
-def test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period(
-        store: Store) -> None:
+
+def test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period(store: Store) -> None:
     first = gate(store, "k", leading=True, trailing=False, window="1h", max_wait="2h")
     assert first.result.opened and first.result.edge == "lead"
-    later = [gate(store, "k", leading=True, trailing=False, payload=i, window="1h",
-                  max_wait="2h") for i in range(1, 4)]
+    later = [
+        gate(store, "k", leading=True, trailing=False, payload=i, window="1h", max_wait="2h")
+        for i in range(1, 4)
+    ]
     assert all(c.result.edge == "suppressed" and not c.result.opened for c in later)
     assert {c.task_id for c in later} == {first.task_id}
     (lead,) = store.take(first.call.shard, 10).windows  # due at once
@@ -324,8 +369,9 @@ def test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period(
 
 def test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst(store: Store) -> None:
     def call(payload: int) -> Gated:
-        return gate(store, "k", leading=True, trailing=True, payload=payload,
-                    window="1h", max_wait="90m")
+        return gate(
+            store, "k", leading=True, trailing=True, payload=payload, window="1h", max_wait="90m"
+        )
 
     first, second, third = call(0), call(1), call(2)
     assert first.result.edge == "lead"
@@ -342,13 +388,15 @@ def test_leading_and_trailing_runs_once_more_at_the_end_of_a_burst(store: Store)
 
 # -- at most once, under a lost reply ----------------------------------------------------
 
+
 def _at_most_once(harness: Harness) -> None:
     if harness.resends_after_a_lost_reply:
         pytest.skip(harness.resends_after_a_lost_reply)
 
 
 def test_a_gate_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     _at_most_once(harness)
     store = harness.build()
     first = gate(store, "k")
@@ -360,7 +408,8 @@ def test_a_gate_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
 
 
 def test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     _at_most_once(harness)
     store = harness.build()
     first = gate(store, "k", window="1ms", max_wait="1s")
@@ -392,19 +441,21 @@ def test_a_take_whose_reply_is_lost_loses_no_window(harness: Harness) -> None:
     assert store.take(shard, 10).windows == []
 
 
-def test_an_unreachable_store_raises_its_typed_error_and_writes_nothing(
-        harness: Harness) -> None:
+def test_an_unreachable_store_raises_its_typed_error_and_writes_nothing(harness: Harness) -> None:
     """A refused connection (nothing sent) is :class:`StoreUnavailable`, for every role's
     writes: the package's error, never a client's class, and never "outcome unknown"."""
     store = harness.build()
     first = gate(store, "k")
     shard, task_id = first.call.shard, first.task_id
     attempts: list[Callable[[], object]] = [
-        lambda: gate(store, "k"), lambda: store.take(shard, 10),
-        lambda: store.ack(shard, [task_id]), lambda: store.claim(shard, task_id, "t"),
+        lambda: gate(store, "k"),
+        lambda: store.take(shard, 10),
+        lambda: store.ack(shard, [task_id]),
+        lambda: store.claim(shard, task_id, "t"),
         lambda: store.finish_run(shard, task_id, "SUCCESS"),
         lambda: store.renew_claims({shard: [task_id]}),
-        lambda: store.flush(shard, first.call.ident)]
+        lambda: store.flush(shard, first.call.ident),
+    ]
     harness.outage(True)
     try:
         for attempt in attempts:

@@ -1,0 +1,114 @@
+"""The PostgreSQL store's worker role (a base of ``PostgresStore``): claim, renew, end,
+put back and finish a run, each one call of a ``schema.sql`` function."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...aliases import parse_aliases
+from ..domain import ClaimResult, FinishResult, ShardRef
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...settings import Settings
+
+_CLAIM = "SELECT before, run FROM debounce_claim(%s, %s, %s)"
+_RENEW = "SELECT debounce_renew(%s, %s)"
+_END_CLAIM = "SELECT debounce_end_claim(%s)"
+_PUT_BACK = "SELECT debounce_put_back(%s)"
+_FINISH = "SELECT aliases FROM debounce_finish(%s, %s, %s)"
+_LATENESS = (
+    "SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
+    "FROM debounce_taken WHERE task_id = %s"
+)
+
+
+class PostgresRuns:
+    """The worker's operations of :class:`~.store.PostgresStore`."""
+
+    if TYPE_CHECKING:  # pragma: no cover - what PostgresStore provides
+
+        @property
+        def settings(self) -> Settings: ...
+
+        history_ttl_ms: int
+
+        def _check(self) -> None: ...
+
+        def _read(self, fn: Any) -> Any: ...
+
+        def _write(self, fn: Any, operation: str) -> Any: ...
+
+    def claim(
+        self,
+        shard: ShardRef,
+        task_id: str,
+        task_name: str = "",
+        retry: bool = False,
+        ident: str = "",
+        *,
+        last_delivery: bool = False,
+    ) -> ClaimResult:
+        """Claim a window's run for one claim lease (``debounce_claim``); ``run``
+        False: a duplicate delivery. Sent at most once. ``last_delivery`` is accepted
+        and not recorded yet: a lapsed last-delivery claim waits for its record TTL."""
+        self._check()
+        row = self._write(
+            lambda conn: conn.execute(
+                _CLAIM, (task_id, self.settings.claim_lease_ms, retry)
+            ).fetchone(),
+            "claim",
+        )
+        assert row is not None
+        return ClaimResult(row[0], bool(row[1]))
+
+    def claim_late(
+        self, shard: ShardRef, task_id: str, task_name: str = "", retry: bool = False
+    ) -> ClaimResult:
+        """A claim kept during an outage, sent once the store is back: :meth:`claim`
+        (no replicas to wait for here)."""
+        return self.claim(shard, task_id, task_name, retry)
+
+    def finish_run(self, shard: ShardRef, task_id: str, state: str) -> FinishResult:
+        """The run ended with ``state``: its window is finished (idempotent), an
+        exclusive window held behind it is due; ``finished`` False: no record."""
+        self._check()
+        row = self._write(
+            lambda conn: conn.execute(
+                _FINISH, (task_id, state, self.settings.history_ttl_ms)
+            ).fetchone(),
+            "finish",
+        )
+        if row is None:
+            return FinishResult(False, [])
+        return FinishResult(True, parse_aliases(row[0]))
+
+    def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
+        """Extend the live claims of these runs by one claim lease (one call for every
+        shard: the store has one table); a lapsed or ended claim stays so."""
+        task_ids = [task_id for ids in held.values() for task_id in ids]
+        if not task_ids:
+            return
+        self._check()
+        self._write(
+            lambda conn: conn.execute(_RENEW, (task_ids, self.settings.claim_lease_ms)).fetchone(),
+            "renew",
+        )
+
+    def end_claim(self, shard: ShardRef, task_id: str) -> None:
+        """End the run's claim now: its next delivery takes the claim over."""
+        self._check()
+        self._write(lambda conn: conn.execute(_END_CLAIM, (task_id,)).fetchone(), "end claim")
+
+    def put_back(self, shard: ShardRef, task_id: str) -> bool:
+        """The run's message was requeued: its window is queued again (an exclusive
+        key stays held); False if it was not claimed."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(_PUT_BACK, (task_id,)).fetchone(), "put back")
+        return bool(row and row[0])
+
+    def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
+        """How many ms past its ceiling the run of ``task_id`` starts now (negative:
+        before it); None for a window the store does not hold."""
+        row = self._read(lambda conn: conn.execute(_LATENESS, (task_id,)).fetchone())
+        return None if row is None else int(row[0])

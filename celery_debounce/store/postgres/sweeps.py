@@ -1,0 +1,88 @@
+"""The PostgreSQL store's dispatcher bookkeeping (a base of ``PostgresStore``): the
+expiry sweep, shard layouts and heartbeats, each one call of a ``schema.sql`` function."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...aliases import parse_aliases
+from ..codec import EXPIRY_GRACE_MS
+from ..domain import ShardRef
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...settings import Settings
+
+_HEARTBEAT = "SELECT debounce_heartbeat(%s, %s, %s)"
+_LAYOUTS = "SELECT * FROM debounce_layouts(%s, %s)"
+_EXPIRING = "SELECT debounce_expiring(%s, %s)"
+_EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s)"
+_EXPIRED = "SELECT debounce_expired(%s)"
+
+
+class PostgresSweeps:
+    """The expiry sweep, layouts and heartbeats of :class:`~.store.PostgresStore`."""
+
+    if TYPE_CHECKING:  # pragma: no cover - what PostgresStore provides
+
+        @property
+        def settings(self) -> Settings: ...
+
+        history_ttl_ms: int
+
+        def _check(self) -> None: ...
+
+        def _read(self, fn: Any) -> Any: ...
+
+        def _write(self, fn: Any, operation: str) -> Any: ...
+
+    def expiring(self, shard: ShardRef, windows: Sequence[tuple[str, int]]) -> int:
+        """When the just published messages of ``(task id, ms left)`` expire; how many."""
+        if not windows:
+            return 0
+        self._check()
+        ids, left = [w[0] for w in windows], [int(w[1]) for w in windows]
+        row = self._write(lambda conn: conn.execute(_EXPIRING, (ids, left)).fetchone(), "expiring")
+        return int(row[0]) if row else 0
+
+    def expire(
+        self,
+        shard: ShardRef,
+        limit: int = 100,
+    ) -> list[tuple[str, list[dict[str, Any]]]]:
+        """The expiry sweep: finish as REVOKED the queued windows whose message
+        expired more than :data:`EXPIRY_GRACE_MS` ago on the server's clock and on
+        this process's; ``(task id, aliases)`` of each, and of those finished earlier
+        that :meth:`expired` has not confirmed. Sent at most once."""
+        self._check()
+        params = (EXPIRY_GRACE_MS, self.history_ttl_ms, limit, int(time.time() * 1000))
+        rows = self._write(lambda conn: conn.execute(_EXPIRE, params).fetchall(), "expire")
+        return [(task_id, parse_aliases(aliases)) for task_id, aliases in rows]
+
+    def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
+        """The outcome of these swept windows is stored: they leave the sweep."""
+        if not task_ids:
+            return
+        self._check()
+        self._write(lambda conn: conn.execute(_EXPIRED, (list(task_ids),)).fetchone(), "expired")
+
+    def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
+        """Write the layouts ``write`` (now), drop those not written for the history
+        TTL; ``(now ms, every layout -> ms last written)``."""
+        self._check()
+        rows = self._write(
+            lambda conn: conn.execute(_LAYOUTS, (list(write), self.history_ttl_ms)).fetchall(),
+            "layouts",
+        )
+        return int(rows[0][0]), {name: int(ms) for _, name, ms in rows[1:]}
+
+    def heartbeat(self, name: str, alive: bool = True) -> int:
+        """Dispatcher ``name`` runs (or stopped cleanly); the server's time, ms."""
+        self._check()
+        row = self._write(
+            lambda conn: conn.execute(_HEARTBEAT, (name, alive, self.history_ttl_ms)).fetchone(),
+            "heartbeat",
+        )
+        assert row is not None
+        return int(row[0])
