@@ -57,12 +57,18 @@ def _before_fork() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_child_start)
 
 
+def say(line: str) -> None:
+    """One line in one write: the stand-in workers share this pipe, and print() may
+    write the text and its newline apart, so two workers' lines could run together."""
+    os.write(1, (line + "\n").encode())
+
+
 def spawn(app: object, name: str, stall_ms: str, hold: str | None) -> None:
     global STALL, HOLD
     STALL, HOLD = int(stall_ms) / 1000, (Path(hold) if hold else None)
     process = dp.DispatcherProcess(app, name)  # type: ignore[arg-type]
     process.start()
-    print(f"FORKED {name} {os.getpid()} {process.pid}", flush=True)
+    say(f"FORKED {name} {os.getpid()} {process.pid}")
     while True:
         time.sleep(60)
 
@@ -72,7 +78,7 @@ def from_thread(app: object, name: str) -> None:
     starter = threading.Thread(target=process.start)
     starter.start()
     starter.join()
-    print(f"FORKED {name} {os.getpid()} {process.pid}", flush=True)
+    say(f"FORKED {name} {os.getpid()} {process.pid}")
     while True:
         time.sleep(60)
 
@@ -84,13 +90,13 @@ def race(app: object, name: str) -> None:
     process.start()
     first = process.pid
     assert first is not None
-    print(f"FORKED {name} {os.getpid()} {first}", flush=True)
+    say(f"FORKED {name} {os.getpid()} {first}")
     FORKING = threading.Event()
     os.kill(first, signal.SIGKILL)
     assert FORKING.wait(10)
     began = time.monotonic()
     process.stop()
-    print(f"STOPPED {time.monotonic() - began:.2f}", flush=True)
+    say(f"STOPPED {time.monotonic() - began:.2f}")
     while True:
         time.sleep(60)
 
