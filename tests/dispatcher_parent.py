@@ -9,7 +9,9 @@ group, so that the test finds its dispatcher child after the worker is gone):
     spawn NAME STALL_MS [HOLD]  start DispatcherProcess(NAME); print "FORKED NAME <worker> <child>"
                                 and wait to be killed. The child first sleeps STALL_MS (a
                                 slow start), or waits until the file HOLD exists
-    thread NAME                 start it from a thread that ends at once; print "FORKED ..."
+    thread NAME HOLD            start it from a thread; print "FORKED ..."; the thread ends
+                                once the file HOLD exists (the test makes it after the
+                                child's first heartbeat: its PR_SET_PDEATHSIG is set by then)
     race NAME                   start it, SIGKILL the child, call stop() while the supervisor
                                 is forking its replacement; print "STOPPED <seconds>"
 
@@ -73,12 +75,19 @@ def spawn(app: object, name: str, stall_ms: str, hold: str | None) -> None:
         time.sleep(60)
 
 
-def from_thread(app: object, name: str) -> None:
+def from_thread(app: object, name: str, hold: str) -> None:
     process = dp.DispatcherProcess(app, name)  # type: ignore[arg-type]
-    starter = threading.Thread(target=process.start)
-    starter.start()
-    starter.join()
-    say(f"FORKED {name} {os.getpid()} {process.pid}")
+
+    def starter() -> None:
+        process.start()
+        say(f"FORKED {name} {os.getpid()} {process.pid}")
+        deadline = time.monotonic() + 30
+        while not Path(hold).exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=starter)
+    thread.start()
+    thread.join()
     while True:
         time.sleep(60)
 
@@ -131,7 +140,7 @@ def main() -> None:
                 if words[0] == "spawn":
                     spawn(app, words[1], words[2], words[3] if len(words) > 3 else None)
                 elif words[0] == "thread":
-                    from_thread(app, words[1])
+                    from_thread(app, words[1], words[2])
                 else:
                     race(app, words[1])
             finally:

@@ -285,15 +285,19 @@ def test_a_child_whose_worker_died_before_it_started_starts_nothing(
 
 
 def test_a_child_started_from_a_thread_that_ends_keeps_running(
-    redis_server: str, workers: Workers
+    redis_server: str, workers: Workers, tmp_path: Path
 ) -> None:
     """PR_SET_PDEATHSIG fires when the thread that forked ends: the supervisor forks every
     child, so the thread that called start() may end (before, it forked the first child,
-    which was then stopped and started again)."""
-    workers.send("thread lasting")
+    which was then stopped and started again). The thread ends only once the child runs
+    (its heartbeat is written after its prctl), so that a child forked by it would see the
+    signal."""
+    hold = tmp_path / "thread-may-end"
+    workers.send(f"thread lasting {hold}")
     _, (_, _, worker, child) = workers.line()
     app = _app(redis_server)
     wait_until(lambda: "lasting" in _heartbeats(app), 10)
+    hold.touch()  # the starting thread ends now
     time.sleep(1.0)  # a stopped child is gone within a few ticks (0.1 s)
     assert _alive(int(child)) and _parent(int(child)) == int(worker)
     assert "lasting" in _heartbeats(app)
