@@ -471,3 +471,115 @@ def test_the_per_call_option_overrides_the_setting_and_errors_of_the_call_still_
     with pytest.raises(DebounceKeyError):  # a key error is never an outage
         work.apply_async((1,), debounce_key="{missing}", debounce_on_outage="publish")
     assert len(fallbacks) == 1
+
+
+@pytest.fixture
+def registry() -> Iterator[Any]:
+    """A fresh Prometheus registry with the package's metrics enabled on it."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from celery_debounce.ops import metrics
+
+    reg = prometheus_client.CollectorRegistry()
+    enabled = metrics.enable(reg)
+    try:
+        yield reg
+    finally:
+        enabled.disable()
+
+
+def _fallbacks_counted(registry: Any, task: str, reason: str) -> float:
+    """``celery_debounce_outage_fallbacks_total{task, reason}`` (0 when absent)."""
+    labels = {"task": task, "reason": reason}
+    return registry.get_sample_value("celery_debounce_outage_fallbacks_total", labels) or 0.0
+
+
+def test_the_fallbacks_counter_counts_each_published_call_by_reason(
+    redis_server: str,
+    silent_url: str,
+    registry: Any,
+    fallbacks: list[dict[str, Any]],
+) -> None:
+    """Under "publish", ``celery_debounce_outage_fallbacks_total`` counts every call
+    published plainly, labelled by task and reason (a stopped Redis: unreachable; a
+    silent one: the first call timed out, the rest skipped it behind the breaker);
+    under "raise" nothing is published and nothing is counted."""
+    stopped = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    work, collect = _tasks(stopped, [])
+    _every_way_in(stopped, work, collect)
+    assert _fallbacks_counted(registry, "o.work", "unreachable") == len(EVERY_CALL) - 1
+    assert _fallbacks_counted(registry, "o.collect", "unreachable") == 1
+
+    silent = _app(
+        redis_server, silent_url, debounce_on_outage="publish", debounce_outage_probe_interval=60
+    )
+    quiet, _ = _tasks(silent, [])
+    first, _ = _timed(lambda: quiet.delay(0))
+    assert first >= TIMEOUT * 0.9
+    timed_out = sum(_fallbacks_counted(registry, "o.work", r) for r in ("unknown", "unreachable"))
+    assert timed_out == len(EVERY_CALL)  # the stopped app's six, and this one
+    for i in range(3):
+        quiet.delay(i)
+    assert _fallbacks_counted(registry, "o.work", "breaker") == 3
+    assert len(fallbacks) == len(EVERY_CALL) + 4  # one count per signal sent
+
+    raising = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    strict, _ = _tasks(raising, [])
+    with pytest.raises(DebounceBackendError):
+        strict.delay(1)
+    assert _fallbacks_counted(registry, "o.work", "unreachable") + _fallbacks_counted(
+        registry, "o.work", "unknown"
+    ) == len(EVERY_CALL)  # unchanged: "raise" counts nothing
+    assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 0  # nor published
+
+
+def test_enqueue_many_per_call_policy_overrides_the_setting(
+    redis_server: str,
+    fallbacks: list[dict[str, Any]],
+) -> None:
+    """``enqueue_many(..., debounce_on_outage=...)`` with the windows' Redis stopped:
+    "publish" over the default "raise" publishes every call once (a real worker runs
+    each, the signal and the counter see each); "raise" over a "publish" setting
+    raises and publishes nothing."""
+    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    ran: list[Any] = []
+    work, _ = _tasks(app, ran)
+    with pytest.raises(DebounceBackendError):  # the setting's "raise", for comparison
+        enqueue_many(work, [((0,), {})])
+    with running_worker(app):
+        results = enqueue_many(
+            work, [((i,), {}) for i in range(1, 6)], chunk_size=2, debounce_on_outage="publish"
+        )
+        assert [r.get(timeout=10) for r in results] == [1, 2, 3, 4, 5]
+    assert sorted(ran) == [1, 2, 3, 4, 5]
+    assert [f["task_id"] for f in fallbacks] == [r.id for r in results]
+    assert {f["reason"] for f in fallbacks} == {"unreachable"}
+
+    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    work, _ = _tasks(app, [])
+    with pytest.raises(DebounceBackendError, match="unreachable"):
+        enqueue_many(work, [((i,), {}) for i in range(3)], debounce_on_outage="raise")
+    assert len(fallbacks) == 5  # none added
+    assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 0
+
+
+def test_enqueue_many_per_call_publish_behind_an_open_breaker(
+    redis_server: str,
+    silent_url: str,
+    fallbacks: list[dict[str, Any]],
+) -> None:
+    """A silent Redis under the default "raise": once the breaker is open, a batch
+    with ``debounce_on_outage="publish"`` skips Redis (well under the timeout) and
+    publishes every call; the same batch without the option raises at once."""
+    app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
+    work, _ = _tasks(app, [])
+    took, error = _timed(lambda: work.delay(0))
+    assert took >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
+    batch = [((i,), {}) for i in range(1, 4)]
+    took, error = _timed(lambda: enqueue_many(work, batch))
+    assert took < TIMEOUT / 2 and isinstance(error, DebounceBreakerOpen), error
+    assert fallbacks == []
+    took, results = _timed(lambda: enqueue_many(work, batch, debounce_on_outage="publish"))
+    assert took < TIMEOUT / 2, took
+    assert [f["task_id"] for f in fallbacks] == [r.id for r in results]
+    assert {f["reason"] for f in fallbacks} == {"breaker"}
+    assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 3
