@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import stop_process
+from helpers import silent_listener, stop_process
 
 pytest.importorskip("django")
 
@@ -148,3 +148,34 @@ def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
     assert "DebounceBackendError" in out["raise_raised"]  # the store's error, as before
     assert "DebounceBreakerOpen" not in out["raise_raised"]
     assert out["raise_row_saved"] is True and out["raise_fallbacks"] == 1
+
+
+@pytest.mark.slow
+def test_on_commit_with_a_redis_that_never_answers_waits_once_then_publishes_at_once(
+    tmp_path: Path, redis_server: str, redis_client: object
+) -> None:
+    """The windows' Redis accepts connections and never answers, the broker is up,
+    CELERY_DEBOUNCE_ON_OUTAGE = "publish": the first commit's hook waits the call
+    timeout once and publishes its run; the commits after it skip Redis (the breaker)
+    and publish theirs at once; a real worker runs every one on its committed row.
+    Under "raise" the hook fails fast with the breaker's error, after the commit."""
+    timeout = 1.0
+    with silent_listener() as (port, held):
+        out, _ = _scenario_with_worker(
+            "silent_scenario.py",
+            tmp_path,
+            redis_server,
+            DJPROJ_SILENT_URL=f"redis://127.0.0.1:{port}/0",
+            DJPROJ_TIMEOUT=str(timeout),
+        )
+        assert held  # the scenario did connect to the silent server
+    assert out["timeout"] == timeout  # CELERY_DEBOUNCE_REDIS_TIMEOUT was read
+    assert timeout * 0.9 <= out["first"] < timeout * 5, out
+    assert max(out["burst"]) < timeout / 2, out  # no call after the first waits
+    assert (
+        out["reasons"][0] in ("unknown", "unreachable") and out["reasons"][1:] == ["breaker"] * 5
+    ), out
+    assert out["results"] == [f"save {i}" for i in range(6)]  # every run, none lost
+    assert out["raise_took"] < timeout / 2, out
+    assert "DebounceBreakerOpen" in out["raise_raised"], out
+    assert out["raise_row_saved"] is True and out["raise_fallbacks"] == 6
