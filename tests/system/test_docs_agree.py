@@ -93,6 +93,53 @@ def test_the_history_check_catches_a_release_note() -> None:
     assert not HISTORY.search("(0.1 s doubling to 5 s)")
 
 
+#: A sentence that tells what an earlier release did ("Before, take.lua failed ...";
+#: "...; before, it was quarantined"): the page says what happens now.
+BEFORE = re.compile(r"(?:^|[.;:(]\s*)Before, |[.;:(]\s*before, ", re.M)
+
+
+def test_guarantees_tells_no_history() -> None:
+    found = [m.group(0) for m in BEFORE.finditer(USER_TEXT["guarantees.md"])]
+    assert not found, f"guarantees.md: {found}"
+    assert BEFORE.search("blocked the shard. Before, take.lua failed on every pass")
+    assert BEFORE.search("first own failure; before, it was quarantined")
+    assert not BEFORE.search("But what the kernel took before, any number of commands")
+
+
+#: The most words a table cell of a user page holds: a longer one reads better as prose
+#: below its table.
+CELL_WORDS = 80
+
+
+def table_cells(text: str) -> list[tuple[int, str]]:
+    """Every cell of every Markdown table outside code blocks: ``(line, text)``."""
+    cells: list[tuple[int, str]] = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.lstrip().startswith("|"):
+            row = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+            cells += [(number, cell.strip()) for cell in row]
+    return cells
+
+
+@pytest.mark.parametrize("page", sorted(USER_TEXT))
+def test_no_table_cell_of_a_user_page_runs_long(page: str) -> None:
+    long = [
+        f"line {number}: {len(cell.split())} words: {cell[:60]}"
+        for number, cell in table_cells(USER_TEXT[page])
+        if len(cell.split()) > CELL_WORDS
+    ]
+    assert not long, f"{page}: {long}"
+
+
+def test_the_cell_check_reads_table_rows_only() -> None:
+    text = "| a | b |\n|---|---|\n| one `x \\| y` | " + "w " * 90 + "|\n```\n| " + "w " * 90
+    cells = table_cells(text + "|\n```\n")
+    assert [len(cell.split()) for _, cell in cells] == [1, 1, 1, 1, 4, 90]
+
+
 def test_no_internal_issue_numbers_in_the_docs_or_the_changelog() -> None:
     texts = {p.name: p.read_text("utf-8") for p in DOCS.glob("*.md")}
     texts["README.md"] = USER_TEXT["README.md"]
