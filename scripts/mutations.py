@@ -1041,7 +1041,17 @@ MUTATIONS: list[Mutation] = [
         '        return int(self.run_once("release", [leased_key(tag)], '
         "[delay_ms, tag, *pairs])[0])",
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[release-drop]",
         "tests/worker/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once",
+    ),
+    one(
+        "unclaim.lua goes through the client's retry",
+        "inv 13: a put-back run's unclaim.lua is sent at most once (a lost reply is unknown)",
+        PKG + "store/__init__.py",
+        '        return bool(int(self.run_once("unclaim", keys, '
+        '[task_id, as_text(at), "queued"])))',
+        '        return bool(int(self.run("unclaim", keys, [task_id, as_text(at), "queued"])))',
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[unclaim-drop]",
     ),
     one(
         "a requeued run's window is not put back",

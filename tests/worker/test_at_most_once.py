@@ -2,7 +2,7 @@
 
 Each non-idempotent operation (the gate in its plain, collect, leading+trailing and
 capped forms and with WAIT, a bulk chunk with and without WAIT, cancel, flush, flush
-of many, take, claim, finish, quarantine) runs through the fault proxy
+of many, take, claim, finish, quarantine, release, unclaim) runs through the fault proxy
 (tests/fault_proxy.py) under each fault: the reply lost after the command ran
 (``drop``), a server that never answers (``stall``), a server that stops reading
 mid-command (``stall-write``: a gate call or bulk chunk then carries a few MB, so its
@@ -223,6 +223,34 @@ def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
     return setup
 
 
+def release(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    """A taken window handed back with its publish failure counted (``<tries>!``, its
+    ``fl``): run twice, one failure would count as two (quarantined at ``MAX_TRIES``
+    early). Under ``stall-write`` the batch also hands back a window whose id is BIG
+    (none such is leased: the script passes it over), so its write times out."""
+    work = _task(app, debounce="1ms", debounce_key="r")
+    work.delay(0)
+    store = store_for(app)
+    window = wait_until(lambda: store.take(0, 10).windows, 5)[0]
+    windows = [(window.task_id, f"{window.tries}!"), *((big, "1") for big in _big(app))]
+    return lambda: store.release(0, 5000, windows)
+
+
+def failures(r: redis.Redis) -> int:
+    """Publish failures counted against windows (release.lua's ``fl``)."""
+    return sum(int(rec.get(b"fl", 0)) for rec in _records(r))
+
+
+def unclaim(app: Celery, r: redis.Redis) -> Callable[[], Any]:
+    """A claimed run put back (``Reject(requeue=True)``: ``put_back``, unclaim.lua). Its
+    arguments are three short fields, so no ``stall-write`` makes its write time out:
+    there Redis stops reading before its last bytes and the reply never comes."""
+    task_id = _taken(app, r, claimed=True)
+    store = store_for(app)
+    r.config_resetstat()
+    return lambda: store.put_back(0, task_id)
+
+
 def take(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce="1ms", debounce_key="{0}")
     for key in ("a", "b"):
@@ -252,6 +280,8 @@ CASES = {
     "quarantine": Case("quarantine", _mark("quarantine"), _evalshas),
     "claim-wait-replicas": Case("claim", _mark("claim"), _evalshas, waited=True),
     "finish-wait-replicas": Case("finish", _mark("finish"), _evalshas, waited=True),
+    "release": Case("release", release, failures, heavy=True),
+    "unclaim": Case("unclaim", unclaim, _evalshas),
 }
 
 
