@@ -294,6 +294,13 @@ def calls_key(tag: str, collect_list: str) -> str:
     return f"{tag}:calls:{collect_list}"
 
 
+def ids_key(tag: str) -> str:
+    """hash task id -> ident: the pending windows opened under a caller-chosen id
+    (written by gate.lua only; the Python side never reads it, lib/keys.lua's twin is
+    checked against this one)."""
+    return f"{tag}:ids"
+
+
 def dispatchers_key(tag: str) -> str:
     """zset dispatcher name -> ms of its last pass that took windows."""
     return f"{tag}:dispatchers"

@@ -9,12 +9,13 @@
 -- Returns {how many became queued, now ms (their pa and active score)}.
 
 --@include now
+--@include keys
 
 local now = string.format('%d', now_ms())
 local queued = 0
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local key = ARGV[1] .. ':win:' .. id
+  local key = win_key(ARGV[1], id)
   redis.call('ZREM', KEYS[1], id)
   if redis.call('HGET', key, 'st') == 'dispatching' then
     redis.call('HSET', key, 'st', 'queued', 'pa', now)

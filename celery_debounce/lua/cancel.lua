@@ -28,9 +28,10 @@
 --@include aliases
 --@include tag
 --@include task_of
+--@include keys
 
 local tag = tag_of(KEYS[1])
-local done = ARGV[4] and ARGV[4] ~= '' and (tag .. ':cancelled:' .. ARGV[4])
+local done = ARGV[4] and ARGV[4] ~= '' and cancel_marker_key(tag, ARGV[4])
 if done and redis.call('EXISTS', done) == 1 then
   return redis.call('LRANGE', done, 0, -1)
 end
@@ -54,13 +55,13 @@ end
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- a held exclusive window is held no more
+redis.pcall('ZREM', held_key(tag), ARGV[1])  -- a held exclusive window is held no more
 local cl = redis.call('HGET', KEYS[1], 'cl')
 if cl then
-  redis.call('DEL', tag .. ':calls:' .. cl)
+  redis.call('DEL', calls_key(tag, cl))
 end
 redis.call('DEL', KEYS[1])
-if redis.call('HGET', tag .. ':ids', found[1]) == ARGV[1] then
-  redis.call('HDEL', tag .. ':ids', found[1])
+if redis.call('HGET', ids_key(tag), found[1]) == ARGV[1] then
+  redis.call('HDEL', ids_key(tag), found[1])
 end
 return reply

@@ -10,6 +10,7 @@
 -- {task, open windows, due windows, oldest first_seen ms, calls waiting}.
 
 --@include task_of
+--@include keys
 
 local tag = ARGV[1]
 local now = tonumber(ARGV[4])
@@ -27,7 +28,7 @@ for i = 1, #members, 2 do
     by_task[task] = row
     order[#order + 1] = task
   end
-  local rec = redis.call('HMGET', tag .. ':open:' .. ident, 'fs', 'n')
+  local rec = redis.call('HMGET', open_key(tag, ident), 'fs', 'n')
   if rec[1] then
     row[2] = row[2] + 1
     if deadline <= now then

@@ -30,13 +30,14 @@
 
 --@include now
 --@include tag
+--@include keys
 
 local now = now_ms()
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
   if ARGV[6] and ARGV[6] ~= '' then
     local tag = tag_of(KEYS[1])
-    if redis.pcall('HGET', tag .. ':open:' .. ARGV[6], 'id') == ARGV[1] then
+    if redis.pcall('HGET', open_key(tag, ARGV[6]), 'id') == ARGV[1] then
       return {'pending', now, 0}
     end
   end
@@ -52,7 +53,7 @@ if st == 'finished' or live then
   if st == 'claimed' then
     redis.call('HSET', KEYS[1], 'rd', '1')
   end
-  local stats = tag_of(KEYS[1]) .. ':stats'
+  local stats = stats_key(tag_of(KEYS[1]))
   if pcall(redis.call, 'HINCRBY', stats, 'd|' .. ARGV[4], 1) then
     redis.call('PEXPIRE', stats, ARGV[5])
   end

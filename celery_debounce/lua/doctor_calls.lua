@@ -10,15 +10,17 @@
 --
 -- Returns the suffixes found.
 
+--@include keys
+
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
 local found = {}
 for i = 3, #ARGV do
   local cl = ARGV[i]
-  local key = tag .. ':calls:' .. cl
+  local key = calls_key(tag, cl)
   if redis.call('EXISTS', key) == 1 then
     local id = string.match(cl, '^([^~]*)')
-    if redis.pcall('HGET', tag .. ':win:' .. id, 'cl') ~= cl then
+    if redis.pcall('HGET', win_key(tag, id), 'cl') ~= cl then
       found[#found + 1] = cl
       if repair then redis.call('DEL', key) end
     end

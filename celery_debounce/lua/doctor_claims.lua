@@ -16,6 +16,7 @@
 -- Returns {id, state, ident or "", lease expiry ms} per claim found.
 
 --@include now
+--@include keys
 
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
@@ -25,7 +26,7 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3])
                        'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
 for n = 1, #ids, 2 do
   local id = ids[n]
-  local key = tag .. ':win:' .. id
+  local key = win_key(tag, id)
   local state = redis.pcall('HGET', key, 'st')
   local ident = redis.pcall('HGET', key, 'i')
   if type(state) ~= 'string' then state = '' end
@@ -34,19 +35,19 @@ for n = 1, #ids, 2 do
   if repair then
     redis.call('ZREM', KEYS[1], id)
     if state == 'claimed' then
-      redis.call('ZREM', tag .. ':active', id)
+      redis.call('ZREM', active_key(tag), id)
       if redis.call('HGET', key, 'rd') then
         redis.call('HDEL', key, 'rd')
         redis.call('HSET', key, 'st', 'dispatching', 'sa', string.format('%d', now))
-        redis.call('ZADD', tag .. ':leased', now, id)
+        redis.call('ZADD', leased_key(tag), now, id)
       else
         redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
-        local run = tag .. ':run:' .. ident
+        local run = run_key(tag, ident)
         if ident ~= '' and redis.pcall('HGET', run, 'id') == id then
           redis.call('DEL', run)
-          if redis.pcall('ZREM', tag .. ':held', ident) == 1 and
-              type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
-            redis.call('ZADD', tag .. ':due', now, ident)
+          if redis.pcall('ZREM', held_key(tag), ident) == 1 and
+              type(redis.pcall('HGET', open_key(tag, ident), 'hs')) == 'string' then
+            redis.call('ZADD', due_key(tag), now, ident)
           end
         end
       end

@@ -9,6 +9,7 @@
 -- Returns the idents found (with repair: made due now, so the next take runs them).
 
 --@include now
+--@include keys
 
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
@@ -16,7 +17,7 @@ local found = {}
 local now = nil
 for i = 3, #ARGV do
   local ident = ARGV[i]
-  if redis.call('EXISTS', tag .. ':open:' .. ident) == 1 and
+  if redis.call('EXISTS', open_key(tag, ident)) == 1 and
       not redis.call('ZSCORE', KEYS[1], ident) then
     found[#found + 1] = ident
     if repair then

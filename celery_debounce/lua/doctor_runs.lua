@@ -22,6 +22,7 @@
 -- run that long or its message lost; the runner's state is the third element).
 
 --@include now
+--@include keys
 
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
@@ -29,28 +30,28 @@ local found = {}
 local now = now_ms()
 
 local function release(ident)
-  redis.call('DEL', tag .. ':run:' .. ident)
+  redis.call('DEL', run_key(tag, ident))
   if redis.pcall('ZREM', KEYS[1], ident) == 1 and
-      type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
-    redis.call('ZADD', tag .. ':due', now, ident)
+      type(redis.pcall('HGET', open_key(tag, ident), 'hs')) == 'string' then
+    redis.call('ZADD', due_key(tag), now, ident)
   end
 end
 
 local held_limit = tonumber(ARGV[3])
 for i = 4, #ARGV do
   local ident = ARGV[i]
-  local runner = redis.pcall('HGET', tag .. ':run:' .. ident, 'id')
+  local runner = redis.pcall('HGET', run_key(tag, ident), 'id')
   local held = redis.pcall('ZSCORE', KEYS[1], ident)
   if type(runner) == 'string' then
-    local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
+    local st = redis.pcall('HGET', win_key(tag, runner), 'st')
     if st ~= 'dispatching' and st ~= 'queued' and st ~= 'claimed' then
       found[#found + 1] = {ident, 'run_without_window', runner}
       if repair then release(ident) end
-    elseif st == 'claimed' and not redis.pcall('ZSCORE', tag .. ':claims', runner) then
+    elseif st == 'claimed' and not redis.pcall('ZSCORE', claims_key(tag), runner) then
       found[#found + 1] = {ident, 'claim_without_lease', runner}
       if repair then  -- as a lapsed claim: the run is stale, its key free
-        local key = tag .. ':win:' .. runner
-        redis.call('ZREM', tag .. ':active', runner)
+        local key = win_key(tag, runner)
+        redis.call('ZREM', active_key(tag), runner)
         redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
         release(ident)
       end
@@ -58,7 +59,7 @@ for i = 4, #ARGV do
       found[#found + 1] = {ident, 'held_too_long', runner .. ' ' .. st}
     end
   elseif type(held) == 'string' then
-    if redis.call('EXISTS', tag .. ':open:' .. ident) == 0 then
+    if redis.call('EXISTS', open_key(tag, ident)) == 0 then
       found[#found + 1] = {ident, 'held_without_window', ''}
       if repair then redis.call('ZREM', KEYS[1], ident) end
     else

@@ -10,18 +10,22 @@
 --   <tag>:leased       zset, ZSCORE read
 -- KEYS[1]  <tag>:leased
 -- ARGV[1]  <tag>    ARGV[2]  "1": repair, "0": only report    ARGV[3]  record TTL ms
--- ARGV[4..]  pairs: kind ("win", "run", "quiet"), id or ident
+-- ARGV[4..]  pairs: kind ("win", "run", "quiet": win_key, run_key, quiet_key of
+--            lib/keys.lua), id or ident
 --
 -- Returns {kind, name, state or "", ident or ""} per record found (field i of a win
 -- record; the name itself for the others).
+
+--@include keys
 
 local tag = ARGV[1]
 local repair = ARGV[2] == '1'
 local ttl = tonumber(ARGV[3])
 local found = {}
+local key_of = {win = win_key, run = run_key, quiet = quiet_key}  -- by kind
 for i = 4, #ARGV - 1, 2 do
   local kind, name = ARGV[i], ARGV[i + 1]
-  local key = tag .. ':' .. kind .. ':' .. name
+  local key = key_of[kind](tag, name)
   if redis.call('PTTL', key) == -1 then
     local state = ''
     local ident = name

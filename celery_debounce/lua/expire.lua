@@ -29,6 +29,7 @@
 -- Returns {now ms, {id, alias 1, alias 2, ...}, ...} for each window finished.
 
 --@include now
+--@include keys
 
 local now = now_ms()
 local seen = now
@@ -39,7 +40,7 @@ local upto = string.format('%d', seen - tonumber(ARGV[2]))
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upto, 'LIMIT', 0, tonumber(ARGV[4]))
 local reply = {now}
 for _, id in ipairs(ids) do
-  local key = ARGV[1] .. ':win:' .. id
+  local key = win_key(ARGV[1], id)
   local ok, got = pcall(redis.call, 'HMGET', key, 'st', 'xr')
   local st = ok and got[1] or nil
   local finish = st == 'queued'
@@ -56,12 +57,12 @@ for _, id in ipairs(ids) do
     redis.call('PEXPIRE', key, ARGV[3])
     redis.call('ZREM', KEYS[2], id)
     local ident = redis.call('HGET', key, 'i')
-    local run = ident and (ARGV[1] .. ':run:' .. ident)
+    local run = ident and run_key(ARGV[1], ident)
     if run and redis.pcall('HGET', run, 'id') == id then
       redis.call('DEL', run)
-      if redis.pcall('ZREM', ARGV[1] .. ':held', ident) == 1 and
-          type(redis.pcall('HGET', ARGV[1] .. ':open:' .. ident, 'hs')) == 'string' then
-        redis.call('ZADD', ARGV[1] .. ':due', string.format('%d', now), ident)
+      if redis.pcall('ZREM', held_key(ARGV[1]), ident) == 1 and
+          type(redis.pcall('HGET', open_key(ARGV[1], ident), 'hs')) == 'string' then
+        redis.call('ZADD', due_key(ARGV[1]), string.format('%d', now), ident)
       end
     end
   end

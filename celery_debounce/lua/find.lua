@@ -10,12 +10,14 @@
 -- cursor comes back "0". Each call blocks Redis for about COUNT HGETs only.
 -- Returns {next cursor, ident or ""}.
 
+--@include keys
+
 local tag = ARGV[1]
 local step = redis.call('ZSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3])
 local members = step[2]
 for i = 1, #members, 2 do
   local ident = members[i]
-  if redis.call('HGET', tag .. ':open:' .. ident, 'id') == ARGV[4] then
+  if redis.call('HGET', open_key(tag, ident), 'id') == ARGV[4] then
     return {step[1], ident}
   end
 end

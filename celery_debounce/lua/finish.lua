@@ -16,6 +16,7 @@
 --@include now
 --@include aliases
 --@include tag
+--@include keys
 
 local now = now_ms()
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -29,12 +30,12 @@ end
 local ident = redis.call('HGET', KEYS[1], 'i')
 if ident then
   local tag = tag_of(KEYS[1])
-  local run = tag .. ':run:' .. ident
+  local run = run_key(tag, ident)
   if redis.pcall('HGET', run, 'id') == ARGV[1] then
     redis.call('DEL', run)
-    if redis.pcall('ZREM', tag .. ':held', ident) == 1 and
-        type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
-      redis.call('ZADD', tag .. ':due', now, ident)
+    if redis.pcall('ZREM', held_key(tag), ident) == 1 and
+        type(redis.pcall('HGET', open_key(tag, ident), 'hs')) == 'string' then
+      redis.call('ZADD', due_key(tag), now, ident)
     end
   end
 end

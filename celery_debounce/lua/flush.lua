@@ -31,6 +31,7 @@
 --@include now
 --@include close_to_record
 --@include tag
+--@include keys
 
 local SHARDED_WAKE = false
 
@@ -42,9 +43,9 @@ end
 local now = string.format('%d', now_ms())
 local tag = tag_of(KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.pcall('ZREM', tag .. ':held', ARGV[1])  -- pcall: a foreign key there never blocks it
-if redis.call('HGET', tag .. ':ids', id) == ARGV[1] then
-  redis.call('HDEL', tag .. ':ids', id)
+redis.pcall('ZREM', held_key(tag), ARGV[1])  -- pcall: a foreign key there never blocks it
+if redis.call('HGET', ids_key(tag), id) == ARGV[1] then
+  redis.call('HDEL', ids_key(tag), id)
 end
 local key
 key, id = close_to_record(tag, KEYS[1], id, now)

@@ -74,7 +74,7 @@
 --     trailing window past its deadline not yet taken): joins it as any call
 -- The ident (the due member) and the wake channel (<prefix>:wake, or <tag>:wake, see
 -- "Wake-ups" below) are read from KEYS[1]: the prefix has no braces, so the first
--- '}' ends the tag (lib/tag.lua), and the ident follows '}:open:'. The wake channel is published to when this window becomes
+-- '}' ends the tag (lib/tag.lua), and the ident follows '}:open:' (lib/keys.lua). The wake channel is published to when this window becomes
 -- the earliest one.
 -- Only with ARGV[8], touches by name (same hash tag <tag> as KEYS[1]):
 --   <tag>:win:<ARGV[1]>  EXISTS: a taken record holds the id, so it is in use
@@ -140,6 +140,7 @@
 --@include tag
 --@include task_of
 --@include close_to_record
+--@include keys
 
 local SHARDED_WAKE = false
 
@@ -177,13 +178,13 @@ end
 local now = now_ms()
 local open = KEYS[1]
 local tag = tag_of(open)
-local ident = string.sub(open, #tag + 7)  -- after '}:open:'
+local ident = open_ident(tag, open)
 local task = task_of(ident)
 local deadline = now + tonumber(window_ms)
 
 -- Calls in: i|<task> in <tag>:stats (see the header), then the reply unchanged.
 local function counted(reply)
-  local stats = tag .. ':stats'
+  local stats = stats_key(tag)
   local fresh = redis.call('EXISTS', stats) == 0
   redis.pcall('HINCRBY', stats, 'i|' .. task, 1)
   if fresh then
@@ -195,10 +196,9 @@ end
 -- Tell dispatchers an earlier deadline exists (see the header).
 local function wake(message)
   if SHARDED_WAKE then
-    redis.call('SPUBLISH', tag .. ':wake', message)
+    redis.call('SPUBLISH', shard_wake_channel(tag), message)
   else
-    redis.call('PUBLISH', string.sub(tag, 1, string.find(tag, ':{', 1, true) - 1) ..
-      ':wake', message)
+    redis.call('PUBLISH', wake_channel(prefix_of(tag)), message)
   end
 end
 
@@ -208,12 +208,12 @@ end
 local function shut(id, mark, value)
   local stamp = string.format('%d', now)
   redis.call('ZREM', KEYS[2], ident)
-  if redis.call('HGET', tag .. ':ids', id) == ident then
-    redis.call('HDEL', tag .. ':ids', id)
+  if redis.call('HGET', ids_key(tag), id) == ident then
+    redis.call('HDEL', ids_key(tag), id)
   end
   local key
   key, id = close_to_record(tag, open, id, stamp)
-  redis.call('ZADD', tag .. ':leased', stamp, id)
+  redis.call('ZADD', leased_key(tag), stamp, id)
   if mark then
     redis.call('HSET', key, 'st', 'dispatching', 'i', ident, 'dl', stamp, 'tries', 0, mark, value)
   else
@@ -328,14 +328,14 @@ end
 -- A leading-only call during the quiet period q: folded into the leading run.
 local function suppressed(q)
   local held = hold()
-  local stats = tag .. ':stats'
+  local stats = stats_key(tag)
   redis.call('HINCRBY', stats, 's|' .. task, 1)
   redis.call('PEXPIRE', stats, history_ttl)
   return counted({q[1], 0, qend, held, now, 'suppressed'})
 end
 
 if edge and edge ~= '' then
-  quiet = tag .. ':quiet:' .. ident
+  quiet = quiet_key(tag, ident)
   local q = redis.call('HMGET', quiet, 'id', 'fs', 'mw', 'dl')
   if q[1] and tonumber(q[4]) > now then
     qend = math.min(deadline, tonumber(q[2]) + tonumber(q[3]))
@@ -411,7 +411,7 @@ if found[1] then
   local calls = redis.call('HINCRBY', open, 'n', 1)
   local cap = found[4]
   if collect then
-    redis.call('RPUSH', tag .. ':calls:' .. found[5], element)
+    redis.call('RPUSH', calls_key(tag, found[5]), element)
     redis.call('HINCRBY', open, 'cb', #element + 1)
   elseif body then
     redis.call('HSET', open, 'p', body)
@@ -433,10 +433,10 @@ do
   local id = opener_id
   local alias = false
   if fixed then
-    local ids = tag .. ':ids'
+    local ids = ids_key(tag)
     local holder = redis.call('HGET', ids, id)
-    if redis.call('EXISTS', tag .. ':win:' .. id) == 1 or
-        (holder and redis.call('HGET', tag .. ':open:' .. holder, 'id') == id) then
+    if redis.call('EXISTS', win_key(tag, id)) == 1 or
+        (holder and redis.call('HGET', open_key(tag, holder), 'id') == id) then
       id = fallback_id
       alias = true
     else
@@ -481,11 +481,11 @@ do
   if collect then
     local cl = id
     local k = 0
-    while redis.call('EXISTS', tag .. ':calls:' .. cl) == 1 do
+    while redis.call('EXISTS', calls_key(tag, cl)) == 1 do
       k = k + 1
       cl = id .. '~' .. k
     end
-    redis.call('RPUSH', tag .. ':calls:' .. cl, element)
+    redis.call('RPUSH', calls_key(tag, cl), element)
     fields[10] = collect_embed  -- p: the embed; take.lua splices the body around it
     fields[#fields + 1] = 'cl'
     fields[#fields + 1] = cl

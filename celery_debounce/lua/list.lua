@@ -27,6 +27,8 @@
 -- period of a leading run (see gate.lua; nil otherwise), cb the bytes of a collect
 -- window's body (nil: not a collect window; see gate.lua).
 
+--@include keys
+
 local tag = ARGV[1]
 local start = ARGV[2]
 local skip = tonumber(ARGV[3])
@@ -109,7 +111,7 @@ for i = 1, #members, 2 do
     ok = string.find(key, pattern) ~= nil
   end
   if ok then
-    local row = redis.call('HMGET', tag .. ':open:' .. ident, 'id', 'fs', 'mw', 'n', 'mc', 'tr',
+    local row = redis.call('HMGET', open_key(tag, ident), 'id', 'fs', 'mw', 'n', 'mc', 'tr',
       'cb')
     if row[1] then
       found = found + 1

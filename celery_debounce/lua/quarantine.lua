@@ -12,9 +12,10 @@
 
 --@include now
 --@include aliases
+--@include keys
 
 local now = string.format('%d', now_ms())
-local key = ARGV[1] .. ':win:' .. ARGV[2]
+local key = win_key(ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[1], ARGV[2])
 if redis.call('EXISTS', key) == 0 then
   return {0}

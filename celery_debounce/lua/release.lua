@@ -14,13 +14,14 @@
 -- alone. Returns {how many were released, now ms (expiry = now + ARGV[1])}.
 
 --@include now
+--@include keys
 
 local now = now_ms()
 local at = string.format('%d', now + tonumber(ARGV[1]))
 local released = 0
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
-  local key = ARGV[2] .. ':win:' .. id
+  local key = win_key(ARGV[2], id)
   local tries, counted = string.match(ARGV[i + 1], '^(.-)(!?)$')
   local rec = redis.pcall('HMGET', key, 'st', 'tries')
   -- ZREM then ZADD (not ZADD XX): the first write never grows memory, so at maxmemory

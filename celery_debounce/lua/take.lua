@@ -112,6 +112,7 @@
 --@include now
 --@include close_to_record
 --@include task_of
+--@include keys
 
 local now = now_ms()
 local tag = ARGV[1]
@@ -124,7 +125,7 @@ local counted = 0
 local observer = ARGV[6] or ''
 local hot = nil
 if observer ~= '' then
-  hot = tag .. ':hot'
+  hot = hot_key(tag)
 end
 
 -- Upper bounds (ms) of the lateness buckets (ARGV[9..]); the last bucket is everything above.
@@ -166,7 +167,7 @@ local function window(key)
   local row = redis.call('HMGET', key, 'id', 'i', 'fs', 'dl', 'mw', 'n', 'ct', 'p', 'o', 'tries',
     'cx', 'ld', 'cl', 'fl')
   if row[13] then  -- a collect window: splice its body (see the header)
-    local list = tag .. ':calls:' .. row[13]
+    local list = calls_key(tag, row[13])
     local elements = redis.pcall('LRANGE', list, 0, -1)
     if failed(elements) then
       elements = {}
@@ -182,7 +183,7 @@ local function window(key)
   return row
 end
 
-local held = tag .. ':held'
+local held = held_key(tag)
 
 -- An exclusive window's run ended (or its claim lapsed): free its key, and put a
 -- window held behind it back in the due set.
@@ -191,11 +192,11 @@ local function free_run(id, key, due)
   if type(ident) ~= 'string' then
     return
   end
-  local run = tag .. ':run:' .. ident
+  local run = run_key(tag, ident)
   if redis.pcall('HGET', run, 'id') == id then
     redis.call('DEL', run)
     if redis.pcall('ZREM', held, ident) == 1 and
-        type(redis.pcall('HGET', tag .. ':open:' .. ident, 'hs')) == 'string' then
+        type(redis.pcall('HGET', open_key(tag, ident), 'hs')) == 'string' then
       redis.call('ZADD', due, now, ident)
     end
   end
@@ -203,7 +204,7 @@ end
 
 -- Claims whose lease passed: their worker died (or stopped renewing for a lease).
 -- ZREM first (maxmemory: see below).
-local claims = tag .. ':claims'
+local claims = claims_key(tag)
 -- A claims or held key of the wrong type (a foreign write) must not fail every take:
 -- read and written with pcall, such a key is left alone (no claim lapses, no hold).
 local lapse_upto = now
@@ -216,17 +217,17 @@ if failed(lapsed) then
 end
 for _, id in ipairs(lapsed) do
   redis.call('ZREM', claims, id)
-  local key = tag .. ':win:' .. id
+  local key = win_key(tag, id)
   local state = redis.pcall('HGET', key, 'st')  -- a wrong-typed key: an error, left alone
   if state == 'claimed' then
-    redis.call('ZREM', tag .. ':active', id)
+    redis.call('ZREM', active_key(tag), id)
     if redis.call('HGET', key, 'rd') then
       redis.call('HDEL', key, 'rd')
       redis.call('HSET', key, 'st', 'dispatching', 'sa', string.format('%d', now))
       redis.call('ZADD', KEYS[2], now, id)
     elseif redis.call('HGET', key, 'lv') then
       redis.call('HSET', key, 'st', 'queued', 'sa', string.format('%d', now))
-      redis.call('ZADD', tag .. ':expiring', 0, id)
+      redis.call('ZADD', expiring_key(tag), 0, id)
     else
       redis.call('HSET', key, 'st', 'stale', 'sa', string.format('%d', now))
       free_run(id, key, KEYS[1])
@@ -236,11 +237,11 @@ end
 
 -- A due window whose ident has an exclusive window in progress: held (see the header).
 local function held_by_run(ident, open)
-  local runner = redis.pcall('HGET', tag .. ':run:' .. ident, 'id')
+  local runner = redis.pcall('HGET', run_key(tag, ident), 'id')
   if type(runner) ~= 'string' then
     return false
   end
-  local st = redis.pcall('HGET', tag .. ':win:' .. runner, 'st')
+  local st = redis.pcall('HGET', win_key(tag, runner), 'st')
   if st == 'dispatching' or st == 'queued' or st == 'claimed' then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ident)
     if redis.pcall('ZADD', held, 'NX', now, ident) == 1 and
@@ -249,7 +250,7 @@ local function held_by_run(ident, open)
     end
     return true
   end
-  redis.call('DEL', tag .. ':run:' .. ident)
+  redis.call('DEL', run_key(tag, ident))
   redis.pcall('ZREM', held, ident)
   return false
 end
@@ -257,8 +258,8 @@ end
 -- An exclusive window taken: its key is in progress until its run ends. One that was
 -- held gets the ms it was held as a 14th element of its row (after fl).
 local function exclusive_taken(ident, id, key, row)
-  redis.call('HSET', tag .. ':run:' .. ident, 'id', id)
-  redis.call('PEXPIRE', tag .. ':run:' .. ident, ttl)
+  redis.call('HSET', run_key(tag, ident), 'id', id)
+  redis.call('PEXPIRE', run_key(tag, ident), ttl)
   local since = redis.call('HGET', key, 'hs')
   if since then
     redis.call('HDEL', key, 'hs')
@@ -273,11 +274,11 @@ end
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
-  local key = tag .. ':win:' .. id
+  local key = win_key(tag, id)
   local st = redis.pcall('HGET', key, 'st')
   if failed(st) then
     redis.call('ZREM', KEYS[2], id)
-    redis.call('ZADD', tag .. ':quarantine', now, id)
+    redis.call('ZADD', quarantine_key(tag), now, id)
     taken = taken + 1
     out[taken] = {key, st.err}
   elseif st == 'dispatching' then
@@ -298,8 +299,8 @@ for _, id in ipairs(expired) do
         counted = counted + 1
       end
       if out[taken][9] and string.find(out[taken][9], '"debounce_exclusive"', 1, true) then
-        redis.call('HSET', tag .. ':run:' .. out[taken][2], 'id', id)  -- flushed: in progress
-        redis.call('PEXPIRE', tag .. ':run:' .. out[taken][2], ttl)
+        redis.call('HSET', run_key(tag, out[taken][2]), 'id', id)  -- flushed: in progress
+        redis.call('PEXPIRE', run_key(tag, out[taken][2]), ttl)
       end
     end
   else
@@ -313,7 +314,7 @@ if taken < limit then
   for d = 1, #due, 2 do
     local ident = due[d]
     redis.call('ZREM', KEYS[1], ident)
-    local open = tag .. ':open:' .. ident
+    local open = open_key(tag, ident)
     local id = redis.pcall('HGET', open, 'id')
     if failed(id) then
       taken = taken + 1
@@ -321,8 +322,8 @@ if taken < limit then
     elseif id and held_by_run(ident, open) then
       taken = taken  -- held: left open, due again later (see the header)
     elseif id then
-      if redis.call('HGET', tag .. ':ids', id) == ident then
-        redis.call('HDEL', tag .. ':ids', id)
+      if redis.call('HGET', ids_key(tag), id) == ident then
+        redis.call('HDEL', ids_key(tag), id)
       end
       local key
       key, id = close_to_record(tag, open, id, string.format('%d', now))
@@ -352,17 +353,17 @@ end
 
 -- Bounded pruning of active ids whose record expired (never finished).
 local PRUNE = 20
-local active = tag .. ':active'
+local active = active_key(tag)
 local stale = redis.call('ZRANGEBYSCORE', active, '-inf',
   string.format('%d', now - tonumber(ttl)), 'LIMIT', 0, PRUNE)
 for _, id in ipairs(stale) do
-  if redis.call('EXISTS', tag .. ':win:' .. id) == 0 then
+  if redis.call('EXISTS', win_key(tag, id)) == 0 then
     redis.call('ZREM', active, id)
   end
 end
 
 if hot and taken > 0 then
-  local seen = tag .. ':dispatchers'
+  local seen = dispatchers_key(tag)
   redis.pcall('ZREMRANGEBYRANK', hot, 0, -1 - tonumber(ARGV[7]))
   redis.pcall('PEXPIRE', hot, ARGV[5])
   redis.pcall('ZADD', seen, now, observer)

@@ -1,5 +1,6 @@
 """The Lua library (celery_debounce/lua/lib/): the loader's ``--@include`` lines, what each
-script includes, and the one owner of gate.lua's ARGV positions."""
+script includes, the one owner of gate.lua's ARGV positions, and of the scripts' key
+names (lib/keys.lua, checked against layout.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from celery_debounce import layout
 from celery_debounce.store import scripts
 from celery_debounce.store.scripts import (
     SCRIPT_NAMES,
@@ -65,17 +67,52 @@ def test_the_package_library_raises_for_an_unknown_piece() -> None:
         inline_includes("--@include missing_piece\n", "gate.lua")
 
 
-def defined(piece: str) -> str:
+#: Pieces that define a family of functions rather than one: lib/keys.lua, a builder
+#: per key name.
+FAMILIES = {"keys"}
+
+
+def defines(piece: str) -> list[str]:
+    """The functions ``lib/<piece>.lua`` defines: one, or a family (:data:`FAMILIES`)."""
     text = (LUA / "lib" / f"{piece}.lua").read_text("utf-8")
     names = re.findall(r"^local function ([a-z_]+)\(", text, re.MULTILINE)
-    assert len(names) == 1, f"lib/{piece}.lua must define one function, defines {names}"
-    return names[0]
+    if piece in FAMILIES:
+        assert names, f"lib/{piece}.lua defines no function"
+    else:
+        assert len(names) == 1, f"lib/{piece}.lua must define one function, defines {names}"
+    return names
+
+
+def lua_code(text: str) -> tuple[str, list[str]]:
+    """Lua ``text`` without its comments (``--`` outside a string literal, to the line's
+    end), and the contents of its string literals (quoted on one line, as the scripts
+    write them; no long brackets)."""
+    lines: list[str] = []
+    literals: list[str] = []
+    for line in text.splitlines():
+        i, quote, start = 0, "", 0
+        while i < len(line):
+            c = line[i]
+            if quote:
+                if c == "\\":
+                    i += 1  # the escaped character
+                elif c == quote:
+                    literals.append(line[start:i])
+                    quote = ""
+            elif c in "'\"":
+                quote, start = c, i + 1
+            elif line.startswith("--", i):
+                line = line[:i]
+                break
+            i += 1
+        lines.append(line)
+    return "\n".join(lines), literals
 
 
 @pytest.mark.parametrize("piece", library_names())
 def test_each_piece_opens_with_what_it_defines_and_touches(piece: str) -> None:
     text = (LUA / "lib" / f"{piece}.lua").read_text("utf-8")
-    assert text.startswith(f"-- lib/{piece}.lua: defines {defined(piece)}(")
+    assert text.startswith(f"-- lib/{piece}.lua: defines {defines(piece)[0]}(")
     header = text.split("\nlocal function", 1)[0]
     assert "Touches" in header
 
@@ -83,13 +120,18 @@ def test_each_piece_opens_with_what_it_defines_and_touches(piece: str) -> None:
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_a_script_includes_only_what_it_uses(name: str) -> None:
     raw = (LUA / f"{name}.lua").read_text("utf-8")
+    code = lua_code(raw)[0]
     flat = script_source(name)
     assert "--@include" not in flat
     for piece in re.findall(r"^--@include (\S+)$", raw, re.MULTILINE):
-        function = defined(piece)
-        uses = re.findall(rf"\b{function}\(", raw)
-        assert uses, f"{name}.lua includes {piece} but never calls {function}"
-        assert flat.count(f"local function {function}(") == 1
+        functions = defines(piece)
+        if piece in FAMILIES:  # one of them, called or passed (doctor_ttl's table)
+            uses = [f for f in functions if re.search(rf"\b{f}\b", code)]
+        else:
+            uses = re.findall(rf"\b{functions[0]}\(", code)
+        assert uses, f"{name}.lua includes {piece} but never calls {', '.join(functions)}"
+        for function in functions:
+            assert flat.count(f"local function {function}(") == 1
 
 
 def test_every_piece_is_used() -> None:
@@ -199,3 +241,106 @@ def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> 
     assert collect_args[at["edge"]] == collect_args[at["history_ttl"]] == ""
     assert collect_args[at["budget"]] == settings.max_payload_bytes
     assert collect_args[at["collect_embed"]] == collect.collect_embed
+
+
+# -- lib/keys.lua: the scripts' one owner of key names -----------------------------------
+
+#: keys.lua's builders of one window's keys and of one shard's, each named as its twin
+#: in layout.py (the check below calls that twin by the same name).
+WINDOW_KEYS = ("open_key", "win_key", "run_key", "quiet_key", "calls_key", "cancel_marker_key")
+SHARD_KEYS = (
+    "ids_key",
+    "due_key",
+    "leased_key",
+    "active_key",
+    "claims_key",
+    "held_key",
+    "expiring_key",
+    "quarantine_key",
+    "stats_key",
+    "hot_key",
+    "dispatchers_key",
+    "shard_wake_channel",
+)
+
+#: Builds every name keys.lua builds for ARGV[1] (a tag) and ARGV[2] (an ident or id),
+#: and reads them back (open_ident, prefix_of), in the order of the tuples above.
+KEYS_PROBE = f"""--@include keys
+local tag, name = ARGV[1], ARGV[2]
+local out = {{}}
+for _, build in ipairs({{{", ".join(WINDOW_KEYS)}}}) do out[#out + 1] = build(tag, name) end
+for _, build in ipairs({{{", ".join(SHARD_KEYS)}}}) do out[#out + 1] = build(tag) end
+out[#out + 1] = wake_channel(prefix_of(tag))
+out[#out + 1] = open_ident(tag, open_key(tag, name))
+out[#out + 1] = prefix_of(tag)
+return out
+"""
+
+
+def test_keys_lua_defines_the_builders_the_check_covers() -> None:
+    covered = {*WINDOW_KEYS, *SHARD_KEYS, "wake_channel", "open_ident", "prefix_of"}
+    assert set(defines("keys")) == covered
+
+
+@pytest.mark.parametrize(
+    "prefix, tag",
+    [
+        ("debounce", layout.shard_tag("debounce", 0)),
+        ("my:app", layout.shard_tag("my:app", 7)),
+        ("préfixe", layout.shard_tag("préfixe", 2)),
+        # Redis Cluster tags: the shard alone ({9}), and <shard>.<k> ({0.13})
+        ("debounce", layout.cluster_shard_tags("debounce", 16)[9]),
+        ("debounce", layout.cluster_shard_tags("debounce", 16)[0]),
+    ],
+)
+def test_keys_lua_builds_the_names_layout_py_builds(
+    redis_client: redis.Redis, prefix: str, tag: str
+) -> None:
+    assert tag.startswith(prefix + ":{")
+    probe = inline_includes(KEYS_PROBE, "probe.lua")
+    for name in (
+        layout.window_ident("t", "k"),
+        layout.window_ident("tâche", "clé: {x} ~1"),  # braces, colons, non-ASCII
+        "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99",
+        "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99~1700000000000~2",  # an id renamed aside
+    ):
+        got = [v.decode("utf-8") for v in redis_client.eval(probe, 0, tag, name)]
+        want = [
+            *(getattr(layout, b)(tag, name) for b in WINDOW_KEYS),
+            *(getattr(layout, b)(tag) for b in SHARD_KEYS),
+            layout.wake_channel(prefix),
+            name,
+            prefix,
+        ]
+        assert got == want
+        # every key of one window and shard is in the shard's slot
+        assert {layout.key_slot(k) for k in got[: len(WINDOW_KEYS) + len(SHARD_KEYS)]} == {
+            layout.key_slot(tag)
+        }
+
+
+#: A string literal that spells a key name: ':' then a kind keys.lua builds (':win:',
+#: ':ids', ...), or a bare ':' (a name joined from parts).
+def key_kinds() -> set[str]:
+    _, literals = lua_code((LUA / "lib" / "keys.lua").read_text("utf-8"))
+    return {m for lit in literals for m in re.findall(r"^:(\w+):?$", lit)}
+
+
+def test_key_kinds_are_read_from_keys_lua() -> None:
+    assert {"open", "win", "run", "ids", "due", "held", "wake"} <= key_kinds()
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        p.relative_to(LUA).as_posix()
+        for p in [*LUA.glob("*.lua"), *LUA.glob("lib/*.lua")]
+        if p.name != "keys.lua"
+    ),
+)
+def test_no_script_but_keys_lua_spells_a_key_name(path: str) -> None:
+    code, literals = lua_code((LUA / path).read_text("utf-8"))
+    spelled = re.compile(rf"(^:$|:({'|'.join(sorted(key_kinds()))})\b)")
+    assert [lit for lit in literals if spelled.search(lit)] == []
+    # nor finds a name's parts by their length (gate.lua's ident after '}:open:')
+    assert "#tag +" not in code

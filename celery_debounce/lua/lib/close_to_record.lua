@@ -7,15 +7,16 @@
 -- (st, i, dl, tries, TTL, lease).
 -- Touches: open (renamed), <tag>:win:<id> or <tag>:win:<id>~<stamp>~<k> (EXISTS, then
 -- the rename's target; fields id, na, a<na> when renamed aside).
+--@include keys
 local function close_to_record(tag, open, id, stamp)
-  local key = tag .. ':win:' .. id
+  local key = win_key(tag, id)
   if redis.call('RENAMENX', open, key) == 0 then
     local held = id
     local k = 0
     repeat
       k = k + 1
       id = held .. '~' .. stamp .. '~' .. k
-      key = tag .. ':win:' .. id
+      key = win_key(tag, id)
     until redis.call('EXISTS', key) == 0
     redis.call('RENAME', open, key)
     local na = redis.call('HINCRBY', key, 'na', 1)
