@@ -512,6 +512,27 @@ MUTATIONS: list[Mutation] = [
         "tests/producer/test_send_paths.py::"
         "test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_master",
     ),
+    one(
+        "a cluster script goes through the cluster client's retry",
+        "inv 13 on a cluster: a script whose reply was lost is unknown, never sent again",
+        PKG + "store/cluster.py",
+        "            return self.send_on_node(\n"
+        '                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name, '
+        "operation=name\n"
+        "            )[0]",
+        "            return self.run(name, keys, args)",
+        ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
+        "[gate-drop]",
+    ),
+    one(
+        "a lone cluster call whose write timed out is sent again (write timeout)",
+        "a write that timed out on a cluster node costs one timeout: a lone call is not resent",
+        PKG + "store/transport.py",
+        "                    if attempt >= 2 or isinstance(exc, redis.TimeoutError):\n",
+        "                    if attempt >= 2:\n",
+        ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
+        "[gate-stall-write]",
+    ),
     # -- issue 19: the documented ACL line is complete -----------------------------
     one(
         "the documented ACL line lacks +wait",

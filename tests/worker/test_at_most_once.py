@@ -15,6 +15,9 @@ or a refusal); the caller has its answer in seconds; an error is a
 DebounceBackendError, and one whose command may have run says that its outcome is
 unknown (DebounceOutcomeUnknown). Cancel and bulk chunks learn their outcome after a
 lost reply (cancel's per-call token, the chunk's marker): they may succeed, once.
+The gate cases (alone, then WAIT, a bulk chunk with and without WAIT) also run on a
+real Redis Cluster, a proxy in front of each node, under the lost reply, the silent
+server and the stopped read.
 
 Before the fix, a lost reply made ``_evalsha`` hand the command to redis-py again: a
 collect call was stored twice, a leading+trailing call of one ran twice, one call
@@ -36,6 +39,7 @@ import redis
 from celery import Celery
 from fault_proxy import FAULTS, FaultProxy, command, evalsha_of
 from helpers import make_app, wait_until
+from redis.crc import key_slot
 
 from celery_debounce import (
     DebounceAdmin,
@@ -45,6 +49,8 @@ from celery_debounce import (
     enqueue_many,
 )
 from celery_debounce.store import store_for
+from celery_debounce.store.cluster import ClusterTransport
+from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
 TAG = "debounce:{0}"
@@ -285,6 +291,52 @@ CASES = {
 }
 
 
+def _judge(
+    name: str,
+    fault: str,
+    heavy: bool,
+    error: BaseException | None,
+    effect: int,
+    elapsed: float,
+    app: Celery,
+) -> None:
+    """What the caller of case ``name`` got under ``fault`` (``error``, after
+    ``elapsed`` s) and how many times it took effect in Redis, against the rules."""
+    case = CASES[name]
+    assert elapsed < 8, f"the caller waited {elapsed:.1f} s"
+    assert effect <= 1, f"{name} took effect {effect} times"
+    if error is not None:
+        assert isinstance(error, DebounceBackendError), repr(error)
+    if name == "cancel" and effect:  # never a window dropped with its result unrevoked
+        assert app.AsyncResult(app.conf.test_window_id).state == "REVOKED"
+    if fault == "noscript":
+        assert error is None and effect == 1
+    elif fault == "stall-write":  # Redis never got its end: it did not run
+        assert effect == int(error is None), f"{name}: {effect} runs, error {error!r}"
+        assert error is not None or case.recovers, f"{name}: no error after a lost write"
+        if heavy:
+            assert error is not None and "Timeout writing" in str(error.__cause__ or error)
+        if heavy and not case.waited and not case.several:
+            # one command, cut part-way: unreachable, not unknown; not sent again
+            assert not isinstance(error, DebounceOutcomeUnknown), repr(error)
+        elif heavy and case.waited and not case.recovers:
+            # the script then WAIT: the script may be complete, so unknown, never resent
+            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
+        elif error is not None and not case.recovers:  # a small write: its reply lost
+            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
+    elif fault.startswith("error") or fault == "refuse":
+        assert error is not None
+        if not case.several:
+            assert effect == 0
+            assert not isinstance(error, DebounceOutcomeUnknown) or fault == "refuse"
+        # several: after LOADING redis-py drops the connection, the later replies are lost
+    elif error is None:  # drop, stall: only an operation that learns its outcome succeeds
+        assert case.recovers and effect == 1, f"{name}: no error after a lost reply"
+    elif not case.recovers:
+        assert isinstance(error, DebounceOutcomeUnknown), repr(error)
+        assert "outcome is unknown" in str(error)
+
+
 @pytest.fixture(scope="module")
 def replica(redis_server: str) -> Iterator[LocalRedis]:
     """A replica of the session's server: WAIT 1 is acknowledged."""
@@ -343,39 +395,100 @@ def test_every_script_is_sent_at_most_once_under_every_fault(
     elapsed = time.monotonic() - started
     fault_proxy.disarm()
     assert fault_proxy.fired == 1, "the fault was not injected"
-    effect = case.effect(redis_client) - before
-    assert elapsed < 8, f"the caller waited {elapsed:.1f} s"
-    assert effect <= 1, f"{name} took effect {effect} times"
-    if error is not None:
-        assert isinstance(error, DebounceBackendError), repr(error)
-    if name == "cancel" and effect:  # never a window dropped with its result unrevoked
-        assert app.AsyncResult(app.conf.test_window_id).state == "REVOKED"
-    if fault == "noscript":
-        assert error is None and effect == 1
-    elif fault == "stall-write":  # Redis never got its end: it did not run
-        assert effect == int(error is None), f"{name}: {effect} runs, error {error!r}"
-        assert error is not None or case.recovers, f"{name}: no error after a lost write"
-        if heavy:
-            assert error is not None and "Timeout writing" in str(error.__cause__ or error)
-        if heavy and not case.waited and not case.several:
-            # one command, cut part-way: unreachable, not unknown; not sent again
-            assert not isinstance(error, DebounceOutcomeUnknown), repr(error)
-        elif heavy and case.waited and not case.recovers:
-            # the script then WAIT: the script may be complete, so unknown, never resent
-            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
-        elif error is not None and not case.recovers:  # a small write: its reply lost
-            assert isinstance(error, DebounceOutcomeUnknown), repr(error)
-    elif fault.startswith("error") or fault == "refuse":
-        assert error is not None
-        if not case.several:
-            assert effect == 0
-            assert not isinstance(error, DebounceOutcomeUnknown) or fault == "refuse"
-        # several: after LOADING redis-py drops the connection, the later replies are lost
-    elif error is None:  # drop, stall: only an operation that learns its outcome succeeds
-        assert case.recovers and effect == 1, f"{name}: no error after a lost reply"
-    elif not case.recovers:
-        assert isinstance(error, DebounceOutcomeUnknown), repr(error)
-        assert "outcome is unknown" in str(error)
+    _judge(name, fault, heavy, error, case.effect(redis_client) - before, elapsed, app)
+
+
+#: The cluster's share of the matrix: the gate alone and its writes of several
+#: commands. A cluster has no combiner of threads' calls (``store.node._Combiner`` is a
+#: single node's): its combined gate writes are a gate then ``WAIT`` and a bulk chunk's
+#: ``MULTI``/``EXEC`` (then ``WAIT``), all through ``ClusterTransport.send_on_node``.
+CLUSTER_CASES = ("gate", "gate-wait-replicas", "bulk-chunk", "bulk-chunk-wait-replicas")
+
+
+@pytest.fixture
+def cluster_proxies(
+    redis_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[int, FaultProxy]]:
+    """A fault proxy in front of every node of the session's cluster, by the node's
+    port. Cluster clients built meanwhile reach each node through its proxy: redis-py's
+    ``address_remap`` is given to the client ``store.connect`` builds (nothing else of
+    it changes), so the topology, MOVED and every connection of the store go through
+    the proxies."""
+    redis_cluster.wait_ok()
+    redis_cluster.flushall()
+    proxies = {node.port: FaultProxy(node.port) for node in redis_cluster.running()}
+    ports = {port: proxy.port for port, proxy in proxies.items()}
+    built = redis.RedisCluster.from_url.__func__
+
+    def through_proxies(cls: type[redis.RedisCluster], url: str, **kwargs: Any) -> Any:
+        remap = lambda addr: (addr[0], ports.get(addr[1], addr[1]))  # noqa: E731
+        return built(cls, url, address_remap=remap, **kwargs)
+
+    monkeypatch.setattr(redis.RedisCluster, "from_url", classmethod(through_proxies))
+    try:
+        yield proxies
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("fault", ["drop", "stall", "stall-write"])
+@pytest.mark.parametrize("name", CLUSTER_CASES)
+def test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once(
+    name: str,
+    fault: str,
+    cluster_proxies: dict[int, FaultProxy],
+    redis_cluster: LocalCluster,
+    redis_server: str,
+) -> None:
+    """The matrix's gate cases on a real Redis Cluster, the fault injected by a proxy in
+    front of each node (the one that serves the windows' slot fires): a lost reply
+    (``drop``, ``stall``) is ``DebounceOutcomeUnknown``; under ``stall-write`` the call
+    carries several MB and its write times out on the node: a gate then ``WAIT`` is
+    ``DebounceOutcomeUnknown`` (the gate may have arrived complete), a gate alone is
+    unreachable (its end never left, it did not run), a bulk chunk reads its marker; and
+    the script is never sent twice (each call counted at most once on the node)."""
+    case = CASES[name]
+    heavy = case.heavy and fault == "stall-write"
+    master = redis_cluster.node_of_slot(key_slot(b"0"))  # one shard: tag debounce:{0}
+    node = redis.Redis(port=master)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{cluster_proxies[master].url}/0",
+        debounce_redis_cluster=True,
+        debounce_shards=1,
+        debounce_redis_timeout=1.0,
+        debounce_redis_wait_replicas=int(case.waited),
+        debounce_max_payload_bytes=2 * len(BIG),
+        test_heavy=heavy,
+    )
+    store = store_for(app)
+    assert isinstance(store.transport, ClusterTransport)
+    for script in store.scripts.values():  # a lost NOSCRIPT reply would prove nothing
+        node.script_load(script.script)
+    act = case.setup(app, node)
+    before = case.effect(node)
+    chunk = name.startswith("bulk-chunk") and fault in ("drop", "stall")
+    matcher = command(b"EXEC") if chunk else evalsha_of(store.scripts[case.script].sha)
+    for proxy in cluster_proxies.values():
+        proxy.arm(fault, matcher)
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        act()
+    except Exception as exc:
+        error = exc
+    elapsed = time.monotonic() - started
+    for proxy in cluster_proxies.values():
+        proxy.disarm()
+    assert cluster_proxies[master].fired == 1, "the fault was not injected on the master"
+    assert sum(proxy.fired for proxy in cluster_proxies.values()) == 1
+    _judge(name, fault, heavy, error, case.effect(node) - before, elapsed, app)
+    if fault == "stall-write" and heavy and not case.recovers:
+        # never a plain backend error where the gate may have run (a gate then WAIT)
+        assert isinstance(error, DebounceOutcomeUnknown) == case.waited, repr(error)
+    node.close()
 
 
 def test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again(
