@@ -23,14 +23,8 @@ from ..aliases import resolve_aliases
 from ..errors import DebounceBackendError
 from ..layout import SHARD_HEADER, layout_tags
 from ..signals import window_quarantined
-from ..store import (
-    Shard,
-    TakenWindow,
-    TakeResult,
-    WakeListener,
-    WindowStore,
-    store_for,
-)
+from ..store import Shard, TakenWindow, TakeResult, store_for
+from ..store.api import DispatcherStore, WakeListening
 from .outcomes import MAX_TRIES, WindowActions
 from .publishers import BROKER_WIDE_CODES as BROKER_WIDE_CODES
 from .publishers import KEY_DEPENDENT_CODES as KEY_DEPENDENT_CODES
@@ -71,7 +65,7 @@ class Dispatcher:
     def __init__(self, app: Celery, name: str = "dispatcher") -> None:
         self.app = app
         self.name = name
-        self.store = store_for(app)
+        self.store: DispatcherStore = store_for(app)
         self.settings = self.store.settings
         #: the app's producer pool, or (AMQP) a confirming channel of our own
         self.publisher: Publisher = publisher_for(app, self.store, self._shared_fault)
@@ -79,7 +73,7 @@ class Dispatcher:
         self.actions = WindowActions(app, self.store)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wake: WakeListener | None = None
+        self._wake: WakeListening | None = None
         #: legacy shards (settings.legacy_shards) not yet seen empty by this dispatcher
         self._draining: list[int] = list(self.settings.legacy_shards)
         #: shard -> when (monotonic) this dispatcher last finished its expired windows
@@ -351,7 +345,7 @@ class Dispatcher:
 
     # -- loop ---------------------------------------------------------------
     @property
-    def backend(self) -> WindowStore:
+    def backend(self) -> DispatcherStore:
         """:attr:`store` under its name before ``store``: deprecated, warns."""
         warnings.warn(
             "Dispatcher.backend is deprecated: use Dispatcher.store",

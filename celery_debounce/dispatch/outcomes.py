@@ -32,7 +32,8 @@ from ..signals import (
     window_held,
     window_quarantined,
 )
-from ..store import Shard, TakenWindow, WindowStore
+from ..store import Shard, TakenWindow
+from ..store.api import DispatcherStore
 
 __all__ = ["ACTIONS", "MAX_TRIES", "Action", "Outcome", "Outcomes", "WindowActions"]
 
@@ -175,7 +176,7 @@ class Outcomes:
 class WindowActions:
     """Applies a take's outcomes to the store: ack, release, quarantine (:data:`ACTIONS`)."""
 
-    def __init__(self, app: Celery, store: WindowStore) -> None:
+    def __init__(self, app: Celery, store: DispatcherStore) -> None:
         self.app = app
         self.store = store
         self.settings = store.settings

@@ -34,11 +34,11 @@ from ..sentinel import redact
 from ..store import (
     CONNECTION_ERRORS,
     TakenWindow,
-    WindowStore,
     is_error_reply,
     pipeline_failed_at,
     reply_code,
 )
+from ..store.api import BaseStore
 from .confirms import ConfirmingPublisher, uses_confirms
 from .outcomes import MAX_TRIES, Outcome, Outcomes
 
@@ -133,7 +133,7 @@ class MessageSender:
     """Builds one window's message from its record and publishes it on a producer;
     tells a fault of the broker as a whole from one message's."""
 
-    def __init__(self, app: Celery, store: WindowStore) -> None:
+    def __init__(self, app: Celery, store: BaseStore) -> None:
         self.store = store
         self.settings = store.settings
         self.messages = WindowMessage(app)
@@ -245,7 +245,7 @@ class Publisher(Protocol):
         """Drop what it holds open (the next publish opens it again)."""
 
 
-def publisher_for(app: Celery, store: WindowStore, note_fault: NoteFault) -> Publisher:
+def publisher_for(app: Celery, store: BaseStore, note_fault: NoteFault) -> Publisher:
     """An :class:`AmqpPublisher` on an AMQP broker (py-amqp), else a :class:`PoolPublisher`."""
     sender = MessageSender(app, store)  # first: refuses a broker URL kombu cannot read
     if uses_confirms(app):

@@ -29,9 +29,8 @@ from ..aliases import parse_aliases, resolve_aliases
 from ..errors import DebounceBackendError, WindowNotFound, WindowNotPending
 from ..layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
 from ..signals import window_cancelled
-from ..store import Cancelled, CancelOutcomeUnknown, WindowStore, store_for
+from ..store import Cancelled, CancelOutcomeUnknown, store_for
 from ..store.api import OperatorStore
-from ..store.operators import SNAPSHOT_COMMANDS
 from .read_view import (
     WindowInfo,
     list_windows,
@@ -43,7 +42,6 @@ from .read_view import (
 logger = logging.getLogger("celery_debounce.admin")
 
 __all__ = [
-    "COMMANDS_PER_SHARD",
     "LATE_BUCKETS_MS",
     "DebounceAdmin",
     "Held",
@@ -209,11 +207,11 @@ class DebounceAdmin:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
-        self.store: WindowStore = store_for(app)
+        self.store: OperatorStore = store_for(app)
         self.settings = self.store.settings
 
     @property
-    def backend(self) -> WindowStore:
+    def backend(self) -> OperatorStore:
         """:attr:`store` under its name before ``store``: deprecated, warns."""
         warnings.warn(
             "DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
@@ -223,7 +221,7 @@ class DebounceAdmin:
         return self.store
 
     @backend.setter
-    def backend(self, store: WindowStore) -> None:
+    def backend(self, store: OperatorStore) -> None:
         warnings.warn(
             "DebounceAdmin.backend is deprecated: use DebounceAdmin.store",
             DeprecationWarning,
@@ -490,10 +488,10 @@ class DebounceAdmin:
 
 
 def flush_window(
-    store: WindowStore, shard: int, ident: str, task_id: str = ""
+    store: OperatorStore, shard: int, ident: str, task_id: str = ""
 ) -> WindowInfo | None:
     """Close the pending window of ``ident`` (with ``task_id`` if given) and make it due
-    now (:meth:`WindowStore.flush`). Returns the window as flushed, or None."""
+    now (:meth:`OperatorStore.flush`). Returns the window as flushed, or None."""
     record = store.flush(shard, ident, task_id)
     return None if record is None else window_info(record, shard, "dispatching")
 
@@ -550,11 +548,6 @@ class Snapshot:
         for row in self.tasks.values():
             total.merge(row)
         return total
-
-
-#: Redis commands one refresh sends per shard (plus one TIME) on the Redis store (any
-#: store's own: its ``snapshot_commands()``).
-COMMANDS_PER_SHARD = SNAPSHOT_COMMANDS
 
 
 def read_snapshot(store: OperatorStore) -> Snapshot:

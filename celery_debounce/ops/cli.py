@@ -546,12 +546,15 @@ def doctor(
     longer than --held-after behind a run (reported, never repaired). Each finding
     names its key and task. Exit 0 when there is none, else 1 (also after --repair).
     """
+    from ..store import WindowStore
     from .doctor import CHECKS, diagnose, render
 
-    admin = _admin(ctx)
+    store = _admin(ctx).store
+    if not isinstance(store, WindowStore):  # its checks read Redis's own keys (doctor.py)
+        raise click.ClickException("doctor checks a Redis store only")
     try:
         findings = diagnose(
-            admin.store,
+            store,
             repair=repair,
             grace_ms=int(grace * 1000),
             held_after_ms=int(held_after * 1000),

@@ -4,6 +4,11 @@ store's invariants (docs/operations.md, "Doctor").
 Each check is one ``doctor_*.lua`` script per batch of keys that decides from the
 state it reads, atomically: a window opening, taken, claimed or finishing meanwhile is
 never a finding, and a repair applied twice changes nothing more.
+
+Redis-only by design: its findings are Redis keys and the invariants of the Redis
+layout (docs/design.md, "The store contract"), outside the role Protocols of
+:mod:`celery_debounce.store.api`, so it takes the concrete
+:class:`~celery_debounce.store.WindowStore` (and spells the layout's key fragments).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from typing import Any
 from celery import Celery
 
 from ..layout import TAKEN_SETS, Record, ident_prefix, split_ident, window_ident
-from ..store import WindowStore, store_for
+from ..store import store_for
+from ..store.api import OperatorStore
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
@@ -61,7 +62,7 @@ def window_info(
 ) -> WindowInfo:
     """A decoded record (layout.decode_record) as operators see it; ``state`` is used
     when the record holds none (a pending window); ``quiet_until_ms``: the end of the
-    quiet period a leading run still owns (``WindowStore.quiet_ends``)."""
+    quiet period a leading run still owns (``OperatorStore.quiet_ends``)."""
     raw = record.ident or ""
     try:
         task, key = split_ident(raw)
@@ -85,14 +86,14 @@ def window_info(
     )
 
 
-def pending_info(store: WindowStore, ident: str, shard: int) -> WindowInfo | None:
+def pending_info(store: OperatorStore, ident: str, shard: int) -> WindowInfo | None:
     """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
     record = store.pending(shard, ident)
     return None if record is None else window_info(record, shard, "pending")
 
 
 def _shard_windows(
-    store: WindowStore,
+    store: OperatorStore,
     shard: int,
     wanted: set[str],
     task: str | None,
@@ -143,7 +144,7 @@ _WALK_MAX = 20000
 
 
 def walk_pending(
-    store: WindowStore,
+    store: OperatorStore,
     shard: int,
     *,
     task: str | None = None,
@@ -222,7 +223,7 @@ def list_windows(
     The sets are read one after the other, not atomically: a window taken between
     two reads is listed once, in its later state.
     """
-    store = store_for(app)
+    store: OperatorStore = store_for(app)
     wanted = set(states) if states else set(STATES)
     by_id: dict[str, WindowInfo] = {}
     for shard in range(store.settings.shards):

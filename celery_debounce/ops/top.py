@@ -32,7 +32,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceError
 from ..store import store_for
-from .admin import COMMANDS_PER_SHARD, Held, Snapshot, read_snapshot
+from .admin import Held, Snapshot, read_snapshot
 from .formatting import config_error
 from .top_history import CENSUS_STEP, Census, History
 from .top_render import Line, as_json, can_encode, fit, render
@@ -220,7 +220,6 @@ def top(
 
 __all__ = [
     "CENSUS_STEP",
-    "COMMANDS_PER_SHARD",
     "Census",
     "Held",
     "History",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..store import WindowStore
+from ..store.api import OperatorStore
 from .admin import Snapshot, TaskStats
 
 #: How far back the per-minute figures (lateness, coalescing, forced) look.
@@ -35,7 +35,7 @@ class Census:
     at: float | None = None  # when it completed (Redis clock, s)
     passes: int = 0
 
-    def step(self, store: WindowStore, now_ms: int) -> None:
+    def step(self, store: OperatorStore, now_ms: int) -> None:
         shards = store.settings.shards
         for shard in range(shards):
             if shard in self.done:

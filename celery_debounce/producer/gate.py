@@ -24,7 +24,7 @@ from ..store.domain import PayloadTooLarge, ReplaceRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
-    from ..store import WindowStore
+    from ..store.api import ProducerStore
     from .call import PreparedCall
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-def enter(store: WindowStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
+def enter(store: ProducerStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
     """Send one call through the gate: one EVALSHA round trip.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the

@@ -41,6 +41,7 @@ from ..ops.read_view import WindowInfo
 from ..producer.collect import DebouncedCall
 from ..settings import settings_for
 from ..store import WindowStore, store_for
+from ..store.api import OperatorStore, Store
 
 if TYPE_CHECKING:  # pragma: no cover
     import fakeredis
@@ -89,8 +90,8 @@ def _decode(app: Celery, content_type: str, payload: Any) -> tuple[tuple[Any, ..
 def _pending(
     app: Celery,
     task: Any = None,
-) -> Iterator[tuple[WindowStore, int, str, PendingWindow]]:
-    store = store_for(app)
+) -> Iterator[tuple[OperatorStore, int, str, PendingWindow]]:
+    store: OperatorStore = store_for(app)
     name = _task_name(task)
     prefix = None if name is None else ident_prefix(name)
     for shard in range(store.settings.shards):
@@ -170,7 +171,7 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     """
     name = _task_name(task)
     _make_due(app, task)
-    store = store_for(app)
+    store: Store = store_for(app)  # taken as a dispatcher does, finished as a worker does
     results: list[EagerResult] = []
     errors: list[BaseException] = []
     for shard in range(store.settings.shards):

@@ -26,7 +26,7 @@ from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
 from celery_debounce.layout import HOT_KEYS_KEPT, window_ident
 from celery_debounce.ops.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.ops.formatting import cell_width
-from celery_debounce.ops.top import COMMANDS_PER_SHARD, History, Snapshot, read_snapshot, render
+from celery_debounce.ops.top import History, Snapshot, read_snapshot, render
 from celery_debounce.store import store_for
 from celery_debounce.testing.servers import free_port
 
@@ -468,7 +468,7 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
             read_snapshot(backend)
         costs[total] = _commands(redis_client)
     # TIME plus one pipeline per shard, nothing that grows with the windows
-    assert costs[20] == costs[20_000] == 5 * (1 + COMMANDS_PER_SHARD * shards)
+    assert costs[20] == costs[20_000] == 5 * (1 + backend.snapshot_commands() * shards)
 
 
 def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
