@@ -1740,11 +1740,21 @@ MUTATIONS: list[Mutation] = [
         "a debounce_exclusive window held behind a run is counted as a max-wait violation",
         "max_wait_violations_total counts a held exclusive window only past the later of its "
         "ceiling and the end of the run it was held behind",
-        PKG + "worker/ceiling.py",
-        "        ceiling = max(ceiling, int(deadline))  # held behind a run until then\n",
-        "        pass\n",
+        PKG + "store/runs.py",
+        "            ceiling = max(ceiling, int(deadline))  # held behind a run until then\n",
+        "            pass\n",
         "tests/ops/test_operator_signals.py::"
         "test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation",
+    ),
+    one(
+        "PostgreSQL: a held exclusive window's lateness counts from its own ceiling",
+        "max_wait_violations_total counts a held exclusive window only past the later of its "
+        "ceiling and the end of the run it was held behind",
+        PKG + "store/postgres/runs.py",
+        '"SELECT debounce_ms(clock_timestamp()) - CASE WHEN exclusive AND held_ms > 0 "',
+        '"SELECT debounce_ms(clock_timestamp()) - CASE WHEN false "',
+        PGC + "test_a_run_is_late_past_its_ceiling_or_past_the_end_of_the_run_it_was_held_"
+        "behind[postgres]",
     ),
     one(
         "inspect shows a held window's next look as when it runs",

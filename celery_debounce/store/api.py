@@ -198,7 +198,10 @@ class WorkerStore(BaseStore, Protocol):
         stays held; False if it was not claimed."""
 
     def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
-        """How late past its max-wait ceiling this run starts (None: unknown)."""
+        """How many ms past its ceiling this run starts now, on the store's clock
+        (negative: before it; None: unknown). The ceiling is first call + max wait; for
+        a ``debounce_exclusive`` window held behind a run, the end of that run if later
+        (docs/configuration.md, ``debounce_exclusive``)."""
 
 
 class OperatorStore(BaseStore, Protocol):

@@ -14,8 +14,6 @@ from redis.commands.core import Script
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..layout import (
     CANCEL_FIELDS,
-    F_FIRST_SEEN,
-    F_MAX_WAIT,
     F_STATE,
     FLUSH_FIELDS,
     HOT_KEYS_KEPT,
@@ -390,17 +388,6 @@ class Operators(DoctorOps, Liveness):
             (runner, state if runner else None)
             for runner, state in zip(runners, states, strict=True)
         ]
-
-    def ceiling_lateness_ms(self, shard: Shard, task_id: str) -> int | None:
-        """How many ms past its ceiling (``fs + mw``, Redis time) window ``task_id``'s run
-        starts now (negative: before it); None for a record without them."""
-        with translate_errors("claim"):
-            first_seen, max_wait = self.client.hmget(
-                win_key(self.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT
-            )
-        if first_seen is None or max_wait is None:
-            return None
-        return self.time_ms("claim") - int(first_seen) - int(max_wait)
 
     def maxmemory_policy(self) -> str:
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""

@@ -1,16 +1,17 @@
-"""The max-wait ceiling measured where a window's run starts (``worker_signals._claim``):
-a run later than its first call + max wait + :data:`MAX_WAIT_TOLERANCE_S` sends
-``max_wait_exceeded`` (the metrics' ``max_wait_violations_total``)."""
+"""The max-wait ceiling measured where a window's run starts (``worker/signals.py``,
+``_claim``): a run later than its window's ceiling + :data:`MAX_WAIT_TOLERANCE_S`
+sends ``max_wait_exceeded`` (the metrics' ``max_wait_violations_total``). The store
+measures it (:meth:`WorkerStore.ceiling_lateness_ms
+<celery_debounce.store.api.WorkerStore.ceiling_lateness_ms>`: first call + max wait,
+or for a ``debounce_exclusive`` window held behind a run, that run's end if later)."""
 
 from __future__ import annotations
 
 import logging
 
-from ..layout import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text, win_key
 from ..signals import max_wait_exceeded
-from ..store import WindowStore
-from ..store.codec import Shard
-from ..store.errors import translate_errors
+from ..store.api import WorkerStore
+from ..store.domain import ShardRef
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -20,33 +21,12 @@ logger = logging.getLogger("celery_debounce.worker")
 MAX_WAIT_TOLERANCE_S = 5.0
 
 
-#: The header a debounce_exclusive window's stored options carry (take.lua looks for it).
-_EXCLUSIVE = '"debounce_exclusive"'
-
-
-def lateness_ms(store: WindowStore, shard: Shard, task_id: str) -> int | None:
-    """How many ms past its ceiling window ``task_id``'s run starts now (Redis time;
-    None for a record without one). The ceiling is first call + max wait; for a
-    ``debounce_exclusive`` window, or that end of the run it was held behind, whichever
-    is later (docs/configuration.md): its deadline when taken (``dl``), which a hold's
-    end sets to that moment."""
-    with translate_errors("claim"):
-        first_seen, max_wait, deadline, options = store.client.hmget(
-            win_key(store.tag(shard), task_id), F_FIRST_SEEN, F_MAX_WAIT, F_DEADLINE, F_OPTIONS
-        )
-    if first_seen is None or max_wait is None:
-        return None
-    ceiling = int(first_seen) + int(max_wait)
-    if deadline is not None and options is not None and _EXCLUSIVE in as_text(options):
-        ceiling = max(ceiling, int(deadline))  # held behind a run until then
-    return store.time_ms("claim") - ceiling
-
-
-def check_ceiling(store: WindowStore, shard: Shard, task_name: str, task_id: str) -> None:
-    """Measure when the run starts against its ceiling: one HMGET and TIME, made only
-    while something listens (callers check ``max_wait_exceeded.receivers``)."""
+def check_ceiling(store: WorkerStore, shard: ShardRef, task_name: str, task_id: str) -> None:
+    """Measure when the run starts against its ceiling (on the Redis store one HMGET
+    and TIME), made only while something listens (callers check
+    ``max_wait_exceeded.receivers``)."""
     try:
-        late_ms = lateness_ms(store, shard, task_id)
+        late_ms = store.ceiling_lateness_ms(shard, task_id)
     except Exception as exc:  # a measure, never a reason to fail the run
         logger.debug("debounce: %s[%s]: no ceiling measure (%s)", task_name, task_id, exc)
         return

@@ -17,8 +17,15 @@ _RENEW = "SELECT debounce_renew(%s, %s)"
 _END_CLAIM = "SELECT debounce_end_claim(%s)"
 _PUT_BACK = "SELECT debounce_put_back(%s)"
 _FINISH = "SELECT aliases FROM debounce_finish(%s, %s, %s)"
+#: The run's lateness past its ceiling: first call + max wait, or for an exclusive
+#: window that was held (``held_ms``), the moment it was taken after its hold if later
+#: (the end of the run it was held behind, as this store sees it: debounce_finish
+#: leaves a held window's deadline as it was, and the take that finds its key free
+#: records how long it was held).
 _LATENESS = (
-    "SELECT debounce_ms(clock_timestamp()) - debounce_ms(first_seen) - max_wait_ms "
+    "SELECT debounce_ms(clock_timestamp()) - CASE WHEN exclusive AND held_ms > 0 "
+    "THEN greatest(debounce_ms(first_seen) + max_wait_ms, debounce_ms(taken_at)) "
+    "ELSE debounce_ms(first_seen) + max_wait_ms END "
     "FROM debounce_taken WHERE task_id = %s"
 )
 
@@ -109,6 +116,9 @@ class PostgresRuns:
 
     def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
         """How many ms past its ceiling the run of ``task_id`` starts now (negative:
-        before it); None for a window the store does not hold."""
+        before it); None for a window the store does not hold. The ceiling is first
+        call + max wait; for a ``debounce_exclusive`` window held behind a run, the
+        moment the take found that run ended, if later (the Redis store counts from
+        the run's finish itself: here the dispatcher's wake-up after it is not late)."""
         row = self._read(lambda conn: conn.execute(_LATENESS, (task_id,)).fetchone())
         return None if row is None else int(row[0])

@@ -276,6 +276,28 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     assert store.held(shard) == {}
 
 
+def test_a_run_is_late_past_its_ceiling_or_past_the_end_of_the_run_it_was_held_behind(
+    store: Store,
+) -> None:
+    """``ceiling_lateness_ms`` (the worker's max-wait measure): a run that starts before
+    its ceiling is not late; a debounce_exclusive window held past its own ceiling
+    behind a run is late only from that run's end; no measure for an unknown window."""
+    first = run(store, "k", exclusive=True)  # max wait 1s
+    shard = first.call.shard
+    assert store.ceiling_lateness_ms(shard, "never-taken") is None
+    late = store.ceiling_lateness_ms(shard, first.task_id)
+    assert late is not None and -1000 <= late <= 0
+    second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
+    time.sleep(0.05)
+    assert store.take(shard, 10).windows == []  # held behind the first run
+    time.sleep(1.5)  # past its own ceiling (its first call + 1s)
+    store.finish_run(shard, first.task_id, "SUCCESS")
+    (follow,) = take_due(store, shard, timeout=3)
+    assert follow.task_id == second.task_id
+    late = store.ceiling_lateness_ms(shard, follow.task_id)
+    assert late is not None and late < 300  # over 500 ms past its own ceiling
+
+
 def test_a_replacing_join_of_another_serializer_is_refused_with_nothing_written(
     store: Store,
 ) -> None:
