@@ -513,6 +513,15 @@ MUTATIONS: list[Mutation] = [
         "test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_master",
     ),
     one(
+        "a cluster call redirected by ASK is sent to the importing node without ASKING",
+        "a call for a migrating slot follows ASK: written once on the node that holds it",
+        PKG + "store/cluster.py",
+        '            self.ahead, self.elsewhere = [("ASKING",)], True',
+        "            self.ahead, self.elsewhere = [], True",
+        "tests/system/test_hostile_dist.py::"
+        "test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user",
+    ),
+    one(
         "a cluster script goes through the cluster client's retry",
         "inv 13 on a cluster: a script whose reply was lost is unknown, never sent again",
         PKG + "store/cluster.py",

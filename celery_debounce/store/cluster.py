@@ -4,6 +4,7 @@ on a cluster (``debounce_redis_cluster``)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainErr
 from ..layout import key_slot
 from ..settings import Settings
 from .errors import _translated
-from .transport import RenewalLink, Transport
+from .transport import RenewalLink, Route, Transport
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..producer.call import PreparedCall
@@ -53,6 +54,10 @@ class ClusterTransport(Transport):
             )[0]
         except redis.RedisError as exc:
             raise _translated(name, exc) from exc
+
+    def route(self, key: str) -> Redirections:
+        """:meth:`send_on_node` follows this cluster's redirections."""
+        return Redirections(self, key)
 
     def pool_for(self, key: str) -> Any:
         """The connection pool serving ``key``: the pool
@@ -116,6 +121,52 @@ class ClusterTransport(Transport):
     ) -> None:
         """A ``MULTI``/``EXEC`` may hold one slot only: chunks per shard, one at a time."""
         store._gate_many_cluster(calls, chunk_size, on_chunk, outcomes, missing)
+
+
+class Redirections(Route):
+    """Where :meth:`ClusterTransport.send_on_node` sends one write: the master the slot
+    table names for its key, or, for one write after ``ASK``, the node that asked (with
+    ``ASKING`` ahead). A redirection anywhere in the replies means nothing ran (the
+    command itself was refused, or, in a ``MULTI``, a queued one was and ``EXEC``
+    aborted), so the write is sent again: after ``MOVED`` where the updated slot table
+    says, after ``ASK`` to the node named, after ``TRYAGAIN`` or ``CLUSTERDOWN`` once
+    the slot table was read again, 50 ms later, for at most ``redis_timeout_s`` in all
+    (then the error is raised)."""
+
+    def __init__(self, transport: ClusterTransport, key: str) -> None:
+        super().__init__(transport, key)
+        self.cluster = transport
+        self.asking: tuple[str, int] | None = None
+        self.deadline: float | None = None
+
+    def pool(self) -> Any:
+        if self.asking is None:
+            return self.cluster.pool_for(self.key)
+        client = self.cluster.client
+        return client.get_redis_connection(client.get_node(*self.asking)).connection_pool
+
+    def follow(self, error: Exception) -> bool:
+        self.asking, self.ahead, self.elsewhere = None, [], False  # ASK holds for one write
+        if isinstance(error, MovedError):
+            manager = self.cluster.client.nodes_manager
+            if hasattr(manager, "move_slot"):  # redis-py >= 6
+                manager.move_slot(error)
+            else:  # redis-py 5: applied by the next slot lookup
+                manager.update_moved_exception(error)
+            return True
+        if isinstance(error, AskError):
+            self.asking = (error.host, error.port)
+            self.ahead, self.elsewhere = [("ASKING",)], True
+            return True
+        if isinstance(error, (TryAgainError, ClusterDownError)):
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.cluster.settings.redis_timeout_s
+            if time.monotonic() >= self.deadline:
+                raise error
+            time.sleep(0.05)
+            self.cluster.refresh_topology()
+            return True
+        return False
 
 
 def _every_master_has_sharded_pubsub(client: Any) -> bool:

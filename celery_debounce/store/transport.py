@@ -23,20 +23,13 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MovedError,
-    NoScriptError,
-    TryAgainError,
-)
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ..errors import DebounceBackendError
@@ -181,6 +174,32 @@ class RenewalLink:
         return self.conn
 
 
+class Route:
+    """Where :meth:`Transport.send_on_node` sends one write, and what it sends ahead of
+    it: here on the pool serving its key, nothing ahead, and an error reply is the
+    caller's. A transport whose server redirects a write gives a route of its own
+    (:meth:`Transport.route`) that follows the redirections (``cluster.py``)."""
+
+    def __init__(self, transport: Transport, key: str) -> None:
+        self.transport = transport
+        self.key = key
+        #: commands sent in the same write before the caller's (their replies dropped)
+        self.ahead: list[tuple[Any, ...]] = []
+        #: the write goes to another node than the one serving the key: a connect that
+        #: timed out there is not tried again
+        self.elsewhere = False
+
+    def pool(self) -> Any:
+        """The connection pool the next attempt writes on."""
+        return self.transport.pool_for(self.key)
+
+    def follow(self, error: Exception) -> bool:
+        """After the write's first error reply ``error``: True to send the write again
+        (a redirection: nothing ran; :meth:`pool` says where), False to hand the replies
+        on. Nothing is followed here."""
+        return False
+
+
 class Transport:
     """Any client redis-py's API covers that is not redis-py's own client of one node
     or a cluster (fakeredis, a single-connection client, a client of the caller's).
@@ -231,6 +250,11 @@ class Transport:
 
     def refresh_topology(self) -> None:
         """Read the topology again (after a failover or resharding): nothing to read."""
+
+    def route(self, key: str) -> Route:
+        """Where :meth:`send_on_node` sends a write for ``key`` (per call: a route may
+        keep what redirections said)."""
+        return Route(self, key)
 
     @property
     def master_switches(self) -> int:
@@ -294,8 +318,8 @@ class Transport:
         on one connection of the node serving ``key``; return their replies (error
         replies of later commands as exceptions, for the caller to read).
 
-        Resent only while nothing ran: a redirection (MOVED, ASK, TRYAGAIN,
-        CLUSTERDOWN: the command, or a queued one and so the whole MULTI, was refused),
+        Resent only while nothing ran: a redirection the transport's :class:`Route`
+        follows (the command, or a queued one and so the whole MULTI, was refused),
         NOSCRIPT of the first command, or a write reset part-way of a wire that then
         ran nothing (:func:`cut_runs_nothing`: one command, or one ``MULTI``/``EXEC``).
         Such a write that timed out raises ``redis.TimeoutError`` (it did not run; sent
@@ -303,15 +327,9 @@ class Transport:
         failed, or a connection lost or timed out after sending, raises
         :class:`~celery_debounce.DebounceOutcomeUnknown` (nothing is sent twice).
         """
-        asking: tuple[str, int] | None = None
-        deadline = None
+        route = self.route(key)
         for attempt in range(8):
-            if asking is not None:
-                pool = self.client.get_redis_connection(
-                    self.client.get_node(*asking)
-                ).connection_pool
-            else:
-                pool = self.pool_for(key)
+            pool = route.pool()
             try:
                 conn: Any = checkout(pool)
             except LINK_ERRORS as exc:
@@ -321,11 +339,12 @@ class Transport:
                 self.refresh_topology()
                 if attempt >= 2 or (
                     isinstance(exc, redis.TimeoutError)
-                    and (asking is not None or self.pool_for(key) is pool)
+                    and (route.elsewhere or self.pool_for(key) is pool)
                 ):
                     raise
                 continue
-            wire = [("ASKING",), *commands] if asking is not None else commands
+            ahead = route.ahead
+            wire = [*ahead, *commands] if ahead else commands
             try:
                 try:
                     conn.send_packed_command(conn.pack_commands(wire))
@@ -363,32 +382,13 @@ class Transport:
                 pool.release(conn)
             if demoted:
                 continue  # the pool asks the sentinels for the master again
-            if asking is not None:
-                replies = replies[1:]
-            asking = None
+            if ahead:
+                replies = replies[len(ahead) :]
             error = next((r for r in replies if isinstance(r, Exception)), None)
             if error is None:
                 return replies
-            # A redirection anywhere means nothing ran: the command itself was refused,
-            # or (MULTI) a queued one was and EXEC aborted.
-            if isinstance(error, MovedError):
-                manager = self.client.nodes_manager
-                if hasattr(manager, "move_slot"):  # redis-py >= 6
-                    manager.move_slot(error)
-                else:  # redis-py 5: applied by the next slot lookup
-                    manager.update_moved_exception(error)
-                continue
-            if isinstance(error, AskError):
-                asking = (error.host, error.port)
-                continue
-            if isinstance(error, (TryAgainError, ClusterDownError)):
-                if deadline is None:
-                    deadline = time.monotonic() + self.settings.redis_timeout_s
-                if time.monotonic() >= deadline:
-                    raise error
-                time.sleep(0.05)
-                self.refresh_topology()
-                continue
+            if route.follow(error):
+                continue  # redirected: nothing ran
             if error is replies[0]:
                 if isinstance(error, NoScriptError) and script:
                     sha = self.client.script_load(self.scripts[script].script)

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,13 +18,14 @@ import redis
 from celery import Celery
 from helpers import make_app, package_keys, running_worker, wait_until
 from redis.crc import key_slot
+from redis.exceptions import MovedError
 
 from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.ops.admin import read_snapshot
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
-from celery_debounce.store import WindowStore, store_for
+from celery_debounce.store import WindowStore, cluster, store_for, transport
 from celery_debounce.testing import clear_windows
 from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
@@ -36,6 +38,21 @@ def test_cluster_shard_tags_fall_in_their_own_slot_range() -> None:
             assert shard * CLUSTER_SLOTS // shards <= slot < (shard + 1) * CLUSTER_SLOTS // shards
     # one shard keeps the single-node tag: a cluster that ran one shard keeps its windows
     assert cluster_shard_tag(0, 1) == "0"
+
+
+def test_only_the_cluster_transport_follows_redirections() -> None:
+    """MOVED, ASK, TRYAGAIN and CLUSTERDOWN are followed in store/cluster.py alone
+    (``Redirections``): the base transport's ``send_on_node`` writes where its route
+    says and asks it whether to write again; its own route follows nothing."""
+    base = Path(transport.__file__).read_text("utf-8")
+    for name in ("MovedError", "AskError", "TryAgainError", "ClusterDownError", "nodes_manager"):
+        assert name not in base, name
+        assert name in Path(cluster.__file__).read_text("utf-8"), name
+    route = transport.Route(transport.Transport.__new__(transport.Transport), "k")
+    assert route.follow(MovedError("3999 127.0.0.1:6381")) is False
+    assert (route.ahead, route.elsewhere) == ([], False)
+    assert issubclass(cluster.Redirections, transport.Route)
+    assert cluster.ClusterTransport.route is not transport.Transport.route
 
 
 def test_single_node_keys_are_unchanged_by_the_cluster_support() -> None:
