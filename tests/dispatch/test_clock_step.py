@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -96,9 +95,9 @@ def clock(stepped: SteppedRedis) -> Iterator[SteppedRedis]:
     stepped.step(0)
 
 
-def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], Any]:
-    """Windows on the stepped server, broker and results on an ordinary one."""
-    app = make_app(redis_server, debounce_redis_url=f"{clock.url}/0", debounce_claim_lease=3)
+def _clock_tasks(app: Celery) -> tuple[Counter[str], threading.Event]:
+    """The tasks of these tests on ``app``: the runs of each key, and an event set
+    when ``clock.slow`` starts."""
     runs: Counter[str] = Counter()
     running = threading.Event()
     common = {"base": DebouncedTask, "shared": False, "debounce_key": "{0}"}
@@ -137,7 +136,7 @@ def _app(redis_server: str, clock: SteppedRedis) -> tuple[Celery, Counter[str], 
         runs[key] += 1
         return key
 
-    return app, runs, running
+    return runs, running
 
 
 def _states(app: Celery) -> dict[str, str]:
@@ -168,7 +167,9 @@ def test_a_redis_clock_stepped_an_hour_forward_loses_and_doubles_nothing(
     renews it), the run finishes its window once, and a message queued with
     ``expires`` is not revoked by the dispatcher's expiry sweep (its expiry passed on
     Redis's clock only, not on the dispatcher's, the one a worker judges it by)."""
-    app, runs, running = _app(redis_server, clock)
+    # windows on the stepped server, broker and results on an ordinary one
+    app = make_app(redis_server, debounce_redis_url=f"{clock.url}/0", debounce_claim_lease=3)
+    runs, running = _clock_tasks(app)
     caplog.set_level(logging.WARNING, logger="celery_debounce.dispatcher")
     trail, lead, slow, late = (app.tasks[f"clock.{n}"] for n in ("trail", "lead", "slow", "late"))
     with running_worker(app, queues=["celery"]):  # the "later" queue is not consumed yet
@@ -202,7 +203,8 @@ def test_a_redis_clock_stepped_an_hour_back_delays_by_the_step_and_loses_nothing
     (the documented behaviour: windows, max waits, quiet periods, leases, claim leases);
     calls made meanwhile join those windows; nothing runs early, twice, or is lost: once
     the clock is right again each window runs once. The dispatcher logs the step."""
-    app, runs, _ = _app(redis_server, clock)
+    app = make_app(redis_server, debounce_redis_url=f"{clock.url}/0", debounce_claim_lease=3)
+    runs, _ = _clock_tasks(app)
     caplog.set_level(logging.WARNING, logger="celery_debounce.dispatcher")
     short, lead = app.tasks["clock.short"], app.tasks["clock.lead"]
     with running_worker(app):

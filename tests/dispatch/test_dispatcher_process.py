@@ -19,7 +19,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import stop_process, wait_until
+from helpers import make_app, stop_process, wait_until
 from test_faults import runs, worker_process
 
 from celery_debounce.dispatch.process import green_pool
@@ -119,7 +119,7 @@ def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_pat
     # its stop is recorded: ping and top show a stopped dispatcher, not an alive one
     started = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
     assert started is not None
-    _, alive, stopped = store_for(_app(redis_server)).liveness()
+    _, alive, stopped = store_for(make_app(redis_server)).liveness()
     assert started.group(1).decode() in dict(stopped), (alive, stopped)
     assert started.group(1).decode() not in dict(alive)
 
@@ -223,12 +223,6 @@ def _heartbeats(app: Celery) -> dict[str, float]:
     return dict(store_for(app).liveness()[1])
 
 
-def _app(redis_url: str) -> Celery:
-    app = Celery("heartbeats", set_as_current=False)
-    app.conf.update(debounce_redis_url=f"{redis_url}/0")
-    return app
-
-
 def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
     redis_server: str, workers: Workers
 ) -> None:
@@ -261,7 +255,7 @@ def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
                 assert pending, "no line from dispatcher_parent.py"
         for worker in killed:
             wait_until(lambda gone=worker: not _group(gone), 10)
-    app = _app(redis_server)
+    app = make_app(redis_server)
     beats = _heartbeats(app)
     time.sleep(1.0)  # five heartbeat periods of the stand-ins (0.2 s)
     assert _heartbeats(app) == beats
@@ -280,7 +274,7 @@ def test_a_child_whose_worker_died_before_it_started_starts_nothing(
     wait_until(lambda: _parent(int(child)) != int(worker), 10)  # handed to init
     hold.touch()  # the child starts only now
     wait_until(lambda: not _group(int(worker)), 10)
-    _, alive, stopped = store_for(_app(redis_server)).liveness()
+    _, alive, stopped = store_for(make_app(redis_server)).liveness()
     assert "early" not in dict(alive) and "early" not in dict(stopped)
 
 
@@ -295,7 +289,7 @@ def test_a_child_started_from_a_thread_that_ends_keeps_running(
     hold = tmp_path / "thread-may-end"
     workers.send(f"thread lasting {hold}")
     _, (_, _, worker, child) = workers.line()
-    app = _app(redis_server)
+    app = make_app(redis_server)
     wait_until(lambda: "lasting" in _heartbeats(app), 10)
     hold.touch()  # the starting thread ends now
     time.sleep(1.0)  # a stopped child is gone within a few ticks (0.1 s)

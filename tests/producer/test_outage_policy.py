@@ -67,17 +67,19 @@ def fallbacks() -> Iterator[list[dict[str, Any]]]:
         outage_fallback.disconnect(receiver)
 
 
-def _app(redis_server: str, windows_url: str, **conf: Any) -> Celery:
-    """Broker and results on the session's server; the windows' Redis elsewhere."""
-    app = make_app(
-        redis_server,
-        debounce_redis_url=f"{windows_url}/0",
-        debounce_redis_timeout=TIMEOUT,
-        debounce_dispatcher=False,
-        **conf,
-    )
+#: The outage tests' apps: broker and results on the session's server (make_app), the
+#: windows' Redis elsewhere (each its own debounce_redis_url), no dispatcher.
+OUTAGE = {"debounce_redis_timeout": TIMEOUT, "debounce_dispatcher": False}
+
+
+def _empty_broker(redis_server: str) -> None:
+    """Empty the broker's DB (make_app's DB 1): what is counted there is this test's."""
     redis.Redis.from_url(f"{redis_server}/1").flushdb()
-    return app
+
+
+@pytest.fixture(autouse=True)
+def _broker_emptied(redis_server: str) -> None:
+    _empty_broker(redis_server)
 
 
 def _tasks(app: Celery, ran: list[Any]) -> tuple[Any, Any]:
@@ -124,7 +126,12 @@ def test_publish_with_the_redis_stopped_runs_every_call_once_and_counts_it(
     redis_server: str,
     fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     ran: list[Any] = []
     work, collect = _tasks(app, ran)
     with running_worker(app):
@@ -144,7 +151,12 @@ def test_publish_with_the_redis_stopped_resolves_groups_chains_and_chords(
     """Canvas members keep their frozen ids and canvas options in the plain publish."""
     from celery import chain, chord, group
 
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     work, _ = _tasks(app, [])
 
     @app.task(shared=False, name="o.total")
@@ -162,7 +174,7 @@ def test_raise_with_the_redis_stopped_raises_as_before(
     redis_server: str,
     fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", **OUTAGE)
     work, collect = _tasks(app, [])
     for call in (
         lambda: work.delay(1),
@@ -191,8 +203,12 @@ def test_publish_with_a_redis_that_never_answers_waits_once_then_skips_it(
     silent_url: str,
     fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(
-        redis_server, silent_url, debounce_on_outage="publish", debounce_outage_probe_interval=60
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{silent_url}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+        debounce_outage_probe_interval=60,
     )
     ran: list[Any] = []
     work, collect = _tasks(app, ran)
@@ -216,7 +232,12 @@ def test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call(
     silent_url: str,
     fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{silent_url}/0",
+        **OUTAGE,
+        debounce_outage_probe_interval=60,
+    )
     work, collect = _tasks(app, [])
     first, error = _timed(lambda: work.delay(1))
     assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
@@ -252,7 +273,12 @@ def test_one_call_probes_after_the_interval_and_its_success_closes_the_breaker(
     """A SIGSTOPped redis-server: the breaker opens; while it is open calls fail at
     once; after the interval one call probes (the others still skip); once the server
     answers again, the probe closes the breaker and calls are gated again."""
-    app = _app(redis_server, stoppable.url, debounce_outage_probe_interval=0.5)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{stoppable.url}/0",
+        **OUTAGE,
+        debounce_outage_probe_interval=0.5,
+    )
     work, _ = _tasks(app, [])
     opened = work.delay(1)
     os.kill(stoppable.process.pid, signal.SIGSTOP)
@@ -292,7 +318,12 @@ def test_a_forked_child_starts_with_the_breaker_closed(
     redis_server: str,
     silent_url: str,
 ) -> None:
-    app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{silent_url}/0",
+        **OUTAGE,
+        debounce_outage_probe_interval=60,
+    )
     work, _ = _tasks(app, [])
     _timed(lambda: work.delay(1))
     assert outage_module.OPEN
@@ -390,7 +421,12 @@ def test_which_errors_are_an_outage(
 ) -> None:
     """OOM, READONLY, LOADING (nothing ran) and a lost reply (it may have run) fall
     back under "publish"; NOPERM is configuration: it raises under every policy."""
-    app = _app(redis_server, fault_proxy.url, debounce_on_outage="publish")
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     work, _ = _tasks(app, [])
     work.delay(0)
     fault_proxy.arm(fault, evalsha_of(store_for(app).scripts["gate"].sha))
@@ -414,7 +450,12 @@ def test_enqueue_many_publishes_only_the_calls_an_outage_kept_out(
 ) -> None:
     """One call of a bulk batch refused (OOM): under "publish" that one is published
     plainly, the others are gated into their windows (none published twice)."""
-    app = _app(redis_server, fault_proxy.url, debounce_on_outage="publish")
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{fault_proxy.url}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     work, _ = _tasks(app, [])
     work.delay(0)  # the store has read the server's version
     fault_proxy.arm("error", evalsha_of(store_for(app).scripts["gate"].sha))
@@ -462,7 +503,7 @@ def test_the_per_call_option_overrides_the_setting_and_errors_of_the_call_still_
     redis_server: str,
     fallbacks: list[dict[str, Any]],
 ) -> None:
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", **OUTAGE)
     work, _ = _tasks(app, [])
     result = work.apply_async((1,), debounce_on_outage="publish")
     assert [f["task_id"] for f in fallbacks] == [result.id]
@@ -503,14 +544,24 @@ def test_the_fallbacks_counter_counts_each_published_call_by_reason(
     published plainly, labelled by task and reason (a stopped Redis: unreachable; a
     silent one: the first call timed out, the rest skipped it behind the breaker);
     under "raise" nothing is published and nothing is counted."""
-    stopped = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    stopped = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     work, collect = _tasks(stopped, [])
     _every_way_in(stopped, work, collect)
     assert _fallbacks_counted(registry, "o.work", "unreachable") == len(EVERY_CALL) - 1
     assert _fallbacks_counted(registry, "o.collect", "unreachable") == 1
 
-    silent = _app(
-        redis_server, silent_url, debounce_on_outage="publish", debounce_outage_probe_interval=60
+    _empty_broker(redis_server)
+    silent = make_app(
+        redis_server,
+        debounce_redis_url=f"{silent_url}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+        debounce_outage_probe_interval=60,
     )
     quiet, _ = _tasks(silent, [])
     first, _ = _timed(lambda: quiet.delay(0))
@@ -522,7 +573,10 @@ def test_the_fallbacks_counter_counts_each_published_call_by_reason(
     assert _fallbacks_counted(registry, "o.work", "breaker") == 3
     assert len(fallbacks) == len(EVERY_CALL) + 4  # one count per signal sent
 
-    raising = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    _empty_broker(redis_server)
+    raising = make_app(
+        redis_server, debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", **OUTAGE
+    )
     strict, _ = _tasks(raising, [])
     with pytest.raises(DebounceBackendError):
         strict.delay(1)
@@ -540,7 +594,7 @@ def test_enqueue_many_per_call_policy_overrides_the_setting(
     "publish" over the default "raise" publishes every call once (a real worker runs
     each, the signal and the counter see each); "raise" over a "publish" setting
     raises and publishes nothing."""
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}")
+    app = make_app(redis_server, debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", **OUTAGE)
     ran: list[Any] = []
     work, _ = _tasks(app, ran)
     with pytest.raises(DebounceBackendError):  # the setting's "raise", for comparison
@@ -554,7 +608,13 @@ def test_enqueue_many_per_call_policy_overrides_the_setting(
     assert [f["task_id"] for f in fallbacks] == [r.id for r in results]
     assert {f["reason"] for f in fallbacks} == {"unreachable"}
 
-    app = _app(redis_server, f"redis://127.0.0.1:{free_port()}", debounce_on_outage="publish")
+    _empty_broker(redis_server)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        **OUTAGE,
+        debounce_on_outage="publish",
+    )
     work, _ = _tasks(app, [])
     with pytest.raises(DebounceBackendError, match="unreachable"):
         enqueue_many(work, [((i,), {}) for i in range(3)], debounce_on_outage="raise")
@@ -570,7 +630,12 @@ def test_enqueue_many_per_call_publish_behind_an_open_breaker(
     """A silent Redis under the default "raise": once the breaker is open, a batch
     with ``debounce_on_outage="publish"`` skips Redis (well under the timeout) and
     publishes every call; the same batch without the option raises at once."""
-    app = _app(redis_server, silent_url, debounce_outage_probe_interval=60)
+    app = make_app(
+        redis_server,
+        debounce_redis_url=f"{silent_url}/0",
+        **OUTAGE,
+        debounce_outage_probe_interval=60,
+    )
     work, _ = _tasks(app, [])
     took, error = _timed(lambda: work.delay(0))
     assert took >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)

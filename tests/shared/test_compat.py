@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import celery.utils.time as celery_time
 import pytest
-from celery import Celery
+from helpers import make_app
 
 from celery_debounce import compat
 
@@ -120,8 +120,8 @@ def test_subtract_datetimes(end: datetime, start: datetime, delta: timedelta) ->
 # fails here, not in a worker.
 
 
-def _app() -> Celery:
-    return Celery("compat", broker="memory://", set_as_current=False)
+#: The apps here reach no server (an in-memory broker): messages are built, never sent.
+NOWHERE = "redis://unused"
 
 
 def test_task_message_fields() -> None:
@@ -140,7 +140,7 @@ def _window_and_celery_headers(
     from celery_debounce.layout import SHARD_HEADER
     from celery_debounce.producer.message import WindowMessage, call_options, encode_stored
 
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
     app.now = lambda: now  # type: ignore[method-assign]
     _, stored = call_options(app, "compat.task", None, (), {}, dict(options))
     wm = WindowMessage(app)
@@ -218,7 +218,7 @@ def test_window_ignore_result_header_when_the_call_sets_it() -> None:
 
 def test_task_exec_options() -> None:
     """task.exec_defaults: ``Task._get_exec_options()``, a mapping of option -> value."""
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
 
     @app.task(shared=False, time_limit=3, soft_time_limit=2)
     def work() -> None: ...
@@ -258,7 +258,7 @@ def test_kombu_connection_ensure_takes_the_retry_policy_keys() -> None:
     ``Connection.ensure``; Celery's own default policy must pass."""
     from celery_debounce.producer.message import _ensure_parameters
 
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
     assert set(app.conf.task_publish_retry_policy) <= _ensure_parameters()
 
 
@@ -267,7 +267,7 @@ def test_send_task_message_takes_what_the_dispatcher_passes() -> None:
     with the stored options; an unknown keyword would become a message property."""
     import inspect
 
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
     params = inspect.signature(app.amqp.send_task_message).parameters
     for name in (
         "producer",
@@ -286,7 +286,7 @@ def test_send_task_message_takes_what_the_dispatcher_passes() -> None:
 
 def test_router_route_signature() -> None:
     """message._route: ``router.route(options, name, args, kwargs, task_type)``."""
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
     app.conf.task_routes = {"compat.*": {"queue": "elsewhere"}}
     routed = app.amqp.router.route({}, "compat.task", (), {}, None)
     assert routed["queue"].name == "elsewhere"
@@ -296,7 +296,7 @@ def test_router_route_signature() -> None:
 
 
 def test_app_attributes_the_package_reads() -> None:
-    app = _app()
+    app = make_app(NOWHERE, "compat", broker_url="memory://")
     assert isinstance(app.thread_oid, str)  # WindowMessage.reply_to
     assert app.current_worker_task is None  # message.call_options (parent ids)
     assert callable(app.producer_or_acquire) and callable(app.connection_for_write)

@@ -7,16 +7,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from helpers import make_app
 
 from celery_debounce import DebounceConfigError
 from celery_debounce.dispatch.bootstep import DispatcherStep
 from celery_debounce.settings import RECORD_TTL_LEASES, Settings, parse_bool
 
-
-def _app(**conf: Any) -> Celery:
-    app = Celery("settings_test", set_as_current=False)
-    app.conf.update(broker_url="redis://127.0.0.1:1/0", **conf)
-    return app
+#: Settings are read, never connected to: nothing listens on port 1.
+NOWHERE = "redis://127.0.0.1:1"
 
 
 @pytest.mark.parametrize(
@@ -42,7 +40,7 @@ def _app(**conf: Any) -> Celery:
 def test_dispatcher_setting_accepts_bools_and_their_strings(
     name: str, value: Any, expected: bool
 ) -> None:
-    Settings.from_app(_app(**{name: value}))  # accepted (the bootstep reads it)
+    Settings.from_app(make_app(NOWHERE, **{name: value}))  # accepted (the bootstep reads it)
     assert parse_bool(name, value) is expected
 
 
@@ -50,7 +48,7 @@ def test_dispatcher_setting_accepts_bools_and_their_strings(
 @pytest.mark.parametrize("name", ["debounce_dispatcher", "debounce_dispatcher_process"])
 def test_dispatcher_setting_refuses_anything_else(name: str, value: Any) -> None:
     with pytest.raises(DebounceConfigError, match=f"{name}="):
-        Settings.from_app(_app(**{name: value}))
+        Settings.from_app(make_app(NOWHERE, **{name: value}))
 
 
 def _worker(app: Celery) -> Any:
@@ -61,14 +59,14 @@ def _worker(app: Celery) -> Any:
 def test_the_worker_step_honours_false_strings(value: Any) -> None:
     """A Django settings module gives "False" from the environment: no dispatcher."""
     step = DispatcherStep.__new__(DispatcherStep)
-    assert step.include_if(_worker(_app(debounce_dispatcher=value))) is False
+    assert step.include_if(_worker(make_app(NOWHERE, debounce_dispatcher=value))) is False
 
 
 def test_the_worker_step_refuses_a_garbled_switch() -> None:
     step = DispatcherStep.__new__(DispatcherStep)
     with pytest.raises(DebounceConfigError, match="debounce_dispatcher='nope'"):
-        step.include_if(_worker(_app(debounce_dispatcher="nope")))
-    assert step.include_if(_worker(_app())) is True
+        step.include_if(_worker(make_app(NOWHERE, debounce_dispatcher="nope")))
+    assert step.include_if(_worker(make_app(NOWHERE))) is True
 
 
 INT_SETTINGS = {  # name -> the Settings field and the smallest value accepted
@@ -90,7 +88,7 @@ def test_integer_settings_parse_strings_from_the_environment(
     """``CELERY_DEBOUNCE_SHARDS = os.environ.get(...)`` gives a string: read as the int
     it spells, as boolean and duration settings read theirs (issue 18, item 5)."""
     field, _ = INT_SETTINGS[name]
-    settings = Settings.from_app(_app(**{name: text}))
+    settings = Settings.from_app(make_app(NOWHERE, **{name: text}))
     assert getattr(settings, field) == number
     assert type(getattr(settings, field)) is int
 
@@ -123,7 +121,7 @@ def test_integer_settings_refuse_other_strings_naming_the_setting_and_value(
     _, least = INT_SETTINGS[name]
     what = "a positive int" if least == 1 else "an int >= 0"
     with pytest.raises(DebounceConfigError) as info:
-        Settings.from_app(_app(**{name: text}))
+        Settings.from_app(make_app(NOWHERE, **{name: text}))
     assert str(info.value).startswith(f"{name}={text!r}: expected {what}")
 
 
@@ -132,12 +130,17 @@ def test_integer_settings_below_their_least_value_are_refused_as_strings_too(nam
     _, least = INT_SETTINGS[name]
     for value in (least - 1, str(least - 1), True, 4.0, [4]):
         with pytest.raises(DebounceConfigError, match=f"^{re.escape(f'{name}={value!r}')}: "):
-            Settings.from_app(_app(**{name: value}))
+            Settings.from_app(make_app(NOWHERE, **{name: value}))
 
 
 def test_durations_from_strings_work() -> None:
     settings = Settings.from_app(
-        _app(debounce_poll_interval="250ms", debounce_dispatch_lease="10", debounce_record_ttl="1h")
+        make_app(
+            NOWHERE,
+            debounce_poll_interval="250ms",
+            debounce_dispatch_lease="10",
+            debounce_record_ttl="1h",
+        )
     )
     assert (settings.poll_interval_ms, settings.dispatch_lease_ms, settings.record_ttl_ms) == (
         250,
@@ -152,12 +155,17 @@ def test_record_ttl_shorter_than_the_lease_is_refused() -> None:
         match=r"debounce_record_ttl=10s .*"
         r"debounce_dispatch_lease=30s",
     ):
-        Settings.from_app(_app(debounce_record_ttl=10))
+        Settings.from_app(make_app(NOWHERE, debounce_record_ttl=10))
     floor = RECORD_TTL_LEASES * 30
     with pytest.raises(DebounceConfigError, match=f"at least {floor}s"):
-        Settings.from_app(_app(debounce_record_ttl=floor - 1))
-    assert Settings.from_app(_app(debounce_record_ttl=floor)).record_ttl_ms == floor * 1000
-    short = Settings.from_app(_app(debounce_record_ttl="2s", debounce_dispatch_lease="500ms"))
+        Settings.from_app(make_app(NOWHERE, debounce_record_ttl=floor - 1))
+    assert (
+        Settings.from_app(make_app(NOWHERE, debounce_record_ttl=floor)).record_ttl_ms
+        == floor * 1000
+    )
+    short = Settings.from_app(
+        make_app(NOWHERE, debounce_record_ttl="2s", debounce_dispatch_lease="500ms")
+    )
     assert short.record_ttl_ms == 2000
 
 

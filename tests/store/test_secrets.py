@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import pytest
 from celery import Celery
+from helpers import make_app
 
 from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -58,14 +59,18 @@ def _leaks(texts: list[str]) -> list[str]:
     return [t for t in texts if any(p in t for p in PARTS)]
 
 
-def _app(redis_server: str, **conf: Any) -> Celery:
-    app = Celery("secrets", set_as_current=False)
-    app.conf.update(
-        debounce_redis_timeout=0.5,
-        broker_connection_retry_on_startup=False,
-        result_backend=f"{redis_server}/2",
-        **conf,
-    )
+#: Every app here (make_app, results on the session's server): a short timeout, no
+#: broker retry at start, and no debounce_redis_url unless the case sets one (a None
+#: setting is an unset one: the windows' Redis is then the broker's, the fallback).
+SECRETS_CONF = {
+    "debounce_redis_url": None,
+    "debounce_redis_timeout": 0.5,
+    "broker_connection_retry_on_startup": False,
+}
+
+
+def _with_task(app: Celery) -> Celery:
+    """``app`` with the task the steps call, ``secrets.t``."""
 
     @app.task(
         base=DebouncedTask, shared=False, name="secrets.t", debounce="1s", debounce_max_wait="2s"
@@ -162,7 +167,7 @@ def test_no_password_in_any_error_or_log(
     conf.setdefault("broker_url", f"redis://127.0.0.1:{_closed_port()}/1")
     texts: list[str] = []
     for step in (_use, _dispatch):
-        app = _app(redis_server, **conf)
+        app = _with_task(make_app(redis_server, "secrets", **{**SECRETS_CONF, **conf}))
         try:
             step(app)
         except Exception as exc:  # each step must fail: a bad setting or no server
@@ -210,13 +215,13 @@ def test_no_password_when_the_broker_refuses_the_dispatcher(
         f"redis://:{pw}@127.0.0.1:{_closed_port()}/1",
     ):
         redis_client.flushall()
-        app = _app(
-            redis_server,
+        conf = dict(
             broker_url=broker,
             debounce_redis_url=f"{redis_server}/0",
             broker_connection_timeout=0.5,
             broker_connection_max_retries=0,
         )
+        app = _with_task(make_app(redis_server, "secrets", **{**SECRETS_CONF, **conf}))
         app.tasks["secrets.t"].apply_async((1,), debounce="1ms", debounce_max_wait="1ms")
         time.sleep(0.05)
         try:
