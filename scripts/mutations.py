@@ -108,7 +108,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "      key, id = close_to_record(tag, open, id, string.format('%d', now))\n",
         "      redis.call('COPY', open, tag .. ':win:' .. id)\n      key = tag .. ':win:' .. id\n",
-        E2E + "test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one",
+        E2E + "test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one[redis]",
     ),
     one(
         "gate.lua: a joiner drops the ceiling",
@@ -117,7 +117,7 @@ MUTATIONS: list[Mutation] = [
         "deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))",
         "-- (ceiling dropped)",
         "tests/store/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
-        E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream",
+        E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream[redis]",
     ),
     one(
         "max wait shorter than the window accepted",
@@ -141,7 +141,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "if found[1] and not collect and string.sub(replace_arg, 1, 1) == '1' then",
         "if found[1] and not collect then",
-        E2E + "test_burst_coalesces_into_one_run_with_the_openers_arguments",
+        E2E + "test_burst_coalesces_into_one_run_with_the_openers_arguments[redis]",
     ),
     one(
         "gate.lua takes a producer of another contract version",

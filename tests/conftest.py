@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy
-from helpers import make_app
+from helpers import Broker, make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
 from celery_debounce.settings import Settings
@@ -111,6 +111,21 @@ def rabbitmq_server() -> Iterator[RabbitNode]:
         yield node
     finally:
         node.cleanup()
+
+
+@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """The same scenario on each broker: the session's redis-server (DB 1, as make_app
+    puts it) and the session's RabbitMQ node (``rabbitmq_server``; a default queue of
+    the test's own). Windows and results stay in Redis. Build the app with
+    ``app_factory(**broker.conf)``; the RabbitMQ case carries the ``rabbitmq`` mark."""
+    if request.param == "redis":
+        yield Broker("redis")
+        return
+    node: RabbitNode = request.getfixturevalue("rabbitmq_server")
+    yield Broker("rabbitmq", node.app_conf())
+    if not node.accepts_amqp():  # started again after a test that stopped it
+        node.start()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -17,9 +18,6 @@ from celery.bin.celery import celery as celery_cli
 from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
 from kombu.asynchronous import set_event_loop
-
-from celery_debounce import DebouncedTask
-from celery_debounce.ops.read_view import list_windows
 
 _counter = itertools.count()
 
@@ -37,6 +35,15 @@ def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:
     )
     app.conf.update(**conf)
     return app
+
+
+@dataclass(frozen=True)
+class Broker:
+    """One case of the ``broker`` fixture (conftest.py): its name ("redis" or "rabbitmq")
+    and the settings that put an app's messages on it: ``app_factory(**broker.conf)``."""
+
+    name: str
+    conf: dict[str, Any] = field(default_factory=dict)
 
 
 @contextmanager
@@ -87,41 +94,6 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> Any:
         proc.kill()
         out, _ = proc.communicate()
     return out
-
-
-def assert_a_call_during_a_run_opens_a_new_window(app: Celery, timeout: float) -> None:
-    """A claimed window is never changed: a call while its run is in flight opens a new
-    window, which later calls join, and each window runs once (any broker)."""
-    running, release = threading.Event(), threading.Event()
-    seen: list[int] = []
-
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
-        debounce="200ms",
-        debounce_key="k",
-        debounce_max_wait="5s",
-        debounce_replace_payload=True,
-    )
-    def slow(revision: int) -> int:
-        seen.append(revision)
-        if revision == 1:
-            running.set()
-            release.wait(10)
-        return revision
-
-    with running_worker(app):
-        first = slow.delay(1)
-        assert running.wait(timeout)
-        (claimed,) = list_windows(app)
-        assert claimed.state == "claimed" and claimed.task_id == first.id
-        second = slow.delay(2)  # arrives while the first run is in flight
-        assert second.id != first.id
-        assert slow.delay(3).id == second.id
-        release.set()
-        assert first.get(timeout=timeout) == 1
-        assert second.get(timeout=timeout) == 3
-    assert seen == [1, 3]
 
 
 def cli(*args: str, input: str | None = None) -> Result:

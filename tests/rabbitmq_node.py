@@ -20,7 +20,9 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 from celery_debounce.testing.servers import free_port
 
@@ -35,6 +37,12 @@ SKIP_ENV = "DEBOUNCE_SKIP_RABBITMQ"
 def rabbitmq_server_path() -> Path | None:
     path = RABBITMQ_BIN / "rabbitmq-server"
     return path if path.exists() else None
+
+
+def own_queue() -> str:
+    """A queue name of a test's own: a message left over by one test never reaches
+    another test's worker."""
+    return f"q-{uuid.uuid4().hex[:10]}"
 
 
 class RabbitNode:
@@ -76,6 +84,19 @@ class RabbitNode:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def app_conf(self) -> dict[str, Any]:
+        """Settings that put an app's messages on this node (``make_app(url, **these)``;
+        windows and results stay in Redis), in a default queue of the test's own."""
+        return {
+            "broker_url": self.url,
+            "task_default_queue": own_queue(),
+            # An in-process worker on py-amqp sleeps in its event loop until the next
+            # timer: with no timer it noticed the end of a test only after 10 s. AMQP
+            # heartbeats every 2 s give its loop a timer (1 s checks), so it stops within
+            # about a second.
+            "broker_heartbeat": 2,
+        }
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}

@@ -4,6 +4,11 @@ The node is private to the session (``rabbitmq_server`` in conftest.py,
 tests/rabbitmq_node.py). Each test routes its tasks to queues of its own, so a
 message left over by one test never reaches another test's worker. Results go to
 the Redis result backend. Select these tests with ``-m rabbitmq``.
+
+Here is what only an AMQP broker does (confirms, nacks, returns, priority queues,
+resource alarms, a node stopped or killed) and the fault cases run on it. The
+scenarios that hold on any broker are written once, with the ``broker`` fixture
+(conftest.py), in tests/system/test_end_to_end.py: their ``[rabbitmq]`` cases.
 """
 
 from __future__ import annotations
@@ -18,15 +23,10 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 from fault_app import build
-from helpers import (
-    assert_a_call_during_a_run_opens_a_new_window,
-    make_app,
-    running_worker,
-    wait_until,
-)
+from helpers import make_app, running_worker, wait_until
 from kombu import Exchange, Queue
 from prometheus_client import CollectorRegistry
-from rabbitmq_node import RabbitNode
+from rabbitmq_node import RabbitNode, own_queue
 from test_faults import (
     _burst_during_an_exclusive_run,
     doomed_dispatcher,
@@ -43,29 +43,14 @@ from celery_debounce.ops.read_view import list_windows
 pytestmark = pytest.mark.rabbitmq
 
 
-def own_queue() -> str:
-    return f"q-{uuid.uuid4().hex[:10]}"
-
-
-def _rabbit_conf(conf: dict[str, Any]) -> dict[str, Any]:
-    conf.setdefault("task_default_queue", own_queue())
-    # An in-process worker on py-amqp sleeps in its event loop until the next timer:
-    # with no timer it noticed the end of a test only after 10 s. AMQP heartbeats
-    # every 2 s give its loop a timer (1 s checks), so it stops within about a second.
-    conf.setdefault("broker_heartbeat", 2)
-    return conf
-
-
 def rabbit_app(redis_server: str, rabbit: RabbitNode, **conf: Any) -> Celery:
     """A make_app() app whose broker is the RabbitMQ node (windows and results in Redis)."""
-    _rabbit_conf(conf)
-    return make_app(redis_server, broker_url=rabbit.url, **conf)
+    return make_app(redis_server, **{**rabbit.app_conf(), **conf})
 
 
 def rabbit_fault_app(redis_server: str, rabbit: RabbitNode, **conf: Any) -> Celery:
     """tests/fault_app.py's app (runs recorded in Redis) on the RabbitMQ node."""
-    _rabbit_conf(conf)
-    return build(redis_server, broker_url=rabbit.url, **conf)
+    return build(redis_server, **{**rabbit.app_conf(), **conf})
 
 
 def queue_depth(app: Celery, queue: str) -> int:
@@ -90,69 +75,6 @@ def test_the_dispatcher_confirms_on_amqp_only(
     assert isinstance(Dispatcher(app).publisher, AmqpPublisher)
     assert not app.conf.broker_transport_options.get("confirm_publish")
     assert isinstance(Dispatcher(make_app(redis_server)).publisher, PoolPublisher)
-
-
-def test_burst_runs_once_and_every_caller_gets_the_result_on_rabbitmq(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
-) -> None:
-    app = rabbit_app(redis_server, rabbit)
-    runs_seen: list[tuple[str, int]] = []
-
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
-        debounce="300ms",
-        debounce_key="report:{user_id}",
-        debounce_max_wait="10s",
-    )
-    def build_report(user_id: str, revision: int = 0) -> str:
-        runs_seen.append((user_id, revision))
-        return f"built {user_id}@{revision}"
-
-    with running_worker(app):
-        results = [build_report.delay("u1", revision=i) for i in range(25)]
-        other = build_report.delay("u2", revision=7)
-        assert len({r.id for r in results}) == 1 and other.id != results[0].id
-        assert app.AsyncResult(results[-1].id).get(timeout=15) == "built u1@0"
-        assert other.get(timeout=15) == "built u2@7"
-        wait_until(lambda: not list_windows(app), 10)
-    assert sorted(runs_seen) == [("u1", 0), ("u2", 7)]
-    record = redis_client.hgetall(f"debounce:{{0}}:win:{other.id}")
-    # published once (a worker may claim and finish it before the dispatcher's ack
-    # that follows the broker's confirm: then the record has no `pa`)
-    assert record[b"st"] == b"finished" and record[b"tries"] == b"1"
-
-
-def test_max_wait_forces_runs_under_a_stream_on_rabbitmq(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
-) -> None:
-    app = rabbit_app(redis_server, rabbit)
-    started: list[float] = []
-
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="2s"
-    )
-    def work() -> None:
-        started.append(time.time())
-
-    with running_worker(app):
-        stream_start = time.time()
-        ids = []
-        while time.time() < stream_start + 4.5:  # a call every 100 ms, never a 1 s pause
-            ids.append(work.delay().id)
-            time.sleep(0.1)
-        stream_end = time.time()
-        wait_until(lambda: not list_windows(app), 10)
-    assert len(started) >= 2, "the ceiling must force runs while calls keep coming"
-    assert stream_start + 2.0 - 0.005 <= started[0] <= stream_start + 2.0 + 2.0
-    assert started[1] < stream_end
-    assert len(set(ids)) == len(started)
-
-
-def test_a_call_during_a_run_opens_a_new_window_on_rabbitmq(
-    redis_server: str, redis_client: redis.Redis, rabbit: RabbitNode
-) -> None:
-    assert_a_call_during_a_run_opens_a_new_window(rabbit_app(redis_server, rabbit), timeout=15)
 
 
 def test_a_burst_during_an_exclusive_run_gives_one_follow_up_after_it_on_rabbitmq(

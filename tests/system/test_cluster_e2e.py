@@ -4,7 +4,8 @@ The tests are functions of test_end_to_end.py (and the worker tests of the leadi
 edge in test_leading_edge.py), imported here: pytest runs them a
 second time with this module's fixtures, which keep the windows on a 3-master,
 3-replica cluster (``debounce_redis_cluster=True``, 6 shards, so every master holds
-windows) while the broker and results stay on the single test redis-server.
+windows) while the broker and results stay on the single test redis-server (the
+tests that take the ``broker`` fixture run here on that Redis broker only).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app
+from helpers import Broker, make_app
 from test_end_to_end import (  # noqa: F401 - collected again here
     test_burst_coalesces_into_one_run_with_the_openers_arguments,
     test_by_name_producer_that_never_imported_the_task,
@@ -79,3 +80,9 @@ def app_factory(
         return make_app(redis_server, **{**cluster_conf(redis_cluster), **conf})
 
     return factory
+
+
+@pytest.fixture
+def broker() -> Broker:
+    """The Redis broker only: the cluster changes where the windows are, not the broker."""
+    return Broker("redis")
