@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 PAGE = ROOT / "docs" / "guarantees.md"
 
-#: `test_name`, possibly with a path or a truncated `test_name_...`
+#: `test_name`, possibly with a path or a truncated `test_name_...`; one case of a
+#: parametrised test is cited with its param: `test_name[redis]`
 _BACKTICKED = re.compile(r"`([^`\n]*\btest_[^`\n]*)`")
-_NODE = re.compile(r"^(tests/[\w/]+\.py)(?:::(\w+))?$")
-_NAME = re.compile(r"^test_\w+$")
+_NODE = re.compile(r"^(tests/[\w/]+\.py)(?:::(\w+)(?:\[[\w.-]+\])?)?$")
+_NAME = re.compile(r"^(test_\w+)(?:\[[\w.-]+\])?$")
 
 
 @cache
@@ -63,8 +64,8 @@ def problem(ref: str) -> str | None:
         if name is None:
             return None
         candidates = {path: functions[path]}
-    elif _NAME.match(ref):
-        name = ref
+    elif named := _NAME.match(ref):
+        name = named.group(1)
         candidates = functions
     else:
         return "not a test name (truncated or decorated?): cite the exact function name"
@@ -127,6 +128,8 @@ def test_the_checker_catches_a_missing_or_truncated_name() -> None:
     assert problem("test_broker_down_...") is not None
     assert problem("tests/test_nope.py") is not None
     assert problem("tests/system/test_faults.py::test_no_such_test") is not None
+    assert problem("test_no_such_test_anywhere[redis]") is not None
+    assert problem("test_max_wait_forces_a_run_under_a_never_ending_stream[rabbitmq]") is None
     assert (
         problem("tests/system/test_faults.py::test_producer_clock_skew_does_not_change_deadlines")
         is None
