@@ -22,6 +22,7 @@ import inspect
 import logging
 import os
 import socket
+import ssl
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,11 +71,29 @@ def made_before_patching(conn: Any) -> bool:
     )
 
 
+def _drop_unpatched_ssl_contexts() -> None:
+    """Forget the TLS contexts redis-py (8.2+) shares between connections that were
+    built before gevent or eventlet patched ``ssl``: a socket wrapped by one after the
+    patching fails (``TypeError`` in ``SSLSocket._create``), so the connect below builds
+    a new one."""
+    import redis.utils
+
+    shared = getattr(redis.utils, "_SHARED_SSL_CONTEXTS", None)
+    lock = getattr(redis.utils, "_SHARED_SSL_CONTEXTS_LOCK", None)
+    if shared is None or lock is None:  # redis-py before 8.2 builds one per connect
+        return
+    with lock:
+        for key, context in list(shared.items()):
+            if type(context) is not ssl.SSLContext:
+                shared.pop(key, None)
+
+
 def checkout(pool: Any) -> Any:
     """``pool.get_connection``, connected on a patched socket if it was made before the
     patching; a refused or timed-out connect raises as the pool's does (nothing sent)."""
     conn = pool.get_connection(*CHECKOUT_ARGS)
     if made_before_patching(conn):
+        _drop_unpatched_ssl_contexts()
         try:
             conn.disconnect()
             conn.connect()
