@@ -11,9 +11,12 @@ same app against the real broker:
 
 Deliberately outside the rule (docs/guarantees.md): ``countdown``/``eta`` (the
 window decides; refused with a clear error), ``producer``/``connection``/``declare``
-(call-time objects the dispatcher does not keep) and an ``exchange`` with a
+(call-time objects the dispatcher does not keep), an ``exchange`` with a
 ``routing_key`` the broker has no binding for (a broker refusal at publish time:
-such a window is retried, then quarantined with the reason).
+such a window is retried, then quarantined with the reason), and a ``link`` or
+``link_error`` that only a non-JSON serializer (pickle) can encode: plain Celery
+pickles it into the body, a window stores it as JSON until it runs, so the debounced
+call is refused at call time, naming the option, and nothing is written.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from helpers import make_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebounceConfigError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 
 _SIG = {
@@ -106,6 +109,50 @@ def _copy(options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _callbacks_only_pickle_encodes(options: dict[str, Any], exc: BaseException) -> bool:
+    """The one deliberate difference Hypothesis can draw (module docstring): a callback
+    that is not JSON, under a serializer that is not JSON, refused with its option named."""
+    return (
+        isinstance(exc, DebounceConfigError)
+        and options.get("serializer") not in (None, "json")
+        and str(exc).startswith(("callbacks=", "errbacks="))
+        and "must be JSON-serializable" in str(exc)
+    )
+
+
+def test_a_callback_only_pickle_encodes_is_refused_at_call_time_and_named(
+    redis_server: str,
+) -> None:
+    """Plain Celery pickles ``link`` into the body; a window stores it as JSON until it
+    runs: the debounced call is refused at once (not at the dispatch), the option named,
+    nothing written. A JSON-encodable link with pickle is accepted."""
+    app = make_app(redis_server)
+    windows = redis.Redis.from_url(f"{redis_server}/0")
+    windows.flushdb()
+
+    @app.task(
+        base=DebouncedTask,
+        shared=False,
+        name="parity.pickled",
+        debounce="1s",
+        debounce_max_wait="1m",
+        serializer="pickle",
+    )
+    def pickled(x: Any) -> Any:
+        return x
+
+    after = app.signature("parity.after", args=(complex(1, 2),))
+    try:
+        pickled.apply_async((1,), link=after)
+    except DebounceConfigError as exc:
+        assert str(exc).startswith("callbacks=") and "JSON-serializable" in str(exc)
+    else:
+        raise AssertionError("a link only pickle encodes was accepted")
+    assert windows.keys("*") == []
+    pickled.apply_async((1,), link=app.signature("parity.after", args=(1,)))
+    assert windows.keys("debounce:{0}:open:*")
+
+
 def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_server: str) -> None:
     app = make_app(redis_server, debounce_dispatch_lease=5.0)
     windows = redis.Redis.from_url(f"{redis_server}/0")
@@ -126,7 +173,7 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
         return x
 
     dispatcher = Dispatcher(app)
-    outcomes = {"refused": 0, "published": 0}
+    outcomes = {"refused": 0, "published": 0, "pickled callbacks": 0}
 
     def messages() -> dict[bytes, int]:
         return {k: int(broker.llen(k)) for k in broker.keys("*") if broker.type(k) == b"list"}
@@ -149,6 +196,10 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
         try:
             debounced.apply_async(("x",), **dict(options))
         except Exception as exc:
+            if plain_error is None and _callbacks_only_pickle_encodes(options, exc):
+                assert windows.keys("*") == [], "a refused call wrote to Redis"
+                outcomes["pickled callbacks"] += 1
+                return
             assert plain_error is not None, f"plain accepted {options!r}, debounce refused: {exc!r}"
             assert windows.keys("*") == [], "a refused call wrote to Redis"
             outcomes["refused"] += 1
@@ -172,8 +223,6 @@ def test_expires_relative_counts_from_the_publish_and_refuses_what_celery_refuse
     redis_server: str,
 ) -> None:
     """The named cases of issue 9.3: nan, inf and 1e12 are refused with a clear error."""
-    from celery_debounce import DebounceConfigError
-
     app = make_app(redis_server)
     windows = redis.Redis.from_url(f"{redis_server}/0")
     windows.flushdb()
