@@ -1,10 +1,12 @@
 """Debounced tasks for Celery: collapse a burst of calls into one run.
 
 The public names load on first use (PEP 562), so ``import celery_debounce.store``
-(or ``.layout``, ``.settings``) runs none of the call encoding. Using any public
-name, or importing ``task``, ``bootstep`` or ``cli`` (the ``celery`` command's
-plugin), connects the worker signals (:mod:`celery_debounce.worker.signals`);
-the first two also connect the embedded dispatcher's worker bootstep.
+(or ``.layout``, ``.settings``) runs none of the call encoding. No import connects
+anything: using any public name, or binding a ``DebouncedTask`` to an app, connects
+the worker signals (:mod:`celery_debounce.worker.signals`) and the hook that adds the
+embedded dispatcher's worker bootstep (:func:`celery_debounce.producer.worker_steps.install`);
+the ``celery`` command's plugin (``ops/cli.py``) connects the worker signals
+(:func:`celery_debounce.worker.install`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import signals
+    from .calls import DebouncedCall
     from .dispatch.bootstep import DispatcherStep, install
     from .dispatch.dispatcher import Dispatcher
     from .errors import (
@@ -32,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from .ops.admin import DebounceAdmin
     from .producer.bulk import enqueue_many
-    from .producer.collect import DebouncedCall
     from .producer.outage import DebounceBreakerOpen
     from .producer.task import DebouncedTask, send_task
 
@@ -60,7 +62,7 @@ _OWNERS = {
     "DebounceKeyError": "errors",
     "DebounceOutcomeUnknown": "errors",
     "DebouncePayloadError": "errors",
-    "DebouncedCall": "producer.collect",
+    "DebouncedCall": "calls",
     "DebouncedTask": "producer.task",
     "Dispatcher": "dispatch.dispatcher",
     "DispatcherStep": "dispatch.bootstep",
@@ -104,7 +106,7 @@ def __getattr__(name: str) -> Any:
     # the worker signals and bootstep, connected whenever the public API is used (as
     # when this module imported everything): a worker that only sends or inspects
     # still claims and finishes the windows it runs
-    _importlib.import_module(".dispatch.bootstep", __name__)
+    _importlib.import_module(".producer.worker_steps", __name__).install()
     module = _importlib.import_module(f".{owner or name}", __name__)
     value = module if not owner else getattr(module, name)
     globals()[name] = value

@@ -887,7 +887,7 @@ MUTATIONS: list[Mutation] = [
         "parity: a rolling deploy that toggles debounce_collect runs each window in the "
         "worker's shape",
         PKG + "worker/signals.py",
-        "task_prerun.connect(_reshape, weak=False)\n",
+        "    task_prerun.connect(_reshape, weak=False)\n",
         "",
         PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
         "workers_shape[collect off]",
@@ -1048,7 +1048,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the message names its record by shard number only",
         "every id resolves across a shard change: the message carries the record's tag",
-        PKG + "producer/message.py",
+        PKG + "headers.py",
         "if tag is not None or isinstance(shard, str):",
         "if False:",
         "tests/store/test_cluster.py::"
@@ -1409,7 +1409,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a debounced run's argsrepr is the placeholder again",
         "Flower and celery events show a run's real arguments",
-        PKG + "producer/message.py",
+        PKG + "headers.py",
         "        if arguments is not None:\n            amqp = self.app.amqp",
         "        if arguments is not None and False:\n            amqp = self.app.amqp",
         "tests/dispatch/test_events.py::test_celery_events_show_a_debounced_runs_real_arguments",
@@ -1808,7 +1808,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a worker starts with a refused debounced task",
         "a worker refuses to start while a debounced task definition was refused",
-        PKG + "dispatch/bootstep.py",
+        PKG + "producer/worker_steps.py",
         '        if refused_tasks(app):\n            app.steps["worker"].add(RefusedTasksStep)\n',
         "",
         "tests/ops/test_check_command.py::test_the_worker_refuses_to_start_with_the_same_messages",

@@ -1,4 +1,8 @@
-"""The worker bootstep that runs a dispatcher inside ``celery worker``."""
+"""The worker bootstep that runs a dispatcher inside ``celery worker``.
+
+A worker of an app that uses debounce adds it at ``worker_init``
+(:mod:`celery_debounce.producer.worker_steps`); :func:`install` adds it for an app
+that registers no ``DebouncedTask``."""
 
 from __future__ import annotations
 
@@ -7,13 +11,10 @@ import threading
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_init
 
-from ..errors import DebounceConfigError
 from ..settings import DEFAULTS, parse_bool
 from ..store import store_for
 from ..store.checks import warn_if_evicting
-from ..worker import signals as worker_signals  # noqa: F401  (connects the claim/finish signals)
 from .dispatcher import Dispatcher
 from .process import DispatcherProcess, green_pool
 
@@ -97,55 +98,12 @@ def install(app: Celery) -> None:
     """Run a dispatcher in this app's workers even if it registers no DebouncedTask.
 
     Needed only for workers of an app whose producers use
-    :func:`celery_debounce.send_task` for tasks that are not DebouncedTask.
+    :func:`celery_debounce.send_task` for tasks that are not DebouncedTask. Connects
+    the worker's receivers too (:func:`celery_debounce.worker.install`): the runs of
+    such an app's windows are claimed and finished.
     """
+    from ..worker import install as install_worker
+
+    install_worker()
     app._debounce_installed = True  # type: ignore[attr-defined, unused-ignore]
     app.steps["worker"].add(DispatcherStep)
-
-
-def uses_debounce(app: Celery) -> bool:
-    from ..producer.task import DebouncedTask
-
-    if getattr(app, "_debounce_installed", False):
-        return True
-    return any(isinstance(task, DebouncedTask) for task in app.tasks.values())
-
-
-class RefusedTasksStep(bootsteps.Step):  # type: ignore[misc]
-    """Stops the worker's start-up when a debounced task's definition was refused
-    while the app finalized (``task_definition.refuse_later``), with every such task's error."""
-
-    label = "debounce task check"
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        refuse_invalid_tasks(parent.app)
-        super().__init__(parent, **kwargs)
-
-
-def refuse_invalid_tasks(app: Celery) -> None:
-    """Raise ``DebounceConfigError`` listing each refused debounced task of ``app``."""
-    from ..producer.task import refused_tasks
-
-    refused = refused_tasks(app)
-    if refused:
-        raise DebounceConfigError(invalid_tasks_message(refused))
-
-
-def invalid_tasks_message(refused: dict[str, str]) -> str:
-    """The one text the worker, ``celery debounce check`` and the Django check give."""
-    lines = [f"{len(refused)} debounced task definition(s) refused:"]
-    lines += [f"  {message}" for message in refused.values()]
-    return "\n".join(lines)
-
-
-def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    if app is not None and uses_debounce(app):
-        from ..producer.task import refused_tasks
-
-        if refused_tasks(app):
-            app.steps["worker"].add(RefusedTasksStep)
-        app.steps["worker"].add(DispatcherStep)
-
-
-worker_init.connect(_add_dispatcher_step, weak=False)

@@ -28,8 +28,8 @@ from celery import Celery
 from kombu.exceptions import InconsistencyError
 
 from ..errors import DebounceConfigError
+from ..headers import WindowMessage
 from ..layout import DEFAULT_CONTENT_TYPE
-from ..producer.message import WindowMessage
 from ..sentinel import redact
 from ..store import (
     CONNECTION_ERRORS,

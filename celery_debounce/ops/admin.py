@@ -16,28 +16,20 @@ exporter serves it).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery, states
+from celery import Celery
 
-from ..aliases import parse_aliases, resolve_aliases
-from ..errors import DebounceBackendError, WindowNotFound, WindowNotPending
+from ..errors import WindowNotFound, WindowNotPending
 from ..layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
-from ..signals import window_cancelled
-from ..store import Cancelled, CancelOutcomeUnknown, store_for
+from ..producer import steering
+from ..producer.steering import WindowInfo, flush_window, pending_info, window_info
+from ..store import store_for
 from ..store.api import OperatorStore
-from .read_view import (
-    WindowInfo,
-    list_windows,
-    pending_info,
-    walk_pending,
-    window_info,
-)
+from .read_view import list_windows, walk_pending
 
 logger = logging.getLogger("celery_debounce.admin")
 
@@ -53,10 +45,6 @@ __all__ = [
 
 _SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
-_REVOKE_REASON = "debounce window cancelled"
-#: How long a cancel whose reply was lost is checked in the background (seconds; its
-#: token's key lives 5 minutes).
-_SETTLE_S = 60
 
 
 @dataclass
@@ -243,8 +231,7 @@ class DebounceAdmin:
 
     def window(self, task: str, key: str) -> WindowInfo | None:
         """The pending window of (task, key), or None. One HMGET and one ZSCORE."""
-        ident = window_ident(task, key)
-        return pending_info(self.store, ident, self._shard(ident))
+        return steering.window(self.store, task, key)
 
     def find(self, task_id: str) -> WindowInfo | None:
         """The window with this task id, in any state, or None.
@@ -265,12 +252,7 @@ class DebounceAdmin:
         """Close the pending window of (task, key) to new calls and make it due now;
         dispatchers publish it at once. Returns the window as flushed (deadline now).
         The next call for the key opens a new window. Raises WindowNotFound."""
-        ident = window_ident(task, key)
-        info = flush_window(self.store, self._shard(ident), ident)
-        if info is None:
-            raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
-        logger.info("debounce: flushed %s[%s] key=%r", task, info.task_id, key)
-        return info
+        return steering.flush(self.store, task, key)
 
     def flush_id(self, task_id: str) -> WindowInfo:
         """Flush the pending window with this task id. Raises WindowNotFound or
@@ -296,11 +278,7 @@ class DebounceAdmin:
         """Drop the pending window of (task, key) so it never runs, and mark its
         result revoked (``.get()`` raises TaskRevokedError). Returns the window
         cancelled (read in the same script that drops it). Raises WindowNotFound."""
-        ident = window_ident(task, key)
-        info = self._cancel_one(ident, self._shard(ident), "")
-        if info is None:
-            raise WindowNotFound(f"no pending window for task {task!r} key {key!r}")
-        return info
+        return steering.cancel(self.app, self.store, task, key)
 
     def cancel_id(self, task_id: str) -> WindowInfo:
         """Cancel the pending window with this task id. Raises WindowNotFound or
@@ -421,79 +399,7 @@ class DebounceAdmin:
                 yield shard, listed
 
     def _cancel_one(self, ident: str, shard: int, task_id: str) -> WindowInfo | None:
-        try:
-            cancelled = self.store.cancel(shard, ident, task_id)
-        except CancelOutcomeUnknown as lost:
-            # it may have dropped the window: once Redis answers, its token's key says
-            # whether it did, and its result is revoked then (this process permitting)
-            threading.Thread(
-                target=self._settle_cancel, args=(lost,), daemon=True, name="debounce-cancel"
-            ).start()
-            raise
-        if cancelled is None:
-            return None
-        return self._revoke(cancelled, shard)
-
-    def _settle_cancel(self, lost: CancelOutcomeUnknown) -> None:
-        """Read, until Redis answers (at most :data:`_SETTLE_S`), whether a cancel whose
-        reply was lost dropped its window; if it did, revoke its result and aliases."""
-        delay, until = 0.25, time.monotonic() + _SETTLE_S
-        while time.monotonic() < until:
-            time.sleep(delay)
-            try:
-                cancelled = self.store.cancelled_by(lost)
-            except DebounceBackendError:
-                delay = min(delay * 2, 5.0)
-                continue
-            if cancelled is None:
-                logger.warning(
-                    "debounce: a cancel whose reply was lost did not run (%s)", lost.ident
-                )
-            else:
-                self._revoke(cancelled, lost.shard)
-            return
-        logger.warning(
-            "debounce: a cancel whose reply was lost (%s) could not be checked "
-            "in %d s: its window may be gone with its result not revoked",
-            lost.ident,
-            _SETTLE_S,
-        )
-
-    def _revoke(self, cancelled: Cancelled, shard: int) -> WindowInfo:
-        info = window_info(cancelled.record, shard, "cancelled")
-        aliases = cancelled.aliases
-        try:
-            self.app.backend.mark_as_revoked(info.task_id, _REVOKE_REASON)
-        except Exception as exc:  # no result backend, or it is down: the window is gone anyway
-            logger.warning(
-                "debounce: cancelled %s[%s] but could not mark its result revoked: %r",
-                info.task,
-                info.task_id,
-                exc,
-            )
-        if aliases:  # ids callers fixed (task_id=, canvas): revoked too, never left waiting
-            resolve_aliases(self.app, info.task_id, parse_aliases(aliases), states.REVOKED, None)
-        logger.info(
-            "debounce: cancelled %s[%s] key=%r calls=%d",
-            info.task,
-            info.task_id,
-            info.key,
-            info.calls,
-        )
-        if window_cancelled.receivers:
-            window_cancelled.send(
-                sender=info.task, task_id=info.task_id, key=info.key, calls=info.calls
-            )
-        return info
-
-
-def flush_window(
-    store: OperatorStore, shard: int, ident: str, task_id: str = ""
-) -> WindowInfo | None:
-    """Close the pending window of ``ident`` (with ``task_id`` if given) and make it due
-    now (:meth:`OperatorStore.flush`). Returns the window as flushed, or None."""
-    record = store.flush(shard, ident, task_id)
-    return None if record is None else window_info(record, shard, "dispatching")
+        return steering.cancel_one(self.app, self.store, ident, shard, task_id)
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:

@@ -18,10 +18,7 @@ from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceError, WindowNotPending
 from ..store.checks import describe_policy, evicts_windows, warn_if_evicting
-
-# every `celery` command loads this plugin: `celery worker` claims and finishes the windows
-# of plain tasks (sent with celery_debounce.send_task) even where no DebouncedTask is defined
-from ..worker import signals as worker_signals  # noqa: F401
+from ..worker import install as install_worker
 from .admin import DebounceAdmin as DebounceAdmin
 from .admin import Stats, TaskStats
 from .cli_common import _admin, echo_json, json_option, render_stats, render_table
@@ -33,6 +30,11 @@ from .read_view import STATES
 from .top import top
 
 logger = logging.getLogger("celery_debounce.cli")
+
+# every `celery` command loads this plugin (its one hook into every process the command
+# starts): `celery worker` claims and finishes the windows of plain tasks (sent with
+# celery_debounce.send_task) even where no DebouncedTask is defined
+install_worker()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -5,91 +5,28 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from celery import Celery
 
-from ..layout import TAKEN_SETS, Record, ident_prefix, split_ident, window_ident
+from ..layout import TAKEN_SETS, ident_prefix, window_ident
+from ..producer.steering import WindowInfo, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
+
+__all__ = [
+    "STATES",
+    "WindowInfo",
+    "glob_to_lua",
+    "list_windows",
+    "pending_info",
+    "walk_pending",
+    "window_info",
+]
 
 #: States in the order a window goes through them.
 STATES = ("pending", "dispatching", "queued", "claimed", "quarantined")
 _CHUNK = 500
-
-
-@dataclass(frozen=True)
-class WindowInfo:
-    """One window as operators see it. Times are epoch seconds (Redis clock)."""
-
-    task: str
-    key: str
-    task_id: str
-    state: str
-    first_seen: float
-    deadline: float
-    max_wait_at: float
-    calls: int
-    shard: int
-    error: str | None = None
-    max_calls: int | None = None  # the window's debounce_max_calls, when it has one
-    #: "leading": a leading run (published at its first call); "trailing": a window
-    #: opened during the quiet period after a leading run (due at its end); None: neither
-    edge: str | None = None
-    #: the end of the quiet period this window belongs to (epoch seconds), while it
-    #: runs: set on a leading run by listings and ``find``; None otherwise
-    quiet_until: float | None = None
-    #: a debounce_collect window: bytes of the body its run gets (``calls`` calls)
-    collected_bytes: int | None = None
-    #: a pending debounce_exclusive window held while a run of its key is in progress:
-    #: since when (epoch seconds), and the id of the window it waits for
-    held_since: float | None = None
-    waits_for: str | None = None
-
-    @property
-    def forced_by_max_wait(self) -> bool:
-        return self.deadline >= self.max_wait_at
-
-    def as_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["forced_by_max_wait"] = self.forced_by_max_wait
-        return data
-
-
-def window_info(
-    record: Record, shard: int, state: str, quiet_until_ms: int | None = None
-) -> WindowInfo:
-    """A decoded record (layout.decode_record) as operators see it; ``state`` is used
-    when the record holds none (a pending window); ``quiet_until_ms``: the end of the
-    quiet period a leading run still owns (``OperatorStore.quiet_ends``)."""
-    raw = record.ident or ""
-    try:
-        task, key = split_ident(raw)
-    except ValueError:  # a garbled record (quarantined by the dispatcher): show it as is
-        task, key = "?", raw
-    return WindowInfo(
-        task=task,
-        key=key,
-        task_id=record.task_id,
-        state=record.state if record.state is not None else state,
-        first_seen=record.first_seen_ms / 1000,
-        deadline=record.deadline_ms / 1000,
-        max_wait_at=record.ceiling_ms / 1000,
-        calls=record.calls,
-        shard=shard,
-        error=record.error,
-        max_calls=record.max_calls,
-        edge="leading" if record.leading else "trailing" if record.trailing else None,
-        quiet_until=quiet_until_ms / 1000 if quiet_until_ms is not None else None,
-        collected_bytes=record.collected_bytes,
-    )
-
-
-def pending_info(store: OperatorStore, ident: str, shard: int) -> WindowInfo | None:
-    """The pending window of ``ident``, or None: one HMGET and one ZSCORE (its deadline)."""
-    record = store.pending(shard, ident)
-    return None if record is None else window_info(record, shard, "pending")
 
 
 def _shard_windows(

@@ -16,9 +16,10 @@ from kombu.exceptions import EncodeError
 from kombu.utils import json as kombu_json
 
 from ..errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
+from ..headers import COLLECT_HEADER
 from ..layout import DEFAULT_CONTENT_TYPE, EXCLUSIVE_HEADER, new_task_id, shard_of, window_ident
 from ..settings import Settings
-from .collect import BODY_OVERHEAD, COLLECT_HEADER, TIME_PREFIX, call_element
+from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
 from .key_templates import digest_key, resolve
 from .message import call_options, encode_stored
 from .options import DebounceSpec
@@ -99,7 +100,7 @@ def prepare_call(
         if options:
             refuse_schedule(options)
         embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
-        if spec.collect:  # the worker knows the body's shape (collect.COLLECT_HEADER)
+        if spec.collect:  # the worker knows the body's shape (headers.COLLECT_HEADER)
             stored["headers"] = {**stored.get("headers", {}), COLLECT_HEADER: 1}
         if spec.exclusive:  # take.lua holds it while a run of its key is in progress
             stored["headers"] = {**stored.get("headers", {}), EXCLUSIVE_HEADER: 1}

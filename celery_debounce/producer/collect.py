@@ -14,7 +14,9 @@ the call's own ``[args, kwargs]`` (plus its id when the caller fixed one) as JSO
 ``take.lua`` splices the list into the run's protocol-2 body
 ``[[[call, call, ...]], {}, embed]``. Neither the dispatcher nor Redis ever
 deserializes a call; the worker parses JSON only (``debounce_collect`` requires the
-``json`` serializer). This module owns the element format.
+``json`` serializer). This module writes the element format; the run reads it back
+as :class:`~celery_debounce.calls.DebouncedCall` (:mod:`celery_debounce.calls`,
+shared with the worker; re-exported here).
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
+
+from ..calls import DebouncedCall, to_calls
+
+__all__ = [
+    "BODY_OVERHEAD",
+    "TIME_PREFIX",
+    "DebouncedCall",
+    "call_element",
+    "single_call_args",
+    "to_calls",
+    "wrap_run",
+]
 
 #: Bytes of the run's body around the calls: ``[[[`` + calls + ``]],{},`` + embed + ``]``.
 #: ``gate.lua`` counts the same (field ``cb``): the body a run gets is never larger
@@ -36,68 +48,7 @@ BODY_OVERHEAD = 10
 #: ms (13 digits until the year 2286) and a comma, ``[<ms>,args,kwargs]``.
 TIME_PREFIX = 14
 
-#: Message header of a run whose body is a list of calls (a collect window, or one
-#: call of a collect task published without a window): the worker knows the body's
-#: shape even where the task is not ``debounce_collect`` (a rolling deploy).
-COLLECT_HEADER = "debounce_collect"
-
 logger = logging.getLogger("celery_debounce.collect")
-
-
-@dataclass(frozen=True)
-class DebouncedCall:
-    """One call of a collect window, as the run receives it.
-
-    ``args`` and ``kwargs`` are what the caller passed (as JSON gives them back:
-    tuples become lists inside them), ``task_id`` the id the caller fixed
-    (``task_id=``, canvas) or None for a default call, ``called_at`` when the gate
-    took the call (Redis clock, UTC; the producer's clock for a call that bypassed
-    the window: ``debounce=False`` or eager mode).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    task_id: str | None = None
-    called_at: datetime | None = None
-
-    @classmethod
-    def from_element(cls, element: Any) -> DebouncedCall:
-        """A call from its element in the run's body: ``[ms, args, kwargs(, id)]``."""
-        if isinstance(element, DebouncedCall):
-            return element
-        if (
-            isinstance(element, (list, tuple))
-            and len(element) in (3, 4)
-            and isinstance(element[1], (list, tuple))
-            and isinstance(element[2], Mapping)
-        ):
-            ms = element[0]
-            at = (
-                datetime.fromtimestamp(ms / 1000, timezone.utc)
-                if isinstance(ms, (int, float))
-                else None
-            )
-            return cls(
-                tuple(element[1]),
-                dict(element[2]),
-                element[3] if len(element) == 4 else None,
-                at,
-            )
-        raise TypeError(
-            f"not a debounced call: {element!r:.80}; a debounce_collect task receives the "
-            "list of its window's calls (publish it with delay/apply_async/send_task of "
-            "celery_debounce)"
-        )
-
-
-def to_calls(calls: Any) -> list[DebouncedCall]:
-    """The run's argument (a list of call elements) as :class:`DebouncedCall` objects."""
-    if not isinstance(calls, (list, tuple)):
-        raise TypeError(
-            f"a debounce_collect task takes one argument, the list of its window's calls; "
-            f"got {type(calls).__name__}"
-        )
-    return [DebouncedCall.from_element(c) for c in calls]
 
 
 def wrap_run(run: Any) -> Any:
@@ -170,21 +121,6 @@ def _in_worker() -> bool:
         return False
     request = task.request
     return bool(request is not None and not request.called_directly and request.id)
-
-
-def plain_call_of(args: Any, replace_payload: bool) -> DebouncedCall | None:
-    """The call a task that is not ``debounce_collect`` runs for a collect body (a
-    rolling deploy that turned the option off): the opener's call, or the newest with
-    ``debounce_replace_payload``, as a plain window would run. None: not such a body."""
-    if not isinstance(args, (list, tuple)) or len(args) != 1:
-        return None
-    try:
-        calls = to_calls(args[0])
-    except TypeError:
-        return None
-    if not calls:
-        return None
-    return calls[-1] if replace_payload else calls[0]
 
 
 def single_call_args(

@@ -11,8 +11,8 @@ refuse it. What survives is stored with the window: the protocol-2 *embed*
 serialized with the task's serializer (record field ``p``), everything else into
 the options JSON (field ``o``), the route already resolved and stored by name.
 
-At dispatch (:func:`window_message`) the dispatcher only builds headers and
-properties around the stored body; it never deserializes it.
+At dispatch the dispatcher only builds headers and properties around the stored body
+(:class:`celery_debounce.headers.WindowMessage`); it never deserializes it.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from functools import lru_cache
 from typing import Any
 
 from celery import Celery
-from celery.app.amqp import task_message
-from celery.utils.nodenames import anon_nodename
-from celery.utils.saferepr import saferepr
 from celery.utils.time import maybe_make_aware
 from kombu import compression
 from kombu.entity import Exchange, Queue, maybe_delivery_mode
@@ -34,11 +31,7 @@ from kombu.utils.functional import maybe_list
 
 from ..compat import add_seconds_to_datetime, subtract_datetimes
 from ..errors import DebounceConfigError
-from ..layout import IDENT_HEADER, SHARD_HEADER, TAG_HEADER, decode_options, encode_options
-
-#: The header that tells a debounced run how many calls its window absorbed
-#: (``self.request.debounce_calls`` in the task; the calls the run stands for).
-CALLS_HEADER = "debounce_calls"
+from ..layout import encode_options
 
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
@@ -313,142 +306,3 @@ def _json_ok(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-# -- dispatch side ------------------------------------------------------------
-
-
-class WindowMessage:
-    """What a dispatcher needs to publish windows of one app (built once per dispatcher)."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.origin = anon_nodename()
-        self.reply_to = app.thread_oid
-        self.encodings: dict[str, str] = {}
-
-    def content_encoding(self, content_type: str) -> str:
-        enc = self.encodings.get(content_type)
-        if enc is None:
-            from kombu.serialization import registry
-
-            name = registry.type_to_name.get(content_type)
-            codec = registry._encoders.get(name) if name else None
-            enc = (
-                codec.content_encoding
-                if codec is not None
-                else (
-                    "utf-8" if content_type.startswith(("application/json", "text/")) else "binary"
-                )
-            )
-            self.encodings[content_type] = enc
-        return enc
-
-    def build(
-        self,
-        task_name: str,
-        task_id: str,
-        shard: int | str,
-        calls: int,
-        content_type: str,
-        body: bytes,
-        options_json: str,
-        tag: str | None = None,
-        arguments: tuple[list[Any], dict[str, Any]] | None = None,
-        ident: str | None = None,
-    ) -> tuple[Any, dict[str, Any]]:
-        """``(task_message, send_task_message options)`` for one window; no deserializing.
-
-        ``arguments``: the run's ``(args, kwargs)`` when the dispatcher parsed a JSON body
-        (it checks their shape anyway): sent as ``argsrepr``/``kwargsrepr`` truncated as
-        Celery truncates a plain call's (``app.amqp.argsrepr_maxsize``), so ``celery
-        events`` and Flower show the arguments the run gets. Bodies of other content
-        types are never deserialized here: their repr says ``<debounced: N calls>``.
-        The calls absorbed go in the :data:`CALLS_HEADER` header either way.
-
-        ``tag``: the shard's tag, sent as :data:`TAG_HEADER` (where the worker finds the
-        record); ``shard`` (a number) is also sent as 0.2's :data:`SHARD_HEADER` for
-        0.2 workers; a tag as ``shard`` (a layout drained, not this process's) is sent
-        only as the tag. ``ident``: sent as :data:`IDENT_HEADER` (only with
-        ``debounce_redis_wait_replicas``)."""
-        opts = decode_options(options_json)
-        pop = opts.pop
-        expires = None
-        rel = pop("expires", None)
-        at = pop("expires_at", None)
-        if rel is not None:
-            when = maybe_make_aware(
-                add_seconds_to_datetime(self.app.now(), float(rel)), tz=self.app.timezone
-            )
-            expires = when.isoformat()
-            opts["expiration"] = max(0.0, float(rel))
-        elif at is not None:
-            from dateutil.parser import isoparse
-
-            when = isoparse(at) if isinstance(at, str) else at
-            expires = when.isoformat()
-            left = subtract_datetimes(when, self.app.now()).total_seconds()
-            opts["expiration"] = max(0.0, left)
-        stamped = pop("stamped_headers", None)
-        if arguments is not None:
-            amqp = self.app.amqp
-            levels = self.app.conf.get("task_repr_maxlevels") or 3
-            argsrepr = saferepr(arguments[0], amqp.argsrepr_maxsize, maxlevels=levels)
-            kwargsrepr = saferepr(arguments[1], amqp.kwargsrepr_maxsize, maxlevels=levels)
-        else:
-            argsrepr = f"<debounced: {calls} call{'s' if calls != 1 else ''}>"
-            kwargsrepr = "<debounced>"
-        headers = {
-            "lang": "py",
-            "task": task_name,
-            "id": task_id,
-            "shadow": pop("shadow", None),
-            "eta": None,
-            "expires": expires,
-            "group": pop("group_id", None),
-            "group_index": pop("group_index", None),
-            "retries": 0,
-            "timelimit": [pop("time_limit", None), pop("soft_time_limit", None)],
-            "root_id": pop("root_id", None) or task_id,
-            "parent_id": pop("parent_id", None),
-            "argsrepr": argsrepr,
-            "kwargsrepr": kwargsrepr,
-            "origin": self.origin,
-            "replaced_task_nesting": pop("replaced_task_nesting", 0),
-            "stamped_headers": stamped,
-            "stamps": pop("stamps", None) or {},
-        }
-        ignore = pop("ignore_result", None)
-        if ignore is not None:  # absent: the worker's task decides (a header overrides it)
-            headers["ignore_result"] = ignore
-        extra = pop("headers", None)
-        if extra:
-            headers.update(extra)
-        headers[CALLS_HEADER] = calls
-        if isinstance(shard, int):
-            headers[SHARD_HEADER] = shard
-        if tag is not None or isinstance(shard, str):
-            headers[TAG_HEADER] = tag if tag is not None else shard
-        if ident is not None:
-            headers[IDENT_HEADER] = ident
-        properties = {
-            "correlation_id": task_id,
-            "reply_to": pop("reply_to", None) or self.reply_to,
-            "content_type": content_type,
-            "content_encoding": self.content_encoding(content_type),
-        }
-        opts["retry"] = False
-        sent_event = None
-        if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
-            sent_event = {
-                "uuid": task_id,
-                "root_id": headers["root_id"],
-                "parent_id": headers["parent_id"],
-                "name": task_name,
-                "args": argsrepr,
-                "kwargs": kwargsrepr,
-                "retries": 0,
-                "eta": None,
-                "expires": expires,
-            }
-        return task_message(headers, properties, body, sent_event), opts

@@ -11,21 +11,20 @@ from celery import Celery, Task
 from celery.result import AsyncResult
 
 from ..aliases import FixedId, fixed_id, result_id
-from ..dispatch import bootstep  # noqa: F401  (bootstep: connects the worker's signals)
 from ..errors import DebounceBackendError, DebounceConfigError
+from ..headers import COLLECT_HEADER
 from ..layout import SHARD_HEADER, new_task_id
-from ..ops.admin import DebounceAdmin
-from ..ops.read_view import WindowInfo
 from ..settings import Settings, settings_for
 from ..store import store_for
-from . import canvas, outage
+from . import canvas, outage, steering, worker_steps
 from .call import call_key, prepare_call, refuse_schedule, static_routing
-from .collect import COLLECT_HEADER, single_call_args
+from .collect import single_call_args
 from .confcache import always_eager
 from .gate import GateResult, enter
 from .on_commit import OnCommitMixin
 from .options import OPTION_NAMES, DebounceSpec, TaskDefaults
 from .result import light_result
+from .steering import WindowInfo
 from .task_definition import (
     check_key_template,
     collect_class,
@@ -61,7 +60,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     debounce_on_outage: str | None = None
 
     #: The worker's main process finishes a window whose pool child died mid-run
-    #: (worker_signals.WindowRequest); a custom Request should derive from it.
+    #: (``worker/request.py``'s WindowRequest, named by its path: the worker loads it);
+    #: a custom Request should derive from it.
     Request = "celery_debounce.worker.signals:WindowRequest"
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
@@ -92,6 +92,9 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
+        # the worker's receivers and bootsteps, wherever this app runs a worker: bound
+        # here (a worker binds its app's tasks before worker_init), not by an import
+        worker_steps.install()
         canvas.install(app)  # a chain/chord with this task later in it is checked when applied
         if (
             cls._debounce_refused is None
@@ -287,8 +290,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         binding, template or default digest); pass ``debounce_key=`` if the calls
         override the task's template. Reads only (one HMGET and one ZSCORE).
         """
-        return self._debounce_admin().window(
-            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        return steering.window(
+            store_for(self.app), self.name, self._debounce_key_of(args, kwargs, debounce_key)
         )
 
     def debounce_flush(
@@ -297,8 +300,8 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         """Run the pending window for these arguments now: close it to new calls and
         make it due at once (the next call opens a new window). Returns the window as
         flushed; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
-        return self._debounce_admin().flush(
-            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        return steering.flush(
+            store_for(self.app), self.name, self._debounce_key_of(args, kwargs, debounce_key)
         )
 
     def debounce_cancel(
@@ -307,8 +310,11 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
         """Drop the pending window for these arguments so it never runs; its result
         (and every caller-chosen id it absorbed) is marked revoked. Returns the window
         cancelled; raises :class:`~celery_debounce.WindowNotFound` if none is open."""
-        return self._debounce_admin().cancel(
-            self.name, self._debounce_key_of(args, kwargs, debounce_key)
+        return steering.cancel(
+            self.app,
+            store_for(self.app),
+            self.name,
+            self._debounce_key_of(args, kwargs, debounce_key),
         )
 
     def _debounce_key_of(
@@ -335,15 +341,13 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
 
     def on_replace(self, sig: Any) -> Any:
         """``self.replace(sig)`` in a window's run: the window and its aliases get the
-        replacement's outcome (worker_signals.forward_replacement)."""
+        replacement's outcome (``worker/signals.py``'s ``forward_replacement``, imported
+        here, in the worker's run: the producer stage does not import the worker's)."""
         if not self.request.is_eager:
             from ..worker.signals import forward_replacement
 
             forward_replacement(self, sig)
         return super().on_replace(sig)
-
-    def _debounce_admin(self) -> DebounceAdmin:
-        return DebounceAdmin(self.app)
 
     def _debounce_exec_defaults(self) -> dict[str, Any]:
         """The task's own execution options (queue=, priority=, expires=, ... on the task).

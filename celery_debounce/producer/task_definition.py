@@ -66,7 +66,7 @@ def refuse_later(cls: type[DebouncedTask], exc: DebounceConfigError) -> bool:
     constructor of every ``shared=True`` task for each app it finalizes, poison every
     later app of the process too. Recorded, it names this task only: its calls raise
     it, ``celery debounce check`` and the Django check list it, and a worker of the
-    app refuses to start (``bootstep.refuse_invalid_tasks``). A definition outside
+    app refuses to start (``worker_steps.refuse_invalid_tasks``). A definition outside
     a finalize (``lazy=False``, an app already finalized, a class statement) still
     raises at once.
     """

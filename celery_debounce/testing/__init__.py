@@ -35,13 +35,14 @@ from celery import Celery, states
 from celery.result import EagerResult
 from kombu import serialization
 
+from ..calls import DebouncedCall
 from ..dispatch.dispatcher import Dispatcher
 from ..layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
 from ..ops.read_view import WindowInfo
-from ..producer.collect import DebouncedCall
 from ..settings import settings_for
 from ..store import WindowStore, store_for
 from ..store.api import OperatorStore, Store
+from ..worker import install as install_worker
 
 if TYPE_CHECKING:  # pragma: no cover
     import fakeredis
@@ -169,6 +170,7 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     left behind. A window whose task is not registered in ``app`` is not run (it is
     handed back, due, for a dispatcher of an app that has the task).
     """
+    install_worker()  # the worker's receivers claim and finish each run
     name = _task_name(task)
     _make_due(app, task)
     store: Store = store_for(app)  # taken as a dispatcher does, finished as a worker does

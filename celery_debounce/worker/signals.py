@@ -37,8 +37,9 @@ from celery.signals import (
 from celery.worker.request import Request
 
 from ..aliases import resolve_aliases
+from ..calls import plain_call_of
+from ..headers import COLLECT_HEADER
 from ..layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
-from ..producer.collect import COLLECT_HEADER, plain_call_of
 from ..signals import duplicate_skipped, max_wait_exceeded
 from ..store import NotReplicated, store_for
 from ..store.api import WorkerStore
@@ -496,12 +497,23 @@ def _dropped(
     _finish_window(app, shard, task_id, name, states.REJECTED)
 
 
-task_prerun.connect(_claim, weak=False)
-task_prerun.connect(_reshape, weak=False)
-task_postrun.connect(_finish, weak=False)
-task_revoked.connect(_revoked, weak=False)
-task_failure.connect(_failed_in_parent, weak=False)
-task_unknown.connect(_dropped, weak=False)
-task_rejected.connect(_dropped, weak=False)
-worker_init.connect(_install_in_worker, weak=False)
-worker_process_init.connect(_install_in_child, weak=False)
+_connected = False
+
+
+def connect() -> None:
+    """Connect the receivers above to Celery's signals, once per process (see
+    :func:`celery_debounce.worker.install`; racing threads connect each receiver once:
+    Celery's ``Signal.connect`` keeps one entry per receiver)."""
+    global _connected
+    if _connected:
+        return
+    task_prerun.connect(_claim, weak=False)
+    task_prerun.connect(_reshape, weak=False)
+    task_postrun.connect(_finish, weak=False)
+    task_revoked.connect(_revoked, weak=False)
+    task_failure.connect(_failed_in_parent, weak=False)
+    task_unknown.connect(_dropped, weak=False)
+    task_rejected.connect(_dropped, weak=False)
+    worker_init.connect(_install_in_worker, weak=False)
+    worker_process_init.connect(_install_in_child, weak=False)
+    _connected = True

@@ -33,6 +33,7 @@ def test_the_package_imports_without_celery_57_time_helpers() -> None:
             if hasattr(t, name):
                 delattr(t, name)
         import celery_debounce, celery_debounce.producer.message, celery_debounce.ops.cli
+        import celery_debounce.headers
         from celery_debounce import compat
         from datetime import datetime, timedelta, timezone
         now = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -125,7 +126,7 @@ NOWHERE = "redis://unused"
 
 
 def test_task_message_fields() -> None:
-    """message.WindowMessage.build returns ``task_message(headers, properties, body, None)``."""
+    """headers.WindowMessage.build returns ``task_message(headers, properties, body, None)``."""
     from celery.app.amqp import task_message
 
     assert task_message._fields == ("headers", "properties", "body", "sent_event")
@@ -138,7 +139,8 @@ def _window_and_celery_headers(
     """Headers and properties of a window built from ``options`` and of
     ``app.amqp.as_task_v2`` given the same options, both at ``now``."""
     from celery_debounce.layout import SHARD_HEADER
-    from celery_debounce.producer.message import WindowMessage, call_options, encode_stored
+    from celery_debounce.headers import WindowMessage
+    from celery_debounce.producer.message import call_options, encode_stored
 
     app = make_app(NOWHERE, "compat", broker_url="memory://")
     app.now = lambda: now  # type: ignore[method-assign]

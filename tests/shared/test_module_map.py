@@ -5,7 +5,9 @@ from it, listed twice, or listed but gone fails here. The import checks read eac
 module's top-level imports (not those under ``if TYPE_CHECKING:`` nor inside
 functions): no cycle among the package's modules; ``celery_debounce.store`` reaches
 no call-encoding module; nothing outside ``store/`` imports redis-py or reads the
-store's topology.
+store's topology. The stage checks read the imports inside functions too: the stages
+import one way (:data:`MAY_IMPORT` at import time, :data:`CALLED_INTO` when called),
+with no circle among them.
 """
 
 from __future__ import annotations
@@ -84,46 +86,65 @@ def test_the_readme_links_to_the_module_map() -> None:
     assert "docs/design.md#module-map" in (ROOT / "README.md").read_text("utf-8")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, top: Path = ROOT) -> str:
+    parts = list(path.relative_to(top).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_of(
+    root: Path, name: str, path: Path, paths: set[str], *, in_functions: bool
+) -> set[str]:
+    """The package's modules ``name`` imports: at its top level, or (``in_functions``)
+    only those inside its functions and methods; never those under TYPE_CHECKING."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def add(node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+            return
+        if node.level:
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            target = node.module or ""
+        for alias in node.names:
+            sub = f"{target}.{alias.name}"
+            found.add(sub if sub in paths else target)
+
+    def walk(body: list[ast.stmt], nested: bool) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                walk(node.orelse, nested)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(node.body, True)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                if nested == in_functions:
+                    add(node)
+            else:
+                for field in ("body", "orelse", "finalbody"):
+                    walk(getattr(node, field, None) or [], nested)
+                for handler in getattr(node, "handlers", None) or []:
+                    walk(handler.body, nested)
+
+    walk(ast.parse(path.read_text("utf-8")).body, False)
+    return {m for m in found if m in paths and m != name}
+
+
+def _graph(root: Path, *, in_functions: bool) -> dict[str, set[str]]:
+    top = root.parent
+    paths = {_module_name(p, top): p for p in root.rglob("*.py")}
+    return {
+        name: _imports_of(root, name, path, set(paths), in_functions=in_functions)
+        for name, path in paths.items()
+    }
 
 
 @cache
 def import_graph() -> dict[str, set[str]]:
     """Module -> the package's modules it imports at its top level."""
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in paths.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        found: set[str] = set()
-
-        def walk(body: list[ast.stmt], found: set[str] = found, package: str = package) -> None:
-            for node in body:
-                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                    walk(node.orelse)
-                elif isinstance(node, (ast.If, ast.Try)):
-                    walk(node.body)
-                    walk(node.orelse)
-                    for handler in getattr(node, "handlers", []):
-                        walk(handler.body)
-                    walk(getattr(node, "finalbody", []))
-                elif isinstance(node, ast.Import):
-                    found.update(a.name for a in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:
-                        base = package.split(".")
-                        base = base[: len(base) - node.level + 1]
-                        target = ".".join([*base, *([node.module] if node.module else [])])
-                    else:
-                        target = node.module or ""
-                    for alias in node.names:
-                        sub = f"{target}.{alias.name}"
-                        found.add(sub if sub in paths else target)
-
-        walk(ast.parse(path.read_text("utf-8")).body)
-        graph[name] = {m for m in found if m in paths and m != name}
-    return graph
+    return _graph(PACKAGE, in_functions=False)
 
 
 def _reached(start: str) -> set[str]:
@@ -148,6 +169,118 @@ def test_the_store_needs_no_call_encoding() -> None:
     assert sorted(m for m in reached if m.removeprefix("celery_debounce.") in CALL_ENCODING) == []
 
 
+#: The stages, by the first folder of a module's path (docs/design.md, "Module map");
+#: the package's top-level modules (settings, errors, signals, layout, headers, calls,
+#: ...) are ``shared``, ``testing/`` and ``contrib/`` are ``ops``' peers.
+STAGE_FOLDERS = ("producer", "dispatch", "worker", "ops", "store", "testing", "contrib")
+
+#: What each stage may import when it is imported (besides its own modules). ``ops``,
+#: ``testing`` and ``contrib`` may import anything, and nothing else imports them.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "shared": frozenset(),
+    "store": frozenset({"shared"}),
+    "producer": frozenset({"shared", "store"}),
+    "dispatch": frozenset({"shared", "store"}),
+    "worker": frozenset({"shared", "store"}),
+}
+
+#: The imports a stage makes inside a function, across the stages, beyond
+#: :data:`MAY_IMPORT`: where one stage brings in another when called, each with its
+#: reason. An entry the scan no longer finds fails too, so this list only shrinks.
+CALLED_INTO: dict[tuple[str, str], str] = {
+    ("producer.worker_steps", "worker"): "install(): a DebouncedTask bound to an app, or a "
+    "public name used, connects the worker's receivers (worker.install)",
+    ("producer.worker_steps", "dispatch.bootstep"): "at worker_init, an app that uses "
+    "debounce gets the embedded dispatcher's DispatcherStep",
+    ("producer.task", "worker.signals"): "DebouncedTask.on_replace, in the worker's run: "
+    "the window gets the replacement's outcome (forward_replacement)",
+    ("dispatch.bootstep", "worker"): "install(app) for an app without a DebouncedTask: its "
+    "windows' runs are claimed and finished (worker.install)",
+}
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGE_FOLDERS else "shared"
+
+
+def stage_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """(stage, stage) -> the (module, module) imports behind it, across stages only."""
+    edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for module, imported in graph.items():
+        for other in imported:
+            pair = (stage_of(module), stage_of(other))
+            if pair[0] != pair[1]:
+                short = (module.split(".", 1)[1], other.split(".", 1)[1])
+                edges.setdefault(pair, set()).add(short)
+    return edges
+
+
+def forbidden(edges: dict[tuple[str, str], set[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The module imports behind a stage edge :data:`MAY_IMPORT` does not allow."""
+    return sorted(
+        pair
+        for (src, dst), pairs in edges.items()
+        if src in MAY_IMPORT and dst not in MAY_IMPORT[src]
+        for pair in pairs
+    )
+
+
+def stage_circles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """Each circle among the stages (as the stages on it, from its smallest), once."""
+    found: set[tuple[str, ...]] = set()
+
+    def follow(path: list[str]) -> None:
+        for src, dst in sorted(edges):
+            if src != path[-1]:
+                continue
+            if dst == path[0]:
+                at = path.index(min(path))
+                found.add(tuple(path[at:] + path[:at]))
+            elif dst not in path and dst > path[0]:
+                follow([*path, dst])
+
+    for start in sorted({s for s, _ in edges}):
+        follow([start])
+    return [list(circle) for circle in sorted(found)]
+
+
+def test_the_stages_import_one_way() -> None:
+    """At import time each stage imports only what :data:`MAY_IMPORT` gives it: the
+    producer, the dispatcher and the worker import the store and the shared modules,
+    never each other nor ``ops/``. Inside functions, a stage reaches another only
+    where :data:`CALLED_INTO` says why; and counting those, no circle."""
+    at_import = stage_edges(import_graph())
+    assert forbidden(at_import) == [], "a stage imports another one it must not"
+    when_called = stage_edges(_graph(PACKAGE, in_functions=True))
+    listed = {pair for pair in forbidden(when_called) if pair not in at_import}
+    assert sorted(listed - set(CALLED_INTO)) == [], "add it to CALLED_INTO, with why"
+    assert sorted(set(CALLED_INTO) - listed) == [], "gone: drop it from CALLED_INTO"
+    lower = set(MAY_IMPORT)
+    edges = {pair for pair in (*at_import, *when_called) if set(pair) <= lower}
+    assert stage_circles(edges) == []
+
+
+def test_the_stage_check_finds_a_planted_circle(tmp_path: Path) -> None:
+    """A producer module importing the worker at import time, the worker importing the
+    producer back: both imports are refused and the circle is found."""
+    root = tmp_path / "celery_debounce"
+    for folder in ("", "producer", "worker", "store"):
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "layout.py").write_text("")
+    (root / "producer" / "task.py").write_text("from ..worker import signals\n")
+    (root / "worker" / "signals.py").write_text(
+        "from ..layout import *\n\ndef run():\n    from ..producer import task\n"
+    )
+    at_import = stage_edges(_graph(root, in_functions=False))
+    when_called = stage_edges(_graph(root, in_functions=True))
+    assert forbidden(at_import) == [("producer.task", "worker.signals")]
+    assert forbidden(when_called) == [("worker.signals", "producer.task")]
+    assert stage_circles({*at_import, *when_called}) == [["producer", "worker"]]
+    assert stage_circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+
+
 def _run(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
@@ -169,15 +302,24 @@ def test_importing_the_store_loads_no_producer_module() -> None:
     assert sorted(m for m in loaded if m.removeprefix("celery_debounce.") in PRODUCER) == []
 
 
-#: Prints which of the package's receivers are connected: the claim (worker_signals)
-#: and the embedded dispatcher's bootstep.
+#: Prints which of the package's receivers are connected: the claim (worker/signals.py)
+#: and the hook that adds the embedded dispatcher's bootstep (producer/worker_steps.py).
 _CONNECTED = """
 from celery.signals import task_prerun, worker_init
 import celery_debounce.worker.signals as w, sys
+steps = sys.modules.get("celery_debounce.producer.worker_steps")
 print(w._claim in [r[1] for r in task_prerun.receivers],
-      "celery_debounce.dispatch.bootstep" in sys.modules
-      and sys.modules["celery_debounce.dispatch.bootstep"]._add_dispatcher_step
-      in [r[1] for r in worker_init.receivers])
+      steps is not None and steps._add_dispatcher_step in [r[1] for r in worker_init.receivers])
+"""
+
+#: A DebouncedTask bound to an app (as a worker binds its app's tasks).
+_BOUND = """
+from celery import Celery
+app = Celery("t", set_as_current=False)
+@app.task(base=DebouncedTask, debounce="1s", debounce_max_wait="2s", shared=False)
+def work() -> None:
+    pass
+app.finalize()
 """
 
 
@@ -185,17 +327,42 @@ print(w._claim in [r[1] for r in task_prerun.receivers],
     ("way_in", "connected"),
     [
         ("from celery_debounce import DebouncedTask", "True True"),
-        ("from celery_debounce.producer.task import DebouncedTask", "True True"),
+        ("from celery_debounce.producer.task import DebouncedTask" + _BOUND, "True True"),
         ("from celery_debounce import send_task", "True True"),
         ("from celery_debounce import install", "True True"),
         ("from celery_debounce import DebounceError", "True True"),
         ("import celery_debounce; celery_debounce.signals", "True True"),
         # every `celery` command (worker included) loads the CLI plugin
         ("import celery_debounce.ops.cli", "True False"),
+        (
+            "from celery import Celery\n"
+            "from celery_debounce.dispatch.bootstep import install\n"
+            "install(Celery('t', set_as_current=False))",
+            "True False",
+        ),
+        # an import connects nothing: each connection is an explicit install
+        (
+            "import celery_debounce.producer.task, celery_debounce.dispatch.bootstep, "
+            "celery_debounce.worker.signals, celery_debounce.testing",
+            "False False",
+        ),
     ],
 )
 def test_every_way_in_connects_the_worker_signals(way_in: str, connected: str) -> None:
     assert _run(f"{way_in}\n{_CONNECTED}").stdout.split() == connected.split()
+
+
+def test_installing_twice_connects_each_receiver_once() -> None:
+    code = (
+        "from celery.signals import task_prerun\n"
+        "from celery_debounce.producer import worker_steps\n"
+        "from celery_debounce import worker\n"
+        "for _ in range(3):\n"
+        "    worker_steps.install(); worker.install()\n"
+        "import celery_debounce.worker.signals as w\n"
+        "print(sum(r[1] in (w._claim, w._reshape) for r in task_prerun.receivers))\n"
+    )
+    assert _run(code).stdout.split() == ["2"]
 
 
 def test_every_public_name_imports() -> None:

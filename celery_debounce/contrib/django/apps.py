@@ -27,8 +27,8 @@ def check_debounced_tasks(
     from celery._state import _get_active_apps
     from django.apps import apps
 
-    from ...dispatch.bootstep import uses_debounce
     from ...ops.validation import check_app
+    from ...producer.worker_steps import uses_debounce
     from .. import import_problem
 
     errors: list[checks.CheckMessage] = []
