@@ -7,7 +7,9 @@ package imports redis-py. Every redis-py error leaves as
 :class:`~celery_debounce.DebounceBackendError`.
 
 The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
-connection without redis-py's per-command wrapper (:meth:`WindowStore._evalsha`).
+connection without redis-py's per-command wrapper (on one node or Sentinel's master:
+:meth:`NodeTransport.run_once <celery_debounce.store.node.NodeTransport.run_once>`,
+bound to the store as ``run_once``).
 With ``debounce_redis_wait_replicas`` the store is a :class:`WaitedStore`, whose
 writes are each followed by ``WAIT``; the default store checks nothing of it.
 """
