@@ -239,7 +239,7 @@ class _Combiner:
         successor.done.release()
 
     def _send_alone(self, name: str, command: bytes) -> Any:
-        """One call's command, nobody else's: as ``WindowStore._evalsha_once`` sends it."""
+        """One call's command, nobody else's: as ``NodeTransport._evalsha_once`` sends it."""
         conn = self.lease.checkout()
         try:
             conn.send_packed_command([command])
