@@ -67,7 +67,7 @@ MUTATIONS: list[Mutation] = [
         "if st == 'finished' or live then",
         "if live then",
         FAULTS + "test_dispatcher_killed_after_publish_before_ack_runs_the_body_once",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "dispatcher acks the whole taken batch",
@@ -754,7 +754,7 @@ MUTATIONS: list[Mutation] = [
         "redis.call('RPUSH', calls_key(tag, found[5]), element)",
         "redis.call('LPUSH', calls_key(tag, found[5]), element)",
         "tests/producer/test_collect.py::test_a_collect_window_keeps_every_call_in_order",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "debounce_collect accepted with debounce_leading",
@@ -1198,7 +1198,7 @@ MUTATIONS: list[Mutation] = [
         "local until_ms = now + tonumber(ARGV[1])",
         "local until_ms = now",
         "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "a stale claim is never released",
@@ -1208,7 +1208,7 @@ MUTATIONS: list[Mutation] = [
         "local lapsed = {}",
         "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_lease",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "a skipped duplicate of a claim that lapses is not published again",
@@ -1218,7 +1218,7 @@ MUTATIONS: list[Mutation] = [
         "    if false then",
         "tests/store/test_scripts.py::"
         "test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "finish.lua keeps the claim",
@@ -1245,7 +1245,7 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the_run",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "finish.lua does not release the held window",
@@ -1255,7 +1255,7 @@ MUTATIONS: list[Mutation] = [
         "      redis.call('ZADD', due_key(tag), now + 60000, ident)",
         "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "a stale claim keeps its exclusive key",
@@ -1266,7 +1266,7 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease",
-        "tests/store/test_gate_model.py::test_scripts_match_the_model_on_a_controlled_clock",
+        "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
         "a run whose pool child died leaves its aliases pending",

@@ -159,6 +159,11 @@ POSTGRES_NOT_YET = {
     "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written": (
         "postgres: debounce_collect is not implemented yet (refused at the gate)"
     ),
+    # tests/store/test_gate_model.py
+    "test_the_store_matches_the_model_on_a_real_clock": (
+        "postgres: the model uses cancel and debounce_collect, neither implemented yet, "
+        "and a view of the store's state (StateView), none written for its tables yet"
+    ),
 }
 
 #: The PostgreSQL functions whose reply a harness can lose, by operation.
@@ -216,6 +221,16 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
     return Harness("postgres", build, lose, outage, _close=lambda store: store.close())
 
 
+def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
+    """The harness of implementation ``name`` (also tests/store/test_gate_model.py's)."""
+    return {
+        "fakeredis": lambda: _fakeredis(),
+        "redis": lambda: _single(request),
+        "cluster": lambda: _cluster(request),
+        "postgres": lambda: _postgres(request),
+    }[name]()
+
+
 @pytest.fixture(
     params=[
         "fakeredis",
@@ -226,12 +241,7 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
 )
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """Each implementation of the store contract in turn."""
-    made = {
-        "fakeredis": lambda: _fakeredis(),
-        "redis": lambda: _single(request),
-        "cluster": lambda: _cluster(request),
-        "postgres": lambda: _postgres(request),
-    }[request.param]()
+    made = harness_named(request.param, request)
     try:
         yield made
     finally:
