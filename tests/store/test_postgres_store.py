@@ -17,14 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 from pg_proxy import PgProxy
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_debounce.aliases import FixedId
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec
 from celery_debounce.store.codec import GateResult
-from celery_debounce.store.domain import OutcomeUnknown, ReplaceRefused
+from celery_debounce.store.domain import (
+    OutcomeUnknown,
+    ReplaceRefused,
+    ServerRefused,
+    StoreUnavailable,
+)
 from celery_debounce.store.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -54,7 +59,8 @@ def make_store(database: str) -> Iterator[Callable[..., PostgresStore]]:
     stores: list[PostgresStore] = []
 
     def make(url: str = database, **kwargs: object) -> PostgresStore:
-        store = PostgresStore(url, timeout=5.0, **kwargs)  # type: ignore[arg-type]
+        kwargs.setdefault("timeout", 5.0)
+        store = PostgresStore(url, **kwargs)  # type: ignore[arg-type]
         stores.append(store)
         return store
 
@@ -612,3 +618,182 @@ def test_an_expiry_sweep_whose_reply_is_lost_is_not_sent_again(
             through.expire(0)
     finally:
         proxy.close()
+
+
+# -- the record sweep ----------------------------------------------------------------------
+
+
+def _sql(database: str, query: str, *params: object) -> list[tuple[object, ...]]:
+    with psycopg.connect(database, autocommit=True) as conn:
+        cursor = conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _taken_in(store: PostgresStore, database: str, state: str, past: bool, ident: str) -> str:
+    """A taken window of ``ident`` set to ``state``, its ``until`` in the past (or an
+    hour ahead)."""
+    task_id = store.gate(call(ident, window_ms=0)).task_id
+    assert task_id in {w.task_id for w in store.take(0, 50).windows}
+    _sql(
+        database,
+        "UPDATE debounce_taken SET state = %s, until = clock_timestamp() + "
+        "CASE WHEN %s THEN interval '-1 second' ELSE interval '1 hour' END "
+        "WHERE task_id = %s",
+        state,
+        past,
+        task_id,
+    )
+    return task_id
+
+
+def test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live(
+    store: PostgresStore, database: str
+) -> None:
+    gone = [_taken_in(store, database, "finished", True, f"t:done{i}") for i in range(5)]
+    kept = [_taken_in(store, database, "finished", False, "t:recent")]
+    # a window in progress stays whatever its until says (a lapsed lease, a TTL passed)
+    kept += [
+        _taken_in(store, database, state, True, f"t:{state}")
+        for state in ("dispatching", "queued", "claimed", "stale")
+    ]
+    quarantined = store.gate(call("t:bad", window_ms=0)).task_id
+    store.take(0, 10)
+    assert store.quarantine(0, quarantined, "cannot be published") == []
+    kept.append(quarantined)  # kept for an operator (Redis: no TTL)
+    open_id = store.gate(call("t:done0", window_ms=600_000)).task_id  # an open window
+    _sql(
+        database,
+        "INSERT INTO debounce_quiet (ident, task_id, first_seen, max_wait_ms, quiet_end) "
+        "VALUES ('t:over', 'q1', clock_timestamp(), 1000, clock_timestamp() - interval '1s'),"
+        " ('t:quiet', 'q2', clock_timestamp(), 60000, clock_timestamp() + interval '1 hour')",
+    )
+
+    def taken() -> set[object]:
+        return {row[0] for row in _sql(database, "SELECT task_id FROM debounce_taken")}
+
+    assert store.sweep(limit=2) == 3  # a batch: 2 records, 1 quiet period over
+    assert len(taken() & set(gone)) == 3
+    batches = 1
+    while store.sweep(limit=2):
+        batches += 1
+    assert batches == 3  # 2 + 2 + 1 records
+    assert taken() == set(kept)
+    assert _sql(database, "SELECT ident FROM debounce_quiet") == [("t:quiet",)]
+    assert _sql(database, "SELECT task_id FROM debounce_open") == [(open_id,)]
+    states = dict(_sql(database, "SELECT task_id, state FROM debounce_taken"))
+    assert store.sweep() == 0  # idempotent: nothing else goes
+    assert dict(_sql(database, "SELECT task_id, state FROM debounce_taken")) == states
+    assert states[quarantined] == "quarantined"
+
+
+def test_the_dispatchers_expiry_sweep_runs_the_record_sweep(
+    store: PostgresStore, database: str
+) -> None:
+    """The dispatcher calls ``expire`` periodically: finished records past their TTL
+    leave the table there, as they leave Redis by their TTL."""
+    old = _taken_in(store, database, "finished", True, "t:old")
+    recent = _taken_in(store, database, "finished", False, "t:recent")
+    assert store.expire(0) == []
+    assert _sql(database, "SELECT task_id FROM debounce_taken") == [(recent,)]
+    assert old != recent
+
+
+# -- faults: typed errors within the timeout ----------------------------------------------
+
+
+def _with_options(database: str, *settings: str) -> str:
+    options = conninfo_to_dict(database).get("options", "")
+    return make_conninfo(database, options=" ".join([str(options), *settings]))
+
+
+def test_a_read_only_server_refuses_every_write_typed_and_writes_nothing(
+    store: PostgresStore, make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """A standby, or ``default_transaction_read_only``: each write is
+    :class:`ServerRefused` (a :class:`StoreUnavailable`: an outage for the dispatcher),
+    at once, never a psycopg error; reads still answer."""
+    opened = store.gate(call("t:k")).task_id
+    read_only = make_store(_with_options(database, "-c default_transaction_read_only=on"))
+    started = time.monotonic()
+    for attempt in (
+        lambda: read_only.gate(call("t:k")),
+        lambda: read_only.gate(call("t:new")),
+        lambda: read_only.take(0, 10),
+        lambda: read_only.ack(0, [opened]),
+        lambda: read_only.flush(0, "t:k"),
+        lambda: read_only.expire(0),
+        lambda: read_only.sweep(),
+        lambda: read_only.heartbeat("d1"),
+    ):
+        with pytest.raises(ServerRefused, match="read-only"):
+            attempt()
+    assert time.monotonic() - started < 5
+    assert read_only.ping() and read_only.pending(0, "t:k") is not None
+    assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
+
+
+def _locked(database: str, ident: str, seconds: float) -> threading.Thread:
+    """Another transaction holds the open window of ``ident`` for ``seconds``."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(database) as conn:
+            conn.execute("SELECT 1 FROM debounce_open WHERE ident = %s FOR UPDATE", (ident,))
+            held.set()
+            time.sleep(seconds)
+            conn.rollback()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    return thread
+
+
+@pytest.mark.parametrize(
+    ("options", "within"),
+    [((), 1.0), (("-c statement_timeout=200",), 0.2)],
+    ids=["the-stores-timeout", "a-shorter-server-timeout"],
+)
+def test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing(
+    store: PostgresStore,
+    make_store: Callable[..., PostgresStore],
+    database: str,
+    options: tuple[str, ...],
+    within: float,
+) -> None:
+    """A call the server cancels (``statement_timeout``: the store's ``timeout`` unless
+    the server's is shorter) was undone: :class:`StoreUnavailable` within that timeout,
+    not a lost reply, and nothing written."""
+    opened = store.gate(call("t:k")).task_id
+    bounded = make_store(_with_options(database, *options), timeout=1.0)
+    bounded.ping()
+    holder = _locked(database, "t:k", 4.0)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="statement timeout") as raised:
+        bounded.gate(call("t:k"))
+    assert within <= time.monotonic() - started < within + 1.5
+    assert not isinstance(raised.value, OutcomeUnknown)
+    holder.join()
+    assert rows(database, "open") == [("t:k", opened, 1)]  # the join was undone
+    assert bounded.gate(call("t:k")).calls == 2  # the store works on
+
+
+def test_a_pool_that_cannot_give_a_connection_in_time_is_unavailable(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """Every pooled connection busy past ``timeout``: :class:`StoreUnavailable` after
+    about ``timeout``, nothing sent."""
+    store = make_store(max_size=1, timeout=0.5)
+    store.migrate()
+    opened = store.gate(call("t:k")).task_id
+    busy = store.pool.getconn()
+    try:
+        for attempt in (lambda: store.gate(call("t:k")), lambda: store.take(0, 10)):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="unreachable"):
+                attempt()
+            assert 0.4 <= time.monotonic() - started < 2.0
+    finally:
+        store.pool.putconn(busy)
+    assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
+    assert store.gate(call("t:k")).calls == 2

@@ -12,7 +12,7 @@ from ..domain import ClaimResult, FinishResult, ShardRef
 if TYPE_CHECKING:  # pragma: no cover
     from ...settings import Settings
 
-_CLAIM = "SELECT before, run FROM debounce_claim(%s, %s, %s)"
+_CLAIM = "SELECT before, run FROM debounce_claim(%s, %s, %s, %s)"
 _RENEW = "SELECT debounce_renew(%s, %s)"
 _END_CLAIM = "SELECT debounce_end_claim(%s)"
 _PUT_BACK = "SELECT debounce_put_back(%s)"
@@ -57,12 +57,13 @@ class PostgresRuns:
         last_delivery: bool = False,
     ) -> ClaimResult:
         """Claim a window's run for one claim lease (``debounce_claim``); ``run``
-        False: a duplicate delivery. Sent at most once. ``last_delivery`` is accepted
-        and not recorded yet: a lapsed last-delivery claim waits for its record TTL."""
+        False: a duplicate delivery. Sent at most once. ``last_delivery``: the last
+        delivery its quorum queue allows; should this claim lapse, the next take hands
+        the window to the expiry sweep (finished REVOKED, its exclusive key freed)."""
         self._check()
         row = self._write(
             lambda conn: conn.execute(
-                _CLAIM, (task_id, self.settings.claim_lease_ms, retry)
+                _CLAIM, (task_id, self.settings.claim_lease_ms, retry, last_delivery)
             ).fetchone(),
             "claim",
         )

@@ -69,7 +69,9 @@ CREATE TABLE debounce_taken (
                                          'finished', 'quarantined')),
     taken_at timestamptz NOT NULL,
     -- 'dispatching': the lease's end (then it is taken again); otherwise when the
-    -- record may leave the table (the sweep)
+    -- record may leave the table: a 'finished' or 'quarantined' one past it is deleted
+    -- by the record sweep (debounce_sweep); 'quarantined': never ('infinity', kept for
+    -- an operator, as Redis keeps it without a TTL)
     until timestamptz NOT NULL,
     tries integer NOT NULL DEFAULT 1,
     -- publish failures counted against it (debounce_release with counted)
@@ -85,6 +87,10 @@ CREATE TABLE debounce_taken (
     -- a duplicate delivery was skipped under this claim: if the claim lapses, the
     -- window is published again instead of left to the skipped delivery
     redelivered boolean NOT NULL DEFAULT false,
+    -- claimed on the last delivery its quorum queue allows (debounce_claim p_last): if
+    -- the claim lapses, nothing delivers the message again, so the expiry sweep
+    -- finishes the window (REVOKED) instead of leaving it stale
+    last_delivery boolean NOT NULL DEFAULT false,
     result_state text,
     reason text,
     -- when the window's published message expires (debounce_expiring; NULL: it has no
@@ -100,7 +106,8 @@ CREATE INDEX debounce_taken_until ON debounce_taken (state, until);
 -- The quiet period that follows a leading run (debounce_leading), per ident: the run's
 -- id, the leading call's time and max wait (the period never outlasts their sum), its
 -- end (moved by every edge call that finds it running) and the calls it holds. A row
--- whose quiet_end passed is a period over (the next leading call overwrites it).
+-- whose quiet_end passed is a period over (the next leading call overwrites it, or the
+-- record sweep deletes it).
 CREATE TABLE debounce_quiet (
     ident text PRIMARY KEY,
     task_id text NOT NULL,
@@ -366,7 +373,8 @@ $$;
 -- Take up to p_batch windows for dispatch under a lease of p_lease_ms.
 -- First the claims whose lease passed (up to p_lapse_upto_ms if given and earlier than
 -- now): 'stale', or 'dispatching' with its lease over when a duplicate delivery was
--- skipped under it (published again below). A due debounce_exclusive window whose
+-- skipped under it (published again below), or, claimed on the last delivery
+-- (last_delivery), 'queued' and handed to the expiry sweep (expires_at -infinity). A due debounce_exclusive window whose
 -- ident has a run in progress is held (held_since), not taken. Then, in one statement,
 -- the lapsed leases (taken again: tries + 1) and the due open windows, earliest
 -- deadline first, both FOR UPDATE SKIP LOCKED: concurrent dispatchers take disjoint
@@ -392,9 +400,14 @@ BEGIN
         ORDER BY t.claim_until LIMIT 100 FOR UPDATE SKIP LOCKED
     )
     UPDATE debounce_taken t
-    SET state = CASE WHEN t.redelivered THEN 'dispatching' ELSE 'stale' END,
+    SET state = CASE WHEN t.redelivered THEN 'dispatching'
+                     WHEN t.last_delivery THEN 'queued' ELSE 'stale' END,
         until = CASE WHEN t.redelivered THEN v_now ELSE t.until END,
-        claim_until = NULL, redelivered = false
+        -- the last delivery's claim lapsed: nothing delivers it again, the expiry
+        -- sweep finishes it (REVOKED) and frees its exclusive key
+        expires_at = CASE WHEN NOT t.redelivered AND t.last_delivery THEN '-infinity'
+                          ELSE t.expires_at END,
+        claim_until = NULL, redelivered = false, last_delivery = false
     FROM lapsed WHERE t.task_id = lapsed.task_id;
 
     UPDATE debounce_open o SET held_since = v_now
@@ -496,12 +509,13 @@ BEGIN
 END
 $$;
 
--- Set a taken window aside for good: 'dispatching' -> 'quarantined'; its aliases, or no
--- row when it was not dispatching.
+-- Set a taken window aside for good: 'dispatching' -> 'quarantined', kept until an
+-- operator deletes it (until 'infinity': the record sweep leaves it); its aliases, or
+-- no row when it was not dispatching.
 CREATE FUNCTION debounce_quarantine(p_task_id text, p_reason text)
 RETURNS TABLE (aliases text[])
 LANGUAGE sql AS $$
-    UPDATE debounce_taken t SET state = 'quarantined', reason = p_reason
+    UPDATE debounce_taken t SET state = 'quarantined', reason = p_reason, until = 'infinity'
     WHERE t.task_id = p_task_id AND t.state = 'dispatching'
     RETURNING t.aliases
 $$;
@@ -510,8 +524,11 @@ $$;
 -- of one claimed under a live lease (unless p_retry: a retry of the run takes the
 -- claim over), is a duplicate: run false (a claimed one is marked redelivered). A
 -- 'dispatching', 'queued', 'stale' or lapsed 'claimed' window is claimed for
--- p_lease_ms. A record that is gone runs (state ''), as does a quarantined one.
-CREATE FUNCTION debounce_claim(p_task_id text, p_lease_ms bigint, p_retry boolean)
+-- p_lease_ms, marked last_delivery when p_last (the last delivery its quorum queue
+-- allows: should that claim lapse, debounce_take hands the window to the expiry
+-- sweep). A record that is gone runs (state ''), as does a quarantined one.
+CREATE FUNCTION debounce_claim(p_task_id text, p_lease_ms bigint, p_retry boolean,
+                               p_last boolean)
 RETURNS TABLE (before text, now_ms bigint, run boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -537,7 +554,7 @@ BEGIN
     IF v_state IN ('dispatching', 'queued', 'stale', 'claimed') THEN
         UPDATE debounce_taken t
         SET state = 'claimed', claim_until = v_now + p_lease_ms * interval '1 millisecond',
-            redelivered = false
+            redelivered = false, last_delivery = p_last
         WHERE t.task_id = p_task_id;
     END IF;
     RETURN QUERY SELECT v_state, debounce_ms(v_now), true;
@@ -678,8 +695,9 @@ $$;
 -- one (published again, not yet acked) is looked at again after the grace; any other
 -- (claimed: running; finished by its run) leaves the sweep. Returns the windows it
 -- finished, now or before, whose outcome debounce_expired has not confirmed.
+-- First, the record sweep: debounce_sweep(p_sweep) (the dispatcher's periodic call).
 CREATE FUNCTION debounce_expire(p_grace_ms bigint, p_ttl_ms bigint, p_limit integer,
-                                p_caller_ms bigint)
+                                p_caller_ms bigint, p_sweep integer)
 RETURNS TABLE (task_id text, aliases text[])
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -689,6 +707,7 @@ DECLARE
                           - p_grace_ms * interval '1 millisecond';
     v_row record;
 BEGIN
+    PERFORM debounce_sweep(p_sweep);
     FOR v_row IN
         SELECT t.task_id, t.state, t.expired, t.ident, t.exclusive, t.aliases
         FROM debounce_taken t WHERE t.expires_at <= v_upto
@@ -717,6 +736,42 @@ BEGIN
         aliases := v_row.aliases;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- The record sweep: up to p_limit records past their until that are 'finished' (kept
+-- for their TTL after the run) or 'quarantined' (never: until 'infinity'), and up to
+-- p_limit quiet periods over, are deleted, FOR UPDATE SKIP LOCKED (a row another
+-- transaction holds, or a quiet period an edge call of its ident is reading, waits for
+-- the next sweep). A window in progress ('dispatching', 'queued', 'claimed', 'stale')
+-- and an open window are never deleted. How many rows went (p_limit or more: call
+-- again).
+CREATE FUNCTION debounce_sweep(p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_taken integer;
+    v_quiet integer := 0;
+    v_ident text;
+BEGIN
+    WITH gone AS (
+        SELECT t.task_id FROM debounce_taken t
+        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now
+        LIMIT p_limit FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM debounce_taken t USING gone WHERE t.task_id = gone.task_id;
+    GET DIAGNOSTICS v_taken = ROW_COUNT;
+    FOR v_ident IN
+        SELECT q.ident FROM debounce_quiet q WHERE q.quiet_end <= v_now
+        LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        -- an edge call of this ident holds the lock debounce_gate takes: left alone
+        IF pg_try_advisory_xact_lock(hashtext('debounce_quiet:' || v_ident)) THEN
+            DELETE FROM debounce_quiet q WHERE q.ident = v_ident AND q.quiet_end <= v_now;
+            v_quiet := v_quiet + 1;
+        END IF;
+    END LOOP;
+    RETURN v_taken + v_quiet;
 END
 $$;
 

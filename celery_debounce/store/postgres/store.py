@@ -3,16 +3,19 @@
 Each operation is one call of a function of ``schema.sql`` in one round trip, in its
 own transaction (the pool's connections are in autocommit), on the server's clock.
 Nothing is sent twice: a connection lost after the call was sent is
-:class:`~celery_debounce.store.domain.OutcomeUnknown`; no connection to be had is
-:class:`~celery_debounce.store.domain.StoreUnavailable`.
+:class:`~celery_debounce.store.domain.OutcomeUnknown`; no connection to be had (within
+``timeout``) is :class:`~celery_debounce.store.domain.StoreUnavailable`, as is a call
+the server cancelled and undid (``statement_timeout``, at most ``timeout`` unless the
+server's is shorter; a lock timeout, a deadlock); a call a read-only server (a standby)
+or a full disk refused is :class:`~celery_debounce.store.domain.ServerRefused`.
 
 What exists: the gate (open or join; the ceiling; payload replacement; the call count;
 the call cap; fixed ids and their aliases; exclusive windows; the leading edge), take
 (claims whose lease passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP
 LOCKED``), ack, release, quarantine, flush, the dispatcher's heartbeat, layouts,
-expiry sweep and wake-ups (``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of
-claim, put back and finish, the schema's migration and its version check. Not yet:
-collect (refused at the gate, nothing written), the record sweeps, most of the
+expiry sweep with the record sweep, wake-ups (``LISTEN``/``NOTIFY``), the worker's
+claim, renewal, end of claim, put back and finish, the schema's migration and its
+version check. Not yet: collect (refused at the gate, nothing written), most of the
 operators' reads.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import select
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -36,6 +39,7 @@ from ..domain import (
     AliasesFull,
     OutcomeUnknown,
     ReplaceRefused,
+    ServerRefused,
     ShardRef,
     StoreUnavailable,
 )
@@ -173,6 +177,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps):
             timeout=timeout,
             open=False,
             kwargs={"autocommit": True, **links},
+            configure=_bounded(timeout),
             name="celery-debounce",
         )
         self.pool.open(wait=False)
@@ -449,7 +454,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps):
         an outage."""
         try:
             with self.pool.connection() as conn:
-                return fn(conn)
+                return _answered(fn, conn)
         except PoolTimeout as exc:
             raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
         except psycopg.OperationalError as exc:
@@ -479,7 +484,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps):
         :class:`OutcomeUnknown`."""
         conn = self._connection()
         try:
-            return fn(conn)
+            return _answered(fn, conn)
         except psycopg.OperationalError as exc:
             raise OutcomeUnknown(
                 f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
@@ -497,6 +502,50 @@ class PostgresStore(PostgresRuns, PostgresSweeps):
             raise
         finally:
             self.pool.putconn(conn)
+
+
+#: SQLSTATEs of a call the server refused before it wrote anything (a read-only
+#: transaction: a standby, ``default_transaction_read_only``; insufficient resources: a
+#: full disk, out of memory; the server is starting or stopping): ``ServerRefused``.
+REFUSED = ("25006", "53", "57P03")
+#: SQLSTATEs of a call the server cancelled and undid (``statement_timeout`` or a
+#: cancel, ``lock_timeout``, a serialization failure or a deadlock): its error reply
+#: says the transaction rolled back, so nothing was written: ``StoreUnavailable``.
+UNDONE = ("57014", "55P03", "40")
+
+
+def _answered(fn: Any, conn: psycopg.Connection[Any]) -> Any:
+    """``fn(conn)``, with a call the server answered by refusing or undoing it raised
+    as the store's typed error (nothing was written); other errors as they are."""
+    try:
+        return fn(conn)
+    except psycopg.Error as exc:
+        state = exc.sqlstate or ""
+        if state.startswith(REFUSED):
+            raise ServerRefused(
+                f"PostgreSQL store refused the call, nothing written: {_safe(exc)}"
+            ) from exc
+        if state.startswith(UNDONE):
+            raise StoreUnavailable(
+                f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"
+            ) from exc
+        raise
+
+
+def _bounded(timeout: float) -> Callable[[psycopg.Connection[Any]], None]:
+    """The pool's ``configure``: a new connection's ``statement_timeout`` is at most
+    ``timeout`` (a shorter one set for the role, the database or in the URL stays), so
+    a call blocked on the server (a lock) fails within it, undone."""
+    ms = max(1, int(timeout * 1000))
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false) FROM pg_settings "
+            "WHERE name = 'statement_timeout' AND (setting::bigint = 0 OR setting::bigint > %s)",
+            (str(ms), ms),
+        )
+
+    return configure
 
 
 def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:

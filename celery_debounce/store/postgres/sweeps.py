@@ -1,5 +1,6 @@
 """The PostgreSQL store's dispatcher bookkeeping (a base of ``PostgresStore``): the
-expiry sweep, shard layouts and heartbeats, each one call of a ``schema.sql`` function."""
+expiry sweep (with the record sweep), shard layouts and heartbeats, each one call of a
+``schema.sql`` function."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ if TYPE_CHECKING:  # pragma: no cover
 _HEARTBEAT = "SELECT debounce_heartbeat(%s, %s, %s)"
 _LAYOUTS = "SELECT * FROM debounce_layouts(%s, %s)"
 _EXPIRING = "SELECT debounce_expiring(%s, %s)"
-_EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s)"
+_EXPIRE = "SELECT task_id, aliases FROM debounce_expire(%s, %s, %s, %s, %s)"
+_SWEEP = "SELECT debounce_sweep(%s)"
+
+#: Most rows the record sweep deletes per call (per table): each expiry sweep (at most
+#: once a second per shard and dispatcher) runs one such batch first.
+SWEEP_BATCH = 1000
 _EXPIRED = "SELECT debounce_expired(%s)"
 
 
@@ -54,11 +60,28 @@ class PostgresSweeps:
         """The expiry sweep: finish as REVOKED the queued windows whose message
         expired more than :data:`EXPIRY_GRACE_MS` ago on the server's clock and on
         this process's; ``(task id, aliases)`` of each, and of those finished earlier
-        that :meth:`expired` has not confirmed. Sent at most once."""
+        that :meth:`expired` has not confirmed. Sent at most once. First, one batch
+        of the record sweep (:meth:`sweep`): Redis lets records go by their TTL, this
+        store deletes them here, in the dispatcher's periodic call."""
         self._check()
-        params = (EXPIRY_GRACE_MS, self.history_ttl_ms, limit, int(time.time() * 1000))
+        params = (
+            EXPIRY_GRACE_MS,
+            self.history_ttl_ms,
+            limit,
+            int(time.time() * 1000),
+            SWEEP_BATCH,
+        )
         rows = self._write(lambda conn: conn.execute(_EXPIRE, params).fetchall(), "expire")
         return [(task_id, parse_aliases(aliases)) for task_id, aliases in rows]
+
+    def sweep(self, limit: int = SWEEP_BATCH) -> int:
+        """The record sweep (``debounce_sweep``): delete up to ``limit`` finished or
+        quarantined records past their ``until`` (their TTL, on the server's clock) and
+        up to ``limit`` quiet periods over; how many rows went (``limit`` or more: there
+        may be more). Never a window in progress nor an open one. Idempotent."""
+        self._check()
+        row = self._write(lambda conn: conn.execute(_SWEEP, (limit,)).fetchone(), "sweep")
+        return int(row[0]) if row else 0
 
     def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
         """The outcome of these swept windows is stored: they leave the sweep."""

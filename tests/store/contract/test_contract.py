@@ -255,6 +255,54 @@ def test_a_put_back_window_is_claimed_again_by_its_next_delivery(store: Store) -
     assert not store.put_back(shard, "never-claimed")
 
 
+def test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_sweep(
+    harness: Harness,
+) -> None:
+    """A claim on the last delivery its quorum queue allows (``last_delivery``) that
+    lapses (its worker killed): nothing delivers the message again, so the window is
+    neither left stale nor published again; the expiry sweep finishes it as REVOKED
+    (returned until its outcome is stored) and frees its exclusive key."""
+    store = harness.build(claim_lease_ms=300)
+    first = gate(store, "k", window="1ms", max_wait="1s", exclusive=True)
+    shard = first.call.shard
+    (taken,) = take_due(store, shard)
+    assert store.ack(shard, [taken.task_id]) == 1
+    claimed = store.claim(shard, first.task_id, "t", last_delivery=True)
+    assert claimed == ClaimResult("queued", True)
+    second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
+    time.sleep(0.4)  # the claim lapses at the next take: not published, the key held
+    assert store.take(shard, 10).windows == []
+    swept = wait_until(lambda: store.expire(shard), timeout=5)
+    assert [task_id for task_id, _ in swept] == [first.task_id]
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("finished", False)
+    store.expired(shard, [first.task_id])
+    assert store.expire(shard) == []
+    (follow,) = take_due(store, shard, timeout=3)  # the key is free
+    assert follow.task_id == second.task_id
+
+
+def test_a_quarantined_window_leaves_the_take_for_good_with_its_callers_ids(
+    harness: Harness,
+) -> None:
+    """A taken window the dispatcher sets aside (its record cannot make a message) is
+    never taken again, even past its lease; its callers' ids are returned (they are
+    told it failed); a later call opens a new window."""
+    store = harness.build(dispatch_lease_ms=100)
+    opener = gate(store, "k", window="1ms", max_wait="1s", task_id="A")
+    assert gate(store, "k", window="1ms", max_wait="1s", task_id="B").task_id == "A"
+    shard = opener.call.shard
+    (taken,) = take_due(store, shard)
+    aliases = store.quarantine(shard, taken.task_id, "cannot make a message")
+    assert aliases is not None and [alias["id"] for alias in aliases] == ["B"]
+    time.sleep(0.2)  # past the dispatch lease
+    assert store.take(shard, 10).windows == []
+    assert store.quarantine(shard, "never-taken", "why") is None
+    again = gate(store, "k", window="1ms", max_wait="1s")
+    (follow,) = take_due(store, shard)
+    assert follow.task_id == again.task_id != "A"
+    assert store.take(shard, 10).windows == []
+
+
 # -- holds (debounce_exclusive) ----------------------------------------------------------
 
 
