@@ -36,6 +36,7 @@ __all__ = ["CLUSTER_SLOTS", "DEFAULTS", "Settings", "cluster_shard_tag", "settin
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
     "debounce_redis_url": None,
+    "debounce_store_url": None,
     "debounce_key_prefix": "debounce",
     "debounce_shards": 1,
     "debounce_dispatcher": True,
@@ -134,6 +135,9 @@ class Settings:
     on_outage: str = "raise"
     #: how long calls skip Redis after one timed out, before one call probes it again
     outage_probe_interval_ms: int = 1000
+    #: ``debounce_store_url`` when it selects the PostgreSQL store (``postgresql://``
+    #: or ``postgres://``); None: the Redis store at ``redis_url``
+    postgres_url: str | None = None
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -160,7 +164,11 @@ class Settings:
         def duration(name: str) -> int:
             return parse_duration(name, get(name))
 
-        redis_url = redis_url or _redis_url(app, get("debounce_redis_url"))
+        postgres_url = None
+        if not redis_url:
+            redis_url, postgres_url = _store_urls(
+                app, get("debounce_redis_url"), get("debounce_store_url")
+            )
         if not is_sentinel_url(redis_url):
             refuse_without_sentinel(conf, redis_url)
         settings = cls(
@@ -177,7 +185,11 @@ class Settings:
             max_payload_bytes=_positive_int(
                 "debounce_max_payload_bytes", get("debounce_max_payload_bytes")
             ),
-            sentinel=sentinel_config(conf, redis_url, from_broker=not get("debounce_redis_url"))
+            sentinel=sentinel_config(
+                conf,
+                redis_url,
+                from_broker=not (get("debounce_redis_url") or get("debounce_store_url")),
+            )
             if is_sentinel_url(redis_url)
             else None,
             redis_cluster=parse_bool("debounce_redis_cluster", get("debounce_redis_cluster")),
@@ -188,6 +200,7 @@ class Settings:
             result_expires_ms=_result_expires_ms(conf.get("result_expires")),
             on_outage=str(check_on_outage(get("debounce_on_outage"), allow_none=False)),
             outage_probe_interval_ms=duration("debounce_outage_probe_interval"),
+            postgres_url=postgres_url,
         )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
@@ -197,6 +210,18 @@ class Settings:
 
     def check(self) -> None:
         """Refuse settings that contradict each other (each one alone is valid)."""
+        if self.postgres_url is not None:
+            for name, used in (
+                ("debounce_shards", self.shards != 1),
+                ("debounce_redis_cluster", self.redis_cluster),
+                ("debounce_redis_wait_replicas", self.wait_replicas),
+            ):
+                if used:
+                    raise DebounceConfigError(
+                        f"{name} is a setting of the Redis store, but debounce_store_url "
+                        f"selects the PostgreSQL store ({redact(self.postgres_url)!r}): "
+                        f"remove {name}"
+                    )
         if self.redis_cluster and not self.redis_url.startswith(("redis://", "rediss://")):
             raise DebounceConfigError(
                 redact(
@@ -302,6 +327,37 @@ def settings_for(app: Celery) -> Settings:
 
 
 _SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+#: The schemes of ``debounce_store_url`` that select the PostgreSQL store.
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+#: What stands for the Redis URL when the PostgreSQL store is selected (never connected).
+NO_REDIS_URL = "redis://no-redis.invalid:6379/0"
+
+
+def _store_urls(app: Celery, redis_value: object, store_value: object) -> tuple[str, str | None]:
+    """``(Redis URL, PostgreSQL URL or None)`` from ``debounce_redis_url`` and
+    ``debounce_store_url`` (or the broker's URL when neither is set)."""
+    if not store_value:
+        return _redis_url(app, redis_value), None
+    if not isinstance(store_value, str) or not store_value.startswith(
+        (*POSTGRES_SCHEMES, *_SCHEMES)
+    ):
+        raise DebounceConfigError(
+            redact(
+                f"debounce_store_url={store_value!r}: expected a postgresql:// (or postgres://) "
+                "URL for the PostgreSQL store, or a redis://, rediss://, unix:// or "
+                "sentinel:// URL for the Redis store"
+            )
+        )
+    if redis_value and redis_value != store_value:
+        raise DebounceConfigError(
+            redact(
+                f"debounce_store_url={store_value!r} and debounce_redis_url={redis_value!r} "
+                "name different stores: set only debounce_store_url"
+            )
+        )
+    if store_value.startswith(POSTGRES_SCHEMES):
+        return NO_REDIS_URL, store_value
+    return _redis_url(app, store_value), None
 
 
 def _redis_url(app: Celery, value: object) -> str:

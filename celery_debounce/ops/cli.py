@@ -553,7 +553,10 @@ def doctor(
 
     store = _admin(ctx).store
     if not isinstance(store, WindowStore):  # its checks read Redis's own keys (doctor.py)
-        raise click.ClickException("doctor checks a Redis store only")
+        raise click.ClickException(
+            "celery debounce doctor is not available on the PostgreSQL store yet "
+            "(its checks read the Redis store's keys)"
+        )
     try:
         findings = diagnose(
             store,
@@ -571,6 +574,64 @@ def doctor(
         click.echo(render(findings, repair))
     if findings:
         ctx.exit(1)
+
+
+@debounce.command(cls=CeleryCommand)
+@json_option(
+    'a JSON object ({"store": "postgresql" or "redis", "before": N or null, "after": N or null})'
+)
+@click.pass_context
+def migrate(ctx: click.Context, as_json: bool) -> None:
+    """Create or upgrade the PostgreSQL store's schema (debounce_store_url).
+
+    Creates the tables and functions in an empty database, or upgrades an older
+    schema, in one transaction (concurrent runs wait for each other), and prints
+    the schema version before and after. A newer schema than this package's is
+    refused (exit 1): upgrade the package. Safe to run again. On the Redis store
+    there is nothing to migrate (exit 0).
+    """
+    from ..settings import settings_for
+    from ..store import build_store
+
+    app = ctx.obj.app
+    try:
+        settings = settings_for(app)
+    except DebounceError as exc:
+        raise config_error(exc, app) from exc
+    if settings.postgres_url is None:
+        if as_json:
+            echo_json({"store": "redis", "before": None, "after": None})
+        else:
+            click.echo("The Redis store has no schema: nothing to migrate.")
+        return
+    try:
+        store = build_store(settings)  # not store_for: it refuses the schema migrated here
+    except DebounceError as exc:
+        raise config_error(exc, app) from exc
+    before, after = _migrate(store)
+    if as_json:
+        echo_json({"store": "postgresql", "before": before, "after": after})
+    elif before == after:
+        click.echo(f"PostgreSQL schema version {after}: up to date, nothing to migrate.")
+    else:
+        was = "none" if before is None else f"version {before}"
+        click.echo(f"PostgreSQL schema migrated: {was} -> version {after}.")
+
+
+def _migrate(store: Any) -> tuple[int | None, int]:
+    """``store.migrate()`` (a PostgreSQL store), its errors as one line each."""
+    import psycopg
+
+    try:
+        before, after = store.migrate()
+    except DebounceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except psycopg.Error as exc:  # e.g. no right to create tables
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise click.ClickException(f"the schema could not be migrated: {first}") from exc
+    finally:
+        store.close()
+    return before, after
 
 
 debounce.add_command(ping)

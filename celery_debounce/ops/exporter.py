@@ -358,6 +358,7 @@ def _command() -> Any:
         app: Any = ctx.obj.app
         app.log.setup(loglevel=loglevel.upper(), redirect_stdouts=False)
         try:
+            store_for(app).snapshot_commands()  # a store without the gauges refuses here
             run(app, port, addr, min_interval)
         except DebounceError as exc:
             raise click.ClickException(str(exc)) from exc

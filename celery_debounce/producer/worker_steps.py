@@ -23,6 +23,7 @@ from ..errors import DebounceConfigError
 
 __all__ = [
     "RefusedTasksStep",
+    "StoreCheckStep",
     "install",
     "invalid_tasks_message",
     "refuse_invalid_tasks",
@@ -67,6 +68,28 @@ class RefusedTasksStep(bootsteps.Step):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
 
 
+class StoreCheckStep(bootsteps.Step):  # type: ignore[misc]
+    """Stops the worker's start-up when the PostgreSQL store (``debounce_store_url``)
+    refuses its database: no schema, or one older or newer than the package's (the
+    error names it and the migrate command), or a server too old."""
+
+    label = "debounce store check"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        from ..store import store_for
+
+        store_for(parent.app)  # checks the server and the schema; an outage waits
+        super().__init__(parent, **kwargs)
+
+
+def selects_postgres(app: Celery) -> bool:
+    """``debounce_store_url`` names a PostgreSQL database (read as set, unchecked)."""
+    from ..settings import POSTGRES_SCHEMES
+
+    value = app.conf.get("debounce_store_url")
+    return isinstance(value, str) and value.startswith(POSTGRES_SCHEMES)
+
+
 def refuse_invalid_tasks(app: Celery) -> None:
     """Raise ``DebounceConfigError`` listing each refused debounced task of ``app``."""
     from .task import refused_tasks
@@ -91,4 +114,6 @@ def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
 
         if refused_tasks(app):
             app.steps["worker"].add(RefusedTasksStep)
+        if selects_postgres(app):
+            app.steps["worker"].add(StoreCheckStep)
         app.steps["worker"].add(DispatcherStep)

@@ -29,7 +29,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from ..aliases import parse_aliases
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..errors import DebounceBackendError, DebounceConfigError, DebounceOutcomeUnknown
 from ..layout import (
     HOT_KEYS_KEPT,
     LATE_BUCKETS_MS,
@@ -90,6 +90,7 @@ logger = logging.getLogger("celery_debounce.store")
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
     from ..producer.call import PreparedCall
+    from .api import Store
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -118,6 +119,7 @@ __all__ = [
     "WakeListener",
     "WindowStore",
     "as_text",
+    "build_store",
     "is_error_reply",
     "is_outage",
     "is_unknown_outcome",
@@ -553,27 +555,58 @@ def _forked() -> None:  # a thread that held the lock at the fork is not in the 
 os.register_at_fork(after_in_child=_forked)
 
 
-def store_for(app: Celery, call: bool = False) -> WindowStore:
-    """The app's store in this process (a forked child builds its own).
+def store_for(app: Celery, call: bool = False) -> Store:
+    """The app's store in this process (a forked child builds its own): the Redis
+    :class:`WindowStore`, or the PostgreSQL store when ``debounce_store_url`` is a
+    ``postgresql://`` URL (:func:`build_store`).
 
-    Until the server's version was read (:meth:`WindowStore.check_server`), each use
-    reads it; ``call``: a producer's call, which raises an outage found there."""
+    Until the server's version was read (:meth:`WindowStore.check_server`; the
+    PostgreSQL store's also its schema), each use reads it; ``call``: a producer's
+    call, which raises an outage found there."""
     pid = os.getpid()
-    cached: tuple[int, WindowStore] | None = getattr(app, "_debounce_store", None)
+    cached: tuple[int, Store] | None = getattr(app, "_debounce_store", None)
     if cached is not None and cached[0] == pid and cached[1].server_checked:
         return cached[1]
     if cached is None or cached[0] != pid:
         # built outside the lock: a cluster's client reads the topology, and under gevent
         # a lock made before the patching, held across that I/O, blocks every greenlet
-        built = WindowStore(settings_for(app))
+        built = build_store(settings_for(app))
         with _lock:  # nothing under it yields
             cached = getattr(app, "_debounce_store", None)
             if cached is None or cached[0] != pid:
                 cached = (pid, built)
                 app._debounce_store = cached  # type: ignore[attr-defined, unused-ignore]
         if cached[1] is not built:  # another thread's came first: this one goes
-            built.client.close()
+            _close(built)
     store = cached[1]
     if not store.server_checked:  # the first call, dispatcher or worker of this process
         store.check_server(outage_raises=call)
     return store
+
+
+#: What a ``postgresql://`` store URL needs when the extra is missing.
+POSTGRES_EXTRA = "pip install 'celery-debounced[postgres]'"
+
+
+def build_store(settings: Settings) -> Store:
+    """A new store for ``settings``: PostgreSQL for ``debounce_store_url =
+    "postgresql://..."`` (the ``postgres`` extra), else Redis."""
+    if settings.postgres_url is None:
+        return WindowStore(settings)
+    try:
+        from .postgres.app import postgres_store
+    except ImportError as exc:
+        raise DebounceConfigError(
+            f"debounce_store_url selects the PostgreSQL store, which needs the postgres "
+            f"extra ({exc}): {POSTGRES_EXTRA}"
+        ) from None
+    return postgres_store(settings)
+
+
+def _close(store: Store) -> None:
+    if isinstance(store, WindowStore):
+        store.client.close()
+        return
+    close = getattr(store, "close", None)  # the PostgreSQL store's pool
+    if close is not None:
+        close()

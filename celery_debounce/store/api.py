@@ -18,7 +18,7 @@ run, and it was not sent again); the others are named where they apply.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..layout import Record
@@ -80,10 +80,13 @@ class ProducerStore(BaseStore, Protocol):
         self,
         calls: Sequence[PreparedCall],
         chunk_size: int = 1000,
+        on_chunk: Callable[[range], None] | None = None,
+        into: list[Outcome] | None = None,
     ) -> list[Outcome]:
         """Each call as :meth:`gate`, in order: one outcome per call (its
         :class:`GateResult`, ``WRITTEN`` when it ran but its id is unknown, or the
-        exception that kept it out)."""
+        exception that kept it out). ``on_chunk``: called with each chunk's indexes
+        once answered; ``into``: the list the outcomes are appended to."""
 
 
 class WakeListening(Protocol):
@@ -317,7 +320,13 @@ class OperatorStore(BaseStore, Protocol):
 
 
 class Store(ProducerStore, DispatcherStore, WorkerStore, OperatorStore, Protocol):
-    """Every role's members: what a complete store implements."""
+    """Every role's members: what a complete store implements (what
+    :func:`~celery_debounce.store.store_for` returns)."""
+
+    @property
+    def server_checked(self) -> bool:
+        """The server (and a schema it needs) was checked; until then
+        :func:`~celery_debounce.store.store_for` calls :meth:`check_server` on each use."""
 
 
 if TYPE_CHECKING:  # pragma: no cover

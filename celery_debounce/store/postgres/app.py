@@ -1,0 +1,174 @@
+"""The PostgreSQL store as an app uses it (``debounce_store_url = "postgresql://..."``):
+:class:`AppPostgresStore`, built by :func:`~celery_debounce.store.store_for`.
+
+It is :class:`~celery_debounce.store.postgres.PostgresStore` (the producer's,
+dispatcher's and worker's roles, and the operators' ping, liveness and flush) with every
+other member of the store contract present and refusing: each raises
+:class:`NotOnPostgres`, naming the feature and saying it is not available on the
+PostgreSQL store yet, so a caller gets one clear error, never an ``AttributeError``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from ...errors import DebounceError
+from ..bulk import Outcome
+from ..codec import Cancelled, CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
+from ..domain import ShardRef
+from ..errors import CancelOutcomeUnknown
+from ...layout import Record
+from .store import PostgresStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...producer.call import PreparedCall
+    from ...settings import Settings
+
+__all__ = ["AppPostgresStore", "NotOnPostgres", "postgres_store"]
+
+
+class NotOnPostgres(DebounceError, NotImplementedError):
+    """A feature the PostgreSQL store does not implement yet; nothing was written."""
+
+    def __init__(self, feature: str) -> None:
+        super().__init__(
+            f"{feature} is not available on the PostgreSQL store yet "
+            "(debounce_store_url selects it); use the Redis store for it"
+        )
+        self.feature = feature
+
+
+def _missing(feature: str) -> NoReturn:
+    raise NotOnPostgres(feature)
+
+
+_INSPECT = "inspecting windows (celery debounce inspect, DebounceAdmin.windows and find)"
+_STATS = "window statistics (celery debounce stats)"
+_GAUGES = "the store's gauges (celery debounce top, the exporter, doctor)"
+
+
+class AppPostgresStore(PostgresStore):
+    """:class:`PostgresStore` with every member of the contract (see the module)."""
+
+    @property
+    def server_checked(self) -> bool:
+        """The server and the schema were checked (``store_for`` checks until then)."""
+        return self._checked
+
+    def tag(self, shard: ShardRef) -> str:
+        """The wire form of a shard, as the Redis store writes it (the worker reads a
+        message's ``debounce_tag`` as the app's prefix's): the store has one table, so
+        the worker's claim and finish find the window whatever it says."""
+        return shard if isinstance(shard, str) else self.settings.tag(shard)
+
+    # -- ProducerStore -----------------------------------------------------------------
+
+    def gate_many(
+        self,
+        calls: Sequence[PreparedCall],
+        chunk_size: int = 1000,
+        on_chunk: Callable[[range], None] | None = None,
+        into: list[Outcome] | None = None,
+    ) -> list[Outcome]:
+        _missing("enqueue_many (several calls in one round trip)")
+
+    # -- OperatorStore: what is not there yet ------------------------------------------
+
+    def taken(self, task_id: str) -> tuple[int, Record] | None:
+        _missing(_INSPECT)
+
+    def list_step(
+        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
+    ) -> ListStep:
+        _missing(_INSPECT)
+
+    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
+        _missing(_INSPECT)
+
+    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
+        _missing(_INSPECT)
+
+    def find_step(
+        self, shard: int, cursor: str, task_id: str, count: int
+    ) -> tuple[str, str | None]:
+        _missing(_INSPECT)
+
+    def waits_for(self, shard: int, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
+        _missing(_INSPECT)
+
+    def census_step(
+        self, shard: int, cursor: str, count: int, now_ms: int
+    ) -> tuple[str, list[CensusRow]]:
+        _missing(_STATS)
+
+    def counts(self, shard: int, now_ms: int) -> ShardCounts:
+        _missing(_STATS)
+
+    def reset_counters(self, shard: int) -> dict[str, int]:
+        _missing(_STATS)
+
+    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
+        _missing(_GAUGES)
+
+    def snapshot_commands(self) -> int:
+        _missing(_GAUGES)
+
+    def held_listed(self) -> int:
+        _missing(_GAUGES)
+
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+        _missing("debounce_collect")
+
+    def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
+        _missing("listing open windows with their payloads (the testing helpers)")
+
+    def maxmemory_policy(self) -> str:
+        """PostgreSQL never evicts a row."""
+        return "noeviction"
+
+    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
+        _missing("flushing windows in bulk (celery debounce flush --all)")
+
+    def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
+        _missing("cancelling a window (celery debounce cancel, debounce_cancel)")
+
+    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
+        _missing("cancelling a window (celery debounce cancel, debounce_cancel)")
+
+    def delete_all(self) -> int:
+        _missing("deleting every window (testing.clear_windows)")
+
+
+def postgres_store(settings: Settings) -> AppPostgresStore:
+    """The app's PostgreSQL store (``settings.postgres_url``)."""
+    assert settings.postgres_url is not None
+    store = AppPostgresStore(settings.postgres_url, settings)
+    _built.add(store)
+    return store
+
+
+#: Every store built in this process (a forked child keeps its parent's: see below).
+_built: weakref.WeakSet[AppPostgresStore] = weakref.WeakSet()
+#: A forked child's copies of its parent's stores, never collected: collecting one
+#: would close its connections, which the parent still uses (libpq's close sends the
+#: server a Terminate on the shared socket). The child builds its own store.
+_inherited: list[AppPostgresStore] = []
+
+
+def _forked() -> None:
+    _inherited.extend(_built)
+    _built.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..api import Store
+
+    def _app_postgres_is_a_store(store: AppPostgresStore) -> Store:
+        """``mypy --strict`` fails here when a member of the contract is missing."""
+        return store

@@ -1,0 +1,351 @@
+"""The PostgreSQL store end to end: ``debounce_store_url = "postgresql://..."`` in a real
+prefork ``celery worker`` (tests/pg_app.py), on a Redis broker and on RabbitMQ with no
+Redis anywhere; ``celery debounce migrate`` and the worker's refusal of a database
+without the schema; the features the store does not have yet, each refused by name.
+
+The session's private PostgreSQL server (fixture ``postgres_server``), a database of
+its own per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from helpers import stop_process, wait_until
+from pg_app import MAX_WAIT_S, WINDOW_S, build
+from rabbitmq_node import RabbitNode, own_queue
+
+from celery_debounce import enqueue_many
+from celery_debounce.errors import DebounceConfigError
+from celery_debounce.settings import Settings, settings_for
+from celery_debounce.testing.postgres import LocalPostgres
+
+psycopg = pytest.importorskip("psycopg")
+
+pytestmark = [pytest.mark.timeout(120)]
+
+TESTS = Path(__file__).parents[1]
+NOT_YET = "is not available on the PostgreSQL store yet"
+
+
+# -- fixtures and helpers ----------------------------------------------------------------
+
+
+@pytest.fixture
+def database(postgres_server: LocalPostgres) -> Iterator[str]:
+    """The URL of a new, empty database (dropped afterwards)."""
+    name = f"e2e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
+    yield postgres_server.url(name)
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def sql(url: str, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query).fetchall()
+
+
+def env_for(store_url: str, broker_url: str, runs: Path, queue: str = "celery") -> dict[str, str]:
+    # tests/ and its tree first: a subprocess imports the same celery_debounce as this
+    # process (scripts/mutation_check.py runs a mutated copy)
+    path = [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
+    env = {k: v for k, v in os.environ.items() if k != "DEBOUNCE_TEST_REDIS_URL"}
+    env.update(
+        PG_STORE=store_url,
+        PG_BROKER=broker_url,
+        PG_RUNS=str(runs),
+        PG_QUEUE=queue,
+        PYTHONPATH=os.pathsep.join(filter(None, path)),
+    )
+    return env
+
+
+def migrate(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A pg_app debounce migrate ARGS`` in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "pg_app", "debounce", "migrate", *args],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@contextmanager
+def pg_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A pg_app worker`` (prefork, 2 processes, embedded dispatcher)."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "pg_app",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=TESTS,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 60)
+        assert proc.poll() is None, log.read_text()
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def runs(where: Path, key: str | None = None) -> list[dict[str, Any]]:
+    path = where / "runs.jsonl"
+    if not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [r for r in found if key is None or r["key"] == key]
+
+
+def settled(url: str) -> bool:
+    """No open window, and every taken one finished: nothing more will run."""
+    (open_,) = sql(url, "SELECT count(*) FROM debounce_open")[0]
+    (unfinished,) = sql(url, "SELECT count(*) FROM debounce_taken WHERE state <> 'finished'")[0]
+    return open_ == 0 and unfinished == 0
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    where = tmp_path / "runs"
+    where.mkdir()
+    return where
+
+
+@pytest.fixture
+def migrated(database: str, runs_dir: Path) -> str:
+    done = migrate(env_for(database, "memory://", runs_dir))
+    assert done.returncode == 0, done.stderr
+    return database
+
+
+def burst_is_one_run(app: Celery, url: str, where: Path) -> None:
+    """Ten calls in a burst: one window, one run, with the opener's arguments."""
+    record = app.tasks["pg.record"]
+    ids = {record.delay("burst", n).id for n in range(10)}
+    assert len(ids) == 1  # every call joined the opener's window
+    wait_until(lambda: runs(where, "burst"), 30)
+    wait_until(lambda: settled(url), 30)
+    done = runs(where, "burst")
+    assert [(r["id"], r["n"]) for r in done] == [(ids.pop(), 0)]
+    (calls,) = sql(url, "SELECT count(*) FROM debounce_taken WHERE state = 'finished'")[0]
+    assert calls == 1
+
+
+# -- (a) a Redis broker, the windows in PostgreSQL ------------------------------------------
+
+
+def test_a_real_worker_runs_debounced_windows_from_postgres(
+    migrated: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    broker = f"{redis_server}/5"
+    env = env_for(migrated, broker, runs_dir)
+    app = build(migrated, broker, str(runs_dir))
+    assert settings_for(app).postgres_url == migrated
+    with pg_worker(env, tmp_path / "worker.log"):
+        # a burst: one run, the opener's arguments
+        burst_is_one_run(app, migrated, runs_dir)
+
+        # a stream of calls closer together than the window: the ceiling forces runs
+        record = app.tasks["pg.record"]
+        start = time.monotonic()
+        first_call = time.time()
+        n = 0
+        while time.monotonic() - start < 3 * MAX_WAIT_S:
+            record.delay("stream", n)
+            n += 1
+            time.sleep(WINDOW_S / 3)  # the stream's pace: each call within the window
+        stream_end = time.time()
+        during = [r for r in runs(runs_dir, "stream") if r["at"] < stream_end]
+        assert len(during) >= 2, during  # without the ceiling: no run before the stream ends
+        assert during[0]["at"] - first_call <= MAX_WAIT_S + 1.0
+        assert during[0]["n"] == 0
+
+        # a call during a run opens a new window
+        block = runs_dir / "block-during"
+        block.touch()
+        first = record.delay("during", 1)
+        wait_until(lambda: runs(runs_dir, "during"), 30)  # running, held by the block
+        second = record.delay("during", 2)
+        assert second.id != first.id
+        block.unlink()
+        wait_until(lambda: len(runs(runs_dir, "during")) == 2, 30)
+        assert [(r["id"], r["n"]) for r in runs(runs_dir, "during")] == [
+            (first.id, 1),
+            (second.id, 2),
+        ]
+
+
+# -- (b) RabbitMQ, no Redis anywhere ------------------------------------------------------
+
+
+def test_rabbitmq_and_postgres_with_no_redis_anywhere(
+    migrated: str, runs_dir: Path, rabbitmq_server: RabbitNode, tmp_path: Path
+) -> None:
+    queue = own_queue()
+    env = env_for(migrated, rabbitmq_server.url, runs_dir, queue)
+    app = build(migrated, rabbitmq_server.url, str(runs_dir), queue)
+    assert not app.conf.get("debounce_redis_url")
+    assert not any(
+        str(value).startswith(("redis://", "rediss://", "unix://", "sentinel://"))
+        for name, value in app.conf.items()
+        if name.endswith("_url")
+    )
+    with pg_worker(env, tmp_path / "worker.log"):
+        burst_is_one_run(app, migrated, runs_dir)
+
+
+# -- (c) the schema: migrate, and a worker refusing a database without it ----------------
+
+
+def test_migrate_creates_the_schema_then_a_worker_starts(
+    database: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    env = env_for(database, f"{redis_server}/5", runs_dir)
+    first = migrate(env, "-j")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {"store": "postgresql", "before": None, "after": 1}
+    assert sql(database, "SELECT version FROM debounce_schema") == [(1,)]
+    again = migrate(env)
+    assert again.returncode == 0, again.stderr
+    assert "version 1: up to date" in again.stdout
+    with pg_worker(env, tmp_path / "worker.log") as proc:
+        assert proc.poll() is None
+
+
+def test_a_worker_refuses_a_database_without_the_schema(
+    database: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    env = env_for(database, f"{redis_server}/5", runs_dir)
+    env["PG_DISPATCHER"] = "0"
+    log = tmp_path / "worker.log"
+    with pytest.raises(AssertionError):
+        with pg_worker(env, log):
+            pass
+    text = log.read_text()
+    assert "has no celery_debounce schema" in text
+    assert "celery -A proj debounce migrate" in text
+    assert "ready." not in text
+    assert sql(database, "SELECT to_regclass('debounce_open')") == [(None,)]  # nothing made
+
+
+# -- (d) what the store does not have yet, and bad settings: refused, nothing written ----
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "pg_app", "debounce", *args],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_dir: Path) -> None:
+    app = build(migrated, "memory://", str(runs_dir))
+    record = app.tasks["pg.record"]
+    with pytest.raises(NotImplementedError, match=f"enqueue_many .*{NOT_YET}"):
+        enqueue_many(record, [(("bulk", 1), {}), (("bulk", 2), {})])
+    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+
+    env = env_for(migrated, "memory://", runs_dir)
+    for verb in (
+        ["inspect"],
+        ["stats"],
+        ["cancel", "--task", "pg.record", "--key", "k:x"],
+        ["flush", "--all", "--task", "pg.record"],
+        ["top", "--plain", "--iterations", "1"],
+        ["exporter", "--port", "0"],
+    ):
+        done = cli(env, *verb)
+        assert done.returncode == 1, (verb, done.stdout, done.stderr)
+        assert NOT_YET in done.stderr, (verb, done.stderr)
+        assert "Traceback" not in done.stderr
+    doctor = cli(env, "doctor")
+    assert doctor.returncode == 1 and "doctor is not available on the PostgreSQL" in doctor.stderr
+
+    # ping and flush work
+    record.delay("flushme", 1)
+    flushed = cli(env, "flush", "--task", "pg.record", "--key", "k:flushme")
+    assert flushed.returncode == 0, flushed.stderr
+    assert "Flushed pg.record" in flushed.stdout
+    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+    pinged = cli(env, "ping", "-j")
+    assert pinged.returncode == 1, pinged.stderr  # no dispatcher runs: not alive
+    assert json.loads(pinged.stdout)["dispatchers"] == []
+
+
+def test_bad_store_settings_are_refused_clearly_and_nothing_written(
+    migrated: str, runs_dir: Path
+) -> None:
+    def settings(**conf: object) -> Settings:
+        app = Celery("bad", set_as_current=False)
+        app.conf.update(broker_url="memory://", **conf)
+        return Settings.from_app(app)
+
+    with pytest.raises(DebounceConfigError, match=r"debounce_store_url='mysql://h/db'"):
+        settings(debounce_store_url="mysql://h/db")
+    with pytest.raises(DebounceConfigError, match="debounce_store_url=5"):
+        settings(debounce_store_url=5)
+    with pytest.raises(DebounceConfigError, match="name different stores"):
+        settings(debounce_store_url=migrated, debounce_redis_url="redis://localhost/0")
+    with pytest.raises(DebounceConfigError, match="debounce_shards is a setting of the Redis"):
+        settings(debounce_store_url=migrated, debounce_shards=2)
+    # a redis:// store URL is the Redis store; postgres:// the PostgreSQL one
+    assert settings(debounce_store_url="redis://h:6379/3").redis_url == "redis://h:6379/3"
+    assert settings(debounce_store_url="redis://h:6379/3").postgres_url is None
+    short = "postgres://u@h/db"
+    assert settings(debounce_store_url=short).postgres_url == short
+
+    app = build(migrated, "memory://", str(runs_dir))
+    app.conf.debounce_redis_url = "redis://localhost:6379/0"
+    with pytest.raises(DebounceConfigError, match="name different stores"):
+        app.tasks["pg.record"].delay("refused", 1)
+    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+
+
+def test_without_the_postgres_extra_one_line_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_debounce.store import build_store
+
+    app = Celery("noextra", set_as_current=False)
+    app.conf.update(broker_url="memory://", debounce_store_url="postgresql://h/db")
+    monkeypatch.setitem(sys.modules, "celery_debounce.store.postgres.app", None)
+    with pytest.raises(DebounceConfigError) as refused:
+        build_store(Settings.from_app(app))
+    message = str(refused.value)
+    assert "pip install 'celery-debounced[postgres]'" in message
+    assert "\n" not in message
