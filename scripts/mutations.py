@@ -1694,9 +1694,9 @@ MUTATIONS: list[Mutation] = [
         "store_for builds a cluster store under its lock (patched after import: hangs)",
         "greenlets patched after import each get their own reply",
         PKG + "store/__init__.py",
-        "        built = build_store(settings_for(app))\n"
+        "        built = WindowStore(settings_for(app))\n"
         "        with _lock:  # nothing under it yields",
-        "        with _lock:\n            built = build_store(settings_for(app))",
+        "        with _lock:\n            built = WindowStore(settings_for(app))",
         "tests/worker/test_gevent.py::"
         "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock",
     ),
@@ -1853,8 +1853,8 @@ MUTATIONS: list[Mutation] = [
         "at least once on PostgreSQL: a skipped delivery's window is published again when "
         "its claim lapses",
         PKG + "store/postgres/schema.sql",
-        "    SET state = CASE WHEN t.redelivered THEN 'dispatching' ELSE 'stale' END,",
-        "    SET state = 'stale',",
+        "    SET state = CASE WHEN t.redelivered THEN 'dispatching'\n",
+        "    SET state = CASE WHEN false THEN 'dispatching'\n",
         PGC + "test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again[postgres]",
     ),
     one(
@@ -1988,6 +1988,97 @@ MUTATIONS: list[Mutation] = [
         "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out",
     ),
     one(
+        "the PostgreSQL record sweep deletes a window in progress",
+        "a window in progress (dispatching, queued, claimed, stale) is never swept",
+        PKG + "store/postgres/schema.sql",
+        "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now",
+        "        WHERE t.until <= v_now",
+        "tests/store/test_postgres_store.py::"
+        "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
+    ),
+    one(
+        "the PostgreSQL record sweep deletes every record at once",
+        "the record sweep deletes in batches (a bounded transaction per call)",
+        PKG + "store/postgres/schema.sql",
+        "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now\n"
+        "        LIMIT p_limit FOR UPDATE SKIP LOCKED",
+        "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now\n"
+        "        FOR UPDATE SKIP LOCKED",
+        "tests/store/test_postgres_store.py::"
+        "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
+    ),
+    one(
+        "the PostgreSQL dispatcher's periodic sweep leaves finished records",
+        "finished records leave the PostgreSQL tables past their TTL, as they leave Redis",
+        PKG + "store/postgres/schema.sql",
+        "    PERFORM debounce_sweep(p_sweep);\n",
+        "",
+        "tests/store/test_postgres_store.py::"
+        "test_the_dispatchers_expiry_sweep_runs_the_record_sweep",
+    ),
+    one(
+        "a quarantined PostgreSQL record is swept at its lease's end",
+        "a quarantined record is kept for an operator (Redis: no TTL)",
+        PKG + "store/postgres/schema.sql",
+        "reason = p_reason, until = 'infinity'",
+        "reason = p_reason",
+        "tests/store/test_postgres_store.py::"
+        "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
+    ),
+    one(
+        "a quarantined PostgreSQL window is taken again after its lease",
+        "a quarantined window leaves the take for good",
+        PKG + "store/postgres/schema.sql",
+        "    UPDATE debounce_taken t SET state = 'quarantined', reason = p_reason,",
+        "    UPDATE debounce_taken t SET state = 'dispatching', reason = p_reason,",
+        PGC + "test_a_quarantined_window_leaves_the_take_for_good_with_its_callers_ids[postgres]",
+    ),
+    one(
+        "a lapsed PostgreSQL claim of the last delivery goes stale",
+        'rule "every id resolves": the whole worker killed on the last delivery (PostgreSQL)',
+        PKG + "store/postgres/schema.sql",
+        "                     WHEN t.last_delivery THEN 'queued' ELSE 'stale' END,",
+        "                     WHEN false THEN 'queued' ELSE 'stale' END,",
+        PGC + "test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_sweep"
+        "[postgres]",
+    ),
+    one(
+        "a read-only PostgreSQL server's refusal is a raw psycopg error",
+        "a read-only server (a standby) is ServerRefused, nothing written",
+        PKG + "store/postgres/store.py",
+        "        if state.startswith(REFUSED):",
+        "        if False:",
+        "tests/store/test_postgres_store.py::"
+        "test_a_read_only_server_refuses_every_write_typed_and_writes_nothing",
+    ),
+    one(
+        "a PostgreSQL statement timeout is taken for a lost reply",
+        "a call the server cancelled and undid is StoreUnavailable, not OutcomeUnknown",
+        PKG + "store/postgres/store.py",
+        "        if state.startswith(UNDONE):",
+        "        if False:",
+        "tests/store/test_postgres_store.py::"
+        "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
+    ),
+    one(
+        "a PostgreSQL call blocked on a lock waits past the store's timeout",
+        "a call blocked on the server fails within the store's timeout (statement_timeout)",
+        PKG + "store/postgres/store.py",
+        "            configure=_bounded(timeout),\n",
+        "",
+        "tests/store/test_postgres_store.py::"
+        "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
+    ),
+    one(
+        "a PostgreSQL pool waits past the store's timeout for a connection",
+        "no connection to be had is StoreUnavailable within the store's timeout",
+        PKG + "store/postgres/store.py",
+        "                conn = self.pool.getconn()\n",
+        "                conn = self.pool.getconn(timeout=self.timeout * 4)\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_pool_that_cannot_give_a_connection_in_time_is_unavailable",
+    ),
+    one(
         "a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, not two",
         PKG + "store/connect.py",
@@ -2022,13 +2113,5 @@ MUTATIONS: list[Mutation] = [
         "    elseif false then",
         "tests/dispatch/test_quorum_queues.py::"
         "test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window",
-    ),
-    one(
-        "store_for ignores debounce_store_url: always the Redis store",
-        "debounce_store_url = 'postgresql://...' keeps the windows in PostgreSQL (docs/stores.md)",
-        PKG + "store/__init__.py",
-        "    if settings.postgres_url is None:\n        return WindowStore(settings)",
-        "    if True:\n        return WindowStore(settings)",
-        "tests/system/test_postgres_e2e.py::test_a_real_worker_runs_debounced_windows_from_postgres",
     ),
 ]
