@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.apps import make_app
     from bench.calls import count_calls
-    from celery_debounce.layout import new_task_id, window_ident
     from celery_debounce.producer.call import bind_arguments, encode, prepare_call, static_routing
     from celery_debounce.producer.gate import enter
     from celery_debounce.producer.key_templates import resolve
@@ -68,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     from celery_debounce.settings import settings_for
     from celery_debounce.store import store_for
     from celery_debounce.store.codec import gate_args, gate_keys, parse_reply
+    from celery_debounce.store.keys import window_ident
     from celery_debounce.store.node import _pack
+    from celery_debounce.stored_call import new_task_id
     from celery_debounce.testing.servers import LocalRedis
 
     n = args.calls

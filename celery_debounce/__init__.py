@@ -1,7 +1,7 @@
 """Debounced tasks for Celery: collapse a burst of calls into one run.
 
 The public names load on first use (PEP 562), so ``import celery_debounce.store``
-(or ``.layout``, ``.settings``) runs none of the call encoding. No import connects
+(or ``.settings``) runs none of the call encoding. No import connects
 anything: using any public name, or binding a ``DebouncedTask`` to an app, connects
 the worker signals (:mod:`celery_debounce.worker.signals`) and the hook that adds the
 embedded dispatcher's worker bootstep (:func:`celery_debounce.producer.worker_steps.install`);

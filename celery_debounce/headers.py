@@ -2,10 +2,10 @@
 built around the body stored at call time (:mod:`celery_debounce.producer.message`
 checks and stores it), which is never deserialized here.
 
-The package's own message headers are named in :mod:`celery_debounce.layout` (where
-the record is: :data:`~celery_debounce.layout.TAG_HEADER`,
-:data:`~celery_debounce.layout.SHARD_HEADER`, :data:`~celery_debounce.layout.IDENT_HEADER`)
-and here (what the run stands for: :data:`CALLS_HEADER`, :data:`COLLECT_HEADER`). Shared
+Every message header of the package is named here: where the record is
+(:data:`TAG_HEADER`, :data:`SHARD_HEADER`, :data:`IDENT_HEADER`), a delivery sent
+again (:data:`DEFERRED_HEADER`), an exclusive window (:data:`EXCLUSIVE_HEADER`) and
+what the run stands for (:data:`CALLS_HEADER`, :data:`COLLECT_HEADER`). Shared
 by the producer (which stores them with a window or sends them with a plain call), the
 dispatcher and the worker: it imports none of them.
 """
@@ -21,7 +21,31 @@ from celery.utils.saferepr import saferepr
 from celery.utils.time import maybe_make_aware
 
 from .compat import add_seconds_to_datetime, subtract_datetimes
-from .layout import IDENT_HEADER, SHARD_HEADER, TAG_HEADER, decode_options
+from .stored_call import decode_options
+
+#: Header that marks a published window and names where its record is: the shard's
+#: whole tag (``<prefix>:{<tag>}``, :func:`shard_tag`, :func:`cluster_shard_tags`), so
+#: a worker finds the record whatever its own ``debounce_shards``.
+TAG_HEADER = "debounce_tag"
+
+#: Header of 0.2 (still sent, for 0.2 workers during a rolling upgrade, and read from
+#: messages without :data:`TAG_HEADER`): the window's shard *number*, which names the
+#: record only for a reader with the writer's ``debounce_shards``.
+SHARD_HEADER = "debounce_shard"
+
+#: Header sent with ``debounce_redis_wait_replicas`` only: the window's ident, so that a
+#: worker whose claim finds no record but the window still open under its id there
+#: (the take was lost with a failover) skips the delivery (``claim.lua`` ARGV[6]).
+IDENT_HEADER = "debounce_ident"
+
+#: Header of a delivery a worker sent through the broker again because too few
+#: replicas acknowledged its claim (``debounce_redis_wait_replicas``): how many times.
+DEFERRED_HEADER = "debounce_deferred"
+
+#: Header (in the stored options) of a ``debounce_exclusive`` window: ``take.lua`` finds
+#: it in the options JSON (``"debounce_exclusive"``) and holds the window while a run of
+#: its (task, key) is in progress (key :func:`run_key`).
+EXCLUSIVE_HEADER = "debounce_exclusive"
 
 #: The header that tells a debounced run how many calls its window absorbed
 #: (``self.request.debounce_calls`` in the task; the calls the run stands for).

@@ -12,7 +12,14 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
-from .layout import (
+from .sentinel import (
+    SentinelConfig,
+    is_sentinel_url,
+    redact,
+    refuse_without_sentinel,
+    sentinel_config,
+)
+from .tags import (
     CLUSTER_SLOTS,
     cluster_shard_tag,
     cluster_shard_tags,
@@ -21,13 +28,6 @@ from .layout import (
     shard_tags,
     shard_wake_channel,
     wake_channel,
-)
-from .sentinel import (
-    SentinelConfig,
-    is_sentinel_url,
-    redact,
-    refuse_without_sentinel,
-    sentinel_config,
 )
 from .unknown_names import refuse_unknown_settings
 

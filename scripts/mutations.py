@@ -97,7 +97,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "ident without the task-name length",
         "inv 1: the ident is injective in (task, key)",
-        PKG + "layout.py",
+        PKG + "store/keys.py",
         'return f"{size}:{task_name}:"',
         'return f"{task_name}:"',
         HOSTILE + "test_task_names_with_separators_cannot_collide",
@@ -373,12 +373,12 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record",
     ),
     one(
-        "lib/keys.lua names the exclusive run marker apart from layout.py",
+        "lib/keys.lua names the exclusive run marker apart from store/keys.py",
         "one owner per key name: the scripts build the keys the Python side reads",
         LUA + "lib/keys.lua",
         "  return tag .. ':run:' .. ident",
         "  return tag .. ':runs:' .. ident",
-        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_layout_py_builds",
+        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
     ),
     one(
         "gate.lua reads the ident of its open key one byte early",
@@ -386,7 +386,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "lib/keys.lua",
         "  return string.sub(key, #tag + 7)  -- after '<tag>:open:'",
         "  return string.sub(key, #tag + 6)  -- after '<tag>:open:'",
-        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_layout_py_builds",
+        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
         "tests/store/test_scripts.py::test_take_closes_the_window_and_the_next_call_opens_a_new_one",
     ),
     one(
@@ -678,7 +678,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "clear_windows matches <prefix>:*",
         "clear_windows deletes this app's keys only (a prefix another's starts with)",
-        PKG + "layout.py",
+        PKG + "store/keys.py",
         '    return f"{escaped}:{{*"',
         '    return f"{escaped}:*"',
         "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only",
@@ -686,7 +686,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "clear_windows leaves glob characters in the prefix",
         "clear_windows deletes this app's keys only (a prefix with glob characters)",
-        PKG + "layout.py",
+        PKG + "store/keys.py",
         '    escaped = "".join("\\\\" + c if c in "*?[]\\\\" else c for c in prefix)',
         "    escaped = prefix",
         "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only",

@@ -29,7 +29,6 @@ from kombu.exceptions import InconsistencyError
 
 from ..errors import DebounceConfigError
 from ..headers import WindowMessage
-from ..layout import DEFAULT_CONTENT_TYPE
 from ..sentinel import redact
 from ..store import (
     CONNECTION_ERRORS,
@@ -39,6 +38,7 @@ from ..store import (
     reply_code,
 )
 from ..store.api import BaseStore
+from ..stored_call import DEFAULT_CONTENT_TYPE
 from .confirms import ConfirmingPublisher, uses_confirms
 from .outcomes import MAX_TRIES, Outcome, Outcomes
 

@@ -24,11 +24,12 @@ from typing import Any
 from celery import Celery
 
 from ..errors import WindowNotFound, WindowNotPending
-from ..layout import COUNTER_KINDS, LATE_BUCKETS_MS, shard_of, split_counter, window_ident
 from ..producer import steering
 from ..producer.steering import WindowInfo, flush_window, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
+from ..store.keys import shard_of, window_ident
+from ..store.records import COUNTER_KINDS, LATE_BUCKETS_MS, split_counter
 from .read_view import list_windows, walk_pending
 
 logger = logging.getLogger("celery_debounce.admin")
@@ -403,7 +404,7 @@ class DebounceAdmin:
 
 
 def _add_counter(tasks: dict[str, TaskStats], name: str, value: int) -> None:
-    """Add one ``<kind>|<task>`` counter (layout.COUNTER_KINDS) to its task's row."""
+    """Add one ``<kind>|<task>`` counter (records.COUNTER_KINDS) to its task's row."""
     kind, task = split_counter(name)
     row = tasks.setdefault(task, TaskStats(task=task))
     attr = COUNTER_KINDS.get(kind)

@@ -17,8 +17,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..layout import as_text, split_ident
 from ..store import WindowStore
+from ..store.keys import split_ident
+from ..store.records import as_text
 
 #: Each check's name and what a finding of it means.
 CHECKS: dict[str, str] = {

@@ -63,7 +63,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..layout import LATE_BUCKETS_MS
 from ..signals import (
     call_absorbed,
     call_failed,
@@ -82,6 +81,7 @@ from ..signals import (
     window_opened,
     window_quarantined,
 )
+from ..store.records import LATE_BUCKETS_MS
 
 #: The signals :func:`enable` connects, in the order of ``Metrics.receivers``.
 _SIGNALS = (
@@ -103,7 +103,7 @@ _SIGNALS = (
     max_wait_exceeded,
 )
 
-#: The histogram's bounds in seconds: the store's lateness buckets (layout.LATE_BUCKETS_MS).
+#: The histogram's bounds in seconds: the store's lateness buckets (records.LATE_BUCKETS_MS).
 LATENESS_BUCKETS = tuple(ms / 1000 for ms in LATE_BUCKETS_MS)
 
 #: Bounds (s) of the call-duration histogram: a loopback round trip is ~0.1-0.5 ms, a

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from celery import Celery
 
-from ..layout import TAKEN_SETS, ident_prefix, window_ident
 from ..producer.steering import WindowInfo, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
+from ..store.keys import TAKEN_SETS, ident_prefix, window_ident
 
 __all__ = [
     "STATES",

@@ -16,9 +16,10 @@ from kombu.exceptions import EncodeError
 from kombu.utils import json as kombu_json
 
 from ..errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
-from ..headers import COLLECT_HEADER
-from ..layout import DEFAULT_CONTENT_TYPE, EXCLUSIVE_HEADER, new_task_id, shard_of, window_ident
+from ..headers import COLLECT_HEADER, EXCLUSIVE_HEADER
 from ..settings import Settings
+from ..store.keys import shard_of, window_ident
+from ..stored_call import DEFAULT_CONTENT_TYPE, new_task_id
 from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
 from .key_templates import digest_key, resolve
 from .message import call_options, encode_stored
@@ -149,7 +150,7 @@ def prepare_call(
             f"debounce_max_key_length={settings.max_key_length}"
         )
     # a templated key is checked for UTF-8 in key_templates.resolve, the task name in
-    # layout.ident_prefix; a digest key is ASCII
+    # keys.ident_prefix; a digest key is ASCII
     ident = window_ident(task_name, key)
     return PreparedCall(
         task_name,

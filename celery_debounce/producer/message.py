@@ -31,7 +31,7 @@ from kombu.utils.functional import maybe_list
 
 from ..compat import add_seconds_to_datetime, subtract_datetimes
 from ..errors import DebounceConfigError
-from ..layout import encode_options
+from ..stored_call import encode_options
 
 #: Call options used while publishing a call and never stored: the dispatcher
 #: publishes on its own producer with its own retry policy (``retry=False``, the
@@ -287,7 +287,7 @@ def _route(
 
 
 def encode_stored(stored: dict[str, Any]) -> str:
-    """The stored options as JSON (layout.encode_options), refused with the option named."""
+    """The stored options as JSON (stored_call.encode_options), refused with the option named."""
     try:
         return encode_options(stored)
     except (TypeError, ValueError) as exc:

@@ -21,10 +21,11 @@ from celery import Celery, states
 
 from ..aliases import parse_aliases, resolve_aliases
 from ..errors import DebounceBackendError, WindowNotFound
-from ..layout import Record, shard_of, split_ident, window_ident
 from ..signals import window_cancelled
 from ..store import Cancelled, CancelOutcomeUnknown
 from ..store.api import OperatorStore
+from ..store.keys import shard_of, split_ident, window_ident
+from ..store.records import Record
 
 logger = logging.getLogger("celery_debounce.admin")
 
@@ -86,7 +87,7 @@ class WindowInfo:
 def window_info(
     record: Record, shard: int, state: str, quiet_until_ms: int | None = None
 ) -> WindowInfo:
-    """A decoded record (layout.decode_record) as operators see it; ``state`` is used
+    """A decoded record (records.decode_record) as operators see it; ``state`` is used
     when the record holds none (a pending window); ``quiet_until_ms``: the end of the
     quiet period a leading run still owns (``OperatorStore.quiet_ends``)."""
     raw = record.ident or ""

@@ -12,10 +12,10 @@ from celery.result import AsyncResult
 
 from ..aliases import FixedId, fixed_id, result_id
 from ..errors import DebounceBackendError, DebounceConfigError
-from ..headers import COLLECT_HEADER
-from ..layout import SHARD_HEADER, new_task_id
+from ..headers import COLLECT_HEADER, SHARD_HEADER
 from ..settings import Settings, settings_for
 from ..store import store_for
+from ..stored_call import new_task_id
 from . import canvas, outage, steering, worker_steps
 from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import single_call_args

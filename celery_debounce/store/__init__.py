@@ -30,23 +30,6 @@ from redis.exceptions import NoScriptError
 
 from ..aliases import parse_aliases
 from ..errors import DebounceBackendError, DebounceConfigError, DebounceOutcomeUnknown
-from ..layout import (
-    HOT_KEYS_KEPT,
-    LATE_BUCKETS_MS,
-    active_key,
-    as_text,
-    claims_key,
-    due_key,
-    expiring_key,
-    held_key,
-    layouts_key,
-    leased_key,
-    open_key,
-    quarantine_key,
-    run_key,
-    stats_key,
-    win_key,
-)
 from ..settings import Settings, settings_for
 from .bulk import UNKNOWN_OUTCOME, WRITTEN, BulkGate, Outcome, is_unknown_outcome
 from .codec import (
@@ -79,7 +62,22 @@ from .errors import (
     reply_code,
     translate_errors,
 )
+from .keys import (
+    active_key,
+    claims_key,
+    due_key,
+    expiring_key,
+    held_key,
+    layouts_key,
+    leased_key,
+    open_key,
+    quarantine_key,
+    run_key,
+    stats_key,
+    win_key,
+)
 from .operators import Operators
+from .records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
 from .runs import RunOps, finish_result
 from .scripts import SCRIPT_NAMES, script_source
 from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported

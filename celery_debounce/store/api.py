@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..layout import Record
 from .bulk import Outcome
 from .codec import (
     Cancelled,
@@ -35,6 +34,7 @@ from .codec import (
 )
 from .domain import ClaimResult, FinishResult, ShardRef
 from .errors import CancelOutcomeUnknown
+from .records import Record
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId

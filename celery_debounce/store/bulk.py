@@ -11,10 +11,11 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..layout import F_ID, as_text, bulk_marker_prefix, open_key
 from ..settings import Settings
 from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from .errors import _translated, is_outage, translate_errors
+from .keys import bulk_marker_prefix, open_key
+from .records import F_ID, as_text
 from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
-from ..layout import key_slot
 from ..settings import Settings
+from ..tags import key_slot
 from .errors import _translated
 from .transport import RenewalLink, Route, Transport
 

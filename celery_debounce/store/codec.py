@@ -10,15 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..aliases import MAX_ALIASES
-from ..layout import (
-    DEFAULT_CONTENT_TYPE,
-    EMPTY_OPTIONS,
-    TAKE_FIELDS,
-    Record,
-    decode_record,
-    new_task_id,
-    split_ident,
-)
+from ..stored_call import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS, new_task_id
+from .keys import split_ident
+from .records import TAKE_FIELDS, Record, decode_record
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId

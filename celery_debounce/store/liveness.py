@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..layout import alive_key, as_text, stopped_key
 from ..settings import Settings
 from .codec import Shard
 from .errors import translate_errors
+from .keys import alive_key, stopped_key
+from .records import as_text
 
 
 class Liveness:

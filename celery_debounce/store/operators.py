@@ -12,24 +12,18 @@ import redis
 from redis.commands.core import Script
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..layout import (
-    CANCEL_FIELDS,
-    F_STATE,
-    FLUSH_FIELDS,
-    HOT_KEYS_KEPT,
-    INSPECT_FIELDS,
-    LIST_FIELDS,
-    PAYLOAD_FIELDS,
-    QUIET_END,
-    QUIET_ID,
-    Record,
+from ..settings import Settings
+from ..tags import shard_wake_channel
+from .checks import combined_policy
+from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from .doctor import DoctorOps
+from .errors import CancelOutcomeUnknown, translate_errors
+from .keys import (
     active_key,
     alive_key,
     all_keys_pattern,
-    as_text,
     calls_key,
     cancel_marker_key,
-    decode_record,
     dispatchers_key,
     due_key,
     held_key,
@@ -40,19 +34,27 @@ from ..layout import (
     quarantine_key,
     quiet_key,
     run_key,
-    shard_wake_channel,
     stats_key,
     stats_reset_key,
     stopped_key,
     taken_set_key,
     win_key,
 )
-from ..settings import Settings
-from .checks import combined_policy
-from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
-from .doctor import DoctorOps
-from .errors import CancelOutcomeUnknown, translate_errors
 from .liveness import Liveness
+from .records import (
+    CANCEL_FIELDS,
+    F_STATE,
+    FLUSH_FIELDS,
+    HOT_KEYS_KEPT,
+    INSPECT_FIELDS,
+    LIST_FIELDS,
+    PAYLOAD_FIELDS,
+    QUIET_END,
+    QUIET_ID,
+    Record,
+    as_text,
+    decode_record,
+)
 from .server import maxmemory_policy
 from .transport import Transport
 
@@ -130,7 +132,7 @@ class Operators(DoctorOps, Liveness):
         return ListStep(int(examined), as_text(last), int(at_last), bool(int(done)), windows)
 
     def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
-        """Members ``start .. start+count-1`` of a taken set (layout.TAKEN_SETS), in score
+        """Members ``start .. start+count-1`` of a taken set (keys.TAKEN_SETS), in score
         order, with their records."""
         tag = self.tag(shard)
         client = self.client

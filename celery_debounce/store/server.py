@@ -11,9 +11,9 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from ..errors import DebounceBackendError
-from ..layout import as_text
 from .checks import UNKNOWN
 from .errors import _translated, unreachable
+from .records import as_text
 from .transport import checkout
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -37,11 +37,13 @@ from kombu import serialization
 
 from ..calls import DebouncedCall
 from ..dispatch.dispatcher import Dispatcher
-from ..layout import SHARD_HEADER, decode_options, ident_prefix, split_ident
+from ..headers import SHARD_HEADER
 from ..ops.read_view import WindowInfo
 from ..settings import settings_for
 from ..store import WindowStore, store_for
 from ..store.api import OperatorStore, Store
+from ..store.keys import ident_prefix, split_ident
+from ..stored_call import decode_options
 from ..worker import install as install_worker
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -38,12 +38,12 @@ from celery.worker.request import Request
 
 from ..aliases import resolve_aliases
 from ..calls import plain_call_of
-from ..headers import COLLECT_HEADER
-from ..layout import DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER, is_tag_of
+from ..headers import COLLECT_HEADER, DEFERRED_HEADER, IDENT_HEADER, SHARD_HEADER, TAG_HEADER
 from ..signals import duplicate_skipped, max_wait_exceeded
 from ..store import NotReplicated, store_for
 from ..store.api import WorkerStore
 from ..store.domain import FinishNotReplicated, FinishResult, ShardRef
+from ..store.keys import is_tag_of
 from . import retry_queue as marks
 from .ceiling import check_ceiling
 from .deliveries import dropped_delivery, store_failure

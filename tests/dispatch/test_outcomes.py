@@ -13,8 +13,8 @@ from celery_debounce.dispatch.outcomes import (
     Outcomes,
     release_after,
 )
-from celery_debounce.layout import Record
 from celery_debounce.store import TakenWindow
+from celery_debounce.store.records import Record
 
 DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 

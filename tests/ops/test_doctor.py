@@ -17,7 +17,9 @@ from click.testing import CliRunner
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
-from celery_debounce.layout import (
+from celery_debounce.ops.doctor import Finding, diagnose
+from celery_debounce.store import WindowStore, store_for
+from celery_debounce.store.keys import (
     active_key,
     calls_key,
     claims_key,
@@ -29,8 +31,6 @@ from celery_debounce.layout import (
     win_key,
     window_ident,
 )
-from celery_debounce.ops.doctor import Finding, diagnose
-from celery_debounce.store import WindowStore, store_for
 
 
 @pytest.fixture(params=["node", pytest.param("cluster", marks=pytest.mark.cluster)])

@@ -17,8 +17,8 @@ from helpers import make_app, wait_until
 from prometheus_client import CollectorRegistry
 
 from celery_debounce import DebounceBackendError, DebouncedTask, Dispatcher
-from celery_debounce.layout import window_ident
 from celery_debounce.ops import metrics
+from celery_debounce.store.keys import window_ident
 from celery_debounce.testing.servers import LocalRedis
 
 

@@ -23,11 +23,12 @@ import redis
 from helpers import stop_process, wait_until
 
 from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
-from celery_debounce.layout import HOT_KEYS_KEPT, window_ident
 from celery_debounce.ops.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.ops.formatting import cell_width
 from celery_debounce.ops.top import History, Snapshot, read_snapshot, render
 from celery_debounce.store import store_for
+from celery_debounce.store.keys import window_ident
+from celery_debounce.store.records import HOT_KEYS_KEPT
 from celery_debounce.testing.servers import free_port
 
 CELERY = str(Path(sys.executable).with_name("celery"))

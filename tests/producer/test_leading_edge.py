@@ -22,7 +22,6 @@ from celery_debounce import (
     enqueue_many,
 )
 from celery_debounce.aliases import fixed_id
-from celery_debounce.layout import quiet_key, window_ident
 from celery_debounce.ops import metrics
 from celery_debounce.ops.cli import render_stats, render_table
 from celery_debounce.ops.read_view import list_windows
@@ -31,6 +30,7 @@ from celery_debounce.producer.gate import GateResult, enter, gate_args
 from celery_debounce.producer.options import build_spec
 from celery_debounce.signals import call_suppressed, leading_run
 from celery_debounce.store import WindowStore
+from celery_debounce.store.keys import quiet_key, window_ident
 
 LEAD = (True, False)
 BOTH = (True, True)

@@ -19,8 +19,9 @@ from redis.cluster import PRIMARY, ClusterNode
 from redis.retry import Retry
 
 from celery_debounce import DebouncedTask
-from celery_debounce.layout import key_slot, shard_of, window_ident
 from celery_debounce.store import store_for
+from celery_debounce.store.keys import shard_of, window_ident
+from celery_debounce.tags import key_slot
 from celery_debounce.testing.cluster import LocalCluster
 
 

@@ -138,8 +138,7 @@ def _window_and_celery_headers(
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Headers and properties of a window built from ``options`` and of
     ``app.amqp.as_task_v2`` given the same options, both at ``now``."""
-    from celery_debounce.headers import WindowMessage
-    from celery_debounce.layout import SHARD_HEADER
+    from celery_debounce.headers import SHARD_HEADER, WindowMessage
     from celery_debounce.producer.message import call_options, encode_stored
 
     app = make_app(NOWHERE, "compat", broker_url="memory://")

@@ -170,7 +170,7 @@ def test_the_store_needs_no_call_encoding() -> None:
 
 
 #: The stages, by the first folder of a module's path (docs/design.md, "Module map");
-#: the package's top-level modules (settings, errors, signals, layout, headers, calls,
+#: the package's top-level modules (settings, errors, signals, headers, tags, calls,
 #: ...) are ``shared``, ``testing/`` and ``contrib/`` are ``ops``' peers.
 STAGE_FOLDERS = ("producer", "dispatch", "worker", "ops", "store", "testing", "contrib")
 
@@ -268,10 +268,10 @@ def test_the_stage_check_finds_a_planted_circle(tmp_path: Path) -> None:
     for folder in ("", "producer", "worker", "store"):
         (root / folder).mkdir(exist_ok=True)
         (root / folder / "__init__.py").write_text("")
-    (root / "layout.py").write_text("")
+    (root / "tags.py").write_text("")
     (root / "producer" / "task.py").write_text("from ..worker import signals\n")
     (root / "worker" / "signals.py").write_text(
-        "from ..layout import *\n\ndef run():\n    from ..producer import task\n"
+        "from ..tags import *\n\ndef run():\n    from ..producer import task\n"
     )
     at_import = stage_edges(_graph(root, in_functions=False))
     when_called = stage_edges(_graph(root, in_functions=True))
@@ -389,8 +389,8 @@ def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
     assert redis_py == []
     flags = re.compile(r"store\.(sharded_wake|direct|transport)\b|\.cluster\b|RedisCluster")
     assert sorted(p.name for p in outside if flags.search(p.read_text("utf-8"))) == []
-    # the key layout's one cluster fact (its hash tags) is the settings' and layout's
-    layout_owners = ("settings.py", "layout.py")
+    # the key layout's one cluster fact (its hash tags) is the settings' and tags.py's
+    layout_owners = ("settings.py", "tags.py")
     assert (
         sorted(
             p.name

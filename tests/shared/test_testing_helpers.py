@@ -197,7 +197,7 @@ def test_the_plugin_imports_nothing_until_its_fixture_is_used(tmp_path: Path) ->
 
 
 def test_helpers_find_windows_of_a_non_ascii_task_name(app_factory: Any) -> None:
-    """An ident's length prefix counts UTF-8 bytes (owner: layout.ident_prefix);
+    """An ident's length prefix counts UTF-8 bytes (owner: store/keys.py's ident_prefix);
     the helpers filter by task with the same prefix, so a non-ASCII name is found."""
     app = app_factory()
     ran: list[str] = []

@@ -60,11 +60,11 @@ from hypothesis.stateful import (
 
 from celery_debounce.aliases import fixed_id
 from celery_debounce.errors import DebounceConfigError
-from celery_debounce.layout import window_ident
 from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec, build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.api import Store
+from celery_debounce.store.keys import window_ident
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]

@@ -1,18 +1,19 @@
 """The Lua library (celery_debounce/lua/lib/): the loader's ``--@include`` lines, what each
 script includes, the one owner of gate.lua's ARGV positions, and of the scripts' key
-names (lib/keys.lua, checked against layout.py)."""
+names (lib/keys.lua, checked against store/keys.py and tags.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from celery_debounce import layout
-from celery_debounce.store import scripts
+from celery_debounce import tags
+from celery_debounce.store import keys, scripts
 from celery_debounce.store.scripts import (
     SCRIPT_NAMES,
     SHARDED_WAKE_OFF,
@@ -246,7 +247,7 @@ def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> 
 # -- lib/keys.lua: the scripts' one owner of key names -----------------------------------
 
 #: keys.lua's builders of one window's keys and of one shard's, each named as its twin
-#: in layout.py (the check below calls that twin by the same name).
+#: in store/keys.py or tags.py (the check below calls that twin by the same name).
 WINDOW_KEYS = ("open_key", "win_key", "run_key", "quiet_key", "calls_key", "cancel_marker_key")
 SHARD_KEYS = (
     "ids_key",
@@ -277,6 +278,11 @@ return out
 """
 
 
+def twin(name: str) -> Any:
+    """The Python builder of keys.lua's ``name``: store/keys.py's, or tags.py's (a channel)."""
+    return getattr(keys, name, None) or getattr(tags, name)
+
+
 def test_keys_lua_defines_the_builders_the_check_covers() -> None:
     covered = {*WINDOW_KEYS, *SHARD_KEYS, "wake_channel", "open_ident", "prefix_of"}
     assert set(defines("keys")) == covered
@@ -285,37 +291,37 @@ def test_keys_lua_defines_the_builders_the_check_covers() -> None:
 @pytest.mark.parametrize(
     "prefix, tag",
     [
-        ("debounce", layout.shard_tag("debounce", 0)),
-        ("my:app", layout.shard_tag("my:app", 7)),
-        ("préfixe", layout.shard_tag("préfixe", 2)),
+        ("debounce", tags.shard_tag("debounce", 0)),
+        ("my:app", tags.shard_tag("my:app", 7)),
+        ("préfixe", tags.shard_tag("préfixe", 2)),
         # Redis Cluster tags: the shard alone ({9}), and <shard>.<k> ({0.13})
-        ("debounce", layout.cluster_shard_tags("debounce", 16)[9]),
-        ("debounce", layout.cluster_shard_tags("debounce", 16)[0]),
+        ("debounce", tags.cluster_shard_tags("debounce", 16)[9]),
+        ("debounce", tags.cluster_shard_tags("debounce", 16)[0]),
     ],
 )
-def test_keys_lua_builds_the_names_layout_py_builds(
+def test_keys_lua_builds_the_names_keys_py_builds(
     redis_client: redis.Redis, prefix: str, tag: str
 ) -> None:
     assert tag.startswith(prefix + ":{")
     probe = inline_includes(KEYS_PROBE, "probe.lua")
     for name in (
-        layout.window_ident("t", "k"),
-        layout.window_ident("tâche", "clé: {x} ~1"),  # braces, colons, non-ASCII
+        keys.window_ident("t", "k"),
+        keys.window_ident("tâche", "clé: {x} ~1"),  # braces, colons, non-ASCII
         "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99",
         "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99~1700000000000~2",  # an id renamed aside
     ):
         got = [v.decode("utf-8") for v in redis_client.eval(probe, 0, tag, name)]
         want = [
-            *(getattr(layout, b)(tag, name) for b in WINDOW_KEYS),
-            *(getattr(layout, b)(tag) for b in SHARD_KEYS),
-            layout.wake_channel(prefix),
+            *(twin(b)(tag, name) for b in WINDOW_KEYS),
+            *(twin(b)(tag) for b in SHARD_KEYS),
+            tags.wake_channel(prefix),
             name,
             prefix,
         ]
         assert got == want
         # every key of one window and shard is in the shard's slot
-        assert {layout.key_slot(k) for k in got[: len(WINDOW_KEYS) + len(SHARD_KEYS)]} == {
-            layout.key_slot(tag)
+        assert {tags.key_slot(k) for k in got[: len(WINDOW_KEYS) + len(SHARD_KEYS)]} == {
+            tags.key_slot(tag)
         }
 
 

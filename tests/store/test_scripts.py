@@ -10,13 +10,13 @@ from helpers import wait_until
 
 from celery_debounce.aliases import fixed_id
 from celery_debounce.errors import DebounceBackendError
-from celery_debounce.layout import claims_key
 from celery_debounce.ops.admin import flush_window
 from celery_debounce.producer.call import prepare_call
 from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.errors import ALIASES_FULL
+from celery_debounce.store.keys import claims_key
 
 
 def call(

@@ -3,8 +3,8 @@ no module imports redis-py, names a Lua script or builds a window's keys.
 
 Read with ``ast`` (the scanned modules are not imported): every module of
 ``celery_debounce`` but ``store/`` (the Redis store itself), ``testing/`` (which starts
-servers and inspects them as a test does) and ``layout.py`` (the key layout). A leak
-planted in a module of a temporary package shows the scan finds each kind.
+servers and inspects them as a test does). A leak planted in a module of a temporary
+package shows the scan finds each kind.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from celery_debounce.store.scripts import SCRIPT_NAMES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_debounce"
 
-#: Parts of the package the rule does not cover: the store, the servers tests start,
-#: and ``layout.py``, which defines the key layout (every key builder lives there).
-EXEMPT = ("store/", "testing/", "layout.py")
+#: Parts of the package the rule does not cover: the store (its key builders are in
+#: ``store/keys.py``) and the servers tests start.
+EXEMPT = ("store/", "testing/")
 
 #: Calls that run a script by name (its first argument).
 SCRIPT_RUNNERS = frozenset({"run", "run_once", "evalsha", "pipeline_once", "keep"})
 
-#: Builders of a window's KEYS and ARGV (``layout.py``'s key names, the store's own
+#: Builders of a window's KEYS and ARGV (``store/keys.py``'s key names, the store's own
 #: builders): only the store calls them.
 KEY_BUILDERS = frozenset(
     {
@@ -198,7 +198,6 @@ def test_a_planted_leak_is_found(line: str, tmp_path: Path) -> None:
     (tmp_path / "planted.py").write_text(body)
     (tmp_path / "store" / "inside.py").write_text(body)
     (tmp_path / "testing" / "servers.py").write_text(body)
-    (tmp_path / "layout.py").write_text(body)
     assert scan(tmp_path) == {"planted.py": PLANTED[line]}
 
 

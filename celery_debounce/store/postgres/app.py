@@ -20,7 +20,7 @@ from ..bulk import Outcome
 from ..codec import Cancelled, CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
 from ..domain import ShardRef
 from ..errors import CancelOutcomeUnknown
-from ...layout import Record
+from ..records import Record
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -33,7 +33,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...aliases import MAX_ALIASES, parse_aliases
 from ...errors import DebounceConfigError
-from ...layout import Record, new_task_id
+from ...stored_call import new_task_id
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
     AliasesFull,
@@ -43,6 +43,7 @@ from ..domain import (
     ShardRef,
     StoreUnavailable,
 )
+from ..records import Record
 from .runs import PostgresRuns
 from .schema import (
     MIGRATE_LOCK,

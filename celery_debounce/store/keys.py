@@ -1,0 +1,242 @@
+"""The windows' Redis key names: idents, shards and every key builder (docs/design.md,
+"Key layout"); ``lua/lib/keys.lua`` holds their Lua twins, checked against these by
+tests/store/test_lua_library.py. The shards' hash tags are in :mod:`celery_debounce.tags`.
+Nothing here talks to Redis.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+from ..errors import DebounceConfigError
+from ..tags import cluster_shard_tags, shard_tags
+
+# -- idents and shards ---------------------------------------------------------------------
+
+
+def window_ident(task_name: str, key: str) -> str:
+    """Injective encoding of (task, key): ``<UTF-8 bytes of task>:<task>:<key>``.
+
+    The length counts UTF-8 bytes, as the Lua scripts do (``string.sub``), so both
+    sides cut the same task name out of an ident whatever characters it holds.
+    """
+    return ident_prefix(task_name) + key
+
+
+@lru_cache(maxsize=4096)
+def ident_prefix(task_name: str) -> str:
+    """``<UTF-8 bytes of task>:<task>:``, what every ident of ``task_name`` starts with."""
+    try:
+        size = len(task_name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise DebounceConfigError(
+            f"task name {task_name!r}: not valid Unicode text ({exc.reason})"
+        ) from None
+    return f"{size}:{task_name}:"
+
+
+def shard_of(ident: str, shards: int) -> int:
+    """The shard a window lives in: ``crc32(ident) % shards``."""
+    return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0
+
+
+def split_ident(ident: str) -> tuple[str, str]:
+    """Inverse of :func:`window_ident`."""
+    length, _, rest = ident.partition(":")
+    size = int(length)
+    if rest.isascii():
+        if rest[size : size + 1] != ":":
+            raise ValueError(f"malformed ident {ident!r}")
+        return rest[:size], rest[size + 1 :]
+    raw = rest.encode("utf-8")
+    if raw[size : size + 1] == b":":
+        try:
+            return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if rest[size : size + 1] == ":":  # written before 0.2: the length in characters
+        return rest[:size], rest[size + 1 :]
+    raise ValueError(f"malformed ident {ident!r}")
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def is_tag_of(prefix: str, tag: object) -> bool:
+    """True when ``tag`` is a shard tag under ``prefix`` (``<prefix>:{<digits and dots>}``),
+    as a :data:`TAG_HEADER` must be: a header naming any other key is ignored."""
+    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
+        return False
+    inner = tag[len(prefix) + 2 : -1]
+    return (
+        bool(inner)
+        and len(inner) <= 32
+        and all(c.isdigit() or c == "." for c in inner)
+        and inner.isascii()
+    )
+
+
+def layouts_key(prefix: str) -> str:
+    """hash layout name -> ms: the shard layouts whose dispatchers took windows lately
+    (layouts.lua); dispatchers of another layout drain their shards."""
+    return f"{prefix}:layouts"
+
+
+#: Layouts with more shards than this are ignored when read back (a garbled field).
+MAX_LAYOUT_SHARDS = 4096
+
+
+def layout_tags(prefix: str, name: str) -> tuple[str, ...]:
+    """Every tag a layout named ``name`` reads: ``node:<N>`` the single-node tags of
+    ``N`` shards; ``cluster:<N>`` the cluster tags of ``N`` shards and the single-node
+    tags it drains (``settings.legacy_shards``). Empty for a name it cannot read."""
+    kind, _, count = name.partition(":")
+    if not count.isdigit() or not 0 < int(count) <= MAX_LAYOUT_SHARDS:
+        return ()
+    shards = int(count)
+    if kind == "node":
+        return shard_tags(prefix, shards)
+    if kind == "cluster":
+        return cluster_shard_tags(prefix, shards) + shard_tags(prefix, shards)
+    return ()
+
+
+def open_key(tag: str, ident: str) -> str:
+    """The record of the pending window of ``ident`` (hash)."""
+    return f"{tag}:open:{ident}"
+
+
+def win_key(tag: str, task_id: str) -> str:
+    """The record of a taken window (hash)."""
+    return f"{tag}:win:{task_id}"
+
+
+def due_key(tag: str) -> str:
+    """zset ident -> deadline ms: the pending windows."""
+    return f"{tag}:due"
+
+
+def leased_key(tag: str) -> str:
+    """zset task id -> lease expiry ms: windows taken, publish not confirmed."""
+    return f"{tag}:leased"
+
+
+def active_key(tag: str) -> str:
+    """zset task id -> ms handed to the broker: queued and claimed windows."""
+    return f"{tag}:active"
+
+
+def run_key(tag: str, ident: str) -> str:
+    """hash, field ``id``: the window of ``ident`` in progress (``debounce_exclusive``),
+    from its take until its run ends (finish.lua) or its claim goes stale (take.lua)."""
+    return f"{tag}:run:{ident}"
+
+
+def held_key(tag: str) -> str:
+    """zset ident -> ms held since: exclusive windows held while a run of their key is
+    in progress (take.lua); due at once when that run ends (finish.lua, take.lua)."""
+    return f"{tag}:held"
+
+
+def claims_key(tag: str) -> str:
+    """zset task id -> claim lease expiry ms: windows a worker is running (claim.lua)."""
+    return f"{tag}:claims"
+
+
+def expiring_key(tag: str) -> str:
+    """zset task id -> ms its message expires: published windows with ``expires``
+    (expiring.lua), finished as REVOKED by expire.lua if still queued then."""
+    return f"{tag}:expiring"
+
+
+def quarantine_key(tag: str) -> str:
+    """zset task id -> ms quarantined."""
+    return f"{tag}:quarantine"
+
+
+def stats_key(tag: str) -> str:
+    """hash of counters per task (see :data:`COUNTER_KINDS`)."""
+    return f"{tag}:stats"
+
+
+def stats_reset_key(tag: str, token: str) -> str:
+    """Where ``stats --reset`` renames a shard's counters (same slot)."""
+    return f"{stats_key(tag)}:reset:{token}"
+
+
+def quiet_key(tag: str, ident: str) -> str:
+    """hash: the quiet period after a leading run of ``ident`` (gate.lua writes it;
+    fields :data:`QUIET_FIELDS`)."""
+    return f"{tag}:quiet:{ident}"
+
+
+def hot_key(tag: str) -> str:
+    """zset ident -> calls absorbed by its taken windows (top 100)."""
+    return f"{tag}:hot"
+
+
+def calls_key(tag: str, collect_list: str) -> str:
+    """list: a debounce_collect window's calls, in call order (record field ``cl``)."""
+    return f"{tag}:calls:{collect_list}"
+
+
+def ids_key(tag: str) -> str:
+    """hash task id -> ident: the pending windows opened under a caller-chosen id
+    (written by gate.lua only; the Python side never reads it, lib/keys.lua's twin is
+    checked against this one)."""
+    return f"{tag}:ids"
+
+
+def dispatchers_key(tag: str) -> str:
+    """zset dispatcher name -> ms of its last pass that took windows."""
+    return f"{tag}:dispatchers"
+
+
+def alive_key(tag: str) -> str:
+    """zset dispatcher name -> ms of its last heartbeat (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:alive"
+
+
+def stopped_key(tag: str) -> str:
+    """zset dispatcher name -> ms it stopped cleanly (``alive.lua``; shard 0's tag)."""
+    return f"{tag}:stopped"
+
+
+def bulk_marker_prefix(tag: str, token: str) -> str:
+    """``enqueue_many``'s "this chunk ran" marker keys start with this (plus the chunk's start)."""
+    return f"{tag}:bulk:{token}:"
+
+
+def cancel_marker_key(tag: str, token: str) -> str:
+    """``cancel.lua``'s "this cancel ran" key: its reply, kept so that the same call sent
+    again (its reply was lost) gets the same answer instead of acting twice."""
+    return f"{tag}:cancelled:{token}"
+
+
+def all_keys_pattern(prefix: str) -> str:
+    """A SCAN pattern matching every key (and nothing else) under ``prefix``.
+
+    Every key of the package but :func:`layouts_key` (which callers add by name) is
+    ``<prefix>:{<tag>}:...`` (``shard_tag``), so the pattern ends in ``:{*``: another
+    app's prefix that starts with this one and a colon (``debounce:tenant2``) is not
+    matched. Glob characters in the prefix (``*``, ``?``, ``[``, ``]``, ``\\``)
+    are escaped, so they match only themselves.
+    """
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}:{{*"
+
+
+#: zsets of taken windows, and the states a window listed in each can be in.
+TAKEN_SETS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("leased", frozenset({"dispatching"})),
+    ("active", frozenset({"queued", "claimed"})),
+    ("quarantine", frozenset({"quarantined"})),
+)
+
+_SET_KEYS = {"leased": leased_key, "active": active_key, "quarantine": quarantine_key}
+
+
+def taken_set_key(tag: str, name: str) -> str:
+    """The key of one of :data:`TAKEN_SETS` by name."""
+    return _SET_KEYS[name](tag)
