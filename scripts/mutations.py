@@ -1694,9 +1694,9 @@ MUTATIONS: list[Mutation] = [
         "store_for builds a cluster store under its lock (patched after import: hangs)",
         "greenlets patched after import each get their own reply",
         PKG + "store/__init__.py",
-        "        built = WindowStore(settings_for(app))\n"
+        "        built = build_store(settings_for(app))\n"
         "        with _lock:  # nothing under it yields",
-        "        with _lock:\n            built = WindowStore(settings_for(app))",
+        "        with _lock:\n            built = build_store(settings_for(app))",
         "tests/worker/test_gevent.py::"
         "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock",
     ),
@@ -2113,5 +2113,13 @@ MUTATIONS: list[Mutation] = [
         "    elseif false then",
         "tests/dispatch/test_quorum_queues.py::"
         "test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window",
+    ),
+    one(
+        "store_for ignores debounce_store_url: always the Redis store",
+        "debounce_store_url = 'postgresql://...' keeps the windows in PostgreSQL (docs/stores.md)",
+        PKG + "store/__init__.py",
+        "    if settings.postgres_url is None:\n        return WindowStore(settings)",
+        "    if True:\n        return WindowStore(settings)",
+        "tests/system/test_postgres_e2e.py::test_a_real_worker_runs_debounced_windows_from_postgres",
     ),
 ]
