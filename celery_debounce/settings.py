@@ -249,7 +249,7 @@ class Settings:
         """The hash-tagged prefix every key of ``shard`` starts with.
 
         ``{<shard>}`` on a single node; on a cluster the tag of
-        :func:`~celery_debounce.layout.cluster_shard_tag`, so shard ``i`` of ``N``
+        :func:`~celery_debounce.tags.cluster_shard_tag`, so shard ``i`` of ``N``
         lands in the ``i``-th ``N``-th of the slot range (and so on its own master
         when ``N`` is a multiple of the masters). On a cluster, ``shards + i`` is the
         single-node tag of shard ``i`` (see :attr:`legacy_shards`).
@@ -269,7 +269,7 @@ class Settings:
 
     @property
     def layout(self) -> str:
-        """This layout's name in ``<prefix>:layouts`` (``layout.layout_name``)."""
+        """This layout's name in ``<prefix>:layouts`` (``tags.layout_name``)."""
         return layout_name(self.shards, self.redis_cluster)
 
     @cached_property

@@ -2,9 +2,9 @@
 
 :class:`WindowStore` holds one app's Redis client and its Lua scripts (found by
 file in ``celery_debounce/lua/``) and offers one method per operation; key names
-and record fields come from :mod:`celery_debounce.layout`. No other module of the
-package imports redis-py. Every redis-py error leaves as
-:class:`~celery_debounce.DebounceBackendError`.
+come from :mod:`celery_debounce.store.keys`, record fields from
+:mod:`celery_debounce.store.records`. No other module of the package imports
+redis-py. Every redis-py error leaves as :class:`~celery_debounce.DebounceBackendError`.
 
 The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
 connection without redis-py's per-command wrapper (on one node or Sentinel's master:
