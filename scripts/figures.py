@@ -258,8 +258,9 @@ def lateness_run(touch: Any, rec: Recorder, rate: int, seconds: float) -> dict[s
         1 / rate,
         lambda i: touch.apply_async((f"late-{i}",), debounce="500ms", debounce_max_wait="1s"),
     )
-    wait_for(lambda: len(rec.runs) >= total, 60)
     deadlines = {tid: dl for _, tid, dl in rec.calls}
+    # a run can start before its batch's window_dispatched is sent: wait for both
+    wait_for(lambda: len(rec.runs) >= total and deadlines.keys() <= rec.taken.keys(), 60)
     taken = [rec.taken[tid] * 1000 for tid in deadlines]
     started = [(rec.runs[tid] - deadlines[tid]) * 1000 for tid in deadlines]
     return {"taken_ms": taken, "started_ms": started, "rate": rate, "seconds": seconds}
