@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -20,6 +22,8 @@ from click.testing import CliRunner, Result
 from kombu.asynchronous import set_event_loop
 
 _counter = itertools.count()
+#: tests/, where the test apps (fault_app, pg_app, ...) are imported from
+TESTS = Path(__file__).resolve().parent
 
 
 def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:
@@ -79,6 +83,32 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 def package_keys(client: redis.Redis, prefix: str = "debounce") -> list[bytes]:
     return sorted(client.scan_iter(match=f"{prefix}:*"))
+
+
+@contextmanager
+def celery_worker(
+    app_module: str,
+    log: Path,
+    env: dict[str, str],
+    pool: str = "solo",
+    name: str | None = None,
+    ready_timeout: float = 30,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A <app_module> worker`` (2 processes for a pool that has them, the
+    embedded dispatcher) in a subprocess run from tests/, its output in ``log``; yields
+    once it is ready, stops it after (SIGTERM, then SIGKILL)."""
+    command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", pool]
+    command += ["--concurrency", "2", "--loglevel", "INFO"]
+    command += ["-n", f"{name}@%h"] if name else []
+    command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(command, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, ready_timeout)
+        assert proc.poll() is None, log.read_text()
+        yield proc
+    finally:
+        stop_process(proc)
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> Any:

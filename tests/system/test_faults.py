@@ -25,7 +25,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import running_worker, stop_process, wait_until
+from helpers import celery_worker, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -59,38 +59,9 @@ def worker_process(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``celery -A fault_app worker`` (solo pool unless told, embedded dispatcher) in a
     subprocess."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "fault_app",
-                "worker",
-                "--pool",
-                pool,
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=TESTS,
-            env={**env_for(redis_url, broker_url), **(extra_env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 30)
-        assert proc.poll() is None, log.read_text()
+    env = {**env_for(redis_url, broker_url), **(extra_env or {})}
+    with celery_worker("fault_app", log, env, pool=pool, name=name) as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 def runs(client: redis.Redis, key: str) -> list[str]:

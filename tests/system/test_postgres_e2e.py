@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from helpers import stop_process, wait_until
+from helpers import celery_worker, wait_until
 from pg_app import MAX_WAIT_S, WINDOW_S, build
 from rabbitmq_node import RabbitNode, own_queue
 
@@ -88,36 +88,8 @@ def migrate(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 @contextmanager
 def pg_worker(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``celery -A pg_app worker`` (prefork, 2 processes, embedded dispatcher)."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "pg_app",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=TESTS,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 60)
-        assert proc.poll() is None, log.read_text()
+    with celery_worker("pg_app", log, env, pool="prefork", ready_timeout=60) as proc:
         yield proc
-    finally:
-        stop_process(proc)
 
 
 def runs(where: Path, key: str | None = None) -> list[dict[str, Any]]:
