@@ -2,7 +2,7 @@
 # A few minutes' check from the checkout: the contract subset (scripts/corners.toml's
 # [contract]: the end-to-end tests of the core promise, the leading edge, collect, the
 # cap, the CLI verbs, a fresh install) on .venv's versions against one real redis-server
-# that the tests start. The whole suite is scripts/test.sh (about 50 minutes).
+# that the tests start. The whole suite is scripts/test.sh (about an hour).
 # Needs .venv with the test extra (made here if missing) and a redis-server (installed by
 # scripts/ensure-redis.sh when none is found). Extra arguments go to pytest.
 set -euo pipefail
