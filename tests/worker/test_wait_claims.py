@@ -151,7 +151,7 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
             assert result.get(timeout=15) == 3
             record = f"debounce:{{0}}:win:{result.id}"
             assert redis_client.hget(record, "st") == b"finished"  # on the master
-            wait_until(lambda: marks.pending() == 1, timeout=5)
+            wait_until(lambda: marks.pending() == 1, timeout=15)
         finally:
             _resume(replica)
         wait_until(lambda: marks.pending() == 0, timeout=15)
