@@ -104,7 +104,8 @@ def build(
     )
     def exclusive(self: DebouncedTask, key: str, seconds: float = 0.0, n: int = 0) -> int:
         """Record the run's start and end (Redis time, as "start <id> <ms>" and "end <id>
-        <ms>" in runs:<key>), sleeping ``seconds`` in between."""
+        <ms>" in runs:<key>), sleeping ``seconds`` in between, or until ``stop:<key>``
+        exists."""
         client = redis.Redis.from_url(f"{redis_url}/0", socket_timeout=2, socket_connect_timeout=2)
 
         def now_ms() -> int:
@@ -112,7 +113,9 @@ def build(
             return int(secs) * 1000 + int(micros) // 1000
 
         client.rpush(f"runs:{key}", f"start {self.request.id} {now_ms()}")
-        time.sleep(seconds)
+        until = time.monotonic() + seconds
+        while time.monotonic() < until and not client.exists(f"stop:{key}"):
+            time.sleep(min(0.05, max(0.0, until - time.monotonic())))
         client.rpush(f"runs:{key}", f"end {self.request.id} {now_ms()}")
         client.close()
         return n

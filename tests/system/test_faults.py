@@ -368,9 +368,9 @@ def test_worker_killed_mid_run_with_acks_late_is_redelivered(
 def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_lease(
     redis_server: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """Without acks_late the message was acked when the run started: the run is lost
-    (Celery's at-most-once), and its claim goes stale within one claim lease (2 s) and
-    is released, instead of staying claimed until debounce_record_ttl."""
+    """Without acks_late the run is lost (Celery's at-most-once; no worker consumes the
+    queue after the kill here), and its claim goes stale within one claim lease (2 s)
+    and is released, instead of staying claimed until debounce_record_ttl."""
     app = build(redis_server)
     redis_client.set("block:n", 1)
     call = app.tasks["faults.record"].delay("n")
@@ -379,6 +379,9 @@ def test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_l
     ) as worker:
         wait_until(lambda: runs(redis_client, "n") == [call.id], 15)
         assert [w.state for w in list_windows(app)] == ["claimed"]
+        # the solo pool: Celery sends even an early ack through the event loop, which
+        # the run blocks, so the message is still unacked at the broker (guarantees.md)
+        assert redis.Redis.from_url(f"{redis_server}/1").hlen("unacked") == 1
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         killed = time.monotonic()
@@ -603,22 +606,34 @@ def test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease
 ) -> None:
     """A SIGKILLed worker holds its exclusive key for at most one claim lease (2 s
     here): its claim goes stale, the key is freed and the held window runs. With
-    acks_late the killed run is redelivered too and runs again (at least once)."""
+    acks_late the killed run is redelivered too and runs again (at least once).
+
+    The threads pool: the solo pool's run blocks the event loop through which Celery
+    sends even an early ack, so without acks_late its message would stay unacked at
+    the Redis broker and be delivered again as well (guarantees.md)."""
     app = build(redis_server)
     task = app.tasks["faults.exclusive"]
+    broker = redis.Redis.from_url(f"{redis_server}/1")
     env = {"FAULT_ACKS_LATE": "1" if acks_late else "0"}
     first = task.delay("z", 30.0)
-    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env) as worker:
+    with worker_process(redis_server, tmp_path / "w1.log", extra_env=env, pool="threads") as worker:
         wait_until(lambda: runs(redis_client, "z"), 15)
         follow = task.delay("z", 0.0, 1)
         wait_until(
             lambda: redis_client.zscore("debounce:{0}:held", "16:faults.exclusive:x:z") is not None,
             5,
         )
+        # acked early, or unacked until the run ends (acks_late)
+        wait_until(lambda: broker.hlen("unacked") == (1 if acks_late else 0), 5)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         killed = time.monotonic()
-    with worker_process(redis_server, tmp_path / "w2.log", name="w2", extra_env=env):
+    # a second run of the killed window (the redelivery with acks_late) ends at once,
+    # so the held window's start measures the key's release, not that run's 30 s
+    redis_client.set("stop:z", 1)
+    with worker_process(
+        redis_server, tmp_path / "w2.log", name="w2", extra_env=env, pool="threads"
+    ):
         wait_until(lambda: f"end {follow.id}" in " ".join(runs(redis_client, "z")), 20)
         started = [r for r in runs(redis_client, "z") if r.startswith(f"start {follow.id}")]
         assert len(started) == 1
