@@ -126,6 +126,21 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> Any:
     return out
 
 
+def debounce_command(
+    app_module: str, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``celery -A <app_module> debounce ARGS`` in a fresh process run from tests/, its
+    output captured as text (a minute at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", app_module, "debounce", *args],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def cli(*args: str, input: str | None = None) -> Result:
     """Run ``celery -A ops_app debounce ARGS`` (tests/ops_app.py, fixture ``ops``)
     in-process through Celery's own CLI."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import debounce_command
+
 TESTS = Path(__file__).parents[1]
 MISSPELT = (
     "check.misspelt: debounce_colect=True: unknown task option of misspelt (every "
@@ -65,14 +67,7 @@ def test_a_task_module_that_fails_to_import_is_a_problem_not_a_traceback(
     line as the ``imports`` problem, and ``-j`` still prints its JSON object."""
     env = {**_env(redis_server, False), "CHECK_APP_BROKEN": "1"}
     for args in ((), ("-j",)):
-        run = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "check_app", "debounce", "check", *args],
-            cwd=TESTS,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        run = debounce_command("check_app", env, "check", *args)
         assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
         if args:
             [problem] = json.loads(run.stdout)["problems"]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import redis
+from helpers import debounce_command
 
 HERE = Path(__file__).parents[1]
 
@@ -20,14 +21,7 @@ def celery(redis_server: str, *args: str) -> subprocess.CompletedProcess[str]:
         "DEBOUNCE_TEST_REDIS_URL": redis_server,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        cwd=HERE,
-    )
+    return debounce_command("cli_app", env, *args)
 
 
 def test_inspect_empty(redis_server: str, redis_client: redis.Redis) -> None:

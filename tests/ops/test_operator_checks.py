@@ -18,7 +18,7 @@ import redis
 from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
-from helpers import running_worker, wait_until
+from helpers import debounce_command, running_worker, wait_until
 
 from celery_debounce import DebounceAdmin, DebouncedTask
 from celery_debounce.store.server import maxmemory_policy
@@ -131,14 +131,7 @@ def test_a_refused_config_get_is_unknown_never_an_error(
             "DEBOUNCE_TEST_REDIS_URL": f"redis://nocfg:pw@{host_port}",
             "PYTHONPATH": str(HERE),
         }
-        out = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "stats"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            cwd=HERE,
-        )
+        out = debounce_command("cli_app", env, "stats")
         assert out.returncode == 0, out.stderr
         assert "maxmemory-policy: unknown" in out.stdout
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker, wait_until
+from helpers import debounce_command, make_app, running_worker, wait_until
 
 from celery_debounce import (
     DebounceConfigError,
@@ -548,8 +548,6 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
     app: Celery, redis_server: str
 ) -> None:
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     @app.task(
@@ -572,14 +570,7 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
         "DEBOUNCE_TEST_REDIS_URL": redis_server,
         "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
     }
-    out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "cli_app", "debounce", "inspect", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        cwd=here,
-    )
+    out = debounce_command("cli_app", env, "inspect", "--json")
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert row["task"] == "collect.inspected" and row["calls"] == 4

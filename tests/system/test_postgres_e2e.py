@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from helpers import celery_worker, wait_until
+from helpers import celery_worker, debounce_command, wait_until
 from pg_app import MAX_WAIT_S, WINDOW_S, build
 from rabbitmq_node import RabbitNode, own_queue
 
@@ -75,14 +75,7 @@ def env_for(store_url: str, broker_url: str, runs: Path, queue: str = "celery") 
 
 def migrate(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``celery -A pg_app debounce migrate ARGS`` in a subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "pg_app", "debounce", "migrate", *args],
-        cwd=TESTS,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return debounce_command("pg_app", env, "migrate", *args)
 
 
 @contextmanager
