@@ -1888,9 +1888,9 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL write whose reply was lost is sent again",
         "at most once on PostgreSQL: a lost reply is OutcomeUnknown, never resent",
         PKG + "store/postgres/store.py",
-        "        except psycopg.OperationalError as exc:\n            raise OutcomeUnknown(",
+        "        except psycopg.OperationalError as exc:\n            raise ReplyLost(",
         "        except psycopg.OperationalError as exc:\n            return self._read(fn)\n"
-        "            raise OutcomeUnknown(",
+        "            raise ReplyLost(",
         "tests/store/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
@@ -1901,6 +1901,26 @@ MUTATIONS: list[Mutation] = [
         "            if not _closed_while_idle(conn):",
         "            if True:",
         PGC + "test_an_unreachable_store_raises_its_typed_error_and_writes_nothing[postgres]",
+    ),
+    one(
+        "an idle pooled PostgreSQL connection with bytes to read is written on",
+        "a connection the server ended while idle (its FATAL read, its close not yet) is "
+        "not trusted with a call: no outcome unknown for a call that never ran",
+        PKG + "store/postgres/store.py",
+        "    return bool(readable) or conn.pgconn.status != psycopg.pq.ConnStatus.OK",
+        "    return conn.pgconn.status != psycopg.pq.ConnStatus.OK",
+        "tests/store/test_postgres_store.py::"
+        "test_a_pooled_connection_the_server_ended_while_idle_is_not_written_on",
+    ),
+    one(
+        "a worker drops a mark whose store's reply was lost or that could not reach it",
+        "a claim or finish that failed in a store outage (either store's typed error) is "
+        "kept and sent again once the store answers",
+        PKG + "worker/retry_queue.py",
+        "    return isinstance(exc, (StoreUnavailable, ReplyLost, NotReplicated)) or is_outage(exc)",
+        "    return isinstance(exc, NotReplicated) or is_outage(exc)",
+        PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again"
+        "[postgres]",
     ),
     one(
         "edge calls of one ident on PostgreSQL are not serialized",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -63,14 +64,22 @@ def _complete(bindir: Path) -> bool:
 
 class LocalPostgres:
     """A private PostgreSQL server (trust authentication, superuser ``debounce``) on
-    ``127.0.0.1``; its data directory and log live in :attr:`dir` until :meth:`cleanup`."""
+    ``127.0.0.1``; its data directory and log live in :attr:`dir` until :meth:`cleanup`.
+    ``settings`` override :data:`FAST_SETTINGS` (``synchronous_commit="on"`` for a server
+    whose acknowledged commits must survive a crash)."""
 
     LOG = "server.log"
     USER = "debounce"
 
-    def __init__(self, port: int | None = None, bindir: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        bindir: Path | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.bindir = bindir
+        self.settings = {**FAST_SETTINGS, **(settings or {})}
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-postgres-"))
         self.process: subprocess.Popen[bytes] | None = None
         self._as: dict[str, Any] = {}
@@ -100,8 +109,19 @@ class LocalPostgres:
         return str(self.bindir / name)
 
     def start(self, timeout: float = 30.0) -> LocalPostgres:
+        """``initdb``, then the server; returns once it answers."""
+        self._initdb()
+        return self._launch(timeout)
+
+    def restart(self, mode: str = "fast", timeout: float = 30.0) -> LocalPostgres:
+        """Stop the server (``fast``: SIGINT, sessions ended and a checkpoint written;
+        ``immediate``: SIGQUIT, as a crash, recovered from the WAL at the start), then
+        start it again on the same data and port; returns once it answers."""
+        self.stop({"fast": signal.SIGINT, "immediate": signal.SIGQUIT}[mode])
+        return self._launch(timeout)
+
+    def _initdb(self) -> None:
         data = self.dir / "data"
-        log = self.dir / self.LOG
         init = subprocess.run(
             [
                 self._tool("initdb"),
@@ -125,8 +145,12 @@ class LocalPostgres:
                 f"initdb failed ({init.returncode}): "
                 f"{(init.stdout + init.stderr).decode(errors='replace')}"
             )
+
+    def _launch(self, timeout: float) -> LocalPostgres:
+        data = self.dir / "data"
+        log = self.dir / self.LOG
         settings = {
-            **FAST_SETTINGS,
+            **self.settings,
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
             "unix_socket_directories": str(self.dir),
@@ -171,10 +195,10 @@ class LocalPostgres:
             f"postgres did not answer on port {self.port}:\n" + "\n".join(self.log_tail())
         )
 
-    def stop(self) -> None:
+    def stop(self, how: int = signal.SIGINT) -> None:
         """Fast shutdown (SIGINT: open sessions are ended); killed if it lingers."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(2)
+            self.process.send_signal(how)
             try:
                 self.process.wait(15)
             except subprocess.TimeoutExpired:

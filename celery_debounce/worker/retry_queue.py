@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from ..store import NotReplicated, is_outage
 from ..store.api import WorkerStore
-from ..store.domain import ClaimResult, FinishResult, ShardRef
+from ..store.domain import ClaimResult, FinishResult, ReplyLost, ShardRef, StoreUnavailable
 
 logger = logging.getLogger("celery_debounce.worker")
 
@@ -91,9 +91,11 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def worth_keeping(exc: BaseException) -> bool:
-    """True for an outage (worth retrying), False for an error Redis answered with. A
-    mark too few replicas acknowledged (``debounce_redis_wait_replicas``) is retried."""
-    return is_outage(exc) or isinstance(exc, NotReplicated)
+    """True for an outage (worth retrying), False for an error the store answered with.
+    An outage is any store's typed one (unreachable, refused for now, a reply lost with
+    its link) or a raw Redis link error. A mark too few replicas acknowledged
+    (``debounce_redis_wait_replicas``) is retried."""
+    return isinstance(exc, (StoreUnavailable, ReplyLost, NotReplicated)) or is_outage(exc)
 
 
 def keep(

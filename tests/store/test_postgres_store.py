@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
+from helpers import wait_until
 from pg_proxy import PgProxy
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -800,3 +801,25 @@ def test_a_pool_that_cannot_give_a_connection_in_time_is_unavailable(
         store.pool.putconn(busy)
     assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
     assert store.gate(call("t:k")).calls == 2
+
+
+def test_a_pooled_connection_the_server_ended_while_idle_is_not_written_on(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """The server ends the pool's idle connections (a restart's fast shutdown, an
+    operator's ``pg_terminate_backend``: a FATAL error, then the close): the next write
+    goes on a new connection and runs, never on an ended one, whose only reply would be
+    that error (an outcome unknown)."""
+    tagged = make_conninfo(database, application_name="ended-while-idle")
+    store = make_store(tagged, max_size=4)
+    store.migrate()
+    first = store.gate(call("t:k", window_ms=600_000))
+    with psycopg.connect(database, autocommit=True) as admin:
+        mine = "SELECT pid FROM pg_stat_activity WHERE application_name = 'ended-while-idle'"
+        ended = [pid for (pid,) in admin.execute(mine).fetchall()]
+        assert ended  # the pool's connections
+        for pid in ended:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_until(lambda: not admin.execute(mine).fetchall(), 10)
+    joined = store.gate(call("t:k", window_ms=600_000))
+    assert joined.task_id == first.task_id and joined.calls == 2

@@ -3,7 +3,7 @@
 Each operation is one call of a function of ``schema.sql`` in one round trip, in its
 own transaction (the pool's connections are in autocommit), on the server's clock.
 Nothing is sent twice: a connection lost after the call was sent is
-:class:`~celery_debounce.store.domain.OutcomeUnknown`; no connection to be had (within
+:class:`~celery_debounce.store.domain.ReplyLost` (an ``OutcomeUnknown``); no connection to be had (within
 ``timeout``) is :class:`~celery_debounce.store.domain.StoreUnavailable`, as is a call
 the server cancelled and undid (``statement_timeout``, at most ``timeout`` unless the
 server's is shorter; a lock timeout, a deadlock); a call a read-only server (a standby)
@@ -37,8 +37,8 @@ from ...stored_call import new_task_id
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
     AliasesFull,
-    OutcomeUnknown,
     ReplaceRefused,
+    ReplyLost,
     ServerRefused,
     ShardRef,
     StoreUnavailable,
@@ -482,12 +482,12 @@ class PostgresStore(PostgresRuns, PostgresSweeps):
     def _write(self, fn: Any, operation: str) -> Any:
         """``fn(connection)`` for a step that changes windows, sent at most once: a
         connection lost once the call may have reached the server is
-        :class:`OutcomeUnknown`."""
+        :class:`ReplyLost` (an ``OutcomeUnknown``)."""
         conn = self._connection()
         try:
             return _answered(fn, conn)
         except psycopg.OperationalError as exc:
-            raise OutcomeUnknown(
+            raise ReplyLost(
                 f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
                 f"it was not sent again): {_safe(exc)}"
             ) from exc
@@ -550,16 +550,18 @@ def _bounded(timeout: float) -> Callable[[psycopg.Connection[Any]], None]:
 
 
 def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
-    """True when an idle connection's socket reads as closed (or broken)."""
+    """True when an idle pooled connection is not to be trusted with a call: closed,
+    broken, or with anything to read. It listens to nothing, so bytes on it are the
+    server ending it (a shutdown sends its FATAL error, then closes: a call sent between
+    the two would read that error as its reply, an outcome unknown) or, rarely, a
+    notice; either way the pool makes a new one."""
     if conn.closed or conn.broken:
         return True
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        if readable:  # idle: nothing is due but an end of stream or a server's notice
-            conn.pgconn.consume_input()
-    except (OSError, psycopg.Error):
+    except (OSError, ValueError):
         return True
-    return conn.pgconn.status != psycopg.pq.ConnStatus.OK
+    return bool(readable) or conn.pgconn.status != psycopg.pq.ConnStatus.OK
 
 
 def _record(row: Sequence[Any]) -> Record:
