@@ -276,6 +276,14 @@ def _threads(ctx: dict[str, Any]) -> list[Row]:
     return concurrent_rates(ctx["app"], ctx["url"], min(ctx["rounds"], 5), calls)
 
 
+@bench("postgres", "12: .delay() with the windows in PostgreSQL vs plain .delay()")
+def _postgres(ctx: dict[str, Any]) -> list[Row]:
+    from bench.postgres import postgres_rates
+
+    n = 1000 if ctx["quick"] else 2000
+    return postgres_rates(ctx["url"], ctx["rounds"], n)
+
+
 @bench("rss", "8: producer RSS over many .delay() calls")
 def _rss(ctx: dict[str, Any]) -> list[Row]:
     from bench.scale import producer_rss

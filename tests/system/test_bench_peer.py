@@ -1,5 +1,6 @@
-"""The BullMQ side-by-side benchmark imports and parses its arguments (it is not run:
-benchmarks are not tests; ``python -m bench.bullmq`` runs it)."""
+"""The peer and store benchmarks are registered and parse their arguments; the
+PostgreSQL one runs small. None is run for its figures: benchmarks are not tests
+(``python -m bench.bullmq``, ``python -m bench.postgres`` run them)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,18 @@ def test_threads_bench_is_registered() -> None:
 
     assert "threads" in BENCHES
     assert threads.threaded_rate(2, 3, lambda: None) > 0
+
+
+def test_postgres_bench_is_registered_and_measures_both_rows(
+    redis_server: str, postgres_server: object
+) -> None:
+    """A small run (its own PostgreSQL server; ``postgres_server`` for the skip rule)."""
+    from bench.postgres import postgres_rates
+
+    assert "postgres" in BENCHES
+    rows = postgres_rates(redis_server, 1, 20)
+    assert [r.operation for r in rows] == [
+        "PostgreSQL: hot key .delay()",
+        "PostgreSQL: new key .delay()",
+    ]
+    assert all(r.median > 0 and r.baseline_value for r in rows)

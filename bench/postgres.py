@@ -1,0 +1,98 @@
+"""Benchmark 12: ``.delay()`` with the windows in PostgreSQL against plain ``.delay()``.
+
+One sequential producer, calls interleaved round by round: a hot key (every call joins
+one open window), a new key per call (every call opens a window), and plain ``.delay()``
+of the same arguments to the same Redis broker. The PostgreSQL server is a private one
+(celery_debounce/testing/postgres.py, ``synchronous_commit`` on: a call's commit is
+flushed to the WAL before it returns, as a production server's is).
+
+    python -m bench.postgres [--rounds 7] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import redis
+from celery import Celery
+
+from bench.harness import Row, compare, interleaved, table
+
+_ids = itertools.count()
+
+
+def postgres_rates(redis_url: str, rounds: int, n: int) -> list[Row]:
+    """The rows of benchmark 12; ``redis_url`` is the broker's server."""
+    from bench.apps import make_app
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres
+
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        schema = PostgresStore(server.url())
+        schema.migrate()
+        schema.close()
+        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
+        return _rates(app, rounds, n)
+
+
+def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
+    debounced = app.tasks["bench.debounced"]
+    plain = app.tasks["bench.plain"]
+    broker = redis.Redis.from_url(app.conf.broker_url)
+
+    def plain_delay(n: int) -> None:
+        for _ in range(n):
+            plain.delay("u1", n=1)
+
+    def hot(n: int) -> None:
+        for _ in range(n):
+            debounced.delay("hot", n=1)
+
+    def new(n: int) -> None:
+        for _ in range(n):
+            debounced.delay(f"p{next(_ids)}", n=1)
+
+    debounced.delay("hot", n=1)  # open the hot window
+    r = interleaved(
+        rounds, n, {"plain": plain_delay, "hot": hot, "new": new}, before=broker.flushdb
+    )
+    broker.flushdb()
+    note = "windows in PostgreSQL (synchronous_commit on), broker on Redis"
+    return [
+        compare(
+            "12",
+            "PostgreSQL: hot key .delay()",
+            r["hot"],
+            "plain .delay()",
+            r["plain"],
+            2,
+            note=note,
+        ),
+        compare(
+            "12",
+            "PostgreSQL: new key .delay()",
+            r["new"],
+            "plain .delay()",
+            r["plain"],
+            2,
+            note=note,
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from celery_debounce.testing.servers import LocalRedis
+
+    parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args(argv)
+    with LocalRedis() as server:
+        rows = postgres_rates(server.url, args.rounds, args.calls)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
