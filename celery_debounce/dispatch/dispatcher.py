@@ -370,7 +370,7 @@ class Dispatcher:
                 self._wait(next_in / 1000)
             except DebounceBackendError as exc:  # the store raises only its typed errors
                 logger.warning(
-                    "debounce: dispatcher %s: Redis error, retrying in %.1fs: %s",
+                    "debounce: dispatcher %s: window store error, retrying in %.1fs: %s",
                     self.name,
                     backoff,
                     exc,

@@ -745,7 +745,7 @@ def test_redis_restart_with_aof_during_a_stream_of_calls(tmp_path: Path) -> None
         assert failed and max(failed) < 1.0 + 1.0, failed
         text = log.read_text()
         # the dispatcher backs off: 0.1 s doubling to 5 s, back to 0.1 s after a success
-        delays = [float(d) for d in re.findall(r"Redis error, retrying in ([\d.]+)s", text)]
+        delays = [float(d) for d in re.findall(r"window store error, retrying in ([\d.]+)s", text)]
         assert delays[:3] == [0.1, 0.2, 0.4], text[-3000:]  # the outage lasts > 1.2 s
         for before, after in itertools.pairwise(delays):
             assert after in (0.1, round(min(before * 2, 5.0), 1)), delays
