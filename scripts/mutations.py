@@ -1923,6 +1923,16 @@ MUTATIONS: list[Mutation] = [
         "[postgres]",
     ),
     one(
+        "gate_many on PostgreSQL goes on sending after a lost reply",
+        "a batch whose reply was lost sends nothing more: the calls after it are reported "
+        "unwritten, never sent to a server that just failed (each would wait its timeout)",
+        PKG + "store/postgres/bulk.py",
+        "                    outcomes[i], down = exc, exc",
+        "                    outcomes[i] = exc",
+        "tests/store/test_postgres_store.py::"
+        "test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so",
+    ),
+    one(
         "edge calls of one ident on PostgreSQL are not serialized",
         "a leading burst runs its leading run once on PostgreSQL (racing first calls)",
         PKG + "store/postgres/schema.sql",

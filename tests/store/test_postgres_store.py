@@ -40,6 +40,7 @@ from celery_debounce.store.postgres import (
 )
 from celery_debounce.store.postgres import schema as pg_schema
 from celery_debounce.testing.postgres import LocalPostgres
+from celery_debounce.worker.retry_queue import worth_keeping
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -823,3 +824,47 @@ def test_a_pooled_connection_the_server_ended_while_idle_is_not_written_on(
         wait_until(lambda: not admin.execute(mine).fetchall(), 10)
     joined = store.gate(call("t:k", window_ms=600_000))
     assert joined.task_id == first.task_id and joined.calls == 2
+
+
+def test_gate_many_gates_each_call_in_order_and_a_refused_one_keeps_out_only_itself(
+    store: PostgresStore, database: str
+) -> None:
+    """``enqueue_many``'s path: one outcome per call, in order; a call the store refuses
+    (``debounce_collect``, not on PostgreSQL yet) is that call's error, the calls after
+    it are gated; ``on_chunk`` hears each chunk once it was answered."""
+    chunks: list[range] = []
+    calls = [call("t:a"), call("t:b", collect=True), call("t:a"), call("t:c")]
+    out = store.gate_many(calls, chunk_size=2, on_chunk=chunks.append)
+    assert chunks == [range(0, 2), range(2, 4)]
+    first, refused, joined, other = out
+    assert isinstance(first, GateResult) and first.opened
+    assert isinstance(refused, DebounceConfigError) and "debounce_collect" in str(refused)
+    assert isinstance(joined, GateResult) and joined.task_id == first.task_id
+    assert joined.calls == 2
+    assert isinstance(other, GateResult) and other.opened
+    assert rows(database, "open") == [("t:a", first.task_id, 2), ("t:c", other.task_id, 1)]
+
+
+def test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so(
+    make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres, database: str
+) -> None:
+    """A reply lost in a batch: that call is ``ReplyLost`` (it ran here), the calls after
+    it are ``StoreUnavailable``, not sent; an outage at the first call, nothing
+    written, is raised for the whole batch."""
+    proxy = PgProxy(postgres_server.port)
+    try:
+        through = make_store(
+            database.replace(f"port={postgres_server.port}", f"port={proxy.port}"), max_size=1
+        )
+        through.migrate()
+        assert through.gate(call("t:warm")).opened
+        proxy.drop_next(b"debounce_gate")
+        lost, *unsent = through.gate_many([call("t:x"), call("t:y"), call("t:z")])
+        assert isinstance(lost, OutcomeUnknown) and worth_keeping(lost)
+        assert all(isinstance(u, StoreUnavailable) and "not sent" in str(u) for u in unsent)
+        assert [r[0] for r in rows(database, "open")] == ["t:warm", "t:x"]  # x ran, once
+        proxy.refuse()
+        with pytest.raises(StoreUnavailable):
+            through.gate_many([call("t:refused")])
+    finally:
+        proxy.close()

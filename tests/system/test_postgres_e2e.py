@@ -144,8 +144,16 @@ def test_a_real_worker_runs_debounced_windows_from_postgres(
         # a burst: one run, the opener's arguments
         burst_is_one_run(app, migrated, runs_dir)
 
-        # a stream of calls closer together than the window: the ceiling forces runs
+        # enqueue_many: two keys, two windows, each run once with its opener's arguments
         record = app.tasks["pg.record"]
+        bulk = enqueue_many(record, [(("b1", 1), {}), (("b2", 2), {}), (("b1", 3), {})])
+        assert bulk[0].id == bulk[2].id != bulk[1].id
+        wait_until(lambda: runs(runs_dir, "b1") and runs(runs_dir, "b2"), 30)
+        wait_until(lambda: settled(migrated), 30)
+        assert [(r["id"], r["n"]) for r in runs(runs_dir, "b1")] == [(bulk[0].id, 1)]
+        assert [(r["id"], r["n"]) for r in runs(runs_dir, "b2")] == [(bulk[1].id, 2)]
+
+        # a stream of calls closer together than the window: the ceiling forces runs
         start = time.monotonic()
         first_call = time.time()
         n = 0
@@ -314,9 +322,11 @@ def test_a_postgres_restart_mid_stream_loses_no_accepted_call_and_runs_nothing_t
 def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_dir: Path) -> None:
     app = build(migrated, "memory://", str(runs_dir))
     record = app.tasks["pg.record"]
-    with pytest.raises(NotImplementedError, match=f"enqueue_many .*{NOT_YET}"):
-        enqueue_many(record, [(("bulk", 1), {}), (("bulk", 2), {})])
-    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+    # enqueue_many works (call by call): two calls of one key, one window
+    bulk = enqueue_many(record, [(("bulk", 1), {}), (("bulk", 2), {})])
+    assert len({r.id for r in bulk}) == 1
+    assert sql(migrated, "SELECT calls FROM debounce_open") == [(2,)]
+    assert sql(migrated, "DELETE FROM debounce_open RETURNING calls") == [(2,)]
 
     env = env_for(migrated, "memory://", runs_dir)
     for verb in (

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ...errors import DebounceError
-from ..bulk import Outcome
 from ..codec import Cancelled, CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
 from ..domain import ShardRef
 from ..errors import CancelOutcomeUnknown
@@ -24,7 +23,6 @@ from ..records import Record
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...producer.call import PreparedCall
     from ...settings import Settings
 
 __all__ = ["AppPostgresStore", "NotOnPostgres", "postgres_store"]
@@ -63,17 +61,6 @@ class AppPostgresStore(PostgresStore):
         message's ``debounce_tag`` as the app's prefix's): the store has one table, so
         the worker's claim and finish find the window whatever it says."""
         return shard if isinstance(shard, str) else self.settings.tag(shard)
-
-    # -- ProducerStore -----------------------------------------------------------------
-
-    def gate_many(
-        self,
-        calls: Sequence[PreparedCall],
-        chunk_size: int = 1000,
-        on_chunk: Callable[[range], None] | None = None,
-        into: list[Outcome] | None = None,
-    ) -> list[Outcome]:
-        _missing("enqueue_many (several calls in one round trip)")
 
     # -- OperatorStore: what is not there yet ------------------------------------------
 

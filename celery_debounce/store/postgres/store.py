@@ -3,20 +3,20 @@
 Each operation is one call of a function of ``schema.sql`` in one round trip, in its
 own transaction (the pool's connections are in autocommit), on the server's clock.
 Nothing is sent twice: a connection lost after the call was sent is
-:class:`~celery_debounce.store.domain.ReplyLost` (an ``OutcomeUnknown``); no connection to be had (within
-``timeout``) is :class:`~celery_debounce.store.domain.StoreUnavailable`, as is a call
-the server cancelled and undid (``statement_timeout``, at most ``timeout`` unless the
-server's is shorter; a lock timeout, a deadlock); a call a read-only server (a standby)
-or a full disk refused is :class:`~celery_debounce.store.domain.ServerRefused`.
+:class:`~celery_debounce.store.domain.ReplyLost` (an ``OutcomeUnknown``); no connection
+to be had (within ``timeout``) is :class:`~celery_debounce.store.domain.StoreUnavailable`,
+as is a call the server cancelled and undid (``statement_timeout``, at most ``timeout``
+unless the server's is shorter; a lock timeout, a deadlock); a call a read-only server
+(a standby) or a full disk refused is :class:`~celery_debounce.store.domain.ServerRefused`.
 
 What exists: the gate (open or join; the ceiling; payload replacement; the call count;
-the call cap; fixed ids and their aliases; exclusive windows; the leading edge), take
-(claims whose lease passed, lapsed leases, due windows, holds; ``FOR UPDATE SKIP
-LOCKED``), ack, release, quarantine, flush, the dispatcher's heartbeat, layouts,
-expiry sweep with the record sweep, wake-ups (``LISTEN``/``NOTIFY``), the worker's
-claim, renewal, end of claim, put back and finish, the schema's migration and its
-version check. Not yet: collect (refused at the gate, nothing written), most of the
-operators' reads.
+the call cap; fixed ids and their aliases; exclusive windows; the leading edge) and
+``gate_many`` (bulk.py: call by call), take (claims whose lease passed, lapsed leases,
+due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release, quarantine, flush, the
+dispatcher's heartbeat, layouts, expiry sweep with the record sweep, wake-ups
+(``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of claim, put back and finish,
+the schema's migration and its version check. Not yet: collect (refused at the gate,
+nothing written), most of the operators' reads.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ..domain import (
     StoreUnavailable,
 )
 from ..records import Record
+from .bulk import PostgresBulk
 from .runs import PostgresRuns
 from .schema import (
     MIGRATE_LOCK,
@@ -145,7 +146,7 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-class PostgresStore(PostgresRuns, PostgresSweeps):
+class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'

@@ -150,7 +150,7 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
 #: weakened: the same case runs on every other harness).
 POSTGRES_NOT_YET = {
     "test_the_store_satisfies_every_role": (
-        "postgres: gate_many and the operators' reads and actions (list_step, "
+        "postgres: the operators' reads and actions (list_step, "
         "census_step, counts, snapshot, cancel, ...) are not implemented yet"
     ),
     "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next": (
