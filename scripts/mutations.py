@@ -1917,10 +1917,10 @@ MUTATIONS: list[Mutation] = [
         "a claim or finish that failed in a store outage (either store's typed error) is "
         "kept and sent again once the store answers",
         PKG + "worker/retry_queue.py",
-        "    return isinstance(exc, (StoreUnavailable, ReplyLost, NotReplicated)) or is_outage(exc)",
+        "    return isinstance(exc, (StoreUnavailable, ReplyLost, NotReplicated))"
+        " or is_outage(exc)",
         "    return isinstance(exc, NotReplicated) or is_outage(exc)",
-        PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again"
-        "[postgres]",
+        PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
     one(
         "gate_many on PostgreSQL goes on sending after a lost reply",
