@@ -1923,6 +1923,15 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
     one(
+        "the PostgreSQL store lists every open window whatever the prefix",
+        "debounce_windows(app, task) lists that task's windows only, on every store",
+        PKG + "store/postgres/store.py",
+        '    "WHERE left(ident, %s) = %s ORDER BY deadline, ident"',
+        '    "WHERE %s >= 0 OR ident = %s ORDER BY deadline, ident"',
+        PGC + "test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all_"
+        "empties[postgres]",
+    ),
+    one(
         "gate_many on PostgreSQL goes on sending after a lost reply",
         "a batch whose reply was lost sends nothing more: the calls after it are reported "
         "unwritten, never sent to a server that just failed (each would wait its timeout)",

@@ -256,7 +256,9 @@ def _call_repr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 def clear_windows(app: Celery) -> int:
-    """Delete every key under the app's ``debounce_key_prefix``; returns how many."""
+    """Delete every window of the app's store (on Redis every key under
+    ``debounce_key_prefix``; on PostgreSQL every row but the schema's version); returns
+    how many keys or rows."""
     return store_for(app).delete_all()
 
 

@@ -31,6 +31,14 @@ from rabbitmq_node import RabbitNode, own_queue
 from celery_debounce import enqueue_many
 from celery_debounce.errors import DebounceBackendError, DebounceConfigError, DebounceOutcomeUnknown
 from celery_debounce.settings import Settings, settings_for
+from celery_debounce.testing import (
+    assert_not_pending,
+    assert_pending,
+    clear_windows,
+    debounce_windows,
+    flush_windows,
+    run_windows,
+)
 from celery_debounce.testing.postgres import LocalPostgres
 
 psycopg = pytest.importorskip("psycopg")
@@ -316,7 +324,45 @@ def test_a_postgres_restart_mid_stream_loses_no_accepted_call_and_runs_nothing_t
         server.cleanup()
 
 
-# -- (e) what the store does not have yet, and bad settings: refused, nothing written ----
+# -- (e) the testing helpers ---------------------------------------------------------------
+
+
+def test_the_testing_helpers_list_run_and_clear_windows_on_postgres(
+    migrated: str, runs_dir: Path
+) -> None:
+    """``debounce_windows`` lists the open windows with their arguments, the asserts
+    find them by arguments, ``run_windows`` runs them inline (claimed and finished as a
+    worker would), ``flush_windows`` publishes them, ``clear_windows`` empties the
+    store."""
+    app = build(migrated, "memory://", str(runs_dir))
+    record = app.tasks["pg.record"]
+    first = record.delay("h1", 1)
+    assert record.delay("h1", 2).id == first.id
+    other = record.delay("h2", 3)
+    listed = sorted(debounce_windows(app, record), key=lambda w: w.key)
+    assert [(w.key, w.calls, w.args, w.task_id) for w in listed] == [
+        ("k:h1", 2, ("h1", 1), first.id),
+        ("k:h2", 1, ("h2", 3), other.id),
+    ]
+    assert assert_pending(record, "h1", 9, calls=2).task_id == first.id
+    assert_not_pending(record, "nothing", 0)
+    ran = run_windows(app, record)
+    assert sorted(r.id for r in ran) == sorted([first.id, other.id])
+    assert sorted((r["id"], r["n"]) for r in runs(runs_dir)) == sorted(
+        [(first.id, 1), (other.id, 3)]
+    )
+    assert debounce_windows(app) == []
+    assert settled(migrated)  # finished, as a worker finishes them
+    flushed = record.delay("h4", 5)
+    assert flush_windows(app, record) == [flushed.id]  # published to the broker
+    assert debounce_windows(app) == []
+    record.delay("h3", 4)
+    assert clear_windows(app) >= 4  # the open one, the flushed one and the two finished
+    assert debounce_windows(app) == []
+    assert sql(migrated, "SELECT count(*) FROM debounce_taken") == [(0,)]
+
+
+# -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 
 def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_dir: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ...errors import DebounceError
@@ -109,9 +109,6 @@ class AppPostgresStore(PostgresStore):
     def collected(self, shard: int, collect_list: str) -> list[bytes]:
         _missing("debounce_collect")
 
-    def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
-        _missing("listing open windows with their payloads (the testing helpers)")
-
     def maxmemory_policy(self) -> str:
         """PostgreSQL never evicts a row."""
         return "noeviction"
@@ -124,9 +121,6 @@ class AppPostgresStore(PostgresStore):
 
     def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
         _missing("cancelling a window (celery debounce cancel, debounce_cancel)")
-
-    def delete_all(self) -> int:
-        _missing("deleting every window (testing.clear_windows)")
 
 
 def postgres_store(settings: Settings) -> AppPostgresStore:

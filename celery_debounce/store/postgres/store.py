@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -99,6 +99,20 @@ _FLUSH = (
 _PENDING = (
     "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
     "max_wait_ms, calls, 'pending', capped FROM debounce_open WHERE ident = %s"
+)
+_PAYLOADS = (
+    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
+    "calls, content_type, payload, options_json FROM debounce_open "
+    "WHERE left(ident, %s) = %s ORDER BY deadline, ident"
+)
+_DELETE_ALL = (
+    "WITH o AS (DELETE FROM debounce_open RETURNING 1), "
+    "t AS (DELETE FROM debounce_taken RETURNING 1), "
+    "q AS (DELETE FROM debounce_quiet RETURNING 1), "
+    "d AS (DELETE FROM debounce_dispatchers RETURNING 1), "
+    "l AS (DELETE FROM debounce_layouts RETURNING 1) "
+    "SELECT (SELECT count(*) FROM o) + (SELECT count(*) FROM t) + (SELECT count(*) FROM q)"
+    " + (SELECT count(*) FROM d) + (SELECT count(*) FROM l)"
 )
 _HELD = (
     "SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
@@ -428,6 +442,34 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
             [(n, ms) for n, ms, alive in beats if alive],
             [(n, ms) for n, ms, alive in beats if not alive],
         )
+
+    def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
+        """Every pending window (whose ident starts with ``prefix``) with its payload and
+        options, in deadline order (the testing helpers' read)."""
+        self._check()
+        found = self._read(
+            lambda conn: conn.execute(_PAYLOADS, (len(prefix or ""), prefix or "")).fetchall()
+        )
+        for task_id, ident, first, deadline, max_wait, calls, ctype, payload, opts in found:
+            yield Record(
+                task_id=task_id,
+                ident=ident,
+                first_seen_ms=int(first),
+                deadline_ms=int(deadline),
+                max_wait_ms=int(max_wait),
+                calls=int(calls),
+                state="pending",
+                content_type=ctype,
+                payload=bytes(payload),
+                options_json=opts,
+            )
+
+    def delete_all(self) -> int:
+        """Delete every window, quiet period, heartbeat and layout (the schema stays);
+        how many rows."""
+        self._check()
+        (deleted,) = self._write(lambda conn: conn.execute(_DELETE_ALL).fetchone(), "clear")
+        return int(deleted)
 
     def pending(self, shard: int, ident: str) -> Record | None:
         """The open window of ``ident``, or None."""

@@ -5,6 +5,7 @@ domain types and the typed errors: no key, script, client or reply of any store.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -550,3 +551,26 @@ def _answers(store: OperatorStore) -> bool:
         return store.ping()
     except DebounceBackendError:
         return False
+
+
+def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all_empties(
+    harness: Harness,
+) -> None:
+    """The testing helpers' reads: every open window with its first call's payload and
+    its call count (only those whose ident starts with the prefix, if given); after
+    ``delete_all``, nothing, and a call opens a new window."""
+    store = harness.build()
+    first = gate(store, "k1", payload=1)
+    gate(store, "k1", payload=2)
+    other = gate(store, "k2", payload=3)
+    listed = [
+        (r.task_id, r.calls, json.loads(r.payload or b"null")[0])
+        for shard in range(store.settings.shards)
+        for r in store.pending_payloads(shard)
+    ]
+    assert sorted(listed) == sorted([(first.task_id, 2, ["k1", 1]), (other.task_id, 1, ["k2", 3])])
+    mine = [r.ident for r in store.pending_payloads(first.call.shard, first.call.ident)]
+    assert mine == [first.call.ident]
+    assert store.delete_all() >= 2
+    assert [r for s in range(store.settings.shards) for r in store.pending_payloads(s)] == []
+    assert gate(store, "k1").result.opened
