@@ -3,9 +3,10 @@
 
 Configured from the environment: PG_STORE (``debounce_store_url``, a postgresql:// URL),
 PG_BROKER (the broker URL: Redis or RabbitMQ), PG_QUEUE (the default queue), PG_RUNS (a
-directory). Every run appends one JSON line to ``<PG_RUNS>/runs.jsonl`` (its task id,
-key and ``n``) and, while ``<PG_RUNS>/block-<key>`` exists, waits: nothing here needs
-Redis.
+directory), PG_DISPATCHER ("0": no embedded dispatcher), PG_ACKS_LATE ("1": acks_late,
+a 2 s visibility timeout on a Redis broker), PG_CLAIM_LEASE (seconds). Every run
+appends one JSON line to ``<PG_RUNS>/runs.jsonl`` (its task id, key and ``n``) and,
+while ``<PG_RUNS>/block-<key>`` exists, waits: nothing here needs Redis.
 """
 
 from __future__ import annotations
@@ -66,3 +67,12 @@ app = build(
     os.environ.get("PG_QUEUE", "celery"),
 )
 app.conf.debounce_dispatcher = os.environ.get("PG_DISPATCHER", "1") == "1"
+if os.environ.get("PG_ACKS_LATE") == "1":  # a killed run is delivered again after 2 s
+    app.conf.task_acks_late = True
+    app.conf.broker_transport_options = {
+        "visibility_timeout": 2,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+if os.environ.get("PG_CLAIM_LEASE"):
+    app.conf.debounce_claim_lease = float(os.environ["PG_CLAIM_LEASE"])

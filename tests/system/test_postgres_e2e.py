@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -322,6 +323,44 @@ def test_a_postgres_restart_mid_stream_loses_no_accepted_call_and_runs_nothing_t
         print(f"{mode}: {n} calls ({during} during), {failed} failed, {unknown} unknown")
     finally:
         server.cleanup()
+
+
+def test_a_worker_killed_mid_run_on_postgres_is_delivered_again_and_its_window_finishes(
+    migrated: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """The whole worker SIGKILLed mid-run (``acks_late``, a 2 s claim lease): its claim
+    goes stale on PostgreSQL, the broker delivers the message again, the new worker's
+    run takes the claim over and finishes the window; the key is not stuck: the next
+    call opens a new window, which runs once."""
+    broker = f"{redis_server}/8"
+    redis.Redis.from_url(broker).flushdb()
+    env = {**env_for(migrated, broker, runs_dir), "PG_ACKS_LATE": "1", "PG_CLAIM_LEASE": "2"}
+    app = build(migrated, broker, str(runs_dir))
+    record = app.tasks["pg.record"]
+    (runs_dir / "block-killed").touch()
+    call = record.delay("killed", 1)
+    with celery_worker("pg_app", tmp_path / "w1.log", env, pool="solo") as worker:
+        wait_until(lambda: runs(runs_dir, "killed"), 30)
+        (state,) = sql(migrated, f"SELECT state FROM debounce_taken WHERE task_id = '{call.id}'")[0]
+        assert state == "claimed"
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    (runs_dir / "block-killed").unlink()
+    with celery_worker("pg_app", tmp_path / "w2.log", env, pool="solo"):
+        wait_until(lambda: len(runs(runs_dir, "killed")) == 2, 40)
+        wait_until(lambda: settled(migrated), 30)
+        nxt = record.delay("killed", 2)
+        assert nxt.id != call.id
+        wait_until(lambda: len(runs(runs_dir, "killed")) == 3, 30)
+        wait_until(lambda: settled(migrated), 30)
+    assert [(r["id"], r["n"]) for r in runs(runs_dir, "killed")] == [
+        (call.id, 1),
+        (call.id, 1),
+        (nxt.id, 2),
+    ]
+    finished = sql(migrated, "SELECT task_id, result_state FROM debounce_taken ORDER BY taken_at")
+    assert finished == [(call.id, "SUCCESS"), (nxt.id, "SUCCESS")]
+    assert "runs again: its previous claim went stale" in (tmp_path / "w2.log").read_text()
 
 
 # -- (e) the testing helpers ---------------------------------------------------------------
