@@ -62,6 +62,9 @@ def is_sentinel_url(url: object) -> bool:
 #: Where a URL starts in a text: its scheme and ``://``.
 _URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _QUOTES = "'\""
+#: A password given as a URL's query parameter (libpq's ``?password=``, ``sslpassword``):
+#: its value runs to the next ``&`` or the URL's end.
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:ssl)?password=)[^&]*")
 
 
 def redact(text: str) -> str:
@@ -72,8 +75,9 @@ def redact(text: str) -> str:
     runs to its **last** ``@`` (before the next URL, a blank, or the quote that opened
     it), so a password pasted with ``;``, ``/``, ``@`` or ``:`` unencoded is hidden
     whole; a user info without ``:`` is hidden whole too (some write a password there).
+    A ``password`` (or ``sslpassword``) query parameter is hidden too.
     """
-    if "@" not in text:
+    if "@" not in text and "password=" not in text.lower():
         return text
     starts = list(_URL_START.finditer(text))
     out: list[str] = []
@@ -87,7 +91,7 @@ def redact(text: str) -> str:
         if before and before in _QUOTES:
             closing = text.find(before, match.end(), end)
             end = closing if closing >= 0 else end
-        segment = text[match.end() : end]
+        segment = _QUERY_SECRET.sub(r"\1***", text[match.end() : end])
         at = segment.rfind("@")
         out.append(text[pos : match.end()])
         if at >= 0:

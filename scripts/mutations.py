@@ -1932,6 +1932,14 @@ MUTATIONS: list[Mutation] = [
         "empties[postgres]",
     ),
     one(
+        "redact leaves a password given as a URL's query parameter",
+        "no password in any error or log line: a postgresql:// URL's ?password= too",
+        PKG + "sentinel.py",
+        '        segment = _QUERY_SECRET.sub(r"\\1***", text[match.end() : end])',
+        "        segment = text[match.end() : end]",
+        "tests/store/test_secrets.py::test_no_password_when_a_postgresql_store_url_is_refused",
+    ),
+    one(
         "gate_many on PostgreSQL goes on sending after a lost reply",
         "a batch whose reply was lost sends nothing more: the calls after it are reported "
         "unwritten, never sent to a server that just failed (each would wait its timeout)",

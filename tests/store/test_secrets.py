@@ -188,6 +188,9 @@ def test_no_password_in_any_error_or_log(
         f"sentinel://:{RAW}@h1:26379;sentinel://h2:26379;sentinel://:{RAW}@h3",
         f"amqp://guest:{RAW}@rabbit:5672//",
         f"'redis://:{RAW}@h:1/0' and \"amqp://u:{RAW}@r//\" in one text",
+        f"postgresql://u:{RAW}@h:5432/db",
+        f"postgresql://h/db?sslmode=require&password={RAW}",
+        f"postgres://h/db?sslpassword={quote(RAW, safe='')}&application_name=x",
     ],
 )
 def test_redact_hides_every_password_whole(url: str) -> None:
@@ -230,4 +233,30 @@ def test_no_password_when_the_broker_refuses_the_dispatcher(
             texts += _texts(exc)
     assert caplog.records  # the failed publish was logged
     texts += [logging.Formatter().format(r) for r in caplog.records]
+    assert not _leaks(texts), _leaks(texts)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://u:{quote(RAW, safe='')}@127.0.0.1:1/db",
+        f"postgresql://127.0.0.1:1/db?password={quote(RAW, safe='')}",
+    ],
+)
+def test_no_password_when_a_postgresql_store_url_is_refused(url: str) -> None:
+    """The errors that quote ``debounce_store_url`` (a Redis-only setting beside it, a
+    second store) hide its password, in the user info or as a query parameter."""
+    from celery import Celery
+
+    from celery_debounce.errors import DebounceConfigError
+    from celery_debounce.settings import Settings
+
+    texts: list[str] = []
+    for conf in ({"debounce_shards": 2}, {"debounce_redis_url": "redis://h:6379/0"}):
+        app = Celery("secrets-pg", set_as_current=False)
+        app.conf.update(broker_url="memory://", debounce_store_url=url, **conf)
+        with pytest.raises(DebounceConfigError) as refused:
+            Settings.from_app(app)
+        texts += _texts(refused.value)
+    assert all("127.0.0.1" in t for t in texts[:2]), texts
     assert not _leaks(texts), _leaks(texts)
