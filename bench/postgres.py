@@ -81,15 +81,87 @@ def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
     ]
 
 
+def drain_rates(redis_url: str, rounds: int, backlog: int) -> list[Row]:
+    """Benchmark 12b: a backlog of ``backlog`` due windows in PostgreSQL drained by 4
+    dispatchers (threads of one process, each its own store and connections) against 1;
+    the rate is windows published per second until the backlog is gone."""
+    import threading
+    import time
+
+    from bench.apps import make_app
+    from celery_debounce import Dispatcher, enqueue_many
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres
+
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        schema = PostgresStore(server.url())
+        schema.migrate()
+        conf = {"debounce_redis_url": None, "debounce_store_url": server.url()}
+        app = make_app(redis_url, **conf)
+        broker = redis.Redis.from_url(app.conf.broker_url)
+        debounced = app.tasks["bench.debounced"]
+
+        def drain(dispatchers: int) -> float:
+            broker.flushdb()
+            calls = [((f"d{next(_ids)}",), {"n": 1}) for _ in range(backlog)]
+            enqueue_many(debounced, calls, debounce="1ms", debounce_max_wait="1ms")
+            time.sleep(0.01)
+            apps = [make_app(redis_url, **conf) for _ in range(dispatchers)]
+            workers = [Dispatcher(a, name=f"bench-{i}") for i, a in enumerate(apps)]
+            done = [0] * dispatchers
+
+            def run(i: int) -> None:
+                while True:
+                    published, _ = workers[i].dispatch_once()
+                    done[i] += published
+                    if not published:
+                        return
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(dispatchers)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            took = time.perf_counter() - start
+            for w in workers:
+                w.close()
+            if sum(done) != backlog or broker.llen("celery") != backlog:
+                raise RuntimeError(f"drained {sum(done)} of {backlog}")
+            return backlog / took
+
+        one: list[float] = []
+        four: list[float] = []
+        for _ in range(rounds):
+            one.append(drain(1))
+            four.append(drain(4))
+        schema.close()
+        broker.flushdb()
+    return [
+        compare(
+            "12b",
+            f"PostgreSQL: {backlog:,} due windows drained by 4 dispatchers",
+            four,
+            "1 dispatcher",
+            one,
+            1,
+            unit="msgs/s",
+            note="dispatchers are threads of one process (2 cores), broker on Redis",
+        )
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     from celery_debounce.testing.servers import LocalRedis
 
     parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--backlog", type=int, default=5000)
     args = parser.parse_args(argv)
     with LocalRedis() as server:
         rows = postgres_rates(server.url, args.rounds, args.calls)
+        rows += drain_rates(server.url, min(args.rounds, 3), args.backlog)
     print(table(rows))
     return 0
 

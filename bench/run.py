@@ -276,12 +276,13 @@ def _threads(ctx: dict[str, Any]) -> list[Row]:
     return concurrent_rates(ctx["app"], ctx["url"], min(ctx["rounds"], 5), calls)
 
 
-@bench("postgres", "12: .delay() with the windows in PostgreSQL vs plain .delay()")
+@bench("postgres", "12: .delay() with the windows in PostgreSQL vs plain .delay(); 4 dispatchers")
 def _postgres(ctx: dict[str, Any]) -> list[Row]:
-    from bench.postgres import postgres_rates
+    from bench.postgres import drain_rates, postgres_rates
 
     n = 1000 if ctx["quick"] else 2000
-    return postgres_rates(ctx["url"], ctx["rounds"], n)
+    rows = postgres_rates(ctx["url"], ctx["rounds"], n)
+    return rows + drain_rates(ctx["url"], min(ctx["rounds"], 3), 2000 if ctx["quick"] else 5000)
 
 
 @bench("rss", "8: producer RSS over many .delay() calls")
