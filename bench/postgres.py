@@ -151,6 +151,72 @@ def drain_rates(redis_url: str, rounds: int, backlog: int) -> list[Row]:
     ]
 
 
+def lateness(redis_url: str, rate: int, seconds: float) -> list[Row]:
+    """Benchmark 12c: ``rate`` windows a second opened in PostgreSQL, each due 500 ms
+    later, with a dispatcher running (its ``LISTEN`` wake-up on): deadline -> the take
+    that leases it for publishing (``taken_at``, the server's clock; the publish follows
+    in the same pass)."""
+    import time
+
+    from bench.apps import make_app
+    from bench.harness import percentile
+    from bench.lateness import paced
+    from celery_debounce import Dispatcher
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres
+
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        schema = PostgresStore(server.url())
+        schema.migrate()
+        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
+        broker = redis.Redis.from_url(app.conf.broker_url)
+        broker.flushdb()
+        debounced = app.tasks["bench.debounced"]
+        dispatcher = Dispatcher(app, name="bench-lateness")
+        dispatcher.start()
+        try:
+            total = paced(
+                rate,
+                seconds,
+                lambda i: debounced.apply_async(
+                    (f"l{i}",), debounce="500ms", debounce_max_wait="60s"
+                ),
+            )
+            deadline = time.monotonic() + 60
+            late: list[float] = []
+            while time.monotonic() < deadline:
+                with schema.pool.connection() as conn:
+                    late = [
+                        float(ms)
+                        for (ms,) in conn.execute(
+                            "SELECT debounce_ms(taken_at) - debounce_ms(deadline) "
+                            "FROM debounce_taken"
+                        ).fetchall()
+                    ]
+                if len(late) >= total:
+                    break
+                time.sleep(0.2)
+        finally:
+            dispatcher.stop()
+            schema.close()
+            broker.flushdb()
+    if len(late) < total:
+        raise RuntimeError(f"{total - len(late)} windows never taken")
+    rows = []
+    for q, limit in (("p50", 10.0), ("p99", 50.0)):
+        row = Row(
+            "12c",
+            f"PostgreSQL: deadline -> taken for publishing {q}, {rate}/s",
+            "ms",
+            [percentile(late, 50 if q == "p50" else 99)],
+            target=f"<= {limit:g} ms",
+        )
+        row.passed = row.median <= limit
+        rows.append(row)
+    rows[0].note = f"{len(late)} windows, worst {max(late):.0f} ms; LISTEN/NOTIFY wake-up on"
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from celery_debounce.testing.servers import LocalRedis
 
@@ -162,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     with LocalRedis() as server:
         rows = postgres_rates(server.url, args.rounds, args.calls)
         rows += drain_rates(server.url, min(args.rounds, 3), args.backlog)
+        rows += lateness(server.url, 500, 4.0)
     print(table(rows))
     return 0
 

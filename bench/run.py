@@ -278,11 +278,12 @@ def _threads(ctx: dict[str, Any]) -> list[Row]:
 
 @bench("postgres", "12: .delay() with the windows in PostgreSQL vs plain .delay(); 4 dispatchers")
 def _postgres(ctx: dict[str, Any]) -> list[Row]:
-    from bench.postgres import drain_rates, postgres_rates
+    from bench.postgres import drain_rates, lateness, postgres_rates
 
     n = 1000 if ctx["quick"] else 2000
     rows = postgres_rates(ctx["url"], ctx["rounds"], n)
-    return rows + drain_rates(ctx["url"], min(ctx["rounds"], 3), 2000 if ctx["quick"] else 5000)
+    rows += drain_rates(ctx["url"], min(ctx["rounds"], 3), 2000 if ctx["quick"] else 5000)
+    return rows + lateness(ctx["url"], 500, 4.0 if ctx["quick"] else 8.0)
 
 
 @bench("rss", "8: producer RSS over many .delay() calls")

@@ -28,7 +28,7 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     redis_server: str, postgres_server: object
 ) -> None:
     """A small run (its own PostgreSQL server; ``postgres_server`` for the skip rule)."""
-    from bench.postgres import drain_rates, postgres_rates
+    from bench.postgres import drain_rates, lateness, postgres_rates
 
     assert "postgres" in BENCHES
     rows = postgres_rates(redis_server, 1, 20)
@@ -39,3 +39,5 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     assert all(r.median > 0 and r.baseline_value for r in rows)
     (drained,) = drain_rates(redis_server, 1, 40)  # it raises unless all 40 were published
     assert drained.median > 0 and drained.baseline_value
+    p50, p99 = lateness(redis_server, 50, 0.4)  # it raises unless every window was taken
+    assert 0 <= p50.median <= p99.median
