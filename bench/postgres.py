@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from typing import Any
 
 import redis
 from celery import Celery
@@ -217,6 +218,49 @@ def lateness(redis_url: str, rate: int, seconds: float) -> list[Row]:
     return rows
 
 
+def storage(redis_url: str, count: int) -> list[Row]:
+    """Benchmark 12d: bytes per open window in PostgreSQL (``debounce_open``'s table,
+    TOAST and indexes, ``pg_total_relation_size``, after ``VACUUM``) at ``count`` open
+    windows, against the Redis store's bytes per open window (``used_memory``) for the
+    same calls, in the same run."""
+    from bench.apps import make_app
+    from bench.memory import bytes_per_open_window, open_windows
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres
+
+    on_redis = bytes_per_open_window(make_app(redis_url), redis_url, count)["info_per_window"]
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        schema = PostgresStore(server.url())
+        schema.migrate()
+        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
+        open_windows(app, count, "user-")  # 1 h windows: all stay open
+        with psycopg_connect(server.url()) as conn:
+            conn.execute("VACUUM ANALYZE debounce_open")
+            (size, rows) = conn.execute(
+                "SELECT pg_total_relation_size('debounce_open'), count(*) FROM debounce_open"
+            ).fetchone()
+        schema.close()
+    if rows != count:
+        raise RuntimeError(f"expected {count} open windows, found {rows}")
+    row = Row(
+        "12d",
+        f"PostgreSQL: bytes per open window ({count:,} open)",
+        "bytes",
+        [size / count],
+        "Redis store, same calls",
+        on_redis,
+    )
+    row.ratio = row.median / on_redis
+    row.note = "table, TOAST and indexes after VACUUM; Redis: used_memory growth"
+    return [row]
+
+
+def psycopg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from celery_debounce.testing.servers import LocalRedis
 
@@ -224,11 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--backlog", type=int, default=5000)
+    parser.add_argument("--open", type=int, default=100_000)
     args = parser.parse_args(argv)
     with LocalRedis() as server:
         rows = postgres_rates(server.url, args.rounds, args.calls)
         rows += drain_rates(server.url, min(args.rounds, 3), args.backlog)
         rows += lateness(server.url, 500, 4.0)
+        rows += storage(server.url, args.open)
     print(table(rows))
     return 0
 

@@ -28,7 +28,7 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     redis_server: str, postgres_server: object
 ) -> None:
     """A small run (its own PostgreSQL server; ``postgres_server`` for the skip rule)."""
-    from bench.postgres import drain_rates, lateness, postgres_rates
+    from bench.postgres import drain_rates, lateness, postgres_rates, storage
 
     assert "postgres" in BENCHES
     rows = postgres_rates(redis_server, 1, 20)
@@ -41,3 +41,5 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     assert drained.median > 0 and drained.baseline_value
     p50, p99 = lateness(redis_server, 50, 0.4)  # it raises unless every window was taken
     assert 0 <= p50.median <= p99.median
+    (stored,) = storage(redis_server, 50)  # it raises unless all 50 windows are open
+    assert stored.median > 0 and stored.baseline_value
