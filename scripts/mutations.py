@@ -1940,6 +1940,15 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_secrets.py::test_no_password_when_a_postgresql_store_url_is_refused",
     ),
     one(
+        "a PostgreSQL call the server does not answer is waited for forever",
+        "a store outage is an error in seconds, never a hang: a stopped server too",
+        PKG + "store/postgres/store.py",
+        "        with guarded(conn, seconds):\n            return fn(conn)",
+        "        if seconds:\n            return fn(conn)",
+        "tests/store/test_postgres_store.py::"
+        "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
+    ),
+    one(
         "gate_many on PostgreSQL goes on sending after a lost reply",
         "a batch whose reply was lost sends nothing more: the calls after it are reported "
         "unwritten, never sent to a server that just failed (each would wait its timeout)",

@@ -82,6 +82,7 @@ class LocalPostgres:
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-postgres-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self._frozen: list[int] = []
         self._as: dict[str, Any] = {}
         if os.geteuid() == 0:
             try:
@@ -194,6 +195,28 @@ class LocalPostgres:
         raise TimeoutError(
             f"postgres did not answer on port {self.port}:\n" + "\n".join(self.log_tail())
         )
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP the server and every process of it (as a hung host: the kernel still
+        acknowledges bytes, nothing answers); :meth:`thaw` continues them. Their pids."""
+        assert self.process is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        )
+        pids = [self.process.pid, *(int(p) for p in found.stdout.split())]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        self._frozen = pids
+        return pids
+
+    def thaw(self) -> None:
+        """SIGCONT what :meth:`freeze` stopped."""
+        for pid in self._frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self._frozen = []
 
     def stop(self, how: int = signal.SIGINT) -> None:
         """Fast shutdown (SIGINT: open sessions are ended); killed if it lingers."""

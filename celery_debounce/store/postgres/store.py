@@ -59,6 +59,7 @@ from .schema import (
 )
 from .sweeps import PostgresSweeps
 from .wake import PostgresWakeListener
+from .watchdog import guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...aliases import FixedId
@@ -498,7 +499,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
         an outage."""
         try:
             with self.pool.connection() as conn:
-                return _answered(fn, conn)
+                return _answered(fn, conn, self.timeout + ANSWER_GRACE)
         except PoolTimeout as exc:
             raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
         except psycopg.OperationalError as exc:
@@ -528,7 +529,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
         :class:`ReplyLost` (an ``OutcomeUnknown``)."""
         conn = self._connection()
         try:
-            return _answered(fn, conn)
+            return _answered(fn, conn, self.timeout + ANSWER_GRACE)
         except psycopg.OperationalError as exc:
             raise ReplyLost(
                 f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
@@ -548,6 +549,10 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
             self.pool.putconn(conn)
 
 
+#: How long past the store's ``timeout`` a call may wait for its answer before its
+#: connection is shut down: the server cancels a statement at ``timeout``
+#: (``statement_timeout``) and answers, unless it is not running at all.
+ANSWER_GRACE = 1.0
 #: SQLSTATEs of a call the server refused before it wrote anything (a read-only
 #: transaction: a standby, ``default_transaction_read_only``; insufficient resources: a
 #: full disk, out of memory; the server is starting or stopping): ``ServerRefused``.
@@ -558,11 +563,14 @@ REFUSED = ("25006", "53", "57P03")
 UNDONE = ("57014", "55P03", "40")
 
 
-def _answered(fn: Any, conn: psycopg.Connection[Any]) -> Any:
+def _answered(fn: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
     """``fn(conn)``, with a call the server answered by refusing or undoing it raised
-    as the store's typed error (nothing was written); other errors as they are."""
+    as the store's typed error (nothing was written); other errors as they are. A call
+    not answered within ``seconds`` has its connection shut down (watchdog.py): a
+    psycopg ``OperationalError``, as for any lost connection."""
     try:
-        return fn(conn)
+        with guarded(conn, seconds):
+            return fn(conn)
     except psycopg.Error as exc:
         state = exc.sqlstate or ""
         if state.startswith(REFUSED):
