@@ -1949,6 +1949,17 @@ MUTATIONS: list[Mutation] = [
         "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
     ),
     one(
+        "a dispatcher's LISTEN on PostgreSQL waits for a server that stopped",
+        "a dispatcher never hangs on its wake-up subscription: a server that stopped is "
+        "an outage within the store's timeout",
+        PKG + "store/postgres/wake.py",
+        "            with guarded(conn, self.store.timeout + 1.0):"
+        "  # a server that stopped: no hang",
+        "            if conn:",
+        "tests/store/test_postgres_store.py::"
+        "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
+    ),
+    one(
         "gate_many on PostgreSQL goes on sending after a lost reply",
         "a batch whose reply was lost sends nothing more: the calls after it are reported "
         "unwritten, never sent to a server that just failed (each would wait its timeout)",

@@ -871,11 +871,15 @@ def test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so(
         proxy.close()
 
 
-def test_a_server_that_stops_answering_fails_each_call_within_its_timeout() -> None:
+@pytest.mark.timeout(30)  # a hang (the mutations without the watchdog) ends sooner
+def test_a_server_that_stops_answering_fails_each_call_within_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A server that stops (SIGSTOP: its kernel still acknowledges bytes and keepalives,
     nothing answers): a write fails as ``OutcomeUnknown`` and a read as
     ``StoreUnavailable``, each within the store's timeout and a second, never a hang;
-    once it runs again, calls are answered on new connections."""
+    once it runs again, calls are answered on new connections. A dispatcher's
+    ``LISTEN`` on a server that stops is ``StoreUnavailable`` as soon."""
     server = LocalPostgres().start()
     store = PostgresStore(server.url(), timeout=1.0)
     try:
@@ -903,6 +907,26 @@ def test_a_server_that_stops_answering_fails_each_call_within_its_timeout() -> N
         assert wait_until(answered, 20)
         joined = store.gate(call("t:a"))
         assert joined.task_id == first.task_id and joined.calls in (2, 3)  # the lost one ran?
+
+        # a dispatcher's LISTEN: the server stops right after its connection was made
+        connect = psycopg.connect
+
+        def connect_then_freeze(*args: object, **kwargs: object) -> object:
+            made = connect(*args, **kwargs)  # type: ignore[arg-type]
+            server.freeze()
+            return made
+
+        listener = store.wake_listener()
+        monkeypatch.setattr(psycopg, "connect", connect_then_freeze)
+        started = time.monotonic()
+        try:
+            with pytest.raises(StoreUnavailable):
+                listener.subscribe()
+        finally:
+            server.thaw()
+            monkeypatch.undo()
+        assert time.monotonic() - started < 1.0 + 1.0 + 2.0
+        assert not listener.subscribed
     finally:
         store.close()
         server.cleanup()

@@ -13,6 +13,7 @@ from psycopg import sql as pg_sql
 
 from ..domain import StoreUnavailable
 from .schema import _safe, _schema_error
+from .watchdog import guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import PostgresStore
@@ -44,9 +45,10 @@ class PostgresWakeListener:
         except psycopg.Error as exc:
             raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
         try:
-            row = conn.execute("SELECT debounce_wake_channel()").fetchone()
-            assert row is not None
-            conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(row[0])))
+            with guarded(conn, self.store.timeout + 1.0):  # a server that stopped: no hang
+                row = conn.execute("SELECT debounce_wake_channel()").fetchone()
+                assert row is not None
+                conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(row[0])))
         except psycopg.Error as exc:
             conn.close()
             if isinstance(exc, pg_errors.UndefinedFunction):
