@@ -13,28 +13,43 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
 
 from bench.harness import Row, compare, interleaved, table
 
+if TYPE_CHECKING:
+    from celery_debounce.store.postgres import PostgresStore
+
 _ids = itertools.count()
+
+
+@contextmanager
+def _migrated(redis_url: str) -> Iterator[tuple[PostgresStore, dict[str, object]]]:
+    """A private PostgreSQL server (``synchronous_commit`` on) with the schema: a store
+    on it (closed after), and the settings that point a bench app's windows at it."""
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres
+
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        store = PostgresStore(server.url())
+        try:
+            store.migrate()
+            yield store, {"debounce_redis_url": None, "debounce_store_url": server.url()}
+        finally:
+            store.close()
 
 
 def postgres_rates(redis_url: str, rounds: int, n: int) -> list[Row]:
     """The rows of benchmark 12; ``redis_url`` is the broker's server."""
     from bench.apps import make_app
-    from celery_debounce.store.postgres import PostgresStore
-    from celery_debounce.testing.postgres import LocalPostgres
 
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        schema = PostgresStore(server.url())
-        schema.migrate()
-        schema.close()
-        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
-        return _rates(app, rounds, n)
+    with _migrated(redis_url) as (_, conf):
+        return _rates(make_app(redis_url, **conf), rounds, n)
 
 
 def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
@@ -91,13 +106,8 @@ def drain_rates(redis_url: str, rounds: int, backlog: int) -> list[Row]:
 
     from bench.apps import make_app
     from celery_debounce import Dispatcher, enqueue_many
-    from celery_debounce.store.postgres import PostgresStore
-    from celery_debounce.testing.postgres import LocalPostgres
 
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        schema = PostgresStore(server.url())
-        schema.migrate()
-        conf = {"debounce_redis_url": None, "debounce_store_url": server.url()}
+    with _migrated(redis_url) as (_, conf):
         app = make_app(redis_url, **conf)
         broker = redis.Redis.from_url(app.conf.broker_url)
         debounced = app.tasks["bench.debounced"]
@@ -136,7 +146,6 @@ def drain_rates(redis_url: str, rounds: int, backlog: int) -> list[Row]:
         for _ in range(rounds):
             one.append(drain(1))
             four.append(drain(4))
-        schema.close()
         broker.flushdb()
     return [
         compare(
@@ -163,13 +172,9 @@ def lateness(redis_url: str, rate: int, seconds: float) -> list[Row]:
     from bench.harness import percentile
     from bench.lateness import paced
     from celery_debounce import Dispatcher
-    from celery_debounce.store.postgres import PostgresStore
-    from celery_debounce.testing.postgres import LocalPostgres
 
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        schema = PostgresStore(server.url())
-        schema.migrate()
-        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
+    with _migrated(redis_url) as (schema, conf):
+        app = make_app(redis_url, **conf)
         broker = redis.Redis.from_url(app.conf.broker_url)
         broker.flushdb()
         debounced = app.tasks["bench.debounced"]
@@ -199,7 +204,6 @@ def lateness(redis_url: str, rate: int, seconds: float) -> list[Row]:
                 time.sleep(0.2)
         finally:
             dispatcher.stop()
-            schema.close()
             broker.flushdb()
     if len(late) < total:
         raise RuntimeError(f"{total - len(late)} windows never taken")
@@ -225,21 +229,17 @@ def storage(redis_url: str, count: int) -> list[Row]:
     same calls, in the same run."""
     from bench.apps import make_app
     from bench.memory import bytes_per_open_window, open_windows
-    from celery_debounce.store.postgres import PostgresStore
-    from celery_debounce.testing.postgres import LocalPostgres
 
     on_redis = bytes_per_open_window(make_app(redis_url), redis_url, count)["info_per_window"]
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        schema = PostgresStore(server.url())
-        schema.migrate()
-        app = make_app(redis_url, debounce_redis_url=None, debounce_store_url=server.url())
-        open_windows(app, count, "user-")  # 1 h windows: all stay open
-        with psycopg_connect(server.url()) as conn:
+    with _migrated(redis_url) as (schema, conf):
+        open_windows(make_app(redis_url, **conf), count, "user-")  # 1 h windows: all stay open
+        with schema.pool.connection() as conn:  # autocommit: VACUUM runs outside a transaction
             conn.execute("VACUUM ANALYZE debounce_open")
-            (size, rows) = conn.execute(
+            measured = conn.execute(
                 "SELECT pg_total_relation_size('debounce_open'), count(*) FROM debounce_open"
             ).fetchone()
-        schema.close()
+        assert measured is not None
+        size, rows = measured
     if rows != count:
         raise RuntimeError(f"expected {count} open windows, found {rows}")
     row = Row(
@@ -253,12 +253,6 @@ def storage(redis_url: str, count: int) -> list[Row]:
     row.ratio = row.median / on_redis
     row.note = "table, TOAST and indexes after VACUUM; Redis: used_memory growth"
     return [row]
-
-
-def psycopg_connect(url: str) -> Any:
-    import psycopg
-
-    return psycopg.connect(url, autocommit=True)
 
 
 def main(argv: list[str] | None = None) -> int:
