@@ -176,12 +176,18 @@ class LocalCluster:
         raise LookupError(f"no replica of {port}")
 
     def kill(self, port: int) -> None:
-        """SIGKILL the node on ``port`` (no persistence: it comes back empty)."""
+        """SIGKILL the node on ``port``; it comes back empty.
+
+        A node that once full-synced as a replica holds that copy as ``dump.rdb``
+        (received to disk), which a restart would load, with its replication offset,
+        and keep by a partial resync: old keys would come back. The copy goes too."""
         node = self.node(port)
         assert node.process is not None
         node.process.kill()
         node.process.wait(10)
         node.process = None
+        for rdb in Path(node.dir).glob("*.rdb"):
+            rdb.unlink()
 
     def restart(self, port: int, timeout: float = 30.0) -> None:
         """Start a killed node again (it rejoins as a replica) and wait for the cluster.

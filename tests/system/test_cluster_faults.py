@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ class Stream:
 
     task: Any
     interval: float = 0.003
+    #: Keys new to this test: a node that restarts with an old copy cannot pass it off
+    #: as this test's calls.
+    prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     accepted: list[tuple[float, str]] = field(default_factory=list)
     errors: list[tuple[float, str, BaseException]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -53,7 +57,7 @@ class Stream:
         def run() -> None:
             n = 0
             while not self._stop.is_set():
-                key = f"s{n}"
+                key = f"{self.prefix}-s{n}"
                 n += 1
                 try:
                     self.task.delay(key)
