@@ -448,8 +448,8 @@ MUTATIONS: list[Mutation] = [
         "cancel sent again without its per-call token",
         "at most once: a cancel whose reply was lost answers once; its result is revoked",
         PKG + "store/operators.py",
-        "args = [ident, task_id, self.settings.history_ttl_ms, token]",
-        'args = [ident, task_id, self.settings.history_ttl_ms, ""]',
+        "[ident, task_id, self.settings.history_ttl_ms, token]",
+        '[ident, task_id, self.settings.history_ttl_ms, ""]',
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]",
     ),
     one(
@@ -1839,6 +1839,24 @@ MUTATIONS: list[Mutation] = [
         "tests/producer/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]",
     ),
     # -- the PostgreSQL store (store/postgres/schema.sql, store.py) --------------------
+    one(
+        "debounce_cancel acts again on a token it has answered",
+        "at most once on PostgreSQL: a cancel whose reply was lost answers with what it "
+        "dropped (its result is revoked)",
+        PKG + "store/postgres/schema_2.sql",
+        "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE c.token = p_token;",
+        "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE false;",
+        PGC + "test_a_cancel_whose_reply_is_lost_gets_its_first_answer_and_acts_once[postgres]",
+    ),
+    one(
+        "debounce_cancel drops a window of another id",
+        "a by-id cancel on PostgreSQL never drops a newer window of the key",
+        PKG + "store/postgres/schema_2.sql",
+        "        WHERE o.ident = p_ident AND (p_task_id = '' OR o.task_id = p_task_id)",
+        "        WHERE o.ident = p_ident",
+        PGC + "test_a_cancel_by_id_spares_a_newer_window_and_a_taken_window_is_not_cancelled"
+        "[postgres]",
+    ),
     one(
         "debounce_claim runs a finished window again",
         "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",

@@ -4,6 +4,7 @@ parsed: faults are matched on the bytes a client sends).
 * ``drop_next(marker)``: the next client message containing ``marker`` (a function's
   name in the query text) is passed on, the server answers it, and the client's socket
   is closed instead of passing the reply back: the call ran, its reply is lost;
+  With ``then_refuse``, every connection is refused from then on, as by ``refuse()``;
 * ``refuse()``: every client connection is closed and new ones are closed at once,
   until ``disarm()``.
 
@@ -24,13 +25,15 @@ class PgProxy:
         self.port: int = self.listener.getsockname()[1]
         self._lock = threading.Lock()
         self._marker: bytes | None = None
+        self._then_refuse = False
         self._refusing = False
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def drop_next(self, marker: bytes) -> None:
+    def drop_next(self, marker: bytes, then_refuse: bool = False) -> None:
         with self._lock:
             self._marker = marker
+            self._then_refuse = then_refuse
 
     def refuse(self) -> None:
         with self._lock:
@@ -78,6 +81,8 @@ class PgProxy:
         with self._lock:
             if self._marker is not None and self._marker in data:
                 self._marker = None
+                if self._then_refuse:
+                    self._refusing = True  # new connections: refused from now on
                 return True
         return False
 
@@ -94,6 +99,10 @@ class PgProxy:
                 sink.sendall(data)
                 if dropped:
                     time.sleep(0.3)  # the server runs it and answers
+                    with self._lock:
+                        refusing = self._refusing
+                    if refusing:
+                        self.refuse()  # and every other open connection closes
                     return
         except OSError:
             pass

@@ -50,11 +50,10 @@ from .codec import (
     parse_reply,
 )
 from .connect import transport_for
-from .domain import ClaimResult, FinishNotReplicated, FinishResult
+from .domain import CancelOutcomeUnknown, ClaimResult, FinishNotReplicated, FinishResult
 from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
-    CancelOutcomeUnknown,
     NotReplicated,
     is_error_reply,
     is_outage,

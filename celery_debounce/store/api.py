@@ -32,8 +32,7 @@ from .codec import (
     TakenEntry,
     TakeResult,
 )
-from .domain import ClaimResult, FinishResult, ShardRef
-from .errors import CancelOutcomeUnknown
+from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, ShardRef
 from .records import Record
 
 if TYPE_CHECKING:  # pragma: no cover

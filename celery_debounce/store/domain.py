@@ -8,7 +8,10 @@ Each error is a subclass of the public error callers already catch
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from ..errors import (
     DebounceBackendError,
@@ -21,6 +24,7 @@ from .errors import NotReplicated
 
 __all__ = [
     "AliasesFull",
+    "CancelOutcomeUnknown",
     "ClaimResult",
     "FinishNotReplicated",
     "FinishResult",
@@ -31,6 +35,7 @@ __all__ = [
     "ServerRefused",
     "ShardRef",
     "StoreUnavailable",
+    "cancel_until_known",
 ]
 
 #: A shard as the store hands it out and takes it back: opaque outside the store.
@@ -62,6 +67,43 @@ class ReplyLost(OutcomeUnknown):
     outage); ``refused``: the link failed on the store's refusal, so it did not run."""
 
     refused: bool = False
+
+
+class CancelOutcomeUnknown(OutcomeUnknown):
+    """A cancel whose reply was lost and that the store did not answer again in time;
+    ``token`` names what it dropped if it ran (:meth:`~.api.OperatorStore.cancelled_by`)."""
+
+    def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
+        super().__init__(message)
+        self.shard, self.ident, self.token = shard, ident, token
+
+
+_Reply = TypeVar("_Reply")
+
+
+def cancel_until_known(
+    send: Callable[[str], _Reply], shard: int, ident: str, patience_s: float
+) -> tuple[str, _Reply]:
+    """``(token, send(token))`` for a cancel under a new token. The store keeps each
+    cancel's reply under its token and answers a token it has seen with that reply, never
+    acting twice: a lost reply is sent again for ``patience_s``, then raises
+    :class:`CancelOutcomeUnknown`. An error of a send that never ran is raised as is."""
+    token = uuid.uuid4().hex
+    deadline = time.monotonic() + patience_s
+    lost: OutcomeUnknown | None = None
+    while True:
+        try:
+            return token, send(token)
+        except DebounceBackendError as exc:
+            if isinstance(exc, OutcomeUnknown):
+                lost = lost or exc
+            elif lost is None:
+                raise  # nothing ran: a plain error
+            if time.monotonic() >= deadline:
+                raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
+                    lost.__cause__ or lost
+                )
+            time.sleep(0.05)
 
 
 class PayloadTooLarge(DebouncePayloadError, DebounceBackendError):

@@ -94,15 +94,6 @@ CONTRACT_MISMATCH = "DEBOUNCE_CONTRACT_MISMATCH"
 _CONTRACT = re.compile(CONTRACT_MISMATCH + r" producer (\w+) gate (\w+)")
 
 
-class CancelOutcomeUnknown(DebounceOutcomeUnknown):
-    """A cancel whose reply was lost and that Redis did not answer again in time; its
-    token names the key that holds its reply if it ran (:meth:`WindowStore.cancelled_by`)."""
-
-    def __init__(self, message: str, shard: int, ident: str, token: str) -> None:
-        super().__init__(message)
-        self.shard, self.ident, self.token = shard, ident, token
-
-
 class NotReplicated(DebounceOutcomeUnknown):
     """A worker's mark (``claim``, ``finish``) ran on the master but fewer replicas than
     ``debounce_redis_wait_replicas`` acknowledged it (``WAIT``): a failover may discard

@@ -3,7 +3,6 @@ reads of windows, counters and liveness, flush, cancel and clear."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.commands.core import Script
 
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
+from ..errors import DebounceBackendError
 from ..settings import Settings
 from ..tags import shard_wake_channel
 from .checks import combined_policy
 from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
 from .doctor import DoctorOps
-from .errors import CancelOutcomeUnknown, translate_errors
+from .domain import CancelOutcomeUnknown, cancel_until_known
+from .errors import translate_errors
 from .keys import (
     active_key,
     alive_key,
@@ -209,28 +209,17 @@ class Operators(DoctorOps, Liveness):
         """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
         given); what was dropped, or None."""
         tag = self.tag(shard)
-        # cancel.lua keeps its reply under a per-call token: after a lost reply the same
-        # call is sent again and gets the first answer (a repeat never acts twice), so a
-        # caller learns which window it dropped and can revoke its result
-        token = uuid.uuid4().hex
         keys = [open_key(tag, ident), due_key(tag), stats_key(tag)]
-        args = [ident, task_id, self.settings.history_ttl_ms, token]
-        deadline = time.monotonic() + max(self.settings.redis_timeout_s, 1.0) * 3
-        lost: DebounceOutcomeUnknown | None = None
-        while True:
-            try:
-                reply = self.run_once("cancel", keys, args)
-                break
-            except DebounceBackendError as exc:
-                if isinstance(exc, DebounceOutcomeUnknown):
-                    lost = lost or exc
-                elif lost is None:
-                    raise  # nothing ran: a plain error
-                if time.monotonic() >= deadline:
-                    raise CancelOutcomeUnknown(str(lost), shard, ident, token) from (
-                        lost.__cause__ or lost
-                    )
-                time.sleep(0.05)
+        # cancel.lua keeps its reply under the call's token: a caller learns which
+        # window it dropped, even after a lost reply, and can revoke its result
+        token, reply = cancel_until_known(
+            lambda token: self.run_once(
+                "cancel", keys, [ident, task_id, self.settings.history_ttl_ms, token]
+            ),
+            shard,
+            ident,
+            max(self.settings.redis_timeout_s, 1.0) * 3,
+        )
         return self._cancel_result(shard, ident, token, reply)
 
     def _cancel_result(self, shard: int, ident: str, token: str, reply: Any) -> Cancelled | None:

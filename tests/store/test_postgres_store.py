@@ -363,6 +363,33 @@ def test_migrate_upgrades_an_older_schema_and_refuses_a_newer_one(
         store.migrate()
 
 
+def test_migrate_upgrades_a_version_1_database_keeping_its_windows(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """A database created by a package of schema version 1 (schema.sql alone), with a
+    window open: each upgrade step runs, the window stays, and what the steps add
+    works (cancel, version 2)."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(pg_schema.schema_sql().encode())
+        assert conn.execute("SELECT version FROM debounce_schema").fetchone() == (1,)
+        conn.execute(
+            "INSERT INTO debounce_open (ident, task_id, first_seen, deadline, max_wait_ms, "
+            "content_type, payload, options_json) VALUES ('tasks.t:k', 'kept', now(), "
+            "now() + interval '1 minute', 60000, 'application/json', '\\x00', '{}')"
+        )
+    old = make_store()
+    with pytest.raises(SchemaTooOld, match="version 1"):
+        old.gate(call())
+    assert old.migrate() == (1, SCHEMA_VERSION)
+    store = make_store()
+    joined = store.gate(call())
+    assert (joined.task_id, joined.calls) == ("kept", 2)
+    cancelled = store.cancel(0, "tasks.t:k")
+    assert cancelled is not None and cancelled.record.task_id == "kept"
+    assert rows(database, "open") == []
+    assert make_store().migrate() == (SCHEMA_VERSION, SCHEMA_VERSION)  # again: nothing
+
+
 def test_concurrent_migrations_create_the_schema_once(
     make_store: Callable[..., PostgresStore],
 ) -> None:

@@ -29,9 +29,11 @@ from helpers import celery_worker, debounce_command, wait_until
 from pg_app import MAX_WAIT_S, WINDOW_S, build
 from rabbitmq_node import RabbitNode, own_queue
 
-from celery_debounce import enqueue_many
+from celery_debounce import WindowNotFound, enqueue_many
 from celery_debounce.errors import DebounceBackendError, DebounceConfigError, DebounceOutcomeUnknown
 from celery_debounce.settings import Settings, settings_for
+from celery_debounce.store.keys import window_ident
+from celery_debounce.store.postgres import SCHEMA_VERSION
 from celery_debounce.testing import (
     assert_not_pending,
     assert_pending,
@@ -219,11 +221,15 @@ def test_migrate_creates_the_schema_then_a_worker_starts(
     env = env_for(database, f"{redis_server}/5", runs_dir)
     first = migrate(env, "-j")
     assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout) == {"store": "postgresql", "before": None, "after": 1}
-    assert sql(database, "SELECT version FROM debounce_schema") == [(1,)]
+    assert json.loads(first.stdout) == {
+        "store": "postgresql",
+        "before": None,
+        "after": SCHEMA_VERSION,
+    }
+    assert sql(database, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
     again = migrate(env)
     assert again.returncode == 0, again.stderr
-    assert "version 1: up to date" in again.stdout
+    assert f"version {SCHEMA_VERSION}: up to date" in again.stdout
     with pg_worker(env, tmp_path / "worker.log") as proc:
         assert proc.poll() is None
 
@@ -401,6 +407,32 @@ def test_the_testing_helpers_list_run_and_clear_windows_on_postgres(
     assert sql(migrated, "SELECT count(*) FROM debounce_taken") == [(0,)]
 
 
+def test_cancel_on_postgres_drops_the_window_and_revokes_its_result(
+    migrated: str, runs_dir: Path
+) -> None:
+    app = build(migrated, "memory://", str(runs_dir))
+    app.conf.result_backend = "cache+memory://"
+    record = app.tasks["pg.record"]
+    first = record.delay("c1", 1)
+    record.delay("c1", 2)
+    info = record.debounce_cancel("c1")
+    assert (info.task_id, info.calls, info.key) == (first.id, 2, "k:c1")
+    assert app.AsyncResult(first.id).state == "REVOKED"
+    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+    with pytest.raises(WindowNotFound):
+        record.debounce_cancel("c1")
+    assert record.delay("c1", 3).id != first.id  # a new window
+
+    env = env_for(migrated, "memory://", runs_dir)
+    other = record.delay("c2", 1)
+    done = debounce_command("pg_app", env, "cancel", "--task", "pg.record", "--key", "k:c2", "-j")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["task_id"] == other.id
+    assert sql(migrated, "SELECT ident FROM debounce_open") == [
+        (window_ident("pg.record", "k:c1"),)
+    ]
+
+
 # -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 
@@ -417,7 +449,8 @@ def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_di
     for verb in (
         ["inspect"],
         ["stats"],
-        ["cancel", "--task", "pg.record", "--key", "k:x"],
+        ["cancel", "--id", "any-id"],
+        ["cancel", "--all", "--force"],
         ["flush", "--all", "--task", "pg.record"],
         ["top", "--plain", "--iterations", "1"],
         ["exporter", "--port", "0"],

@@ -2,7 +2,7 @@
 :class:`AppPostgresStore`, built by :func:`~celery_debounce.store.store_for`.
 
 It is :class:`~celery_debounce.store.postgres.PostgresStore` (the producer's,
-dispatcher's and worker's roles, and the operators' ping, liveness and flush) with every
+dispatcher's and worker's roles, and the operators' ping, liveness, flush and cancel) with every
 other member of the store contract present and refusing: each raises
 :class:`NotOnPostgres`, naming the feature and saying it is not available on the
 PostgreSQL store yet, so a caller gets one clear error, never an ``AttributeError``.
@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ...errors import DebounceError
-from ..codec import Cancelled, CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
+from ..codec import CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
 from ..domain import ShardRef
-from ..errors import CancelOutcomeUnknown
 from ..records import Record
 from .store import PostgresStore
 
@@ -115,12 +114,6 @@ class AppPostgresStore(PostgresStore):
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         _missing("flushing windows in bulk (celery debounce flush --all)")
-
-    def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
-        _missing("cancelling a window (celery debounce cancel, debounce_cancel)")
-
-    def cancelled_by(self, lost: CancelOutcomeUnknown) -> Cancelled | None:
-        _missing("cancelling a window (celery debounce cancel, debounce_cancel)")
 
 
 def postgres_store(settings: Settings) -> AppPostgresStore:

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 #: The schema version this package reads and writes (``debounce_schema.version``).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: The oldest server the schema is written for (``server_version_num // 10000``).
 MIN_SERVER_VERSION = 13
 #: What creates or upgrades the schema.
@@ -28,13 +28,22 @@ MIGRATE_COMMAND = "celery -A proj debounce migrate"
 #: ``pg_advisory_xact_lock`` key that serializes concurrent migrations ("debounce").
 MIGRATE_LOCK = 0x6465626F756E6365
 
-#: version n -> the SQL that upgrades a schema of version n to n + 1 (none yet).
-UPGRADES: dict[int, str] = {}
+
+def _sql(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text("utf-8")
+
+
+#: version n -> the SQL that upgrades a schema of version n to n + 1
+#: (``schema_<n + 1>.sql``). A new database gets ``schema.sql`` (version 1), then each.
+UPGRADES: dict[int, str] = {
+    version: _sql(f"schema_{version + 1}.sql") for version in range(1, SCHEMA_VERSION)
+}
 
 
 def schema_sql() -> str:
-    """The SQL that creates the schema of :data:`SCHEMA_VERSION` (``schema.sql``)."""
-    return resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+    """The SQL that creates the schema of version 1 (``schema.sql``): :func:`upgrade_sql`
+    from 1 takes it to :data:`SCHEMA_VERSION`."""
+    return _sql("schema.sql")
 
 
 def upgrade_sql(found: int) -> list[str]:

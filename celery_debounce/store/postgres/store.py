@@ -45,6 +45,7 @@ from ..domain import (
 )
 from ..records import Record
 from .bulk import PostgresBulk
+from .cancel import PostgresCancel
 from .runs import PostgresRuns
 from .schema import (
     MIGRATE_LOCK,
@@ -136,19 +137,18 @@ def _migrate(conn: psycopg.Connection[Any]) -> int | None:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
         found = _read_version(conn)
-        if found is None:
-            conn.execute(schema_sql().encode())
-        elif found > SCHEMA_VERSION:
+        if found is not None and found > SCHEMA_VERSION:
             error = refusal(found)
             assert isinstance(error, SchemaTooNew)
             raise error
-        else:
-            for step in upgrade_sql(found):
-                conn.execute(step.encode())
-            conn.execute(
-                "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()",
-                (SCHEMA_VERSION,),
-            )
+        if found is None:
+            conn.execute(schema_sql().encode())  # version 1
+        for step in upgrade_sql(found or 1):
+            conn.execute(step.encode())
+        conn.execute(
+            "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()",
+            (SCHEMA_VERSION,),
+        )
         return found
 
 
@@ -161,7 +161,7 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk):
+class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'

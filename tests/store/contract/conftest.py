@@ -35,8 +35,8 @@ class Harness:
 
     name: str
     _build: Callable[[dict[str, Any]], Store]
-    #: arm a lost reply: ``(store, operation)``; None where the harness cannot
-    _lose: Callable[[Store, str], None] | None = None
+    #: arm a lost reply: ``(store, operation, then_refuse)``; None where it cannot
+    _lose: Callable[[Store, str, bool], None] | None = None
     #: ``(down)``: refuse every connection (True) or serve again (False); None: cannot
     _outage: Callable[[bool], None] | None = None
     #: why the implementation does not promise at-most-once (None: it does)
@@ -51,11 +51,12 @@ class Harness:
         self.built.append(store)
         return store
 
-    def lose_next_reply(self, store: Store, operation: str) -> None:
-        """The next ``operation`` on ``store`` runs, and its reply is lost."""
+    def lose_next_reply(self, store: Store, operation: str, then_refuse: bool = False) -> None:
+        """The next ``operation`` on ``store`` runs, and its reply is lost; with
+        ``then_refuse``, the server is unreachable from then on (until ``outage(False)``)."""
         if self._lose is None:
             pytest.skip(f"{self.name}: no way to lose a reply in this harness")
-        self._lose(store, operation)
+        self._lose(store, operation, then_refuse)
 
     def outage(self, down: bool) -> None:
         """Make the server unreachable (``down``) or reachable again."""
@@ -112,9 +113,10 @@ def _single(request: pytest.FixtureRequest) -> Harness:
             )
         )
 
-    def lose(store: Store, operation: str) -> None:
+    def lose(store: Store, operation: str, then_refuse: bool) -> None:
         assert isinstance(store, WindowStore)
-        proxy.arm("drop", evalsha_of(store.scripts[_SCRIPT_OF[operation]].sha))
+        sha = store.scripts[_SCRIPT_OF[operation]].sha
+        proxy.arm("drop", evalsha_of(sha), then_refuse=then_refuse)
 
     def outage(down: bool) -> None:
         if down:
@@ -151,7 +153,7 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
 POSTGRES_NOT_YET = {
     "test_the_store_satisfies_every_role": (
         "postgres: the operators' reads and actions (list_step, "
-        "census_step, counts, snapshot, cancel, ...) are not implemented yet"
+        "census_step, counts, snapshot, ...) are not implemented yet"
     ),
     "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next": (
         "postgres: debounce_collect is not implemented yet (refused at the gate)"
@@ -161,8 +163,8 @@ POSTGRES_NOT_YET = {
     ),
     # tests/store/test_gate_model.py
     "test_the_store_matches_the_model_on_a_real_clock": (
-        "postgres: the model uses cancel and debounce_collect, neither implemented yet, "
-        "and a view of the store's state (StateView), none written for its tables yet"
+        "postgres: the model uses debounce_collect, not implemented yet, and a view of "
+        "the store's state (StateView), none written for its tables yet"
     ),
 }
 
@@ -209,8 +211,8 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
         store: Store = PostgresStore(url, settings, timeout=1.0)
         return store
 
-    def lose(store: Store, operation: str) -> None:
-        proxy.drop_next(_FUNCTION_OF[operation])
+    def lose(store: Store, operation: str, then_refuse: bool) -> None:
+        proxy.drop_next(_FUNCTION_OF[operation], then_refuse)
 
     def outage(down: bool) -> None:
         if down:

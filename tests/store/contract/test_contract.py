@@ -30,6 +30,7 @@ from celery_debounce.store.api import (
 )
 from celery_debounce.store.codec import GateResult, TakenWindow
 from celery_debounce.store.domain import (
+    CancelOutcomeUnknown,
     ClaimResult,
     FinishResult,
     OutcomeUnknown,
@@ -412,6 +413,84 @@ def test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_wr
     assert ok.result.opened and ok.result.calls == 1
 
 
+# -- cancel -----------------------------------------------------------------------------
+
+
+def test_a_cancelled_window_never_runs_and_the_next_call_opens_a_new_one(store: Store) -> None:
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    alias = gate(store, "k", window="1ms", max_wait="1s", task_id="fixed-by-a-caller")
+    shard, ident = first.call.shard, first.call.ident
+    assert alias.task_id == first.task_id
+    cancelled = store.cancel(shard, ident)
+    assert cancelled is not None
+    assert (cancelled.record.task_id, cancelled.record.calls) == (first.task_id, 2)
+    assert [json.loads(a)["id"] for a in cancelled.aliases] == ["fixed-by-a-caller"]
+    assert store.pending(shard, ident) is None
+    time.sleep(0.05)
+    assert store.take(shard, 10).windows == []  # due by now, and gone
+    assert store.cancel(shard, ident) is None  # nothing open
+    again = gate(store, "k").result
+    assert again.opened and again.task_id != first.task_id
+
+
+def test_a_cancel_by_id_spares_a_newer_window_and_a_taken_window_is_not_cancelled(
+    store: Store,
+) -> None:
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard, ident = first.call.shard, first.call.ident
+    (taken,) = take_due(store, shard)
+    assert store.cancel(shard, ident) is None  # taken: the broker's
+    newer = gate(store, "k")
+    assert newer.result.opened
+    assert store.cancel(shard, ident, first.task_id) is None  # not the window now open
+    assert store.pending(shard, ident) is not None
+    cancelled = store.cancel(shard, ident, newer.task_id)
+    assert cancelled is not None and cancelled.record.task_id == newer.task_id
+    assert store.ack(shard, [taken.task_id]) == 1  # the taken window went on as it was
+
+
+def test_a_cancel_whose_reply_is_lost_gets_its_first_answer_and_acts_once(
+    harness: Harness,
+) -> None:
+    """The cancel is sent again with the same token, and the store answers it with what
+    the first one dropped (acting again would find nothing and answer None)."""
+    _at_most_once(harness)
+    store = harness.build()
+    first = gate(store, "k")
+    shard, ident = first.call.shard, first.call.ident
+    assert store.cancel(shard, "t:nothing-open") is None  # (loads Redis' script first)
+    harness.lose_next_reply(store, "cancel")
+    cancelled = store.cancel(shard, ident)
+    assert cancelled is not None and cancelled.record.task_id == first.task_id
+    assert gate(store, "k").result.opened
+
+
+def test_a_cancel_whose_reply_stays_lost_is_unknown_until_cancelled_by_reads_it(
+    harness: Harness,
+) -> None:
+    _at_most_once(harness)
+    store = harness.build()
+    first = gate(store, "k")
+    gate(store, "k")
+    shard, ident = first.call.shard, first.call.ident
+    assert store.cancel(shard, "t:nothing-open") is None
+    harness.lose_next_reply(store, "cancel", then_refuse=True)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CancelOutcomeUnknown) as lost:
+            store.cancel(shard, ident)
+        assert time.monotonic() - started < 10  # an error in seconds, never a hang
+        with pytest.raises(DebounceBackendError):
+            store.cancelled_by(lost.value)  # unreachable: not "it did not run"
+    finally:
+        harness.outage(False)
+    assert wait_until(lambda: _answers(store))
+    cancelled = store.cancelled_by(lost.value)
+    assert cancelled is not None
+    assert (cancelled.record.task_id, cancelled.record.calls) == (first.task_id, 2)
+    assert store.pending(shard, ident) is None
+
+
 def test_the_call_that_reaches_max_calls_closes_the_window_and_the_next_opens_one(
     store: Store,
 ) -> None:
@@ -532,6 +611,7 @@ def test_an_unreachable_store_raises_its_typed_error_and_writes_nothing(harness:
         lambda: store.finish_run(shard, task_id, "SUCCESS"),
         lambda: store.renew_claims({shard: [task_id]}),
         lambda: store.flush(shard, first.call.ident),
+        lambda: store.cancel(shard, first.call.ident),
     ]
     harness.outage(True)
     try:
