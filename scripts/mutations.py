@@ -1849,6 +1849,14 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_a_cancel_whose_reply_is_lost_gets_its_first_answer_and_acts_once[postgres]",
     ),
     one(
+        "a PostgreSQL listing step starts at its cursor's window again",
+        "inspect on PostgreSQL lists each open window once, in deadline order",
+        PKG + "store/postgres/inspect.py",
+        "AND (deadline, ident) > (%s::timestamptz, %s)",
+        "AND (deadline, ident) >= (%s::timestamptz, %s)",
+        PGC + "test_open_windows_are_listed_in_deadline_order_in_bounded_steps_by_task[postgres]",
+    ),
+    one(
         "debounce_cancel drops a window of another id",
         "a by-id cancel on PostgreSQL never drops a newer window of the key",
         PKG + "store/postgres/schema_2.sql",

@@ -2,8 +2,8 @@
 :class:`AppPostgresStore`, built by :func:`~celery_debounce.store.store_for`.
 
 It is :class:`~celery_debounce.store.postgres.PostgresStore` (the producer's,
-dispatcher's and worker's roles, and the operators' ping, liveness, flush and cancel) with every
-other member of the store contract present and refusing: each raises
+dispatcher's and worker's roles, and the operators' reads and actions) with the
+counters, the gauges and ``collected`` present and refusing: each raises
 :class:`NotOnPostgres`, naming the feature and saying it is not available on the
 PostgreSQL store yet, so a caller gets one clear error, never an ``AttributeError``.
 """
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ...errors import DebounceError
-from ..codec import CensusRow, ListStep, ShardCounts, ShardSnapshot, TakenEntry
+from ..codec import CensusRow, ShardCounts, ShardSnapshot
 from ..domain import ShardRef
-from ..records import Record
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +40,6 @@ def _missing(feature: str) -> NoReturn:
     raise NotOnPostgres(feature)
 
 
-_INSPECT = "inspecting windows (celery debounce inspect, DebounceAdmin.windows and find)"
 _STATS = "window statistics (celery debounce stats)"
 _GAUGES = "the store's gauges (celery debounce top, the exporter, doctor)"
 
@@ -62,28 +59,6 @@ class AppPostgresStore(PostgresStore):
         return shard if isinstance(shard, str) else self.settings.tag(shard)
 
     # -- OperatorStore: what is not there yet ------------------------------------------
-
-    def taken(self, task_id: str) -> tuple[int, Record] | None:
-        _missing(_INSPECT)
-
-    def list_step(
-        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
-    ) -> ListStep:
-        _missing(_INSPECT)
-
-    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
-        _missing(_INSPECT)
-
-    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
-        _missing(_INSPECT)
-
-    def find_step(
-        self, shard: int, cursor: str, task_id: str, count: int
-    ) -> tuple[str, str | None]:
-        _missing(_INSPECT)
-
-    def waits_for(self, shard: int, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
-        _missing(_INSPECT)
 
     def census_step(
         self, shard: int, cursor: str, count: int, now_ms: int
@@ -111,9 +86,6 @@ class AppPostgresStore(PostgresStore):
     def maxmemory_policy(self) -> str:
         """PostgreSQL never evicts a row."""
         return "noeviction"
-
-    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        _missing("flushing windows in bulk (celery debounce flush --all)")
 
 
 def postgres_store(settings: Settings) -> AppPostgresStore:

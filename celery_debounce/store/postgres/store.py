@@ -46,6 +46,7 @@ from ..domain import (
 from ..records import Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
+from .inspect import PostgresInspect
 from .runs import PostgresRuns
 from .schema import (
     MIGRATE_LOCK,
@@ -161,7 +162,7 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel):
+class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, PostgresInspect):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'

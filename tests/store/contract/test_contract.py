@@ -38,6 +38,8 @@ from celery_debounce.store.domain import (
     ReplaceRefused,
     StoreUnavailable,
 )
+from celery_debounce.store.keys import ident_prefix, shard_of, window_ident
+from celery_debounce.store.records import Record
 from celery_debounce.worker.retry_queue import worth_keeping
 
 from .conftest import Harness
@@ -71,8 +73,9 @@ def gate(
     settings: Settings | None = None,
     replace_payload: bool = False,
     serializer: str = "json",
+    task: str = "t",
 ) -> Gated:
-    """One call of task ``t`` keyed ``key`` through :meth:`ProducerStore.gate`."""
+    """One call of ``task`` keyed ``key`` through :meth:`ProducerStore.gate`."""
     spec = build_spec(
         window,
         "{0}",
@@ -88,7 +91,7 @@ def gate(
     kwargs = {"pad": pad} if pad else {}
     call = prepare_call(
         settings or store.settings,
-        "t",
+        task,
         spec,
         (key, payload),
         kwargs,
@@ -411,6 +414,105 @@ def test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_wr
         gate(store, "k", collect=True, pad="x" * 200, settings=producer)
     ok = gate(store, "k", collect=True)  # nothing was written: this call opens the window
     assert ok.result.opened and ok.result.calls == 1
+
+
+# -- the operators' reads -----------------------------------------------------------------
+
+
+def _listed(store: OperatorStore, shard: int, prefix: str, step: int) -> list[Record]:
+    """Every open window of ``shard`` whose ident starts with ``prefix``, by steps of
+    ``step`` (each step's cursor passed to the next, as read_view.walk_pending does)."""
+    found: list[Record] = []
+    start, skip = "-inf", 0
+    for _ in range(100):
+        listed = store.list_step(shard, start, skip, step, step, prefix, b"")
+        assert listed.examined <= step and len(listed.windows) <= step
+        found += listed.windows
+        if listed.done or listed.examined == 0:
+            return found
+        start, skip = listed.cursor, listed.at_cursor
+    raise AssertionError("the listing did not end")
+
+
+def _keys_of_one_shard(store: Store, n: int, task: str = "t") -> list[str]:
+    """``n`` keys of ``task`` whose windows are in one shard (a store may have several)."""
+    shards = store.settings.shards
+    keys = [f"k{i}" for i in range(50 * n)]
+    first = shard_of(window_ident(task, keys[0]), shards)
+    return [k for k in keys if shard_of(window_ident(task, k), shards) == first][:n]
+
+
+def test_open_windows_are_listed_in_deadline_order_in_bounded_steps_by_task(
+    store: Store,
+) -> None:
+    keys = _keys_of_one_shard(store, 7)
+    calls = [gate(store, key, window=f"{60 - i}s", max_wait="5m") for i, key in enumerate(keys)]
+    other = gate(store, "k0", task="other")
+    shard = calls[0].call.shard
+    assert {c.call.shard for c in calls} == {shard}
+    for step in (1, 3, 100):
+        listed = _listed(store, shard, ident_prefix("t"), step)
+        assert [r.task_id for r in listed] == [c.task_id for c in reversed(calls)]
+        assert [r.ident for r in listed] == [c.call.ident for c in reversed(calls)]
+        assert all(r.calls == 1 for r in listed)
+    assert [r.task_id for r in _listed(store, other.call.shard, ident_prefix("other"), 2)] == [
+        other.task_id
+    ]
+
+
+def test_a_window_is_found_by_id_while_open_and_read_by_id_in_each_state_once_taken(
+    store: Store,
+) -> None:
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard, task_id = first.call.shard, first.task_id
+    cursor, ident = "0", None
+    for _ in range(1000):
+        cursor, ident = store.find_step(shard, cursor, task_id, 100)
+        if ident is not None or cursor == "0":
+            break
+    assert ident == first.call.ident
+    assert store.taken(task_id) is None  # open: not taken
+    take_due(store, shard)
+    assert store.find_step(shard, "0", task_id, 100)[1] is None
+
+    def seen(set_name: str) -> list[str | None]:
+        page = store.taken_page(shard, set_name, 0, 100)
+        return [e.record.state for e in page if e.record and e.task_id == task_id]
+
+    found = store.taken(task_id)
+    assert found is not None and found[0] == shard
+    assert (found[1].state, found[1].ident) == ("dispatching", first.call.ident)
+    assert seen("leased") == ["dispatching"] and seen("active") == []
+    store.ack(shard, [task_id])
+    assert seen("leased") == [] and seen("active") == ["queued"]
+    store.claim(shard, task_id, "t")
+    assert seen("active") == ["claimed"]
+    assert store.taken(task_id)[1].state == "claimed"  # type: ignore[index]
+    quarantined = gate(store, "q", window="1ms", max_wait="1s")
+    take_due(store, quarantined.call.shard)
+    store.quarantine(quarantined.call.shard, quarantined.task_id, "cannot make a message")
+    (entry,) = store.taken_page(quarantined.call.shard, "quarantine", 0, 100)
+    assert entry.record is not None and entry.record.state == "quarantined"
+    assert entry.record.error is not None and "cannot make a message" in entry.record.error
+
+
+def test_a_leading_runs_quiet_period_end_is_read_and_flush_many_flushes_each_window(
+    store: Store,
+) -> None:
+    lead = gate(store, "lead", leading=True, window="1h", max_wait="2h")
+    shard = lead.call.shard
+    now = store.time_ms()
+    (taken,) = take_due(store, shard)
+    found = store.taken(taken.task_id)
+    assert found is not None and found[1].leading
+    ends = store.quiet_ends(shard, [found[1]])
+    assert set(ends) == {lead.task_id}
+    assert now + 3_000_000 < ends[lead.task_id] <= now + 3_700_000  # about an hour on
+    windows = [gate(store, key) for key in _keys_of_one_shard(store, 3)]
+    shard = windows[0].call.shard
+    pairs = [(w.call.ident, w.task_id) for w in windows]
+    assert store.flush_many(shard, [*pairs, (windows[0].call.ident, "not-its-id")]) == 3
+    assert sorted(w.task_id for w in take_due(store, shard)) == sorted(w.task_id for w in windows)
 
 
 # -- cancel -----------------------------------------------------------------------------
