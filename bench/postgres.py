@@ -6,13 +6,16 @@ of the same arguments to the same Redis broker. The PostgreSQL server is a priva
 (celery_debounce/testing/postgres.py, ``synchronous_commit`` on: a call's commit is
 flushed to the WAL before it returns, as a production server's is).
 
-    python -m bench.postgres [--rounds 7] [--calls 2000]
+    python -m bench.postgres [--rounds 7] [--calls 2000] [--open 100000] [--churn 1000000]
+    python -m bench.postgres --only-churn   # row 12e alone (about 8 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -29,13 +32,16 @@ _ids = itertools.count()
 
 
 @contextmanager
-def _migrated(redis_url: str) -> Iterator[tuple[PostgresStore, dict[str, object]]]:
-    """A private PostgreSQL server (``synchronous_commit`` on) with the schema: a store
-    on it (closed after), and the settings that point a bench app's windows at it."""
+def _migrated(
+    redis_url: str, **server_settings: str
+) -> Iterator[tuple[PostgresStore, dict[str, object]]]:
+    """A private PostgreSQL server (``synchronous_commit`` on, and ``server_settings``)
+    with the schema: a store on it (closed after), and the settings that point a bench
+    app's windows at it."""
     from celery_debounce.store.postgres import PostgresStore
     from celery_debounce.testing.postgres import LocalPostgres
 
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+    with LocalPostgres(settings={"synchronous_commit": "on", **server_settings}) as server:
         store = PostgresStore(server.url())
         try:
             store.migrate()
@@ -255,6 +261,107 @@ def storage(redis_url: str, count: int) -> list[Row]:
     return [row]
 
 
+#: One call's body (a key argument, the embed), as a producer writes it.
+_BODY = json.dumps([["user-1"], {}, {"callbacks": None, "errbacks": None, "chain": None}])
+#: ``debounce_gate`` for the windows ``g`` of ``generate_series(first, last)``: idents
+#: ``<prefix><g>``, ids ``<prefix>-<g>``, the given window and max wait (ms).
+_GATE_SERIES = (
+    "SELECT count(*) FROM generate_series(%s::bigint, %s::bigint) AS g, LATERAL "
+    "debounce_gate('bench.t:' || %s || g, %s || '-' || g, %s, %s, 'application/json', "
+    "%s, '{}', false, false, NULL, NULL, NULL, false, 8, NULL, '') AS x"
+)
+_CLAIM_ALL = (
+    "SELECT count(*) FROM unnest(%s::text[]) AS t, LATERAL debounce_claim(t, 60000, false, false)"
+)
+_FINISH_ALL = (
+    "SELECT count(*) FROM unnest(%s::text[]) AS t, LATERAL debounce_finish(t, 'SUCCESS', 1)"
+)
+_SIZE = (
+    "SELECT pg_total_relation_size('debounce_open') + pg_total_relation_size('debounce_taken') "
+    "+ pg_total_relation_size('debounce_quiet')"
+)
+
+
+def churn(live: int, total: int, naptime: str, batch: int = 5_000) -> list[Row]:
+    """Benchmark 12e: the window tables' size after ``total`` windows went through their
+    whole life (opened, taken, published, claimed, finished, swept) while ``live``
+    windows stayed open, against the size of those ``live`` windows alone, in the same
+    run. Each step is the store's own function (``debounce_gate``, ``debounce_take``,
+    ``debounce_ack``, ``debounce_claim``, ``debounce_finish``, ``debounce_sweep``),
+    called for a batch of windows in one statement; autovacuum runs as configured (the
+    tables' own thresholds, the server's ``autovacuum_naptime``), and a plain ``VACUUM``
+    (what autovacuum runs; never ``FULL``) ends the run before the size is read.
+
+    Dead index entries pile up between two autovacuum rounds (a window's state changes
+    are not HOT updates: ``state`` is indexed), and an index keeps the pages it grew
+    to: the size is set by how many windows go through between rounds, the naptime
+    times the rate (here the most this machine does)."""
+    import psycopg
+
+    body = _BODY.encode()
+    with (
+        _migrated("", autovacuum_naptime=naptime) as (store, _),
+        psycopg.connect(store.url, autocommit=True) as batches,
+    ):
+        batches.execute("SET statement_timeout = 0")  # a batch is many calls in one
+
+        def run(query: str, args: tuple[object, ...]) -> int:
+            row = batches.execute(query, args).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
+
+        def size() -> int:
+            batches.execute("VACUUM ANALYZE debounce_open, debounce_taken, debounce_quiet")
+            return run(_SIZE, ())
+
+        run(_GATE_SERIES, (1, live, "live", "live", 3_600_000, 7_200_000, body))
+        live_size = size()
+        started = time.perf_counter()
+        for first in range(1, total + 1, batch):
+            last = min(first + batch - 1, total)
+            opened = run(_GATE_SERIES, (first, last, "c", "c", 1, 1000, body))
+            time.sleep(0.002)  # every window of the batch due
+            ids: list[str] = []
+            while len(ids) < opened:
+                ids += [w.task_id for w in store.take(0, batch).windows]
+            store.ack(0, ids)
+            assert run(_CLAIM_ALL, (ids,)) == len(ids)
+            run(_FINISH_ALL, (ids,))
+            time.sleep(0.005)  # every record past its 1 ms history
+            while run("SELECT debounce_sweep(%s)", (batch,)) >= batch:
+                pass
+        seconds = time.perf_counter() - started
+        left = run("SELECT count(*) FROM debounce_taken", ())
+        open_now = run("SELECT count(*) FROM debounce_open", ())
+        after = size()
+    if open_now != live or left != 0:
+        raise RuntimeError(f"expected {live} open windows and no records, {open_now}, {left}")
+    row = Row(
+        "12e",
+        f"PostgreSQL: window tables after {total:,} windows' whole life, {live:,} open, "
+        f"autovacuum_naptime {naptime}",
+        "bytes",
+        [float(after)],
+        f"the {live:,} open windows alone, same run",
+        float(live_size),
+    )
+    row.ratio = after / live_size
+    row.target = "<= 2x"
+    row.passed = row.ratio <= 2.0
+    row.note = (
+        f"{total / seconds:,.0f} windows/s through their life; table, TOAST and indexes "
+        "after a plain VACUUM"
+    )
+    return [row]
+
+
+def churns(live: int, total: int) -> list[Row]:
+    """Row 12e with PostgreSQL's default naptime (1 min) and with the 10 s
+    docs/stores.md recommends for this store."""
+    rows = churn(live, total, "10s") + churn(live, total, "60s")
+    rows[1].bench, rows[1].target, rows[1].passed = "12e'", "", None
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from celery_debounce.testing.servers import LocalRedis
 
@@ -263,12 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--backlog", type=int, default=5000)
     parser.add_argument("--open", type=int, default=100_000)
+    parser.add_argument("--churn", type=int, default=1_000_000)
+    parser.add_argument("--only-churn", action="store_true", help="only row 12e")
     args = parser.parse_args(argv)
+    if args.only_churn:
+        print(table(churns(args.open, args.churn)))
+        return 0
     with LocalRedis() as server:
         rows = postgres_rates(server.url, args.rounds, args.calls)
         rows += drain_rates(server.url, min(args.rounds, 3), args.backlog)
         rows += lateness(server.url, 500, 4.0)
         rows += storage(server.url, args.open)
+    rows += churns(args.open, args.churn)
     print(table(rows))
     return 0
 

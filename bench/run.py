@@ -278,13 +278,14 @@ def _threads(ctx: dict[str, Any]) -> list[Row]:
 
 @bench("postgres", "12: .delay() with the windows in PostgreSQL vs plain .delay(); 4 dispatchers")
 def _postgres(ctx: dict[str, Any]) -> list[Row]:
-    from bench.postgres import drain_rates, lateness, postgres_rates, storage
+    from bench.postgres import churns, drain_rates, lateness, postgres_rates, storage
 
     n = 1000 if ctx["quick"] else 2000
     rows = postgres_rates(ctx["url"], ctx["rounds"], n)
     rows += drain_rates(ctx["url"], min(ctx["rounds"], 3), 2000 if ctx["quick"] else 5000)
     rows += lateness(ctx["url"], 500, 4.0 if ctx["quick"] else 8.0)
-    return rows + storage(ctx["url"], 20_000 if ctx["quick"] else 100_000)
+    rows += storage(ctx["url"], 20_000 if ctx["quick"] else 100_000)
+    return rows + (churns(20_000, 100_000) if ctx["quick"] else churns(100_000, 1_000_000))
 
 
 @bench("rss", "8: producer RSS over many .delay() calls")

@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_history_ttl": 3600,
     "debounce_record_ttl": 7 * 86400,
     "debounce_redis_timeout": 2.0,
+    "debounce_postgres_timeout": 5.0,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
     "debounce_redis_sentinel_master": None,
@@ -138,6 +139,9 @@ class Settings:
     #: ``debounce_store_url`` when it selects the PostgreSQL store (``postgresql://``
     #: or ``postgres://``); None: the Redis store at ``redis_url``
     postgres_url: str | None = None
+    #: the PostgreSQL store's call timeout: the wait for a pooled connection and each
+    #: connection's ``statement_timeout`` (at most)
+    postgres_timeout_s: float = 5.0
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -165,6 +169,7 @@ class Settings:
             return parse_duration(name, get(name))
 
         postgres_url = None
+        chosen_here = not redis_url  # else an override (eager mode): the app's store aside
         if not redis_url:
             redis_url, postgres_url = _store_urls(
                 app, get("debounce_redis_url"), get("debounce_store_url")
@@ -201,7 +206,18 @@ class Settings:
             on_outage=str(check_on_outage(get("debounce_on_outage"), allow_none=False)),
             outage_probe_interval_ms=duration("debounce_outage_probe_interval"),
             postgres_url=postgres_url,
+            postgres_timeout_s=duration("debounce_postgres_timeout") / 1000,
         )
+        if (
+            chosen_here
+            and postgres_url is None
+            and conf.get("debounce_postgres_timeout") is not None
+        ):
+            raise DebounceConfigError(
+                "debounce_postgres_timeout is a setting of the PostgreSQL store, but the "
+                "windows are in Redis (debounce_store_url is not a postgresql:// URL): "
+                "remove it, or set debounce_redis_timeout"
+            )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
         parse_bool("debounce_dispatcher_process", get("debounce_dispatcher_process"))

@@ -28,7 +28,7 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     redis_server: str, postgres_server: object
 ) -> None:
     """A small run (its own PostgreSQL server; ``postgres_server`` for the skip rule)."""
-    from bench.postgres import drain_rates, lateness, postgres_rates, storage
+    from bench.postgres import churn, drain_rates, lateness, postgres_rates, storage
 
     assert "postgres" in BENCHES
     rows = postgres_rates(redis_server, 1, 20)
@@ -46,3 +46,6 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     with LocalRedis() as own:  # the Redis half flushes its server: not the session's
         (stored,) = storage(own.url, 50)  # it raises unless all 50 windows are open
     assert stored.median > 0 and stored.baseline_value
+    # it raises unless every window went through and the 30 stayed open
+    (churned,) = churn(30, 600, "10s", batch=200)
+    assert churned.median > 0 and churned.baseline_value and churned.ratio

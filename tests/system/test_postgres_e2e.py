@@ -516,6 +516,16 @@ def test_bad_store_settings_are_refused_clearly_and_nothing_written(
         settings(debounce_store_url=migrated, debounce_redis_url="redis://localhost/0")
     with pytest.raises(DebounceConfigError, match="debounce_shards is a setting of the Redis"):
         settings(debounce_store_url=migrated, debounce_shards=2)
+    with pytest.raises(DebounceConfigError, match="debounce_postgres_timeout='soon'"):
+        settings(debounce_store_url=migrated, debounce_postgres_timeout="soon")
+    with pytest.raises(DebounceConfigError, match="debounce_postgres_timeout=0"):
+        settings(debounce_store_url=migrated, debounce_postgres_timeout=0)
+    with pytest.raises(DebounceConfigError, match="debounce_postgres_timeout is a setting of"):
+        settings(debounce_redis_url="redis://h:6379/3", debounce_postgres_timeout=2)
+    assert (
+        settings(debounce_store_url=migrated, debounce_postgres_timeout="2s").postgres_timeout_s
+        == 2
+    )
     # a redis:// store URL is the Redis store; postgres:// the PostgreSQL one
     assert settings(debounce_store_url="redis://h:6379/3").redis_url == "redis://h:6379/3"
     assert settings(debounce_store_url="redis://h:6379/3").postgres_url is None
@@ -527,6 +537,28 @@ def test_bad_store_settings_are_refused_clearly_and_nothing_written(
     with pytest.raises(DebounceConfigError, match="name different stores"):
         app.tasks["pg.record"].delay("refused", 1)
     assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+
+
+def test_a_call_blocked_on_the_server_fails_within_debounce_postgres_timeout(
+    migrated: str, runs_dir: Path
+) -> None:
+    """A call waiting on a lock another session holds is cancelled by the server at
+    ``debounce_postgres_timeout`` (each connection's ``statement_timeout``), with
+    nothing written: an error within that timeout, not the default 5 s."""
+    app = build(migrated, "memory://", str(runs_dir))
+    app.conf.debounce_postgres_timeout = 1.5
+    record = app.tasks["pg.record"]
+    first = record.delay("locked", 1)
+    with psycopg.connect(migrated) as holder:  # a transaction holds the window's row
+        holder.execute("SELECT 1 FROM debounce_open FOR UPDATE").fetchall()
+        started = time.monotonic()
+        with pytest.raises(DebounceBackendError, match="nothing written") as refused:
+            record.delay("locked", 2)
+        took = time.monotonic() - started
+    assert not isinstance(refused.value, DebounceOutcomeUnknown)
+    assert 1.0 <= took < 4.0, took
+    assert sql(migrated, "SELECT task_id, calls FROM debounce_open") == [(first.id, 1)]
+    assert record.delay("locked", 3).id == first.id  # answered again at once
 
 
 def test_without_the_postgres_extra_one_line_says_what_to_install(

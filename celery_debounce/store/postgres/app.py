@@ -91,7 +91,7 @@ class AppPostgresStore(PostgresStore):
 def postgres_store(settings: Settings) -> AppPostgresStore:
     """The app's PostgreSQL store (``settings.postgres_url``)."""
     assert settings.postgres_url is not None
-    store = AppPostgresStore(settings.postgres_url, settings)
+    store = AppPostgresStore(settings.postgres_url, settings, timeout=settings.postgres_timeout_s)
     _built.add(store)
     return store
 
