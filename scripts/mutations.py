@@ -1857,6 +1857,15 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_open_windows_are_listed_in_deadline_order_in_bounded_steps_by_task[postgres]",
     ),
     one(
+        "the PostgreSQL store ignores debounce_postgres_timeout",
+        "a call blocked on PostgreSQL fails within debounce_postgres_timeout",
+        PKG + "store/postgres/app.py",
+        ", timeout=settings.postgres_timeout_s)",
+        ")",
+        "tests/system/test_postgres_e2e.py::"
+        "test_a_call_blocked_on_the_server_fails_within_debounce_postgres_timeout",
+    ),
+    one(
         "debounce_cancel drops a window of another id",
         "a by-id cancel on PostgreSQL never drops a newer window of the key",
         PKG + "store/postgres/schema_2.sql",
