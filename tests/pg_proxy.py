@@ -68,7 +68,15 @@ class PgProxy:
                 _close(client)
                 continue
             with self._lock:
-                self._sockets += [client, server]
+                # refuse() may have run since the check above: it closed only the
+                # sockets it knew of
+                refusing = self._refusing
+                if not refusing:
+                    self._sockets += [client, server]
+            if refusing:
+                _close(client)
+                _close(server)
+                continue
             dropping = threading.Event()  # this connection's reply is being dropped
             threading.Thread(
                 target=self._pipe, args=(client, server, True, dropping), daemon=True

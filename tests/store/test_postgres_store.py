@@ -892,6 +892,9 @@ def test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so(
         # x may have run (once: never sent again); y and z were never sent
         assert [r[0] for r in rows(database, "open")] in (["t:warm", "t:x"], ["t:warm"])
         proxy.refuse()
+        # the pool's connection made after the drop is closed now: probe it, so that
+        # the call below cannot be sent on it before its close is seen (a lost reply)
+        through.pool.check()
         with pytest.raises(StoreUnavailable):
             through.gate_many([call("t:refused")])
     finally:
