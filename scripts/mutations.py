@@ -1843,7 +1843,7 @@ MUTATIONS: list[Mutation] = [
         "debounce_cancel acts again on a token it has answered",
         "at most once on PostgreSQL: a cancel whose reply was lost answers with what it "
         "dropped (its result is revoked)",
-        PKG + "store/postgres/schema_2.sql",
+        PKG + "store/postgres/schema_3.sql",
         "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE c.token = p_token;",
         "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE false;",
         PGC + "test_a_cancel_whose_reply_is_lost_gets_its_first_answer_and_acts_once[postgres]",
@@ -1868,9 +1868,10 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_cancel drops a window of another id",
         "a by-id cancel on PostgreSQL never drops a newer window of the key",
-        PKG + "store/postgres/schema_2.sql",
+        PKG + "store/postgres/schema_3.sql",
+        "    WITH gone AS (\n        DELETE FROM debounce_open o\n"
         "        WHERE o.ident = p_ident AND (p_task_id = '' OR o.task_id = p_task_id)",
-        "        WHERE o.ident = p_ident",
+        "    WITH gone AS (\n        DELETE FROM debounce_open o\n        WHERE o.ident = p_ident",
         PGC + "test_a_cancel_by_id_spares_a_newer_window_and_a_taken_window_is_not_cancelled"
         "[postgres]",
     ),
@@ -1887,7 +1888,7 @@ MUTATIONS: list[Mutation] = [
         "debounce_take leaves a lapsed claim stale when a duplicate was skipped under it",
         "at least once on PostgreSQL: a skipped delivery's window is published again when "
         "its claim lapses",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "    SET state = CASE WHEN t.redelivered THEN 'dispatching'\n",
         "    SET state = CASE WHEN false THEN 'dispatching'\n",
         PGC + "test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again[postgres]",
@@ -1895,7 +1896,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_take takes an exclusive window while its key runs",
         "debounce_exclusive on PostgreSQL: runs of one key never overlap",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "        WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))",
         "        WHERE o.deadline <= v_now",
         PGC + "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"
@@ -1904,7 +1905,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_gate reuses a fixed id whose window was taken",
         "a caller id in use is never reused on PostgreSQL (a record overwritten)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "            EXISTS (SELECT 1 FROM debounce_taken t WHERE t.task_id = p_task_id)",
         "            false",
         PGC + "test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_"
@@ -2007,7 +2008,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "edge calls of one ident on PostgreSQL are not serialized",
         "a leading burst runs its leading run once on PostgreSQL (racing first calls)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));\n",
         "",
         "tests/store/test_postgres_store.py::"
@@ -2016,7 +2017,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_gate sends no wake-up for a new earliest window on PostgreSQL",
         "a dispatcher sleeping until a later deadline wakes for an earlier one (NOTIFY)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "        -- the earliest deadline now: a dispatcher sleeping until a later one wakes\n"
         "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
         "        NULL;\n",
@@ -2026,9 +2027,9 @@ MUTATIONS: list[Mutation] = [
     one(
         "a flushed window on PostgreSQL wakes no dispatcher",
         "a window made due now (flush, the cap, a leading run) wakes a dispatcher (NOTIFY)",
-        PKG + "store/postgres/schema.sql",
-        "    IF FOUND THEN  -- due now: wake a dispatcher (sent at commit)",
-        "    IF false THEN",
+        PKG + "store/postgres/schema_3.sql",
+        "    PERFORM pg_notify(debounce_wake_channel(), '');  -- due now (sent at commit)",
+        "    NULL;",
         "tests/store/test_postgres_store.py::"
         "test_a_flush_wakes_a_listener_a_later_deadline_does_not",
     ),
@@ -2138,7 +2139,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a lapsed PostgreSQL claim of the last delivery goes stale",
         'rule "every id resolves": the whole worker killed on the last delivery (PostgreSQL)',
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "                     WHEN t.last_delivery THEN 'queued' ELSE 'stale' END,",
         "                     WHEN false THEN 'queued' ELSE 'stale' END,",
         PGC + "test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_sweep"
@@ -2223,5 +2224,57 @@ MUTATIONS: list[Mutation] = [
         "    if settings.postgres_url is None:\n        return WindowStore(settings)",
         "    if True:\n        return WindowStore(settings)",
         "tests/system/test_postgres_e2e.py::test_a_real_worker_runs_debounced_windows_from_postgres",
+    ),
+    Mutation(
+        "a PostgreSQL collect window's body is built in the take's own statement",
+        "a collect call committed while the take ran is in the body it took (PostgreSQL)",
+        (
+            Edit(
+                PKG + "store/postgres/schema_3.sql",
+                "               m.content_type, m.payload, m.options_json, 'dispatching', v_now,"
+                " v_until, 1,",
+                "               m.content_type, CASE WHEN m.collect_budget IS NULL THEN m.payload"
+                " ELSE '\\x5b5b5b'::bytea || (SELECT string_agg(c.element, '\\x2c'::bytea"
+                " ORDER BY c.seq) FROM debounce_calls c WHERE c.task_id = m.task_id)"
+                " || '\\x5d5d2c7b7d2c'::bytea || m.payload || '\\x5d'::bytea END,"
+                " m.options_json, 'dispatching', v_now, v_until, 1,",
+            ),
+            Edit(
+                PKG + "store/postgres/schema_3.sql",
+                "        PERFORM debounce_splice(v_collect);",
+                "        DELETE FROM debounce_calls c WHERE c.task_id = ANY (v_collect);",
+            ),
+        ),
+        (
+            "tests/store/test_postgres_store.py::"
+            "test_a_collect_call_committed_while_the_take_ran_is_in_the_body_it_took",
+        ),
+    ),
+    one(
+        "a cancelled PostgreSQL collect window's calls stay behind",
+        "a cancelled collect window leaves nothing behind (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "    DELETE FROM debounce_calls c USING debounce_cancelled k\n",
+        "    SELECT FROM debounce_calls c, debounce_cancelled k\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_cancelled_collect_window_leaves_no_calls_behind",
+    ),
+    one(
+        "a full PostgreSQL collect window is joined past its budget",
+        "a collect window's body is never over debounce_max_payload_bytes (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "               OR w.collect_bytes + 1 + octet_length(v_element) <= w.collect_budget)",
+        "               OR true)",
+        PGC + "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next"
+        "[postgres]",
+    ),
+    one(
+        "a PostgreSQL call of the other collect mode joins the open window",
+        "a call of the other mode closes the open window and opens its own (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "        WHERE (w.collect_budget IS NULL) = (p_budget IS NULL)\n",
+        "        WHERE true\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_collect_window_closes_at_its_cap_and_a_call_of_the_other_mode_opens_its_own",
     ),
 ]

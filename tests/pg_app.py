@@ -6,7 +6,8 @@ PG_BROKER (the broker URL: Redis or RabbitMQ), PG_QUEUE (the default queue), PG_
 directory), PG_DISPATCHER ("0": no embedded dispatcher), PG_ACKS_LATE ("1": acks_late,
 a 2 s visibility timeout on a Redis broker), PG_CLAIM_LEASE (seconds). Every run
 appends one JSON line to ``<PG_RUNS>/runs.jsonl`` (its task id, key and ``n``) and,
-while ``<PG_RUNS>/block-<key>`` exists, waits: nothing here needs Redis.
+while ``<PG_RUNS>/block-<key>`` exists, waits; a run of ``pg.collect`` (debounce_collect)
+appends its task id, key and every call's ``n`` (``ns``). Nothing here needs Redis.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from celery import Celery
 
-from celery_debounce import DebouncedTask
+from celery_debounce import DebouncedCall, DebouncedTask
 
 #: the debounce window and max wait of ``pg.record``
 WINDOW_S = 0.3
@@ -56,6 +57,24 @@ def build(store_url: str, broker_url: str, runs: str, queue: str = "celery") -> 
         while (Path(runs) / f"block-{key}").exists():
             time.sleep(0.05)
         return key
+
+    @app.task(
+        base=DebouncedTask,
+        name="pg.collect",
+        bind=True,
+        shared=False,
+        debounce=WINDOW_S,
+        debounce_key="c:{0}",
+        debounce_max_wait=MAX_WAIT_S,
+        debounce_collect=True,
+    )
+    def collect(self: DebouncedTask, calls: list[DebouncedCall]) -> int:
+        key = calls[0].args[0]
+        ns = [c.args[1] for c in calls]
+        line = json.dumps({"id": self.request.id, "key": key, "ns": ns, "at": time.time()})
+        with open(Path(runs) / "runs.jsonl", "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        return len(calls)
 
     return app
 

@@ -21,12 +21,12 @@ from pg_proxy import PgProxy
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_debounce.aliases import FixedId
-from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec
-from celery_debounce.store.codec import GateResult
+from celery_debounce.store.codec import GateResult, TakenWindow
 from celery_debounce.store.domain import (
     OutcomeUnknown,
+    PayloadTooLarge,
     ReplaceRefused,
     ServerRefused,
     StoreUnavailable,
@@ -401,19 +401,159 @@ def test_concurrent_migrations_create_the_schema_once(
     assert befores == [None, SCHEMA_VERSION, SCHEMA_VERSION]
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        {"collect": True},
-        {"collect": True, "max_calls": 3},
-    ],
-)
-def test_options_the_store_does_not_support_yet_are_refused_before_any_write(
-    store: PostgresStore, database: str, spec: dict[str, object]
+def collect_call(
+    ident: str = "tasks.t:k", args: object = (), pad: str = "", **spec: object
+) -> PreparedCall:
+    """A ``debounce_collect`` call as the producer builds it: its JSON ``[args, kwargs]``
+    and, for the window it may open, the protocol-2 embed."""
+    body = json.dumps([list(args) if isinstance(args, tuple) else args, {"pad": pad}])
+    return call(ident, payload=body.encode(), collect=True, **spec)._replace(
+        collect_embed='{"callbacks": null}'
+    )
+
+
+def calls_of(payload: bytes) -> list[list[object]]:
+    """The run's calls in a spliced collect body ``[[[e1, ...]], {}, embed]``, each
+    ``[ms, args, kwargs]``."""
+    (calls,), kwargs, embed = json.loads(payload)
+    assert kwargs == {} and embed == {"callbacks": None}
+    return calls
+
+
+def drain(store: PostgresStore) -> list[TakenWindow]:
+    """Every window, closed and taken (the open ones flushed first)."""
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        for (ident,) in conn.execute("SELECT ident FROM debounce_open").fetchall():
+            store.flush(0, ident)
+    taken = store.take(0, 10_000).windows
+    store.ack(0, [w.task_id for w in taken])
+    return taken
+
+
+def test_collect_calls_racing_a_dispatcher_each_reach_one_body_once_in_call_order(
+    store: PostgresStore, database: str
 ) -> None:
-    with pytest.raises(DebounceConfigError, match="does not support"):
-        store.gate(call(**spec))
-    assert rows(database, "open") == []
+    """Producers on one key while a dispatcher takes the key's windows as they come due
+    and as they fill: every call is in exactly one run's body, in call order, and no
+    body is over its budget. A call that joined a window committed just before the take
+    locked it is spliced in (a later statement than the one that moved the window)."""
+    store.max_payload_bytes = 900
+    stop = threading.Event()
+    taken: list[TakenWindow] = []
+
+    def dispatch() -> None:
+        while not stop.is_set():
+            batch = store.take(0, 100).windows
+            store.ack(0, [w.task_id for w in batch])
+            taken.extend(batch)
+
+    def produce(thread: int) -> None:
+        for i in range(60):
+            store.gate(collect_call(args=(thread, i), pad="x" * (i % 7) * 10, window_ms=2))
+
+    taker = threading.Thread(target=dispatch)
+    taker.start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(produce, range(6)))
+    finally:
+        stop.set()
+        taker.join(30)
+    taken += drain(store)
+    seen: list[tuple[int, int]] = []
+    for window in taken:
+        assert len(window.payload) <= 900
+        mine = [tuple(args) for _, args, _ in calls_of(window.payload)]
+        for thread in range(6):  # each producer's calls in its order
+            order = [i for t, i in mine if t == thread]
+            assert order == sorted(order)
+        seen += mine
+    assert sorted(seen) == [(t, i) for t in range(6) for i in range(60)]
+    assert len(taken) > 6  # windows were taken while calls came, and filled
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM debounce_calls").fetchone() == (0,)
+
+
+def test_a_collect_call_committed_while_the_take_ran_is_in_the_body_it_took(
+    store: PostgresStore, database: str
+) -> None:
+    """The take's statement reads with a snapshot from its start, but locks a window's
+    newest row: a call that joined after the snapshot and before the lock is in the
+    row the take moves, so it must be in the body too. A test hook holds the take
+    between the two (an advisory lock in the due-window check of an exclusive window)."""
+    # max wait 1 ms: the join keeps the deadline, so the take still finds the window due
+    first = store.gate(collect_call(args=(1,), window_ms=1, max_wait_ms=1, exclusive=True))
+    hook = 0x636F6C6C  # an advisory lock key of this test's own
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE debounce_open SET held_since = clock_timestamp()")
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION debounce_running(p_ident text) RETURNS boolean "
+            f"LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_lock({hook}); "
+            f"PERFORM pg_advisory_unlock({hook}); RETURN false; END $$"
+        )
+        conn.execute("SELECT pg_advisory_lock(%s)", (hook,))
+        took: list[TakenWindow] = []
+        taker = threading.Thread(target=lambda: took.extend(store.take(0, 10).windows))
+        taker.start()
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        wait_until(lambda: conn.execute(waiting).fetchone() == (1,), 10)
+        joined = store.gate(collect_call(args=(2,), window_ms=1, max_wait_ms=1, exclusive=True))
+        assert joined.task_id == first.task_id and joined.calls == 2
+        conn.execute("SELECT pg_advisory_unlock(%s)", (hook,))
+        taker.join(10)
+    (window,) = took
+    assert window.calls == 2
+    assert [a for _, a, _ in calls_of(window.payload)] == [[1], [2]]
+
+
+def test_a_collect_window_counts_the_bytes_its_run_gets_and_lists_its_calls(
+    store: PostgresStore,
+) -> None:
+    first = store.gate(collect_call(args=(1,), window_ms=600_000))
+    store.gate(collect_call(args=(2,), pad="é", window_ms=600_000))
+    pending = store.pending(0, "tasks.t:k")
+    assert pending is not None and pending.collect_list == first.task_id
+    listed = store.collected(0, first.task_id)
+    assert [json.loads(e)[1] for e in listed] == [[1], [2]]
+    (record,) = store.pending_payloads(0)
+    assert record.collected_bytes == pending.collected_bytes
+    (window,) = drain(store)
+    assert len(window.payload) == pending.collected_bytes  # bytes, not characters
+    assert [args for _, args, _ in calls_of(window.payload)] == [[1], [2]]
+    assert window.calls == 2
+
+
+def test_a_collect_window_closes_at_its_cap_and_a_call_of_the_other_mode_opens_its_own(
+    store: PostgresStore, database: str
+) -> None:
+    ids = [store.gate(collect_call(args=(i,), max_calls=3)).task_id for i in range(4)]
+    assert ids[0] == ids[1] == ids[2] != ids[3]  # the third call closed it
+    plain = store.gate(call("tasks.t:k"))  # a deploy turned collect off: its own window
+    assert plain.opened and plain.task_id != ids[3]
+    again = store.gate(collect_call(args=(9,)))  # and on again
+    assert again.opened and again.task_id != plain.task_id
+    by_id = {w.task_id: w for w in drain(store)}
+    assert [a for _, a, _ in calls_of(by_id[ids[0]].payload)] == [[0], [1], [2]]
+    assert by_id[ids[0]].capped
+    assert [a for _, a, _ in calls_of(by_id[ids[3]].payload)] == [[3]]
+    assert not by_id[ids[3]].capped  # closed by the other mode, as a flush: not capped
+    assert by_id[plain.task_id].payload == b"[[], {}, {}]"
+    assert [a for _, a, _ in calls_of(by_id[again.task_id].payload)] == [[9]]
+
+
+def test_a_cancelled_collect_window_leaves_no_calls_behind(
+    store: PostgresStore, database: str
+) -> None:
+    opened = store.gate(collect_call(args=(1,)))
+    store.gate(collect_call(args=(2,)))
+    cancelled = store.cancel(0, "tasks.t:k")
+    assert cancelled is not None and cancelled.record.task_id == opened.task_id
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM debounce_calls").fetchone() == (0,)
+    reopened = store.gate(collect_call(args=(3,)))
+    (window,) = drain(store)
+    assert window.task_id == reopened.task_id
+    assert [a for _, a, _ in calls_of(window.payload)] == [[3]]
 
 
 def test_a_gate_whose_reply_is_lost_is_not_sent_again(
@@ -857,15 +997,16 @@ def test_gate_many_gates_each_call_in_order_and_a_refused_one_keeps_out_only_its
     store: PostgresStore, database: str
 ) -> None:
     """``enqueue_many``'s path: one outcome per call, in order; a call the store refuses
-    (``debounce_collect``, not on PostgreSQL yet) is that call's error, the calls after
+    (a collect call too large for an empty window) is that call's error, the calls after
     it are gated; ``on_chunk`` hears each chunk once it was answered."""
     chunks: list[range] = []
-    calls = [call("t:a"), call("t:b", collect=True), call("t:a"), call("t:c")]
+    store.max_payload_bytes = 200
+    calls = [call("t:a"), collect_call("t:b", pad="x" * 200), call("t:a"), call("t:c")]
     out = store.gate_many(calls, chunk_size=2, on_chunk=chunks.append)
     assert chunks == [range(0, 2), range(2, 4)]
     first, refused, joined, other = out
     assert isinstance(first, GateResult) and first.opened
-    assert isinstance(refused, DebounceConfigError) and "debounce_collect" in str(refused)
+    assert isinstance(refused, PayloadTooLarge) and "=200" in str(refused)
     assert isinstance(joined, GateResult) and joined.task_id == first.task_id
     assert joined.calls == 2
     assert isinstance(other, GateResult) and other.opened

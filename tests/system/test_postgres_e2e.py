@@ -1,7 +1,8 @@
 """The PostgreSQL store end to end: ``debounce_store_url = "postgresql://..."`` in a real
-prefork ``celery worker`` (tests/pg_app.py), on a Redis broker and on RabbitMQ with no
-Redis anywhere; ``celery debounce migrate`` and the worker's refusal of a database
-without the schema; the features the store does not have yet, each refused by name.
+prefork ``celery worker`` (tests/pg_app.py), on a Redis broker (with a debounce_collect
+task) and on RabbitMQ with no Redis anywhere; ``celery debounce migrate`` and the
+worker's refusal of a database without the schema; the features the store does not have
+yet, each refused by name.
 
 The session's private PostgreSQL server (fixture ``postgres_server``), a database of
 its own per test.
@@ -163,6 +164,16 @@ def test_a_real_worker_runs_debounced_windows_from_postgres(
         wait_until(lambda: settled(migrated), 30)
         assert [(r["id"], r["n"]) for r in runs(runs_dir, "b1")] == [(bulk[0].id, 1)]
         assert [(r["id"], r["n"]) for r in runs(runs_dir, "b2")] == [(bulk[1].id, 2)]
+
+        # debounce_collect: one run gets every call of the burst, in call order
+        collect = app.tasks["pg.collect"]
+        gathered = {collect.delay("gather", n).id for n in range(25)}
+        assert len(gathered) == 1
+        wait_until(lambda: runs(runs_dir, "gather"), 30)
+        wait_until(lambda: settled(migrated), 30)
+        assert [(r["id"], r["ns"]) for r in runs(runs_dir, "gather")] == [
+            (gathered.pop(), list(range(25)))
+        ]
 
         # a stream of calls closer together than the window: the ceiling forces runs
         start = time.monotonic()
@@ -391,9 +402,18 @@ def test_the_testing_helpers_list_run_and_clear_windows_on_postgres(
     ]
     assert assert_pending(record, "h1", 9, calls=2).task_id == first.id
     assert_not_pending(record, "nothing", 0)
+    # a collect window: its args are the list of its calls, as its run gets them
+    collect = app.tasks["pg.collect"]
+    gathered = [collect.delay("hc", n).id for n in (7, 8)]
+    (window,) = debounce_windows(app, collect)
+    assert window.task_id == gathered[0] == gathered[1] and window.calls == 2
+    ((calls,), kwargs) = window.args, window.kwargs
+    assert [c.args for c in calls] == [("hc", 7), ("hc", 8)] and kwargs == {}
+    assert [r.id for r in run_windows(app, collect)] == [gathered[0]]
+    assert [r["ns"] for r in runs(runs_dir, "hc")] == [[7, 8]]
     ran = run_windows(app, record)
     assert sorted(r.id for r in ran) == sorted([first.id, other.id])
-    assert sorted((r["id"], r["n"]) for r in runs(runs_dir)) == sorted(
+    assert sorted((r["id"], r["n"]) for r in runs(runs_dir) if "n" in r) == sorted(
         [(first.id, 1), (other.id, 3)]
     )
     assert debounce_windows(app) == []

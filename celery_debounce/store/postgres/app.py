@@ -80,9 +80,6 @@ class AppPostgresStore(PostgresStore):
     def held_listed(self) -> int:
         _missing(_GAUGES)
 
-    def collected(self, shard: int, collect_list: str) -> list[bytes]:
-        _missing("debounce_collect")
-
     def maxmemory_policy(self) -> str:
         """PostgreSQL never evicts a row."""
         return "noeviction"

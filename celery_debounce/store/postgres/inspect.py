@@ -1,5 +1,6 @@
 """The PostgreSQL store's operator reads (a base of ``PostgresStore``): windows listed
-and found for ``celery debounce inspect``, ``cancel --id``/``--all`` and ``flush --all``.
+and found for ``celery debounce inspect``, ``cancel --id``/``--all`` and ``flush --all``,
+and a collect window's calls so far.
 Reads only, each one statement; the flushes of ``flush_many`` are one call each."""
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ _TAKEN_PAGE = {
 #: exact to the microsecond, and the ident), of an ident prefix.
 _LIST = (
     "SELECT ident, task_id, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, max_calls, is_trailing, deadline::text FROM debounce_open "
+    "calls, max_calls, is_trailing, collect_bytes, deadline::text FROM debounce_open "
     "WHERE left(ident, length(%s)) = %s AND (deadline, ident) > (%s::timestamptz, %s) "
     "ORDER BY deadline, ident LIMIT %s"
 )
 _FIND = "SELECT ident FROM debounce_open WHERE task_id = %s"
+#: A collect window's calls so far, in call order (its list is its id).
+_COLLECTED = "SELECT element FROM debounce_calls WHERE task_id = %s ORDER BY seq"
 _QUIET = "SELECT task_id, debounce_ms(quiet_end) FROM debounce_quiet WHERE ident = ANY (%s)"
 _WAITS_FOR = (
     "SELECT (SELECT t.task_id || '|' || t.state FROM debounce_taken t "
@@ -86,7 +89,7 @@ class PostgresInspect:
         args = (prefix, prefix, deadline, after, limit)
         rows = self._read(lambda conn: conn.execute(_LIST, args).fetchall())
         windows = [_open_record(row) for row in rows]
-        cursor = f"{rows[-1][8]}{_SEP}{rows[-1][0]}" if rows else start
+        cursor = f"{rows[-1][-1]}{_SEP}{rows[-1][0]}" if rows else start
         return ListStep(len(rows), cursor, 0, len(rows) < limit, windows)
 
     def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
@@ -127,13 +130,20 @@ class PostgresInspect:
             found.append((task_id, state) if runner else (None, None))
         return found
 
+    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+        """The elements a pending debounce_collect window gathered so far
+        (``collect_list``: the window's id, as its records give it)."""
+        self._check()
+        rows = self._read(lambda conn: conn.execute(_COLLECTED, (collect_list,)).fetchall())
+        return [bytes(element) for (element,) in rows]
+
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """:meth:`flush` of each ``(ident, task id)``, one call each; how many were."""
         return sum(self.flush(shard, ident, task_id) is not None for ident, task_id in windows)
 
 
 def _open_record(row: Sequence[Any]) -> Record:
-    ident, task_id, first_seen, deadline, max_wait, calls, max_calls, trailing, _ = row
+    ident, task_id, first_seen, deadline, max_wait, calls, max_calls, trailing, size, _ = row
     return Record(
         task_id=task_id,
         ident=ident,
@@ -143,6 +153,8 @@ def _open_record(row: Sequence[Any]) -> Record:
         calls=int(calls),
         max_calls=max_calls,
         trailing=bool(trailing),
+        collected_bytes=size,
+        collect_list=None if size is None else task_id,
     )
 
 

@@ -15,8 +15,8 @@ the call cap; fixed ids and their aliases; exclusive windows; the leading edge) 
 due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release, quarantine, flush, the
 dispatcher's heartbeat, layouts, expiry sweep with the record sweep, wake-ups
 (``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of claim, put back and finish,
-the schema's migration and its version check. Not yet: collect (refused at the gate,
-nothing written), most of the operators' reads.
+the schema's migration and its version check, debounce_collect (schema_3.sql), the
+operators' reads and actions but the counters and gauges (app.py).
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...aliases import MAX_ALIASES, parse_aliases
 from ...errors import DebounceConfigError
+from ...settings import DEFAULTS
 from ...stored_call import new_task_id
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
     AliasesFull,
+    PayloadTooLarge,
     ReplaceRefused,
     ReplyLost,
     ServerRefused,
@@ -88,7 +90,8 @@ LINK_DEFAULTS: dict[str, object] = {
 }
 
 _GATE = (
-    "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s)"
 )
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
@@ -101,15 +104,16 @@ _FLUSH = (
 )
 _PENDING = (
     "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
-    "max_wait_ms, calls, 'pending', capped FROM debounce_open WHERE ident = %s"
+    "max_wait_ms, calls, 'pending', capped, collect_bytes FROM debounce_open WHERE ident = %s"
 )
 _PAYLOADS = (
     "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, content_type, payload, options_json FROM debounce_open "
+    "calls, content_type, payload, options_json, collect_bytes FROM debounce_open "
     "WHERE left(ident, %s) = %s ORDER BY deadline, ident"
 )
 _DELETE_ALL = (
     "WITH o AS (DELETE FROM debounce_open RETURNING 1), "
+    "c AS (DELETE FROM debounce_calls), "
     "t AS (DELETE FROM debounce_taken RETURNING 1), "
     "q AS (DELETE FROM debounce_quiet RETURNING 1), "
     "d AS (DELETE FROM debounce_dispatchers RETURNING 1), "
@@ -127,10 +131,12 @@ _LIVENESS = (
     "FROM (SELECT 1) AS one LEFT JOIN debounce_dispatchers d ON true ORDER BY d.name"
 )
 
-#: SQLSTATEs of schema.sql's refusals (``debounce_refuse``): a fixed id past the window's
-#: most aliases; a replacing join the window's message cannot take.
+#: SQLSTATEs of the schema's refusals (``debounce_refuse``): a fixed id past the window's
+#: most aliases; a replacing join the window's message cannot take; a collect call that
+#: cannot fit an empty window.
 ALIASES_FULL = "DBA01"
 REPLACE_REFUSED = "DBR01"
+PAYLOAD_TOO_LARGE = "DBP01"
 
 
 def _migrate(conn: psycopg.Connection[Any]) -> int | None:
@@ -200,6 +206,10 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
         )
         self.pool.open(wait=False)
         self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_RECORD_TTL_MS
+        #: a debounce_collect window's byte budget, as the Redis store's gate gives it
+        self.max_payload_bytes: int = (
+            settings.max_payload_bytes if settings else DEFAULTS["debounce_max_payload_bytes"]
+        )
         self.url = url
         self.timeout = timeout
         self.links = links
@@ -287,7 +297,6 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
                     "debounce_trailing=False without debounce_leading",
                     not spec.trailing and not spec.leading,
                 ),
-                ("debounce_collect", spec.collect),
             )
             if used
         ]
@@ -316,6 +325,8 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
             MAX_ALIASES,
             call.embed_json,
             ("B" if spec.trailing else "L") if spec.leading else "",
+            self.max_payload_bytes if spec.collect else None,
+            call.collect_embed if spec.collect else None,
         )
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
@@ -452,7 +463,7 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
         found = self._read(
             lambda conn: conn.execute(_PAYLOADS, (len(prefix or ""), prefix or "")).fetchall()
         )
-        for task_id, ident, first, deadline, max_wait, calls, ctype, payload, opts in found:
+        for task_id, ident, first, deadline, max_wait, calls, ctype, payload, opts, size in found:
             yield Record(
                 task_id=task_id,
                 ident=ident,
@@ -464,6 +475,8 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
                 content_type=ctype,
                 payload=bytes(payload),
                 options_json=opts,
+                collected_bytes=size,
+                collect_list=None if size is None else task_id,
             )
 
     def delete_all(self) -> int:
@@ -545,6 +558,8 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
                 raise AliasesFull(f"PostgreSQL store: {_safe(exc)}") from exc
             if exc.sqlstate == REPLACE_REFUSED:
                 raise ReplaceRefused(f"PostgreSQL store: {_safe(exc)}") from exc
+            if exc.sqlstate == PAYLOAD_TOO_LARGE:
+                raise PayloadTooLarge(f"PostgreSQL store: {_safe(exc)}") from exc
             raise
         finally:
             self.pool.putconn(conn)
@@ -617,7 +632,8 @@ def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
 
 
 def _record(row: Sequence[Any]) -> Record:
-    task_id, ident, first_seen, deadline, max_wait, calls, state, capped = row
+    """A window of ``_PENDING`` (with its collected bytes) or ``_FLUSH``."""
+    task_id, ident, first_seen, deadline, max_wait, calls, state, capped, *size = row
     return Record(
         task_id=task_id,
         ident=ident,
@@ -627,6 +643,8 @@ def _record(row: Sequence[Any]) -> Record:
         calls=int(calls),
         state=state,
         capped=bool(capped),
+        collected_bytes=size[0] if size else None,
+        collect_list=task_id if size and size[0] is not None else None,
     )
 
 

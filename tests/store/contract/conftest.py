@@ -155,16 +155,9 @@ POSTGRES_NOT_YET = {
         "postgres: the operators' reads and actions (list_step, "
         "census_step, counts, snapshot, ...) are not implemented yet"
     ),
-    "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next": (
-        "postgres: debounce_collect is not implemented yet (refused at the gate)"
-    ),
-    "test_a_collect_call_too_large_for_an_empty_window_is_refused_with_nothing_written": (
-        "postgres: debounce_collect is not implemented yet (refused at the gate)"
-    ),
     # tests/store/test_gate_model.py
     "test_the_store_matches_the_model_on_a_real_clock": (
-        "postgres: the model uses debounce_collect, not implemented yet, and a view of "
-        "the store's state (StateView), none written for its tables yet"
+        "postgres: no view of the store's state (StateView) is written for its tables yet"
     ),
 }
 
