@@ -541,6 +541,27 @@ def test_a_collect_window_closes_at_its_cap_and_a_call_of_the_other_mode_opens_i
     assert [a for _, a, _ in calls_of(by_id[again.task_id].payload)] == [[9]]
 
 
+def test_a_producer_of_the_previous_version_keeps_gating_after_the_upgrade(
+    store: PostgresStore, database: str
+) -> None:
+    """A producer of version 2 still running while a deploy goes on (it checked the
+    schema when it started) calls the gate of 16 arguments: it opens and joins windows,
+    and a collect window it finds open is closed, not joined (its run would miss the
+    call)."""
+    collecting = store.gate(collect_call(args=(1,)))
+    old = (
+        "SELECT task_id, opened, calls FROM debounce_gate(%s, %s, 10000, 60000, "
+        "'application/json', %s, '{}', false, false, NULL, NULL, NULL, false, 16, '', '')"
+    )
+    with psycopg.connect(database, autocommit=True) as conn:
+        first = conn.execute(old, ("tasks.t:k", "old-1", b"[[], {}, {}]")).fetchone()
+        second = conn.execute(old, ("tasks.t:k", "old-2", b"[[], {}, {}]")).fetchone()
+    assert first == ("old-1", True, 1) and second == ("old-1", False, 2)
+    by_id = {w.task_id: w for w in drain(store)}
+    assert [a for _, a, _ in calls_of(by_id[collecting.task_id].payload)] == [[1]]
+    assert by_id["old-1"].calls == 2 and by_id["old-1"].payload == b"[[], {}, {}]"
+
+
 def test_a_cancelled_collect_window_leaves_no_calls_behind(
     store: PostgresStore, database: str
 ) -> None:

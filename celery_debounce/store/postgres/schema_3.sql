@@ -95,8 +95,6 @@ $$;
 -- cannot take closes it and opens the next: a collect call it does not fit (full:
 -- closed as the cap closes), or a call of the other mode (a deploy turned collect on or
 -- off: closed as a flush closes).
-DROP FUNCTION debounce_gate(text, text, bigint, bigint, text, bytea, text, boolean, boolean,
-                            integer, text, text, boolean, integer, text, text);
 CREATE FUNCTION debounce_gate(
     p_ident text, p_task_id text, p_window_ms bigint, p_max_wait_ms bigint,
     p_content_type text, p_payload bytea, p_options_json text, p_replace boolean,
@@ -240,6 +238,24 @@ BEGIN
                         v_row.calls, debounce_ms(v_now),
                         CASE WHEN v_leading AND v_row.opened THEN 'lead' ELSE '' END;
 END
+$$;
+
+-- Version 1's signature, for a process of the previous package still running while
+-- its deploy goes on (it checked the schema's version when it started): its calls are
+-- never collect calls, and one that finds a collect window open closes it and opens
+-- its own, as a call of the other mode does.
+CREATE OR REPLACE FUNCTION debounce_gate(
+    p_ident text, p_task_id text, p_window_ms bigint, p_max_wait_ms bigint,
+    p_content_type text, p_payload bytea, p_options_json text, p_replace boolean,
+    p_exclusive boolean, p_max_calls integer, p_alias text, p_fallback_id text,
+    p_canvas boolean, p_max_aliases integer, p_embed text, p_edge text)
+RETURNS TABLE (task_id text, opened boolean, deadline_ms bigint, calls integer,
+               now_ms bigint, edge text)
+LANGUAGE sql AS $$
+    SELECT * FROM debounce_gate(p_ident, p_task_id, p_window_ms, p_max_wait_ms,
+                                p_content_type, p_payload, p_options_json, p_replace,
+                                p_exclusive, p_max_calls, p_alias, p_fallback_id, p_canvas,
+                                p_max_aliases, p_embed, p_edge, NULL::integer, NULL::text)
 $$;
 
 -- Take up to p_batch windows for dispatch (version 1's, see schema.sql): the due
