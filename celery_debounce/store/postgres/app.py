@@ -1,47 +1,23 @@
 """The PostgreSQL store as an app uses it (``debounce_store_url = "postgresql://..."``):
 :class:`AppPostgresStore`, built by :func:`~celery_debounce.store.store_for`.
 
-It is :class:`~celery_debounce.store.postgres.PostgresStore` (the producer's,
-dispatcher's and worker's roles, and the operators' reads and actions) with the
-counters, the gauges and ``collected`` present and refusing: each raises
-:class:`NotOnPostgres`, naming the feature and saying it is not available on the
-PostgreSQL store yet, so a caller gets one clear error, never an ``AttributeError``.
+It is :class:`~celery_debounce.store.postgres.PostgresStore` (every role of the
+contract) with the app's shard tags and its copies in forked children.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
-from ...errors import DebounceError
-from ..codec import CensusRow, ShardCounts, ShardSnapshot
 from ..domain import ShardRef
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...settings import Settings
 
-__all__ = ["AppPostgresStore", "NotOnPostgres", "postgres_store"]
-
-
-class NotOnPostgres(DebounceError, NotImplementedError):
-    """A feature the PostgreSQL store does not implement yet; nothing was written."""
-
-    def __init__(self, feature: str) -> None:
-        super().__init__(
-            f"{feature} is not available on the PostgreSQL store yet "
-            "(debounce_store_url selects it); use the Redis store for it"
-        )
-        self.feature = feature
-
-
-def _missing(feature: str) -> NoReturn:
-    raise NotOnPostgres(feature)
-
-
-_STATS = "window statistics (celery debounce stats)"
-_GAUGES = "the store's gauges (celery debounce top, the exporter, doctor)"
+__all__ = ["AppPostgresStore", "postgres_store"]
 
 
 class AppPostgresStore(PostgresStore):
@@ -57,32 +33,6 @@ class AppPostgresStore(PostgresStore):
         message's ``debounce_tag`` as the app's prefix's): the store has one table, so
         the worker's claim and finish find the window whatever it says."""
         return shard if isinstance(shard, str) else self.settings.tag(shard)
-
-    # -- OperatorStore: what is not there yet ------------------------------------------
-
-    def census_step(
-        self, shard: int, cursor: str, count: int, now_ms: int
-    ) -> tuple[str, list[CensusRow]]:
-        _missing(_STATS)
-
-    def counts(self, shard: int, now_ms: int) -> ShardCounts:
-        _missing(_STATS)
-
-    def reset_counters(self, shard: int) -> dict[str, int]:
-        _missing(_STATS)
-
-    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
-        _missing(_GAUGES)
-
-    def snapshot_commands(self) -> int:
-        _missing(_GAUGES)
-
-    def held_listed(self) -> int:
-        _missing(_GAUGES)
-
-    def maxmemory_policy(self) -> str:
-        """PostgreSQL never evicts a row."""
-        return "noeviction"
 
 
 def postgres_store(settings: Settings) -> AppPostgresStore:

@@ -1,5 +1,5 @@
 -- Schema version 2 -> 3 (PostgresStore.migrate() applies it after schema_2.sql):
--- debounce_collect windows.
+-- debounce_collect windows, and the counters of `celery debounce stats`.
 --
 -- debounce_open.collect_bytes   a collect window (NULL: not one): bytes of the body
 --                               its run gets, 10 + the embed + the elements + commas
@@ -15,6 +15,16 @@
 --                               window's body and deleted when the window leaves
 --                               debounce_open (debounce_splice, from debounce_close
 --                               and debounce_take); deleted by debounce_cancel.
+-- debounce_stats                counters per task and kind (records.COUNTER_KINDS):
+--                               bumped by debounce_take for each window it takes
+--                               for the first time (r runs, c calls, m closed by the
+--                               cap or full, e leading runs, f forced by the max wait,
+--                               l<b> lateness bucket b, h held and hm ms held) and by
+--                               debounce_cancel (x). A counter not changed for the
+--                               history TTL starts again from zero (readers skip it).
+--                               The TTL and the lateness buckets come from the
+--                               connection (debounce.history_ttl_ms,
+--                               debounce.late_buckets_ms: the store sets them).
 --
 -- Why the splice is a statement of its own: a gate that joined a window committed
 -- before the take could lock its row, but possibly after the take's statement took
@@ -30,6 +40,68 @@ CREATE TABLE debounce_calls (
     element bytea NOT NULL,
     PRIMARY KEY (task_id, seq)
 );
+
+CREATE TABLE debounce_stats (
+    task text NOT NULL,
+    kind text NOT NULL,
+    n bigint NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (task, kind)
+) WITH (fillfactor = 50);
+
+-- The task name in an ident <n>:<task>:<key> (n: the name's UTF-8 bytes, as
+-- keys.ident_prefix writes it); NULL for an ident of another shape.
+CREATE FUNCTION debounce_task_of(p_ident text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT convert_from(substring(convert_to(p_ident, 'UTF8')
+                                  FROM length(d) + 2 FOR d::integer), 'UTF8')
+    FROM (SELECT substring(p_ident FROM '^([0-9]{1,9}):') AS d) AS digits
+    WHERE d IS NOT NULL
+$$;
+
+-- How long a counter lives without a change: the connection's debounce.history_ttl_ms
+-- (one hour when unset).
+CREATE FUNCTION debounce_history_ttl() RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('debounce.history_ttl_ms', true), '')::bigint,
+                    3600000) * interval '1 millisecond'
+$$;
+
+-- Add each (task, kind, n) to the counters, in (task, kind) order (two takes counting
+-- the same tasks lock their rows in the same order: no deadlock); a counter past the
+-- history TTL starts again from n.
+CREATE FUNCTION debounce_count(p_tasks text[], p_kinds text[], p_ns bigint[],
+                               p_now timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO debounce_stats AS s (task, kind, n, updated_at)
+    SELECT c.task, c.kind, sum(c.n), p_now
+    FROM unnest(p_tasks, p_kinds, p_ns) AS c(task, kind, n)
+    WHERE c.task IS NOT NULL AND c.n IS NOT NULL
+    GROUP BY c.task, c.kind ORDER BY c.task, c.kind
+    ON CONFLICT (task, kind) DO UPDATE SET
+        n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN excluded.n
+                 ELSE s.n + excluded.n END,
+        updated_at = p_now
+$$;
+
+-- The counters not past the history TTL, as {"<kind>|<task>": n}.
+CREATE FUNCTION debounce_counters() RETURNS json
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(json_object_agg(s.kind || '|' || s.task, s.n), '{}')
+    FROM debounce_stats s WHERE s.updated_at >= clock_timestamp() - debounce_history_ttl()
+$$;
+
+-- The lateness bucket of a window taken p_late_ms after its deadline: the index
+-- (0-based) of the first of the connection's debounce.late_buckets_ms bounds it is
+-- within, the number of bounds when above them all; NULL when they are not set.
+CREATE FUNCTION debounce_late_bucket(p_late_ms bigint) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT min(b.i) - 1 FROM unnest(bounds) WITH ORDINALITY AS b(ms, i)
+                     WHERE p_late_ms <= b.ms), cardinality(bounds))
+    FROM (SELECT string_to_array(nullif(current_setting('debounce.late_buckets_ms', true),
+                                        ''), ',')::bigint[] AS bounds) AS setting
+    WHERE bounds IS NOT NULL
+$$;
 
 -- The taken collect windows p_task_ids get their run's body, [[[e1,e2,...]],{},embed]
 -- (their payload was the embed), and their calls leave debounce_calls. A window
@@ -275,7 +347,11 @@ DECLARE
     v_lapse timestamptz := least(v_now, to_timestamp(p_lapse_upto_ms / 1000.0));
     v_next timestamptz;
     v_took text[];
+    v_new text[];
     v_collect text[];
+    v_tasks text[];
+    v_kinds text[];
+    v_ns bigint[];
 BEGIN
     WITH lapsed AS (
         SELECT t.task_id FROM debounce_taken t
@@ -304,7 +380,7 @@ BEGIN
     ), retaken AS (
         UPDATE debounce_taken t SET until = v_until, taken_at = v_now, tries = t.tries + 1
         FROM lapsed WHERE t.task_id = lapsed.task_id
-        RETURNING t.task_id
+        RETURNING t.task_id, t.tries
     ), due AS (
         SELECT o.ident FROM debounce_open o
         WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))
@@ -327,10 +403,32 @@ BEGIN
         RETURNING n.task_id
     )
     SELECT array(SELECT r.task_id FROM retaken r UNION ALL SELECT i.task_id FROM inserted i),
+           -- taken for the first time: moved now, or closed (a flush, the cap) with
+           -- tries 0 and taken now
+           array(SELECT i.task_id FROM inserted i
+                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),
            array(SELECT m.task_id FROM moved m WHERE m.collect_budget IS NOT NULL)
-    INTO v_took, v_collect;
+    INTO v_took, v_new, v_collect;
     IF cardinality(v_collect) > 0 THEN
         PERFORM debounce_splice(v_collect);
+    END IF;
+    IF cardinality(v_new) > 0 THEN  -- counted once, when first taken
+        SELECT array_agg(debounce_task_of(t.ident)), array_agg(k.kind), array_agg(k.n)
+        INTO v_tasks, v_kinds, v_ns
+        FROM debounce_taken t,
+             LATERAL (VALUES
+                 ('r', 1::bigint), ('c', t.calls::bigint),
+                 ('m', CASE WHEN t.capped THEN 1::bigint END),
+                 ('e', CASE WHEN t.is_leading THEN 1::bigint END),
+                 ('f', CASE WHEN t.deadline >= t.first_seen
+                                 + t.max_wait_ms * interval '1 millisecond'
+                            THEN 1::bigint END),
+                 ('l' || debounce_late_bucket(debounce_ms(v_now) - debounce_ms(t.deadline)),
+                  1::bigint),
+                 ('h', CASE WHEN t.held_ms > 0 THEN 1::bigint END),
+                 ('hm', nullif(t.held_ms, 0))) AS k(kind, n)
+        WHERE t.task_id = ANY (v_new) AND k.kind IS NOT NULL;
+        PERFORM debounce_count(v_tasks, v_kinds, v_ns, v_now);
     END IF;
 
     RETURN QUERY
@@ -356,7 +454,7 @@ END
 $$;
 
 -- Drop the open window of p_ident (version 2's, see schema_2.sql): a collect window's
--- calls go with it.
+-- calls go with it, and it is counted (x).
 CREATE OR REPLACE FUNCTION debounce_cancel(p_ident text, p_task_id text, p_token text,
                                            p_keep_ms bigint)
 RETURNS SETOF debounce_cancelled
@@ -383,5 +481,8 @@ BEGIN
     -- a statement of its own, as the splice (above): it sees every call of the window
     DELETE FROM debounce_calls c USING debounce_cancelled k
     WHERE k.token = p_token AND c.task_id = k.task_id;
+    PERFORM debounce_count(array_agg(debounce_task_of(k.ident)), array_agg('x'::text),
+                           array_agg(1::bigint), v_now)
+    FROM debounce_cancelled k WHERE k.token = p_token;
 END
 $$;

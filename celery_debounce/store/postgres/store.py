@@ -16,7 +16,8 @@ due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release, quarantine, flush
 dispatcher's heartbeat, layouts, expiry sweep with the record sweep, wake-ups
 (``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of claim, put back and finish,
 the schema's migration and its version check, debounce_collect (schema_3.sql), the
-operators' reads and actions but the counters and gauges (app.py).
+operators' reads and actions (inspect.py, cancel.py), the counters and gauges
+(stats.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ..domain import (
     ShardRef,
     StoreUnavailable,
 )
-from ..records import Record
+from ..records import LATE_BUCKETS_MS, Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
 from .inspect import PostgresInspect
@@ -61,6 +62,7 @@ from .schema import (
     schema_sql,
     upgrade_sql,
 )
+from .stats import PostgresStats
 from .sweeps import PostgresSweeps
 from .wake import PostgresWakeListener
 from .watchdog import guarded
@@ -76,6 +78,7 @@ __all__ = ["PostgresStore"]
 #: ``debounce_record_ttl``).
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_RECORD_TTL_MS = 7 * 86_400_000
+DEFAULT_HISTORY_TTL_MS = DEFAULTS["debounce_history_ttl"] * 1000
 
 #: libpq link settings used unless the URL sets them: a connection attempt gives up
 #: after 5 s, and a link that goes silent fails in about 10 s (TCP keepalives; sent
@@ -168,7 +171,9 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
-class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, PostgresInspect):
+class PostgresStore(
+    PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, PostgresInspect, PostgresStats
+):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
     ``settings`` gives the dispatch lease and the record TTL (otherwise the settings'
@@ -201,11 +206,13 @@ class PostgresStore(PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, 
             timeout=timeout,
             open=False,
             kwargs={"autocommit": True, **links},
-            configure=_bounded(timeout),
+            configure=_configure(
+                timeout, settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
+            ),
             name="celery-debounce",
         )
         self.pool.open(wait=False)
-        self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_RECORD_TTL_MS
+        self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
         #: a debounce_collect window's byte budget, as the Redis store's gate gives it
         self.max_payload_bytes: int = (
             settings.max_payload_bytes if settings else DEFAULTS["debounce_max_payload_bytes"]
@@ -600,17 +607,24 @@ def _answered(fn: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
         raise
 
 
-def _bounded(timeout: float) -> Callable[[psycopg.Connection[Any]], None]:
+def _configure(timeout: float, history_ttl_ms: int) -> Callable[[psycopg.Connection[Any]], None]:
     """The pool's ``configure``: a new connection's ``statement_timeout`` is at most
     ``timeout`` (a shorter one set for the role, the database or in the URL stays), so
-    a call blocked on the server (a lock) fails within it, undone."""
+    a call blocked on the server (a lock) fails within it, undone; and the schema's
+    counters get the history TTL and the lateness buckets (``debounce.*``)."""
     ms = max(1, int(timeout * 1000))
+    buckets = ",".join(str(bound) for bound in LATE_BUCKETS_MS)
 
     def configure(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false) FROM pg_settings "
             "WHERE name = 'statement_timeout' AND (setting::bigint = 0 OR setting::bigint > %s)",
             (str(ms), ms),
+        )
+        conn.execute(
+            "SELECT set_config('debounce.history_ttl_ms', %s, false), "
+            "set_config('debounce.late_buckets_ms', %s, false)",
+            (str(history_ttl_ms), buckets),
         )
 
     return configure

@@ -151,10 +151,6 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
 #: The cases the PostgreSQL store cannot pass yet, and why (skipped on it, never
 #: weakened: the same case runs on every other harness).
 POSTGRES_NOT_YET = {
-    "test_the_store_satisfies_every_role": (
-        "postgres: the operators' reads and actions (list_step, "
-        "census_step, counts, snapshot, ...) are not implemented yet"
-    ),
     # tests/store/test_gate_model.py
     "test_the_store_matches_the_model_on_a_real_clock": (
         "postgres: no view of the store's state (StateView) is written for its tables yet"

@@ -515,6 +515,109 @@ def test_a_leading_runs_quiet_period_end_is_read_and_flush_many_flushes_each_win
     assert sorted(w.task_id for w in take_due(store, shard)) == sorted(w.task_id for w in windows)
 
 
+# -- the counters and gauges (stats, top, the exporter) ----------------------------------
+
+
+def _counters(store: OperatorStore) -> dict[str, int]:
+    now = store.time_ms()
+    found: dict[str, int] = {}
+    for shard in range(store.settings.shards):
+        for name, n in store.counts(shard, now).counters.items():
+            found[name] = found.get(name, 0) + n
+    return found
+
+
+def test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters(
+    store: Store,
+) -> None:
+    burst = [gate(store, "a", window="1ms", max_wait="1s", task="cnt") for _ in range(3)]
+    capped = [gate(store, "b", max_calls=2, task="cnt") for _ in range(2)]
+    dropped = gate(store, "c", task="cnt")
+    assert store.cancel(dropped.call.shard, dropped.call.ident) is not None
+    wait_until(lambda: store.time_ms() > burst[-1].result.deadline_ms, 5)
+    shards = {burst[0].call.shard, capped[0].call.shard}
+    taken = [w for s in shards for w in store.take(s, 10).windows]
+    assert sorted(w.task_id for w in taken) == sorted({burst[0].task_id, capped[0].task_id})
+    for window in taken:  # a lease that passed: taken again, not counted again
+        store.release(window.shard, 0, [(window.task_id, window.tries)])
+        assert [w.task_id for w in take_due(store, window.shard)] == [window.task_id]
+    counters = {k: v for k, v in _counters(store).items() if k.endswith("|cnt")}
+    late = {k: v for k, v in counters.items() if k.startswith("l") and k[1].isdigit()}
+    assert sum(late.values()) == 2
+    assert {k: v for k, v in counters.items() if k not in late} == {
+        "r|cnt": 2,
+        "c|cnt": 5,
+        "m|cnt": 1,
+        "x|cnt": 1,
+    } | ({"i|cnt": 6} if "i|cnt" in counters else {})
+    removed: dict[str, int] = {}
+    for shard in range(store.settings.shards):
+        for name, n in store.reset_counters(shard).items():
+            removed[name] = removed.get(name, 0) + n
+    assert {k: v for k, v in removed.items() if k.endswith("|cnt")} == counters
+    assert not any(k.endswith("|cnt") for k in _counters(store))
+
+
+def test_the_census_counts_open_and_due_windows_per_task_in_bounded_steps(
+    store: Store,
+) -> None:
+    for key in range(5):
+        gate(store, f"k{key}", window="1h", max_wait="2h", task="census_a")
+    gate(store, "k0", window="1h", max_wait="2h", task="census_a")  # a join: 2 calls
+    due = gate(store, "d", window="1ms", max_wait="1s", task="census_b")
+    gate(store, "e", window="1h", max_wait="2h", task="census_b")
+    wait_until(lambda: store.time_ms() > due.result.deadline_ms, 5)
+    now = store.time_ms()
+    totals: dict[str, list[int]] = {}
+    for shard in range(store.settings.shards):
+        cursor = "0"
+        while True:
+            cursor, rows = store.census_step(shard, cursor, 2, now)
+            for row in rows:
+                seen = totals.setdefault(row.task, [0, 0, 0, -1])
+                seen[0] += row.open
+                seen[1] += row.due
+                seen[2] += row.calls_waiting
+                if row.oldest_first_seen_ms >= 0 and (
+                    seen[3] < 0 or row.oldest_first_seen_ms < seen[3]
+                ):
+                    seen[3] = row.oldest_first_seen_ms
+            if cursor == "0":
+                break
+    assert totals["census_a"][:3] == [5, 0, 6]
+    assert totals["census_b"][:3] == [2, 1, 2]
+    assert 0 < totals["census_b"][3] <= due.result.now_ms
+    counts = [store.counts(shard, now) for shard in range(store.settings.shards)]
+    assert (sum(c.open for c in counts), sum(c.due for c in counts)) == (7, 1)
+
+
+def test_the_snapshot_reads_every_gauge_of_the_windows(store: Store) -> None:
+    runner = run(store, "x", exclusive=True, task="gauge")  # claimed: active
+    held = gate(store, "x", window="1ms", max_wait="1s", exclusive=True, task="gauge")
+    shard = held.call.shard
+    wait_until(lambda: not store.take(shard, 10).windows and store.held(shard), 5)
+    leased = gate(store, "l", window="1ms", max_wait="1s", task="gauge")
+    take_due(store, leased.call.shard)
+    bad = gate(store, "q", window="1ms", max_wait="1s", task="gauge")
+    (quarantined,) = take_due(store, bad.call.shard)
+    store.quarantine(bad.call.shard, quarantined.task_id, "cannot make a message")
+    gate(store, "w", window="1h", max_wait="2h", task="gauge")
+    waiting = gate(store, "w", window="1h", max_wait="2h", task="gauge")  # its deadline
+    now = store.time_ms()
+    snaps = [store.snapshot(shard, now) for shard in range(store.settings.shards)]
+    assert sum(s.open for s in snaps) == 2  # held and waiting
+    assert sum(s.due for s in snaps) == 0  # held is not due: it waits for its key's run
+    assert sum(s.leased for s in snaps) == 1
+    assert sum(s.active for s in snaps) == 1
+    assert sum(s.quarantined for s in snaps) == 1
+    assert sum(s.held for s in snaps) == 1
+    assert [i for s in snaps for i, _ in s.held_front] == [held.call.ident]
+    firsts = [s.first_due_ms for s in snaps if s.first_due_ms is not None]
+    assert firsts and min(firsts) <= waiting.result.deadline_ms
+    assert store.snapshot_commands() >= 1 and store.held_listed() >= 1
+    assert runner.task_id != waiting.task_id
+
+
 # -- cancel -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,158 @@
+"""The PostgreSQL store's counters and gauges (a base of ``PostgresStore``): what
+``celery debounce stats``, ``top`` and the exporter read, and ``stats --reset``.
+
+The counters are ``debounce_stats`` (schema_3.sql: bumped by ``debounce_take`` and
+``debounce_cancel``); the gauges are counts over the window tables, read in one
+statement. A held window (``debounce_exclusive``, waiting for its key's run) is open and
+not due, as on Redis. The census reads the open windows in ident order, a bounded page a step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..codec import CensusRow, ShardCounts, ShardSnapshot
+from ..records import HOT_KEYS_KEPT
+
+if TYPE_CHECKING:  # pragma: no cover
+    import psycopg
+
+#: Held windows a snapshot lists, the longest held first (as on Redis).
+HELD_LISTED = 8
+
+_COUNTS = (
+    "SELECT (SELECT count(*) FROM debounce_open), "
+    "(SELECT count(*) FROM debounce_open "
+    "WHERE deadline <= to_timestamp(%s / 1000.0) AND held_since IS NULL), "
+    "debounce_counters()"
+)
+_RESET = (
+    "DELETE FROM debounce_stats RETURNING kind || '|' || task, n, "
+    "updated_at >= clock_timestamp() - debounce_history_ttl()"
+)
+#: One page of open windows after an ident, counted per task: the page's last ident,
+#: then a row per task.
+_CENSUS = (
+    "WITH page AS (SELECT ident, deadline, first_seen, calls, held_since FROM debounce_open "
+    "WHERE ident > %s ORDER BY ident LIMIT %s) "
+    "SELECT (SELECT max(ident) FROM page), (SELECT count(*) FROM page), "
+    "coalesce((SELECT json_agg(json_build_array(task, n, due, oldest, waiting)) FROM ("
+    "SELECT debounce_task_of(ident) AS task, count(*) AS n, "
+    "count(*) FILTER (WHERE deadline <= to_timestamp(%s / 1000.0) AND held_since IS NULL) "
+    "AS due, "
+    "debounce_ms(min(first_seen)) AS oldest, sum(calls) AS waiting FROM page "
+    "GROUP BY 1) AS per_task WHERE task IS NOT NULL), '[]')"
+)
+_SNAPSHOT = (
+    "SELECT (SELECT count(*) FROM debounce_open), "
+    "(SELECT count(*) FROM debounce_open "
+    "WHERE deadline <= to_timestamp(%s / 1000.0) AND held_since IS NULL), "
+    "(SELECT debounce_ms(min(deadline)) FROM debounce_open WHERE held_since IS NULL), "
+    "(SELECT count(*) FROM debounce_taken WHERE state = 'dispatching'), "
+    "(SELECT count(*) FROM debounce_taken WHERE state IN ('queued', 'claimed', 'stale')), "
+    "(SELECT count(*) FROM debounce_taken WHERE state = 'quarantined'), "
+    "debounce_counters(), "
+    "(SELECT coalesce(json_agg(json_build_array(ident, calls)), '[]') FROM ("
+    "SELECT ident, calls FROM debounce_open WHERE calls > 1 ORDER BY calls DESC, ident "
+    "LIMIT %s) AS hot), "
+    "(SELECT coalesce(json_agg(json_build_array(name, debounce_ms(seen_at), alive) "
+    "ORDER BY name), '[]') FROM debounce_dispatchers), "
+    "(SELECT count(*) FROM debounce_open WHERE held_since IS NOT NULL), "
+    "(SELECT coalesce(json_agg(json_build_array(ident, debounce_ms(held_since))), '[]') "
+    "FROM (SELECT ident, held_since FROM debounce_open WHERE held_since IS NOT NULL "
+    "ORDER BY held_since, ident LIMIT %s) AS held)"
+)
+#: The census's cursor: "0" before the first page and after the last, else the last
+#: ident read, after this mark.
+_AFTER = "i:"
+
+
+class PostgresStats:
+    """The counters and gauges of :class:`~.store.PostgresStore` (one shard: 0)."""
+
+    if TYPE_CHECKING:  # pragma: no cover - what PostgresStore provides
+
+        def _check(self) -> None: ...
+
+        def _read(self, fn: Any) -> Any: ...
+
+        def _write(self, fn: Any, operation: str) -> Any: ...
+
+    def census_step(
+        self, shard: int, cursor: str, count: int, now_ms: int
+    ) -> tuple[str, list[CensusRow]]:
+        """Up to ``count`` open windows after ``cursor``, in ident order, counted per
+        task; the next cursor (``"0"``: that was the last page)."""
+        self._check()
+        after = cursor[len(_AFTER) :] if cursor.startswith(_AFTER) else ""
+        limit = max(1, count)
+
+        def read(conn: psycopg.Connection[Any]) -> Any:
+            return conn.execute(_CENSUS, (after, limit, now_ms)).fetchone()
+
+        last, read_count, per_task = self._read(read)
+        rows = [
+            CensusRow(str(task), int(n), int(due), int(oldest), int(waiting))
+            for task, n, due, oldest, waiting in _json(per_task)
+        ]
+        return ("0" if read_count < limit else _AFTER + last), rows
+
+    def counts(self, shard: int, now_ms: int) -> ShardCounts:
+        """Open and due windows and the counters (``<kind>|<task>``)."""
+        self._check()
+        row = self._read(lambda conn: conn.execute(_COUNTS, (now_ms,)).fetchone())
+        open_, due, counters = row
+        return ShardCounts(int(open_), int(due), _counters(counters))
+
+    def reset_counters(self, shard: int) -> dict[str, int]:
+        """Zero the counters in one statement; those removed (every increment is in
+        them or counted after the reset, never lost)."""
+        self._check()
+        rows = self._write(lambda conn: conn.execute(_RESET).fetchall(), "stats reset")
+        return {name: int(n) for name, n, live in rows if live}
+
+    def maxmemory_policy(self) -> str:
+        """PostgreSQL never evicts a row."""
+        return "noeviction"
+
+    def snapshot_commands(self) -> int:
+        """Statements :meth:`snapshot` sends."""
+        return 1
+
+    def held_listed(self) -> int:
+        """Held windows a :meth:`snapshot` lists (the longest held first)."""
+        return HELD_LISTED
+
+    def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
+        """The gauges in one statement (``top``, the exporter). ``hot``: the open
+        windows with the most calls; ``dispatchers``: each one's last heartbeat."""
+        self._check()
+        args = (now_ms, HOT_KEYS_KEPT, HELD_LISTED)
+        row = self._read(lambda conn: conn.execute(_SNAPSHOT, args).fetchone())
+        (open_, due, first, leased, active, quarantined, counters, hot, seen, held, front) = row
+        beats = [(str(name), int(ms), bool(alive)) for name, ms, alive in _json(seen)]
+        return ShardSnapshot(
+            int(open_),
+            int(due),
+            None if first is None else int(first),
+            int(leased),
+            int(active),
+            int(quarantined),
+            _counters(counters),
+            [(str(ident), int(calls)) for ident, calls in _json(hot)],
+            [(name, ms) for name, ms, alive in beats if alive],
+            [(name, ms) for name, ms, alive in beats if alive],
+            [(name, ms) for name, ms, alive in beats if not alive],
+            int(held),
+            [(str(ident), int(ms)) for ident, ms in _json(front)],
+        )
+
+
+def _json(value: Any) -> Any:
+    """A JSON value as psycopg returns it (parsed), or its text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _counters(value: Any) -> dict[str, int]:
+    return {str(name): int(n) for name, n in _json(value).items()}
