@@ -1,8 +1,8 @@
 """The PostgreSQL store end to end: ``debounce_store_url = "postgresql://..."`` in a real
 prefork ``celery worker`` (tests/pg_app.py), on a Redis broker (with a debounce_collect
 task) and on RabbitMQ with no Redis anywhere; ``celery debounce migrate`` and the
-worker's refusal of a database without the schema; the features the store does not have
-yet, each refused by name.
+worker's refusal of a database without the schema; stats, top and the exporter on it,
+and doctor (Redis's own invariants) refused by name.
 
 The session's private PostgreSQL server (fixture ``postgres_server``), a database of
 its own per test.
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ import redis
 from celery import Celery
 from helpers import celery_worker, debounce_command, wait_until
 from pg_app import MAX_WAIT_S, WINDOW_S, build
+from prometheus_client.parser import text_string_to_metric_families
 from rabbitmq_node import RabbitNode, own_queue
 
 from celery_debounce import WindowNotFound, enqueue_many
@@ -44,13 +46,13 @@ from celery_debounce.testing import (
     run_windows,
 )
 from celery_debounce.testing.postgres import LocalPostgres
+from celery_debounce.testing.servers import free_port
 
 psycopg = pytest.importorskip("psycopg")
 
 pytestmark = [pytest.mark.timeout(120)]
 
 TESTS = Path(__file__).parents[1]
-NOT_YET = "is not available on the PostgreSQL store yet"
 UNFINISHED = "SELECT task_id, state FROM debounce_taken WHERE state <> 'finished'"
 
 
@@ -487,25 +489,48 @@ def test_cancel_inspect_and_flush_all_on_postgres(migrated: str, runs_dir: Path)
 # -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 
-def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_dir: Path) -> None:
+def test_stats_top_and_the_exporter_read_postgres_and_doctor_is_refused_by_name(
+    migrated: str, runs_dir: Path, tmp_path: Path
+) -> None:
     app = build(migrated, "memory://", str(runs_dir))
     record = app.tasks["pg.record"]
     # enqueue_many works (call by call): two calls of one key, one window
     bulk = enqueue_many(record, [(("bulk", 1), {}), (("bulk", 2), {})])
     assert len({r.id for r in bulk}) == 1
     assert sql(migrated, "SELECT calls FROM debounce_open") == [(2,)]
-    assert sql(migrated, "DELETE FROM debounce_open RETURNING calls") == [(2,)]
+    assert [r.id for r in run_windows(app, record)] == [bulk[0].id]  # taken: counted
+    record.delay("waiting", 3)
 
     env = env_for(migrated, "memory://", runs_dir)
-    for verb in (
-        ["stats"],
-        ["top", "--plain", "--iterations", "1"],
-        ["exporter", "--port", "0"],
-    ):
-        done = debounce_command("pg_app", env, *verb)
-        assert done.returncode == 1, (verb, done.stdout, done.stderr)
-        assert NOT_YET in done.stderr, (verb, done.stderr)
-        assert "Traceback" not in done.stderr
+    stats = debounce_command("pg_app", env, "stats", "-j")
+    assert stats.returncode == 0, stats.stderr
+    figures = json.loads(stats.stdout)
+    assert figures["open"] == 1  # due or not: its 0.3 s window may have passed
+    (task,) = figures["tasks"]
+    assert (task["task"], task["open"], task["runs"], task["calls"]) == ("pg.record", 1, 1, 2)
+    assert sum(task["lateness_buckets"].values()) == 1
+    reset = debounce_command("pg_app", env, "stats", "--reset", "-j")
+    assert reset.returncode == 0 and json.loads(reset.stdout)["tasks"][0]["runs"] == 1
+    assert sql(migrated, "SELECT count(*) FROM debounce_stats") == [(0,)]
+
+    top = debounce_command("pg_app", env, "top", "--plain", "--iterations", "1")
+    assert top.returncode == 0, top.stderr
+    assert "pg.record" in top.stdout and "Traceback" not in top.stderr
+
+    port = free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "pg_app", "debounce", "exporter", "--port",
+         str(port), "--addr", "127.0.0.1", "--min-interval", "0"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        got = wait_until(lambda: _scraped(port), 30)
+        assert got["celery_debounce_store_up"] == 1
+        assert got["celery_debounce_open_windows"] == 1
+    finally:
+        exporter.send_signal(signal.SIGTERM)
+        exporter.wait(10)
+
     doctor = debounce_command("pg_app", env, "doctor")
     assert doctor.returncode == 1 and "doctor is not available on the PostgreSQL" in doctor.stderr
 
@@ -514,10 +539,25 @@ def test_features_not_on_postgres_yet_are_refused_by_name(migrated: str, runs_di
     flushed = debounce_command("pg_app", env, "flush", "--task", "pg.record", "--key", "k:flushme")
     assert flushed.returncode == 0, flushed.stderr
     assert "Flushed pg.record" in flushed.stdout
-    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+    assert sql(migrated, "SELECT count(*) FROM debounce_open WHERE ident LIKE '%flushme'") == [(0,)]
     pinged = debounce_command("pg_app", env, "ping", "-j")
     assert pinged.returncode == 1, pinged.stderr  # no dispatcher runs: not alive
     assert json.loads(pinged.stdout)["dispatchers"] == []
+
+
+def _scraped(port: int) -> dict[str, float] | None:
+    """The exporter's samples by name, once it answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
 
 
 def test_bad_store_settings_are_refused_clearly_and_nothing_written(

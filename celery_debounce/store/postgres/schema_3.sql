@@ -20,7 +20,8 @@
 --                               for the first time (r runs, c calls, m closed by the
 --                               cap or full, e leading runs, f forced by the max wait,
 --                               l<b> lateness bucket b, h held and hm ms held) and by
---                               debounce_cancel (x). A counter not changed for the
+--                               debounce_cancel (x), and by debounce_gate per call
+--                               (i calls in, s suppressed). A counter not changed for the
 --                               history TTL starts again from zero (readers skip it).
 --                               The TTL and the lateness buckets come from the
 --                               connection (debounce.history_ttl_ms,
@@ -44,9 +45,12 @@ CREATE TABLE debounce_calls (
 CREATE TABLE debounce_stats (
     task text NOT NULL,
     kind text NOT NULL,
+    -- the calls counted by the gate (i, s) are spread over 16 rows per task and kind,
+    -- by ident, so that calls of different keys rarely wait for one another's row
+    slot smallint NOT NULL DEFAULT 0,
     n bigint NOT NULL,
     updated_at timestamptz NOT NULL,
-    PRIMARY KEY (task, kind)
+    PRIMARY KEY (task, kind, slot)
 ) WITH (fillfactor = 50);
 
 -- The task name in an ident <n>:<task>:<key> (n: the name's UTF-8 bytes, as
@@ -78,17 +82,34 @@ LANGUAGE sql AS $$
     FROM unnest(p_tasks, p_kinds, p_ns) AS c(task, kind, n)
     WHERE c.task IS NOT NULL AND c.n IS NOT NULL
     GROUP BY c.task, c.kind ORDER BY c.task, c.kind
-    ON CONFLICT (task, kind) DO UPDATE SET
+    ON CONFLICT (task, kind, slot) DO UPDATE SET
         n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN excluded.n
                  ELSE s.n + excluded.n END,
+        updated_at = p_now
+$$;
+
+-- A call the gate accepted: i (calls in) + 1, and s + 1 when it was suppressed (a
+-- leading-only quiet period folded it into the leading run), in the ident's slot.
+CREATE FUNCTION debounce_count_call(p_ident text, p_suppressed boolean, p_now timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
+    SELECT debounce_task_of(p_ident), k.kind, abs(hashtext(p_ident) % 16), 1, p_now
+    FROM (VALUES ('i'), ('s')) AS k(kind)
+    WHERE debounce_task_of(p_ident) IS NOT NULL AND (k.kind = 'i' OR p_suppressed)
+    ORDER BY k.kind
+    ON CONFLICT (task, kind, slot) DO UPDATE SET
+        n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
         updated_at = p_now
 $$;
 
 -- The counters not past the history TTL, as {"<kind>|<task>": n}.
 CREATE FUNCTION debounce_counters() RETURNS json
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(json_object_agg(s.kind || '|' || s.task, s.n), '{}')
-    FROM debounce_stats s WHERE s.updated_at >= clock_timestamp() - debounce_history_ttl()
+    SELECT coalesce(json_object_agg(c.name, c.n), '{}')
+    FROM (SELECT s.kind || '|' || s.task AS name, sum(s.n) AS n FROM debounce_stats s
+          WHERE s.updated_at >= clock_timestamp() - debounce_history_ttl()
+          GROUP BY s.kind, s.task) AS c
 $$;
 
 -- The lateness bucket of a window taken p_late_ms after its deadline: the index
@@ -213,6 +234,7 @@ BEGIN
             UPDATE debounce_quiet q SET quiet_end = v_qend, calls = q.calls + 1
             WHERE q.ident = p_ident RETURNING q.calls INTO v_row;
             IF p_edge = 'L' THEN  -- leading only: folded into the leading run
+                PERFORM debounce_count_call(p_ident, true, v_now);
                 RETURN QUERY SELECT v_quiet.task_id, false, debounce_ms(v_qend),
                                     v_row.calls, debounce_ms(v_now), 'suppressed'::text;
                 RETURN;
@@ -306,6 +328,7 @@ BEGIN
             task_id = excluded.task_id, first_seen = excluded.first_seen,
             max_wait_ms = excluded.max_wait_ms, quiet_end = excluded.quiet_end, calls = 1;
     END IF;
+    PERFORM debounce_count_call(p_ident, false, v_now);
     RETURN QUERY SELECT v_row.task_id, v_row.opened, debounce_ms(v_row.deadline),
                         v_row.calls, debounce_ms(v_now),
                         CASE WHEN v_leading AND v_row.opened THEN 'lead' ELSE '' END;

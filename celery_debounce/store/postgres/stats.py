@@ -28,8 +28,9 @@ _COUNTS = (
     "debounce_counters()"
 )
 _RESET = (
-    "DELETE FROM debounce_stats RETURNING kind || '|' || task, n, "
-    "updated_at >= clock_timestamp() - debounce_history_ttl()"
+    "WITH gone AS (DELETE FROM debounce_stats RETURNING kind || '|' || task AS name, n, "
+    "updated_at >= clock_timestamp() - debounce_history_ttl() AS live) "
+    "SELECT name, sum(n) FROM gone WHERE live GROUP BY name"
 )
 #: One page of open windows after an ident, counted per task: the page's last ident,
 #: then a row per task.
@@ -110,7 +111,7 @@ class PostgresStats:
         them or counted after the reset, never lost)."""
         self._check()
         rows = self._write(lambda conn: conn.execute(_RESET).fetchall(), "stats reset")
-        return {name: int(n) for name, n, live in rows if live}
+        return {name: int(n) for name, n in rows}
 
     def maxmemory_policy(self) -> str:
         """PostgreSQL never evicts a row."""
