@@ -2167,8 +2167,8 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL call blocked on a lock waits past the store's timeout",
         "a call blocked on the server fails within the store's timeout (statement_timeout)",
         PKG + "store/postgres/store.py",
-        "            configure=_bounded(timeout),\n",
-        "",
+        "            configure=_configure(\n",
+        "            configure=None and _configure(\n",
         "tests/store/test_postgres_store.py::"
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
     ),
@@ -2276,5 +2276,40 @@ MUTATIONS: list[Mutation] = [
         "        WHERE true\n",
         "tests/store/test_postgres_store.py::"
         "test_a_collect_window_closes_at_its_cap_and_a_call_of_the_other_mode_opens_its_own",
+    ),
+    one(
+        "a PostgreSQL window taken again after its lease is counted again",
+        "stats: a window is counted once, when first taken (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
+        "                 UNION ALL SELECT r.task_id FROM retaken r),",
+        PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
+        "[postgres]",
+    ),
+    one(
+        "a flushed or capped PostgreSQL window is never counted",
+        "stats: a window closed by a flush or its cap is counted when taken (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
+        "                 ),",
+        PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
+        "[postgres]",
+    ),
+    one(
+        "the PostgreSQL gate counts no suppressed call",
+        "stats: calls in and suppressed calls are counted at the gate (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "                PERFORM debounce_count_call(p_ident, true, v_now);\n",
+        "",
+        PGC + "test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period[postgres]",
+    ),
+    one(
+        "PostgreSQL counters reset by a statement that loses the last increments",
+        "stats --reset returns every counter it zeroed (PostgreSQL)",
+        PKG + "store/postgres/stats.py",
+        '    "SELECT name, sum(n) FROM gone WHERE live GROUP BY name"',
+        '    "SELECT name, max(n) FROM gone WHERE live GROUP BY name"',
+        PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
+        "[postgres]",
     ),
 ]
