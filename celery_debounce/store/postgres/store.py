@@ -294,23 +294,8 @@ class PostgresStore(
 
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
         """One call: open the window of ``call.ident`` or join the open one (one
-        ``debounce_gate`` call). Options the store does not support yet are refused
-        before anything is written."""
+        ``debounce_gate`` call)."""
         spec = call.spec
-        unsupported = [
-            name
-            for name, used in (
-                (
-                    "debounce_trailing=False without debounce_leading",
-                    not spec.trailing and not spec.leading,
-                ),
-            )
-            if used
-        ]
-        if unsupported:
-            raise DebounceConfigError(
-                f"the PostgreSQL store does not support {', '.join(unsupported)} yet"
-            )
         self._check()
         alias = fallback = None
         if fixed is not None:
