@@ -1878,7 +1878,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_claim runs a finished window again",
         "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/schema_3.sql",
         "    IF v_state = 'finished' OR (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
         "    IF (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
         PGC + "test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new_one"

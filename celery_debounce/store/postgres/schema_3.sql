@@ -20,7 +20,8 @@
 --                               for the first time (r runs, c calls, m closed by the
 --                               cap or full, e leading runs, f forced by the max wait,
 --                               l<b> lateness bucket b, h held and hm ms held) and by
---                               debounce_cancel (x), and by debounce_gate per call
+--                               debounce_cancel (x), debounce_claim (d, a duplicate
+--                               delivery skipped), and by debounce_gate per call
 --                               (i calls in, s suppressed). A counter not changed for the
 --                               history TTL starts again from zero (readers skip it).
 --                               The TTL and the lateness buckets come from the
@@ -473,6 +474,45 @@ BEGIN
                         NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::integer,
                         NULL::integer, NULL::boolean, NULL::bigint, NULL::boolean,
                         debounce_ms(v_now), debounce_ms(v_next);
+END
+$$;
+
+-- Claim a window for its run (version 1's, see schema.sql): a duplicate delivery,
+-- skipped, is counted (d).
+CREATE OR REPLACE FUNCTION debounce_claim(p_task_id text, p_lease_ms bigint, p_retry boolean,
+                               p_last boolean)
+RETURNS TABLE (before text, now_ms bigint, run boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_state text;
+    v_until timestamptz;
+    v_ident text;
+BEGIN
+    SELECT t.state, t.claim_until, t.ident INTO v_state, v_until, v_ident FROM debounce_taken t
+    WHERE t.task_id = p_task_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT ''::text, debounce_ms(v_now), true;
+        RETURN;
+    END IF;
+    IF v_state = 'finished' OR (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)
+    THEN
+        IF v_state = 'claimed' THEN
+            UPDATE debounce_taken t SET redelivered = true WHERE t.task_id = p_task_id;
+        END IF;
+        PERFORM debounce_count(ARRAY[debounce_task_of(v_ident)], ARRAY['d'],
+                               ARRAY[1::bigint], v_now);  -- a duplicate skipped
+        RETURN QUERY SELECT v_state, debounce_ms(v_now), false;
+        RETURN;
+    END IF;
+    IF v_state IN ('dispatching', 'queued', 'stale', 'claimed') THEN
+        UPDATE debounce_taken t
+        SET state = 'claimed', claim_until = v_now + p_lease_ms * interval '1 millisecond',
+            redelivered = false, last_delivery = p_last
+        WHERE t.task_id = p_task_id;
+    END IF;
+    RETURN QUERY SELECT v_state, debounce_ms(v_now), true;
 END
 $$;
 

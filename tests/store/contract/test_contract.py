@@ -198,6 +198,7 @@ def test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new
     assert store.finish_run(shard, first.task_id, "SUCCESS").finished  # idempotent
     # a republished message after the run: never claimed again
     assert store.claim(shard, first.task_id, "t") == ClaimResult("finished", False)
+    assert _counters(store).get("d|t") == 2  # both duplicates counted (stats)
     assert store.pending(shard, first.call.ident) is not None  # the new window, untouched
     # a record that is gone (past its TTL) runs: at least once
     assert store.claim(shard, "gone", "t") == ClaimResult("", True)
