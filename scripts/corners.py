@@ -1,6 +1,7 @@
 """The corners of the supported range (scripts/corners.toml), run from the built wheel.
 
-    python scripts/corners.py run [--no-build] [NAME ...]  # build once, run each (default: all)
+    python scripts/corners.py run [--no-build] [--jobs N] [NAME ...]  # build once, run each
+                                               # (default: all, two side by side)
     python scripts/corners.py build            # python -m build + twine check only
     python scripts/corners.py table            # the matrix table docs/development.md shows
     python scripts/corners.py tests NAME       # the tests a corner runs (scripts/test-valkey.sh)
@@ -22,8 +23,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CORNERS_TOML = ROOT / "scripts" / "corners.toml"
 WORK = ROOT / ".corners"
 DIST = WORK / "dist"
+
+
+#: One corner's output is printed at a time.
+_PRINTING = threading.Lock()
 
 
 class CornerError(Exception):
@@ -275,7 +282,15 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         flush=True,
     )
     tested = time.monotonic()
-    code = subprocess.run(cmd, cwd=work, env=env, check=False).returncode
+    output = home / "pytest.log"  # printed whole when the corner ends (corners run side by side)
+    with output.open("wb") as out:
+        code = subprocess.run(
+            cmd, cwd=work, env=env, check=False, stdout=out, stderr=subprocess.STDOUT
+        ).returncode
+    with _PRINTING:
+        print(f"+ corner {name}: pytest's output", file=sys.stderr, flush=True)
+        sys.stderr.write(output.read_text(errors="replace"))
+        sys.stderr.flush()
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     if junit.exists():
         suite = ET.parse(junit).getroot()  # noqa: S314  (pytest's own report)
@@ -296,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run")
     run_parser.add_argument("names", nargs="*")
+    run_parser.add_argument(
+        "--jobs", type=int, default=2, help="corners run side by side (default 2)"
+    )
     run_parser.add_argument(
         "--no-build",
         action="store_true",
@@ -325,15 +343,25 @@ def main(argv: list[str] | None = None) -> int:
         print(wheel)
         return 0
     names = args.names or [row["name"] for row in matrix["corner"]]
-    results = []
-    for name in names:
+
+    def one(name: str) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            results.append(run_corner(corner(name, matrix), wheel, matrix))
+            result = run_corner(corner(name, matrix), wheel, matrix)
         except (CornerError, subprocess.CalledProcessError) as exc:
             print(f"corner {name}: {exc}", file=sys.stderr)
-            results.append({"name": name, "ok": False, "error": str(exc)})
-        results[-1]["time"] = time.monotonic() - started
+            result = {"name": name, "ok": False, "error": str(exc)}
+        result["time"] = time.monotonic() - started
+        return result
+
+    # side by side, ``--jobs`` at a time; a corner marked ``alone`` (its timing-sensitive
+    # selection: failovers) runs by itself, after the others
+    alone = [name for name in names if corner(name, matrix).get("alone")]
+    together = [name for name in names if name not in alone]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = dict(zip(together, pool.map(one, together), strict=True))
+    done.update((name, one(name)) for name in alone)
+    results = [done[name] for name in names]
     print("\ncorners:", file=sys.stderr)
     for result in results:
         if "error" in result:
