@@ -3,7 +3,8 @@
 Configured from the environment: FAULT_REDIS (windows DB 0, broker DB 1),
 FAULT_BROKER (default FAULT_REDIS DB 1), FAULT_RESULTS (a result backend URL; none
 by default), FAULT_ACKS_LATE, FAULT_REJECT_ON_WORKER_LOST, FAULT_CLAIM_LEASE,
-FAULT_VISIBILITY, FAULT_TIME_LIMIT, FAULT_WAIT_REPLICAS. Every run appends its task id to the
+FAULT_VISIBILITY, FAULT_TIME_LIMIT, FAULT_WAIT_REPLICAS, FAULT_STORE (a postgresql:// URL:
+the windows in PostgreSQL). Every run appends its task id to the
 Redis list ``runs:<key>`` in DB 0 (outside the package's ``debounce:*`` keys).
 
     python fault_app.py take [--publish]   take due windows, print their ids, then hang
@@ -164,6 +165,9 @@ def build(
     return app
 
 
+#: FAULT_STORE (a postgresql:// URL): the windows in PostgreSQL; Redis stays the broker
+#: and keeps the runs:<key> lists
+_store = os.environ.get("FAULT_STORE") or None
 app = build(
     os.environ.get("FAULT_REDIS", "redis://127.0.0.1:6379"),
     os.environ.get("FAULT_BROKER"),
@@ -178,6 +182,7 @@ app = build(
     if os.environ.get("FAULT_TIME_LIMIT")
     else None,
     debounce_redis_wait_replicas=int(os.environ.get("FAULT_WAIT_REPLICAS", "0")),
+    **({"debounce_store_url": _store, "debounce_redis_url": None} if _store else {}),
 )
 
 

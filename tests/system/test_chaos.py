@@ -12,7 +12,8 @@ published a second time. The rules checked at the end:
 * no window's body ran twice (effectively once: a second delivery of a finished or
   live window is skipped before the body), and the skips are counted.
 
-The seed of the random schedule is printed; ``CHAOS_SEED=<n>`` replays one.
+It runs with the windows in Redis and in PostgreSQL (Redis stays the broker). The seed
+of the random schedule is printed; ``CHAOS_SEED=<n>`` replays one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,7 @@ from test_faults import TESTS, doomed_dispatcher, env_for, worker_process
 from celery_debounce import DebounceBackendError
 from celery_debounce.ops.admin import DebounceAdmin
 from celery_debounce.ops.read_view import list_windows
+from celery_debounce.testing.postgres import LocalPostgres
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +80,36 @@ def _signal_tree(pid: int, signum: int) -> None:
             pass
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Where the windows live: Redis, or a fresh PostgreSQL database (migrated), named
+    to every process of the test by FAULT_STORE; Redis is the broker either way."""
+    if request.param == "redis":
+        yield "redis"
+        return
+    psycopg = pytest.importorskip("psycopg")
+    from celery_debounce.store.postgres import PostgresStore
+
+    server: LocalPostgres = request.getfixturevalue("postgres_server")
+    name = f"chaos_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
+    with PostgresStore(server.url(name)) as made:
+        made.migrate()
+    monkeypatch.setenv("FAULT_STORE", server.url(name))
+    yield server.url(name)
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def test_dispatchers_killed_at_random_lose_nothing_and_run_no_body_twice(
-    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, store: str
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
     print(f"\nCHAOS_SEED={seed}")
     rng = random.Random(seed)
-    app = build(redis_server)
+    postgres = {"debounce_store_url": store, "debounce_redis_url": None}
+    app = build(redis_server, **(postgres if store != "redis" else {}))
     record = app.tasks["faults.record"]
     given: dict[str, set[str]] = {}  # key -> window ids handed to callers
     stop = threading.Event()
