@@ -2312,4 +2312,31 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
         "[postgres]",
     ),
+    one(
+        "a PostgreSQL chunk gates its calls in the caller's order",
+        "enqueue_many on PostgreSQL: chunks sharing keys never deadlock (ident order)",
+        PKG + "store/postgres/schema_3.sql",
+        "               ORDER BY o.ident, o.k LOOP",
+        "               ORDER BY o.k LOOP",
+        "tests/store/test_postgres_store.py::"
+        "test_concurrent_chunks_of_the_same_keys_in_opposite_orders_never_deadlock",
+    ),
+    one(
+        "a refused call undoes its whole PostgreSQL chunk",
+        "enqueue_many on PostgreSQL: a refused call keeps out only itself",
+        PKG + "store/postgres/schema_3.sql",
+        "        EXCEPTION WHEN SQLSTATE 'DBA01' OR SQLSTATE 'DBR01' OR SQLSTATE 'DBP01' THEN",
+        "        EXCEPTION WHEN SQLSTATE 'XX999' THEN",
+        "tests/store/test_postgres_store.py::"
+        "test_gate_many_gates_each_call_in_order_and_a_refused_one_keeps_out_only_itself",
+    ),
+    one(
+        "a PostgreSQL chunk's calls are never counted",
+        "stats: every call of an enqueue_many chunk is counted (PostgreSQL)",
+        PKG + "store/postgres/schema_3.sql",
+        "    IF cardinality(v_idents) > 0 THEN\n",
+        "    IF false THEN\n",
+        "tests/store/test_postgres_store.py::"
+        "test_gate_many_sends_a_chunk_in_one_statement_and_counts_every_call",
+    ),
 ]

@@ -31,6 +31,7 @@ from celery_debounce.store.domain import (
     ServerRefused,
     StoreUnavailable,
 )
+from celery_debounce.store.keys import window_ident
 from celery_debounce.store.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -1034,12 +1035,48 @@ def test_gate_many_gates_each_call_in_order_and_a_refused_one_keeps_out_only_its
     assert rows(database, "open") == [("t:a", first.task_id, 2), ("t:c", other.task_id, 1)]
 
 
+def test_gate_many_sends_a_chunk_in_one_statement_and_counts_every_call(
+    store: PostgresStore, database: str
+) -> None:
+    """A chunk is one ``debounce_gate_many`` call: its calls are gated in ident order
+    (the order among one ident's calls kept) and counted once, at its end."""
+    a, b = window_ident("t", "a"), window_ident("t", "b")
+    calls = [call(b, payload=b"[[1], {}, {}]", replace=True), call(a)]
+    calls += [call(b, payload=b"[[2], {}, {}]", replace=True), call(a)]
+    out = store.gate_many(calls, chunk_size=1000)
+    assert [r.calls for r in out] == [1, 1, 2, 2]  # type: ignore[union-attr]
+    (window,) = [w for w in drain(store) if w.ident == b]
+    assert window.payload == b"[[2], {}, {}]"  # the later call replaced the earlier one
+    assert store.counts(0, store.time_ms()).counters["i|t"] == 4
+
+
+def test_concurrent_chunks_of_the_same_keys_in_opposite_orders_never_deadlock(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """Two producers' chunks share their keys, each in the other's reverse order: both
+    are answered (each chunk locks its windows in ident order), every call counted."""
+    stores = [make_store(max_size=2) for _ in range(2)]
+    stores[0].migrate()
+    keys = [f"t:k{i:03d}" for i in range(200)]
+
+    def produce(n: int) -> list[object]:
+        order = keys if n % 2 == 0 else keys[::-1]
+        return stores[n % 2].gate_many([call(k) for k in order], chunk_size=200)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = [r for batch in pool.map(produce, range(8)) for r in batch]
+    assert all(isinstance(r, GateResult) for r in results), [
+        r for r in results if not isinstance(r, GateResult)
+    ][:2]
+    assert sorted(c for *_, c in rows(database, "open")) == [8] * 200
+
+
 def test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so(
     make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres, database: str
 ) -> None:
-    """A reply lost in a batch: that call is ``ReplyLost`` (it may have run), the calls
-    after it are ``StoreUnavailable``, not sent; an outage at the first call, nothing
-    written, is raised for the whole batch."""
+    """A chunk's reply lost: each of its calls is ``ReplyLost`` (the chunk ran whole or
+    not at all), the calls after it are ``StoreUnavailable``, not sent; an outage at the
+    first chunk, nothing written, is raised for the whole batch."""
     proxy = PgProxy(postgres_server.port)
     try:
         through = make_store(
@@ -1048,11 +1085,12 @@ def test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so(
         through.migrate()
         assert through.gate(call("t:warm")).opened
         proxy.drop_next(b"debounce_gate")
-        lost, *unsent = through.gate_many([call("t:x"), call("t:y"), call("t:z")])
-        assert isinstance(lost, OutcomeUnknown) and worth_keeping(lost)
-        assert all(isinstance(u, StoreUnavailable) and "not sent" in str(u) for u in unsent)
-        # x may have run (once: never sent again); y and z were never sent
-        assert [r[0] for r in rows(database, "open")] in (["t:warm", "t:x"], ["t:warm"])
+        *lost, unsent = through.gate_many([call("t:x"), call("t:y"), call("t:z")], chunk_size=2)
+        assert all(isinstance(c, OutcomeUnknown) and worth_keeping(c) for c in lost)
+        assert isinstance(unsent, StoreUnavailable) and "not sent" in str(unsent)
+        # x and y ran together or not at all (never sent again); z was never sent
+        opened = [r[0] for r in rows(database, "open")]
+        assert opened in (["t:warm", "t:x", "t:y"], ["t:warm"])
         proxy.refuse()
         # the pool's connection made after the drop is closed now: probe it, so that
         # the call below cannot be sent on it before its close is seen (a lost reply)

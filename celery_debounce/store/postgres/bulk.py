@@ -1,27 +1,36 @@
 """The PostgreSQL store's ``gate_many`` (a base of ``PostgresStore``): ``enqueue_many``'s
-calls gated one by one, each in its own round trip and transaction, in order."""
+calls, a chunk in one ``debounce_gate_many`` call (one round trip, one transaction)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import DebounceError
+from ..codec import GateResult
 from ..domain import ReplyLost, StoreUnavailable
+from .gate_args import gate_many_args, refused
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...aliases import FixedId
+    import psycopg
+
     from ...producer.call import PreparedCall
     from ..bulk import Outcome
-    from ..codec import GateResult
+
+_GATE_MANY = (
+    "SELECT * FROM debounce_gate_many(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s, %s)"
+)
 
 
 class PostgresBulk:
     """``gate_many`` of :class:`~.store.PostgresStore`."""
 
     if TYPE_CHECKING:  # pragma: no cover - what PostgresStore provides
+        max_payload_bytes: int
 
-        def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult: ...
+        def _check(self) -> None: ...
+
+        def _write(self, fn: Any, operation: str) -> Any: ...
 
     def gate_many(
         self,
@@ -30,32 +39,52 @@ class PostgresBulk:
         on_chunk: Callable[[range], None] | None = None,
         into: list[Outcome] | None = None,
     ) -> list[Outcome]:
-        """Each call as :meth:`gate`, in order: one outcome per call, its
-        :class:`GateResult` or the error that kept it out (a lost reply:
-        ``ReplyLost``, it may have run). After an outage the calls not sent yet get a
-        ``StoreUnavailable`` each, unsent: nothing of theirs was written. An outage
-        at the first call, before anything was written, is raised (the whole batch).
-        ``on_chunk(indexes)`` runs after each ``chunk_size`` calls were answered."""
+        """Each chunk of ``chunk_size`` calls in one round trip, atomic: one outcome per
+        call, its :class:`GateResult` or the error that kept it out (its own refusal,
+        nothing of it written; the others go on). A chunk whose reply was lost is
+        ``ReplyLost`` for each of its calls (all of them ran, or none); after an outage
+        the calls not sent yet get a ``StoreUnavailable`` each, unsent. An outage at the
+        first chunk, nothing written, is raised (the whole batch). ``on_chunk(indexes)``
+        runs after each chunk was answered."""
         outcomes: list[Any] = into if into is not None else []
         outcomes[:] = [None] * len(calls)
+        self._check()
         down: BaseException | None = None
-        for start in range(0, len(calls), chunk_size):
-            stop = min(start + chunk_size, len(calls))
-            for i in range(start, stop):
-                if down is not None:
+        for start in range(0, len(calls), max(1, chunk_size)):
+            chunk = range(start, min(start + max(1, chunk_size), len(calls)))
+            if down is not None:
+                for i in chunk:
                     outcomes[i] = StoreUnavailable(
                         f"not sent: the PostgreSQL store failed earlier in this batch: {down}"
                     )
-                    continue
-                try:
-                    outcomes[i] = self.gate(calls[i])
-                except (StoreUnavailable, ReplyLost) as exc:
-                    if i == 0 and isinstance(exc, StoreUnavailable):
-                        outcomes[i] = None
-                        raise  # nothing written: an outage of the whole batch
-                    outcomes[i], down = exc, exc
-                except DebounceError as exc:  # this call's own refusal: the rest go on
+                continue
+            args = gate_many_args([calls[i] for i in chunk], self.max_payload_bytes)
+
+            def send(conn: psycopg.Connection[Any], args: Any = args) -> Any:
+                return conn.execute(_GATE_MANY, args).fetchall()
+
+            try:
+                rows = self._write(send, "gate_many")
+            except StoreUnavailable as exc:  # nothing of the chunk was written
+                if start == 0:
+                    raise  # an outage of the whole batch
+                down = exc
+                for i in chunk:
+                    outcomes[i] = StoreUnavailable(f"not written: {exc}")
+                continue
+            except ReplyLost as exc:  # the chunk ran whole, or not at all
+                down = exc
+                for i in chunk:
                     outcomes[i] = exc
+                continue
+            for k, task_id, opened, deadline, count, now, edge, sqlstate, message in rows:
+                i = start + k - 1
+                if sqlstate is not None:
+                    outcomes[i] = refused(sqlstate, message)
+                else:
+                    outcomes[i] = GateResult(
+                        task_id, bool(opened), int(deadline), int(count), int(now), edge
+                    )
             if on_chunk is not None:
-                on_chunk(range(start, stop))
+                on_chunk(chunk)
         return outcomes

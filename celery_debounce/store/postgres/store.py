@@ -32,15 +32,11 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...aliases import MAX_ALIASES, parse_aliases
+from ...aliases import parse_aliases
 from ...errors import DebounceConfigError
 from ...settings import DEFAULTS
-from ...stored_call import new_task_id
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
-    AliasesFull,
-    PayloadTooLarge,
-    ReplaceRefused,
     ReplyLost,
     ServerRefused,
     ShardRef,
@@ -49,6 +45,7 @@ from ..domain import (
 from ..records import LATE_BUCKETS_MS, Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
+from .gate_args import gate_args, refused
 from .inspect import PostgresInspect
 from .runs import PostgresRuns
 from .schema import (
@@ -133,13 +130,6 @@ _LIVENESS = (
     "SELECT debounce_ms(clock_timestamp()), d.name, d.alive, debounce_ms(d.seen_at) "
     "FROM (SELECT 1) AS one LEFT JOIN debounce_dispatchers d ON true ORDER BY d.name"
 )
-
-#: SQLSTATEs of the schema's refusals (``debounce_refuse``): a fixed id past the window's
-#: most aliases; a replacing join the window's message cannot take; a collect call that
-#: cannot fit an empty window.
-ALIASES_FULL = "DBA01"
-REPLACE_REFUSED = "DBR01"
-PAYLOAD_TOO_LARGE = "DBP01"
 
 
 def _migrate(conn: psycopg.Connection[Any]) -> int | None:
@@ -295,31 +285,8 @@ class PostgresStore(
     def gate(self, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
         """One call: open the window of ``call.ident`` or join the open one (one
         ``debounce_gate`` call)."""
-        spec = call.spec
         self._check()
-        alias = fallback = None
-        if fixed is not None:
-            alias, fallback = fixed.alias_json, new_task_id()
-        params = (
-            call.ident,
-            call.task_id,
-            spec.window_ms,
-            spec.max_wait_ms,
-            call.content_type,
-            call.payload,
-            call.options_json,
-            spec.replace_payload,
-            spec.exclusive,
-            spec.max_calls,
-            alias,
-            fallback,
-            fixed is not None and fixed.canvas,
-            MAX_ALIASES,
-            call.embed_json,
-            ("B" if spec.trailing else "L") if spec.leading else "",
-            self.max_payload_bytes if spec.collect else None,
-            call.collect_embed if spec.collect else None,
-        )
+        params = gate_args(call, fixed, self.max_payload_bytes)
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
         task_id, opened, deadline_ms, calls, now_ms, edge = row
@@ -546,12 +513,9 @@ class PostgresStore(
                 self._checked = False
             raise _schema_error(exc) from exc
         except psycopg.Error as exc:
-            if exc.sqlstate == ALIASES_FULL:
-                raise AliasesFull(f"PostgreSQL store: {_safe(exc)}") from exc
-            if exc.sqlstate == REPLACE_REFUSED:
-                raise ReplaceRefused(f"PostgreSQL store: {_safe(exc)}") from exc
-            if exc.sqlstate == PAYLOAD_TOO_LARGE:
-                raise PayloadTooLarge(f"PostgreSQL store: {_safe(exc)}") from exc
+            error = refused(exc.sqlstate, _safe(exc))
+            if error is not None:
+                raise error from exc
             raise
         finally:
             self.pool.putconn(conn)
