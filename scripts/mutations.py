@@ -2000,8 +2000,9 @@ MUTATIONS: list[Mutation] = [
         "a batch whose reply was lost sends nothing more: the calls after it are reported "
         "unwritten, never sent to a server that just failed (each would wait its timeout)",
         PKG + "store/postgres/bulk.py",
-        "                    outcomes[i], down = exc, exc",
-        "                    outcomes[i] = exc",
+        "            except ReplyLost as exc:  # the chunk ran whole, or not at all\n"
+        "                down = exc\n",
+        "            except ReplyLost as exc:  # the chunk ran whole, or not at all\n",
         "tests/store/test_postgres_store.py::"
         "test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so",
     ),
