@@ -2340,4 +2340,14 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_postgres_store.py::"
         "test_gate_many_sends_a_chunk_in_one_statement_and_counts_every_call",
     ),
+    one(
+        "PostgreSQL reads a task name out of an ident by bytes, and errs on a cut character",
+        "one malformed window never fails the take of the others (PostgreSQL counters)",
+        PKG + "store/postgres/schema_3.sql",
+        "    SELECT CASE WHEN octet_length(left(r.rest, r.n)) = r.n THEN left(r.rest, r.n)\n",
+        "    SELECT CASE WHEN true THEN convert_from(substring(convert_to(r.rest, 'UTF8')"
+        " FOR r.n), 'UTF8')\n",
+        "tests/store/test_postgres_store.py::"
+        "test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothing",
+    ),
 ]

@@ -1192,3 +1192,30 @@ def test_no_mutation_targets_a_function_a_later_schema_step_replaces() -> None:
             if names and last[names[-1]] != Path(edit.path).name:
                 stale.append((mutation.name, names[-1], last[names[-1]]))
     assert stale == []
+
+
+def test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothing(
+    store: PostgresStore, database: str
+) -> None:
+    """``debounce_task_of`` agrees with ``keys.split_ident`` (UTF-8 lengths), and a
+    malformed ident is NULL, never an error: the take that counts it takes the others."""
+    names = ["t", "tâche.été", "任务", "a:b", ""]
+    with psycopg.connect(database, autocommit=True) as conn:
+        for name in names:
+            (found,) = conn.execute(
+                "SELECT debounce_task_of(%s)", (window_ident(name, "k:1"),)
+            ).fetchone()
+            assert found == (name or None) or (name == "" and found == "")
+        for bad in ["", "x:y", "1:é:k", "99:short", "3:\u00e9t:k"]:
+            (found,) = conn.execute("SELECT debounce_task_of(%s)", (bad,)).fetchone()
+            assert found is None or isinstance(found, str)
+        # a malformed window is taken and counted with the others, not in their way
+        conn.execute(
+            "INSERT INTO debounce_open (ident, task_id, first_seen, deadline, max_wait_ms, "
+            "content_type, payload, options_json) VALUES ('1:é:k', 'bad', now(), now(), 0, "
+            "'application/json', '[[], {}, {}]', '{}')"
+        )
+    good = store.gate(call(window_ident("t", "k"), window_ms=1, max_wait_ms=1))
+    wait_until(lambda: store.time_ms() > good.deadline_ms, 5)
+    assert sorted(w.task_id for w in store.take(0, 10).windows) == sorted(["bad", good.task_id])
+    assert store.counts(0, store.time_ms()).counters["r|t"] == 1

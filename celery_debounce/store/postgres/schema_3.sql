@@ -56,13 +56,17 @@ CREATE TABLE debounce_stats (
 ) WITH (fillfactor = 50);
 
 -- The task name in an ident <n>:<task>:<key> (n: the name's UTF-8 bytes, as
--- keys.ident_prefix writes it); NULL for an ident of another shape.
+-- keys.ident_prefix writes it): the first characters after "<n>:" that make n bytes.
+-- NULL for an ident of another shape; never an error (a take counts every window it
+-- takes with it: one malformed ident must not fail the take of the others).
 CREATE FUNCTION debounce_task_of(p_ident text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT convert_from(substring(convert_to(p_ident, 'UTF8')
-                                  FROM length(d) + 2 FOR d::integer), 'UTF8')
-    FROM (SELECT substring(p_ident FROM '^([0-9]{1,9}):') AS d) AS digits
-    WHERE d IS NOT NULL
+    SELECT CASE WHEN octet_length(left(r.rest, r.n)) = r.n THEN left(r.rest, r.n)
+                ELSE (SELECT left(r.rest, c) FROM generate_series(1, r.n) AS c
+                      WHERE octet_length(left(r.rest, c)) = r.n LIMIT 1) END
+    FROM (SELECT d::integer AS n, substr(p_ident, length(d) + 2) AS rest
+          FROM (SELECT substring(p_ident FROM '^([0-9]{1,9}):') AS d) AS digits
+          WHERE d IS NOT NULL) AS r
 $$;
 
 -- How long a counter lives without a change: the connection's debounce.history_ttl_ms
