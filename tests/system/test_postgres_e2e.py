@@ -634,3 +634,57 @@ def test_without_the_postgres_extra_one_line_says_what_to_install(
     message = str(refused.value)
     assert "pip install 'celery-debounced[postgres]'" in message
     assert "\n" not in message
+
+
+# -- the schema as Django migrations ------------------------------------------------------
+
+
+def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
+    postgres_server: LocalPostgres, database: str, runs_dir: Path, tmp_path: Path
+) -> None:
+    """``celery_debounce.contrib.django`` in INSTALLED_APPS: ``manage.py migrate`` brings
+    the database Django migrates to the schema this package needs, one migration per
+    version (a database at version 2 is upgraded, its windows kept), and agrees with
+    ``celery debounce migrate`` run before or after it."""
+    pytest.importorskip("django")
+    project = TESTS / "django_project"
+    name = database.rsplit("/", 1)[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
+        "DJPROJ_DB": str(tmp_path / "unused.sqlite3"),
+        "DJPROJ_PG": f"127.0.0.1 {postgres_server.port} {postgres_server.USER} {name}",
+        "PYTHONPATH": os.pathsep.join([str(project), str(TESTS.parent)]),
+    }
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=project, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    manage("migrate", "celery_debounce", "0002")
+    assert sql(database, "SELECT version FROM debounce_schema") == [(2,)]
+    with psycopg.connect(database, autocommit=True) as conn:  # a window of version 2
+        conn.execute(
+            "SELECT debounce_gate('1:t:k', 'kept', 60000, 60000, 'application/json', "
+            "'[[], {}, {}]', '{}', false, false, NULL, NULL, NULL, false, 16, '', '')"
+        )
+    manage("migrate", "celery_debounce")
+    assert sql(database, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
+    assert sql(database, "SELECT task_id, calls FROM debounce_open") == [("kept", 1)]
+    again = migrate(env_for(database, "memory://", runs_dir), "-j")
+    assert json.loads(again.stdout) == {
+        "store": "postgresql",
+        "before": SCHEMA_VERSION,
+        "after": SCHEMA_VERSION,
+    }
+    # the other order: migrated by the command first, then by Django (nothing to do)
+    manage("migrate", "celery_debounce", "zero")  # forgets the migrations, keeps the schema
+    manage("migrate", "celery_debounce")
+    assert sql(database, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
+    app = build(database, "memory://", str(runs_dir))
+    assert app.tasks["pg.record"].delay("after", 1).id

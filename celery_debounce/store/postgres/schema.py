@@ -16,6 +16,7 @@ __all__ = [
     "SchemaTooNew",
     "SchemaTooOld",
     "schema_sql",
+    "steps_to",
     "upgrade_sql",
 ]
 
@@ -49,6 +50,15 @@ def schema_sql() -> str:
 def upgrade_sql(found: int) -> list[str]:
     """The steps that upgrade a schema of version ``found`` to :data:`SCHEMA_VERSION`."""
     return [UPGRADES[version] for version in range(found, SCHEMA_VERSION)]
+
+
+def steps_to(found: int | None, version: int) -> list[str]:
+    """The SQL that takes a schema of version ``found`` (None: none) to ``version``:
+    nothing when it is there already (the Django migrations, one per version)."""
+    if found is not None and found >= version:
+        return []
+    first = [schema_sql()] if found is None else []
+    return first + [UPGRADES[v] for v in range(found or 1, version)]
 
 
 class SchemaMismatch(DebounceConfigError):

@@ -8,6 +8,15 @@ DEBUG = False
 USE_TZ = True
 INSTALLED_APPS = ["celery_debounce.contrib.django", "notes"]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["DJPROJ_DB"]}}
+if os.environ.get("DJPROJ_PG"):  # "host port user dbname": the database on PostgreSQL
+    _host, _port, _user, _name = os.environ["DJPROJ_PG"].split()
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": _host,
+        "PORT": _port,
+        "USER": _user,
+        "NAME": _name,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 CELERY_BROKER_URL = f"{REDIS}/1"
