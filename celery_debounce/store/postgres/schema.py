@@ -55,8 +55,6 @@ def upgrade_sql(found: int) -> list[str]:
 def steps_to(found: int | None, version: int) -> list[str]:
     """The SQL that takes a schema of version ``found`` (None: none) to ``version``:
     nothing when it is there already (the Django migrations, one per version)."""
-    if found is not None and found >= version:
-        return []
     first = [schema_sql()] if found is None else []
     return first + [UPGRADES[v] for v in range(found or 1, version)]
 
