@@ -24,6 +24,7 @@ import redis
 from celery import Celery
 
 from bench.harness import Row, compare, interleaved, table
+from celery_debounce import enqueue_many
 
 if TYPE_CHECKING:
     from celery_debounce.store.postgres import PostgresStore
@@ -75,9 +76,15 @@ def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
         for _ in range(n):
             debounced.delay(f"p{next(_ids)}", n=1)
 
+    def bulk(n: int) -> None:
+        enqueue_many(debounced, [((f"b{next(_ids)}",), {"n": 1}) for _ in range(n)])
+
     debounced.delay("hot", n=1)  # open the hot window
     r = interleaved(
-        rounds, n, {"plain": plain_delay, "hot": hot, "new": new}, before=broker.flushdb
+        rounds,
+        n,
+        {"plain": plain_delay, "hot": hot, "new": new, "bulk": bulk},
+        before=broker.flushdb,
     )
     broker.flushdb()
     note = "windows in PostgreSQL (synchronous_commit on), broker on Redis"
@@ -99,6 +106,15 @@ def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
             r["plain"],
             2,
             note=note,
+        ),
+        compare(
+            "12f",
+            "PostgreSQL: enqueue_many, new keys",
+            r["bulk"],
+            "PostgreSQL: new key .delay()",
+            r["new"],
+            None,
+            note="a chunk of 1,000 calls in one debounce_gate_many call",
         ),
     ]
 

@@ -35,6 +35,7 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     assert [r.operation for r in rows] == [
         "PostgreSQL: hot key .delay()",
         "PostgreSQL: new key .delay()",
+        "PostgreSQL: enqueue_many, new keys",
     ]
     assert all(r.median > 0 and r.baseline_value for r in rows)
     (drained,) = drain_rates(redis_server, 1, 40)  # it raises unless all 40 were published
