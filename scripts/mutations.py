@@ -2344,9 +2344,10 @@ MUTATIONS: list[Mutation] = [
         "PostgreSQL reads a task name out of an ident by bytes, and errs on a cut character",
         "one malformed window never fails the take of the others (PostgreSQL counters)",
         PKG + "store/postgres/schema_3.sql",
-        "    SELECT CASE WHEN octet_length(left(r.rest, r.n)) = r.n THEN left(r.rest, r.n)\n",
-        "    SELECT CASE WHEN true THEN convert_from(substring(convert_to(r.rest, 'UTF8')"
-        " FOR r.n), 'UTF8')\n",
+        "    IF octet_length(left(v_rest, v_n)) = v_n THEN  -- one byte a character: the usual\n"
+        "        RETURN left(v_rest, v_n);\n",
+        "    IF true THEN\n"
+        "        RETURN convert_from(substring(convert_to(v_rest, 'UTF8') FOR v_n), 'UTF8');\n",
         "tests/store/test_postgres_store.py::"
         "test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothing",
     ),

@@ -60,13 +60,27 @@ CREATE TABLE debounce_stats (
 -- NULL for an ident of another shape; never an error (a take counts every window it
 -- takes with it: one malformed ident must not fail the take of the others).
 CREATE FUNCTION debounce_task_of(p_ident text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN octet_length(left(r.rest, r.n)) = r.n THEN left(r.rest, r.n)
-                ELSE (SELECT left(r.rest, c) FROM generate_series(1, r.n) AS c
-                      WHERE octet_length(left(r.rest, c)) = r.n LIMIT 1) END
-    FROM (SELECT d::integer AS n, substr(p_ident, length(d) + 2) AS rest
-          FROM (SELECT substring(p_ident FROM '^([0-9]{1,9}):') AS d) AS digits
-          WHERE d IS NOT NULL) AS r
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    v_colon integer := position(':' IN p_ident);
+    v_n integer;
+    v_rest text;
+BEGIN
+    IF v_colon < 2 OR v_colon > 10 OR left(p_ident, v_colon - 1) !~ '^[0-9]+$' THEN
+        RETURN NULL;
+    END IF;
+    v_n := left(p_ident, v_colon - 1)::integer;
+    v_rest := substr(p_ident, v_colon + 1);
+    IF octet_length(left(v_rest, v_n)) = v_n THEN  -- one byte a character: the usual
+        RETURN left(v_rest, v_n);
+    END IF;
+    FOR v_c IN 1 .. v_n - 1 LOOP  -- fewer characters than bytes
+        IF octet_length(left(v_rest, v_c)) = v_n THEN
+            RETURN left(v_rest, v_c);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
 $$;
 
 -- How long a counter lives without a change: the connection's debounce.history_ttl_ms
@@ -82,7 +96,8 @@ $$;
 -- history TTL starts again from n.
 CREATE FUNCTION debounce_count(p_tasks text[], p_kinds text[], p_ns bigint[],
                                p_now timestamptz) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO debounce_stats AS s (task, kind, n, updated_at)
     SELECT c.task, c.kind, sum(c.n), p_now
     FROM unnest(p_tasks, p_kinds, p_ns) AS c(task, kind, n)
@@ -91,24 +106,37 @@ LANGUAGE sql AS $$
     ON CONFLICT (task, kind, slot) DO UPDATE SET
         n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN excluded.n
                  ELSE s.n + excluded.n END,
-        updated_at = p_now
+        updated_at = p_now;
+END
 $$;
 
 -- A call the gate accepted: i (calls in) + 1, and s + 1 when it was suppressed (a
 -- leading-only quiet period folded it into the leading run), in the ident's slot.
+-- plpgsql (as every function called per call or per row here): its plans are kept for
+-- the session, where a SQL function's would be made again at each call.
 CREATE FUNCTION debounce_count_call(p_ident text, p_suppressed boolean, p_now timestamptz)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_task text;
+BEGIN
+    -- debounce_gate_many counts its calls once, at its end
+    IF current_setting('debounce.in_batch', true) = 'on' THEN
+        RETURN;
+    END IF;
+    v_task := debounce_task_of(p_ident);
+    IF v_task IS NULL THEN
+        RETURN;
+    END IF;
     INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
-    SELECT debounce_task_of(p_ident), k.kind, abs(hashtext(p_ident) % 16), 1, p_now
+    SELECT v_task, k.kind, abs(hashtext(p_ident) % 16), 1, p_now
     FROM (VALUES ('i'), ('s')) AS k(kind)
-    WHERE debounce_task_of(p_ident) IS NOT NULL AND (k.kind = 'i' OR p_suppressed)
-      -- debounce_gate_many counts its calls once, at its end
-      AND coalesce(current_setting('debounce.in_batch', true), '') <> 'on'
+    WHERE k.kind = 'i' OR p_suppressed
     ORDER BY k.kind
     ON CONFLICT (task, kind, slot) DO UPDATE SET
         n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
-        updated_at = p_now
+        updated_at = p_now;
+END
 $$;
 
 -- The counters not past the history TTL, as {"<kind>|<task>": n}.
@@ -124,12 +152,21 @@ $$;
 -- (0-based) of the first of the connection's debounce.late_buckets_ms bounds it is
 -- within, the number of bounds when above them all; NULL when they are not set.
 CREATE FUNCTION debounce_late_bucket(p_late_ms bigint) RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT min(b.i) - 1 FROM unnest(bounds) WITH ORDINALITY AS b(ms, i)
-                     WHERE p_late_ms <= b.ms), cardinality(bounds))
-    FROM (SELECT string_to_array(nullif(current_setting('debounce.late_buckets_ms', true),
-                                        ''), ',')::bigint[] AS bounds) AS setting
-    WHERE bounds IS NOT NULL
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_bounds bigint[] := string_to_array(
+        nullif(current_setting('debounce.late_buckets_ms', true), ''), ',')::bigint[];
+BEGIN
+    IF v_bounds IS NULL THEN
+        RETURN NULL;
+    END IF;
+    FOR v_b IN 1 .. cardinality(v_bounds) LOOP
+        IF p_late_ms <= v_bounds[v_b] THEN
+            RETURN v_b - 1;
+        END IF;
+    END LOOP;
+    RETURN cardinality(v_bounds);
+END
 $$;
 
 -- The taken collect windows p_task_ids get their run's body, [[[e1,e2,...]],{},embed]
