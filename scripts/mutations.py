@@ -2168,8 +2168,8 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL call blocked on a lock waits past the store's timeout",
         "a call blocked on the server fails within the store's timeout (statement_timeout)",
         PKG + "store/postgres/store.py",
-        "            configure=_configure(\n",
-        "            configure=None and _configure(\n",
+        "            configure=_configure(timeout, self.history_ttl_ms),\n",
+        "            configure=None and _configure(timeout, self.history_ttl_ms),\n",
         "tests/store/test_postgres_store.py::"
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
     ),
@@ -2355,8 +2355,8 @@ MUTATIONS: list[Mutation] = [
         "a Django migration applies its schema step to a database already past it",
         "manage.py migrate and celery debounce migrate agree, in either order (PostgreSQL)",
         PKG + "contrib/django/migrations/__init__.py",
-        "            steps = steps_to(found, version)\n",
-        "            steps = steps_to(None, version)\n",
+        "            steps = schema.steps_to(found, version)\n",
+        "            steps = schema.steps_to(None, version)\n",
         "tests/system/test_postgres_e2e.py::"
         "test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate",
     ),

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..codec import GateResult
 from ..domain import ReplyLost, StoreUnavailable
-from .gate_args import gate_many_args, refused
+from .gate_args import gate_many_args, gate_result, refused
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
@@ -50,8 +49,9 @@ class PostgresBulk:
         outcomes[:] = [None] * len(calls)
         self._check()
         down: BaseException | None = None
-        for start in range(0, len(calls), max(1, chunk_size)):
-            chunk = range(start, min(start + max(1, chunk_size), len(calls)))
+        size = max(1, chunk_size)
+        for start in range(0, len(calls), size):
+            chunk = range(start, min(start + size, len(calls)))
             if down is not None:
                 for i in chunk:
                     outcomes[i] = StoreUnavailable(
@@ -77,14 +77,12 @@ class PostgresBulk:
                 for i in chunk:
                     outcomes[i] = exc
                 continue
-            for k, task_id, opened, deadline, count, now, edge, sqlstate, message in rows:
+            for k, *answer, sqlstate, message in rows:
                 i = start + k - 1
                 if sqlstate is not None:
                     outcomes[i] = refused(sqlstate, message)
                 else:
-                    outcomes[i] = GateResult(
-                        task_id, bool(opened), int(deadline), int(count), int(now), edge
-                    )
+                    outcomes[i] = gate_result(answer)
             if on_chunk is not None:
                 on_chunk(chunk)
         return outcomes

@@ -1,13 +1,15 @@
 """The arguments of ``debounce_gate`` (one call) and ``debounce_gate_many`` (a chunk),
-and the typed errors of the gate's refusals: one owner for both paths."""
+their answer, and the typed errors of the gate's refusals: one owner for both paths."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...aliases import MAX_ALIASES
 from ...errors import DebounceError
 from ...stored_call import new_task_id
+from ..codec import GateResult
 from ..domain import AliasesFull, PayloadTooLarge, ReplaceRefused
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,3 +70,9 @@ def refused(sqlstate: str | None, message: str) -> DebounceError | None:
     """The typed error of a gate refusal (nothing written), or None for another error."""
     error = REFUSALS.get(sqlstate or "")
     return None if error is None else error(f"PostgreSQL store: {message}")
+
+
+def gate_result(row: Sequence[Any]) -> GateResult:
+    """A gate's answer ``(task_id, opened, deadline_ms, calls, now_ms, edge)``."""
+    task_id, opened, deadline_ms, calls, now_ms, edge = row
+    return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms), edge)

@@ -17,7 +17,6 @@ __all__ = [
     "SchemaTooOld",
     "schema_sql",
     "steps_to",
-    "upgrade_sql",
 ]
 
 #: The schema version this package reads and writes (``debounce_schema.version``).
@@ -28,6 +27,14 @@ MIN_SERVER_VERSION = 13
 MIGRATE_COMMAND = "celery -A proj debounce migrate"
 #: ``pg_advisory_xact_lock`` key that serializes concurrent migrations ("debounce").
 MIGRATE_LOCK = 0x6465626F756E6365
+
+#: What every migration runs (``celery debounce migrate``, the Django migrations): the
+#: lock (with :data:`MIGRATE_LOCK`), whether the schema exists, its version, and the
+#: version written once the steps ran.
+LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
+HAS_SCHEMA_SQL = "SELECT to_regclass('debounce_schema') IS NOT NULL"
+VERSION_SQL = "SELECT max(version) FROM debounce_schema"
+WRITE_VERSION_SQL = "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()"
 
 
 def _sql(name: str) -> str:
@@ -42,14 +49,9 @@ UPGRADES: dict[int, str] = {
 
 
 def schema_sql() -> str:
-    """The SQL that creates the schema of version 1 (``schema.sql``): :func:`upgrade_sql`
-    from 1 takes it to :data:`SCHEMA_VERSION`."""
+    """The SQL that creates the schema of version 1 (``schema.sql``): :func:`steps_to`
+    takes it on to a later version."""
     return _sql("schema.sql")
-
-
-def upgrade_sql(found: int) -> list[str]:
-    """The steps that upgrade a schema of version ``found`` to :data:`SCHEMA_VERSION`."""
-    return [UPGRADES[version] for version in range(found, SCHEMA_VERSION)]
 
 
 def steps_to(found: int | None, version: int) -> list[str]:

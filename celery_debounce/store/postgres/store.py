@@ -45,19 +45,22 @@ from ..domain import (
 from ..records import LATE_BUCKETS_MS, Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
-from .gate_args import gate_args, refused
+from .gate_args import gate_args, gate_result, refused
 from .inspect import PostgresInspect
 from .runs import PostgresRuns
 from .schema import (
+    HAS_SCHEMA_SQL,
+    LOCK_SQL,
     MIGRATE_LOCK,
     MIN_SERVER_VERSION,
     SCHEMA_VERSION,
+    VERSION_SQL,
+    WRITE_VERSION_SQL,
     SchemaTooNew,
     _safe,
     _schema_error,
     refusal,
-    schema_sql,
-    upgrade_sql,
+    steps_to,
 )
 from .stats import PostgresStats
 from .sweeps import PostgresSweeps
@@ -135,29 +138,24 @@ _LIVENESS = (
 def _migrate(conn: psycopg.Connection[Any]) -> int | None:
     """:meth:`PostgresStore.migrate` on ``conn``: the version found."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+        conn.execute(LOCK_SQL, (MIGRATE_LOCK,))
         found = _read_version(conn)
         if found is not None and found > SCHEMA_VERSION:
             error = refusal(found)
             assert isinstance(error, SchemaTooNew)
             raise error
-        if found is None:
-            conn.execute(schema_sql().encode())  # version 1
-        for step in upgrade_sql(found or 1):
+        for step in steps_to(found, SCHEMA_VERSION):
             conn.execute(step.encode())
-        conn.execute(
-            "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()",
-            (SCHEMA_VERSION,),
-        )
+        conn.execute(WRITE_VERSION_SQL, (SCHEMA_VERSION,))
         return found
 
 
 def _read_version(conn: psycopg.Connection[Any]) -> int | None:
     """The schema version of the connection's ``search_path`` (None: no schema)."""
-    row = conn.execute("SELECT to_regclass('debounce_schema') IS NOT NULL").fetchone()
+    row = conn.execute(HAS_SCHEMA_SQL).fetchone()
     if row is None or not row[0]:
         return None
-    row = conn.execute("SELECT max(version) FROM debounce_schema").fetchone()
+    row = conn.execute(VERSION_SQL).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
@@ -187,6 +185,7 @@ class PostgresStore(
         self.record_ttl_ms = record_ttl_ms or (
             settings.record_ttl_ms if settings else DEFAULT_RECORD_TTL_MS
         )
+        self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
         given = conninfo_to_dict(url)
         links = {name: value for name, value in LINK_DEFAULTS.items() if name not in given}
         self.pool = ConnectionPool(
@@ -196,13 +195,10 @@ class PostgresStore(
             timeout=timeout,
             open=False,
             kwargs={"autocommit": True, **links},
-            configure=_configure(
-                timeout, settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
-            ),
+            configure=_configure(timeout, self.history_ttl_ms),
             name="celery-debounce",
         )
         self.pool.open(wait=False)
-        self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
         #: a debounce_collect window's byte budget, as the Redis store's gate gives it
         self.max_payload_bytes: int = (
             settings.max_payload_bytes if settings else DEFAULTS["debounce_max_payload_bytes"]
@@ -289,8 +285,7 @@ class PostgresStore(
         params = gate_args(call, fixed, self.max_payload_bytes)
         row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
         assert row is not None
-        task_id, opened, deadline_ms, calls, now_ms, edge = row
-        return GateResult(task_id, bool(opened), int(deadline_ms), int(calls), int(now_ms), edge)
+        return gate_result(row)
 
     # -- DispatcherStore ---------------------------------------------------------------
 

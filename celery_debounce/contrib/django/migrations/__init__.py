@@ -8,12 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-#: The advisory lock ``PostgresStore.migrate()`` takes (store/postgres/schema.py).
-_LOCK = "SELECT pg_advisory_xact_lock(%s)"
-_FOUND = "SELECT to_regclass('debounce_schema') IS NOT NULL"
-_VERSION = "SELECT max(version) FROM debounce_schema"
-_WRITE = "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()"
-
 
 def schema_version(version: int) -> Callable[[Any, Any], None]:
     """A ``RunPython`` forward step: the schema at ``version`` at least (never lowered)."""
@@ -21,19 +15,19 @@ def schema_version(version: int) -> Callable[[Any, Any], None]:
     def forward(apps: Any, schema_editor: Any) -> None:
         if schema_editor.connection.vendor != "postgresql":
             return
-        from celery_debounce.store.postgres.schema import MIGRATE_LOCK, steps_to
+        from celery_debounce.store.postgres import schema
 
         with schema_editor.connection.cursor() as cursor:
-            cursor.execute(_LOCK, [MIGRATE_LOCK])
-            cursor.execute(_FOUND)
+            cursor.execute(schema.LOCK_SQL, [schema.MIGRATE_LOCK])
+            cursor.execute(schema.HAS_SCHEMA_SQL)
             found = None
             if cursor.fetchone()[0]:
-                cursor.execute(_VERSION)
+                cursor.execute(schema.VERSION_SQL)
                 found = cursor.fetchone()[0]
-            steps = steps_to(found, version)
+            steps = schema.steps_to(found, version)
             for step in steps:
                 cursor.execute(step)
             if steps:
-                cursor.execute(_WRITE, [version])
+                cursor.execute(schema.WRITE_VERSION_SQL, [version])
 
     return forward
