@@ -1,11 +1,11 @@
 """BullMQ's debounce-mode ``add`` against our producers, side by side on one redis-server.
 
 ``python -m bench.bullmq`` (or ``python -m bench --only bullmq``) installs
-``bullmq@6`` and ``ioredis`` with npm into ``.bench-cache/bullmq`` (gitignored;
-reused while ``package.json`` there is unchanged), with our Node producer
-(``clients/node``, built and packed by its own ``npm pack``, installed from the
-tarball, named by its content), starts a fresh redis-server, and runs three
-sequential producers against it in interleaved rounds: ours in Python
+``bullmq@6``, ``ioredis`` and ``pg`` (for row 12g's PostgreSQL backend) with npm into
+``.bench-cache/bullmq`` (gitignored; reused while ``package.json`` there is unchanged),
+with our Node producer (``clients/node``, built and packed by its own ``npm pack``,
+installed from the tarball, named by its content), starts a fresh redis-server, and
+runs three sequential producers against it in interleaved rounds: ours in Python
 (``.delay()`` of ``bench.debounced``, a 1 h window), ours in Node
 (``bench/peer/node_producer.js``: ``debounce()`` of the same task, window, ceiling
 and key, on one ioredis client) and BullMQ's (``bench/peer/bullmq_producer.js``:
@@ -42,7 +42,7 @@ PEER = Path(__file__).resolve().parent / "peer"
 SCRIPT = PEER / "bullmq_producer.js"
 NODE_SCRIPT = PEER / "node_producer.js"
 CLIENT = ROOT / "clients" / "node"
-PACKAGES = {"bullmq": "^6", "ioredis": "^5"}
+PACKAGES = {"bullmq": "^6", "ioredis": "^5", "pg": "^8"}
 #: DBs of BullMQ's keys and of the Node producer's windows (ours: windows in 0,
 #: broker in 1, stats in 3)
 BULLMQ_DB = 4
@@ -111,7 +111,9 @@ def bullmq_version(cache: Path = CACHE) -> str:
 class NodeProducer:
     """A Node producer script, kept running; ``run(mode, n)`` returns its seconds."""
 
-    def __init__(self, script: Path, url: str, cache: Path, db: int) -> None:
+    def __init__(
+        self, script: Path, url: str, cache: Path, db: int, env: dict[str, str] | None = None
+    ) -> None:
         parsed = urlparse(url)
         env = {
             **os.environ,
@@ -119,6 +121,7 @@ class NodeProducer:
             "BENCH_REDIS_HOST": parsed.hostname or "127.0.0.1",
             "BENCH_REDIS_PORT": str(parsed.port or 6379),
             "BENCH_REDIS_DB": str(db),
+            **(env or {}),
         }
         self.name = script.name
         self.proc = subprocess.Popen(

@@ -37,7 +37,7 @@ class Row:
         return data
 
 
-def rate(n: int, fn: Callable[[int], None]) -> float:
+def rate(n: int, fn: Callable[[int], object]) -> float:
     """Calls per second of ``fn(n)``, which performs n operations."""
     start = time.perf_counter()
     fn(n)
@@ -47,8 +47,8 @@ def rate(n: int, fn: Callable[[int], None]) -> float:
 def interleaved(
     rounds: int,
     n: int,
-    subjects: dict[str, Callable[[int], None]],
-    before: Callable[[], None] | None = None,
+    subjects: dict[str, Callable[[int], object]],
+    before: Callable[[], object] | None = None,
 ) -> dict[str, list[float]]:
     """Rates of each subject, rounds interleaved so drift hits all of them alike."""
     out: dict[str, list[float]] = {name: [] for name in subjects}

@@ -1,10 +1,13 @@
 """Benchmark 12: ``.delay()`` with the windows in PostgreSQL against plain ``.delay()``.
 
 One sequential producer, calls interleaved round by round: a hot key (every call joins
-one open window), a new key per call (every call opens a window), and plain ``.delay()``
-of the same arguments to the same Redis broker. The PostgreSQL server is a private one
-(celery_debounce/testing/postgres.py, ``synchronous_commit`` on: a call's commit is
-flushed to the WAL before it returns, as a production server's is).
+one open window), a new key per call (every call opens a window), plain ``.delay()``
+of the same arguments to the same Redis broker, and (row 12g) BullMQ's debounce-mode
+``add`` on its PostgreSQL backend, in the same server and rounds
+(``bench/peer/bullmq_producer.js``, installed as for ``python -m bench.bullmq``). The
+PostgreSQL server is a private one (celery_debounce/testing/postgres.py) with
+``fsync``, ``synchronous_commit`` and ``full_page_writes`` on, as on a production
+server (the test servers turn them off): a call's commit is on disk when it returns.
 
     python -m bench.postgres [--rounds 7] [--calls 2000] [--open 100000] [--churn 1000000]
     python -m bench.postgres --only-churn   # row 12e alone (about 8 minutes)
@@ -16,7 +19,7 @@ import argparse
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -27,22 +30,26 @@ from bench.harness import Row, compare, interleaved, table
 from celery_debounce import enqueue_many
 
 if TYPE_CHECKING:
+    from bench.bullmq import NodeProducer
     from celery_debounce.store.postgres import PostgresStore
 
 _ids = itertools.count()
+#: A production server's durability (the test servers turn these off): a call's commit
+#: returns once its WAL is on disk.
+DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
 @contextmanager
 def _migrated(
     redis_url: str, **server_settings: str
 ) -> Iterator[tuple[PostgresStore, dict[str, object]]]:
-    """A private PostgreSQL server (``synchronous_commit`` on, and ``server_settings``)
+    """A private PostgreSQL server (:data:`DURABLE`, and ``server_settings``)
     with the schema: a store on it (closed after), and the settings that point a bench
     app's windows at it."""
     from celery_debounce.store.postgres import PostgresStore
     from celery_debounce.testing.postgres import LocalPostgres
 
-    with LocalPostgres(settings={"synchronous_commit": "on", **server_settings}) as server:
+    with LocalPostgres(settings={**DURABLE, **server_settings}) as server:
         store = PostgresStore(server.url())
         try:
             store.migrate()
@@ -51,15 +58,34 @@ def _migrated(
             store.close()
 
 
-def postgres_rates(redis_url: str, rounds: int, n: int) -> list[Row]:
-    """The rows of benchmark 12; ``redis_url`` is the broker's server."""
+def postgres_rates(redis_url: str, rounds: int, n: int, bullmq: bool = True) -> list[Row]:
+    """The rows of benchmark 12 (and 12g with ``bullmq``: npm installs BullMQ and pg
+    into the bench cache); ``redis_url`` is the broker's server."""
     from bench.apps import make_app
+    from bench.bullmq import SCRIPT, NodeProducer, bullmq_version, install
 
-    with _migrated(redis_url) as (_, conf):
-        return _rates(make_app(redis_url, **conf), rounds, n)
+    with _migrated(redis_url) as (store, conf):
+        if not bullmq:
+            return _rates(make_app(redis_url, **conf), rounds, n, None)
+        cache = install()
+        bull = NodeProducer(SCRIPT, redis_url, cache, 0, env={"BENCH_PG_URL": store.url})
+        try:
+            rows = _rates(make_app(redis_url, **conf), rounds, n, bull)
+            with store.pool.connection() as conn:
+                row = conn.execute("SELECT count(*) FROM bullmq.job").fetchone()
+        finally:
+            bull.close()
+    # every "new" add made a job; all the "hot" ones together made one
+    jobs = int(row[0]) if row else 0
+    expected = 1 + (rounds + 1) * n
+    if jobs != expected:
+        raise RuntimeError(f"BullMQ made {jobs} jobs, expected {expected}: no debounce?")
+    for r in rows:
+        r.baseline = r.baseline.replace("BullMQ", f"BullMQ {bullmq_version(cache)}")
+    return rows
 
 
-def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
+def _rates(app: Celery, rounds: int, n: int, bull: NodeProducer | None) -> list[Row]:
     debounced = app.tasks["bench.debounced"]
     plain = app.tasks["bench.plain"]
     broker = redis.Redis.from_url(app.conf.broker_url)
@@ -79,16 +105,23 @@ def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
     def bulk(n: int) -> None:
         enqueue_many(debounced, [((f"b{next(_ids)}",), {"n": 1}) for _ in range(n)])
 
-    debounced.delay("hot", n=1)  # open the hot window
-    r = interleaved(
-        rounds,
-        n,
-        {"plain": plain_delay, "hot": hot, "new": new, "bulk": bulk},
-        before=broker.flushdb,
-    )
+    subjects: dict[str, Callable[[int], object]] = {
+        "plain": plain_delay,
+        "hot": hot,
+        "new": new,
+        "bulk": bulk,
+    }
+    if bull is not None:
+        subjects.update(
+            bull_hot=lambda n: bull.run("hot", n), bull_new=lambda n: bull.run("new", n)
+        )
+    debounced.delay("hot", n=1)  # open the hot window (BullMQ's opened at its start)
+    for warm in subjects.values():  # one round unmeasured: JITs, plans, pools
+        warm(n)
+    r = interleaved(rounds, n, subjects, before=broker.flushdb)
     broker.flushdb()
-    note = "windows in PostgreSQL (synchronous_commit on), broker on Redis"
-    return [
+    note = "windows in PostgreSQL (fsync and synchronous_commit on), broker on Redis"
+    rows = [
         compare(
             "12",
             "PostgreSQL: hot key .delay()",
@@ -115,6 +148,29 @@ def _rates(app: Celery, rounds: int, n: int) -> list[Row]:
             r["new"],
             None,
             note="a chunk of 1,000 calls in one debounce_gate_many call",
+        ),
+    ]
+    if bull is None:
+        return rows
+    return [
+        *rows,
+        compare(
+            "12g",
+            "PostgreSQL: hot key .delay()",
+            r["hot"],
+            "BullMQ debounce add, its PostgreSQL backend",
+            r["bull_hot"],
+            1,
+            note="same server and rounds; BullMQ: deduplication {extend, replace}, one job",
+        ),
+        compare(
+            "12g",
+            "PostgreSQL: new key .delay()",
+            r["new"],
+            "BullMQ debounce add, its PostgreSQL backend",
+            r["bull_new"],
+            1,
+            note="same server and rounds; BullMQ: a new deduplication id per add",
         ),
     ]
 

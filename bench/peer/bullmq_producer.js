@@ -4,21 +4,34 @@
 // or "new N" (a new id per add). Each add is BullMQ's debounce mode: a delayed job
 // whose deduplication entry is extended and whose data is replaced by every later
 // add while it waits. Answers each command with one JSON line {"seconds": s}.
-// Environment: BENCH_REDIS_HOST, BENCH_REDIS_PORT, BENCH_REDIS_DB, BENCH_WINDOW_MS.
+// Environment: BENCH_REDIS_HOST, BENCH_REDIS_PORT, BENCH_REDIS_DB, BENCH_WINDOW_MS; with
+// BENCH_PG_URL set, the queue is on BullMQ's PostgreSQL backend at that URL instead
+// (its schema migrated at start, one pg pool).
 "use strict";
 
 const readline = require("node:readline");
-const { Queue } = require("bullmq");
-const IORedis = require("ioredis");
+const { Queue, createPostgresBackend } = require("bullmq");
 
 const windowMs = Number(process.env.BENCH_WINDOW_MS || 3600000);
-const connection = new IORedis({
-  host: process.env.BENCH_REDIS_HOST || "127.0.0.1",
-  port: Number(process.env.BENCH_REDIS_PORT || 6379),
-  db: Number(process.env.BENCH_REDIS_DB || 0),
-  maxRetriesPerRequest: null,
-});
-const queue = new Queue("bench", { connection });
+const pgUrl = process.env.BENCH_PG_URL;
+let connection = null;
+let queue;
+if (pgUrl) {
+  queue = new Queue(
+    "bench",
+    { connection: { connectionString: pgUrl, migrate: true } },
+    createPostgresBackend,
+  );
+} else {
+  const IORedis = require("ioredis");
+  connection = new IORedis({
+    host: process.env.BENCH_REDIS_HOST || "127.0.0.1",
+    port: Number(process.env.BENCH_REDIS_PORT || 6379),
+    db: Number(process.env.BENCH_REDIS_DB || 0),
+    maxRetriesPerRequest: null,
+  });
+  queue = new Queue("bench", { connection });
+}
 let fresh = 0;
 
 function add(id) {
@@ -49,7 +62,7 @@ async function main() {
     process.stdout.write(JSON.stringify({ seconds }) + "\n");
   }
   await queue.close();
-  await connection.quit();
+  if (connection) await connection.quit();
 }
 
 main().catch((err) => {

@@ -31,7 +31,7 @@ def test_postgres_bench_is_registered_and_measures_both_rows(
     from bench.postgres import churn, drain_rates, lateness, postgres_rates, storage
 
     assert "postgres" in BENCHES
-    rows = postgres_rates(redis_server, 1, 20)
+    rows = postgres_rates(redis_server, 1, 20, bullmq=False)  # 12g: npm, not here
     assert [r.operation for r in rows] == [
         "PostgreSQL: hot key .delay()",
         "PostgreSQL: new key .delay()",
