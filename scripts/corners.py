@@ -67,13 +67,17 @@ def corner(name: str, matrix: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def pins(row: dict[str, Any]) -> list[str]:
-    """The pip requirements that install exactly the row's Celery, kombu and redis-py."""
+    """The pip requirements that install exactly the row's Celery, kombu and redis-py (and
+    psycopg and its pool, where the row names them)."""
     hiredis = "[hiredis]" if row["hiredis"] else ""
-    return [
+    pinned = [
         f"celery[redis]=={row['celery']}.*",
         f"kombu=={row['kombu']}.*",
         f"redis{hiredis}=={row['redis-py']}.*",
     ]
+    if "psycopg" in row:
+        pinned += [f"psycopg[binary]=={row['psycopg']}.*", f"psycopg-pool=={row['psycopg-pool']}.*"]
+    return pinned
 
 
 def constraints(row: dict[str, Any]) -> list[str]:
@@ -89,18 +93,25 @@ def pytest_args(name: str, matrix: dict[str, Any] | None = None) -> list[str]:
     return tests
 
 
+def postgres_args(matrix: dict[str, Any] | None = None) -> list[str]:
+    """The second pytest run of a corner with psycopg pins: the PostgreSQL selection."""
+    selection = (matrix or load())["postgres"]
+    return [selection["contract"], *selection["tests"]]
+
+
 def table(matrix: dict[str, Any] | None = None) -> str:
     """The markdown table of the matrix (docs/development.md holds a copy, checked by a test)."""
     lines = [
-        "| run | Python | Celery | kombu | redis-py | server | tests |",
-        "|---|---|---|---|---|---|---|",
+        "| run | Python | Celery | kombu | redis-py | psycopg, pool | server | tests |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows(matrix):
         redis_py = row["redis-py"] + ".x" + (" + hiredis" if row["hiredis"] else "")
+        psycopg = f"{row['psycopg']}.x, {row['psycopg-pool']}.x" if "psycopg" in row else "-"
         server = f"{row['server'].capitalize()} {row['server-version']}: {row['server-from']}"
         lines.append(
             f"| {row['name']} | {row['python']} | {row['celery']}.x | {row['kombu']}.x "
-            f"| {redis_py} | {server} | {row['runs']} |"
+            f"| {redis_py} | {psycopg} | {server} | {row['runs']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -235,7 +246,7 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
             "install",
             "-q",
             "--disable-pip-version-check",
-            str(wheel),
+            f"{wheel}[postgres]" if "psycopg" in row else str(wheel),
             *pins(row),
             *matrix["contract"]["tools"],
         ]
@@ -265,16 +276,9 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         CELERY_DEBOUNCE_CONSTRAINTS=str(home / "constraints.txt"),
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
     )
-    junit = home / "junit.xml"
-    cmd = [
-        str(venv / "bin" / "pytest"),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--durations=5",
-        f"--junitxml={junit}",
-        *pytest_args(name, matrix),
-    ]
+    passes = [(home / "junit.xml", pytest_args(name, matrix))]
+    if "psycopg" in row:
+        passes.append((home / "junit-postgres.xml", ["-k", "postgres", *postgres_args(matrix)]))
     print(
         f"+ corner {name}: Python {row['python']}, {' '.join(pins(row))}, "
         f"{row['server']} {row['server-version']}",
@@ -283,19 +287,37 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
     )
     tested = time.monotonic()
     output = home / "pytest.log"  # printed whole when the corner ends (corners run side by side)
+    code = 0
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     with output.open("wb") as out:
-        code = subprocess.run(
-            cmd, cwd=work, env=env, check=False, stdout=out, stderr=subprocess.STDOUT
-        ).returncode
+        for junit, args in passes:
+            cmd = [
+                str(venv / "bin" / "pytest"),
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--durations=5",
+                f"--junitxml={junit}",
+                *args,
+            ]
+            out.write(f"+ {' '.join(cmd)}\n".encode())
+            out.flush()
+            returned = subprocess.run(
+                cmd, cwd=work, env=env, check=False, stdout=out, stderr=subprocess.STDOUT
+            ).returncode
+            code = code or returned
+            if junit.exists():
+                suite = ET.parse(junit).getroot()  # noqa: S314  (pytest's own report)
+                suite = suite if suite.tag == "testsuite" else suite[0]
+                found = {key: int(suite.get(key, 0)) for key in counts}
+                counts = {key: counts[key] + found[key] for key in counts}
+                if junit.name == "junit-postgres.xml" and (found["skipped"] or not found["tests"]):
+                    code = code or 1  # the PostgreSQL selection must run, every test of it
+                    out.write(b"+ the PostgreSQL selection skipped tests or ran none\n")
     with _PRINTING:
         print(f"+ corner {name}: pytest's output", file=sys.stderr, flush=True)
         sys.stderr.write(output.read_text(errors="replace"))
         sys.stderr.flush()
-    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    if junit.exists():
-        suite = ET.parse(junit).getroot()  # noqa: S314  (pytest's own report)
-        suite = suite if suite.tag == "testsuite" else suite[0]
-        counts = {key: int(suite.get(key, 0)) for key in counts}
     return {
         "name": name,
         "ok": code == 0,

@@ -55,10 +55,11 @@ def series(version: str, prefix: str) -> bool:
 
 
 def lower_bounds() -> dict[str, str]:
-    """The lower bound of each declared range, as major.minor: python, celery, redis-py."""
+    """The lower bound of each declared range, as major.minor: python, celery, redis-py, and
+    the postgres extra's psycopg and psycopg-pool."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     bounds = {"python": re.fullmatch(r">=\s*([\d.]+)", project["requires-python"]).group(1)}
-    for requirement in project["dependencies"]:
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["postgres"]]:
         found = re.fullmatch(r"([A-Za-z0-9_-]+)(\[[^\]]*\])?\s*>=\s*([\d.]+)", requirement)
         assert found, f"{requirement!r}: every dependency declares its range as NAME>=X.Y"
         name = {"redis": "redis-py"}.get(found.group(1), found.group(1))
@@ -89,6 +90,11 @@ def test_this_run_has_its_rows_versions(redis_server: str) -> None:
         "kombu": kombu.__version__,
         "redis-py": redis.__version__,
     }
+    if "psycopg" in row:
+        import psycopg
+        import psycopg_pool
+
+        found.update({"psycopg": psycopg.__version__, "psycopg-pool": psycopg_pool.__version__})
     for name, version in found.items():
         assert series(version, row[name]), (
             f"{row['name']}: {name} {version} is not the row's {row[name]}.x"
@@ -165,7 +171,8 @@ def test_the_docs_matrix_table_is_the_corners_file() -> None:
 @in_checkout
 def test_every_contract_and_valkey_test_exists() -> None:
     data = matrix()
-    ids = data["contract"]["tests"] + data["valkey"]["tests"]
+    pg = [data["postgres"]["contract"], *data["postgres"]["tests"]]
+    ids = data["contract"]["tests"] + data["valkey"]["tests"] + pg
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
         cwd=ROOT,
@@ -175,8 +182,10 @@ def test_every_contract_and_valkey_test_exists() -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     collected = out.stdout
-    for test_id in data["contract"]["tests"]:
+    for test_id in data["contract"]["tests"] + data["postgres"]["tests"]:
         assert test_id in collected, test_id
+    # the PostgreSQL selection's `-k postgres` keeps the contract suite's PostgreSQL cases
+    assert f"{data['postgres']['contract']}::" in collected and "[postgres]" in collected
 
 
 @in_checkout
