@@ -2360,4 +2360,22 @@ MUTATIONS: list[Mutation] = [
         "tests/system/test_postgres_e2e.py::"
         "test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate",
     ),
+    one(
+        "a PostgreSQL store made before gevent patched select is kept",
+        "a call waiting on PostgreSQL never blocks the other greenlets (gevent patched late)",
+        PKG + "store/__init__.py",
+        "    if cached is not None and outdated(cached[1]):  # gevent patched since: built anew\n",
+        "    if False:\n",
+        "tests/system/test_postgres_e2e.py::"
+        "test_greenlets_wait_for_postgres_without_blocking_each_other[late]",
+    ),
+    one(
+        "psycopg keeps the blocking wait it chose before gevent patched select",
+        "a call waiting on PostgreSQL never blocks the other greenlets (gevent patched late)",
+        PKG + "store/green.py",
+        "        waiting.wait = waiting.wait_poll\n",
+        "        pass\n",
+        "tests/system/test_postgres_e2e.py::"
+        "test_greenlets_wait_for_postgres_without_blocking_each_other[late]",
+    ),
 ]

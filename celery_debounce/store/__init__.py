@@ -61,6 +61,7 @@ from .errors import (
     reply_code,
     translate_errors,
 )
+from .green import outdated
 from .keys import (
     active_key,
     claims_key,
@@ -562,6 +563,14 @@ def store_for(app: Celery, call: bool = False) -> Store:
     call, which raises an outage found there."""
     pid = os.getpid()
     cached: tuple[int, Store] | None = getattr(app, "_debounce_store", None)
+    if cached is not None and outdated(cached[1]):  # gevent patched since: built anew
+        with _lock:
+            replaced = getattr(app, "_debounce_store", None) is cached
+            if replaced:
+                app._debounce_store = None  # type: ignore[attr-defined, unused-ignore]
+        if replaced:
+            _close(cached[1])  # a call under way on it ends on its connection
+        cached = getattr(app, "_debounce_store", None)
     if cached is not None and cached[0] == pid and cached[1].server_checked:
         return cached[1]
     if cached is None or cached[0] != pid:

@@ -263,6 +263,91 @@ def test_a_worker_refuses_a_database_without_the_schema(
     assert sql(database, "SELECT to_regclass('debounce_open')") == [(None,)]  # nothing made
 
 
+# -- (c') gevent: a call waiting on the server never holds the other greenlets -------------
+
+
+@pytest.mark.parametrize("patched", ["first", "late"])
+def test_greenlets_wait_for_postgres_without_blocking_each_other(
+    migrated: str, patched: str
+) -> None:
+    """One call waits on a row lock another greenlet holds for 1.5 s; ten greenlets'
+    calls of other keys finish meanwhile, and the holder commits on time. ``late``:
+    gevent patched after the process made its store (gunicorn ``--preload``): the store
+    is built anew and psycopg waits cooperatively."""
+    pytest.importorskip("gevent", reason="the test extra installs gevent")  # CI has it
+    from pg_green import HOLD_S
+
+    env = env_for(migrated, "memory://", Path("/nonexistent"))
+    out = subprocess.run(
+        [sys.executable, str(TESTS / "pg_green.py"), patched, migrated],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd=TESTS,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    took, error = got["blocked"]
+    assert error is None and took >= HOLD_S - 0.1, got["blocked"]
+    assert got["held"] < HOLD_S + 0.5, got  # the holder was not kept from committing
+    assert len(got["others"]) == 10 and all(e is None for _, e in got["others"]), got
+    # the others finished while the lock was held, not after it
+    assert max(t for t, _ in got["others"]) < HOLD_S - 0.3, got["others"]
+    (opened,) = sql(migrated, "SELECT count(*) FROM debounce_open WHERE ident LIKE '%other%'")[0]
+    assert opened == 50
+
+
+def test_under_eventlet_the_postgres_store_is_refused_by_name_and_nothing_written(
+    migrated: str,
+) -> None:
+    pytest.importorskip("eventlet", reason="the test extra installs eventlet")  # CI has it
+    script = (
+        "import eventlet; eventlet.monkey_patch()\n"
+        "import sys\n"
+        "from pg_green import build\n"
+        "try:\n"
+        "    build(sys.argv[1]).tasks['green.pg'].delay('k')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = env_for(migrated, "memory://", Path("/nonexistent"))
+    out = subprocess.run(
+        [sys.executable, "-c", script, migrated],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=TESTS,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("DebounceConfigError debounce_store_url"), out.stdout
+    assert "eventlet" in out.stdout
+    assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+
+
+def test_a_gevent_worker_runs_windows_from_postgres_and_renews_a_long_runs_claim(
+    migrated: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("gevent", reason="the test extra installs gevent")  # CI has it
+    broker = f"{redis_server}/6"
+    env = {**env_for(migrated, broker, runs_dir), "PG_CLAIM_LEASE": "2"}
+    app = build(migrated, broker, str(runs_dir))
+    with celery_worker("pg_app", tmp_path / "worker.log", env, pool="gevent", ready_timeout=60):
+        burst_is_one_run(app, migrated, runs_dir)
+        (runs_dir / "block-long").touch()  # the run waits (gevent sleeps) until unlinked
+        call = app.tasks["pg.record"].delay("long", 1)
+        wait_until(lambda: runs(runs_dir, "long"), 30)
+        state = f"SELECT state FROM debounce_taken WHERE task_id = '{call.id}'"
+        began = time.monotonic()
+        while time.monotonic() - began < 3 * 2.0:  # three claim leases
+            assert sql(migrated, state) == [("claimed",)], "the claim lapsed while it ran"
+            time.sleep(0.25)
+        (runs_dir / "block-long").unlink()
+        wait_until(lambda: sql(migrated, state) == [("finished",)], 30)
+    assert [(r["id"], r["n"]) for r in runs(runs_dir, "long")] == [(call.id, 1)]  # once
+
+
 # -- (d) PostgreSQL restarted under a stream of calls --------------------------------------
 
 

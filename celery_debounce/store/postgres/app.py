@@ -7,11 +7,14 @@ contract) with the app's shard tags and its copies in forked children.
 
 from __future__ import annotations
 
+import atexit
 import os
 import weakref
 from typing import TYPE_CHECKING
 
+from ...errors import DebounceConfigError
 from ..domain import ShardRef
+from ..green import cooperate, eventlet_patched, made_unpatched
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,8 +41,17 @@ class AppPostgresStore(PostgresStore):
 def postgres_store(settings: Settings) -> AppPostgresStore:
     """The app's PostgreSQL store (``settings.postgres_url``)."""
     assert settings.postgres_url is not None
+    if eventlet_patched():
+        raise DebounceConfigError(
+            "debounce_store_url selects the PostgreSQL store, which does not run under "
+            "eventlet: psycopg 3 waits for the server without yielding to eventlet, so one "
+            "call waiting on a lock would stop every green thread. Use gevent, threads, "
+            "prefork or solo, or the Redis store"
+        )
+    cooperate()
     store = AppPostgresStore(settings.postgres_url, settings, timeout=settings.postgres_timeout_s)
     _built.add(store)
+    made_unpatched(store)
     return store
 
 
@@ -56,7 +68,16 @@ def _forked() -> None:
     _built.clear()
 
 
+def _at_exit() -> None:
+    """Close this process's own stores (never a parent's copies) before the interpreter
+    tears down: a pool collected then stops its workers too late (under gevent, from a
+    greenlet being finalized)."""
+    for store in list(_built):
+        store.close()
+
+
 os.register_at_fork(after_in_child=_forked)
+atexit.register(_at_exit)
 
 
 if TYPE_CHECKING:  # pragma: no cover
