@@ -196,6 +196,44 @@ class LocalPostgres:
             f"postgres did not answer on port {self.port}:\n" + "\n".join(self.log_tail())
         )
 
+    def standby(self, timeout: float = 60.0) -> LocalPostgres:
+        """A hot standby of this server, streaming from it (``pg_basebackup -R``) on a
+        port and directory of its own, started; :meth:`cleanup` it after."""
+        replica = LocalPostgres(bindir=self.bindir, settings=self.settings)
+        backup = subprocess.run(
+            [
+                self._tool("pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                self.USER,
+                "-D",
+                str(replica.dir / "data"),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=replica.dir,
+            **replica._as,
+        )
+        if backup.returncode != 0:
+            replica.cleanup()
+            raise RuntimeError(
+                f"pg_basebackup failed ({backup.returncode}): "
+                f"{(backup.stdout + backup.stderr).decode(errors='replace')}"
+            )
+        try:
+            return replica._launch(timeout)
+        except BaseException:
+            replica.cleanup()
+            raise
+
     def freeze(self) -> list[int]:
         """SIGSTOP the server and every process of it (as a hung host: the kernel still
         acknowledges bytes, nothing answers); :meth:`thaw` continues them. Their pids."""

@@ -926,6 +926,48 @@ def test_a_read_only_server_refuses_every_write_typed_and_writes_nothing(
     assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
 
 
+def test_a_real_hot_standby_refuses_every_write_typed_and_its_dispatcher_polls(
+    store: PostgresStore,
+    make_store: Callable[..., PostgresStore],
+    database: str,
+    postgres_server: LocalPostgres,
+) -> None:
+    """A streaming hot standby of the session's server (``pg_basebackup -R``), not a
+    setting: each write is :class:`ServerRefused` at once, the schema check and the
+    reads answer, and a dispatcher's ``LISTEN`` (refused during recovery) is an outage:
+    its wait is the poll's sleep."""
+    opened = store.gate(call("t:k")).task_id
+    standby = postgres_server.standby()
+    try:
+        on_standby = make_store(make_conninfo(database, port=standby.port))
+        wait_until(lambda: on_standby.pending(0, "t:k") is not None, 30)  # replayed
+        on_standby.check_server(outage_raises=True)  # the schema is the primary's
+        started = time.monotonic()
+        for attempt in (
+            lambda: on_standby.gate(call("t:k")),
+            lambda: on_standby.gate(call("t:new")),
+            lambda: on_standby.take(0, 10),
+            lambda: on_standby.ack(0, [opened]),
+            lambda: on_standby.flush(0, "t:k"),
+            lambda: on_standby.expire(0),
+            lambda: on_standby.sweep(),
+            lambda: on_standby.heartbeat("d1"),
+        ):
+            with pytest.raises(ServerRefused, match="read-only"):
+                attempt()
+        assert time.monotonic() - started < 5
+        listener = on_standby.wake_listener()
+        with pytest.raises(StoreUnavailable):
+            listener.subscribe()
+        began = time.monotonic()
+        listener.wait(0.3, threading.Event())  # no error: the poll's sleep
+        assert 0.25 <= time.monotonic() - began < 3 and not listener.subscribed
+        listener.close()
+    finally:
+        standby.cleanup()
+    assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
+
+
 def _locked(database: str, ident: str, seconds: float) -> threading.Thread:
     """Another transaction holds the open window of ``ident`` for ``seconds``."""
     held = threading.Event()
