@@ -123,28 +123,32 @@ class LocalPostgres:
 
     def _initdb(self) -> None:
         data = self.dir / "data"
-        init = subprocess.run(
-            [
-                self._tool("initdb"),
-                "-D",
-                str(data),
-                "-U",
-                self.USER,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ],
+        self._run(
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            self.USER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+
+    def _run(self, tool: str, *args: str) -> None:
+        """``tool args`` as the server's user, in :attr:`dir`; its output if it fails."""
+        done = subprocess.run(
+            [self._tool(tool), *args],
             capture_output=True,
             timeout=120,
             check=False,
             cwd=self.dir,
             **self._as,
         )
-        if init.returncode != 0:
+        if done.returncode != 0:
             raise RuntimeError(
-                f"initdb failed ({init.returncode}): "
-                f"{(init.stdout + init.stderr).decode(errors='replace')}"
+                f"{tool} failed ({done.returncode}): "
+                f"{(done.stdout + done.stderr).decode(errors='replace')}"
             )
 
     def _launch(self, timeout: float) -> LocalPostgres:
@@ -200,9 +204,9 @@ class LocalPostgres:
         """A hot standby of this server, streaming from it (``pg_basebackup -R``) on a
         port and directory of its own, started; :meth:`cleanup` it after."""
         replica = LocalPostgres(bindir=self.bindir, settings=self.settings)
-        backup = subprocess.run(
-            [
-                self._tool("pg_basebackup"),
+        try:
+            replica._run(
+                "pg_basebackup",
                 "-h",
                 "127.0.0.1",
                 "-p",
@@ -215,20 +219,7 @@ class LocalPostgres:
                 "-X",
                 "stream",
                 "--no-sync",
-            ],
-            capture_output=True,
-            timeout=120,
-            check=False,
-            cwd=replica.dir,
-            **replica._as,
-        )
-        if backup.returncode != 0:
-            replica.cleanup()
-            raise RuntimeError(
-                f"pg_basebackup failed ({backup.returncode}): "
-                f"{(backup.stdout + backup.stderr).decode(errors='replace')}"
             )
-        try:
             return replica._launch(timeout)
         except BaseException:
             replica.cleanup()

@@ -266,6 +266,16 @@ def test_a_worker_refuses_a_database_without_the_schema(
 # -- (c') gevent: a call waiting on the server never holds the other greenlets -------------
 
 
+def python_in_tests(store_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` run from tests/ with the store's settings; it must exit 0."""
+    env = env_for(store_url, "memory://", Path("/nonexistent"))
+    out = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=90, env=env, cwd=TESTS
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 @pytest.mark.parametrize("patched", ["first", "late"])
 def test_greenlets_wait_for_postgres_without_blocking_each_other(
     migrated: str, patched: str
@@ -277,16 +287,7 @@ def test_greenlets_wait_for_postgres_without_blocking_each_other(
     pytest.importorskip("gevent", reason="the test extra installs gevent")  # CI has it
     from pg_green import HOLD_S
 
-    env = env_for(migrated, "memory://", Path("/nonexistent"))
-    out = subprocess.run(
-        [sys.executable, str(TESTS / "pg_green.py"), patched, migrated],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        cwd=TESTS,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = python_in_tests(migrated, str(TESTS / "pg_green.py"), patched, migrated)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     took, error = got["blocked"]
     assert error is None and took >= HOLD_S - 0.1, got["blocked"]
@@ -311,16 +312,7 @@ def test_under_eventlet_the_postgres_store_is_refused_by_name_and_nothing_writte
         "except Exception as exc:\n"
         "    print(type(exc).__name__, exc)\n"
     )
-    env = env_for(migrated, "memory://", Path("/nonexistent"))
-    out = subprocess.run(
-        [sys.executable, "-c", script, migrated],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=TESTS,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = python_in_tests(migrated, "-c", script, migrated)
     assert out.stdout.startswith("DebounceConfigError debounce_store_url"), out.stdout
     assert "eventlet" in out.stdout
     assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
