@@ -1197,38 +1197,6 @@ def test_a_server_that_stops_answering_fails_each_call_within_its_timeout(
         server.cleanup()
 
 
-def test_no_mutation_targets_a_function_a_later_schema_step_replaces() -> None:
-    """A mutation of a function's text in schema.sql that schema_<n>.sql replaces
-    would change nothing a database runs: it must target the step that defines it."""
-    import re
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).parents[2]
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        import mutations
-    finally:
-        sys.path.pop(0)
-    steps = sorted(  # schema.sql is version 1, schema_<n>.sql version n
-        (root / "celery_debounce/store/postgres").glob("schema*.sql"),
-        key=lambda step: int(step.stem.partition("_")[2] or 1),
-    )
-    defined = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(")
-    last = {name: step.name for step in steps for name in defined.findall(step.read_text())}
-    stale = []
-    for mutation in mutations.MUTATIONS:
-        for edit in mutation.edits:
-            if "store/postgres/schema" not in edit.path:
-                continue
-            text = (root / edit.path).read_text()
-            before = text[: text.index(edit.find)]
-            names = defined.findall(before)
-            if names and last[names[-1]] != Path(edit.path).name:
-                stale.append((mutation.name, names[-1], last[names[-1]]))
-    assert stale == []
-
-
 def test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothing(
     store: PostgresStore, database: str
 ) -> None:
