@@ -2364,7 +2364,7 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL store made before gevent patched select is kept",
         "a call waiting on PostgreSQL never blocks the other greenlets (gevent patched late)",
         PKG + "store/__init__.py",
-        "    if cached is not None and outdated(cached[1]):  # gevent patched since: built anew\n",
+        "    if cached is not None and cached[0] == pid and outdated(cached[1]):\n",
         "    if False:\n",
         "tests/system/test_postgres_e2e.py::"
         "test_greenlets_wait_for_postgres_without_blocking_each_other[late]",
@@ -2377,5 +2377,14 @@ MUTATIONS: list[Mutation] = [
         "        pass\n",
         "tests/system/test_postgres_e2e.py::"
         "test_greenlets_wait_for_postgres_without_blocking_each_other[late]",
+    ),
+    one(
+        "a forked child closes its parent's store made before gevent patched select",
+        "a child patched by gevent after a fork leaves its parent's connections alone",
+        PKG + "store/__init__.py",
+        "    if cached is not None and cached[0] == pid and outdated(cached[1]):\n",
+        "    if cached is not None and outdated(cached[1]):\n",
+        "tests/system/test_postgres_e2e.py::"
+        "test_a_child_patched_after_a_fork_leaves_its_parents_postgres_connections_alone",
     ),
 ]

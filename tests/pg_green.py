@@ -6,7 +6,10 @@ patched before anything is imported, as ``celery -P gevent`` does; ``late``: aft
 package was imported and had made a call, its pool made, as gunicorn ``--preload``
 does) prints one JSON object: ``blocked`` (seconds the call on the locked key took, and
 its error), ``others`` (the seconds each other greenlet's calls took, and their errors),
-``held`` (how long the lock was held). Used by tests/system/test_postgres_e2e.py.
+``held`` (how long the lock was held). ``python pg_green.py fork <url>``: a call, then a
+fork whose child patches gevent and calls (gunicorn ``--preload``'s gevent worker); it
+prints whether the parent's server process lives on (``alive``), the child's exit
+status and whether the parent's next call answered. Used by tests/system/test_postgres_e2e.py.
 """
 
 from __future__ import annotations
@@ -52,8 +55,44 @@ def build(url: str) -> Celery:
     return app
 
 
+def fork(url: str) -> int:
+    import os
+
+    app = build(url)
+    task = app.tasks["green.pg"]
+    task.delay("parent")  # the parent's store, made before any patching
+    store = app._debounce_store[1]  # type: ignore[attr-defined]
+
+    def backend() -> int:
+        with store.pool.connection() as conn:
+            return int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+
+    before = backend()
+    child = os.fork()
+    if child == 0:  # as gunicorn's gevent worker: patched after the fork, then calls
+        from gevent import monkey
+
+        monkey.patch_all()
+        try:
+            task.delay("child")
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    import psycopg
+
+    with psycopg.connect(url) as conn:  # is the parent's server process still there?
+        alive = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (before,)
+        ).fetchone()[0]
+    print(json.dumps({"alive": alive, "child": status, "call": backend() > 0}))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     mode, url = argv[0], argv[1]
+    if mode == "fork":
+        return fork(url)
     greenlets = int(argv[2]) if len(argv) > 2 else 10
     task = build(url).tasks["green.pg"]
     task.delay("locked")  # its window, whose row the locker holds

@@ -563,7 +563,9 @@ def store_for(app: Celery, call: bool = False) -> Store:
     call, which raises an outage found there."""
     pid = os.getpid()
     cached: tuple[int, Store] | None = getattr(app, "_debounce_store", None)
-    if cached is not None and outdated(cached[1]):  # gevent patched since: built anew
+    if cached is not None and cached[0] == pid and outdated(cached[1]):
+        # gevent patched since it was built: built anew (a forked child's copy is its
+        # parent's, never closed here: below it builds its own)
         with _lock:
             replaced = getattr(app, "_debounce_store", None) is cached
             if replaced:

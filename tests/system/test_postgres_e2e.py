@@ -299,6 +299,22 @@ def test_greenlets_wait_for_postgres_without_blocking_each_other(
     assert opened == 50
 
 
+def test_a_child_patched_after_a_fork_leaves_its_parents_postgres_connections_alone(
+    migrated: str,
+) -> None:
+    """gunicorn ``--preload`` with gevent workers: the master made its store (unpatched),
+    a worker forks, patches and calls. The worker builds its own store and never closes
+    the master's copy (its connections are the master's): the master's server process
+    lives on."""
+    pytest.importorskip("gevent", reason="the test extra installs gevent")  # CI has it
+    out = python_in_tests(migrated, str(TESTS / "pg_green.py"), "fork", migrated)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["child"] == 0, out.stderr[-3000:]  # the child's call returned
+    assert got["alive"] == 1 and got["call"], got
+    (opened,) = sql(migrated, "SELECT count(*) FROM debounce_open")[0]
+    assert opened == 2  # the parent's window and the child's
+
+
 def test_under_eventlet_the_postgres_store_is_refused_by_name_and_nothing_written(
     migrated: str,
 ) -> None:
