@@ -218,6 +218,8 @@ class LocalPostgres:
                 "-R",
                 "-X",
                 "stream",
+                "-c",
+                "fast",  # a spread checkpoint on a busy server takes minutes
                 "--no-sync",
             )
             return replica._launch(timeout)
