@@ -2387,4 +2387,13 @@ MUTATIONS: list[Mutation] = [
         "tests/system/test_postgres_e2e.py::"
         "test_a_child_patched_after_a_fork_leaves_its_parents_postgres_connections_alone",
     ),
+    one(
+        "a full disk is not a refusal on PostgreSQL (a raw psycopg error)",
+        "a full disk is a clear error within the timeout, nothing written (PostgreSQL)",
+        PKG + "store/postgres/store.py",
+        'REFUSED = ("25006", "53", "57P03")\n',
+        'REFUSED = ("25006", "57P03")\n',
+        "tests/store/test_postgres_store.py::"
+        "test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on",
+    ),
 ]

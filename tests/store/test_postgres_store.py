@@ -13,6 +13,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -959,6 +961,84 @@ def test_a_real_hot_standby_refuses_every_write_typed_and_its_dispatcher_polls(
     finally:
         standby.cleanup()
     assert rows(database, "open") == [("t:k", opened, 1)] and rows(database, "taken") == []
+
+
+@contextmanager
+def _small_disk(megabytes: int) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` owned by the server's user (root only: ``mount``)."""
+    import os
+    import pwd
+    import subprocess
+    import tempfile
+
+    from celery_debounce.testing.postgres import SERVER_USER
+
+    if os.geteuid() != 0:
+        pytest.skip("filling a disk needs root (a tmpfs mount)")
+    where = Path(tempfile.mkdtemp(prefix="celery-debounce-full-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"no tmpfs mount here: {mounted.stderr.decode(errors='replace')}")
+    try:
+        user = pwd.getpwnam(SERVER_USER)
+        os.chown(where, user.pw_uid, user.pw_gid)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        where.rmdir()
+
+
+def test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on(
+    store: PostgresStore, database: str
+) -> None:
+    """The open windows' table and indexes on a 1 MB tmpfs (a tablespace): once it is
+    full, a new window's call is :class:`ServerRefused` (SQLSTATE 53100, disk full)
+    within the timeout, nothing written; a call joining an open window still answers
+    (an update in place); with room again (a remount), the refused call goes through."""
+    import subprocess
+
+    space = f"full_{uuid.uuid4().hex[:8]}"
+    tables = ("debounce_open", "debounce_calls")
+    indexes = ("debounce_open_pkey", "debounce_open_due", "debounce_open_task_id")
+    with _small_disk(1) as where, psycopg.connect(database, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLESPACE {space} LOCATION '{where}'")  # names made here
+        try:
+            for table in tables:
+                admin.execute(f"ALTER TABLE {table} SET TABLESPACE {space}")
+            for index in indexes:
+                admin.execute(f"ALTER INDEX {index} SET TABLESPACE {space}")
+            first = store.gate(call("t:first")).task_id
+            body = b"[[], {}, {}]" + b" " * 1500  # under TOAST's threshold: in the heap
+            refused = None
+            for n in range(5000):
+                started = time.monotonic()
+                try:
+                    store.gate(call(f"t:n{n}", payload=body))
+                except ServerRefused as exc:
+                    refused, took = (n, exc), time.monotonic() - started
+                    break
+            assert refused is not None, "the 1 MB table never filled"
+            n, exc = refused
+            assert "No space left on device" in str(exc) and took < 5, (exc, took)
+            (found,) = admin.execute(
+                "SELECT count(*) FROM debounce_open WHERE ident = %s", (f"t:n{n}",)
+            ).fetchone()
+            assert found == 0  # nothing written
+            joined = store.gate(call("t:first"))  # a join: no new row needed
+            assert joined.task_id == first and joined.calls == 2
+            subprocess.run(["mount", "-o", "remount,size=8m", str(where)], check=True)
+            assert store.gate(call(f"t:n{n}", payload=body)).calls == 1
+        finally:
+            for index in indexes:
+                admin.execute(f"ALTER INDEX {index} SET TABLESPACE pg_default")
+            for table in tables:
+                admin.execute(f"ALTER TABLE {table} SET TABLESPACE pg_default")
+            admin.execute(f"DROP TABLESPACE {space}")
 
 
 def _locked(database: str, ident: str, seconds: float) -> threading.Thread:
