@@ -20,9 +20,20 @@ if [ ! -x "$VENV/bin/python" ]; then
     exit 1
   }
 fi
-if ! "$VENV/bin/python" -c "import celery_debounce" >/dev/null 2>&1; then
+# Installed means importable from outside the checkout and from this checkout's sources: from
+# the repository root the source folder imports without any install, and celery with it not.
+ROOT="$(pwd -P)"
+installed() {
+  local python
+  python="$(cd "$VENV/bin" && pwd -P)/python"
+  (cd / && "$python" -c 'import os, sys, celery, celery_debounce as p
+sys.exit(not os.path.realpath(p.__file__).startswith(sys.argv[1] + os.sep))' "$ROOT") \
+    >/dev/null 2>&1
+}
+if ! installed; then
   say "installing the package into $VENV"
   "$VENV/bin/pip" install -q -e . || { say "pip could not install the package"; exit 1; }
+  installed || { say "the package does not import from $VENV after installing it"; exit 1; }
 fi
 
 have_server() {

@@ -150,3 +150,42 @@ def test_the_quick_tests_are_the_contract_subset() -> None:
     named = {entry for entry in contract["tests"] if "::" in entry}
     assert {n for n in named if "[" not in n} <= functions
     assert {n for n in named if "[" in n} <= ids
+
+
+def test_a_venv_without_the_package_installs_it_though_the_checkout_imports(
+    tmp_path: Path,
+) -> None:
+    """From the repository root the source folder imports without any install: the script
+    must still see that the venv lacks the package (and celery) and install it."""
+    env, calls = sandbox(tmp_path, uid=1000)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    stub(Path(env["VENV"]) / "bin", "python", f'exec {bare / "bin" / "python"} "$@"')
+    out = run_demo(env, timeout=60)
+    # the stub pip installs nothing, so the script says so by name instead of blaming Redis
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert logged(calls) == ["pip install -q -e ."]
+    assert "installing the package into" in out.stderr
+    assert "does not import from" in out.stderr
+    assert "redis-server" not in out.stderr
+
+
+@pytest.mark.timeout(900)
+def test_the_demo_runs_from_a_fresh_clone(tmp_path: Path) -> None:
+    """The README's first command, as a newcomer runs it: a clone with no .venv."""
+    clone = tmp_path / "clone"
+    subprocess.run(
+        ["git", "clone", "-q", "--no-local", str(ROOT), str(clone)], check=True, timeout=120
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"VENV", "REDIS_URL", "PYTHONPATH", "VIRTUAL_ENV"}
+        and not k.startswith(("PYTEST", "CELERY_DEBOUNCE"))
+    }
+    out = subprocess.run(
+        ["./scripts/demo.sh"], cwd=clone, env=env, capture_output=True, text=True, timeout=840
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "installing the package into .venv" in out.stderr
+    assert "-> 8 runs" in out.stdout
