@@ -49,6 +49,8 @@ DEFAULTS: dict[str, Any] = {
     "debounce_record_ttl": 7 * 86400,
     "debounce_redis_timeout": 2.0,
     "debounce_postgres_timeout": 5.0,
+    "debounce_postgres_schema": None,
+    "debounce_postgres_listen_url": None,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
     "debounce_redis_sentinel_master": None,
@@ -142,6 +144,12 @@ class Settings:
     #: the PostgreSQL store's call timeout: the wait for a pooled connection and each
     #: connection's ``statement_timeout`` (at most)
     postgres_timeout_s: float = 5.0
+    #: the PostgreSQL schema of this deployment's tables: ``debounce_postgres_schema``, or
+    #: a ``debounce_key_prefix`` other than the default; None: the URL's ``search_path``
+    postgres_schema: str | None = None
+    #: where a PostgreSQL dispatcher LISTENs for wake-ups: ``debounce_postgres_listen_url``
+    #: (None: ``postgres_url``; ``""``: nowhere, the dispatcher polls)
+    postgres_listen_url: str | None = None
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -207,17 +215,22 @@ class Settings:
             outage_probe_interval_ms=duration("debounce_outage_probe_interval"),
             postgres_url=postgres_url,
             postgres_timeout_s=duration("debounce_postgres_timeout") / 1000,
+            postgres_schema=_postgres_schema(
+                conf.get("debounce_postgres_schema"), get("debounce_key_prefix")
+            ),
+            postgres_listen_url=_listen_url(conf.get("debounce_postgres_listen_url")),
         )
-        if (
-            chosen_here
-            and postgres_url is None
-            and conf.get("debounce_postgres_timeout") is not None
-        ):
-            raise DebounceConfigError(
-                "debounce_postgres_timeout is a setting of the PostgreSQL store, but the "
-                "windows are in Redis (debounce_store_url is not a postgresql:// URL): "
-                "remove it, or set debounce_redis_timeout"
-            )
+        if chosen_here and postgres_url is None:
+            for name, remedy in (
+                ("debounce_postgres_timeout", "remove it, or set debounce_redis_timeout"),
+                ("debounce_postgres_schema", "remove it (debounce_key_prefix scopes Redis)"),
+                ("debounce_postgres_listen_url", "remove it"),
+            ):
+                if conf.get(name) is not None:
+                    raise DebounceConfigError(
+                        f"{name} is a setting of the PostgreSQL store, but the windows are "
+                        f"in Redis (debounce_store_url is not a postgresql:// URL): {remedy}"
+                    )
         # read by the worker bootstep (bootstep.py) only; refused here too, early
         parse_bool("debounce_dispatcher", get("debounce_dispatcher"))
         parse_bool("debounce_dispatcher_process", get("debounce_dispatcher_process"))
@@ -404,6 +417,51 @@ def _result_expires_ms(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None  # unset, never, or not a number (Celery's own check reports it)
     return max(1, int(value * 1000))
+
+
+#: PostgreSQL's longest identifier (bytes).
+_MAX_IDENTIFIER = 63
+
+
+def _postgres_schema(value: object, prefix: object) -> str | None:
+    """``debounce_postgres_schema``; unset, a prefix other than the default names the
+    schema (two deployments on one database keep apart, as on Redis); else None."""
+    name, given = ("debounce_postgres_schema", value)
+    if value is None:
+        if prefix is None or prefix == DEFAULTS["debounce_key_prefix"]:
+            return None
+        name, given = ("debounce_key_prefix", prefix)
+    if (
+        not isinstance(given, str)
+        or not given
+        or "\x00" in given
+        or len(given.encode("utf-8")) > _MAX_IDENTIFIER
+    ):
+        extra = (
+            " (on PostgreSQL the prefix names the schema of the windows: set "
+            "debounce_postgres_schema to a shorter name)"
+            if name == "debounce_key_prefix"
+            else ""
+        )
+        raise DebounceConfigError(
+            f"{name}={given!r}: expected a PostgreSQL schema name, a non-empty str of at "
+            f"most {_MAX_IDENTIFIER} bytes without NUL{extra}"
+        )
+    return given
+
+
+def _listen_url(value: object) -> str | None:
+    """``debounce_postgres_listen_url``: None (the store's URL), "" (poll) or a URL."""
+    if value is None or value == "":
+        return value
+    if not isinstance(value, str) or not value.startswith(POSTGRES_SCHEMES):
+        raise DebounceConfigError(
+            redact(
+                f"debounce_postgres_listen_url={value!r}: expected a postgresql:// URL of a "
+                "direct connection (not through a pooler in transaction mode), or '' to poll"
+            )
+        )
+    return value
 
 
 def _prefix(value: object) -> str:

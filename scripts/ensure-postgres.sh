@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Make sure Debian's PostgreSQL server binaries (initdb, postgres, pg_isready) are
-# installed, for the PostgreSQL store's tests. The tests start their own private server
-# (celery_debounce/testing/postgres.py), so the service the package sets up is kept
+# Make sure Debian's PostgreSQL server binaries (initdb, postgres, pg_isready) and PgBouncer
+# are installed, for the PostgreSQL store's tests. The tests start their own private server
+# (celery_debounce/testing/postgres.py) and PgBouncer in front of it
+# (celery_debounce/testing/pgbouncer.py), so the services the packages set up are kept
 # from starting here. Safe to run again: nothing is done when the binaries are there.
 #
 # Set DEBOUNCE_SKIP_POSTGRES=1 to skip the installation (outside CI the PostgreSQL tests
@@ -10,7 +11,7 @@ set -euo pipefail
 if [ -n "${DEBOUNCE_SKIP_POSTGRES:-}" ]; then
   exit 0
 fi
-have() {
+have_server() {
   local dir
   for dir in ${CELERY_DEBOUNCE_PG_BINDIR:-} /usr/lib/postgresql/*/bin; do
     if [ -x "$dir/initdb" ] && [ -x "$dir/postgres" ] && [ -x "$dir/pg_isready" ]; then
@@ -19,6 +20,10 @@ have() {
   done
   return 1
 }
+have_bouncer() {
+  [ -x "${CELERY_DEBOUNCE_PGBOUNCER:-/usr/sbin/pgbouncer}" ] || command -v pgbouncer >/dev/null
+}
+have() { have_server && have_bouncer; }
 if have; then
   exit 0
 fi
@@ -29,7 +34,7 @@ if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" != "0" ] && [ -z "$SUD
        "the PostgreSQL store tests will fail in CI and skip elsewhere" >&2
   exit 0
 fi
-echo "+ installing postgresql (apt)" >&2
+echo "+ installing postgresql and pgbouncer (apt)" >&2
 # keep the package's postinst from starting its service (policy-rc.d exit 101 = "not
 # allowed"); remove our policy file afterwards. The default cluster it creates stays
 # down and unused.
@@ -44,12 +49,16 @@ cleanup() { if [ -n "$made_policy" ]; then $SUDO rm -f "$policy"; fi; }
 trap cleanup EXIT
 $SUDO apt-get update -qq >/dev/null
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-  postgresql >/dev/null
+  postgresql pgbouncer >/dev/null
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  $SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true
+  $SUDO systemctl disable --now postgresql pgbouncer >/dev/null 2>&1 || true
 fi
-if ! have; then
+if ! have_server; then
   echo "ensure-postgres: postgresql installed but no initdb/postgres/pg_isready found" \
        "under /usr/lib/postgresql/*/bin" >&2
+  exit 1
+fi
+if ! have_bouncer; then
+  echo "ensure-postgres: pgbouncer installed but no /usr/sbin/pgbouncer found" >&2
   exit 1
 fi

@@ -1979,8 +1979,8 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL call the server does not answer is waited for forever",
         "a store outage is an error in seconds, never a hang: a stopped server too",
         PKG + "store/postgres/store.py",
-        "        with guarded(conn, seconds):\n            return fn(conn)",
-        "        if seconds:\n            return fn(conn)",
+        "        with guarded(conn, seconds):\n            return run(conn, work)",
+        "        if seconds:\n            return run(conn, work)",
         "tests/store/test_postgres_store.py::"
         "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
     ),
@@ -2168,10 +2168,42 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL call blocked on a lock waits past the store's timeout",
         "a call blocked on the server fails within the store's timeout (statement_timeout)",
         PKG + "store/postgres/store.py",
-        "            configure=_configure(timeout, self.history_ttl_ms),\n",
-        "            configure=None and _configure(timeout, self.history_ttl_ms),\n",
+        "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
+        "    \"SELECT set_config('statement_timeout', '0', %s IS NULL), \"\n",
         "tests/store/test_postgres_store.py::"
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
+    ),
+    one(
+        "the PostgreSQL store lets the driver prepare statements on the server",
+        "behind PgBouncer in transaction mode each call runs its own statement: no "
+        "server-side prepared statement another client's of the same name could replace",
+        PKG + "store/postgres/store.py",
+        '            kwargs={"autocommit": True, "prepare_threshold": None, **links},\n',
+        '            kwargs={"autocommit": True, "prepare_threshold": 5, **links},\n',
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_a_claim_renewal_shares_a_server_connection_and_renews_its_claim",
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_racing_calls_through_the_bouncer_raise_no_driver_error",
+    ),
+    one(
+        "the PostgreSQL store sets its timeout on the session",
+        "behind PgBouncer the store's settings last for its own transaction: another "
+        "application on the pool keeps the server's",
+        PKG + "store/postgres/store.py",
+        "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
+        "    \"SELECT set_config('statement_timeout', %s, false), \"\n",
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_the_store_leaves_no_setting_on_a_shared_server_connection",
+    ),
+    one(
+        "a PostgreSQL dispatcher trusts a LISTEN that never hears its own NOTIFY",
+        "behind a pooler in transaction mode the dispatcher polls and says so; it never "
+        "waits for a wake-up that cannot arrive",
+        PKG + "store/postgres/wake.py",
+        "        if arrived:\n",
+        "        if True:\n",
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_a_dispatcher_behind_the_bouncer_polls_and_says_so",
     ),
     one(
         "a PostgreSQL pool waits past the store's timeout for a connection",

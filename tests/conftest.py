@@ -22,6 +22,7 @@ from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
 from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.pgbouncer import LocalPgBouncer, find_pgbouncer
 from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
 from celery_debounce.testing.servers import LocalRedis
 
@@ -85,6 +86,24 @@ def postgres_server() -> Iterator[LocalPostgres]:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_server(postgres_server: LocalPostgres) -> Iterator[LocalPgBouncer]:
+    """PgBouncer in transaction mode in front of the session's PostgreSQL, as shops
+    deploy it (celery_debounce/testing/pgbouncer.py). Skips without the binary, except
+    in CI, where it fails: scripts/ensure-postgres.sh installs it."""
+    if find_pgbouncer() is None:
+        reason = "pgbouncer not installed (scripts/ensure-postgres.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: in CI the PgBouncer tests must run")
+        pytest.skip(reason)
+    bouncer = LocalPgBouncer(postgres_server)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
 Configured from the environment: PG_STORE (``debounce_store_url``, a postgresql:// URL),
 PG_BROKER (the broker URL: Redis or RabbitMQ), PG_QUEUE (the default queue), PG_RUNS (a
 directory), PG_DISPATCHER ("0": no embedded dispatcher), PG_ACKS_LATE ("1": acks_late,
-a 2 s visibility timeout on a Redis broker), PG_CLAIM_LEASE (seconds). Every run
+a 2 s visibility timeout on a Redis broker), PG_CLAIM_LEASE (seconds), PG_PREFIX
+(``debounce_key_prefix``). Every run
 appends one JSON line to ``<PG_RUNS>/runs.jsonl`` (its task id, key and ``n``) and,
 while ``<PG_RUNS>/block-<key>`` exists, waits; a run of ``pg.collect`` (debounce_collect)
 appends its task id, key and every call's ``n`` (``ns``). Nothing here needs Redis.
@@ -86,6 +87,8 @@ app = build(
     os.environ.get("PG_QUEUE", "celery"),
 )
 app.conf.debounce_dispatcher = os.environ.get("PG_DISPATCHER", "1") == "1"
+if os.environ.get("PG_PREFIX"):  # another deployment on the same database
+    app.conf.debounce_key_prefix = os.environ["PG_PREFIX"]
 if os.environ.get("PG_ACKS_LATE") == "1":  # a killed run is delivered again after 2 s
     app.conf.task_acks_late = True
     app.conf.broker_transport_options = {

@@ -17,6 +17,9 @@ import socket
 import threading
 import time
 
+#: The protocol's Sync message: the end of a call's messages (its transaction commits).
+SYNC = b"S\x00\x00\x00\x04"
+
 
 class PgProxy:
     def __init__(self, port: int) -> None:
@@ -105,6 +108,13 @@ class PgProxy:
                 if dropped:
                     dropping.set()
                 sink.sendall(data)
+                # the call's transaction ends at the pipeline's Sync, which may follow in
+                # a later write: pass the client's messages on up to it
+                while dropped and SYNC not in data[-len(SYNC) :]:
+                    data = source.recv(65536)
+                    if not data:
+                        break
+                    sink.sendall(data)
                 if dropped:
                     time.sleep(0.3)  # the server runs it and answers
                     with self._lock:

@@ -578,7 +578,8 @@ def doctor(
 
 @debounce.command(cls=CeleryCommand)
 @json_option(
-    'a JSON object ({"store": "postgresql" or "redis", "before": N or null, "after": N or null})'
+    'a JSON object ({"store": "postgresql" or "redis", "schema": its name or null, '
+    '"before": N or null, "after": N or null})'
 )
 @click.pass_context
 def migrate(ctx: click.Context, as_json: bool) -> None:
@@ -608,22 +609,37 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
         store = build_store(settings)  # not store_for: it refuses the schema migrated here
     except DebounceError as exc:
         raise config_error(exc, app) from exc
-    before, after = _migrate(store)
+    schema = settings.postgres_schema
+    before, after, others = _migrate(store)
     if as_json:
-        echo_json({"store": "postgresql", "before": before, "after": after})
-    elif before == after:
-        click.echo(f"PostgreSQL schema version {after}: up to date, nothing to migrate.")
+        echo_json({"store": "postgresql", "schema": schema, "before": before, "after": after})
     else:
-        was = "none" if before is None else f"version {before}"
-        click.echo(f"PostgreSQL schema migrated: {was} -> version {after}.")
+        where = "" if schema is None else f" (schema {schema!r})"
+        if before == after:
+            click.echo(f"PostgreSQL schema version {after}{where}: up to date, nothing to migrate.")
+        else:
+            was = "none" if before is None else f"version {before}"
+            click.echo(f"PostgreSQL schema migrated{where}: {was} -> version {after}.")
+    if before is None and schema is not None:
+        for name, windows in others:
+            if windows:
+                click.echo(
+                    f"Note: schema {name!r} of this database also holds celery_debounce "
+                    f"windows ({windows} open). Until 0.4 debounce_key_prefix did not pick a "
+                    "schema on PostgreSQL: if they are this deployment's, set "
+                    f"debounce_postgres_schema = {name!r} instead, or let them drain first.",
+                    err=True,
+                )
 
 
-def _migrate(store: Any) -> tuple[int | None, int]:
-    """``store.migrate()`` (a PostgreSQL store), its errors as one line each."""
+def _migrate(store: Any) -> tuple[int | None, int, list[tuple[str, int]]]:
+    """``store.migrate()`` (a PostgreSQL store), its errors as one line each; with the
+    other schemas holding windows (``other_schemas``)."""
     import psycopg
 
     try:
         before, after = store.migrate()
+        others = store.other_schemas() if before is None else []
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     except psycopg.Error as exc:  # e.g. no right to create tables
@@ -631,7 +647,7 @@ def _migrate(store: Any) -> tuple[int | None, int]:
         raise click.ClickException(f"the schema could not be migrated: {first}") from exc
     finally:
         store.close()
-    return before, after
+    return before, after, others
 
 
 debounce.add_command(ping)

@@ -187,3 +187,59 @@ def test_a_real_worker_honours_string_switches(app_factory: Any, value: str, run
     with running_worker(app):
         threads = [t.name for t in threading.enumerate() if t.name.startswith("debounce-worker")]
     assert bool(threads) is runs, threads
+
+
+PG = "postgresql://u@127.0.0.1:1/db"
+
+
+def _pg_settings(**conf: Any) -> Settings:
+    app = Celery("pg", set_as_current=False)
+    app.conf.update(debounce_store_url=PG, **conf)
+    return Settings.from_app(app)
+
+
+@pytest.mark.parametrize(
+    ("conf", "schema"),
+    [
+        ({}, None),  # the default prefix: the URL's search_path, as before
+        ({"debounce_key_prefix": "staging"}, "staging"),  # a prefix is a schema
+        ({"debounce_key_prefix": "staging", "debounce_postgres_schema": "s2"}, "s2"),
+        ({"debounce_postgres_schema": 'odd "name"'}, 'odd "name"'),
+    ],
+)
+def test_the_postgres_schema_is_the_setting_or_a_prefix_of_its_own(
+    conf: dict[str, Any], schema: str | None
+) -> None:
+    assert _pg_settings(**conf).postgres_schema == schema
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("debounce_postgres_schema", "", "debounce_postgres_schema=''"),
+        ("debounce_postgres_schema", "x" * 64, "at most 63 bytes"),
+        ("debounce_postgres_schema", "a\x00b", "without NUL"),
+        ("debounce_postgres_schema", 7, "debounce_postgres_schema=7"),
+        ("debounce_key_prefix", "p" * 64, "set debounce_postgres_schema to a shorter name"),
+        ("debounce_postgres_listen_url", "redis://h", "debounce_postgres_listen_url='redis"),
+        ("debounce_postgres_listen_url", 5, "debounce_postgres_listen_url=5"),
+    ],
+)
+def test_postgres_schema_and_listen_url_refuse_bad_values_by_name(
+    name: str, value: Any, message: str
+) -> None:
+    with pytest.raises(DebounceConfigError, match=re.escape(message)):
+        _pg_settings(**{name: value})
+
+
+@pytest.mark.parametrize("name", ["debounce_postgres_schema", "debounce_postgres_listen_url"])
+def test_postgres_only_settings_are_refused_with_the_redis_store(name: str) -> None:
+    app = Celery("r", set_as_current=False)
+    app.conf.update(debounce_redis_url=NOWHERE, **{name: "postgresql://h/db"})
+    with pytest.raises(DebounceConfigError, match=f"{name} is a setting of the PostgreSQL"):
+        Settings.from_app(app)
+
+
+def test_a_listen_url_of_empty_means_poll() -> None:
+    assert _pg_settings(debounce_postgres_listen_url="").postgres_listen_url == ""
+    assert _pg_settings().postgres_listen_url is None

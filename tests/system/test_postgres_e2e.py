@@ -237,6 +237,7 @@ def test_migrate_creates_the_schema_then_a_worker_starts(
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout) == {
         "store": "postgresql",
+        "schema": None,
         "before": None,
         "after": SCHEMA_VERSION,
     }
@@ -581,6 +582,54 @@ def test_cancel_inspect_and_flush_all_on_postgres(migrated: str, runs_dir: Path)
     assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
 
 
+def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
+    database: str, runs_dir: Path
+) -> None:
+    """Finding 9: ``prod`` and ``staging`` on one database, each with its prefix (its
+    schema): staging's inspect lists only its own window, its ``cancel --all`` cancels
+    only its own, its dispatcher takes only its own."""
+    envs = {
+        prefix: {**env_for(database, "memory://", runs_dir), "PG_PREFIX": prefix}
+        for prefix in ("prod", "staging")
+    }
+    for env in envs.values():
+        done = migrate(env)
+        assert done.returncode == 0, done.stderr
+    apps = {prefix: build(database, "memory://", str(runs_dir)) for prefix in envs}
+    for prefix, app in apps.items():
+        app.conf.debounce_key_prefix = prefix
+    prod = apps["prod"].tasks["pg.record"].delay("same", 1)
+    staging = apps["staging"].tasks["pg.record"].delay("same", 1)
+    assert prod.id != staging.id  # one key, two deployments: two windows
+    listed = debounce_command("pg_app", envs["staging"], "inspect", "-j")
+    assert listed.returncode == 0, listed.stderr
+    assert [w["task_id"] for w in json.loads(listed.stdout)] == [staging.id]
+    every = debounce_command("pg_app", envs["staging"], "cancel", "--all", "--force", "-j")
+    assert every.returncode == 0, every.stderr
+    assert json.loads(every.stdout)["cancelled"] == 1
+    assert sql(database, "SELECT task_id FROM prod.debounce_open") == [(prod.id,)]
+    assert sql(database, "SELECT count(*) FROM staging.debounce_open") == [(0,)]
+    from celery_debounce.store import store_for
+
+    apps["staging"].tasks["pg.record"].delay("other", 1)
+    staging_store = store_for(apps["staging"])
+    staging_store.flush(0, window_ident("pg.record", "k:other"))
+    prod_store = store_for(apps["prod"])
+    prod_store.flush(0, window_ident("pg.record", "k:same"))
+    taken = staging_store.take(0, 100).windows
+    assert [w.record.ident for w in taken] == [window_ident("pg.record", "k:other")]
+    assert [w.task_id for w in prod_store.take(0, 100).windows] == [prod.id]
+    # a third deployment's schema, new beside one holding windows: migrate names it
+    apps["prod"].tasks["pg.record"].delay("open", 1)
+    third = migrate({**envs["prod"], "PG_PREFIX": "qa"})
+    assert third.returncode == 0, third.stderr
+    assert "(schema 'qa'): none -> version" in third.stdout
+    assert "schema 'prod' of this database also holds celery_debounce windows (1 open)" in (
+        third.stderr
+    )
+    assert "'staging'" not in third.stderr  # no window open there
+
+
 # -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 
@@ -774,6 +823,7 @@ def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
     again = migrate(env_for(database, "memory://", runs_dir), "-j")
     assert json.loads(again.stdout) == {
         "store": "postgresql",
+        "schema": None,
         "before": SCHEMA_VERSION,
         "after": SCHEMA_VERSION,
     }

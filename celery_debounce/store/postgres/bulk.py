@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..domain import ReplyLost, StoreUnavailable
 from .gate_args import gate_many_args, gate_result, refused
+from .step import many
 
 if TYPE_CHECKING:  # pragma: no cover
-    import psycopg
-
     from ...producer.call import PreparedCall
     from ..bulk import Outcome
 
@@ -60,11 +59,8 @@ class PostgresBulk:
                 continue
             args = gate_many_args([calls[i] for i in chunk], self.max_payload_bytes)
 
-            def send(conn: psycopg.Connection[Any], args: Any = args) -> Any:
-                return conn.execute(_GATE_MANY, args).fetchall()
-
             try:
-                rows = self._write(send, "gate_many")
+                rows = self._write(many(_GATE_MANY, args), "gate_many")
             except StoreUnavailable as exc:  # nothing of the chunk was written
                 if start == 0:
                     raise  # an outage of the whole batch

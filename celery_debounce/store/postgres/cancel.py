@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..codec import Cancelled
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..records import Record
+from .step import many
 
 _CANCEL = (
     "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
@@ -40,9 +41,7 @@ class PostgresCancel:
 
         def send(token: str) -> list[Any]:
             args = (ident, task_id, token, CANCEL_KEEP_MS)
-            rows: list[Any] = self._write(
-                lambda conn: conn.execute(_CANCEL, args).fetchall(), "cancel"
-            )
+            rows: list[Any] = self._write(many(_CANCEL, args), "cancel")
             return rows
 
         _, rows = cancel_until_known(send, shard, ident, max(self.timeout, 1.0) * 3)
@@ -52,7 +51,7 @@ class PostgresCancel:
         """After :class:`CancelOutcomeUnknown`: the window that cancel dropped (a read
         of its token's row), or None if it did not run."""
         self._check()
-        rows = self._read(lambda conn: conn.execute(_CANCELLED, (lost.token,)).fetchall())
+        rows = self._read(many(_CANCELLED, (lost.token,)))
         return _cancelled(rows)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import ListStep, TakenEntry
 from ..records import Record
+from .step import many, one
 
 #: A record of ``debounce_taken`` as operators see it (records.INSPECT_FIELDS): by id,
 #: and a page of one of keys.TAKEN_SETS (its states, in the order Redis keeps the set:
@@ -73,7 +74,7 @@ class PostgresInspect:
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(0, record)`` of the window ``task_id`` once taken (any state), or None."""
         self._check()
-        row = self._read(lambda conn: conn.execute(_TAKEN, (task_id,)).fetchone())
+        row = self._read(one(_TAKEN, (task_id,)))
         return None if row is None else (0, _taken_record(row))
 
     def list_step(
@@ -87,7 +88,7 @@ class PostgresInspect:
         deadline, _, after = (_FIRST_DEADLINE, "", "") if start == _FIRST else start.partition(_SEP)
         limit = max(1, budget if pattern else min(want, budget))
         args = (prefix, prefix, deadline, after, limit)
-        rows = self._read(lambda conn: conn.execute(_LIST, args).fetchall())
+        rows = self._read(many(_LIST, args))
         windows = [_open_record(row) for row in rows]
         cursor = f"{rows[-1][-1]}{_SEP}{rows[-1][0]}" if rows else start
         return ListStep(len(rows), cursor, 0, len(rows) < limit, windows)
@@ -96,7 +97,7 @@ class PostgresInspect:
         """Windows ``start .. start+count-1`` of one of keys.TAKEN_SETS, in its order."""
         self._check()
         query = _TAKEN_PAGE[set_name]
-        rows = self._read(lambda conn: conn.execute(query, (start, count)).fetchall())
+        rows = self._read(many(query, (start, count)))
         return [TakenEntry(row[0], _taken_record(row), None) for row in rows]
 
     def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
@@ -106,7 +107,7 @@ class PostgresInspect:
             return {}
         self._check()
         idents = sorted({ident for ident in runs.values() if ident is not None})
-        rows = self._read(lambda conn: conn.execute(_QUIET, (idents,)).fetchall())
+        rows = self._read(many(_QUIET, (idents,)))
         return {task_id: int(end) for task_id, end in rows if task_id in runs}
 
     def find_step(
@@ -114,7 +115,7 @@ class PostgresInspect:
     ) -> tuple[str, str | None]:
         """``("0", ident of the open window with this id, or None)``: one lookup."""
         self._check()
-        row = self._read(lambda conn: conn.execute(_FIND, (task_id,)).fetchone())
+        row = self._read(one(_FIND, (task_id,)))
         return "0", None if row is None else row[0]
 
     def waits_for(self, shard: int, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
@@ -123,7 +124,7 @@ class PostgresInspect:
         if not idents:
             return []
         self._check()
-        rows = self._read(lambda conn: conn.execute(_WAITS_FOR, (list(idents),)).fetchall())
+        rows = self._read(many(_WAITS_FOR, (list(idents),)))
         found: list[tuple[str | None, str | None]] = []
         for (runner,) in rows:
             task_id, _, state = (runner or "").rpartition("|")
@@ -134,7 +135,7 @@ class PostgresInspect:
         """The elements a pending debounce_collect window gathered so far
         (``collect_list``: the window's id, as its records give it)."""
         self._check()
-        rows = self._read(lambda conn: conn.execute(_COLLECTED, (collect_list,)).fetchall())
+        rows = self._read(many(_COLLECTED, (collect_list,)))
         return [bytes(element) for (element,) in rows]
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...aliases import parse_aliases
 from ..domain import ClaimResult, FinishResult, ShardRef
+from .step import one
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...settings import Settings
@@ -62,9 +63,7 @@ class PostgresRuns:
         the window to the expiry sweep (finished REVOKED, its exclusive key freed)."""
         self._check()
         row = self._write(
-            lambda conn: conn.execute(
-                _CLAIM, (task_id, self.settings.claim_lease_ms, retry, last_delivery)
-            ).fetchone(),
+            one(_CLAIM, (task_id, self.settings.claim_lease_ms, retry, last_delivery)),
             "claim",
         )
         assert row is not None
@@ -82,9 +81,7 @@ class PostgresRuns:
         exclusive window held behind it is due; ``finished`` False: no record."""
         self._check()
         row = self._write(
-            lambda conn: conn.execute(
-                _FINISH, (task_id, state, self.settings.history_ttl_ms)
-            ).fetchone(),
+            one(_FINISH, (task_id, state, self.settings.history_ttl_ms)),
             "finish",
         )
         if row is None:
@@ -99,20 +96,20 @@ class PostgresRuns:
             return
         self._check()
         self._write(
-            lambda conn: conn.execute(_RENEW, (task_ids, self.settings.claim_lease_ms)).fetchone(),
+            one(_RENEW, (task_ids, self.settings.claim_lease_ms)),
             "renew",
         )
 
     def end_claim(self, shard: ShardRef, task_id: str) -> None:
         """End the run's claim now: its next delivery takes the claim over."""
         self._check()
-        self._write(lambda conn: conn.execute(_END_CLAIM, (task_id,)).fetchone(), "end claim")
+        self._write(one(_END_CLAIM, (task_id,)), "end claim")
 
     def put_back(self, shard: ShardRef, task_id: str) -> bool:
         """The run's message was requeued: its window is queued again (an exclusive
         key stays held); False if it was not claimed."""
         self._check()
-        row = self._write(lambda conn: conn.execute(_PUT_BACK, (task_id,)).fetchone(), "put back")
+        row = self._write(one(_PUT_BACK, (task_id,)), "put back")
         return bool(row and row[0])
 
     def ceiling_lateness_ms(self, shard: ShardRef, task_id: str) -> int | None:
@@ -121,5 +118,5 @@ class PostgresRuns:
         call + max wait; for a ``debounce_exclusive`` window held behind a run, the
         moment the take found that run ended, if later (the Redis store counts from
         the run's finish itself: here the dispatcher's wake-up after it is not late)."""
-        row = self._read(lambda conn: conn.execute(_LATENESS, (task_id,)).fetchone())
+        row = self._read(one(_LATENESS, (task_id,)))
         return None if row is None else int(row[0])

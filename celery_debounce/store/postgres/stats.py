@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import CensusRow, ShardCounts, ShardSnapshot
 from ..records import HOT_KEYS_KEPT
+from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover
-    import psycopg
+    pass
 
 #: Held windows a snapshot lists, the longest held first (as on Redis).
 HELD_LISTED = 8
@@ -89,10 +90,7 @@ class PostgresStats:
         after = cursor[len(_AFTER) :] if cursor.startswith(_AFTER) else ""
         limit = max(1, count)
 
-        def read(conn: psycopg.Connection[Any]) -> Any:
-            return conn.execute(_CENSUS, (after, limit, now_ms)).fetchone()
-
-        last, read_count, per_task = self._read(read)
+        last, read_count, per_task = self._read(one(_CENSUS, (after, limit, now_ms)))
         rows = [
             CensusRow(str(task), int(n), int(due), int(oldest), int(waiting))
             for task, n, due, oldest, waiting in _json(per_task)
@@ -102,7 +100,7 @@ class PostgresStats:
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
         """Open and due windows and the counters (``<kind>|<task>``)."""
         self._check()
-        row = self._read(lambda conn: conn.execute(_COUNTS, (now_ms,)).fetchone())
+        row = self._read(one(_COUNTS, (now_ms,)))
         open_, due, counters = row
         return ShardCounts(int(open_), int(due), _counters(counters))
 
@@ -110,7 +108,7 @@ class PostgresStats:
         """Zero the counters in one statement; those removed (every increment is in
         them or counted after the reset, never lost)."""
         self._check()
-        rows = self._write(lambda conn: conn.execute(_RESET).fetchall(), "stats reset")
+        rows = self._write(many(_RESET), "stats reset")
         return {name: int(n) for name, n in rows}
 
     def maxmemory_policy(self) -> str:
@@ -130,7 +128,7 @@ class PostgresStats:
         windows with the most calls; ``dispatchers``: each one's last heartbeat."""
         self._check()
         args = (now_ms, HOT_KEYS_KEPT, HELD_LISTED)
-        row = self._read(lambda conn: conn.execute(_SNAPSHOT, args).fetchone())
+        row = self._read(one(_SNAPSHOT, args))
         (open_, due, first, leased, active, quarantined, counters, hot, seen, held, front) = row
         beats = [(str(name), int(ms), bool(alive)) for name, ms, alive in _json(seen)]
         return ShardSnapshot(

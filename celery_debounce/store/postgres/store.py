@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql as pg_sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -63,6 +64,7 @@ from .schema import (
     steps_to,
 )
 from .stats import PostgresStats
+from .step import Step, many, one, search_path
 from .sweeps import PostgresSweeps
 from .wake import PostgresWakeListener
 from .watchdog import guarded
@@ -95,6 +97,15 @@ LINK_DEFAULTS: dict[str, object] = {
 _GATE = (
     "SELECT * FROM debounce_gate(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
     "%s, %s)"
+)
+#: The session's own ``statement_timeout`` (ms; 0: none), as the role, the database or
+#: the URL set it: ``reset_val`` is untouched by the call's ``set_config``.
+_DEFAULT_TIMEOUT = "SELECT reset_val::bigint FROM pg_settings WHERE name = 'statement_timeout'"
+#: The schemas with a ``debounce_open`` table other than the one the calls use.
+_OTHER_SCHEMAS = (
+    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relname = 'debounce_open' AND c.relkind = 'r' "
+    "AND n.nspname <> current_schema() ORDER BY 1"
 )
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
 _ACK = "SELECT debounce_ack(%s, %s)"
@@ -135,10 +146,15 @@ _LIVENESS = (
 )
 
 
-def _migrate(conn: psycopg.Connection[Any]) -> int | None:
-    """:meth:`PostgresStore.migrate` on ``conn``: the version found."""
+def _migrate(conn: psycopg.Connection[Any], schema: str | None) -> int | None:
+    """:meth:`PostgresStore.migrate` on ``conn`` (creating ``schema`` when it is named):
+    the version found."""
     with conn.transaction():
         conn.execute(LOCK_SQL, (MIGRATE_LOCK,))
+        if schema is not None:
+            conn.execute(
+                pg_sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pg_sql.Identifier(schema))
+            )
         found = _read_version(conn)
         if found is not None and found > SCHEMA_VERSION:
             error = refusal(found)
@@ -179,6 +195,7 @@ class PostgresStore(
         timeout: float = 5.0,
         lease_ms: int | None = None,
         record_ttl_ms: int | None = None,
+        schema: str | None = None,
     ) -> None:
         self._settings = settings
         self.lease_ms = lease_ms or (settings.dispatch_lease_ms if settings else DEFAULT_LEASE_MS)
@@ -194,8 +211,9 @@ class PostgresStore(
             max_size=max_size,
             timeout=timeout,
             open=False,
-            kwargs={"autocommit": True, **links},
-            configure=_configure(timeout, self.history_ttl_ms),
+            # no server-side prepared statements: behind a pooler in transaction mode
+            # another client's statement of the same name would run instead
+            kwargs={"autocommit": True, "prepare_threshold": None, **links},
             name="celery-debounce",
         )
         self.pool.open(wait=False)
@@ -205,6 +223,15 @@ class PostgresStore(
         )
         self.url = url
         self.timeout = timeout
+        #: the schema of the tables (None: the URL's ``search_path``), set per call
+        self.schema = schema
+        if schema is None and settings is not None:
+            self.schema = settings.postgres_schema
+        #: what each call's transaction sets first, and its arguments: the call's
+        #: ``statement_timeout`` is ``timeout``, or a shorter one the role, the database
+        #: or the URL sets (read at the check)
+        self.locals_sql = LOCALS_SQL if self.schema is None else LOCALS_SQL + _IN_SCHEMA
+        self.locals = self._locals(max(1, int(timeout * 1000)))
         self.links = links
         self._checked = False
         self._check_lock = threading.Lock()
@@ -250,10 +277,23 @@ class PostgresStore(
         """Create the schema, or upgrade an older one, in one transaction under an
         advisory lock (concurrent migrations wait for each other); ``(version before,
         version now)``. A newer schema is refused (:class:`SchemaTooNew`)."""
-        before = self._read(_migrate)
+        before = self._read(lambda conn: _migrate(conn, self.schema))
         with self._check_lock:
             self._checked = False
         return before, SCHEMA_VERSION
+
+    def other_schemas(self) -> list[tuple[str, int]]:
+        """Every other schema of the database holding this package's tables, with its
+        open windows: ``[(schema, open windows)]`` (``migrate`` names them)."""
+        found = self._read(many(_OTHER_SCHEMAS))
+        result = []
+        for (name,) in found:
+            query = pg_sql.SQL("SELECT count(*) FROM {}.debounce_open").format(
+                pg_sql.Identifier(name)
+            )
+            row = self._read(lambda conn, q=query: conn.execute(q).fetchone())
+            result.append((str(name), int(row[0]) if row else 0))
+        return result
 
     def _check(self) -> None:
         if self._checked:
@@ -262,10 +302,15 @@ class PostgresStore(
             if self._checked:
                 return
 
-            def read(conn: psycopg.Connection[Any]) -> tuple[int, int | None]:
-                return conn.info.server_version, _read_version(conn)
+            def read(conn: psycopg.Connection[Any]) -> tuple[int, int | None, int]:
+                row = conn.execute(_DEFAULT_TIMEOUT).fetchone()
+                default_ms = int(row[0]) if row else 0
+                return conn.info.server_version, _read_version(conn), default_ms
 
-            server, found = self._read(read)
+            server, found, default_ms = self._read(read)
+            ours = max(1, int(self.timeout * 1000))
+            if 0 < default_ms < ours:
+                self.locals = self._locals(default_ms)
             if server // 10000 < MIN_SERVER_VERSION:
                 raise DebounceConfigError(
                     f"PostgreSQL {server // 10000} is older than the oldest the store "
@@ -283,7 +328,7 @@ class PostgresStore(
         ``debounce_gate`` call)."""
         self._check()
         params = gate_args(call, fixed, self.max_payload_bytes)
-        row = self._write(lambda conn: conn.execute(_GATE, params).fetchone(), "gate")
+        row = self._write(one(_GATE, params), "gate")
         assert row is not None
         return gate_result(row)
 
@@ -297,9 +342,7 @@ class PostgresStore(
         ones, earliest first; a held exclusive window is not taken (one
         ``debounce_take`` call)."""
         self._check()
-        rows = self._write(
-            lambda conn: conn.execute(_TAKE, (limit, self.lease_ms, lapse_upto)).fetchall(), "take"
-        )
+        rows = self._write(many(_TAKE, (limit, self.lease_ms, lapse_upto)), "take")
         header = rows[-1]
         now_ms, next_ms = int(header[14]), header[15]
         windows = [
@@ -335,9 +378,7 @@ class PostgresStore(
         if not task_ids:
             return 0
         self._check()
-        row = self._write(
-            lambda conn: conn.execute(_ACK, (list(task_ids), self.record_ttl_ms)).fetchone(), "ack"
-        )
+        row = self._write(one(_ACK, (list(task_ids), self.record_ttl_ms)), "ack")
         return int(row[0]) if row else 0
 
     def release(
@@ -356,7 +397,7 @@ class PostgresStore(
             counted.append(text.endswith("!"))
         self._check()
         row = self._write(
-            lambda conn: conn.execute(_RELEASE, (ids, tries, counted, delay_ms)).fetchone(),
+            one(_RELEASE, (ids, tries, counted, delay_ms)),
             "release",
         )
         return int(row[0]) if row else 0
@@ -370,9 +411,7 @@ class PostgresStore(
         """Set a taken (dispatching) window aside for good: its aliases, or None when
         it was not dispatching."""
         self._check()
-        row = self._write(
-            lambda conn: conn.execute(_QUARANTINE, (task_id, reason)).fetchone(), "quarantine"
-        )
+        row = self._write(one(_QUARANTINE, (task_id, reason)), "quarantine")
         return None if row is None else parse_aliases(row[0])
 
     def wake_listener(self) -> PostgresWakeListener:
@@ -386,23 +425,21 @@ class PostgresStore(
 
     def ping(self) -> bool:
         try:
-            self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+            self._read(one("SELECT 1"))
         except StoreUnavailable:
             return False
         return True
 
     def time_ms(self, operation: str = "time") -> int:
         """The server's clock (``clock_timestamp()``), ms."""
-        row = self._read(
-            lambda conn: conn.execute("SELECT debounce_ms(clock_timestamp())").fetchone()
-        )
+        row = self._read(one("SELECT debounce_ms(clock_timestamp())"))
         assert row is not None
         return int(row[0])
 
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """``(server ms, [(name, last heartbeat ms)], [(name, stopped at ms)])``."""
         self._check()
-        rows = self._read(lambda conn: conn.execute(_LIVENESS).fetchall())
+        rows = self._read(many(_LIVENESS))
         beats = [(name, int(ms), alive) for _, name, alive, ms in rows if name is not None]
         return (
             int(rows[0][0]),
@@ -414,9 +451,7 @@ class PostgresStore(
         """Every pending window (whose ident starts with ``prefix``) with its payload and
         options, in deadline order (the testing helpers' read)."""
         self._check()
-        found = self._read(
-            lambda conn: conn.execute(_PAYLOADS, (len(prefix or ""), prefix or "")).fetchall()
-        )
+        found = self._read(many(_PAYLOADS, (len(prefix or ""), prefix or "")))
         for task_id, ident, first, deadline, max_wait, calls, ctype, payload, opts, size in found:
             yield Record(
                 task_id=task_id,
@@ -437,37 +472,61 @@ class PostgresStore(
         """Delete every window, quiet period, heartbeat and layout (the schema stays);
         how many rows."""
         self._check()
-        (deleted,) = self._write(lambda conn: conn.execute(_DELETE_ALL).fetchone(), "clear")
+        (deleted,) = self._write(one(_DELETE_ALL), "clear")
         return int(deleted)
 
     def pending(self, shard: int, ident: str) -> Record | None:
         """The open window of ``ident``, or None."""
         self._check()
-        row = self._read(lambda conn: conn.execute(_PENDING, (ident,)).fetchone())
+        row = self._read(one(_PENDING, (ident,)))
         return None if row is None else _record(row)
 
     def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the id of the run in
         progress it waits for, None if that one just ended)."""
         self._check()
-        rows = self._read(lambda conn: conn.execute(_HELD).fetchall())
+        rows = self._read(many(_HELD))
         return {ident: (int(since), runner) for ident, since, runner in rows}
 
     def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
         """Close the open window of ``ident`` (of ``task_id`` if given): the next take
         takes it. The window, or None."""
         self._check()
-        row = self._write(lambda conn: conn.execute(_FLUSH, (ident, task_id)).fetchone(), "flush")
+        row = self._write(one(_FLUSH, (ident, task_id)), "flush")
         return None if row is None else _record(row)
 
+    def _locals(self, timeout_ms: int) -> tuple[str, ...]:
+        """:attr:`locals_sql`'s arguments, for a call's ``statement_timeout`` of
+        ``timeout_ms``."""
+        buckets = ",".join(str(bound) for bound in LATE_BUCKETS_MS)
+        given = (str(timeout_ms), str(self.history_ttl_ms), buckets)
+        return given if self.schema is None else (*given, search_path(self.schema))
+
     # -- sending -----------------------------------------------------------------------
+
+    def _run(self, conn: psycopg.Connection[Any], work: Step | Callable[[Any], Any]) -> Any:
+        """``work`` in one transaction that begins with the store's settings
+        (:data:`LOCALS_SQL`, for that transaction only): a :class:`Step` pipelined with
+        them in one round trip; a function ``work(conn)`` (a read of several statements,
+        a migration) in an explicit transaction."""
+        if isinstance(work, Step) and _PIPELINE:
+            with conn.pipeline():
+                conn.execute(self.locals_sql, self.locals)
+                cursor = conn.execute(work.sql, work.params)
+            return cursor.fetchone() if work.first else cursor.fetchall()
+        with conn.transaction():
+            conn.execute(self.locals_sql, self.locals)
+            if isinstance(work, Step):
+                cursor = conn.execute(work.sql, work.params)
+                return cursor.fetchone() if work.first else cursor.fetchall()
+            return work(conn)
 
     def _read(self, fn: Any) -> Any:
         """``fn(connection)`` for a read or an idempotent step: any lost connection is
         an outage."""
         try:
             with self.pool.connection() as conn:
-                return _answered(fn, conn, self.timeout + ANSWER_GRACE)
+                return _answered(self._run, fn, conn, self.timeout + ANSWER_GRACE)
         except PoolTimeout as exc:
             raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
         except psycopg.OperationalError as exc:
@@ -497,7 +556,7 @@ class PostgresStore(
         :class:`ReplyLost` (an ``OutcomeUnknown``)."""
         conn = self._connection()
         try:
-            return _answered(fn, conn, self.timeout + ANSWER_GRACE)
+            return _answered(self._run, fn, conn, self.timeout + ANSWER_GRACE)
         except psycopg.OperationalError as exc:
             raise ReplyLost(
                 f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
@@ -530,14 +589,14 @@ REFUSED = ("25006", "53", "57P03")
 UNDONE = ("57014", "55P03", "40")
 
 
-def _answered(fn: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
-    """``fn(conn)``, with a call the server answered by refusing or undoing it raised
+def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
+    """``run(conn, work)``, with a call the server answered by refusing or undoing it raised
     as the store's typed error (nothing was written); other errors as they are. A call
     not answered within ``seconds`` has its connection shut down (watchdog.py): a
     psycopg ``OperationalError``, as for any lost connection."""
     try:
         with guarded(conn, seconds):
-            return fn(conn)
+            return run(conn, work)
     except psycopg.Error as exc:
         state = exc.sqlstate or ""
         if state.startswith(REFUSED):
@@ -551,27 +610,21 @@ def _answered(fn: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
         raise
 
 
-def _configure(timeout: float, history_ttl_ms: int) -> Callable[[psycopg.Connection[Any]], None]:
-    """The pool's ``configure``: a new connection's ``statement_timeout`` is at most
-    ``timeout`` (a shorter one set for the role, the database or in the URL stays), so
-    a call blocked on the server (a lock) fails within it, undone; and the schema's
-    counters get the history TTL and the lateness buckets (``debounce.*``)."""
-    ms = max(1, int(timeout * 1000))
-    buckets = ",".join(str(bound) for bound in LATE_BUCKETS_MS)
+#: The store's settings, for the transaction of each call only (nothing stays on the
+#: connection: a pooler in transaction mode hands it to other clients): the statement
+#: timeout, and the history TTL and lateness buckets of the schema's counters.
+LOCALS_SQL = (
+    "SELECT set_config('statement_timeout', %s, true), "
+    "set_config('debounce.history_ttl_ms', %s, true), "
+    "set_config('debounce.late_buckets_ms', %s, true)"
+)
+#: libpq 14 and later pipeline a statement with the settings; older ones send them in an
+#: explicit transaction (more round trips, the same effect).
+_PIPELINE = psycopg.Pipeline.is_supported()
 
-    def configure(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(
-            "SELECT set_config('statement_timeout', %s, false) FROM pg_settings "
-            "WHERE name = 'statement_timeout' AND (setting::bigint = 0 OR setting::bigint > %s)",
-            (str(ms), ms),
-        )
-        conn.execute(
-            "SELECT set_config('debounce.history_ttl_ms', %s, false), "
-            "set_config('debounce.late_buckets_ms', %s, false)",
-            (str(history_ttl_ms), buckets),
-        )
 
-    return configure
+#: With a schema of its own: the ``search_path`` too (``pg_catalog`` stays first).
+_IN_SCHEMA = ", set_config('search_path', %s, true)"
 
 
 def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:

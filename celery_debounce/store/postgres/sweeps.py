@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...aliases import parse_aliases
 from ..codec import EXPIRY_GRACE_MS
 from ..domain import ShardRef
+from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...settings import Settings
@@ -49,7 +50,7 @@ class PostgresSweeps:
             return 0
         self._check()
         ids, left = [w[0] for w in windows], [int(w[1]) for w in windows]
-        row = self._write(lambda conn: conn.execute(_EXPIRING, (ids, left)).fetchone(), "expiring")
+        row = self._write(one(_EXPIRING, (ids, left)), "expiring")
         return int(row[0]) if row else 0
 
     def expire(
@@ -71,7 +72,7 @@ class PostgresSweeps:
             int(time.time() * 1000),
             SWEEP_BATCH,
         )
-        rows = self._write(lambda conn: conn.execute(_EXPIRE, params).fetchall(), "expire")
+        rows = self._write(many(_EXPIRE, params), "expire")
         return [(task_id, parse_aliases(aliases)) for task_id, aliases in rows]
 
     def sweep(self, limit: int = SWEEP_BATCH) -> int:
@@ -80,7 +81,7 @@ class PostgresSweeps:
         up to ``limit`` quiet periods over; how many rows went (``limit`` or more: there
         may be more). Never a window in progress nor an open one. Idempotent."""
         self._check()
-        row = self._write(lambda conn: conn.execute(_SWEEP, (limit,)).fetchone(), "sweep")
+        row = self._write(one(_SWEEP, (limit,)), "sweep")
         return int(row[0]) if row else 0
 
     def expired(self, shard: ShardRef, task_ids: Sequence[str]) -> None:
@@ -88,14 +89,14 @@ class PostgresSweeps:
         if not task_ids:
             return
         self._check()
-        self._write(lambda conn: conn.execute(_EXPIRED, (list(task_ids),)).fetchone(), "expired")
+        self._write(one(_EXPIRED, (list(task_ids),)), "expired")
 
     def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
         """Write the layouts ``write`` (now), drop those not written for the history
         TTL; ``(now ms, every layout -> ms last written)``."""
         self._check()
         rows = self._write(
-            lambda conn: conn.execute(_LAYOUTS, (list(write), self.history_ttl_ms)).fetchall(),
+            many(_LAYOUTS, (list(write), self.history_ttl_ms)),
             "layouts",
         )
         return int(rows[0][0]), {name: int(ms) for _, name, ms in rows[1:]}
@@ -104,7 +105,7 @@ class PostgresSweeps:
         """Dispatcher ``name`` runs (or stopped cleanly); the server's time, ms."""
         self._check()
         row = self._write(
-            lambda conn: conn.execute(_HEARTBEAT, (name, alive, self.history_ttl_ms)).fetchone(),
+            one(_HEARTBEAT, (name, alive, self.history_ttl_ms)),
             "heartbeat",
         )
         assert row is not None

@@ -166,10 +166,11 @@ _FUNCTION_OF = {
 }
 
 
-def _postgres(request: pytest.FixtureRequest) -> Harness:
+def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
     """The PostgreSQL store on the session's private server, through a proxy that can
     lose a reply or refuse connections; each test in a fresh schema (``search_path``),
-    dropped afterwards."""
+    dropped afterwards. ``pooled``: through PgBouncer in transaction mode as well (the
+    schema named by the store's setting: a pooler takes no ``options``)."""
     reason = POSTGRES_NOT_YET.get(request.node.originalname)
     if reason:
         pytest.skip(reason)
@@ -188,16 +189,21 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
     request.addfinalizer(drop_schema)
-    proxy = PgProxy(server.port)
-    request.addfinalizer(proxy.close)
     direct = make_conninfo(server.url(), options=f"-c search_path={schema}")
-    url = make_conninfo(direct, port=proxy.port)
-    with PostgresStore(direct) as migrating:
+    if pooled:
+        bouncer = request.getfixturevalue("pgbouncer_server")
+        proxy = PgProxy(bouncer.port)
+        url = make_conninfo(bouncer.url(), port=proxy.port)
+    else:
+        proxy = PgProxy(server.port)
+        url = make_conninfo(direct, port=proxy.port)
+    request.addfinalizer(proxy.close)
+    with PostgresStore(url if pooled else direct, schema=schema) as migrating:
         migrating.migrate()
 
     def build(overrides: dict[str, Any]) -> Store:
         settings = _settings({"debounce_redis_url": "redis://unused"}, overrides)
-        store: Store = PostgresStore(url, settings, timeout=1.0)
+        store: Store = PostgresStore(url, settings, timeout=1.0, schema=schema)
         return store
 
     def lose(store: Store, operation: str, then_refuse: bool) -> None:
@@ -209,7 +215,8 @@ def _postgres(request: pytest.FixtureRequest) -> Harness:
         else:
             proxy.disarm()
 
-    return Harness("postgres", build, lose, outage, _close=lambda store: store.close())
+    name = "pgbouncer" if pooled else "postgres"
+    return Harness(name, build, lose, outage, _close=lambda store: store.close())
 
 
 def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
@@ -219,6 +226,7 @@ def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
         "redis": lambda: _single(request),
         "cluster": lambda: _cluster(request),
         "postgres": lambda: _postgres(request),
+        "pgbouncer": lambda: _postgres(request, pooled=True),
     }[name]()
 
 
@@ -228,6 +236,7 @@ def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
         "redis",
         pytest.param("cluster", marks=pytest.mark.cluster),
         "postgres",
+        pytest.param("pgbouncer", marks=pytest.mark.pgbouncer),
     ]
 )
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
