@@ -91,7 +91,7 @@ class LocalPgBouncer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             cwd=self.dir,
-            **self._as,  # type: ignore[arg-type]
+            **self._as,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
