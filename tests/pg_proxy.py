@@ -110,7 +110,7 @@ class PgProxy:
                 sink.sendall(data)
                 # the call's transaction ends at the pipeline's Sync, which may follow in
                 # a later write: pass the client's messages on up to it
-                while dropped and SYNC not in data[-len(SYNC) :]:
+                while dropped and SYNC not in data:
                     data = source.recv(65536)
                     if not data:
                         break

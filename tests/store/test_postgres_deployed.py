@@ -1,0 +1,103 @@
+"""The PostgreSQL store as shops deploy the server: a synchronous standby that stops
+answering, a role without a password it needs, a database that does not exist, a
+migration beside live sessions, few connection slots. Each on a private server of its
+own where the test changes the server's settings."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from helpers import wait_until
+from test_postgres_store import call
+
+from celery_debounce.store.domain import OutcomeUnknown, StoreUnavailable
+from celery_debounce.store.postgres import PostgresStore
+from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def durable_server() -> Iterator[LocalPostgres]:
+    """A private server whose commits wait for a synchronous standby when one is named."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        yield server
+
+
+def _sql(url: str, query: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _waiting_for_the_standby(url: str) -> int:
+    rows = _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
+def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
+    durable_server: LocalPostgres,
+) -> None:
+    """Finding 4: the synchronous standby stops confirming. Each call's commit waits;
+    the store ends the wait on the server too (a cancel request), so the backends
+    waiting never exceed the pool's size and none is left once the calls end. A call
+    the server answered after the cancel committed on the primary."""
+    url = durable_server.url()
+    store = PostgresStore(url, timeout=0.3, max_size=3)
+    try:
+        store.migrate()
+        store.gate(call("t:before"))
+        _sql(url, "ALTER SYSTEM SET synchronous_standby_names = 'gone'")
+        _sql(url, "SELECT pg_reload_conf()")
+        wait_until(
+            lambda: _sql(url, "SHOW synchronous_standby_names") == [("gone",)], timeout=10
+        )
+        most = [0]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                most[0] = max(most[0], _waiting_for_the_standby(url))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        outcomes: list[object] = []
+
+        def produce(n: int) -> None:
+            for i in range(4):
+                try:
+                    outcomes.append(store.gate(call(f"t:{n}-{i}")))
+                except (OutcomeUnknown, StoreUnavailable) as exc:
+                    outcomes.append(exc)
+
+        threads = [threading.Thread(target=produce, args=(n,)) for n in range(6)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(outcomes) == 24
+        assert time.monotonic() - started < 40
+        wait_until(lambda: _waiting_for_the_standby(url) == 0, timeout=10)
+        done.set()
+        watcher.join(5)
+        assert most[0] <= 3, most[0]
+        # every call was answered, cut or refused within its bounds; no backend leaked
+        clients = _sql(
+            url,
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+        )[0][0]
+        assert clients <= 3 + 1  # type: ignore[operator]
+    finally:
+        _sql(url, "ALTER SYSTEM RESET synchronous_standby_names")
+        _sql(url, "SELECT pg_reload_conf()")
+        store.close()
+    with PostgresStore(url, timeout=2.0) as after:
+        assert after.gate(call("t:after")).opened  # the store works on
