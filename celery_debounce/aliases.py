@@ -24,6 +24,8 @@ from celery.app.task import Context
 from celery.canvas import signature
 from kombu.utils import json as kombu_json
 
+from .errors import DebounceConfigError
+
 logger = logging.getLogger("celery_debounce.aliases")
 
 #: Most aliases one window records; a fixed-id call past it is refused by the gate
@@ -51,6 +53,8 @@ def fixed_id(task_id: str | None, options: MutableMapping[str, Any]) -> FixedId 
     """
     if task_id is None:
         return None
+    if isinstance(task_id, str) and "\x00" in task_id:  # PostgreSQL's text cannot hold it
+        raise DebounceConfigError(f"task_id={task_id!r}: a task id cannot hold NUL")
     alias: dict[str, Any] = {"id": task_id}
     for name in CANVAS_OPTIONS:
         value = options.pop(name, None)

@@ -2174,6 +2174,28 @@ MUTATIONS: list[Mutation] = [
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
     ),
     one(
+        "a PostgreSQL call the watchdog ends leaves its backend waiting on the server",
+        "no backend outlives its call: a commit waiting for a synchronous standby is "
+        "cancelled on the server when the call's wait ends, so the waiting backends never "
+        "exceed the pool's size",
+        PKG + "store/postgres/watchdog.py",
+        "        _cancels.put_nowait(conn)\n",
+        "        _cancels.put_nowait(None and conn)\n",
+        "tests/store/test_postgres_deployed.py::"
+        "test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call",
+    ),
+    one(
+        "a key holding NUL reaches the store",
+        "one key, every store: a key PostgreSQL cannot hold is refused by name on every "
+        "store, nothing written",
+        PKG + "producer/key_templates.py",
+        '    if "\\x00" in key:  # PostgreSQL\'s text cannot hold it: refused on every store alike\n',
+        '    if "\\x00" in key and False:\n',
+        HOSTILE + "test_bad_input_raises_and_writes_nothing[NUL in a templated key]",
+        "tests/system/test_postgres_e2e.py::"
+        "test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres[key0]",
+    ),
+    one(
         "the PostgreSQL store lets the driver prepare statements on the server",
         "behind PgBouncer in transaction mode each call runs its own statement: no "
         "server-side prepared statement another client's of the same name could replace",

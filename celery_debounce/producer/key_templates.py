@@ -210,6 +210,11 @@ def resolve(
             )
         out.append(text)
     key = "".join(out)
+    if "\x00" in key:  # PostgreSQL's text cannot hold it: refused on every store alike
+        raise DebounceKeyError(
+            f"debounce_key {template.source!r} resolved to {_short(key)}, which holds a NUL "
+            f"character (at position {key.index(chr(0))}); a key cannot hold NUL on any store"
+        )
     if not key.isascii():  # the Lua scripts see UTF-8: refuse what cannot be encoded
         try:
             key.encode("utf-8")

@@ -33,6 +33,8 @@ def ident_prefix(task_name: str) -> str:
         raise DebounceConfigError(
             f"task name {task_name!r}: not valid Unicode text ({exc.reason})"
         ) from None
+    if "\x00" in task_name:
+        raise DebounceConfigError(f"task name {task_name!r}: a NUL character cannot be stored")
     return f"{size}:{task_name}:"
 
 

@@ -349,6 +349,33 @@ ROWS: list[tuple[str, Call, type[BaseException], str]] = [
         r"^debounce_key '\{0\}' resolved to '.udfff', which is not valid Unicode text",
     ),
     (
+        "NUL in a templated key",
+        lambda app, t: t.delay("a\x00b"),
+        DebounceKeyError,
+        r"^debounce_key 'u:\{user\}' resolved to 'u:a.x00b', which holds a NUL character "
+        r"\(at position 3\); a key cannot hold NUL on any store",
+    ),
+    (
+        "NUL in a by-name key's literal part",
+        lambda app, t: send_task(
+            app, "x.y", ("b",), debounce="1s", debounce_max_wait="1m", debounce_key="a\x00{0}"
+        ),
+        DebounceKeyError,
+        r"holds a NUL character \(at position 1\)",
+    ),
+    (
+        "NUL in a by-name task name",
+        lambda app, t: send_task(app, "x\x00y", debounce="1s", debounce_max_wait="1m"),
+        DebounceConfigError,
+        r"^task name 'x.x00y': a NUL character cannot be stored",
+    ),
+    (
+        "NUL in a fixed task id",
+        lambda app, t: t.apply_async(("u1",), task_id="id\x00"),
+        DebounceConfigError,
+        r"^task_id='id.x00': a task id cannot hold NUL",
+    ),
+    (
         "self-referencing argument, default key",
         lambda app, t: _self_ref(app),
         DebounceKeyError,

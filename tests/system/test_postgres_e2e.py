@@ -630,6 +630,53 @@ def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
     assert "'staging'" not in third.stderr  # no window open there
 
 
+ODD_KEYS = [
+    "a\x00b",  # NUL: PostgreSQL's text cannot hold it
+    "\x00",
+    "emoji \U0001f600 and combining e\u0301",
+    "back\\slash 'quote\" 50% of_",  # LIKE's wildcards, quotes
+    "\x01\x1f\x7f control",
+    "\udcff",  # a lone surrogate
+    "k" * 1024,  # at debounce_max_key_length
+]
+
+
+@pytest.mark.parametrize("key", ODD_KEYS, ids=[f"key{i}" for i in range(len(ODD_KEYS))])
+def test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres(
+    migrated: str, runs_dir: Path, redis_server: str, key: str
+) -> None:
+    """Finding 6: what the Redis store accepts, the PostgreSQL store accepts; what one
+    refuses (with DebounceKeyError), the other refuses, nothing written."""
+    from helpers import make_app
+
+    from celery_debounce import DebouncedTask, DebounceKeyError
+
+    answers = []
+    for app in (build(migrated, "memory://", str(runs_dir)), make_app(redis_server)):
+
+        @app.task(
+            base=DebouncedTask,
+            name="odd.t",
+            shared=False,
+            debounce=60,
+            debounce_key="{0}",
+            debounce_max_wait=120,
+        )
+        def odd(value: str) -> None: ...
+
+        try:
+            first = odd.delay(key).id
+            answers.append(("accepted", odd.delay(key).id == first))
+        except DebounceKeyError as exc:
+            answers.append(("refused", str(exc)))
+    assert answers[0] == answers[1], answers
+    if answers[0][0] == "refused":
+        assert sql(migrated, "SELECT count(*) FROM debounce_open") == [(0,)]
+    else:
+        assert answers[0] == ("accepted", True)  # the second call joined the first's window
+        assert len(sql(migrated, "SELECT ident FROM debounce_open")) == 1
+
+
 # -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 

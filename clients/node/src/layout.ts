@@ -10,6 +10,9 @@ export function windowIdent(task: string, key: string): string {
   if (!wellFormed(task)) {
     throw new DebounceConfigError(`task name ${JSON.stringify(task)}: not valid Unicode text`);
   }
+  if (task.includes("\u0000")) {
+    throw new DebounceConfigError(`task name ${JSON.stringify(task)}: a NUL character cannot be stored`);
+  }
   return `${utf8(task).length}:${task}:${key}`;
 }
 

@@ -130,6 +130,11 @@ export function resolveTemplate(template: KeyTemplate, args: readonly unknown[],
   if (!wellFormed(out)) {
     throw new DebounceKeyError(`key ${src} resolved to text that is not valid Unicode (a lone surrogate)`);
   }
+  if (out.includes("\u0000")) {  // PostgreSQL's text cannot hold it: refused on every store
+    throw new DebounceKeyError(
+      `key ${src} resolved to text holding a NUL character (at position ${out.indexOf("\u0000")}); ` +
+      "a key cannot hold NUL on any store");
+  }
   return out;
 }
 
