@@ -11,6 +11,23 @@ class DebounceConfigError(DebounceError, ValueError):
     """A debounce option or setting has a bad value."""
 
 
+class StoreMisconfigured(DebounceConfigError):
+    """The store refused the connection for a reason no retry mends (on PostgreSQL: a
+    wrong password, an unknown role or database, no right to connect). Raised at once,
+    whatever ``debounce_on_outage`` says: it is not an outage, and the call is never
+    published plainly."""
+
+
+class MigrationBlocked(DebounceError):
+    """``celery debounce migrate`` could not lock the PostgreSQL store's tables within
+    its ``--wait``: other sessions held them (``blockers``: ``(pid, application, state,
+    since)`` each). Nothing changed."""
+
+    def __init__(self, message: str, blockers: list[tuple[int, str, str, str]]) -> None:
+        super().__init__(message)
+        self.blockers = blockers
+
+
 class DebounceKeyError(DebounceError, ValueError):
     """A key template could not be resolved against a call's arguments."""
 

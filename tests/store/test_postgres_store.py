@@ -1302,3 +1302,67 @@ def test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothin
     wait_until(lambda: store.time_ms() > good.deadline_ms, 5)
     assert sorted(w.task_id for w in store.take(0, 10).windows) == sorted(["bad", good.task_id])
     assert store.counts(0, store.time_ms()).counters["r|t"] == 1
+
+
+def test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and_names_it(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """Finding 7: a version-2 database, a report job idle in transaction after reading
+    the windows. ``migrate(wait_s=2)`` retries its short lock waits, so a call beside
+    it is held up well under 1.5 s; it gives up naming the session (pid, application,
+    state), nothing changed; once the session ends, it migrates."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(pg_schema.schema_sql().encode())
+        conn.execute(pg_schema.UPGRADES[1].encode())
+        conn.execute("UPDATE debounce_schema SET version = 2")
+    blocker = psycopg.connect(make_conninfo(database, application_name="report-job"))
+    blocker.execute("SELECT count(*) FROM debounce_open")  # idle in transaction from now
+    pid = blocker.info.backend_pid
+    slowest = [0.0]
+    done = threading.Event()
+
+    def call_beside() -> None:
+        with psycopg.connect(database, autocommit=True) as conn:
+            while not done.is_set():
+                started = time.monotonic()
+                conn.execute("SELECT count(*) FROM debounce_open").fetchone()
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                time.sleep(0.02)
+
+    caller = threading.Thread(target=call_beside, daemon=True)
+    caller.start()
+    store = make_store()
+    started = time.monotonic()
+    try:
+        with pytest.raises(pg_schema.MigrationBlocked) as raised:
+            store.migrate(wait_s=2.0)
+        assert 2.0 <= time.monotonic() - started < 6.0
+    except BaseException:
+        blocker.close()  # the test failed: let the schema be dropped
+        raise
+    finally:
+        done.set()
+        caller.join(5)
+    message = str(raised.value)
+    assert f"pid {pid} (application 'report-job', idle in transaction, since" in message
+    assert [b[0] for b in raised.value.blockers] == [pid]
+    assert slowest[0] < 1.5, slowest[0]
+    with psycopg.connect(database, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM debounce_schema").fetchone() == (2,)
+    blocker.rollback()
+    blocker.close()
+    assert store.migrate(wait_s=2.0) == (2, SCHEMA_VERSION)
+
+
+def test_the_session_server_is_the_postgresql_this_pass_declares(
+    postgres_server: LocalPostgres,
+) -> None:
+    """scripts/test.sh's PostgreSQL 18 pass sets CELERY_DEBOUNCE_PG_EXPECT_MAJOR: the
+    server its tests ran on is that version (not the main run's 15 again)."""
+    import os
+
+    expected = os.environ.get("CELERY_DEBOUNCE_PG_EXPECT_MAJOR")
+    if not expected:
+        pytest.skip("no PostgreSQL version declared for this pass")
+    with psycopg.connect(postgres_server.url()) as conn:
+        assert conn.info.server_version // 10000 == int(expected)

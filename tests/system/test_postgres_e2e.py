@@ -677,6 +677,29 @@ def test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres(
         assert len(sql(migrated, "SELECT ident FROM debounce_open")) == 1
 
 
+def test_a_misconfigured_store_is_raised_by_name_even_when_outages_publish(
+    postgres_server: LocalPostgres, runs_dir: Path
+) -> None:
+    """Finding 8: with ``debounce_on_outage="publish"`` an unknown role is not an outage:
+    the call raises StoreMisconfigured at once and nothing is published plainly."""
+    from kombu import Connection
+
+    from celery_debounce import StoreMisconfigured
+
+    url = f"postgresql://nosuchrole@127.0.0.1:{postgres_server.port}/postgres"
+    broker, queue_name = "memory://", f"misconfigured-{uuid.uuid4().hex[:8]}"
+    app = build(url, broker, str(runs_dir), queue=queue_name)
+    app.conf.debounce_on_outage = "publish"
+    started = time.monotonic()
+    with pytest.raises(StoreMisconfigured, match='role "nosuchrole" does not exist'):
+        app.tasks["pg.record"].delay("k1", 1)
+    assert time.monotonic() - started < 2.0
+    with Connection(broker) as conn:
+        queue = conn.SimpleQueue(queue_name)
+        assert queue.qsize() == 0  # nothing published plainly
+        queue.close()
+
+
 # -- (f) what the store does not have yet, and bad settings: refused, nothing written ----
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ...errors import DebounceConfigError
+from ...errors import DebounceConfigError, MigrationBlocked
 
 __all__ = [
     "MIGRATE_COMMAND",
     "MIN_SERVER_VERSION",
     "SCHEMA_VERSION",
+    "MigrationBlocked",
     "SchemaMismatch",
     "SchemaMissing",
     "SchemaTooNew",
@@ -59,6 +60,37 @@ def steps_to(found: int | None, version: int) -> list[str]:
     nothing when it is there already (the Django migrations, one per version)."""
     first = [schema_sql()] if found is None else []
     return first + [UPGRADES[v] for v in range(found or 1, version)]
+
+
+#: How long one attempt of a migration waits for a table lock (ms): every call that
+#: needs the table queues behind the waiting ALTER, so never longer than this.
+MIGRATE_LOCK_TIMEOUT_MS = 500
+#: How long a migration retries, by default, before it gives up (seconds).
+MIGRATE_WAIT_S = 60.0
+#: Sessions that hold a lock on one of the schema's tables (not this one).
+BLOCKERS_SQL = (
+    "SELECT DISTINCT a.pid, a.application_name, a.state, "
+    "to_char(coalesce(a.xact_start, a.query_start), 'YYYY-MM-DD HH24:MI:SS TZ') "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "JOIN pg_class c ON c.oid = l.relation "
+    "WHERE c.relname LIKE 'debounce\\_%%' AND c.relnamespace = current_schema()::regnamespace "
+    "AND l.granted AND a.pid <> pg_backend_pid() ORDER BY a.pid"
+)
+
+
+def blocked(waited_s: float, blockers: list[tuple[int, str, str, str]]) -> MigrationBlocked:
+    """The error of a migration that gave up after ``waited_s``."""
+    named = "; ".join(
+        f"pid {pid} (application {app or '-'!r}, {state or 'state unknown'}, since {since})"
+        for pid, app, state, since in blockers
+    )
+    return MigrationBlocked(
+        f"the migration could not lock the schema's tables within {waited_s:g}s (each "
+        f"attempt waits {MIGRATE_LOCK_TIMEOUT_MS} ms, so calls are held up no longer); "
+        f"nothing changed. Holding them: {named or 'none any more (try again)'}. End "
+        "those sessions or run it again with a longer --wait",
+        blockers,
+    )
 
 
 class SchemaMismatch(DebounceConfigError):
@@ -115,7 +147,7 @@ def _schema_error(exc: Exception) -> Exception:
     return error
 
 
-def _safe(exc: Exception) -> str:
+def _safe(exc: BaseException) -> str:
     """An error's first line: psycopg's messages name host and port, never the
     password."""
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

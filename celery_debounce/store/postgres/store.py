@@ -22,52 +22,53 @@ operators' reads and actions (inspect.py, cancel.py), the counters and gauges
 
 from __future__ import annotations
 
-import select
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pg_sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from ...aliases import parse_aliases
 from ...errors import DebounceConfigError
 from ...settings import DEFAULTS
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
-    ReplyLost,
-    ServerRefused,
     ShardRef,
     StoreUnavailable,
 )
-from ..records import LATE_BUCKETS_MS, Record
+from ..records import Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
-from .gate_args import gate_args, gate_result, refused
+from .gate_args import gate_args, gate_result
 from .inspect import PostgresInspect
+from .link import LinkState, connection_class
 from .runs import PostgresRuns
 from .schema import (
+    BLOCKERS_SQL,
     HAS_SCHEMA_SQL,
     LOCK_SQL,
     MIGRATE_LOCK,
+    MIGRATE_LOCK_TIMEOUT_MS,
+    MIGRATE_WAIT_S,
     MIN_SERVER_VERSION,
     SCHEMA_VERSION,
     VERSION_SQL,
     WRITE_VERSION_SQL,
     SchemaTooNew,
-    _safe,
-    _schema_error,
+    blocked,
     refusal,
     steps_to,
 )
+from .sending import IN_SCHEMA_SQL, LOCALS_SQL, RECONNECT_S, PostgresSending
 from .stats import PostgresStats
-from .step import Step, many, one, search_path
+from .step import many, one
 from .sweeps import PostgresSweeps
 from .wake import PostgresWakeListener
-from .watchdog import guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...aliases import FixedId
@@ -148,8 +149,12 @@ _LIVENESS = (
 
 def _migrate(conn: psycopg.Connection[Any], schema: str | None) -> int | None:
     """:meth:`PostgresStore.migrate` on ``conn`` (creating ``schema`` when it is named):
-    the version found."""
+    the version found. Each lock is waited for :data:`MIGRATE_LOCK_TIMEOUT_MS` at most
+    (``LockNotAvailable``: nothing changed)."""
     with conn.transaction():
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, true)", (f"{MIGRATE_LOCK_TIMEOUT_MS}ms",)
+        )
         conn.execute(LOCK_SQL, (MIGRATE_LOCK,))
         if schema is not None:
             conn.execute(
@@ -176,7 +181,13 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
 
 
 class PostgresStore(
-    PostgresRuns, PostgresSweeps, PostgresBulk, PostgresCancel, PostgresInspect, PostgresStats
+    PostgresSending,
+    PostgresRuns,
+    PostgresSweeps,
+    PostgresBulk,
+    PostgresCancel,
+    PostgresInspect,
+    PostgresStats,
 ):
     """Windows in a PostgreSQL database (``postgresql://user:pass@host/db``).
 
@@ -205,12 +216,18 @@ class PostgresStore(
         self.history_ttl_ms = settings.history_ttl_ms if settings else DEFAULT_HISTORY_TTL_MS
         given = conninfo_to_dict(url)
         links = {name: value for name, value in LINK_DEFAULTS.items() if name not in given}
+        #: how the pool's last connection attempt went (link.py)
+        self.link = LinkState()
         self.pool = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
             open=False,
+            connection_class=connection_class(self.link),
+            # the pool's retries back off (1 s, 2 s, 4 s, ...) up to this, then start
+            # afresh at the next call: a server back after an outage is used again soon
+            reconnect_timeout=RECONNECT_S,
             # no server-side prepared statements: behind a pooler in transaction mode
             # another client's statement of the same name would run instead
             kwargs={"autocommit": True, "prepare_threshold": None, **links},
@@ -230,7 +247,7 @@ class PostgresStore(
         #: what each call's transaction sets first, and its arguments: the call's
         #: ``statement_timeout`` is ``timeout``, or a shorter one the role, the database
         #: or the URL sets (read at the check)
-        self.locals_sql = LOCALS_SQL if self.schema is None else LOCALS_SQL + _IN_SCHEMA
+        self.locals_sql = LOCALS_SQL if self.schema is None else LOCALS_SQL + IN_SCHEMA_SQL
         self.locals = self._locals(max(1, int(timeout * 1000)))
         self.links = links
         self._checked = False
@@ -273,11 +290,27 @@ class PostgresStore(
         found: int | None = self._read(_read_version)
         return found
 
-    def migrate(self) -> tuple[int | None, int]:
+    def migrate(self, wait_s: float = MIGRATE_WAIT_S) -> tuple[int | None, int]:
         """Create the schema, or upgrade an older one, in one transaction under an
         advisory lock (concurrent migrations wait for each other); ``(version before,
-        version now)``. A newer schema is refused (:class:`SchemaTooNew`)."""
-        before = self._read(lambda conn: _migrate(conn, self.schema))
+        version now)``. A newer schema is refused (:class:`SchemaTooNew`).
+
+        On a live database each attempt waits for a table lock briefly (calls queue
+        behind it only that long) and is retried with backoff for up to ``wait_s``;
+        then :class:`MigrationBlocked` names the sessions holding the locks."""
+        deadline = time.monotonic() + wait_s
+        delay = 0.05
+        while True:
+            try:
+                before = self._read(lambda conn: _migrate(conn, self.schema))
+                break
+            except StoreUnavailable as exc:
+                if not isinstance(exc.__cause__, pg_errors.LockNotAvailable):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise blocked(wait_s, self._read(many(BLOCKERS_SQL))) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
         with self._check_lock:
             self._checked = False
         return before, SCHEMA_VERSION
@@ -494,152 +527,6 @@ class PostgresStore(
         self._check()
         row = self._write(one(_FLUSH, (ident, task_id)), "flush")
         return None if row is None else _record(row)
-
-    def _locals(self, timeout_ms: int) -> tuple[str, ...]:
-        """:attr:`locals_sql`'s arguments, for a call's ``statement_timeout`` of
-        ``timeout_ms``."""
-        buckets = ",".join(str(bound) for bound in LATE_BUCKETS_MS)
-        given = (str(timeout_ms), str(self.history_ttl_ms), buckets)
-        return given if self.schema is None else (*given, search_path(self.schema))
-
-    # -- sending -----------------------------------------------------------------------
-
-    def _run(self, conn: psycopg.Connection[Any], work: Step | Callable[[Any], Any]) -> Any:
-        """``work`` in one transaction that begins with the store's settings
-        (:data:`LOCALS_SQL`, for that transaction only): a :class:`Step` pipelined with
-        them in one round trip; a function ``work(conn)`` (a read of several statements,
-        a migration) in an explicit transaction."""
-        if isinstance(work, Step) and _PIPELINE:
-            with conn.pipeline():
-                conn.execute(self.locals_sql, self.locals)
-                cursor = conn.execute(work.sql, work.params)
-            return cursor.fetchone() if work.first else cursor.fetchall()
-        with conn.transaction():
-            conn.execute(self.locals_sql, self.locals)
-            if isinstance(work, Step):
-                cursor = conn.execute(work.sql, work.params)
-                return cursor.fetchone() if work.first else cursor.fetchall()
-            return work(conn)
-
-    def _read(self, fn: Any) -> Any:
-        """``fn(connection)`` for a read or an idempotent step: any lost connection is
-        an outage."""
-        try:
-            with self.pool.connection() as conn:
-                return _answered(self._run, fn, conn, self.timeout + ANSWER_GRACE)
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
-        except pg_errors.UndefinedFunction as exc:
-            raise _schema_error(exc) from exc
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        """A pooled connection that was not seen closed: one the server (or the link)
-        closed while it was idle in the pool is discarded before anything is sent on
-        it, so a call after an outage is :class:`StoreUnavailable`, not a lost reply.
-        No round trip: the socket is polled."""
-        for _ in range(self.pool.max_size + 1):
-            try:
-                conn = self.pool.getconn()
-            except PoolTimeout as exc:
-                raise StoreUnavailable(f"PostgreSQL store unreachable: {exc}") from exc
-            if not _closed_while_idle(conn):
-                return conn
-            conn.close()
-            self.pool.putconn(conn)  # a closed connection: the pool replaces it
-        raise StoreUnavailable("PostgreSQL store: every pooled connection was closed")
-
-    def _write(self, fn: Any, operation: str) -> Any:
-        """``fn(connection)`` for a step that changes windows, sent at most once: a
-        connection lost once the call may have reached the server is
-        :class:`ReplyLost` (an ``OutcomeUnknown``)."""
-        conn = self._connection()
-        try:
-            return _answered(self._run, fn, conn, self.timeout + ANSWER_GRACE)
-        except psycopg.OperationalError as exc:
-            raise ReplyLost(
-                f"the PostgreSQL store's reply to {operation} was lost (it may have run; "
-                f"it was not sent again): {_safe(exc)}"
-            ) from exc
-        except pg_errors.UndefinedFunction as exc:
-            with self._check_lock:
-                self._checked = False
-            raise _schema_error(exc) from exc
-        except psycopg.Error as exc:
-            error = refused(exc.sqlstate, _safe(exc))
-            if error is not None:
-                raise error from exc
-            raise
-        finally:
-            self.pool.putconn(conn)
-
-
-#: How long past the store's ``timeout`` a call may wait for its answer before its
-#: connection is shut down: the server cancels a statement at ``timeout``
-#: (``statement_timeout``) and answers, unless it is not running at all.
-ANSWER_GRACE = 1.0
-#: SQLSTATEs of a call the server refused before it wrote anything (a read-only
-#: transaction: a standby, ``default_transaction_read_only``; insufficient resources: a
-#: full disk, out of memory; the server is starting or stopping): ``ServerRefused``.
-REFUSED = ("25006", "53", "57P03")
-#: SQLSTATEs of a call the server cancelled and undid (``statement_timeout`` or a
-#: cancel, ``lock_timeout``, a serialization failure or a deadlock): its error reply
-#: says the transaction rolled back, so nothing was written: ``StoreUnavailable``.
-UNDONE = ("57014", "55P03", "40")
-
-
-def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:
-    """``run(conn, work)``, with a call the server answered by refusing or undoing it raised
-    as the store's typed error (nothing was written); other errors as they are. A call
-    not answered within ``seconds`` has its connection shut down (watchdog.py): a
-    psycopg ``OperationalError``, as for any lost connection."""
-    try:
-        with guarded(conn, seconds):
-            return run(conn, work)
-    except psycopg.Error as exc:
-        state = exc.sqlstate or ""
-        if state.startswith(REFUSED):
-            raise ServerRefused(
-                f"PostgreSQL store refused the call, nothing written: {_safe(exc)}"
-            ) from exc
-        if state.startswith(UNDONE):
-            raise StoreUnavailable(
-                f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"
-            ) from exc
-        raise
-
-
-#: The store's settings, for the transaction of each call only (nothing stays on the
-#: connection: a pooler in transaction mode hands it to other clients): the statement
-#: timeout, and the history TTL and lateness buckets of the schema's counters.
-LOCALS_SQL = (
-    "SELECT set_config('statement_timeout', %s, true), "
-    "set_config('debounce.history_ttl_ms', %s, true), "
-    "set_config('debounce.late_buckets_ms', %s, true)"
-)
-#: libpq 14 and later pipeline a statement with the settings; older ones send them in an
-#: explicit transaction (more round trips, the same effect).
-_PIPELINE = psycopg.Pipeline.is_supported()
-
-
-#: With a schema of its own: the ``search_path`` too (``pg_catalog`` stays first).
-_IN_SCHEMA = ", set_config('search_path', %s, true)"
-
-
-def _closed_while_idle(conn: psycopg.Connection[Any]) -> bool:
-    """True when an idle pooled connection is not to be trusted with a call: closed,
-    broken, or with anything to read. It listens to nothing, so bytes on it are the
-    server ending it (a shutdown sends its FATAL error, then closes: a call sent between
-    the two would read that error as its reply, an outcome unknown) or, rarely, a
-    notice; either way the pool makes a new one."""
-    if conn.closed or conn.broken:
-        return True
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable) or conn.pgconn.status != psycopg.pq.ConnStatus.OK
 
 
 def _record(row: Sequence[Any]) -> Record:
