@@ -2229,6 +2229,15 @@ MUTATIONS: list[Mutation] = [
         "test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and_names_it",
     ),
     one(
+        "the PostgreSQL store's grants leave out a right the workers need",
+        "the store runs as the documented least-privileged role after migrate --grant-to",
+        PKG + "store/postgres/schema.py",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};",
+        "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role};",
+        "tests/system/test_postgres_e2e.py::"
+        "test_the_least_privileged_role_runs_every_part_after_migrate_grants_it",
+    ),
+    one(
         "the PostgreSQL store lets the driver prepare statements on the server",
         "behind PgBouncer in transaction mode each call runs its own statement: no "
         "server-side prepared statement another client's of the same name could replace",

@@ -207,6 +207,50 @@ def test_a_real_worker_runs_debounced_windows_from_postgres(
         ]
 
 
+def test_the_least_privileged_role_runs_every_part_after_migrate_grants_it(
+    database: str, runs_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    """Finding 12: ``migrate --grant-to app`` as the schema's owner, then the worker, its
+    dispatcher, the producer and the operators' commands as ``app`` (no superuser, no
+    DDL, no right to change the schema's version): a burst runs once, a collect window
+    and a cancel work, inspect and stats answer."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER')  # a name made here
+    try:
+        owner_env = env_for(database, "memory://", runs_dir)
+        granted = migrate(owner_env, "--grant-to", role)
+        assert granted.returncode == 0, granted.stderr
+        as_app = database.replace("postgresql://debounce@", f"postgresql://{role}@")
+        broker = f"{redis_server}/6"
+        env = env_for(as_app, broker, runs_dir)
+        app = build(as_app, broker, str(runs_dir))
+        with pg_worker(env, tmp_path / "worker.log"):
+            burst_is_one_run(app, database, runs_dir)
+            collect = app.tasks["pg.collect"]
+            gathered = {collect.delay("gather", n).id for n in range(5)}
+            wait_until(lambda: runs(runs_dir, "gather"), 30)
+            assert [r["ns"] for r in runs(runs_dir, "gather")] == [list(range(5))]
+            assert len(gathered) == 1
+            app.tasks["pg.record"].apply_async(("cancelled", 1), debounce=60, debounce_max_wait=120)
+            cancelled = debounce_command(
+                "pg_app", env, "cancel", "--task", "pg.record", "--key", "k:cancelled", "-j"
+            )
+            assert cancelled.returncode == 0, cancelled.stderr
+            for verb in (("inspect", "-j"), ("stats", "-j"), ("ping",)):
+                done = debounce_command("pg_app", env, *verb)
+                assert done.returncode == 0, (verb, done.stdout, done.stderr)
+        with psycopg.connect(as_app, autocommit=True) as conn:  # no DDL, no version change
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE debounce_schema SET version = 99")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("DROP TABLE debounce_open")
+    finally:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
+
+
 # -- (b) RabbitMQ, no Redis anywhere ------------------------------------------------------
 
 

@@ -38,6 +38,25 @@ VERSION_SQL = "SELECT max(version) FROM debounce_schema"
 WRITE_VERSION_SQL = "UPDATE debounce_schema SET version = %s, written_at = clock_timestamp()"
 
 
+#: What the role of the workers, dispatchers and producers needs on the schema, run by
+#: its owner (``migrate --grant-to``): no DDL, no right to change the schema's version.
+GRANTS_SQL = """\
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};
+REVOKE INSERT, UPDATE, DELETE ON {schema}.debounce_schema FROM {role};
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role};
+"""
+
+
+def grants_sql(role: str, schema: str) -> str:
+    """:data:`GRANTS_SQL` for ``role`` on ``schema``, both quoted as identifiers."""
+
+    def quoted(name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+    return GRANTS_SQL.format(schema=quoted(schema), role=quoted(role))
+
+
 def _sql(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text("utf-8")
 

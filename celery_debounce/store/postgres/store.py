@@ -61,6 +61,7 @@ from .schema import (
     WRITE_VERSION_SQL,
     SchemaTooNew,
     blocked,
+    grants_sql,
     refusal,
     steps_to,
 )
@@ -314,6 +315,22 @@ class PostgresStore(
         with self._check_lock:
             self._checked = False
         return before, SCHEMA_VERSION
+
+    def grant(self, role: str) -> str:
+        """Give ``role`` what workers, dispatchers and producers need on the schema
+        (:data:`~.schema.GRANTS_SQL`, run as its owner); the SQL it ran."""
+        done: list[str] = []
+
+        def run(conn: psycopg.Connection[Any]) -> None:
+            row = conn.execute("SELECT current_schema()").fetchone()
+            if row is None or row[0] is None:
+                raise StoreUnavailable("PostgreSQL store: no schema in the search_path")
+            text = grants_sql(role, str(row[0]))
+            conn.execute(text.encode())
+            done.append(text)
+
+        self._read(run)
+        return done[0]
 
     def other_schemas(self) -> list[tuple[str, int]]:
         """Every other schema of the database holding this package's tables, with its
