@@ -51,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_postgres_timeout": 5.0,
     "debounce_postgres_schema": None,
     "debounce_postgres_listen_url": None,
+    "debounce_postgres_pool_size": 8,
     "debounce_max_key_length": 1024,
     "debounce_max_payload_bytes": 1024 * 1024,
     "debounce_redis_sentinel_master": None,
@@ -150,6 +151,8 @@ class Settings:
     #: where a PostgreSQL dispatcher LISTENs for wake-ups: ``debounce_postgres_listen_url``
     #: (None: ``postgres_url``; ``""``: nowhere, the dispatcher polls)
     postgres_listen_url: str | None = None
+    #: the most connections a process's PostgreSQL store pool opens
+    postgres_pool_size: int = 8
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -219,12 +222,16 @@ class Settings:
                 conf.get("debounce_postgres_schema"), get("debounce_key_prefix")
             ),
             postgres_listen_url=_listen_url(conf.get("debounce_postgres_listen_url")),
+            postgres_pool_size=_positive_int(
+                "debounce_postgres_pool_size", get("debounce_postgres_pool_size")
+            ),
         )
         if chosen_here and postgres_url is None:
             for name, remedy in (
                 ("debounce_postgres_timeout", "remove it, or set debounce_redis_timeout"),
                 ("debounce_postgres_schema", "remove it (debounce_key_prefix scopes Redis)"),
                 ("debounce_postgres_listen_url", "remove it"),
+                ("debounce_postgres_pool_size", "remove it"),
             ):
                 if conf.get(name) is not None:
                     raise DebounceConfigError(

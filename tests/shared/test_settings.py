@@ -243,3 +243,18 @@ def test_postgres_only_settings_are_refused_with_the_redis_store(name: str) -> N
 def test_a_listen_url_of_empty_means_poll() -> None:
     assert _pg_settings(debounce_postgres_listen_url="").postgres_listen_url == ""
     assert _pg_settings().postgres_listen_url is None
+
+
+def test_the_postgres_pool_size_is_a_positive_int_and_reaches_the_store() -> None:
+    assert _pg_settings().postgres_pool_size == 8
+    assert _pg_settings(debounce_postgres_pool_size="3").postgres_pool_size == 3
+    with pytest.raises(DebounceConfigError, match="debounce_postgres_pool_size=0"):
+        _pg_settings(debounce_postgres_pool_size=0)
+    pytest.importorskip("psycopg_pool")
+    from celery_debounce.store.postgres.app import postgres_store
+
+    store = postgres_store(_pg_settings(debounce_postgres_pool_size=3))
+    try:
+        assert store.pool.max_size == 3
+    finally:
+        store.close()

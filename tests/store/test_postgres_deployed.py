@@ -171,3 +171,36 @@ def test_a_refused_connection_is_an_outage_in_well_under_a_second() -> None:
         started = time.monotonic()
         assert store.ping() is False
         assert time.monotonic() - started < 1.0
+
+
+def test_a_store_out_of_connection_slots_errs_by_name_and_recovers() -> None:
+    """Finding 9 (pool sizing): the server's slots all taken by another application,
+    a store with no connection yet raises StoreUnavailable naming the server's refusal
+    within its timeout; once slots are free again, its calls go through."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    settings = {"max_connections": "6", "superuser_reserved_connections": "0"}
+    with LocalPostgres(settings=settings) as server:
+        with PostgresStore(server.url(), timeout=2.0) as owner:
+            owner.migrate()
+        _sql(server.url(), "CREATE ROLE app LOGIN")
+        _sql(server.url(), "GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
+        hogs = [psycopg.connect(server.url()) for _ in range(6)]
+        app_url = f"postgresql://app@127.0.0.1:{server.port}/postgres"
+        with PostgresStore(app_url, timeout=1.0) as store:
+            try:
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable, match="too many clients"):
+                    store.gate(call("t:k"))
+                assert time.monotonic() - started < 3.0
+            finally:
+                for hog in hogs:
+                    hog.close()
+            wait_until(lambda: _gates(store), timeout=30)
+
+
+def _gates(store: PostgresStore) -> bool:
+    try:
+        return store.gate(call("t:k")).calls >= 1
+    except StoreUnavailable:
+        return False

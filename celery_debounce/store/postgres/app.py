@@ -49,7 +49,12 @@ def postgres_store(settings: Settings) -> AppPostgresStore:
             "prefork or solo, or the Redis store"
         )
     cooperate()
-    store = AppPostgresStore(settings.postgres_url, settings, timeout=settings.postgres_timeout_s)
+    store = AppPostgresStore(
+        settings.postgres_url,
+        settings,
+        timeout=settings.postgres_timeout_s,
+        max_size=settings.postgres_pool_size,
+    )
     _built.add(store)
     made_unpatched(store)
     return store

@@ -40,6 +40,8 @@ CANCEL_GRACE = 0.5
 #: How long one cancel request may take (seconds): a server that does not answer it
 #: holds up the next ones no longer.
 CANCEL_TIMEOUT = 2.0
+#: How long the thread that sends cancel requests waits for one before it ends (s).
+CANCEL_IDLE = 2.0
 #: Cancel requests waiting to be sent at most (more are dropped: the server is not
 #: answering the ones before them either).
 MAX_CANCELS = 256
@@ -47,7 +49,7 @@ MAX_CANCELS = 256
 _lock = threading.Lock()
 _due: dict[int, tuple[float, Any, bool]] = {}  # token -> (deadline, connection, cancelled)
 _tokens = itertools.count()
-_state: dict[str, Any] = {"pid": None, "thread": None}
+_state: dict[str, Any] = {"pid": None, "thread": None, "canceller": None}
 _cancels: queue.Queue[Any] = queue.Queue(MAX_CANCELS)
 
 
@@ -55,7 +57,7 @@ def _forked() -> None:  # the parent's threads are not in the child; its lock ma
     global _lock, _cancels
     _lock = threading.Lock()
     _due.clear()
-    _state.update(pid=None, thread=None)
+    _state.update(pid=None, thread=None, canceller=None)
     _cancels = queue.Queue(MAX_CANCELS)
 
 
@@ -71,7 +73,6 @@ def guarded(conn: Any, seconds: float) -> Iterator[None]:
         if _state["pid"] != os.getpid():
             start = threading.Thread(target=_watch, name="debounce-pg-watchdog", daemon=True)
             _state.update(pid=os.getpid(), thread=start)
-            threading.Thread(target=_cancel, name="debounce-pg-cancel", daemon=True).start()
         _due[token] = (time.monotonic() + seconds, conn, False)
     if start is not None:
         start.start()
@@ -103,20 +104,36 @@ def _watch() -> None:
 
 
 def _send_cancel(conn: Any) -> None:
-    """Queue a cancel request for what ``conn``'s backend is doing."""
+    """Queue a cancel request for what ``conn``'s backend is doing (the thread that
+    sends them started if it is not running)."""
     if not _CAN_CANCEL:
         return
-    try:
-        _cancels.put_nowait(conn)
-    except queue.Full:  # the server is not answering the ones before it either
-        pass
+    with _lock:
+        try:
+            _cancels.put_nowait(conn)
+        except queue.Full:  # the server is not answering the ones before it either
+            return
+        if _state.get("canceller") is None:
+            thread = threading.Thread(
+                target=_cancel, args=(_cancels,), name="debounce-pg-cancel", daemon=True
+            )
+            _state["canceller"] = thread
+            thread.start()
 
 
-def _cancel() -> None:
+def _cancel(requests: queue.Queue[Any]) -> None:
     """Send each queued cancel request, one at a time, each given up after
-    :data:`CANCEL_TIMEOUT`."""
+    :data:`CANCEL_TIMEOUT`; end once none came for :data:`CANCEL_IDLE` (the next cut
+    starts the thread again): nothing waits on at exit, under gevent either."""
     while True:
-        conn = _cancels.get()
+        try:
+            conn = requests.get(timeout=CANCEL_IDLE)
+        except queue.Empty:
+            with _lock:
+                if requests.empty():
+                    _state["canceller"] = None
+                    return
+            continue
         try:
             conn.cancel_safe(timeout=CANCEL_TIMEOUT)
         except Exception:  # noqa: S110 - the server is gone: nothing left to cancel
