@@ -1860,8 +1860,8 @@ MUTATIONS: list[Mutation] = [
         "the PostgreSQL store ignores debounce_postgres_timeout",
         "a call blocked on PostgreSQL fails within debounce_postgres_timeout",
         PKG + "store/postgres/app.py",
-        ", timeout=settings.postgres_timeout_s)",
-        ")",
+        "        timeout=settings.postgres_timeout_s,\n",
+        "",
         "tests/system/test_postgres_e2e.py::"
         "test_a_call_blocked_on_the_server_fails_within_debounce_postgres_timeout",
     ),
@@ -2236,6 +2236,40 @@ MUTATIONS: list[Mutation] = [
         "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role};",
         "tests/system/test_postgres_e2e.py::"
         "test_the_least_privileged_role_runs_every_part_after_migrate_grants_it",
+    ),
+    one(
+        "a PostgreSQL take waits for a due window another transaction holds",
+        "a held row keeps back only its own window: the take returns the other due windows at once",
+        PKG + "store/postgres/schema_3.sql",
+        "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n"
+        "        FOR UPDATE SKIP LOCKED\n",
+        "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n        FOR UPDATE\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once"
+        "[due]",
+    ),
+    one(
+        "a PostgreSQL take waits for a flushed window another transaction holds",
+        "a held row keeps back only its own window: the take returns the other closed "
+        "windows at once",
+        PKG + "store/postgres/schema_3.sql",
+        "        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED\n",
+        "        ORDER BY t.until LIMIT p_batch FOR UPDATE\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once"
+        "[flushed]",
+    ),
+    one(
+        "a PostgreSQL gate reads the transaction's start for its clock",
+        "a call's window is measured from when it is gated: in a bulk chunk waiting on a "
+        "lock, the later calls keep their whole window",
+        PKG + "store/postgres/schema_3.sql",
+        "#variable_conflict use_column\nDECLARE\n    v_now timestamptz := clock_timestamp();\n"
+        "    v_id text;\n    v_row record;\n    v_quiet record;",
+        "#variable_conflict use_column\nDECLARE\n    v_now timestamptz := now();\n"
+        "    v_id text;\n    v_row record;\n    v_quiet record;",
+        "tests/store/test_postgres_store.py::"
+        "test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whole_window",
     ),
     one(
         "the PostgreSQL store lets the driver prepare statements on the server",

@@ -1366,3 +1366,64 @@ def test_the_session_server_is_the_postgresql_this_pass_declares(
         pytest.skip("no PostgreSQL version declared for this pass")
     with psycopg.connect(postgres_server.url()) as conn:
         assert conn.info.server_version // 10000 == int(expected)
+
+
+@pytest.mark.parametrize("how", ["due", "flushed"])
+def test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once(
+    store: PostgresStore, database: str, how: str
+) -> None:
+    """The take locks with ``SKIP LOCKED``: one due window's row held by another
+    transaction (an operator's cancel, a slow gate) keeps only that one back; the
+    others are taken at once, not after the holder lets go. Windows due by their
+    deadline (still open) and flushed ones (closed, waiting in the taken table)."""
+    for key in ("a", "b", "c"):
+        store.gate(call(f"t:{key}", window_ms=50, max_wait_ms=1_000))
+        if how == "flushed":
+            store.flush(0, f"t:{key}")
+    time.sleep(0.1)  # every deadline passed
+    holder = _locked_taken(database, "t:b", 3.0)
+    started = time.monotonic()
+    taken = store.take(0, 10).windows
+    assert time.monotonic() - started < 1.0
+    assert sorted(w.record.ident for w in taken) == ["t:a", "t:c"]
+    holder.join()
+    assert [w.record.ident for w in store.take(0, 10).windows] == ["t:b"]
+
+
+def _locked_taken(database: str, ident: str, seconds: float) -> threading.Thread:
+    """Another transaction holds the closed (due) window of ``ident`` for ``seconds``."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(database) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM debounce_open WHERE ident = %s FOR UPDATE", (ident,)
+            ).fetchall()
+            found += conn.execute(
+                "SELECT 1 FROM debounce_taken WHERE ident = %s FOR UPDATE", (ident,)
+            ).fetchall()
+            assert found, "no row of the window to hold"
+            held.set()
+            time.sleep(seconds)
+            conn.rollback()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    return thread
+
+
+def test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whole_window(
+    store: PostgresStore, database: str
+) -> None:
+    """``gate_many``: the chunk's first call waits 1.5 s on a row another transaction
+    holds; the chunk's later call, a new window of 3 s, gets its 3 s from when it
+    was gated (the server's clock as each call runs, not the transaction's start)."""
+    store.gate(call("t:held"))
+    holder = _locked(database, "t:held", 1.5)
+    outcomes = store.gate_many([call("t:held"), call("t:later", window_ms=3_000)])
+    holder.join()
+    later = outcomes[1]
+    assert isinstance(later, GateResult), later
+    left_ms = later.deadline_ms - store.time_ms()  # the server's clock, after the wait
+    assert 2_700 <= left_ms <= 3_000, left_ms
