@@ -2272,6 +2272,15 @@ MUTATIONS: list[Mutation] = [
         "test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whole_window",
     ),
     one(
+        "a PostgreSQL exclusive key stays taken after its claim lapsed",
+        "a lapsed claim frees its exclusive key: the held follow-up runs",
+        PKG + "store/postgres/schema.sql",
+        "                     AND t.state IN ('dispatching', 'queued', 'claimed'))",
+        "                     AND t.state IN ('dispatching', 'queued', 'claimed', 'stale'))",
+        PGC + "test_a_lapsed_claim_of_an_exclusive_window_frees_its_key_for_the_held_follow_up"
+        "[postgres]",
+    ),
+    one(
         "the PostgreSQL store lets the driver prepare statements on the server",
         "behind PgBouncer in transaction mode each call runs its own statement: no "
         "server-side prepared statement another client's of the same name could replace",

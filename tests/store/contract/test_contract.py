@@ -288,6 +288,26 @@ def test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_s
     assert follow.task_id == second.task_id
 
 
+def test_a_lapsed_claim_of_an_exclusive_window_frees_its_key_for_the_held_follow_up(
+    harness: Harness,
+) -> None:
+    """An exclusive window's claim lapses (its worker was killed): the take that finds
+    it lapsed frees the key, so the follow-up held behind it is taken with every call it
+    got; the lapsed run's own redelivery finds its claim stale and runs."""
+    store = harness.build(claim_lease_ms=300)
+    first = run(store, "k", exclusive=True)
+    shard = first.call.shard
+    second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
+    gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
+    time.sleep(0.05)
+    assert store.take(shard, 10).windows == []  # held behind the live claim
+    time.sleep(0.4)  # the claim lapses
+    (follow,) = take_due(store, shard, timeout=3)  # the key is free again
+    assert follow.task_id == second.task_id and follow.calls == 2
+    assert store.held(shard) == {}
+    assert store.claim(shard, first.task_id, "t") == ClaimResult("stale", True)
+
+
 def test_a_quarantined_window_leaves_the_take_for_good_with_its_callers_ids(
     harness: Harness,
 ) -> None:
