@@ -54,10 +54,13 @@ __all__ = [
     "assert_not_pending",
     "assert_pending",
     "clear_windows",
+    "close_store",
     "debounce_windows",
+    "django_database_url",
     "flush_windows",
     "run_windows",
     "use_fakeredis",
+    "use_postgres",
 ]
 
 
@@ -272,16 +275,72 @@ def use_fakeredis(app: Celery, server: fakeredis.FakeServer | None = None) -> fa
     """
     import fakeredis
 
-    if not app.conf.get("debounce_redis_url") and not str(app.conf.broker_url or "").startswith(
-        ("redis://", "rediss://")
-    ):
-        app.conf.debounce_redis_url = PLACEHOLDER_URL
+    from ..settings import POSTGRES_SCHEMES
+
+    if str(app.conf.get("debounce_store_url") or "").startswith(POSTGRES_SCHEMES):
+        # the app's windows are in PostgreSQL: this test's go to fakeredis instead
+        pg = settings_for(app)
+        settings = dataclasses.replace(pg, postgres_url=None, redis_url=PLACEHOLDER_URL)
+        app._debounce_settings = settings  # type: ignore[attr-defined, unused-ignore]
+    else:
+        if not app.conf.get("debounce_redis_url") and not str(app.conf.broker_url or "").startswith(
+            ("redis://", "rediss://")
+        ):
+            app.conf.debounce_redis_url = PLACEHOLDER_URL
+        settings = settings_for(app)
     client = fakeredis.FakeRedis(server=server or fakeredis.FakeServer())
     # the client given: an app configured for a Redis Cluster never connects to it;
     # fakeredis has no replicas (and no WAIT): debounce_redis_wait_replicas is off here
-    store = WindowStore(dataclasses.replace(settings_for(app), wait_replicas=0), client)
+    store = WindowStore(dataclasses.replace(settings, wait_replicas=0), client)
     app._debounce_store = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
     return client
+
+
+def use_postgres(app: Celery, url: str, *, migrate: bool = True) -> Any:
+    """Make ``app`` keep its windows in the PostgreSQL database at ``url`` (in Django
+    tests: :func:`django_database_url`, the test database), the schema migrated there
+    unless ``migrate`` is False; the store (a ``PostgresStore``).
+
+    Call :func:`close_store` when the test ends: the store's connections would keep the
+    database from being dropped."""
+    from ..settings import NO_REDIS_URL
+    from ..store.postgres.app import postgres_store
+
+    close_store(app)
+    settings = dataclasses.replace(settings_for(app), postgres_url=url, redis_url=NO_REDIS_URL)
+    store = postgres_store(settings)
+    if migrate:
+        store.migrate()
+    app._debounce_settings = settings  # type: ignore[attr-defined, unused-ignore]
+    app._debounce_store = (os.getpid(), store)  # type: ignore[attr-defined, unused-ignore]
+    return store
+
+
+def close_store(app: Celery) -> None:
+    """Close the connections of ``app``'s window store in this process (before a test
+    database is dropped); the next call builds it again from the app's settings."""
+    cached = app.__dict__.pop("_debounce_store", None)
+    app.__dict__.pop("_debounce_settings", None)
+    store = cached[1] if cached else None
+    close = getattr(store, "close", None)
+    if close is not None and cached is not None and cached[0] == os.getpid():
+        close()
+
+
+def django_database_url(alias: str = "default") -> str:
+    """The ``postgresql://`` URL of Django's database ``alias`` as Django connects to it
+    now: inside a test run, the test database."""
+    from urllib.parse import quote
+
+    from django.db import connections
+
+    given = connections[alias].settings_dict
+    user = quote(str(given.get("USER") or ""), safe="")
+    password = quote(str(given.get("PASSWORD") or ""), safe="")
+    login = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(given.get("HOST") or "localhost")
+    port = f":{given['PORT']}" if given.get("PORT") else ""
+    return f"postgresql://{login}{host}{port}/{quote(str(given['NAME']), safe='')}"
 
 
 #: The windows URL :func:`use_fakeredis` sets on an app that has none (never connected).

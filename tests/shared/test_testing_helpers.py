@@ -219,3 +219,23 @@ def test_helpers_find_windows_of_a_non_ascii_task_name(app_factory: Any) -> None
     assert [(w.task, w.key, w.calls) for w in windows] == [("tâches.résumé", "k", 1)]
     run_windows(app, "tâches.résumé")
     assert ran == ["k"]
+
+
+def test_use_fakeredis_takes_an_app_whose_windows_are_in_postgresql() -> None:
+    """Finding 10: nothing connects to the configured PostgreSQL server."""
+    from celery import Celery
+
+    from celery_debounce import DebouncedTask
+    from celery_debounce.testing import debounce_windows, use_fakeredis
+
+    app = Celery("pg_fake", broker="memory://", set_as_current=False)
+    app.conf.debounce_store_url = "postgresql://u@127.0.0.1:1/db"
+
+    @app.task(base=DebouncedTask, debounce=1, debounce_max_wait=5, shared=False, name="pg.t")
+    def t(a: int) -> None: ...
+
+    use_fakeredis(app)
+    first = t.delay(1)
+    assert t.delay(1).id == first.id
+    (window,) = debounce_windows(app)
+    assert (window.task_id, window.calls) == (first.id, 2)

@@ -897,6 +897,38 @@ def test_without_the_postgres_extra_one_line_says_what_to_install(
 # -- the schema as Django migrations ------------------------------------------------------
 
 
+def test_django_tests_keep_their_windows_in_the_test_database_and_let_it_drop(
+    postgres_server: LocalPostgres, database: str, tmp_path: Path
+) -> None:
+    """Finding 10: ``python -m django test`` on PostgreSQL with ``use_postgres(app,
+    django_database_url())``: the windows go to Django's test database (migrated
+    there), and ``close_store`` lets Django drop it at the end, with no "being accessed
+    by other users"."""
+    pytest.importorskip("django")
+    project = TESTS / "django_project"
+    name = database.rsplit("/", 1)[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
+        "DJPROJ_DB": str(tmp_path / "unused.sqlite3"),
+        "DJPROJ_PG": f"127.0.0.1 {postgres_server.port} {postgres_server.USER} {name}",
+        "PYTHONPATH": os.pathsep.join([str(project), str(TESTS.parent)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "test", "djproj.pg_tests", "--noinput", "-v", "2"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "Ran 1 test" in out and "OK" in out, out[-4000:]
+    assert "being accessed by other users" not in out, out[-4000:]
+    assert sql(database, "SELECT to_regclass('debounce_open')") == [(None,)]  # not here
+    test_db = f"test_{name}"
+    listed = sql(postgres_server.url(), f"SELECT 1 FROM pg_database WHERE datname = '{test_db}'")
+    assert listed == []  # dropped
+
+
 def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
     postgres_server: LocalPostgres, database: str, runs_dir: Path, tmp_path: Path
 ) -> None:
@@ -924,26 +956,34 @@ def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
         assert done.returncode == 0, done.stdout + done.stderr
         return done
 
+    # the project's CELERY_DEBOUNCE_KEY_PREFIX names the deployment's schema: Django's
+    # migrations put the tables there, as `celery debounce migrate` of that app does
+    from psycopg.conninfo import make_conninfo
+
+    in_schema = make_conninfo(database, options="-c search_path=djdebounce")
     manage("migrate", "celery_debounce", "0002")
-    assert sql(database, "SELECT version FROM debounce_schema") == [(2,)]
-    with psycopg.connect(database, autocommit=True) as conn:  # a window of version 2
+    assert sql(in_schema, "SELECT version FROM debounce_schema") == [(2,)]
+    assert sql(database, "SELECT to_regclass('public.debounce_schema')") == [(None,)]
+    with psycopg.connect(in_schema, autocommit=True) as conn:  # a window of version 2
         conn.execute(
             "SELECT debounce_gate('1:t:k', 'kept', 60000, 60000, 'application/json', "
             "'[[], {}, {}]', '{}', false, false, NULL, NULL, NULL, false, 16, '', '')"
         )
     manage("migrate", "celery_debounce")
-    assert sql(database, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
-    assert sql(database, "SELECT task_id, calls FROM debounce_open") == [("kept", 1)]
-    again = migrate(env_for(database, "memory://", runs_dir), "-j")
+    assert sql(in_schema, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
+    assert sql(in_schema, "SELECT task_id, calls FROM debounce_open") == [("kept", 1)]
+    prefixed = {**env_for(database, "memory://", runs_dir), "PG_PREFIX": "djdebounce"}
+    again = migrate(prefixed, "-j")
     assert json.loads(again.stdout) == {
         "store": "postgresql",
-        "schema": None,
+        "schema": "djdebounce",
         "before": SCHEMA_VERSION,
         "after": SCHEMA_VERSION,
     }
     # the other order: migrated by the command first, then by Django (nothing to do)
     manage("migrate", "celery_debounce", "zero")  # forgets the migrations, keeps the schema
     manage("migrate", "celery_debounce")
-    assert sql(database, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
+    assert sql(in_schema, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]
     app = build(database, "memory://", str(runs_dir))
+    app.conf.debounce_key_prefix = "djdebounce"
     assert app.tasks["pg.record"].delay("after", 1).id
