@@ -1041,13 +1041,20 @@ def test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on(
             admin.execute(f"DROP TABLESPACE {space}")
 
 
-def _locked(database: str, ident: str, seconds: float) -> threading.Thread:
-    """Another transaction holds the open window of ``ident`` for ``seconds``."""
+def _locked(
+    database: str, ident: str, seconds: float, tables: tuple[str, ...] = ("debounce_open",)
+) -> threading.Thread:
+    """Another transaction holds the rows of ``ident`` in ``tables`` (by default its open
+    window) for ``seconds``; at least one row must be there."""
     held = threading.Event()
 
     def hold() -> None:
         with psycopg.connect(database) as conn:
-            conn.execute("SELECT 1 FROM debounce_open WHERE ident = %s FOR UPDATE", (ident,))
+            found = []
+            for table in tables:  # names of this module's, not user data
+                query = f"SELECT 1 FROM {table} WHERE ident = %s FOR UPDATE"
+                found += conn.execute(query, (ident,)).fetchall()
+            assert found, "no row of the window to hold"
             held.set()
             time.sleep(seconds)
             conn.rollback()
@@ -1385,36 +1392,13 @@ def test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_oth
         if how == "flushed":
             store.flush(0, f"t:{key}")
     time.sleep(0.1)  # every deadline passed
-    holder = _locked_taken(database, "t:b", 3.0)
+    holder = _locked(database, "t:b", 3.0, ("debounce_open", "debounce_taken"))
     started = time.monotonic()
     taken = store.take(0, 10).windows
     assert time.monotonic() - started < 1.0
     assert sorted(w.record.ident for w in taken) == ["t:a", "t:c"]
     holder.join()
     assert [w.record.ident for w in store.take(0, 10).windows] == ["t:b"]
-
-
-def _locked_taken(database: str, ident: str, seconds: float) -> threading.Thread:
-    """Another transaction holds the closed (due) window of ``ident`` for ``seconds``."""
-    held = threading.Event()
-
-    def hold() -> None:
-        with psycopg.connect(database) as conn:
-            found = conn.execute(
-                "SELECT 1 FROM debounce_open WHERE ident = %s FOR UPDATE", (ident,)
-            ).fetchall()
-            found += conn.execute(
-                "SELECT 1 FROM debounce_taken WHERE ident = %s FOR UPDATE", (ident,)
-            ).fetchall()
-            assert found, "no row of the window to hold"
-            held.set()
-            time.sleep(seconds)
-            conn.rollback()
-
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.start()
-    assert held.wait(5)
-    return thread
 
 
 def test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whole_window(

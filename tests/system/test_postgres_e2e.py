@@ -897,6 +897,24 @@ def test_without_the_postgres_extra_one_line_says_what_to_install(
 # -- the schema as Django migrations ------------------------------------------------------
 
 
+def django_project(
+    server: LocalPostgres, database: str, tmp_path: Path
+) -> tuple[Path, str, dict[str, str]]:
+    """tests/django_project on ``database`` (its folder, the database's name, the env of
+    ``python -m django`` there)."""
+    project = TESTS / "django_project"
+    name = database.rsplit("/", 1)[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djproj.settings",
+        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
+        "DJPROJ_DB": str(tmp_path / "unused.sqlite3"),
+        "DJPROJ_PG": f"127.0.0.1 {server.port} {server.USER} {name}",
+        "PYTHONPATH": os.pathsep.join([str(project), str(TESTS.parent)]),
+    }
+    return project, name, env
+
+
 def test_django_tests_keep_their_windows_in_the_test_database_and_let_it_drop(
     postgres_server: LocalPostgres, database: str, tmp_path: Path
 ) -> None:
@@ -905,16 +923,7 @@ def test_django_tests_keep_their_windows_in_the_test_database_and_let_it_drop(
     there), and ``close_store`` lets Django drop it at the end, with no "being accessed
     by other users"."""
     pytest.importorskip("django")
-    project = TESTS / "django_project"
-    name = database.rsplit("/", 1)[1]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "djproj.settings",
-        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
-        "DJPROJ_DB": str(tmp_path / "unused.sqlite3"),
-        "DJPROJ_PG": f"127.0.0.1 {postgres_server.port} {postgres_server.USER} {name}",
-        "PYTHONPATH": os.pathsep.join([str(project), str(TESTS.parent)]),
-    }
+    project, name, env = django_project(postgres_server, database, tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "django", "test", "djproj.pg_tests", "--noinput", "-v", "2"],
         cwd=project, env=env, capture_output=True, text=True, timeout=180,
@@ -937,16 +946,7 @@ def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
     version (a database at version 2 is upgraded, its windows kept), and agrees with
     ``celery debounce migrate`` run before or after it."""
     pytest.importorskip("django")
-    project = TESTS / "django_project"
-    name = database.rsplit("/", 1)[1]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "djproj.settings",
-        "DJPROJ_REDIS_URL": "redis://127.0.0.1:9",  # never connected
-        "DJPROJ_DB": str(tmp_path / "unused.sqlite3"),
-        "DJPROJ_PG": f"127.0.0.1 {postgres_server.port} {postgres_server.USER} {name}",
-        "PYTHONPATH": os.pathsep.join([str(project), str(TESTS.parent)]),
-    }
+    project, _, env = django_project(postgres_server, database, tmp_path)
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
