@@ -5,8 +5,11 @@ PostgreSQL server (``fsync``, ``synchronous_commit`` and ``full_page_writes`` on
 times the store's gate of new keys, one sequential producer, in interleaved rounds:
 
 - as the store sends it: the call's settings (``statement_timeout``, the counters'
-  settings) pipelined with the call in its transaction, no server-side prepared
-  statement (what makes it safe behind PgBouncer in transaction mode);
+  settings) and the call as one simple query, one transaction, values bound by the
+  client, nothing prepared on the server (what makes it safe behind PgBouncer in
+  transaction mode);
+- the settings and the call in a psycopg pipeline (the store's way before: a Flush
+  after its Sync can hold a PgBouncer 1.18 server connection);
 - the call alone, without the settings statement (what a session-level setting allowed);
 - the call alone, pipelined (the pipeline's own cost).
 
@@ -48,6 +51,15 @@ def _call(key: str) -> PreparedCall:
 _SENT = sending.PostgresSending._run
 
 
+def _settings_pipelined(self: Any, conn: Any, work: Any) -> Any:
+    if not isinstance(work, sending.Step):
+        return _SENT(self, conn, work)
+    with conn.pipeline():
+        conn.execute(self.locals_sql, self.locals)
+        cursor = conn.execute(work.sql, work.params)
+    return cursor.fetchone() if work.first else cursor.fetchall()
+
+
 def _alone(self: Any, conn: Any, work: Any) -> Any:
     if not isinstance(work, sending.Step):
         return _SENT(self, conn, work)
@@ -65,6 +77,7 @@ def _pipelined(self: Any, conn: Any, work: Any) -> Any:
 
 WAYS: dict[str, Callable[..., Any]] = {
     "as sent (settings per transaction)": _SENT,
+    "settings and call pipelined": _settings_pipelined,
     "the call alone": _alone,
     "the call alone, pipelined": _pipelined,
 }

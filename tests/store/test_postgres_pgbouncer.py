@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from celery import Celery
 from helpers import wait_until
+from pg_proxy import PgProxy
 from test_postgres_store import call
 
 from celery_debounce.settings import Settings
@@ -115,6 +116,36 @@ def test_a_claim_renewal_shares_a_server_connection_and_renews_its_claim(
         worker.renew_claims({0: [task_id]})
         (after,) = direct(postgres_server, schema, until, task_id)[0]
         assert after > before  # type: ignore[operator]
+
+
+def test_a_call_leaves_its_server_connection_free_when_it_ends(
+    postgres_server: LocalPostgres, schema: str
+) -> None:
+    """Each call's last message ends its transaction: no Flush after it (psycopg's
+    pipeline sends one, and PgBouncer 1.18 then holds the server connection for that
+    client until its next call, while every other client waits), and no named
+    (server-side prepared) statement. Recorded on the wire, for every kind of call."""
+    proxy = PgProxy(postgres_server.port)
+    url = postgres_server.url().replace(f":{postgres_server.port}/", f":{proxy.port}/")
+    try:
+        with PostgresStore(url, settings_for(url, schema), timeout=2.0) as store:
+            store.migrate()
+            del proxy.messages[:]
+            task_id = claimed(store, "t:k")
+            for _ in range(8):  # past the driver's prepare threshold (5)
+                store.renew_claims({0: [task_id]})
+                store.gate(call("t:other"))
+                store.take(0, 10)
+                store.ping()
+            for _ in range(48):  # past the threshold on each of the pool's connections
+                store.schema_version()  # a read of several statements, in a transaction
+            assert store.list_step(0, "-inf", 0, 10, 10, "", b"").windows
+        kinds = [kind for kind, _ in proxy.messages]
+        assert b"Q" in kinds and b"H" not in kinds, kinds
+        named = [body for kind, body in proxy.messages if kind == b"P" and body[:1] != b"\0"]
+        assert named == []
+    finally:
+        proxy.close()
 
 
 def test_racing_calls_through_the_bouncer_raise_no_driver_error(

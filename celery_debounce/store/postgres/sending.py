@@ -53,19 +53,22 @@ class PostgresSending:
 
     def _run(self, conn: psycopg.Connection[Any], work: Step | Callable[[Any], Any]) -> Any:
         """``work`` in one transaction that begins with the store's settings
-        (:data:`LOCALS_SQL`, for that transaction only): a :class:`Step` pipelined with
-        them in one round trip; a function ``work(conn)`` (a read of several statements,
-        a migration) in an explicit transaction."""
-        if isinstance(work, Step) and _PIPELINE:
-            with conn.pipeline():
-                conn.execute(self.locals_sql, self.locals)
-                cursor = conn.execute(work.sql, work.params)
+        (:data:`LOCALS_SQL`, for that transaction only): a :class:`Step` sent with them
+        as one simple query (one message, one round trip, one implicit transaction; its
+        values bound by the client, so nothing is prepared on the server); a function
+        ``work(conn)`` (a read of several statements, a migration) in an explicit
+        transaction.
+
+        Not libpq's pipeline: psycopg ends a pipeline with a Flush that may arrive after
+        the transaction's end, and PgBouncer before 1.21 then holds its server
+        connection for this client until the client's next call."""
+        if isinstance(work, Step):
+            cursor = psycopg.ClientCursor(conn)
+            cursor.execute(f"{self.locals_sql}; {work.sql}", (*self.locals, *(work.params or ())))
+            cursor.nextset()
             return cursor.fetchone() if work.first else cursor.fetchall()
         with conn.transaction():
             conn.execute(self.locals_sql, self.locals)
-            if isinstance(work, Step):
-                cursor = conn.execute(work.sql, work.params)
-                return cursor.fetchone() if work.first else cursor.fetchall()
             return work(conn)
 
     def _getconn(self) -> psycopg.Connection[Any]:
@@ -191,9 +194,6 @@ LOCALS_SQL = (
     "set_config('debounce.history_ttl_ms', %s, true), "
     "set_config('debounce.late_buckets_ms', %s, true)"
 )
-#: libpq 14 and later pipeline a statement with the settings; older ones send them in an
-#: explicit transaction (more round trips, the same effect).
-_PIPELINE = psycopg.Pipeline.is_supported()
 
 
 #: With a schema of its own: the ``search_path`` too (``pg_catalog`` stays first).
