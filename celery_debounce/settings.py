@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "debounce_dispatcher_process": False,
     "debounce_poll_interval": 1.0,
     "debounce_dispatch_batch": 500,
+    "debounce_dispatch_batch_bytes": 16 * 1024 * 1024,
     "debounce_dispatch_lease": 30.0,
     "debounce_claim_lease": 60.0,
     "debounce_history_ttl": 3600,
@@ -153,6 +154,8 @@ class Settings:
     postgres_listen_url: str | None = None
     #: the most connections a process's PostgreSQL store pool opens
     postgres_pool_size: int = 8
+    #: the most bytes of bodies one take leases (the first window whatever its size)
+    dispatch_batch_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:
@@ -193,6 +196,9 @@ class Settings:
             shards=_positive_int("debounce_shards", get("debounce_shards")),
             poll_interval_ms=duration("debounce_poll_interval"),
             dispatch_batch=_positive_int("debounce_dispatch_batch", get("debounce_dispatch_batch")),
+            dispatch_batch_bytes=_positive_int(
+                "debounce_dispatch_batch_bytes", get("debounce_dispatch_batch_bytes")
+            ),
             dispatch_lease_ms=duration("debounce_dispatch_lease"),
             history_ttl_ms=duration("debounce_history_ttl"),
             record_ttl_ms=duration("debounce_record_ttl"),

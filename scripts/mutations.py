@@ -2291,6 +2291,58 @@ MUTATIONS: list[Mutation] = [
         "test_a_claim_renewal_shares_a_server_connection_and_renews_its_claim",
         "tests/store/test_postgres_pgbouncer.py::"
         "test_racing_calls_through_the_bouncer_raise_no_driver_error",
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_a_call_leaves_its_server_connection_free_when_it_ends",
+    ),
+    one(
+        "the PostgreSQL store pipelines a call with its settings",
+        "behind PgBouncer a call's last message ends its transaction: no Flush after it "
+        "holds the server connection while other clients wait",
+        PKG + "store/postgres/sending.py",
+        "            cursor = psycopg.ClientCursor(conn)\n"
+        '            cursor.execute(f"{self.locals_sql}; {work.sql}", '
+        "(*self.locals, *(work.params or ())))\n"
+        "            cursor.nextset()\n",
+        "            with conn.pipeline():\n"
+        "                conn.execute(self.locals_sql, self.locals)\n"
+        "                cursor = conn.execute(work.sql, work.params)\n",
+        "tests/store/test_postgres_pgbouncer.py::"
+        "test_a_call_leaves_its_server_connection_free_when_it_ends",
+    ),
+    one(
+        "a PostgreSQL take ignores its byte budget",
+        "a take is bounded by bytes as well as by count: a backlog of large windows drains",
+        PKG + "store/postgres/schema_4.sql",
+        "        WHERE p_max_bytes IS NULL\n           OR c.before",
+        "        WHERE true\n           OR c.before",
+        PGC + "test_a_take_stops_once_its_bodies_reach_its_bytes[postgres]",
+    ),
+    one(
+        "a Redis take ignores its byte budget",
+        "a take is bounded by bytes as well as by count: a backlog of large windows drains",
+        PKG + "lua/take.lua",
+        "    if bytes >= max_bytes then\n      break  -- the reply's bytes are reached: the rest "
+        "stay due",
+        "    if false then\n      break  -- the reply's bytes are reached: the rest stay due",
+        PGC + "test_a_take_stops_once_its_bodies_reach_its_bytes[redis]",
+    ),
+    one(
+        "a PostgreSQL take retakes lapsed leases past its byte budget",
+        "a take is bounded by bytes as well as by count: a backlog of large windows drains",
+        PKG + "store/postgres/schema_4.sql",
+        "        WHERE p_max_bytes IS NULL OR l.before < p_max_bytes\n",
+        "        WHERE true\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_take_stops_at_its_byte_budget_the_first_window_whatever_its_size",
+        "tests/store/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
+    ),
+    one(
+        "a failed PostgreSQL take does not shrink the next",
+        "a take that the link could not carry within the timeout is followed by smaller ones",
+        PKG + "store/postgres/store.py",
+        "            self.take_bytes = max(1, budget // 2)\n",
+        "            self.take_bytes = budget\n",
+        "tests/store/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
     ),
     one(
         "the PostgreSQL store sets its timeout on the session",

@@ -6,7 +6,12 @@ parsed: faults are matched on the bytes a client sends).
   is closed instead of passing the reply back: the call ran, its reply is lost;
   With ``then_refuse``, every connection is refused from then on, as by ``refuse()``;
 * ``refuse()``: every client connection is closed and new ones are closed at once,
-  until ``disarm()``.
+  until ``disarm()``;
+* ``pace(bytes_per_s)``: the server's replies reach the clients at that rate at most (a
+  slow link), until ``pace(None)``;
+* ``messages``: each protocol message the clients sent after their start-up, as its
+  type byte and the first bytes of its body (a Parse's body opens with its statement's
+  name), in the order each connection sent them.
 
 Used by tests/store/test_postgres_store.py and the ``postgres`` harness of tests/store/contract.
 """
@@ -17,8 +22,16 @@ import socket
 import threading
 import time
 
-#: The protocol's Sync message: the end of a call's messages (its transaction commits).
+#: The protocol's Sync message: the end of an extended-protocol call's messages.
 SYNC = b"S\x00\x00\x00\x04"
+
+
+def _call_sent(data: bytes) -> bool:
+    """``data`` (a call's bytes from its first message on) holds the whole call: a
+    simple query's one ``Q`` message, or extended-protocol messages up to a Sync."""
+    if data[:1] == b"Q" and len(data) >= 5:
+        return len(data) >= 1 + int.from_bytes(data[1:5], "big")
+    return SYNC in data
 
 
 class PgProxy:
@@ -31,12 +44,17 @@ class PgProxy:
         self._then_refuse = False
         self._refusing = False
         self._sockets: list[socket.socket] = []
+        self.messages: list[tuple[bytes, bytes]] = []
+        self._pace: float | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def drop_next(self, marker: bytes, then_refuse: bool = False) -> None:
         with self._lock:
             self._marker = marker
             self._then_refuse = then_refuse
+
+    def pace(self, bytes_per_s: float | None) -> None:
+        self._pace = bytes_per_s
 
     def refuse(self) -> None:
         with self._lock:
@@ -100,21 +118,28 @@ class PgProxy:
     def _pipe(
         self, source: socket.socket, sink: socket.socket, upstream: bool, dropping: threading.Event
     ) -> None:
+        reader = _Messages(self.messages, self._lock) if upstream else None
         try:
             while data := source.recv(65536):
+                if reader is not None:
+                    reader.feed(data)
                 if not upstream and dropping.is_set():
                     continue  # the reply to the dropped call: swallowed
                 dropped = upstream and self._take(data)
                 if dropped:
                     dropping.set()
                 sink.sendall(data)
-                # the call's transaction ends at the pipeline's Sync, which may follow in
-                # a later write: pass the client's messages on up to it
-                while dropped and SYNC not in data:
+                pace = self._pace
+                if pace and not upstream:
+                    time.sleep(len(data) / pace)
+                # a long call arrives in several reads: pass it on to its end
+                sent = data
+                while dropped and not _call_sent(sent):
                     data = source.recv(65536)
                     if not data:
                         break
                     sink.sendall(data)
+                    sent += data
                 if dropped:
                     time.sleep(0.3)  # the server runs it and answers
                     with self._lock:
@@ -127,6 +152,41 @@ class PgProxy:
         finally:
             _close(source)
             _close(sink)
+
+
+class _Messages:
+    """The client's side of one connection, cut into messages: the untyped start-up
+    ones (an SSL or GSS request, the start-up message) skipped, each typed one listed."""
+
+    #: a start-up message's protocol version 3.0: typed messages follow it
+    STARTUP = 196608
+
+    def __init__(self, into: list[tuple[bytes, bytes]], lock: threading.Lock) -> None:
+        self.into = into
+        self.lock = lock
+        self.buffer = b""
+        self.started = False
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            if not self.started:
+                if len(self.buffer) < 8:
+                    return
+                size = int.from_bytes(self.buffer[:4], "big")
+                if len(self.buffer) < size:
+                    return
+                self.started = int.from_bytes(self.buffer[4:8], "big") == self.STARTUP
+                self.buffer = self.buffer[size:]
+                continue
+            if len(self.buffer) < 5:
+                return
+            size = 1 + int.from_bytes(self.buffer[1:5], "big")
+            if len(self.buffer) < size:
+                return
+            with self.lock:
+                self.into.append((self.buffer[:1], self.buffer[5 : min(size, 69)]))
+            self.buffer = self.buffer[size:]
 
 
 def _close(sock: socket.socket) -> None:

@@ -5,7 +5,7 @@
 -- KEYS[3]  <tag>:stats    hash of counters per task, bumped once per window taken from
 --                         the due set (never per call; see docs/operations.md):
 --                         r|<task> runs   c|<task> calls in them   f|<task> forced by max wait
---                         l<b>|<task> windows taken late by lateness bucket b (ARGV[9..])
+--                         l<b>|<task> windows taken late by lateness bucket b (ARGV[10..])
 --                         m|<task> windows closed by their call cap or full (gate.lua set cx)
 --                         e|<task> leading runs (gate.lua set ld)
 --                         (gate.lua also bumps s|<task>, suppressed calls, here)
@@ -64,8 +64,11 @@
 --          within the last claim lease; equal to or above now unless the clock stepped
 --          forward, so the claims of runs still going, whose expiry such a step moved
 --          into the past, are renewed before they could lapse
--- ARGV[9..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
---          bucket b (0-based) counts windows taken at most ARGV[9 + b] ms late, the
+-- ARGV[9]  max bytes of bodies (debounce_dispatch_batch_bytes): no window is taken once
+--          the bodies taken reach it, so a reply holds at most that plus one window (the
+--          first whatever its size); windows left stay due (or leased) for the next take
+-- ARGV[10..] upper bounds (ms) of the lateness buckets, ascending (layout.LATE_BUCKETS_MS);
+--          bucket b (0-based) counts windows taken at most ARGV[10 + b] ms late, the
 --          last one (index #bounds) everything above
 -- Written only when ARGV[6] is given and this pass took windows (best effort, like the
 -- stats; read by `celery debounce top` and the store gauges of metrics.py):
@@ -128,9 +131,12 @@ if observer ~= '' then
   hot = hot_key(tag)
 end
 
--- Upper bounds (ms) of the lateness buckets (ARGV[9..]); the last bucket is everything above.
+local max_bytes = tonumber(ARGV[9])
+local bytes = 0
+
+-- Upper bounds (ms) of the lateness buckets (ARGV[10..]); the last bucket is everything above.
 local LATE_MS = {}
-for b = 9, #ARGV do
+for b = 10, #ARGV do
   LATE_MS[#LATE_MS + 1] = tonumber(ARGV[b])
 end
 
@@ -274,6 +280,9 @@ end
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
+  if bytes >= max_bytes then
+    break  -- the reply's bytes are reached: the rest stay leased for the next take
+  end
   local key = win_key(tag, id)
   local st = redis.pcall('HGET', key, 'st')
   if failed(st) then
@@ -291,6 +300,7 @@ for _, id in ipairs(expired) do
     local tries = redis.call('HINCRBY', key, 'tries', 1)
     taken = taken + 1
     out[taken] = window(key)
+    bytes = bytes + #(out[taken][8] or '')
     if tries == 1 then  -- flushed (flush.lua) or closed by its cap (gate.lua): first taken now
       redis.call('HSET', key, 'ta', string.format('%d', now))
       redis.call('PEXPIRE', key, ARGV[4])  -- the record TTL: gate.lua's cap close sets none
@@ -308,10 +318,13 @@ for _, id in ipairs(expired) do
   end
 end
 
-if taken < limit then
+if taken < limit and bytes < max_bytes then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES',
     'LIMIT', 0, limit - taken)
   for d = 1, #due, 2 do
+    if bytes >= max_bytes then
+      break  -- the reply's bytes are reached: the rest stay due for the next take
+    end
     local ident = due[d]
     redis.call('ZREM', KEYS[1], ident)
     local open = open_key(tag, ident)
@@ -333,6 +346,7 @@ if taken < limit then
       redis.call('ZADD', KEYS[2], lease_until, id)
       taken = taken + 1
       out[taken] = window(key)
+      bytes = bytes + #(out[taken][8] or '')
       if pcall(count, ident, out[taken]) then
         counted = counted + 1
       end

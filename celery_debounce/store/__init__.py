@@ -232,6 +232,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
                 observer,
                 HOT_KEYS_KEPT,
                 "" if lapse_upto is None else lapse_upto,
+                settings.dispatch_batch_bytes,
                 *LATE_BUCKETS_MS,
             ],
         )

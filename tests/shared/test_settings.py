@@ -72,6 +72,7 @@ def test_the_worker_step_refuses_a_garbled_switch() -> None:
 INT_SETTINGS = {  # name -> the Settings field and the smallest value accepted
     "debounce_shards": ("shards", 1),
     "debounce_dispatch_batch": ("dispatch_batch", 1),
+    "debounce_dispatch_batch_bytes": ("dispatch_batch_bytes", 1),
     "debounce_max_key_length": ("max_key_length", 1),
     "debounce_max_payload_bytes": ("max_payload_bytes", 1),
     "debounce_redis_wait_replicas": ("wait_replicas", 0),

@@ -580,6 +580,75 @@ def test_a_cancelled_collect_window_leaves_no_calls_behind(
     assert [a for _, a, _ in calls_of(window.payload)] == [[3]]
 
 
+def _big(ident: str, size: int) -> PreparedCall:
+    return call(ident, payload=b'[["' + b"x" * (size - 12) + b'"], {}, {}]')
+
+
+def test_a_take_stops_at_its_byte_budget_the_first_window_whatever_its_size(
+    store: PostgresStore,
+) -> None:
+    """Finding 5: a take leases windows until their bodies reach its bytes, as well as
+    up to its count: at most its bytes plus one window, the first whatever its size;
+    every window is taken once."""
+    store.batch_bytes = store.take_bytes = 300_000
+    idents = [f"t:{n:02}" for n in range(10)]
+    for ident in idents:
+        store.gate(_big(ident, 100_000))
+        store.flush(0, ident)
+    for ident in ("t:huge", "t:huge2"):
+        store.gate(_big(ident, 700_000))
+        store.flush(0, ident)
+    sizes: list[list[int]] = []
+    taken: list[str] = []
+    while batch := store.take(0, 500).windows:
+        sizes.append([len(w.record.payload) for w in batch])
+        taken += [w.record.ident for w in batch]
+    assert sorted(taken) == sorted([*idents, "t:huge", "t:huge2"])
+    assert [len(s) for s in sizes] == [3, 3, 3, 2, 1], sizes
+    assert all(sum(s[:-1]) < 300_000 for s in sizes)
+
+
+def test_a_backlog_of_large_windows_drains_over_a_slow_link(
+    make_store: Callable[..., PostgresStore], postgres_server: LocalPostgres, database: str
+) -> None:
+    """Finding 5: 24 windows of 1 MB due at once, a link carrying 8 MB/s, a 1 s timeout:
+    a take of them all (24 MB) never fits its timeout, so the take is bounded by bytes
+    (16 MB by default) and halves them when one fails; the backlog drains, each window
+    taken once. (The review's case was 500 windows of 1 MB at 125 MB/s: the same ratio
+    of backlog to what the link carries within a timeout, at 1/20 of the bytes.)"""
+    direct = make_store(max_size=2)
+    direct.migrate()
+    idents = [f"t:{n:02}" for n in range(24)]
+    for ident in idents:
+        direct.gate(_big(ident, 1_000_000))
+        direct.flush(0, ident)
+    proxy = PgProxy(postgres_server.port)
+    try:
+        slow = make_store(
+            database.replace(f"port={postgres_server.port}", f"port={proxy.port}"),
+            timeout=1.0,
+            lease_ms=2_000,
+        )
+        assert slow.ping()  # connected and checked before the link slows down
+        proxy.pace(8_000_000)
+        taken: list[str] = []
+        failed = 0
+        deadline = time.monotonic() + 40
+        while len(taken) < len(idents) and time.monotonic() < deadline:
+            try:
+                batch = slow.take(0, 500).windows
+            except StoreUnavailable:
+                failed += 1
+                continue
+            slow.ack(0, [w.record.task_id for w in batch])  # published, as a dispatcher does
+            taken += [w.record.ident for w in batch]
+        assert time.monotonic() < deadline, f"{len(taken)} taken, {failed} takes failed"
+        assert sorted(taken) == idents
+        assert failed >= 1 and slow.take_bytes < slow.batch_bytes
+    finally:
+        proxy.close()
+
+
 def test_a_gate_whose_reply_is_lost_is_not_sent_again(
     store: PostgresStore,
     make_store: Callable[..., PostgresStore],

@@ -109,7 +109,11 @@ _OTHER_SCHEMAS = (
     "WHERE c.relname = 'debounce_open' AND c.relkind = 'r' "
     "AND n.nspname <> current_schema() ORDER BY 1"
 )
-_TAKE = "SELECT * FROM debounce_take(%s, %s, %s)"
+_TAKE = "SELECT * FROM debounce_take(%s, %s, %s, %s)"
+#: After a take failed, the takes ask for half its bytes for this long (seconds), then
+#: double back each time up to ``debounce_dispatch_batch_bytes``: a link that could not
+#: carry a reply within the timeout is not tried with it again at once.
+TAKE_REGROW_S = 60.0
 _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
 _QUARANTINE = "SELECT aliases FROM debounce_quarantine(%s, %s)"
@@ -239,6 +243,15 @@ class PostgresStore(
         self.max_payload_bytes: int = (
             settings.max_payload_bytes if settings else DEFAULTS["debounce_max_payload_bytes"]
         )
+        #: the most bytes of bodies a take leases (``debounce_dispatch_batch_bytes``), and
+        #: what the next take asks for: halved by a take that failed (a reply too big
+        #: for the link within the timeout is cut), doubled back by each one answered
+        #: once :data:`TAKE_REGROW_S` passed since the last failure
+        self.batch_bytes: int = (
+            settings.dispatch_batch_bytes if settings else DEFAULTS["debounce_dispatch_batch_bytes"]
+        )
+        self.take_bytes = self.batch_bytes
+        self._take_failed_at = -TAKE_REGROW_S
         self.url = url
         self.timeout = timeout
         #: the schema of the tables (None: the URL's ``search_path``), set per call
@@ -390,9 +403,18 @@ class PostgresStore(
         """Lease up to ``limit`` windows for one dispatch lease: lapsed claims released
         first (up to ``lapse_upto`` ms), then those whose lease passed, then the due
         ones, earliest first; a held exclusive window is not taken (one
-        ``debounce_take`` call)."""
+        ``debounce_take`` call). The windows stop at :attr:`take_bytes` of bodies (the
+        first whatever its size)."""
         self._check()
-        rows = self._write(many(_TAKE, (limit, self.lease_ms, lapse_upto)), "take")
+        budget = self.take_bytes
+        try:
+            rows = self._write(many(_TAKE, (limit, self.lease_ms, lapse_upto, budget)), "take")
+        except StoreUnavailable:
+            self.take_bytes = max(1, budget // 2)
+            self._take_failed_at = time.monotonic()
+            raise
+        if time.monotonic() - self._take_failed_at >= TAKE_REGROW_S:
+            self.take_bytes = min(self.batch_bytes, budget * 2)
         header = rows[-1]
         now_ms, next_ms = int(header[14]), header[15]
         windows = [

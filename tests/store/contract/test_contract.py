@@ -215,6 +215,35 @@ def test_an_unacknowledged_take_is_taken_again_after_its_dispatch_lease(harness:
     assert store.take(first.call.shard, 10).windows == []
 
 
+def test_a_take_stops_once_its_bodies_reach_its_bytes(harness: Harness) -> None:
+    """A take leases windows until their bodies reach ``debounce_dispatch_batch_bytes``
+    as well as up to its count: at most that plus one window, the first whatever its
+    size. The rest stay due for the next take; each window is taken once, leased ones
+    that lapsed included."""
+    store = harness.build(dispatch_batch_bytes=50_000, dispatch_lease_ms=1_000, shards=1)
+    gated = [gate(store, f"k{n}", window="1ms", max_wait="1s", pad="x" * 20_000) for n in range(6)]
+    shard = gated[0].call.shard
+    first = take_due(store, shard)
+    second = store.take(shard, 10).windows
+    assert [len(first), len(second)] == [3, 3]
+    for batch in (first, second):
+        assert sum(len(w.record.payload) for w in batch[:-1]) < 50_000
+    taken = {w.task_id for w in first + second}
+    assert taken == {g.task_id for g in gated}
+    assert store.take(shard, 10).windows == []
+    # the six lapse unacknowledged: taken again, at most three at a time
+    again: list[TakenWindow] = []
+
+    def retaken() -> bool:
+        batch = store.take(shard, 10).windows
+        assert len(batch) <= 3
+        again.extend(batch)
+        return len(again) >= 6
+
+    wait_until(retaken, timeout=10)
+    assert sorted(w.task_id for w in again) == sorted(taken)
+
+
 def test_a_released_window_is_taken_again_after_the_delay(store: Store) -> None:
     first = gate(store, "k", window="1ms", max_wait="1s")
     shard = first.call.shard
