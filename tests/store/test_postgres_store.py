@@ -580,6 +580,22 @@ def test_a_cancelled_collect_window_leaves_no_calls_behind(
     assert [a for _, a, _ in calls_of(window.payload)] == [[3]]
 
 
+def test_a_dispatcher_of_the_previous_version_keeps_taking_after_the_upgrade(
+    store: PostgresStore, database: str
+) -> None:
+    """A dispatcher of version 3 still running while a deploy goes on calls the take of
+    3 arguments: it takes the due windows, with no byte bound, and leases them as the
+    new take does."""
+    for n in range(3):
+        store.gate(_big(f"t:{n}", 200_000))
+        store.flush(0, f"t:{n}")
+    store.batch_bytes = store.take_bytes = 1
+    with psycopg.connect(database, autocommit=True) as conn:
+        rows = conn.execute("SELECT task_id FROM debounce_take(10, 60000, NULL)").fetchall()
+    assert len(rows) == 3 + 1  # the windows and the header row
+    assert store.take(0, 10).windows == []  # leased: not taken again within the lease
+
+
 def _big(ident: str, size: int) -> PreparedCall:
     return call(ident, payload=b'[["' + b"x" * (size - 12) + b'"], {}, {}]')
 
