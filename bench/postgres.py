@@ -11,6 +11,7 @@ server (the test servers turn them off): a call's commit is on disk when it retu
 
     python -m bench.postgres [--rounds 7] [--calls 2000] [--open 100000] [--churn 1000000]
     python -m bench.postgres --only-churn   # row 12e alone (about 8 minutes)
+    python -m bench.postgres --only-rates   # rows 12 and 12g alone
 """
 
 from __future__ import annotations
@@ -444,9 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open", type=int, default=100_000)
     parser.add_argument("--churn", type=int, default=1_000_000)
     parser.add_argument("--only-churn", action="store_true", help="only row 12e")
+    parser.add_argument("--only-rates", action="store_true", help="only rows 12 and 12g")
     args = parser.parse_args(argv)
     if args.only_churn:
         print(table(churns(args.open, args.churn)))
+        return 0
+    if args.only_rates:
+        with LocalRedis() as server:
+            print(table(postgres_rates(server.url, args.rounds, args.calls)))
         return 0
     with LocalRedis() as server:
         rows = postgres_rates(server.url, args.rounds, args.calls)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -34,6 +35,7 @@ from ..errors import DebounceError
 from ..store import store_for
 from .admin import Held, Snapshot, read_snapshot
 from .formatting import config_error
+from .held_logs import held_logs
 from .top_history import CENSUS_STEP, Census, History
 from .top_render import Line, as_json, can_encode, fit, render
 
@@ -108,7 +110,7 @@ def run_screen(top: Top, iterations: int | None) -> None:
     """The live view: redraw every ``interval``; ``q`` (or Ctrl-C) quits."""
     import curses
 
-    def main(screen: Any) -> None:
+    def main(screen: Any, held: deque[str]) -> None:
         try:
             curses.curs_set(0)
         except curses.error:  # some terminals cannot hide the cursor
@@ -117,6 +119,8 @@ def run_screen(top: Top, iterations: int | None) -> None:
         unicode = can_encode(screen)
         for _ in _count(iterations):
             lines = top.refresh(unicode)
+            if held:  # the last line logged meanwhile, in the view's last row
+                lines = [*fit(lines, screen.getmaxyx()[0] - 1), Line(f"log: {held[-1]}")]
             screen.erase()
             height, width = screen.getmaxyx()
             for row, line in enumerate(fit(lines, height)):
@@ -132,7 +136,12 @@ def run_screen(top: Top, iterations: int | None) -> None:
                 if key in (ord("q"), ord("Q")):
                     return
 
-    curses.wrapper(main)
+    with held_logs() as held:
+        try:
+            curses.wrapper(main, held)
+        finally:
+            for text in held:  # the screen is gone: where they can be read
+                click.echo(text, err=True)
 
 
 def _stop_on_sigterm() -> None:

@@ -729,3 +729,27 @@ def test_the_cli_under_tmux_aligns_wide_keys_answers_json_and_hints_at_dash_a(
         assert tmux.status("noapp") == "1" and "-A/--app" in noapp, noapp
     finally:
         tmux.kill()
+
+
+def test_lines_logged_while_the_screen_is_live_are_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A warning of the package or of psycopg's pool while the live view is drawn does
+    not reach the handlers (on a terminal it would stay drawn over the view): it is
+    held for the view's last row and for after the screen (run_screen); propagation
+    comes back at the end."""
+    import logging
+
+    from celery_debounce.ops.held_logs import held_logs
+
+    with caplog.at_level(logging.WARNING), held_logs() as held:
+        logging.getLogger("celery_debounce.store.postgres").warning("pool: refused")
+        logging.getLogger("psycopg.pool").warning("error connecting")
+        logging.getLogger("celery_debounce").info("below the level: dropped")
+        assert caplog.records == []
+    assert list(held) == [
+        "WARNING celery_debounce.store.postgres: pool: refused",
+        "WARNING psycopg.pool: error connecting",
+    ]
+    logging.getLogger("celery_debounce").warning("after")
+    assert [r.getMessage() for r in caplog.records] == ["after"]

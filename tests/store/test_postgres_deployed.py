@@ -5,6 +5,7 @@ own where the test changes the server's settings."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -171,6 +172,34 @@ def test_a_refused_connection_is_an_outage_in_well_under_a_second() -> None:
         started = time.monotonic()
         assert store.ping() is False
         assert time.monotonic() - started < 1.0
+
+
+def test_the_pools_lines_come_through_the_packages_logger_rate_limited(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an outage the pool warns of each failed attempt from its own threads: its
+    lines about the store's pool come under ``celery_debounce.store.postgres``, one per
+    kind per 30 s, never under ``psycopg.pool``; another pool's lines are left alone."""
+    from celery_debounce.store.postgres import logs
+    from celery_debounce.testing.servers import free_port
+
+    monkeypatch.setattr(logs._routed, "_last", {})  # no line of an earlier test counts
+    port = free_port()
+    with caplog.at_level(logging.WARNING):
+        with PostgresStore(f"postgresql://u@127.0.0.1:{port}/db", timeout=0.5) as store:
+            for _ in range(4):
+                with pytest.raises(StoreUnavailable):
+                    store.gate(call("t:k"))
+            wait_until(
+                lambda: any(r.name == "celery_debounce.store.postgres" for r in caplog.records),
+                timeout=10,
+            )
+        logging.getLogger("psycopg.pool").warning("error connecting in 'another-app': refused")
+    ours = [r for r in caplog.records if r.name == "celery_debounce.store.postgres"]
+    assert 1 <= len(ours) <= 2, [r.getMessage() for r in ours]  # two kinds at most
+    assert all("celery-debounce" in r.getMessage() for r in ours)
+    theirs = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"]
+    assert theirs == ["error connecting in 'another-app': refused"]
 
 
 def test_a_store_out_of_connection_slots_errs_by_name_and_recovers() -> None:

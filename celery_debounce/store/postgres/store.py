@@ -47,6 +47,7 @@ from .cancel import PostgresCancel
 from .gate_args import gate_args, gate_result
 from .inspect import PostgresInspect
 from .link import LinkState, connection_class
+from .logs import POOL_NAME, route_pool_logs
 from .runs import PostgresRuns
 from .schema import (
     BLOCKERS_SQL,
@@ -223,6 +224,7 @@ class PostgresStore(
         links = {name: value for name, value in LINK_DEFAULTS.items() if name not in given}
         #: how the pool's last connection attempt went (link.py)
         self.link = LinkState()
+        route_pool_logs()
         self.pool = ConnectionPool(
             url,
             min_size=min_size,
@@ -236,7 +238,7 @@ class PostgresStore(
             # no server-side prepared statements: behind a pooler in transaction mode
             # another client's statement of the same name would run instead
             kwargs={"autocommit": True, "prepare_threshold": None, **links},
-            name="celery-debounce",
+            name=POOL_NAME,
         )
         self.pool.open(wait=False)
         #: a debounce_collect window's byte budget, as the Redis store's gate gives it
