@@ -351,7 +351,8 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     of its histogram bucket (1, 5, 10, 25, ... 30000 ms).
 
     The last line is the windows' Redis maxmemory-policy, with a warning when
-    it can evict window records ("unknown" when CONFIG GET is refused).
+    it can evict window records ("unknown" when CONFIG GET is refused); on the
+    PostgreSQL store, that its rows are never evicted.
     """
     admin = _admin(ctx)
     try:
@@ -360,18 +361,23 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
             _use_counters(figures, admin.reset_stats())
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
-    policy = admin.store.maxmemory_policy()
+    # PostgreSQL has no eviction policy: its rows are never evicted
+    policy = None if admin.settings.postgres_url else admin.store.maxmemory_policy()
     if as_json:
         echo_json(
             {
                 **figures.as_json(),
                 "maxmemory_policy": policy,
-                "evicts_windows": evicts_windows(policy),
+                "evicts_windows": False if policy is None else evicts_windows(policy),
             }
         )
     else:
         click.echo(render_stats(figures))
-        click.echo(describe_policy(policy))
+        click.echo(
+            "windows in PostgreSQL: rows are never evicted"
+            if policy is None
+            else describe_policy(policy)
+        )
 
 
 def _use_counters(figures: Stats, counters: dict[str, TaskStats]) -> None:

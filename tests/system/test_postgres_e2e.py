@@ -767,6 +767,10 @@ def test_stats_top_and_the_exporter_read_postgres_and_doctor_is_refused_by_name(
     (task,) = figures["tasks"]
     assert (task["task"], task["open"], task["runs"], task["calls"]) == ("pg.record", 1, 1, 2)
     assert sum(task["lateness_buckets"].values()) == 1
+    assert (figures["maxmemory_policy"], figures["evicts_windows"]) == (None, False)
+    plain = debounce_command("pg_app", env, "stats")
+    assert plain.returncode == 0 and "maxmemory-policy" not in plain.stdout, plain.stdout
+    assert "windows in PostgreSQL: rows are never evicted" in plain.stdout
     reset = debounce_command("pg_app", env, "stats", "--reset", "-j")
     assert reset.returncode == 0 and json.loads(reset.stdout)["tasks"][0]["runs"] == 1
     assert sql(migrated, "SELECT count(*) FROM debounce_stats") == [(0,)]
