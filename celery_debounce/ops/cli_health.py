@@ -9,6 +9,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceConfigError, DebounceError
+from ..store.reach import Reached
 from .cli_common import _admin, echo_json, json_option
 from .formatting import config_error, printable, relative
 
@@ -92,30 +93,53 @@ def ping(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=CeleryCommand)
-@json_option('a JSON object ({"ok": bool, "problems": [{"where", "message"}]})')
+@click.option(
+    "--connect",
+    is_flag=True,
+    cls=CeleryOption,
+    help_group="Check",
+    help="Also reach the windows' store: the server, the credentials and rights, the "
+    "schema (PostgreSQL), the server's version and whether the key prefix is in use.",
+)
+@json_option(
+    'a JSON object ({"ok": bool, "problems": [{"where", "message"}]}; with --connect '
+    'also "store": {"server", "notes"})'
+)
 @click.pass_context
-def check(ctx: click.Context, as_json: bool) -> None:
+def check(ctx: click.Context, connect: bool, as_json: bool) -> None:
     """Check every debounced task definition and the debounce settings, at deploy time.
 
     Imports the modules a worker imports (imports, include, autodiscover_tasks) and
     reports each definition a worker would refuse to start with, with the same
-    message; connects to nothing. Exit 0 when all are valid, else 1.
+    message. Connects to nothing unless --connect: then it reaches the store too and
+    reports each problem by kind (store/unreachable, store/authentication,
+    store/privileges, store/schema, store/server version, store/key prefix). Exit 0
+    when all are valid, else 1.
     """
     from ..contrib import import_problem
-    from .validation import check_app
+    from .validation import Problem, check_app
 
     try:
         problems = check_app(ctx.obj.app)
     except Exception as exc:  # a task module that fails to import: the worker fails too
         problems = [import_problem(exc)]
+    reached = None
+    if connect and not any(p.where == "settings" for p in problems):
+        reached = _reach(ctx.obj.app)
+        problems += [Problem(f"store/{kind}", message) for kind, message in reached.problems]
     if as_json:
-        echo_json(
-            {
-                "ok": not problems,
-                "problems": [{"where": p.where, "message": p.message} for p in problems],
-            }
-        )
+        found: dict[str, object] = {
+            "ok": not problems,
+            "problems": [{"where": p.where, "message": p.message} for p in problems],
+        }
+        if reached is not None:
+            found["store"] = {"server": reached.server, "notes": reached.notes}
+        echo_json(found)
     else:
+        if reached is not None and reached.server:
+            click.echo(f"store: reached {reached.server}")
+        for note in reached.notes if reached is not None else ():
+            click.echo(f"store: {note}")
         for problem in problems:
             click.echo(
                 f"{printable(problem.where)}: {problem.message}"
@@ -134,3 +158,17 @@ def check(ctx: click.Context, as_json: bool) -> None:
         )
     if problems:
         ctx.exit(1)
+
+
+def _reach(app: Any) -> Reached:
+    """What reaching ``app``'s store found; the store built for it is closed after."""
+    from ..settings import Settings
+    from ..store import build_store
+
+    store = build_store(Settings.from_app(app))
+    try:
+        return store.reach()
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()

@@ -33,6 +33,7 @@ from .codec import (
     TakeResult,
 )
 from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, ShardRef
+from .reach import Reached
 from .records import Record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -296,6 +297,11 @@ class OperatorStore(BaseStore, Protocol):
 
     def maxmemory_policy(self) -> str:
         """The server's eviction policy (a store that never evicts: ``"noeviction"``)."""
+
+    def reach(self) -> Reached:
+        """Reach the server as a deploy-time check does: what it reached and each problem
+        by kind (unreachable, authentication, privileges, schema, server version, a key
+        prefix used by nothing)."""
 
     # actions
     def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:

@@ -41,6 +41,7 @@ from .keys import (
     win_key,
 )
 from .liveness import Liveness
+from .reach import Reached
 from .records import (
     CANCEL_FIELDS,
     F_STATE,
@@ -384,6 +385,12 @@ class Operators(DoctorOps, Liveness):
         """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
         # every master of a cluster: the worst answer wins
         return combined_policy([maxmemory_policy(c) for c in self.transport.masters()])
+
+    def reach(self) -> Reached:
+        """What reaching the server found, for ``check --connect`` (reach_redis.py)."""
+        from .reach_redis import reach_redis
+
+        return reach_redis(self)  # type: ignore[arg-type]
 
     # -- tests -------------------------------------------------------------------------------
     def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:

@@ -126,6 +126,34 @@ def test_manage_py_check_refuses_a_bad_debounced_task(tmp_path: Path, bad: bool 
     ) in out, out
 
 
+def test_manage_py_check_deploy_reaches_the_store(tmp_path: Path) -> None:
+    """`check --deploy` also reaches the windows' store, as `debounce check --connect`
+    does: a server that does not answer is celery_debounce.E002; a live one passes (a
+    server of its own: another test's prefix on a shared one is another deployment)."""
+    from celery_debounce.testing.servers import LocalRedis, free_port
+
+    def deploy_check(url: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "djproj.settings",
+            "DJPROJ_REDIS_URL": url,
+            "DJPROJ_DB": str(tmp_path / "db.sqlite3"),
+            "PYTHONPATH": _path(),
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "django", "check", "--deploy"],
+            cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    down = deploy_check(f"redis://127.0.0.1:{free_port()}")
+    out = down.stdout + down.stderr
+    assert down.returncode == 1 and "store/unreachable: (celery_debounce.E002)" in out, out
+    with LocalRedis() as server:
+        up = deploy_check(server.url)
+    out = up.stdout + up.stderr
+    assert up.returncode == 0 and "celery_debounce.E00" not in out, out
+
+
 @pytest.mark.slow
 def test_on_commit_with_redis_down_publishes_the_run_under_the_outage_policy(
     tmp_path: Path, redis_server: str, redis_client: object

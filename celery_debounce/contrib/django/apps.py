@@ -1,4 +1,5 @@
-"""The Django app whose ``ready`` registers the debounce system check."""
+"""The Django app whose ``ready`` registers the debounce system checks: the task
+definitions and settings always, the store reached under ``check --deploy``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class DebounceConfig(AppConfig):  # type: ignore[misc]
 
     def ready(self) -> None:
         checks.register(check_debounced_tasks, "celery_debounce")
+        checks.register(check_store_reached, "celery_debounce", deploy=True)
 
 
 def check_debounced_tasks(
@@ -47,6 +49,39 @@ def check_debounced_tasks(
                     f"{app.main or 'proj'} debounce check lists the same)",
                     obj=problem.where,
                     id="celery_debounce.E001",
+                )
+            )
+    return errors
+
+
+def check_store_reached(
+    app_configs: Sequence[Any] | None = None, **_: Any
+) -> list[checks.CheckMessage]:
+    """``celery_debounce.E002`` per problem found on reaching the windows' store
+    (``manage.py check --deploy``), for every Celery app of the process that defines a
+    debounced task and whose settings are valid: what ``debounce check --connect``
+    reports."""
+    from celery._state import _get_active_apps
+
+    from ...errors import DebounceError
+    from ...ops.cli_health import _reach
+    from ...producer.worker_steps import uses_debounce
+
+    errors: list[checks.CheckMessage] = []
+    for app in list(_get_active_apps()):
+        if not uses_debounce(app):
+            continue
+        try:
+            reached = _reach(app)
+        except DebounceError:  # a refused setting: check_debounced_tasks names it
+            continue
+        for kind, message in reached.problems:
+            errors.append(
+                checks.Error(
+                    message,
+                    hint=f"celery -A {app.main or 'proj'} debounce check --connect lists the same",
+                    obj=f"store/{kind}",
+                    id="celery_debounce.E002",
                 )
             )
     return errors

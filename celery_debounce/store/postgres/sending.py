@@ -19,6 +19,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ...errors import StoreMisconfigured
 from ..domain import ReplyLost, ServerRefused, StoreUnavailable
 from ..records import LATE_BUCKETS_MS
 from .gate_args import refused
@@ -104,6 +105,8 @@ class PostgresSending:
             raise StoreUnavailable(f"PostgreSQL store: {_safe(exc)}") from exc
         except pg_errors.UndefinedFunction as exc:
             raise _schema_error(exc) from exc
+        except pg_errors.InsufficientPrivilege as exc:
+            raise _no_right(exc) from exc
         finally:
             self.pool.putconn(conn)
 
@@ -136,6 +139,8 @@ class PostgresSending:
             with self._check_lock:
                 self._checked = False
             raise _schema_error(exc) from exc
+        except pg_errors.InsufficientPrivilege as exc:
+            raise _no_right(exc) from exc
         except psycopg.Error as exc:
             error = refused(exc.sqlstate, _safe(exc))
             if error is not None:
@@ -163,6 +168,15 @@ REFUSED = ("25006", "53", "57P03")
 #: cancel, ``lock_timeout``, a serialization failure or a deadlock): its error reply
 #: says the transaction rolled back, so nothing was written: ``StoreUnavailable``.
 UNDONE = ("57014", "55P03", "40")
+
+
+def _no_right(exc: psycopg.Error) -> StoreMisconfigured:
+    """A statement the role may not run: a misconfiguration, raised by name, nothing
+    written (the grants are ``debounce migrate --grant-to``'s)."""
+    return StoreMisconfigured(
+        f"PostgreSQL store: {_safe(exc)}: the role lacks the grants the store needs "
+        "(run `celery -A proj debounce migrate --grant-to ROLE` as the schema's owner)"
+    )
 
 
 def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float) -> Any:

@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..codec import CensusRow, ShardCounts, ShardSnapshot
+from ..reach import Reached
 from ..records import HOT_KEYS_KEPT
 from .step import many, one
 
@@ -114,6 +115,12 @@ class PostgresStats:
     def maxmemory_policy(self) -> str:
         """PostgreSQL never evicts a row."""
         return "noeviction"
+
+    def reach(self) -> Reached:
+        """What reaching the database found, for ``check --connect`` (reach.py)."""
+        from .reach import reach_postgres
+
+        return reach_postgres(self)  # type: ignore[arg-type]
 
     def snapshot_commands(self) -> int:
         """Statements :meth:`snapshot` sends."""

@@ -108,7 +108,7 @@ _DEFAULT_TIMEOUT = "SELECT reset_val::bigint FROM pg_settings WHERE name = 'stat
 _OTHER_SCHEMAS = (
     "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE c.relname = 'debounce_open' AND c.relkind = 'r' "
-    "AND n.nspname <> current_schema() ORDER BY 1"
+    "AND n.nspname IS DISTINCT FROM current_schema() ORDER BY 1"
 )
 _TAKE = "SELECT * FROM debounce_take(%s, %s, %s, %s)"
 #: After a take failed, the takes ask for half its bytes for this long (seconds), then
