@@ -418,7 +418,9 @@ def _redis_url(app: Celery, value: object) -> str:
     raise DebounceConfigError(
         redact(
             f"debounce_redis_url is not set and the broker URL ({broker!r}) is not a Redis URL: "
-            "set app.conf.debounce_redis_url = 'redis://host:6379/0'"
+            "set app.conf.debounce_redis_url = 'redis://host:6379/0' (the windows in "
+            "Redis), or app.conf.debounce_store_url = 'postgresql://host/db' (in "
+            "PostgreSQL)"
         )
     )
 

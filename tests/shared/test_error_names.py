@@ -68,7 +68,8 @@ def test_under_a_namespace_errors_spell_the_settings_as_configured() -> None:
     assert str(missing.value) == (
         "CELERY_DEBOUNCE_REDIS_URL is not set and the broker URL "
         "('amqp://localhost//') is not a Redis URL: set "
-        "CELERY_DEBOUNCE_REDIS_URL = 'redis://host:6379/0'"
+        "CELERY_DEBOUNCE_REDIS_URL = 'redis://host:6379/0' (the windows in Redis), or "
+        "CELERY_DEBOUNCE_STORE_URL = 'postgresql://host/db' (in PostgreSQL)"
     )
     with pytest.raises(DebounceConfigError) as bad:
         settings_for(
