@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .producer.bulk import enqueue_many
     from .producer.outage import DebounceBreakerOpen
     from .producer.task import DebouncedTask, send_task
+    from .store.domain import ServerRefused, StoreUnavailable
 
 __version__ = "0.3.0"
 
@@ -69,7 +70,9 @@ _OWNERS = {
     "Dispatcher": "dispatch.dispatcher",
     "DispatcherStep": "dispatch.bootstep",
     "MigrationBlocked": "errors",
+    "ServerRefused": "store.domain",
     "StoreMisconfigured": "errors",
+    "StoreUnavailable": "store.domain",
     "WindowNotFound": "errors",
     "WindowNotPending": "errors",
     "WindowQuarantined": "errors",
@@ -94,7 +97,9 @@ __all__ = [
     "Dispatcher",
     "DispatcherStep",
     "MigrationBlocked",
+    "ServerRefused",
     "StoreMisconfigured",
+    "StoreUnavailable",
     "WindowNotFound",
     "WindowNotPending",
     "WindowQuarantined",
