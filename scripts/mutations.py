@@ -1888,7 +1888,7 @@ MUTATIONS: list[Mutation] = [
         "debounce_take leaves a lapsed claim stale when a duplicate was skipped under it",
         "at least once on PostgreSQL: a skipped delivery's window is published again when "
         "its claim lapses",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "    SET state = CASE WHEN t.redelivered THEN 'dispatching'\n",
         "    SET state = CASE WHEN false THEN 'dispatching'\n",
         PGC + "test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again[postgres]",
@@ -1896,7 +1896,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_take takes an exclusive window while its key runs",
         "debounce_exclusive on PostgreSQL: runs of one key never overlap",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "        WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))",
         "        WHERE o.deadline <= v_now",
         PGC + "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"
@@ -2140,7 +2140,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a lapsed PostgreSQL claim of the last delivery goes stale",
         'rule "every id resolves": the whole worker killed on the last delivery (PostgreSQL)',
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "                     WHEN t.last_delivery THEN 'queued' ELSE 'stale' END,",
         "                     WHEN false THEN 'queued' ELSE 'stale' END,",
         PGC + "test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_sweep"
@@ -2240,7 +2240,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL take waits for a due window another transaction holds",
         "a held row keeps back only its own window: the take returns the other due windows at once",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n"
         "        FOR UPDATE SKIP LOCKED\n",
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n        FOR UPDATE\n",
@@ -2252,7 +2252,7 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL take waits for a flushed window another transaction holds",
         "a held row keeps back only its own window: the take returns the other closed "
         "windows at once",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED\n",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE\n",
         "tests/store/test_postgres_store.py::"
@@ -2422,7 +2422,7 @@ MUTATIONS: list[Mutation] = [
         "a collect call committed while the take ran is in the body it took (PostgreSQL)",
         (
             Edit(
-                PKG + "store/postgres/schema_3.sql",
+                PKG + "store/postgres/schema_4.sql",
                 "               m.content_type, m.payload, m.options_json, 'dispatching', v_now,"
                 " v_until, 1,",
                 "               m.content_type, CASE WHEN m.collect_budget IS NULL THEN m.payload"
@@ -2432,7 +2432,7 @@ MUTATIONS: list[Mutation] = [
                 " m.options_json, 'dispatching', v_now, v_until, 1,",
             ),
             Edit(
-                PKG + "store/postgres/schema_3.sql",
+                PKG + "store/postgres/schema_4.sql",
                 "        PERFORM debounce_splice(v_collect);",
                 "        DELETE FROM debounce_calls c WHERE c.task_id = ANY (v_collect);",
             ),
@@ -2472,7 +2472,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL window taken again after its lease is counted again",
         "stats: a window is counted once, when first taken (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
         "                 UNION ALL SELECT r.task_id FROM retaken r),",
         PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
@@ -2481,7 +2481,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a flushed or capped PostgreSQL window is never counted",
         "stats: a window closed by a flush or its cap is counted when taken (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/schema_4.sql",
         "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
         "                 ),",
         PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
