@@ -33,8 +33,11 @@ from celery_debounce.testing.postgres import LocalPostgres
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 
 
-def _call(key: str) -> PreparedCall:
-    spec = DebounceSpec(window_ms=600_000, max_wait_ms=3_600_000, key=None, replace_payload=False)
+def gate_call(key: str, window_ms: int = 600_000, max_wait_ms: int = 3_600_000) -> PreparedCall:
+    """A gate call of task ``bench.t`` keyed ``key``."""
+    spec = DebounceSpec(
+        window_ms=window_ms, max_wait_ms=max_wait_ms, key=None, replace_payload=False
+    )
     return PreparedCall(
         task_name="bench.t",
         key=key,
@@ -96,8 +99,8 @@ def main() -> None:
             for way, run in WAYS.items():
                 with PostgresStore(server.url(), timeout=5.0) as store:
                     store._run = run.__get__(store)  # type: ignore[method-assign]
-                    store.gate(_call("warm"))
-                    calls = [_call(uuid.uuid4().hex) for _ in range(args.calls)]
+                    store.gate(gate_call("warm"))
+                    calls = [gate_call(uuid.uuid4().hex) for _ in range(args.calls)]
                     started = time.perf_counter()
                     for call in calls:
                         store.gate(call)

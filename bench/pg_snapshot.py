@@ -21,30 +21,12 @@ from typing import Any
 
 import psycopg
 
-from celery_debounce.producer.call import PreparedCall
-from celery_debounce.producer.options import DebounceSpec
+from bench.pg_session import gate_call
 from celery_debounce.store.postgres import PostgresStore
 from celery_debounce.testing.postgres import LocalPostgres
 
 CHUNK = 1000
 SAMPLES = 200
-
-
-def _call(key: str, window_ms: int) -> PreparedCall:
-    spec = DebounceSpec(
-        window_ms=window_ms, max_wait_ms=window_ms * 2, key=None, replace_payload=False
-    )
-    return PreparedCall(
-        task_name="bench.t",
-        key=key,
-        ident=f"bench.t:{key}",
-        shard=0,
-        task_id=str(uuid.uuid4()),
-        spec=spec,
-        content_type="application/json",
-        payload=b'[["u1"], {}, {}]',
-        options_json="{}",
-    )
 
 
 def _median_ms(run: Any) -> float:
@@ -65,17 +47,17 @@ def _measure(store: PostgresStore) -> tuple[float, float]:
     def gate() -> None:
         key = uuid.uuid4().hex
         keys.append(key)
-        store.gate(_call(key, 3_600_000))
+        store.gate(gate_call(key, 3_600_000, 7_200_000))
 
     call = _median_ms(gate)
     with psycopg.connect(store.url, autocommit=True) as conn:
-        conn.execute("DELETE FROM debounce_open WHERE ident LIKE 'bench.t:%'")
+        conn.execute("DELETE FROM debounce_open WHERE ident LIKE '7:bench.t:%'")
     return empty, call
 
 
 def _churn(store: PostgresStore, windows: int) -> None:
     for _ in range(windows // CHUNK):
-        store.gate_many([_call(uuid.uuid4().hex, 1) for _ in range(CHUNK)])
+        store.gate_many([gate_call(uuid.uuid4().hex, 1, 2) for _ in range(CHUNK)])
         time.sleep(0.002)  # every window due
         while taken := store.take(0, 500).windows:
             store.ack(0, [w.task_id for w in taken])
