@@ -155,7 +155,7 @@ class Settings:
     #: the most connections a process's PostgreSQL store pool opens
     postgres_pool_size: int = 8
     #: the most bytes of bodies one take leases (the first window whatever its size)
-    dispatch_batch_bytes: int = 16 * 1024 * 1024
+    dispatch_batch_bytes: int = DEFAULTS["debounce_dispatch_batch_bytes"]
 
     @classmethod
     def from_app(cls, app: Celery, *, redis_url: str | None = None) -> Settings:

@@ -9,7 +9,6 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceConfigError, DebounceError
-from ..store.reach import Reached
 from .cli_common import _admin, echo_json, json_option
 from .formatting import config_error, printable, relative
 
@@ -117,7 +116,7 @@ def check(ctx: click.Context, connect: bool, as_json: bool) -> None:
     when all are valid, else 1.
     """
     from ..contrib import import_problem
-    from .validation import Problem, check_app
+    from .validation import Problem, check_app, reach_app
 
     try:
         problems = check_app(ctx.obj.app)
@@ -125,7 +124,7 @@ def check(ctx: click.Context, connect: bool, as_json: bool) -> None:
         problems = [import_problem(exc)]
     reached = None
     if connect and not any(p.where == "settings" for p in problems):
-        reached = _reach(ctx.obj.app)
+        reached = reach_app(ctx.obj.app)
         problems += [Problem(f"store/{kind}", message) for kind, message in reached.problems]
     if as_json:
         found: dict[str, object] = {
@@ -158,17 +157,3 @@ def check(ctx: click.Context, connect: bool, as_json: bool) -> None:
         )
     if problems:
         ctx.exit(1)
-
-
-def _reach(app: Any) -> Reached:
-    """What reaching ``app``'s store found; the store built for it is closed after."""
-    from ..settings import Settings
-    from ..store import build_store
-
-    store = build_store(Settings.from_app(app))
-    try:
-        return store.reach()
-    finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()

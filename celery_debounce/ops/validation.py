@@ -9,6 +9,7 @@ from typing import NamedTuple
 from celery import Celery
 
 from ..errors import DebounceConfigError
+from ..store.reach import Reached
 
 
 class Problem(NamedTuple):
@@ -47,3 +48,18 @@ def check_app(app: Celery, *, packages: Sequence[str] | None = None) -> list[Pro
         problems.append(Problem("settings", str(exc)))
     problems += [Problem(name, message) for name, message in refused_tasks(app).items()]
     return problems
+
+
+def reach_app(app: Celery) -> Reached:
+    """What reaching ``app``'s windows' store found (``check --connect``, Django's
+    ``check --deploy``); the store built for it is closed after."""
+    from ..settings import Settings
+    from ..store import build_store
+
+    store = build_store(Settings.from_app(app))
+    try:
+        return store.reach()
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()

@@ -64,7 +64,7 @@ def check_store_reached(
     from celery._state import _get_active_apps
 
     from ...errors import DebounceError
-    from ...ops.cli_health import _reach
+    from ...ops.validation import reach_app
     from ...producer.worker_steps import uses_debounce
 
     errors: list[checks.CheckMessage] = []
@@ -72,7 +72,7 @@ def check_store_reached(
         if not uses_debounce(app):
             continue
         try:
-            reached = _reach(app)
+            reached = reach_app(app)
         except DebounceError:  # a refused setting: check_debounced_tasks names it
             continue
         for kind, message in reached.problems:
