@@ -233,3 +233,30 @@ def _gates(store: PostgresStore) -> bool:
         return store.gate(call("t:k")).calls >= 1
     except StoreUnavailable:
         return False
+
+
+def test_a_role_without_the_grants_is_misconfigured_not_an_outage(
+    postgres_server: LocalPostgres,
+) -> None:
+    """A role the schema's owner never granted anything: a call is refused at once as
+    StoreMisconfigured (never an outage, so never published plainly), naming the grant
+    command; nothing is written."""
+    from celery_debounce.errors import StoreMisconfigured
+
+    schema = f"nogrant_{int(time.time() * 1000) % 10**9}"
+    owner = postgres_server.url()
+    with PostgresStore(owner, timeout=2.0, schema=schema) as store:
+        store.migrate()
+    _sql(owner, "CREATE ROLE nogrant LOGIN")
+    try:
+        _sql(owner, f'GRANT USAGE ON SCHEMA "{schema}" TO nogrant')  # a name made here
+        limited = owner.replace("//debounce@", "//nogrant@")
+        with PostgresStore(limited, timeout=2.0, schema=schema) as store:
+            started = time.monotonic()
+            with pytest.raises(StoreMisconfigured, match="--grant-to"):
+                store.gate(call("t:k"))
+            assert time.monotonic() - started < 1.0
+        assert _sql(owner, f'SELECT count(*) FROM "{schema}".debounce_open') == [(0,)]
+    finally:
+        _sql(owner, f'DROP SCHEMA "{schema}" CASCADE')
+        _sql(owner, "DROP ROLE nogrant")
