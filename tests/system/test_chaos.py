@@ -80,10 +80,13 @@ def _signal_tree(pid: int, signum: int) -> None:
             pass
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(
+    params=["redis", "postgres", pytest.param("pgbouncer", marks=pytest.mark.pgbouncer)]
+)
 def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Where the windows live: Redis, or a fresh PostgreSQL database (migrated), named
-    to every process of the test by FAULT_STORE; Redis is the broker either way."""
+    """Where the windows live: Redis, or a fresh PostgreSQL database (migrated), directly
+    or through the session's PgBouncer in transaction mode, named to every process of
+    the test by FAULT_STORE; Redis is the broker either way."""
     if request.param == "redis":
         yield "redis"
         return
@@ -96,8 +99,11 @@ def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
         conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
     with PostgresStore(server.url(name)) as made:
         made.migrate()
-    monkeypatch.setenv("FAULT_STORE", server.url(name))
-    yield server.url(name)
+    url = server.url(name)
+    if request.param == "pgbouncer":
+        url = request.getfixturevalue("pgbouncer_server").url(name)
+    monkeypatch.setenv("FAULT_STORE", url)
+    yield url
     with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

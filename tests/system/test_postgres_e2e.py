@@ -46,6 +46,7 @@ from celery_debounce.testing import (
     flush_windows,
     run_windows,
 )
+from celery_debounce.testing.pgbouncer import LocalPgBouncer
 from celery_debounce.testing.postgres import LocalPostgres
 from celery_debounce.testing.servers import free_port
 
@@ -132,6 +133,17 @@ def migrated(database: str, runs_dir: Path) -> str:
     return database
 
 
+@pytest.fixture(params=["direct", pytest.param("pgbouncer", marks=pytest.mark.pgbouncer)])
+def store_url(request: pytest.FixtureRequest, migrated: str) -> str:
+    """The store's URL for the workers, producers and operators: the migrated database
+    directly, or through the session's PgBouncer in transaction mode (its dispatchers
+    find that no notification arrives and poll). The tests read the tables directly."""
+    if request.param == "direct":
+        return migrated
+    bouncer: LocalPgBouncer = request.getfixturevalue("pgbouncer_server")
+    return bouncer.url(migrated.rsplit("/", 1)[1])
+
+
 def burst_is_one_run(app: Celery, url: str, where: Path) -> None:
     """Ten calls in a burst: one window, one run, with the opener's arguments."""
     record = app.tasks["pg.record"]
@@ -149,12 +161,13 @@ def burst_is_one_run(app: Celery, url: str, where: Path) -> None:
 
 
 def test_a_real_worker_runs_debounced_windows_from_postgres(
-    migrated: str, runs_dir: Path, redis_server: str, tmp_path: Path
+    migrated: str, store_url: str, runs_dir: Path, redis_server: str, tmp_path: Path
 ) -> None:
     broker = f"{redis_server}/5"
-    env = env_for(migrated, broker, runs_dir)
-    app = build(migrated, broker, str(runs_dir))
-    assert settings_for(app).postgres_url == migrated
+    redis.Redis.from_url(broker).flushdb()
+    env = env_for(store_url, broker, runs_dir)
+    app = build(store_url, broker, str(runs_dir))
+    assert settings_for(app).postgres_url == store_url
     with pg_worker(env, tmp_path / "worker.log"):
         # a burst: one run, the opener's arguments
         burst_is_one_run(app, migrated, runs_dir)
@@ -485,7 +498,7 @@ def test_a_postgres_restart_mid_stream_loses_no_accepted_call_and_runs_nothing_t
 
 
 def test_a_worker_killed_mid_run_on_postgres_is_delivered_again_and_its_window_finishes(
-    migrated: str, runs_dir: Path, redis_server: str, tmp_path: Path
+    migrated: str, store_url: str, runs_dir: Path, redis_server: str, tmp_path: Path
 ) -> None:
     """The whole worker SIGKILLed mid-run (``acks_late``, a 2 s claim lease): its claim
     goes stale on PostgreSQL, the broker delivers the message again, the new worker's
@@ -493,8 +506,8 @@ def test_a_worker_killed_mid_run_on_postgres_is_delivered_again_and_its_window_f
     call opens a new window, which runs once."""
     broker = f"{redis_server}/8"
     redis.Redis.from_url(broker).flushdb()
-    env = {**env_for(migrated, broker, runs_dir), "PG_ACKS_LATE": "1", "PG_CLAIM_LEASE": "2"}
-    app = build(migrated, broker, str(runs_dir))
+    env = {**env_for(store_url, broker, runs_dir), "PG_ACKS_LATE": "1", "PG_CLAIM_LEASE": "2"}
+    app = build(store_url, broker, str(runs_dir))
     record = app.tasks["pg.record"]
     (runs_dir / "block-killed").touch()
     call = record.delay("killed", 1)
@@ -569,8 +582,10 @@ def test_the_testing_helpers_list_run_and_clear_windows_on_postgres(
     assert sql(migrated, "SELECT count(*) FROM debounce_taken") == [(0,)]
 
 
-def test_cancel_inspect_and_flush_all_on_postgres(migrated: str, runs_dir: Path) -> None:
-    app = build(migrated, "memory://", str(runs_dir))
+def test_cancel_inspect_and_flush_all_on_postgres(
+    migrated: str, store_url: str, runs_dir: Path
+) -> None:
+    app = build(store_url, "memory://", str(runs_dir))
     app.conf.result_backend = "cache+memory://"
     record = app.tasks["pg.record"]
     first = record.delay("c1", 1)
@@ -583,7 +598,7 @@ def test_cancel_inspect_and_flush_all_on_postgres(migrated: str, runs_dir: Path)
         record.debounce_cancel("c1")
     assert record.delay("c1", 3).id != first.id  # a new window
 
-    env = env_for(migrated, "memory://", runs_dir)
+    env = env_for(store_url, "memory://", runs_dir)
     other = record.delay("c2", 1)
     done = debounce_command("pg_app", env, "cancel", "--task", "pg.record", "--key", "k:c2", "-j")
     assert done.returncode == 0, done.stderr
@@ -627,19 +642,21 @@ def test_cancel_inspect_and_flush_all_on_postgres(migrated: str, runs_dir: Path)
 
 
 def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
-    database: str, runs_dir: Path
+    migrated: str, store_url: str, runs_dir: Path
 ) -> None:
     """Finding 9: ``prod`` and ``staging`` on one database, each with its prefix (its
-    schema): staging's inspect lists only its own window, its ``cancel --all`` cancels
-    only its own, its dispatcher takes only its own."""
+    schema, named on each transaction: through PgBouncer too): staging's inspect lists
+    only its own window, its ``cancel --all`` cancels only its own, its dispatcher takes
+    only its own."""
+    database = migrated
     envs = {
-        prefix: {**env_for(database, "memory://", runs_dir), "PG_PREFIX": prefix}
+        prefix: {**env_for(store_url, "memory://", runs_dir), "PG_PREFIX": prefix}
         for prefix in ("prod", "staging")
     }
     for env in envs.values():
-        done = migrate(env)
+        done = migrate({**env, "PG_STORE": database})
         assert done.returncode == 0, done.stderr
-    apps = {prefix: build(database, "memory://", str(runs_dir)) for prefix in envs}
+    apps = {prefix: build(store_url, "memory://", str(runs_dir)) for prefix in envs}
     for prefix, app in apps.items():
         app.conf.debounce_key_prefix = prefix
     prod = apps["prod"].tasks["pg.record"].delay("same", 1)
@@ -665,7 +682,7 @@ def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
     assert [w.task_id for w in prod_store.take(0, 100).windows] == [prod.id]
     # a third deployment's schema, new beside one holding windows: migrate names it
     apps["prod"].tasks["pg.record"].delay("open", 1)
-    third = migrate({**envs["prod"], "PG_PREFIX": "qa"})
+    third = migrate({**envs["prod"], "PG_PREFIX": "qa", "PG_STORE": database})
     assert third.returncode == 0, third.stderr
     assert "(schema 'qa'): none -> version" in third.stdout
     assert "schema 'prod' of this database also holds celery_debounce windows (1 open)" in (
