@@ -80,10 +80,16 @@ def produce(
     return out
 
 
+def package_keys(client: redis.Redis) -> list[str]:
+    """The package's Redis keys but the dispatchers' liveness key (kept while they run)."""
+    found = (k.decode() for k in client.scan_iter(match="debounce:*", count=1000))
+    return sorted(k for k in found if not k.endswith(":alive"))
+
+
 def left_in_store(store_url: str | None, client: redis.Redis) -> int:
     """Keys of the package (Redis) or window rows (PostgreSQL) the store still holds."""
     if store_url is None:
-        return sum(1 for _ in client.scan_iter(match="debounce:*", count=1000))
+        return len(package_keys(client))
     import psycopg
 
     with psycopg.connect(store_url, autocommit=True) as conn:
@@ -359,6 +365,8 @@ def main() -> int:
         print(
             f"{what} after history TTL: {left} (baseline {baseline}) after {time.time() - t1:.1f}s"
         )
+        if left != baseline and direct_url is None:
+            print("  left: " + ", ".join(package_keys(windows)[:10]))
         ok = ok and left == baseline
         if not ok:
             failed = [
