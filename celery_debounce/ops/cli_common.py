@@ -11,7 +11,7 @@ import click
 from celery.bin.base import CeleryOption
 
 from ..errors import DebounceError
-from .admin import DebounceAdmin, Stats, TaskStats
+from .admin import LATE_BUCKETS_MS, DebounceAdmin, Stats, TaskStats
 from .formatting import clip, config_error, printable, relative, table_lines
 from .read_view import WindowInfo
 
@@ -62,10 +62,15 @@ def render_table(windows: list[WindowInfo], now: float) -> str:
 
 
 def _late(stats: TaskStats) -> str:
+    """p50/p90/p99 of the lateness as the bucket bound that holds each: a run 6.4 s late
+    shows as ``<=10000``, never as a figure it did not have."""
     values = [stats.lateness_ms(q) for q in (0.5, 0.9, 0.99)]
     if values[0] is None:
         return "-"
-    return "/".join(">30s" if v == float("inf") else f"{v:g}" for v in values if v is not None)
+    last = LATE_BUCKETS_MS[-1]
+    return "/".join(
+        f">{last}" if v == float("inf") else f"<={v:g}" for v in values if v is not None
+    )
 
 
 def render_stats(stats: Stats) -> str:

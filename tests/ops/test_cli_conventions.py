@@ -218,3 +218,20 @@ def test_the_dash_a_hint_is_only_for_celerys_default_app() -> None:
     named = Celery("proj", broker="amqp://", set_as_current=False)
     assert "-A" not in config_error(exc, named).message  # its app was named: no hint
     assert "-A/--app" in config_error(exc, Celery("default", set_as_current=False)).message
+
+
+def test_stats_shows_lateness_as_the_bucket_bound_that_holds_it_not_as_a_figure() -> None:
+    """Runs 6.4 to 7.0 s late fall in the (5000, 10000] bucket: ``stats`` shows
+    ``<=10000``, never a bare ``10000`` that reads as what they measured; past the last
+    bound, ``>30000``."""
+    from celery_debounce.ops.admin import LATE_BUCKETS_MS, Stats, TaskStats
+    from celery_debounce.ops.cli_common import render_stats
+
+    buckets = [0] * (len(LATE_BUCKETS_MS) + 1)
+    buckets[LATE_BUCKETS_MS.index(5)] = 8  # (1, 5]
+    buckets[LATE_BUCKETS_MS.index(10000)] = 1  # (5000, 10000]
+    buckets[-1] = 1  # over 30 s
+    row = TaskStats(task="t.late", runs=10, calls=10, lateness_buckets=buckets)
+    shown = render_stats(Stats(now=0.0, open=0, due=0, census=True, tasks={"t.late": row}))
+    line = next(line for line in shown.splitlines() if line.startswith("t.late"))
+    assert line.split()[-1] == "<=5/<=10000/>30000"
