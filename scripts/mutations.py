@@ -1931,6 +1931,18 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
     one(
+        "a PostgreSQL call the watchdog cut is not marked as one that waited its timeout",
+        "the outage breaker covers PostgreSQL: after one call waits out a silent server, "
+        "the next calls fail at once",
+        PKG + "store/postgres/sending.py",
+        "        if time.monotonic() - started >= seconds:  # the watchdog shut it down\n"
+        "            waited_out(exc)",
+        "        if time.monotonic() - started >= seconds:  # the watchdog shut it down\n"
+        "            pass",
+        "tests/producer/test_outage_policy.py::"
+        "test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_call",
+    ),
+    one(
         "a pooled PostgreSQL connection closed while idle is written on",
         "an outage on PostgreSQL is StoreUnavailable (nothing sent), not outcome unknown",
         PKG + "store/postgres/sending.py",

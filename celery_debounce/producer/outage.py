@@ -1,4 +1,4 @@
-"""When the windows' Redis cannot take a call: ``debounce_on_outage`` and the breaker.
+"""When the windows' store cannot take a call: ``debounce_on_outage`` and the breaker.
 
 ``debounce_on_outage`` (a setting, a task option and a per-call option):
 
@@ -87,14 +87,17 @@ def outage_kind(exc: BaseException) -> str | None:
 
 
 def timed_out(exc: BaseException) -> bool:
-    """True when a timeout (the socket's or redis-py's) is in ``exc``'s chain: the call
-    waited ``debounce_redis_timeout``. Only such a failure opens the breaker; a refused
+    """True when a timeout (the socket's or redis-py's, or a store's mark) is in ``exc``'s
+    chain: the call waited ``debounce_redis_timeout`` or ``debounce_postgres_timeout``.
+    Only such a failure opens the breaker; a refused
     connection fails in a round trip, so every call may try it."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return False
         if isinstance(seen, TimeoutError) or type(seen).__name__ == "TimeoutError":
+            return True
+        if getattr(seen, "waited", False):  # a store's own mark (store.domain.waited_out)
             return True
         seen = seen.__cause__ or seen.__context__
     return False

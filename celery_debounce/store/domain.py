@@ -36,7 +36,10 @@ __all__ = [
     "ShardRef",
     "StoreUnavailable",
     "cancel_until_known",
+    "waited_out",
 ]
+
+_E = TypeVar("_E", bound=BaseException)
 
 #: A shard as the store hands it out and takes it back: opaque outside the store.
 #: A caller gets one from the store (a number of its layout, a message's header as the
@@ -50,6 +53,10 @@ ShardRef = Shard
 class StoreUnavailable(DebounceBackendError):
     """The store could not be reached (an outage): nothing was sent, or what was sent
     is known not to have run. Worth retrying."""
+
+    #: the call waited its whole timeout (a pool, a statement or an answer that never
+    #: came): the producer's outage breaker opens on it (see :func:`waited_out`)
+    waited: bool = False
 
 
 class ServerRefused(StoreUnavailable):
@@ -67,6 +74,15 @@ class ReplyLost(OutcomeUnknown):
     outage); ``refused``: the link failed on the store's refusal, so it did not run."""
 
     refused: bool = False
+    waited: bool = False  # as StoreUnavailable.waited
+
+
+def waited_out(error: _E) -> _E:
+    """``error``, marked as the end of a call that waited its whole timeout: the outage
+    breaker opens on it as on a socket timeout (stores whose driver raises no
+    ``TimeoutError`` of its own mark theirs)."""
+    error.waited = True  # type: ignore[attr-defined]
+    return error
 
 
 class CancelOutcomeUnknown(OutcomeUnknown):

@@ -330,17 +330,11 @@ def close_store(app: Celery) -> None:
 def django_database_url(alias: str = "default") -> str:
     """The ``postgresql://`` URL of Django's database ``alias`` as Django connects to it
     now: inside a test run, the test database."""
-    from urllib.parse import quote
-
     from django.db import connections
 
-    given = connections[alias].settings_dict
-    user = quote(str(given.get("USER") or ""), safe="")
-    password = quote(str(given.get("PASSWORD") or ""), safe="")
-    login = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = str(given.get("HOST") or "localhost")
-    port = f":{given['PORT']}" if given.get("PORT") else ""
-    return f"postgresql://{login}{host}{port}/{quote(str(given['NAME']), safe='')}"
+    from ..contrib.django.database import database_url
+
+    return database_url(connections[alias].settings_dict)
 
 
 #: The windows URL :func:`use_fakeredis` sets on an app that has none (never connected).

@@ -648,3 +648,54 @@ def test_enqueue_many_per_call_publish_behind_an_open_breaker(
     assert [f["task_id"] for f in fallbacks] == [r.id for r in results]
     assert {f["reason"] for f in fallbacks} == {"breaker"}
     assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 3
+
+
+def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_call(
+    redis_server: str, fallbacks: list[dict[str, Any]]
+) -> None:
+    """The breaker covers PostgreSQL as it covers Redis: a server stopped mid-deployment
+    (SIGSTOP: it still accepts bytes) costs the first call its timeout, then the next
+    calls fail at once with ``DebounceBreakerOpen``, nothing written anywhere."""
+    pytest.importorskip("psycopg")
+    from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
+
+    if find_postgres_bindir() is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries not installed: in CI they must be")
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres() as server:
+        url = server.url()
+        with PostgresStore(url) as store:
+            store.migrate()
+        app = make_app(
+            redis_server,
+            debounce_store_url=url,
+            debounce_redis_url=None,
+            debounce_postgres_timeout=TIMEOUT,
+            debounce_dispatcher=False,
+            debounce_outage_probe_interval=60,
+        )
+        work, collect = _tasks(app, [])
+        opened = work.delay(0).id  # the pool holds a connection; the schema was checked
+        server.freeze()
+        try:
+            first, error = _timed(lambda: work.delay(1))
+            assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
+            assert not isinstance(error, DebounceBreakerOpen)  # the store's own, waited for
+            for call in (
+                lambda: work.delay(2),
+                lambda: send_task(app, "o.work", (3,)),
+                lambda: collect.delay(4),
+                lambda: enqueue_many(work, [((5,), {})]),
+            ):
+                took, error = _timed(call)
+                assert took < TIMEOUT / 2
+                assert isinstance(error, DebounceBreakerOpen), error
+        finally:
+            server.thaw()
+        assert fallbacks == []
+        with PostgresStore(url) as store:
+            assert [w.task_id for w in store.take(0, 10).windows] == []  # not due yet
+            listed = store.pending_payloads(0)
+            assert [w.task_id for w in listed] == [opened]  # the first window, only

@@ -204,3 +204,53 @@ def test_no_digit_outside_ascii_that_the_sites_font_may_lack(page: str) -> None:
 
     found = {c for c in USER_TEXT[page] if unicodedata.category(c) == "Nd" and not c.isascii()}
     assert not found, f"{page}: {sorted(found)}"
+
+
+#: A sentence saying something is required or needed ...
+_REQUIRED = re.compile(
+    r"\brequired\b|\bneeds? (?:only )?Redis\b|\brequires? Redis\b|\bmust (?:set|name|give)\b",
+    re.IGNORECASE,
+)
+#: ... of Redis or its URL ...
+_OF_REDIS = re.compile(r"redis_url|REDIS_URL|\bRedis\b")
+#: ... reads as true of every deployment unless it names the other store or a context that
+#: only Redis has (a Redis broker, Sentinel, Cluster, its server, its ACLs and memory).
+_REDIS_ONLY_CONTEXT = re.compile(
+    r"debounce_store_url|STORE_URL|PostgreSQL|[Ss]entinel|Redis store|[Cc]luster|"
+    r"redis-server|ACL|TLS|maxmemory|Valkey|Redis broker"
+)
+
+
+def _sentences(text: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    parts = re.split(r"(?<=[.!?])\s+|\n\s*\n|\n[-*] ", prose)
+    return [" ".join(part.split()) for part in parts]
+
+
+def redis_required_everywhere(text: str) -> list[str]:
+    """The sentences of ``text`` that call Redis (or its URL) required without saying
+    that only a Redis deployment needs it."""
+    return [
+        sentence
+        for sentence in _sentences(text)
+        if _REQUIRED.search(sentence)
+        and not sentence.endswith("?")  # a question ("Do I need Redis?") asserts nothing
+        and _OF_REDIS.search(sentence)
+        and not _REDIS_ONLY_CONTEXT.search(sentence)
+    ]
+
+
+def test_no_page_calls_redis_required_where_the_postgresql_store_makes_it_unnecessary() -> None:
+    """The windows live in Redis or PostgreSQL: a page that says ``debounce_redis_url``
+    (or Redis) is required must say for which store, as docs/stores.md does."""
+    wrong = {
+        page.relative_to(ROOT).as_posix(): found
+        for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+        if (found := redis_required_everywhere(page.read_text(encoding="utf-8")))
+    }
+    assert wrong == {}
+    # what the check is for: the sentence production.md had before it named both stores
+    assert redis_required_everywhere(
+        "- **`debounce_redis_url` is required with a RabbitMQ (or any non-Redis) broker**:\n"
+        "  the windows default to the broker's Redis only when the broker is one."
+    )

@@ -20,7 +20,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import StoreMisconfigured
-from ..domain import ReplyLost, ServerRefused, StoreUnavailable
+from ..domain import ReplyLost, ServerRefused, StoreUnavailable, waited_out
 from ..records import LATE_BUCKETS_MS
 from .gate_args import refused
 from .link import LinkState
@@ -91,8 +91,11 @@ class PostgresSending:
                 if time.monotonic() >= deadline:
                     last = self.link.failure
                     why = f" (last connection attempt: {_safe(last)})" if last else ""
-                    raise StoreUnavailable(
-                        f"PostgreSQL store unreachable: no connection within {self.timeout:g}s{why}"
+                    raise waited_out(
+                        StoreUnavailable(
+                            f"PostgreSQL store unreachable: no connection within "
+                            f"{self.timeout:g}s{why}"
+                        )
                     ) from exc
 
     def _read(self, fn: Any) -> Any:
@@ -168,6 +171,8 @@ REFUSED = ("25006", "53", "57P03")
 #: cancel, ``lock_timeout``, a serialization failure or a deadlock): its error reply
 #: says the transaction rolled back, so nothing was written: ``StoreUnavailable``.
 UNDONE = ("57014", "55P03", "40")
+#: Of those, a statement or a lock wait that ran out its time.
+TIMED_OUT = ("57014", "55P03")
 
 
 def _no_right(exc: psycopg.Error) -> StoreMisconfigured:
@@ -183,7 +188,10 @@ def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float
     """``run(conn, work)``, with a call the server answered by refusing or undoing it raised
     as the store's typed error (nothing was written); other errors as they are. A call
     not answered within ``seconds`` has its connection shut down (watchdog.py): a
-    psycopg ``OperationalError``, as for any lost connection."""
+    psycopg ``OperationalError``, as for any lost connection. A call that waited out its
+    timeout (cancelled by ``statement_timeout`` or ``lock_timeout``, or cut by the
+    watchdog) is marked :func:`waited_out`, for the outage breaker."""
+    started = time.monotonic()
     try:
         with guarded(conn, seconds):
             return run(conn, work)
@@ -194,9 +202,12 @@ def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float
                 f"PostgreSQL store refused the call, nothing written: {_safe(exc)}"
             ) from exc
         if state.startswith(UNDONE):
-            raise StoreUnavailable(
+            error = StoreUnavailable(
                 f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"
-            ) from exc
+            )
+            raise (waited_out(error) if state in TIMED_OUT else error) from exc
+        if time.monotonic() - started >= seconds:  # the watchdog shut it down
+            waited_out(exc)
         raise
 
 
