@@ -1931,6 +1931,15 @@ MUTATIONS: list[Mutation] = [
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
     one(
+        "top lets the store's and the pool's warnings through while its view is live",
+        "an outage reads well: nothing prints over top's screen; the lines are held",
+        PKG + "ops/held_logs.py",
+        "        log.addHandler(handler)\n        log.propagate = False\n",
+        "",
+        "tests/ops/test_top_postgres.py::test_top_on_postgres_keeps_its_screen_through_an_outage",
+        "tests/ops/test_top.py::test_lines_logged_while_the_screen_is_live_are_held",
+    ),
+    one(
         "a PostgreSQL call the watchdog cut is not marked as one that waited its timeout",
         "the outage breaker covers PostgreSQL: after one call waits out a silent server, "
         "the next calls fail at once",

@@ -129,12 +129,10 @@ class Tmux:
                 '#!/bin/bash\n"${@:2}"\nstatus=$?\necho "$status" > "$1"\n'
                 'echo "[exited with status $status]"\nsleep 30\n'
             )
-        exports = " ".join(
-            f"{k}={v}"
-            for k, v in (
-                ("TOPAPP_REDIS", self.env["TOPAPP_REDIS"]),
-                ("PYTHONPATH", self.env["PYTHONPATH"]),
-            )
+        exports = " ".join(  # the app's settings (test_top_postgres.py's too)
+            f"{k}={self.env[k]}"
+            for k in ("TOPAPP_REDIS", "PGTOP_STORE", "PYTHONPATH")
+            if k in self.env
         )
         shell = (
             f"cd {self.cwd} && exec env TERM=xterm-256color {exports} bash {wrapper} "
