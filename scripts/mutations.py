@@ -1940,6 +1940,19 @@ MUTATIONS: list[Mutation] = [
         "tests/ops/test_top.py::test_lines_logged_while_the_screen_is_live_are_held",
     ),
     one(
+        "a PostgreSQL call cancelled at statement_timeout opens the outage breaker",
+        "a lock on one window's row is that key's: the next call of the process goes on",
+        PKG + "store/postgres/sending.py",
+        "            raise StoreUnavailable(\n"
+        '                f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"\n'
+        "            ) from exc",
+        "            raise waited_out(StoreUnavailable(\n"
+        '                f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"\n'
+        "            )) from exc",
+        "tests/system/test_postgres_e2e.py::"
+        "test_a_call_blocked_on_the_server_fails_within_debounce_postgres_timeout",
+    ),
+    one(
         "a PostgreSQL call the watchdog cut is not marked as one that waited its timeout",
         "the outage breaker covers PostgreSQL: after one call waits out a silent server, "
         "the next calls fail at once",

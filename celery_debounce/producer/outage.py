@@ -9,7 +9,7 @@
 Only an outage falls back (:func:`outage_kind`); configuration, key, payload and
 permission errors always raise. A call that timed out opens this process's breaker
 for the app (:class:`Breaker`): for ``debounce_outage_probe_interval`` the calls
-skip Redis and take the policy at once, then one call probes Redis again. The hot
+skip the store and take the policy at once, then one call probes it again. The hot
 path pays one truth test of :data:`OPEN` (see task.py, ``DebouncedTask._gate``).
 """
 
@@ -109,7 +109,7 @@ OPEN: set[Breaker] = set()
 
 class Breaker:
     """One app's breaker in one process (the store's process: a forked child starts
-    closed). Open: calls skip Redis until ``probe_at``; then one call (the probe) tries
+    closed). Open: calls skip the store until ``probe_at``; then one call (the probe) tries
     it while the others still skip; its success closes the breaker, an outage opens it
     for another interval. No lock is held across I/O (safe under gevent)."""
 
@@ -159,8 +159,8 @@ class Breaker:
         since = time.strftime("%H:%M:%S", time.localtime(self.since or time.time()))
         wait = max(0.0, self.probe_at - time.monotonic())
         return DebounceBreakerOpen(
-            f"debounce Redis breaker open since {since} (a call timed out: "
-            f"{self.reason}); calls skip Redis, the next one to try it in {wait:.1f} s "
+            f"debounce store breaker open since {since} (a call timed out: "
+            f"{self.reason}); calls skip the store, the next one to try it in {wait:.1f} s "
             "(debounce_outage_probe_interval); nothing was written"
         )
 

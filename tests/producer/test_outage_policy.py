@@ -697,5 +697,7 @@ def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_cal
         assert fallbacks == []
         with PostgresStore(url) as store:
             assert [w.task_id for w in store.take(0, 10).windows] == []  # not due yet
-            listed = store.pending_payloads(0)
-            assert [w.task_id for w in listed] == [opened]  # the first window, only
+            listed = {w.task_id for w in store.pending_payloads(0)}
+        # the opener's window, and perhaps the timed-out call's (its outcome is unknown:
+        # the thawed server may still run it); none of the four calls the breaker skipped
+        assert opened in listed and len(listed - {opened}) <= 1, listed

@@ -171,8 +171,6 @@ REFUSED = ("25006", "53", "57P03")
 #: cancel, ``lock_timeout``, a serialization failure or a deadlock): its error reply
 #: says the transaction rolled back, so nothing was written: ``StoreUnavailable``.
 UNDONE = ("57014", "55P03", "40")
-#: Of those, a statement or a lock wait that ran out its time.
-TIMED_OUT = ("57014", "55P03")
 
 
 def _no_right(exc: psycopg.Error) -> StoreMisconfigured:
@@ -188,9 +186,10 @@ def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float
     """``run(conn, work)``, with a call the server answered by refusing or undoing it raised
     as the store's typed error (nothing was written); other errors as they are. A call
     not answered within ``seconds`` has its connection shut down (watchdog.py): a
-    psycopg ``OperationalError``, as for any lost connection. A call that waited out its
-    timeout (cancelled by ``statement_timeout`` or ``lock_timeout``, or cut by the
-    watchdog) is marked :func:`waited_out`, for the outage breaker."""
+    psycopg ``OperationalError``, as for any lost connection. A call the server never
+    answered (cut by the watchdog) is marked :func:`waited_out`, for the outage breaker;
+    one it cancelled at ``statement_timeout`` is not: the server answers (a lock on one
+    window's row is that key's, not an outage of the store)."""
     started = time.monotonic()
     try:
         with guarded(conn, seconds):
@@ -202,10 +201,9 @@ def _answered(run: Any, work: Any, conn: psycopg.Connection[Any], seconds: float
                 f"PostgreSQL store refused the call, nothing written: {_safe(exc)}"
             ) from exc
         if state.startswith(UNDONE):
-            error = StoreUnavailable(
+            raise StoreUnavailable(
                 f"PostgreSQL store cancelled the call, nothing written: {_safe(exc)}"
-            )
-            raise (waited_out(error) if state in TIMED_OUT else error) from exc
+            ) from exc
         if time.monotonic() - started >= seconds:  # the watchdog shut it down
             waited_out(exc)
         raise
