@@ -227,6 +227,21 @@ def test_publish_with_a_redis_that_never_answers_waits_once_then_skips_it(
     assert outage_module.OPEN == {breaker_for(app)}
 
 
+def _every_way_in_skips_the_store(app: Celery, work: Any, collect: Any) -> None:
+    """With the breaker open, delay, send_task, collect and enqueue_many each raise
+    DebounceBreakerOpen at once, without waiting for the store."""
+    for call in (
+        lambda: work.delay(2),
+        lambda: send_task(app, "o.work", (3,)),
+        lambda: collect.delay(4),
+        lambda: enqueue_many(work, [((5,), {})]),
+    ):
+        took, error = _timed(call)
+        assert took < TIMEOUT / 2
+        assert isinstance(error, DebounceBreakerOpen), error
+        assert "breaker open since" in str(error)
+
+
 def test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call(
     redis_server: str,
     silent_url: str,
@@ -242,16 +257,7 @@ def test_raise_with_a_redis_that_never_answers_fails_fast_after_the_first_call(
     first, error = _timed(lambda: work.delay(1))
     assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
     assert not isinstance(error, DebounceBreakerOpen)  # the store's own error, waited for
-    for call in (
-        lambda: work.delay(2),
-        lambda: send_task(app, "o.work", (3,)),
-        lambda: collect.delay(4),
-        lambda: enqueue_many(work, [((5,), {})]),
-    ):
-        took, error = _timed(call)
-        assert took < TIMEOUT / 2
-        assert isinstance(error, DebounceBreakerOpen), error
-        assert "breaker open since" in str(error)
+    _every_way_in_skips_the_store(app, work, collect)
     assert fallbacks == []
     assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 0
 
@@ -683,15 +689,7 @@ def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_cal
             first, error = _timed(lambda: work.delay(1))
             assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
             assert not isinstance(error, DebounceBreakerOpen)  # the store's own, waited for
-            for call in (
-                lambda: work.delay(2),
-                lambda: send_task(app, "o.work", (3,)),
-                lambda: collect.delay(4),
-                lambda: enqueue_many(work, [((5,), {})]),
-            ):
-                took, error = _timed(call)
-                assert took < TIMEOUT / 2
-                assert isinstance(error, DebounceBreakerOpen), error
+            _every_way_in_skips_the_store(app, work, collect)
         finally:
             server.thaw()
         assert fallbacks == []

