@@ -54,8 +54,9 @@ class StoreUnavailable(DebounceBackendError):
     """The store could not be reached (an outage): nothing was sent, or what was sent
     is known not to have run. Worth retrying."""
 
-    #: the call waited its whole timeout (a pool, a statement or an answer that never
-    #: came): the producer's outage breaker opens on it (see :func:`waited_out`)
+    #: the call waited its whole timeout without an answer (no pooled connection, a
+    #: server that never answered): the producer's outage breaker opens on it
+    #: (see :func:`waited_out`)
     waited: bool = False
 
 
@@ -74,7 +75,6 @@ class ReplyLost(OutcomeUnknown):
     outage); ``refused``: the link failed on the store's refusal, so it did not run."""
 
     refused: bool = False
-    waited: bool = False  # as StoreUnavailable.waited
 
 
 def waited_out(error: _E) -> _E:

@@ -39,7 +39,12 @@ def test_every_part_of_the_entry_reaches_libpq_as_given() -> None:
 
 @pytest.mark.parametrize(
     ("host", "expected"),
-    [("", "localhost"), ("/var/run/postgresql", "/var/run/postgresql"), ("::1", "::1")],
+    [
+        ("", "localhost"),
+        ("/var/run/postgresql", "/var/run/postgresql"),
+        ("/run/pg:main", "/run/pg:main"),  # a socket directory with a colon: not IPv6
+        ("::1", "::1"),
+    ],
 )
 def test_a_socket_directory_or_an_ipv6_host_is_the_host_libpq_reads(
     host: str, expected: str

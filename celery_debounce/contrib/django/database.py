@@ -49,13 +49,11 @@ def database_url(database: Mapping[str, Any]) -> str:
     password = quote(str(database.get("PASSWORD") or ""), safe="")
     login = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = str(database.get("HOST") or "localhost")
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 address
+    options: dict[str, Any] = {}
     if host.startswith("/"):  # a Unix socket's directory: libpq's host parameter
-        options: dict[str, Any] = {"host": host}
-        host = ""
-    else:
-        options = {}
+        options["host"], host = host, ""
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
     port = f":{database['PORT']}" if database.get("PORT") else ""
     given = database.get("OPTIONS") or {}
     options.update({k: given[k] for k in LIBPQ_OPTIONS if given.get(k) is not None})
