@@ -656,12 +656,9 @@ def test_enqueue_many_per_call_publish_behind_an_open_breaker(
     assert redis.Redis.from_url(f"{redis_server}/1").llen("celery") == 3
 
 
-def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_call(
-    redis_server: str, fallbacks: list[dict[str, Any]]
-) -> None:
-    """The breaker covers PostgreSQL as it covers Redis: a server stopped mid-deployment
-    (SIGSTOP: it still accepts bytes) costs the first call its timeout, then the next
-    calls fail at once with ``DebounceBreakerOpen``, nothing written anywhere."""
+@pytest.fixture
+def postgres_url() -> Iterator[tuple[Any, str]]:
+    """A private PostgreSQL server (it is frozen by the test) and its migrated URL."""
     pytest.importorskip("psycopg")
     from celery_debounce.store.postgres import PostgresStore
     from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
@@ -671,31 +668,86 @@ def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_cal
             pytest.fail("PostgreSQL server binaries not installed: in CI they must be")
         pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
     with LocalPostgres() as server:
-        url = server.url()
-        with PostgresStore(url) as store:
+        with PostgresStore(server.url()) as store:
             store.migrate()
-        app = make_app(
-            redis_server,
-            debounce_store_url=url,
-            debounce_redis_url=None,
-            debounce_postgres_timeout=TIMEOUT,
-            debounce_dispatcher=False,
-            debounce_outage_probe_interval=60,
-        )
-        work, collect = _tasks(app, [])
-        opened = work.delay(0).id  # the pool holds a connection; the schema was checked
-        server.freeze()
         try:
-            first, error = _timed(lambda: work.delay(1))
-            assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
-            assert not isinstance(error, DebounceBreakerOpen)  # the store's own, waited for
-            _every_way_in_skips_the_store(app, work, collect)
+            yield server, server.url()
         finally:
             server.thaw()
-        assert fallbacks == []
-        with PostgresStore(url) as store:
-            assert [w.task_id for w in store.take(0, 10).windows] == []  # not due yet
-            listed = {w.task_id for w in store.pending_payloads(0)}
-        # the opener's window, and perhaps the timed-out call's (its outcome is unknown:
-        # the thawed server may still run it); none of the four calls the breaker skipped
-        assert opened in listed and len(listed - {opened}) <= 1, listed
+
+
+def _postgres_app(redis_server: str, url: str, **conf: Any) -> Celery:
+    return make_app(
+        redis_server,
+        debounce_store_url=url,
+        debounce_redis_url=None,
+        debounce_postgres_timeout=TIMEOUT,
+        debounce_dispatcher=False,
+        debounce_outage_probe_interval=60,
+        **conf,
+    )
+
+
+def _open_windows(url: str) -> set[str]:
+    from celery_debounce.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        assert [w.task_id for w in store.take(0, 10).windows] == []  # not due yet
+        return {w.task_id for w in store.pending_payloads(0)}
+
+
+def test_raise_with_a_postgres_that_never_answers_fails_fast_after_the_first_call(
+    redis_server: str, fallbacks: list[dict[str, Any]], postgres_url: tuple[Any, str]
+) -> None:
+    """The breaker covers PostgreSQL as it covers Redis: a server stopped mid-deployment
+    (SIGSTOP: it still accepts bytes) costs the first call its timeout, then the next
+    calls fail at once with ``DebounceBreakerOpen``, nothing written anywhere."""
+    server, url = postgres_url
+    app = _postgres_app(redis_server, url)
+    work, collect = _tasks(app, [])
+    opened = work.delay(0).id  # the pool holds a connection; the schema was checked
+    server.freeze()
+    try:
+        first, error = _timed(lambda: work.delay(1))
+        assert first >= TIMEOUT * 0.9 and isinstance(error, DebounceBackendError)
+        assert not isinstance(error, DebounceBreakerOpen)  # the store's own, waited for
+        _every_way_in_skips_the_store(app, work, collect)
+    finally:
+        server.thaw()
+    assert fallbacks == []
+    listed = _open_windows(url)
+    # the opener's window, and perhaps the timed-out call's (its outcome is unknown:
+    # the thawed server may still run it); none of the four calls the breaker skipped
+    assert opened in listed and len(listed - {opened}) <= 1, listed
+
+
+def test_publish_with_a_postgres_that_never_answers_waits_once_then_publishes_every_call(
+    redis_server: str, fallbacks: list[dict[str, Any]], postgres_url: tuple[Any, str]
+) -> None:
+    """Under ``debounce_on_outage="publish"`` no call is lost while PostgreSQL is frozen:
+    the first waits its timeout and is published plainly, every later way in is
+    published at once behind the breaker (each a message on the broker), and none wrote
+    a window."""
+    server, url = postgres_url
+    _empty_broker(redis_server)
+    app = _postgres_app(redis_server, url, debounce_on_outage="publish")
+    work, collect = _tasks(app, [])
+    opened = work.delay(0).id
+    server.freeze()
+    try:
+        first, result = _timed(lambda: work.delay(1))
+        assert first >= TIMEOUT * 0.9 and not isinstance(result, BaseException), result
+        took, results = _timed(lambda: _every_way_in(app, work, collect))
+        assert took < TIMEOUT / 2 and not isinstance(results, BaseException), results
+    finally:
+        server.thaw()
+    published = 1 + len(EVERY_CALL)
+    assert len(fallbacks) == published
+    assert fallbacks[0]["reason"] in ("unknown", "unreachable")  # timed out
+    assert {f["reason"] for f in fallbacks[1:]} == {"breaker"}
+    broker = redis.Redis.from_url(f"{redis_server}/1")
+    # kombu keeps a priority's messages in a list of its own ("celery" + sep + priority)
+    queued = sum(broker.llen(name) for name in broker.scan_iter(match="celery*", _type="list"))
+    assert queued == published
+    listed = _open_windows(url)
+    assert opened in listed and len(listed - {opened}) <= 1, listed  # as above
