@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .postgres import LocalPostgres
+from .reaper import Reaper, reap_with_parent
 from .servers import _tail, free_port
 
 #: The binary to run: first choice.
@@ -48,6 +49,7 @@ class LocalPgBouncer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-pgbouncer-"))
         self.process: subprocess.Popen[bytes] | None = None
+        self._reaper: Reaper | None = None
         self._as = dict(server._as)
         if self._as:
             os.chown(self.dir, self._as["user"], self._as["group"])
@@ -92,6 +94,7 @@ class LocalPgBouncer:
             cwd=self.dir,
             **self._as,
         )
+        self._reaper = reap_with_parent(self.process.pid, self.dir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -119,6 +122,9 @@ class LocalPgBouncer:
         return row is not None and "PgBouncer" in str(row[0])
 
     def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.dismiss()
+            self._reaper = None
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .reaper import Reaper, reap_with_parent
 from .servers import _tail, free_port
 
 #: A directory holding ``initdb``, ``postgres`` and ``pg_isready``: first choice.
@@ -96,6 +97,7 @@ class LocalPostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-postgres-"))
         self.process: subprocess.Popen[bytes] | None = None
         self._frozen: list[int] = []
+        self._reaper: Reaper | None = None
         self._as: dict[str, Any] = {}
         if os.geteuid() == 0:
             try:
@@ -182,6 +184,9 @@ class LocalPostgres:
             self.process = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir, **self._as
             )
+        if self._reaper is not None:  # of a run of it that ended without stop()
+            self._reaper.dismiss()
+        self._reaper = reap_with_parent(self.process.pid, self.dir, signal.SIGINT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -243,33 +248,43 @@ class LocalPostgres:
     def freeze(self) -> list[int]:
         """SIGSTOP the server and every process of it (as a hung host: the kernel still
         acknowledges bytes, nothing answers); :meth:`thaw` continues them. Their pids."""
-        assert self.process is not None
-        found = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
-        )
-        pids = [self.process.pid, *(int(p) for p in found.stdout.split())]
+        pids = self._pids()
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         self._frozen = pids
         return pids
 
+    def _pids(self) -> list[int]:
+        """The server's process and its children."""
+        assert self.process is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        )
+        return [self.process.pid, *(int(p) for p in found.stdout.split())]
+
     def thaw(self) -> None:
         """SIGCONT what :meth:`freeze` stopped."""
         for pid in self._frozen:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            _signal(pid, signal.SIGCONT)
         self._frozen = []
 
     def stop(self, how: int = signal.SIGINT) -> None:
-        """Fast shutdown (SIGINT: open sessions are ended); killed if it lingers."""
+        """Fast shutdown (SIGINT: open sessions are ended); killed with its children if
+        it lingers. A frozen server is continued first."""
+        if self._reaper is not None:
+            self._reaper.dismiss()
+            self._reaper = None
         if self.process is not None and self.process.poll() is None:
+            pids = self._pids()
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)
+            self._frozen = []
             self.process.send_signal(how)
             try:
                 self.process.wait(15)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                for pid in pids:
+                    _signal(pid, signal.SIGKILL)
                 self.process.wait(10)
         self.process = None
 
@@ -291,3 +306,10 @@ class LocalPostgres:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
