@@ -1838,12 +1838,12 @@ MUTATIONS: list[Mutation] = [
         "        except ImportError as exc:  # a tasks module that fails to import",
         "tests/producer/test_django.py::test_manage_py_check_refuses_a_bad_debounced_task[broken]",
     ),
-    # -- the PostgreSQL store (store/postgres/schema.sql, store.py) --------------------
+    # -- the PostgreSQL store (store/postgres/functions/, steps/, store.py) ----------
     one(
         "debounce_cancel acts again on a token it has answered",
         "at most once on PostgreSQL: a cancel whose reply was lost answers with what it "
         "dropped (its result is revoked)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_cancel.sql",
         "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE c.token = p_token;",
         "    RETURN QUERY SELECT * FROM debounce_cancelled c WHERE false;",
         PGC + "test_a_cancel_whose_reply_is_lost_gets_its_first_answer_and_acts_once[postgres]",
@@ -1868,7 +1868,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_cancel drops a window of another id",
         "a by-id cancel on PostgreSQL never drops a newer window of the key",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_cancel.sql",
         "    WITH gone AS (\n        DELETE FROM debounce_open o\n"
         "        WHERE o.ident = p_ident AND (p_task_id = '' OR o.task_id = p_task_id)",
         "    WITH gone AS (\n        DELETE FROM debounce_open o\n        WHERE o.ident = p_ident",
@@ -1878,7 +1878,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_claim runs a finished window again",
         "inv 5 on PostgreSQL: a finished window is never claimed again (duplicate run)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_claim.sql",
         "    IF v_state = 'finished' OR (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
         "    IF (v_state = 'claimed' AND NOT p_retry AND v_until > v_now)",
         PGC + "test_a_claimed_window_is_never_pulled_back_a_call_during_its_run_opens_a_new_one"
@@ -1888,7 +1888,7 @@ MUTATIONS: list[Mutation] = [
         "debounce_take leaves a lapsed claim stale when a duplicate was skipped under it",
         "at least once on PostgreSQL: a skipped delivery's window is published again when "
         "its claim lapses",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "    SET state = CASE WHEN t.redelivered THEN 'dispatching'\n",
         "    SET state = CASE WHEN false THEN 'dispatching'\n",
         PGC + "test_a_claim_lives_while_renewed_and_a_lapsed_one_runs_again[postgres]",
@@ -1896,7 +1896,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_take takes an exclusive window while its key runs",
         "debounce_exclusive on PostgreSQL: runs of one key never overlap",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "        WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))",
         "        WHERE o.deadline <= v_now",
         PGC + "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends"
@@ -1905,7 +1905,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_gate reuses a fixed id whose window was taken",
         "a caller id in use is never reused on PostgreSQL (a record overwritten)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "            EXISTS (SELECT 1 FROM debounce_taken t WHERE t.task_id = p_task_id)",
         "            false",
         PGC + "test_a_fixed_id_opens_under_it_or_is_recorded_as_an_alias_of_the_window_it_"
@@ -1914,7 +1914,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a replacing join on PostgreSQL takes the joiner's embed",
         "whose option wins: a replacing join keeps the opener's callbacks",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_replacement.sql",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_theirs -> 2)",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_mine -> 2)",
         "tests/store/test_postgres_store.py::"
@@ -2043,7 +2043,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "edge calls of one ident on PostgreSQL are not serialized",
         "a leading burst runs its leading run once on PostgreSQL (racing first calls)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));\n",
         "",
         "tests/store/test_postgres_store.py::"
@@ -2052,7 +2052,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_gate sends no wake-up for a new earliest window on PostgreSQL",
         "a dispatcher sleeping until a later deadline wakes for an earlier one (NOTIFY)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "        -- the earliest deadline now: a dispatcher sleeping until a later one wakes\n"
         "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
         "        NULL;\n",
@@ -2062,7 +2062,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a flushed window on PostgreSQL wakes no dispatcher",
         "a window made due now (flush, the cap, a leading run) wakes a dispatcher (NOTIFY)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_close.sql",
         "    PERFORM pg_notify(debounce_wake_channel(), '');  -- due now (sent at commit)",
         "    NULL;",
         "tests/store/test_postgres_store.py::"
@@ -2081,7 +2081,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL expiry sweep revokes a running window",
         "a claimed (running) window is never finished by the expiry sweep",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_expire.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state IN ('queued', 'claimed') THEN",
         "tests/store/test_postgres_store.py::"
@@ -2091,7 +2091,7 @@ MUTATIONS: list[Mutation] = [
         "the PostgreSQL expiry sweep forgets a window before its outcome is stored",
         "every id resolves: an expired window is returned by every sweep until "
         "debounce_expired confirms its REVOKED was stored",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_expire.sql",
         "        ELSIF NOT (v_row.state = 'finished' AND v_row.expired) THEN",
         "        ELSE",
         "tests/store/test_postgres_store.py::"
@@ -2100,7 +2100,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL expiry sweep finishes a swept window again",
         "an expired window is finished once and only once (its record not rewritten)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_expire.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state = 'queued' OR v_row.expired THEN",
         "tests/store/test_postgres_store.py::"
@@ -2109,7 +2109,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "PostgreSQL keeps shard layouts past the history TTL",
         "a layout no dispatcher wrote for debounce_history_ttl is no longer drained",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_layouts.sql",
         "    DELETE FROM debounce_layouts l\n"
         "    WHERE l.written_at < v_now - p_keep_ms * interval '1 millisecond';\n",
         "",
@@ -2128,7 +2128,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL record sweep deletes a window in progress",
         "a window in progress (dispatching, queued, claimed, stale) is never swept",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_sweep.sql",
         "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now",
         "        WHERE t.until <= v_now",
         "tests/store/test_postgres_store.py::"
@@ -2137,7 +2137,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL record sweep deletes every record at once",
         "the record sweep deletes in batches (a bounded transaction per call)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_sweep.sql",
         "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now\n"
         "        LIMIT p_limit FOR UPDATE SKIP LOCKED",
         "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now\n"
@@ -2148,7 +2148,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL dispatcher's periodic sweep leaves finished records",
         "finished records leave the PostgreSQL tables past their TTL, as they leave Redis",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_expire.sql",
         "    PERFORM debounce_sweep(p_sweep);\n",
         "",
         "tests/store/test_postgres_store.py::"
@@ -2157,7 +2157,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a quarantined PostgreSQL record is swept at its lease's end",
         "a quarantined record is kept for an operator (Redis: no TTL)",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_quarantine.sql",
         "reason = p_reason, until = 'infinity'",
         "reason = p_reason",
         "tests/store/test_postgres_store.py::"
@@ -2166,7 +2166,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a quarantined PostgreSQL window is taken again after its lease",
         "a quarantined window leaves the take for good",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_quarantine.sql",
         "    UPDATE debounce_taken t SET state = 'quarantined', reason = p_reason,",
         "    UPDATE debounce_taken t SET state = 'dispatching', reason = p_reason,",
         PGC + "test_a_quarantined_window_leaves_the_take_for_good_with_its_callers_ids[postgres]",
@@ -2174,7 +2174,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a lapsed PostgreSQL claim of the last delivery goes stale",
         'rule "every id resolves": the whole worker killed on the last delivery (PostgreSQL)',
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "                     WHEN t.last_delivery THEN 'queued' ELSE 'stale' END,",
         "                     WHEN false THEN 'queued' ELSE 'stale' END,",
         PGC + "test_a_lapsed_claim_of_the_last_delivery_is_finished_revoked_by_the_expiry_sweep"
@@ -2274,7 +2274,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL take waits for a due window another transaction holds",
         "a held row keeps back only its own window: the take returns the other due windows at once",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n"
         "        FOR UPDATE SKIP LOCKED\n",
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n        FOR UPDATE\n",
@@ -2286,7 +2286,7 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL take waits for a flushed window another transaction holds",
         "a held row keeps back only its own window: the take returns the other closed "
         "windows at once",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED\n",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE\n",
         "tests/store/test_postgres_store.py::"
@@ -2297,7 +2297,7 @@ MUTATIONS: list[Mutation] = [
         "a PostgreSQL gate reads the transaction's start for its clock",
         "a call's window is measured from when it is gated: in a bulk chunk waiting on a "
         "lock, the later calls keep their whole window",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "#variable_conflict use_column\nDECLARE\n    v_now timestamptz := clock_timestamp();\n"
         "    v_id text;\n    v_row record;\n    v_quiet record;",
         "#variable_conflict use_column\nDECLARE\n    v_now timestamptz := now();\n"
@@ -2308,7 +2308,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL exclusive key stays taken after its claim lapsed",
         "a lapsed claim frees its exclusive key: the held follow-up runs",
-        PKG + "store/postgres/schema.sql",
+        PKG + "store/postgres/functions/debounce_running.sql",
         "                     AND t.state IN ('dispatching', 'queued', 'claimed'))",
         "                     AND t.state IN ('dispatching', 'queued', 'claimed', 'stale'))",
         PGC + "test_a_lapsed_claim_of_an_exclusive_window_frees_its_key_for_the_held_follow_up"
@@ -2346,7 +2346,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL take ignores its byte budget",
         "a take is bounded by bytes as well as by count: a backlog of large windows drains",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "        WHERE p_max_bytes IS NULL\n           OR c.before",
         "        WHERE true\n           OR c.before",
         PGC + "test_a_take_stops_once_its_bodies_reach_its_bytes[postgres]",
@@ -2363,7 +2363,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL take retakes lapsed leases past its byte budget",
         "a take is bounded by bytes as well as by count: a backlog of large windows drains",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "        WHERE p_max_bytes IS NULL OR l.before < p_max_bytes\n",
         "        WHERE true\n",
         "tests/store/test_postgres_store.py::"
@@ -2456,7 +2456,7 @@ MUTATIONS: list[Mutation] = [
         "a collect call committed while the take ran is in the body it took (PostgreSQL)",
         (
             Edit(
-                PKG + "store/postgres/schema_4.sql",
+                PKG + "store/postgres/functions/debounce_take.sql",
                 "               m.content_type, m.payload, m.options_json, 'dispatching', v_now,"
                 " v_until, 1,",
                 "               m.content_type, CASE WHEN m.collect_budget IS NULL THEN m.payload"
@@ -2466,7 +2466,7 @@ MUTATIONS: list[Mutation] = [
                 " m.options_json, 'dispatching', v_now, v_until, 1,",
             ),
             Edit(
-                PKG + "store/postgres/schema_4.sql",
+                PKG + "store/postgres/functions/debounce_take.sql",
                 "        PERFORM debounce_splice(v_collect);",
                 "        DELETE FROM debounce_calls c WHERE c.task_id = ANY (v_collect);",
             ),
@@ -2479,7 +2479,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a cancelled PostgreSQL collect window's calls stay behind",
         "a cancelled collect window leaves nothing behind (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_cancel.sql",
         "    DELETE FROM debounce_calls c USING debounce_cancelled k\n",
         "    SELECT FROM debounce_calls c, debounce_cancelled k\n",
         "tests/store/test_postgres_store.py::"
@@ -2488,7 +2488,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a full PostgreSQL collect window is joined past its budget",
         "a collect window's body is never over debounce_max_payload_bytes (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "               OR w.collect_bytes + 1 + octet_length(v_element) <= w.collect_budget)",
         "               OR true)",
         PGC + "test_a_collect_window_full_by_bytes_is_due_at_once_and_the_call_opens_the_next"
@@ -2497,7 +2497,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL call of the other collect mode joins the open window",
         "a call of the other mode closes the open window and opens its own (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "        WHERE (w.collect_budget IS NULL) = (p_budget IS NULL)\n",
         "        WHERE true\n",
         "tests/store/test_postgres_store.py::"
@@ -2506,7 +2506,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL window taken again after its lease is counted again",
         "stats: a window is counted once, when first taken (PostgreSQL)",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
         "                 UNION ALL SELECT r.task_id FROM retaken r),",
         PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
@@ -2515,7 +2515,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a flushed or capped PostgreSQL window is never counted",
         "stats: a window closed by a flush or its cap is counted when taken (PostgreSQL)",
-        PKG + "store/postgres/schema_4.sql",
+        PKG + "store/postgres/functions/debounce_take.sql",
         "                 UNION ALL SELECT r.task_id FROM retaken r WHERE r.tries = 1),",
         "                 ),",
         PGC + "test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_counters"
@@ -2524,7 +2524,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the PostgreSQL gate counts no suppressed call",
         "stats: calls in and suppressed calls are counted at the gate (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate.sql",
         "                PERFORM debounce_count_call(p_ident, true, v_now);\n",
         "",
         PGC + "test_leading_only_runs_the_first_call_and_suppresses_the_quiet_period[postgres]",
@@ -2541,7 +2541,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL chunk gates its calls in the caller's order",
         "enqueue_many on PostgreSQL: chunks sharing keys never deadlock (ident order)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate_many.sql",
         "               ORDER BY o.ident, o.k LOOP",
         "               ORDER BY o.k LOOP",
         "tests/store/test_postgres_store.py::"
@@ -2550,7 +2550,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a refused call undoes its whole PostgreSQL chunk",
         "enqueue_many on PostgreSQL: a refused call keeps out only itself",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate_many.sql",
         "        EXCEPTION WHEN SQLSTATE 'DBA01' OR SQLSTATE 'DBR01' OR SQLSTATE 'DBP01' THEN",
         "        EXCEPTION WHEN SQLSTATE 'XX999' THEN",
         "tests/store/test_postgres_store.py::"
@@ -2559,7 +2559,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL chunk's calls are never counted",
         "stats: every call of an enqueue_many chunk is counted (PostgreSQL)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_gate_many.sql",
         "    IF cardinality(v_idents) > 0 THEN\n",
         "    IF false THEN\n",
         "tests/store/test_postgres_store.py::"
@@ -2568,7 +2568,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "PostgreSQL reads a task name out of an ident by bytes, and errs on a cut character",
         "one malformed window never fails the take of the others (PostgreSQL counters)",
-        PKG + "store/postgres/schema_3.sql",
+        PKG + "store/postgres/functions/debounce_task_of.sql",
         "    IF octet_length(left(v_rest, v_n)) = v_n THEN  -- one byte a character: the usual\n"
         "        RETURN left(v_rest, v_n);\n",
         "    IF true THEN\n"

@@ -154,33 +154,3 @@ def test_the_mutation_list_matches_the_code_and_the_tests() -> None:
         for node in mutation.tests:
             path, _, name = node.partition("::")
             assert name.split("[")[0] in functions.get(path, {}), (mutation.name, node)
-
-
-def test_no_mutation_targets_a_function_a_later_schema_step_replaces() -> None:
-    """A mutation of a function's text in schema.sql that schema_<n>.sql replaces
-    would change nothing a database runs: it must target the step that defines it."""
-    import sys
-
-    root = ROOT
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        import mutations
-    finally:
-        sys.path.remove(str(root / "scripts"))
-    steps = sorted(  # schema.sql is version 1, schema_<n>.sql version n
-        (root / "celery_debounce/store/postgres").glob("schema*.sql"),
-        key=lambda step: int(step.stem.partition("_")[2] or 1),
-    )
-    defined = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(")
-    last = {name: step.name for step in steps for name in defined.findall(step.read_text())}
-    stale = []
-    for mutation in mutations.MUTATIONS:
-        for edit in mutation.edits:
-            if "store/postgres/schema" not in edit.path:
-                continue
-            text = (root / edit.path).read_text()
-            before = text[: text.index(edit.find)]
-            names = defined.findall(before)
-            if names and last[names[-1]] != Path(edit.path).name:
-                stale.append((mutation.name, names[-1], last[names[-1]]))
-    assert stale == []

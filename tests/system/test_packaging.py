@@ -55,7 +55,8 @@ def test_the_wheel_declares_the_license_classifiers_and_version(built_wheel: Pat
 SHIPPED = (
     "celery_debounce/dashboards/celery-debounce.json",
     "celery_debounce/dashboards/alerts.yml",
-    "celery_debounce/store/postgres/schema.sql",
+    "celery_debounce/store/postgres/steps/1.sql",
+    "celery_debounce/store/postgres/functions/debounce_gate.sql",
 )
 
 

@@ -1,5 +1,6 @@
 """The PostgreSQL store's cancel (a base of ``PostgresStore``): one call of
-``schema_2.sql``'s ``debounce_cancel``, sent again under its token after a lost reply."""
+``debounce_cancel`` (``functions/debounce_cancel.sql``), sent again under its token
+after a lost reply."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The PostgreSQL store's worker role (a base of ``PostgresStore``): claim, renew, end,
-put back and finish a run, each one call of a ``schema.sql`` function."""
+put back and finish a run, each one call of a schema function (``functions/``)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ __all__ = [
     "SchemaMissing",
     "SchemaTooNew",
     "SchemaTooOld",
+    "functions_sql",
     "schema_sql",
     "steps_to",
 ]
@@ -57,28 +58,81 @@ def grants_sql(role: str, schema: str) -> str:
     return GRANTS_SQL.format(schema=quoted(schema), role=quoted(role))
 
 
-def _sql(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text("utf-8")
+def _sql(*path: str) -> str:
+    return resources.files(__package__).joinpath(*path).read_text("utf-8")
 
 
-#: version n -> the SQL that upgrades a schema of version n to n + 1
-#: (``schema_<n + 1>.sql``). A new database gets ``schema.sql`` (version 1), then each.
+#: The schema's functions, one file each (``functions/<name>.sql``, every signature of
+#: that name), applied in this order with ``CREATE OR REPLACE`` by every migration, after
+#: its steps: a ``LANGUAGE sql`` function is checked when it is created, so what it
+#: calls comes first.
+FUNCTIONS = (
+    "debounce_ms",
+    "debounce_wake_channel",
+    "debounce_refuse",
+    "debounce_running",
+    "debounce_close",
+    "debounce_replacement",
+    "debounce_gate",
+    "debounce_take",
+    "debounce_ack",
+    "debounce_release",
+    "debounce_quarantine",
+    "debounce_claim",
+    "debounce_renew",
+    "debounce_end_claim",
+    "debounce_put_back",
+    "debounce_finish",
+    "debounce_heartbeat",
+    "debounce_layouts",
+    "debounce_expiring",
+    "debounce_expire",
+    "debounce_sweep",
+    "debounce_expired",
+    "debounce_cancel",
+    "debounce_task_of",
+    "debounce_history_ttl",
+    "debounce_count",
+    "debounce_count_call",
+    "debounce_counters",
+    "debounce_late_bucket",
+    "debounce_splice",
+    "debounce_gate_many",
+)
+
+#: version n -> the step that takes a schema of version n to n + 1
+#: (``steps/<n + 1>.sql``: table changes only). A new database gets ``steps/1.sql``
+#: (version 1), then each.
 UPGRADES: dict[int, str] = {
-    version: _sql(f"schema_{version + 1}.sql") for version in range(1, SCHEMA_VERSION)
+    version: _sql("steps", f"{version + 1}.sql") for version in range(1, SCHEMA_VERSION)
 }
 
 
 def schema_sql() -> str:
-    """The SQL that creates the schema of version 1 (``schema.sql``): :func:`steps_to`
-    takes it on to a later version."""
-    return _sql("schema.sql")
+    """The tables of version 1 (``steps/1.sql``): :func:`steps_to` takes them on to a
+    later version."""
+    return _sql("steps", "1.sql")
+
+
+def functions_sql() -> str:
+    """Every function of the schema (:data:`FUNCTIONS`), each ``CREATE OR REPLACE``."""
+    return "\n".join(_sql("functions", f"{name}.sql") for name in FUNCTIONS)
+
+
+def _changes(sql: str) -> bool:
+    """``sql`` holds a statement (a step with no table change is comments only)."""
+    return any(line.strip() and not line.lstrip().startswith("--") for line in sql.splitlines())
 
 
 def steps_to(found: int | None, version: int) -> list[str]:
     """The SQL that takes a schema of version ``found`` (None: none) to ``version``:
-    nothing when it is there already (the Django migrations, one per version)."""
+    its steps, then, at this package's version, every function (so that each migration
+    to it applies them, whatever it found). Nothing below this package's version when
+    the schema is there already (the Django migrations, one per version)."""
     first = [schema_sql()] if found is None else []
-    return first + [UPGRADES[v] for v in range(found or 1, version)]
+    steps = first + [UPGRADES[v] for v in range(found or 1, version)]
+    steps = [step for step in steps if _changes(step)]
+    return [*steps, functions_sql()] if version == SCHEMA_VERSION else steps
 
 
 #: How long one attempt of a migration waits for a table lock (ms): every call that

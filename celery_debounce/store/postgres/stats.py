@@ -1,7 +1,7 @@
 """The PostgreSQL store's counters and gauges (a base of ``PostgresStore``): what
 ``celery debounce stats``, ``top`` and the exporter read, and ``stats --reset``.
 
-The counters are ``debounce_stats`` (schema_3.sql: bumped by ``debounce_take`` and
+The counters are ``debounce_stats`` (steps/3.sql: bumped by ``debounce_take`` and
 ``debounce_cancel``); the gauges are counts over the window tables, read in one
 statement. A held window (``debounce_exclusive``, waiting for its key's run) is open and
 not due, as on Redis. The census reads the open windows in ident order, a bounded page a step.

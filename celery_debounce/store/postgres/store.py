@@ -1,8 +1,8 @@
 """``PostgresStore``: the window store on PostgreSQL (psycopg 3 and its pool).
 
-Each operation is one call of a function of ``schema.sql`` in one round trip, in its
-own transaction (the pool's connections are in autocommit), on the server's clock.
-Nothing is sent twice: a connection lost after the call was sent is
+Each operation is one call of a schema function (``functions/<name>.sql``) in one
+round trip, in its own transaction (the pool's connections are in autocommit), on the
+server's clock. Nothing is sent twice: a connection lost after the call was sent is
 :class:`~celery_debounce.store.domain.ReplyLost` (an ``OutcomeUnknown``); no connection
 to be had (within ``timeout``) is :class:`~celery_debounce.store.domain.StoreUnavailable`,
 as is a call the server cancelled and undid (``statement_timeout``, at most ``timeout``
@@ -15,7 +15,7 @@ the call cap; fixed ids and their aliases; exclusive windows; the leading edge) 
 due windows, holds; ``FOR UPDATE SKIP LOCKED``), ack, release, quarantine, flush, the
 dispatcher's heartbeat, layouts, expiry sweep with the record sweep, wake-ups
 (``LISTEN``/``NOTIFY``), the worker's claim, renewal, end of claim, put back and finish,
-the schema's migration and its version check, debounce_collect (schema_3.sql), the
+the schema's migration and its version check, debounce_collect, the
 operators' reads and actions (inspect.py, cancel.py), the counters and gauges
 (stats.py).
 """

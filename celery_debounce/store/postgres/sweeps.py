@@ -1,6 +1,6 @@
 """The PostgreSQL store's dispatcher bookkeeping (a base of ``PostgresStore``): the
 expiry sweep (with the record sweep), shard layouts and heartbeats, each one call of a
-``schema.sql`` function."""
+schema function (``functions/``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema, version 1 (store/postgres/schema.sql)."""
+"""The PostgreSQL store's schema, version 1 (store/postgres/steps/1.sql)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema, version 2 (store/postgres/schema_2.sql)."""
+"""The PostgreSQL store's schema, version 2 (store/postgres/steps/2.sql)."""
 
 from __future__ import annotations
 

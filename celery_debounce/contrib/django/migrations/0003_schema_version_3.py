@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema, version 3 (store/postgres/schema_3.sql)."""
+"""The PostgreSQL store's schema, version 3 (store/postgres/steps/3.sql)."""
 
 from __future__ import annotations
 

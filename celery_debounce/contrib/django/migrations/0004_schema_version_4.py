@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema, version 4 (store/postgres/schema_4.sql)."""
+"""The PostgreSQL store's schema, version 4 (store/postgres/steps/4.sql, then every function)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,31 @@
--- Schema version 3 -> 4 (PostgresStore.migrate() applies it after schema_3.sql): a take
--- bounded by bytes as well as by count.
---
--- debounce_take(p_batch, p_lease_ms, p_lapse_upto_ms, p_max_bytes)
---     version 3's take (schema_3.sql), and the windows it leases stop at p_max_bytes
---     of bodies (NULL: no bound), the first one whatever its size: the lease-lapsed
---     'dispatching' rows of debounce_taken (octet_length(payload)), then the due rows
---     of debounce_open (a collect window: collect_bytes, the body its run gets). Reads
---     and writes what version 3's does: debounce_taken (state, until, taken_at, tries,
---     claim_until, redelivered, last_delivery, expires_at), debounce_open (moved to
---     debounce_taken; held_since), debounce_calls (spliced), debounce_stats (bumped).
--- debounce_take(p_batch, p_lease_ms, p_lapse_upto_ms)
---     version 3's signature, kept for a dispatcher of version 3 during an upgrade:
---     the take with no byte bound.
---
--- Why: a take is one reply. 500 windows of 1 MB (a full collect window reaches that
--- by design) is a reply of 500 MB that no link carries within the call's timeout.
+-- debounce_take: applied with CREATE OR REPLACE by every migrate, after the steps
+-- (schema.py FUNCTIONS gives the order).
 
--- Lease up to p_batch windows and up to p_max_bytes of their bodies for one dispatch
--- lease (version 3's take otherwise: see schema_3.sql).
+-- Take up to p_batch windows for dispatch under a lease of p_lease_ms.
+-- First the claims whose lease passed (up to p_lapse_upto_ms if given and earlier than
+-- now): 'stale', or 'dispatching' with its lease over when a duplicate delivery was
+-- skipped under it (published again below), or, claimed on the last delivery
+-- (last_delivery), 'queued' and handed to the expiry sweep (expires_at -infinity). A due debounce_exclusive window whose
+-- ident has a run in progress is held (held_since), not taken. Then, in one statement,
+-- the lapsed leases (taken again: tries + 1) and the due open windows, earliest
+-- deadline first, both FOR UPDATE SKIP LOCKED: concurrent dispatchers take disjoint
+-- windows, and a window a gate is joining right now is left for the next take.
+-- The taken windows come first; the last row is a header (task_id NULL) with now_ms and
+-- next_ms, the earliest deadline or lease end left (NULL: nothing left).
+--
+-- The due collect windows among them get their bodies spliced (debounce_splice), in a
+-- statement after the one that moved them: a gate that joined a window committed
+-- before the take could lock its row, but possibly after the take's statement took its
+-- snapshot; the row lock reads the newest row, not the newest debounce_calls. A later
+-- statement of the same function has a snapshot that holds every such call.
+--
+-- The windows it leases stop at p_max_bytes of bodies (NULL: no bound), the first one
+-- whatever its size: the lease-lapsed 'dispatching' rows of debounce_taken
+-- (octet_length(payload)), then the due rows of debounce_open (a collect window:
+-- collect_bytes, the body its run gets). A take is one reply: 500 windows of 1 MB (a
+-- full collect window reaches that by design) is a reply of 500 MB that no link
+-- carries within the call's timeout. Each window taken for the first time is counted
+-- in debounce_stats.
 CREATE OR REPLACE FUNCTION debounce_take(p_batch integer, p_lease_ms bigint,
                                          p_lapse_upto_ms bigint, p_max_bytes bigint)
 RETURNS TABLE (task_id text, ident text, first_seen_ms bigint, deadline_ms bigint,
@@ -154,6 +162,8 @@ BEGIN
 END
 $$;
 
+-- The signature of versions 1 to 3, kept for a dispatcher of an older package during
+-- an upgrade: the take with no byte bound.
 CREATE OR REPLACE FUNCTION debounce_take(p_batch integer, p_lease_ms bigint,
                                          p_lapse_upto_ms bigint)
 RETURNS TABLE (task_id text, ident text, first_seen_ms bigint, deadline_ms bigint,

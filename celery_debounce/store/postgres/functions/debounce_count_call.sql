@@ -1,0 +1,31 @@
+-- debounce_count_call: applied with CREATE OR REPLACE by every migrate, after the steps
+-- (schema.py FUNCTIONS gives the order).
+
+-- A call the gate accepted: i (calls in) + 1, and s + 1 when it was suppressed (a
+-- leading-only quiet period folded it into the leading run), in the ident's slot.
+-- plpgsql (as every function called per call or per row here): its plans are kept for
+-- the session, where a SQL function's would be made again at each call.
+CREATE OR REPLACE FUNCTION debounce_count_call(p_ident text, p_suppressed boolean, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_task text;
+BEGIN
+    -- debounce_gate_many counts its calls once, at its end
+    IF current_setting('debounce.in_batch', true) = 'on' THEN
+        RETURN;
+    END IF;
+    v_task := debounce_task_of(p_ident);
+    IF v_task IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
+    SELECT v_task, k.kind, abs(hashtext(p_ident) % 16), 1, p_now
+    FROM (VALUES ('i'), ('s')) AS k(kind)
+    WHERE k.kind = 'i' OR p_suppressed
+    ORDER BY k.kind
+    ON CONFLICT (task, kind, slot) DO UPDATE SET
+        n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
+        updated_at = p_now;
+END
+$$;

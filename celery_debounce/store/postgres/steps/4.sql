@@ -1,0 +1,2 @@
+-- Schema version 3 -> 4: a take bounded by bytes as well as by count
+-- (functions/debounce_take.sql). No table changes.
