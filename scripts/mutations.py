@@ -2053,11 +2053,20 @@ MUTATIONS: list[Mutation] = [
         "debounce_gate sends no wake-up for a new earliest window on PostgreSQL",
         "a dispatcher sleeping until a later deadline wakes for an earlier one (NOTIFY)",
         PKG + "store/postgres/functions/debounce_gate.sql",
-        "        -- the earliest deadline now: a dispatcher sleeping until a later one wakes\n"
+        "        -- gone; at worst this call wakes one for nothing.\n"
         "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
         "        NULL;\n",
         "tests/store/test_postgres_store.py::"
         "test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout",
+    ),
+    one(
+        "debounce_gate's wake-up check scans from the lowest deadline on PostgreSQL",
+        "a call under a held snapshot reads no window churned long before it",
+        PKG + "store/postgres/functions/debounce_gate.sql",
+        "WHERE o.deadline < v_row.deadline AND o.deadline >= v_now - interval '1 second')",
+        "WHERE o.deadline < v_row.deadline)",
+        "tests/store/test_postgres_store.py::"
+        "test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago",
     ),
     one(
         "a flushed window on PostgreSQL wakes no dispatcher",

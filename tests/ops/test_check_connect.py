@@ -121,11 +121,16 @@ def test_postgres_problems_are_named_by_kind(pg: str) -> None:
     no server at all are each named."""
     import psycopg
 
+    from celery_debounce.store.postgres.schema import SCHEMA_VERSION
+
     live, empty = f"cc_{uuid.uuid4().hex[:8]}", f"cc_{uuid.uuid4().hex[:8]}"
     _migrated(pg, live, windows=1)
     done = check(pg, live)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"schema '{live}' version 4" in done.stdout and "1 open window" in done.stdout
+    assert (
+        f"schema '{live}' version {SCHEMA_VERSION}" in done.stdout
+        and "1 open window" in done.stdout
+    )
 
     missing = problems(pg, "cc_typo")
     assert list(missing) == ["store/schema", "store/key prefix"], missing

@@ -1500,3 +1500,51 @@ def test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whol
     assert isinstance(later, GateResult), later
     left_ms = later.deadline_ms - store.time_ms()  # the server's clock, after the wait
     assert 2_700 <= left_ms <= 3_000, left_ms
+
+
+def _open_blocks(database: str) -> int:
+    """Blocks of ``debounce_open`` and its indexes read or found in the cache so far
+    (flushed statistics only)."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT heap_blks_read + heap_blks_hit + coalesce(idx_blks_read, 0) + "
+            "coalesce(idx_blks_hit, 0) FROM pg_statio_user_tables WHERE relname = "
+            "'debounce_open' AND schemaname = current_schema()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """Under a snapshot held open (a ``pg_dump``, a report idle in transaction), the
+    windows taken since stay in the due index until the snapshot ends. A call that opens
+    a window asks whether an earlier deadline is open: that scan reads only recent
+    deadlines, not every window churned since the snapshot (20,000 here, 483 blocks: the
+    unbounded scan read them all, and bulk calls ran past their timeout after
+    200,000)."""
+    make_store().migrate()
+    held = psycopg.connect(database)
+    try:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT count(*) FROM debounce_schema").fetchone()  # the snapshot
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(  # 20,000 windows due a minute ago, then taken (deleted)
+                "INSERT INTO debounce_open (ident, task_id, first_seen, deadline, "
+                "max_wait_ms, content_type, payload, options_json) SELECT 'tasks.t:' || i, "
+                "'gone-' || i, now() - interval '2 minutes', now() - interval '1 minute' "
+                "+ i * interval '1 millisecond', 60000, 'application/json', '\\x00', '{}' "
+                "FROM generate_series(1, 20000) AS i"
+            )
+            conn.execute("DELETE FROM debounce_open")
+        before = _open_blocks(database)
+        store = make_store()
+        assert store.gate(call("tasks.t:new")).opened
+        store.close()  # its backend ends: its statistics are flushed
+        assert wait_until(lambda: _open_blocks(database) > before, 10)
+        touched = _open_blocks(database) - before
+        assert touched < 50, touched
+    finally:
+        held.close()

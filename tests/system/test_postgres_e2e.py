@@ -964,7 +964,8 @@ def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
 ) -> None:
     """``celery_debounce.contrib.django`` in INSTALLED_APPS: ``manage.py migrate`` brings
     the database Django migrates to the schema this package needs, one migration per
-    version (a database at version 2 is upgraded, its windows kept), and agrees with
+    version, the functions with the last (a database at version 2 is upgraded, its
+    windows kept), and agrees with
     ``celery debounce migrate`` run before or after it."""
     pytest.importorskip("django")
     project, _, env = django_project(postgres_server, database, tmp_path)
@@ -985,10 +986,13 @@ def test_django_migrations_create_and_upgrade_the_schema_and_agree_with_migrate(
     manage("migrate", "celery_debounce", "0002")
     assert sql(in_schema, "SELECT version FROM debounce_schema") == [(2,)]
     assert sql(database, "SELECT to_regclass('public.debounce_schema')") == [(None,)]
+    # the tables of version 2 (a migration short of the last brings no function)
+    assert sql(in_schema, "SELECT to_regprocedure('debounce_ms(timestamptz)')") == [(None,)]
     with psycopg.connect(in_schema, autocommit=True) as conn:  # a window of version 2
         conn.execute(
-            "SELECT debounce_gate('1:t:k', 'kept', 60000, 60000, 'application/json', "
-            "'[[], {}, {}]', '{}', false, false, NULL, NULL, NULL, false, 16, '', '')"
+            "INSERT INTO debounce_open (ident, task_id, first_seen, deadline, max_wait_ms, "
+            "content_type, payload, options_json) VALUES ('1:t:k', 'kept', now(), "
+            "now() + interval '1 minute', 60000, 'application/json', '[[], {}, {}]', '{}')"
         )
     manage("migrate", "celery_debounce")
     assert sql(in_schema, "SELECT version FROM debounce_schema") == [(SCHEMA_VERSION,)]

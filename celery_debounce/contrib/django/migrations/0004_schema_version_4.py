@@ -1,4 +1,4 @@
-"""The PostgreSQL store's schema, version 4 (store/postgres/steps/4.sql, then every function)."""
+"""The PostgreSQL store's schema, version 4 (store/postgres/steps/4.sql)."""
 
 from __future__ import annotations
 

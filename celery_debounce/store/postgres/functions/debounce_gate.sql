@@ -152,8 +152,14 @@ BEGIN
     IF v_row.capped OR (v_leading AND v_row.opened) THEN
         PERFORM debounce_close(p_ident, v_row.task_id, v_now);
     ELSIF v_row.opened AND NOT EXISTS (
-            SELECT 1 FROM debounce_open o WHERE o.deadline < v_row.deadline) THEN
-        -- the earliest deadline now: a dispatcher sleeping until a later one wakes
+            SELECT 1 FROM debounce_open o
+            WHERE o.deadline < v_row.deadline AND o.deadline >= v_now - interval '1 second')
+    THEN
+        -- the earliest deadline now: a dispatcher sleeping until a later one wakes. Only
+        -- recent deadlines are looked at: the windows taken while a snapshot is held open
+        -- stay in the index until it ends, at its low end, and a scan from the lowest
+        -- deadline read every one. A window overdue by more has a dispatcher busy or
+        -- gone; at worst this call wakes one for nothing.
         PERFORM pg_notify(debounce_wake_channel(), '');
     END IF;
     IF v_leading AND v_row.opened THEN  -- the quiet period starts

@@ -1,0 +1,3 @@
+-- Schema version 4 -> 5: a call that opens a window asks whether an earlier deadline
+-- is open only among recent deadlines (functions/debounce_gate.sql), so that windows
+-- churned under a held snapshot do not slow it. No table changes.
