@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/mutation_check.py            # every mutation in scripts/mutations.py
     .venv/bin/python scripts/mutation_check.py -k lease   # those whose name contains "lease"
+    .venv/bin/python scripts/mutation_check.py --in store/postgres/functions/  # by file
     .venv/bin/python scripts/mutation_check.py --list     # list them, run nothing
     .venv/bin/python scripts/mutation_check.py --jobs 2   # two at a time (CI)
 
@@ -167,6 +168,9 @@ def table(outcomes: list[Outcome]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", dest="match", help="only mutations whose name contains this")
+    parser.add_argument(
+        "--in", dest="path", help="only mutations with an edit in a file whose path contains this"
+    )
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument(
         "--jobs",
@@ -191,7 +195,12 @@ def main() -> int:
     )
     opts = parser.parse_args()
 
-    mutations = [m for m in MUTATIONS if not opts.match or opts.match in m.name]
+    mutations = [
+        m
+        for m in MUTATIONS
+        if (not opts.match or opts.match in m.name)
+        and (not opts.path or any(opts.path in edit.path for edit in m.edits))
+    ]
     if opts.list:
         for m in mutations:
             print(f"{m.name}  [{m.guarantee}]  ->  {', '.join(m.tests)}")

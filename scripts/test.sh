@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The whole test suite (the main run: .venv, newest Celery and redis-py, real servers that
-# the tests start; two pytest-xdist processes, each file in one of them with its own
-# servers: CELERY_DEBOUNCE_TEST_JOBS, 2 by default, 0 for one process), then PostgreSQL 18 (the PostgreSQL selection), then the corners
-# (scripts/test-corners.sh: the contract subset from the built wheel on the lowest, a
-# middle and the newest supported versions; the newest is also the Valkey run), then the lint, type and docs checks, then the mutation check
-# (scripts/mutation_check.py: every listed bug must be caught by the tests that guard its
-# guarantee). The wheel and sdist are built once first (python -m build, twine check).
-# Extra arguments go to pytest (and skip the corners, the checks and the mutation check).
+# The whole test suite. First the cheap checks (scripts/checks.sh: lint, types, docs; a
+# failure ends the run in a minute), then the main run (.venv, newest Celery and
+# redis-py, real servers that the tests start; two pytest-xdist processes, each file in
+# one of them with its own servers: CELERY_DEBOUNCE_TEST_JOBS, 2 by default, 0 for one
+# process), then PostgreSQL 18 (the PostgreSQL selection), then the Node producer's
+# tests, then the corners (scripts/test-corners.sh: the contract subset from the built
+# wheel on the lowest, a middle and the newest supported versions; the newest is also the
+# Valkey run), then the mutation check (scripts/mutation_check.py: every listed bug must
+# be caught by the tests that guard its guarantee). The wheel and sdist are built once
+# first (python -m build, twine check). Extra arguments go to pytest (and skip the
+# checks, the corners and the mutation check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+[ "$#" -gt 0 ] || scripts/checks.sh
 CELERY_DEBOUNCE_WHEEL="$(.venv/bin/python scripts/corners.py build)"
 export CELERY_DEBOUNCE_WHEEL
 jobs="${CELERY_DEBOUNCE_TEST_JOBS:-2}"
@@ -28,6 +32,5 @@ print(embedded_bindir() or "")')"
     "${pg_selection[@]}" tests/store/test_postgres_pgbouncer.py
   (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build
-  scripts/checks.sh
   .venv/bin/python scripts/mutation_check.py --jobs 2
 fi
