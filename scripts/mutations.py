@@ -2606,7 +2606,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "psycopg keeps the blocking wait it chose before gevent patched select",
         "a call waiting on PostgreSQL never blocks the other greenlets (gevent patched late)",
-        PKG + "store/green.py",
+        PKG + "store/postgres/app.py",
         "        waiting.wait = waiting.wait_poll\n",
         "        pass\n",
         "tests/system/test_postgres_e2e.py::"

@@ -4,8 +4,8 @@ psycopg picks how it waits for the server when it is imported: a C loop that blo
 every greenlet, unless gevent had patched ``select`` by then. A process that made a
 PostgreSQL store (or imported psycopg) before patching, as gunicorn ``--preload`` does,
 keeps that loop and that store's pool threads: :func:`outdated` tells ``store_for`` to
-build the store again, and :func:`cooperate` makes psycopg wait as it would have had it
-been imported after the patching.
+build the store again, and ``store/postgres/app.py``'s ``cooperate`` makes psycopg wait
+as it would have had it been imported after the patching.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import weakref
 from typing import Any
 
-__all__ = ["cooperate", "eventlet_patched", "made_unpatched", "outdated", "select_patched"]
+__all__ = ["eventlet_patched", "made_unpatched", "outdated", "select_patched"]
 
 #: Stores built while ``select`` was not patched (the PostgreSQL store registers itself).
 _unpatched: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -43,14 +43,3 @@ def made_unpatched(store: Any) -> None:
 def outdated(store: Any) -> bool:
     """True when ``store`` was built before gevent patched ``select``."""
     return select_patched() and store in _unpatched
-
-
-def cooperate() -> None:
-    """If psycopg chose its blocking C wait before gevent patched ``select``, switch it
-    to the wait it chooses when imported after the patching (``poll``, patched)."""
-    if not select_patched():
-        return
-    from psycopg import waiting
-
-    if waiting.wait is getattr(waiting, "wait_c", None):
-        waiting.wait = waiting.wait_poll

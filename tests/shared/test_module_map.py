@@ -428,3 +428,83 @@ def test_no_module_or_class_is_over_the_size_bounds() -> None:
                 if lines > MAX_CLASS_LINES:
                     big.append(f"{name}: class {node.name}: {lines} lines")
     assert big == []
+
+
+#: The modules that may import each store's driver (any import: at the top, in a
+#: function or under TYPE_CHECKING). ruff's banned-api (TID251, pyproject.toml) keeps
+#: them out of every stage; this list says which store modules hold them, exactly.
+DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
+    "redis": frozenset(
+        {
+            "store/__init__.py",
+            "store/bulk.py",
+            "store/cluster.py",
+            "store/connect.py",
+            "store/errors.py",
+            "store/node.py",
+            "store/operators.py",
+            "store/sentinel.py",
+            "store/server.py",
+            "store/transport.py",
+        }
+    ),
+    "hiredis": frozenset({"store/node.py"}),
+    "fakeredis": frozenset({"testing/__init__.py"}),
+    "psycopg": frozenset(
+        {
+            "store/postgres/app.py",
+            "store/postgres/link.py",
+            "store/postgres/sending.py",
+            "store/postgres/store.py",
+            "store/postgres/wake.py",
+            "store/postgres/watchdog.py",
+            "testing/pgbouncer.py",
+        }
+    ),
+    "psycopg_pool": frozenset({"store/postgres/sending.py", "store/postgres/store.py"}),
+}
+
+
+def _driver_imports() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.partition(".")[0]
+                if root in DRIVER_IMPORTERS:
+                    found.setdefault(root, set()).add(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_each_store_driver_is_imported_only_where_listed() -> None:
+    """redis-py only by the Redis store, psycopg only by the PostgreSQL store (and the
+    test servers), lazy and TYPE_CHECKING imports included: the list is exact, so a new
+    importer or one that stopped importing is a change of it."""
+    found = _driver_imports()
+    assert {name: frozenset(found.get(name, ())) for name in DRIVER_IMPORTERS} == (DRIVER_IMPORTERS)
+    postgres = found["psycopg"] | found["psycopg_pool"]
+    assert all(m.startswith(("store/postgres/", "testing/")) for m in postgres), postgres
+    assert not any(m.startswith("store/postgres/") for m in found["redis"])
+
+
+def test_the_linter_bans_the_store_drivers_outside_the_stores() -> None:
+    """pyproject.toml's banned-api covers every driver and is ignored only under
+    store/ and testing/ (and outside the package)."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    lint = config["tool"]["ruff"]["lint"]
+    assert "TID251" in lint["select"]
+    banned = lint["flake8-tidy-imports"]["banned-api"]
+    assert {"redis", "psycopg", "psycopg_pool"} <= set(banned)
+    allowed = {glob for glob, codes in lint["per-file-ignores"].items() if "TID251" in codes}
+    assert allowed == {
+        "!celery_debounce/**",
+        "celery_debounce/store/**",
+        "celery_debounce/testing/**",
+    }

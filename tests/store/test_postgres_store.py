@@ -23,6 +23,7 @@ from pg_proxy import PgProxy
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_debounce.aliases import FixedId
+from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec
 from celery_debounce.store.codec import GateResult, TakenWindow
@@ -1548,3 +1549,17 @@ def test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago(
         assert touched < 50, touched
     finally:
         held.close()
+
+
+def test_migrate_refused_by_the_server_is_a_typed_error_naming_it(
+    make_store: Callable[..., PostgresStore], database: str
+) -> None:
+    """A migration the server refuses for another reason than an outage or a missing
+    right (here another application's table of the same name in the schema) is a
+    ``DebounceConfigError`` naming the server's reason, never a raw psycopg error, and
+    nothing is created."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE debounce_open (theirs int)")
+    with pytest.raises(DebounceConfigError, match=r'could not be migrated: .*"debounce_open"'):
+        make_store().migrate()
+    assert make_store().schema_version() is None

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from ...errors import DebounceConfigError
 from ..domain import ShardRef
-from ..green import cooperate, eventlet_patched, made_unpatched
+from ..green import eventlet_patched, made_unpatched, select_patched
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...settings import Settings
 
-__all__ = ["AppPostgresStore", "postgres_store"]
+__all__ = ["AppPostgresStore", "cooperate", "postgres_store"]
 
 
 class AppPostgresStore(PostgresStore):
@@ -36,6 +36,17 @@ class AppPostgresStore(PostgresStore):
         message's ``debounce_tag`` as the app's prefix's): the store has one table, so
         the worker's claim and finish find the window whatever it says."""
         return shard if isinstance(shard, str) else self.settings.tag(shard)
+
+
+def cooperate() -> None:
+    """If psycopg chose its blocking C wait before gevent patched ``select``, switch it
+    to the wait it chooses when imported after the patching (``poll``, patched)."""
+    if not select_patched():
+        return
+    from psycopg import waiting
+
+    if waiting.wait is getattr(waiting, "wait_c", None):
+        waiting.wait = waiting.wait_poll
 
 
 def postgres_store(settings: Settings) -> AppPostgresStore:

@@ -61,6 +61,7 @@ from .schema import (
     VERSION_SQL,
     WRITE_VERSION_SQL,
     SchemaTooNew,
+    _safe,
     blocked,
     grants_sql,
     refusal,
@@ -318,7 +319,7 @@ class PostgresStore(
         delay = 0.05
         while True:
             try:
-                before = self._read(lambda conn: _migrate(conn, self.schema))
+                before = self._changing_schema(lambda conn: _migrate(conn, self.schema))
                 break
             except StoreUnavailable as exc:
                 if not isinstance(exc.__cause__, pg_errors.LockNotAvailable):
@@ -344,8 +345,17 @@ class PostgresStore(
             conn.execute(text.encode())
             done.append(text)
 
-        self._read(run)
+        self._changing_schema(run)
         return done[0]
+
+    def _changing_schema(self, fn: Any) -> Any:
+        """``fn(connection)`` that changes the schema: an error of the server that is
+        not an outage (no right to create a table, say) is a :class:`DebounceConfigError`
+        naming it."""
+        try:
+            return self._read(fn)
+        except psycopg.Error as exc:
+            raise DebounceConfigError(f"the schema could not be migrated: {_safe(exc)}") from exc
 
     def other_schemas(self) -> list[tuple[str, int]]:
         """Every other schema of the database holding this package's tables, with its
