@@ -477,4 +477,3 @@ export function debounce(redis: Client, task: string, call: Call,
                          options: DebounceOptions): Promise<string> {
   return gate(redis, task, call, options).then(taskIdOf);
 }
-
