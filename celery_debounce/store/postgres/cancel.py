@@ -10,16 +10,11 @@ from typing import TYPE_CHECKING, Any
 from ..codec import Cancelled
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..records import Record
+from .columns import record_fields, select_record
 from .step import many
 
-_CANCEL = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, capped, aliases FROM debounce_cancel(%s, %s, %s, %s)"
-)
-_CANCELLED = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, capped, aliases FROM debounce_cancelled WHERE token = %s"
-)
+_CANCEL = select_record(", capped, aliases FROM debounce_cancel(%s, %s, %s, %s)")
+_CANCELLED = select_record(", capped, aliases FROM debounce_cancelled WHERE token = %s")
 #: How long a cancel's reply is kept under its token (as cancel.lua keeps it on Redis).
 CANCEL_KEEP_MS = 300_000
 
@@ -59,14 +54,6 @@ class PostgresCancel:
 def _cancelled(rows: Sequence[Sequence[Any]]) -> Cancelled | None:
     if not rows:
         return None
-    task_id, ident, first_seen, deadline, max_wait, calls, capped, aliases = rows[0]
-    record = Record(
-        task_id=task_id,
-        ident=ident,
-        first_seen_ms=int(first_seen),
-        deadline_ms=int(deadline),
-        max_wait_ms=int(max_wait),
-        calls=int(calls),
-        capped=bool(capped),
-    )
-    return Cancelled(record, list(aliases))
+    row = rows[0]
+    capped, aliases = row[6:]
+    return Cancelled(Record(**record_fields(row), capped=bool(capped)), list(aliases))

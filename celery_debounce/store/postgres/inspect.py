@@ -10,38 +10,30 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import ListStep, TakenEntry
 from ..records import Record
+from .columns import record_fields, select_record
 from .step import many, one
 
 #: A record of ``debounce_taken`` as operators see it (records.INSPECT_FIELDS): by id,
 #: and a page of one of keys.TAKEN_SETS (its states, in the order Redis keeps the set:
 #: a lease's end, the hand-over, the quarantine).
-_TAKEN = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, state, reason, is_leading, is_trailing FROM debounce_taken WHERE task_id = %s"
-)
+_TAKEN_FROM = ", state, reason, is_leading, is_trailing FROM debounce_taken WHERE "
+_TAKEN = select_record(_TAKEN_FROM + "task_id = %s")
 _TAKEN_PAGE = {
-    "leased": (
-        "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-        "calls, state, reason, is_leading, is_trailing FROM debounce_taken "
-        "WHERE state = 'dispatching' ORDER BY until, task_id OFFSET %s LIMIT %s"
+    "leased": select_record(
+        _TAKEN_FROM + "state = 'dispatching' ORDER BY until, task_id OFFSET %s LIMIT %s"
     ),
-    "active": (
-        "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-        "calls, state, reason, is_leading, is_trailing FROM debounce_taken "
-        "WHERE state IN ('queued', 'claimed', 'stale') ORDER BY taken_at, task_id "
+    "active": select_record(
+        _TAKEN_FROM + "state IN ('queued', 'claimed', 'stale') ORDER BY taken_at, task_id "
         "OFFSET %s LIMIT %s"
     ),
-    "quarantine": (
-        "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-        "calls, state, reason, is_leading, is_trailing FROM debounce_taken "
-        "WHERE state = 'quarantined' ORDER BY taken_at, task_id OFFSET %s LIMIT %s"
+    "quarantine": select_record(
+        _TAKEN_FROM + "state = 'quarantined' ORDER BY taken_at, task_id OFFSET %s LIMIT %s"
     ),
 }
 #: Open windows in deadline order after a cursor (the deadline as the server writes it,
 #: exact to the microsecond, and the ident), of an ident prefix.
-_LIST = (
-    "SELECT ident, task_id, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, max_calls, is_trailing, collect_bytes, deadline::text FROM debounce_open "
+_LIST = select_record(
+    ", max_calls, is_trailing, collect_bytes, deadline::text FROM debounce_open "
     "WHERE left(ident, length(%s)) = %s AND (deadline, ident) > (%s::timestamptz, %s) "
     "ORDER BY deadline, ident LIMIT %s"
 )
@@ -90,7 +82,7 @@ class PostgresInspect:
         args = (prefix, prefix, deadline, after, limit)
         rows = self._read(many(_LIST, args))
         windows = [_open_record(row) for row in rows]
-        cursor = f"{rows[-1][-1]}{_SEP}{rows[-1][0]}" if rows else start
+        cursor = f"{rows[-1][-1]}{_SEP}{rows[-1][1]}" if rows else start  # deadline, ident
         return ListStep(len(rows), cursor, 0, len(rows) < limit, windows)
 
     def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
@@ -144,14 +136,10 @@ class PostgresInspect:
 
 
 def _open_record(row: Sequence[Any]) -> Record:
-    ident, task_id, first_seen, deadline, max_wait, calls, max_calls, trailing, size, _ = row
+    task_id = row[0]
+    max_calls, trailing, size, _ = row[6:]
     return Record(
-        task_id=task_id,
-        ident=ident,
-        first_seen_ms=int(first_seen),
-        deadline_ms=int(deadline),
-        max_wait_ms=int(max_wait),
-        calls=int(calls),
+        **record_fields(row),
         max_calls=max_calls,
         trailing=bool(trailing),
         collected_bytes=size,
@@ -160,14 +148,9 @@ def _open_record(row: Sequence[Any]) -> Record:
 
 
 def _taken_record(row: Sequence[Any]) -> Record:
-    task_id, ident, first_seen, deadline, max_wait, calls, state, reason, leading, trailing = row
+    state, reason, leading, trailing = row[6:]
     return Record(
-        task_id=task_id,
-        ident=ident,
-        first_seen_ms=int(first_seen),
-        deadline_ms=int(deadline),
-        max_wait_ms=int(max_wait),
-        calls=int(calls),
+        **record_fields(row),
         state=state,
         error=reason,
         leading=bool(leading),

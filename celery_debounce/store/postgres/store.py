@@ -44,6 +44,7 @@ from ..domain import (
 from ..records import Record
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
+from .columns import record_fields, select_record
 from .gate_args import gate_args, gate_result
 from .inspect import PostgresInspect
 from .link import LinkState, connection_class
@@ -119,18 +120,10 @@ TAKE_REGROW_S = 60.0
 _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
 _QUARANTINE = "SELECT aliases FROM debounce_quarantine(%s, %s)"
-_FLUSH = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
-    "max_wait_ms, calls, 'dispatching', capped FROM debounce_close(%s, %s, "
-    "clock_timestamp())"
-)
-_PENDING = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), "
-    "max_wait_ms, calls, 'pending', capped, collect_bytes FROM debounce_open WHERE ident = %s"
-)
-_PAYLOADS = (
-    "SELECT task_id, ident, debounce_ms(first_seen), debounce_ms(deadline), max_wait_ms, "
-    "calls, content_type, payload, options_json, collect_bytes FROM debounce_open "
+_FLUSH = select_record(", 'dispatching', capped FROM debounce_close(%s, %s, clock_timestamp())")
+_PENDING = select_record(", 'pending', capped, collect_bytes FROM debounce_open WHERE ident = %s")
+_PAYLOADS = select_record(
+    ", content_type, payload, options_json, collect_bytes FROM debounce_open "
     "WHERE left(ident, %s) = %s ORDER BY deadline, ident"
 )
 _DELETE_ALL = (
@@ -436,12 +429,7 @@ class PostgresStore(
                 failures=int(row[10]),
                 held_ms=int(row[12]),
                 record=Record(
-                    task_id=row[0],
-                    ident=row[1],
-                    first_seen_ms=int(row[2]),
-                    deadline_ms=int(row[3]),
-                    max_wait_ms=int(row[4]),
-                    calls=int(row[5]),
+                    **record_fields(row),  # the take's rows begin with RECORD_COLUMNS
                     state="dispatching",
                     content_type=row[6],
                     payload=bytes(row[7]),
@@ -536,20 +524,16 @@ class PostgresStore(
         options, in deadline order (the testing helpers' read)."""
         self._check()
         found = self._read(many(_PAYLOADS, (len(prefix or ""), prefix or "")))
-        for task_id, ident, first, deadline, max_wait, calls, ctype, payload, opts, size in found:
+        for row in found:
+            ctype, payload, opts, size = row[6:]
             yield Record(
-                task_id=task_id,
-                ident=ident,
-                first_seen_ms=int(first),
-                deadline_ms=int(deadline),
-                max_wait_ms=int(max_wait),
-                calls=int(calls),
+                **record_fields(row),
                 state="pending",
                 content_type=ctype,
                 payload=bytes(payload),
                 options_json=opts,
                 collected_bytes=size,
-                collect_list=None if size is None else task_id,
+                collect_list=None if size is None else row[0],
             )
 
     def delete_all(self) -> int:
@@ -582,14 +566,10 @@ class PostgresStore(
 
 def _record(row: Sequence[Any]) -> Record:
     """A window of ``_PENDING`` (with its collected bytes) or ``_FLUSH``."""
-    task_id, ident, first_seen, deadline, max_wait, calls, state, capped, *size = row
+    task_id = row[0]
+    state, capped, *size = row[6:]
     return Record(
-        task_id=task_id,
-        ident=ident,
-        first_seen_ms=int(first_seen),
-        deadline_ms=int(deadline),
-        max_wait_ms=int(max_wait),
-        calls=int(calls),
+        **record_fields(row),
         state=state,
         capped=bool(capped),
         collected_bytes=size[0] if size else None,
