@@ -258,7 +258,8 @@ class OperatorStore(BaseStore, Protocol):
         shard: int,
         idents: Sequence[str],
     ) -> list[tuple[str | None, str | None]]:
-        """For held idents: the id held and the id of the run it waits for."""
+        """For held idents: ``(id, state)`` of the run each waits for, ``(None, None)``
+        where none is in progress."""
 
     def census_step(
         self,

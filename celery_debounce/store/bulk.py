@@ -132,7 +132,7 @@ class BulkGate:
         Redis running the scripts. NOSCRIPT replies are run again once the script is
         loaded. Returns one outcome per call: its :class:`GateResult`, :data:`WRITTEN`
         (ran, reply lost, window id not found), or the exception that kept it out.
-        ``on_chunk(indexes)`` runs after a chunk's replies were read while the next
+        ``on_chunk(indexes)`` runs after each chunk's replies were read, while the next
         chunk is already on its way (``into``, if given, is the list filled in).
         """
         outcomes: list[Any] = into if into is not None else []
@@ -222,7 +222,10 @@ class BulkGate:
                 _read_chunk(conn, sent[0][1], outcomes, missing)
                 if waited:
                     self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
-                answered.append(sent.pop(0)[0])
+                marker, done = sent.pop(0)
+                answered.append(marker)
+                if on_chunk is not None:  # the last chunk too, as the contract says
+                    on_chunk(done)
             # every reply arrived: the markers served their purpose (else they expire)
             conn.send_command("DEL", *answered)
             _reply_or_error(conn)  # refused (no +del): they expire

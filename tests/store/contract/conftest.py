@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -178,6 +179,7 @@ def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
     from psycopg.conninfo import make_conninfo
 
     from celery_debounce.store.postgres import PostgresStore
+    from celery_debounce.store.postgres.app import AppPostgresStore
 
     server = request.getfixturevalue("postgres_server")
     schema = f"contract_{uuid.uuid4().hex[:12]}"
@@ -201,9 +203,16 @@ def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
     with PostgresStore(url if pooled else direct, schema=schema) as migrating:
         migrating.migrate()
 
+    # behind PgBouncer a dispatcher LISTENs on a direct connection, as documented
+    listen = {}
+    if pooled:
+        options = quote(f"-c search_path={schema}")
+        listen["postgres_listen_url"] = f"{server.url()}?options={options}"
+
     def build(overrides: dict[str, Any]) -> Store:
-        settings = _settings({"debounce_redis_url": "redis://unused"}, overrides)
-        store: Store = PostgresStore(url, settings, timeout=1.0, schema=schema)
+        settings = _settings({"debounce_redis_url": "redis://unused"}, {**listen, **overrides})
+        # what store_for builds for an app
+        store: Store = AppPostgresStore(url, settings, timeout=1.0, schema=schema)
         return store
 
     def lose(store: Store, operation: str, then_refuse: bool) -> None:

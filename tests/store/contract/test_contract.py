@@ -56,7 +56,7 @@ class Gated(NamedTuple):
         return self.result.task_id
 
 
-def gate(
+def prepared(
     store: ProducerStore,
     key: str,
     *,
@@ -74,8 +74,8 @@ def gate(
     replace_payload: bool = False,
     serializer: str = "json",
     task: str = "t",
-) -> Gated:
-    """One call of ``task`` keyed ``key`` through :meth:`ProducerStore.gate`."""
+) -> PreparedCall:
+    """One call of ``task`` keyed ``key``, as the producer prepares it."""
     spec = build_spec(
         window,
         "{0}",
@@ -89,7 +89,7 @@ def gate(
     )
     options: dict[str, object] = {}
     kwargs = {"pad": pad} if pad else {}
-    call = prepare_call(
+    return prepare_call(
         settings or store.settings,
         task,
         spec,
@@ -100,7 +100,12 @@ def gate(
         serializer,
         task_id,
     )
-    return Gated(store.gate(call, fixed_id(task_id, options)), call)
+
+
+def gate(store: ProducerStore, key: str, **options: Any) -> Gated:
+    """One call (:func:`prepared`'s options) through :meth:`ProducerStore.gate`."""
+    call = prepared(store, key, **options)
+    return Gated(store.gate(call, fixed_id(options.get("task_id"), {})), call)
 
 
 def take_due(store: DispatcherStore, shard: int, timeout: float = 5.0) -> list[TakenWindow]:
@@ -918,3 +923,128 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
     assert store.delete_all() >= 2
     assert [r for s in range(store.settings.shards) for r in store.pending_payloads(s)] == []
     assert gate(store, "k1").result.opened
+
+
+# -- the members every store has, each exercised here -----------------------------------
+
+
+def test_gate_many_gates_each_call_in_order_and_reports_each_chunk(store: Store) -> None:
+    calls = [prepared(store, key, payload=n) for n, key in enumerate(["a", "b", "a", "c", "a"])]
+    chunks: list[range] = []
+    outcomes = store.gate_many(calls, chunk_size=2, on_chunk=chunks.append)
+    assert all(isinstance(o, GateResult) for o in outcomes), outcomes
+    results = [o for o in outcomes if isinstance(o, GateResult)]
+    assert [r.opened for r in results] == [True, True, False, True, False]
+    assert results[2].task_id == results[4].task_id == results[0].task_id
+    assert [r.calls for r in results] == [1, 1, 2, 1, 3]
+    assert len({r.task_id for r in results}) == 3
+    # each call reported once, in chunks of at most chunk_size (a cluster's are per node)
+    assert sorted(i for chunk in chunks for i in chunk) == [0, 1, 2, 3, 4]
+    assert all(0 < len(chunk) <= 2 for chunk in chunks)
+    assert gate(store, "a").task_id == results[0].task_id  # one window with gate too
+
+
+def test_a_late_claim_claims_as_a_claim_does_and_a_second_is_a_duplicate(store: Store) -> None:
+    first = gate(store, "k", window="1ms", max_wait="1s")
+    shard = first.call.shard
+    (taken,) = take_due(store, shard)
+    assert store.ack(shard, [taken.task_id]) == 1
+    assert store.claim_late(shard, first.task_id, "t") == ClaimResult("queued", True)
+    assert store.claim_late(shard, first.task_id, "t") == ClaimResult("claimed", False)
+    assert store.finish_run(shard, first.task_id, "SUCCESS").finished
+    assert store.claim_late(shard, first.task_id, "t") == ClaimResult("finished", False)
+
+
+def test_heartbeats_and_clean_stops_are_read_back_by_liveness(store: Store) -> None:
+    beat = store.heartbeat("dispatcher-a")
+    store.heartbeat("dispatcher-b")
+    stopped = store.heartbeat("dispatcher-b", alive=False)
+    now, alive, gone = store.liveness()
+    assert now >= stopped >= beat > 0
+    assert [name for name, _ in alive] == ["dispatcher-a"]
+    assert alive[0][1] >= beat - 1000  # the store's clock, in ms
+    assert [name for name, _ in gone] == ["dispatcher-b"]
+
+
+def test_layouts_written_are_read_back_with_when(store: Store) -> None:
+    now, before = store.layouts()
+    later, written = store.layouts(["layout-1"])
+    assert later >= now and "layout-1" not in before
+    assert set(written) >= {"layout-1"} and written["layout-1"] >= now - 1000
+    assert store.layouts()[1]["layout-1"] == written["layout-1"]
+
+
+def test_a_queued_window_whose_message_expired_unseen_is_swept_revoked(store: Store) -> None:
+    """``expiring`` notes when a published message expires; once it has, past the
+    sweep's grace, the expiry sweep finishes that window as REVOKED (a claimed one
+    is left to its run)."""
+    running = run(store, "k")  # claimed: its run goes on
+    expiring = gate(store, "k", window="1ms", max_wait="1s")  # same key, same shard
+    shard = expiring.call.shard
+    (taken,) = take_due(store, shard)
+    assert taken.task_id == expiring.task_id and store.ack(shard, [taken.task_id]) == 1
+    store.expiring(shard, [(expiring.task_id, 1), (running.task_id, 1)])
+    swept = wait_until(lambda: store.expire(shard), timeout=10)
+    assert [task_id for task_id, _ in swept] == [expiring.task_id]
+    assert store.claim(shard, running.task_id, "t") == ClaimResult("claimed", False)
+    assert store.claim(shard, expiring.task_id, "t") == ClaimResult("finished", False)
+    store.expired(shard, [expiring.task_id])
+    assert store.expire(shard) == []
+
+
+def test_waits_for_names_the_run_a_held_window_waits_for(store: Store) -> None:
+    first = run(store, "k", exclusive=True)
+    shard = first.call.shard
+    other = gate(store, "other")
+    assert store.waits_for(shard, [first.call.ident, other.call.ident]) == [
+        (first.task_id, "claimed"),
+        (None, None),
+    ]
+    store.finish_run(shard, first.task_id, "SUCCESS")
+    assert store.waits_for(shard, [first.call.ident]) == [(None, None)]
+    assert store.waits_for(shard, []) == []
+
+
+def test_a_collect_windows_calls_so_far_are_read_in_call_order(store: Store) -> None:
+    calls = [
+        gate(store, "k", payload=n, collect=True, window="1h", max_wait="2h") for n in range(3)
+    ]
+    shard = calls[0].call.shard
+    (pending,) = store.pending_payloads(shard, ident_prefix("t"))
+    assert pending.task_id == calls[0].task_id and pending.collect_list
+    elements = store.collected(shard, pending.collect_list)
+    assert len(elements) == 3
+    # each element: [ms, args, kwargs] of one call, in call order
+    assert [json.loads(element)[1] for element in elements] == [["k", n] for n in range(3)]
+
+
+def test_a_healthy_store_is_reached_with_no_problem_and_says_what_it_reached(
+    store: Store,
+) -> None:
+    gate(store, "k")
+    reached = store.reach()
+    assert reached.problems == [] and reached.server and reached.notes
+    assert isinstance(store.maxmemory_policy(), str) and store.maxmemory_policy()
+    store.check_server()  # a supported server: nothing raised
+    assert store.server_checked
+    assert store.tag(0) == store.tag(0) and isinstance(store.tag(0), str)
+
+
+def test_a_wake_listener_wakes_for_a_new_earliest_window_and_sleeps_through_a_join(
+    store: Store,
+) -> None:
+    listener = store.wake_listener()
+    stop = threading.Event()
+    try:
+        listener.subscribe()
+        store.refresh_topology()  # a no-op where the servers did not move
+        gate(store, "k", window="1h", max_wait="2h")  # the earliest deadline: a wake-up
+        started = time.monotonic()
+        listener.wait(10, stop)
+        assert time.monotonic() - started < 8
+        gate(store, "k", window="1h", max_wait="2h")  # a join: nothing to wake for
+        started = time.monotonic()
+        listener.wait(0.5, stop)
+        assert time.monotonic() - started >= 0.4
+    finally:
+        listener.close()

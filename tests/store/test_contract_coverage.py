@@ -1,0 +1,31 @@
+"""The contract suite (tests/store/contract) uses every member of the store contract's
+Protocols (celery_debounce/store/api.py), so each is run against every store."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _members() -> list[tuple[str, str]]:
+    tree = ast.parse((ROOT / "celery_debounce/store/api.py").read_text("utf-8"))
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
+                    found.append((node.name, item.name))
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    found.append((node.name, item.target.id))
+    return found
+
+
+def test_the_contract_suite_uses_every_member_of_the_contract() -> None:
+    suite = (ROOT / "tests/store/contract/test_contract.py").read_text("utf-8")
+    members = _members()
+    assert len(members) > 40  # the Protocols were read
+    unused = [(role, name) for role, name in members if not re.search(rf"\.{name}\b", suite)]
+    assert unused == []
