@@ -276,7 +276,9 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         CELERY_DEBOUNCE_CONSTRAINTS=str(home / "constraints.txt"),
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
     )
-    passes = [(home / "junit.xml", pytest_args(name, matrix))]
+    # a corner that runs alone has both cores: its tests two files at a time, as the main run
+    parallel = ["-n", "2", "--dist", "loadfile"] if row.get("alone") else []
+    passes = [(home / "junit.xml", [*parallel, *pytest_args(name, matrix)])]
     if "psycopg" in row:
         passes.append((home / "junit-postgres.xml", ["-k", "postgres", *postgres_args(matrix)]))
     print(
