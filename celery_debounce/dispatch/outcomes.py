@@ -34,6 +34,7 @@ from ..signals import (
 )
 from ..store import Shard, TakenWindow
 from ..store.api import DispatcherStore
+from ..store.domain import Released
 
 __all__ = ["ACTIONS", "MAX_TRIES", "Action", "Outcome", "Outcomes", "WindowActions"]
 
@@ -227,20 +228,19 @@ class WindowActions:
         MAX_TRIES), one ``release.lua`` call per delay.
 
         Each window goes with its ``tries`` as taken: a lease another dispatcher took
-        over is not moved; ``<tries>!`` also counts the failure against it (fl).
+        over is not moved; ``failed`` also counts the failure against it (fl).
         """
         lease = self.settings.dispatch_lease_ms
         # after a shared fault: the pass's jittered back-off (so dispatchers do not all
         # come back at once), else soon
         soon = min(lease, math.ceil(backoff_s * 1000) if backoff_s is not None else 1000)
-        by_delay: dict[int, list[tuple[str, int | str]]] = {}
+        by_delay: dict[int, list[Released]] = {}
         for outcome, action in ACTIONS.items():
             if action in (Action.ACK, Action.QUARANTINE, Action.KEEP):
                 continue
             for window in retry if outcome is Outcome.FAILED else outcomes.windows(outcome):
-                tries = f"{window.tries}!" if action is Action.RETRY else window.tries
                 by_delay.setdefault(release_after(action, window, lease, soon), []).append(
-                    (window.task_id, tries)
+                    Released(window.task_id, window.tries, action is Action.RETRY)
                 )
         for delay, group in by_delay.items():
             try:

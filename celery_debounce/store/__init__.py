@@ -50,7 +50,13 @@ from .codec import (
     parse_reply,
 )
 from .connect import transport_for
-from .domain import CancelOutcomeUnknown, ClaimResult, FinishNotReplicated, FinishResult
+from .domain import (
+    CancelOutcomeUnknown,
+    ClaimResult,
+    FinishNotReplicated,
+    FinishResult,
+    Released,
+)
 from .errors import (
     CONNECTION_ERRORS,
     REDIS_ERROR,
@@ -254,16 +260,16 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         tag = self.tag(shard)
         return int(self.run("ack", [leased_key(tag), active_key(tag)], [tag, *task_ids])[0])
 
-    def release(self, shard: Shard, delay_ms: int, windows: Sequence[tuple[str, int | str]]) -> int:
-        """Hand ``(task id, tries)`` windows back: their lease ends in ``delay_ms``
-        (``tries`` as ``"<tries>!"``: also count a publish failure against it, ``fl``).
+    def release(self, shard: Shard, delay_ms: int, windows: Sequence[Released]) -> int:
+        """Hand windows back: their lease ends in ``delay_ms`` (``failed``: also count
+        the publish failure against each, ``fl``: release.lua's ``"<tries>!"``).
 
         Sent at most once (:meth:`run_once`): run again after a lost reply, the ``!``
         form would count one failure twice. A lost reply raises
         :class:`~celery_debounce.DebounceOutcomeUnknown`: each window was released, or
         stays leased until its lease ends; it is taken again either way."""
         tag = self.tag(shard)
-        pairs = [x for pair in windows for x in pair]
+        pairs = [x for w in windows for x in (w.task_id, f"{w.tries}!" if w.failed else w.tries)]
         return int(self.run_once("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])
 
     def quarantine(

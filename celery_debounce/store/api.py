@@ -32,7 +32,7 @@ from .codec import (
     TakenEntry,
     TakeResult,
 )
-from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, ShardRef
+from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Released, ShardRef
 from .reach import Reached
 from .records import Record
 
@@ -114,11 +114,9 @@ class DispatcherStore(BaseStore, Protocol):
     def ack(self, shard: ShardRef, task_ids: Sequence[str]) -> int:
         """Published: these taken windows are queued (idempotent); how many were."""
 
-    def release(
-        self, shard: ShardRef, delay_ms: int, windows: Sequence[tuple[str, int | str]]
-    ) -> int:
-        """Not published: ``(task id, tries)`` windows are taken again in ``delay_ms``
-        (``"<tries>!"``: a failure counted against it). Sent at most once."""
+    def release(self, shard: ShardRef, delay_ms: int, windows: Sequence[Released]) -> int:
+        """Not published: these windows are taken again in ``delay_ms`` (``failed``: the
+        publish failure counted against each); how many. Sent at most once."""
 
     def quarantine(
         self,

@@ -30,6 +30,7 @@ __all__ = [
     "FinishResult",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "Released",
     "ReplaceRefused",
     "ReplyLost",
     "ServerRefused",
@@ -141,6 +142,16 @@ class AliasesFull(DebounceBackendError):
 
 
 # -- typed results ---------------------------------------------------------------------
+
+
+class Released(NamedTuple):
+    """A taken window handed back unpublished (:meth:`~.api.DispatcherStore.release`):
+    its id, its ``tries`` as taken (a lease another dispatcher took over since is left
+    alone) and whether its publish ``failed`` (then counted against it)."""
+
+    task_id: str
+    tries: int
+    failed: bool = False
 
 
 class ClaimResult(NamedTuple):

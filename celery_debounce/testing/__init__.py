@@ -42,6 +42,7 @@ from ..ops.read_view import WindowInfo
 from ..settings import settings_for
 from ..store import WindowStore, store_for
 from ..store.api import OperatorStore, Store
+from ..store.domain import Released
 from ..store.keys import ident_prefix, split_ident
 from ..stored_call import decode_options
 from ..worker import install as install_worker
@@ -182,14 +183,14 @@ def run_windows(app: Celery, task: Any = None, *, throw: bool | None = None) -> 
     results: list[EagerResult] = []
     errors: list[BaseException] = []
     for shard in range(store.settings.shards):
-        handed_back: list[tuple[str, int]] = []
+        handed_back: list[Released] = []
         while True:
             taken = store.take(shard, store.settings.dispatch_batch)
             for window in taken.windows:
                 if (
                     name is not None and window.task_name != name
                 ) or window.task_name not in app.tasks:
-                    handed_back.append((window.task_id, window.tries))  # not ours: due again
+                    handed_back.append(Released(window.task_id, window.tries))  # due again
                     continue
                 args, kwargs = _decode(app, window.content_type, window.payload)
                 try:  # never acked: the run itself marks the window claimed, then finished

@@ -64,6 +64,7 @@ from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec, build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.api import Store
+from celery_debounce.store.domain import Released
 from celery_debounce.store.keys import window_ident
 
 TASK = "model.task"
@@ -811,7 +812,7 @@ class GateMachine(RuleBasedStateMachine):
             return
         tid, tries = self.inflight.pop(i % len(self.inflight))
         t0 = self.clock()
-        released = self.store.release(0, self.release_ms, [(tid, tries)])
+        released = self.store.release(0, self.release_ms, [Released(tid, tries)])
         t1 = self.clock()
         win = self.wins[tid]
         # only a lease that is still this dispatcher's moves (not one taken over since)

@@ -26,6 +26,7 @@ from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.admin import DebounceAdmin
 from celery_debounce.store import store_for
+from celery_debounce.store.domain import Released
 from celery_debounce.testing.servers import LocalRedis
 
 pytestmark = pytest.mark.slow
@@ -171,7 +172,7 @@ def test_release_goes_through_on_a_windows_redis_at_maxmemory(redis_server: str)
         time.sleep(0.01)
         (window,) = store.take(0, 10).windows
         _oom(client)
-        assert store.release(0, 5000, [(window.task_id, window.tries)]) == 1
+        assert store.release(0, 5000, [Released(window.task_id, window.tries)]) == 1
         assert client.zscore(f"{TAG}:leased", window.task_id) is not None
 
 

@@ -51,6 +51,7 @@ from celery_debounce import (
 from celery_debounce.producer.bulk import DebounceBulkError
 from celery_debounce.store import store_for
 from celery_debounce.store.cluster import ClusterTransport
+from celery_debounce.store.domain import Released
 from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
@@ -242,7 +243,7 @@ def _mark(script: str) -> Callable[[Celery, redis.Redis], Callable[[], Any]]:
 
 
 def release(app: Celery, r: redis.Redis) -> Callable[[], Any]:
-    """A taken window handed back with its publish failure counted (``<tries>!``, its
+    """A taken window handed back with its publish failure counted (``failed``, its
     ``fl``): run twice, one failure would count as two (quarantined at ``MAX_TRIES``
     early). Under ``stall-write`` the batch also hands back a window whose id is BIG
     (none such is leased: the script passes it over), so its write times out."""
@@ -250,7 +251,7 @@ def release(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work.delay(0)
     store = store_for(app)
     window = wait_until(lambda: store.take(0, 10).windows, 5)[0]
-    windows = [(window.task_id, f"{window.tries}!"), *((big, "1") for big in _big(app))]
+    windows = [Released(window.task_id, window.tries, True), *(Released(b, 1) for b in _big(app))]
     return lambda: store.release(0, 5000, windows)
 
 

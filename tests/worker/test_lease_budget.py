@@ -23,6 +23,7 @@ from helpers import make_app, running_worker, wait_until
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import DebounceBackendError, store_for
+from celery_debounce.store.domain import Released
 from celery_debounce.store.keys import claims_key
 from celery_debounce.worker.leases import RETRY_MAX_S
 
@@ -346,11 +347,11 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     store = store_for(app)
     released.delay()
     window = wait_until(lambda: store.take(0, 10).windows, 5)[0]
-    assert store.release(0, 5000, [("not-leased", "1!")]) == 0  # the script is loaded
+    assert store.release(0, 5000, [Released("not-leased", 1, True)]) == 0  # script loaded
     fault_proxy.arm("drop", evalsha_of(store.scripts["release"].sha))
     lost: Exception | None = None
     try:
-        store.release(0, 5000, [(window.task_id, f"{window.tries}!")])
+        store.release(0, 5000, [Released(window.task_id, window.tries, True)])
     except DebounceBackendError as exc:
         lost = exc
     assert fault_proxy.fired == 1

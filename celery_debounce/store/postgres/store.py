@@ -38,6 +38,7 @@ from ...errors import DebounceConfigError
 from ...settings import DEFAULTS
 from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
+    Released,
     ShardRef,
     StoreUnavailable,
 )
@@ -453,20 +454,15 @@ class PostgresStore(
         row = self._write(one(_ACK, (list(task_ids), self.record_ttl_ms)), "ack")
         return int(row[0]) if row else 0
 
-    def release(
-        self, shard: ShardRef, delay_ms: int, windows: Sequence[tuple[str, int | str]]
-    ) -> int:
-        """Not published: each ``(task id, tries)`` window still leased to this caller
-        is taken again in ``delay_ms`` (``"<tries>!"``: a publish failure counted);
-        how many. Sent at most once."""
+    def release(self, shard: ShardRef, delay_ms: int, windows: Sequence[Released]) -> int:
+        """Not published: each window still leased to this caller (its ``tries``) is
+        taken again in ``delay_ms`` (``failed``: a publish failure counted); how many.
+        Sent at most once."""
         if not windows:
             return 0
-        ids, tries, counted = [], [], []
-        for task_id, given in windows:
-            text = str(given)
-            ids.append(task_id)
-            tries.append(int(text.rstrip("!")))
-            counted.append(text.endswith("!"))
+        ids = [w.task_id for w in windows]
+        tries = [w.tries for w in windows]
+        counted = [w.failed for w in windows]
         self._check()
         row = self._write(
             one(_RELEASE, (ids, tries, counted, delay_ms)),

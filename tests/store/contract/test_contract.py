@@ -35,6 +35,7 @@ from celery_debounce.store.domain import (
     FinishResult,
     OutcomeUnknown,
     PayloadTooLarge,
+    Released,
     ReplaceRefused,
     StoreUnavailable,
 )
@@ -253,7 +254,7 @@ def test_a_released_window_is_taken_again_after_the_delay(store: Store) -> None:
     first = gate(store, "k", window="1ms", max_wait="1s")
     shard = first.call.shard
     (taken,) = take_due(store, shard)
-    assert store.release(shard, 50, [(taken.task_id, taken.tries)]) == 1
+    assert store.release(shard, 50, [Released(taken.task_id, taken.tries)]) == 1
     (again,) = take_due(store, shard)
     assert again.task_id == first.task_id
 
@@ -594,7 +595,7 @@ def test_a_window_is_counted_once_when_first_taken_and_a_reset_returns_the_count
     taken = [w for s in shards for w in store.take(s, 10).windows]
     assert sorted(w.task_id for w in taken) == sorted({burst[0].task_id, capped[0].task_id})
     for window in taken:  # a lease that passed: taken again, not counted again
-        store.release(window.shard, 0, [(window.task_id, window.tries)])
+        store.release(window.shard, 0, [Released(window.task_id, window.tries)])
         assert [w.task_id for w in take_due(store, window.shard)] == [window.task_id]
     counters = {k: v for k, v in _counters(store).items() if k.endswith("|cnt")}
     late = {k: v for k, v in counters.items() if k.startswith("l") and k[1].isdigit()}
