@@ -13,6 +13,7 @@ from ..aliases import MAX_ALIASES
 from ..stored_call import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS, new_task_id
 from .keys import split_ident
 from .records import TAKE_FIELDS, Record, decode_record
+from .states import Edge, as_edge
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId
@@ -248,7 +249,7 @@ class GateResult(NamedTuple):
     now_ms: int
     #: ``"lead"``: this call is a leading run (published at once); ``"suppressed"``:
     #: folded into the leading run ``task_id`` (leading only); ``""`` otherwise
-    edge: str = ""
+    edge: Edge = ""
 
 
 def gate_keys(store: GateStore, call: PreparedCall) -> list[str]:
@@ -328,7 +329,7 @@ def parse_reply(reply: list[object]) -> GateResult:
 def _edge_reply(reply: list[object]) -> GateResult:
     base = parse_reply(reply[:5])
     edge = reply[5]
-    return base._replace(edge=edge.decode() if isinstance(edge, bytes) else str(edge))
+    return base._replace(edge=as_edge(edge.decode() if isinstance(edge, bytes) else str(edge)))
 
 
 # -- finish.lua ----------------------------------------------------------------------------

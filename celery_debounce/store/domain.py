@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from ..errors import (
     DebounceBackendError,
@@ -21,6 +21,7 @@ from ..errors import (
 )
 from .codec import Shard
 from .errors import NotReplicated
+from .states import WindowState
 
 __all__ = [
     "AliasesFull",
@@ -160,7 +161,7 @@ class ClaimResult(NamedTuple):
 
     #: the window's state before the claim ("" if its record is gone): ``dispatching``,
     #: ``queued``, ``claimed``, ``stale``, ``finished``, ``pending``
-    before: str
+    before: WindowState | Literal[""]
     #: False: a duplicate delivery (finished, or claimed under a live lease): the body
     #: must not run
     run: bool

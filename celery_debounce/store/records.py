@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..stored_call import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
+from .states import WindowState, as_state
 
 #: Upper bounds (ms) of the dispatch lateness buckets counted by take.lua in
 #: ``l<b>|<task>`` (the last bucket, index ``len(LATE_BUCKETS_MS)``, is everything
@@ -140,7 +141,7 @@ class Record(NamedTuple):
     deadline_ms: int
     max_wait_ms: int  # a duration: the ceiling is first_seen_ms + max_wait_ms
     calls: int
-    state: str | None = None
+    state: WindowState | None = None
     error: str | None = None
     max_calls: int | None = None
     content_type: str = DEFAULT_CONTENT_TYPE
@@ -214,7 +215,7 @@ def decode_record(
         deadline_ms=number(deadline if deadline is not None else get(F_DEADLINE)),
         max_wait_ms=number(get(F_MAX_WAIT)),
         calls=number(get(F_CALLS)),
-        state=as_text(st) if st is not None else None,
+        state=as_state(as_text(st)) if st is not None else None,
         error=as_text(qe) if qe is not None else None,
         max_calls=_lenient_int(mc) if mc is not None else None,
         content_type=as_text(ct) if ct is not None else DEFAULT_CONTENT_TYPE,

@@ -29,3 +29,24 @@ def test_the_contract_suite_uses_every_member_of_the_contract() -> None:
     assert len(members) > 40  # the Protocols were read
     unused = [(role, name) for role, name in members if not re.search(rf"\.{name}\b", suite)]
     assert unused == []
+
+
+def test_the_states_the_redis_scripts_write_are_the_contracts_and_others_are_refused() -> None:
+    import pytest
+
+    from celery_debounce.store.states import STATES, as_before, as_edge, as_state
+
+    lua = "\n".join(p.read_text("utf-8") for p in (ROOT / "celery_debounce/lua").rglob("*.lua"))
+    written = {  # 'st' set by an HSET (an HMGET reads it)
+        state
+        for line in lua.splitlines()
+        if "HSET" in line
+        for state in re.findall(r"'st', '([a-z]+)'", line)
+    }
+    assert {"dispatching", "queued", "claimed", "finished"} <= written <= STATES, written
+    assert as_state("queued") == "queued" and as_before("") == "" and as_edge("lead") == "lead"
+    for bad in ("", "running", "QUEUED"):
+        with pytest.raises(ValueError, match="not a window state"):
+            as_state(bad)
+    with pytest.raises(ValueError, match="not a gate edge"):
+        as_edge("trailing")

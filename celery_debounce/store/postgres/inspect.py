@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import ListStep, TakenEntry
 from ..records import Record
+from ..states import as_state
 from .columns import record_fields, select_record
 from .step import many, one
 
@@ -151,7 +152,7 @@ def _taken_record(row: Sequence[Any]) -> Record:
     state, reason, leading, trailing = row[6:]
     return Record(
         **record_fields(row),
-        state=state,
+        state=as_state(state),
         error=reason,
         leading=bool(leading),
         trailing=bool(trailing),

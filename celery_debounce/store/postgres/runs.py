@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...aliases import parse_aliases
 from ..domain import ClaimResult, FinishResult, ShardRef
+from ..states import as_before
 from .step import one
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +68,7 @@ class PostgresRuns:
             "claim",
         )
         assert row is not None
-        return ClaimResult(row[0], bool(row[1]))
+        return ClaimResult(as_before(row[0]), bool(row[1]))
 
     def claim_late(
         self, shard: ShardRef, task_id: str, task_name: str = "", retry: bool = False

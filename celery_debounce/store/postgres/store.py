@@ -43,6 +43,7 @@ from ..domain import (
     StoreUnavailable,
 )
 from ..records import Record
+from ..states import as_state
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
 from .columns import record_fields, select_record
@@ -566,7 +567,7 @@ def _record(row: Sequence[Any]) -> Record:
     state, capped, *size = row[6:]
     return Record(
         **record_fields(row),
-        state=state,
+        state=as_state(state),
         capped=bool(capped),
         collected_bytes=size[0] if size else None,
         collect_list=task_id if size and size[0] is not None else None,
