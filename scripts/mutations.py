@@ -1535,8 +1535,8 @@ MUTATIONS: list[Mutation] = [
         "replica's copy (the claim's WAIT)",
         PKG + "store/__init__.py",
         "            if not int(run) or not before:\n                return ClaimResult("
-        "as_text(before), bool(int(run)))",
-        "            return ClaimResult(as_text(before), bool(int(run)))",
+        "as_before(as_text(before)), bool(int(run)))",
+        "            return ClaimResult(as_before(as_text(before)), bool(int(run)))",
         "tests/worker/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
         "lost_or_doubled",
     ),
