@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ from functools import lru_cache
 
 from ..errors import DebounceConfigError, DebounceKeyError
 
-_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")  # ASCII digits only
 _SUBKEY = re.compile(r"[^.{}\[\]!:]+")
 
 
@@ -201,6 +202,14 @@ def resolve(
                 )
             value = value[field]
             walked = f"{walked}.{field}"
+        if (isinstance(value, float) and not math.isfinite(value)) or (
+            isinstance(value, Decimal) and not value.is_finite()
+        ):
+            raise DebounceKeyError(
+                f"debounce_key {template.source!r}: {{{part.text}}} resolved to "
+                f"{_short(value)}; a key cannot be NaN or an infinity (NaN never equals "
+                "itself, and no other producer can write either)"
+            )
         text = scalar_text(value)
         if text is None:
             raise DebounceKeyError(

@@ -80,6 +80,18 @@ ROWS: list[tuple[str, Call, type[BaseException], str]] = [
         r"\{user\} resolved to NoneType None" + re.escape(NOT_A_KEY),
     ),
     (
+        "NaN value",
+        call(math.nan),
+        DebounceKeyError,
+        r"\{user\} resolved to nan; a key cannot be NaN or an infinity",
+    ),
+    (
+        "infinite value",
+        call(kw={"user": -math.inf}),
+        DebounceKeyError,
+        r"\{user\} resolved to -inf; a key cannot be NaN or an infinity",
+    ),
+    (
         "nested: key absent",
         call({"name": "x"}, debounce_key="{user.id}"),
         DebounceKeyError,
@@ -314,6 +326,12 @@ ROWS: list[tuple[str, Call, type[BaseException], str]] = [
         call(debounce_key="{user:>10}"),
         DebounceConfigError,
         r"^debounce_key='\{user:>10\}'" + BAD_PLACEHOLDER % "user:>10",
+    ),
+    (
+        "a Unicode digit as a position",
+        call(debounce_key="{\u0661}"),
+        DebounceConfigError,
+        "^debounce_key='\\{\u0661\\}'" + BAD_PLACEHOLDER % "\u0661",
     ),
     (
         "conversion",
