@@ -316,8 +316,10 @@ const noop = (): void => {};
 
 /**
  * The connection the gate is sent on for the user's client `redis`: its duplicate, made
- * once per client (same address, db, credentials, TLS, keyPrefix, retry strategy...), that
- * never sends a command twice. On a Cluster the duplicate's node connections are made so,
+ * once per client (same address, db, credentials, TLS, retry strategy...), that never
+ * sends a command twice. Without the client's keyPrefix: the windows' keys are named by
+ * the `prefix` option alone, where the dispatchers read them (a prefixed window was never
+ * read, so never run). On a Cluster the duplicate's node connections are made so,
  * and it does not send a command again after "Connection is closed" (retryDelayOnFailover
  * 0): MOVED, ASK, TRYAGAIN and CLUSTERDOWN, replies of a command that did not run, are
  * still followed. Closed when the user's client ends (quit, disconnect).
@@ -329,11 +331,11 @@ function gateConnection(redis: Client): Client {
   if (isCluster(redis)) {
     const own = (redis.options.redisOptions ?? {}) as Record<string, unknown>;
     made = redis.duplicate([], {
-      lazyConnect: true, enableAutoPipelining: false, retryDelayOnFailover: 0,
-      redisOptions: { ...own, ...ONCE },
+      lazyConnect: true, enableAutoPipelining: false, retryDelayOnFailover: 0, keyPrefix: "",
+      redisOptions: { ...own, ...ONCE, keyPrefix: "" },
     } as Parameters<Cluster["duplicate"]>[1]);
   } else {
-    made = redis.duplicate({ ...ONCE, lazyConnect: true });
+    made = redis.duplicate({ ...ONCE, lazyConnect: true, keyPrefix: "" });
   }
   made.on("error", noop);  // the call that waits sees it; nothing to print
   made.on("node error", noop);

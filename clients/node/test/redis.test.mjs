@@ -319,12 +319,12 @@ test("a burst costs one EVALSHA per call after the first, on one connection", as
   }
 });
 
-test("the gate connection has the client's settings (db, user, keyPrefix, name) and closes with it", async () => {
+test("the gate connection has the client's settings (db, user, name) but not its keyPrefix, and closes with it", async () => {
   const page = readFileSync(new URL("../../../docs/guarantees.md", import.meta.url), "utf8");
   const line = page.split("\n").find((l) => l.startsWith("ACL SETUSER debouncer "));
   const rules = line.split(" ").slice(3).map((r) => (r === ">PASSWORD" ? ">secret" : r));
   await redis.call("ACL", "SETUSER", "debouncer", "reset", ...rules, "+info", "+select",
-    "+client|setname", "~app:*", "&app:*");
+    "+client|setname");
   const own = new Redis({ port: redis.options.port, host: "127.0.0.1", db: 3, keyPrefix: "app:",
     username: "debouncer", password: "secret", connectionName: "webhooks" });
   const named = async () => (await redis.client("LIST")).split("\n").filter((l) => / name=webhooks /.test(l));
@@ -332,7 +332,9 @@ test("the gate connection has the client's settings (db, user, keyPrefix, name) 
     await redis.select(3);
     await redis.flushdb();
     await debounce(own, "proj.build_report", { args: ["u1"] }, OPTIONS);
-    assert.equal(await redis.hget(`app:${OPEN}`, "n"), "1");
+    // where the dispatchers read it (prefix "debounce"), not under the client's "app:"
+    assert.equal(await redis.hget(OPEN, "n"), "1");
+    assert.deepEqual(await redis.keys("app:*"), []);
     const lines = await named();
     assert.equal(lines.length, 2, "the client's connection and the gate's");
     for (const l of lines) assert.match(l, / db=3 .* user=debouncer /);
