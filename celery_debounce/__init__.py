@@ -30,16 +30,29 @@ if TYPE_CHECKING:  # pragma: no cover
         DebounceOutcomeUnknown,
         DebouncePayloadError,
         MigrationBlocked,
+        SchemaMismatch,
+        SchemaMissing,
+        SchemaTooNew,
+        SchemaTooOld,
         StoreMisconfigured,
         WindowNotFound,
         WindowNotPending,
         WindowQuarantined,
     )
     from .ops.admin import DebounceAdmin
-    from .producer.bulk import enqueue_many
+    from .producer.bulk import DebounceBulkError, enqueue_many
     from .producer.outage import DebounceBreakerOpen
     from .producer.task import DebouncedTask, send_task
-    from .store.domain import ServerRefused, StoreUnavailable
+    from .store.domain import (
+        AliasesFull,
+        CancelOutcomeUnknown,
+        PayloadTooLarge,
+        ReplaceRefused,
+        ReplyLost,
+        ServerRefused,
+        StoreUnavailable,
+    )
+    from .worker.deliveries import DeliveryLimitReached
 
 __version__ = "0.3.0"
 
@@ -56,9 +69,12 @@ if _os.path.exists(_FOREIGN_MODULE):
 
 #: Each public name -> the module that defines it ("" for the module of that name).
 _OWNERS = {
+    "AliasesFull": "store.domain",
+    "CancelOutcomeUnknown": "store.domain",
     "DebounceAdmin": "ops.admin",
     "DebounceBackendError": "errors",
     "DebounceBreakerOpen": "producer.outage",
+    "DebounceBulkError": "producer.bulk",
     "DebounceConfigError": "errors",
     "DebounceContractMismatch": "errors",
     "DebounceError": "errors",
@@ -67,9 +83,17 @@ _OWNERS = {
     "DebouncePayloadError": "errors",
     "DebouncedCall": "calls",
     "DebouncedTask": "producer.task",
+    "DeliveryLimitReached": "worker.deliveries",
     "Dispatcher": "dispatch.dispatcher",
     "DispatcherStep": "dispatch.bootstep",
     "MigrationBlocked": "errors",
+    "PayloadTooLarge": "store.domain",
+    "ReplaceRefused": "store.domain",
+    "ReplyLost": "store.domain",
+    "SchemaMismatch": "errors",
+    "SchemaMissing": "errors",
+    "SchemaTooNew": "errors",
+    "SchemaTooOld": "errors",
     "ServerRefused": "store.domain",
     "StoreMisconfigured": "errors",
     "StoreUnavailable": "store.domain",
@@ -83,9 +107,12 @@ _OWNERS = {
 }
 
 __all__ = [
+    "AliasesFull",
+    "CancelOutcomeUnknown",
     "DebounceAdmin",
     "DebounceBackendError",
     "DebounceBreakerOpen",
+    "DebounceBulkError",
     "DebounceConfigError",
     "DebounceContractMismatch",
     "DebounceError",
@@ -94,9 +121,17 @@ __all__ = [
     "DebouncePayloadError",
     "DebouncedCall",
     "DebouncedTask",
+    "DeliveryLimitReached",
     "Dispatcher",
     "DispatcherStep",
     "MigrationBlocked",
+    "PayloadTooLarge",
+    "ReplaceRefused",
+    "ReplyLost",
+    "SchemaMismatch",
+    "SchemaMissing",
+    "SchemaTooNew",
+    "SchemaTooOld",
     "ServerRefused",
     "StoreMisconfigured",
     "StoreUnavailable",

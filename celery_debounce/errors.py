@@ -28,6 +28,31 @@ class MigrationBlocked(DebounceError):
         self.blockers = blockers
 
 
+class SchemaMismatch(DebounceConfigError):
+    """The PostgreSQL database's debounce schema is not the one this package uses:
+    nothing was written. ``found`` is its version (None: no schema), ``expected`` this
+    package's."""
+
+    def __init__(self, message: str, found: int | None, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
+
+
+class SchemaMissing(SchemaMismatch):
+    """The database has no debounce schema: run the migrate command."""
+
+
+class SchemaTooOld(SchemaMismatch):
+    """The database's debounce schema is older than this package's: run the migrate
+    command."""
+
+
+class SchemaTooNew(SchemaMismatch):
+    """The database's debounce schema is newer than this package's (a newer version of
+    the package migrated it): upgrade the package; it never downgrades a schema."""
+
+
 class DebounceKeyError(DebounceError, ValueError):
     """A key template could not be resolved against a call's arguments."""
 

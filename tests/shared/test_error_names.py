@@ -94,3 +94,62 @@ def test_spelling_leaves_other_names_alone() -> None:
     assert spell_settings("debounce_key='x' (debounce_shards=2, broker_url)", "CELERY") == (
         "debounce_key='x' (CELERY_DEBOUNCE_SHARDS=2, broker_url)"
     )
+
+
+#: Errors of the package a caller never sees: the worker's own, caught where raised.
+INTERNAL_ERRORS = {
+    "NotReplicated": "a claim or finish too few replicas acknowledged: the worker retries it",
+    "FinishNotReplicated": "the same, of a finish",
+}
+
+
+def _package_errors() -> dict[str, type[BaseException]]:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import celery_debounce
+    from celery_debounce.errors import DebounceError
+
+    found: dict[str, type[BaseException]] = {}
+    for module in pkgutil.walk_packages(celery_debounce.__path__, "celery_debounce."):
+        if ".testing" in module.name or ".migrations" in module.name:
+            continue
+        try:
+            loaded = importlib.import_module(module.name)
+        except ImportError:  # an optional extra (Django) not installed
+            continue
+        for name, value in vars(loaded).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, DebounceError)
+                and value.__module__ == module.name
+            ):
+                found[name] = value
+    return found
+
+
+def test_every_error_a_caller_can_see_is_importable_from_the_package_and_documented() -> None:
+    """Each error the package defines is importable from ``celery_debounce`` under its
+    own name (the one its traceback shows) unless it never leaves the worker, and
+    docs/errors.md has a row for it giving its bases as they are."""
+    import re
+    from pathlib import Path
+
+    import celery_debounce
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text("utf-8")
+    rows = {
+        m.group(1): [b.strip(" `") for b in m.group(2).split(",")]
+        for m in re.finditer(r"^\| `(\w+)` \| ([^|]+) \|", page, re.M)
+    }
+    defined = _package_errors()
+    assert len(defined) > 20
+    for name, cls in defined.items():
+        if name in INTERNAL_ERRORS:
+            continue
+        assert getattr(celery_debounce, name, None) is cls, name
+        assert rows.get(name) == [base.__name__ for base in cls.__bases__], name
+    exported = [n for n in celery_debounce.__all__ if isinstance(getattr(celery_debounce, n), type)]
+    documented = {n for n in exported if issubclass(getattr(celery_debounce, n), BaseException)}
+    assert documented <= set(rows), documented - set(rows)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ...errors import DebounceConfigError, MigrationBlocked
+from ...errors import (
+    MigrationBlocked,
+    SchemaMismatch,
+    SchemaMissing,
+    SchemaTooNew,
+    SchemaTooOld,
+)
 
 __all__ = [
     "MIGRATE_COMMAND",
@@ -166,30 +172,6 @@ def blocked(waited_s: float, blockers: list[tuple[int, str, str, str]]) -> Migra
     )
 
 
-class SchemaMismatch(DebounceConfigError):
-    """The database's debounce schema is not the one this package uses: nothing was
-    written. ``found`` is its version (None: no schema), ``expected`` this package's."""
-
-    def __init__(self, message: str, found: int | None, expected: int = SCHEMA_VERSION) -> None:
-        super().__init__(message)
-        self.found = found
-        self.expected = expected
-
-
-class SchemaMissing(SchemaMismatch):
-    """The database has no debounce schema: run the migrate command."""
-
-
-class SchemaTooOld(SchemaMismatch):
-    """The database's debounce schema is older than this package's: run the migrate
-    command."""
-
-
-class SchemaTooNew(SchemaMismatch):
-    """The database's debounce schema is newer than this package's (a newer version of
-    the package migrated it): upgrade the package; it never downgrades a schema."""
-
-
 def refusal(found: int | None) -> SchemaMismatch | None:
     """The error for a database whose schema version is ``found``; None when it fits."""
     if found is None:
@@ -197,12 +179,14 @@ def refusal(found: int | None) -> SchemaMismatch | None:
             f"the database has no celery_debounce schema (expected version "
             f"{SCHEMA_VERSION}): run `{MIGRATE_COMMAND}`",
             found,
+            SCHEMA_VERSION,
         )
     if found < SCHEMA_VERSION:
         return SchemaTooOld(
             f"the database's celery_debounce schema is version {found}, older than this "
             f"package's {SCHEMA_VERSION}: run `{MIGRATE_COMMAND}`",
             found,
+            SCHEMA_VERSION,
         )
     if found > SCHEMA_VERSION:
         return SchemaTooNew(
@@ -210,6 +194,7 @@ def refusal(found: int | None) -> SchemaMismatch | None:
             f"package's {SCHEMA_VERSION}: upgrade celery-debounced (a schema is never "
             f"downgraded)",
             found,
+            SCHEMA_VERSION,
         )
     return None
 
