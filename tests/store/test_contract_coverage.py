@@ -31,10 +31,8 @@ def test_the_contract_suite_uses_every_member_of_the_contract() -> None:
     assert unused == []
 
 
-def test_the_states_the_redis_scripts_write_are_the_contracts_and_others_are_refused() -> None:
-    import pytest
-
-    from celery_debounce.store.states import STATES, as_before, as_edge, as_state
+def test_the_states_the_redis_scripts_write_are_the_contracts() -> None:
+    from celery_debounce.store.states import STATES
 
     lua = "\n".join(p.read_text("utf-8") for p in (ROOT / "celery_debounce/lua").rglob("*.lua"))
     written = {  # 'st' set by an HSET (an HMGET reads it)
@@ -44,9 +42,3 @@ def test_the_states_the_redis_scripts_write_are_the_contracts_and_others_are_ref
         for state in re.findall(r"'st', '([a-z]+)'", line)
     }
     assert {"dispatching", "queued", "claimed", "finished"} <= written <= STATES, written
-    assert as_state("queued") == "queued" and as_before("") == "" and as_edge("lead") == "lead"
-    for bad in ("", "running", "QUEUED"):
-        with pytest.raises(ValueError, match="not a window state"):
-            as_state(bad)
-    with pytest.raises(ValueError, match="not a gate edge"):
-        as_edge("trailing")

@@ -266,3 +266,21 @@ def test_a_dispatcher_without_the_task_publishes_with_the_payloads_serializer(
         wait_until(lambda: runs, 10)
     assert runs == [{1, 2}]
     assert not list_windows(producer, states=["quarantined"])
+
+
+def test_a_state_a_newer_version_wrote_is_read_and_claimed_not_refused(
+    redis_server: str, redis_client: redis.Redis
+) -> None:
+    """During a deploy a newer package's scripts may write a state this one does not
+    know. Reading it (a claim, an operator's read) passes it through as it is: a reader
+    that refused it would fail a claim whose run the script already decided."""
+    app = build(redis_server, lease=0.3)
+    backend = store_for(app)
+    task_id = app.tasks["faults.record"].delay("newer").id
+    (taken,) = wait_until(lambda: backend.take(0, 10).windows, 5)
+    assert backend.ack(0, [taken.task_id]) == 1
+    redis_client.hset(f"debounce:{{0}}:win:{task_id}", "st", "parked")
+    found = backend.taken(task_id)
+    assert found is not None and found[1].state == "parked"
+    claimed = backend.claim(0, task_id, "faults.record")
+    assert claimed.before == "parked"  # the script's own verdict, whatever it is
