@@ -198,6 +198,17 @@ class BulkGate:
                 script.sha = client.script_load(script.script)
                 setattr(script, "_loaded_by_bulk", True)  # noqa: B010
             conn: Any = checkout(pool)  # refused: nothing sent
+
+        def settle_oldest() -> None:
+            """Read the oldest chunk in flight's replies (and its WAIT's): answered."""
+            _read_chunk(conn, sent[0][1], outcomes, missing)
+            if waited:
+                self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
+            marker, done = sent.pop(0)
+            answered.append(marker)
+            if on_chunk is not None:
+                on_chunk(done)
+
         try:
             for start in range(0, len(calls), chunk_size):
                 chunk = range(start, min(start + chunk_size, len(calls)))
@@ -211,21 +222,9 @@ class BulkGate:
                         sent.pop()
                     raise  # else (EXEC then WAIT) its EXEC may be complete: it may have run
                 if len(sent) > 1:
-                    _read_chunk(conn, sent[0][1], outcomes, missing)
-                    if waited:
-                        self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
-                    marker, done = sent.pop(0)
-                    answered.append(marker)
-                    if on_chunk is not None:
-                        on_chunk(done)
+                    settle_oldest()  # while the chunk just sent runs
             while sent:
-                _read_chunk(conn, sent[0][1], outcomes, missing)
-                if waited:
-                    self._check_acks(_reply_or_error(conn), sent[0][1], outcomes)
-                marker, done = sent.pop(0)
-                answered.append(marker)
-                if on_chunk is not None:  # the last chunk too, as the contract says
-                    on_chunk(done)
+                settle_oldest()  # the last chunk too, as the contract says
             # every reply arrived: the markers served their purpose (else they expire)
             conn.send_command("DEL", *answered)
             _reply_or_error(conn)  # refused (no +del): they expire
