@@ -1534,9 +1534,9 @@ MUTATIONS: list[Mutation] = [
         "a run claimed on a master a failover demotes does not run beside the promoted "
         "replica's copy (the claim's WAIT)",
         PKG + "store/__init__.py",
-        "            if not int(run) or not before:\n                return ClaimResult("
-        "as_before(as_text(before)), bool(int(run)))",
-        "            return ClaimResult(as_before(as_text(before)), bool(int(run)))",
+        "            if not int(run) or not before:\n"
+        "                return claim_result(before, run)",
+        "            return claim_result(before, run)",
         "tests/worker/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
         "lost_or_doubled",
     ),

@@ -84,10 +84,9 @@ from .keys import (
 )
 from .operators import Operators
 from .records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
-from .runs import RunOps, finish_result
+from .runs import RunOps, claim_result, finish_result
 from .scripts import SCRIPT_NAMES, script_source
 from .server import MIN_REDIS, ServerCheck, read_server_version, server_supported
-from .states import as_before
 from .wake import WakeListener
 
 logger = logging.getLogger("celery_debounce.store")
@@ -383,7 +382,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         if last_delivery:
             args += ["", "1"]
         before, _, run = self.run_once("claim", self._record_keys(shard, task_id), args)
-        return ClaimResult(as_before(as_text(before)), bool(int(run)))
+        return claim_result(before, run)
 
     def claim_late(
         self, shard: Shard, task_id: str, task_name: str = "", retry: bool = False
@@ -529,13 +528,13 @@ class WaitedStore(WindowStore):
         except NotReplicated as exc:
             before, at, run = exc.reply
             if not int(run) or not before:
-                return ClaimResult(as_before(as_text(before)), bool(int(run)))
+                return claim_result(before, run)
             try:
                 self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])
             except DebounceBackendError as undo:  # a demoted master: it is discarded anyway
                 logger.debug("debounce: could not undo the claim of %s: %s", task_id, undo)
             raise
-        return ClaimResult(as_before(as_text(before)), bool(int(run)))
+        return claim_result(before, run)
 
     def finish_run(self, shard: Shard, task_id: str, state: str) -> FinishResult:
         """:meth:`WindowStore.finish_run` followed by ``WAIT``: a finish fewer replicas

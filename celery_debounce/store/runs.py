@@ -16,13 +16,19 @@ from ..aliases import parse_aliases
 from ..headers import EXCLUSIVE_HEADER
 from ..settings import Settings
 from .codec import Shard
-from .domain import FinishResult
+from .domain import ClaimResult, FinishResult
 from .errors import translate_errors
 from .keys import claims_key, win_key
 from .records import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text
+from .states import as_before
 
 #: What a debounce_exclusive window's stored options hold (``take.lua`` looks for it).
 _EXCLUSIVE = f'"{EXCLUSIVE_HEADER}"'
+
+
+def claim_result(before: Any, run: Any) -> ClaimResult:
+    """``claim.lua``'s verdict: the state ``before`` the claim and whether to ``run``."""
+    return ClaimResult(as_before(as_text(before)), bool(int(run)))
 
 
 def finish_result(reply: Any) -> FinishResult:
