@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .postgres import LocalPostgres
-from .reaper import Reaper, reap_with_parent
+from .reaper import Watched
 from .servers import _tail, free_port
 
 #: The binary to run: first choice.
@@ -33,7 +33,7 @@ def find_pgbouncer() -> Path | None:
     return None
 
 
-class LocalPgBouncer:
+class LocalPgBouncer(Watched):
     """PgBouncer on ``127.0.0.1`` in front of ``server`` (every database, its user
     trusted), ``pool_mode`` ``transaction`` unless told, at most ``pool_size`` server
     connections per database and user."""
@@ -49,7 +49,6 @@ class LocalPgBouncer:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-pgbouncer-"))
         self.process: subprocess.Popen[bytes] | None = None
-        self._reaper: Reaper | None = None
         self._as = dict(server._as)
         if self._as:
             os.chown(self.dir, self._as["user"], self._as["group"])
@@ -94,7 +93,7 @@ class LocalPgBouncer:
             cwd=self.dir,
             **self._as,
         )
-        self._reaper = reap_with_parent(self.process.pid, self.dir)
+        self._watch(self.process.pid, self.dir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -122,9 +121,7 @@ class LocalPgBouncer:
         return row is not None and "PgBouncer" in str(row[0])
 
     def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.dismiss()
-            self._reaper = None
+        self._unwatch()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

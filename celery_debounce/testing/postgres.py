@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .reaper import Reaper, reap_with_parent
+from .reaper import Watched
 from .servers import _tail, free_port
 
 #: A directory holding ``initdb``, ``postgres`` and ``pg_isready``: first choice.
@@ -76,7 +76,7 @@ def _complete(bindir: Path) -> bool:
     return all(os.access(bindir / tool, os.X_OK) for tool in _TOOLS)
 
 
-class LocalPostgres:
+class LocalPostgres(Watched):
     """A private PostgreSQL server (trust authentication, superuser ``debounce``) on
     ``127.0.0.1``; its data directory and log live in :attr:`dir` until :meth:`cleanup`.
     ``settings`` override :data:`FAST_SETTINGS` (``synchronous_commit="on"`` for a server
@@ -97,7 +97,6 @@ class LocalPostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="celery-debounce-postgres-"))
         self.process: subprocess.Popen[bytes] | None = None
         self._frozen: list[int] = []
-        self._reaper: Reaper | None = None
         self._as: dict[str, Any] = {}
         if os.geteuid() == 0:
             try:
@@ -184,9 +183,7 @@ class LocalPostgres:
             self.process = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir, **self._as
             )
-        if self._reaper is not None:  # of a run of it that ended without stop()
-            self._reaper.dismiss()
-        self._reaper = reap_with_parent(self.process.pid, self.dir, signal.SIGINT)
+        self._watch(self.process.pid, self.dir, signal.SIGINT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -271,9 +268,7 @@ class LocalPostgres:
     def stop(self, how: int = signal.SIGINT) -> None:
         """Fast shutdown (SIGINT: open sessions are ended); killed with its children if
         it lingers. A frozen server is continued first."""
-        if self._reaper is not None:
-            self._reaper.dismiss()
-            self._reaper = None
+        self._unwatch()
         if self.process is not None and self.process.poll() is None:
             pids = self._pids()
             for pid in pids:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-__all__ = ["Reaper", "reap_with_parent"]
+__all__ = ["Reaper", "Watched", "reap_with_parent"]
 
 #: $0: the server's pid; $1: the signal that stops it; $2: its directory.
 #: Children are found before the stop (the postmaster's, frozen by a test), and every
@@ -57,3 +57,21 @@ def reap_with_parent(pid: int, directory: Path | str, stop: int = signal.SIGTERM
         start_new_session=True,  # a Ctrl-C of the tests' process group leaves it be
     )
     return Reaper(process)
+
+
+class Watched:
+    """A throwaway server: each run of its process has a :class:`Reaper`."""
+
+    _reaper: Reaper | None = None
+
+    def _watch(self, pid: int, directory: Path | str, stop: int = signal.SIGTERM) -> None:
+        """Watch this run's process ``pid`` (a run that ended without :meth:`_unwatch`
+        has its watcher dismissed)."""
+        self._unwatch()
+        self._reaper = reap_with_parent(pid, directory, stop)
+
+    def _unwatch(self) -> None:
+        """The owner stops the server: its watcher goes without acting."""
+        if self._reaper is not None:
+            self._reaper.dismiss()
+            self._reaper = None

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from .reaper import Reaper, reap_with_parent
+from .reaper import Watched
 
 #: Environment variables naming the server binary, first set wins: the tests' own
 #: (``CELERY_DEBOUNCE_TEST_SERVER=.venv/.../valkey-server`` runs the suite on Valkey),
@@ -90,7 +90,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LocalRedis:
+class LocalRedis(Watched):
     """A redis-server child process on a free loopback port, removed on stop."""
 
     #: The server's log, in :attr:`dir` (kept until :meth:`cleanup`): :meth:`log_tail`.
@@ -111,7 +111,6 @@ class LocalRedis:
         self.env = env  # extra environment of the server process (e.g. LD_PRELOAD)
         self.dir = tempfile.mkdtemp(prefix="celery-debounce-redis-")
         self.process: subprocess.Popen[bytes] | None = None
-        self._reaper: Reaper | None = None
 
     @property
     def url(self) -> str:
@@ -136,8 +135,6 @@ class LocalRedis:
             self.LOG,
             *self.extra_args,
         ]
-        if self._reaper is not None:  # of a run of it that ended without stop()
-            self._reaper.dismiss()
         self.process = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,
@@ -145,7 +142,7 @@ class LocalRedis:
             cwd=self.dir,
             env={**os.environ, **self.env} if self.env else None,
         )
-        self._reaper = reap_with_parent(self.process.pid, self.dir)
+        self._watch(self.process.pid, self.dir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -160,9 +157,7 @@ class LocalRedis:
         raise TimeoutError(f"redis-server did not answer on port {self.port}")
 
     def stop(self, kill: bool = False) -> None:
-        if self._reaper is not None:
-            self._reaper.dismiss()
-            self._reaper = None
+        self._unwatch()
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)  # a test may have stopped it
             if kill:
