@@ -19,13 +19,19 @@ BEGIN
     IF v_task IS NULL THEN
         RETURN;
     END IF;
+    -- one row per kind, VALUES not a filtered set: this runs once per call
     INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
-    SELECT v_task, k.kind, abs(hashtext(p_ident) % 16), 1, p_now
-    FROM (VALUES ('i'), ('s')) AS k(kind)
-    WHERE k.kind = 'i' OR p_suppressed
-    ORDER BY k.kind
+    VALUES (v_task, 'i', abs(hashtext(p_ident) % 16), 1, p_now)
     ON CONFLICT (task, kind, slot) DO UPDATE SET
         n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
         updated_at = p_now;
+    IF p_suppressed THEN
+        INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
+        VALUES (v_task, 's', abs(hashtext(p_ident) % 16), 1, p_now)
+        ON CONFLICT (task, kind, slot) DO UPDATE SET
+            n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1
+                     ELSE s.n + 1 END,
+            updated_at = p_now;
+    END IF;
 END
 $$;
