@@ -2252,6 +2252,15 @@ MUTATIONS: list[Mutation] = [
         "test_a_misconfigured_store_is_raised_by_name_even_when_outages_publish",
     ),
     one(
+        "the PostgreSQL pool hands out its idle connections in queue order",
+        "a sequential caller stays on one warm backend (performance, row 12g)",
+        PKG + "store/postgres/reuse.py",
+        "        self.appendleft(item)\n",
+        "        super().append(item)\n",
+        "tests/store/test_postgres_store.py::"
+        "test_a_caller_one_call_at_a_time_stays_on_one_backend_of_several_idle",
+    ),
+    one(
         "a refused PostgreSQL connection is waited for until the pool's timeout",
         "a store outage is an error the caller sees in well under a second when nothing listens",
         PKG + "store/postgres/sending.py",

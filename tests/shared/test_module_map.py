@@ -461,7 +461,9 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
             "testing/pgbouncer.py",
         }
     ),
-    "psycopg_pool": frozenset({"store/postgres/sending.py", "store/postgres/store.py"}),
+    "psycopg_pool": frozenset(
+        {"store/postgres/reuse.py", "store/postgres/sending.py", "store/postgres/store.py"}
+    ),
 }
 
 

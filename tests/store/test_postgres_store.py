@@ -1585,3 +1585,21 @@ def test_migrate_refused_by_the_server_is_a_typed_error_naming_it(
     with pytest.raises(DebounceConfigError, match=r'could not be migrated: .*"debounce_open"'):
         make_store().migrate()
     assert make_store().schema_version() is None
+
+
+def test_a_caller_one_call_at_a_time_stays_on_one_backend_of_several_idle(
+    make_store: Callable[..., PostgresStore],
+) -> None:
+    """The pool hands out the connection returned last (reuse.py): with three idle
+    connections a sequential caller keeps one warm backend instead of going round them."""
+    store = make_store(min_size=3, max_size=3)
+    store.pool.wait()
+    assert store.pool.get_stats()["pool_available"] == 3
+
+    def backend(conn: psycopg.Connection[object]) -> int:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    pids = [store._read(backend) for _ in range(6)]
+    assert len(set(pids)) == 1, pids

@@ -51,6 +51,7 @@ from .gate_args import gate_args, gate_result
 from .inspect import PostgresInspect
 from .link import LinkState, connection_class
 from .logs import POOL_NAME, route_pool_logs
+from .reuse import last_returned_first
 from .runs import PostgresRuns
 from .schema import (
     BLOCKERS_SQL,
@@ -236,6 +237,7 @@ class PostgresStore(
             kwargs={"autocommit": True, "prepare_threshold": None, **links},
             name=POOL_NAME,
         )
+        last_returned_first(self.pool)
         self.pool.open(wait=False)
         #: a debounce_collect window's byte budget, as the Redis store's gate gives it
         self.max_payload_bytes: int = (
