@@ -13,7 +13,7 @@ import {
 import { GATE_SCRIPT } from "./gate-script.js";
 import { blake2bHex } from "./hashes.js";
 import { shardOf, shardTag, windowIdent } from "./layout.js";
-import { type JsonValue, pyJson } from "./pyjson.js";
+import { pyJson } from "./pyjson.js";
 import { type KeyTemplate, parseTemplate, resolveTemplate } from "./templates.js";
 
 export { CONTRACT_VERSION } from "./contract.js";
@@ -24,8 +24,12 @@ export { GATE_SCRIPT } from "./gate-script.js";
 
 /** A call's arguments: Celery's `args` and `kwargs`. */
 export interface Call {
-  args?: readonly JsonValue[];
-  kwargs?: Readonly<Record<string, JsonValue>>;
+  /** Celery's `args`: values JSON carries as Python would (see JsonValue); any other is
+   * refused with DebounceEncodeError, nothing sent. Typed loosely so that values typed by
+   * an interface are accepted: an interface has no index signature. */
+  args?: readonly unknown[];
+  /** Celery's `kwargs`: an object of such values. */
+  kwargs?: object;
 }
 
 /** How the call is debounced, and where the windows live (the Python settings' defaults). */
@@ -231,7 +235,7 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   if (kwargs === null || typeof kwargs !== "object" || Array.isArray(kwargs)) {
     throw new DebounceConfigError("kwargs: task keyword arguments must be an object");
   }
-  let key = template ? resolveTemplate(template, args, kwargs) : "";
+  let key = template ? resolveTemplate(template, args, kwargs as Record<string, unknown>) : "";
   const body = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}, {}]`;
   if (body.length > plan.maxPayloadBytes) {  // the body is ASCII: characters are bytes
     throw new DebouncePayloadError(

@@ -1,14 +1,12 @@
-// Against a real redis-server started here on a free port: the gate calls themselves.
+// Against a real redis-server started here on a free port: the gate calls themselves,
+// with ioredis 5 (`ioredis`) or, with DEBOUNCE_IOREDIS=ioredis6, ioredis 6: both are
+// declared (a peer dependency), both run (`npm test`).
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { once } from "node:events";
 import { createRequire } from "node:module";
 import { connect, createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, test } from "node:test";
-import Redis from "ioredis";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
   DebounceOutcomeUnknown,
@@ -16,45 +14,28 @@ import {
   prepare, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
+import { freePort, startRedis } from "./redis-server.mjs";
 
+const { default: Redis } = await import(process.env.DEBOUNCE_IOREDIS ?? "ioredis");
 let server;
 let redis;
-let dir;
-
-function freePort() {
-  return new Promise((resolve) => {
-    const probe = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => resolve(port));
-    });
-  });
-}
-
-function reachable(port) {
-  return new Promise((resolve) => {
-    const socket = connect(port, "127.0.0.1", () => { socket.end(); resolve(true); });
-    socket.on("error", () => resolve(false));
-  });
-}
 
 before(async () => {
-  const port = await freePort();
-  dir = mkdtempSync(join(tmpdir(), "debounce-node-"));
-  server = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "",
-    "--appendonly", "no", "--dir", dir], { stdio: "ignore" });
-  const deadline = Date.now() + 10_000;
-  while (!(await reachable(port))) {
-    if (Date.now() > deadline) throw new Error(`redis-server did not start on ${port}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  redis = new Redis({ port, host: "127.0.0.1" });
+  server = await startRedis();
+  redis = new Redis({ port: server.port, host: "127.0.0.1" });
   await redis.ping();
 });
 
 after(async () => {
   redis?.disconnect();
-  server?.kill();
-  if (dir) rmSync(dir, { recursive: true, force: true });
+  server?.stop();
+});
+
+test("the client under test is the ioredis asked for (5, or 6 with DEBOUNCE_IOREDIS=ioredis6)", () => {
+  const name = process.env.DEBOUNCE_IOREDIS ?? "ioredis";
+  const manifest = createRequire(import.meta.url).resolve(`${name}/package.json`);
+  const major = JSON.parse(readFileSync(manifest, "utf8")).version.split(".")[0];
+  assert.equal(major, name === "ioredis6" ? "6" : "5");
 });
 
 const OPTIONS = { debounce: "5m", key: "report:{0}", maxWait: "30m", replacePayload: false };
