@@ -93,7 +93,7 @@ class StoreCollector:
 
     # -- families ---------------------------------------------------------------------
     def _families(self, snap: Snapshot | None, up: float | None) -> list[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
 
         ns = self.namespace
 
@@ -103,42 +103,7 @@ class StoreCollector:
                 family.add_metric([], value)
             return family
 
-        def per(name: str, doc: str, label: str, kind: Any = GaugeMetricFamily) -> Any:
-            return kind(f"{ns}_{name}", doc, labels=[label])
-
-        have = snap is not None
-        dispatchers = per(
-            "dispatcher_last_batch_timestamp_seconds",
-            "When each dispatcher last took windows (Redis clock); kept for debounce_history_ttl.",
-            "dispatcher",
-        )
-        ages = per(
-            "dispatcher_last_batch_age_seconds",
-            "Seconds since each dispatcher last took windows (Redis clock).",
-            "dispatcher",
-        )
-        runs = per(
-            "store_runs",
-            "Windows taken for a run, counted in Redis (<tag>:stats; `stats --reset` zeroes it).",
-            "task",
-            CounterMetricFamily,
-        )
-        calls = per(
-            "store_calls",
-            "Calls carried by the windows taken, counted in Redis.",
-            "task",
-            CounterMetricFamily,
-        )
-        since: float | None = None
-        if snap is not None:
-            for name, at in sorted(snap.dispatchers.items()):
-                dispatchers.add_metric([name], at)
-                ages.add_metric([name], max(0.0, snap.at - at))
-            if snap.dispatchers:
-                since = max(0.0, snap.at - max(snap.dispatchers.values()))
-            for task, row in sorted(snap.tasks.items()):
-                runs.add_metric([task], row.runs)
-                calls.add_metric([task], row.calls)
+        labelled, since = self._labelled(snap)
 
         def value(get: Any) -> float | None:
             return float(get(snap)) if snap is not None else None
@@ -179,13 +144,54 @@ class StoreCollector:
                 "seconds_since_last_batch",
                 "Seconds since any dispatcher last took "
                 "windows (Redis clock; absent when none is recorded).",
-                since if have else None,
+                since,
             ),
-            dispatchers,
-            ages,
-            runs,
-            calls,
+            *labelled,
         ]
+
+    def _labelled(self, snap: Snapshot | None) -> tuple[list[Any], float | None]:
+        """The families labelled by dispatcher or by task, and the seconds since any
+        dispatcher last took windows (None: none recorded, or no snapshot)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        ns = self.namespace
+
+        def per(name: str, doc: str, label: str, kind: Any = GaugeMetricFamily) -> Any:
+            return kind(f"{ns}_{name}", doc, labels=[label])
+
+        dispatchers = per(
+            "dispatcher_last_batch_timestamp_seconds",
+            "When each dispatcher last took windows (Redis clock); kept for debounce_history_ttl.",
+            "dispatcher",
+        )
+        ages = per(
+            "dispatcher_last_batch_age_seconds",
+            "Seconds since each dispatcher last took windows (Redis clock).",
+            "dispatcher",
+        )
+        runs = per(
+            "store_runs",
+            "Windows taken for a run, counted in Redis (<tag>:stats; `stats --reset` zeroes it).",
+            "task",
+            CounterMetricFamily,
+        )
+        calls = per(
+            "store_calls",
+            "Calls carried by the windows taken, counted in Redis.",
+            "task",
+            CounterMetricFamily,
+        )
+        since: float | None = None
+        if snap is not None:
+            for name, at in sorted(snap.dispatchers.items()):
+                dispatchers.add_metric([name], at)
+                ages.add_metric([name], max(0.0, snap.at - at))
+            if snap.dispatchers:
+                since = max(0.0, snap.at - max(snap.dispatchers.values()))
+            for task, row in sorted(snap.tasks.items()):
+                runs.add_metric([task], row.runs)
+                calls.add_metric([task], row.calls)
+        return [dispatchers, ages, runs, calls], since
 
     def describe(self) -> list[Any]:
         """The metric names, without reading Redis (called at registration)."""

@@ -170,6 +170,95 @@ class Metrics:
 _ENABLED: weakref.WeakKeyDictionary[Any, dict[str, Metrics]] = weakref.WeakKeyDictionary()
 
 
+#: The counters enable() registers: (Metrics field, name, help, labels after ``task``).
+_COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("opened", "windows_opened", "Debounce windows opened by producers.", ()),
+    ("absorbed", "calls_absorbed", "Calls that joined an already open window.", ()),
+    ("dispatched", "windows_dispatched", "Debounce windows published to the broker.", ()),
+    (
+        "forced",
+        "windows_forced_by_max_wait",
+        "Published windows whose deadline was set by the max wait.",
+        (),
+    ),
+    ("cancelled", "windows_cancelled", "Debounce windows cancelled by an operator.", ()),
+    (
+        "closed_by_cap",
+        "windows_closed_by_cap",
+        "Debounce windows closed by their call cap (debounce_max_calls).",
+        (),
+    ),
+    (
+        "leading_runs",
+        "leading_runs",
+        "Leading runs (debounce_leading=True), published at their first call.",
+        (),
+    ),
+    (
+        "suppressed",
+        "calls_suppressed",
+        "Calls suppressed by the quiet period after a leading run "
+        "(debounce_leading=True, debounce_trailing=False).",
+        (),
+    ),
+    (
+        "duplicates_skipped",
+        "duplicates_skipped",
+        "Duplicate deliveries of a finished or running window, skipped before the task's code.",
+        (),
+    ),
+    ("held", "windows_held", "debounce_exclusive windows held behind a run of their key.", ()),
+    (
+        "held_seconds",
+        "held_seconds",
+        "Seconds debounce_exclusive windows were held behind a run.",
+        (),
+    ),
+    ("dispatched_calls", "dispatched_calls", "Calls carried by published windows.", ()),
+    (
+        "call_errors",
+        "call_errors",
+        "Calls the gate could not take (Redis errors), by exception class.",
+        ("error",),
+    ),
+    (
+        "publish_failures",
+        "publish_failures",
+        "Windows a dispatcher took but could not "
+        "publish, by kind (message, broker, uncertain, suspect, nack).",
+        ("kind",),
+    ),
+    (
+        "calls",
+        "calls",
+        "Calls the gate took, by outcome (opened, absorbed, suppressed).",
+        ("outcome",),
+    ),
+    (
+        "outage_fallbacks",
+        "outage_fallbacks",
+        "Calls published plainly because the "
+        "windows' Redis could not take them (debounce_on_outage="
+        "'publish'), by reason (unreachable, unknown, refused, "
+        "breaker).",
+        ("reason",),
+    ),
+    (
+        "quarantined",
+        "windows_quarantined",
+        "Windows set aside, by kind (message, publish_failed, record).",
+        ("kind",),
+    ),
+    (
+        "max_wait_violations",
+        "max_wait_violations",
+        "Runs that started later than their "
+        "window's ceiling (first call + max wait) plus a tolerance.",
+        (),
+    ),
+)
+
+
 def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     """Create the metrics in ``registry`` (default: prometheus_client's global one)
     and connect them to the debounce signals.
@@ -188,38 +277,11 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     if namespace in done:
         done[namespace].connect()
         return done[namespace]
-
-    def counter(name: str, doc: str, *labels: str) -> Any:
-        return Counter(name, doc, ["task", *labels], namespace=namespace, registry=registry)
-
-    opened = counter("windows_opened", "Debounce windows opened by producers.")
-    absorbed = counter("calls_absorbed", "Calls that joined an already open window.")
-    dispatched = counter("windows_dispatched", "Debounce windows published to the broker.")
-    forced = counter(
-        "windows_forced_by_max_wait", "Published windows whose deadline was set by the max wait."
-    )
-    cancelled = counter("windows_cancelled", "Debounce windows cancelled by an operator.")
-    closed_by_cap = counter(
-        "windows_closed_by_cap", "Debounce windows closed by their call cap (debounce_max_calls)."
-    )
-    leading_runs = counter(
-        "leading_runs", "Leading runs (debounce_leading=True), published at their first call."
-    )
-    suppressed = counter(
-        "calls_suppressed",
-        "Calls suppressed by the quiet period after a leading run "
-        "(debounce_leading=True, debounce_trailing=False).",
-    )
-    duplicates = counter(
-        "duplicates_skipped",
-        "Duplicate deliveries of a finished or running window, skipped before the task's code.",
-    )
-    held = counter("windows_held", "debounce_exclusive windows held behind a run of their key.")
-    held_seconds = counter(
-        "held_seconds", "Seconds debounce_exclusive windows were held behind a run."
-    )
-    dispatched_calls = counter("dispatched_calls", "Calls carried by published windows.")
-    lateness = Histogram(
+    made: dict[str, Any] = {
+        field: Counter(name, doc, ["task", *labels], namespace=namespace, registry=registry)
+        for field, name, doc, labels in _COUNTERS
+    }
+    made["lateness"] = Histogram(
         "dispatch_lateness_seconds",
         "Time from a window's deadline to its take by a dispatcher.",
         ["task"],
@@ -227,7 +289,7 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         registry=registry,
         buckets=LATENESS_BUCKETS,
     )
-    call_duration = Histogram(
+    made["call_duration"] = Histogram(
         "call_duration_seconds",
         "One call's round trip to the gate (.delay()/apply_async), failed calls included.",
         ["task"],
@@ -235,37 +297,14 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         registry=registry,
         buckets=CALL_DURATION_BUCKETS,
     )
-    call_errors = counter(
-        "call_errors", "Calls the gate could not take (Redis errors), by exception class.", "error"
-    )
-    publish_failures = counter(
-        "publish_failures",
-        "Windows a dispatcher took but could not "
-        "publish, by kind (message, broker, uncertain, suspect, nack).",
-        "kind",
-    )
-    calls = counter(
-        "calls", "Calls the gate took, by outcome (opened, absorbed, suppressed).", "outcome"
-    )
-    outage_fallbacks = counter(
-        "outage_fallbacks",
-        "Calls published plainly because the "
-        "windows' Redis could not take them (debounce_on_outage="
-        "'publish'), by reason (unreachable, unknown, refused, "
-        "breaker).",
-        "reason",
-    )
-    quarantined = counter(
-        "windows_quarantined",
-        "Windows set aside, by kind (message, publish_failed, record).",
-        "kind",
-    )
-    violations = counter(
-        "max_wait_violations",
-        "Runs that started later than their "
-        "window's ceiling (first call + max wait) plus a tolerance.",
-    )
+    enabled = Metrics(receivers=_receivers(made), **made)
+    enabled.connect()
+    done[namespace] = enabled
+    return enabled
 
+
+def _receivers(m: dict[str, Any]) -> tuple[Any, ...]:
+    """The signal receivers that count in the metrics ``m``, in :data:`_SIGNALS`' order."""
     #: (task, outcome) -> the labelled children a producer's call bumps: looked up
     #: once per task, so a call pays two increments and one observation
     producer_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
@@ -275,8 +314,8 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         if children is None:
             children = producer_children[(sender, outcome)] = (
                 own.labels(task=sender),
-                calls.labels(task=sender, outcome=outcome),
-                call_duration.labels(task=sender),
+                m["calls"].labels(task=sender, outcome=outcome),
+                m["call_duration"].labels(task=sender),
             )
         children[0].inc()
         children[1].inc()
@@ -284,106 +323,64 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
             children[2].observe(latency)
 
     def on_opened(sender: str, latency: float | None = None, **_: Any) -> None:
-        on_call(sender, "opened", opened, latency)
+        on_call(sender, "opened", m["opened"], latency)
 
     def on_absorbed(sender: str, latency: float | None = None, **_: Any) -> None:
-        on_call(sender, "absorbed", absorbed, latency)
+        on_call(sender, "absorbed", m["absorbed"], latency)
 
     def on_dispatched(sender: str, calls: int = 1, lateness: float = 0.0, **_: Any) -> None:
-        dispatched.labels(task=sender).inc()
-        dispatched_calls.labels(task=sender).inc(calls)
-        lateness_metric.labels(task=sender).observe(lateness)
-
-    def on_forced(sender: str, **_: Any) -> None:
-        forced.labels(task=sender).inc()
-
-    def on_cancelled(sender: str, **_: Any) -> None:
-        cancelled.labels(task=sender).inc()
-
-    def on_closed_by_cap(sender: str, **_: Any) -> None:
-        closed_by_cap.labels(task=sender).inc()
-
-    def on_leading(sender: str, **_: Any) -> None:
-        leading_runs.labels(task=sender).inc()
+        m["dispatched"].labels(task=sender).inc()
+        m["dispatched_calls"].labels(task=sender).inc(calls)
+        m["lateness"].labels(task=sender).observe(lateness)
 
     def on_suppressed(sender: str, latency: float | None = None, **_: Any) -> None:
-        on_call(sender, "suppressed", suppressed, latency)
+        on_call(sender, "suppressed", m["suppressed"], latency)
 
     def on_call_failed(
         sender: str, error: str = "DebounceBackendError", latency: float | None = None, **_: Any
     ) -> None:
-        call_errors.labels(task=sender, error=error).inc()
+        m["call_errors"].labels(task=sender, error=error).inc()
         if latency is not None:
-            call_duration.labels(task=sender).observe(latency)
-
-    def on_publish_failed(sender: str, kind: str = "message", **_: Any) -> None:
-        publish_failures.labels(task=sender, kind=kind).inc()
-
-    def on_publish_refused(sender: str, **_: Any) -> None:
-        publish_failures.labels(task=sender, kind="nack").inc()
-
-    def on_quarantined(sender: str, kind: str = "message", **_: Any) -> None:
-        quarantined.labels(task=sender, kind=kind).inc()
-
-    def on_duplicate(sender: str, **_: Any) -> None:
-        duplicates.labels(task=sender).inc()
+            m["call_duration"].labels(task=sender).observe(latency)
 
     def on_held(sender: str, held: float = 0.0, **_: Any) -> None:
-        held_metric.labels(task=sender).inc()
-        held_seconds.labels(task=sender).inc(held)
+        m["held"].labels(task=sender).inc()
+        m["held_seconds"].labels(task=sender).inc(held)
 
-    def on_fallback(sender: str, reason: str = "unreachable", **_: Any) -> None:
-        outage_fallbacks.labels(task=sender, reason=reason).inc()
+    def counts(field: str, **fixed: str) -> Any:
+        """A receiver that adds one to ``field`` (labels: the task, ``fixed``)."""
 
-    def on_violation(sender: str, **_: Any) -> None:
-        violations.labels(task=sender).inc()
+        def on_signal(sender: str, **_: Any) -> None:
+            m[field].labels(task=sender, **fixed).inc()
 
-    held_metric = held
-    lateness_metric = lateness
-    receivers = (
+        return on_signal
+
+    def by(field: str, label: str, default: str) -> Any:
+        """A receiver that adds one to ``field`` under the signal's ``label``."""
+
+        def on_signal(sender: str, **kwargs: Any) -> None:
+            m[field].labels(task=sender, **{label: kwargs.get(label, default)}).inc()
+
+        return on_signal
+
+    return (
         on_opened,
         on_absorbed,
         on_dispatched,
-        on_forced,
-        on_cancelled,
-        on_closed_by_cap,
-        on_leading,
+        counts("forced"),
+        counts("cancelled"),
+        counts("closed_by_cap"),
+        counts("leading_runs"),
         on_suppressed,
         on_call_failed,
-        on_publish_failed,
-        on_publish_refused,
-        on_quarantined,
-        on_duplicate,
+        by("publish_failures", "kind", "message"),
+        counts("publish_failures", kind="nack"),
+        by("quarantined", "kind", "message"),
+        counts("duplicates_skipped"),
         on_held,
-        on_fallback,
-        on_violation,
+        by("outage_fallbacks", "reason", "unreachable"),
+        counts("max_wait_violations"),
     )
-    enabled = Metrics(
-        opened,
-        absorbed,
-        dispatched,
-        forced,
-        cancelled,
-        dispatched_calls,
-        lateness,
-        receivers,
-        closed_by_cap,
-        leading_runs,
-        suppressed,
-        call_duration,
-        call_errors,
-        publish_failures,
-        quarantined,
-        calls,
-        duplicates,
-        held,
-        held_seconds,
-        outage_fallbacks,
-        violations,
-    )
-    enabled.connect()
-    done[namespace] = enabled
-    return enabled
 
 
 def multiprocess_dir() -> str | None:
