@@ -197,11 +197,10 @@ MUTATIONS: list[Mutation] = [
         "batch error path forgets the windows already sent",
         "crash row 5: a failed batch is released as a whole",
         PKG + "dispatch/publishers.py",
-        "                out.add_all(ok, Outcome.UNCERTAIN)\n"
-        "            else:  # unreachable, or the broker refused from the first command on\n"
-        "                out.add_all(ok, Outcome.UNSENT)\n"
-        "            ok = []\n",
-        "                pass\n",
+        "            out.add_all(ok, Outcome.UNCERTAIN)\n"
+        "        else:  # unreachable, or the broker refused from the first command on\n"
+        "            out.add_all(ok, Outcome.UNSENT)\n",
+        "            pass\n",
         "tests/producer/test_bulk.py::test_batched_publish_to_a_dead_broker_hands_windows_back",
     ),
     one(

@@ -342,16 +342,7 @@ class _Publishing:
             with context:
                 for i, window in enumerate(group):
                     if time.monotonic() >= lease_end:
-                        logger.warning(
-                            "debounce: %s[%s] key=%r not published: half its %dms "
-                            "lease passed (slow broker?); it is published after the "
-                            "lease expires",
-                            window.task_name,
-                            window.task_id,
-                            window.key,
-                            self.lease_ms,
-                        )
-                        out.add(window, Outcome.LATE)
+                        self._late(window, out)
                         continue
                     start = exact.position() if exact is not None else -1
                     try:
@@ -397,22 +388,43 @@ class _Publishing:
                         self._sort_replies(producer, exact.spans, replies, ok, out)
             self._answered(batched, ok, out, lease_end)
         except Exception as exc:  # the batched publish failed as a whole
-            shared = self.sender.fault_kind(producer, exc) == BROKER
-            noted = self.note_fault(exc) if shared else None
-            logger.warning(
-                "debounce: publishing a batch of %d failed, none is confirmed; will retry: %r (%s)",
-                len(ok),
-                exc,
-                f"the broker as a whole: {noted.reason}" if noted else "this batch",
-                exc_info=False,
-            )
-            if is_error_reply(exc) and not (shared and pipeline_failed_at(exc) == 1):
-                # the pipeline's other commands ran: some messages may be there
-                out.add_all(ok, Outcome.UNCERTAIN)
-            else:  # unreachable, or the broker refused from the first command on
-                out.add_all(ok, Outcome.UNSENT)
+            self._batch_failed(producer, exc, ok, out)
             ok = []
         out.add_all(ok, Outcome.SENT)
+
+    def _late(self, window: TakenWindow, out: Outcomes) -> None:
+        """``window`` is not sent: half its lease passed; it is published after the
+        lease expires."""
+        logger.warning(
+            "debounce: %s[%s] key=%r not published: half its %dms "
+            "lease passed (slow broker?); it is published after the "
+            "lease expires",
+            window.task_name,
+            window.task_id,
+            window.key,
+            self.lease_ms,
+        )
+        out.add(window, Outcome.LATE)
+
+    def _batch_failed(
+        self, producer: Any, exc: Exception, ok: list[TakenWindow], out: Outcomes
+    ) -> None:
+        """A batched publish failed as a whole: none of ``ok`` is confirmed. Uncertain
+        where the pipeline's other commands ran, unsent otherwise."""
+        shared = self.sender.fault_kind(producer, exc) == BROKER
+        noted = self.note_fault(exc) if shared else None
+        logger.warning(
+            "debounce: publishing a batch of %d failed, none is confirmed; will retry: %r (%s)",
+            len(ok),
+            exc,
+            f"the broker as a whole: {noted.reason}" if noted else "this batch",
+            exc_info=False,
+        )
+        if is_error_reply(exc) and not (shared and pipeline_failed_at(exc) == 1):
+            # the pipeline's other commands ran: some messages may be there
+            out.add_all(ok, Outcome.UNCERTAIN)
+        else:  # unreachable, or the broker refused from the first command on
+            out.add_all(ok, Outcome.UNSENT)
 
     def _sort_replies(
         self,

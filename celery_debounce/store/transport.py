@@ -375,31 +375,10 @@ class Transport:
                     if attempt >= 2 or isinstance(exc, redis.TimeoutError):
                         raise
                     continue  # nothing ran: safe to send again
-                replies: list[Any] = []
-                demoted = False
-                for _ in wire:
-                    try:
-                        replies.append(conn.read_response())
-                    except redis.ResponseError as exc:
-                        replies.append(exc)
-                    except redis.exceptions.BusyLoadingError as exc:
-                        # a loading server refuses every command (redis-py has closed
-                        # the connection): the rest were refused too
-                        replies.extend([exc] * (len(wire) - len(replies)))
-                        break
-                    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                        conn.disconnect()  # the replies may still come: never reuse
-                        self.refresh_topology()
-                        if not replies and _refused_by_a_replica(exc) and attempt < 2:
-                            demoted = True  # READONLY (Sentinel): nothing ran
-                            break
-                        raise _lost(operation or script or commands[0][0], exc) from exc
-                    except BaseException:
-                        conn.disconnect()
-                        raise
+                replies = self._replies(conn, wire, operation or script or commands[0][0], attempt)
             finally:
                 pool.release(conn)
-            if demoted:
+            if replies is None:  # READONLY (Sentinel): nothing ran
                 continue  # the pool asks the sentinels for the master again
             if ahead:
                 replies = replies[len(ahead) :]
@@ -417,3 +396,31 @@ class Transport:
                 raise error
             return replies
         raise DebounceBackendError("debounce Redis: too many redirections")
+
+    def _replies(
+        self, conn: Any, wire: list[tuple[Any, ...]], what: str, attempt: int
+    ) -> list[Any] | None:
+        """One reply per command of ``wire`` read on ``conn`` (error replies as
+        exceptions). None: the first was refused by a replica (a Sentinel demotion,
+        nothing ran: send again). A link lost part-way: ``DebounceOutcomeUnknown``."""
+        replies: list[Any] = []
+        for _ in wire:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+            except redis.exceptions.BusyLoadingError as exc:
+                # a loading server refuses every command (redis-py has closed the
+                # connection): the rest were refused too
+                replies.extend([exc] * (len(wire) - len(replies)))
+                break
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                conn.disconnect()  # the replies may still come: never reuse
+                self.refresh_topology()
+                if not replies and _refused_by_a_replica(exc) and attempt < 2:
+                    return None
+                raise _lost(what, exc) from exc
+            except BaseException:
+                conn.disconnect()
+                raise
+        return replies
