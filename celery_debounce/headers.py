@@ -57,6 +57,20 @@ CALLS_HEADER = "debounce_calls"
 COLLECT_HEADER = "debounce_collect"
 
 
+def _window_headers(
+    calls: int, shard: int | str, tag: str | None, ident: str | None
+) -> dict[str, Any]:
+    """The package's own headers of a window's message (see :meth:`WindowMessage.build`)."""
+    headers: dict[str, Any] = {CALLS_HEADER: calls}
+    if isinstance(shard, int):
+        headers[SHARD_HEADER] = shard
+    if tag is not None or isinstance(shard, str):
+        headers[TAG_HEADER] = tag if tag is not None else shard
+    if ident is not None:
+        headers[IDENT_HEADER] = ident
+    return headers
+
+
 class WindowMessage:
     """What a dispatcher needs to publish windows of one app (built once per dispatcher)."""
 
@@ -112,31 +126,9 @@ class WindowMessage:
         ``debounce_redis_wait_replicas``)."""
         opts = decode_options(options_json)
         pop = opts.pop
-        expires = None
-        rel = pop("expires", None)
-        at = pop("expires_at", None)
-        if rel is not None:
-            when = maybe_make_aware(
-                add_seconds_to_datetime(self.app.now(), float(rel)), tz=self.app.timezone
-            )
-            expires = when.isoformat()
-            opts["expiration"] = max(0.0, float(rel))
-        elif at is not None:
-            from dateutil.parser import isoparse
-
-            when = isoparse(at) if isinstance(at, str) else at
-            expires = when.isoformat()
-            left = subtract_datetimes(when, self.app.now()).total_seconds()
-            opts["expiration"] = max(0.0, left)
+        expires = self._expires(opts)
         stamped = pop("stamped_headers", None)
-        if arguments is not None:
-            amqp = self.app.amqp
-            levels = self.app.conf.get("task_repr_maxlevels") or 3
-            argsrepr = saferepr(arguments[0], amqp.argsrepr_maxsize, maxlevels=levels)
-            kwargsrepr = saferepr(arguments[1], amqp.kwargsrepr_maxsize, maxlevels=levels)
-        else:
-            argsrepr = f"<debounced: {calls} call{'s' if calls != 1 else ''}>"
-            kwargsrepr = "<debounced>"
+        argsrepr, kwargsrepr = self._reprs(calls, arguments)
         headers = {
             "lang": "py",
             "task": task_name,
@@ -163,13 +155,7 @@ class WindowMessage:
         extra = pop("headers", None)
         if extra:
             headers.update(extra)
-        headers[CALLS_HEADER] = calls
-        if isinstance(shard, int):
-            headers[SHARD_HEADER] = shard
-        if tag is not None or isinstance(shard, str):
-            headers[TAG_HEADER] = tag if tag is not None else shard
-        if ident is not None:
-            headers[IDENT_HEADER] = ident
+        headers.update(_window_headers(calls, shard, tag, ident))
         properties = {
             "correlation_id": task_id,
             "reply_to": pop("reply_to", None) or self.reply_to,
@@ -181,13 +167,43 @@ class WindowMessage:
         if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
             sent_event = {
                 "uuid": task_id,
-                "root_id": headers["root_id"],
-                "parent_id": headers["parent_id"],
                 "name": task_name,
+                **{k: headers[k] for k in ("root_id", "parent_id", "retries", "eta", "expires")},
                 "args": argsrepr,
                 "kwargs": kwargsrepr,
-                "retries": 0,
-                "eta": None,
-                "expires": expires,
             }
         return task_message(headers, properties, body, sent_event), opts
+
+    def _expires(self, opts: dict[str, Any]) -> str | None:
+        """The message's ``expires`` header from the stored ``expires`` (seconds from
+        now) or ``expires_at`` (a time), both taken out of ``opts``, which gets the AMQP
+        ``expiration`` (seconds left) in their place."""
+        rel = opts.pop("expires", None)
+        at = opts.pop("expires_at", None)
+        if rel is not None:
+            when = maybe_make_aware(
+                add_seconds_to_datetime(self.app.now(), float(rel)), tz=self.app.timezone
+            )
+            opts["expiration"] = max(0.0, float(rel))
+            return str(when.isoformat())
+        if at is not None:
+            from dateutil.parser import isoparse
+
+            when = isoparse(at) if isinstance(at, str) else at
+            left = subtract_datetimes(when, self.app.now()).total_seconds()
+            opts["expiration"] = max(0.0, left)
+            return str(when.isoformat())
+        return None
+
+    def _reprs(
+        self, calls: int, arguments: tuple[list[Any], dict[str, Any]] | None
+    ) -> tuple[str, str]:
+        """``argsrepr`` and ``kwargsrepr``: the run's arguments truncated as Celery
+        truncates a plain call's, or, for a body not parsed, the number of calls."""
+        if arguments is not None:
+            amqp = self.app.amqp
+            levels = self.app.conf.get("task_repr_maxlevels") or 3
+            argsrepr = saferepr(arguments[0], amqp.argsrepr_maxsize, maxlevels=levels)
+            kwargsrepr = saferepr(arguments[1], amqp.kwargsrepr_maxsize, maxlevels=levels)
+            return argsrepr, kwargsrepr
+        return f"<debounced: {calls} call{'s' if calls != 1 else ''}>", "<debounced>"
