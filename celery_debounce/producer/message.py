@@ -107,24 +107,8 @@ def call_options(
     debounce options already removed); it is consumed.
     """
     policy = options.get("retry_policy")
-    if policy:  # amqp.send_task_message: dict(default_policy, **retry_policy)
-        try:
-            dict({}, **policy)
-        except TypeError as exc:
-            raise refuse(
-                "retry_policy", policy, f"expected a mapping of str keys ({exc})"
-            ) from None
-        retry = options.get("retry")
-        if retry is None and app is not None:
-            retry = app.conf.task_publish_retry
-        unknown = set(policy) - _ensure_parameters()
-        if retry and unknown:  # kombu's Connection.ensure(**policy) refuses them
-            raise refuse(
-                "retry_policy",
-                policy,
-                f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
-                f"{', '.join(sorted(_ensure_parameters()))})",
-            )
+    if policy:
+        _check_retry_policy(app, policy, options.get("retry"))
     if options.get("content_type") is not None:
         raise refuse(
             "content_type",
@@ -156,6 +140,49 @@ def call_options(
             stored["headers"] = dict(headers)
         except (TypeError, ValueError) as exc:
             raise refuse("headers", headers, f"expected a mapping ({exc})") from None
+    _check_properties(stored)
+    stamped = stored.get("stamped_headers")
+    if stamped:
+        try:
+            stored["stamps"] = {h: options[h] for h in stamped}
+        except (KeyError, TypeError) as exc:
+            raise refuse(
+                "stamped_headers", stamped, f"each stamp needs its option ({exc})"
+            ) from None
+        for h in stamped:  # as app.send_task: a stamp is a header, not a property
+            stored.pop(h, None)
+    if app is not None:
+        _route(app, router, task_name, task_type, args, kwargs, stored)
+        parent = app.current_worker_task
+        if parent is not None:  # as app.send_task: the caller's task is the parent
+            if not stored.get("root_id"):
+                stored["root_id"] = parent.request.root_id or parent.request.id
+            if not stored.get("parent_id"):
+                stored["parent_id"] = parent.request.id
+    return embed, stored
+
+
+def _check_retry_policy(app: Celery | None, policy: Any, retry: Any) -> None:
+    """Refuse a ``retry_policy`` Celery would fail to publish with."""
+    try:  # amqp.send_task_message: dict(default_policy, **retry_policy)
+        dict({}, **policy)
+    except TypeError as exc:
+        raise refuse("retry_policy", policy, f"expected a mapping of str keys ({exc})") from None
+    if retry is None and app is not None:
+        retry = app.conf.task_publish_retry
+    unknown = set(policy) - _ensure_parameters()
+    if retry and unknown:  # kombu's Connection.ensure(**policy) refuses them
+        raise refuse(
+            "retry_policy",
+            policy,
+            f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
+            f"{', '.join(sorted(_ensure_parameters()))})",
+        )
+
+
+def _check_properties(stored: dict[str, Any]) -> None:
+    """Refuse an ``expiration``, ``compression`` or ``delivery_mode`` kombu would fail
+    to publish with."""
     if "expiration" in stored and "expires" not in stored and "expires_at" not in stored:
         try:  # kombu's Producer.publish: str(int(expiration * 1000))
             str(int(stored["expiration"] * 1000))
@@ -179,25 +206,6 @@ def call_options(
                 stored["delivery_mode"],
                 "expected 1, 2, 'transient' or 'persistent'",
             ) from None
-    stamped = stored.get("stamped_headers")
-    if stamped:
-        try:
-            stored["stamps"] = {h: options[h] for h in stamped}
-        except (KeyError, TypeError) as exc:
-            raise refuse(
-                "stamped_headers", stamped, f"each stamp needs its option ({exc})"
-            ) from None
-        for h in stamped:  # as app.send_task: a stamp is a header, not a property
-            stored.pop(h, None)
-    if app is not None:
-        _route(app, router, task_name, task_type, args, kwargs, stored)
-        parent = app.current_worker_task
-        if parent is not None:  # as app.send_task: the caller's task is the parent
-            if not stored.get("root_id"):
-                stored["root_id"] = parent.request.root_id or parent.request.id
-            if not stored.get("parent_id"):
-                stored["parent_id"] = parent.request.id
-    return embed, stored
 
 
 @lru_cache(maxsize=1)
