@@ -77,37 +77,10 @@ def prepare_call(
     ``static`` (see :func:`static_routing`) only for a call that has no options of
     its own: its stored options are then computed once per task and reused.
     """
-    if args is None:
-        args = ()
-    elif not isinstance(args, (list, tuple)):
-        raise DebounceConfigError(f"args={_short(args)}: task args must be a list or tuple")
-    if kwargs is None:
-        kwargs = {}
-    elif not isinstance(kwargs, Mapping):
-        raise DebounceConfigError(
-            f"kwargs={_short(kwargs)}: task keyword arguments must be a mapping"
-        )
-    else:
-        kwargs = dict(kwargs)
-    embed = _NO_EMBED
-    if (
-        static is not None
-        and task_name in static
-        and not spec.exclusive
-        and (app is None or app.current_worker_task is None)
-    ):
-        options_json = static[task_name]
-    else:
-        if options:
-            refuse_schedule(options)
-        embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
-        if spec.collect:  # the worker knows the body's shape (headers.COLLECT_HEADER)
-            stored["headers"] = {**stored.get("headers", {}), COLLECT_HEADER: 1}
-        if spec.exclusive:  # take.lua holds it while a run of its key is in progress
-            stored["headers"] = {**stored.get("headers", {}), EXCLUSIVE_HEADER: 1}
-        options_json = encode_stored(stored)
-        if static is not None and "parent_id" not in stored and not spec.exclusive:
-            static[task_name] = options_json  # per task: an exclusive call's (per call) differ
+    args, kwargs = _checked_arguments(args, kwargs)
+    embed, options_json = _stored_options(
+        app, task_name, task_type, spec, args, kwargs, options, static
+    )
     try:
         positional, named = bind_arguments(signature, tuple(args), kwargs)
     except TypeError as exc:  # typing=False: Celery publishes calls the signature refuses
@@ -137,18 +110,8 @@ def prepare_call(
                 f"debounce_max_payload_bytes={settings.max_payload_bytes}"
             )
     if spec.key is None:  # after the payload: unserializable arguments raise EncodeError
-        try:
-            key = digest_key(canonical_arguments(positional, named, serializer))
-        except RecursionError:
-            raise DebounceKeyError(
-                f"{task_name}: the arguments refer to themselves; the default key cannot "
-                "digest them: pass debounce_key="
-            ) from None
-    if len(key) > settings.max_key_length:
-        raise DebounceKeyError(
-            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
-            f"debounce_max_key_length={settings.max_key_length}"
-        )
+        key = _digest(task_name, positional, named, serializer)
+    _check_length(settings, key)
     # a templated key is checked for UTF-8 in key_templates.resolve, the task name in
     # keys.ident_prefix; a digest key is ASCII
     ident = window_ident(task_name, key)
@@ -165,6 +128,76 @@ def prepare_call(
         collect_embed,
         embed_json,
     )
+
+
+def _digest(task_name: str, positional: Any, named: Any, serializer: str) -> str:
+    """The default key: a digest of the bound arguments."""
+    try:
+        return digest_key(canonical_arguments(positional, named, serializer))
+    except RecursionError:
+        raise DebounceKeyError(
+            f"{task_name}: the arguments refer to themselves; the default key cannot "
+            "digest them: pass debounce_key="
+        ) from None
+
+
+def _check_length(settings: Settings, key: str) -> None:
+    """Refuse a key longer than ``debounce_max_key_length``."""
+    if len(key) > settings.max_key_length:
+        raise DebounceKeyError(
+            f"debounce_key resolved to {len(key)} characters ({key[:40]!r}...), above "
+            f"debounce_max_key_length={settings.max_key_length}"
+        )
+
+
+def _checked_arguments(
+    args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> tuple[Sequence[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` as Celery takes them (None: none), or refused."""
+    if args is None:
+        args = ()
+    elif not isinstance(args, (list, tuple)):
+        raise DebounceConfigError(f"args={_short(args)}: task args must be a list or tuple")
+    if kwargs is None:
+        return args, {}
+    if not isinstance(kwargs, Mapping):
+        raise DebounceConfigError(
+            f"kwargs={_short(kwargs)}: task keyword arguments must be a mapping"
+        )
+    return args, dict(kwargs)
+
+
+def _stored_options(
+    app: Celery | None,
+    task_name: str,
+    task_type: Any,
+    spec: DebounceSpec,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    static: dict[str, str] | None,
+) -> tuple[dict[str, Any], str]:
+    """The call's protocol-2 embed and its stored options as JSON: from ``static``
+    (per task) for a call with no options of its own, else computed (and kept there
+    when they are the task's alone)."""
+    if (
+        static is not None
+        and task_name in static
+        and not spec.exclusive
+        and (app is None or app.current_worker_task is None)
+    ):
+        return _NO_EMBED, static[task_name]
+    if options:
+        refuse_schedule(options)
+    embed, stored = call_options(app, task_name, task_type, args, kwargs, options)
+    if spec.collect:  # the worker knows the body's shape (headers.COLLECT_HEADER)
+        stored["headers"] = {**stored.get("headers", {}), COLLECT_HEADER: 1}
+    if spec.exclusive:  # take.lua holds it while a run of its key is in progress
+        stored["headers"] = {**stored.get("headers", {}), EXCLUSIVE_HEADER: 1}
+    options_json = encode_stored(stored)
+    if static is not None and "parent_id" not in stored and not spec.exclusive:
+        static[task_name] = options_json  # per task: an exclusive call's (per call) differ
+    return embed, options_json
 
 
 def _collect_payload(
