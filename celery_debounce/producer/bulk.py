@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from celery.result import AsyncResult
@@ -13,6 +13,7 @@ from ..store import UNKNOWN_OUTCOME, WRITTEN, Outcome, is_unknown_outcome, store
 from . import outage
 from .call import PreparedCall, prepare_call, static_routing
 from .gate import GateResult, announce, listening
+from .options import DebounceSpec
 from .task import DebouncedTask, check_arguments, check_eager
 
 __all__ = ["UNKNOWN_OUTCOME", "WRITTEN", "Call", "DebounceBulkError", "enqueue_many"]
@@ -37,63 +38,14 @@ def enqueue_many(
     would not be debounced (``debounce=False``, eager mode) are published one by
     one through ``apply_async``.
     """
-    if not isinstance(task, DebouncedTask):
-        raise DebounceConfigError(f"enqueue_many: {task!r} is not a DebouncedTask")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise DebounceConfigError(f"chunk_size={chunk_size!r}: expected a positive int")
-    pairs = [_pair(call) for call in calls]
-    if "retries" in options:
-        raise DebounceConfigError("retries=: enqueue_many is for new calls, not retries")
-    if options.get("task_id") is not None:
-        raise DebounceConfigError(
-            f"task_id={options['task_id']!r}: enqueue_many gives each call its own id (or "
-            "its window's); no call would get this one, so nothing would ever resolve it"
-        )
+    pairs = _checked_batch(task, calls, chunk_size, options)
     original = dict(options)
     spec = task._debounce_defaults.for_call(options)
     if spec is None:
         return [task.apply_async(args, kwargs, debounce=False, **options) for args, kwargs in pairs]
     if task.app.conf.task_always_eager:
-        plain = {k: v for k, v in options.items() if k not in ("link", "link_error", "shadow")}
-        for args, kwargs in pairs:  # checked as the gated path: one refused, none runs
-            check_eager(
-                task,
-                spec,
-                args,
-                kwargs,
-                None,
-                options.get("link"),
-                options.get("link_error"),
-                options.get("shadow"),
-                plain,
-            )
-        return [task.apply_async(args, kwargs, **original) for args, kwargs in pairs]
-    for name in ("link", "link_error", "shadow"):
-        if options.get(name) is None:
-            options.pop(name, None)
-    static = None if options else static_routing(task.app)
-    options = {**task._debounce_exec_defaults(), **options}
-    serializer = options.pop("serializer", None) or task.serializer
-    settings = settings_for(task.app)
-    signature = task.debounce_signature()
-    prepared: list[PreparedCall] = []
-    for args, kwargs in pairs:
-        check_arguments(task, args, kwargs)
-        prepared.append(
-            prepare_call(
-                settings,
-                task.name,
-                spec,
-                args,
-                kwargs,
-                dict(options),
-                signature,
-                serializer,
-                app=task.app,
-                task_type=task,
-                static=static,
-            )
-        )
+        return _eager(task, spec, pairs, options, original)
+    prepared = _prepare_all(task, spec, pairs, options)
     app = task.app
     plain = {**original, "debounce": False}  # how a call is published without a window
 
@@ -132,6 +84,103 @@ def enqueue_many(
             breaker.unprobe()
         raise
 
+    return _settled(app, spec, prepared, outcomes, results, make, publish, breaker)
+
+
+def _checked_batch(
+    task: Any, calls: Iterable[Call], chunk_size: Any, options: dict[str, Any]
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The calls as ``(args, kwargs)`` pairs, or refused before anything is written."""
+    if not isinstance(task, DebouncedTask):
+        raise DebounceConfigError(f"enqueue_many: {task!r} is not a DebouncedTask")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise DebounceConfigError(f"chunk_size={chunk_size!r}: expected a positive int")
+    pairs = [_pair(call) for call in calls]
+    if "retries" in options:
+        raise DebounceConfigError("retries=: enqueue_many is for new calls, not retries")
+    if options.get("task_id") is not None:
+        raise DebounceConfigError(
+            f"task_id={options['task_id']!r}: enqueue_many gives each call its own id (or "
+            "its window's); no call would get this one, so nothing would ever resolve it"
+        )
+    return pairs
+
+
+def _eager(
+    task: DebouncedTask,
+    spec: DebounceSpec,
+    pairs: list[tuple[tuple[Any, ...], dict[str, Any]]],
+    options: dict[str, Any],
+    original: dict[str, Any],
+) -> list[AsyncResult]:
+    """Eager mode: every call checked as the gated path checks it (one refused, none
+    runs), then each run at once."""
+    plain = {k: v for k, v in options.items() if k not in ("link", "link_error", "shadow")}
+    for args, kwargs in pairs:
+        check_eager(
+            task,
+            spec,
+            args,
+            kwargs,
+            None,
+            options.get("link"),
+            options.get("link_error"),
+            options.get("shadow"),
+            plain,
+        )
+    return [task.apply_async(args, kwargs, **original) for args, kwargs in pairs]
+
+
+def _prepare_all(
+    task: DebouncedTask,
+    spec: DebounceSpec,
+    pairs: list[tuple[tuple[Any, ...], dict[str, Any]]],
+    options: dict[str, Any],
+) -> list[PreparedCall]:
+    """Each call validated and encoded as a single call would be (one refused: raised
+    before anything is written)."""
+    for name in ("link", "link_error", "shadow"):
+        if options.get(name) is None:
+            options.pop(name, None)
+    static = None if options else static_routing(task.app)
+    options = {**task._debounce_exec_defaults(), **options}
+    serializer = options.pop("serializer", None) or task.serializer
+    settings = settings_for(task.app)
+    signature = task.debounce_signature()
+    prepared: list[PreparedCall] = []
+    for args, kwargs in pairs:
+        check_arguments(task, args, kwargs)
+        prepared.append(
+            prepare_call(
+                settings,
+                task.name,
+                spec,
+                args,
+                kwargs,
+                dict(options),
+                signature,
+                serializer,
+                app=task.app,
+                task_type=task,
+                static=static,
+            )
+        )
+    return prepared
+
+
+def _settled(
+    app: Any,
+    spec: DebounceSpec,
+    prepared: list[PreparedCall],
+    outcomes: list[Outcome],
+    results: list[AsyncResult | None],
+    make: Callable[[str], AsyncResult],
+    publish: Callable[[int, str, BaseException | None], AsyncResult],
+    breaker: Any,
+) -> list[AsyncResult]:
+    """The results of the answered chunks; the calls an outage kept out published
+    plainly under ``debounce_on_outage="publish"``; otherwise, any call not written
+    raises :class:`DebounceBulkError` with what was."""
     errors: dict[int, BaseException] = {}
     unknown: list[int] = []
     heard = listening()
