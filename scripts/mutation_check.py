@@ -5,7 +5,7 @@
     .venv/bin/python scripts/mutation_check.py -k lease   # those whose name contains "lease"
     .venv/bin/python scripts/mutation_check.py --in store/postgres/functions/  # by file
     .venv/bin/python scripts/mutation_check.py --list     # list them, run nothing
-    .venv/bin/python scripts/mutation_check.py --jobs 2   # two at a time (CI)
+    .venv/bin/python scripts/mutation_check.py --jobs 4   # four at a time (CI)
 
 Copies the tree (package, tests, docs, pyproject.toml) to a temporary directory once
 per job, then for each mutation: applies its edits to a free copy, runs only the tests

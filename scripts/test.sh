@@ -32,5 +32,6 @@ print(embedded_bindir() or "")')"
     "${pg_selection[@]}" tests/store/test_postgres_pgbouncer.py
   (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build
-  .venv/bin/python scripts/mutation_check.py --jobs 2
+  # four at a time on two cores: the killing tests mostly wait (workers, brokers, timers)
+  .venv/bin/python scripts/mutation_check.py --jobs 4
 fi
