@@ -417,7 +417,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "take.lua retried after a lost reply",
         "a lost take reply is not retried (it would lease a second batch)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         '        reply = self.run_once(\n            "take",',
         '        reply = self.run(\n            "take",',
         "tests/dispatch/test_dispatch_isolation.py::"
@@ -438,7 +438,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "claim goes through redis-py's retry",
         "at most once: claim, finish and quarantine are sent at most once per call",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         'before, _, run = self.run_once("claim",',
         'before, _, run = self.run("claim",',
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[claim-drop]",
@@ -1103,7 +1103,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "release.lua goes through the client's retry",
         "a publish failure is counted once (release.lua is sent at most once)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         '        return int(self.run_once("release", [leased_key(tag)], '
         "[delay_ms, tag, *pairs])[0])",
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
@@ -1113,7 +1113,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "unclaim.lua goes through the client's retry",
         "inv 13: a put-back run's unclaim.lua is sent at most once (a lost reply is unknown)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         '        return bool(int(self.run_once("unclaim", keys, '
         '[task_id, as_text(at), "queued"])))',
         '        return bool(int(self.run("unclaim", keys, [task_id, as_text(at), "queued"])))',
@@ -1532,7 +1532,7 @@ MUTATIONS: list[Mutation] = [
         "a claim too few replicas acknowledged runs at once",
         "a run claimed on a master a failover demotes does not run beside the promoted "
         "replica's copy (the claim's WAIT)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         "            if not int(run) or not before:\n"
         "                return claim_result(before, run)",
         "            return claim_result(before, run)",
@@ -1542,7 +1542,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a claim WAIT refused is not undone",
         "a delivery whose claim WAIT refused runs later (not skipped under its own claim)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         '                self.run_once("unclaim", keys, [task_id, int(at), as_text(before)])',
         "                pass",
         "tests/worker/test_wait_claims.py::test_a_claim_too_few_replicas_acknowledged_is_delayed_not_"
@@ -1560,7 +1560,7 @@ MUTATIONS: list[Mutation] = [
         "a kept claim is sent again waited for by replicas",
         "a claim kept during an outage is sent once without WAIT (never undone as a "
         "claim too few replicas acknowledged: its run went ahead)",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         "        return WindowStore.claim(self, shard, task_id, task_name, retry)",
         "        return self.claim(shard, task_id, task_name, retry)",
         "tests/worker/test_wait_claims.py::"
@@ -1569,7 +1569,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "debounce_redis_wait_replicas builds the plain store",
         "with debounce_redis_wait_replicas every call, claim and finish is followed by WAIT",
-        PKG + "store/__init__.py",
+        PKG + "store/redis/store.py",
         "        if cls is WindowStore and settings.wait_replicas:",
         "        if False:",
         "tests/worker/test_wait_claims.py::"
@@ -1683,7 +1683,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "store_for's lock is inherited locked by a forked child",
         "a fork while another thread holds a module lock does not deadlock the child",
-        PKG + "store/__init__.py",
+        PKG + "store/factory.py",
         "os.register_at_fork(after_in_child=_forked)\n\n\n",
         "",
         "tests/worker/test_concurrency_models.py::"
@@ -1692,7 +1692,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "store_for builds a cluster store under its lock (patched after import: hangs)",
         "greenlets patched after import each get their own reply",
-        PKG + "store/__init__.py",
+        PKG + "store/factory.py",
         "        built = build_store(settings_for(app))\n"
         "        with _lock:  # nothing under it yields",
         "        with _lock:\n            built = build_store(settings_for(app))",
@@ -2463,9 +2463,9 @@ MUTATIONS: list[Mutation] = [
     one(
         "store_for ignores debounce_store_url: always the Redis store",
         "debounce_store_url = 'postgresql://...' keeps the windows in PostgreSQL (docs/stores.md)",
-        PKG + "store/__init__.py",
-        "    if settings.postgres_url is None:\n        return WindowStore(settings)",
-        "    if True:\n        return WindowStore(settings)",
+        PKG + "store/factory.py",
+        "    if settings.postgres_url is None:\n        from .redis.store import WindowStore\n",
+        "    if True:\n        from .redis.store import WindowStore\n",
         "tests/system/test_postgres_e2e.py::test_a_real_worker_runs_debounced_windows_from_postgres",
     ),
     Mutation(
@@ -2605,7 +2605,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a PostgreSQL store made before gevent patched select is kept",
         "a call waiting on PostgreSQL never blocks the other greenlets (gevent patched late)",
-        PKG + "store/__init__.py",
+        PKG + "store/factory.py",
         "    if cached is not None and cached[0] == pid and outdated(cached[1]):\n",
         "    if False:\n",
         "tests/system/test_postgres_e2e.py::"
@@ -2623,7 +2623,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a forked child closes its parent's store made before gevent patched select",
         "a child patched by gevent after a fork leaves its parent's connections alone",
-        PKG + "store/__init__.py",
+        PKG + "store/factory.py",
         "    if cached is not None and cached[0] == pid and outdated(cached[1]):\n",
         "    if cached is not None and outdated(cached[1]):\n",
         "tests/system/test_postgres_e2e.py::"

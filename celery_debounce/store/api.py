@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .bulk import Outcome
 from .codec import (
     Cancelled,
     CensusRow,
@@ -32,7 +31,7 @@ from .codec import (
     TakenEntry,
     TakeResult,
 )
-from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Released, ShardRef
+from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Outcome, Released, ShardRef
 from .reach import Reached
 from .records import Record
 

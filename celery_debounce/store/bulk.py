@@ -13,6 +13,7 @@ from redis.exceptions import NoScriptError
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..settings import Settings
 from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
+from .domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
 from .errors import _translated, is_outage, translate_errors
 from .keys import bulk_marker_prefix, open_key
 from .records import F_ID, as_text
@@ -20,30 +21,6 @@ from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..producer.call import PreparedCall
-
-
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: Outcome of a bulk call whose chunk ran but whose reply was lost (window id unknown).
-WRITTEN = _Marker("WRITTEN")
-
-
-#: Outcome of a bulk call whose chunk may or may not have run (Redis unreachable afterwards).
-UNKNOWN_OUTCOME = DebounceOutcomeUnknown("debounce Redis unreachable: outcome of this call unknown")
-
-Outcome = GateResult | _Marker | BaseException
-
-
-def is_unknown_outcome(outcome: object) -> bool:
-    """True for a bulk call that may or may not have survived: its chunk's outcome is
-    unknown (Redis unreachable), or too few replicas acknowledged it (``WAIT``)."""
-    return isinstance(outcome, DebounceOutcomeUnknown)
 
 
 #: How long a bulk chunk's "this chunk ran" marker key lives (ms).

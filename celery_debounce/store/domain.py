@@ -19,16 +19,19 @@ from ..errors import (
     DebounceOutcomeUnknown,
     DebouncePayloadError,
 )
-from .codec import Shard
-from .errors import NotReplicated
+from .codec import GateResult, Shard
 from .states import WindowState
 
 __all__ = [
+    "UNKNOWN_OUTCOME",
+    "WRITTEN",
     "AliasesFull",
     "CancelOutcomeUnknown",
     "ClaimResult",
     "FinishNotReplicated",
     "FinishResult",
+    "NotReplicated",
+    "Outcome",
     "OutcomeUnknown",
     "PayloadTooLarge",
     "Released",
@@ -38,6 +41,7 @@ __all__ = [
     "ShardRef",
     "StoreUnavailable",
     "cancel_until_known",
+    "is_unknown_outcome",
     "waited_out",
 ]
 
@@ -50,6 +54,44 @@ ShardRef = Shard
 
 
 # -- typed errors ----------------------------------------------------------------------
+
+
+class NotReplicated(DebounceOutcomeUnknown):
+    """A worker's mark (``claim``, ``finish``) ran on the master but fewer replicas than
+    ``debounce_redis_wait_replicas`` acknowledged it (``WAIT``): a failover may discard
+    it. ``reply``: the script's reply."""
+
+    def __init__(self, message: str, reply: Any = None) -> None:
+        super().__init__(message)
+        self.reply = reply
+
+
+# -- a bulk call's outcome ---------------------------------------------------------------
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: Outcome of a bulk call whose chunk ran but whose reply was lost (window id unknown).
+WRITTEN = _Marker("WRITTEN")
+
+#: Outcome of a bulk call whose chunk may or may not have run (the store unreachable
+#: afterwards).
+UNKNOWN_OUTCOME = DebounceOutcomeUnknown("debounce Redis unreachable: outcome of this call unknown")
+
+#: One bulk call's outcome: its gate result, :data:`WRITTEN`, or the error it met.
+Outcome = GateResult | _Marker | BaseException
+
+
+def is_unknown_outcome(outcome: object) -> bool:
+    """True for a bulk call that may or may not have survived: its chunk's outcome is
+    unknown (the store unreachable), or too few replicas acknowledged it (``WAIT``)."""
+    return isinstance(outcome, DebounceOutcomeUnknown)
 
 
 class StoreUnavailable(DebounceBackendError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import redis
 
@@ -92,16 +91,6 @@ def unreachable(message: str, cause: BaseException) -> DebounceBackendError:
 #: gate.lua's refusal of a producer of another contract version.
 CONTRACT_MISMATCH = "DEBOUNCE_CONTRACT_MISMATCH"
 _CONTRACT = re.compile(CONTRACT_MISMATCH + r" producer (\w+) gate (\w+)")
-
-
-class NotReplicated(DebounceOutcomeUnknown):
-    """A worker's mark (``claim``, ``finish``) ran on the master but fewer replicas than
-    ``debounce_redis_wait_replicas`` acknowledged it (``WAIT``): a failover may discard
-    it. ``reply``: the script's reply."""
-
-    def __init__(self, message: str, reply: Any = None) -> None:
-        super().__init__(message)
-        self.reply = reply
 
 
 def _lost(operation: str, exc: BaseException, cut: bool = False) -> DebounceOutcomeUnknown:

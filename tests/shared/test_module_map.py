@@ -302,6 +302,25 @@ def test_importing_the_store_loads_no_producer_module() -> None:
     assert sorted(m for m in loaded if m.removeprefix("celery_debounce.") in PRODUCER) == []
 
 
+def test_the_contract_loads_without_redis_py() -> None:
+    """The contract (``store/api.py``), its types and the store package load in a
+    process where redis-py cannot be imported; the Redis store's names come on first
+    use, and then need it."""
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import celery_debounce.store.api, celery_debounce.store.domain\n"
+        "from celery_debounce.store import GateResult, Outcome, store_for, NotReplicated\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('redis') and sys.modules[m])\n"
+        "print(loaded)\n"
+        "try:\n"
+        "    from celery_debounce.store import WindowStore\n"
+        "except ImportError:\n"
+        "    print('WindowStore needs redis-py')\n"
+    )
+    out = _run(code).stdout.split("\n")
+    assert out[:2] == ["[]", "WindowStore needs redis-py"]
+
+
 #: Prints which of the package's receivers are connected: the claim (worker/signals.py)
 #: and the hook that adds the embedded dispatcher's bootstep (producer/worker_steps.py).
 _CONNECTED = """
@@ -442,7 +461,7 @@ def test_no_module_or_class_is_over_the_size_bounds() -> None:
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "redis": frozenset(
         {
-            "store/__init__.py",
+            "store/redis/store.py",
             "store/bulk.py",
             "store/cluster.py",
             "store/connect.py",

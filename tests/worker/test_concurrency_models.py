@@ -17,7 +17,7 @@ import pytest
 import redis
 from green_callers import assert_each_call_got_its_window, build, key_of
 
-from celery_debounce import store as store_module
+from celery_debounce.store import factory as store_module
 from celery_debounce.worker import retry_queue as marks
 
 

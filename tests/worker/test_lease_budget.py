@@ -22,7 +22,8 @@ from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatch.dispatcher import Dispatcher
-from celery_debounce.store import DebounceBackendError, store_for
+from celery_debounce.errors import DebounceBackendError
+from celery_debounce.store import store_for
 from celery_debounce.store.domain import Released
 from celery_debounce.store.keys import claims_key
 from celery_debounce.worker.leases import RETRY_MAX_S

@@ -12,7 +12,7 @@ from .step import many
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...producer.call import PreparedCall
-    from ..bulk import Outcome
+    from ..domain import Outcome
 
 _GATE_MANY = (
     "SELECT * FROM debounce_gate_many(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
