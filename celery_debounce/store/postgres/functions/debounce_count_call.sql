@@ -10,6 +10,7 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_task text;
+    v_kind text;
 BEGIN
     -- debounce_gate_many counts its calls once, at its end
     IF current_setting('debounce.in_batch', true) = 'on' THEN
@@ -19,19 +20,15 @@ BEGIN
     IF v_task IS NULL THEN
         RETURN;
     END IF;
-    -- one row per kind, VALUES not a filtered set: this runs once per call
-    INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
-    VALUES (v_task, 'i', abs(hashtext(p_ident) % 16), 1, p_now)
-    ON CONFLICT (task, kind, slot) DO UPDATE SET
-        n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
-        updated_at = p_now;
-    IF p_suppressed THEN
+    -- a row per kind, i before s (one lock order), each a one-row VALUES: this runs
+    -- once per call, and a filtered, sorted set of kinds cost it about 15% more
+    FOREACH v_kind IN ARRAY CASE WHEN p_suppressed THEN '{i,s}'::text[] ELSE '{i}'::text[] END
+    LOOP
         INSERT INTO debounce_stats AS s (task, kind, slot, n, updated_at)
-        VALUES (v_task, 's', abs(hashtext(p_ident) % 16), 1, p_now)
+        VALUES (v_task, v_kind, abs(hashtext(p_ident) % 16), 1, p_now)
         ON CONFLICT (task, kind, slot) DO UPDATE SET
-            n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1
-                     ELSE s.n + 1 END,
+            n = CASE WHEN s.updated_at < p_now - debounce_history_ttl() THEN 1 ELSE s.n + 1 END,
             updated_at = p_now;
-    END IF;
+    END LOOP;
 END
 $$;
