@@ -4,26 +4,17 @@ import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { Cluster, Redis } from "ioredis";
 import { GATE_SCRIPT, debounce, prepare } from "../dist/esm/index.js";
+import { freePort } from "./redis-server.mjs";
 
 const servers = [];
 const ports = [];
 let dir;
 let cluster;
-
-function freePort() {
-  return new Promise((resolve) => {
-    const probe = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => resolve(port));
-    });
-  });
-}
 
 async function until(check, what, timeout = 20_000) {
   const deadline = Date.now() + timeout;
