@@ -92,10 +92,6 @@ def build_store(settings: Settings) -> Store:
 
 
 def _close(store: Store) -> None:
-    client = getattr(store, "client", None)  # the Redis store's
-    if client is not None:
-        client.close()
-        return
-    close = getattr(store, "close", None)  # the PostgreSQL store's pool
+    close = getattr(store, "close", None)  # each store's own: its client, its pool
     if close is not None:
         close()

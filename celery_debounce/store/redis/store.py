@@ -114,6 +114,10 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
             (open_key(tag, ""), due_key(tag)) for tag in settings.tags
         )
 
+    def close(self) -> None:
+        """Close the store's Redis client (its connection pools)."""
+        self.client.close()
+
     @property
     def direct(self) -> bool:
         """True when commands may be sent on pooled connections directly (node, cluster)."""

@@ -42,8 +42,9 @@ class Harness:
     _outage: Callable[[bool], None] | None = None
     #: why the implementation does not promise at-most-once (None: it does)
     resends_after_a_lost_reply: str | None = None
-    #: what ends a built store's connections
-    _close: Callable[[Any], None] = lambda store: store.client.close()
+    #: what ends a built store's connections (each store's ``close``: its Redis client,
+    #: the PostgreSQL store's pool)
+    _close: Callable[[Any], None] = lambda store: store.close()
     built: list[Store] = field(default_factory=list)
 
     def build(self, **overrides: Any) -> Store:
@@ -225,7 +226,7 @@ def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
             proxy.disarm()
 
     name = "pgbouncer" if pooled else "postgres"
-    return Harness(name, build, lose, outage, _close=lambda store: store.close())
+    return Harness(name, build, lose, outage)
 
 
 def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
