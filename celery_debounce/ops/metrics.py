@@ -259,6 +259,24 @@ _COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+#: The histograms enable() registers, labelled ``task``: (Metrics field, name, help,
+#: bucket bounds in seconds).
+_HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
+    (
+        "lateness",
+        "dispatch_lateness_seconds",
+        "Time from a window's deadline to its take by a dispatcher.",
+        LATENESS_BUCKETS,
+    ),
+    (
+        "call_duration",
+        "call_duration_seconds",
+        "One call's round trip to the gate (.delay()/apply_async), failed calls included.",
+        CALL_DURATION_BUCKETS,
+    ),
+)
+
+
 def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
     """Create the metrics in ``registry`` (default: prometheus_client's global one)
     and connect them to the debounce signals.
@@ -281,22 +299,10 @@ def enable(registry: Any = None, namespace: str = "celery_debounce") -> Metrics:
         field: Counter(name, doc, ["task", *labels], namespace=namespace, registry=registry)
         for field, name, doc, labels in _COUNTERS
     }
-    made["lateness"] = Histogram(
-        "dispatch_lateness_seconds",
-        "Time from a window's deadline to its take by a dispatcher.",
-        ["task"],
-        namespace=namespace,
-        registry=registry,
-        buckets=LATENESS_BUCKETS,
-    )
-    made["call_duration"] = Histogram(
-        "call_duration_seconds",
-        "One call's round trip to the gate (.delay()/apply_async), failed calls included.",
-        ["task"],
-        namespace=namespace,
-        registry=registry,
-        buckets=CALL_DURATION_BUCKETS,
-    )
+    for field, name, doc, buckets in _HISTOGRAMS:
+        made[field] = Histogram(
+            name, doc, ["task"], namespace=namespace, registry=registry, buckets=buckets
+        )
     enabled = Metrics(receivers=_receivers(made), **made)
     enabled.connect()
     done[namespace] = enabled
