@@ -167,10 +167,14 @@ class WindowMessage:
         if self.app.conf.task_send_sent_event:  # as a plain apply_async would announce it
             sent_event = {
                 "uuid": task_id,
+                "root_id": headers["root_id"],
+                "parent_id": headers["parent_id"],
                 "name": task_name,
-                **{k: headers[k] for k in ("root_id", "parent_id", "retries", "eta", "expires")},
                 "args": argsrepr,
                 "kwargs": kwargsrepr,
+                "retries": 0,
+                "eta": None,
+                "expires": expires,
             }
         return task_message(headers, properties, body, sent_event), opts
 
