@@ -2,7 +2,7 @@
 // a changed option is seen on the next call, as if each call were checked afresh.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { DebounceConfigError, prepare } from "../dist/esm/index.js";
+import { DebounceConfigError, DebounceEncodeError, prepare } from "../dist/esm/index.js";
 
 const call = { args: ["u1"] };
 
@@ -72,4 +72,20 @@ test("an error names the value it refused by its path", () => {
     { message: 'key "{0.a.b}": {0.a.b} needs \'0.a\' to be an object, got number' });
   assert.throws(() => prepare("proj.t", { args: [{ a: {} }] }, { ...options, key: "{0.a.b}" }),
     { message: 'key "{0.a.b}": {0.a.b}: \'0.a\' has no key \'b\'' });
+});
+
+test("arguments of the wrong shape are refused before anything is sent (the types let them through)", () => {
+  // Call's types take any object for kwargs and any array for args, so that values typed
+  // by an interface compile: the shape is checked here, at call time
+  const options = { debounce: "5m", maxWait: "30m" };
+  for (const kwargs of [["u1"], "u1", 3]) {  // null, as Python's None: no kwargs
+    assert.throws(() => prepare("proj.t", { args: [], kwargs }, options),
+      (exc) => exc instanceof DebounceConfigError && /^kwargs:/.test(exc.message), String(kwargs));
+  }
+  for (const args of [{ 0: "u1" }, "u1", 3]) {
+    assert.throws(() => prepare("proj.t", { args, kwargs: {} }, options),
+      (exc) => exc instanceof DebounceConfigError && /^args:/.test(exc.message), String(args));
+  }
+  assert.throws(() => prepare("proj.t", { args: [], kwargs: { f: () => 1 } }, options),
+    (exc) => exc instanceof DebounceEncodeError && exc.message === 'kwargs["f"] is function: not JSON');
 });
