@@ -24,7 +24,7 @@ from .admin import Stats, TaskStats
 from .cli_common import _admin, echo_json, json_option, render_stats, render_table
 from .cli_health import check, ping
 from .cli_health import liveness as liveness
-from .cli_schema import migrate
+from .cli_schema import migrate, publish
 from .exporter import exporter_command
 from .formatting import config_error
 from .read_view import STATES
@@ -585,6 +585,7 @@ def doctor(
 
 debounce.add_command(ping)
 debounce.add_command(migrate)
+debounce.add_command(publish)
 debounce.add_command(check)
 debounce.add_command(top)
 

@@ -1,5 +1,7 @@
-"""``celery debounce migrate``: the PostgreSQL store's schema, created or upgraded, and
-the grants of the role the workers and producers use."""
+"""What a deploy writes into the store: ``celery debounce migrate`` (the PostgreSQL
+store's schema, created or upgraded, and the grants of the role the workers and
+producers use) and ``celery debounce publish`` (the task definitions producers by
+name read)."""
 
 from __future__ import annotations
 
@@ -96,3 +98,37 @@ def _migrate(
     finally:
         store.close()
     return before, after, others
+
+
+@click.command(cls=CeleryCommand)
+@json_option('a JSON object ({"tasks": {name: version}, "written": N})')
+@click.pass_context
+def publish(ctx: click.Context, as_json: bool) -> None:
+    """Write the app's task definitions into the store (docs/node.md).
+
+    Producers by name (the Node package) read each debounced task's options, signature
+    and route from its definition. Workers write them when they start; run this at
+    deploy time so that a changed task is read before the first worker restarts.
+    Writes only what is new or changed; safe to run again.
+    """
+    import json
+
+    from ..producer.published import definitions
+    from ..store import store_for
+
+    app = ctx.obj.app
+    try:
+        found = definitions(app)
+        written = store_for(app).publish_definitions(found) if found else 0
+    except DebounceError as exc:
+        raise config_error(exc, app) from exc
+    versions = {name: json.loads(text)["version"] for name, text in found.items()}
+    if as_json:
+        echo_json({"tasks": versions, "written": written})
+        return
+    if not found:
+        click.echo("No debounced task in this app: nothing to publish.")
+        return
+    for name, version in versions.items():
+        click.echo(f"{name}  {version}")
+    click.echo(f"{len(found)} task definition(s), {written} written.")

@@ -78,7 +78,7 @@ def prepare_call(
     its own: its stored options are then computed once per task and reused.
     """
     args, kwargs = _checked_arguments(args, kwargs)
-    embed, options_json = _stored_options(
+    embed, options_json = stored_options(
         app, task_name, task_type, spec, args, kwargs, options, static
     )
     try:
@@ -167,7 +167,7 @@ def _checked_arguments(
     return args, dict(kwargs)
 
 
-def _stored_options(
+def stored_options(
     app: Celery | None,
     task_name: str,
     task_type: Any,

@@ -14,6 +14,7 @@ producer imports neither at import time).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -22,6 +23,7 @@ from celery.signals import worker_init
 from ..errors import DebounceConfigError
 
 __all__ = [
+    "PublishDefinitionsStep",
     "RefusedTasksStep",
     "StoreCheckStep",
     "install",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 _installed = False
+logger = logging.getLogger(__name__)
 
 
 def install() -> None:
@@ -82,6 +85,29 @@ class StoreCheckStep(bootsteps.Step):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
 
 
+class PublishDefinitionsStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Writes the app's task definitions into the store as the worker starts
+    (``producer/published.py``): producers by name read them. A store that cannot be
+    written is logged, not fatal: the worker's own calls need no definition."""
+
+    label = "debounce task definitions"
+
+    def start(self, parent: Any) -> None:
+        from ..errors import DebounceError
+        from .published import publish
+
+        try:
+            found, written = publish(parent.app)
+        except DebounceError as exc:
+            logger.warning(
+                "celery_debounce: task definitions not written (%s); producers by name "
+                "(Node) refuse the tasks without one until `celery debounce publish` runs",
+                exc,
+            )
+            return
+        logger.info("celery_debounce: %d task definition(s), %d written", found, written)
+
+
 def selects_postgres(app: Celery) -> bool:
     """``debounce_store_url`` names a PostgreSQL database (read as set, unchecked)."""
     from ..settings import POSTGRES_SCHEMES
@@ -117,3 +143,4 @@ def _add_dispatcher_step(sender: Any = None, **_: Any) -> None:
         if selects_postgres(app):
             app.steps["worker"].add(StoreCheckStep)
         app.steps["worker"].add(DispatcherStep)
+        app.steps["worker"].add(PublishDefinitionsStep)

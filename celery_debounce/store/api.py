@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BaseStore",
+    "DefinitionStore",
     "DispatcherStore",
     "OperatorStore",
     "ProducerStore",
@@ -322,7 +323,17 @@ class OperatorStore(BaseStore, Protocol):
         """Delete every window and record of the app (tests, ``clear``); how many keys."""
 
 
-class Store(ProducerStore, DispatcherStore, WorkerStore, OperatorStore, Protocol):
+class DefinitionStore(BaseStore, Protocol):
+    """The task definitions producers by name read (``producer/published.py``)."""
+
+    def publish_definitions(self, definitions: Mapping[str, str]) -> int:
+        """Write each task's definition (name -> JSON) that is new or changed; how many."""
+
+    def task_definition(self, task_name: str) -> str | None:
+        """The definition JSON published for ``task_name``, or None."""
+
+
+class Store(ProducerStore, DispatcherStore, WorkerStore, OperatorStore, DefinitionStore, Protocol):
     """Every role's members: what a complete store implements (what
     :func:`~celery_debounce.store.store_for` returns)."""
 

@@ -85,6 +85,13 @@ def layouts_key(prefix: str) -> str:
     return f"{prefix}:layouts"
 
 
+def tasks_key(prefix: str) -> str:
+    """hash task name -> definition JSON: what a producer by name reads of each
+    debounced task (``producer/published.py``); written by workers at start and by
+    ``celery debounce publish``."""
+    return f"{prefix}:tasks"
+
+
 #: Layouts with more shards than this are ignored when read back (a garbled field).
 MAX_LAYOUT_SHARDS = 4096
 
@@ -219,7 +226,8 @@ def cancel_marker_key(tag: str, token: str) -> str:
 def all_keys_pattern(prefix: str) -> str:
     """A SCAN pattern matching every key (and nothing else) under ``prefix``.
 
-    Every key of the package but :func:`layouts_key` (which callers add by name) is
+    Every key of the package but :func:`layouts_key` and :func:`tasks_key` (which
+    callers add by name) is
     ``<prefix>:{<tag>}:...`` (``shard_tag``), so the pattern ends in ``:{*``: another
     app's prefix that starts with this one and a colon (``debounce:tenant2``) is not
     matched. Glob characters in the prefix (``*``, ``?``, ``[``, ``]``, ``\\``)

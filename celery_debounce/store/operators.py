@@ -38,6 +38,7 @@ from .keys import (
     stats_reset_key,
     stopped_key,
     taken_set_key,
+    tasks_key,
     win_key,
 )
 from .liveness import Liveness
@@ -421,6 +422,7 @@ class Operators(DoctorOps, Liveness):
             keys = list(
                 self.client.scan_iter(match=all_keys_pattern(self.settings.key_prefix), count=1000)
             )
-            # the one key outside every hash tag (all_keys_pattern matches tagged keys)
+            # the keys outside every hash tag (all_keys_pattern matches tagged keys)
             keys.append(layouts_key(self.settings.key_prefix))
+            keys.append(tasks_key(self.settings.key_prefix))
             return int(self.client.delete(*keys))

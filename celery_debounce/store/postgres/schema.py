@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: The schema version this package reads and writes (``debounce_schema.version``).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: The oldest server the schema is written for (``server_version_num // 10000``).
 MIN_SERVER_VERSION = 13
 #: What creates or upgrades the schema.

@@ -47,6 +47,7 @@ from ..states import as_state
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel
 from .columns import record_fields, select_record
+from .definitions import PostgresDefinitions
 from .gate_args import gate_args, gate_result
 from .inspect import PostgresInspect
 from .link import LinkState, connection_class
@@ -135,9 +136,10 @@ _DELETE_ALL = (
     "t AS (DELETE FROM debounce_taken RETURNING 1), "
     "q AS (DELETE FROM debounce_quiet RETURNING 1), "
     "d AS (DELETE FROM debounce_dispatchers RETURNING 1), "
-    "l AS (DELETE FROM debounce_layouts RETURNING 1) "
+    "l AS (DELETE FROM debounce_layouts RETURNING 1), "
+    "k AS (DELETE FROM debounce_tasks RETURNING 1) "
     "SELECT (SELECT count(*) FROM o) + (SELECT count(*) FROM t) + (SELECT count(*) FROM q)"
-    " + (SELECT count(*) FROM d) + (SELECT count(*) FROM l)"
+    " + (SELECT count(*) FROM d) + (SELECT count(*) FROM l) + (SELECT count(*) FROM k)"
 )
 _HELD = (
     "SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
@@ -184,6 +186,7 @@ def _read_version(conn: psycopg.Connection[Any]) -> int | None:
 
 
 class PostgresStore(
+    PostgresDefinitions,
     PostgresSending,
     PostgresRuns,
     PostgresSweeps,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -60,6 +60,7 @@ from ..keys import (
     quarantine_key,
     run_key,
     stats_key,
+    tasks_key,
     win_key,
 )
 from ..operators import Operators
@@ -278,6 +279,30 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     def wake_listener(self) -> WakeListener:
         """A subscription to the wake channel (one per dispatcher)."""
         return WakeListener(self)
+
+    # -- task definitions -------------------------------------------------------------------
+    def publish_definitions(self, definitions: Mapping[str, str]) -> int:
+        """Write each task's definition (name -> JSON) that is new or changed; how many."""
+        if not definitions:
+            return 0
+        key = tasks_key(self.settings.key_prefix)
+        names = list(definitions)
+        with translate_errors("publish"):
+            known = self.client.hmget(key, names)
+            changed = {
+                name: definitions[name]
+                for name, old in zip(names, known, strict=True)
+                if old is None or as_text(old) != definitions[name]
+            }
+            if changed:
+                self.client.hset(key, mapping=changed)
+        return len(changed)
+
+    def task_definition(self, task_name: str) -> str | None:
+        """The definition JSON published for ``task_name``, or None."""
+        with translate_errors("definition"):
+            value = self.client.hget(tasks_key(self.settings.key_prefix), task_name)
+        return None if value is None else as_text(value)
 
     # -- workers ---------------------------------------------------------------------------
     def _record_keys(self, shard: Shard, task_id: str) -> list[str]:

@@ -929,6 +929,24 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
 # -- the members every store has, each exercised here -----------------------------------
 
 
+def test_task_definitions_are_written_when_new_or_changed_and_read_back_by_name(
+    store: Store,
+) -> None:
+    """``publish_definitions`` writes only what is new or changed (its count says so);
+    ``task_definition`` reads the latest by name, None for a task never published;
+    ``delete_all`` forgets them with the windows."""
+    assert store.task_definition("proj.t") is None
+    assert store.publish_definitions({}) == 0
+    assert store.publish_definitions({"proj.t": '{"v":1}', "proj.u": '{"v":"ü"}'}) == 2
+    assert store.publish_definitions({"proj.t": '{"v":1}', "proj.u": '{"v":"ü"}'}) == 0
+    assert store.publish_definitions({"proj.t": '{"v":2}', "proj.u": '{"v":"ü"}'}) == 1
+    assert store.task_definition("proj.t") == '{"v":2}'
+    assert store.task_definition("proj.u") == '{"v":"ü"}'
+    assert store.task_definition("proj.T") is None
+    store.delete_all()
+    assert store.task_definition("proj.t") is None
+
+
 def test_gate_many_gates_each_call_in_order_and_reports_each_chunk(store: Store) -> None:
     calls = [prepared(store, key, payload=n) for n, key in enumerate(["a", "b", "a", "c", "a"])]
     chunks: list[range] = []
