@@ -8,6 +8,7 @@ the cases that apply to Python (review the diff: it changes the contract).
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -86,6 +87,31 @@ def settings_of(case: dict[str, Any]) -> Settings:
     return Settings.from_app(app)
 
 
+_KINDS = {
+    "positional_only": inspect.Parameter.POSITIONAL_ONLY,
+    "positional_or_keyword": inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    "var_positional": inspect.Parameter.VAR_POSITIONAL,
+    "keyword_only": inspect.Parameter.KEYWORD_ONLY,
+    "var_keyword": inspect.Parameter.VAR_KEYWORD,
+}
+
+
+def signature_of(case: dict[str, Any]) -> inspect.Signature | None:
+    """The case's ``signature`` (a published definition's parameters) as Python's."""
+    if "signature" not in case:
+        return None
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                p["name"],
+                _KINDS[p["kind"]],
+                default=decode(p.get("default", inspect.Parameter.empty)),
+            )
+            for p in case["signature"]
+        ]
+    )
+
+
 def outcome(case: dict[str, Any]) -> dict[str, Any]:
     """What the Python producer makes of ``case``: ``{"expect": ...}`` or ``{"error": ...}``."""
     try:
@@ -100,7 +126,7 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
             decode(case["args"]),
             decode(case["kwargs"]),
             {},
-            None,
+            signature_of(case),
             "json",
             static={case["task"]: "{}"},
         )
@@ -123,7 +149,7 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
             "ident": call.ident,
             "shard": call.shard,
             "keys": gate_keys(store, call),
-            "argv": argv[1:5] + argv[6:7],
+            "argv": argv[1:5] + argv[6:7] + argv[11:],
             "body": call.payload.decode("ascii"),
         }
     }
@@ -180,8 +206,17 @@ def vector_app(app_factory: Callable[..., Celery]) -> Iterator[Celery]:
 
 def written_cases() -> list[dict[str, Any]]:
     """The cases that open a window on one node (a cluster case:
-    tests/system/test_node_producer.py)."""
-    return [c for c in python_cases() if "expect" in c and not c.get("settings", {}).get("cluster")]
+    tests/system/test_node_producer.py) by name, with no signature to bind to (a task
+    registered with one: tests/producer/test_published.py), and not leading (a leading
+    call's window is closed at once: tests/producer/test_leading_edge.py)."""
+    return [
+        c
+        for c in python_cases()
+        if "expect" in c
+        and not c.get("settings", {}).get("cluster")
+        and "signature" not in c
+        and not c["options"].get("leading")
+    ]
 
 
 def test_send_task_writes_each_case_s_body_under_its_ident(

@@ -36,7 +36,7 @@ const redis = cluster
   : new Redis(url, { autoResendUnfulfilledCommands: false });
 const out = [];
 for (const [task, call, options] of calls) {
-  try { out.push(await debounce(redis, task, call, options)); }
+  try { out.push(await debounce(redis, task, call, options ?? undefined)); }
   catch (exc) { out.push({ error: exc.name, message: exc.message }); }
 }
 redis.disconnect();

@@ -10,6 +10,8 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
   DebounceOutcomeUnknown, DebouncePayloadError,
 } from "./errors.js";
+import { BindError, bindArguments, UnusableDefault } from "./binding.js";
+import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitions.js";
 import { GATE_SCRIPT } from "./gate-script.js";
 import { blake2bHex } from "./hashes.js";
 import { shardOf, shardTag, windowIdent } from "./layout.js";
@@ -21,6 +23,8 @@ export { parseDuration, type Duration } from "./durations.js";
 export * from "./errors.js";
 export type { JsonValue } from "./pyjson.js";
 export { GATE_SCRIPT } from "./gate-script.js";
+export type { Parameter, ParameterKind } from "./binding.js";
+export { DEFINITION_FORMAT, parseDefinition, type TaskDefinition } from "./definitions.js";
 
 /** A call's arguments: Celery's `args` and `kwargs`. */
 export interface Call {
@@ -32,16 +36,28 @@ export interface Call {
   kwargs?: object;
 }
 
-/** How the call is debounced, and where the windows live (the Python settings' defaults). */
+/** How the call is debounced, and where the windows live. Each option left out is the
+ * task's own, from the definition the Python app published (docs/node.md, "Task
+ * definitions"); for a task with none, `debounce` and `maxWait` are required and the rest
+ * are the Python settings' defaults. */
 export interface DebounceOptions {
   /** The quiet window: seconds, or "250ms", "10s", "5m", "1h30m"... */
-  debounce: Duration;
+  debounce?: Duration;
   /** The ceiling: the task runs at most this long after the window's first call. */
-  maxWait: Duration;
+  maxWait?: Duration;
   /** Key template ("report:{0}", "{user_id}", "{0.user.id}"); absent: a digest of the arguments. */
   key?: string;
   /** A joining call's arguments replace the window's (default false: the opener's run). */
   replacePayload?: boolean;
+  /** `debounce_max_calls`: the window is due at once when it holds this many calls. */
+  maxCalls?: number | null;
+  /** `debounce_leading`: the first call of a burst runs at once. */
+  leading?: boolean;
+  /** `debounce_trailing` (default true): the burst's window runs when it goes quiet. */
+  trailing?: boolean;
+  /** How long a task's definition read from the store is used before it is read again
+   * (default "5s"). */
+  definitionMaxAge?: Duration;
   /** `debounce_key_prefix` (default "debounce"). */
   prefix?: string;
   /** `debounce_shards` (default 1). */
@@ -57,8 +73,14 @@ export interface DebounceOptions {
   timeout?: Duration;
 }
 
-const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "prefix", "shards", "cluster",
-  "maxKeyLength", "maxPayloadBytes", "timeout"];
+const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "maxCalls", "leading", "trailing",
+  "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge"];
+
+/** Python's `debounce_history_ttl` default (ms). */
+const DEFAULT_HISTORY_TTL_MS = 3_600_000;
+/** Python's largest `debounce_max_calls`. */
+const MAX_CALLS_LIMIT = 2 ** 31 - 1;
+const DEFAULT_DEFINITION_MAX_AGE_MS = 5000;
 
 /** Python's `debounce_redis_timeout` default. */
 const DEFAULT_TIMEOUT_MS = 2000;
@@ -84,7 +106,8 @@ export interface GateResult {
   deadlineMs: number;
   calls: number;
   nowMs: number;
-  /** "lead" or "suppressed" for a leading-edge call (not offered here), else "". */
+  /** "lead" (this call runs at once) or "suppressed" (folded into the leading run
+   * `taskId`) for a call with `leading`, else "". */
   edge: string;
 }
 
@@ -120,11 +143,13 @@ function codePoints(text: string): number {
   return n;
 }
 
-/** What a call derives from its task and options alone: made once per (options object,
- * task, client kind), and made again whenever one of the options' values changed. */
+/** What a call derives from its task, its options and its task's definition alone: made
+ * once per (options object, task, client kind, definition), and made again whenever one
+ * of the options' values changed. */
 interface Plan {
   task: string;
   clusterClient: boolean;
+  definition: TaskDefinition | null;
   /** The options' values it was made from, in KNOWN's order. */
   values: unknown[];
   template: KeyTemplate | undefined;
@@ -138,6 +163,14 @@ interface Plan {
   windowText: string;
   maxWaitText: string;
   versionReplace: string;
+  /** ARGV 7: the options JSON the window stores ('' for {}). */
+  optionsJson: string;
+  /** ARGV 12 onwards: the cap, the edge mode and the history TTL, as far as given. */
+  tail: string[];
+  /** The parameters calls are bound to (null: not bound), and whether a call that does
+   * not fit them is refused (the task's `typing`). */
+  signature: TaskDefinition["signature"];
+  checkArguments: boolean;
   /** `<UTF-8 bytes of task>:<task>:`, or undefined for a task name that is not valid Unicode. */
   identHead: string | undefined;
   /** Per shard: the open key's start and the due key. */
@@ -147,44 +180,121 @@ interface Plan {
 const KNOWN_NAMES = new Set(KNOWN);
 const plans = new WeakMap<object, Plan>();
 
-function makePlan(task: string, options: DebounceOptions, clusterClient: boolean,
-                  values: unknown[]): Plan {
-  const prefix = options.prefix ?? "debounce";
-  if (typeof prefix !== "string" || !prefix || /[{}]/.test(prefix)) {
-    throw new DebounceConfigError(`prefix=${JSON.stringify(prefix)}: expected a non-empty string without braces`);
+function checkedPrefix(prefix: unknown): string {
+  const value = prefix ?? "debounce";
+  if (typeof value !== "string" || !value || /[{}]/.test(value)) {
+    throw new DebounceConfigError(`prefix=${JSON.stringify(value)}: expected a non-empty string without braces`);
   }
-  const shards = positiveInt("shards", options.shards, 1);
-  const maxKeyLength = positiveInt("maxKeyLength", options.maxKeyLength, 1024);
-  const maxPayloadBytes = positiveInt("maxPayloadBytes", options.maxPayloadBytes, 1024 * 1024);
-  const timeoutMs = options.timeout === undefined ? DEFAULT_TIMEOUT_MS
-    : parseDuration("timeout", options.timeout);
-  const cluster = options.cluster ?? clusterClient;
-  if (typeof cluster !== "boolean") {
-    throw new DebounceConfigError(`cluster=${JSON.stringify(cluster)}: expected true or false`);
-  }
+  return value;
+}
+
+function checkedTask(task: unknown): void {
   if (typeof task !== "string" || !task) {
     throw new DebounceConfigError(`task name ${JSON.stringify(task)}: expected a non-empty string`);
   }
-  if (options.debounce === undefined || options.debounce === null) {
-    throw new DebounceConfigError("debounce: required (the quiet window, e.g. '5m')");
+}
+
+function flag(name: string, value: unknown, fallback: boolean): boolean {
+  if (value === undefined || value === null) return fallback;
+  if (typeof value !== "boolean") {
+    throw new DebounceConfigError(`${name}=${JSON.stringify(value)}: expected true or false`);
   }
-  const windowMs = parseDuration("debounce", options.debounce);
-  if (options.maxWait === undefined || options.maxWait === null) {
+  return value;
+}
+
+function maxCallsOf(options: DebounceOptions, d: TaskDefinition | null): number | null {
+  const value = options.maxCalls === undefined ? d?.max_calls ?? null : options.maxCalls;
+  if (value === null) return null;
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 1 || value > MAX_CALLS_LIMIT) {
+    throw new DebounceConfigError(
+      `maxCalls=${JSON.stringify(value)}: expected an integer from 1 to ${MAX_CALLS_LIMIT}, or null`);
+  }
+  return value;
+}
+
+/** The window's and ceiling's ms: the call's options, else the definition's. */
+function windowOf(task: string, options: DebounceOptions, d: TaskDefinition | null): [number, number] {
+  const given = (v: unknown): boolean => v !== undefined && v !== null;
+  if (!given(options.debounce) && d === null) {
+    throw new DebounceConfigError(
+      `${task}: no definition of this task is published under this prefix in this database, ` +
+      "and the call gives no debounce: pass debounce and maxWait, or publish the task's " +
+      "definition (a worker of the app writes it as it starts; `celery -A proj debounce " +
+      "publish` at deploy time). Check prefix and the client's database if it is published");
+  }
+  const windowMs = given(options.debounce) ? parseDuration("debounce", options.debounce!) : d!.debounce_ms;
+  if (!given(options.maxWait) && d === null) {
     throw new DebounceConfigError(
       `debounce=${JSON.stringify(options.debounce)} needs maxWait: the max wait is the ceiling ` +
       "that guarantees the task runs");
   }
-  const maxWaitMs = parseDuration("maxWait", options.maxWait);
+  const maxWaitMs = given(options.maxWait) ? parseDuration("maxWait", options.maxWait!) : d!.max_wait_ms;
   if (maxWaitMs < windowMs) {
     throw new DebounceConfigError(
-      `maxWait=${JSON.stringify(options.maxWait)} is shorter than debounce=` +
-      `${JSON.stringify(options.debounce)}; the max wait must be at least the window`);
+      `maxWait=${JSON.stringify(options.maxWait ?? `${maxWaitMs}ms`)} is shorter than debounce=` +
+      `${JSON.stringify(options.debounce ?? `${windowMs}ms`)}; the max wait must be at least the window`);
   }
-  const template: KeyTemplate | undefined =
-    options.key === undefined ? undefined : parseTemplate(options.key);
-  const replace = options.replacePayload ?? false;
-  if (typeof replace !== "boolean") {
-    throw new DebounceConfigError(`replacePayload=${JSON.stringify(replace)}: expected true or false`);
+  return [windowMs, maxWaitMs];
+}
+
+/** The definition's refusals: what this producer cannot call as Python would. */
+function refuseUncallable(task: string, d: TaskDefinition | null): void {
+  if (d === null) return;
+  if (d.collect) {
+    throw new DebounceConfigError(
+      `${task}: a debounce_collect task (its run takes the list of calls) cannot be called ` +
+      "from this producer; nothing was written");
+  }
+  if (!d.accepts_json) {
+    throw new DebounceConfigError(
+      `${task}: the app does not accept JSON (accept_content), and this producer writes JSON; ` +
+      "nothing was written");
+  }
+}
+
+/** ARGV 12 onwards (gate.lua's header): the cap, then the edge mode and history TTL. */
+function argvTail(maxCalls: number | null, leading: boolean, trailing: boolean,
+                  historyTtlMs: number): string[] {
+  const tail: string[] = [];
+  if (maxCalls !== null) tail.push(String(maxCalls));
+  if (leading) {
+    if (maxCalls === null) tail.push("");
+    tail.push(trailing ? "B" : "L", String(historyTtlMs));
+  }
+  return tail;
+}
+
+function makePlan(task: string, options: DebounceOptions, clusterClient: boolean,
+                  values: unknown[], d: TaskDefinition | null): Plan {
+  const prefix = checkedPrefix(options.prefix);
+  const shards = positiveInt("shards", options.shards, d?.shards ?? 1);
+  const maxKeyLength = positiveInt("maxKeyLength", options.maxKeyLength, d?.max_key_length ?? 1024);
+  const maxPayloadBytes = positiveInt("maxPayloadBytes", options.maxPayloadBytes,
+    d?.max_payload_bytes ?? 1024 * 1024);
+  const timeoutMs = timeoutOf(options);
+  const cluster = flag("cluster", options.cluster, clusterClient);
+  checkedTask(task);
+  refuseUncallable(task, d);
+  const [windowMs, maxWaitMs] = windowOf(task, options, d);
+  const key = options.key ?? d?.key ?? undefined;
+  const template: KeyTemplate | undefined = key === undefined ? undefined : parseTemplate(key);
+  const replace = flag("replacePayload", options.replacePayload, d?.replace_payload ?? false);
+  const maxCalls = maxCallsOf(options, d);
+  const leading = flag("leading", options.leading, d?.leading ?? false);
+  const trailing = flag("trailing", options.trailing, d?.trailing ?? true);
+  if (!leading && !trailing) {
+    throw new DebounceConfigError(
+      "leading=false, trailing=false: the task would never run; set at least one of them to true");
+  }
+  if (d?.exclusive && (leading || maxCalls !== null)) {
+    throw new DebounceConfigError(
+      `${task} is debounce_exclusive: ${leading ? "leading=true" : `maxCalls=${maxCalls}`} ` +
+      "cannot wait for a run of its key to end (as in Python)");
+  }
+  let maxWaitText = String(maxWaitMs);
+  const expires = d?.result_expires_ms ?? null;
+  if (leading && !trailing && expires !== null && expires < maxWaitMs) {
+    maxWaitText = String(expires);  // the quiet period never outlasts the leading run's result
   }
   let identHead: string | undefined;
   try {
@@ -193,41 +303,87 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     identHead = undefined;  // refused per call, after the checks of the call's arguments
   }
   return {
-    task, clusterClient, values, template, prefix, shards, cluster, maxKeyLength,
-    maxPayloadBytes, timeoutMs, windowText: String(windowMs), maxWaitText: String(maxWaitMs),
-    versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`, identHead, shardKeys: [],
+    task, clusterClient, definition: d, values, template, prefix, shards, cluster, maxKeyLength,
+    maxPayloadBytes, timeoutMs, windowText: String(windowMs), maxWaitText,
+    versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
+    optionsJson: d === null || d.options === "{}" ? "" : d.options,
+    tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS),
+    signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
+    identHead, shardKeys: [],
   };
 }
 
-/** The plan of (task, options), checked anew only when an option's value changed. */
-function planOf(task: string, options: DebounceOptions, clusterClient: boolean): Plan {
-  const record = options as unknown as Record<string, unknown>;
-  for (const name of Object.keys(options)) {
+function timeoutOf(options: DebounceOptions): number {
+  return options.timeout === undefined ? DEFAULT_TIMEOUT_MS : parseDuration("timeout", options.timeout);
+}
+
+function checkedOptions(options: unknown): DebounceOptions {
+  if (options === undefined) return {};
+  if (options === null || typeof options !== "object") {
+    throw new DebounceConfigError("options: expected an object (or nothing)");
+  }
+  const record = options as Record<string, unknown>;
+  for (const name of Object.keys(record)) {
     if (!KNOWN_NAMES.has(name)) {
       const close = [...KNOWN].sort((a, b) => distance(name, a) - distance(name, b))[0];
       throw new DebounceConfigError(
         `${name}=${JSON.stringify(record[name])}: unknown option; did you mean '${close}'?`);
     }
   }
+  return options as DebounceOptions;
+}
+
+const NO_OPTIONS: DebounceOptions = Object.freeze({});
+
+/** The plan of (task, options, definition), checked anew only when an option's value changed. */
+function planOf(task: string, options: DebounceOptions, clusterClient: boolean,
+                definition: TaskDefinition | null): Plan {
+  const record = options as unknown as Record<string, unknown>;
   const known = plans.get(options);
-  if (known !== undefined && known.task === task && known.clusterClient === clusterClient) {
+  if (known !== undefined && known.task === task && known.clusterClient === clusterClient &&
+      known.definition === definition) {
     let same = true;
     for (let i = 0; i < KNOWN.length && same; i++) same = record[KNOWN[i]] === known.values[i];
     if (same) return known;
   }
-  const plan = makePlan(task, options, clusterClient, KNOWN.map((name) => record[name]));
+  const plan = makePlan(task, options, clusterClient, KNOWN.map((name) => record[name]), definition);
   plans.set(options, plan);
   return plan;
 }
 
+/** `[positional, named]` the key is made of: bound to the published signature, if any. */
+function boundArguments(plan: Plan, args: readonly unknown[],
+                        kwargs: Record<string, unknown>): [readonly unknown[], Record<string, unknown>] {
+  if (plan.signature === null) return [args, kwargs];
+  try {
+    return bindArguments(plan.signature, args, kwargs);
+  } catch (exc) {
+    if (exc instanceof UnusableDefault) {
+      throw new DebounceConfigError(
+        `${plan.task}: the call leaves out ${JSON.stringify(exc.parameter)}, whose default only ` +
+        "Python can hold (a date, a float such as 1.0, an object): pass it on the call");
+    }
+    if (!(exc instanceof BindError)) throw exc;
+    if (plan.checkArguments) {
+      throw new DebounceConfigError(
+        `${plan.task}: the arguments do not match the task's signature (${exc.message}); ` +
+        "a Python call would raise TypeError");
+    }
+    if (plan.template) {
+      throw new DebounceKeyError(
+        `${plan.task}: key ${plan.template.shown} cannot be resolved: the arguments do not ` +
+        `match the task's signature (${exc.message})`);
+    }
+    return [args, kwargs];
+  }
+}
+
 /** Everything a call sends to the gate, with every check made first (nothing is sent on
  * an error): the vectors of contract/vectors.json are checked against this. */
-export function prepare(task: string, call: Call, options: DebounceOptions,
-                        clusterClient = false): PreparedCall {
-  if (options === null || typeof options !== "object") {
-    throw new DebounceConfigError("options: expected an object with debounce and maxWait");
-  }
-  const plan = planOf(task, options, clusterClient);
+export function prepare(task: string, call: Call, options?: DebounceOptions,
+                        clusterClient = false, definition: TaskDefinition | null = null): PreparedCall {
+  const plan = planOf(task, options === undefined ? NO_OPTIONS : checkedOptions(options),
+    clusterClient, definition);
   const template = plan.template;
   const args = call?.args ?? [];
   const kwargs = call?.kwargs ?? {};
@@ -235,13 +391,14 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
   if (kwargs === null || typeof kwargs !== "object" || Array.isArray(kwargs)) {
     throw new DebounceConfigError("kwargs: task keyword arguments must be an object");
   }
-  let key = template ? resolveTemplate(template, args, kwargs as Record<string, unknown>) : "";
+  const [positional, named] = boundArguments(plan, args, kwargs as Record<string, unknown>);
+  let key = template ? resolveTemplate(template, positional, named) : "";
   const body = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}, {}]`;
   if (body.length > plan.maxPayloadBytes) {  // the body is ASCII: characters are bytes
     throw new DebouncePayloadError(
       `${task}: arguments serialize to ${body.length} bytes, above maxPayloadBytes=${plan.maxPayloadBytes}`);
   }
-  if (!template) key = "args:" + blake2bHex(Buffer.from(pyJson([args, kwargs], true), "ascii"));
+  if (!template) key = "args:" + blake2bHex(Buffer.from(pyJson([positional, named], true), "ascii"));
   // a string has at most as many code points as UTF-16 units: count them only when over
   const length = key.length > plan.maxKeyLength ? codePoints(key) : key.length;
   if (length > plan.maxKeyLength) {
@@ -260,7 +417,8 @@ export function prepare(task: string, call: Call, options: DebounceOptions,
     task, key, ident, shard, body, timeoutMs: plan.timeoutMs,
     keys: [keys[0] + ident, keys[1]],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
-    argv: [randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body, ""],
+    argv: [randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body,
+      plan.optionsJson, ...(plan.tail.length ? ["", "", "", "", ...plan.tail] : [])],
   };
 }
 
@@ -423,16 +581,49 @@ function translate(exc: unknown, task: string): Error {
     "may or may not have run, and it was not sent again");
 }
 
-/** Send one call through the gate: open the window of (task, key) or join it. */
+/** Send one call through the gate: open the window of (task, key) or join it. The task's
+ * published definition is read first (one HGET, then cached for `definitionMaxAge`). */
 export function gate(redis: Client, task: string, call: Call,
-                     options: DebounceOptions): Promise<GateResult> {
-  let prepared: PreparedCall;
+                     options?: DebounceOptions): Promise<GateResult> {
+  let prefix: string;
+  let maxAgeMs: number;
+  let timeoutMs: number;
   try {
-    prepared = prepare(task, call, options, isCluster(redis));
+    const checked = checkedOptions(options);
+    prefix = checkedPrefix(checked.prefix);
+    timeoutMs = timeoutOf(checked);
+    maxAgeMs = checked.definitionMaxAge === undefined ? DEFAULT_DEFINITION_MAX_AGE_MS
+      : parseDuration("definitionMaxAge", checked.definitionMaxAge);
+    checkedTask(task);
+    const cached = cachedDefinition(redis, prefix, task, maxAgeMs);
+    if (cached !== undefined) {
+      return sendGate(redis, prepare(task, call, options, isCluster(redis), cached));
+    }
   } catch (exc) {
     return Promise.reject(exc);  // a refusal rejects, as from an async function
   }
-  return sendGate(redis, prepared);
+  const read = (): Promise<string | null> => readDefinition(redis, prefix, task, timeoutMs);
+  return definitionOf(redis, prefix, task, maxAgeMs, read).then(
+    (definition) => sendGate(redis, prepare(task, call, options, isCluster(redis), definition)));
+}
+
+/** The definition JSON of `task` (HGET `<prefix>:tasks`), on the gate's connection. */
+async function readDefinition(redis: Client, prefix: string, task: string,
+                              ms: number): Promise<string | null> {
+  try {
+    if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
+    const conn = gateConnection(redis);
+    if (conn.status !== "ready") await whenReady(conn, ms);
+    return await once(conn, conn.hget(`${prefix}:tasks`, task), ms);
+  } catch (exc) {
+    const message = exc instanceof Error ? exc.message : String(exc);
+    if (exc instanceof NotSent) {
+      throw new DebounceBackendError(
+        `debounce Redis unreachable for reading the definition of ${task} (${message}); nothing was sent`);
+    }
+    throw new DebounceBackendError(
+      `debounce Redis: the definition of ${task} could not be read (${message}); nothing was written`);
+  }
 }
 
 /** One EVALSHA of the gate for a prepared call, on the client's gate connection (see
@@ -480,6 +671,6 @@ const taskIdOf = (result: GateResult): string => result.taskId;
  *                    { debounce: "5m", key: "report:{0}", maxWait: "30m" })
  */
 export function debounce(redis: Client, task: string, call: Call,
-                         options: DebounceOptions): Promise<string> {
+                         options?: DebounceOptions): Promise<string> {
   return gate(redis, task, call, options).then(taskIdOf);
 }

@@ -22,6 +22,18 @@ function decode(value) {
   return value;
 }
 
+/** A published definition whose every option the case's own options override: only its
+ * signature counts. */
+function definitionWith(task, signature) {
+  return {
+    format: 1, contract: CONTRACT_VERSION, version: "v", task, debounce_ms: 1000,
+    max_wait_ms: 1000, key: null, replace_payload: false, max_calls: null, leading: false,
+    trailing: true, collect: false, exclusive: false, options: "{}", accepts_json: true,
+    check_arguments: false, signature, shards: 1, max_key_length: 1024,
+    max_payload_bytes: 1048576, history_ttl_ms: 3600000, result_expires_ms: null,
+  };
+}
+
 function kind(exc) {
   if (exc instanceof DebounceKeyError) return "key";
   if (exc instanceof DebouncePayloadError) return "payload";
@@ -34,13 +46,14 @@ function outcome(c) {
   let call;
   try {
     const options = { ...c.options, ...(c.settings ?? {}) };
-    call = prepare(c.task, { args: decode(c.args), kwargs: decode(c.kwargs) }, options);
+    call = prepare(c.task, { args: decode(c.args), kwargs: decode(c.kwargs) }, options, false,
+      c.signature ? definitionWith(c.task, decode(c.signature)) : null);
   } catch (exc) {
     return { error: { kind: kind(exc) } };
   }
   return { expect: {
     key: call.key, ident: call.ident, shard: call.shard, keys: call.keys,
-    argv: [...call.argv.slice(1, 5), call.argv[6]], body: call.body,
+    argv: [...call.argv.slice(1, 5), call.argv[6], ...call.argv.slice(11)], body: call.body,
   } };
 }
 

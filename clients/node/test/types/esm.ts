@@ -11,5 +11,8 @@ export async function run(redis: Redis): Promise<string> {
     throw exc;
   }
 }
-// @ts-expect-error: maxWait is required
-export const missing: DebounceOptions = { debounce: "5m" };
+// a task whose definition is published: every option may be left out
+export const byName = (redis: Redis): Promise<string> =>
+  debounce(redis, "proj.build_report", { args: ["u1"] });
+// @ts-expect-error: maxCalls is a number or null
+export const badCap: DebounceOptions = { maxCalls: "3" };

@@ -1,0 +1,182 @@
+"""A Node call by task name is the call ``.delay()`` makes (issue 41): the Node producer
+reads the task's definition the worker published, and a burst mixing Node and Python
+calls makes exactly the runs a Python-only burst makes, with the same arguments, on the
+same queue, against a real redis-server and a real Celery worker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from helpers import running_worker, wait_until
+from test_node_producer import NODE, node_calls, node_package  # noqa: F401 (fixture)
+
+from celery_debounce import DebouncedCall, DebouncedTask
+from celery_debounce.ops.read_view import list_windows
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+#: Long enough that a burst's three steps (two of them a Node process each) land in
+#: one window on a loaded machine.
+WINDOW = "5s"
+
+
+def _tasks(app: Celery, runs: list[tuple[str, Any, Any, int, str]]) -> None:
+    """One task per kind the issue names, every one routed to queue ``reports``."""
+
+    def record(task: Any, args: Any, kwargs: Any) -> None:
+        runs.append(
+            (
+                task.name,
+                args,
+                kwargs,
+                task.request.debounce_calls,
+                (task.request.delivery_info or {}).get("routing_key"),
+            )
+        )
+
+    common: dict[str, Any] = {"base": DebouncedTask, "shared": False, "bind": True}
+
+    @app.task(name="proj.digest", debounce=WINDOW, debounce_max_wait="1m", **common)
+    def digest(self: Any, user_id: str, n: int = 0) -> None:
+        record(self, [user_id], {"n": n})
+
+    @app.task(
+        name="proj.capped",
+        debounce=WINDOW,
+        debounce_max_wait="1m",
+        debounce_key="c:{0}",
+        debounce_max_calls=3,
+        **common,
+    )
+    def capped(self: Any, user_id: str, n: int = 0) -> None:
+        record(self, [user_id], {"n": n})
+
+    @app.task(
+        name="proj.lead",
+        debounce=WINDOW,
+        debounce_max_wait="1m",
+        debounce_key="l:{user_id}",
+        debounce_leading=True,
+        **common,
+    )
+    def lead(self: Any, user_id: str, n: int = 0) -> None:
+        record(self, [user_id], {"n": n})
+
+    @app.task(
+        name="proj.excl",
+        debounce=WINDOW,
+        debounce_max_wait="1m",
+        debounce_key="x:{0}",
+        debounce_exclusive=True,
+        **common,
+    )
+    def excl(self: Any, user_id: str, n: int = 0) -> None:
+        record(self, [user_id], {"n": n})
+
+    @app.task(
+        name="proj.gather",
+        debounce=WINDOW,
+        debounce_max_wait="1m",
+        debounce_key="g:{user_id}",
+        debounce_collect=True,
+        **common,
+    )
+    def gather(self: Any, calls: list[DebouncedCall]) -> None:
+        record(self, [c.kwargs.get("user_id") for c in calls], {})
+
+
+def _node(package: Path, url: str, user: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """The Node calls, by task name with no options, for ``user``."""
+    made = [
+        [task, json.loads(json.dumps(call).replace("USER", user)), None] for task, call in calls
+    ]
+    return node_calls(package, url, made)
+
+
+def _python(app: Celery, user: str, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    out = []
+    for task, call in calls:
+        shaped = json.loads(json.dumps(call).replace("USER", user))
+        out.append(app.tasks[task].apply_async(shaped.get("args"), shaped.get("kwargs")).id)
+    return out
+
+
+#: The burst, step by step: Node first for the leading and exclusive tasks (a Node
+#: opener must make the leading run and carry the exclusive header), Python first for
+#: the others; the default-key task gets its arguments in every shape.
+STEP1 = [("proj.lead", {"args": ["USER"]}), ("proj.excl", {"args": ["USER"]})]
+STEP2 = [
+    ("proj.digest", {"args": ["USER"]}),
+    ("proj.capped", {"args": ["USER"]}),
+    ("proj.lead", {"kwargs": {"user_id": "USER", "n": 2}}),
+    ("proj.excl", {"args": ["USER", 2]}),
+    ("proj.gather", {"kwargs": {"user_id": "USER"}}),
+]
+STEP3 = [
+    ("proj.digest", {"kwargs": {"user_id": "USER"}}),
+    ("proj.digest", {"args": ["USER", 0]}),
+    ("proj.capped", {"args": ["USER", 3]}),
+    ("proj.lead", {"args": ["USER", 3]}),
+    ("proj.excl", {"args": ["USER", 3]}),
+]
+STEP4 = [
+    ("proj.digest", {"kwargs": {"user_id": "USER", "n": 0}}),
+    ("proj.capped", {"args": ["USER", 4]}),
+    ("proj.gather", {"kwargs": {"user_id": "USER"}}),
+]
+
+
+def test_a_burst_mixing_node_and_python_makes_the_runs_of_a_python_only_burst(
+    app_factory: Any, redis_server: str, redis_client: redis.Redis, node_package: Path
+) -> None:
+    app = app_factory(task_routes={"proj.*": {"queue": "reports"}})
+    runs: list[tuple[str, Any, Any, int, str]] = []
+    _tasks(app, runs)
+    url = f"{redis_server}/0"
+    with running_worker(app, queues=["reports"]):  # a run left on queue celery never runs
+        wait_until(lambda: redis_client.hlen("debounce:tasks") == 5)
+        # M: the mixed burst (Node at steps 1 and 3), P: the same burst from Python alone
+        node_first = _node(node_package, url, "M", STEP1)
+        assert all(isinstance(i, str) for i in node_first), node_first
+        _python(app, "P", STEP1)
+        exclusive_options = redis_client.hget("debounce:{0}:open:9:proj.excl:x:M", "o")
+        assert json.loads(exclusive_options or b"{}")["headers"] == {"debounce_exclusive": 1}
+        _python(app, "M", STEP2)
+        _python(app, "P", STEP2)
+        joined = _node(node_package, url, "M", STEP3)
+        assert all(isinstance(i, str) for i in joined), joined
+        _python(app, "P", STEP3)
+        _python(app, "M", STEP4)
+        _python(app, "P", STEP4)
+        # the collect task cannot be called from Node: refused, nothing written, and the
+        # Python window it would have closed early is left whole
+        refused = _node(node_package, url, "M", [("proj.gather", {"kwargs": {"user_id": "M"}})])
+        assert refused[0]["error"] == "DebounceConfigError", refused
+        assert "debounce_collect" in refused[0]["message"]
+        # per user: digest 1, capped 1, lead 2 (the leading run, then its quiet period's),
+        # excl 1, gather 1
+        wait_until(lambda: len(runs) >= 12, timeout=40)
+        wait_until(lambda: not list_windows(app), timeout=20)
+    assert len(runs) == 12, runs
+
+    def shape(user: str) -> list[tuple[Any, ...]]:
+        mine = [r for r in runs if user in json.dumps(r[1])]
+        text = json.dumps(sorted(mine, key=json.dumps)).replace(f'"{user}"', '"U"')
+        return [tuple(r) for r in json.loads(text)]
+
+    assert shape("M") == shape("P")
+    assert all(queue == "reports" for *_, queue in runs), runs
+    by_task = {(r[0], r[3]) for r in shape("M")}
+    assert by_task == {
+        ("proj.digest", 4),  # one window: four calls, positional, by name and default given
+        ("proj.capped", 3),  # closed by its cap at the third call
+        ("proj.lead", 1),  # the Node opener's leading run
+        ("proj.lead", 2),  # the calls of its quiet period
+        ("proj.excl", 3),
+        ("proj.gather", 2),
+    }
