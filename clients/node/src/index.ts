@@ -159,6 +159,8 @@ interface Plan {
   maxKeyLength: number;
   maxPayloadBytes: number;
   timeoutMs: number;
+  /** How long a definition read is used (definitionMaxAge). */
+  maxAgeMs: number;
   /** ARGV 2..4: window ms, max wait ms, `<version>:<replace>`. */
   windowText: string;
   maxWaitText: string;
@@ -272,6 +274,7 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   const maxPayloadBytes = positiveInt("maxPayloadBytes", options.maxPayloadBytes,
     d?.max_payload_bytes ?? 1024 * 1024);
   const timeoutMs = timeoutOf(options);
+  const maxAgeMs = maxAgeOf(options);
   const cluster = flag("cluster", options.cluster, clusterClient);
   checkedTask(task);
   refuseUncallable(task, d);
@@ -304,13 +307,18 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   }
   return {
     task, clusterClient, definition: d, values, template, prefix, shards, cluster, maxKeyLength,
-    maxPayloadBytes, timeoutMs, windowText: String(windowMs), maxWaitText,
+    maxPayloadBytes, timeoutMs, maxAgeMs, windowText: String(windowMs), maxWaitText,
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
     optionsJson: d === null || d.options === "{}" ? "" : d.options,
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS),
     signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
     identHead, shardKeys: [],
   };
+}
+
+function maxAgeOf(options: DebounceOptions): number {
+  return options.definitionMaxAge === undefined ? DEFAULT_DEFINITION_MAX_AGE_MS
+    : parseDuration("definitionMaxAge", options.definitionMaxAge);
 }
 
 function timeoutOf(options: DebounceOptions): number {
@@ -335,16 +343,20 @@ function checkedOptions(options: unknown): DebounceOptions {
 
 const NO_OPTIONS: DebounceOptions = Object.freeze({});
 
+/** The options' values are those `plan` was made from. */
+function sameValues(record: Record<string, unknown>, plan: Plan): boolean {
+  for (let i = 0; i < KNOWN.length; i++) if (record[KNOWN[i]] !== plan.values[i]) return false;
+  return true;
+}
+
 /** The plan of (task, options, definition), checked anew only when an option's value changed. */
 function planOf(task: string, options: DebounceOptions, clusterClient: boolean,
                 definition: TaskDefinition | null): Plan {
   const record = options as unknown as Record<string, unknown>;
   const known = plans.get(options);
   if (known !== undefined && known.task === task && known.clusterClient === clusterClient &&
-      known.definition === definition) {
-    let same = true;
-    for (let i = 0; i < KNOWN.length && same; i++) same = record[KNOWN[i]] === known.values[i];
-    if (same) return known;
+      known.definition === definition && sameValues(record, known)) {
+    return known;
   }
   const plan = makePlan(task, options, clusterClient, KNOWN.map((name) => record[name]), definition);
   plans.set(options, plan);
@@ -589,12 +601,18 @@ export function gate(redis: Client, task: string, call: Call,
   let maxAgeMs: number;
   let timeoutMs: number;
   try {
-    const checked = checkedOptions(options);
-    prefix = checkedPrefix(checked.prefix);
-    timeoutMs = timeoutOf(checked);
-    maxAgeMs = checked.definitionMaxAge === undefined ? DEFAULT_DEFINITION_MAX_AGE_MS
-      : parseDuration("definitionMaxAge", checked.definitionMaxAge);
-    checkedTask(task);
+    const known = plans.get(options ?? NO_OPTIONS);
+    if (known !== undefined && known.task === task &&
+        sameValues((options ?? NO_OPTIONS) as unknown as Record<string, unknown>, known)) {
+      // the hot path: options seen before, their definition still fresh
+      ({ prefix, maxAgeMs, timeoutMs } = known);
+    } else {
+      const checked = checkedOptions(options);
+      checkedTask(task);
+      prefix = checkedPrefix(checked.prefix);
+      timeoutMs = timeoutOf(checked);
+      maxAgeMs = maxAgeOf(checked);
+    }
     const cached = cachedDefinition(redis, prefix, task, maxAgeMs);
     if (cached !== undefined) {
       return sendGate(redis, prepare(task, call, options, isCluster(redis), cached));
