@@ -28,6 +28,14 @@ from celery_debounce.testing.servers import LocalRedis
 
 
 @pytest.fixture(scope="session")
+def node_package() -> Path:
+    """clients/node built from this checkout (tests/node_producer.py)."""
+    from node_producer import build_node_package
+
+    return build_node_package()
+
+
+@pytest.fixture(scope="session")
 def redis_server() -> Iterator[str]:
     """URL of a real redis-server (started here unless $DEBOUNCE_TEST_REDIS_URL is set)."""
     url = os.environ.get("DEBOUNCE_TEST_REDIS_URL")

@@ -13,7 +13,7 @@ import pytest
 import redis
 from celery import Celery
 from helpers import running_worker, wait_until
-from test_node_producer import NODE, node_calls, node_package  # noqa: F401 (fixture)
+from node_producer import NODE, node_calls
 
 from celery_debounce import DebouncedCall, DebouncedTask
 from celery_debounce.ops.read_view import list_windows

@@ -3,7 +3,6 @@ and a real Celery worker with the embedded dispatcher: one contract, two languag
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,70 +12,16 @@ import pytest
 import redis
 from celery import Celery
 from helpers import make_app, running_worker, wait_until
+from node_producer import NODE, node_calls
 
 from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.store.scripts import script_source
 from celery_debounce.testing.cluster import LocalCluster
 
-NODE = shutil.which("node")
-PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "node"
-
 pytestmark = pytest.mark.skipif(
     NODE is None, reason="node is not installed (the Node producer's tests need node >= 20 on PATH)"
 )
-
-#: Runs the calls given as JSON (in place of __CALLS__), prints their task ids (or errors).
-PRODUCER = """
-import Redis from "ioredis";
-import { debounce } from "celery-debounced";
-const { url, cluster, calls } = JSON.parse(__CALLS__);
-const redis = cluster
-  ? new Redis.Cluster([cluster], { redisOptions: { autoResendUnfulfilledCommands: false } })
-  : new Redis(url, { autoResendUnfulfilledCommands: false });
-const out = [];
-for (const [task, call, options] of calls) {
-  try { out.push(await debounce(redis, task, call, options ?? undefined)); }
-  catch (exc) { out.push({ error: exc.name, message: exc.message }); }
-}
-redis.disconnect();
-console.log(JSON.stringify(out));
-"""
-
-
-@pytest.fixture(scope="module")
-def node_package() -> Path:
-    """clients/node built from this checkout (its gate script from celery_debounce/lua)."""
-    assert NODE is not None
-    if not (PACKAGE / "node_modules" / "ioredis").is_dir():
-        pytest.fail(
-            "clients/node has no node_modules: run `npm install` there (scripts/bootstrap.sh does)"
-        )
-    subprocess.run(
-        [NODE, "scripts/build.mjs"], cwd=PACKAGE, check=True, timeout=120, capture_output=True
-    )
-    return PACKAGE
-
-
-def node_calls(
-    package: Path, url: str, calls: list[Any], cluster: dict[str, Any] | None = None
-) -> list[Any]:
-    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster)."""
-    assert NODE is not None
-    given = {"url": url, "calls": calls, "cluster": cluster}
-    source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps(given)))
-    script = package / "test" / ".producer.mjs"  # inside the package: resolves its name
-    script.write_text(source, "utf-8")
-    try:
-        done = subprocess.run(
-            [NODE, str(script)], cwd=package, capture_output=True, text=True, timeout=60
-        )
-    finally:
-        script.unlink()
-    assert done.returncode == 0, done.stderr
-    result: list[Any] = json.loads(done.stdout)
-    return result
 
 
 def test_the_node_package_ships_the_python_package_s_gate_script(node_package: Path) -> None:

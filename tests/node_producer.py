@@ -1,0 +1,69 @@
+"""The Node producer (clients/node) driven from the Python tests: the package built from
+this checkout, and calls made by a Node process (``node_calls``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NODE = shutil.which("node")
+PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
+
+#: Runs the calls given as JSON (in place of __CALLS__), prints their task ids (or errors).
+PRODUCER = """
+import Redis from "ioredis";
+import { debounce } from "celery-debounced";
+const { url, cluster, calls } = JSON.parse(__CALLS__);
+const redis = cluster
+  ? new Redis.Cluster([cluster], { redisOptions: { autoResendUnfulfilledCommands: false } })
+  : new Redis(url, { autoResendUnfulfilledCommands: false });
+const out = [];
+for (const [task, call, options] of calls) {
+  try { out.push(await debounce(redis, task, call, options ?? undefined)); }
+  catch (exc) { out.push({ error: exc.name, message: exc.message }); }
+}
+redis.disconnect();
+console.log(JSON.stringify(out));
+"""
+
+
+def build_node_package() -> Path:
+    """clients/node built from this checkout (its gate script from celery_debounce/lua)."""
+    assert NODE is not None
+    if not (PACKAGE / "node_modules" / "ioredis").is_dir():
+        pytest.fail(
+            "clients/node has no node_modules: run `npm install` there (scripts/bootstrap.sh does)"
+        )
+    subprocess.run(
+        [NODE, "scripts/build.mjs"], cwd=PACKAGE, check=True, timeout=120, capture_output=True
+    )
+    return PACKAGE
+
+
+def node_calls(
+    package: Path, url: str, calls: list[Any], cluster: dict[str, Any] | None = None
+) -> list[Any]:
+    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
+    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster)."""
+    assert NODE is not None
+    given = {"url": url, "calls": calls, "cluster": cluster}
+    source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps(given)))
+    # inside the package (resolves its name), one file per call: tests run side by side
+    script = package / "test" / f".producer-{os.getpid()}-{uuid.uuid4().hex[:8]}.mjs"
+    script.write_text(source, "utf-8")
+    try:
+        done = subprocess.run(
+            [NODE, str(script)], cwd=package, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr
+    result: list[Any] = json.loads(done.stdout)
+    return result
