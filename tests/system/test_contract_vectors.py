@@ -174,6 +174,11 @@ def test_the_cases_cover_what_the_languages_differ_on() -> None:
         "e\\u0301",
         "\\ud800",
         '"cluster": true',
+        '"debounce": "2.5ms"',  # half-even rounding: 2 (half-up: 3)
+        '"debounce": "3.5ms"',
+        '"debounce": 0.0025',
+        '"debounce": "0.0125"',
+        '"kind": "var_keyword"',  # a signature to bind to
     ):
         assert needed in text, needed
     by_name = {c["name"]: c for c in cases}

@@ -1,0 +1,156 @@
+// Task definitions (docs/contract.md, section 7): a call by task name reads the
+// definition the Python app published in <prefix>:tasks, against a real redis-server.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import Redis from "ioredis";
+import {
+  CONTRACT_VERSION, DEFINITION_FORMAT, DebounceConfigError, DebounceContractMismatch,
+  DebounceKeyError, debounce, gate, prepare,
+} from "../dist/esm/index.js";
+import { startRedis } from "./redis-server.mjs";
+
+let server;
+const clients = [];
+
+before(async () => { server = await startRedis(); });
+after(() => { for (const c of clients) c.disconnect(); server?.stop(); });
+
+/** A fresh client (the definition cache is per client) on an emptied database. */
+async function fresh() {
+  const client = new Redis({ port: server.port, host: "127.0.0.1" });
+  clients.push(client);
+  await client.flushdb();
+  return client;
+}
+
+/** A definition as producer/published.py writes it, with `fields` replaced. */
+function definition(task, fields = {}) {
+  return {
+    format: DEFINITION_FORMAT, contract: CONTRACT_VERSION, version: "0123456789abcdef", task,
+    debounce_ms: 300000, max_wait_ms: 1800000, key: null, replace_payload: false,
+    max_calls: null, leading: false, trailing: true, collect: false, exclusive: false,
+    options: '{"queue": "reports", "priority": 7}', accepts_json: true, check_arguments: true,
+    signature: [
+      { name: "user_id", kind: "positional_or_keyword" },
+      { name: "n", kind: "positional_or_keyword", default: 0 },
+    ],
+    shards: 1, max_key_length: 1024, max_payload_bytes: 1048576, history_ttl_ms: 3600000,
+    result_expires_ms: 86400000, ...fields,
+  };
+}
+
+const publish = (client, task, fields, prefix = "debounce") =>
+  client.hset(`${prefix}:tasks`, task, JSON.stringify(definition(task, fields)));
+
+test("a call with no options takes the task's window, route and binding", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest");
+  const a = await gate(redis, "proj.digest", { args: ["u1"] });
+  const b = await gate(redis, "proj.digest", { kwargs: { user_id: "u1" } });
+  const c = await gate(redis, "proj.digest", { args: ["u1", 0] });
+  assert.ok(a.opened && !b.opened && !c.opened);
+  assert.equal(new Set([a.taskId, b.taskId, c.taskId]).size, 1);
+  assert.equal(a.deadlineMs - a.nowMs, 300000);
+  const [open] = await redis.keys("debounce:{0}:open:*");
+  assert.deepEqual(JSON.parse(await redis.hget(open, "o")), { queue: "reports", priority: 7 });
+  assert.equal(await redis.hget(open, "mw"), "1800000");
+});
+
+test("options on the call override the task's", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "d:{user_id}" });
+  const r = await gate(redis, "proj.digest", { args: ["u1"] }, { debounce: "2s", key: "{0}!" });
+  assert.equal(r.deadlineMs - r.nowMs, 2000);
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:u1!"), 1);
+});
+
+test("the cap and the leading edge of the definition reach the gate", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.capped", { max_calls: 2, key: "{0}" });
+  await publish(redis, "proj.lead", { leading: true, key: "{0}" });
+  await debounce(redis, "proj.capped", { args: ["u"] });
+  await debounce(redis, "proj.capped", { args: ["u"] });
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.capped:u"), 0);  // closed by its cap
+  const first = await gate(redis, "proj.lead", { args: ["u"] });
+  const second = await gate(redis, "proj.lead", { args: ["u"] });
+  assert.equal(first.edge, "lead");
+  assert.equal(second.edge, "");
+  assert.notEqual(first.taskId, second.taskId);  // the quiet period's trailing window
+});
+
+test("a task without a definition needs debounce and maxWait, naming prefix and database", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", {}, "other");
+  await assert.rejects(debounce(redis, "proj.digest", { args: ["u1"] }),
+    (exc) => exc instanceof DebounceConfigError && /no definition.*prefix.*database/.test(exc.message));
+  assert.equal(await redis.exists("debounce:tasks"), 0);
+  assert.deepEqual(await redis.keys("debounce:{*"), []);
+  const id = await debounce(redis, "proj.digest", { args: ["u1"] }, { debounce: "1m", maxWait: "5m" });
+  assert.equal(typeof id, "string");
+});
+
+test("what this producer cannot call as Python would is refused, nothing written", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.gather", { collect: true, signature: null });
+  await publish(redis, "proj.pickled", { accepts_json: false });
+  await publish(redis, "proj.newer", { contract: CONTRACT_VERSION + 1 });
+  await publish(redis, "proj.format", { format: DEFINITION_FORMAT + 1 });
+  await publish(redis, "proj.excl", { exclusive: true });
+  await publish(redis, "proj.dated", { signature: [
+    { name: "user_id", kind: "positional_or_keyword" },
+    { name: "when", kind: "positional_or_keyword", default_unusable: true }] });
+  const refused = async (task, call, options, check) =>
+    assert.rejects(debounce(redis, task, call, options), check);
+  await refused("proj.gather", { args: ["u"] }, undefined,
+    (e) => e instanceof DebounceConfigError && /debounce_collect/.test(e.message));
+  await refused("proj.pickled", { args: ["u"] }, undefined,
+    (e) => e instanceof DebounceConfigError && /accept_content/.test(e.message));
+  await refused("proj.newer", { args: ["u"] }, undefined,
+    (e) => e instanceof DebounceContractMismatch && e.gate === String(CONTRACT_VERSION + 1));
+  await refused("proj.format", { args: ["u"] }, undefined,
+    (e) => e instanceof DebounceConfigError && /format/.test(e.message));
+  await refused("proj.excl", { args: ["u"] }, { leading: true },
+    (e) => e instanceof DebounceConfigError && /exclusive/.test(e.message));
+  await refused("proj.dated", { args: ["u"] }, undefined,
+    (e) => e instanceof DebounceConfigError && /"when"/.test(e.message));
+  await refused("proj.digest", { args: ["u"] }, { maxCalls: 0, debounce: "1s", maxWait: "1s" },
+    (e) => e instanceof DebounceConfigError && /maxCalls=0/.test(e.message));
+  assert.deepEqual(await redis.keys("debounce:{*"), []);
+  // with the date given, the call fits
+  assert.equal(typeof await debounce(redis, "proj.dated", { args: ["u", "2026-01-01"] }), "string");
+});
+
+test("arguments that do not fit the signature: refused where the task checks them", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.checked");
+  await publish(redis, "proj.loose", { check_arguments: false });
+  await publish(redis, "proj.keyed", { check_arguments: false, key: "{user_id}" });
+  await assert.rejects(debounce(redis, "proj.checked", { args: ["u"], kwargs: { nope: 1 } }),
+    (e) => e instanceof DebounceConfigError && /unexpected keyword argument "nope"/.test(e.message));
+  await assert.rejects(debounce(redis, "proj.keyed", { kwargs: { nope: 1 } }),
+    (e) => e instanceof DebounceKeyError);
+  assert.equal(typeof await debounce(redis, "proj.loose", { kwargs: { nope: 1 } }), "string");
+});
+
+test("a changed definition is read again once older than definitionMaxAge", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "a:{0}" });
+  const options = { definitionMaxAge: "200ms" };
+  await debounce(redis, "proj.digest", { args: ["u"] }, options);
+  await publish(redis, "proj.digest", { key: "b:{0}" });
+  await debounce(redis, "proj.digest", { args: ["u"] }, options);  // still the cached one
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:b:u"), 0);
+  await new Promise((r) => setTimeout(r, 250));
+  await debounce(redis, "proj.digest", { args: ["u"] }, options);
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:a:u"), 1);
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:b:u"), 1);
+});
+
+test("prepare binds against a definition given to it, as the vectors do", () => {
+  const d = definition("proj.digest");
+  const a = prepare("proj.digest", { args: ["u1"] }, undefined, false, d);
+  const b = prepare("proj.digest", { kwargs: { user_id: "u1", n: 0 } }, undefined, false, d);
+  assert.equal(a.ident, b.ident);
+  assert.notEqual(a.body, b.body);  // the body keeps the call as made
+  assert.equal(a.argv[6], '{"queue": "reports", "priority": 7}');
+});
