@@ -2638,4 +2638,49 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_postgres_store.py::"
         "test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on",
     ),
+    one(
+        "a task definition carries no route",
+        "a Node call by task name runs on the task's routed queue",
+        PKG + "producer/published.py",
+        "        app, task.name, task, spec, (), {}, dict(exec_defaults(task)), None\n",
+        "        None, task.name, task, spec, (), {}, dict(exec_defaults(task)), None\n",
+        "tests/producer/test_published.py::"
+        "test_a_definition_holds_the_options_signature_route_and_settings_of_its_task",
+    ),
+    one(
+        "a float default with an integral value is published as usable",
+        "a Node call never digests 1 where Python digests 1.0 (another window)",
+        PKG + "producer/published.py",
+        "        return math.isfinite(value) and not value.is_integer()\n",
+        "        return math.isfinite(value)\n",
+        "tests/producer/test_published.py::"
+        "test_a_default_no_other_language_can_hold_as_python_does_is_marked_unusable",
+    ),
+    one(
+        "workers do not publish the task definitions as they start",
+        "a Node call by task name finds the definition of every task a worker runs",
+        PKG + "producer/worker_steps.py",
+        '        app.steps["worker"].add(PublishDefinitionsStep)\n',
+        "        pass\n",
+        "tests/producer/test_published.py::"
+        "test_publish_writes_what_changed_and_a_worker_writes_them_as_it_starts",
+    ),
+    one(
+        "the Redis store rewrites every definition it is given",
+        "publish writes only what is new or changed",
+        PKG + "store/redis/store.py",
+        "                if old is None or as_text(old) != definitions[name]\n",
+        "                if True\n",
+        "tests/store/contract/test_contract.py::"
+        "test_task_definitions_are_written_when_new_or_changed_and_read_back_by_name[redis]",
+    ),
+    one(
+        "the PostgreSQL store rewrites every definition it is given",
+        "publish writes only what is new or changed",
+        PKG + "store/postgres/definitions.py",
+        '"written_at = clock_timestamp() WHERE t.definition IS DISTINCT FROM excluded.definition "',
+        '"written_at = clock_timestamp() "',
+        "tests/store/contract/test_contract.py::"
+        "test_task_definitions_are_written_when_new_or_changed_and_read_back_by_name[postgres]",
+    ),
 ]
