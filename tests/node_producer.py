@@ -19,9 +19,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
 #: Runs the calls given as JSON (in place of __CALLS__), prints their task ids (or errors).
 PRODUCER = """
 import Redis from "ioredis";
+import pg from "pg";
 import { debounce } from "celery-debounced";
-const { url, cluster, calls } = JSON.parse(__CALLS__);
-const redis = cluster
+const { url, cluster, postgres, calls } = JSON.parse(__CALLS__);
+const redis = postgres
+  ? new pg.Pool({ connectionString: postgres, max: 2 }).on("error", () => {})
+  : cluster
   ? new Redis.Cluster([cluster], { redisOptions: { autoResendUnfulfilledCommands: false } })
   : new Redis(url, { autoResendUnfulfilledCommands: false });
 const out = [];
@@ -29,7 +32,7 @@ for (const [task, call, options] of calls) {
   try { out.push(await debounce(redis, task, call, options ?? undefined)); }
   catch (exc) { out.push({ error: exc.name, message: exc.message }); }
 }
-redis.disconnect();
+if (postgres) await redis.end(); else redis.disconnect();
 console.log(JSON.stringify(out));
 """
 
@@ -48,12 +51,17 @@ def build_node_package() -> Path:
 
 
 def node_calls(
-    package: Path, url: str, calls: list[Any], cluster: dict[str, Any] | None = None
+    package: Path,
+    url: str,
+    calls: list[Any],
+    cluster: dict[str, Any] | None = None,
+    postgres: str | None = None,
 ) -> list[Any]:
     """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster)."""
+    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster;
+    ``postgres``: the URL of a PostgreSQL store, through a node-postgres Pool)."""
     assert NODE is not None
-    given = {"url": url, "calls": calls, "cluster": cluster}
+    given = {"url": url, "calls": calls, "cluster": cluster, "postgres": postgres}
     source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps(given)))
     # inside the package (resolves its name), one file per call: tests run side by side
     script = package / "test" / f".producer-{os.getpid()}-{uuid.uuid4().hex[:8]}.mjs"

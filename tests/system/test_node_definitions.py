@@ -1,22 +1,29 @@
 """A Node call by task name is the call ``.delay()`` makes (issue 41): the Node producer
 reads the task's definition the worker published, and a burst mixing Node and Python
 calls makes exactly the runs a Python-only burst makes, with the same arguments, on the
-same queue, against a real redis-server and a real Celery worker."""
+same queue, against a real Celery worker, on each store (a redis-server; a PostgreSQL
+database, from Node through a node-postgres Pool)."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
-import redis
 from celery import Celery
 from helpers import running_worker, wait_until
 from node_producer import NODE, node_calls
 
 from celery_debounce import DebouncedCall, DebouncedTask
 from celery_debounce.ops.read_view import list_windows
+from celery_debounce.settings import settings_for
+from celery_debounce.store import build_store, store_for
+from celery_debounce.testing.postgres import LocalPostgres
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
@@ -90,12 +97,49 @@ def _tasks(app: Celery, runs: list[tuple[str, Any, Any, int, str]]) -> None:
         record(self, [c.kwargs.get("user_id") for c in calls], {})
 
 
-def _node(package: Path, url: str, user: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+@dataclass(frozen=True)
+class Store:
+    """Where the windows are: the app's settings, and where the Node producer writes."""
+
+    conf: dict[str, Any]
+    redis_url: str
+    postgres_url: str | None = None
+
+
+@pytest.fixture(
+    params=["redis", "postgres", pytest.param("pgbouncer", marks=pytest.mark.pgbouncer)]
+)
+def store(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Store]:
+    """The windows' store: a redis-server, or a new migrated PostgreSQL database, reached
+    directly or through PgBouncer in transaction mode (by the worker and by Node)."""
+    if request.param == "redis":
+        yield Store({}, f"{redis_server}/0")
+        return
+    server: LocalPostgres = request.getfixturevalue("postgres_server")
+    name = f"node_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
+    direct = Celery("migrate", set_as_current=False)
+    direct.conf.debounce_store_url = server.url(name)
+    migrating = build_store(settings_for(direct))
+    migrating.migrate()
+    migrating.close()
+    url = server.url(name)
+    if request.param == "pgbouncer":
+        url = request.getfixturevalue("pgbouncer_server").url(name)
+    yield Store({"debounce_store_url": url, "debounce_redis_url": None}, "", url)
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _node(
+    package: Path, store: Store, user: str, calls: list[tuple[str, dict[str, Any]]]
+) -> list[Any]:
     """The Node calls, by task name with no options, for ``user``."""
     made = [
         [task, json.loads(json.dumps(call).replace("USER", user)), None] for task, call in calls
     ]
-    return node_calls(package, url, made)
+    return node_calls(package, store.redis_url, made, postgres=store.postgres_url)
 
 
 def _python(app: Celery, user: str, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -132,20 +176,22 @@ STEP4 = [
 
 
 def test_a_burst_mixing_node_and_python_makes_the_runs_of_a_python_only_burst(
-    app_factory: Any, redis_server: str, redis_client: redis.Redis, node_package: Path
+    app_factory: Any, store: Store, node_package: Path
 ) -> None:
-    app = app_factory(task_routes={"proj.*": {"queue": "reports"}})
+    app = app_factory(task_routes={"proj.*": {"queue": "reports"}}, **store.conf)
     runs: list[tuple[str, Any, Any, int, str]] = []
     _tasks(app, runs)
-    url = f"{redis_server}/0"
+    windows = store_for(app)
+    names = ["proj.digest", "proj.capped", "proj.lead", "proj.excl", "proj.gather"]
+    url = store
     with running_worker(app, queues=["reports"]):  # a run left on queue celery never runs
-        wait_until(lambda: redis_client.hlen("debounce:tasks") == 5)
+        wait_until(lambda: all(windows.task_definition(n) for n in names))
         # M: the mixed burst (Node at steps 1 and 3), P: the same burst from Python alone
         node_first = _node(node_package, url, "M", STEP1)
         assert all(isinstance(i, str) for i in node_first), node_first
         _python(app, "P", STEP1)
-        exclusive_options = redis_client.hget("debounce:{0}:open:9:proj.excl:x:M", "o")
-        assert json.loads(exclusive_options or b"{}")["headers"] == {"debounce_exclusive": 1}
+        (opened,) = windows.pending_payloads(0, "9:proj.excl:x:M")
+        assert json.loads(opened.options_json or "{}")["headers"] == {"debounce_exclusive": 1}
         _python(app, "M", STEP2)
         _python(app, "P", STEP2)
         joined = _node(node_package, url, "M", STEP3)

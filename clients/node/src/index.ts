@@ -15,6 +15,10 @@ import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitio
 import { GATE_SCRIPT } from "./gate-script.js";
 import { blake2bHex } from "./hashes.js";
 import { shardOf, shardTag, windowIdent } from "./layout.js";
+import {
+  isPostgres, postgresGate, type PostgresPool, type PostgresSession, readPostgresDefinition,
+  schemaOf,
+} from "./postgres.js";
 import { pyJson } from "./pyjson.js";
 import { type KeyTemplate, parseTemplate, resolveTemplate } from "./templates.js";
 
@@ -25,6 +29,7 @@ export type { JsonValue } from "./pyjson.js";
 export { GATE_SCRIPT } from "./gate-script.js";
 export type { Parameter, ParameterKind } from "./binding.js";
 export { DEFINITION_FORMAT, parseDefinition, type TaskDefinition } from "./definitions.js";
+export type { PostgresConnection, PostgresPool } from "./postgres.js";
 
 /** A call's arguments: Celery's `args` and `kwargs`. */
 export interface Call {
@@ -58,6 +63,9 @@ export interface DebounceOptions {
   /** How long a task's definition read from the store is used before it is read again
    * (default "5s"). */
   definitionMaxAge?: Duration;
+  /** PostgreSQL: `debounce_postgres_schema` (default: the schema `prefix` names, none for
+   * the default prefix: the connection's search_path). */
+  schema?: string;
   /** `debounce_key_prefix` (default "debounce"). */
   prefix?: string;
   /** `debounce_shards` (default 1). */
@@ -74,7 +82,8 @@ export interface DebounceOptions {
 }
 
 const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "maxCalls", "leading", "trailing",
-  "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge"];
+  "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge",
+  "schema"];
 
 /** Python's `debounce_history_ttl` default (ms). */
 const DEFAULT_HISTORY_TTL_MS = 3_600_000;
@@ -97,6 +106,10 @@ export interface PreparedCall {
   body: string;
   /** How long the call waits for the connection, then for each reply (ms). */
   timeoutMs: number;
+  /** `debounce_exclusive` (on Redis carried in the options JSON; PostgreSQL takes it apart). */
+  exclusive: boolean;
+  /** `debounce_history_ttl` in ms (the counters' and quiet periods' TTL). */
+  historyTtlMs: number;
 }
 
 /** What the gate decided (times are Redis server ms). */
@@ -169,6 +182,8 @@ interface Plan {
   optionsJson: string;
   /** ARGV 12 onwards: the cap, the edge mode and the history TTL, as far as given. */
   tail: string[];
+  exclusive: boolean;
+  historyTtlMs: number;
   /** The parameters calls are bound to (null: not bound), and whether a call that does
    * not fit them is refused (the task's `typing`). */
   signature: TaskDefinition["signature"];
@@ -311,6 +326,7 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
     optionsJson: d === null || d.options === "{}" ? "" : d.options,
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS),
+    exclusive: d?.exclusive ?? false, historyTtlMs: d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
     signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
     identHead, shardKeys: [],
   };
@@ -426,7 +442,8 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
     keys = plan.shardKeys[shard] = [`${tag}:open:`, `${tag}:due`];
   }
   return {
-    task, key, ident, shard, body, timeoutMs: plan.timeoutMs,
+    task, key, ident, shard, body, timeoutMs: plan.timeoutMs, exclusive: plan.exclusive,
+    historyTtlMs: plan.historyTtlMs,
     keys: [keys[0] + ident, keys[1]],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
     argv: [randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body,
@@ -434,7 +451,10 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
   };
 }
 
-type Client = Redis | Cluster;
+type RedisClient = Redis | Cluster;
+/** An ioredis client (or Cluster) of the Redis store, or a node-postgres Pool of the
+ * PostgreSQL store. */
+type Client = RedisClient | PostgresPool;
 
 interface Script { text: string; sha: string }
 const sha1 = (text: string): string => createHash("sha1").update(text, "utf8").digest("hex");
@@ -445,13 +465,13 @@ const scriptOf = new WeakMap<object, Promise<Script>>();
 /** The scripts of scriptOf once known, so that a call need not wait for them. */
 const scriptKnown = new WeakMap<object, Script>();
 
-function isCluster(redis: Client): redis is Cluster {
+function isCluster(redis: object): redis is Cluster {
   return (redis as { isCluster?: boolean }).isCluster === true;
 }
 
 /** The gate script for this connection: on a Redis Cluster whose masters have sharded
  * pub/sub (Redis 7), the one that wakes dispatchers with SPUBLISH, as the Python side loads it. */
-function scriptFor(redis: Client): Promise<Script> {
+function scriptFor(redis: RedisClient): Promise<Script> {
   if (!isCluster(redis)) return Promise.resolve(PLAIN);
   let known = scriptOf.get(redis);
   if (!known) {
@@ -485,7 +505,7 @@ const ONCE = {
   enableAutoPipelining: false,
 } as const;
 
-const gateConnections = new WeakMap<object, Client>();
+const gateConnections = new WeakMap<object, RedisClient>();
 const noop = (): void => {};
 
 /**
@@ -498,10 +518,10 @@ const noop = (): void => {};
  * 0): MOVED, ASK, TRYAGAIN and CLUSTERDOWN, replies of a command that did not run, are
  * still followed. Closed when the user's client ends (quit, disconnect).
  */
-function gateConnection(redis: Client): Client {
+function gateConnection(redis: RedisClient): RedisClient {
   const known = gateConnections.get(redis);
   if (known && known.status !== "end") return known;
-  let made: Client;
+  let made: RedisClient;
   if (isCluster(redis)) {
     const own = (redis.options.redisOptions ?? {}) as Record<string, unknown>;
     made = redis.duplicate([], {
@@ -529,7 +549,7 @@ class TimedOut extends Error {}
 
 /** Resolves when `conn` is ready; rejects (nothing sent) on a connect error, an ended
  * connection, or after `ms`. */
-function whenReady(conn: Client, ms: number): Promise<void> {
+function whenReady(conn: RedisClient, ms: number): Promise<void> {
   if (conn.status === "ready") return Promise.resolve();
   return new Promise<void>((resolve, reject) => {
     const done = (error?: Error): void => {
@@ -556,7 +576,7 @@ const REFUSED_UNSENT = /^(Stream isn't writeable|Cluster isn't ready) and enable
 /** One command, bounded by `ms`: a NotSent when ioredis refused to write it, a TimedOut
  * when no reply came in time (a single node's connection is then made anew: a reply
  * overdue means the link is suspect; what was unanswered on it fails at once). */
-function once<T>(conn: Client, command: Promise<T>, ms: number): Promise<T> {
+function once<T>(conn: RedisClient, command: Promise<T>, ms: number): Promise<T> {
   return new Promise<T>((resolve, reject) => {
     const timer = setTimeout(() => {
       reject(new TimedOut(`no reply within ${ms} ms`));
@@ -594,12 +614,14 @@ function translate(exc: unknown, task: string): Error {
 }
 
 /** Send one call through the gate: open the window of (task, key) or join it. The task's
- * published definition is read first (one HGET, then cached for `definitionMaxAge`). */
-export function gate(redis: Client, task: string, call: Call,
+ * published definition is read first (one HGET, or one query on PostgreSQL, then cached
+ * for `definitionMaxAge`). */
+export function gate(client: Client, task: string, call: Call,
                      options?: DebounceOptions): Promise<GateResult> {
   let prefix: string;
   let maxAgeMs: number;
   let timeoutMs: number;
+  let session: PostgresSession | undefined;
   try {
     const known = plans.get(options ?? NO_OPTIONS);
     if (known !== undefined && known.task === task &&
@@ -613,20 +635,45 @@ export function gate(redis: Client, task: string, call: Call,
       timeoutMs = timeoutOf(checked);
       maxAgeMs = maxAgeOf(checked);
     }
-    const cached = cachedDefinition(redis, prefix, task, maxAgeMs);
-    if (cached !== undefined) {
-      return sendGate(redis, prepare(task, call, options, isCluster(redis), cached));
+    if (isPostgres(client)) {
+      session = { schema: schemaOf(prefix, options?.schema), timeoutMs };
+      prefix = `${prefix}\u0001${session.schema ?? ""}`;  // the definitions' cache key
+    } else if (options?.schema !== undefined) {
+      throw new DebounceConfigError("schema: a PostgreSQL option; this client is Redis's");
     }
+    const cached = cachedDefinition(client, prefix, task, maxAgeMs);
+    if (cached !== undefined) return send(client, session, task, call, options, cached);
   } catch (exc) {
     return Promise.reject(exc);  // a refusal rejects, as from an async function
   }
-  const read = (): Promise<string | null> => readDefinition(redis, prefix, task, timeoutMs);
-  return definitionOf(redis, prefix, task, maxAgeMs, read).then(
-    (definition) => sendGate(redis, prepare(task, call, options, isCluster(redis), definition)));
+  const pg = session;
+  const read = (): Promise<string | null> => pg !== undefined
+    ? readPostgresDefinition(client as PostgresPool, pg, task)
+    : readDefinition(client as RedisClient, prefix, task, timeoutMs);
+  return definitionOf(client, prefix, task, maxAgeMs, read).then(
+    (definition) => send(client, pg, task, call, options, definition));
+}
+
+/** The call prepared against `definition`, sent to the client's store. */
+function send(client: Client, session: PostgresSession | undefined, task: string, call: Call,
+              options: DebounceOptions | undefined,
+              definition: TaskDefinition | null): Promise<GateResult> {
+  if (session === undefined) {
+    const redis = client as RedisClient;
+    return sendGate(redis, prepare(task, call, options, isCluster(redis), definition));
+  }
+  const p = prepare(task, call, options, false, definition);
+  return postgresGate(client as PostgresPool, session, {
+    task, ident: p.ident, taskId: p.argv[0], windowMs: p.argv[1], maxWaitMs: p.argv[2],
+    replace: p.argv[3].endsWith("1"), body: p.body, optionsJson: p.argv[6],
+    exclusive: p.exclusive, maxCalls: p.argv[11] ?? "", edge: p.argv[12] ?? "",
+    historyTtlMs: p.historyTtlMs,
+  }).then(([taskId, opened, deadlineMs, calls, nowMs, edge]) =>
+    ({ taskId, opened, deadlineMs, calls, nowMs, edge }));
 }
 
 /** The definition JSON of `task` (HGET `<prefix>:tasks`), on the gate's connection. */
-async function readDefinition(redis: Client, prefix: string, task: string,
+async function readDefinition(redis: RedisClient, prefix: string, task: string,
                               ms: number): Promise<string | null> {
   try {
     if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
@@ -647,7 +694,7 @@ async function readDefinition(redis: Client, prefix: string, task: string,
 /** One EVALSHA of the gate for a prepared call, on the client's gate connection (see
  * gateConnection): written at most once; NOSCRIPT, which did not run, is followed by
  * SCRIPT LOAD and one more EVALSHA. */
-export async function sendGate(redis: Client, prepared: PreparedCall): Promise<GateResult> {
+export async function sendGate(redis: RedisClient, prepared: PreparedCall): Promise<GateResult> {
   const task = prepared.task;
   const ms = prepared.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   let reply: unknown;
@@ -688,7 +735,7 @@ const taskIdOf = (result: GateResult): string => result.taskId;
  *     await debounce(redis, "proj.build_report", { args: ["u1"] },
  *                    { debounce: "5m", key: "report:{0}", maxWait: "30m" })
  */
-export function debounce(redis: Client, task: string, call: Call,
+export function debounce(client: Client, task: string, call: Call,
                          options?: DebounceOptions): Promise<string> {
-  return gate(redis, task, call, options).then(taskIdOf);
+  return gate(client, task, call, options).then(taskIdOf);
 }

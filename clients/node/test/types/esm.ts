@@ -1,5 +1,6 @@
 // Compiled (not run) by test/types.test.mjs: the shipped .d.ts as an ESM consumer sees them.
 import { Redis } from "ioredis";
+import pg from "pg";
 import { debounce, DebounceContractMismatch, type DebounceOptions } from "celery-debounced";
 
 const options: DebounceOptions = { debounce: "5m", key: "report:{0}", maxWait: "30m", replacePayload: false };
@@ -16,3 +17,6 @@ export const byName = (redis: Redis): Promise<string> =>
   debounce(redis, "proj.build_report", { args: ["u1"] });
 // @ts-expect-error: maxCalls is a number or null
 export const badCap: DebounceOptions = { maxCalls: "3" };
+// a node-postgres Pool is a client of the PostgreSQL store
+export const viaPostgres = (pool: pg.Pool): Promise<string> =>
+  debounce(pool, "proj.build_report", { args: ["u1"] }, { schema: "reports" });

@@ -1,0 +1,116 @@
+"""The Node producer on the PostgreSQL store (clients/node/src/postgres.ts), through a
+node-postgres Pool against a real PostgreSQL server: written at most once, refusals
+before anything is written, an outage seen within the timeout, prefixes apart."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+from node_producer import NODE, node_calls
+from pg_proxy import PgProxy
+
+from celery_debounce.settings import settings_for
+from celery_debounce.store import build_store
+from celery_debounce.testing.postgres import LocalPostgres
+from celery_debounce.testing.servers import free_port
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+OPTIONS = {"debounce": "1m", "maxWait": "5m", "key": "r:{0}", "timeout": "1s"}
+CALL = ["proj.report", {"args": ["u1"]}, OPTIONS]
+
+
+def _migrate(url: str, prefix: str | None = None) -> None:
+    app = Celery("migrate", set_as_current=False)
+    app.conf.debounce_store_url = url
+    if prefix is not None:
+        app.conf.debounce_key_prefix = prefix
+    store = build_store(settings_for(app))
+    store.migrate()
+    store.close()
+
+
+@pytest.fixture
+def database(postgres_server: LocalPostgres) -> Iterator[str]:
+    """A new database (dropped afterwards), not migrated: its name."""
+    name = f"nodepg_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
+    yield name
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _rows(url: str, sql: str) -> list[Any]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_lost_reply_is_outcome_unknown_and_the_call_is_written_once(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    proxy = PgProxy(postgres_server.port)
+    try:
+        through = url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+        proxy.drop_next(b"debounce_gate")
+        out = node_calls(node_package, "", [CALL, CALL], postgres=through)
+    finally:
+        proxy.close()
+    assert out[0]["error"] == "DebounceOutcomeUnknown", out
+    assert isinstance(out[1], str), out  # the next call joined the window the first wrote
+    assert _rows(url, "SELECT task_id, calls FROM debounce_open") == [(out[1], 2)]
+
+
+def test_refusals_write_nothing(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    no_schema = node_calls(node_package, "", [CALL], postgres=url)
+    assert no_schema[0]["error"] == "DebounceConfigError", no_schema
+    assert "migrate" in no_schema[0]["message"]
+    _migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE debounce_schema SET version = version + 1")
+    newer = node_calls(node_package, "", [CALL], postgres=url)
+    assert newer[0]["error"] == "DebounceContractMismatch", newer
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE debounce_schema SET version = version - 1")
+    by_name = node_calls(node_package, "", [["proj.report", {"args": ["u1"]}, None]], postgres=url)
+    assert by_name[0]["error"] == "DebounceConfigError", by_name
+    assert "no definition" in by_name[0]["message"]
+    assert _rows(url, "SELECT count(*) FROM debounce_open") == [(0,)]
+
+
+def test_an_unreachable_server_is_a_backend_error_within_the_timeout(node_package: Path) -> None:
+    url = f"postgresql://debounce@127.0.0.1:{free_port()}/nowhere"
+    started = time.monotonic()
+    out = node_calls(node_package, "", [CALL], postgres=url)
+    assert out[0]["error"] == "DebounceBackendError", out
+    assert "nothing was sent" in out[0]["message"]
+    assert time.monotonic() - started < 10  # a Node process's start, then at most the 1 s
+
+
+def test_a_prefix_names_the_schema_its_windows_are_in(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    _migrate(url, prefix="tenant2")
+    ids = node_calls(
+        node_package,
+        "",
+        [CALL, ["proj.report", {"args": ["u1"]}, {**OPTIONS, "prefix": "tenant2"}]],
+        postgres=url,
+    )
+    assert all(isinstance(i, str) for i in ids) and ids[0] != ids[1], ids
+    assert _rows(url, "SELECT task_id FROM public.debounce_open") == [(ids[0],)]
+    assert _rows(url, "SELECT task_id FROM tenant2.debounce_open") == [(ids[1],)]
