@@ -114,3 +114,15 @@ def test_a_prefix_names_the_schema_its_windows_are_in(
     assert all(isinstance(i, str) for i in ids) and ids[0] != ids[1], ids
     assert _rows(url, "SELECT task_id FROM public.debounce_open") == [(ids[0],)]
     assert _rows(url, "SELECT task_id FROM tenant2.debounce_open") == [(ids[1],)]
+
+
+def test_quotes_and_backslashes_in_a_key_reach_the_store_as_written(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    key = "o'k\\x'); DROP TABLE debounce_open; --\\'"
+    call = ["proj.report", {"args": [key]}, OPTIONS]
+    ids = node_calls(node_package, "", [call, call], postgres=url)
+    assert ids[0] == ids[1] and isinstance(ids[0], str), ids
+    assert _rows(url, "SELECT ident, calls FROM debounce_open") == [(f"11:proj.report:r:{key}", 2)]
