@@ -22,19 +22,9 @@ from celery import Celery, Task
 
 from ..settings import settings_for
 from ..store.codec import CONTRACT_VERSION
+from .by_name import DEFINITION_FORMAT, KINDS
 from .call import stored_options
 from .task import DebouncedTask, exec_defaults
-
-#: Bumped when a field changes meaning; a reader refuses a format it does not know.
-DEFINITION_FORMAT = 1
-
-_KINDS = {
-    inspect.Parameter.POSITIONAL_ONLY: "positional_only",
-    inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional_or_keyword",
-    inspect.Parameter.VAR_POSITIONAL: "var_positional",
-    inspect.Parameter.KEYWORD_ONLY: "keyword_only",
-    inspect.Parameter.VAR_KEYWORD: "var_keyword",
-}
 
 #: Integers a JavaScript number holds exactly (beyond, a default is not published).
 _SAFE_INT = 2**53 - 1
@@ -108,7 +98,7 @@ def _parameters(signature: inspect.Signature) -> list[dict[str, Any]]:
     integer past 2**53, an object) is marked ``default_unusable`` instead."""
     out: list[dict[str, Any]] = []
     for param in signature.parameters.values():
-        entry: dict[str, Any] = {"name": param.name, "kind": _KINDS[param.kind]}
+        entry: dict[str, Any] = {"name": param.name, "kind": KINDS[param.kind]}
         if param.default is not param.empty:
             if _portable(param.default):
                 entry["default"] = param.default

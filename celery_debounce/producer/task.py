@@ -17,6 +17,7 @@ from ..settings import Settings, settings_for
 from ..store import store_for
 from ..stored_call import new_task_id
 from . import canvas, outage, steering, worker_steps
+from .by_name import Published, published, refuse_unfit
 from .call import call_key, prepare_call, refuse_schedule, static_routing
 from .collect import single_call_args
 from .confcache import always_eager
@@ -423,9 +424,10 @@ def send_task(
     Takes the same debounce options as a call (``debounce``, ``debounce_key``,
     ``debounce_max_wait``, ``debounce_replace_payload``, ``debounce_max_calls``,
     ``debounce_leading``, ``debounce_trailing``, ``debounce_collect``) plus
-    Celery's own. Without
-    a signature, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``. If the
-    task is registered in this process, its signature and defaults are used.
+    Celery's own. If the task is registered in this process, its signature and
+    defaults are used; if not, the definition its workers published (read from the store
+    at most every few seconds: ``producer/by_name.py``), as a Node call uses it. With
+    neither, ``{0}`` is ``args[0]`` and ``{name}`` is ``kwargs["name"]``.
     """
     if not isinstance(name, str) or not name:
         raise DebounceConfigError(f"send_task name={name!r}: expected a non-empty task name")
@@ -433,19 +435,24 @@ def send_task(
     debounced = local if isinstance(local, DebouncedTask) else None
     if debounced is not None:
         debounced._refuse_if_invalid()
-    defaults = debounced._debounce_defaults if debounced else TaskDefaults()
+    found = None if local is not None else _definition_of(app, name, options)
+    defaults = (
+        debounced._debounce_defaults if debounced else found.defaults if found else TaskDefaults()
+    )
     original = dict(options)
-    spec = defaults.for_call(options, collect_fixed=debounced is not None)
+    spec = defaults.for_call(options, collect_fixed=debounced is not None or found is not None)
     if spec is None:
         return app.send_task(name, args, kwargs, task_id=task_id, **options)
     if app.conf.task_always_eager and debounced is not None:  # checked as a call, run inline
         return debounced.apply_async(args, kwargs, task_id=task_id, **original)
-    if local is not None:
-        check_arguments(local, args, kwargs)
-        own = exec_defaults(local)
-        if own:  # as app.send_task: a locally registered task's options apply
-            options = {**own, **options}
-    signature = debounced.debounce_signature() if debounced else _signature_of(local)
+    options = _task_options(name, local, found, args, kwargs, options)
+    signature = (
+        debounced.debounce_signature()
+        if debounced
+        else found.signature
+        if found is not None and not spec.collect
+        else _signature_of(local)
+    )
     serializer = options.pop("serializer", None) or (
         local.serializer if local is not None else app.conf.task_serializer
     )
@@ -480,6 +487,38 @@ def send_task(
             plain["headers"] = {**(plain.get("headers") or {}), COLLECT_HEADER: 1}
         return fallback.published(app.send_task(name, args, kwargs, task_id=task_id, **plain))
     return app.AsyncResult(result_id(result.task_id, fixed))
+
+
+def _task_options(
+    name: str,
+    local: Task | None,
+    found: Published | None,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """A call by name's options with the task's own under them (a task registered here,
+    as ``app.send_task`` merges them; else its published definition's route and
+    options, as its ``.delay()`` stores them), its arguments checked as the task would."""
+    if local is not None:
+        check_arguments(local, args, kwargs)
+        own = exec_defaults(local)
+        return {**own, **options} if own else options
+    if found is not None:
+        refuse_unfit(name, found, args, kwargs)
+        return {**found.options, **options}
+    return options
+
+
+def _definition_of(app: Celery, name: str, options: Mapping[str, Any]) -> Published | None:
+    """The published definition of ``name``; an outage is raised unless the call gives its
+    own window (``debounce=``), which then goes on without one, as before definitions."""
+    try:
+        return published(app, name)
+    except DebounceBackendError:
+        if options.get("debounce") is None:
+            raise
+        return None
 
 
 def check_eager(

@@ -9,12 +9,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 from helpers import debounce_command, running_worker, wait_until
 
 from celery_debounce import DebouncedTask
-from celery_debounce.producer.published import DEFINITION_FORMAT, definition, definitions
+from celery_debounce.errors import DebounceConfigError
+from celery_debounce.producer.by_name import DEFINITION_FORMAT
+from celery_debounce.producer.published import definition, definitions, publish
 from celery_debounce.store.codec import CONTRACT_VERSION
 
 
@@ -115,7 +118,8 @@ def test_only_debounced_tasks_have_a_definition_and_a_change_is_a_new_version(
 ) -> None:
     app = _app(app_factory)
     found = definitions(app)
-    assert sorted(found) == ["proj.leading", "proj.routed"]
+    # (shared tasks of other test modules join every app: only this module's are looked at)
+    assert sorted(n for n in found if n.startswith("proj.")) == ["proj.leading", "proj.routed"]
     before = json.loads(found["proj.routed"])["version"]
     changed = _app(app_factory, task_routes={"proj.routed": {"queue": "other"}})
     after = json.loads(definitions(changed)["proj.routed"])
@@ -146,3 +150,27 @@ def test_the_publish_command_writes_what_is_new_or_changed(
     again = debounce_command("cli_app", env, "publish")
     assert again.returncode == 0, again.stderr
     assert "1 task definition(s), 0 written." in again.stdout
+
+
+def test_send_task_of_a_task_not_registered_here_makes_the_call_delay_makes(
+    app_factory: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    """A producer by name in Python reads the definition as Node does: same window,
+    same binding, same route, same options; refusals as Node's."""
+    from celery_debounce import send_task
+
+    worker_app = _app(app_factory)
+    publish(worker_app)
+    producer = app_factory()  # no task registered: the worker app's tasks by name only
+    by_name = send_task(producer, "proj.routed", ["u1"])
+    again = send_task(producer, "proj.routed", [], {"user_id": "u1", "n": 0})
+    local = worker_app.tasks["proj.routed"].delay("u1", 0)
+    assert by_name.id == again.id == local.id
+    stored = json.loads(redis_client.hget("debounce:{0}:open:11:proj.routed:r:u1", "o") or b"{}")
+    assert stored == {"queue": "reports", "priority": 7, "headers": {"debounce_exclusive": 1}}
+    assert redis_client.hget("debounce:{0}:open:11:proj.routed:r:u1", "n") == b"3"
+    with pytest.raises(DebounceConfigError, match="'when', whose default only"):
+        send_task(producer, "proj.leading", ["a"], {"f": 2.5})
+    with pytest.raises(DebounceConfigError, match="do not match the task's signature"):
+        send_task(producer, "proj.routed", [], {"n": 1})
+    assert send_task(producer, "proj.leading", ["a", "2026-01-01", 1.0]).id
