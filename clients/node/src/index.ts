@@ -66,6 +66,19 @@ export interface DebounceOptions {
   /** PostgreSQL: `debounce_postgres_schema` (default: the schema `prefix` names, none for
    * the default prefix: the connection's search_path). */
   schema?: string;
+  /** `debounce_exclusive`: runs of one key never overlap (default: the task's). */
+  exclusive?: boolean;
+  /** Celery's `queue`, `routing_key`, `exchange` and `priority` of the run's message
+   * (default: the task's route and options, from its definition). */
+  queue?: string;
+  routingKey?: string;
+  exchange?: string;
+  priority?: number;
+  /** What a call does when the store does not answer: "raise" (the default; Python's
+   * `debounce_on_outage`). After a call that waited its whole `timeout`, calls fail at
+   * once for `outageProbeInterval` (default 1 s), then one call at a time tries again. */
+  onOutage?: "raise";
+  outageProbeInterval?: Duration;
   /** `debounce_key_prefix` (default "debounce"). */
   prefix?: string;
   /** `debounce_shards` (default 1). */
@@ -83,13 +96,16 @@ export interface DebounceOptions {
 
 const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "maxCalls", "leading", "trailing",
   "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge",
-  "schema"];
+  "schema", "exclusive", "queue", "routingKey", "exchange", "priority", "onOutage",
+  "outageProbeInterval"];
 
 /** Python's `debounce_history_ttl` default (ms). */
 const DEFAULT_HISTORY_TTL_MS = 3_600_000;
 /** Python's largest `debounce_max_calls`. */
 const MAX_CALLS_LIMIT = 2 ** 31 - 1;
 const DEFAULT_DEFINITION_MAX_AGE_MS = 5000;
+/** Python's `debounce_outage_probe_interval` default. */
+const DEFAULT_PROBE_MS = 1000;
 
 /** Python's `debounce_redis_timeout` default. */
 const DEFAULT_TIMEOUT_MS = 2000;
@@ -174,6 +190,8 @@ interface Plan {
   timeoutMs: number;
   /** How long a definition read is used (definitionMaxAge). */
   maxAgeMs: number;
+  /** How long calls fail at once after a call that waited its timeout (outageProbeInterval). */
+  probeMs: number;
   /** ARGV 2..4: window ms, max wait ms, `<version>:<replace>`. */
   windowText: string;
   maxWaitText: string;
@@ -290,6 +308,7 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     d?.max_payload_bytes ?? 1024 * 1024);
   const timeoutMs = timeoutOf(options);
   const maxAgeMs = maxAgeOf(options);
+  const probeMs = probeOf(options);
   const cluster = flag("cluster", options.cluster, clusterClient);
   checkedTask(task);
   refuseUncallable(task, d);
@@ -304,9 +323,10 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     throw new DebounceConfigError(
       "leading=false, trailing=false: the task would never run; set at least one of them to true");
   }
-  if (d?.exclusive && (leading || maxCalls !== null)) {
+  const exclusive = flag("exclusive", options.exclusive, d?.exclusive ?? false);
+  if (exclusive && (leading || maxCalls !== null)) {
     throw new DebounceConfigError(
-      `${task} is debounce_exclusive: ${leading ? "leading=true" : `maxCalls=${maxCalls}`} ` +
+      `exclusive with ${leading ? "leading=true" : `maxCalls=${maxCalls}`}: a run that ` +
       "cannot wait for a run of its key to end (as in Python)");
   }
   let maxWaitText = String(maxWaitMs);
@@ -322,14 +342,56 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   }
   return {
     task, clusterClient, definition: d, values, template, prefix, shards, cluster, maxKeyLength,
-    maxPayloadBytes, timeoutMs, maxAgeMs, windowText: String(windowMs), maxWaitText,
+    maxPayloadBytes, timeoutMs, maxAgeMs, probeMs, windowText: String(windowMs), maxWaitText,
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
-    optionsJson: d === null || d.options === "{}" ? "" : d.options,
+    optionsJson: messageOptions(options, d, exclusive),
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS),
-    exclusive: d?.exclusive ?? false, historyTtlMs: d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
+    exclusive, historyTtlMs: d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
     signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
     identHead, shardKeys: [],
   };
+}
+
+/** ARGV[7]: the options JSON the window stores: the definition's (a Python call's without
+ * options of its own), with the call's routing and exclusive flag over it ('' for {}). */
+function messageOptions(options: DebounceOptions, d: TaskDefinition | null,
+                        exclusive: boolean): string {
+  const base = d === null || d.options === "{}" ? "" : d.options;
+  const routed = options.queue !== undefined || options.routingKey !== undefined ||
+    options.exchange !== undefined || options.priority !== undefined;
+  if (!routed && exclusive === (d?.exclusive ?? false)) return base;
+  const out = (base ? JSON.parse(base) : {}) as Record<string, unknown>;
+  const text = (name: string, value: unknown): string => {
+    if (typeof value !== "string" || !value) {
+      throw new DebounceConfigError(`${name}=${JSON.stringify(value)}: expected a non-empty string`);
+    }
+    return value;
+  };
+  if (options.queue !== undefined) out.queue = text("queue", options.queue);
+  if (options.routingKey !== undefined) out.routing_key = text("routingKey", options.routingKey);
+  if (options.exchange !== undefined) out.exchange = text("exchange", options.exchange);
+  if (options.priority !== undefined) {
+    const p = options.priority;
+    if (typeof p !== "number" || !Number.isInteger(p) || p < 0 || p > 255) {
+      throw new DebounceConfigError(`priority=${JSON.stringify(p)}: expected an integer from 0 to 255`);
+    }
+    out.priority = p;
+  }
+  const headers = { ...(out.headers as Record<string, unknown> | undefined) };
+  if (exclusive) headers.debounce_exclusive = 1; else delete headers.debounce_exclusive;
+  if (Object.keys(headers).length) out.headers = headers; else delete out.headers;
+  return Object.keys(out).length ? JSON.stringify(out) : "";
+}
+
+/** `outageProbeInterval` in ms (after `onOutage` is checked: Node raises only). */
+function probeOf(options: DebounceOptions): number {
+  if (options.onOutage !== undefined && options.onOutage !== "raise") {
+    throw new DebounceConfigError(
+      `onOutage=${JSON.stringify(options.onOutage)}: a Node producer can only raise (it ` +
+      "has no broker connection to publish the call plainly, as Python's \"publish\" does)");
+  }
+  return options.outageProbeInterval === undefined ? DEFAULT_PROBE_MS
+    : parseDuration("outageProbeInterval", options.outageProbeInterval);
 }
 
 function maxAgeOf(options: DebounceOptions): number {
@@ -621,19 +683,25 @@ export function gate(client: Client, task: string, call: Call,
   let prefix: string;
   let maxAgeMs: number;
   let timeoutMs: number;
+  let probeMs: number;
   let session: PostgresSession | undefined;
   try {
     const known = plans.get(options ?? NO_OPTIONS);
     if (known !== undefined && known.task === task &&
         sameValues((options ?? NO_OPTIONS) as unknown as Record<string, unknown>, known)) {
       // the hot path: options seen before, their definition still fresh
-      ({ prefix, maxAgeMs, timeoutMs } = known);
+      ({ prefix, maxAgeMs, timeoutMs, probeMs } = known);
     } else {
       const checked = checkedOptions(options);
       checkedTask(task);
       prefix = checkedPrefix(checked.prefix);
       timeoutMs = timeoutOf(checked);
       maxAgeMs = maxAgeOf(checked);
+      probeMs = probeOf(checked);
+    }
+    if (openBreakers > 0) {
+      const refused = breakerRefusal(client, timeoutMs);
+      if (refused !== undefined) return Promise.reject(refused);
     }
     if (isPostgres(client)) {
       session = { schema: schemaOf(prefix, options?.schema), timeoutMs };
@@ -642,7 +710,9 @@ export function gate(client: Client, task: string, call: Call,
       throw new DebounceConfigError("schema: a PostgreSQL option; this client is Redis's");
     }
     const cached = cachedDefinition(client, prefix, task, maxAgeMs);
-    if (cached !== undefined) return send(client, session, task, call, options, cached);
+    if (cached !== undefined) {
+      return watched(client, timeoutMs, probeMs, send(client, session, task, call, options, cached));
+    }
   } catch (exc) {
     return Promise.reject(exc);  // a refusal rejects, as from an async function
   }
@@ -650,8 +720,48 @@ export function gate(client: Client, task: string, call: Call,
   const read = (): Promise<string | null> => pg !== undefined
     ? readPostgresDefinition(client as PostgresPool, pg, task)
     : readDefinition(client as RedisClient, prefix, task, timeoutMs);
-  return definitionOf(client, prefix, task, maxAgeMs, read).then(
-    (definition) => send(client, pg, task, call, options, definition));
+  return watched(client, timeoutMs, probeMs, definitionOf(client, prefix, task, maxAgeMs, read).then(
+    (definition) => send(client, pg, task, call, options, definition)));
+}
+
+/** Per client, while its store is taken for down: until when calls fail at once, and
+ * whether a call is trying it again (Python's breaker, producer/outage.py). */
+const breakers = new WeakMap<object, { until: number; probing: boolean }>();
+let openBreakers = 0;
+
+/** The error of a call the client's open breaker refuses at once; undefined when the call
+ * may go (the breaker is shut, or this call is the one that tries again). */
+function breakerRefusal(client: object, timeoutMs: number): Error | undefined {
+  const breaker = breakers.get(client);
+  if (breaker === undefined) return undefined;
+  if (Date.now() < breaker.until || breaker.probing) {
+    return new DebounceBackendError(
+      `the store did not answer a call within its timeout (${timeoutMs} ms): calls fail at ` +
+      "once until one call finds it back (outageProbeInterval); nothing was sent");
+  }
+  breaker.probing = true;
+  return undefined;
+}
+
+/** `result`, minding the breaker: a call that failed after waiting its whole timeout opens
+ * it (or keeps it open), a call that got an answer shuts it. */
+function watched(client: object, timeoutMs: number, probeMs: number,
+                 result: Promise<GateResult>): Promise<GateResult> {
+  const started = Date.now();
+  return result.then((answer) => {
+    if (breakers.delete(client)) openBreakers--;
+    return answer;
+  }, (exc: unknown) => {
+    const breaker = breakers.get(client);
+    if (exc instanceof DebounceBackendError && Date.now() - started >= timeoutMs * 0.9) {
+      if (breaker === undefined) openBreakers++;
+      breakers.set(client, { until: Date.now() + probeMs, probing: false });
+    } else if (breaker !== undefined) {
+      breakers.delete(client);  // it answered (a refusal, a fast error): not taken for down
+      openBreakers--;
+    }
+    throw exc;
+  });
 }
 
 /** The call prepared against `definition`, sent to the client's store. */

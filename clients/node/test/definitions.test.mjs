@@ -1,11 +1,12 @@
 // Task definitions (docs/contract.md, section 7): a call by task name reads the
 // definition the Python app published in <prefix>:tasks, against a real redis-server.
 import assert from "node:assert/strict";
+import { createServer } from "node:net";
 import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
-  CONTRACT_VERSION, DEFINITION_FORMAT, DebounceConfigError, DebounceContractMismatch,
-  DebounceKeyError, debounce, gate, prepare,
+  CONTRACT_VERSION, DEFINITION_FORMAT, DebounceBackendError, DebounceConfigError,
+  DebounceContractMismatch, DebounceKeyError, debounce, gate, prepare,
 } from "../dist/esm/index.js";
 import { startRedis } from "./redis-server.mjs";
 
@@ -153,4 +154,53 @@ test("prepare binds against a definition given to it, as the vectors do", () => 
   assert.equal(a.ident, b.ident);
   assert.notEqual(a.body, b.body);  // the body keeps the call as made
   assert.equal(a.argv[6], '{"queue": "reports", "priority": 7}');
+});
+
+test("routing and exclusive given on the call override the task's", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "{0}", options: '{"queue": "reports", "priority": 7}' });
+  await debounce(redis, "proj.digest", { args: ["a"] }, { queue: "urgent", priority: 9 });
+  assert.deepEqual(JSON.parse(await redis.hget("debounce:{0}:open:11:proj.digest:a", "o")),
+    { queue: "urgent", priority: 9 });
+  await debounce(redis, "proj.digest", { args: ["b"] }, { exclusive: true, routingKey: "rk" });
+  assert.deepEqual(JSON.parse(await redis.hget("debounce:{0}:open:11:proj.digest:b", "o")),
+    { queue: "reports", priority: 7, routing_key: "rk", headers: { debounce_exclusive: 1 } });
+  await publish(redis, "proj.excl", { key: "{0}", exclusive: true,
+    options: '{"headers": {"debounce_exclusive": 1}}' });
+  await debounce(redis, "proj.excl", { args: ["c"] }, { exclusive: false });
+  assert.equal(await redis.hget("debounce:{0}:open:9:proj.excl:c", "o"), null);  // {}: not stored
+  for (const [options, pattern] of [[{ priority: 300 }, /priority=300/], [{ queue: "" }, /queue=""/],
+    [{ exclusive: true, leading: true }, /exclusive with leading/], [{ onOutage: "publish" }, /onOutage/]]) {
+    await assert.rejects(debounce(redis, "proj.digest", { args: ["d"] }, options),
+      (e) => e instanceof DebounceConfigError && pattern.test(e.message));
+  }
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:d"), 0);
+});
+
+test("after a call that waited its timeout, calls fail at once until one tries again", async () => {
+  const held = new Set();
+  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
+  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
+  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  mute.on("error", () => {});
+  const options = { debounce: "1s", maxWait: "2s", timeout: "300ms", outageProbeInterval: "500ms" };
+  const timed = async () => {
+    const started = Date.now();
+    const error = await debounce(mute, "proj.x", { args: [1] }, options).then(() => null, (e) => e);
+    return [error, Date.now() - started];
+  };
+  try {
+    const [first, waited] = await timed();
+    assert.ok(first instanceof DebounceBackendError && waited >= 250, `${first} ${waited}`);
+    const [fast, quick] = await timed();
+    assert.ok(fast instanceof DebounceBackendError && /outageProbeInterval/.test(fast.message), `${fast}`);
+    assert.ok(quick < 100, `${quick} ms`);
+    await new Promise((r) => setTimeout(r, 550));
+    const [probe, probed] = await timed();  // one call tries again, and waits
+    assert.ok(probe instanceof DebounceBackendError && probed >= 250, `${probe} ${probed}`);
+  } finally {
+    mute.disconnect();
+    for (const socket of held) socket.destroy();
+    silent.close();
+  }
 });
