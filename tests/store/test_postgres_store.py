@@ -1449,22 +1449,24 @@ def test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and
     assert store.migrate(wait_s=2.0) == (2, SCHEMA_VERSION)
 
 
-def test_a_migration_that_only_replaces_functions_goes_through_beside_live_sessions(
+def test_a_migration_that_changes_no_held_table_goes_through_beside_live_sessions(
     make_store: Callable[..., PostgresStore], database: str
 ) -> None:
-    """A step with no table change (version 4 to 5: the functions applied again) takes
-    no table lock: it goes through at once beside a session idle in transaction that
-    read the windows (a table change would wait for it), and calls go on after it."""
+    """Steps that change no table a session holds (version 4 to 5: none; 5 to 6: a new
+    table; then the functions applied again) take no lock on the windows' tables: they
+    go through at once beside a session idle in transaction that read the windows (a
+    change of its tables would wait for it), and calls go on after them."""
     store = make_store()
     store.migrate()
     assert store.gate(call("tasks.t:before")).opened
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("UPDATE debounce_schema SET version = %s", (SCHEMA_VERSION - 1,))
+    with psycopg.connect(database, autocommit=True) as conn:  # back to version 4
+        conn.execute("DROP TABLE debounce_tasks")
+        conn.execute("UPDATE debounce_schema SET version = 4")
     reader = psycopg.connect(make_conninfo(database, application_name="report-job"))
     reader.execute("SELECT count(*) FROM debounce_open").fetchone()  # idle in transaction
     try:
         started = time.monotonic()
-        assert make_store().migrate(wait_s=2.0) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
+        assert make_store().migrate(wait_s=2.0) == (4, SCHEMA_VERSION)
         assert time.monotonic() - started < 1.5
         assert make_store().gate(call("tasks.t:after")).opened
     finally:
