@@ -29,6 +29,7 @@ const redis = postgres
   : new Redis(url, { autoResendUnfulfilledCommands: false });
 const out = [];
 for (const [task, call, options] of calls) {
+  if (task === "__sleep__") { await new Promise((r) => setTimeout(r, call.ms)); continue; }
   try { out.push(await debounce(redis, task, call, options ?? undefined)); }
   catch (exc) { out.push({ error: exc.name, message: exc.message }); }
 }
@@ -58,7 +59,7 @@ def node_calls(
     postgres: str | None = None,
 ) -> list[Any]:
     """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster;
+    (a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing; ``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster;
     ``postgres``: the URL of a PostgreSQL store, through a node-postgres Pool)."""
     assert NODE is not None
     given = {"url": url, "calls": calls, "cluster": cluster, "postgres": postgres}

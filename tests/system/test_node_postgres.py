@@ -13,12 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 from celery import Celery
+from helpers import wait_until
 from node_producer import NODE, node_calls
 from pg_proxy import PgProxy
 
 from celery_debounce.settings import settings_for
 from celery_debounce.store import build_store
-from celery_debounce.testing.postgres import LocalPostgres
+from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
 from celery_debounce.testing.servers import free_port
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
@@ -49,8 +50,9 @@ def database(postgres_server: LocalPostgres) -> Iterator[str]:
 
 
 def _rows(url: str, sql: str) -> list[Any]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql).fetchall()
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if cursor.description else []
 
 
 def test_a_lost_reply_is_outcome_unknown_and_the_call_is_written_once(
@@ -126,3 +128,45 @@ def test_quotes_and_backslashes_in_a_key_reach_the_store_as_written(
     ids = node_calls(node_package, "", [call, call], postgres=url)
     assert ids[0] == ids[1] and isinstance(ids[0], str), ids
     assert _rows(url, "SELECT ident, calls FROM debounce_open") == [(f"11:proj.report:r:{key}", 2)]
+
+
+@pytest.fixture
+def durable_server() -> Iterator[LocalPostgres]:
+    """A private server whose commits wait for a synchronous standby when one is named."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        yield server
+
+
+def _waiting_for_the_standby(url: str) -> int:
+    rows = _rows(url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+    return int(rows[0][0])
+
+
+#: A short timeout, and no breaker between the calls (each one tries the server).
+EVERY_CALL_WAITS = {"timeout": "300ms", "outageProbeInterval": "50ms"}
+
+
+def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
+    node_package: Path, durable_server: LocalPostgres
+) -> None:
+    """The standby stops confirming: each Node call's commit waits past the timeout, and
+    statement_timeout does not end that wait. Each call is then outcome-unknown, and the
+    producer cancels the server's wait too: no backend is left holding a slot."""
+    url = durable_server.url()
+    _migrate(url)
+    _rows(url, "ALTER SYSTEM SET synchronous_standby_names = 'gone'")
+    _rows(url, "SELECT pg_reload_conf()")
+    try:
+        wait_until(lambda: _rows(url, "SHOW synchronous_standby_names") == [("gone",)], 10)
+        calls: list[Any] = []
+        for i in range(8):  # each after the breaker's interval: each tries the server
+            calls.append(["proj.report", {"args": [f"u{i}"]}, {**OPTIONS, **EVERY_CALL_WAITS}])
+            calls.append(["__sleep__", {"ms": 60}, None])
+        out = node_calls(node_package, "", calls, postgres=url)
+        assert [o["error"] for o in out] == ["DebounceOutcomeUnknown"] * 8, out
+        wait_until(lambda: _waiting_for_the_standby(url) == 0, timeout=5)
+    finally:
+        _rows(url, "ALTER SYSTEM RESET synchronous_standby_names")
+        _rows(url, "SELECT pg_reload_conf()")

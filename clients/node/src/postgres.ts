@@ -3,6 +3,7 @@
  * Python store sends it (store/postgres/sending.py): one round trip, nothing prepared on
  * the server, so a pooler in transaction mode is safe. Written at most once: a call whose
  * reply is lost is never sent again. */
+import { connect as connectTo } from "node:net";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
@@ -118,6 +119,9 @@ async function onConnection<T>(pool: PostgresPool, ms: number,
   try {
     return await Promise.race([fn(conn), late(() => new NoReply(`no reply within ${ms} ms`))]);
   } catch (exc) {
+    // the server may still be working on it (a commit waiting for a synchronous standby
+    // holds its connection slot whatever statement_timeout says): end that too
+    if (exc instanceof NoReply) cancelRunning(conn, CANCEL_MS);
     const code = (exc as { code?: unknown }).code;
     if (!(typeof code === "string" && SQLSTATE.test(code))) broken = exc as Error;
     throw exc;
@@ -126,6 +130,28 @@ async function onConnection<T>(pool: PostgresPool, ms: number,
     conn.off?.("error", quiet);
     conn.release(broken ?? false);
   }
+}
+
+/** How long a cancel request may take before it is given up (ms). */
+const CANCEL_MS = 1000;
+
+/** Ask the server to end what `conn` is running: a CancelRequest on a connection of its
+ * own, as libpq's PQcancel sends it (no connection slot needed; through PgBouncer it
+ * reaches the linked server connection). Best effort, within `ms`. */
+function cancelRunning(conn: PostgresConnection, ms: number): void {
+  const c = conn as unknown as { processID?: unknown; secretKey?: unknown; host?: unknown; port?: unknown };
+  if (typeof c.processID !== "number" || typeof c.secretKey !== "number") return;
+  const host = typeof c.host === "string" && c.host ? c.host : "localhost";
+  const port = typeof c.port === "number" ? c.port : 5432;
+  const message = Buffer.alloc(16);
+  message.writeInt32BE(16, 0);
+  message.writeInt32BE(80877102, 4);  // the cancel request code
+  message.writeInt32BE(c.processID, 8);
+  message.writeInt32BE(c.secretKey, 12);
+  const socket = host.startsWith("/") ? connectTo(`${host}/.s.PGSQL.${port}`) : connectTo(port, host);
+  socket.setTimeout(ms, () => socket.destroy());
+  socket.on("error", () => {});
+  socket.on("connect", () => socket.end(message));
 }
 
 /** The rows of the last statement of a simple query's answer. */
