@@ -59,8 +59,9 @@ def node_calls(
     postgres: str | None = None,
 ) -> list[Any]:
     """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing; ``cluster``: ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster;
-    ``postgres``: the URL of a PostgreSQL store, through a node-postgres Pool)."""
+    (a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing). ``cluster``:
+    ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster; ``postgres``: the
+    URL of a PostgreSQL store, through a node-postgres Pool."""
     assert NODE is not None
     given = {"url": url, "calls": calls, "cluster": cluster, "postgres": postgres}
     source = PRODUCER.replace("__CALLS__", json.dumps(json.dumps(given)))
