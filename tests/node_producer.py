@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
 PRODUCER = """
 import Redis from "ioredis";
 import pg from "pg";
-import { debounce } from "celery-debounced";
+import { debounce, flushWindow, pendingWindow } from "celery-debounced";
+const operations = { debounce, pending: pendingWindow, flush: flushWindow };
 const { url, cluster, postgres, calls } = JSON.parse(__CALLS__);
 const redis = postgres
   ? new pg.Pool({ connectionString: postgres, max: 2 }).on("error", () => {})
@@ -28,9 +29,10 @@ const redis = postgres
   ? new Redis.Cluster([cluster], { redisOptions: { autoResendUnfulfilledCommands: false } })
   : new Redis(url, { autoResendUnfulfilledCommands: false });
 const out = [];
-for (const [task, call, options] of calls) {
+for (const [task, call, options, operation] of calls) {
   if (task === "__sleep__") { await new Promise((r) => setTimeout(r, call.ms)); continue; }
-  try { out.push(await debounce(redis, task, call, options ?? undefined)); }
+  const run = operations[operation ?? "debounce"];
+  try { out.push(await run(redis, task, call, options ?? undefined)); }
   catch (exc) { out.push({ error: exc.name, message: exc.message }); }
 }
 if (postgres) await redis.end(); else redis.disconnect();
@@ -59,7 +61,9 @@ def node_calls(
     postgres: str | None = None,
 ) -> list[Any]:
     """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing). ``cluster``:
+    (a fourth element ``"pending"`` or ``"flush"`` calls ``pendingWindow`` or
+    ``flushWindow`` instead; a task ``__sleep__`` with ``{ms}`` waits that long and
+    answers nothing). ``cluster``:
     ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster; ``postgres``: the
     URL of a PostgreSQL store, through a node-postgres Pool."""
     assert NODE is not None

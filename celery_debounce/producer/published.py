@@ -65,6 +65,7 @@ def definition(app: Celery, task: Task) -> str | None:
         "max_key_length": settings.max_key_length,
         "max_payload_bytes": settings.max_payload_bytes,
         "history_ttl_ms": settings.history_ttl_ms,
+        "record_ttl_ms": settings.record_ttl_ms,
         "result_expires_ms": settings.result_expires_ms,
     }
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

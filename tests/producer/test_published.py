@@ -94,6 +94,7 @@ def test_a_definition_holds_the_options_signature_route_and_settings_of_its_task
         "max_key_length": 1024,
         "max_payload_bytes": 1048576,
         "history_ttl_ms": found["history_ttl_ms"],
+        "record_ttl_ms": 7 * 86_400_000,
         "result_expires_ms": found["result_expires_ms"],
     }
     assert len(version) == 16

@@ -170,3 +170,27 @@ def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
     finally:
         _rows(url, "ALTER SYSTEM RESET synchronous_standby_names")
         _rows(url, "SELECT pg_reload_conf()")
+
+
+def test_a_window_is_read_and_flushed_by_its_call(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    opened, read, flushed, after, again = node_calls(
+        node_package,
+        "",
+        [
+            CALL,
+            [*CALL, "pending"],
+            [*CALL, "flush"],
+            [*CALL, "pending"],
+            [*CALL, "flush"],
+        ],
+        postgres=url,
+    )
+    assert read["taskId"] == opened and read["calls"] == 1, read
+    assert read["deadlineMs"] - read["firstSeenMs"] == 60_000
+    assert flushed["taskId"] == opened and flushed["deadlineMs"] <= read["deadlineMs"], flushed
+    assert after is None and again is None
+    assert _rows(url, "SELECT task_id, state FROM debounce_taken") == [(opened, "dispatching")]

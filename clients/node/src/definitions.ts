@@ -34,6 +34,8 @@ export interface TaskDefinition {
   max_payload_bytes: number;
   history_ttl_ms: number;
   result_expires_ms: number | null;
+  /** `debounce_record_ttl` in ms (an operator's flush gives its record this expiry). */
+  record_ttl_ms?: number;
 }
 
 const FIELDS: Record<string, string> = {

@@ -8,13 +8,15 @@ import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitio
 import { DebounceConfigError } from "./errors.js";
 import {
   type Call, checkedOptions, checkedPrefix, checkedTask, type DebounceOptions, type GateResult,
-  maxAgeOf, NO_OPTIONS, plans, prepare, probeOf, sameValues, timeoutOf,
+  maxAgeOf, NO_OPTIONS, plans, prepare, probeOf, sameValues, timeoutOf, type WindowInfo,
 } from "./plan.js";
 import {
-  isPostgres, postgresGate, type PostgresPool, type PostgresSession, readPostgresDefinition,
-  schemaOf,
+  isPostgres, postgresFlush, postgresGate, postgresPending, type PostgresPool,
+  type PostgresSession, readPostgresDefinition, schemaOf,
 } from "./postgres.js";
-import { isCluster, readDefinition, type RedisClient, sendGate } from "./redis.js";
+import {
+  isCluster, readDefinition, type RedisClient, redisFlush, redisPending, sendGate,
+} from "./redis.js";
 
 export { CONTRACT_VERSION } from "./contract.js";
 export { parseDuration, type Duration } from "./durations.js";
@@ -24,61 +26,121 @@ export { GATE_SCRIPT } from "./gate-script.js";
 export type { Parameter, ParameterKind } from "./binding.js";
 export { DEFINITION_FORMAT, parseDefinition, type TaskDefinition } from "./definitions.js";
 export type { PostgresConnection, PostgresPool } from "./postgres.js";
-export { prepare, type Call, type DebounceOptions, type GateResult, type PreparedCall } from "./plan.js";
+export {
+  prepare, type Call, type DebounceOptions, type GateResult, type PreparedCall, type WindowInfo,
+} from "./plan.js";
 export { sendGate } from "./redis.js";
 
 /** An ioredis client (or Cluster) of the Redis store, or a node-postgres Pool of the
  * PostgreSQL store. */
 type Client = RedisClient | PostgresPool;
 
-/** Send one call through the gate: open the window of (task, key) or join it. The task's
- * published definition is read first (one HGET, or one query on PostgreSQL, then cached
- * for `definitionMaxAge`). */
-export function gate(client: Client, task: string, call: Call,
-                     options?: DebounceOptions): Promise<GateResult> {
+/** Where a call of a task goes and how long it may take, from its options (checked once
+ * per options object, then taken from its plan). */
+interface Target {
+  prefix: string;
+  /** The definitions' cache key: the prefix, and on PostgreSQL the schema. */
+  cacheKey: string;
+  timeoutMs: number;
+  maxAgeMs: number;
+  probeMs: number;
+  session: PostgresSession | undefined;
+}
+
+function targetOf(client: Client, task: string, options: DebounceOptions | undefined): Target {
   let prefix: string;
   let maxAgeMs: number;
   let timeoutMs: number;
   let probeMs: number;
-  let session: PostgresSession | undefined;
+  const known = plans.get(options ?? NO_OPTIONS);
+  if (known !== undefined && known.task === task &&
+      sameValues((options ?? NO_OPTIONS) as unknown as Record<string, unknown>, known)) {
+    // the hot path: options seen before
+    ({ prefix, maxAgeMs, timeoutMs, probeMs } = known);
+  } else {
+    const checked = checkedOptions(options);
+    checkedTask(task);
+    prefix = checkedPrefix(checked.prefix);
+    timeoutMs = timeoutOf(checked);
+    maxAgeMs = maxAgeOf(checked);
+    probeMs = probeOf(checked);
+  }
+  if (isPostgres(client)) {
+    const session = { schema: schemaOf(prefix, options?.schema), timeoutMs };
+    const cacheKey = `${prefix}\u0001${session.schema ?? ""}`;
+    return { prefix, cacheKey, timeoutMs, maxAgeMs, probeMs, session };
+  }
+  if (options?.schema !== undefined) {
+    throw new DebounceConfigError("schema: a PostgreSQL option; this client is Redis's");
+  }
+  return { prefix, cacheKey: prefix, timeoutMs, maxAgeMs, probeMs, session: undefined };
+}
+
+/** The task's definition: the cached one, or the promise of one read now (one HGET, or one
+ * query on PostgreSQL, then cached for `definitionMaxAge`). */
+function definitionFor(client: Client, task: string,
+                       t: Target): TaskDefinition | null | Promise<TaskDefinition | null> {
+  const cached = cachedDefinition(client, t.cacheKey, task, t.maxAgeMs);
+  if (cached !== undefined) return cached;
+  const session = t.session;
+  const read = (): Promise<string | null> => session !== undefined
+    ? readPostgresDefinition(client as PostgresPool, session, task)
+    : readDefinition(client as RedisClient, t.prefix, task, t.timeoutMs);
+  return definitionOf(client, t.cacheKey, task, t.maxAgeMs, read);
+}
+
+/** Send one call through the gate: open the window of (task, key) or join it, as the
+ * task's published definition says. */
+export function gate(client: Client, task: string, call: Call,
+                     options?: DebounceOptions): Promise<GateResult> {
+  let t: Target;
+  let found: TaskDefinition | null | Promise<TaskDefinition | null>;
   try {
-    const known = plans.get(options ?? NO_OPTIONS);
-    if (known !== undefined && known.task === task &&
-        sameValues((options ?? NO_OPTIONS) as unknown as Record<string, unknown>, known)) {
-      // the hot path: options seen before, their definition still fresh
-      ({ prefix, maxAgeMs, timeoutMs, probeMs } = known);
-    } else {
-      const checked = checkedOptions(options);
-      checkedTask(task);
-      prefix = checkedPrefix(checked.prefix);
-      timeoutMs = timeoutOf(checked);
-      maxAgeMs = maxAgeOf(checked);
-      probeMs = probeOf(checked);
-    }
+    t = targetOf(client, task, options);
     if (anyBreakerOpen()) {
-      const refused = breakerRefusal(client, timeoutMs);
+      const refused = breakerRefusal(client, t.timeoutMs);
       if (refused !== undefined) return Promise.reject(refused);
     }
-    if (isPostgres(client)) {
-      session = { schema: schemaOf(prefix, options?.schema), timeoutMs };
-      prefix = `${prefix}\u0001${session.schema ?? ""}`;  // the definitions' cache key
-    } else if (options?.schema !== undefined) {
-      throw new DebounceConfigError("schema: a PostgreSQL option; this client is Redis's");
-    }
-    const cached = cachedDefinition(client, prefix, task, maxAgeMs);
-    if (cached !== undefined) {
-      return watched(client, timeoutMs, probeMs, send(client, session, task, call, options, cached));
+    found = definitionFor(client, task, t);
+    if (!(found instanceof Promise)) {
+      return watched(client, t.timeoutMs, t.probeMs, send(client, t.session, task, call, options, found));
     }
   } catch (exc) {
     return Promise.reject(exc);  // a refusal rejects, as from an async function
   }
-  const pg = session;
-  const read = (): Promise<string | null> => pg !== undefined
-    ? readPostgresDefinition(client as PostgresPool, pg, task)
-    : readDefinition(client as RedisClient, prefix, task, timeoutMs);
-  return watched(client, timeoutMs, probeMs, definitionOf(client, prefix, task, maxAgeMs, read).then(
-    (definition) => send(client, pg, task, call, options, definition)));
+  const session = t.session;
+  return watched(client, t.timeoutMs, t.probeMs,
+    found.then((definition) => send(client, session, task, call, options, definition)));
 }
+
+/** The pending window a call with these arguments would join (its key resolved as
+ * `debounce()` resolves it), or null: what Python's `task.debounce_pending(...)` reads. */
+export async function pendingWindow(client: Client, task: string, call: Call,
+                                    options?: DebounceOptions): Promise<WindowInfo | null> {
+  const t = targetOf(client, task, options);
+  const definition = await definitionFor(client, task, t);
+  const p = prepare(task, call, options, !t.session && isCluster(client), definition);
+  return t.session !== undefined
+    ? postgresPending(client as PostgresPool, t.session, p.ident)
+    : redisPending(client as RedisClient, p);
+}
+
+/** Close the pending window a call with these arguments would join and make it due now
+ * (dispatchers publish it at once; the next call opens a new window): Python's
+ * `task.debounce_flush(...)`. The window as flushed, or null when none was open. Sent at
+ * most once: a lost reply is `DebounceOutcomeUnknown`. */
+export async function flushWindow(client: Client, task: string, call: Call,
+                                  options?: DebounceOptions): Promise<WindowInfo | null> {
+  const t = targetOf(client, task, options);
+  const definition = await definitionFor(client, task, t);
+  const p = prepare(task, call, options, !t.session && isCluster(client), definition);
+  return t.session !== undefined
+    ? postgresFlush(client as PostgresPool, t.session, task, p.ident)
+    : redisFlush(client as RedisClient, p, t.prefix, definition?.record_ttl_ms ?? DEFAULT_RECORD_TTL_MS);
+}
+
+/** Python's `debounce_record_ttl` default (ms). */
+const DEFAULT_RECORD_TTL_MS = 7 * 86_400_000;
 
 /** The call prepared against `definition`, sent to the client's store. */
 function send(client: Client, session: PostgresSession | undefined, task: string, call: Call,

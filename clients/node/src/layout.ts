@@ -46,3 +46,16 @@ export function clusterShardTag(shard: number, shards: number): string {
 export function shardTag(prefix: string, shard: number, shards: number, cluster: boolean): string {
   return `${prefix}:{${cluster ? clusterShardTag(shard, shards) : String(shard)}}`;
 }
+
+/** `<tag>:open:`, the start of each open window's key (`store/keys.py` open_key). */
+export const openKeyStart = (tag: string): string => `${tag}:open:`;
+/** `<tag>:due`, the shard's due set. */
+export const dueKey = (tag: string): string => `${tag}:due`;
+/** `<tag>:leased`, the shard's taken windows under a dispatch lease. */
+export const leasedKey = (tag: string): string => `${tag}:leased`;
+/** The dispatchers' wake channel: `<prefix>:wake`, or on a Redis Cluster with sharded
+ * pub/sub `<tag>:wake`. */
+export const wakeChannel = (prefix: string): string => `${prefix}:wake`;
+export const shardWakeChannel = (tag: string): string => `${tag}:wake`;
+/** The hash of the task definitions (`store/keys.py` tasks_key). */
+export const tasksKey = (prefix: string): string => `${prefix}:tasks`;

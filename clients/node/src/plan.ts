@@ -8,7 +8,7 @@ import type { TaskDefinition } from "./definitions.js";
 import { type Duration, parseDuration } from "./durations.js";
 import { DebounceConfigError, DebounceKeyError, DebouncePayloadError } from "./errors.js";
 import { blake2bHex } from "./hashes.js";
-import { shardOf, shardTag, windowIdent } from "./layout.js";
+import { dueKey, openKeyStart, shardOf, shardTag, windowIdent } from "./layout.js";
 import { pyJson } from "./pyjson.js";
 import { type KeyTemplate, parseTemplate, resolveTemplate } from "./templates.js";
 
@@ -107,6 +107,15 @@ export interface PreparedCall {
   exclusive: boolean;
   /** `debounce_history_ttl` in ms (the counters' and quiet periods' TTL). */
   historyTtlMs: number;
+}
+
+/** A pending window, as an operator's read or flush gives it back (store time, ms). */
+export interface WindowInfo {
+  taskId: string;
+  calls: number;
+  firstSeenMs: number;
+  deadlineMs: number;
+  maxWaitMs: number;
 }
 
 /** What the gate decided (times are Redis server ms). */
@@ -482,7 +491,7 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
   let keys = plan.shardKeys[shard];
   if (keys === undefined) {
     const tag = shardTag(plan.prefix, shard, plan.shards, plan.cluster);
-    keys = plan.shardKeys[shard] = [`${tag}:open:`, `${tag}:due`];
+    keys = plan.shardKeys[shard] = [openKeyStart(tag), dueKey(tag)];
   }
   return {
     task, key, ident, shard, body, timeoutMs: plan.timeoutMs, exclusive: plan.exclusive,

@@ -8,6 +8,7 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
 import { POSTGRES_SCHEMA_VERSION } from "./gate-script.js";
+import type { WindowInfo } from "./plan.js";
 
 /** A pooled connection, as node-postgres's `PoolClient` has it. */
 export interface PostgresConnection {
@@ -225,6 +226,42 @@ export async function postgresGate(pool: PostgresPool, session: PostgresSession,
     });
   } catch (exc) {
     throw translate(exc, `the gate call of ${call.task}`, true);
+  }
+}
+
+const WINDOW_COLUMNS = "task_id, debounce_ms(first_seen) AS first_seen, " +
+  "debounce_ms(deadline) AS deadline, max_wait_ms, calls";
+
+function windowOf(row: Record<string, unknown> | undefined): WindowInfo | null {
+  if (row === undefined) return null;
+  return { taskId: String(row.task_id), firstSeenMs: Number(row.first_seen),
+    deadlineMs: Number(row.deadline), maxWaitMs: Number(row.max_wait_ms), calls: Number(row.calls) };
+}
+
+/** The open window of `ident`, or null. */
+export async function postgresPending(pool: PostgresPool, session: PostgresSession,
+                                      ident: string): Promise<WindowInfo | null> {
+  await checkSchema(pool, session);
+  try {
+    return await onConnection(pool, session.timeoutMs, async (conn) => windowOf(lastRows(
+      await conn.query(`${settings(session, 3600000)}; SELECT ${WINDOW_COLUMNS} ` +
+        `FROM debounce_open WHERE ident = ${literal(ident)}`))[0]));
+  } catch (exc) {
+    throw translate(exc, "reading a window", false);
+  }
+}
+
+/** Close the open window of `ident` and make it due now (`debounce_close`, sent at most
+ * once); the window as closed, or null when none was open. */
+export async function postgresFlush(pool: PostgresPool, session: PostgresSession, task: string,
+                                    ident: string): Promise<WindowInfo | null> {
+  await checkSchema(pool, session);
+  try {
+    return await onConnection(pool, session.timeoutMs, async (conn) => windowOf(lastRows(
+      await conn.query(`${settings(session, 3600000)}; SELECT ${WINDOW_COLUMNS} ` +
+        `FROM debounce_close(${literal(ident)}, '', clock_timestamp())`))[0]));
+  } catch (exc) {
+    throw translate(exc, `the flush of ${task}'s window`, true);
   }
 }
 

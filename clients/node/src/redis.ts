@@ -6,8 +6,9 @@ import type { Cluster, Redis } from "ioredis";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
-import { GATE_SCRIPT } from "./gate-script.js";
-import { DEFAULT_TIMEOUT_MS, type GateResult, type PreparedCall } from "./plan.js";
+import { FLUSH_SCRIPT, GATE_SCRIPT } from "./gate-script.js";
+import { leasedKey, shardWakeChannel, tasksKey, wakeChannel } from "./layout.js";
+import { DEFAULT_TIMEOUT_MS, type GateResult, type PreparedCall, type WindowInfo } from "./plan.js";
 
 /** An ioredis client, or Cluster, of the Redis store. */
 export type RedisClient = Redis | Cluster;
@@ -17,6 +18,9 @@ const sha1 = (text: string): string => createHash("sha1").update(text, "utf8").d
 const PLAIN: Script = { text: GATE_SCRIPT, sha: sha1(GATE_SCRIPT) };
 const SHARDED_TEXT = GATE_SCRIPT.replace("local SHARDED_WAKE = false", "local SHARDED_WAKE = true");
 const SHARDED: Script = { text: SHARDED_TEXT, sha: sha1(SHARDED_TEXT) };
+const FLUSH: Script = { text: FLUSH_SCRIPT, sha: sha1(FLUSH_SCRIPT) };
+const FLUSH_SHARDED_TEXT = FLUSH_SCRIPT.replace("local SHARDED_WAKE = false", "local SHARDED_WAKE = true");
+const FLUSH_SHARDED: Script = { text: FLUSH_SHARDED_TEXT, sha: sha1(FLUSH_SHARDED_TEXT) };
 const scriptOf = new WeakMap<object, Promise<Script>>();
 /** The scripts of scriptOf once known, so that a call need not wait for them. */
 const scriptKnown = new WeakMap<object, Script>();
@@ -176,7 +180,7 @@ export async function readDefinition(redis: RedisClient, prefix: string, task: s
     if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
     const conn = gateConnection(redis);
     if (conn.status !== "ready") await whenReady(conn, ms);
-    return await once(conn, conn.hget(`${prefix}:tasks`, task), ms);
+    return await once(conn, conn.hget(tasksKey(prefix), task), ms);
   } catch (exc) {
     const message = exc instanceof Error ? exc.message : String(exc);
     if (exc instanceof NotSent) {
@@ -221,4 +225,74 @@ export async function sendGate(redis: RedisClient, prepared: PreparedCall): Prom
     taskId: String(row[0]), opened: Number(row[1]) === 1, deadlineMs: Number(row[2]),
     calls: Number(row[3]), nowMs: Number(row[4]), edge: row.length > 5 ? String(row[5]) : "",
   };
+}
+
+/** The gate's connection of `redis`, ready within `ms` (NotSent otherwise). */
+async function ready(redis: RedisClient, ms: number): Promise<RedisClient> {
+  if (redis.status === "end") throw new NotSent("the client was closed (quit or disconnect)");
+  const conn = gateConnection(redis);
+  if (conn.status !== "ready") await whenReady(conn, ms);
+  return conn;
+}
+
+/** An operator's call as the package's errors: not sent, refused, or (`written`) lost. */
+function operatorError(exc: unknown, what: string, written: boolean): Error {
+  const message = exc instanceof Error ? exc.message : String(exc);
+  if (exc instanceof NotSent) {
+    return new DebounceBackendError(`debounce Redis unreachable for ${what} (${message}); nothing was sent`);
+  }
+  if (!written || (exc instanceof Error && exc.name === "ReplyError")) {
+    return new DebounceBackendError(`debounce Redis: ${what} failed (${message})`);
+  }
+  return new DebounceOutcomeUnknown(
+    `the reply to ${what} was lost (${message}); the outcome is unknown, and it was not sent again`);
+}
+
+/** The pending window of a prepared call's (task, key), or null: one HMGET, one ZSCORE. */
+export async function redisPending(redis: RedisClient, prepared: PreparedCall): Promise<WindowInfo | null> {
+  const ms = prepared.timeoutMs;
+  try {
+    const conn = await ready(redis, ms);
+    const [found, score] = await Promise.all([
+      once(conn, conn.hmget(prepared.keys[0], "id", "fs", "mw", "n"), ms),
+      once(conn, conn.zscore(prepared.keys[1], prepared.ident), ms),
+    ]);
+    if (found[0] === null) return null;
+    return { taskId: found[0], firstSeenMs: Number(found[1]), maxWaitMs: Number(found[2]),
+      calls: Number(found[3]), deadlineMs: Number(score) };
+  } catch (exc) {
+    throw operatorError(exc, `reading the window of ${prepared.task}`, false);
+  }
+}
+
+/** Close the pending window of a prepared call's (task, key) and make it due now
+ * (flush.lua, sent at most once); the window as flushed, or null when none was open. */
+export async function redisFlush(redis: RedisClient, prepared: PreparedCall, prefix: string,
+                                 recordTtlMs: number): Promise<WindowInfo | null> {
+  const ms = prepared.timeoutMs;
+  let reply: unknown;
+  try {
+    const conn = await ready(redis, ms);
+    const sharded = isCluster(conn) && (scriptKnown.get(conn) ?? await scriptFor(conn)) === SHARDED;
+    const script = sharded ? FLUSH_SHARDED : FLUSH;
+    const tag = prepared.keys[1].slice(0, prepared.keys[1].lastIndexOf(":"));
+    const keys = [prepared.keys[0], prepared.keys[1], leasedKey(tag)];
+    const argv = [prepared.ident, sharded ? shardWakeChannel(tag) : wakeChannel(prefix), "",
+      String(recordTtlMs)];
+    const run = (): Promise<unknown> => once(conn, conn.evalsha(script.sha, 3, ...keys, ...argv), ms);
+    try {
+      reply = await run();
+    } catch (exc) {
+      if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
+      const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
+      await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
+      reply = await run();
+    }
+  } catch (exc) {
+    throw operatorError(exc, `the flush of ${prepared.task}'s window`, true);
+  }
+  if (!Array.isArray(reply)) return null;
+  const [taskId, firstSeen, deadline, maxWait, calls] = reply as unknown[];
+  return { taskId: String(taskId), firstSeenMs: Number(firstSeen), deadlineMs: Number(deadline),
+    maxWaitMs: Number(maxWait), calls: Number(calls) };
 }

@@ -6,7 +6,7 @@ import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
   CONTRACT_VERSION, DEFINITION_FORMAT, DebounceBackendError, DebounceConfigError,
-  DebounceContractMismatch, DebounceKeyError, debounce, gate, prepare,
+  DebounceContractMismatch, DebounceKeyError, debounce, flushWindow, gate, pendingWindow, prepare,
 } from "../dist/esm/index.js";
 import { startRedis } from "./redis-server.mjs";
 
@@ -203,4 +203,27 @@ test("after a call that waited its timeout, calls fail at once until one tries a
     for (const socket of held) socket.destroy();
     silent.close();
   }
+});
+
+test("a window is read and flushed by the call that would join it", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "d:{user_id}", record_ttl_ms: 60000 });
+  assert.equal(await pendingWindow(redis, "proj.digest", { args: ["u1"] }), null);
+  const id = await debounce(redis, "proj.digest", { args: ["u1"] });
+  await debounce(redis, "proj.digest", { kwargs: { user_id: "u1" } });
+  const read = await pendingWindow(redis, "proj.digest", { args: ["u1", 0] });
+  assert.equal(read.taskId, id);
+  assert.equal(read.calls, 2);
+  assert.ok(read.deadlineMs - read.firstSeenMs >= 300000);  // the second call moved it
+  assert.ok(read.deadlineMs - read.firstSeenMs < 301000);
+  const flushed = await flushWindow(redis, "proj.digest", { kwargs: { user_id: "u1" } });
+  assert.equal(flushed.taskId, id);
+  assert.ok(flushed.deadlineMs <= read.deadlineMs);
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:d:u1"), 0);
+  assert.equal(await redis.hget(`debounce:{0}:win:${id}`, "st"), "dispatching");
+  const ttl = await redis.pttl(`debounce:{0}:win:${id}`);
+  assert.ok(ttl > 0 && ttl <= 60000, String(ttl));
+  assert.notEqual(await redis.zscore("debounce:{0}:leased", id), null);
+  assert.equal(await pendingWindow(redis, "proj.digest", { args: ["u1"] }), null);
+  assert.equal(await flushWindow(redis, "proj.digest", { args: ["u1"] }), null);
 });
