@@ -155,7 +155,7 @@ function send(client: Client, session: PostgresSession | undefined, task: string
     task, ident: p.ident, taskId: p.argv[0], windowMs: p.argv[1], maxWaitMs: p.argv[2],
     replace: p.argv[3].endsWith("1"), body: p.body, optionsJson: p.argv[6],
     exclusive: p.exclusive, maxCalls: p.argv[11] ?? "", edge: p.argv[12] ?? "",
-    historyTtlMs: p.historyTtlMs,
+    historyTtlMs: p.historyTtlMs, budget: p.argv[14] ?? "", collectEmbed: p.argv[15] ?? "",
   }).then(([taskId, opened, deadlineMs, calls, nowMs, edge]) =>
     ({ taskId, opened, deadlineMs, calls, nowMs, edge }));
 }

@@ -192,6 +192,8 @@ interface Plan {
   tail: string[];
   exclusive: boolean;
   historyTtlMs: number;
+  /** `debounce_collect`: the body is the call's element `[args, kwargs]`. */
+  collect: boolean;
   /** The parameters calls are bound to (null: not bound), and whether a call that does
    * not fit them is refused (the task's `typing`). */
   signature: TaskDefinition["signature"];
@@ -265,11 +267,6 @@ function windowOf(task: string, options: DebounceOptions, d: TaskDefinition | nu
 /** The definition's refusals: what this producer cannot call as Python would. */
 function refuseUncallable(task: string, d: TaskDefinition | null): void {
   if (d === null) return;
-  if (d.collect) {
-    throw new DebounceConfigError(
-      `${task}: a debounce_collect task (its run takes the list of calls) cannot be called ` +
-      "from this producer; nothing was written");
-  }
   if (!d.accepts_json) {
     throw new DebounceConfigError(
       `${task}: the app does not accept JSON (accept_content), and this producer writes JSON; ` +
@@ -277,17 +274,29 @@ function refuseUncallable(task: string, d: TaskDefinition | null): void {
   }
 }
 
-/** ARGV 12 onwards (gate.lua's header): the cap, then the edge mode and history TTL. */
+/** ARGV 12 onwards (gate.lua's header): the cap, then the edge mode and history TTL,
+ * then a collect call's byte budget and embed, each group padded with '' before it. */
 function argvTail(maxCalls: number | null, leading: boolean, trailing: boolean,
-                  historyTtlMs: number): string[] {
+                  historyTtlMs: number, budget: number | null): string[] {
   const tail: string[] = [];
   if (maxCalls !== null) tail.push(String(maxCalls));
   if (leading) {
     if (maxCalls === null) tail.push("");
     tail.push(trailing ? "B" : "L", String(historyTtlMs));
   }
+  if (budget !== null) {
+    while (tail.length < 3) tail.push("");
+    tail.push(String(budget), EMPTY_EMBED);
+  }
   return tail;
 }
+
+/** A call's protocol-2 embed without links: this producer sends none. */
+const EMPTY_EMBED = "{}";
+/** Bytes of a collect run's body besides its calls (producer/collect.py BODY_OVERHEAD), and
+ * what the gate adds to a call's element (TIME_PREFIX: the time in ms and a comma). */
+const BODY_OVERHEAD = 10;
+const TIME_PREFIX = 14;
 
 function makePlan(task: string, options: DebounceOptions, clusterClient: boolean,
                   values: unknown[], d: TaskDefinition | null): Plan {
@@ -308,6 +317,12 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   const replace = flag("replacePayload", options.replacePayload, d?.replace_payload ?? false);
   const maxCalls = maxCallsOf(options, d);
   const leading = flag("leading", options.leading, d?.leading ?? false);
+  const collect = d?.collect ?? false;
+  if (collect && (leading || replace)) {
+    throw new DebounceConfigError(
+      `${task} is debounce_collect: ${leading ? "leading=true" : "replacePayload=true"} cannot ` +
+      "be combined with it (the run gets every call; as in Python)");
+  }
   const trailing = flag("trailing", options.trailing, d?.trailing ?? true);
   if (!leading && !trailing) {
     throw new DebounceConfigError(
@@ -335,7 +350,9 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     maxPayloadBytes, timeoutMs, maxAgeMs, probeMs, windowText: String(windowMs), maxWaitText,
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
     optionsJson: messageOptions(options, d, exclusive),
-    tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS),
+    tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
+      collect ? maxPayloadBytes : null),
+    collect,
     exclusive, historyTtlMs: d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
     signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
     identHead, shardKeys: [],
@@ -473,10 +490,15 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
   }
   const [positional, named] = boundArguments(plan, args, kwargs as Record<string, unknown>);
   let key = template ? resolveTemplate(template, positional, named) : "";
-  const body = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}, {}]`;
-  if (body.length > plan.maxPayloadBytes) {  // the body is ASCII: characters are bytes
-    throw new DebouncePayloadError(
-      `${task}: arguments serialize to ${body.length} bytes, above maxPayloadBytes=${plan.maxPayloadBytes}`);
+  const encoded = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}`;
+  // a collect call's body is its element [args, kwargs]; the gate adds it to the window's
+  const body = plan.collect ? `${encoded}]` : `${encoded}, ${EMPTY_EMBED}]`;
+  const size = plan.collect ? BODY_OVERHEAD + EMPTY_EMBED.length + body.length + TIME_PREFIX
+    : body.length;  // the body is ASCII: characters are bytes
+  if (size > plan.maxPayloadBytes) {
+    throw new DebouncePayloadError(plan.collect
+      ? `${task}: this call makes a body of ${size} bytes on its own, above maxPayloadBytes=${plan.maxPayloadBytes}`
+      : `${task}: arguments serialize to ${size} bytes, above maxPayloadBytes=${plan.maxPayloadBytes}`);
   }
   if (!template) key = "args:" + blake2bHex(Buffer.from(pyJson([positional, named], true), "ascii"));
   // a string has at most as many code points as UTF-16 units: count them only when over

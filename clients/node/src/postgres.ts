@@ -85,6 +85,9 @@ export interface PostgresGateCall {
   maxCalls: string;
   edge: string;
   historyTtlMs: number;
+  /** A collect call's byte budget and embed ('' for a call that does not collect). */
+  budget: string;
+  collectEmbed: string;
 }
 
 /** The gate's answer: `[task id, opened, deadline ms, calls, now ms, edge]`. */
@@ -214,7 +217,8 @@ export async function postgresGate(pool: PostgresPool, session: PostgresSession,
     "'application/json'", `decode('${Buffer.from(call.body, "ascii").toString("hex")}', 'hex')`,
     literal(call.optionsJson || "{}"), String(call.replace), String(call.exclusive),
     call.maxCalls === "" ? "NULL" : call.maxCalls, "NULL", "NULL", "false", "0", "''",
-    literal(call.edge), "NULL", "NULL",
+    literal(call.edge), call.budget === "" ? "NULL" : call.budget,
+    call.budget === "" ? "NULL" : literal(call.collectEmbed),
   ];
   const sql = `${settings(session, call.historyTtlMs)}; SELECT task_id, opened, deadline_ms, ` +
     `calls, now_ms, edge FROM debounce_gate(${args.join(", ")})`;

@@ -6,6 +6,7 @@ import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
   CONTRACT_VERSION, DEFINITION_FORMAT, DebounceBackendError, DebounceConfigError,
+  DebouncePayloadError,
   DebounceContractMismatch, DebounceKeyError, debounce, flushWindow, gate, pendingWindow, prepare,
 } from "../dist/esm/index.js";
 import { startRedis } from "./redis-server.mjs";
@@ -102,7 +103,7 @@ test("what this producer cannot call as Python would is refused, nothing written
     { name: "when", kind: "positional_or_keyword", default_unusable: true }] });
   const refused = async (task, call, options, check) =>
     assert.rejects(debounce(redis, task, call, options), check);
-  await refused("proj.gather", { args: ["u"] }, undefined,
+  await refused("proj.gather", { args: ["u"] }, { leading: true },
     (e) => e instanceof DebounceConfigError && /debounce_collect/.test(e.message));
   await refused("proj.pickled", { args: ["u"] }, undefined,
     (e) => e instanceof DebounceConfigError && /accept_content/.test(e.message));
@@ -226,4 +227,23 @@ test("a window is read and flushed by the call that would join it", async () => 
   assert.notEqual(await redis.zscore("debounce:{0}:leased", id), null);
   assert.equal(await pendingWindow(redis, "proj.digest", { args: ["u1"] }), null);
   assert.equal(await flushWindow(redis, "proj.digest", { args: ["u1"] }), null);
+});
+
+test("a call of a collect task is an element of its window's list, as Python's", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.gather", { collect: true, signature: null, key: "g:{user_id}",
+    options: '{"headers": {"debounce_collect": 1}}' });
+  const first = await gate(redis, "proj.gather", { kwargs: { user_id: "u", n: 1 } });
+  const second = await gate(redis, "proj.gather", { kwargs: { user_id: "u", n: 2 } });
+  assert.ok(first.opened && !second.opened && second.calls === 2);
+  const open = "debounce:{0}:open:11:proj.gather:g:u";
+  const list = await redis.hget(open, "cl");
+  const elements = await redis.lrange(`debounce:{0}:calls:${list}`, 0, -1);
+  assert.deepEqual(elements.map((e) => e.replace(/^\[\d+,/, "[")),
+    ['[[], {"user_id": "u", "n": 1}]', '[[], {"user_id": "u", "n": 2}]']);
+  assert.equal(await redis.hget(open, "cz"), "1048576");
+  await assert.rejects(
+    debounce(redis, "proj.gather", { kwargs: { user_id: "u", big: "x".repeat(2000) } },
+      { maxPayloadBytes: 1000 }),
+    (e) => e instanceof DebouncePayloadError);
 });
