@@ -117,6 +117,8 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
     try:
         settings = settings_of(case)
         call_options = {option_name(k): v for k, v in case["options"].items()}
+        if case.get("collect"):  # a task option: Node reads it from the definition
+            call_options["debounce_collect"] = True
         spec = TaskDefaults().for_call(call_options, collect_fixed=False)
         assert spec is not None
         call = prepare_call(
@@ -221,6 +223,7 @@ def written_cases() -> list[dict[str, Any]]:
         and not c.get("settings", {}).get("cluster")
         and "signature" not in c
         and not c["options"].get("leading")
+        and not c.get("collect")  # a collect window's calls are a list: test_collect.py
     ]
 
 

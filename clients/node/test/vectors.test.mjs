@@ -24,11 +24,11 @@ function decode(value) {
 
 /** A published definition whose every option the case's own options override: only its
  * signature counts. */
-function definitionWith(task, signature) {
+function definitionWith(task, signature, collect = false) {
   return {
     format: 1, contract: CONTRACT_VERSION, version: "v", task, debounce_ms: 1000,
     max_wait_ms: 1000, key: null, replace_payload: false, max_calls: null, leading: false,
-    trailing: true, collect: false, exclusive: false, options: "{}", accepts_json: true,
+    trailing: true, collect, exclusive: false, options: "{}", accepts_json: true,
     check_arguments: false, signature, shards: 1, max_key_length: 1024,
     max_payload_bytes: 1048576, history_ttl_ms: 3600000, result_expires_ms: null,
   };
@@ -47,7 +47,7 @@ function outcome(c) {
   try {
     const options = { ...c.options, ...(c.settings ?? {}) };
     call = prepare(c.task, { args: decode(c.args), kwargs: decode(c.kwargs) }, options, false,
-      c.signature ? definitionWith(c.task, decode(c.signature)) : null);
+      c.signature || c.collect ? definitionWith(c.task, c.signature ? decode(c.signature) : null, c.collect) : null);
   } catch (exc) {
     return { error: { kind: kind(exc) } };
   }
