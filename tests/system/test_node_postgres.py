@@ -4,6 +4,7 @@ before anything is written, an outage seen within the timeout, prefixes apart.""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -194,3 +195,19 @@ def test_a_window_is_read_and_flushed_by_its_call(
     assert flushed["taskId"] == opened and flushed["deadlineMs"] <= read["deadlineMs"], flushed
     assert after is None and again is None
     assert _rows(url, "SELECT task_id, state FROM debounce_taken") == [(opened, "dispatching")]
+
+
+def test_a_call_s_own_task_id_opens_the_window_or_is_its_alias(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    ids = node_calls(
+        node_package,
+        "",
+        [["proj.report", {"args": ["u1"], "taskId": f"own-{i}"}, OPTIONS] for i in range(2)],
+        postgres=url,
+    )
+    assert ids == ["own-0", "own-0"], ids
+    ((task_id, aliases),) = _rows(url, "SELECT task_id, aliases FROM debounce_open")
+    assert task_id == "own-0" and [json.loads(a) for a in aliases] == [{"id": "own-1"}]

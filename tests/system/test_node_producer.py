@@ -232,3 +232,22 @@ def test_the_packed_tarball_installs_in_an_empty_folder_and_runs_the_readme_quic
         check=True,
     ).stdout.strip()
     assert required == "function"
+
+
+def test_a_node_call_s_own_task_id_gets_the_run_s_outcome(
+    app: Celery, redis_server: str, node_package: Path
+) -> None:
+    """A Node call with ``taskId`` opens the window under it or is recorded as its alias;
+    the worker stores the run's outcome under each (as for Python's ``task_id=``)."""
+    runs: list[Any] = []
+    report_task(app, runs)
+    calls = [
+        ["proj.build_report", {"args": ["u1"], "taskId": f"node-own-{i}"}, OPTIONS]
+        for i in range(3)
+    ]
+    with running_worker(app):
+        ids = node_calls(node_package, f"{redis_server}/0", calls)
+        assert ids == ["node-own-0"] * 3, ids
+        for i in range(3):
+            assert app.AsyncResult(f"node-own-{i}").get(timeout=15) == "built u1@0"
+    assert runs == [("u1", 0)]

@@ -156,6 +156,7 @@ function send(client: Client, session: PostgresSession | undefined, task: string
     replace: p.argv[3].endsWith("1"), body: p.body, optionsJson: p.argv[6],
     exclusive: p.exclusive, maxCalls: p.argv[11] ?? "", edge: p.argv[12] ?? "",
     historyTtlMs: p.historyTtlMs, budget: p.argv[14] ?? "", collectEmbed: p.argv[15] ?? "",
+    alias: p.argv[7] ?? "", fallbackId: p.argv[8] ?? "",
   }).then(([taskId, opened, deadlineMs, calls, nowMs, edge]) =>
     ({ taskId, opened, deadlineMs, calls, nowMs, edge }));
 }

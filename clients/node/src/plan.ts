@@ -9,8 +9,8 @@ import { type Duration, parseDuration } from "./durations.js";
 import { DebounceConfigError, DebounceKeyError, DebouncePayloadError } from "./errors.js";
 import { blake2bHex } from "./hashes.js";
 import { dueKey, openKeyStart, shardOf, shardTag, windowIdent } from "./layout.js";
-import { pyJson } from "./pyjson.js";
-import { type KeyTemplate, parseTemplate, resolveTemplate } from "./templates.js";
+import { pyJson, pyString } from "./pyjson.js";
+import { type KeyTemplate, parseTemplate, resolveTemplate, wellFormed } from "./templates.js";
 
 /** A call's arguments: Celery's `args` and `kwargs`. */
 export interface Call {
@@ -20,6 +20,9 @@ export interface Call {
   args?: readonly unknown[];
   /** Celery's `kwargs`: an object of such values. */
   kwargs?: object;
+  /** Celery's `task_id`: an id the caller chose. The window opens under it, or records it
+   * as an alias when it joins one; either way the run's outcome is stored under it. */
+  taskId?: string;
 }
 
 /** How the call is debounced, and where the windows live. Each option left out is the
@@ -194,6 +197,8 @@ interface Plan {
   historyTtlMs: number;
   /** `debounce_collect`: the body is the call's element `[args, kwargs]`. */
   collect: boolean;
+  /** Leading edge only (a call with its own task id is refused). */
+  leadingOnly: boolean;
   /** The parameters calls are bound to (null: not bound), and whether a call that does
    * not fit them is refused (the task's `typing`). */
   signature: TaskDefinition["signature"];
@@ -352,7 +357,7 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     optionsJson: messageOptions(options, d, exclusive),
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
       collect ? maxPayloadBytes : null),
-    collect,
+    collect, leadingOnly: leading && !trailing,
     exclusive, historyTtlMs: d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
     signature: d?.signature ?? null, checkArguments: d?.check_arguments ?? false,
     identHead, shardKeys: [],
@@ -448,6 +453,24 @@ function planOf(task: string, options: DebounceOptions, clusterClient: boolean,
   return plan;
 }
 
+/** Python's `aliases.MAX_ALIASES`: the most aliases (fixed ids) one window records. */
+export const MAX_ALIASES = 10_000;
+
+/** A caller's own task id, checked (undefined: none). */
+function fixedId(plan: Plan, taskId: unknown): string | undefined {
+  if (taskId === undefined) return undefined;
+  if (typeof taskId !== "string" || !taskId || taskId.includes("\0") || !wellFormed(taskId)) {
+    throw new DebounceConfigError(`taskId=${JSON.stringify(taskId)}: expected a non-empty string ` +
+      "without NUL");
+  }
+  if (plan.leadingOnly) {
+    throw new DebounceConfigError(
+      `${plan.task}: leading=true, trailing=false cannot be combined with taskId: a suppressed ` +
+      "call's id would never get a result; use trailing=true, or no taskId");
+  }
+  return taskId;
+}
+
 /** `[positional, named]` the key is made of: bound to the published signature, if any. */
 function boundArguments(plan: Plan, args: readonly unknown[],
                         kwargs: Record<string, unknown>): [readonly unknown[], Record<string, unknown>] {
@@ -488,11 +511,13 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
   if (kwargs === null || typeof kwargs !== "object" || Array.isArray(kwargs)) {
     throw new DebounceConfigError("kwargs: task keyword arguments must be an object");
   }
+  const fixed = fixedId(plan, call?.taskId);
   const [positional, named] = boundArguments(plan, args, kwargs as Record<string, unknown>);
   let key = template ? resolveTemplate(template, positional, named) : "";
   const encoded = `[${pyJson(args, false, "args")}, ${pyJson(kwargs, false, "kwargs")}`;
-  // a collect call's body is its element [args, kwargs]; the gate adds it to the window's
-  const body = plan.collect ? `${encoded}]` : `${encoded}, ${EMPTY_EMBED}]`;
+  // a collect call's body is its element [args, kwargs(, id)]; the gate adds it to the window's
+  const body = plan.collect ? `${encoded}${fixed ? `, ${pyString(fixed)}` : ""}]`
+    : `${encoded}, ${EMPTY_EMBED}]`;
   const size = plan.collect ? BODY_OVERHEAD + EMPTY_EMBED.length + body.length + TIME_PREFIX
     : body.length;  // the body is ASCII: characters are bytes
   if (size > plan.maxPayloadBytes) {
@@ -520,7 +545,9 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
     historyTtlMs: plan.historyTtlMs,
     keys: [keys[0] + ident, keys[1]],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
-    argv: [randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body,
-      plan.optionsJson, ...(plan.tail.length ? ["", "", "", "", ...plan.tail] : [])],
+    argv: [fixed ?? randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body,
+      plan.optionsJson, ...(fixed !== undefined
+        ? [`{"id": ${pyString(fixed)}}`, randomUUID(), "0", String(MAX_ALIASES), ...plan.tail]
+        : plan.tail.length ? ["", "", "", "", ...plan.tail] : [])],
   };
 }

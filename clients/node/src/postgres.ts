@@ -8,7 +8,7 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
 import { POSTGRES_SCHEMA_VERSION } from "./gate-script.js";
-import type { WindowInfo } from "./plan.js";
+import { MAX_ALIASES, type WindowInfo } from "./plan.js";
 
 /** A pooled connection, as node-postgres's `PoolClient` has it. */
 export interface PostgresConnection {
@@ -88,6 +88,10 @@ export interface PostgresGateCall {
   /** A collect call's byte budget and embed ('' for a call that does not collect). */
   budget: string;
   collectEmbed: string;
+  /** A call with its own task id: its alias JSON and the id to open under when that one
+   * is in use ('' for a call without). */
+  alias: string;
+  fallbackId: string;
 }
 
 /** The gate's answer: `[task id, opened, deadline ms, calls, now ms, edge]`. */
@@ -216,7 +220,9 @@ export async function postgresGate(pool: PostgresPool, session: PostgresSession,
     literal(call.ident), literal(call.taskId), call.windowMs, call.maxWaitMs,
     "'application/json'", `decode('${Buffer.from(call.body, "ascii").toString("hex")}', 'hex')`,
     literal(call.optionsJson || "{}"), String(call.replace), String(call.exclusive),
-    call.maxCalls === "" ? "NULL" : call.maxCalls, "NULL", "NULL", "false", "0", "''",
+    call.maxCalls === "" ? "NULL" : call.maxCalls,
+    call.alias === "" ? "NULL" : literal(call.alias),
+    call.fallbackId === "" ? "NULL" : literal(call.fallbackId), "false", String(MAX_ALIASES), "''",
     literal(call.edge), call.budget === "" ? "NULL" : call.budget,
     call.budget === "" ? "NULL" : literal(call.collectEmbed),
   ];

@@ -247,3 +247,20 @@ test("a call of a collect task is an element of its window's list, as Python's",
       { maxPayloadBytes: 1000 }),
     (e) => e instanceof DebouncePayloadError);
 });
+
+test("a call's own task id opens the window under it, or is recorded as an alias", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "{0}" });
+  const first = await gate(redis, "proj.digest", { args: ["a"], taskId: "mine-1" });
+  assert.ok(first.opened && first.taskId === "mine-1");
+  const second = await gate(redis, "proj.digest", { args: ["a"], taskId: "mine-2" });
+  assert.equal(second.taskId, "mine-1");
+  const open = "debounce:{0}:open:11:proj.digest:a";
+  assert.equal(await redis.hget(open, "na"), "1");
+  assert.deepEqual(JSON.parse(await redis.hget(open, "a1")), { id: "mine-2" });
+  await publish(redis, "proj.lead", { key: "{0}", leading: true, trailing: false });
+  await assert.rejects(debounce(redis, "proj.lead", { args: ["a"], taskId: "x" }),
+    (e) => e instanceof DebounceConfigError && /taskId/.test(e.message));
+  await assert.rejects(debounce(redis, "proj.digest", { args: ["b"], taskId: "" }),
+    (e) => e instanceof DebounceConfigError && /taskId/.test(e.message));
+});
