@@ -211,3 +211,18 @@ def test_a_call_s_own_task_id_opens_the_window_or_is_its_alias(
     assert ids == ["own-0", "own-0"], ids
     ((task_id, aliases),) = _rows(url, "SELECT task_id, aliases FROM debounce_open")
     assert task_id == "own-0" and [json.loads(a) for a in aliases] == [{"id": "own-1"}]
+
+
+def test_debounce_many_writes_each_chunk_in_one_transaction(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    calls = [{"args": [user, n]} for n, user in enumerate(["a", "b", "a", "c", "a"])]
+    (ids,) = node_calls(node_package, "", [["proj.report", calls, OPTIONS, "many"]], postgres=url)
+    assert len(ids) == 5 and ids[0] == ids[2] == ids[4] and len(set(ids)) == 3, ids
+    assert sorted(_rows(url, "SELECT ident, calls FROM debounce_open")) == [
+        ("11:proj.report:r:a", 3),
+        ("11:proj.report:r:b", 1),
+        ("11:proj.report:r:c", 1),
+    ]

@@ -36,3 +36,14 @@ export class DebounceContractMismatch extends DebounceBackendError {
     super(message);
   }
 }
+
+/** Some calls of a `debounceMany` were not written (as Python's DebounceBulkError):
+ * `taskIds` has each written call's window id and null for the others; `errors` maps a
+ * call's index to what kept it out; `unknown` lists those whose reply was lost (they may
+ * have been written: retrying them may count them twice). Retry the others freely. */
+export class DebounceBulkError extends DebounceBackendError {
+  constructor(message: string, readonly taskIds: (string | null)[],
+              readonly errors: ReadonlyMap<number, Error>, readonly unknown: readonly number[]) {
+    super(message);
+  }
+}

@@ -5,17 +5,19 @@
  */
 import { anyBreakerOpen, breakerRefusal, watched } from "./breaker.js";
 import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitions.js";
-import { DebounceConfigError } from "./errors.js";
+import { DebounceBulkError, DebounceConfigError, DebounceOutcomeUnknown } from "./errors.js";
 import {
   type Call, checkedOptions, checkedPrefix, checkedTask, type DebounceOptions, type GateResult,
-  maxAgeOf, NO_OPTIONS, plans, prepare, probeOf, sameValues, timeoutOf, type WindowInfo,
+  maxAgeOf, NO_OPTIONS, plans, prepare, type PreparedCall, probeOf, sameValues, timeoutOf,
+  type WindowInfo,
 } from "./plan.js";
 import {
-  isPostgres, postgresFlush, postgresGate, postgresPending, type PostgresPool,
-  type PostgresSession, readPostgresDefinition, schemaOf,
+  isPostgres, postgresFlush, postgresGate, type PostgresGateCall, type PostgresGateRow,
+  postgresMany, postgresPending, type PostgresPool, type PostgresSession,
+  readPostgresDefinition, schemaOf,
 } from "./postgres.js";
 import {
-  isCluster, readDefinition, type RedisClient, redisFlush, redisPending, sendGate,
+  isCluster, readDefinition, type RedisClient, redisFlush, redisMany, redisPending, sendGate,
 } from "./redis.js";
 
 export { CONTRACT_VERSION } from "./contract.js";
@@ -151,14 +153,55 @@ function send(client: Client, session: PostgresSession | undefined, task: string
     return sendGate(redis, prepare(task, call, options, isCluster(redis), definition));
   }
   const p = prepare(task, call, options, false, definition);
-  return postgresGate(client as PostgresPool, session, {
-    task, ident: p.ident, taskId: p.argv[0], windowMs: p.argv[1], maxWaitMs: p.argv[2],
+  return postgresGate(client as PostgresPool, session, postgresCall(p)).then(fromRow);
+}
+
+/** What debounce_gate takes of a prepared call (its ARGV, as gate.lua's header lays it out). */
+function postgresCall(p: PreparedCall): PostgresGateCall {
+  return {
+    task: p.task, ident: p.ident, taskId: p.argv[0], windowMs: p.argv[1], maxWaitMs: p.argv[2],
     replace: p.argv[3].endsWith("1"), body: p.body, optionsJson: p.argv[6],
     exclusive: p.exclusive, maxCalls: p.argv[11] ?? "", edge: p.argv[12] ?? "",
     historyTtlMs: p.historyTtlMs, budget: p.argv[14] ?? "", collectEmbed: p.argv[15] ?? "",
     alias: p.argv[7] ?? "", fallbackId: p.argv[8] ?? "",
-  }).then(([taskId, opened, deadlineMs, calls, nowMs, edge]) =>
-    ({ taskId, opened, deadlineMs, calls, nowMs, edge }));
+  };
+}
+
+const fromRow = ([taskId, opened, deadlineMs, calls, nowMs, edge]: PostgresGateRow): GateResult =>
+  ({ taskId, opened, deadlineMs, calls, nowMs, edge });
+
+/**
+ * Debounce many calls of `task` at once, as many `debounce()` calls in order but sent in
+ * chunks of `chunkSize` (one round trip each; Python's `enqueue_many`). Every call is
+ * checked first: one refused, nothing is written. Resolves to each call's window id, in
+ * order; when some calls were not written it rejects with DebounceBulkError, which says
+ * which (and which are unknown: their reply was lost).
+ */
+export async function debounceMany(client: Client, task: string, calls: readonly Call[],
+                                   options?: DebounceOptions, chunkSize = 1000): Promise<string[]> {
+  if (!Number.isSafeInteger(chunkSize) || chunkSize < 1) {
+    throw new DebounceConfigError(`chunkSize=${JSON.stringify(chunkSize)}: expected a positive integer`);
+  }
+  if (!Array.isArray(calls)) throw new DebounceConfigError("calls: expected an array of calls");
+  const t = targetOf(client, task, options);
+  const definition = await definitionFor(client, task, t);
+  const cluster = !t.session && isCluster(client);
+  const prepared = calls.map((call) => prepare(task, call, options, cluster, definition));
+  const outcomes: (GateResult | Error)[] = t.session !== undefined
+    ? (await postgresMany(client as PostgresPool, t.session, prepared.map(postgresCall), chunkSize))
+      .map((o) => (o instanceof Error ? o : fromRow(o)))
+    : await redisMany(client as RedisClient, prepared, chunkSize);
+  const errors = new Map<number, Error>();
+  outcomes.forEach((o, i) => { if (o instanceof Error) errors.set(i, o); });
+  const taskIds = outcomes.map((o) => (o instanceof Error ? null : o.taskId));
+  if (errors.size) {
+    const unknown = [...errors].filter(([, e]) => e instanceof DebounceOutcomeUnknown).map(([i]) => i);
+    const first = errors.values().next().value as Error;
+    throw new DebounceBulkError(
+      `debounceMany: ${errors.size} of ${calls.length} call(s) not written (first error: ` +
+      `${first.message}); see .errors and .unknown`, taskIds, errors, unknown);
+  }
+  return taskIds as string[];
 }
 
 const taskIdOf = (result: GateResult): string => result.taskId;

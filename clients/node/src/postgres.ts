@@ -213,9 +213,8 @@ export async function readPostgresDefinition(pool: PostgresPool, session: Postgr
 }
 
 /** One call of `debounce_gate` (one round trip, written at most once). */
-export async function postgresGate(pool: PostgresPool, session: PostgresSession,
-                                   call: PostgresGateCall): Promise<PostgresGateRow> {
-  await checkSchema(pool, session);
+/** One `SELECT ... FROM debounce_gate(...)` of `call`, its values written as literals. */
+function gateStatement(call: PostgresGateCall): string {
   const args = [
     literal(call.ident), literal(call.taskId), call.windowMs, call.maxWaitMs,
     "'application/json'", `decode('${Buffer.from(call.body, "ascii").toString("hex")}', 'hex')`,
@@ -226,17 +225,54 @@ export async function postgresGate(pool: PostgresPool, session: PostgresSession,
     literal(call.edge), call.budget === "" ? "NULL" : call.budget,
     call.budget === "" ? "NULL" : literal(call.collectEmbed),
   ];
-  const sql = `${settings(session, call.historyTtlMs)}; SELECT task_id, opened, deadline_ms, ` +
-    `calls, now_ms, edge FROM debounce_gate(${args.join(", ")})`;
+  return "SELECT task_id, opened, deadline_ms, calls, now_ms, edge " +
+    `FROM debounce_gate(${args.join(", ")})`;
+}
+
+function gateRow(r: Record<string, unknown>): PostgresGateRow {
+  return [String(r.task_id), r.opened === true, Number(r.deadline_ms), Number(r.calls),
+    Number(r.now_ms), String(r.edge ?? "")];
+}
+
+/** One call of `debounce_gate` (one round trip, written at most once). */
+export async function postgresGate(pool: PostgresPool, session: PostgresSession,
+                                   call: PostgresGateCall): Promise<PostgresGateRow> {
+  await checkSchema(pool, session);
+  const sql = `${settings(session, call.historyTtlMs)}; ${gateStatement(call)}`;
   try {
-    return await onConnection(pool, session.timeoutMs, async (conn) => {
-      const r = lastRows(await conn.query(sql))[0];
-      return [String(r.task_id), r.opened === true, Number(r.deadline_ms), Number(r.calls),
-        Number(r.now_ms), String(r.edge ?? "")];
-    });
+    return await onConnection(pool, session.timeoutMs,
+      async (conn) => gateRow(lastRows(await conn.query(sql))[0]));
   } catch (exc) {
     throw translate(exc, `the gate call of ${call.task}`, true);
   }
+}
+
+/** Many gate calls, `chunkSize` at a time: each chunk one simple query, one transaction
+ * (all its calls written, or none), one round trip. Per call its row, or the error that
+ * kept its chunk out (a lost reply: DebounceOutcomeUnknown for the chunk's calls). */
+export async function postgresMany(pool: PostgresPool, session: PostgresSession,
+                                   calls: readonly PostgresGateCall[],
+                                   chunkSize: number): Promise<(PostgresGateRow | Error)[]> {
+  const out: (PostgresGateRow | Error)[] = new Array(calls.length);
+  if (calls.length === 0) return out;
+  try {
+    await checkSchema(pool, session);
+  } catch (exc) {
+    return out.fill(exc as Error);
+  }
+  for (let start = 0; start < calls.length; start += chunkSize) {
+    const chunk = calls.slice(start, start + chunkSize);
+    const sql = [settings(session, chunk[0].historyTtlMs), ...chunk.map(gateStatement)].join("; ");
+    try {
+      const answer = await onConnection(pool, session.timeoutMs, (conn) => conn.query(sql));
+      const results = (answer as { rows: Record<string, unknown>[] }[]).slice(1);
+      results.forEach((result, k) => { out[start + k] = gateRow(result.rows[0]); });
+    } catch (exc) {
+      const error = translate(exc, `a chunk of ${chunk.length} gate call(s) of ${chunk[0].task}`, true);
+      for (let k = 0; k < chunk.length; k++) out[start + k] = error;
+    }
+  }
+  return out;
 }
 
 const WINDOW_COLUMNS = "task_id, debounce_ms(first_seen) AS first_seen, " +

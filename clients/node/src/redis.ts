@@ -220,11 +220,74 @@ export async function sendGate(redis: RedisClient, prepared: PreparedCall): Prom
   } catch (exc) {
     throw translate(exc, task);
   }
+  return gateResult(reply);
+}
+
+/** The gate's reply as a GateResult. */
+function gateResult(reply: unknown): GateResult {
   const row = reply as unknown[];
   return {
     taskId: String(row[0]), opened: Number(row[1]) === 1, deadlineMs: Number(row[2]),
     calls: Number(row[3]), nowMs: Number(row[4]), edge: row.length > 5 ? String(row[5]) : "",
   };
+}
+
+/** Many gate calls, in pipelines of at most `chunkSize` (one round trip each; on a
+ * Cluster one per shard's slot): each call written at most once. Per call its result, or
+ * the error that kept it out (an unanswered one is DebounceOutcomeUnknown). */
+export async function redisMany(redis: RedisClient, prepared: readonly PreparedCall[],
+                                chunkSize: number): Promise<(GateResult | Error)[]> {
+  const out: (GateResult | Error)[] = new Array(prepared.length);
+  if (prepared.length === 0) return out;
+  const task = prepared[0].task;
+  const ms = prepared[0].timeoutMs;
+  let conn: RedisClient;
+  let script: Script;
+  try {
+    conn = await ready(redis, ms);
+    script = isCluster(conn) ? scriptKnown.get(conn) ?? await scriptFor(conn) : PLAIN;
+  } catch (exc) {
+    return out.fill(translate(exc, task));
+  }
+  const groups = new Map<string, number[]>();  // a Cluster's pipeline holds one slot's keys
+  prepared.forEach((p, i) => {
+    const group = isCluster(conn) ? p.keys[1] : "";
+    groups.set(group, [...(groups.get(group) ?? []), i]);
+  });
+  const send = async (indexes: number[]): Promise<number[]> => {
+    const pipe = conn.pipeline();
+    for (const i of indexes) pipe.evalsha(script.sha, 2, ...prepared[i].keys, ...prepared[i].argv);
+    let replies: [Error | null, unknown][];
+    try {
+      replies = (await once(conn, pipe.exec(), ms)) as [Error | null, unknown][];
+    } catch (exc) {
+      for (const i of indexes) out[i] = translate(exc, task);
+      return [];
+    }
+    const unloaded: number[] = [];
+    replies.forEach(([error, reply], k) => {
+      const i = indexes[k];
+      if (error && error.message.startsWith("NOSCRIPT")) unloaded.push(i);  // it did not run
+      else out[i] = error ? translate(error, task) : gateResult(reply);
+    });
+    return unloaded;
+  };
+  for (const indexes of groups.values()) {
+    for (let start = 0; start < indexes.length; start += chunkSize) {
+      const unloaded = await send(indexes.slice(start, start + chunkSize));
+      if (unloaded.length) {
+        try {
+          const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
+          await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
+        } catch (exc) {
+          for (const i of unloaded) out[i] = translate(exc, task);
+          continue;
+        }
+        await send(unloaded);
+      }
+    }
+  }
+  return out;
 }
 
 /** The gate's connection of `redis`, ready within `ms` (NotSent otherwise). */

@@ -6,7 +6,7 @@ import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
   CONTRACT_VERSION, DEFINITION_FORMAT, DebounceBackendError, DebounceConfigError,
-  DebouncePayloadError,
+  DebounceEncodeError, DebouncePayloadError, debounceMany,
   DebounceContractMismatch, DebounceKeyError, debounce, flushWindow, gate, pendingWindow, prepare,
 } from "../dist/esm/index.js";
 import { startRedis } from "./redis-server.mjs";
@@ -263,4 +263,42 @@ test("a call's own task id opens the window under it, or is recorded as an alias
     (e) => e instanceof DebounceConfigError && /taskId/.test(e.message));
   await assert.rejects(debounce(redis, "proj.digest", { args: ["b"], taskId: "" }),
     (e) => e instanceof DebounceConfigError && /taskId/.test(e.message));
+});
+
+test("debounceMany gates many calls in chunks, as many calls in order", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.digest", { key: "{0}" });
+  const calls = ["a", "b", "a", "c", "a"].map((k, n) => ({ args: [k, n] }));
+  const ids = await debounceMany(redis, "proj.digest", calls, undefined, 2);
+  assert.equal(ids.length, 5);
+  assert.ok(ids[0] === ids[2] && ids[2] === ids[4] && ids[0] !== ids[1] && ids[1] !== ids[3]);
+  assert.equal(await redis.hget("debounce:{0}:open:11:proj.digest:a", "n"), "3");
+  await redis.script("FLUSH");  // a server that lost its scripts: loaded, then run once
+  const again = await debounceMany(redis, "proj.digest", [{ args: ["a", 9] }, { args: ["d", 9] }]);
+  assert.equal(again[0], ids[0]);
+  assert.equal(await redis.hget("debounce:{0}:open:11:proj.digest:a", "n"), "4");
+  // one call refused: nothing written
+  await assert.rejects(debounceMany(redis, "proj.digest", [{ args: ["e"] }, { args: ["e", undefined] }]),
+    (e) => e instanceof DebounceEncodeError);
+  assert.equal(await redis.exists("debounce:{0}:open:11:proj.digest:e"), 0);
+  await assert.rejects(debounceMany(redis, "proj.digest", calls, undefined, 0),
+    (e) => e instanceof DebounceConfigError && /chunkSize/.test(e.message));
+});
+
+test("debounceMany against a server that does not answer: every call named, none unknown", async () => {
+  const held = new Set();
+  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
+  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
+  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  mute.on("error", () => {});
+  try {
+    await assert.rejects(
+      debounceMany(mute, "proj.x", [{ args: [1] }, { args: [2] }],
+        { debounce: "1s", maxWait: "2s", timeout: "300ms" }),
+      (e) => e instanceof DebounceBackendError && /definition/.test(e.message));
+  } finally {
+    mute.disconnect();
+    for (const socket of held) socket.destroy();
+    silent.close();
+  }
 });

@@ -9,8 +9,8 @@ import { connect, createServer } from "node:net";
 import { after, before, test } from "node:test";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
-  DebounceOutcomeUnknown,
-  GATE_SCRIPT, debounce, gate,
+  DebounceBulkError, DebounceOutcomeUnknown,
+  GATE_SCRIPT, debounce, debounceMany, gate,
   prepare, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
@@ -329,5 +329,26 @@ test("the gate connection has the client's settings (db, user, name) but not its
     await redis.flushdb();
     await redis.select(0);
     await redis.call("ACL", "DELUSER", "debouncer");
+  }
+});
+
+test("debounceMany: a connection lost after its chunk was sent is a bulk error naming each call unknown, applied once", async () => {
+  await redis.flushdb();
+  const link = await proxy(redis.options.port);
+  const client = new Redis(link.port, "127.0.0.1");
+  try {
+    await debounce(client, "proj.build_report", { args: ["u0"] }, OPTIONS);  // connected, loaded
+    link.dropAfterEvalsha = true;
+    const calls = [{ args: ["u1"] }, { args: ["u2"] }];
+    await assert.rejects(debounceMany(client, "proj.build_report", calls, OPTIONS),
+      (exc) => exc instanceof DebounceBulkError && exc.unknown.length >= 1 &&
+        exc.taskIds.length === 2 && exc.unknown.every((i) => exc.errors.get(i) instanceof DebounceOutcomeUnknown));
+    await sleep(500);  // the gate connection reconnects meanwhile: nothing is sent again
+    const written = await Promise.all(["u1", "u2"].map((u) =>
+      redis.hget(`debounce:{0}:open:17:proj.build_report:report:${u}`, "n")));
+    assert.ok(written.every((n) => n === null || n === "1"), String(written));
+  } finally {
+    client.disconnect();
+    await link.close();
   }
 });
