@@ -60,10 +60,11 @@ def node_calls(
     cluster: dict[str, Any] | None = None,
     postgres: str | None = None,
 ) -> list[Any]:
-    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order
-    (a fourth element ``"pending"``, ``"flush"`` or ``"many"`` calls ``pendingWindow``,
-    ``flushWindow`` or ``debounceMany``, whose second element is then a list of calls; a task ``__sleep__`` with ``{ms}`` waits that long and
-    answers nothing). ``cluster``:
+    """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order.
+
+    A fourth element ``"pending"``, ``"flush"`` or ``"many"`` calls ``pendingWindow``,
+    ``flushWindow`` or ``debounceMany`` (whose second element is then a list of calls);
+    a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing. ``cluster``:
     ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster; ``postgres``: the
     URL of a PostgreSQL store, through a node-postgres Pool."""
     assert NODE is not None
