@@ -96,6 +96,17 @@ def postgres_server() -> Iterator[LocalPostgres]:
         server.cleanup()
 
 
+@pytest.fixture
+def durable_server() -> Iterator[LocalPostgres]:
+    """A private PostgreSQL server, one per test, whose commits wait for a synchronous
+    standby when one is named (tests/store/test_postgres_deployed.py, the Node producer's
+    tests on PostgreSQL)."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def pgbouncer_server(postgres_server: LocalPostgres) -> Iterator[LocalPgBouncer]:
     """PgBouncer in transaction mode in front of the session's PostgreSQL, as shops

@@ -22,15 +22,6 @@ from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def durable_server() -> Iterator[LocalPostgres]:
-    """A private server whose commits wait for a synchronous standby when one is named."""
-    if find_postgres_bindir() is None:
-        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        yield server
-
-
 def _sql(url: str, query: str) -> list[tuple[object, ...]]:
     with psycopg.connect(url, autocommit=True) as conn:
         cursor = conn.execute(query)

@@ -20,7 +20,7 @@ from pg_proxy import PgProxy
 
 from celery_debounce.settings import settings_for
 from celery_debounce.store import build_store
-from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
+from celery_debounce.testing.postgres import LocalPostgres
 from celery_debounce.testing.servers import free_port
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
@@ -129,15 +129,6 @@ def test_quotes_and_backslashes_in_a_key_reach_the_store_as_written(
     ids = node_calls(node_package, "", [call, call], postgres=url)
     assert ids[0] == ids[1] and isinstance(ids[0], str), ids
     assert _rows(url, "SELECT ident, calls FROM debounce_open") == [(f"11:proj.report:r:{key}", 2)]
-
-
-@pytest.fixture
-def durable_server() -> Iterator[LocalPostgres]:
-    """A private server whose commits wait for a synchronous standby when one is named."""
-    if find_postgres_bindir() is None:
-        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
-    with LocalPostgres(settings={"synchronous_commit": "on"}) as server:
-        yield server
 
 
 def _waiting_for_the_standby(url: str) -> int:

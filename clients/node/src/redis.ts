@@ -205,22 +205,31 @@ export async function sendGate(redis: RedisClient, prepared: PreparedCall): Prom
     // a ready connection and a known script are used at once, without a turn of the loop
     if (conn.status !== "ready") await whenReady(conn, ms);
     const script = isCluster(conn) ? scriptKnown.get(conn) ?? await scriptFor(conn) : PLAIN;
-    const run = (): Promise<unknown> =>
-      once(conn, conn.evalsha(script.sha, 2, ...prepared.keys, ...prepared.argv), ms);
-    try {
-      reply = await run();
-    } catch (exc) {
-      if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
-      // NOSCRIPT: it did not run. Load it (SCRIPT LOAD, as the documented ACL allows; on a
-      // cluster into every master) and run it by SHA once more.
-      const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
-      await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
-      reply = await run();
-    }
+    reply = await evalOnce(conn, script, prepared.keys, prepared.argv, ms);
   } catch (exc) {
     throw translate(exc, task);
   }
   return gateResult(reply);
+}
+
+/** Load `script` (SCRIPT LOAD, as the documented ACL allows; on a cluster into every
+ * master). */
+async function load(conn: RedisClient, script: Script, ms: number): Promise<void> {
+  const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
+  await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
+}
+
+/** One EVALSHA of `script`, sent at most once: NOSCRIPT (it did not run) is followed by
+ * SCRIPT LOAD and one more EVALSHA. */
+async function evalOnce(conn: RedisClient, script: Script, keys: readonly string[],
+                        argv: readonly string[], ms: number): Promise<unknown> {
+  try {
+    return await once(conn, conn.evalsha(script.sha, keys.length, ...keys, ...argv), ms);
+  } catch (exc) {
+    if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
+    await load(conn, script, ms);
+    return once(conn, conn.evalsha(script.sha, keys.length, ...keys, ...argv), ms);
+  }
 }
 
 /** The gate's reply as a GateResult. */
@@ -277,8 +286,7 @@ export async function redisMany(redis: RedisClient, prepared: readonly PreparedC
       const unloaded = await send(indexes.slice(start, start + chunkSize));
       if (unloaded.length) {
         try {
-          const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
-          await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
+          await load(conn, script, ms);
         } catch (exc) {
           for (const i of unloaded) out[i] = translate(exc, task);
           continue;
@@ -342,15 +350,7 @@ export async function redisFlush(redis: RedisClient, prepared: PreparedCall, pre
     const keys = [prepared.keys[0], prepared.keys[1], leasedKey(tag)];
     const argv = [prepared.ident, sharded ? shardWakeChannel(tag) : wakeChannel(prefix), "",
       String(recordTtlMs)];
-    const run = (): Promise<unknown> => once(conn, conn.evalsha(script.sha, 3, ...keys, ...argv), ms);
-    try {
-      reply = await run();
-    } catch (exc) {
-      if (!(exc instanceof Error && exc.message.startsWith("NOSCRIPT"))) throw exc;
-      const nodes = isCluster(conn) ? conn.nodes("master") : [conn];
-      await Promise.all(nodes.map((node) => once(conn, node.script("LOAD", script.text), ms)));
-      reply = await run();
-    }
+    reply = await evalOnce(conn, script, keys, argv, ms);
   } catch (exc) {
     throw operatorError(exc, `the flush of ${prepared.task}'s window`, true);
   }

@@ -1,7 +1,6 @@
 // Task definitions (docs/contract.md, section 7): a call by task name reads the
 // definition the Python app published in <prefix>:tasks, against a real redis-server.
 import assert from "node:assert/strict";
-import { createServer } from "node:net";
 import { after, before, test } from "node:test";
 import Redis from "ioredis";
 import {
@@ -9,7 +8,7 @@ import {
   DebounceEncodeError, DebouncePayloadError, debounceMany,
   DebounceContractMismatch, DebounceKeyError, debounce, flushWindow, gate, pendingWindow, prepare,
 } from "../dist/esm/index.js";
-import { startRedis } from "./redis-server.mjs";
+import { silentServer, startRedis } from "./redis-server.mjs";
 
 let server;
 const clients = [];
@@ -179,10 +178,8 @@ test("routing and exclusive given on the call override the task's", async () => 
 });
 
 test("after a call that waited its timeout, calls fail at once until one tries again", async () => {
-  const held = new Set();
-  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
-  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
-  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  const silent = await silentServer();
+  const mute = new Redis(silent.port, "127.0.0.1", { lazyConnect: true });
   mute.on("error", () => {});
   const options = { debounce: "1s", maxWait: "2s", timeout: "300ms", outageProbeInterval: "500ms" };
   const timed = async () => {
@@ -201,7 +198,6 @@ test("after a call that waited its timeout, calls fail at once until one tries a
     assert.ok(probe instanceof DebounceBackendError && probed >= 250, `${probe} ${probed}`);
   } finally {
     mute.disconnect();
-    for (const socket of held) socket.destroy();
     silent.close();
   }
 });
@@ -286,10 +282,8 @@ test("debounceMany gates many calls in chunks, as many calls in order", async ()
 });
 
 test("debounceMany against a server that does not answer: every call named, none unknown", async () => {
-  const held = new Set();
-  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
-  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
-  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  const silent = await silentServer();
+  const mute = new Redis(silent.port, "127.0.0.1", { lazyConnect: true });
   mute.on("error", () => {});
   try {
     await assert.rejects(
@@ -298,7 +292,6 @@ test("debounceMany against a server that does not answer: every call named, none
       (e) => e instanceof DebounceBackendError && /definition/.test(e.message));
   } finally {
     mute.disconnect();
-    for (const socket of held) socket.destroy();
     silent.close();
   }
 });

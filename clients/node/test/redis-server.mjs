@@ -40,3 +40,17 @@ export async function startRedis() {
     },
   };
 }
+
+/** A server on 127.0.0.1 that accepts connections and never answers: `{ port, close() }`. */
+export async function silentServer() {
+  const held = new Set();
+  const server = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    port: server.address().port,
+    close() {
+      for (const socket of held) socket.destroy();
+      server.close();
+    },
+  };
+}

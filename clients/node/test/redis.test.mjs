@@ -14,7 +14,7 @@ import {
   prepare, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
-import { freePort, startRedis } from "./redis-server.mjs";
+import { freePort, silentServer, startRedis } from "./redis-server.mjs";
 
 const { default: Redis } = await import(process.env.DEBOUNCE_IOREDIS ?? "ioredis");
 let server;
@@ -252,10 +252,8 @@ test("a refused connection is DebounceBackendError (nothing sent), within the ti
     closed.disconnect();
   }
   // a server that accepts and never answers: the connection is not ready within the timeout
-  const held = new Set();
-  const silent = createServer((socket) => { held.add(socket); socket.on("error", () => {}); });
-  await new Promise((r) => silent.listen(0, "127.0.0.1", r));
-  const mute = new Redis(silent.address().port, "127.0.0.1", { lazyConnect: true });
+  const silent = await silentServer();
+  const mute = new Redis(silent.port, "127.0.0.1", { lazyConnect: true });
   mute.on("error", () => {});
   try {
     const started = Date.now();
@@ -266,8 +264,7 @@ test("a refused connection is DebounceBackendError (nothing sent), within the ti
     assert.ok(Date.now() - started < 1000);
   } finally {
     mute.disconnect();
-    for (const socket of held) socket.destroy();
-    await new Promise((r) => silent.close(r));
+    silent.close();
   }
 });
 
