@@ -96,13 +96,15 @@ def celery_worker(
     pool: str = "solo",
     name: str | None = None,
     ready_timeout: float = 30,
+    queues: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``celery -A <app_module> worker`` (2 processes for a pool that has them, the
-    embedded dispatcher) in a subprocess run from tests/, its output in ``log``; yields
-    once it is ready, stops it after (SIGTERM, then SIGKILL)."""
+    embedded dispatcher; ``queues``: its ``-Q``) in a subprocess run from tests/, its
+    output in ``log``; yields once it is ready, stops it after (SIGTERM, then SIGKILL)."""
     command = [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", pool]
     command += ["--concurrency", "2", "--loglevel", "INFO"]
     command += ["-n", f"{name}@%h"] if name else []
+    command += ["-Q", queues] if queues else []
     command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     with log.open("ab") as out:
         proc = subprocess.Popen(command, cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,25 +1,30 @@
 """A Node call by task name is the call ``.delay()`` makes (issue 41): the Node producer
 reads the task's definition the worker published, and a burst mixing Node and Python
 calls makes exactly the runs a Python-only burst makes, with the same arguments, on the
-same queue, against a real Celery worker, on each store (a redis-server; a PostgreSQL
-database, from Node through a node-postgres Pool)."""
+same queue, against a real ``celery -A node_burst_app worker -Q reports`` (prefork), on
+each store (a redis-server; a PostgreSQL database, directly and through PgBouncer, from
+Node through a node-postgres Pool)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
 import pytest
+import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import celery_worker, wait_until
 from node_producer import NODE, node_calls
 
-from celery_debounce import DebouncedCall, DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.settings import settings_for
 from celery_debounce.store import build_store, store_for
@@ -27,82 +32,13 @@ from celery_debounce.testing.postgres import LocalPostgres
 
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
-#: Long enough that a burst's three steps (two of them a Node process each) land in
-#: one window on a loaded machine.
-WINDOW = "5s"
-
-
-def _tasks(app: Celery, runs: list[tuple[str, Any, Any, int, str]]) -> None:
-    """One task per kind the issue names, every one routed to queue ``reports``."""
-
-    def record(task: Any, args: Any, kwargs: Any) -> None:
-        runs.append(
-            (
-                task.name,
-                args,
-                kwargs,
-                task.request.debounce_calls,
-                (task.request.delivery_info or {}).get("routing_key"),
-            )
-        )
-
-    common: dict[str, Any] = {"base": DebouncedTask, "shared": False, "bind": True}
-
-    @app.task(name="proj.digest", debounce=WINDOW, debounce_max_wait="1m", **common)
-    def digest(self: Any, user_id: str, n: int = 0) -> None:
-        record(self, [user_id], {"n": n})
-
-    @app.task(
-        name="proj.capped",
-        debounce=WINDOW,
-        debounce_max_wait="1m",
-        debounce_key="c:{0}",
-        debounce_max_calls=3,
-        **common,
-    )
-    def capped(self: Any, user_id: str, n: int = 0) -> None:
-        record(self, [user_id], {"n": n})
-
-    @app.task(
-        name="proj.lead",
-        debounce=WINDOW,
-        debounce_max_wait="1m",
-        debounce_key="l:{user_id}",
-        debounce_leading=True,
-        **common,
-    )
-    def lead(self: Any, user_id: str, n: int = 0) -> None:
-        record(self, [user_id], {"n": n})
-
-    @app.task(
-        name="proj.excl",
-        debounce=WINDOW,
-        debounce_max_wait="1m",
-        debounce_key="x:{0}",
-        debounce_exclusive=True,
-        **common,
-    )
-    def excl(self: Any, user_id: str, n: int = 0) -> None:
-        record(self, [user_id], {"n": n})
-
-    @app.task(
-        name="proj.gather",
-        debounce=WINDOW,
-        debounce_max_wait="1m",
-        debounce_key="g:{user_id}",
-        debounce_collect=True,
-        **common,
-    )
-    def gather(self: Any, calls: list[DebouncedCall]) -> None:
-        record(self, [c.kwargs.get("user_id") for c in calls], [c.kwargs for c in calls])
-
 
 @dataclass(frozen=True)
 class Store:
-    """Where the windows are: the app's settings, and where the Node producer writes."""
+    """Where the windows are: the environment of the app, and where Node writes."""
 
-    conf: dict[str, Any]
-    redis_url: str
+    env: dict[str, str]
+    node_url: str
     postgres_url: str | None = None
 
 
@@ -112,8 +48,10 @@ class Store:
 def store(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Store]:
     """The windows' store: a redis-server, or a new migrated PostgreSQL database, reached
     directly or through PgBouncer in transaction mode (by the worker and by Node)."""
+    redis.Redis.from_url(f"{redis_server}/0").flushall()
+    base = {"DEBOUNCE_TEST_REDIS_URL": redis_server}
     if request.param == "redis":
-        yield Store({}, f"{redis_server}/0")
+        yield Store(base, f"{redis_server}/0")
         return
     server: LocalPostgres = request.getfixturevalue("postgres_server")
     name = f"node_{uuid.uuid4().hex[:12]}"
@@ -127,19 +65,31 @@ def store(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Store]:
     url = server.url(name)
     if request.param == "pgbouncer":
         url = request.getfixturevalue("pgbouncer_server").url(name)
-    yield Store({"debounce_store_url": url, "debounce_redis_url": None}, "", url)
+    yield Store({**base, "DEBOUNCE_TEST_STORE_URL": url}, "", url)
     with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _app_module(store: Store, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """tests/node_burst_app.py as the worker loads it, imported here for Python's calls."""
+    for key, value in store.env.items():
+        monkeypatch.setenv(key, value)
+    if "DEBOUNCE_TEST_STORE_URL" not in store.env:
+        monkeypatch.delenv("DEBOUNCE_TEST_STORE_URL", raising=False)
+    sys.modules.pop("node_burst_app", None)
+    return importlib.import_module("node_burst_app")
 
 
 def _node(
     package: Path, store: Store, user: str, calls: list[tuple[str, dict[str, Any]]]
 ) -> list[Any]:
-    """The Node calls, by task name with no options, for ``user``."""
+    """The Node calls, by task name with no options, for ``user``: their task ids."""
     made = [
         [task, json.loads(json.dumps(call).replace("USER", user)), None] for task, call in calls
     ]
-    return node_calls(package, store.redis_url, made, postgres=store.postgres_url)
+    ids = node_calls(package, store.node_url, made, postgres=store.postgres_url)
+    assert all(isinstance(i, str) for i in ids), ids
+    return ids
 
 
 def _python(app: Celery, user: str, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -152,7 +102,8 @@ def _python(app: Celery, user: str, calls: list[tuple[str, dict[str, Any]]]) -> 
 
 #: The burst, step by step: Node first for the leading and exclusive tasks (a Node
 #: opener must make the leading run and carry the exclusive header), Python first for
-#: the others; the default-key task gets its arguments in every shape.
+#: the others; the default-key task gets its arguments in every shape; the collect task
+#: gets a Node call among Python ones.
 STEP1 = [("proj.lead", {"args": ["USER"]}), ("proj.excl", {"args": ["USER"]})]
 STEP2 = [
     ("proj.digest", {"args": ["USER"]}),
@@ -175,50 +126,48 @@ STEP4 = [
     ("proj.gather", {"kwargs": {"user_id": "USER"}}),
 ]
 
+NAMES = ["proj.digest", "proj.capped", "proj.lead", "proj.excl", "proj.gather"]
+
 
 def test_a_burst_mixing_node_and_python_makes_the_runs_of_a_python_only_burst(
-    app_factory: Any, store: Store, node_package: Path
+    store: Store, node_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = app_factory(task_routes={"proj.*": {"queue": "reports"}}, **store.conf)
-    runs: list[tuple[str, Any, Any, int, str]] = []
-    _tasks(app, runs)
+    module = _app_module(store, monkeypatch)
+    app: Celery = module.app
     windows = store_for(app)
-    names = ["proj.digest", "proj.capped", "proj.lead", "proj.excl", "proj.gather"]
-    url = store
-    with running_worker(app, queues=["reports"]):  # a run left on queue celery never runs
-        wait_until(lambda: all(windows.task_definition(n) for n in names))
+    env = {**os.environ, **store.env}
+    # a run left on queue celery never runs: the worker consumes only the routed queue
+    with celery_worker("node_burst_app", tmp_path / "worker.log", env, "prefork", queues="reports"):
+        wait_until(lambda: all(windows.task_definition(n) for n in NAMES), timeout=20)
         # M: the mixed burst (Node at steps 1 and 3), P: the same burst from Python alone
-        node_first = _node(node_package, url, "M", STEP1)
-        assert all(isinstance(i, str) for i in node_first), node_first
-        _python(app, "P", STEP1)
+        ids = {"M": _node(node_package, store, "M", STEP1), "P": _python(app, "P", STEP1)}
         (opened,) = windows.pending_payloads(0, "9:proj.excl:x:M")
         assert json.loads(opened.options_json or "{}")["headers"] == {"debounce_exclusive": 1}
-        _python(app, "M", STEP2)
-        _python(app, "P", STEP2)
-        joined = _node(node_package, url, "M", STEP3)
-        assert all(isinstance(i, str) for i in joined), joined
-        _python(app, "P", STEP3)
-        _python(app, "M", STEP4)
-        _python(app, "P", STEP4)
-        # per user: digest 1, capped 1, lead 2 (the leading run, then its quiet period's),
-        # excl 1, gather 1
-        wait_until(lambda: len(runs) >= 12, timeout=40)
+        for user, step in (("M", STEP2), ("P", STEP2)):
+            ids[user] += _python(app, user, step)
+        ids["M"] += _node(node_package, store, "M", STEP3)
+        ids["P"] += _python(app, "P", STEP3)
+        for user in ("M", "P"):
+            ids[user] += _python(app, user, STEP4)
+        # each distinct id is one run: digest 1, capped 1, lead 2 (the leading run, then
+        # its quiet period's), excl 1, gather 1
+        runs = {
+            user: [app.AsyncResult(i).get(timeout=60) for i in dict.fromkeys(ids[user])]
+            for user in ("M", "P")
+        }
         wait_until(lambda: not list_windows(app), timeout=20)
-    assert len(runs) == 12, runs
 
-    def shape(user: str) -> list[tuple[Any, ...]]:
-        mine = [r for r in runs if user in json.dumps(r[1])]
-        text = json.dumps(sorted(mine, key=json.dumps)).replace(f'"{user}"', '"U"')
-        return [tuple(r) for r in json.loads(text)]
+    def shape(user: str) -> list[Any]:
+        text = json.dumps(sorted(runs[user], key=json.dumps)).replace(f'"{user}"', '"U"')
+        return list(json.loads(text))
 
     assert shape("M") == shape("P")
-    assert all(queue == "reports" for *_, queue in runs), runs
-    by_task = {(r[0], r[3]) for r in shape("M")}
-    assert by_task == {
-        ("proj.digest", 4),  # one window: four calls, positional, by name and default given
+    assert all(run[4] == "reports" for user in runs for run in runs[user]), runs
+    assert sorted((run[0], run[3]) for run in shape("M")) == [
         ("proj.capped", 3),  # closed by its cap at the third call
+        ("proj.digest", 4),  # one window: four calls, positional, by name, default given
+        ("proj.excl", 3),
+        ("proj.gather", 3),  # a collect window: the Node call among the calls its run got
         ("proj.lead", 1),  # the Node opener's leading run
         ("proj.lead", 2),  # the calls of its quiet period
-        ("proj.excl", 3),
-        ("proj.gather", 3),  # a collect window: the Node call among the calls its run gets
-    }
+    ]
