@@ -101,7 +101,7 @@ def _migrate(
 
 
 @click.command(cls=CeleryCommand)
-@json_option('a JSON object ({"tasks": {name: version}, "written": N})')
+@json_option('a JSON object ({"tasks": {name: version}, "written": N, "skipped": {name: why}})')
 @click.pass_context
 def publish(ctx: click.Context, as_json: bool) -> None:
     """Write the app's task definitions into the store (docs/node.md).
@@ -109,7 +109,8 @@ def publish(ctx: click.Context, as_json: bool) -> None:
     Producers by name (the Node package) read each debounced task's options, signature
     and route from its definition. Workers write them when they start; run this at
     deploy time so that a changed task is read before the first worker restarts.
-    Writes only what is new or changed; safe to run again.
+    Writes only what is new or changed; safe to run again. A task whose definition
+    cannot be made is named on stderr and the command exits 1 (the others are written).
     """
     import json
 
@@ -117,18 +118,22 @@ def publish(ctx: click.Context, as_json: bool) -> None:
     from ..store import store_for
 
     app = ctx.obj.app
+    skipped: dict[str, str] = {}
     try:
-        found = definitions(app)
+        found = definitions(app, skipped)
         written = store_for(app).publish_definitions(found) if found else 0
     except DebounceError as exc:
         raise config_error(exc, app) from exc
     versions = {name: json.loads(text)["version"] for name, text in found.items()}
     if as_json:
-        echo_json({"tasks": versions, "written": written})
-        return
-    if not found:
+        echo_json({"tasks": versions, "written": written, "skipped": skipped})
+    elif not found and not skipped:
         click.echo("No debounced task in this app: nothing to publish.")
-        return
-    for name, version in versions.items():
-        click.echo(f"{name}  {version}")
-    click.echo(f"{len(found)} task definition(s), {written} written.")
+    else:
+        for name, version in versions.items():
+            click.echo(f"{name}  {version}")
+        click.echo(f"{len(found)} task definition(s), {written} written.")
+    if skipped:
+        for name, why in skipped.items():
+            click.echo(f"not published: {name}: {why}", err=True)
+        ctx.exit(1)

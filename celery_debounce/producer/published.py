@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import math
 from typing import Any
 
@@ -25,6 +26,8 @@ from ..store.codec import CONTRACT_VERSION
 from .by_name import DEFINITION_FORMAT, KINDS
 from .call import stored_options
 from .task import DebouncedTask, exec_defaults
+
+logger = logging.getLogger("celery_debounce.published")
 
 #: Integers a JavaScript number holds exactly (beyond, a default is not published).
 _SAFE_INT = 2**53 - 1
@@ -73,12 +76,22 @@ def definition(app: Celery, task: Task) -> str | None:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def definitions(app: Celery) -> dict[str, str]:
-    """Task name -> definition JSON, for every debounced task of ``app``."""
+def definitions(app: Celery, skipped: dict[str, str] | None = None) -> dict[str, str]:
+    """Task name -> definition JSON, for every debounced task of ``app``. A task whose
+    definition cannot be made (a router function that refuses a call without arguments,
+    say) is left out, logged, and named in ``skipped`` (name -> why): the others are
+    still published."""
     app.loader.import_default_modules()
     out: dict[str, str] = {}
     for name, task in sorted(app.tasks.items()):
-        text = definition(app, task)
+        try:
+            text = definition(app, task)
+        except Exception as exc:  # one task's fault must not keep the others out
+            why = f"{type(exc).__name__}: {exc}"
+            logger.warning("celery_debounce: no definition published for %s (%s)", name, why)
+            if skipped is not None:
+                skipped[name] = why
+            continue
         if text is not None:
             out[name] = text
     return out

@@ -175,3 +175,26 @@ def test_send_task_of_a_task_not_registered_here_makes_the_call_delay_makes(
     with pytest.raises(DebounceConfigError, match="do not match the task's signature"):
         send_task(producer, "proj.routed", [], {"n": 1})
     assert send_task(producer, "proj.leading", ["a", "2026-01-01", 1.0]).id
+
+
+def test_a_task_whose_definition_cannot_be_made_is_left_out_and_the_others_published(
+    app_factory: Callable[..., Celery],
+) -> None:
+    """A router function that refuses a call without arguments (it reads args[0]) keeps
+    its own task's definition out, named, and no other's."""
+
+    def by_first_argument(name: str, args: Any, kwargs: Any, options: Any, **kw: Any) -> Any:
+        if name == "proj.picky":
+            return {"queue": f"q-{args[0]}"}
+        return None
+
+    app = _app(app_factory, task_routes=(by_first_argument,))
+
+    @app.task(base=DebouncedTask, shared=False, name="proj.picky", debounce=1, debounce_max_wait=2)
+    def picky(x: Any) -> None:
+        pass
+
+    skipped: dict[str, str] = {}
+    found = definitions(app, skipped)
+    assert "proj.routed" in found and "proj.leading" in found
+    assert list(skipped) == ["proj.picky"] and "IndexError" in skipped["proj.picky"]
