@@ -245,9 +245,7 @@ class LocalPostgres(Watched):
     def freeze(self) -> list[int]:
         """SIGSTOP the server and every process of it (as a hung host: the kernel still
         acknowledges bytes, nothing answers); :meth:`thaw` continues them. Their pids."""
-        pids = self._pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+        pids = [pid for pid in self._pids() if _signal(pid, signal.SIGSTOP)]
         self._frozen = pids
         return pids
 
@@ -303,8 +301,11 @@ class LocalPostgres(Watched):
         self.cleanup()
 
 
-def _signal(pid: int, signum: int) -> None:
+def _signal(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid``; False when no such process is left (a server's child
+    that exited since it was listed needs no signal)."""
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
-        pass
+        return False
+    return True
