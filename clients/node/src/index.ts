@@ -115,13 +115,20 @@ export function gate(client: Client, task: string, call: Call,
     found.then((definition) => send(client, session, task, call, options, definition)));
 }
 
+/** The target of calls of `task`, its definition, and whether the client is a Redis
+ * Cluster's: what an operator's call and `debounceMany` prepare their calls against. */
+async function resolved(client: Client, task: string, options: DebounceOptions | undefined):
+    Promise<[Target, TaskDefinition | null, boolean]> {
+  const t = targetOf(client, task, options);
+  return [t, await definitionFor(client, task, t), !t.session && isCluster(client)];
+}
+
 /** The pending window a call with these arguments would join (its key resolved as
  * `debounce()` resolves it), or null: what Python's `task.debounce_pending(...)` reads. */
 export async function pendingWindow(client: Client, task: string, call: Call,
                                     options?: DebounceOptions): Promise<WindowInfo | null> {
-  const t = targetOf(client, task, options);
-  const definition = await definitionFor(client, task, t);
-  const p = prepare(task, call, options, !t.session && isCluster(client), definition);
+  const [t, definition, cluster] = await resolved(client, task, options);
+  const p = prepare(task, call, options, cluster, definition);
   return t.session !== undefined
     ? postgresPending(client as PostgresPool, t.session, p.ident)
     : redisPending(client as RedisClient, p);
@@ -133,9 +140,8 @@ export async function pendingWindow(client: Client, task: string, call: Call,
  * most once: a lost reply is `DebounceOutcomeUnknown`. */
 export async function flushWindow(client: Client, task: string, call: Call,
                                   options?: DebounceOptions): Promise<WindowInfo | null> {
-  const t = targetOf(client, task, options);
-  const definition = await definitionFor(client, task, t);
-  const p = prepare(task, call, options, !t.session && isCluster(client), definition);
+  const [t, definition, cluster] = await resolved(client, task, options);
+  const p = prepare(task, call, options, cluster, definition);
   return t.session !== undefined
     ? postgresFlush(client as PostgresPool, t.session, task, p.ident)
     : redisFlush(client as RedisClient, p, t.prefix, definition?.record_ttl_ms ?? DEFAULT_RECORD_TTL_MS);
@@ -183,9 +189,7 @@ export async function debounceMany(client: Client, task: string, calls: readonly
     throw new DebounceConfigError(`chunkSize=${JSON.stringify(chunkSize)}: expected a positive integer`);
   }
   if (!Array.isArray(calls)) throw new DebounceConfigError("calls: expected an array of calls");
-  const t = targetOf(client, task, options);
-  const definition = await definitionFor(client, task, t);
-  const cluster = !t.session && isCluster(client);
+  const [t, definition, cluster] = await resolved(client, task, options);
   const prepared = calls.map((call) => prepare(task, call, options, cluster, definition));
   const outcomes: (GateResult | Error)[] = t.session !== undefined
     ? (await postgresMany(client as PostgresPool, t.session, prepared.map(postgresCall), chunkSize))
