@@ -251,3 +251,44 @@ def test_a_role_without_the_grants_is_misconfigured_not_an_outage(
     finally:
         _sql(owner, f'DROP SCHEMA "{schema}" CASCADE')
         _sql(owner, "DROP ROLE nogrant")
+
+
+def test_a_role_granted_before_an_upgrade_keeps_every_right_after_it(
+    postgres_server: LocalPostgres,
+) -> None:
+    """A schema of version 5 whose role was granted by ``migrate --grant-to`` then, and
+    an upgrade to this version without ``--grant-to``: the role writes and reads the
+    table the upgrade added (task definitions) and still gates; a role never granted
+    gets nothing from the upgrade."""
+    from celery_debounce.store.postgres import schema as pg_schema
+
+    schema = f"regrant_{int(time.time() * 1000) % 10**9}"
+    owner = postgres_server.url()
+    _sql(owner, f'CREATE SCHEMA "{schema}"')
+    _sql(owner, "CREATE ROLE granted LOGIN")
+    _sql(owner, "CREATE ROLE bystander LOGIN")
+    try:
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            for step in pg_schema.steps_to(None, 5):
+                conn.execute(step.encode())
+            conn.execute("UPDATE debounce_schema SET version = 5")
+            conn.execute(pg_schema.grants_sql("granted", schema).encode())
+        with PostgresStore(owner, timeout=2.0, schema=schema) as store:
+            assert store.migrate() == (5, pg_schema.SCHEMA_VERSION)
+        limited = owner.replace("//debounce@", "//granted@")
+        with PostgresStore(limited, timeout=2.0, schema=schema) as store:
+            assert store.publish_definitions({"proj.t": '{"v": 1}'}) == 1
+            assert store.task_definition("proj.t") == '{"v": 1}'
+            assert store.gate(call("t:k")).opened
+        rights = _sql(
+            owner,
+            f"SELECT has_table_privilege('bystander', '\"{schema}\".debounce_tasks', "
+            f"'SELECT'), has_table_privilege('granted', '\"{schema}\".debounce_schema', "
+            "'UPDATE')",
+        )
+        assert rights == [(False, False)]
+    finally:
+        _sql(owner, f'DROP SCHEMA "{schema}" CASCADE')
+        _sql(owner, "DROP ROLE granted")
+        _sql(owner, "DROP ROLE bystander")

@@ -64,6 +64,32 @@ def grants_sql(role: str, schema: str) -> str:
     return GRANTS_SQL.format(schema=quoted(schema), role=quoted(role))
 
 
+#: After an upgrade: each role granted on the schema before it (it may write the
+#: windows: ``migrate --grant-to``) gets :data:`GRANTS_SQL` again, so the tables and
+#: functions the upgrade added are its too.
+REGRANTS_SQL = """\
+DO $regrant$
+DECLARE grantee text;
+BEGIN
+  FOR grantee IN
+    SELECT DISTINCT a.grantee::regrole::text
+    FROM pg_class c, aclexplode(c.relacl) a
+    WHERE c.oid = 'debounce_open'::regclass AND a.privilege_type = 'INSERT'
+      AND a.grantee NOT IN (0, c.relowner)
+  LOOP
+    EXECUTE format({template}, current_schema(), grantee);
+  END LOOP;
+END
+$regrant$;
+"""
+
+
+def regrants_sql() -> str:
+    """:data:`REGRANTS_SQL`, with :data:`GRANTS_SQL` as its template."""
+    template = GRANTS_SQL.format(schema="%1$I", role="%2$s")
+    return REGRANTS_SQL.format(template="'" + template.replace("'", "''") + "'")
+
+
 def _sql(*path: str) -> str:
     return resources.files(__package__).joinpath(*path).read_text("utf-8")
 
@@ -133,12 +159,17 @@ def _changes(sql: str) -> bool:
 def steps_to(found: int | None, version: int) -> list[str]:
     """The SQL that takes a schema of version ``found`` (None: none) to ``version``:
     its steps, then, at this package's version, every function (so that each migration
-    to it applies them, whatever it found). Nothing below this package's version when
-    the schema is there already (the Django migrations, one per version)."""
+    to it applies them, whatever it found), then, after an upgrade, the grants again
+    (:func:`regrants_sql`). Nothing below this package's version when the schema is
+    there already (the Django migrations, one per version)."""
     first = [schema_sql()] if found is None else []
     steps = first + [UPGRADES[v] for v in range(found or 1, version)]
     steps = [step for step in steps if _changes(step)]
-    return [*steps, functions_sql()] if version == SCHEMA_VERSION else steps
+    if version == SCHEMA_VERSION:
+        steps.append(functions_sql())
+    if found is not None and found < version:
+        steps.append(regrants_sql())
+    return steps
 
 
 #: How long one attempt of a migration waits for a table lock (ms): every call that
