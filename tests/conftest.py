@@ -107,6 +107,33 @@ def durable_server() -> Iterator[LocalPostgres]:
         yield server
 
 
+def _psql(url: str, query: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(query)
+
+
+@pytest.fixture
+def password_server() -> Iterator[LocalPostgres]:
+    """A private server where role ``pw`` (password ``right``) must give its password and
+    role ``shut`` may not connect to database ``postgres``."""
+    if find_postgres_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
+    with LocalPostgres() as server:
+        _psql(server.url(), "CREATE ROLE pw LOGIN PASSWORD 'right'")
+        _psql(server.url(), "CREATE ROLE shut LOGIN")
+        _psql(server.url(), "REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
+        _psql(server.url(), "GRANT CONNECT ON DATABASE postgres TO pw")
+        hba = server.dir / "data" / "pg_hba.conf"
+        hba.write_text(
+            "host all pw 127.0.0.1/32 scram-sha-256\n"
+            "host all pw ::1/128 scram-sha-256\n" + hba.read_text()
+        )
+        _psql(server.url(), "SELECT pg_reload_conf()")
+        yield server
+
+
 @pytest.fixture(scope="session")
 def pgbouncer_server(postgres_server: LocalPostgres) -> Iterator[LocalPgBouncer]:
     """PgBouncer in transaction mode in front of the session's PostgreSQL, as shops

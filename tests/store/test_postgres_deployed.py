@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -91,25 +90,6 @@ def test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call(
         store.close()
     with PostgresStore(url, timeout=2.0) as after:
         assert after.gate(call("t:after")).opened  # the store works on
-
-
-@pytest.fixture
-def password_server() -> Iterator[LocalPostgres]:
-    """A private server where role ``pw`` (password ``right``) must give its password."""
-    if find_postgres_bindir() is None:
-        pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")
-    with LocalPostgres() as server:
-        _sql(server.url(), "CREATE ROLE pw LOGIN PASSWORD 'right'")
-        _sql(server.url(), "CREATE ROLE shut LOGIN")
-        _sql(server.url(), "REVOKE CONNECT ON DATABASE postgres FROM PUBLIC")
-        _sql(server.url(), "GRANT CONNECT ON DATABASE postgres TO pw")
-        hba = server.dir / "data" / "pg_hba.conf"
-        hba.write_text(
-            "host all pw 127.0.0.1/32 scram-sha-256\n"
-            "host all pw ::1/128 scram-sha-256\n" + hba.read_text()
-        )
-        _sql(server.url(), "SELECT pg_reload_conf()")
-        yield server
 
 
 @pytest.mark.parametrize(

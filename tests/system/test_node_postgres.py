@@ -102,6 +102,29 @@ def test_an_unreachable_server_is_a_backend_error_within_the_timeout(node_packag
     assert time.monotonic() - started < 10  # a Node process's start, then at most the 1 s
 
 
+@pytest.mark.parametrize(
+    ("user", "dbname", "says"),
+    [
+        ("pw:wrong", "postgres", "28P01"),
+        ("nosuchrole", "postgres", "28000"),
+        ("pw:right", "nosuchdb", "3D000"),
+        ("shut", "postgres", "42501"),
+    ],
+    ids=["wrong-password", "unknown-role", "unknown-database", "no-connect-right"],
+)
+def test_a_misconfigured_pool_is_a_config_error_by_name_never_an_outage(
+    node_package: Path, password_server: LocalPostgres, user: str, dbname: str, says: str
+) -> None:
+    """Bug class 16: the server refuses the pool's settings: each call is a
+    DebounceConfigError naming the server's code (not "unreachable", so never taken for
+    an outage and never opening the breaker: the second call says the same)."""
+    url = f"postgresql://{user}@127.0.0.1:{password_server.port}/{dbname}"
+    out = node_calls(node_package, "", [CALL, CALL], postgres=url)
+    for answer in out:
+        assert answer["error"] == "DebounceConfigError", out
+        assert says in answer["message"] and "nothing was sent" in answer["message"], out
+
+
 def test_a_prefix_names_the_schema_its_windows_are_in(
     node_package: Path, postgres_server: LocalPostgres, database: str
 ) -> None:

@@ -5,7 +5,8 @@
  * reply is lost is never sent again. */
 import { connect as connectTo } from "node:net";
 import {
-  DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
+  DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceError,
+  DebounceOutcomeUnknown,
 } from "./errors.js";
 import { POSTGRES_SCHEMA_VERSION } from "./gate-script.js";
 import { MAX_ALIASES, type WindowInfo } from "./plan.js";
@@ -103,6 +104,19 @@ const SQLSTATE = /^[0-9A-Z]{5}$/;
 class NotSent extends Error {}
 class NoReply extends Error {}
 
+/** SQLSTATEs of a refused connection that no retry mends: the password, the role, the
+ * database or its CONNECT right (Python's store/postgres/link.py MISCONFIGURED). */
+const MISCONFIGURED = new Set(["28000", "28P01", "3D000", "42501"]);
+
+/** The error of a connection the server refused for its settings, or undefined. */
+function misconfigured(exc: unknown): DebounceConfigError | undefined {
+  const code = (exc as { code?: unknown }).code;
+  if (typeof code !== "string" || !MISCONFIGURED.has(code)) return undefined;
+  return new DebounceConfigError(
+    `the PostgreSQL server refused the connection (${code}: ${(exc as Error).message}): ` +
+    "check the pool's role, its password, the database and its CONNECT right; nothing was sent");
+}
+
 /** `fn(connection)` on a connection of `pool` taken within `ms`; a connection that gave no
  * reply within `ms` is closed (never handed out again). */
 async function onConnection<T>(pool: PostgresPool, ms: number,
@@ -115,7 +129,8 @@ async function onConnection<T>(pool: PostgresPool, ms: number,
   try {
     conn = await Promise.race([pool.connect(), late(() => new NotSent(`no connection within ${ms} ms`))]);
   } catch (exc) {
-    throw exc instanceof NotSent ? exc : new NotSent(exc instanceof Error ? exc.message : String(exc));
+    if (exc instanceof NotSent) throw exc;
+    throw misconfigured(exc) ?? new NotSent(exc instanceof Error ? exc.message : String(exc));
   } finally {
     clearTimeout(timer);
   }
@@ -314,7 +329,7 @@ export async function postgresFlush(pool: PostgresPool, session: PostgresSession
 /** An error of the store as the package's errors: a refusal (nothing written), an outage
  * before anything was sent, or a reply lost after the call was sent (`written`). */
 function translate(exc: unknown, what: string, written: boolean): Error {
-  if (exc instanceof DebounceContractMismatch || exc instanceof DebounceBackendError) return exc;
+  if (exc instanceof DebounceError) return exc;
   const message = exc instanceof Error ? exc.message : String(exc);
   const code = (exc as { code?: unknown }).code;
   if (exc instanceof NotSent) {
