@@ -12,6 +12,7 @@ from redis.exceptions import NoScriptError
 
 from ..errors import DebounceBackendError, DebounceOutcomeUnknown
 from ..settings import Settings
+from .chunks import chunks
 from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from .domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
 from .errors import _translated, is_outage, translate_errors
@@ -187,9 +188,8 @@ class BulkGate:
                 on_chunk(done)
 
         try:
-            for start in range(0, len(calls), chunk_size):
-                chunk = range(start, min(start + chunk_size, len(calls)))
-                marker = f"{marker_prefix}{start}"
+            for chunk in chunks(calls, chunk_size):
+                marker = f"{marker_prefix}{chunk.start}"
                 wire = self._chunk_commands(script.sha, calls, chunk, marker, waited)
                 sent.append((marker, chunk))  # its marker says whether it ran
                 try:
@@ -237,9 +237,9 @@ class BulkGate:
         markers: list[str] = []
         for shard, indexes in by_shard.items():
             prefix = bulk_marker_prefix(self.tag(shard), token)
-            for start in range(0, len(indexes), chunk_size):
-                chunk = indexes[start : start + chunk_size]
-                marker = f"{prefix}{shard}:{start}"
+            for part in chunks([calls[i] for i in indexes], chunk_size):
+                chunk = indexes[part.start : part.stop]
+                marker = f"{prefix}{shard}:{part.start}"
                 commands = self._chunk_commands(script.sha, calls, chunk, marker, waited)
                 try:
                     with translate_errors("gate (bulk)"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..chunks import chunks
 from ..domain import ReplyLost, StoreUnavailable
 from .gate_args import gate_many_args, gate_result, refused
 from .step import many
@@ -48,9 +49,8 @@ class PostgresBulk:
         outcomes[:] = [None] * len(calls)
         self._check()
         down: BaseException | None = None
-        size = max(1, chunk_size)
-        for start in range(0, len(calls), size):
-            chunk = range(start, min(start + size, len(calls)))
+        for chunk in chunks(calls, max(1, chunk_size)):
+            start = chunk.start
             if down is not None:
                 for i in chunk:
                     outcomes[i] = StoreUnavailable(

@@ -551,3 +551,28 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
         : plan.tail.length ? ["", "", "", "", ...plan.tail] : [])],
   };
 }
+
+/** The most bytes of bodies and options one chunk of `debounceMany` carries (Python's
+ * `store/chunks.py` CHUNK_BYTES): a batch of large bodies is never one huge request. */
+export const CHUNK_BYTES = 16 * 1024 * 1024;
+
+/** Consecutive slices of `indexes`, each at most `chunkSize` long and at most `maxBytes`
+ * of `bytes(i)` (a slice's first index whatever its size). */
+export function chunked(indexes: readonly number[], chunkSize: number,
+                        bytes: (i: number) => number, maxBytes = CHUNK_BYTES): number[][] {
+  const out: number[][] = [];
+  let current: number[] = [];
+  let used = 0;
+  for (const i of indexes) {
+    const size = bytes(i);
+    if (current.length && (current.length >= chunkSize || used + size > maxBytes)) {
+      out.push(current);
+      current = [];
+      used = 0;
+    }
+    current.push(i);
+    used += size;
+  }
+  if (current.length) out.push(current);
+  return out;
+}

@@ -9,7 +9,7 @@ import {
   DebounceOutcomeUnknown,
 } from "./errors.js";
 import { POSTGRES_SCHEMA_VERSION } from "./gate-script.js";
-import { MAX_ALIASES, type WindowInfo } from "./plan.js";
+import { MAX_ALIASES, chunked, type WindowInfo } from "./plan.js";
 
 /** A pooled connection, as node-postgres's `PoolClient` has it. */
 export interface PostgresConnection {
@@ -262,7 +262,7 @@ export async function postgresGate(pool: PostgresPool, session: PostgresSession,
   }
 }
 
-/** Many gate calls, `chunkSize` at a time: each chunk one simple query, one transaction
+/** Many gate calls, at most `chunkSize` and CHUNK_BYTES at a time: each chunk one simple query, one transaction
  * (all its calls written, or none), one round trip. Per call its row, or the error that
  * kept its chunk out (a lost reply: DebounceOutcomeUnknown for the chunk's calls). */
 export async function postgresMany(pool: PostgresPool, session: PostgresSession,
@@ -275,8 +275,11 @@ export async function postgresMany(pool: PostgresPool, session: PostgresSession,
   } catch (exc) {
     return out.fill(exc as Error);
   }
-  for (let start = 0; start < calls.length; start += chunkSize) {
-    const chunk = calls.slice(start, start + chunkSize);
+  const sizes = (i: number): number =>
+    Buffer.byteLength(calls[i].body) + Buffer.byteLength(calls[i].optionsJson);
+  for (const indexes of chunked([...calls.keys()], chunkSize, sizes)) {
+    const start = indexes[0];
+    const chunk = indexes.map((i) => calls[i]);
     const sql = [settings(session, chunk[0].historyTtlMs), ...chunk.map(gateStatement)].join("; ");
     try {
       const answer = await onConnection(pool, session.timeoutMs, (conn) => conn.query(sql));

@@ -8,7 +8,9 @@ import {
 } from "./errors.js";
 import { FLUSH_SCRIPT, GATE_SCRIPT } from "./gate-script.js";
 import { leasedKey, shardWakeChannel, tasksKey, wakeChannel } from "./layout.js";
-import { DEFAULT_TIMEOUT_MS, type GateResult, type PreparedCall, type WindowInfo } from "./plan.js";
+import {
+  DEFAULT_TIMEOUT_MS, chunked, type GateResult, type PreparedCall, type WindowInfo,
+} from "./plan.js";
 
 /** An ioredis client, or Cluster, of the Redis store. */
 export type RedisClient = Redis | Cluster;
@@ -241,7 +243,10 @@ function gateResult(reply: unknown): GateResult {
   };
 }
 
-/** Many gate calls, in pipelines of at most `chunkSize` (one round trip each; on a
+const argvBytes = (p: PreparedCall): number =>
+  p.argv.reduce((sum, arg) => sum + Buffer.byteLength(arg), 0);
+
+/** Many gate calls, in pipelines of at most `chunkSize` calls and CHUNK_BYTES (one round trip each; on a
  * Cluster one per shard's slot): each call written at most once. Per call its result, or
  * the error that kept it out (an unanswered one is DebounceOutcomeUnknown). */
 export async function redisMany(redis: RedisClient, prepared: readonly PreparedCall[],
@@ -282,8 +287,8 @@ export async function redisMany(redis: RedisClient, prepared: readonly PreparedC
     return unloaded;
   };
   for (const indexes of groups.values()) {
-    for (let start = 0; start < indexes.length; start += chunkSize) {
-      const unloaded = await send(indexes.slice(start, start + chunkSize));
+    for (const chunk of chunked(indexes, chunkSize, (i) => argvBytes(prepared[i]))) {
+      const unloaded = await send(chunk);
       if (unloaded.length) {
         try {
           await load(conn, script, ms);

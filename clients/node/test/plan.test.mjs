@@ -89,3 +89,15 @@ test("arguments of the wrong shape are refused before anything is sent (the type
   assert.throws(() => prepare("proj.t", { args: [], kwargs: { f: () => 1 } }, options),
     (exc) => exc instanceof DebounceEncodeError && exc.message === 'kwargs["f"] is function: not JSON');
 });
+
+test("debounceMany's chunks: at most chunkSize calls and CHUNK_BYTES bytes, the first whatever its size", async () => {
+  const { createRequire } = await import("node:module");
+  const { CHUNK_BYTES, chunked } = createRequire(import.meta.url)("../dist/cjs/plan.js");
+  assert.equal(CHUNK_BYTES, 16 * 1024 * 1024);  // Python's store/chunks.py
+  const sizes = [5, 5, 5, 20, 1, 1, 1, 1];
+  const at = (i) => sizes[i];
+  assert.deepEqual(chunked([...sizes.keys()], 3, at, 12), [[0, 1], [2], [3], [4, 5, 6], [7]]);
+  assert.deepEqual(chunked([...sizes.keys()], 1000, at, 1000), [[0, 1, 2, 3, 4, 5, 6, 7]]);
+  assert.deepEqual(chunked([7, 3], 1, at), [[7], [3]]);
+  assert.deepEqual(chunked([], 5, at), []);
+});

@@ -963,6 +963,24 @@ def test_gate_many_gates_each_call_in_order_and_reports_each_chunk(store: Store)
     assert gate(store, "a").task_id == results[0].task_id  # one window with gate too
 
 
+def test_gate_many_cuts_its_chunks_by_bytes_as_well_as_by_count(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug class 15: a chunk carries at most CHUNK_BYTES of bodies and options (its first
+    call whatever its size), however many calls ``chunk_size`` allows; every call is
+    still gated once, in order."""
+    from celery_debounce.store import chunks as chunking
+
+    calls = [prepared(store, f"k{n}", payload="x" * 1000) for n in range(7)]
+    each = len(calls[0].payload) + len(calls[0].options_json)
+    monkeypatch.setattr(chunking, "CHUNK_BYTES", 2 * each + each // 2)
+    seen: list[range] = []
+    outcomes = store.gate_many(calls, chunk_size=1000, on_chunk=seen.append)
+    assert [o.opened for o in outcomes if isinstance(o, GateResult)] == [True] * 7, outcomes
+    assert sorted(i for chunk in seen for i in chunk) == list(range(7))
+    assert all(len(chunk) <= 2 for chunk in seen) and len(seen) >= 4, seen
+
+
 def test_a_late_claim_claims_as_a_claim_does_and_a_second_is_a_duplicate(store: Store) -> None:
     first = gate(store, "k", window="1ms", max_wait="1s")
     shard = first.call.shard
