@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import redis
@@ -49,6 +50,7 @@ from celery_debounce import (
     enqueue_many,
 )
 from celery_debounce.producer.bulk import DebounceBulkError
+from celery_debounce.store import chunks as chunking
 from celery_debounce.store import store_for
 from celery_debounce.store.cluster import ClusterTransport
 from celery_debounce.store.domain import Released
@@ -169,7 +171,13 @@ def _warmed(work: Any) -> bool:
 def bulk(app: Celery, r: redis.Redis) -> Callable[[], Any]:
     work = _task(app, debounce_key="{0}")
     wait_until(lambda: _warmed(work), 15)  # the script loaded: the act is its chunk alone
-    return lambda: enqueue_many(work, [((i, *_big(app)), {}) for i in range(3)])
+
+    def act() -> Any:
+        # one chunk of 3 calls, however big (its fault is the one injected)
+        with mock.patch.object(chunking, "CHUNK_BYTES", 1 << 30):
+            return enqueue_many(work, [((i, *_big(app)), {}) for i in range(3)])
+
+    return act
 
 
 def most_calls(r: redis.Redis) -> int:
