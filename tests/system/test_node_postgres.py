@@ -211,6 +211,30 @@ def test_a_window_is_read_and_flushed_by_its_call(
     assert _rows(url, "SELECT task_id, state FROM debounce_taken") == [(opened, "dispatching")]
 
 
+def test_a_flush_whose_reply_is_lost_is_outcome_unknown_ran_once_and_is_not_sent_again(
+    node_package: Path, postgres_server: LocalPostgres, database: str
+) -> None:
+    url = postgres_server.url(database)
+    _migrate(url)
+    proxy = PgProxy(postgres_server.port)
+    try:
+        through = url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+        proxy.drop_next(b"debounce_close")
+        opened, flushed, reopened, still = node_calls(
+            node_package,
+            "",
+            [CALL, [*CALL, "flush"], CALL, ["__sleep__", {"ms": 300}], [*CALL, "pending"]],
+            postgres=through,
+        )
+    finally:
+        proxy.close()
+    assert flushed["error"] == "DebounceOutcomeUnknown", flushed
+    # never sent again: a second close would have closed the window opened after it
+    assert reopened != opened and still["taskId"] == reopened, (opened, reopened, still)
+    taken = _rows(url, "SELECT task_id, state FROM debounce_taken")
+    assert taken == [(opened, "dispatching")]  # it ran: the first window closed
+
+
 def test_a_call_s_own_task_id_opens_the_window_or_is_its_alias(
     node_package: Path, postgres_server: LocalPostgres, database: str
 ) -> None:

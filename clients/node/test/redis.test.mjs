@@ -10,7 +10,7 @@ import { after, before, test } from "node:test";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
   DebounceBulkError, DebounceOutcomeUnknown,
-  GATE_SCRIPT, debounce, debounceMany, gate,
+  GATE_SCRIPT, debounce, debounceMany, flushWindow, gate,
   prepare, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
@@ -145,13 +145,15 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
 /** A TCP proxy to the test server that can swallow the server's replies, or forward one
  * EVALSHA and drop the connection instead of its reply (`dropAfterEvalsha`). */
 function proxy(port) {
-  const state = { swallow: false, dropAfterEvalsha: false, sockets: new Set(), connections: 0 };
+  const state = { swallow: false, dropAfterEvalsha: false, sockets: new Set(), connections: 0,
+    evalshas: 0 };
   const server = createServer((client) => {
     state.connections += 1;
     const upstream = connect(port, "127.0.0.1");
     let dropping = false;
     state.sockets.add(client).add(upstream);
     client.on("data", (d) => {
+      state.evalshas += (d.toString("latin1").match(/evalsha/gi) ?? []).length;
       if (state.dropAfterEvalsha && /evalsha/i.test(d.toString("latin1"))) {
         state.dropAfterEvalsha = false;
         dropping = true;
@@ -197,6 +199,28 @@ test("a gate call whose reply is lost is outcome-unknown and is not sent again",
     await client.ping();
     await sleep(200);
     assert.equal(await redis.hget(OPEN, "n"), "1");  // and did not send it again
+  } finally {
+    client.disconnect();
+    await link.close();
+  }
+});
+
+test("a flush whose reply is lost is outcome-unknown, ran once and is not sent again", async () => {
+  await redis.flushdb();
+  const link = await proxy(redis.options.port);
+  const client = new Redis(link.port, "127.0.0.1");  // ioredis's defaults: it resends
+  try {
+    const id = await debounce(client, "proj.build_report", { args: ["u1"] }, OPTIONS);
+    assert.equal(await flushWindow(client, "proj.build_report", { args: ["u9"] }, OPTIONS), null);
+    link.dropAfterEvalsha = true;  // the flush script is loaded: its one EVALSHA runs it
+    const before = link.evalshas;
+    await assert.rejects(flushWindow(client, "proj.build_report", { args: ["u1"] }, OPTIONS),
+      (exc) => exc instanceof DebounceOutcomeUnknown && /was not sent again/.test(exc.message));
+    assert.equal(await redis.exists(OPEN), 0);  // it ran, on the server
+    assert.equal(await redis.hget(`debounce:{0}:win:${id}`, "st"), "dispatching");
+    await client.ping();  // reconnected meanwhile
+    await sleep(300);
+    assert.equal(link.evalshas - before, 1);  // and was not sent again
   } finally {
     client.disconnect();
     await link.close();
