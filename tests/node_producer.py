@@ -20,8 +20,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "node"
 PRODUCER = """
 import Redis from "ioredis";
 import pg from "pg";
-import { debounce, debounceMany, flushWindow, pendingWindow } from "celery-debounced";
-const operations = { debounce, pending: pendingWindow, flush: flushWindow, many: debounceMany };
+import { cancelWindow, debounce, debounceMany, flushWindow, pendingWindow } from "celery-debounced";
+const operations = {
+  debounce, pending: pendingWindow, flush: flushWindow, cancel: cancelWindow, many: debounceMany,
+};
 const { url, cluster, postgres, calls } = JSON.parse(__CALLS__);
 const redis = postgres
   ? new pg.Pool({ connectionString: postgres, max: 2 }).on("error", () => {})
@@ -62,8 +64,9 @@ def node_calls(
 ) -> list[Any]:
     """Each call ``[task, {args, kwargs}, options]`` made by the Node producer, in order.
 
-    A fourth element ``"pending"``, ``"flush"`` or ``"many"`` calls ``pendingWindow``,
-    ``flushWindow`` or ``debounceMany`` (whose second element is then a list of calls);
+    A fourth element ``"pending"``, ``"flush"``, ``"cancel"`` or ``"many"`` calls
+    ``pendingWindow``, ``flushWindow``, ``cancelWindow`` or ``debounceMany`` (whose second
+    element is then a list of calls);
     a task ``__sleep__`` with ``{ms}`` waits that long and answers nothing. ``cluster``:
     ``{host, port}`` of a Redis Cluster node, through ioredis's Cluster; ``postgres``: the
     URL of a PostgreSQL store, through a node-postgres Pool."""

@@ -308,8 +308,9 @@ class Dispatcher:
         stored: list[str] = []
         for task_id, aliases in self.store.expire(shard):
             logger.warning(
-                "debounce: window %s expired before any worker ran it (its message's "
-                "expires passed in the broker): finished as REVOKED",
+                "debounce: window %s finished as REVOKED without a run (its message's "
+                "expires passed in the broker before any worker saw it, or a producer "
+                "that reaches no result backend cancelled it)",
                 task_id,
             )
             try:

@@ -13,6 +13,12 @@
 --          in <tag>:cancelled:<token> (list), and a call with that token finds it and
 --          returns it instead of acting: the same call sent again after its reply was
 --          lost gets the first answer (the store deletes the key once it has it)
+-- ARGV[5]  "1": the caller cannot reach the result backend (a producer in another
+--          language): the window's outcome is handed to the dispatchers' expiry sweep.
+--          It gets a record <tag>:win:<id> finished as REVOKED (fields id i fs dl mw n
+--          na a1 .. st rs fa xr 1, the history TTL, as expire.lua writes one) and
+--          <tag>:expiring its id at score 0, so the next sweep (expire.lua, its
+--          "again" rows) stores REVOKED for the id and its aliases. Absent or "": none.
 -- Touches, by name (same hash tag): <tag>:ids  hash; <id> removed when it maps to ident
 --                                   <tag>:cancelled:<ARGV[4]>  list, the reply (below)
 --                                   <tag>:calls:<cl>  a collect window's call list
@@ -26,6 +32,7 @@
 -- none (matching) was open.
 
 --@include aliases
+--@include now
 --@include tag
 --@include task_of
 --@include keys
@@ -54,6 +61,19 @@ if done then
 end
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
+if ARGV[5] == '1' then
+  local record = {'id', found[1], 'i', ARGV[1], 'fs', found[3], 'dl', deadline,
+                  'mw', found[4], 'n', found[2], 'st', 'finished', 'rs', 'REVOKED',
+                  'fa', string.format('%d', now_ms()), 'xr', '1', 'na', #reply - 5}
+  for k = 6, #reply do
+    record[#record + 1] = 'a' .. (k - 5)
+    record[#record + 1] = reply[k]
+  end
+  local key = win_key(tag, found[1])
+  redis.call('HSET', key, unpack(record))
+  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('ZADD', expiring_key(tag), 0, found[1])
+end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.pcall('ZREM', held_key(tag), ARGV[1])  -- a held exclusive window is held no more
 local cl = redis.call('HGET', KEYS[1], 'cl')

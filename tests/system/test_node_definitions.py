@@ -171,3 +171,37 @@ def test_a_burst_mixing_node_and_python_makes_the_runs_of_a_python_only_burst(
         ("proj.lead", 1),  # the Node opener's leading run
         ("proj.lead", 2),  # the calls of its quiet period
     ]
+
+
+def test_a_node_cancel_never_runs_the_window_and_its_ids_are_revoked_by_the_dispatcher(
+    store: Store, node_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cancelWindow: the window a Node call opened, joined by a Python call with its own
+    task id, is dropped; the worker's dispatcher stores REVOKED for the window's id and
+    for the Python caller's (Node reaches no result backend), so no caller waits
+    forever; nothing runs; a second cancel finds nothing."""
+    from celery.exceptions import TaskRevokedError
+
+    module = _app_module(store, monkeypatch)
+    app: Celery = module.app
+    windows = store_for(app)
+    env = {**os.environ, **store.env}
+    with celery_worker("node_burst_app", tmp_path / "worker.log", env, "prefork", queues="reports"):
+        wait_until(lambda: windows.task_definition("proj.digest") is not None, timeout=20)
+        (opened,) = _node(node_package, store, "C", [("proj.digest", {"args": ["USER"]})])
+        mine = f"mine-{uuid.uuid4().hex}"
+        app.tasks["proj.digest"].apply_async(["C"], task_id=mine)
+        cancelled, again = node_calls(
+            node_package,
+            store.node_url,
+            [["proj.digest", {"args": ["C"]}, None, "cancel"]] * 2,
+            postgres=store.postgres_url,
+        )
+        assert cancelled["taskId"] == opened and cancelled["calls"] == 2, cancelled
+        assert again is None
+        assert not list_windows(app)
+        for result in (app.AsyncResult(opened), app.AsyncResult(mine)):
+            wait_until(lambda r=result: r.state == "REVOKED", timeout=20)
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=5)
+    assert "succeeded" not in (tmp_path / "worker.log").read_text()  # nothing ran

@@ -122,6 +122,7 @@ FUNCTIONS = (
     "debounce_sweep",
     "debounce_expired",
     "debounce_cancel",
+    "debounce_cancel_revoking",
     "debounce_task_of",
     "debounce_history_ttl",
     "debounce_count",

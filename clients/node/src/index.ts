@@ -12,12 +12,12 @@ import {
   type WindowInfo,
 } from "./plan.js";
 import {
-  isPostgres, postgresFlush, postgresGate, type PostgresGateCall, type PostgresGateRow,
+  isPostgres, postgresCancel, postgresFlush, postgresGate, type PostgresGateCall, type PostgresGateRow,
   postgresMany, postgresPending, type PostgresPool, type PostgresSession,
   readPostgresDefinition, schemaOf,
 } from "./postgres.js";
 import {
-  isCluster, readDefinition, type RedisClient, redisFlush, redisMany, redisPending, sendGate,
+  isCluster, readDefinition, type RedisClient, redisCancel, redisFlush, redisMany, redisPending, sendGate,
 } from "./redis.js";
 
 export { CONTRACT_VERSION } from "./contract.js";
@@ -145,6 +145,21 @@ export async function flushWindow(client: Client, task: string, call: Call,
   return t.session !== undefined
     ? postgresFlush(client as PostgresPool, t.session, task, p.ident)
     : redisFlush(client as RedisClient, p, t.prefix, definition?.record_ttl_ms ?? DEFAULT_RECORD_TTL_MS);
+}
+
+/** Drop the pending window a call with these arguments would join, so that it never
+ * runs: Python's `task.debounce_cancel(...)`. Its result is marked REVOKED by the
+ * deployment's dispatchers (the expiry sweep, within about a second, for its id and every
+ * id a caller fixed on it), since this package does not reach the result backend. The
+ * window as cancelled, or null when none was open. Sent at most once: a lost reply is
+ * `DebounceOutcomeUnknown`. */
+export async function cancelWindow(client: Client, task: string, call: Call,
+                                   options?: DebounceOptions): Promise<WindowInfo | null> {
+  const [t, definition, cluster] = await resolved(client, task, options);
+  const p = prepare(task, call, options, cluster, definition);
+  return t.session !== undefined
+    ? postgresCancel(client as PostgresPool, t.session, task, p.ident, p.historyTtlMs)
+    : redisCancel(client as RedisClient, p);
 }
 
 /** Python's `debounce_record_ttl` default (ms). */

@@ -51,6 +51,8 @@ export function shardTag(prefix: string, shard: number, shards: number, cluster:
 export const openKeyStart = (tag: string): string => `${tag}:open:`;
 /** `<tag>:due`, the shard's due set. */
 export const dueKey = (tag: string): string => `${tag}:due`;
+/** `<tag>:stats`, the shard's counters. */
+export const statsKey = (tag: string): string => `${tag}:stats`;
 /** `<tag>:leased`, the shard's taken windows under a dispatch lease. */
 export const leasedKey = (tag: string): string => `${tag}:leased`;
 /** The dispatchers' wake channel: `<prefix>:wake`, or on a Redis Cluster with sharded

@@ -329,6 +329,21 @@ export async function postgresFlush(pool: PostgresPool, session: PostgresSession
   }
 }
 
+/** Drop the open window of `ident` so that it never runs, its outcome handed to the
+ * dispatchers' expiry sweep, which stores REVOKED for its id and aliases
+ * (`debounce_cancel_revoking`, sent at most once); the window as cancelled, or null. */
+export async function postgresCancel(pool: PostgresPool, session: PostgresSession, task: string,
+                                     ident: string, historyTtlMs: number): Promise<WindowInfo | null> {
+  await checkSchema(pool, session);
+  try {
+    return await onConnection(pool, session.timeoutMs, async (conn) => windowOf(lastRows(
+      await conn.query(`${settings(session, historyTtlMs)}; SELECT ${WINDOW_COLUMNS} ` +
+        `FROM debounce_cancel_revoking(${literal(ident)}, '', ${historyTtlMs})`))[0]));
+  } catch (exc) {
+    throw translate(exc, `the cancel of ${task}'s window`, true);
+  }
+}
+
 /** An error of the store as the package's errors: a refusal (nothing written), an outage
  * before anything was sent, or a reply lost after the call was sent (`written`). */
 function translate(exc: unknown, what: string, written: boolean): Error {

@@ -6,8 +6,8 @@ import type { Cluster, Redis } from "ioredis";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
-import { FLUSH_SCRIPT, GATE_SCRIPT } from "./gate-script.js";
-import { leasedKey, shardWakeChannel, tasksKey, wakeChannel } from "./layout.js";
+import { CANCEL_SCRIPT, FLUSH_SCRIPT, GATE_SCRIPT } from "./gate-script.js";
+import { leasedKey, shardWakeChannel, statsKey, tasksKey, wakeChannel } from "./layout.js";
 import {
   DEFAULT_TIMEOUT_MS, chunked, type GateResult, type PreparedCall, type WindowInfo,
 } from "./plan.js";
@@ -23,6 +23,7 @@ const SHARDED: Script = { text: SHARDED_TEXT, sha: sha1(SHARDED_TEXT) };
 const FLUSH: Script = { text: FLUSH_SCRIPT, sha: sha1(FLUSH_SCRIPT) };
 const FLUSH_SHARDED_TEXT = FLUSH_SCRIPT.replace("local SHARDED_WAKE = false", "local SHARDED_WAKE = true");
 const FLUSH_SHARDED: Script = { text: FLUSH_SHARDED_TEXT, sha: sha1(FLUSH_SHARDED_TEXT) };
+const CANCEL: Script = { text: CANCEL_SCRIPT, sha: sha1(CANCEL_SCRIPT) };
 const scriptOf = new WeakMap<object, Promise<Script>>();
 /** The scripts of scriptOf once known, so that a call need not wait for them. */
 const scriptKnown = new WeakMap<object, Script>();
@@ -361,6 +362,27 @@ export async function redisFlush(redis: RedisClient, prepared: PreparedCall, pre
   }
   if (!Array.isArray(reply)) return null;
   const [taskId, firstSeen, deadline, maxWait, calls] = reply as unknown[];
+  return { taskId: String(taskId), firstSeenMs: Number(firstSeen), deadlineMs: Number(deadline),
+    maxWaitMs: Number(maxWait), calls: Number(calls) };
+}
+
+/** Drop the pending window of a prepared call's (task, key) so that it never runs
+ * (cancel.lua, sent at most once), its outcome handed to the dispatchers' expiry sweep,
+ * which stores REVOKED for its id and aliases; the window as cancelled, or null. */
+export async function redisCancel(redis: RedisClient, prepared: PreparedCall):
+    Promise<WindowInfo | null> {
+  const ms = prepared.timeoutMs;
+  let reply: unknown;
+  try {
+    const conn = await ready(redis, ms);
+    const tag = prepared.keys[1].slice(0, prepared.keys[1].lastIndexOf(":"));
+    const keys = [prepared.keys[0], prepared.keys[1], statsKey(tag)];
+    reply = await evalOnce(conn, CANCEL, keys, [prepared.ident, "", String(prepared.historyTtlMs), "", "1"], ms);
+  } catch (exc) {
+    throw operatorError(exc, `the cancel of ${prepared.task}'s window`, true);
+  }
+  if (!Array.isArray(reply)) return null;
+  const [taskId, calls, firstSeen, deadline, maxWait] = reply as unknown[];
   return { taskId: String(taskId), firstSeenMs: Number(firstSeen), deadlineMs: Number(deadline),
     maxWaitMs: Number(maxWait), calls: Number(calls) };
 }
