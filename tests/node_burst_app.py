@@ -31,7 +31,7 @@ app = make_app(
 
 def _ran(task: Any, args: Any, kwargs: Any) -> list[Any]:
     queue = (task.request.delivery_info or {}).get("routing_key")
-    return [task.name, args, kwargs, task.request.debounce_calls, queue]
+    return [task.name, args, kwargs, getattr(task.request, "debounce_calls", None), queue]
 
 
 _common: dict[str, Any] = {"base": DebouncedTask, "shared": False, "bind": True}

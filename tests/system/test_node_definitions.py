@@ -205,3 +205,45 @@ def test_a_node_cancel_never_runs_the_window_and_its_ids_are_revoked_by_the_disp
             with pytest.raises(TaskRevokedError):
                 result.get(timeout=5)
     assert "succeeded" not in (tmp_path / "worker.log").read_text()  # nothing ran
+
+
+def test_with_on_outage_publish_a_node_call_the_store_cannot_take_runs_once_plainly(
+    store: Store, node_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onOutage: "publish" with redisBroker: once the store's client is gone, each call
+    of a task whose definition was read before is published as a plain message on the
+    task's route, in kombu's Redis format, and a real worker consuming only that queue
+    runs each once with its arguments (a collect task's run gets a list of that one
+    call); a task whose definition was never read is not published (its route and shape
+    are unknown): the outage is raised, nothing sent."""
+    module = _app_module(store, monkeypatch)
+    app: Celery = module.app
+    windows = store_for(app)
+    broker = f"{store.env['DEBOUNCE_TEST_REDIS_URL']}/1"
+    env = {**os.environ, **store.env}
+    outage = {"publish": "__broker__", "onOutage": "publish", "timeout": "1s"}
+    with celery_worker("node_burst_app", tmp_path / "worker.log", env, "prefork", queues="reports"):
+        wait_until(lambda: windows.task_definition("proj.gather") is not None, timeout=20)
+        calls = [
+            ["proj.digest", {"args": ["O"]}, None, "pending"],  # reads the definitions
+            ["proj.gather", {"args": ["O"]}, None, "pending"],
+            ["__close__", {}, None],
+            ["proj.digest", {"args": ["O", 7]}, outage],
+            ["proj.gather", {"kwargs": {"user_id": "O", "n": 2}}, outage],
+            ["proj.capped", {"args": ["O"]}, outage],
+        ]
+        _, _, digest, gather, unread = node_calls(
+            node_package, store.node_url, calls, postgres=store.postgres_url, broker=broker
+        )
+        assert unread["error"] == "DebounceBackendError", unread
+        assert "not published plainly either" in unread["message"]
+        ran = [app.AsyncResult(i).get(timeout=60) for i in (digest, gather)]
+    assert ran[0] == ["proj.digest", ["O"], {"n": 7}, None, "reports"], ran
+    task, ids, kwargs, _, queue = ran[1]
+    assert (task, ids, kwargs, queue) == (
+        "proj.gather",
+        ["O"],
+        [{"user_id": "O", "n": 2}],
+        "reports",
+    ), ran
+    assert not list_windows(app)  # no window: each ran plainly, once

@@ -8,6 +8,21 @@ import type { GateResult } from "./plan.js";
 const breakers = new WeakMap<object, { until: number; probing: boolean }>();
 let openBreakers = 0;
 
+/** The errors of calls the store did not take for an outage (nothing reached it, no reply
+ * came, the breaker was open): what `onOutage: "publish"` publishes plainly. */
+const outages = new WeakSet<Error>();
+
+/** `error`, marked as an outage's (Python's producer/outage.py outage_kind). */
+export function outage<E extends Error>(error: E): E {
+  outages.add(error);
+  return error;
+}
+
+/** Whether `error` is an outage's (see `outage`). */
+export function isOutage(error: unknown): boolean {
+  return error instanceof Error && outages.has(error);
+}
+
 /** Whether any client's breaker is open (the hot path looks no further when none is). */
 export function anyBreakerOpen(): boolean {
   return openBreakers > 0;
@@ -19,9 +34,9 @@ export function breakerRefusal(client: object, timeoutMs: number): Error | undef
   const breaker = breakers.get(client);
   if (breaker === undefined) return undefined;
   if (Date.now() < breaker.until || breaker.probing) {
-    return new DebounceBackendError(
+    return outage(new DebounceBackendError(
       `the store did not answer a call within its timeout (${timeoutMs} ms): calls fail at ` +
-      "once until one call finds it back (outageProbeInterval); nothing was sent");
+      "once until one call finds it back (outageProbeInterval); nothing was sent"));
   }
   breaker.probing = true;
   return undefined;

@@ -3,9 +3,12 @@
  * gate script that the Python package's dispatcher and workers read, or one call of its
  * SQL function on the PostgreSQL store (docs/contract.md).
  */
-import { anyBreakerOpen, breakerRefusal, watched } from "./breaker.js";
+import { anyBreakerOpen, breakerRefusal, isOutage, watched } from "./breaker.js";
+import { type CeleryMessage, plainMessage } from "./broker.js";
 import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitions.js";
-import { DebounceBulkError, DebounceConfigError, DebounceOutcomeUnknown } from "./errors.js";
+import {
+  DebounceBackendError, DebounceBulkError, DebounceConfigError, DebounceOutcomeUnknown,
+} from "./errors.js";
 import {
   type Call, checkedOptions, checkedPrefix, checkedTask, type DebounceOptions, type GateResult,
   maxAgeOf, NO_OPTIONS, plans, prepare, type PreparedCall, probeOf, sameValues, timeoutOf,
@@ -32,6 +35,7 @@ export {
   prepare, type Call, type DebounceOptions, type GateResult, type PreparedCall, type WindowInfo,
 } from "./plan.js";
 export { sendGate } from "./redis.js";
+export { type BrokerRedis, type CeleryMessage, type Publisher, redisBroker } from "./broker.js";
 
 /** An ioredis client (or Cluster) of the Redis store, or a node-postgres Pool of the
  * PostgreSQL store. */
@@ -95,6 +99,54 @@ function definitionFor(client: Client, task: string,
  * task's published definition says. */
 export function gate(client: Client, task: string, call: Call,
                      options?: DebounceOptions): Promise<GateResult> {
+  const done = gateOnce(client, task, call, options);
+  return options?.onOutage === "publish"
+    ? done.catch((exc: unknown) => publishPlainly(exc, client, task, call, options))
+    : done;
+}
+
+/** After a call the store did not take for an outage, with `onOutage: "publish"`: the call
+ * as a plain message, undebounced (Python's Fallback). */
+async function publishPlainly(exc: unknown, client: Client, task: string, call: Call,
+                              options: DebounceOptions): Promise<GateResult> {
+  const p = prepare(task, call, options, false, plainRoute(exc, client, task, options));
+  const id = await sendPlain(exc, options, plainMessage(task, p.encoded, p.optionsJson, p.collect,
+    call?.taskId));
+  const now = Date.now();
+  return { taskId: id, opened: false, deadlineMs: now, calls: 1, nowMs: now, edge: "", published: true };
+}
+
+/** The definition a plain message of `task` is made by: the one this client read last,
+ * however old (null: it read that the task has none, and the call's options are the
+ * task's). A task whose definition was never read is not published: its route and its
+ * shape (a collect task's run takes a list) are unknown, so `exc` is raised. */
+function plainRoute(exc: unknown, client: Client, task: string,
+                    options: DebounceOptions): TaskDefinition | null {
+  if (!isOutage(exc)) throw exc;
+  const t = targetOf(client, task, options);
+  const definition = cachedDefinition(client, t.cacheKey, task, Infinity);
+  if (definition === undefined) {
+    (exc as Error).message += "; not published plainly either (onOutage=\"publish\"): this " +
+      "client has not read the task's definition yet, so its route and shape are unknown";
+    throw exc;
+  }
+  return definition;
+}
+
+/** `message` sent by the caller's publisher; its id. */
+async function sendPlain(exc: unknown, options: DebounceOptions, message: CeleryMessage): Promise<string> {
+  try {
+    await options.publish!(message);
+  } catch (error) {
+    throw new DebounceBackendError(
+      `${(exc as Error).message}; publishing the call plainly (onOutage="publish") failed ` +
+      `too: ${error instanceof Error ? error.message : String(error)}`);
+  }
+  return String(message.headers.id);
+}
+
+function gateOnce(client: Client, task: string, call: Call,
+                  options?: DebounceOptions): Promise<GateResult> {
   let t: Target;
   let found: TaskDefinition | null | Promise<TaskDefinition | null>;
   try {
@@ -204,7 +256,20 @@ export async function debounceMany(client: Client, task: string, calls: readonly
     throw new DebounceConfigError(`chunkSize=${JSON.stringify(chunkSize)}: expected a positive integer`);
   }
   if (!Array.isArray(calls)) throw new DebounceConfigError("calls: expected an array of calls");
-  const [t, definition, cluster] = await resolved(client, task, options);
+  let t: Target, definition: TaskDefinition | null, cluster: boolean;
+  try {
+    [t, definition, cluster] = await resolved(client, task, options);
+  } catch (exc) {
+    if (options?.onOutage !== "publish") throw exc;
+    const route = plainRoute(exc, client, task, options);
+    const messages = calls.map((call) => {  // every call checked before any is sent
+      const p = prepare(task, call, options, false, route);
+      return plainMessage(task, p.encoded, p.optionsJson, p.collect, call?.taskId);
+    });
+    const ids: string[] = [];
+    for (const message of messages) ids.push(await sendPlain(exc, options, message));
+    return ids;
+  }
   const prepared = calls.map((call) => prepare(task, call, options, cluster, definition));
   const outcomes: (GateResult | Error)[] = t.session !== undefined
     ? (await postgresMany(client as PostgresPool, t.session, prepared.map(postgresCall), chunkSize))
@@ -213,6 +278,19 @@ export async function debounceMany(client: Client, task: string, calls: readonly
   const errors = new Map<number, Error>();
   outcomes.forEach((o, i) => { if (o instanceof Error) errors.set(i, o); });
   const taskIds = outcomes.map((o) => (o instanceof Error ? null : o.taskId));
+  if (options?.onOutage === "publish") {  // the calls an outage kept out: published plainly
+    for (const [i, error] of [...errors]) {
+      if (!isOutage(error)) continue;
+      const p = prepared[i];
+      try {
+        taskIds[i] = await sendPlain(error, options, plainMessage(task, p.encoded, p.optionsJson,
+          p.collect, calls[i]?.taskId));
+        errors.delete(i);
+      } catch (failed) {
+        errors.set(i, failed as Error);
+      }
+    }
+  }
   if (errors.size) {
     const unknown = [...errors].filter(([, e]) => e instanceof DebounceOutcomeUnknown).map(([i]) => i);
     const first = errors.values().next().value as Error;

@@ -6,6 +6,7 @@ import { BindError, bindArguments, UnusableDefault } from "./binding.js";
 import { CONTRACT_VERSION } from "./contract.js";
 import type { TaskDefinition } from "./definitions.js";
 import { type Duration, parseDuration } from "./durations.js";
+import type { Publisher } from "./broker.js";
 import { DebounceConfigError, DebounceKeyError, DebouncePayloadError } from "./errors.js";
 import { blake2bHex } from "./hashes.js";
 import { dueKey, openKeyStart, shardOf, shardTag, windowIdent } from "./layout.js";
@@ -58,11 +59,16 @@ export interface DebounceOptions {
   routingKey?: string;
   exchange?: string;
   priority?: number;
-  /** What a call does when the store does not answer: "raise" (the default; Python's
-   * `debounce_on_outage`). After a call that waited its whole `timeout`, calls fail at
-   * once for `outageProbeInterval` (default 1 s), then one call at a time tries again. */
-  onOutage?: "raise";
+  /** What a call does when the store does not answer (Python's `debounce_on_outage`):
+   * "raise" (the default), or "publish": the call is published as a plain Celery message
+   * through `publish`, undebounced (it runs once). After a call that waited its whole
+   * `timeout`, calls fail (or publish) at once for `outageProbeInterval` (default 1 s),
+   * then one call at a time tries the store again. */
+  onOutage?: "raise" | "publish";
   outageProbeInterval?: Duration;
+  /** With `onOutage: "publish"`, what sends a plain message to the broker
+   * (`redisBroker(client)` for Celery's Redis broker, or your own). */
+  publish?: Publisher;
   /** `debounce_key_prefix` (default "debounce"). */
   prefix?: string;
   /** `debounce_shards` (default 1). */
@@ -81,7 +87,7 @@ export interface DebounceOptions {
 const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "maxCalls", "leading", "trailing",
   "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge",
   "schema", "exclusive", "queue", "routingKey", "exchange", "priority", "onOutage",
-  "outageProbeInterval"];
+  "outageProbeInterval", "publish"];
 
 /** Python's `debounce_history_ttl` default (ms). */
 const DEFAULT_HISTORY_TTL_MS = 3_600_000;
@@ -110,6 +116,11 @@ export interface PreparedCall {
   exclusive: boolean;
   /** `debounce_history_ttl` in ms (the counters' and quiet periods' TTL). */
   historyTtlMs: number;
+  /** `[args, kwargs` as the body opens with them (a plain message's body starts so). */
+  encoded: string;
+  /** `debounce_collect`, and the options JSON the window stores (route, priority...). */
+  collect: boolean;
+  optionsJson: string;
 }
 
 /** A pending window, as an operator's read or flush gives it back (store time, ms). */
@@ -131,6 +142,9 @@ export interface GateResult {
   /** "lead" (this call runs at once) or "suppressed" (folded into the leading run
    * `taskId`) for a call with `leading`, else "". */
   edge: string;
+  /** True when the store was out and the call was published as a plain message
+   * (`onOutage: "publish"`): `taskId` is that message's, and it runs once. */
+  published?: boolean;
 }
 
 function distance(a: string, b: string): number {
@@ -395,12 +409,16 @@ function messageOptions(options: DebounceOptions, d: TaskDefinition | null,
   return Object.keys(out).length ? JSON.stringify(out) : "";
 }
 
-/** `outageProbeInterval` in ms (after `onOutage` is checked: Node raises only). */
+/** `outageProbeInterval` in ms (after `onOutage` and `publish` are checked). */
 export function probeOf(options: DebounceOptions): number {
-  if (options.onOutage !== undefined && options.onOutage !== "raise") {
+  if (options.onOutage !== undefined && options.onOutage !== "raise" && options.onOutage !== "publish") {
     throw new DebounceConfigError(
-      `onOutage=${JSON.stringify(options.onOutage)}: a Node producer can only raise (it ` +
-      "has no broker connection to publish the call plainly, as Python's \"publish\" does)");
+      `onOutage=${JSON.stringify(options.onOutage)}: expected "raise" or "publish"`);
+  }
+  if (options.onOutage === "publish" && typeof options.publish !== "function") {
+    throw new DebounceConfigError(
+      `onOutage="publish" needs publish: a function that sends a plain message to the broker ` +
+      "(redisBroker(client) for Celery's Redis broker); got " + typeof options.publish);
   }
   return options.outageProbeInterval === undefined ? DEFAULT_PROBE_MS
     : parseDuration("outageProbeInterval", options.outageProbeInterval);
@@ -542,7 +560,7 @@ export function prepare(task: string, call: Call, options?: DebounceOptions,
   }
   return {
     task, key, ident, shard, body, timeoutMs: plan.timeoutMs, exclusive: plan.exclusive,
-    historyTtlMs: plan.historyTtlMs,
+    historyTtlMs: plan.historyTtlMs, encoded, collect: plan.collect, optionsJson: plan.optionsJson,
     keys: [keys[0] + ident, keys[1]],
     // a fresh id: a caller's own id needs the fixed-id ARGV group (aliases), not offered here
     argv: [fixed ?? randomUUID(), plan.windowText, plan.maxWaitText, plan.versionReplace, "", body,

@@ -8,6 +8,7 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceError,
   DebounceOutcomeUnknown,
 } from "./errors.js";
+import { outage } from "./breaker.js";
 import { POSTGRES_SCHEMA_VERSION } from "./gate-script.js";
 import { MAX_ALIASES, chunked, type WindowInfo } from "./plan.js";
 
@@ -351,8 +352,8 @@ function translate(exc: unknown, what: string, written: boolean): Error {
   const message = exc instanceof Error ? exc.message : String(exc);
   const code = (exc as { code?: unknown }).code;
   if (exc instanceof NotSent) {
-    return new DebounceBackendError(
-      `debounce PostgreSQL unreachable for ${what} (${message}); nothing was sent`);
+    return outage(new DebounceBackendError(
+      `debounce PostgreSQL unreachable for ${what} (${message}); nothing was sent`));
   }
   if (typeof code === "string" && SQLSTATE.test(code)) {
     if (code === "DBR01") return new DebounceConfigError(`replacePayload=true: ${message}`);
@@ -365,9 +366,9 @@ function translate(exc: unknown, what: string, written: boolean): Error {
       `debounce PostgreSQL refused ${what} (${code}: ${message}); nothing was written`);
   }
   if (!written) {
-    return new DebounceBackendError(`debounce PostgreSQL: ${what} failed (${message})`);
+    return outage(new DebounceBackendError(`debounce PostgreSQL: ${what} failed (${message})`));
   }
-  return new DebounceOutcomeUnknown(
+  return outage(new DebounceOutcomeUnknown(
     `the reply to ${what} was lost (${message}); the outcome is unknown: it may or may not ` +
-    "have run, and it was not sent again");
+    "have run, and it was not sent again"));
 }

@@ -7,6 +7,7 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceOutcomeUnknown,
 } from "./errors.js";
 import { CANCEL_SCRIPT, FLUSH_SCRIPT, GATE_SCRIPT } from "./gate-script.js";
+import { outage } from "./breaker.js";
 import { leasedKey, shardWakeChannel, statsKey, tasksKey, wakeChannel } from "./layout.js";
 import {
   DEFAULT_TIMEOUT_MS, chunked, type GateResult, type PreparedCall, type WindowInfo,
@@ -168,12 +169,12 @@ function translate(exc: unknown, task: string): Error {
   }
   if (isReply) return new DebounceBackendError(`debounce Redis refused the gate call of ${task}: ${message}`);
   if (exc instanceof NotSent) {
-    return new DebounceBackendError(
-      `debounce Redis unreachable for the gate call of ${task} (${message}); nothing was sent`);
+    return outage(new DebounceBackendError(
+      `debounce Redis unreachable for the gate call of ${task} (${message}); nothing was sent`));
   }
-  return new DebounceOutcomeUnknown(
+  return outage(new DebounceOutcomeUnknown(
     `the reply to the gate call of ${task} was lost (${message}); the outcome is unknown: it ` +
-    "may or may not have run, and it was not sent again");
+    "may or may not have run, and it was not sent again"));
 }
 
 /** The definition JSON of `task` (HGET `<prefix>:tasks`), on the gate's connection. */
@@ -187,11 +188,11 @@ export async function readDefinition(redis: RedisClient, prefix: string, task: s
   } catch (exc) {
     const message = exc instanceof Error ? exc.message : String(exc);
     if (exc instanceof NotSent) {
-      throw new DebounceBackendError(
-        `debounce Redis unreachable for reading the definition of ${task} (${message}); nothing was sent`);
+      throw outage(new DebounceBackendError(
+        `debounce Redis unreachable for reading the definition of ${task} (${message}); nothing was sent`));
     }
-    throw new DebounceBackendError(
-      `debounce Redis: the definition of ${task} could not be read (${message}); nothing was written`);
+    throw outage(new DebounceBackendError(
+      `debounce Redis: the definition of ${task} could not be read (${message}); nothing was written`));
   }
 }
 

@@ -11,7 +11,7 @@ import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
   DebounceBulkError, DebounceOutcomeUnknown,
   GATE_SCRIPT, debounce, debounceMany, flushWindow, gate,
-  prepare, sendGate,
+  prepare, redisBroker, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
 import { freePort, silentServer, startRedis } from "./redis-server.mjs";
@@ -203,6 +203,68 @@ test("a gate call whose reply is lost is outcome-unknown and is not sent again",
     client.disconnect();
     await link.close();
   }
+});
+
+test("onOutage \"publish\": a call the store cannot take is one plain message, through the publisher given", async () => {
+  await redis.flushdb();
+  const client = new Redis(server.port, "127.0.0.1");
+  const sent = [];
+  const options = { ...OPTIONS, onOutage: "publish", publish: async (m) => { sent.push(m); },
+    queue: "reports", priority: 5 };
+  await debounce(client, "proj.build_report", { args: ["u1"] }, options);  // the task has no definition
+  assert.equal(sent.length, 0);  // the store took it
+  const ended = once(client, "end");
+  client.disconnect();  // the store is gone from here on
+  await ended;
+  await sleep(50);  // the gate's own connection closes on the client's end
+  const result = await gate(client, "proj.build_report",
+    { args: ["u2"], kwargs: { n: 1 }, taskId: "mine" }, options);
+  assert.deepEqual([result.published, result.taskId, result.opened], [true, "mine", false]);
+  assert.equal(sent.length, 1);
+  const [m] = sent;
+  assert.deepEqual([m.queue, m.routingKey, m.exchange, m.priority], ["reports", "reports", "", 5]);
+  assert.deepEqual([m.headers.task, m.headers.id, m.headers.root_id, m.headers.lang, m.headers.retries],
+    ["proj.build_report", "mine", "mine", "py", 0]);
+  assert.equal(m.properties.correlation_id, "mine");
+  assert.deepEqual(JSON.parse(m.body), [["u2"], { n: 1 }, {}]);
+  const id = await debounce(client, "proj.build_report", { args: ["u3"] }, options);
+  assert.equal(sent[1].headers.id, id);  // a fresh id, the message's
+  await assert.rejects(debounce(client, "proj.build_report", { args: ["u4"] },
+    { ...options, publish: async () => { throw new Error("broker down"); } }),
+  (exc) => exc instanceof DebounceBackendError && /failed too: broker down/.test(exc.message));
+  await assert.rejects(debounce(client, "proj.build_report", { args: ["u5"] }, OPTIONS),
+    (exc) => exc instanceof DebounceBackendError && !/plainly/.test(exc.message));  // "raise"
+  await assert.rejects(debounce(client, "proj.other", { args: ["u6"] }, options),  // never read
+    (exc) => exc instanceof DebounceBackendError && /not published plainly either/.test(exc.message));
+  assert.equal(sent.length, 2);
+  assert.deepEqual(await redis.keys("debounce:{0}:open:*"), [OPEN]);  // u1's alone: none of them
+});
+
+test("onOutage is \"raise\" or \"publish\", and \"publish\" needs a publisher", async () => {
+  await assert.rejects(debounce(redis, "proj.t", { args: [1] }, { ...OPTIONS, onOutage: "publish" }),
+    (exc) => exc instanceof DebounceConfigError && /needs publish/.test(exc.message));
+  await assert.rejects(debounce(redis, "proj.t", { args: [1] }, { ...OPTIONS, onOutage: "later" }),
+    (exc) => exc instanceof DebounceConfigError && /expected "raise" or "publish"/.test(exc.message));
+});
+
+test("redisBroker writes kombu's Redis envelope on the queue's list, a priority on kombu's step list", async () => {
+  await redis.flushdb();
+  const publish = redisBroker(redis);
+  const message = { queue: "reports", exchange: "", routingKey: "reports", priority: 5,
+    headers: { task: "t", id: "i" }, body: "[[1], {}, {}]", contentType: "application/json",
+    contentEncoding: "utf-8", properties: { correlation_id: "i", reply_to: "", delivery_mode: 2 } };
+  await publish(message);
+  await publish({ ...message, priority: 0 });
+  const stepped = JSON.parse(await redis.rpop("reports\x06\x163"));
+  assert.equal(Buffer.from(stepped.body, "base64").toString(), "[[1], {}, {}]");
+  assert.deepEqual([stepped["content-type"], stepped["content-encoding"], stepped.headers],
+    ["application/json", "utf-8", { task: "t", id: "i" }]);
+  assert.deepEqual([stepped.properties.body_encoding, stepped.properties.priority,
+    stepped.properties.delivery_info], ["base64", 5, { exchange: "", routing_key: "reports" }]);
+  assert.equal(await redis.llen("reports"), 1);
+  const prefixed = new Redis({ lazyConnect: true, keyPrefix: "app:" });
+  assert.throws(() => redisBroker(prefixed), DebounceConfigError);
+  prefixed.disconnect();
 });
 
 test("a flush whose reply is lost is outcome-unknown, ran once and is not sent again", async () => {
