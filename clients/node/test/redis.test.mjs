@@ -10,7 +10,7 @@ import { after, before, test } from "node:test";
 import {
   DebounceBackendError, DebounceConfigError, DebounceContractMismatch, DebounceKeyError,
   DebounceBulkError, DebounceOutcomeUnknown,
-  GATE_SCRIPT, debounce, debounceMany, flushWindow, gate,
+  GATE_SCRIPT, cancelWindow, debounce, debounceMany, flushWindow, gate, pendingWindow,
   prepare, redisBroker, sendGate,
 } from "../dist/esm/index.js";
 import { flatScript } from "../scripts/build.mjs";
@@ -136,6 +136,14 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
     const first = await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS);
     assert.equal(await debounce(limited, "proj.build_report", { args: ["u1"] }, OPTIONS), first);
     assert.equal(await redis.hget(OPEN, "n"), "2");
+    // the operators' calls too: a definition read (HGET), a read, a flush, a cancel
+    const second = await debounce(limited, "proj.build_report", { args: ["u2"] }, OPTIONS);
+    const u1 = { args: ["u1"] };
+    assert.equal((await pendingWindow(limited, "proj.build_report", u1, OPTIONS)).taskId, first);
+    assert.equal((await flushWindow(limited, "proj.build_report", u1, OPTIONS)).taskId, first);
+    const u2 = { args: ["u2"] };
+    assert.equal((await cancelWindow(limited, "proj.build_report", u2, OPTIONS)).taskId, second);
+    assert.equal(await redis.zscore("debounce:{0}:expiring", second), "0");  // handed to the sweep
   } finally {
     limited.disconnect();
     await redis.call("ACL", "DELUSER", "debouncer");
