@@ -36,19 +36,28 @@ const CARRIED = new Set(["queue", "routing_key", "exchange", "priority", "header
 /** Headers that belong to a window's run, never to a plain message. */
 const WINDOW_HEADERS = ["debounce_exclusive"];
 
+/** The stored options `optionsJson` of a call of `task`, refused (DebounceConfigError)
+ * when a plain message could not carry them: checked on every call with
+ * `onOutage: "publish"`, so a call refused during an outage was refused before it too. */
+export function checkPublishable(task: string, optionsJson: string): Record<string, unknown> {
+  const options = optionsJson ? JSON.parse(optionsJson) as Record<string, unknown> : {};
+  const other = Object.keys(options).filter((name) => !CARRIED.has(name));
+  if (other.length) {
+    throw new DebounceConfigError(
+      `${task}: onOutage="publish" cannot publish a plain message with the option(s) ` +
+      `${other.join(", ")} (a Node producer builds the message itself; use onOutage ` +
+      '"raise" for this task): nothing was sent');
+  }
+  return options;
+}
+
 /** The plain message of one call of `task`: `args`/`kwargs` already encoded as the
  * body's first two items (`encoded`, "[args, kwargs"), its stored options JSON, a collect
  * task's run given a list of this one call (as Python's `single_call_args`). Throws
  * DebounceConfigError naming what a plain message cannot carry. */
 export function plainMessage(task: string, encoded: string, optionsJson: string, collect: boolean,
                              taskId?: string): CeleryMessage {
-  const options = optionsJson ? JSON.parse(optionsJson) as Record<string, unknown> : {};
-  const other = Object.keys(options).filter((name) => !CARRIED.has(name));
-  if (other.length) {
-    throw new DebounceConfigError(
-      `${task}: onOutage="publish" cannot publish a plain message with the option(s) ` +
-      `${other.join(", ")} (a Node producer builds the message itself): nothing was sent`);
-  }
+  const options = checkPublishable(task, optionsJson);
   const id = taskId ?? randomUUID();
   const headers: Record<string, unknown> = { ...(options.headers as Record<string, unknown>) };
   for (const name of WINDOW_HEADERS) delete headers[name];

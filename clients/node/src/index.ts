@@ -4,7 +4,7 @@
  * SQL function on the PostgreSQL store (docs/contract.md).
  */
 import { anyBreakerOpen, breakerRefusal, isOutage, watched } from "./breaker.js";
-import { type CeleryMessage, plainMessage } from "./broker.js";
+import { type CeleryMessage, checkPublishable, plainMessage } from "./broker.js";
 import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitions.js";
 import {
   DebounceBackendError, DebounceBulkError, DebounceConfigError, DebounceOutcomeUnknown,
@@ -223,9 +223,12 @@ function send(client: Client, session: PostgresSession | undefined, task: string
               definition: TaskDefinition | null): Promise<GateResult> {
   if (session === undefined) {
     const redis = client as RedisClient;
-    return sendGate(redis, prepare(task, call, options, isCluster(redis), definition));
+    const prepared = prepare(task, call, options, isCluster(redis), definition);
+    if (options?.onOutage === "publish") checkPublishable(task, prepared.optionsJson);
+    return sendGate(redis, prepared);
   }
   const p = prepare(task, call, options, false, definition);
+  if (options?.onOutage === "publish") checkPublishable(task, p.optionsJson);
   return postgresGate(client as PostgresPool, session, postgresCall(p)).then(fromRow);
 }
 
@@ -271,6 +274,7 @@ export async function debounceMany(client: Client, task: string, calls: readonly
     return ids;
   }
   const prepared = calls.map((call) => prepare(task, call, options, cluster, definition));
+  if (options?.onOutage === "publish") for (const p of prepared) checkPublishable(task, p.optionsJson);
   const outcomes: (GateResult | Error)[] = t.session !== undefined
     ? (await postgresMany(client as PostgresPool, t.session, prepared.map(postgresCall), chunkSize))
       .map((o) => (o instanceof Error ? o : fromRow(o)))

@@ -57,6 +57,19 @@ test("a call with no options takes the task's window, route and binding", async 
   assert.equal(await redis.hget(open, "mw"), "1800000");
 });
 
+test("onOutage \"publish\": a task whose options a plain message cannot carry is refused on every call", async () => {
+  const redis = await fresh();
+  await publish(redis, "proj.zipped", { options: '{"queue": "reports", "compression": "zlib"}' });
+  const options = { onOutage: "publish", publish: async () => {} };
+  for (const attempt of [() => debounce(redis, "proj.zipped", { args: ["u1"] }, options),
+    () => debounceMany(redis, "proj.zipped", [{ args: ["u1"] }], options)]) {
+    await assert.rejects(attempt(), (exc) => exc instanceof DebounceConfigError &&
+      /cannot publish a plain message with the option\(s\) compression/.test(exc.message));
+  }
+  assert.deepEqual(await redis.keys("debounce:{0}:open:*"), []);  // nothing written
+  assert.equal(typeof await debounce(redis, "proj.zipped", { args: ["u1"] }), "string");  // "raise"
+});
+
 test("options on the call override the task's", async () => {
   const redis = await fresh();
   await publish(redis, "proj.digest", { key: "d:{user_id}" });
