@@ -272,3 +272,33 @@ def test_a_role_granted_before_an_upgrade_keeps_every_right_after_it(
         _sql(owner, f'DROP SCHEMA "{schema}" CASCADE')
         _sql(owner, "DROP ROLE granted")
         _sql(owner, "DROP ROLE bystander")
+
+
+def test_a_function_a_migration_adds_at_the_same_version_is_the_granted_role_s_too(
+    postgres_server: LocalPostgres,
+) -> None:
+    """A deployment that revokes EXECUTE from PUBLIC by default: a function a later
+    release adds without a new schema version (applied by ``migrate``) can be executed
+    by the role granted before, not by others."""
+    schema = f"refn_{int(time.time() * 1000) % 10**9}"
+    owner = postgres_server.url()
+    signature = f'"{schema}".debounce_cancel_revoking(text, text, bigint)'
+    _sql(owner, "CREATE ROLE granted_fn LOGIN")
+    try:
+        with PostgresStore(owner, timeout=2.0, schema=schema) as store:
+            store.migrate()
+            store.grant("granted_fn")
+            _sql(owner, "ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")
+            _sql(owner, f"DROP FUNCTION {signature}")  # as a release before it had none
+            store.migrate()
+        rights = _sql(
+            owner,
+            f"SELECT has_function_privilege('granted_fn', '{signature}', 'EXECUTE'), "
+            f"has_function_privilege('public', '{signature}', 'EXECUTE')",
+        )
+        assert rights == [(True, False)]
+    finally:
+        _sql(owner, "ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC")
+        _sql(owner, f'DROP SCHEMA "{schema}" CASCADE')
+        _sql(owner, "DROP OWNED BY granted_fn")
+        _sql(owner, "DROP ROLE granted_fn")

@@ -160,15 +160,16 @@ def _changes(sql: str) -> bool:
 def steps_to(found: int | None, version: int) -> list[str]:
     """The SQL that takes a schema of version ``found`` (None: none) to ``version``:
     its steps, then, at this package's version, every function (so that each migration
-    to it applies them, whatever it found), then, after an upgrade, the grants again
-    (:func:`regrants_sql`). Nothing below this package's version when the schema is
-    there already (the Django migrations, one per version)."""
+    to it applies them, whatever it found), then the grants again (:func:`regrants_sql`:
+    a function or table added since ``migrate --grant-to`` is the granted role's too).
+    Nothing below this package's version when the schema is there already (the Django
+    migrations, one per version)."""
     first = [schema_sql()] if found is None else []
     steps = first + [UPGRADES[v] for v in range(found or 1, version)]
     steps = [step for step in steps if _changes(step)]
     if version == SCHEMA_VERSION:
         steps.append(functions_sql())
-    if found is not None and found < version:
+    if version == SCHEMA_VERSION or (found is not None and found < version):
         steps.append(regrants_sql())
     return steps
 
