@@ -51,6 +51,11 @@ export interface DebounceOptions {
   /** PostgreSQL: `debounce_postgres_schema` (default: the schema `prefix` names, none for
    * the default prefix: the connection's search_path). */
   schema?: string;
+  /** `debounce_collect`, a task option: the run gets every call of its window, as a list.
+   * For a task with a definition it must equal the task's (or be left out); for a task
+   * with none it declares that the task collects (Python's `send_task` of a task it has
+   * not registered). */
+  collect?: boolean;
   /** `debounce_exclusive`: runs of one key never overlap (default: the task's). */
   exclusive?: boolean;
   /** Celery's `queue`, `routing_key`, `exchange` and `priority` of the run's message
@@ -87,7 +92,7 @@ export interface DebounceOptions {
 const KNOWN = ["debounce", "maxWait", "key", "replacePayload", "maxCalls", "leading", "trailing",
   "prefix", "shards", "cluster", "maxKeyLength", "maxPayloadBytes", "timeout", "definitionMaxAge",
   "schema", "exclusive", "queue", "routingKey", "exchange", "priority", "onOutage",
-  "outageProbeInterval", "publish"];
+  "outageProbeInterval", "publish", "collect"];
 
 /** Python's `debounce_history_ttl` default (ms). */
 const DEFAULT_HISTORY_TTL_MS = 3_600_000;
@@ -336,7 +341,13 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   const replace = flag("replacePayload", options.replacePayload, d?.replace_payload ?? false);
   const maxCalls = maxCallsOf(options, d);
   const leading = flag("leading", options.leading, d?.leading ?? false);
-  const collect = d?.collect ?? false;
+  const collect = flag("collect", options.collect, d?.collect ?? false);
+  if (d !== null && collect !== d.collect) {
+    throw new DebounceConfigError(
+      `collect=${collect} on a call of ${task}, whose definition says ${d.collect}: it is a ` +
+      "task option (the task function takes either the list of calls or the call's own " +
+      "arguments; as in Python)");
+  }
   if (collect && (leading || replace)) {
     throw new DebounceConfigError(
       `${task} is debounce_collect: ${leading ? "leading=true" : "replacePayload=true"} cannot ` +
@@ -368,7 +379,7 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
     task, clusterClient, definition: d, values, template, prefix, shards, cluster, maxKeyLength,
     maxPayloadBytes, timeoutMs, maxAgeMs, probeMs, windowText: String(windowMs), maxWaitText,
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
-    optionsJson: messageOptions(options, d, exclusive),
+    optionsJson: messageOptions(options, d, exclusive, collect),
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
       collect ? maxPayloadBytes : null),
     collect, leadingOnly: leading && !trailing,
@@ -381,11 +392,12 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
 /** ARGV[7]: the options JSON the window stores: the definition's (a Python call's without
  * options of its own), with the call's routing and exclusive flag over it ('' for {}). */
 function messageOptions(options: DebounceOptions, d: TaskDefinition | null,
-                        exclusive: boolean): string {
+                        exclusive: boolean, collect: boolean): string {
   const base = d === null || d.options === "{}" ? "" : d.options;
   const routed = options.queue !== undefined || options.routingKey !== undefined ||
     options.exchange !== undefined || options.priority !== undefined;
-  if (!routed && exclusive === (d?.exclusive ?? false)) return base;
+  const declared = collect && d === null;  // the definition's options carry it otherwise
+  if (!routed && !declared && exclusive === (d?.exclusive ?? false)) return base;
   const out = (base ? JSON.parse(base) : {}) as Record<string, unknown>;
   const text = (name: string, value: unknown): string => {
     if (typeof value !== "string" || !value) {
@@ -404,7 +416,9 @@ function messageOptions(options: DebounceOptions, d: TaskDefinition | null,
     out.priority = p;
   }
   const headers = { ...(out.headers as Record<string, unknown> | undefined) };
-  if (exclusive) headers.debounce_exclusive = 1; else delete headers.debounce_exclusive;
+  delete headers.debounce_exclusive;
+  if (declared) headers.debounce_collect = 1;  // before exclusive, as Python writes them
+  if (exclusive) headers.debounce_exclusive = 1;
   if (Object.keys(headers).length) out.headers = headers; else delete out.headers;
   return Object.keys(out).length ? JSON.stringify(out) : "";
 }

@@ -257,6 +257,26 @@ test("a call of a collect task is an element of its window's list, as Python's",
     (e) => e instanceof DebouncePayloadError);
 });
 
+test("collect: a task with no definition is declared collecting per call; one with a definition keeps its own", async () => {
+  const redis = await fresh();
+  const options = { debounce: "1m", maxWait: "5m", key: "g:{user_id}", collect: true };
+  const first = await gate(redis, "proj.unpublished", { kwargs: { user_id: "u", n: 1 } }, options);
+  await gate(redis, "proj.unpublished", { kwargs: { user_id: "u", n: 2 } }, options);
+  const open = "debounce:{0}:open:16:proj.unpublished:g:u";
+  assert.ok(first.opened);
+  assert.equal(await redis.llen(`debounce:{0}:calls:${await redis.hget(open, "cl")}`), 2);
+  assert.deepEqual(JSON.parse(await redis.hget(open, "o")), { headers: { debounce_collect: 1 } });
+  await publish(redis, "proj.gather", { collect: true, signature: null, key: "g:{user_id}",
+    options: '{"headers": {"debounce_collect": 1}}' });
+  await publish(redis, "proj.digest");
+  for (const [task, collect] of [["proj.gather", false], ["proj.digest", true]]) {
+    await assert.rejects(debounce(redis, task, { kwargs: { user_id: "u" } }, { collect }),
+      (e) => e instanceof DebounceConfigError && /it is a task option/.test(e.message));
+  }
+  await assert.rejects(debounce(redis, "proj.x", { args: [1] }, { ...options, collect: "yes" }),
+    (e) => e instanceof DebounceConfigError && /collect="yes": expected true or false/.test(e.message));
+});
+
 test("a call's own task id opens the window under it, or is recorded as an alias", async () => {
   const redis = await fresh();
   await publish(redis, "proj.digest", { key: "{0}" });
