@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +57,25 @@ def _rows(url: str, sql: str) -> list[Any]:
         return cursor.fetchall() if cursor.description else []
 
 
+@contextmanager
+def _dropping(server: LocalPostgres, url: str, marker: bytes) -> Iterator[str]:
+    """``url`` through a proxy whose next message naming ``marker`` runs on the server
+    and loses its reply."""
+    proxy = PgProxy(server.port)
+    try:
+        proxy.drop_next(marker)
+        yield url.replace(f":{server.port}/", f":{proxy.port}/")
+    finally:
+        proxy.close()
+
+
 def test_a_lost_reply_is_outcome_unknown_and_the_call_is_written_once(
     node_package: Path, postgres_server: LocalPostgres, database: str
 ) -> None:
     url = postgres_server.url(database)
     _migrate(url)
-    proxy = PgProxy(postgres_server.port)
-    try:
-        through = url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
-        proxy.drop_next(b"debounce_gate")
+    with _dropping(postgres_server, url, b"debounce_gate") as through:
         out = node_calls(node_package, "", [CALL, CALL], postgres=through)
-    finally:
-        proxy.close()
     assert out[0]["error"] == "DebounceOutcomeUnknown", out
     assert isinstance(out[1], str), out  # the next call joined the window the first wrote
     assert _rows(url, "SELECT task_id, calls FROM debounce_open") == [(out[1], 2)]
@@ -216,18 +224,13 @@ def test_a_flush_whose_reply_is_lost_is_outcome_unknown_ran_once_and_is_not_sent
 ) -> None:
     url = postgres_server.url(database)
     _migrate(url)
-    proxy = PgProxy(postgres_server.port)
-    try:
-        through = url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
-        proxy.drop_next(b"debounce_close")
+    with _dropping(postgres_server, url, b"debounce_close") as through:
         opened, flushed, reopened, still = node_calls(
             node_package,
             "",
             [CALL, [*CALL, "flush"], CALL, ["__sleep__", {"ms": 300}], [*CALL, "pending"]],
             postgres=through,
         )
-    finally:
-        proxy.close()
     assert flushed["error"] == "DebounceOutcomeUnknown", flushed
     # never sent again: a second close would have closed the window opened after it
     assert reopened != opened and still["taskId"] == reopened, (opened, reopened, still)

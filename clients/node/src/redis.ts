@@ -353,7 +353,7 @@ export async function redisFlush(redis: RedisClient, prepared: PreparedCall, pre
     const conn = await ready(redis, ms);
     const sharded = isCluster(conn) && (scriptKnown.get(conn) ?? await scriptFor(conn)) === SHARDED;
     const script = sharded ? FLUSH_SHARDED : FLUSH;
-    const tag = prepared.keys[1].slice(0, prepared.keys[1].lastIndexOf(":"));
+    const tag = tagOf(prepared);
     const keys = [prepared.keys[0], prepared.keys[1], leasedKey(tag)];
     const argv = [prepared.ident, sharded ? shardWakeChannel(tag) : wakeChannel(prefix), "",
       String(recordTtlMs)];
@@ -363,8 +363,7 @@ export async function redisFlush(redis: RedisClient, prepared: PreparedCall, pre
   }
   if (!Array.isArray(reply)) return null;
   const [taskId, firstSeen, deadline, maxWait, calls] = reply as unknown[];
-  return { taskId: String(taskId), firstSeenMs: Number(firstSeen), deadlineMs: Number(deadline),
-    maxWaitMs: Number(maxWait), calls: Number(calls) };
+  return windowInfo(taskId, firstSeen, deadline, maxWait, calls);
 }
 
 /** Drop the pending window of a prepared call's (task, key) so that it never runs
@@ -376,14 +375,24 @@ export async function redisCancel(redis: RedisClient, prepared: PreparedCall):
   let reply: unknown;
   try {
     const conn = await ready(redis, ms);
-    const tag = prepared.keys[1].slice(0, prepared.keys[1].lastIndexOf(":"));
-    const keys = [prepared.keys[0], prepared.keys[1], statsKey(tag)];
-    reply = await evalOnce(conn, CANCEL, keys, [prepared.ident, "", String(prepared.historyTtlMs), "", "1"], ms);
+    const keys = [prepared.keys[0], prepared.keys[1], statsKey(tagOf(prepared))];
+    const argv = [prepared.ident, "", String(prepared.historyTtlMs), "", "1"];
+    reply = await evalOnce(conn, CANCEL, keys, argv, ms);
   } catch (exc) {
     throw operatorError(exc, `the cancel of ${prepared.task}'s window`, true);
   }
   if (!Array.isArray(reply)) return null;
   const [taskId, calls, firstSeen, deadline, maxWait] = reply as unknown[];
+  return windowInfo(taskId, firstSeen, deadline, maxWait, calls);
+}
+
+/** A script's reply fields as a WindowInfo. */
+function windowInfo(taskId: unknown, firstSeen: unknown, deadline: unknown, maxWait: unknown,
+                    calls: unknown): WindowInfo {
   return { taskId: String(taskId), firstSeenMs: Number(firstSeen), deadlineMs: Number(deadline),
     maxWaitMs: Number(maxWait), calls: Number(calls) };
 }
+
+/** The shard's tag of a prepared call (its due key without ":due"). */
+const tagOf = (prepared: PreparedCall): string =>
+  prepared.keys[1].slice(0, prepared.keys[1].lastIndexOf(":"));
