@@ -229,7 +229,9 @@ def test_a_take_stops_once_its_bodies_reach_its_bytes(harness: Harness) -> None:
     store = harness.build(dispatch_batch_bytes=50_000, dispatch_lease_ms=1_000, shards=1)
     gated = [gate(store, f"k{n}", window="1ms", max_wait="1s", pad="x" * 20_000) for n in range(6)]
     shard = gated[0].call.shard
-    first = take_due(store, shard)
+    latest = max(g.result.deadline_ms for g in gated)
+    wait_until(lambda: store.time_ms() > latest, timeout=5)  # all six due: a take's bytes decide
+    first = store.take(shard, 10).windows
     second = store.take(shard, 10).windows
     assert [len(first), len(second)] == [3, 3]
     for batch in (first, second):
