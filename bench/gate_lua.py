@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
-from celery_debounce.store.scripts import inline_includes, script_source
+from celery_debounce.store.redis.scripts import inline_includes, script_source
 
 STUB = r"""
 local hot
@@ -51,7 +51,7 @@ end
 def source_at(rev: str) -> str:
     """gate.lua at a git revision, its includes inlined."""
     raw = subprocess.run(
-        ["git", "show", f"{rev}:celery_debounce/lua/gate.lua"],
+        ["git", "show", f"{rev}:celery_debounce/store/redis/lua/gate.lua"],
         check=True,
         capture_output=True,
         text=True,

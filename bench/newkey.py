@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from celery_debounce.store import store_for
     from celery_debounce.store.codec import gate_args, gate_keys, parse_reply
     from celery_debounce.store.keys import window_ident
-    from celery_debounce.store.node import _pack
+    from celery_debounce.store.redis.node import _pack
     from celery_debounce.stored_call import new_task_id
     from celery_debounce.testing.servers import LocalRedis
 

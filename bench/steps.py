@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import celery_debounce.producer.task as task_module
-import celery_debounce.store.node as store_module
+import celery_debounce.store.redis.node as store_module
 from celery_debounce.store import store_for
 
 

@@ -44,7 +44,7 @@ def one(
     return Mutation(name, guarantee, (Edit(path, find, replace),), tests, pending)
 
 
-LUA = "celery_debounce/lua/"
+LUA = "celery_debounce/store/redis/lua/"
 CAP = "tests/producer/test_max_calls_and_steering.py::"
 EDGE = "tests/producer/test_leading_edge.py::"
 PKG = "celery_debounce/"
@@ -214,7 +214,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "no socket timeout on the package's Redis",
         "crash row 8: an unresponsive Redis is an error within the timeout, never a hang",
-        PKG + "store/connect.py",
+        PKG + "store/redis/connect.py",
         "socket_timeout=timeout,",
         "socket_timeout=None,",
         FAULTS + "test_an_unresponsive_redis_is_an_error_within_the_timeout",
@@ -427,7 +427,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a gate call is sent again after its reply was lost",
         "at most once: a script that changes windows is sent at most once per call",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "# READONLY: it did not run; the pool finds the master\n"
         "                    raise _lost(name, exc) from exc",
         "# READONLY: it did not run; the pool finds the master\n"
@@ -446,7 +446,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "cancel sent again without its per-call token",
         "at most once: a cancel whose reply was lost answers once; its result is revoked",
-        PKG + "store/operators.py",
+        PKG + "store/redis/operators.py",
         "[ident, task_id, self.settings.history_ttl_ms, token]",
         '[ident, task_id, self.settings.history_ttl_ms, ""]',
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]",
@@ -454,7 +454,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "flush_all's pipeline sent through redis-py (resent after a lost reply)",
         "at most once: flush_all flushes each window once and counts it",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         'return sum(1 for r in self.pipeline_once("flush", calls) if r)',
         'script = self.scripts["flush"]\n'
         "        with self.client.pipeline(False) as pipe:\n"
@@ -467,7 +467,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a combined write of gate calls that timed out is not caught (write timeout)",
         "at most once: a failed write of several calls makes each of them unknown",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "except LINK_ERRORS as exc:  # a timeout too: redis-py's is no ConnectionError",
         "except (redis.ConnectionError, OSError) as exc:",
         ONCE + "test_a_combined_write_of_gate_calls_that_times_out_makes_each_of_them_unknown",
@@ -475,7 +475,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a gate then WAIT whose write failed is taken for not run (write timeout)",
         "at most once: a failed write of a script then WAIT is an unknown outcome",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "if not cut_runs_nothing(wire):  # its first commands may have run",
         "if False:",
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault"
@@ -486,7 +486,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a lone gate call whose write timed out is sent again (write timeout)",
         "a write that timed out costs one timeout: a lone call is not sent again",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "if attempt == 2 or isinstance(exc, redis.TimeoutError):",
         "if attempt == 2:",
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-stall-write]",
@@ -494,7 +494,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a flush pipeline whose write failed after a complete flush is taken for not run",
         "at most once: a failed write of several calls makes each of them unknown",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "                        and cut_runs_nothing(wire)\n",
         "",
         ONCE + "test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone"
@@ -504,7 +504,7 @@ MUTATIONS: list[Mutation] = [
         "a cluster call whose connect timed out is not sent to the current master "
         "(connect timeout)",
         "a connect that timed out sent nothing: the slot table is read again",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "                conn: Any = checkout(pool)\n            except LINK_ERRORS as exc:",
         "                conn: Any = checkout(pool)\n"
         "            except (redis.ConnectionError, OSError) as exc:",
@@ -514,7 +514,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a cluster call redirected by ASK is sent to the importing node without ASKING",
         "a call for a migrating slot follows ASK: written once on the node that holds it",
-        PKG + "store/cluster.py",
+        PKG + "store/redis/cluster.py",
         '            self.ahead, self.elsewhere = [("ASKING",)], True',
         "            self.ahead, self.elsewhere = [], True",
         "tests/system/test_hostile_dist.py::"
@@ -523,7 +523,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a cluster script goes through the cluster client's retry",
         "inv 13 on a cluster: a script whose reply was lost is unknown, never sent again",
-        PKG + "store/cluster.py",
+        PKG + "store/redis/cluster.py",
         "            return self.send_on_node(\n"
         '                keys[0], [("EVALSHA", script.sha, len(keys), *keys, *args)], name, '
         "operation=name\n"
@@ -535,7 +535,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a lone cluster call whose write timed out is sent again (write timeout)",
         "a write that timed out on a cluster node costs one timeout: a lone call is not resent",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "                    if attempt >= 2 or isinstance(exc, redis.TimeoutError):\n",
         "                    if attempt >= 2:\n",
         ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
@@ -561,7 +561,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a bulk call's redis-py error reaches the caller raw",
         "ACL: every raw redis-py exception reaches the caller as a DebounceError",
-        PKG + "store/bulk.py",
+        PKG + "store/redis/bulk.py",
         "        self._rerun_missing(calls, outcomes, missing)\n"
         "        _translate_outcomes(outcomes)\n"
         "        return outcomes\n\n    def _rerun_missing(",
@@ -665,7 +665,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redis-py's URL error is shown",
         "no secret in any error or log: a URL redis-py cannot read",
-        PKG + "store/connect.py",
+        PKG + "store/redis/connect.py",
         "        return redis.Redis.from_url(settings.redis_url, **options)\n"
         "    except ValueError:\n"
         "        raise _unreadable_url(settings.redis_url) from None",
@@ -712,7 +712,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "no +switch-master watcher: pools stay on the old master until its demotion",
         "failover (Sentinel): calls accepted after the switch go to the new master",
-        PKG + "store/sentinel.py",
+        PKG + "store/redis/sentinel.py",
         "    SwitchWatcher(config, sentinel_kwargs, pool).start()",
         "    pass",
         "tests/store/test_sentinel.py::"
@@ -721,7 +721,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the dispatcher's wake subscription stays on the old master",
         "failover (Sentinel): the dispatcher is woken by calls on the new master",
-        PKG + "store/wake.py",
+        PKG + "store/redis/wake.py",
         "if self.store.master_switches != switches:",
         "if False:",
         "tests/store/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master",
@@ -1076,7 +1076,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the switch watcher listens to the first sentinel only",
         "Sentinel failover: a hung sentinel does not hide the switch the others announce",
-        PKG + "store/sentinel.py",
+        PKG + "store/redis/sentinel.py",
         "        for host, port in self.config.sentinels:\n            threading.Thread(",
         "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
         "tests/store/test_sentinel.py::"
@@ -1085,7 +1085,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the switch watcher has no keepalive",
         "Sentinel failover: a subscription gone silent is replaced",
-        PKG + "store/sentinel.py",
+        PKG + "store/redis/sentinel.py",
         "    KEEPALIVE = 2.0",
         "    KEEPALIVE = 1e9",
         "tests/store/test_sentinel.py::"
@@ -1158,7 +1158,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the renewer's connection retries a timed-out attempt",
         "claim leases: a lease's budget (a failed renewal costs one timeout)",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         '            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}',
         '            kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 1)}',
         "tests/worker/test_lease_budget.py::test_a_failed_renewal_costs_one_timeout_not_two",
@@ -1166,7 +1166,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the renewer's connection does not ask Sentinel for the master",
         "claim leases: renewals reach Sentinel's master",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "                if conn._sock is None:  # connect() (Sentinel's finds the master), not\n"
         "                    conn.connect()",
         "                if False:\n                    conn.connect()",
@@ -1176,7 +1176,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a forked child keeps the parent's renewal lock",
         "claim leases: a forked child renews (on a connection of its own)",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "            self.lock, self.conn, self.pid = threading.Lock(), None, os.getpid()",
         "            self.conn, self.pid = None, os.getpid()",
         "tests/worker/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own",
@@ -1184,7 +1184,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a renewal goes through the client's pipeline and its retry",
         "claim leases: renewals go on the renewer's own connection (a forked child's too)",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         '        if self.direct:\n            link = self.__dict__.get("_renewal")',
         '        if False:\n            link = self.__dict__.get("_renewal")',
         "tests/worker/test_lease_budget.py::test_a_forked_child_renews_on_a_connection_of_its_own",
@@ -1618,7 +1618,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "an OOM reply is not an outage",
         "OOM, READONLY and LOADING replies (the call did not run) fall back under 'publish'",
-        PKG + "store/errors.py",
+        PKG + "store/redis/errors.py",
         '        return ServerRefused(\n            f"debounce Redis is at maxmemory (OOM)',
         '        return DebounceBackendError(\n            f"debounce Redis is at maxmemory (OOM)',
         "tests/producer/test_outage_policy.py::test_which_errors_are_an_outage",
@@ -1673,7 +1673,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "the kept connection is chosen at import (gevent patched later shares it)",
         "greenlets patched after import each get their own reply",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
         "        if _STD_SOCKET is None or _STD_LOCAL is None:",
         "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
@@ -1730,7 +1730,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a connection made before patching is used as it is (it blocks every greenlet)",
         "a call after patching never reads on a stdlib socket",
-        PKG + "store/node.py",
+        PKG + "store/redis/node.py",
         "conn = checkout(pool)  # one made before patching is made anew",
         "conn = pool.get_connection(*_checkout_args())",
         "tests/worker/test_gevent.py::"
@@ -1741,7 +1741,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a script then WAIT uses a connection made before patching (patched, blocks)",
         "a call after patching never reads on a stdlib socket",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "conn: Any = checkout(pool)\n",
         "conn: Any = pool.get_connection(*CHECKOUT_ARGS)\n",
         "tests/worker/test_gevent.py::"
@@ -1750,7 +1750,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a TLS connection made before patching is taken for a patched one (patched)",
         "a call after patching never reads on a stdlib socket",
-        PKG + "store/transport.py",
+        PKG + "store/redis/transport.py",
         "and isinstance(conn._sock, STD_SOCKET)",
         "and type(conn._sock) is STD_SOCKET",
         "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew",
@@ -1768,7 +1768,7 @@ MUTATIONS: list[Mutation] = [
         "a debounce_exclusive window held behind a run is counted as a max-wait violation",
         "max_wait_violations_total counts a held exclusive window only past the later of its "
         "ceiling and the end of the run it was held behind",
-        PKG + "store/runs.py",
+        PKG + "store/redis/runs.py",
         "            ceiling = max(ceiling, int(deadline))  # held behind a run until then\n",
         "            pass\n",
         "tests/ops/test_operator_signals.py::"
@@ -2371,7 +2371,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a Redis take ignores its byte budget",
         "a take is bounded by bytes as well as by count: a backlog of large windows drains",
-        PKG + "lua/take.lua",
+        PKG + "store/redis/lua/take.lua",
         "    if bytes >= max_bytes then\n      break  -- the reply's bytes are reached: the rest "
         "stay due",
         "    if false then\n      break  -- the reply's bytes are reached: the rest stay due",
@@ -2427,7 +2427,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a timed-out handshake or command is retried by the client",
         "a Redis that accepts connections and never answers costs a call one timeout, not two",
-        PKG + "store/connect.py",
+        PKG + "store/redis/connect.py",
         "ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(redis.ConnectionError,)",
         "ExponentialBackoff(cap=0.5, base=0.05),\n        1,",
         "tests/store/test_connect_timeout.py::"

@@ -57,7 +57,8 @@ console.log(JSON.stringify(out));
 
 
 def build_node_package() -> Path:
-    """clients/node built from this checkout (its gate script from celery_debounce/lua)."""
+    """clients/node built from this checkout (its gate script from
+    celery_debounce/store/redis/lua)."""
     assert NODE is not None
     if not (PACKAGE / "node_modules" / "ioredis").is_dir():
         pytest.fail(

@@ -10,10 +10,10 @@ import os
 
 from celery import Celery
 
-import celery_debounce.store.server
+import celery_debounce.store.redis.server
 from celery_debounce import DebouncedTask
 
-celery_debounce.store.server.read_server_version = lambda client: ("redis", "6.0.16")
+celery_debounce.store.redis.server.read_server_version = lambda client: ("redis", "6.0.16")
 
 redis_url = os.environ.get("OLD_SERVER_REDIS", "redis://127.0.0.1:6379")
 app = Celery("old_server_app", set_as_current=False)

@@ -35,7 +35,7 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from ..errors import DebounceError
-from ..store.checks import warn_if_evicting
+from ..store.redis.checks import warn_if_evicting
 from .dispatcher import Dispatcher
 
 logger = logging.getLogger("celery_debounce.beat")

@@ -14,7 +14,7 @@ from celery import Celery, bootsteps
 
 from ..settings import DEFAULTS, parse_bool
 from ..store import store_for
-from ..store.checks import warn_if_evicting
+from ..store.redis.checks import warn_if_evicting
 from .dispatcher import Dispatcher
 from .process import DispatcherProcess, green_pool
 

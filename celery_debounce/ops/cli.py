@@ -17,7 +17,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceError, WindowNotPending
-from ..store.checks import describe_policy, evicts_windows, warn_if_evicting
+from ..store.redis.checks import describe_policy, evicts_windows, warn_if_evicting
 from ..worker import install as install_worker
 from .admin import DebounceAdmin as DebounceAdmin
 from .admin import Stats, TaskStats

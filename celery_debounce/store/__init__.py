@@ -4,7 +4,8 @@
 errors are in :mod:`~.codec`, :mod:`~.records`, :mod:`~.states` and :mod:`~.domain`, and
 :func:`store_for` (:mod:`~.factory`) gives the app's store in this process. The stores
 below it: ``store/redis/`` (:class:`~celery_debounce.store.redis.store.WindowStore`, on
-redis-py; its transport, scripts and key layout still sit beside this module, moving in)
+redis-py, with its transport, cluster and Sentinel clients, scripts and Lua files; its key
+layout and record codec still sit beside this module, moving in)
 and ``store/postgres/`` (on psycopg). Neither is imported until it is built or one of
 its names below is used, so the contract loads without redis-py.
 """
@@ -41,10 +42,10 @@ from .domain import (
 )
 from .factory import build_store, store_for
 from .records import as_text
-from .scripts import SCRIPT_NAMES, script_source
+from .redis.scripts import SCRIPT_NAMES, script_source
 
 if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
-    from .errors import (
+    from .redis.errors import (
         CONNECTION_ERRORS,
         REDIS_ERROR,
         is_error_reply,
@@ -53,26 +54,26 @@ if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
         reply_code,
         translate_errors,
     )
+    from .redis.server import MIN_REDIS, read_server_version, server_supported
     from .redis.store import WaitedStore, WindowStore
-    from .server import MIN_REDIS, read_server_version, server_supported
-    from .wake import WakeListener
+    from .redis.wake import WakeListener
 
 #: Names of the Redis store kept importable from here, each loaded on first use (they
 #: import redis-py): name -> its module.
 _REDIS_NAMES = {
     "WindowStore": ".redis.store",
     "WaitedStore": ".redis.store",
-    "CONNECTION_ERRORS": ".errors",
-    "REDIS_ERROR": ".errors",
-    "is_error_reply": ".errors",
-    "is_outage": ".errors",
-    "pipeline_failed_at": ".errors",
-    "reply_code": ".errors",
-    "translate_errors": ".errors",
-    "MIN_REDIS": ".server",
-    "read_server_version": ".server",
-    "server_supported": ".server",
-    "WakeListener": ".wake",
+    "CONNECTION_ERRORS": ".redis.errors",
+    "REDIS_ERROR": ".redis.errors",
+    "is_error_reply": ".redis.errors",
+    "is_outage": ".redis.errors",
+    "pipeline_failed_at": ".redis.errors",
+    "reply_code": ".redis.errors",
+    "translate_errors": ".redis.errors",
+    "MIN_REDIS": ".redis.server",
+    "read_server_version": ".redis.server",
+    "server_supported": ".redis.server",
+    "WakeListener": ".redis.wake",
 }
 
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_debounce import DebouncedTask, enqueue_many
 from celery_debounce.ops.exporter import StoreCollector, exporter_registry
-from celery_debounce.store.operators import SNAPSHOT_COMMANDS
+from celery_debounce.store.redis.operators import SNAPSHOT_COMMANDS
 from celery_debounce.testing.servers import LocalRedis, free_port
 
 CELERY = str(Path(sys.executable).with_name("celery"))

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from helpers import debounce_command, running_worker, wait_until
 
 from celery_debounce import DebounceAdmin, DebouncedTask
-from celery_debounce.store.server import maxmemory_policy
+from celery_debounce.store.redis.server import maxmemory_policy
 
 HERE = Path(__file__).parents[1]
 

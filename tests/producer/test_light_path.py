@@ -198,14 +198,14 @@ class _FakeLease:
 
 
 def _batch(*commands: bytes) -> list[Any]:
-    from celery_debounce.store.node import _Slot
+    from celery_debounce.store.redis.node import _Slot
 
     return [_Slot(c, False) for c in commands]
 
 
 def test_a_batch_gives_each_call_its_own_reply_or_error() -> None:
     from celery_debounce.errors import DebounceOutcomeUnknown
-    from celery_debounce.store.node import _Combiner
+    from celery_debounce.store.redis.node import _Combiner
 
     conn = _FakeConn(
         [b"a", redis.ResponseError("NOSCRIPT no"), None, redis.ConnectionError("lost"), b"never"]
@@ -226,7 +226,7 @@ def test_a_batch_gives_each_call_its_own_reply_or_error() -> None:
 
 def test_a_failed_write_resends_a_lone_call_but_not_a_batch() -> None:
     from celery_debounce.errors import DebounceOutcomeUnknown
-    from celery_debounce.store.node import _Combiner, _NotSent
+    from celery_debounce.store.redis.node import _Combiner, _NotSent
 
     combiner = _Combiner(_FakeLease(_FakeConn([], fail_write=True)))  # type: ignore[arg-type]
     lone = _batch(b"1")
@@ -292,7 +292,7 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
 
 
 def test_a_queued_call_that_leaves_hands_its_turn_on() -> None:
-    from celery_debounce.store.node import _Combiner, _Slot
+    from celery_debounce.store.redis.node import _Combiner, _Slot
 
     combiner = _Combiner(_FakeLease(_FakeConn([])))  # type: ignore[arg-type]
     combiner.busy = True
@@ -308,7 +308,7 @@ def test_a_queued_call_that_leaves_hands_its_turn_on() -> None:
 
 
 def test_a_lone_call_whose_write_fails_is_not_sent_and_frees_the_turn() -> None:
-    from celery_debounce.store.node import _Combiner, _NotSent
+    from celery_debounce.store.redis.node import _Combiner, _NotSent
 
     combiner = _Combiner(_FakeLease(_FakeConn([], fail_write=True)))  # type: ignore[arg-type]
     with pytest.raises(_NotSent):  # WindowStore._evalsha_once sends it once more
@@ -338,7 +338,7 @@ def test_a_dropped_store_gives_its_kept_connections_back(
 
 
 def test_a_batch_without_a_connection_is_refused_not_unknown() -> None:
-    from celery_debounce.store.node import _Combiner
+    from celery_debounce.store.redis.node import _Combiner
 
     class _Refused:
         def checkout(self) -> Any:

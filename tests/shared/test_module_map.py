@@ -462,18 +462,18 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "redis": frozenset(
         {
             "store/redis/store.py",
-            "store/bulk.py",
-            "store/cluster.py",
-            "store/connect.py",
-            "store/errors.py",
-            "store/node.py",
-            "store/operators.py",
-            "store/sentinel.py",
-            "store/server.py",
-            "store/transport.py",
+            "store/redis/bulk.py",
+            "store/redis/cluster.py",
+            "store/redis/connect.py",
+            "store/redis/errors.py",
+            "store/redis/node.py",
+            "store/redis/operators.py",
+            "store/redis/sentinel.py",
+            "store/redis/server.py",
+            "store/redis/transport.py",
         }
     ),
-    "hiredis": frozenset({"store/node.py"}),
+    "hiredis": frozenset({"store/redis/node.py"}),
     "fakeredis": frozenset({"testing/__init__.py"}),
     "psycopg": frozenset(
         {

@@ -25,7 +25,8 @@ from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.ops.admin import read_snapshot
 from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
-from celery_debounce.store import WindowStore, cluster, store_for, transport
+from celery_debounce.store import WindowStore, store_for
+from celery_debounce.store.redis import cluster, transport
 from celery_debounce.testing import clear_windows
 from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
@@ -41,7 +42,7 @@ def test_cluster_shard_tags_fall_in_their_own_slot_range() -> None:
 
 
 def test_only_the_cluster_transport_follows_redirections() -> None:
-    """MOVED, ASK, TRYAGAIN and CLUSTERDOWN are followed in store/cluster.py alone
+    """MOVED, ASK, TRYAGAIN and CLUSTERDOWN are followed in store/redis/cluster.py alone
     (``Redirections``): the base transport's ``send_on_node`` writes where its route
     says and asks it whether to write again; its own route follows nothing."""
     base = Path(transport.__file__).read_text("utf-8")
@@ -246,7 +247,7 @@ def test_without_sharded_pub_sub_wake_ups_fall_back_to_publish(
 ) -> None:
     """Masters older than Redis 7.0 have no SPUBLISH: the scripts PUBLISH to
     ``<prefix>:wake`` (the cluster forwards it) and dispatchers SUBSCRIBE to it."""
-    import celery_debounce.store.cluster as cluster_module
+    import celery_debounce.store.redis.cluster as cluster_module
 
     monkeypatch.setattr(cluster_module, "_every_master_has_sharded_pubsub", lambda c: False)
     app = cluster_app(debounce_poll_interval="30s")
@@ -519,7 +520,7 @@ def test_the_server_version_is_read_from_every_master(
 ) -> None:
     """tests/store/test_server_version.py on a cluster: each master's version is checked; one
     old master refuses the store, naming that master."""
-    import celery_debounce.store.server as store_module
+    import celery_debounce.store.redis.server as store_module
 
     app = cluster_app()
     store = store_for(app)

@@ -1,6 +1,6 @@
 """A windows' Redis that accepts connections and never answers costs a call one
 ``debounce_redis_timeout``, not two: the client's retry never repeats a timed-out
-handshake or command (store/connect.py)."""
+handshake or command (store/redis/connect.py)."""
 
 from __future__ import annotations
 

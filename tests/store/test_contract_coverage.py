@@ -34,7 +34,9 @@ def test_the_contract_suite_uses_every_member_of_the_contract() -> None:
 def test_the_states_the_redis_scripts_write_are_the_contracts() -> None:
     from celery_debounce.store.states import STATES
 
-    lua = "\n".join(p.read_text("utf-8") for p in (ROOT / "celery_debounce/lua").rglob("*.lua"))
+    lua = "\n".join(
+        p.read_text("utf-8") for p in (ROOT / "celery_debounce/store/redis/lua").rglob("*.lua")
+    )
     written = {  # 'st' set by an HSET (an HMGET reads it)
         state
         for line in lua.splitlines()

@@ -1,6 +1,6 @@
-"""The Lua library (celery_debounce/lua/lib/): the loader's ``--@include`` lines, what each
-script includes, the one owner of gate.lua's ARGV positions, and of the scripts' key
-names (lib/keys.lua, checked against store/keys.py and tags.py)."""
+"""The Lua library (celery_debounce/store/redis/lua/lib/): the loader's ``--@include``
+lines, what each script includes, the one owner of gate.lua's ARGV positions, and of
+the scripts' key names (lib/keys.lua, checked against store/keys.py and tags.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from celery_debounce import tags
-from celery_debounce.store import keys, scripts
-from celery_debounce.store.scripts import (
+from celery_debounce.store import keys
+from celery_debounce.store.redis import scripts
+from celery_debounce.store.redis.scripts import (
     SCRIPT_NAMES,
     SHARDED_WAKE_OFF,
     SHARDED_WAKE_ON,
@@ -23,7 +24,7 @@ from celery_debounce.store.scripts import (
     script_source,
 )
 
-LUA = Path(scripts.__file__).resolve().parent.parent / "lua"
+LUA = Path(scripts.__file__).resolve().parent / "lua"
 
 
 def pieces(**texts: str):  # type: ignore[no-untyped-def]
@@ -56,7 +57,9 @@ def test_an_unknown_include_is_a_clear_error() -> None:
     with pytest.raises(ValueError) as info:
         inline_includes("--@include nope\n", "s.lua", pieces())
     message = str(info.value)
-    assert message.startswith("s.lua: --@include nope: no celery_debounce/lua/lib/nope.lua")
+    assert message.startswith(
+        "s.lua: --@include nope: no celery_debounce/store/redis/lua/lib/nope.lua"
+    )
     for name in library_names():
         assert name in message
     with pytest.raises(ValueError, match=r"^lib/a.lua: --@include gone"):

@@ -15,7 +15,7 @@ import pytest
 import redis
 from helpers import package_keys
 
-import celery_debounce.store.server as server_module
+import celery_debounce.store.redis.server as server_module
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import (

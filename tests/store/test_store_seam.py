@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_debounce.store.scripts import SCRIPT_NAMES
+from celery_debounce.store.redis.scripts import SCRIPT_NAMES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_debounce"
 

@@ -37,7 +37,7 @@ from celery_debounce.store.keys import due_key, open_key
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "contract" / "vectors.json"
-GATE = ROOT / "celery_debounce" / "lua" / "gate.lua"
+GATE = ROOT / "celery_debounce" / "store" / "redis" / "lua" / "gate.lua"
 NODE_VERSION = ROOT / "clients" / "node" / "src" / "contract.ts"
 
 #: Node option name -> Python call option (an unknown name maps the same way, so it is
@@ -295,7 +295,7 @@ if __name__ == "__main__":
 
 
 def test_an_unversioned_producer_is_refused_as_producer_none(redis_client: redis.Redis) -> None:
-    from celery_debounce.store.scripts import script_source
+    from celery_debounce.store.redis.scripts import script_source
 
     keys = ["debounce:{0}:open:1:t:k", "debounce:{0}:due"]
     for flag in ("0", "1", "x:0", ""):  # a producer before the contract sent "0" / "1"

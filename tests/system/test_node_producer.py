@@ -16,7 +16,7 @@ from node_producer import NODE, node_calls
 
 from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
-from celery_debounce.store.scripts import script_source
+from celery_debounce.store.redis.scripts import script_source
 from celery_debounce.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(

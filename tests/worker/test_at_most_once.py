@@ -52,8 +52,8 @@ from celery_debounce import (
 from celery_debounce.producer.bulk import DebounceBulkError
 from celery_debounce.store import chunks as chunking
 from celery_debounce.store import store_for
-from celery_debounce.store.cluster import ClusterTransport
 from celery_debounce.store.domain import Released
+from celery_debounce.store.redis.cluster import ClusterTransport
 from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 

@@ -1,14 +1,14 @@
 """The Redis store: every Redis operation of the package, one typed method each.
 
 :class:`WindowStore` holds one app's Redis client and its Lua scripts (found by
-file in ``celery_debounce/lua/``) and offers one method per operation; key names
+file in ``celery_debounce/store/redis/lua/``) and offers one method per operation; key names
 come from :mod:`celery_debounce.store.keys`, record fields from
 :mod:`celery_debounce.store.records`. No other module of the package imports
 redis-py. Every redis-py error leaves as :class:`~celery_debounce.DebounceBackendError`.
 
 The hot path, :meth:`WindowStore.gate`, is one ``EVALSHA`` sent on a pooled
 connection without redis-py's per-command wrapper (on one node or Sentinel's master:
-:meth:`NodeTransport.run_once <celery_debounce.store.node.NodeTransport.run_once>`,
+:meth:`NodeTransport.run_once <celery_debounce.store.redis.node.NodeTransport.run_once>`,
 bound to the store as ``run_once``).
 With ``debounce_redis_wait_replicas`` the store is a :class:`WaitedStore`, whose
 writes are each followed by ``WAIT``; the default store checks nothing of it.
@@ -28,7 +28,6 @@ from redis.exceptions import NoScriptError
 from ...aliases import parse_aliases
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
 from ...settings import Settings
-from ..bulk import BulkGate
 from ..codec import (
     EXPIRY_GRACE_MS,
     GateResult,
@@ -39,7 +38,6 @@ from ..codec import (
     gate_keys,
     parse_reply,
 )
-from ..connect import transport_for
 from ..domain import (
     ClaimResult,
     FinishNotReplicated,
@@ -47,7 +45,6 @@ from ..domain import (
     NotReplicated,
     Released,
 )
-from ..errors import translate_errors
 from ..keys import (
     active_key,
     claims_key,
@@ -63,11 +60,14 @@ from ..keys import (
     tasks_key,
     win_key,
 )
-from ..operators import Operators
 from ..records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
-from ..runs import RunOps, claim_result, finish_result
-from ..server import ServerCheck
-from ..wake import WakeListener
+from .bulk import BulkGate
+from .connect import transport_for
+from .errors import translate_errors
+from .operators import Operators
+from .runs import RunOps, claim_result, finish_result
+from .server import ServerCheck
+from .wake import WakeListener
 
 logger = logging.getLogger("celery_debounce.store")
 
@@ -85,11 +85,11 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
     """One app's windows in Redis, for the current process.
 
     Scripts run with EVALSHA and are reloaded on NOSCRIPT. How commands reach Redis
-    is the transport's (:mod:`celery_debounce.store.transport`), chosen once here.
+    is the transport's (:mod:`celery_debounce.store.redis.transport`), chosen once here.
     """
 
     #: The transport's, bound here (no call in between on the hot path): see
-    #: :meth:`Transport.run <celery_debounce.store.transport.Transport.run>`,
+    #: :meth:`Transport.run <celery_debounce.store.redis.transport.Transport.run>`,
     #: ``run_once`` and ``send_on_node``.
     run: Callable[[str, list[str], list[Any]], Any]
     run_once: Callable[[str, list[str], list[Any]], Any]

@@ -41,8 +41,8 @@ test("the client under test is the ioredis asked for (5, or 6 with DEBOUNCE_IORE
 const OPTIONS = { debounce: "5m", key: "report:{0}", maxWait: "30m", replacePayload: false };
 const OPEN = "debounce:{0}:open:17:proj.build_report:report:u1";
 
-test("the shipped gate script is celery_debounce/lua/gate.lua with its includes", () => {
-  const source = new URL("../../../celery_debounce/lua/gate.lua", import.meta.url);
+test("the shipped gate script is celery_debounce/store/redis/lua/gate.lua with its includes", () => {
+  const source = new URL("../../../celery_debounce/store/redis/lua/gate.lua", import.meta.url);
   assert.ok(existsSync(source), "run from the repository");
   assert.equal(GATE_SCRIPT, flatScript("gate"));
   assert.match(GATE_SCRIPT, /^local CONTRACT = '1'$/m);

@@ -97,7 +97,7 @@ def _fakeredis() -> Harness:
         _outage=outage,
         resends_after_a_lost_reply=(
             "a client of another kind (fakeredis) goes through the generic Transport, whose "
-            "client may resend a script after a lost reply (store/transport.py)"
+            "client may resend a script after a lost reply (store/redis/transport.py)"
         ),
     )
 

@@ -10,18 +10,18 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..settings import Settings
-from .chunks import chunks
-from .codec import GateResult, Shard, gate_args, gate_keys, parse_reply
-from .domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
+from ...errors import DebounceBackendError, DebounceOutcomeUnknown
+from ...settings import Settings
+from ..chunks import chunks
+from ..codec import GateResult, Shard, gate_args, gate_keys, parse_reply
+from ..domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
+from ..keys import bulk_marker_prefix, open_key
+from ..records import F_ID, as_text
 from .errors import _translated, is_outage, translate_errors
-from .keys import bulk_marker_prefix, open_key
-from .records import F_ID, as_text
 from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..producer.call import PreparedCall
+    from ...producer.call import PreparedCall
 
 
 #: How long a bulk chunk's "this chunk ran" marker key lives (ms).

@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from ..sentinel import SentinelConfig
+from ...sentinel import SentinelConfig
 
 _logger = logging.getLogger("celery_debounce.store")
 

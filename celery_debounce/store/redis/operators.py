@@ -10,15 +10,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.commands.core import Script
 
-from ..errors import DebounceBackendError
-from ..settings import Settings
-from ..tags import shard_wake_channel
-from .checks import combined_policy
-from .codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
-from .doctor import DoctorOps
-from .domain import CancelOutcomeUnknown, cancel_until_known
-from .errors import translate_errors
-from .keys import (
+from ...errors import DebounceBackendError
+from ...settings import Settings
+from ...tags import shard_wake_channel
+from ..codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from ..domain import CancelOutcomeUnknown, cancel_until_known
+from ..keys import (
     active_key,
     alive_key,
     all_keys_pattern,
@@ -41,9 +38,8 @@ from .keys import (
     tasks_key,
     win_key,
 )
-from .liveness import Liveness
-from .reach import Reached
-from .records import (
+from ..reach import Reached
+from ..records import (
     CANCEL_FIELDS,
     F_STATE,
     FLUSH_FIELDS,
@@ -57,6 +53,10 @@ from .records import (
     as_text,
     decode_record,
 )
+from .checks import combined_policy
+from .doctor import DoctorOps
+from .errors import translate_errors
+from .liveness import Liveness
 from .server import maxmemory_policy
 from .transport import Transport
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..settings import Settings
+from ...settings import Settings
+from ..keys import all_keys_pattern, held_key
+from ..records import as_text
 from .errors import translate_errors
-from .keys import all_keys_pattern, held_key
-from .records import as_text
 
 #: Names (ARGV) per doctor script call: a step stays short on a busy server.
 DOCTOR_BATCH = 200

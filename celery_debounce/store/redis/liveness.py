@@ -1,16 +1,16 @@
 """The dispatchers' heartbeats and their read (a base of
-:class:`~celery_debounce.store.operators.Operators`)."""
+:class:`~celery_debounce.store.redis.operators.Operators`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..settings import Settings
-from .codec import Shard
+from ...settings import Settings
+from ..codec import Shard
+from ..keys import alive_key, stopped_key
+from ..records import as_text
 from .errors import translate_errors
-from .keys import alive_key, stopped_key
-from .records import as_text
 
 
 class Liveness:

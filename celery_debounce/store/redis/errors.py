@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import redis
 
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..sentinel import redact
+from ...errors import DebounceBackendError, DebounceOutcomeUnknown
+from ...sentinel import redact
 
 
 @contextmanager
@@ -22,7 +22,7 @@ def translate_errors(operation: str) -> Iterator[None]:
 
 
 def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
-    from .domain import AliasesFull, PayloadTooLarge, ReplaceRefused, ServerRefused
+    from ..domain import AliasesFull, PayloadTooLarge, ReplaceRefused, ServerRefused
 
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return unreachable(f"debounce Redis unreachable during {operation}: {exc}", exc)
@@ -35,7 +35,7 @@ def _translated(operation: str, exc: redis.RedisError) -> DebounceBackendError:
         )
     match = _CONTRACT.search(str(exc))
     if match:  # gate.lua: the producer speaks another contract version (nothing written)
-        from ..errors import DebounceContractMismatch  # (kept off the shared import block)
+        from ...errors import DebounceContractMismatch  # (kept off the shared import block)
 
         return DebounceContractMismatch(
             f"debounce gate refused {operation}: {match.group(0)} (the producer and the "
@@ -76,7 +76,7 @@ def unreachable(message: str, cause: BaseException) -> DebounceBackendError:
     when the link failed on a refusal (a demoted master's READONLY, LOADING), plain
     :class:`DebounceBackendError` when it is configuration (NOAUTH, WRONGPASS, NOPERM)
     or no link error at all."""
-    from .domain import ServerRefused, StoreUnavailable
+    from ..domain import ServerRefused, StoreUnavailable
 
     code = reply_code(cause)
     if code in NOT_OUTAGE_CODES:
@@ -98,7 +98,7 @@ def _lost(operation: str, exc: BaseException, cut: bool = False) -> DebounceOutc
     several commands failed part-way, its first ones maybe complete: say that it may
     have run (:class:`~.domain.ReplyLost`; a configuration error in its chain, NOAUTH,
     WRONGPASS, NOPERM: the plain :class:`DebounceOutcomeUnknown`, no outage)."""
-    from .domain import ReplyLost
+    from ..domain import ReplyLost
 
     what = "its write cut off part-way" if cut else "its reply lost"
     message = redact(
@@ -205,7 +205,7 @@ def pipeline_failed_at(exc: BaseException) -> int | None:
 def _unreadable_url(url: str) -> Exception:
     """redis-py could not read ``url``: its own error is not shown (it quotes the part it
     could not read, a password holding '/' or ';' unencoded included)."""
-    from ..errors import DebounceConfigError  # (kept off the import block other edits touch)
+    from ...errors import DebounceConfigError  # (kept off the import block other edits touch)
 
     return DebounceConfigError(
         redact(

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
-from ..settings import Settings
-from ..tags import key_slot
+from ...settings import Settings
+from ...tags import key_slot
 from .errors import _translated
 from .transport import RenewalLink, Route, Transport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..producer.call import PreparedCall
+    from ...producer.call import PreparedCall
     from .bulk import BulkGate
 
 logger = logging.getLogger("celery_debounce.store")

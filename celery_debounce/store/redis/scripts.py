@@ -1,5 +1,5 @@
-"""The Lua scripts: read from ``celery_debounce/lua/``, their ``--@include NAME`` lines
-replaced by ``celery_debounce/lua/lib/NAME.lua``, and, on a cluster, switched to sharded
+"""The Lua scripts: read from ``store/redis/lua/``, their ``--@include NAME`` lines
+replaced by ``store/redis/lua/lib/NAME.lua``, and, on a cluster, switched to sharded
 wake-ups (SPUBLISH)."""
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ INCLUDE = re.compile(r"^--@include ([A-Za-z0-9_]+)[ \t]*$", re.MULTILINE)
 
 
 def _lua() -> Traversable:
-    return resources.files("celery_debounce").joinpath("lua")
+    return resources.files(__package__).joinpath("lua")
 
 
 def _script_names() -> tuple[str, ...]:
     return tuple(sorted(p.name[:-4] for p in _lua().iterdir() if p.name.endswith(".lua")))
 
 
-#: Every script in celery_debounce/lua/, by file name (listed at import).
+#: Every script in celery_debounce/store/redis/lua/, by file name (listed at import).
 SCRIPT_NAMES = _script_names()
 
 
@@ -37,7 +37,7 @@ SHARDED_WAKE_ON = "local SHARDED_WAKE = true"
 
 
 def library_names() -> tuple[str, ...]:
-    """The includable pieces, by file name in ``celery_debounce/lua/lib/``."""
+    """The includable pieces, by file name in ``celery_debounce/store/redis/lua/lib/``."""
     lib = _lua().joinpath("lib")
     return tuple(sorted(p.name[:-4] for p in lib.iterdir() if p.name.endswith(".lua")))
 
@@ -68,8 +68,8 @@ def inline_includes(
             piece = reader(name)
             if piece is None:
                 raise ValueError(
-                    f"{owner}: --@include {name}: no celery_debounce/lua/lib/{name}.lua "
-                    f"(the library has: {', '.join(library_names()) or 'nothing'})"
+                    f"{owner}: --@include {name}: no celery_debounce/store/redis/lua/lib/"
+                    f"{name}.lua (the library has: {', '.join(library_names()) or 'nothing'})"
                 )
             done.add(name)
             return expand(piece, f"lib/{name}.lua").rstrip("\n")

@@ -14,9 +14,9 @@ import redis
 from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelConnectionPool
 
-from ..errors import DebounceBackendError, DebounceOutcomeUnknown
-from ..sentinel import redact
-from ..settings import Settings
+from ...errors import DebounceBackendError, DebounceOutcomeUnknown
+from ...sentinel import redact
+from ...settings import Settings
 from .errors import _lost, _refused_by_a_replica, _translated, translate_errors
 from .server import _PooledCommands
 from .transport import (
@@ -180,7 +180,7 @@ class _Combiner:
     connection; timed out, it is reported unreachable (sent again it would wait as
     long). A failed write of a larger batch, reset or timed out, makes every call of it
     an unknown outcome: its first calls may have reached Redis complete
-    (:func:`~celery_debounce.store.transport.cut_runs_nothing`).
+    (:func:`~celery_debounce.store.redis.transport.cut_runs_nothing`).
     """
 
     def __init__(self, lease: _Lease) -> None:

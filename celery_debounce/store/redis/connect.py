@@ -9,8 +9,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ..sentinel import redact
-from ..settings import Settings
+from ...sentinel import redact
+from ...settings import Settings
 from .cluster import ClusterTransport
 from .errors import _unreadable_url, unreachable
 from .node import NodeTransport, is_direct_node

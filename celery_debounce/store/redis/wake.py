@@ -6,11 +6,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DebounceBackendError
+from ...errors import DebounceBackendError
 from .errors import translate_errors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import WindowStore
+    from .. import WindowStore
 
 
 class WakeListener:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..errors import DebounceBackendError
+from ...errors import DebounceBackendError
+from ..records import as_text
 from .checks import UNKNOWN
 from .errors import _translated, unreachable
-from .records import as_text
 from .transport import checkout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..settings import Settings
-    from . import WindowStore
+    from ...settings import Settings
+    from .. import WindowStore
     from .transport import Transport
 
 _logger = logging.getLogger("celery_debounce.store")

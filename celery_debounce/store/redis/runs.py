@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..aliases import parse_aliases
-from ..headers import EXCLUSIVE_HEADER
-from ..settings import Settings
-from .codec import Shard
-from .domain import ClaimResult, FinishResult
+from ...aliases import parse_aliases
+from ...headers import EXCLUSIVE_HEADER
+from ...settings import Settings
+from ..codec import Shard
+from ..domain import ClaimResult, FinishResult
+from ..keys import claims_key, win_key
+from ..records import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text
+from ..states import as_before
 from .errors import translate_errors
-from .keys import claims_key, win_key
-from .records import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text
-from .states import as_before
 
 #: What a debounce_exclusive window's stored options hold (``take.lua`` looks for it).
 _EXCLUSIVE = f'"{EXCLUSIVE_HEADER}"'

@@ -1,15 +1,15 @@
 """How the store's commands reach Redis: a transport, chosen once from the settings
-(:func:`celery_debounce.store.connect.transport_for`).
+(:func:`celery_debounce.store.redis.connect.transport_for`).
 
 Three implementations, one per kind of client:
 
 * :class:`Transport` (here): any other client (fakeredis, a client the caller built,
   a single-connection client): every command goes through the client and its own
   retry policy;
-* :class:`~celery_debounce.store.node.NodeTransport`: redis-py's client of one node,
+* :class:`~celery_debounce.store.redis.node.NodeTransport`: redis-py's client of one node,
   or of Sentinel's master: scripts that must not run twice are one ``EVALSHA`` on a
   pooled connection, without redis-py's per-command wrapper (the hot path);
-* :class:`~celery_debounce.store.cluster.ClusterTransport`: a Redis Cluster: each
+* :class:`~celery_debounce.store.redis.cluster.ClusterTransport`: a Redis Cluster: each
   command goes to the master of its key's slot, following redirections.
 
 The store asks its transport, never which one it is: only ``cluster.py`` knows it
@@ -33,15 +33,15 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from ..errors import DebounceBackendError
-from ..sentinel import redact
-from ..settings import Settings
+from ...errors import DebounceBackendError
+from ...sentinel import redact
+from ...settings import Settings
 from .errors import _lost, _refused_by_a_replica, _translated
 from .scripts import SCRIPT_NAMES, script_source
 from .sentinel import master_switches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..producer.call import PreparedCall
+    from ...producer.call import PreparedCall
     from .bulk import BulkGate
     from .operators import Operators
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import DebounceError
-from .reach import Reached
+from ...errors import DebounceError
+from ..reach import Reached
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import WindowStore
+    from .. import WindowStore
 
 __all__ = ["reach_redis"]
 
