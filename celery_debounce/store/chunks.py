@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["CHUNK_BYTES", "chunks"]
 
-#: The most bytes of bodies and options one chunk carries (docs/producer.md, "Many calls").
+#: The most bytes of bodies and options one chunk carries (docs/operations.md, "Bulk calls").
 CHUNK_BYTES = 16 * 1024 * 1024
 
 

@@ -4,7 +4,7 @@
  * SQL function on the PostgreSQL store (docs/contract.md).
  */
 import { anyBreakerOpen, breakerRefusal, isOutage, watched } from "./breaker.js";
-import { type CeleryMessage, checkPublishable, plainMessage } from "./broker.js";
+import { type CeleryMessage, plainMessage } from "./broker.js";
 import { cachedDefinition, definitionOf, type TaskDefinition } from "./definitions.js";
 import {
   DebounceBackendError, DebounceBulkError, DebounceConfigError, DebounceOutcomeUnknown,
@@ -110,8 +110,7 @@ export function gate(client: Client, task: string, call: Call,
 async function publishPlainly(exc: unknown, client: Client, task: string, call: Call,
                               options: DebounceOptions): Promise<GateResult> {
   const p = prepare(task, call, options, false, plainRoute(exc, client, task, options));
-  const id = await sendPlain(exc, options, plainMessage(task, p.encoded, p.optionsJson, p.collect,
-    call?.taskId));
+  const id = await sendPlain(exc, options, messageOf(p, call?.taskId));
   const now = Date.now();
   return { taskId: id, opened: false, deadlineMs: now, calls: 1, nowMs: now, edge: "", published: true };
 }
@@ -132,6 +131,10 @@ function plainRoute(exc: unknown, client: Client, task: string,
   }
   return definition;
 }
+
+/** A prepared call as a plain message (with the caller's own id, if any). */
+const messageOf = (p: PreparedCall, taskId: string | undefined): CeleryMessage =>
+  plainMessage(p.task, p.encoded, p.optionsJson, p.collect, taskId);
 
 /** `message` sent by the caller's publisher; its id. */
 async function sendPlain(exc: unknown, options: DebounceOptions, message: CeleryMessage): Promise<string> {
@@ -223,12 +226,9 @@ function send(client: Client, session: PostgresSession | undefined, task: string
               definition: TaskDefinition | null): Promise<GateResult> {
   if (session === undefined) {
     const redis = client as RedisClient;
-    const prepared = prepare(task, call, options, isCluster(redis), definition);
-    if (options?.onOutage === "publish") checkPublishable(task, prepared.optionsJson);
-    return sendGate(redis, prepared);
+    return sendGate(redis, prepare(task, call, options, isCluster(redis), definition));
   }
   const p = prepare(task, call, options, false, definition);
-  if (options?.onOutage === "publish") checkPublishable(task, p.optionsJson);
   return postgresGate(client as PostgresPool, session, postgresCall(p)).then(fromRow);
 }
 
@@ -265,16 +265,13 @@ export async function debounceMany(client: Client, task: string, calls: readonly
   } catch (exc) {
     if (options?.onOutage !== "publish") throw exc;
     const route = plainRoute(exc, client, task, options);
-    const messages = calls.map((call) => {  // every call checked before any is sent
-      const p = prepare(task, call, options, false, route);
-      return plainMessage(task, p.encoded, p.optionsJson, p.collect, call?.taskId);
-    });
+    const messages = calls.map((call) =>  // every call checked before any is sent
+      messageOf(prepare(task, call, options, false, route), call?.taskId));
     const ids: string[] = [];
     for (const message of messages) ids.push(await sendPlain(exc, options, message));
     return ids;
   }
   const prepared = calls.map((call) => prepare(task, call, options, cluster, definition));
-  if (options?.onOutage === "publish") for (const p of prepared) checkPublishable(task, p.optionsJson);
   const outcomes: (GateResult | Error)[] = t.session !== undefined
     ? (await postgresMany(client as PostgresPool, t.session, prepared.map(postgresCall), chunkSize))
       .map((o) => (o instanceof Error ? o : fromRow(o)))
@@ -285,10 +282,8 @@ export async function debounceMany(client: Client, task: string, calls: readonly
   if (options?.onOutage === "publish") {  // the calls an outage kept out: published plainly
     for (const [i, error] of [...errors]) {
       if (!isOutage(error)) continue;
-      const p = prepared[i];
       try {
-        taskIds[i] = await sendPlain(error, options, plainMessage(task, p.encoded, p.optionsJson,
-          p.collect, calls[i]?.taskId));
+        taskIds[i] = await sendPlain(error, options, messageOf(prepared[i], calls[i]?.taskId));
         errors.delete(i);
       } catch (failed) {
         errors.set(i, failed as Error);

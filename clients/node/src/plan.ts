@@ -6,7 +6,7 @@ import { BindError, bindArguments, UnusableDefault } from "./binding.js";
 import { CONTRACT_VERSION } from "./contract.js";
 import type { TaskDefinition } from "./definitions.js";
 import { type Duration, parseDuration } from "./durations.js";
-import type { Publisher } from "./broker.js";
+import { checkPublishable, type Publisher } from "./broker.js";
 import { DebounceConfigError, DebounceKeyError, DebouncePayloadError } from "./errors.js";
 import { blake2bHex } from "./hashes.js";
 import { dueKey, openKeyStart, shardOf, shardTag, windowIdent } from "./layout.js";
@@ -375,11 +375,14 @@ function makePlan(task: string, options: DebounceOptions, clusterClient: boolean
   } catch {
     identHead = undefined;  // refused per call, after the checks of the call's arguments
   }
+  const optionsJson = messageOptions(options, d, exclusive, collect);
+  // a call an outage would publish plainly is refused now if it could not be, not then
+  if (options.onOutage === "publish") checkPublishable(task, optionsJson);
   return {
     task, clusterClient, definition: d, values, template, prefix, shards, cluster, maxKeyLength,
     maxPayloadBytes, timeoutMs, maxAgeMs, probeMs, windowText: String(windowMs), maxWaitText,
     versionReplace: `${CONTRACT_VERSION}:${replace ? "1" : "0"}`,
-    optionsJson: messageOptions(options, d, exclusive, collect),
+    optionsJson,
     tail: argvTail(maxCalls, leading, trailing, d?.history_ttl_ms ?? DEFAULT_HISTORY_TTL_MS,
       collect ? maxPayloadBytes : null),
     collect, leadingOnly: leading && !trailing,
