@@ -204,6 +204,19 @@ def test_a_node_cancel_never_runs_the_window_and_its_ids_are_revoked_by_the_disp
             wait_until(lambda r=result: r.state == "REVOKED", timeout=20)
             with pytest.raises(TaskRevokedError):
                 result.get(timeout=5)
+        # the hand-off outlives a dispatcher outage of hours: kept the record TTL (the
+        # app's debounce_record_ttl, 7 days), not the history TTL (1 h)
+        if store.postgres_url is None:
+            kept_ms = redis.Redis.from_url(store.node_url).pttl(f"debounce:{{0}}:win:{opened}")
+        else:
+            with psycopg.connect(store.postgres_url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT (extract(epoch FROM until - clock_timestamp()) * 1000)::bigint "
+                    "FROM debounce_taken WHERE task_id = %s",
+                    (opened,),
+                ).fetchone()
+            kept_ms = row[0] if row else 0
+        assert kept_ms > 6 * 86_400_000, kept_ms
     assert "succeeded" not in (tmp_path / "worker.log").read_text()  # nothing ran
 
 

@@ -212,9 +212,10 @@ export async function cancelWindow(client: Client, task: string, call: Call,
                                    options?: DebounceOptions): Promise<WindowInfo | null> {
   const [t, definition, cluster] = await resolved(client, task, options);
   const p = prepare(task, call, options, cluster, definition);
+  const recordTtlMs = definition?.record_ttl_ms ?? DEFAULT_RECORD_TTL_MS;
   return t.session !== undefined
-    ? postgresCancel(client as PostgresPool, t.session, task, p.ident, p.historyTtlMs)
-    : redisCancel(client as RedisClient, p);
+    ? postgresCancel(client as PostgresPool, t.session, task, p.ident, p.historyTtlMs, recordTtlMs)
+    : redisCancel(client as RedisClient, p, recordTtlMs);
 }
 
 /** Python's `debounce_record_ttl` default (ms). */

@@ -334,12 +334,13 @@ export async function postgresFlush(pool: PostgresPool, session: PostgresSession
  * dispatchers' expiry sweep, which stores REVOKED for its id and aliases
  * (`debounce_cancel_revoking`, sent at most once); the window as cancelled, or null. */
 export async function postgresCancel(pool: PostgresPool, session: PostgresSession, task: string,
-                                     ident: string, historyTtlMs: number): Promise<WindowInfo | null> {
+                                     ident: string, historyTtlMs: number,
+                                     recordTtlMs: number): Promise<WindowInfo | null> {
   await checkSchema(pool, session);
   try {
     return await onConnection(pool, session.timeoutMs, async (conn) => windowOf(lastRows(
       await conn.query(`${settings(session, historyTtlMs)}; SELECT ${WINDOW_COLUMNS} ` +
-        `FROM debounce_cancel_revoking(${literal(ident)}, '', ${historyTtlMs})`))[0]));
+        `FROM debounce_cancel_revoking(${literal(ident)}, '', ${recordTtlMs})`))[0]));
   } catch (exc) {
     throw translate(exc, `the cancel of ${task}'s window`, true);
   }

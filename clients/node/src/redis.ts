@@ -368,15 +368,16 @@ export async function redisFlush(redis: RedisClient, prepared: PreparedCall, pre
 
 /** Drop the pending window of a prepared call's (task, key) so that it never runs
  * (cancel.lua, sent at most once), its outcome handed to the dispatchers' expiry sweep,
- * which stores REVOKED for its id and aliases; the window as cancelled, or null. */
-export async function redisCancel(redis: RedisClient, prepared: PreparedCall):
-    Promise<WindowInfo | null> {
+ * which stores REVOKED for its id and aliases (the hand-off kept `recordTtlMs`); the
+ * window as cancelled, or null. */
+export async function redisCancel(redis: RedisClient, prepared: PreparedCall,
+                                  recordTtlMs: number): Promise<WindowInfo | null> {
   const ms = prepared.timeoutMs;
   let reply: unknown;
   try {
     const conn = await ready(redis, ms);
     const keys = [prepared.keys[0], prepared.keys[1], statsKey(tagOf(prepared))];
-    const argv = [prepared.ident, "", String(prepared.historyTtlMs), "", "1"];
+    const argv = [prepared.ident, "", String(prepared.historyTtlMs), "", String(recordTtlMs)];
     reply = await evalOnce(conn, CANCEL, keys, argv, ms);
   } catch (exc) {
     throw operatorError(exc, `the cancel of ${prepared.task}'s window`, true);

@@ -144,6 +144,9 @@ test("the documented least-privilege user (and +info) can debounce, after SCRIPT
     const u2 = { args: ["u2"] };
     assert.equal((await cancelWindow(limited, "proj.build_report", u2, OPTIONS)).taskId, second);
     assert.equal(await redis.zscore("debounce:{0}:expiring", second), "0");  // handed to the sweep
+    // kept the record TTL (7 days by default), not the history TTL (1 h): a dispatcher
+    // outage of hours still finds it
+    assert.ok(await redis.pttl(`debounce:{0}:win:${second}`) > 6 * 86_400_000);
   } finally {
     limited.disconnect();
     await redis.call("ACL", "DELUSER", "debouncer");

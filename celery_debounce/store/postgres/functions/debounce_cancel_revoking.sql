@@ -5,7 +5,8 @@
 -- another language): the open window of p_ident (of p_task_id unless '') is dropped
 -- and never runs, and its outcome is handed to the dispatchers' expiry sweep. It moves
 -- to debounce_taken 'finished' as REVOKED (reason 'cancelled', payload and options
--- gone, kept p_ttl_ms), expired, expires_at '-infinity': the next debounce_expire
+-- gone, kept p_ttl_ms: the record TTL, as long as a window's record waits for its run,
+-- so a dispatcher outage does not outlive it), expired, expires_at '-infinity': the next debounce_expire
 -- returns it until debounce_expired confirms that REVOKED was stored for its id and
 -- aliases. A collect window's calls go with it, and it is counted (x). No row:
 -- nothing (matching) was open.

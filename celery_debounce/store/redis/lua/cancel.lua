@@ -13,10 +13,12 @@
 --          in <tag>:cancelled:<token> (list), and a call with that token finds it and
 --          returns it instead of acting: the same call sent again after its reply was
 --          lost gets the first answer (the store deletes the key once it has it)
--- ARGV[5]  "1": the caller cannot reach the result backend (a producer in another
---          language): the window's outcome is handed to the dispatchers' expiry sweep.
---          It gets a record <tag>:win:<id> finished as REVOKED (fields id i fs dl mw n
---          na a1 .. st rs fa xr 1, the history TTL, as expire.lua writes one) and
+-- ARGV[5]  a record TTL ms, when the caller cannot reach the result backend (a
+--          producer in another language): the window's outcome is handed to the
+--          dispatchers' expiry sweep. It gets a record <tag>:win:<id> finished as
+--          REVOKED (fields id i fs dl mw n na a1 .. st rs fa xr 1, as expire.lua writes
+--          one), kept that long (debounce_record_ttl: as long as a window's record
+--          waits for its run, so a dispatcher outage does not outlive it), and
 --          <tag>:expiring its id at score 0, so the next sweep (expire.lua, its
 --          "again" rows) stores REVOKED for the id and its aliases. Absent or "": none.
 -- Touches, by name (same hash tag): <tag>:ids  hash; <id> removed when it maps to ident
@@ -61,7 +63,7 @@ if done then
 end
 redis.call('HINCRBY', KEYS[3], 'x|' .. task, 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-if ARGV[5] == '1' then
+if ARGV[5] and ARGV[5] ~= '' then
   local record = {'id', found[1], 'i', ARGV[1], 'fs', found[3], 'dl', deadline,
                   'mw', found[4], 'n', found[2], 'st', 'finished', 'rs', 'REVOKED',
                   'fa', string.format('%d', now_ms()), 'xr', '1', 'na', #reply - 5}
@@ -71,7 +73,7 @@ if ARGV[5] == '1' then
   end
   local key = win_key(tag, found[1])
   redis.call('HSET', key, unpack(record))
-  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('PEXPIRE', key, ARGV[5])
   redis.call('ZADD', expiring_key(tag), 0, found[1])
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
