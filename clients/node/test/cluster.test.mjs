@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { Cluster, Redis } from "ioredis";
-import { GATE_SCRIPT, debounce, prepare } from "../dist/esm/index.js";
+import { GATE_SCRIPT, cancelWindow, debounce, flushWindow, prepare } from "../dist/esm/index.js";
 import { freePort } from "./redis-server.mjs";
 
 const servers = [];
@@ -71,6 +71,21 @@ test("each shard's window is on its master, with the cluster tags, one window pe
   const tags = new Set(["u1", "u2", "u3", "u4"].map(
     (u) => prepare("proj.build_report", { args: [u] }, OPTIONS, true).keys[0].split("}")[0]));
   assert.ok(tags.size > 1, "the keys spread over shards");
+});
+
+test("a flush and a cancel reach each window's master; the cancel's hand-off keeps the window's slot", async () => {
+  for (const user of ["c1", "c2", "c3", "c4"]) {
+    const call = prepare("proj.build_report", { args: [user] }, OPTIONS, true);
+    const tag = call.keys[1].slice(0, call.keys[1].lastIndexOf(":"));
+    const id = await debounce(cluster, "proj.build_report", { args: [user] }, OPTIONS);
+    const op = user === "c1" || user === "c3" ? flushWindow : cancelWindow;
+    assert.equal((await op(cluster, "proj.build_report", { args: [user] }, OPTIONS)).taskId, id);
+    assert.equal(await cluster.exists(call.keys[0]), 0);
+    if (op === cancelWindow) {
+      assert.equal(await cluster.hget(`${tag}:win:${id}`, "rs"), "REVOKED");
+      assert.equal(await cluster.zscore(`${tag}:expiring`, id), "0");
+    }
+  }
 });
 
 test("on Redis 7 masters the loaded script wakes with SPUBLISH", async () => {
