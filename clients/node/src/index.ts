@@ -136,14 +136,25 @@ function plainRoute(exc: unknown, client: Client, task: string,
 const messageOf = (p: PreparedCall, taskId: string | undefined): CeleryMessage =>
   plainMessage(p.task, p.encoded, p.optionsJson, p.collect, taskId);
 
-/** `message` sent by the caller's publisher; its id. */
+/** `message` sent by the caller's publisher, waited for `timeout` at most (a publisher
+ * that never settles must not hold the call forever); its id. */
 async function sendPlain(exc: unknown, options: DebounceOptions, message: CeleryMessage): Promise<string> {
+  const ms = timeoutOf(options);
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<"late">((resolve) => { timer = setTimeout(() => resolve("late"), ms); });
   try {
-    await options.publish!(message);
+    if (await Promise.race([Promise.resolve(options.publish!(message)), late]) === "late") {
+      throw new DebounceOutcomeUnknown(
+        `${(exc as Error).message}; publishing the call plainly (onOutage="publish") did ` +
+        `not finish within ${ms} ms: it may or may not have been published`);
+    }
   } catch (error) {
+    if (error instanceof DebounceOutcomeUnknown) throw error;
     throw new DebounceBackendError(
       `${(exc as Error).message}; publishing the call plainly (onOutage="publish") failed ` +
       `too: ${error instanceof Error ? error.message : String(error)}`);
+  } finally {
+    clearTimeout(timer);
   }
   return String(message.headers.id);
 }

@@ -243,6 +243,11 @@ test("onOutage \"publish\": a call the store cannot take is one plain message, t
   await assert.rejects(debounce(client, "proj.build_report", { args: ["u4"] },
     { ...options, publish: async () => { throw new Error("broker down"); } }),
   (exc) => exc instanceof DebounceBackendError && /failed too: broker down/.test(exc.message));
+  const started = Date.now();  // a publisher that never settles: the call's timeout ends it
+  await assert.rejects(debounce(client, "proj.build_report", { args: ["u4"] },
+    { ...options, timeout: "300ms", publish: () => new Promise(() => {}) }),
+  (exc) => exc instanceof DebounceOutcomeUnknown && /did not finish within 300 ms/.test(exc.message));
+  assert.ok(Date.now() - started < 2000);
   await assert.rejects(debounce(client, "proj.build_report", { args: ["u5"] }, OPTIONS),
     (exc) => exc instanceof DebounceBackendError && !/plainly/.test(exc.message));  // "raise"
   await assert.rejects(debounce(client, "proj.other", { args: ["u6"] }, options),  // never read
