@@ -107,6 +107,14 @@ function gateConnection(redis: RedisClient): RedisClient {
   return made;
 }
 
+/** A connection the server refused for the client's credentials: no retry mends it (Python's
+ * `NOAUTH`/`WRONGPASS` are never an outage either), so never taken for one. */
+const MISCONFIGURED = /^(WRONGPASS|NOAUTH|NOPERM)\b|invalid (username-)?password/i;
+
+const misconfigured = (error: Error): DebounceConfigError => new DebounceConfigError(
+  `the Redis server refused the connection (${error.message}): check the client's username ` +
+  "and password; nothing was sent");
+
 /** Not sent: the connection was not ready and ioredis refused to queue the command. */
 class NotSent extends Error {}
 class TimedOut extends Error {}
@@ -121,7 +129,8 @@ function whenReady(conn: RedisClient, ms: number): Promise<void> {
       conn.off("ready", onReady);
       conn.off("error", onError);
       conn.off("end", onEnd);
-      if (error) reject(new NotSent(error.message)); else resolve();
+      if (!error) resolve();
+      else reject(MISCONFIGURED.test(error.message) ? misconfigured(error) : new NotSent(error.message));
     };
     const onReady = (): void => done();
     const onError = (error: Error): void => done(error);
@@ -155,6 +164,7 @@ function once<T>(conn: RedisClient, command: Promise<T>, ms: number): Promise<T>
 }
 
 function translate(exc: unknown, task: string): Error {
+  if (exc instanceof DebounceConfigError) return exc;
   const message = exc instanceof Error ? exc.message : String(exc);
   const isReply = exc instanceof Error && exc.name === "ReplyError";
   const mismatch = /DEBOUNCE_CONTRACT_MISMATCH producer (\w+) gate (\w+)/.exec(message);
@@ -186,6 +196,7 @@ export async function readDefinition(redis: RedisClient, prefix: string, task: s
     if (conn.status !== "ready") await whenReady(conn, ms);
     return await once(conn, conn.hget(tasksKey(prefix), task), ms);
   } catch (exc) {
+    if (exc instanceof DebounceConfigError) throw exc;
     const message = exc instanceof Error ? exc.message : String(exc);
     if (exc instanceof NotSent) {
       throw outage(new DebounceBackendError(
@@ -315,6 +326,7 @@ async function ready(redis: RedisClient, ms: number): Promise<RedisClient> {
 
 /** An operator's call as the package's errors: not sent, refused, or (`written`) lost. */
 function operatorError(exc: unknown, what: string, written: boolean): Error {
+  if (exc instanceof DebounceConfigError) return exc;
   const message = exc instanceof Error ? exc.message : String(exc);
   if (exc instanceof NotSent) {
     return new DebounceBackendError(`debounce Redis unreachable for ${what} (${message}); nothing was sent`);

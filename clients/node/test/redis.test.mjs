@@ -256,6 +256,25 @@ test("onOutage \"publish\": a call the store cannot take is one plain message, t
   assert.deepEqual(await redis.keys("debounce:{0}:open:*"), [OPEN]);  // u1's alone: none of them
 });
 
+test("wrong credentials are a config error by name, never an outage: not published plainly", async () => {
+  await redis.call("ACL", "SETUSER", "locked", "on", ">right", "~*", "+@all");
+  const sent = [];
+  const wrong = new Redis({ port: redis.options.port, host: "127.0.0.1", username: "locked",
+    password: "wrong" });  // ioredis retries as by default: a wrong password stays wrong
+  wrong.on("error", () => {});
+  try {
+    for (let i = 0; i < 2; i++) {  // the second too: no breaker opened
+      await assert.rejects(debounce(wrong, "proj.build_report", { args: ["u1"] },
+        { ...OPTIONS, onOutage: "publish", publish: async (m) => { sent.push(m); } }),
+      (exc) => exc instanceof DebounceConfigError && /WRONGPASS|invalid/.test(exc.message));
+    }
+    assert.equal(sent.length, 0);
+  } finally {
+    wrong.disconnect();
+    await redis.call("ACL", "DELUSER", "locked");
+  }
+});
+
 test("onOutage is \"raise\" or \"publish\", and \"publish\" needs a publisher", async () => {
   await assert.rejects(debounce(redis, "proj.t", { args: [1] }, { ...OPTIONS, onOutage: "publish" }),
     (exc) => exc instanceof DebounceConfigError && /needs publish/.test(exc.message));
