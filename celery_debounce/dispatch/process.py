@@ -109,13 +109,22 @@ class _Child(Process):  # type: ignore[misc]
             thread = dispatcher.start()
             while thread.is_alive() and not terms and not self._orphaned():
                 time.sleep(TICK_S)
-            if self._orphaned():
-                logger.warning(
-                    "debounce: dispatcher %s: its worker (pid %d) is gone; stopping",
-                    self.dispatcher_name,
-                    self.parent_pid,
-                )
+            gone = self._orphaned()
+            if gone:
+                self._log_gone("stopping")
             dispatcher.stop()
+            # A killed worker's forking thread can exit before its main thread: the
+            # prctl's SIGTERM then lands while the parent still reads as the worker
+            if not gone and self._orphaned():
+                self._log_gone("stopped")
+
+    def _log_gone(self, what: str) -> None:
+        logger.warning(
+            "debounce: dispatcher %s: its worker (pid %d) is gone; %s",
+            self.dispatcher_name,
+            self.parent_pid,
+            what,
+        )
 
 
 class DispatcherProcess:
