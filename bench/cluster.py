@@ -29,7 +29,7 @@ from celery import Celery
 
 from bench.apps import make_app
 from bench.harness import Row, compare, interleaved, table
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
 SHARDS = 6

@@ -3,7 +3,7 @@
 The public names load on first use (PEP 562), so ``import celery_debounce.store``
 (or ``.settings``) runs none of the call encoding. No import connects
 anything: using any public name, or binding a ``DebouncedTask`` to an app, connects
-the worker signals (:mod:`celery_debounce.worker.signals`) and the hook that adds the
+the worker signals (:mod:`celery_debounce.worker.receivers`) and the hook that adds the
 embedded dispatcher's worker bootstep (:func:`celery_debounce.producer.worker_steps.install`);
 the ``celery`` command's plugin (``ops/cli.py``) connects the worker signals
 (:func:`celery_debounce.worker.install`).
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WindowQuarantined,
     )
     from .ops.admin import DebounceAdmin
-    from .producer.bulk import DebounceBulkError, enqueue_many
+    from .producer.many import DebounceBulkError, enqueue_many
     from .producer.outage import DebounceBreakerOpen
     from .producer.task import DebouncedTask, send_task
     from .store.domain import (
@@ -74,7 +74,7 @@ _OWNERS = {
     "DebounceAdmin": "ops.admin",
     "DebounceBackendError": "errors",
     "DebounceBreakerOpen": "producer.outage",
-    "DebounceBulkError": "producer.bulk",
+    "DebounceBulkError": "producer.many",
     "DebounceConfigError": "errors",
     "DebounceContractMismatch": "errors",
     "DebounceError": "errors",
@@ -100,7 +100,7 @@ _OWNERS = {
     "WindowNotFound": "errors",
     "WindowNotPending": "errors",
     "WindowQuarantined": "errors",
-    "enqueue_many": "producer.bulk",
+    "enqueue_many": "producer.many",
     "install": "dispatch.bootstep",
     "send_task": "producer.task",
     "signals": "",

@@ -12,7 +12,7 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
-from .sentinel import (
+from .sentinel_settings import (
     SentinelConfig,
     is_sentinel_url,
     redact,
@@ -125,12 +125,12 @@ class Settings:
     redis_timeout_s: float
     max_key_length: int
     max_payload_bytes: int
-    #: Set when ``redis_url`` is a ``sentinel://`` URL (see sentinel.py).
+    #: Set when ``redis_url`` is a ``sentinel://`` URL (see sentinel_settings.py).
     sentinel: SentinelConfig | None = None
     redis_cluster: bool = False
     #: replicas that must acknowledge a gate call (Redis WAIT) before it returns; 0: off
     wait_replicas: int = 0
-    #: how long a worker's claim on a window's run lasts unless renewed (worker/signals.py)
+    #: how long a worker's claim on a window's run lasts unless renewed (worker/receivers.py)
     claim_lease_ms: int = 60_000
     #: Celery's ``result_expires`` in ms (None: results never expire). A leading-only
     #: quiet period never outlasts it: its suppressed calls hold the leading run's id

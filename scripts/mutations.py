@@ -206,7 +206,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redelivered run of a claimed window not logged",
         "crash row 6: acks_late redelivery logs 'runs again: its previous claim went stale'",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         'elif before in ("claimed", "stale") and not retry:',
         'elif before == "finished" and not retry:',
         FAULTS + "test_worker_killed_mid_run_with_acks_late_is_redelivered",
@@ -316,7 +316,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "IGNORED is not a final state",
         "lingering: a run ending IGNORED finishes its window",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "_FINAL = frozenset(states.READY_STATES) | {states.IGNORED}",
         "_FINAL = frozenset(states.READY_STATES)",
         FAULTS + "test_an_ignored_run_finishes_its_window",
@@ -324,7 +324,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "task_rejected not handled",
         "lingering: a message the worker rejects finishes its window (REJECTED)",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "task_rejected.connect(_dropped, weak=False)",
         "",
         FAULTS + "test_a_message_the_worker_rejects_finishes_its_window",
@@ -332,7 +332,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "task_revoked not handled",
         "lingering: a revoked/expired message finishes its window (REVOKED)",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "task_revoked.connect(_revoked, weak=False)",
         "",
         ROBUST + "test_an_expired_message_finishes_its_window_as_revoked",
@@ -572,7 +572,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "aliases of a window are not resolved",
         "every id a caller holds resolves (groups, chords)",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "    if aliases:\n        resolve_aliases(",
         "    if False:\n        resolve_aliases(",
         "tests/producer/test_ids_and_canvas.py::test_a_group_whose_members_join_one_window_completes",
@@ -580,7 +580,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a finish sent after an outage forgets the window's aliases",
         "every id a caller holds resolves, also when the finish was kept during an outage",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "then=lambda done: _finished(app, task_id, done, state, retval))",
         "then=None)",
         "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result",
@@ -644,7 +644,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redact keeps a password that holds ';' or '/'",
         "no secret in any error or log: a URL's user info is hidden up to its last '@'",
-        PKG + "sentinel.py",
+        PKG + "sentinel_settings.py",
         '        at = segment.rfind("@")',
         '        at = min((segment.find(c) for c in "@;/" if c in segment), default=-1)',
         "tests/store/test_secrets.py::test_redact_hides_every_password_whole",
@@ -693,7 +693,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "Reject(requeue=False) is not final",
         "every id resolves: a run that rejects its message for good finishes its window",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "    if state == states.REJECTED and shard is not None and "
         "_rejected_for_good(task, retval):",
         "    if False:",
@@ -703,7 +703,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a requeued Reject finishes the window",
         "every id resolves to the run that follows a requeue, not to the Reject",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         '    return not (getattr(retval, "requeue", False) and task.acks_late)',
         "    return True",
         "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
@@ -876,7 +876,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "enqueue_many reports a suppressed call as absorbed",
         "parity: enqueue_many sends the signals a single call sends (as stats counts)",
-        PKG + "producer/bulk.py",
+        PKG + "producer/many.py",
         "                announce(call, outcome)",
         '                announce(call, outcome._replace(edge=""))',
         PARITY + "test_enqueue_many_sends_the_signals_a_single_call_sends",
@@ -885,7 +885,7 @@ MUTATIONS: list[Mutation] = [
         "a collect window's calls reach a plain worker's task raw",
         "parity: a rolling deploy that toggles debounce_collect runs each window in the "
         "worker's shape",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "    task_prerun.connect(_reshape, weak=False)\n",
         "",
         PARITY + "test_a_rolling_deploy_that_toggles_debounce_collect_runs_each_window_in_the_"
@@ -1122,7 +1122,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a requeued run's window is not put back",
         "exclusive: a Reject(requeue=True) keeps the key held until the requeued run ended",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        _end_claim(store, shard, task_id, task.name)\n",
         "tests/producer/test_exclusive.py::"
@@ -1132,7 +1132,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a duplicate delivery is not skipped",
         "effectively once: a delivery of a finished or live-claimed window never runs the body",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "    if not run:\n",
         "    if False:\n",
         FAULTS + "test_dispatcher_killed_after_publish_before_ack_runs_the_body_once",
@@ -1230,7 +1230,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a requeued run keeps its claim",
         "effectively once: a Reject(requeue=True) delivery runs, it is no duplicate",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        pass\n",
         "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
@@ -1551,7 +1551,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a finish WAIT refused is not sent again",
         "a failover cannot forget a run that finished (its finish is replicated)",
-        PKG + "worker/signals.py",
+        PKG + "worker/receivers.py",
         "        marks.keep(store, mark, exc)\n",
         "",
         "tests/worker/test_wait_claims.py::test_a_finish_too_few_replicas_acknowledged_is_sent_again",
@@ -1618,7 +1618,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "an OOM reply is not an outage",
         "OOM, READONLY and LOADING replies (the call did not run) fall back under 'publish'",
-        PKG + "store/redis/errors.py",
+        PKG + "store/redis/translate.py",
         '        return ServerRefused(\n            f"debounce Redis is at maxmemory (OOM)',
         '        return DebounceBackendError(\n            f"debounce Redis is at maxmemory (OOM)',
         "tests/producer/test_outage_policy.py::test_which_errors_are_an_outage",
@@ -2003,7 +2003,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redact leaves a password given as a URL's query parameter",
         "no password in any error or log line: a postgresql:// URL's ?password= too",
-        PKG + "sentinel.py",
+        PKG + "sentinel_settings.py",
         '        segment = _QUERY_SECRET.sub(r"\\1***", text[match.end() : end])',
         "        segment = text[match.end() : end]",
         "tests/store/test_secrets.py::test_no_password_when_a_postgresql_store_url_is_refused",

@@ -21,9 +21,9 @@ from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
 from celery_debounce.settings import Settings
 from celery_debounce.store import WindowStore
-from celery_debounce.testing.cluster import LocalCluster
 from celery_debounce.testing.pgbouncer import LocalPgBouncer, find_pgbouncer
 from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
+from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
 

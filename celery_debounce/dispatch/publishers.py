@@ -29,7 +29,7 @@ from kombu.exceptions import InconsistencyError
 
 from ..errors import DebounceConfigError
 from ..headers import WindowMessage
-from ..sentinel import redact
+from ..sentinel_settings import redact
 from ..store import (
     CONNECTION_ERRORS,
     TakenWindow,

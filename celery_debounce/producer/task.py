@@ -63,7 +63,7 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
     #: The worker's main process finishes a window whose pool child died mid-run
     #: (``worker/request.py``'s WindowRequest, named by its path: the worker loads it);
     #: a custom Request should derive from it.
-    Request = "celery_debounce.worker.signals:WindowRequest"
+    Request = "celery_debounce.worker.receivers:WindowRequest"
 
     _debounce_defaults: ClassVar[TaskDefaults] = TaskDefaults()
     #: A definition refused while its app finalized (see ``refuse_later``): every
@@ -342,10 +342,10 @@ class DebouncedTask(OnCommitMixin, Task):  # type: ignore[misc]
 
     def on_replace(self, sig: Any) -> Any:
         """``self.replace(sig)`` in a window's run: the window and its aliases get the
-        replacement's outcome (``worker/signals.py``'s ``forward_replacement``, imported
+        replacement's outcome (``worker/receivers.py``'s ``forward_replacement``, imported
         here, in the worker's run: the producer stage does not import the worker's)."""
         if not self.request.is_eager:
-            from ..worker.signals import forward_replacement
+            from ..worker.receivers import forward_replacement
 
             forward_replacement(self, sig)
         return super().on_replace(sig)

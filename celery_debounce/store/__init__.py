@@ -45,7 +45,9 @@ from .records import as_text
 from .redis.scripts import SCRIPT_NAMES, script_source
 
 if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
-    from .redis.errors import (
+    from .redis.server import MIN_REDIS, read_server_version, server_supported
+    from .redis.store import WaitedStore, WindowStore
+    from .redis.translate import (
         CONNECTION_ERRORS,
         REDIS_ERROR,
         is_error_reply,
@@ -54,8 +56,6 @@ if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
         reply_code,
         translate_errors,
     )
-    from .redis.server import MIN_REDIS, read_server_version, server_supported
-    from .redis.store import WaitedStore, WindowStore
     from .redis.wake import WakeListener
 
 #: Names of the Redis store kept importable from here, each loaded on first use (they
@@ -63,13 +63,13 @@ if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
 _REDIS_NAMES = {
     "WindowStore": ".redis.store",
     "WaitedStore": ".redis.store",
-    "CONNECTION_ERRORS": ".redis.errors",
-    "REDIS_ERROR": ".redis.errors",
-    "is_error_reply": ".redis.errors",
-    "is_outage": ".redis.errors",
-    "pipeline_failed_at": ".redis.errors",
-    "reply_code": ".redis.errors",
-    "translate_errors": ".redis.errors",
+    "CONNECTION_ERRORS": ".redis.translate",
+    "REDIS_ERROR": ".redis.translate",
+    "is_error_reply": ".redis.translate",
+    "is_outage": ".redis.translate",
+    "pipeline_failed_at": ".redis.translate",
+    "reply_code": ".redis.translate",
+    "translate_errors": ".redis.translate",
     "MIN_REDIS": ".redis.server",
     "read_server_version": ".redis.server",
     "server_supported": ".redis.server",

@@ -1,5 +1,5 @@
 """Helpers for testing your own debounced tasks (throwaway servers: the modules
-``servers`` and ``cluster`` of this package).
+``servers`` and ``redis_cluster`` of this package).
 
 Everything here works against a real Redis or a fakeredis server (with Lua) and
 never sleeps: windows are read straight from Redis and made due on demand.
@@ -13,7 +13,7 @@ never sleeps: windows are read straight from Redis and made due on demand.
 * :func:`assert_pending` / :func:`assert_not_pending`: a task's window for given
   arguments (the key resolved as a call resolves it) is open, with ``calls`` calls.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
-* ``servers.LocalRedis``, ``servers.LocalSentinels``, ``cluster.LocalCluster``: a
+* ``servers.LocalRedis``, ``servers.LocalSentinels``, ``redis_cluster.LocalCluster``: a
   throwaway local redis-server, Sentinel group or Redis Cluster (needs the binaries).
 
 The pytest plugin (entry point ``pytest11``: the module ``celery_debounce_pytest``)

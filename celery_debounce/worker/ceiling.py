@@ -1,4 +1,4 @@
-"""The max-wait ceiling measured where a window's run starts (``worker/signals.py``,
+"""The max-wait ceiling measured where a window's run starts (``worker/receivers.py``,
 ``_claim``): a run later than its window's ceiling + :data:`MAX_WAIT_TOLERANCE_S`
 sends ``max_wait_exceeded`` (the metrics' ``max_wait_violations_total``). The store
 measures it (:meth:`WorkerStore.ceiling_lateness_ms

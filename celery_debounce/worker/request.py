@@ -86,7 +86,7 @@ class WindowRequest(Request):  # type: ignore[misc]
         from celery.exceptions import TimeLimitExceeded
         from celery.worker import state as worker_state
 
-        from .signals import _end_claim, _finish_window, _shard_of  # imports this
+        from .receivers import _end_claim, _finish_window, _shard_of  # imports this
 
         if getattr(self, "_debounce_ended", False):
             return

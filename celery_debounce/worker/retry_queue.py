@@ -1,7 +1,7 @@
 """Claims and finishes that failed during a Redis blip, kept and retried.
 
 A worker marks a window ``claimed`` when its run starts and ``finished`` when it ends
-(worker/signals.py). If the windows' Redis is unreachable at that moment the mark is
+(worker/receivers.py). If the windows' Redis is unreachable at that moment the mark is
 handed here (:class:`ClaimMark`, :class:`FinishMark`: the operation with its
 arguments, sent again through the store's ``WorkerStore`` methods): kept in memory
 (per process, at most :data:`MAX_PENDING`, oldest dropped first with a warning) and

@@ -196,7 +196,7 @@ def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
 ) -> None:
     """One gate call fails inside Redis (its open: key is of the wrong type): the others are
     written, the error names exactly the unwritten one, and retrying it counts nothing twice."""
-    from celery_debounce.producer.bulk import DebounceBulkError
+    from celery_debounce.producer.many import DebounceBulkError
     from celery_debounce.store.keys import window_ident
 
     sync = _task(app, [])
@@ -228,7 +228,7 @@ def test_a_connection_killed_mid_batch_reports_exactly_what_was_written(
     import threading
     import time
 
-    from celery_debounce.producer.bulk import DebounceBulkError
+    from celery_debounce.producer.many import DebounceBulkError
 
     sync = _task(app, [])
     total = 60_000

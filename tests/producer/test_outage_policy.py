@@ -30,7 +30,7 @@ from celery_debounce import (
     send_task,
 )
 from celery_debounce.producer import outage as outage_module
-from celery_debounce.producer.bulk import enqueue_many
+from celery_debounce.producer.many import enqueue_many
 from celery_debounce.producer.outage import DebounceBreakerOpen, breaker_for, outage_kind
 from celery_debounce.signals import outage_fallback
 from celery_debounce.store import store_for

@@ -347,7 +347,7 @@ def test_context_and_backend_marks_take_a_request() -> None:
 
 
 def test_worker_signals_the_package_connects_to() -> None:
-    """worker/signals.py: the consumer sends task_unknown/task_rejected with
+    """worker/receivers.py: the consumer sends task_unknown/task_rejected with
     ``message`` (and ``name``/``id`` for unknown); task_revoked with ``request``."""
     import inspect
 

@@ -39,9 +39,9 @@ PRODUCER = (
     *CALL_ENCODING,
     "producer.canvas",
     "producer.result",
-    "producer.bulk",
+    "producer.many",
     "dispatch.dispatcher",
-    "worker.signals",
+    "worker.receivers",
 )
 
 
@@ -72,6 +72,32 @@ def test_the_module_map_lists_every_module_once() -> None:
     assert sorted(set(n for n in listed if listed.count(n) > 1)) == []
     assert sorted(set(real) - set(listed)) == [], "add them to docs/design.md, Module map"
     assert sorted(set(listed) - set(real)) == [], "listed in docs/design.md but gone"
+
+
+def repeated_names(paths: list[str]) -> dict[str, list[str]]:
+    """File names (``__init__.py`` aside) found at two levels of the package: the same
+    name beside itself in parallel folders (``store/redis/runs.py`` and
+    ``store/postgres/runs.py``, one job per store) is one level."""
+    levels: dict[str, dict[int, list[str]]] = {}
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        if name != "__init__.py":
+            levels.setdefault(name, {}).setdefault(path.count("/"), []).append(path)
+    return {
+        name: sorted(p for found in by_level.values() for p in found)
+        for name, by_level in levels.items()
+        if len(by_level) > 1
+    }
+
+
+def test_no_file_name_is_repeated_at_two_levels() -> None:
+    assert repeated_names(package_modules()) == {}
+
+
+def test_the_name_check_sees_a_name_at_two_levels_only() -> None:
+    assert repeated_names(
+        ["a/x.py", "b/x.py", "c/d/y.py", "y.py", "__init__.py", "a/__init__.py"]
+    ) == {"y.py": ["c/d/y.py", "y.py"]}
 
 
 def test_the_map_check_sees_a_missing_and_a_doubled_module() -> None:
@@ -192,7 +218,7 @@ CALLED_INTO: dict[tuple[str, str], str] = {
     "public name used, connects the worker's receivers (worker.install)",
     ("producer.worker_steps", "dispatch.bootstep"): "at worker_init, an app that uses "
     "debounce gets the embedded dispatcher's DispatcherStep",
-    ("producer.task", "worker.signals"): "DebouncedTask.on_replace, in the worker's run: "
+    ("producer.task", "worker.receivers"): "DebouncedTask.on_replace, in the worker's run: "
     "the window gets the replacement's outcome (forward_replacement)",
     ("dispatch.bootstep", "worker"): "install(app) for an app without a DebouncedTask: its "
     "windows' runs are claimed and finished (worker.install)",
@@ -269,14 +295,14 @@ def test_the_stage_check_finds_a_planted_circle(tmp_path: Path) -> None:
         (root / folder).mkdir(exist_ok=True)
         (root / folder / "__init__.py").write_text("")
     (root / "tags.py").write_text("")
-    (root / "producer" / "task.py").write_text("from ..worker import signals\n")
-    (root / "worker" / "signals.py").write_text(
+    (root / "producer" / "task.py").write_text("from ..worker import receivers\n")
+    (root / "worker" / "receivers.py").write_text(
         "from ..tags import *\n\ndef run():\n    from ..producer import task\n"
     )
     at_import = stage_edges(_graph(root, in_functions=False))
     when_called = stage_edges(_graph(root, in_functions=True))
-    assert forbidden(at_import) == [("producer.task", "worker.signals")]
-    assert forbidden(when_called) == [("worker.signals", "producer.task")]
+    assert forbidden(at_import) == [("producer.task", "worker.receivers")]
+    assert forbidden(when_called) == [("worker.receivers", "producer.task")]
     assert stage_circles({*at_import, *when_called}) == [["producer", "worker"]]
     assert stage_circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
 
@@ -321,11 +347,11 @@ def test_the_contract_loads_without_redis_py() -> None:
     assert out[:2] == ["[]", "WindowStore needs redis-py"]
 
 
-#: Prints which of the package's receivers are connected: the claim (worker/signals.py)
+#: Prints which of the package's receivers are connected: the claim (worker/receivers.py)
 #: and the hook that adds the embedded dispatcher's bootstep (producer/worker_steps.py).
 _CONNECTED = """
 from celery.signals import task_prerun, worker_init
-import celery_debounce.worker.signals as w, sys
+import celery_debounce.worker.receivers as w, sys
 steps = sys.modules.get("celery_debounce.producer.worker_steps")
 print(w._claim in [r[1] for r in task_prerun.receivers],
       steps is not None and steps._add_dispatcher_step in [r[1] for r in worker_init.receivers])
@@ -362,7 +388,7 @@ app.finalize()
         # an import connects nothing: each connection is an explicit install
         (
             "import celery_debounce.producer.task, celery_debounce.dispatch.bootstep, "
-            "celery_debounce.worker.signals, celery_debounce.testing",
+            "celery_debounce.worker.receivers, celery_debounce.testing",
             "False False",
         ),
     ],
@@ -378,7 +404,7 @@ def test_installing_twice_connects_each_receiver_once() -> None:
         "from celery_debounce import worker\n"
         "for _ in range(3):\n"
         "    worker_steps.install(); worker.install()\n"
-        "import celery_debounce.worker.signals as w\n"
+        "import celery_debounce.worker.receivers as w\n"
         "print(sum(r[1] in (w._claim, w._reshape) for r in task_prerun.receivers))\n"
     )
     assert _run(code).stdout.split() == ["2"]
@@ -395,7 +421,7 @@ def test_every_public_name_imports() -> None:
 
 
 def test_only_the_store_talks_to_redis_or_knows_its_topology() -> None:
-    servers = ("testing/servers.py", "testing/cluster.py")
+    servers = ("testing/servers.py", "testing/redis_cluster.py")
     outside = [
         p
         for p in PACKAGE.rglob("*.py")
@@ -465,7 +491,7 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
             "store/redis/bulk.py",
             "store/redis/cluster.py",
             "store/redis/connect.py",
-            "store/redis/errors.py",
+            "store/redis/translate.py",
             "store/redis/node.py",
             "store/redis/operators.py",
             "store/redis/sentinel.py",

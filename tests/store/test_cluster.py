@@ -28,7 +28,7 @@ from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag,
 from celery_debounce.store import WindowStore, store_for
 from celery_debounce.store.redis import cluster, transport
 from celery_debounce.testing import clear_windows
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
 

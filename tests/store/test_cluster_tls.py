@@ -19,7 +19,7 @@ from test_tls_acl import make_certs
 
 from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
-from celery_debounce.testing.cluster import _free_cluster_port, redis_cli
+from celery_debounce.testing.redis_cluster import _free_cluster_port, redis_cli
 from celery_debounce.testing.servers import LocalRedis, server_supports_tls
 
 pytestmark = [

@@ -16,7 +16,7 @@ from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.keys import claims_key
-from celery_debounce.store.redis.errors import ALIASES_FULL
+from celery_debounce.store.redis.translate import ALIASES_FULL
 
 
 def call(

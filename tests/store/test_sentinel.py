@@ -22,7 +22,7 @@ from celery import Celery
 from helpers import make_app, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebounceConfigError, DebouncedTask
-from celery_debounce.sentinel import SentinelConfig, parse_sentinel_url
+from celery_debounce.sentinel_settings import SentinelConfig, parse_sentinel_url
 from celery_debounce.settings import Settings
 from celery_debounce.store import store_for
 from celery_debounce.testing.servers import LocalSentinels

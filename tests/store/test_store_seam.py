@@ -65,7 +65,7 @@ KEY_FRAGMENTS = (":win:", ":open:", ":run:")
 
 #: What still leaks, by module and kind (docs/design.md lists each under "The rule");
 #: an entry the scan no longer finds fails too, so this list only shrinks.
-#: worker/signals.py and worker/retry_queue.py (the worker's KEYS/ARGV, ``store.run("renew")``,
+#: worker/receivers.py and worker/retry_queue.py (the worker's KEYS/ARGV, ``store.run("renew")``,
 #: a kept mark's script call) were here until their move to ``WorkerStore`` (finish_run,
 #: renew_claims, end_claim, typed marks), and worker/ceiling.py (it read the record with
 #: ``store.client.hmget``) until ``WorkerStore.ceiling_lateness_ms``; they scan clean

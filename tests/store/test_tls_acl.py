@@ -26,7 +26,7 @@ from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.admin import DebounceAdmin, read_snapshot
 from celery_debounce.ops.read_view import list_windows
-from celery_debounce.producer.bulk import enqueue_many
+from celery_debounce.producer.many import enqueue_many
 from celery_debounce.store import store_for
 from celery_debounce.testing.servers import LocalRedis, free_port, server_supports_tls
 
@@ -401,7 +401,7 @@ def _every_feature(app: Celery, errors: list[BaseException]) -> None:
     and finish. Every exception is appended to ``errors`` (with a DebounceBulkError's
     per-call errors), and the next feature runs."""
     from celery_debounce import DebounceError
-    from celery_debounce.producer.bulk import DebounceBulkError
+    from celery_debounce.producer.many import DebounceBulkError
 
     options = {
         "base": DebouncedTask,

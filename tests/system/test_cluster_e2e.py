@@ -44,7 +44,7 @@ from test_leading_edge import (  # noqa: F401 - collected again here
     test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest,
 )
 
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

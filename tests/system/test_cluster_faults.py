@@ -32,7 +32,7 @@ from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import store_for
 from celery_debounce.store.keys import shard_of, split_ident, window_ident
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TESTS = Path(__file__).parents[1]

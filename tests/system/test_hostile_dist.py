@@ -19,7 +19,7 @@ from test_tls_acl import ACL_RULES
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import store_for
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 
 
 def _task(app: Celery) -> Any:

@@ -17,7 +17,7 @@ from node_producer import NODE, node_calls
 from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.store.redis.scripts import script_source
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(
     NODE is None, reason="node is not installed (the Node producer's tests need node >= 20 on PATH)"

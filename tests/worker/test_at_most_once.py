@@ -49,12 +49,12 @@ from celery_debounce import (
     DebounceOutcomeUnknown,
     enqueue_many,
 )
-from celery_debounce.producer.bulk import DebounceBulkError
+from celery_debounce.producer.many import DebounceBulkError
 from celery_debounce.store import chunks as chunking
 from celery_debounce.store import store_for
 from celery_debounce.store.domain import Released
 from celery_debounce.store.redis.cluster import ClusterTransport
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
 TAG = "debounce:{0}"

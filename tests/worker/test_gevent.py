@@ -28,7 +28,7 @@ from helpers import stop_process, wait_until
 from test_faults import TESTS, env_for, runs, worker_process
 from test_tls_acl import make_certs
 
-from celery_debounce.testing.cluster import LocalCluster
+from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis, free_port, server_supports_tls
 
 pytest.importorskip("gevent", reason="the test extra installs gevent")  # declared: CI has it

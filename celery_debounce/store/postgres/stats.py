@@ -118,7 +118,7 @@ class PostgresStats:
 
     def reach(self) -> Reached:
         """What reaching the database found, for ``check --connect`` (reach.py)."""
-        from .reach import reach_postgres
+        from .reach_postgres import reach_postgres
 
         return reach_postgres(self)  # type: ignore[arg-type]
 

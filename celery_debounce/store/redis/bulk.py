@@ -17,7 +17,7 @@ from ..codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from ..domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
 from ..keys import bulk_marker_prefix, open_key
 from ..records import F_ID, as_text
-from .errors import _translated, is_outage, translate_errors
+from .translate import _translated, is_outage, translate_errors
 from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 
 if TYPE_CHECKING:  # pragma: no cover

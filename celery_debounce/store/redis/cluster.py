@@ -13,7 +13,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainErr
 
 from ...settings import Settings
 from ...tags import key_slot
-from .errors import _translated
+from .translate import _translated
 from .transport import RenewalLink, Route, Transport
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,12 +9,12 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ...sentinel import redact
+from ...sentinel_settings import redact
 from ...settings import Settings
 from .cluster import ClusterTransport
-from .errors import _unreadable_url, unreachable
 from .node import NodeTransport, is_direct_node
 from .sentinel import sentinel_client
+from .translate import _unreadable_url, unreachable
 from .transport import Transport
 
 

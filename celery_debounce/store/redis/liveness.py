@@ -10,7 +10,7 @@ from ...settings import Settings
 from ..codec import Shard
 from ..keys import alive_key, stopped_key
 from ..records import as_text
-from .errors import translate_errors
+from .translate import translate_errors
 
 
 class Liveness:

@@ -15,10 +15,10 @@ from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelConnectionPool
 
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
-from ...sentinel import redact
+from ...sentinel_settings import redact
 from ...settings import Settings
-from .errors import _lost, _refused_by_a_replica, _translated, translate_errors
 from .server import _PooledCommands
+from .translate import _lost, _refused_by_a_replica, _translated, translate_errors
 from .transport import (
     LINK_ERRORS,
     Transport,

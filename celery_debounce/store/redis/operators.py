@@ -54,10 +54,10 @@ from ..records import (
     decode_record,
 )
 from .checks import combined_policy
-from .doctor import DoctorOps
-from .errors import translate_errors
+from .diagnose import DoctorOps
 from .liveness import Liveness
 from .server import maxmemory_policy
+from .translate import translate_errors
 from .transport import Transport
 
 #: Redis commands :meth:`Operators.snapshot` sends per shard.

@@ -20,7 +20,7 @@ from ..domain import ClaimResult, FinishResult
 from ..keys import claims_key, win_key
 from ..records import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text
 from ..states import as_before
-from .errors import translate_errors
+from .translate import translate_errors
 
 #: What a debounce_exclusive window's stored options hold (``take.lua`` looks for it).
 _EXCLUSIVE = f'"{EXCLUSIVE_HEADER}"'

@@ -1,7 +1,7 @@
 """Redis Sentinel: the master's client and the ``+switch-master`` watcher.
 
 Which master, and how to reach the sentinels, is read from the settings by
-:mod:`celery_debounce.sentinel`.
+:mod:`celery_debounce.sentinel_settings`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from ...sentinel import SentinelConfig
+from ...sentinel_settings import SentinelConfig
 
 _logger = logging.getLogger("celery_debounce.store")
 

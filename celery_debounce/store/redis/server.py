@@ -13,7 +13,7 @@ from redis.exceptions import RedisClusterException
 from ...errors import DebounceBackendError
 from ..records import as_text
 from .checks import UNKNOWN
-from .errors import _translated, unreachable
+from .translate import _translated, unreachable
 from .transport import checkout
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -63,10 +63,10 @@ from ..keys import (
 from ..records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
 from .bulk import BulkGate
 from .connect import transport_for
-from .errors import translate_errors
 from .operators import Operators
 from .runs import RunOps, claim_result, finish_result
 from .server import ServerCheck
+from .translate import translate_errors
 from .wake import WakeListener
 
 logger = logging.getLogger("celery_debounce.store")

@@ -34,11 +34,11 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ...errors import DebounceBackendError
-from ...sentinel import redact
+from ...sentinel_settings import redact
 from ...settings import Settings
-from .errors import _lost, _refused_by_a_replica, _translated
 from .scripts import SCRIPT_NAMES, script_source
 from .sentinel import master_switches
+from .translate import _lost, _refused_by_a_replica, _translated
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...producer.call import PreparedCall

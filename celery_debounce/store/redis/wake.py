@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...errors import DebounceBackendError
-from .errors import translate_errors
+from .translate import translate_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .. import WindowStore

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import redis
 
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
-from ...sentinel import redact
+from ...sentinel_settings import redact
 
 
 @contextmanager

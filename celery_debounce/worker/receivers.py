@@ -269,7 +269,7 @@ def install_request(app: Celery) -> None:
     for name, task in list(app.tasks.items()):
         cls = type(task)
         if not name.startswith("celery.") and cls.Request in (_DEFAULT_REQUEST, Request):
-            cls.Request = "celery_debounce.worker.signals:WindowRequest"
+            cls.Request = "celery_debounce.worker.receivers:WindowRequest"
 
 
 def _install_in_worker(sender: Any = None, **_: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from ...settings import Settings
 from ..keys import all_keys_pattern, held_key
 from ..records import as_text
-from .errors import translate_errors
+from .translate import translate_errors
 
 #: Names (ARGV) per doctor script call: a step stays short on a busy server.
 DOCTOR_BATCH = 200
