@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     from celery_debounce.producer.result import light_result
     from celery_debounce.settings import settings_for
     from celery_debounce.store import store_for
-    from celery_debounce.store.codec import gate_args, gate_keys, parse_reply
-    from celery_debounce.store.keys import window_ident
+    from celery_debounce.store.idents import window_ident
+    from celery_debounce.store.redis.codec import gate_args, gate_keys, parse_reply
     from celery_debounce.store.redis.node import _pack
     from celery_debounce.stored_call import new_task_id
     from celery_debounce.testing.servers import LocalRedis

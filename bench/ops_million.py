@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 URL = sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6399"
 N = int(os.environ.get("OPS_BENCH_WINDOWS", "1000000"))

@@ -1,9 +1,10 @@
 """The shards' hash tags and the channels named from them: the one cluster fact of
 the key layout (docs/design.md, "Key layout"), and Redis Cluster's slot arithmetic.
 
-``Settings`` computes its tags and channels with these (so they stay outside ``store/``
-until ``Settings.tag``/``tags`` move there); every other key builder is in
-:mod:`celery_debounce.store.keys`. Keys of shard ``s`` start with its hash-tagged
+``Settings`` computes its tags and channels with these, and a worker checks a message's
+tag and a dispatcher reads a layout's tags with them (so they stay outside ``store/``
+until ``Settings.tag``/``tags`` move there); every other key builder is the Redis
+store's (:mod:`celery_debounce.store.redis.keys`). Keys of shard ``s`` start with its hash-tagged
 prefix ``<P>:{s}`` (:func:`shard_tag`), so every key of one window is in one cluster slot.
 """
 
@@ -77,3 +78,36 @@ def cluster_shard_tags(prefix: str, shards: int) -> tuple[str, ...]:
 def shard_wake_channel(tag: str) -> str:
     """The sharded pub/sub channel of one shard (a cluster with SPUBLISH): in its slot."""
     return f"{tag}:wake"
+
+
+def is_tag_of(prefix: str, tag: object) -> bool:
+    """True when ``tag`` is a shard tag under ``prefix`` (``<prefix>:{<digits and dots>}``),
+    as a :data:`TAG_HEADER` must be: a header naming any other key is ignored."""
+    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
+        return False
+    inner = tag[len(prefix) + 2 : -1]
+    return (
+        bool(inner)
+        and len(inner) <= 32
+        and all(c.isdigit() or c == "." for c in inner)
+        and inner.isascii()
+    )
+
+
+#: Layouts with more shards than this are ignored when read back (a garbled field).
+MAX_LAYOUT_SHARDS = 4096
+
+
+def layout_tags(prefix: str, name: str) -> tuple[str, ...]:
+    """Every tag a layout named ``name`` reads: ``node:<N>`` the single-node tags of
+    ``N`` shards; ``cluster:<N>`` the cluster tags of ``N`` shards and the single-node
+    tags it drains (``settings.legacy_shards``). Empty for a name it cannot read."""
+    kind, _, count = name.partition(":")
+    if not count.isdigit() or not 0 < int(count) <= MAX_LAYOUT_SHARDS:
+        return ()
+    shards = int(count)
+    if kind == "node":
+        return shard_tags(prefix, shards)
+    if kind == "cluster":
+        return cluster_shard_tags(prefix, shards) + shard_tags(prefix, shards)
+    return ()

@@ -97,7 +97,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "ident without the task-name length",
         "inv 1: the ident is injective in (task, key)",
-        PKG + "store/keys.py",
+        PKG + "store/idents.py",
         'return f"{size}:{task_name}:"',
         'return f"{task_name}:"',
         HOSTILE + "test_task_names_with_separators_cannot_collide",
@@ -256,7 +256,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "malformed ident not checked at take",
         "crash row 12: a garbled record is quarantined, never blocks the shard",
-        PKG + "store/codec.py",
+        PKG + "store/redis/codec.py",
         "    split_ident(record.ident)  # raises on a malformed ident\n",
         "",
         FAULTS + "test_a_malformed_ident_is_quarantined[garbage]",
@@ -267,7 +267,7 @@ MUTATIONS: list[Mutation] = [
         (
             Edit(LUA + "gate.lua", "local now = now_ms()", "local now = tonumber(ARGV[8])"),
             Edit(
-                PKG + "store/codec.py",
+                PKG + "store/redis/codec.py",
                 '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n',
                 '"" if call.options_json == EMPTY_OPTIONS else call.options_json,\n'
                 '        int(__import__("time").time() * 1000),\n',
@@ -372,7 +372,7 @@ MUTATIONS: list[Mutation] = [
         "tests/store/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record",
     ),
     one(
-        "lib/keys.lua names the exclusive run marker apart from store/keys.py",
+        "lib/keys.lua names the exclusive run marker apart from store/redis/keys.py",
         "one owner per key name: the scripts build the keys the Python side reads",
         LUA + "lib/keys.lua",
         "  return tag .. ':run:' .. ident",
@@ -635,7 +635,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "a leading-only quiet period outlasts result_expires",
         "every id resolves: a suppressed call's id names a result still stored",
-        PKG + "store/codec.py",
+        PKG + "store/redis/codec.py",
         'if call.spec.edge == b"L" and expires is not None and expires < call.spec.max_wait_ms:',
         "if False:",
         "tests/producer/test_quiet_period_ids.py::"
@@ -677,7 +677,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "clear_windows matches <prefix>:*",
         "clear_windows deletes this app's keys only (a prefix another's starts with)",
-        PKG + "store/keys.py",
+        PKG + "store/redis/keys.py",
         '    return f"{escaped}:{{*"',
         '    return f"{escaped}:*"',
         "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only",
@@ -685,7 +685,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "clear_windows leaves glob characters in the prefix",
         "clear_windows deletes this app's keys only (a prefix with glob characters)",
-        PKG + "store/keys.py",
+        PKG + "store/redis/keys.py",
         '    escaped = "".join("\\\\" + c if c in "*?[]\\\\" else c for c in prefix)',
         "    escaped = prefix",
         "tests/ops/test_clear_windows.py::test_clear_windows_deletes_this_apps_keys_only",

@@ -25,7 +25,7 @@ from ..headers import SHARD_HEADER
 from ..signals import window_quarantined
 from ..store import Shard, TakenWindow, TakeResult, store_for
 from ..store.api import DispatcherStore, WakeListening
-from ..store.keys import layout_tags
+from ..tags import layout_tags
 from .outcomes import MAX_TRIES, WindowActions
 from .publishers import BROKER_WIDE_CODES as BROKER_WIDE_CODES
 from .publishers import KEY_DEPENDENT_CODES as KEY_DEPENDENT_CODES

@@ -28,7 +28,7 @@ from ..producer import steering
 from ..producer.steering import WindowInfo, flush_window, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
-from ..store.keys import shard_of, window_ident
+from ..store.idents import shard_of, window_ident
 from ..store.records import COUNTER_KINDS, LATE_BUCKETS_MS, split_counter
 from .read_view import list_windows, walk_pending
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..store import WindowStore
-from ..store.keys import split_ident
+from ..store.idents import split_ident
 from ..store.records import as_text
 
 #: Each check's name and what a finding of it means.

@@ -12,7 +12,7 @@ from celery import Celery
 from ..producer.steering import WindowInfo, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
-from ..store.keys import TAKEN_SETS, ident_prefix, window_ident
+from ..store.idents import TAKEN_SETS, ident_prefix, window_ident
 
 __all__ = [
     "STATES",

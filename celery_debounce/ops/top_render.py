@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from ..store.keys import split_ident
+from ..store.idents import split_ident
 from .admin import Snapshot, TaskStats
 from .formatting import clip, printable, relative, table_lines
 from .top_history import CENSUS_STEP, MINUTE_S, RATE_S, Census, History

@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery
 
 from ..errors import DebounceConfigError, DebounceContractMismatch
-from ..store.codec import CONTRACT_VERSION
+from ..store.results import CONTRACT_VERSION
 from .options import TaskDefaults
 
 #: Bumped when a field changes meaning; a reader refuses a format it does not know.

@@ -18,7 +18,7 @@ from kombu.utils import json as kombu_json
 from ..errors import DebounceConfigError, DebounceKeyError, DebouncePayloadError
 from ..headers import COLLECT_HEADER, EXCLUSIVE_HEADER
 from ..settings import Settings
-from ..store.keys import shard_of, window_ident
+from ..store.idents import shard_of, window_ident
 from ..stored_call import DEFAULT_CONTENT_TYPE, new_task_id
 from .collect import BODY_OVERHEAD, TIME_PREFIX, call_element
 from .key_templates import digest_key, resolve

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 
 from ..errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError, error_name
 from ..signals import call_absorbed, call_failed, call_suppressed, window_opened
-from ..store.codec import (
+from ..store.domain import PayloadTooLarge, ReplaceRefused
+from ..store.redis.codec import (
     CAP_ARGV,
     COLLECT_ARGV,
     EDGE_ARGV,
-    GateResult,
     GateStore,
     gate_args,
     gate_keys,
     parse_reply,
 )
-from ..store.domain import PayloadTooLarge, ReplaceRefused
+from ..store.results import GateResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId

@@ -22,7 +22,7 @@ from typing import Any
 from celery import Celery, Task
 
 from ..settings import settings_for
-from ..store.codec import CONTRACT_VERSION
+from ..store.results import CONTRACT_VERSION
 from .by_name import DEFINITION_FORMAT, KINDS
 from .call import stored_options
 from .task import DebouncedTask, exec_defaults

@@ -24,7 +24,7 @@ from ..errors import DebounceBackendError, WindowNotFound
 from ..signals import window_cancelled
 from ..store import Cancelled, CancelOutcomeUnknown
 from ..store.api import OperatorStore
-from ..store.keys import shard_of, split_ident, window_ident
+from ..store.idents import shard_of, split_ident, window_ident
 from ..store.records import Record
 
 logger = logging.getLogger("celery_debounce.admin")

@@ -1,12 +1,12 @@
 """The windows' store: the contract every store keeps, its types, and the factory.
 
 :mod:`~celery_debounce.store.api` is the contract (one Protocol per role), its types and
-errors are in :mod:`~.codec`, :mod:`~.records`, :mod:`~.states` and :mod:`~.domain`, and
-:func:`store_for` (:mod:`~.factory`) gives the app's store in this process. The stores
-below it: ``store/redis/`` (:class:`~celery_debounce.store.redis.store.WindowStore`, on
-redis-py, with its transport, cluster and Sentinel clients, scripts and Lua files; its key
-layout and record codec still sit beside this module, moving in)
-and ``store/postgres/`` (on psycopg). Neither is imported until it is built or one of
+errors are in :mod:`~.results`, :mod:`~.records`, :mod:`~.idents`, :mod:`~.states` and
+:mod:`~.domain`, and :func:`store_for` (:mod:`~.factory`) gives the app's store in this
+process. The stores below it: ``store/redis/``
+(:class:`~celery_debounce.store.redis.store.WindowStore`, on redis-py, with its
+transport, cluster and Sentinel clients, key layout, record fields, scripts and Lua
+files) and ``store/postgres/`` (on psycopg). Neither is imported until it is built or one of
 its names below is used, so the contract loads without redis-py.
 """
 
@@ -15,19 +15,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .codec import (
-    EXPIRY_GRACE_MS,
-    Cancelled,
-    CensusRow,
-    GateResult,
-    ListStep,
-    Shard,
-    ShardCounts,
-    ShardSnapshot,
-    TakenEntry,
-    TakenWindow,
-    TakeResult,
-)
 from .domain import (
     UNKNOWN_OUTCOME,
     WRITTEN,
@@ -43,6 +30,19 @@ from .domain import (
 from .factory import build_store, store_for
 from .records import as_text
 from .redis.scripts import SCRIPT_NAMES, script_source
+from .results import (
+    EXPIRY_GRACE_MS,
+    Cancelled,
+    CensusRow,
+    GateResult,
+    ListStep,
+    Shard,
+    ShardCounts,
+    ShardSnapshot,
+    TakenEntry,
+    TakenWindow,
+    TakeResult,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - the names below, for the type checker
     from .redis.server import MIN_REDIS, read_server_version, server_supported

@@ -21,7 +21,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .codec import (
+from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Outcome, Released, ShardRef
+from .reach import Reached
+from .records import Record
+from .results import (
     Cancelled,
     CensusRow,
     GateResult,
@@ -31,9 +34,6 @@ from .codec import (
     TakenEntry,
     TakeResult,
 )
-from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Outcome, Released, ShardRef
-from .reach import Reached
-from .records import Record
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..aliases import FixedId

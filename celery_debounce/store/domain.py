@@ -19,7 +19,7 @@ from ..errors import (
     DebounceOutcomeUnknown,
     DebouncePayloadError,
 )
-from .codec import GateResult, Shard
+from .results import GateResult, Shard
 from .states import WindowState
 
 __all__ = [

@@ -1,5 +1,5 @@
-"""Helpers for testing your own debounced tasks (throwaway servers: the modules
-``servers`` and ``redis_cluster`` of this package).
+"""Helpers for testing your own debounced tasks (throwaway servers: the two server
+modules of this package, below).
 
 Everything here works against a real Redis or a fakeredis server (with Lua) and
 never sleeps: windows are read straight from Redis and made due on demand.
@@ -13,8 +13,9 @@ never sleeps: windows are read straight from Redis and made due on demand.
 * :func:`assert_pending` / :func:`assert_not_pending`: a task's window for given
   arguments (the key resolved as a call resolves it) is open, with ``calls`` calls.
 * :func:`clear_windows`: delete every debounce key of an app (real Redis shared by tests).
-* ``servers.LocalRedis``, ``servers.LocalSentinels``, ``redis_cluster.LocalCluster``: a
-  throwaway local redis-server, Sentinel group or Redis Cluster (needs the binaries).
+* ``servers.LocalRedis``, ``servers.LocalSentinels`` and ``LocalCluster`` (the cluster
+  module beside them): a throwaway local redis-server, Sentinel group or Redis Cluster
+  (needs the binaries).
 
 The pytest plugin (entry point ``pytest11``: the module ``celery_debounce_pytest``)
 only defines the fixture ``debounce_fakeredis`` (its body: :func:`fakeredis_fixture`).
@@ -43,7 +44,7 @@ from ..settings import settings_for
 from ..store import WindowStore, store_for
 from ..store.api import OperatorStore, Store
 from ..store.domain import Released
-from ..store.keys import ident_prefix, split_ident
+from ..store.idents import ident_prefix, split_ident
 from ..stored_call import decode_options
 from ..worker import install as install_worker
 

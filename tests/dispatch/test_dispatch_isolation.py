@@ -27,7 +27,7 @@ from celery_debounce.dispatch.dispatcher import MAX_TRIES, Dispatcher
 from celery_debounce.settings import settings_for
 from celery_debounce.signals import window_forced_by_max_wait
 from celery_debounce.store import script_source, store_for
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 from celery_debounce.testing import debounce_windows
 
 TAG = "debounce:{0}"

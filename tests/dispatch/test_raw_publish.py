@@ -17,7 +17,7 @@ from helpers import running_worker, wait_until
 
 from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 TAG = "debounce:{0}"
 

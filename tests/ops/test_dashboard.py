@@ -81,7 +81,7 @@ def spoil_one():
     """A window whose payload is not JSON: the worker quarantines it (kind "message")."""
     import redis
 
-    from celery_debounce.store.keys import window_ident
+    from celery_debounce.store.idents import window_ident
 
     spoil.delay("s")
     redis.Redis.from_url(f"{URL}/0").hset(

@@ -19,7 +19,8 @@ from helpers import make_app, running_worker, wait_until
 from celery_debounce import DebouncedTask
 from celery_debounce.ops.doctor import Finding, diagnose
 from celery_debounce.store import WindowStore, store_for
-from celery_debounce.store.keys import (
+from celery_debounce.store.idents import shard_of, window_ident
+from celery_debounce.store.redis.keys import (
     active_key,
     calls_key,
     claims_key,
@@ -27,9 +28,7 @@ from celery_debounce.store.keys import (
     held_key,
     open_key,
     run_key,
-    shard_of,
     win_key,
-    window_ident,
 )
 
 

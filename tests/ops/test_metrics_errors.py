@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_debounce import DebounceBackendError, DebouncedTask, Dispatcher
 from celery_debounce.ops import metrics
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 from celery_debounce.testing.servers import LocalRedis
 
 

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from celery_debounce import DebounceAdmin, DebouncedTask
 from celery_debounce.ops import metrics
 from celery_debounce.ops.cli import render_table
-from celery_debounce.store.keys import held_key, open_key, run_key, win_key, window_ident
+from celery_debounce.store.idents import window_ident
+from celery_debounce.store.redis.keys import held_key, open_key, run_key, win_key
 from celery_debounce.worker import ceiling
 
 

@@ -27,7 +27,7 @@ from celery_debounce.ops.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.ops.formatting import cell_width
 from celery_debounce.ops.top import History, Snapshot, read_snapshot, render
 from celery_debounce.store import store_for
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 from celery_debounce.store.records import HOT_KEYS_KEPT
 from celery_debounce.testing.servers import free_port
 

@@ -146,7 +146,7 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
 
 def _windows_by_key(client: redis.Redis) -> dict[str, tuple[str, int]]:
     """key -> (window id, calls) of every pending window, read straight from Redis."""
-    from celery_debounce.store.keys import split_ident
+    from celery_debounce.store.idents import split_ident
 
     out = {}
     for member in client.zrange("debounce:{0}:due", 0, -1):
@@ -197,7 +197,7 @@ def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
     """One gate call fails inside Redis (its open: key is of the wrong type): the others are
     written, the error names exactly the unwritten one, and retrying it counts nothing twice."""
     from celery_debounce.producer.many import DebounceBulkError
-    from celery_debounce.store.keys import window_ident
+    from celery_debounce.store.idents import window_ident
 
     sync = _task(app, [])
     calls = [((f"k{i % 40}",), {"n": i}) for i in range(100)]

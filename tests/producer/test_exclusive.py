@@ -12,7 +12,7 @@ from celery import group
 from helpers import make_app, wait_until
 
 from celery_debounce import DebounceConfigError, DebouncedTask, enqueue_many, send_task
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 
 def _exclusive(client: redis.Redis, task: str, key: str) -> bool:

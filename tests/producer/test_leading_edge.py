@@ -30,7 +30,8 @@ from celery_debounce.producer.gate import GateResult, enter, gate_args
 from celery_debounce.producer.options import build_spec
 from celery_debounce.signals import call_suppressed, leading_run
 from celery_debounce.store import WindowStore
-from celery_debounce.store.keys import quiet_key, window_ident
+from celery_debounce.store.idents import window_ident
+from celery_debounce.store.redis.keys import quiet_key
 
 LEAD = (True, False)
 BOTH = (True, True)

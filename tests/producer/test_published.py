@@ -18,7 +18,7 @@ from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.by_name import DEFINITION_FORMAT
 from celery_debounce.producer.published import definition, definitions, publish
-from celery_debounce.store.codec import CONTRACT_VERSION
+from celery_debounce.store.results import CONTRACT_VERSION
 
 
 def _app(app_factory: Callable[..., Celery], **conf: Any) -> Celery:

@@ -18,7 +18,7 @@ import redis
 from helpers import make_app, running_worker
 
 from celery_debounce import DebouncedTask
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 TAG = "debounce:{0}"
 

@@ -95,7 +95,7 @@ def test_a_key_with_a_lone_surrogate_is_a_key_error_and_writes_nothing(
 
 
 def test_split_ident_reads_byte_lengths_and_idents_written_before_them() -> None:
-    from celery_debounce.store.keys import split_ident, window_ident
+    from celery_debounce.store.idents import split_ident, window_ident
 
     for name in NAMES:
         for key in [*KEYS, "a:b", ""]:

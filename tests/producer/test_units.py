@@ -13,7 +13,7 @@ from celery_debounce import DebounceConfigError, DebounceKeyError
 from celery_debounce.durations import parse_duration
 from celery_debounce.producer.key_templates import parse_template, resolve
 from celery_debounce.producer.options import TaskDefaults, build_spec
-from celery_debounce.store.keys import split_ident, window_ident
+from celery_debounce.store.idents import split_ident, window_ident
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 TAG = "debounce:{0}"
 

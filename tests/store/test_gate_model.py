@@ -65,7 +65,7 @@ from celery_debounce.producer.options import DebounceSpec, build_spec
 from celery_debounce.store import WindowStore
 from celery_debounce.store.api import Store
 from celery_debounce.store.domain import Released
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]

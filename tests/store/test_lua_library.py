@@ -1,6 +1,6 @@
 """The Lua library (celery_debounce/store/redis/lua/lib/): the loader's ``--@include``
 lines, what each script includes, the one owner of gate.lua's ARGV positions, and of
-the scripts' key names (lib/keys.lua, checked against store/keys.py and tags.py)."""
+the scripts' key names (lib/keys.lua, checked against store/redis/keys.py and tags.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from celery_debounce import tags
-from celery_debounce.store import keys
-from celery_debounce.store.redis import scripts
+from celery_debounce.store import idents
+from celery_debounce.store.redis import keys, scripts
 from celery_debounce.store.redis.scripts import (
     SCRIPT_NAMES,
     SHARDED_WAKE_OFF,
@@ -190,7 +190,7 @@ def test_gate_binds_each_argv_once_by_name_and_reads_argv_nowhere_else() -> None
 
 
 def test_gate_argv_groups_start_where_codec_says() -> None:
-    from celery_debounce.store import codec
+    from celery_debounce.store.redis import codec
 
     marked = {const: n for n, const in gate_bindings().values() if const}
     assert marked == {
@@ -250,7 +250,7 @@ def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> 
 # -- lib/keys.lua: the scripts' one owner of key names -----------------------------------
 
 #: keys.lua's builders of one window's keys and of one shard's, each named as its twin
-#: in store/keys.py or tags.py (the check below calls that twin by the same name).
+#: in store/redis/keys.py or tags.py (the check below calls that twin by the same name).
 WINDOW_KEYS = ("open_key", "win_key", "run_key", "quiet_key", "calls_key", "cancel_marker_key")
 SHARD_KEYS = (
     "ids_key",
@@ -282,7 +282,7 @@ return out
 
 
 def twin(name: str) -> Any:
-    """The Python builder of keys.lua's ``name``: store/keys.py's, or tags.py's (a channel)."""
+    """The Python builder of keys.lua's ``name``: store/redis/keys.py's, or tags.py's."""
     return getattr(keys, name, None) or getattr(tags, name)
 
 
@@ -308,8 +308,8 @@ def test_keys_lua_builds_the_names_keys_py_builds(
     assert tag.startswith(prefix + ":{")
     probe = inline_includes(KEYS_PROBE, "probe.lua")
     for name in (
-        keys.window_ident("t", "k"),
-        keys.window_ident("tâche", "clé: {x} ~1"),  # braces, colons, non-ASCII
+        idents.window_ident("t", "k"),
+        idents.window_ident("tâche", "clé: {x} ~1"),  # braces, colons, non-ASCII
         "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99",
         "2f1c0d4e-9b7a-4c53-8f0e-5d2a7b3c1e99~1700000000000~2",  # an id renamed aside
     ):

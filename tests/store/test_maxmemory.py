@@ -157,7 +157,7 @@ def test_the_windows_redis_at_maxmemory_refuses_new_calls_and_keeps_dispatching(
 
 
 def pending_ident(task: Any, key: str) -> str:
-    from celery_debounce.store.keys import window_ident
+    from celery_debounce.store.idents import window_ident
 
     return window_ident(task.name, key)
 

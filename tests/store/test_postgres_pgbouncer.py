@@ -23,10 +23,10 @@ from pg_proxy import PgProxy
 from test_postgres_store import call
 
 from celery_debounce.settings import Settings
-from celery_debounce.store.codec import GateResult
 from celery_debounce.store.domain import OutcomeUnknown, StoreUnavailable
 from celery_debounce.store.postgres import PostgresStore
 from celery_debounce.store.postgres.wake import PostgresWakeListener
+from celery_debounce.store.results import GateResult
 from celery_debounce.testing.pgbouncer import LocalPgBouncer
 from celery_debounce.testing.postgres import LocalPostgres
 

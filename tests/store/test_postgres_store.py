@@ -26,7 +26,6 @@ from celery_debounce.aliases import FixedId
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.call import PreparedCall
 from celery_debounce.producer.options import DebounceSpec
-from celery_debounce.store.codec import GateResult, TakenWindow
 from celery_debounce.store.domain import (
     OutcomeUnknown,
     PayloadTooLarge,
@@ -34,7 +33,7 @@ from celery_debounce.store.domain import (
     ServerRefused,
     StoreUnavailable,
 )
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 from celery_debounce.store.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
@@ -43,6 +42,7 @@ from celery_debounce.store.postgres import (
     SchemaTooOld,
 )
 from celery_debounce.store.postgres import schema as pg_schema
+from celery_debounce.store.results import GateResult, TakenWindow
 from celery_debounce.testing.postgres import LocalPostgres
 from celery_debounce.worker.retry_queue import worth_keeping
 

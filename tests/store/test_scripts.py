@@ -15,7 +15,7 @@ from celery_debounce.producer.call import prepare_call
 from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.store import WindowStore
-from celery_debounce.store.keys import claims_key
+from celery_debounce.store.redis.keys import claims_key
 from celery_debounce.store.redis.translate import ALIASES_FULL
 
 
@@ -365,7 +365,7 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
 def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
     backend: WindowStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("celery_debounce.store.codec.MAX_ALIASES", 2)
+    monkeypatch.setattr("celery_debounce.store.redis.codec.MAX_ALIASES", 2)
     first = call(backend, "k")
     call(backend, "k", task_id="A")
     call(backend, "k", task_id="B")

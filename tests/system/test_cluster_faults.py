@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import store_for
-from celery_debounce.store.keys import shard_of, split_ident, window_ident
+from celery_debounce.store.idents import shard_of, split_ident, window_ident
 from celery_debounce.testing.redis_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

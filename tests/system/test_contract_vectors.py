@@ -31,9 +31,10 @@ from celery_debounce.errors import (
 from celery_debounce.producer.call import prepare_call
 from celery_debounce.producer.options import TaskDefaults
 from celery_debounce.settings import Settings
-from celery_debounce.store import codec as codec_module
-from celery_debounce.store.codec import CONTRACT_VERSION, gate_args, gate_keys
-from celery_debounce.store.keys import due_key, open_key
+from celery_debounce.store.redis import codec as codec_module
+from celery_debounce.store.redis.codec import gate_args, gate_keys
+from celery_debounce.store.redis.keys import due_key, open_key
+from celery_debounce.store.results import CONTRACT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "contract" / "vectors.json"

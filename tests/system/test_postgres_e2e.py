@@ -36,7 +36,7 @@ from rabbitmq_node import RabbitNode, own_queue
 from celery_debounce import WindowNotFound, enqueue_many
 from celery_debounce.errors import DebounceBackendError, DebounceConfigError, DebounceOutcomeUnknown
 from celery_debounce.settings import Settings, settings_for
-from celery_debounce.store.keys import window_ident
+from celery_debounce.store.idents import window_ident
 from celery_debounce.store.postgres import SCHEMA_VERSION
 from celery_debounce.testing import (
     assert_not_pending,

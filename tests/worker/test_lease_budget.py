@@ -25,7 +25,7 @@ from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceBackendError
 from celery_debounce.store import store_for
 from celery_debounce.store.domain import Released
-from celery_debounce.store.keys import claims_key
+from celery_debounce.store.redis.keys import claims_key
 from celery_debounce.worker.leases import RETRY_MAX_S
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..codec import Cancelled
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..records import Record
+from ..results import Cancelled
 from .columns import record_fields, select_record
 from .step import many
 

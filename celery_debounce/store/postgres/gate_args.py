@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from ...aliases import MAX_ALIASES
 from ...errors import DebounceError
 from ...stored_call import new_task_id
-from ..codec import GateResult
 from ..domain import AliasesFull, PayloadTooLarge, ReplaceRefused
+from ..results import GateResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...aliases import FixedId

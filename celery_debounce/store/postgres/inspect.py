@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..codec import ListStep, TakenEntry
 from ..records import Record
+from ..results import ListStep, TakenEntry
 from ..states import as_state
 from .columns import record_fields, select_record
 from .step import many, one

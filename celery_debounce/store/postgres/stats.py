@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..codec import CensusRow, ShardCounts, ShardSnapshot
 from ..reach import Reached
 from ..records import HOT_KEYS_KEPT
+from ..results import CensusRow, ShardCounts, ShardSnapshot
 from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover

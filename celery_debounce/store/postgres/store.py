@@ -36,13 +36,13 @@ from psycopg_pool import ConnectionPool
 from ...aliases import parse_aliases
 from ...errors import DebounceConfigError
 from ...settings import DEFAULTS
-from ..codec import GateResult, TakenWindow, TakeResult
 from ..domain import (
     Released,
     ShardRef,
     StoreUnavailable,
 )
 from ..records import Record
+from ..results import GateResult, TakenWindow, TakeResult
 from ..states import as_state
 from .bulk import PostgresBulk
 from .cancel import PostgresCancel

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...aliases import parse_aliases
-from ..codec import EXPIRY_GRACE_MS
 from ..domain import ShardRef
+from ..results import EXPIRY_GRACE_MS
 from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover

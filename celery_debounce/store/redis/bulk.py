@@ -13,10 +13,12 @@ from redis.exceptions import NoScriptError
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
 from ...settings import Settings
 from ..chunks import chunks
-from ..codec import GateResult, Shard, gate_args, gate_keys, parse_reply
 from ..domain import UNKNOWN_OUTCOME, WRITTEN, Outcome
-from ..keys import bulk_marker_prefix, open_key
-from ..records import F_ID, as_text
+from ..records import as_text
+from ..results import GateResult, Shard
+from .codec import gate_args, gate_keys, parse_reply
+from .fields import F_ID
+from .keys import bulk_marker_prefix, open_key
 from .translate import _translated, is_outage, translate_errors
 from .transport import Transport, _reply_or_error, checkout, cut_runs_nothing
 

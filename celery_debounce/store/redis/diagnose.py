@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...settings import Settings
-from ..keys import all_keys_pattern, held_key
 from ..records import as_text
+from .keys import all_keys_pattern, held_key
 from .translate import translate_errors
 
 #: Names (ARGV) per doctor script call: a step stays short on a busy server.

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...settings import Settings
-from ..codec import Shard
-from ..keys import alive_key, stopped_key
 from ..records import as_text
+from ..results import Shard
+from .keys import alive_key, stopped_key
 from .translate import translate_errors
 
 

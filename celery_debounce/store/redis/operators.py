@@ -13,9 +13,24 @@ from redis.commands.core import Script
 from ...errors import DebounceBackendError
 from ...settings import Settings
 from ...tags import shard_wake_channel
-from ..codec import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
 from ..domain import CancelOutcomeUnknown, cancel_until_known
-from ..keys import (
+from ..reach import Reached
+from ..records import HOT_KEYS_KEPT, Record, as_text
+from ..results import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from .checks import combined_policy
+from .diagnose import DoctorOps
+from .fields import (
+    CANCEL_FIELDS,
+    F_STATE,
+    FLUSH_FIELDS,
+    INSPECT_FIELDS,
+    LIST_FIELDS,
+    PAYLOAD_FIELDS,
+    QUIET_END,
+    QUIET_ID,
+    decode_record,
+)
+from .keys import (
     active_key,
     alive_key,
     all_keys_pattern,
@@ -38,23 +53,6 @@ from ..keys import (
     tasks_key,
     win_key,
 )
-from ..reach import Reached
-from ..records import (
-    CANCEL_FIELDS,
-    F_STATE,
-    FLUSH_FIELDS,
-    HOT_KEYS_KEPT,
-    INSPECT_FIELDS,
-    LIST_FIELDS,
-    PAYLOAD_FIELDS,
-    QUIET_END,
-    QUIET_ID,
-    Record,
-    as_text,
-    decode_record,
-)
-from .checks import combined_policy
-from .diagnose import DoctorOps
 from .liveness import Liveness
 from .server import maxmemory_policy
 from .translate import translate_errors

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 from ...aliases import parse_aliases
 from ...headers import EXCLUSIVE_HEADER
 from ...settings import Settings
-from ..codec import Shard
 from ..domain import ClaimResult, FinishResult
-from ..keys import claims_key, win_key
-from ..records import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS, as_text
+from ..records import as_text
+from ..results import Shard
 from ..states import as_before
+from .fields import F_DEADLINE, F_FIRST_SEEN, F_MAX_WAIT, F_OPTIONS
+from .keys import claims_key, win_key
 from .translate import translate_errors
 
 #: What a debounce_exclusive window's stored options hold (``take.lua`` looks for it).

@@ -28,16 +28,6 @@ from redis.exceptions import NoScriptError
 from ...aliases import parse_aliases
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
 from ...settings import Settings
-from ..codec import (
-    EXPIRY_GRACE_MS,
-    GateResult,
-    Shard,
-    TakeResult,
-    _taken,
-    gate_args,
-    gate_keys,
-    parse_reply,
-)
 from ..domain import (
     ClaimResult,
     FinishNotReplicated,
@@ -45,7 +35,12 @@ from ..domain import (
     NotReplicated,
     Released,
 )
-from ..keys import (
+from ..records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
+from ..results import EXPIRY_GRACE_MS, GateResult, Shard, TakeResult
+from .bulk import BulkGate
+from .codec import _taken, gate_args, gate_keys, parse_reply
+from .connect import transport_for
+from .keys import (
     active_key,
     claims_key,
     due_key,
@@ -60,9 +55,6 @@ from ..keys import (
     tasks_key,
     win_key,
 )
-from ..records import HOT_KEYS_KEPT, LATE_BUCKETS_MS, as_text
-from .bulk import BulkGate
-from .connect import transport_for
 from .operators import Operators
 from .runs import RunOps, claim_result, finish_result
 from .server import ServerCheck

@@ -47,7 +47,7 @@ export function shardTag(prefix: string, shard: number, shards: number, cluster:
   return `${prefix}:{${cluster ? clusterShardTag(shard, shards) : String(shard)}}`;
 }
 
-/** `<tag>:open:`, the start of each open window's key (`store/keys.py` open_key). */
+/** `<tag>:open:`, the start of each open window's key (`store/redis/keys.py` open_key). */
 export const openKeyStart = (tag: string): string => `${tag}:open:`;
 /** `<tag>:due`, the shard's due set. */
 export const dueKey = (tag: string): string => `${tag}:due`;
@@ -59,5 +59,5 @@ export const leasedKey = (tag: string): string => `${tag}:leased`;
  * pub/sub `<tag>:wake`. */
 export const wakeChannel = (prefix: string): string => `${prefix}:wake`;
 export const shardWakeChannel = (tag: string): string => `${tag}:wake`;
-/** The hash of the task definitions (`store/keys.py` tasks_key). */
+/** The hash of the task definitions (`store/redis/keys.py` tasks_key). */
 export const tasksKey = (prefix: string): string => `${prefix}:tasks`;

@@ -28,7 +28,6 @@ from celery_debounce.store.api import (
     Store,
     WorkerStore,
 )
-from celery_debounce.store.codec import GateResult, TakenWindow
 from celery_debounce.store.domain import (
     CancelOutcomeUnknown,
     ClaimResult,
@@ -39,8 +38,9 @@ from celery_debounce.store.domain import (
     ReplaceRefused,
     StoreUnavailable,
 )
-from celery_debounce.store.keys import ident_prefix, shard_of, window_ident
+from celery_debounce.store.idents import ident_prefix, shard_of, window_ident
 from celery_debounce.store.records import Record
+from celery_debounce.store.results import GateResult, TakenWindow
 from celery_debounce.worker.retry_queue import worth_keeping
 
 from .conftest import Harness

@@ -1,6 +1,6 @@
 -- lib/keys.lua: defines open_key(tag, ident) and the other key names of one shard: the
--- one place the scripts spell a key's name, each builder as store/keys.py's of the same name
--- (tests/store/test_lua_library.py runs both on the same idents and tags, cluster tags
+-- one place the scripts spell a key's name, each builder as store/redis/keys.py's of the
+-- same name (tests/store/test_lua_library.py runs both on the same idents and tags, cluster tags
 -- included). <tag> is the shard's hash-tagged prefix <prefix>:{<shard>} (a script gets it
 -- as ARGV, or reads it out of a key with tag_of), so every key built from it is in the
 -- slot of the keys the script was called with. Per window: open_key, win_key, run_key,

@@ -1,82 +1,11 @@
-"""The windows' Redis key names: idents, shards and every key builder (docs/design.md,
-"Key layout"); ``lua/lib/keys.lua`` holds their Lua twins, checked against these by
-tests/store/test_lua_library.py. The shards' hash tags are in :mod:`celery_debounce.tags`.
-Nothing here talks to Redis.
+"""The Redis store's key names: every key builder (docs/design.md, "Key layout");
+``lua/lib/keys.lua`` holds their Lua twins, checked against these by
+tests/store/test_lua_library.py. Idents and shards are the store's
+(:mod:`celery_debounce.store.idents`), the shards' hash tags the package's
+(:mod:`celery_debounce.tags`). Nothing here talks to Redis.
 """
 
 from __future__ import annotations
-
-import zlib
-from functools import lru_cache
-
-from ..errors import DebounceConfigError
-from ..tags import cluster_shard_tags, shard_tags
-
-# -- idents and shards ---------------------------------------------------------------------
-
-
-def window_ident(task_name: str, key: str) -> str:
-    """Injective encoding of (task, key): ``<UTF-8 bytes of task>:<task>:<key>``.
-
-    The length counts UTF-8 bytes, as the Lua scripts do (``string.sub``), so both
-    sides cut the same task name out of an ident whatever characters it holds.
-    """
-    return ident_prefix(task_name) + key
-
-
-@lru_cache(maxsize=4096)
-def ident_prefix(task_name: str) -> str:
-    """``<UTF-8 bytes of task>:<task>:``, what every ident of ``task_name`` starts with."""
-    try:
-        size = len(task_name.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise DebounceConfigError(
-            f"task name {task_name!r}: not valid Unicode text ({exc.reason})"
-        ) from None
-    if "\x00" in task_name:
-        raise DebounceConfigError(f"task name {task_name!r}: a NUL character cannot be stored")
-    return f"{size}:{task_name}:"
-
-
-def shard_of(ident: str, shards: int) -> int:
-    """The shard a window lives in: ``crc32(ident) % shards``."""
-    return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0
-
-
-def split_ident(ident: str) -> tuple[str, str]:
-    """Inverse of :func:`window_ident`."""
-    length, _, rest = ident.partition(":")
-    size = int(length)
-    if rest.isascii():
-        if rest[size : size + 1] != ":":
-            raise ValueError(f"malformed ident {ident!r}")
-        return rest[:size], rest[size + 1 :]
-    raw = rest.encode("utf-8")
-    if raw[size : size + 1] == b":":
-        try:
-            return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-    if rest[size : size + 1] == ":":  # written before 0.2: the length in characters
-        return rest[:size], rest[size + 1 :]
-    raise ValueError(f"malformed ident {ident!r}")
-
-
-# -- keys ------------------------------------------------------------------------------
-
-
-def is_tag_of(prefix: str, tag: object) -> bool:
-    """True when ``tag`` is a shard tag under ``prefix`` (``<prefix>:{<digits and dots>}``),
-    as a :data:`TAG_HEADER` must be: a header naming any other key is ignored."""
-    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
-        return False
-    inner = tag[len(prefix) + 2 : -1]
-    return (
-        bool(inner)
-        and len(inner) <= 32
-        and all(c.isdigit() or c == "." for c in inner)
-        and inner.isascii()
-    )
 
 
 def layouts_key(prefix: str) -> str:
@@ -90,25 +19,6 @@ def tasks_key(prefix: str) -> str:
     debounced task (``producer/published.py``); written by workers at start and by
     ``celery debounce publish``."""
     return f"{prefix}:tasks"
-
-
-#: Layouts with more shards than this are ignored when read back (a garbled field).
-MAX_LAYOUT_SHARDS = 4096
-
-
-def layout_tags(prefix: str, name: str) -> tuple[str, ...]:
-    """Every tag a layout named ``name`` reads: ``node:<N>`` the single-node tags of
-    ``N`` shards; ``cluster:<N>`` the cluster tags of ``N`` shards and the single-node
-    tags it drains (``settings.legacy_shards``). Empty for a name it cannot read."""
-    kind, _, count = name.partition(":")
-    if not count.isdigit() or not 0 < int(count) <= MAX_LAYOUT_SHARDS:
-        return ()
-    shards = int(count)
-    if kind == "node":
-        return shard_tags(prefix, shards)
-    if kind == "cluster":
-        return cluster_shard_tags(prefix, shards) + shard_tags(prefix, shards)
-    return ()
 
 
 def open_key(tag: str, ident: str) -> str:
@@ -237,16 +147,9 @@ def all_keys_pattern(prefix: str) -> str:
     return f"{escaped}:{{*"
 
 
-#: zsets of taken windows, and the states a window listed in each can be in.
-TAKEN_SETS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("leased", frozenset({"dispatching"})),
-    ("active", frozenset({"queued", "claimed"})),
-    ("quarantine", frozenset({"quarantined"})),
-)
-
 _SET_KEYS = {"leased": leased_key, "active": active_key, "quarantine": quarantine_key}
 
 
 def taken_set_key(tag: str, name: str) -> str:
-    """The key of one of :data:`TAKEN_SETS` by name."""
+    """The key of one of :data:`~celery_debounce.store.idents.TAKEN_SETS` by name."""
     return _SET_KEYS[name](tag)

@@ -1,0 +1,66 @@
+"""Idents and shards: how a call's (task, key) names its window in every store, and
+which shard of a layout it lives in. Nothing here knows how a store keeps its windows.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+from ..errors import DebounceConfigError
+
+
+def window_ident(task_name: str, key: str) -> str:
+    """Injective encoding of (task, key): ``<UTF-8 bytes of task>:<task>:<key>``.
+
+    The length counts UTF-8 bytes, as the Lua scripts do (``string.sub``), so both
+    sides cut the same task name out of an ident whatever characters it holds.
+    """
+    return ident_prefix(task_name) + key
+
+
+@lru_cache(maxsize=4096)
+def ident_prefix(task_name: str) -> str:
+    """``<UTF-8 bytes of task>:<task>:``, what every ident of ``task_name`` starts with."""
+    try:
+        size = len(task_name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise DebounceConfigError(
+            f"task name {task_name!r}: not valid Unicode text ({exc.reason})"
+        ) from None
+    if "\x00" in task_name:
+        raise DebounceConfigError(f"task name {task_name!r}: a NUL character cannot be stored")
+    return f"{size}:{task_name}:"
+
+
+def shard_of(ident: str, shards: int) -> int:
+    """The shard a window lives in: ``crc32(ident) % shards``."""
+    return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0
+
+
+def split_ident(ident: str) -> tuple[str, str]:
+    """Inverse of :func:`window_ident`."""
+    length, _, rest = ident.partition(":")
+    size = int(length)
+    if rest.isascii():
+        if rest[size : size + 1] != ":":
+            raise ValueError(f"malformed ident {ident!r}")
+        return rest[:size], rest[size + 1 :]
+    raw = rest.encode("utf-8")
+    if raw[size : size + 1] == b":":
+        try:
+            return raw[:size].decode("utf-8"), raw[size + 1 :].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if rest[size : size + 1] == ":":  # written before 0.2: the length in characters
+        return rest[:size], rest[size + 1 :]
+    raise ValueError(f"malformed ident {ident!r}")
+
+
+#: The groups of taken windows (in the Redis store, its sorted sets) and the states a
+#: window listed in each can be in.
+TAKEN_SETS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("leased", frozenset({"dispatching"})),
+    ("active", frozenset({"queued", "claimed"})),
+    ("quarantine", frozenset({"quarantined"})),
+)
