@@ -1,7 +1,5 @@
-"""Run ``gate.lua``: open a window or join the open one, and tell the signals.
-
-Its KEYS/ARGV builder and reply decoder are in :mod:`celery_debounce.store.codec`
-(re-exported here)."""
+"""Send one call through the store's gate (open a window or join the open one), and tell
+the signals. How a store encodes the call is its own (Redis: ``store/redis/codec.py``)."""
 
 from __future__ import annotations
 
@@ -11,15 +9,6 @@ from typing import TYPE_CHECKING
 from ..errors import DebounceBackendError, DebounceConfigError, DebouncePayloadError, error_name
 from ..signals import call_absorbed, call_failed, call_suppressed, window_opened
 from ..store.domain import PayloadTooLarge, ReplaceRefused
-from ..store.redis.codec import (
-    CAP_ARGV,
-    COLLECT_ARGV,
-    EDGE_ARGV,
-    GateStore,
-    gate_args,
-    gate_keys,
-    parse_reply,
-)
 from ..store.results import GateResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,23 +16,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..store.api import ProducerStore
     from .call import PreparedCall
 
-__all__ = [
-    "CAP_ARGV",
-    "COLLECT_ARGV",
-    "EDGE_ARGV",
-    "GateResult",
-    "GateStore",
-    "announce",
-    "enter",
-    "gate_args",
-    "gate_keys",
-    "listening",
-    "parse_reply",
-]
+__all__ = ["GateResult", "announce", "enter", "listening"]
 
 
 def enter(store: ProducerStore, call: PreparedCall, fixed: FixedId | None = None) -> GateResult:
-    """Send one call through the gate: one EVALSHA round trip.
+    """Send one call through the gate: one round trip to the store.
 
     ``fixed``: the call's id was chosen by the caller (``task_id=``, canvas); the
     gate records it as an alias of the window it joins, and opens a window under

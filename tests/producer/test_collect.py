@@ -26,10 +26,11 @@ from celery_debounce import (
 from celery_debounce.aliases import fixed_id
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.producer.call import prepare_call
-from celery_debounce.producer.gate import GateResult, enter, gate_args, gate_keys, parse_reply
+from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.store import WindowStore as Backend
 from celery_debounce.store import store_for
+from celery_debounce.store.redis.codec import gate_args, gate_keys, parse_reply
 
 
 def call(

@@ -26,11 +26,12 @@ from celery_debounce.ops import metrics
 from celery_debounce.ops.cli import render_stats, render_table
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.producer.call import prepare_call
-from celery_debounce.producer.gate import GateResult, enter, gate_args
+from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.signals import call_suppressed, leading_run
 from celery_debounce.store import WindowStore
 from celery_debounce.store.idents import window_ident
+from celery_debounce.store.redis.codec import gate_args
 from celery_debounce.store.redis.keys import quiet_key
 
 LEAD = (True, False)

@@ -19,10 +19,11 @@ from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask, W
 from celery_debounce.aliases import fixed_id
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.producer.call import prepare_call
-from celery_debounce.producer.gate import GateResult, enter, gate_args
+from celery_debounce.producer.gate import GateResult, enter
 from celery_debounce.producer.options import build_spec
 from celery_debounce.signals import window_closed_by_cap
 from celery_debounce.store import WindowStore
+from celery_debounce.store.redis.codec import gate_args
 from celery_debounce.testing import assert_not_pending, assert_pending
 
 

@@ -203,8 +203,8 @@ def test_gate_argv_groups_start_where_codec_says() -> None:
 def test_the_python_builder_puts_each_value_where_gate_lua_reads_it(backend) -> None:  # type: ignore[no-untyped-def]
     from celery_debounce.aliases import fixed_id
     from celery_debounce.producer.call import prepare_call
-    from celery_debounce.producer.gate import gate_args
     from celery_debounce.producer.options import build_spec
+    from celery_debounce.store.redis.codec import gate_args
 
     at = {name: n - 1 for name, (n, _) in gate_bindings().items()}
     settings = backend.settings
