@@ -52,9 +52,9 @@ E2E = "tests/system/test_end_to_end.py::"
 FAULTS = "tests/system/test_faults.py::"
 HOSTILE = "tests/producer/test_hostile_input.py::"
 PARITY = "tests/producer/test_parity.py::"
-ROBUST = "tests/store/test_robustness.py::"
+ROBUST = "tests/store/redis/test_robustness.py::"
 ONCE = "tests/worker/test_at_most_once.py::"
-ACL = "tests/store/test_tls_acl.py::"
+ACL = "tests/store/redis/test_tls_acl.py::"
 CLOCK = "tests/dispatch/test_clock_step.py::"
 PGC = "tests/store/contract/test_contract.py::"
 
@@ -116,7 +116,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))",
         "-- (ceiling dropped)",
-        "tests/store/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
+        "tests/store/redis/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
         E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream[redis]",
     ),
     one(
@@ -361,7 +361,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "lib/close_to_record.lua",
         "  if redis.call('RENAMENX', open, key) == 0 then",
         "  if redis.call('RENAME', open, key) == 0 then",
-        "tests/store/test_scripts.py::test_a_window_taken_over_an_existing_record_gets_a_new_id",
+        "tests/store/redis/test_scripts.py::test_a_window_taken_over_an_existing_record_gets_a_new_id",
     ),
     one(
         "gate.lua opens under a caller id already in use",
@@ -369,7 +369,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "    if redis.call('EXISTS', win_key(tag, id)) == 1 or",
         "    if false and redis.call('EXISTS', win_key(tag, id)) == 1 or",
-        "tests/store/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record",
+        "tests/store/redis/test_scripts.py::test_a_reused_caller_id_never_overwrites_a_record",
     ),
     one(
         "lib/keys.lua names the exclusive run marker apart from store/redis/keys.py",
@@ -377,7 +377,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "lib/keys.lua",
         "  return tag .. ':run:' .. ident",
         "  return tag .. ':runs:' .. ident",
-        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
+        "tests/store/redis/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
     ),
     one(
         "gate.lua reads the ident of its open key one byte early",
@@ -385,8 +385,8 @@ MUTATIONS: list[Mutation] = [
         LUA + "lib/keys.lua",
         "  return string.sub(key, #tag + 7)  -- after '<tag>:open:'",
         "  return string.sub(key, #tag + 6)  -- after '<tag>:open:'",
-        "tests/store/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
-        "tests/store/test_scripts.py::test_take_closes_the_window_and_the_next_call_opens_a_new_one",
+        "tests/store/redis/test_lua_library.py::test_keys_lua_builds_the_names_keys_py_builds",
+        "tests/store/redis/test_scripts.py::test_take_closes_the_window_and_the_next_call_opens_a_new_one",
     ),
     one(
         "flush.lua leaves the window open to calls",
@@ -394,7 +394,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "flush.lua",
         "key, id = close_to_record(tag, KEYS[1], id, now)\n",
         "redis.call('COPY', KEYS[1], win_key(tag, id))\nkey = win_key(tag, id)\n",
-        "tests/store/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one",
+        "tests/store/redis/test_scripts.py::test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one",
     ),
     one(
         "a window failing every publish is never quarantined",
@@ -715,7 +715,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/sentinel.py",
         "    SwitchWatcher(config, sentinel_kwargs, pool).start()",
         "    pass",
-        "tests/store/test_sentinel.py::"
+        "tests/store/redis/test_sentinel.py::"
         "test_calls_resume_after_a_failover_and_what_is_lost_is_measured[failover]",
     ),
     one(
@@ -724,7 +724,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/wake.py",
         "if self.store.master_switches != switches:",
         "if False:",
-        "tests/store/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master",
+        "tests/store/redis/test_sentinel.py::test_the_dispatchers_wake_subscription_follows_the_new_master",
     ),
     Mutation(
         "a dispatcher stops at its first Redis error",
@@ -739,7 +739,7 @@ MUTATIONS: list[Mutation] = [
             ),
         ),
         (
-            "tests/store/test_sentinel.py::"
+            "tests/store/redis/test_sentinel.py::"
             "test_calls_resume_after_a_failover_and_what_is_lost_is_measured[kill]",
         ),
         notes="a product-side mutation: the harness race put back (down-after 1000 ms, "
@@ -908,7 +908,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/publishers.py",
         "        if code in BROKER_WIDE_CODES:\n            return BROKER",
         "        if code in ():\n            return BROKER",
-        "tests/store/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
+        "tests/store/redis/test_maxmemory.py::test_a_broker_refusing_every_message_for_several_leases_"
         "quarantines_nothing[readonly]",
     ),
     one(
@@ -917,7 +917,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/publishers.py",
         '    "MISCONF",  # stop-writes-on-bgsave-error: its last save failed',
         "    # MISCONF forgotten",
-        "tests/store/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
+        "tests/store/redis/test_maxmemory.py::test_every_broker_wide_error_reply_counts_against_no_window"
         "[MISCONF]",
     ),
     one(
@@ -935,7 +935,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/outcomes.py",
         "            if sent:  # the broker took another window of this pass: these are their own",
         "            if True:  # the broker took another window of this pass: these are their own",
-        "tests/store/test_maxmemory.py::test_a_refused_key_counts_against_a_window_only_when_another_"
+        "tests/store/redis/test_maxmemory.py::test_a_refused_key_counts_against_a_window_only_when_another_"
         "was_published[every queue]",
     ),
     one(
@@ -944,7 +944,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/outcomes.py",
         "                if window.failures + 1 >= MAX_TRIES:",
         "                if max(window.failures + 1, window.tries) >= MAX_TRIES:",
-        "tests/store/test_maxmemory.py::test_takes_an_outage_wasted_never_count_toward_quarantine",
+        "tests/store/redis/test_maxmemory.py::test_takes_an_outage_wasted_never_count_toward_quarantine",
     ),
     one(
         "take.lua retakes a lease with a write that may grow memory first",
@@ -952,7 +952,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "    redis.call('ZREM', KEYS[2], id)\n    redis.call('ZADD', KEYS[2], lease_until, id)",
         "    redis.call('ZADD', KEYS[2], lease_until, id)",
-        "tests/store/test_maxmemory.py::test_the_windows_redis_at_maxmemory_refuses_new_calls_and_"
+        "tests/store/redis/test_maxmemory.py::test_the_windows_redis_at_maxmemory_refuses_new_calls_and_"
         "keeps_dispatching",
     ),
     one(
@@ -961,7 +961,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "release.lua",
         "      redis.call('ZREM', KEYS[1], id) == 1 then",
         "      redis.call('ZADD', KEYS[1], 'XX', 'CH', at, id) >= 0 then",
-        "tests/store/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory",
+        "tests/store/redis/test_maxmemory.py::test_release_goes_through_on_a_windows_redis_at_maxmemory",
     ),
     one(
         "a half-failed batch is read as kombu raises it, not reply by reply",
@@ -987,7 +987,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/dispatcher.py",
         "self._fault_delay = base * random.uniform(0.5, 1.0)  # jitter",
         "self._fault_delay = base",
-        "tests/store/test_maxmemory.py::test_the_back_off_after_a_shared_fault_grows_and_is_jittered",
+        "tests/store/redis/test_maxmemory.py::test_the_back_off_after_a_shared_fault_grows_and_is_jittered",
     ),
     # -- RabbitMQ broker: publisher confirms ---------------------------------------
     one(
@@ -1032,7 +1032,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "expire.lua",
         "local finish = st == 'queued'",
         "local finish = st == 'queued' or st == 'claimed'",
-        "tests/store/test_robustness.py::"
+        "tests/store/redis/test_robustness.py::"
         "test_a_run_claimed_before_its_expires_is_never_revoked_by_the_expiry",
     ),
     one(
@@ -1041,7 +1041,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "dispatch/dispatcher.py",
         "            self._finish_expired(shard)\n",
         "\n",
-        "tests/store/test_robustness.py::"
+        "tests/store/redis/test_robustness.py::"
         "test_a_window_whose_message_expires_unseen_finishes_revoked_with_its_aliases",
     ),
     one(
@@ -1050,7 +1050,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "headers.py",
         "if tag is not None or isinstance(shard, str):",
         "if False:",
-        "tests/store/test_cluster.py::"
+        "tests/store/redis/test_cluster.py::"
         "test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_tag",
     ),
     one(
@@ -1069,7 +1069,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "expire.lua",
         "local again = st == 'finished' and got[2] == '1'",
         "local again = false",
-        "tests/store/test_robustness.py::"
+        "tests/store/redis/test_robustness.py::"
         "test_expire_returns_a_window_it_finished_until_its_outcome_is_stored",
     ),
     # -- Sentinel: the +switch-master watcher (issue 19, suspected) -------------------
@@ -1079,7 +1079,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/sentinel.py",
         "        for host, port in self.config.sentinels:\n            threading.Thread(",
         "        for host, port in self.config.sentinels[:1]:\n            threading.Thread(",
-        "tests/store/test_sentinel.py::"
+        "tests/store/redis/test_sentinel.py::"
         "test_the_switch_watcher_hears_a_failover_while_the_first_sentinel_hangs",
     ),
     one(
@@ -1088,7 +1088,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/sentinel.py",
         "    KEEPALIVE = 2.0",
         "    KEEPALIVE = 1e9",
-        "tests/store/test_sentinel.py::"
+        "tests/store/redis/test_sentinel.py::"
         "test_the_switch_watcher_pings_and_replaces_a_subscription_that_went_silent",
     ),
     one(
@@ -1196,7 +1196,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "renew.lua",
         "local until_ms = now + tonumber(ARGV[1])",
         "local until_ms = now",
-        "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
+        "tests/store/redis/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
     one(
@@ -1205,7 +1205,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "local lapsed = redis.pcall('ZRANGEBYSCORE', claims, '-inf', lapse_upto, 'LIMIT', 0, 20)",
         "local lapsed = {}",
-        "tests/store/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
+        "tests/store/redis/test_scripts.py::test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released",
         FAULTS + "test_worker_killed_mid_run_without_acks_late_releases_its_claim_within_the_lease",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
@@ -1215,7 +1215,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "    if redis.call('HGET', key, 'rd') then",
         "    if false then",
-        "tests/store/test_scripts.py::"
+        "tests/store/redis/test_scripts.py::"
         "test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
@@ -1225,7 +1225,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "finish.lua",
         "redis.pcall('ZREM', KEYS[4], ARGV[1])",
         "-- (claim kept)",
-        "tests/store/test_scripts.py::test_claim_and_finish_leave_only_a_ttld_history",
+        "tests/store/redis/test_scripts.py::test_claim_and_finish_leave_only_a_ttld_history",
     ),
     one(
         "a requeued run keeps its claim",
@@ -1241,7 +1241,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "    elseif id and held_by_run(ident, open) then",
         "    elseif id and false then",
-        "tests/store/test_scripts.py::"
+        "tests/store/redis/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_burst_during_a_run_of_an_exclusive_task_gives_one_follow_up_after_the_run",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
@@ -1252,7 +1252,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "finish.lua",
         "      redis.call('ZADD', due_key(tag), now, ident)",
         "      redis.call('ZADD', due_key(tag), now + 60000, ident)",
-        "tests/store/test_scripts.py::"
+        "tests/store/redis/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
     ),
@@ -1262,7 +1262,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "      free_run(id, key, KEYS[1])",
         "      -- (key kept)",
-        "tests/store/test_scripts.py::"
+        "tests/store/redis/test_scripts.py::"
         "test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends",
         FAULTS + "test_a_window_held_behind_a_killed_exclusive_run_runs_within_one_claim_lease",
         "tests/store/test_gate_model.py::test_the_store_matches_the_model_on_a_controlled_clock",
@@ -1916,7 +1916,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_replacement.sql",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_theirs -> 2)",
         "        RETURN convert_to(json_build_array(v_mine -> 0, v_mine -> 1, v_mine -> 2)",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_join_replaces_the_arguments_only_with_replace_the_openers_embed_stays",
     ),
     one(
@@ -1926,7 +1926,7 @@ MUTATIONS: list[Mutation] = [
         "        except psycopg.OperationalError as exc:\n            raise ReplyLost(",
         "        except psycopg.OperationalError as exc:\n            return self._read(fn)\n"
         "            raise ReplyLost(",
-        "tests/store/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
+        "tests/store/postgres/test_postgres_store.py::test_a_gate_whose_reply_is_lost_is_not_sent_again",
         PGC + "test_a_claim_whose_reply_is_lost_is_outcome_unknown_and_never_sent_again[postgres]",
     ),
     one(
@@ -1978,7 +1978,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "    return bool(readable) or conn.pgconn.status != psycopg.pq.ConnStatus.OK",
         "    return conn.pgconn.status != psycopg.pq.ConnStatus.OK",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_pooled_connection_the_server_ended_while_idle_is_not_written_on",
     ),
     one(
@@ -2014,7 +2014,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "        with guarded(conn, seconds):\n            return run(conn, work)",
         "        if seconds:\n            return run(conn, work)",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
     ),
     one(
@@ -2025,7 +2025,7 @@ MUTATIONS: list[Mutation] = [
         "            with guarded(conn, self.store.timeout + 1.0):"
         "  # a server that stopped: no hang",
         "            if conn:",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_server_that_stops_answering_fails_each_call_within_its_timeout",
     ),
     one(
@@ -2036,7 +2036,7 @@ MUTATIONS: list[Mutation] = [
         "            except ReplyLost as exc:  # the chunk ran whole, or not at all\n"
         "                down = exc\n",
         "            except ReplyLost as exc:  # the chunk ran whole, or not at all\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_gate_many_after_a_lost_reply_sends_nothing_more_and_says_so",
     ),
     one(
@@ -2045,7 +2045,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate.sql",
         "        PERFORM pg_advisory_xact_lock(hashtext('debounce_quiet:' || p_ident));\n",
         "",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_racing_first_calls_of_a_leading_burst_make_one_leading_run",
     ),
     one(
@@ -2055,7 +2055,7 @@ MUTATIONS: list[Mutation] = [
         "        -- gone; at worst this call wakes one for nothing.\n"
         "        PERFORM pg_notify(debounce_wake_channel(), '');\n",
         "        NULL;\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_new_earliest_window_wakes_a_waiting_listener_well_before_its_timeout",
     ),
     one(
@@ -2064,7 +2064,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate.sql",
         "WHERE o.deadline < v_row.deadline AND o.deadline >= v_now - interval '1 second')",
         "WHERE o.deadline < v_row.deadline)",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago",
     ),
     one(
@@ -2073,7 +2073,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_close.sql",
         "    PERFORM pg_notify(debounce_wake_channel(), '');  -- due now (sent at commit)",
         "    NULL;",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_flush_wakes_a_listener_a_later_deadline_does_not",
     ),
     one(
@@ -2083,7 +2083,7 @@ MUTATIONS: list[Mutation] = [
         "        except (OSError, psycopg.Error):\n            self.close()\n"
         "            return False",
         "        except (OSError, psycopg.Error):\n            return False",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_listener_whose_connection_is_killed_subscribes_again_and_still_wakes",
     ),
     one(
@@ -2092,7 +2092,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_expire.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state IN ('queued', 'claimed') THEN",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once",
     ),
     one(
@@ -2102,7 +2102,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_expire.sql",
         "        ELSIF NOT (v_row.state = 'finished' AND v_row.expired) THEN",
         "        ELSE",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once",
     ),
     one(
@@ -2111,7 +2111,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_expire.sql",
         "        IF v_row.state = 'queued' THEN",
         "        IF v_row.state = 'queued' OR v_row.expired THEN",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_expiry_sweep_finishes_an_expired_queued_window_once_and_only_once",
     ),
     one(
@@ -2121,7 +2121,7 @@ MUTATIONS: list[Mutation] = [
         "    DELETE FROM debounce_layouts l\n"
         "    WHERE l.written_at < v_now - p_keep_ms * interval '1 millisecond';\n",
         "",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out",
     ),
     one(
@@ -2130,7 +2130,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/store.py",
         "[(n, ms) for n, ms, alive in beats if alive],",
         "[(n, ms) for n, ms, alive in beats],",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_heartbeats_and_layouts_are_on_the_servers_clock_and_age_out",
     ),
     one(
@@ -2139,7 +2139,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_sweep.sql",
         "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now",
         "        WHERE t.until <= v_now",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
     ),
     one(
@@ -2150,7 +2150,7 @@ MUTATIONS: list[Mutation] = [
         "        LIMIT p_limit FOR UPDATE SKIP LOCKED",
         "        WHERE t.state IN ('finished', 'quarantined') AND t.until <= v_now\n"
         "        FOR UPDATE SKIP LOCKED",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
     ),
     one(
@@ -2159,7 +2159,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_expire.sql",
         "    PERFORM debounce_sweep(p_sweep);\n",
         "",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_dispatchers_expiry_sweep_runs_the_record_sweep",
     ),
     one(
@@ -2168,7 +2168,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_quarantine.sql",
         "reason = p_reason, until = 'infinity'",
         "reason = p_reason",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_record_sweep_deletes_records_past_their_ttl_in_batches_and_nothing_live",
     ),
     one(
@@ -2194,7 +2194,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "        if state.startswith(REFUSED):",
         "        if False:",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_read_only_server_refuses_every_write_typed_and_writes_nothing",
     ),
     one(
@@ -2203,7 +2203,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "        if state.startswith(UNDONE):",
         "        if False:",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
     ),
     one(
@@ -2212,7 +2212,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
         "    \"SELECT set_config('statement_timeout', '0', %s IS NULL), \"\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_call_blocked_past_the_statement_timeout_is_unavailable_and_writes_nothing",
     ),
     one(
@@ -2223,7 +2223,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/watchdog.py",
         "        _cancels.put_nowait(conn)\n",
         "        _cancels.put_nowait(None and conn)\n",
-        "tests/store/test_postgres_deployed.py::"
+        "tests/store/postgres/test_postgres_deployed.py::"
         "test_a_synchronous_standbys_outage_leaves_no_backend_waiting_past_its_call",
     ),
     one(
@@ -2245,7 +2245,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/link.py",
         "        if any(part in lowered for part in MISCONFIGURED):\n",
         "        if False:\n",
-        "tests/store/test_postgres_deployed.py::"
+        "tests/store/postgres/test_postgres_deployed.py::"
         "test_a_misconfigured_connection_is_raised_at_once_by_name_never_as_an_outage",
         "tests/system/test_postgres_e2e.py::"
         "test_a_misconfigured_store_is_raised_by_name_even_when_outages_publish",
@@ -2256,7 +2256,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/reuse.py",
         "        self.appendleft(item)\n",
         "        super().append(item)\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_caller_one_call_at_a_time_stays_on_one_backend_of_several_idle",
     ),
     one(
@@ -2265,7 +2265,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "            self.link.raise_if_hopeless()\n",
         "            pass\n",
-        "tests/store/test_postgres_deployed.py::"
+        "tests/store/postgres/test_postgres_deployed.py::"
         "test_a_refused_connection_is_an_outage_in_well_under_a_second",
     ),
     one(
@@ -2276,7 +2276,7 @@ MUTATIONS: list[Mutation] = [
         "            \"SELECT set_config('lock_timeout', %s, true)\", "
         '(f"{MIGRATE_LOCK_TIMEOUT_MS}ms",)\n',
         '            "SELECT set_config(\'lock_timeout\', %s, true)", ("0",)\n',
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and_names_it",
     ),
     one(
@@ -2295,7 +2295,7 @@ MUTATIONS: list[Mutation] = [
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n"
         "        FOR UPDATE SKIP LOCKED\n",
         "        LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)\n        FOR UPDATE\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once"
         "[due]",
     ),
@@ -2306,7 +2306,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_take.sql",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED\n",
         "        ORDER BY t.until LIMIT p_batch FOR UPDATE\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once"
         "[flushed]",
     ),
@@ -2319,7 +2319,7 @@ MUTATIONS: list[Mutation] = [
         "    v_id text;\n    v_row record;\n    v_quiet record;",
         "#variable_conflict use_column\nDECLARE\n    v_now timestamptz := now();\n"
         "    v_id text;\n    v_row record;\n    v_quiet record;",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whole_window",
     ),
     one(
@@ -2338,11 +2338,11 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/store.py",
         '            kwargs={"autocommit": True, "prepare_threshold": None, **links},\n',
         '            kwargs={"autocommit": True, "prepare_threshold": 5, **links},\n',
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_claim_renewal_shares_a_server_connection_and_renews_its_claim",
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_racing_calls_through_the_bouncer_raise_no_driver_error",
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_call_leaves_its_server_connection_free_when_it_ends",
     ),
     one(
@@ -2357,7 +2357,7 @@ MUTATIONS: list[Mutation] = [
         "            with conn.pipeline():\n"
         "                conn.execute(self.locals_sql, self.locals)\n"
         "                cursor = conn.execute(work.sql, work.params)\n",
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_call_leaves_its_server_connection_free_when_it_ends",
     ),
     one(
@@ -2383,9 +2383,9 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_take.sql",
         "        WHERE p_max_bytes IS NULL OR l.before < p_max_bytes\n",
         "        WHERE true\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_take_stops_at_its_byte_budget_the_first_window_whatever_its_size",
-        "tests/store/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
+        "tests/store/postgres/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
     ),
     one(
         "a failed PostgreSQL take does not shrink the next",
@@ -2393,7 +2393,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/store.py",
         "            self.take_bytes = max(1, budget // 2)\n",
         "            self.take_bytes = budget\n",
-        "tests/store/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
+        "tests/store/postgres/test_postgres_store.py::test_a_backlog_of_large_windows_drains_over_a_slow_link",
     ),
     one(
         "the PostgreSQL store sets its timeout on the session",
@@ -2402,7 +2402,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "    \"SELECT set_config('statement_timeout', %s, true), \"\n",
         "    \"SELECT set_config('statement_timeout', %s, false), \"\n",
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_the_store_leaves_no_setting_on_a_shared_server_connection",
     ),
     one(
@@ -2412,7 +2412,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/wake.py",
         "        if arrived:\n",
         "        if True:\n",
-        "tests/store/test_postgres_pgbouncer.py::"
+        "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_dispatcher_behind_the_bouncer_polls_and_says_so",
     ),
     one(
@@ -2421,7 +2421,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         "        deadline = time.monotonic() + self.timeout\n",
         "        deadline = time.monotonic() + self.timeout * 4\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_pool_that_cannot_give_a_connection_in_time_is_unavailable",
     ),
     one(
@@ -2430,7 +2430,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/connect.py",
         "ExponentialBackoff(cap=0.5, base=0.05), 1, supported_errors=(redis.ConnectionError,)",
         "ExponentialBackoff(cap=0.5, base=0.05),\n        1,",
-        "tests/store/test_connect_timeout.py::"
+        "tests/store/redis/test_connect_timeout.py::"
         "test_a_silent_redis_costs_the_first_call_one_timeout_not_two",
     ),
     one(
@@ -2489,7 +2489,7 @@ MUTATIONS: list[Mutation] = [
             ),
         ),
         (
-            "tests/store/test_postgres_store.py::"
+            "tests/store/postgres/test_postgres_store.py::"
             "test_a_collect_call_committed_while_the_take_ran_is_in_the_body_it_took",
         ),
     ),
@@ -2499,7 +2499,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_cancel.sql",
         "    DELETE FROM debounce_calls c USING debounce_cancelled k\n",
         "    SELECT FROM debounce_calls c, debounce_cancelled k\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_cancelled_collect_window_leaves_no_calls_behind",
     ),
     one(
@@ -2517,7 +2517,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate.sql",
         "        WHERE (w.collect_budget IS NULL) = (p_budget IS NULL)\n",
         "        WHERE true\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_collect_window_closes_at_its_cap_and_a_call_of_the_other_mode_opens_its_own",
     ),
     one(
@@ -2561,7 +2561,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate_many.sql",
         "               ORDER BY o.ident, o.k LOOP",
         "               ORDER BY o.k LOOP",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_concurrent_chunks_of_the_same_keys_in_opposite_orders_never_deadlock",
     ),
     one(
@@ -2570,7 +2570,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate_many.sql",
         "        EXCEPTION WHEN SQLSTATE 'DBA01' OR SQLSTATE 'DBR01' OR SQLSTATE 'DBP01' THEN",
         "        EXCEPTION WHEN SQLSTATE 'XX999' THEN",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_gate_many_gates_each_call_in_order_and_a_refused_one_keeps_out_only_itself",
     ),
     one(
@@ -2579,7 +2579,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/functions/debounce_gate_many.sql",
         "    IF cardinality(v_idents) > 0 THEN\n",
         "    IF false THEN\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_gate_many_sends_a_chunk_in_one_statement_and_counts_every_call",
     ),
     one(
@@ -2590,7 +2590,7 @@ MUTATIONS: list[Mutation] = [
         "        RETURN left(v_rest, v_n);\n",
         "    IF true THEN\n"
         "        RETURN convert_from(substring(convert_to(v_rest, 'UTF8') FOR v_n), 'UTF8');\n",
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothing",
     ),
     one(
@@ -2635,7 +2635,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/postgres/sending.py",
         'REFUSED = ("25006", "53", "57P03")\n',
         'REFUSED = ("25006", "57P03")\n',
-        "tests/store/test_postgres_store.py::"
+        "tests/store/postgres/test_postgres_store.py::"
         "test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on",
     ),
     one(

@@ -29,7 +29,7 @@ print(embedded_bindir() or "")')"
   mapfile -t pg_selection < <(.venv/bin/python scripts/corners.py postgres-tests)
   CELERY_DEBOUNCE_PG_BINDIR="$pg18" CELERY_DEBOUNCE_PG_EXPECT_MAJOR=18 \
     .venv/bin/python -m pytest "${parallel[@]}" -q -p no:cacheprovider -k "postgres or pgbouncer" \
-    "${pg_selection[@]}" tests/store/test_postgres_pgbouncer.py
+    "${pg_selection[@]}" tests/store/postgres/test_postgres_pgbouncer.py
   (cd clients/node && npm test)  # the Node producer: shared vectors, a real redis-server
   scripts/test-corners.sh --no-build
   # four at a time on two cores: the killing tests mostly wait (workers, brokers, timers)

@@ -99,7 +99,7 @@ def postgres_server() -> Iterator[LocalPostgres]:
 @pytest.fixture
 def durable_server() -> Iterator[LocalPostgres]:
     """A private PostgreSQL server, one per test, whose commits wait for a synchronous
-    standby when one is named (tests/store/test_postgres_deployed.py, the Node producer's
+    standby when one is named (tests/store/postgres/test_postgres_deployed.py, the Node producer's
     tests on PostgreSQL)."""
     if find_postgres_bindir() is None:
         pytest.skip("PostgreSQL server binaries not installed (scripts/ensure-postgres.sh)")

@@ -20,7 +20,7 @@ fault is armed; the first command the fault's matcher accepts then gets the faul
 refusing every message) until ``disarm()``. ``refuse()`` closes every client connection
 and refuses new ones until ``disarm()``. ``silence(seconds)`` swallows every byte, both
 ways, for that long. ``fired`` counts the faults injected. Used by
-tests/worker/test_at_most_once.py and tests/store/test_maxmemory.py.
+tests/worker/test_at_most_once.py and tests/store/redis/test_maxmemory.py.
 """
 
 from __future__ import annotations

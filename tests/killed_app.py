@@ -1,5 +1,5 @@
 """A worker app whose runs are killed mid-run without ``acks_late``
-(tests/store/test_bounded_keys.py).
+(tests/store/redis/test_bounded_keys.py).
 
 The prefork child running ``killed.die`` exits at once: Celery acked the message
 before the run, nothing redelivers it, and ``task_postrun`` never fires. The worker's

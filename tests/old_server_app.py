@@ -1,4 +1,5 @@
-"""A worker app whose windows' Redis reads as Redis 6.0.16 (tests/store/test_server_version.py).
+"""A worker app whose windows' Redis reads as Redis 6.0.16
+(tests/store/redis/test_server_version.py).
 
 No server older than 6.2 installs here, so the version read is replaced; everything
 else talks to the real server named by $OLD_SERVER_REDIS (windows DB 0, broker DB 1).

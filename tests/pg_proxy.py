@@ -13,7 +13,8 @@ parsed: faults are matched on the bytes a client sends).
   type byte and the first bytes of its body (a Parse's body opens with its statement's
   name), in the order each connection sent them.
 
-Used by tests/store/test_postgres_store.py and the ``postgres`` harness of tests/store/contract.
+Used by tests/store/postgres/test_postgres_store.py and the ``postgres`` harness of
+tests/store/contract.
 """
 
 from __future__ import annotations

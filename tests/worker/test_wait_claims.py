@@ -4,7 +4,7 @@ delayed, never lost or doubled); a finish too few acknowledged is sent again.
 
 Real servers (a primary and a replica, SIGSTOPped so that ``WAIT`` gets no
 acknowledgement), a real in-process worker with its dispatcher. The Sentinel failover
-this protects against is measured in tests/store/test_sentinel.py.
+this protects against is measured in tests/store/redis/test_sentinel.py.
 """
 
 from __future__ import annotations

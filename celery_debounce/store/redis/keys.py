@@ -1,6 +1,6 @@
 """The Redis store's key names: every key builder (docs/design.md, "Key layout");
 ``lua/lib/keys.lua`` holds their Lua twins, checked against these by
-tests/store/test_lua_library.py. Idents and shards are the store's
+tests/store/redis/test_lua_library.py. Idents and shards are the store's
 (:mod:`celery_debounce.store.idents`), the shards' hash tags the package's
 (:mod:`celery_debounce.tags`). Nothing here talks to Redis.
 """

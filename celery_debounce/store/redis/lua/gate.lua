@@ -146,7 +146,7 @@ local SHARDED_WAKE = false
 
 -- ARGV, bound once to the names the code below uses (what each means: the header).
 -- An optional group starts at the position store/redis/codec.py names in the comment
--- (tests/store/test_lua_library.py checks both agree); a group not sent is nil or ''.
+-- (tests/store/redis/test_lua_library.py checks both agree); a group not sent is nil or ''.
 local opener_id = ARGV[1]
 local window_ms = ARGV[2]
 local max_wait_ms = ARGV[3]

@@ -1,9 +1,9 @@
 -- lib/keys.lua: defines open_key(tag, ident) and the other key names of one shard: the
 -- one place the scripts spell a key's name, each builder as store/redis/keys.py's of the
--- same name (tests/store/test_lua_library.py runs both on the same idents and tags, cluster tags
--- included). <tag> is the shard's hash-tagged prefix <prefix>:{<shard>} (a script gets it
--- as ARGV, or reads it out of a key with tag_of), so every key built from it is in the
--- slot of the keys the script was called with. Per window: open_key, win_key, run_key,
+-- same name (tests/store/redis/test_lua_library.py runs both on the same idents and tags,
+-- cluster tags included). <tag> is the shard's hash-tagged prefix <prefix>:{<shard>} (a
+-- script gets it as ARGV, or reads it out of a key with tag_of), so every key built from
+-- it is in the slot of the keys the script was called with. Per window: open_key, win_key, run_key,
 -- quiet_key, calls_key, cancel_marker_key; per shard: ids_key, due_key, leased_key,
 -- active_key, claims_key, held_key, expiring_key, quarantine_key, stats_key, hot_key,
 -- dispatchers_key; the wake channels wake_channel(prefix), shard_wake_channel(tag); and

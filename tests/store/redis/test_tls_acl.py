@@ -48,7 +48,7 @@ ACL_RULES = (
 
 
 def test_the_documented_acl_line_is_the_one_tested() -> None:
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "guarantees.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "guarantees.md").read_text()
     line = next(x for x in doc.splitlines() if x.startswith("ACL SETUSER debouncer"))
     documented = line.split(">PASSWORD", 1)[1].split()
     assert sorted(documented) == sorted(ACL_RULES.split())

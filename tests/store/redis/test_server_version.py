@@ -26,7 +26,7 @@ from celery_debounce.store import (
     store_for,
 )
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -518,7 +518,7 @@ def test_the_server_version_is_read_from_every_master(
     redis_cluster: LocalCluster,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """tests/store/test_server_version.py on a cluster: each master's version is checked; one
+    """tests/store/redis/test_server_version.py on a cluster: each master's version is checked; one
     old master refuses the store, naming that master."""
     import celery_debounce.store.redis.server as store_module
 

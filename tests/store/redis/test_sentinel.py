@@ -4,7 +4,7 @@ The failover tests run a primary, replicas and three sentinels on loopback
 (``LocalSentinels``: the same server binary run with ``--sentinel``), a real
 in-process Celery worker with its dispatcher, and one producer thread making one
 call per window while the primary is failed over. Each prints a ``FAILOVER``
-line with what it measured (``pytest -s -m sentinel tests/store/test_sentinel.py``);
+line with what it measured (``pytest -s -m sentinel tests/store/redis/test_sentinel.py``);
 docs/guarantees.md has the figures.
 """
 

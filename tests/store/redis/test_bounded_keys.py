@@ -14,7 +14,7 @@ from helpers import package_keys, stop_process, wait_until
 
 from celery_debounce.ops.admin import DebounceAdmin
 
-TESTS = Path(__file__).parents[1]
+TESTS = Path(__file__).parents[2]
 
 
 def test_runs_killed_without_acks_late_leave_no_key_after_the_record_ttl(
