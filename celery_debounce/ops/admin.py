@@ -44,7 +44,6 @@ __all__ = [
     "read_snapshot",
 ]
 
-_SCAN_COUNT = 1000
 _PIPE_CHUNK = 500
 
 
@@ -317,9 +316,7 @@ class DebounceAdmin:
             for name, value in counts.counters.items():
                 _add_counter(tasks, name, value)
             if census:
-                cursor = "0"
-                while True:
-                    cursor, rows = self.store.census_step(shard, cursor, _SCAN_COUNT, now_ms)
+                for rows in self.store.census(shard, now_ms):
                     for found in rows:
                         row = TaskStats(
                             task=found.task,
@@ -330,8 +327,6 @@ class DebounceAdmin:
                         if found.oldest_first_seen_ms >= 0:
                             row.oldest_first_seen = found.oldest_first_seen_ms / 1000
                         tasks.setdefault(row.task, TaskStats(task=row.task)).merge(row)
-                    if cursor == "0":
-                        break
         return Stats(now=now_ms / 1000, open=total_open, due=total_due, census=census, tasks=tasks)
 
     def reset_stats(self) -> dict[str, TaskStats]:
@@ -365,15 +360,11 @@ class DebounceAdmin:
 
     def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
         for shard in range(self.settings.shards):
-            cursor = "0"
-            while True:
-                cursor, ident = self.store.find_step(shard, cursor, task_id, _SCAN_COUNT)
-                if ident is not None:
-                    info = self._info_of(ident, shard)
-                    if info is not None and info.task_id == task_id:
-                        return ident, info
-                if cursor == "0":
-                    break
+            ident = self.store.find(shard, task_id)
+            if ident is not None:
+                info = self._info_of(ident, shard)
+                if info is not None and info.task_id == task_id:
+                    return ident, info
         return None
 
     def _pending_by_id(self, task_id: str) -> tuple[str, WindowInfo]:
@@ -422,7 +413,7 @@ def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str,
 @dataclass(frozen=True)
 class Held:
     """A ``debounce_exclusive`` window held behind a run of its key (the longest held
-    are listed: the store's ``held_listed()`` per shard)."""
+    are listed: the store's ``snapshot_cost().held_listed`` per shard)."""
 
     ident: str
     since: float  # Redis time (s) it was first held
@@ -459,7 +450,7 @@ class Snapshot:
 
 def read_snapshot(store: OperatorStore) -> Snapshot:
     """The store's gauges, at a cost that does not grow with the open windows: ``TIME``,
-    then one pipeline of ``store.snapshot_commands()`` commands per shard (the sizes of the
+    then one pipeline of ``store.snapshot_cost().reads`` commands per shard (the sizes of the
     due, lease, active, quarantine and held sets, the front of the due set, the
     ``<tag>:stats`` counters, ``<tag>:hot``, the dispatchers and their heartbeats); only
     when windows are held, one more round trip reads the run each of the longest held
@@ -515,5 +506,5 @@ def read_snapshot(store: OperatorStore) -> Snapshot:
         alive,
         stopped,
         n_held,
-        held[: store.held_listed()],
+        held[: store.snapshot_cost().held_listed],
     )

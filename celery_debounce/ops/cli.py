@@ -17,7 +17,7 @@ import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
 from ..errors import DebounceError, WindowNotPending
-from ..store.redis.checks import describe_policy, evicts_windows, warn_if_evicting
+from ..store.redis.checks import describe_policy, evicts_windows, store_policy, warn_if_evicting
 from ..worker import install as install_worker
 from .admin import DebounceAdmin as DebounceAdmin
 from .admin import Stats, TaskStats
@@ -362,7 +362,7 @@ def stats(ctx: click.Context, quick: bool, as_json: bool, reset: bool) -> None:
     except DebounceError as exc:
         raise click.ClickException(str(exc)) from exc
     # PostgreSQL has no eviction policy: its rows are never evicted
-    policy = None if admin.settings.postgres_url else admin.store.maxmemory_policy()
+    policy = store_policy(admin.store)
     if as_json:
         echo_json(
             {

@@ -9,7 +9,7 @@ process reads them from Redis at each scrape and nothing else: no broker, no tas
 code, no dispatcher.
 
 Cost per scrape: one :func:`celery_debounce.ops.admin.read_snapshot` (``TIME`` and one
-pipeline of the store's ``snapshot_commands()`` O(1)/O(log N) commands per shard, as a
+pipeline of the store's ``snapshot_cost().reads`` O(1)/O(log N) commands per shard, as a
 ``top`` refresh), never a scan; scrapes closer together than ``min_interval`` (and
 concurrent scrapes) share one reading, so any number of Prometheus servers cost at
 most one reading per ``min_interval``. A reading that fails (Redis down, within
@@ -364,7 +364,7 @@ def _command() -> Any:
         app: Any = ctx.obj.app
         app.log.setup(loglevel=loglevel.upper(), redirect_stdouts=False)
         try:
-            store_for(app).snapshot_commands()  # a store without the gauges refuses here
+            store_for(app).snapshot_cost()  # a store without the gauges refuses here
             run(app, port, addr, min_interval)
         except DebounceError as exc:
             raise click.ClickException(str(exc)) from exc

@@ -211,7 +211,7 @@ def top(
     screen = not plain and not as_json_lines and sys.stdout.isatty()
     try:
         view = Top(ctx.obj.app, interval, screen)
-        view.store.snapshot_commands()  # a store without the gauges refuses here, once
+        view.store.snapshot_cost()  # a store without the gauges refuses here, once
     except DebounceError as exc:
         raise config_error(exc, ctx.obj.app) from exc
     _stop_on_sigterm()

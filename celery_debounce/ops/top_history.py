@@ -5,9 +5,11 @@ only running totals)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..store.api import OperatorStore
+from ..store.results import CensusRow
 from .admin import Snapshot, TaskStats
 
 #: How far back the per-minute figures (lateness, coalescing, forced) look.
@@ -23,16 +25,21 @@ CENSUS_STEP = 1000
 
 @dataclass
 class Census:
-    """Per-task open windows, counted a slice at a time: each refresh runs one
-    ``census.lua`` step per shard (about :data:`CENSUS_STEP` windows); when every
-    shard's scan came back to its start the counts of that pass are published. Up to
-    ~1,000 windows per shard a pass takes one refresh; a million take ~1,000."""
+    """Per-task open windows, counted a slice at a time: each refresh counts one census
+    step per shard (about :data:`CENSUS_STEP` windows; the store reads one step ahead,
+    so a pass's first refresh reads two); when every shard's pass is complete its counts
+    are published. Up to ~1,000 windows per shard a pass takes one refresh; a million
+    take ~1,000."""
 
-    cursors: dict[int, str] = field(default_factory=dict)
+    #: each shard's census under way (``OperatorStore.census``) and its next batch, read
+    #: one step ahead so that a pass's last batch is known as the last when it is counted
+    steps: dict[int, tuple[Iterator[list[CensusRow]], list[CensusRow]]] = field(
+        default_factory=dict
+    )
     partial: dict[str, int] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     open: dict[str, int] | None = None  # the last complete pass
-    at: float | None = None  # when it completed (Redis clock, s)
+    at: float | None = None  # when it completed (the store's clock, s)
     passes: int = 0
 
     def step(self, store: OperatorStore, now_ms: int) -> None:
@@ -40,16 +47,18 @@ class Census:
         for shard in range(shards):
             if shard in self.done:
                 continue
-            cursor, rows = store.census_step(
-                shard, self.cursors.get(shard, "0"), CENSUS_STEP, now_ms
-            )
+            if shard in self.steps:
+                steps, rows = self.steps.pop(shard)
+            else:
+                steps = store.census(shard, now_ms, CENSUS_STEP)
+                rows = next(steps, [])
             for row in rows:
                 self.partial[row.task] = self.partial.get(row.task, 0) + row.open
-            if cursor == "0":
+            ahead = next(steps, None)  # free once the store read its last step
+            if ahead is None:
                 self.done.add(shard)
-                self.cursors.pop(shard, None)
             else:
-                self.cursors[shard] = cursor
+                self.steps[shard] = (steps, ahead)
         if len(self.done) >= shards:
             self.open, self.at, self.passes = self.partial, now_ms / 1000, self.passes + 1
             self.partial, self.done = {}, set()

@@ -22,15 +22,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .domain import CancelOutcomeUnknown, ClaimResult, FinishResult, Outcome, Released, ShardRef
+from .idents import TakenGroup
 from .reach import Reached
 from .records import Record
 from .results import (
+    CENSUS_PAGE,
+    OPEN_PAGE,
+    TAKEN_PAGE,
     Cancelled,
     CensusRow,
     GateResult,
-    ListStep,
     ShardCounts,
     ShardSnapshot,
+    SnapshotCost,
     TakenEntry,
     TakeResult,
 )
@@ -222,31 +226,33 @@ class OperatorStore(BaseStore, Protocol):
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(shard, record)`` of a window taken for dispatch, by id, or None."""
 
-    def list_step(
-        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
-    ) -> ListStep:
-        """One bounded step of listing a shard's open windows."""
-
-    def taken_page(
+    def open_windows(
         self,
         shard: int,
-        set_name: str,
-        start: int,
-        count: int,
-    ) -> list[TakenEntry]:
-        """One page of a shard's leased or active windows."""
+        *,
+        task: str | None = None,
+        key_glob: str | None = None,
+        limit: int | None = None,
+        page: int = OPEN_PAGE,
+    ) -> Iterator[Record]:
+        """The open windows of ``shard`` in deadline order: of ``task`` only, whose key
+        matches the ``fnmatch`` glob ``key_glob`` (case-sensitive), at most ``limit``.
+        Read lazily in bounded steps of about ``page`` windows: a limited listing reads
+        only the front."""
+
+    def taken_windows(
+        self, shard: int, group: TakenGroup, page: int = TAKEN_PAGE
+    ) -> Iterator[TakenEntry]:
+        """The taken windows of one group (:data:`~celery_debounce.store.idents.TAKEN_SETS`:
+        ``leased``, ``active``, ``quarantine``) in the group's order (a lease's end, the
+        hand-over, the quarantine), read lazily ``page`` at a time."""
 
     def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
         """When each leading run's quiet period ends (ms), by ident."""
 
-    def find_step(
-        self,
-        shard: int,
-        cursor: str,
-        task_id: str,
-        count: int,
-    ) -> tuple[str, str | None]:
-        """One bounded step of finding an open window by id."""
+    def find(self, shard: int, task_id: str) -> str | None:
+        """The ident of the open window of ``shard`` whose id is ``task_id``, or None (a
+        bounded scan on a store without an index of ids)."""
 
     def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
@@ -259,14 +265,10 @@ class OperatorStore(BaseStore, Protocol):
         """For held idents: ``(id, state)`` of the run each waits for, ``(None, None)``
         where none is in progress."""
 
-    def census_step(
-        self,
-        shard: int,
-        cursor: str,
-        count: int,
-        now_ms: int,
-    ) -> tuple[str, list[CensusRow]]:
-        """One bounded step of counting open windows per task."""
+    def census(self, shard: int, now_ms: int, page: int = CENSUS_PAGE) -> Iterator[list[CensusRow]]:
+        """The open windows of ``shard`` counted per task, one batch of rows per bounded
+        step of about ``page`` windows (a task's rows add up over the batches); ``now_ms``
+        decides which are due."""
 
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
         """Open and due windows of ``shard`` and its counters."""
@@ -274,12 +276,10 @@ class OperatorStore(BaseStore, Protocol):
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """A shard's gauges in one bounded read (``top``, the exporter)."""
 
-    def snapshot_commands(self) -> int:
-        """What one :meth:`snapshot` costs, in commands (``top``'s and the exporter's
-        budget per shard)."""
-
-    def held_listed(self) -> int:
-        """How many held windows a :meth:`snapshot` lists (the longest held first)."""
+    def snapshot_cost(self) -> SnapshotCost:
+        """What one :meth:`snapshot` costs per shard (its requests: ``top``'s and the
+        exporter's budget) and how many held windows it lists (the longest held first).
+        A store without the gauges raises here."""
 
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``."""
@@ -293,9 +293,6 @@ class OperatorStore(BaseStore, Protocol):
         prefix: str | None = None,
     ) -> Iterator[Record]:
         """Every open window of ``shard`` with its payload (tests, ``debounce_fakeredis``)."""
-
-    def maxmemory_policy(self) -> str:
-        """The server's eviction policy (a store that never evicts: ``"noeviction"``)."""
 
     def reach(self) -> Reached:
         """Reach the server as a deploy-time check does: what it reached and each problem

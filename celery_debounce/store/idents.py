@@ -4,8 +4,10 @@ which shard of a layout it lives in. Nothing here knows how a store keeps its wi
 
 from __future__ import annotations
 
+import fnmatch
 import zlib
 from functools import lru_cache
+from typing import Literal
 
 from ..errors import DebounceConfigError
 
@@ -57,10 +59,26 @@ def split_ident(ident: str) -> tuple[str, str]:
     raise ValueError(f"malformed ident {ident!r}")
 
 
+#: A group of taken windows (:data:`TAKEN_SETS`).
+TakenGroup = Literal["leased", "active", "quarantine"]
+
 #: The groups of taken windows (in the Redis store, its sorted sets) and the states a
 #: window listed in each can be in.
-TAKEN_SETS: tuple[tuple[str, frozenset[str]], ...] = (
+TAKEN_SETS: tuple[tuple[TakenGroup, frozenset[str]], ...] = (
     ("leased", frozenset({"dispatching"})),
     ("active", frozenset({"queued", "claimed"})),
     ("quarantine", frozenset({"quarantined"})),
 )
+
+
+def matches(ident: str, task: str | None, key_glob: str | None) -> bool:
+    """Whether the window ``ident`` is of ``task`` (None: any) and its key matches the
+    ``fnmatch`` glob ``key_glob`` (None: any; case-sensitive); False for a malformed
+    ident."""
+    try:
+        name, key = split_ident(ident)
+    except ValueError:
+        return task is None and key_glob is None
+    if task is not None and name != task:
+        return False
+    return key_glob is None or fnmatch.fnmatchcase(key, key_glob)

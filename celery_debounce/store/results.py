@@ -127,6 +127,22 @@ class TakeResult:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
 
+#: Windows an operator read takes in its first bounded step (``OperatorStore.open_windows``;
+#: the Redis store grows later steps), a page of taken windows, a census step.
+OPEN_PAGE = 1000
+TAKEN_PAGE = 500
+CENSUS_PAGE = 1000
+
+
+class SnapshotCost(NamedTuple):
+    """What ``OperatorStore.snapshot`` costs per shard, and how much it lists."""
+
+    #: requests to the store (``top``'s and the exporter's budget per shard)
+    reads: int
+    #: held windows listed, the longest held first
+    held_listed: int
+
+
 class ListStep(NamedTuple):
     """One ``list.lua`` step along the due set."""
 

@@ -467,7 +467,7 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
             read_snapshot(backend)
         costs[total] = _commands(redis_client)
     # TIME plus one pipeline per shard, nothing that grows with the windows
-    assert costs[20] == costs[20_000] == 5 * (1 + backend.snapshot_commands() * shards)
+    assert costs[20] == costs[20_000] == 5 * (1 + backend.snapshot_cost().reads * shards)
 
 
 def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
@@ -651,7 +651,7 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
     enqueue_many(work, [((i,), {}) for i in range(total)], chunk_size=2000)
     other.delay(1)
     view = Top(app, 1.0)
-    view.store.census_step(0, "0", 1, 0)  # the script loaded: no NOSCRIPT retry counted
+    next(view.store.census(0, 0, page=1))  # the script loaded: no NOSCRIPT retry counted
     redis_client.config_resetstat()
     for refresh in range(1, 40):
         view.refresh()

@@ -5,11 +5,13 @@ Reads only, each one statement; the flushes of ``flush_many`` are one call each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..idents import TakenGroup, ident_prefix, matches
 from ..records import Record
-from ..results import ListStep, TakenEntry
+from ..results import OPEN_PAGE, TAKEN_PAGE, TakenEntry
 from ..states import as_state
 from .columns import record_fields, select_record
 from .step import many, one
@@ -47,10 +49,8 @@ _WAITS_FOR = (
     "WHERE t.ident = i AND t.exclusive AND t.state IN ('dispatching', 'queued', 'claimed') "
     "LIMIT 1) FROM unnest(%s::text[]) WITH ORDINALITY AS u(i, n) ORDER BY n"
 )
-#: The cursor of a listing's first step (read_view.walk_pending).
-_FIRST = "-inf"
+#: Before the first open window's deadline.
 _FIRST_DEADLINE = "-infinity"
-_SEP = "|"  # between a cursor's deadline and ident: never in a timestamp's text
 
 
 class PostgresInspect:
@@ -70,28 +70,49 @@ class PostgresInspect:
         row = self._read(one(_TAKEN, (task_id,)))
         return None if row is None else (0, _taken_record(row))
 
-    def list_step(
-        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
-    ) -> ListStep:
-        """Open windows whose ident starts with ``prefix``, in deadline order after the
-        cursor ``start`` (``"-inf"``: from the first). ``pattern`` is not applied here
-        (the caller filters by its glob), so with one, up to ``budget`` windows come
-        back, else up to ``want``. ``skip`` is not needed: the cursor is exact."""
-        self._check()
-        deadline, _, after = (_FIRST_DEADLINE, "", "") if start == _FIRST else start.partition(_SEP)
-        limit = max(1, budget if pattern else min(want, budget))
-        args = (prefix, prefix, deadline, after, limit)
-        rows = self._read(many(_LIST, args))
-        windows = [_open_record(row) for row in rows]
-        cursor = f"{rows[-1][-1]}{_SEP}{rows[-1][1]}" if rows else start  # deadline, ident
-        return ListStep(len(rows), cursor, 0, len(rows) < limit, windows)
+    def open_windows(
+        self,
+        shard: int,
+        *,
+        task: str | None = None,
+        key_glob: str | None = None,
+        limit: int | None = None,
+        page: int = OPEN_PAGE,
+    ) -> Iterator[Record]:
+        """Open windows in deadline order, of ``task``'s idents (a prefix the index
+        serves), ``page`` a statement after the last one read (its deadline, exact to
+        the microsecond, and ident); the key glob is checked here."""
+        prefix = ident_prefix(task) if task is not None else ""
+        deadline, after, found = _FIRST_DEADLINE, "", 0
+        while True:
+            self._check()
+            size = max(
+                1, page if key_glob is not None or limit is None else min(page, limit - found)
+            )
+            rows = self._read(many(_LIST, (prefix, prefix, deadline, after, size)))
+            for row in rows:
+                record = _open_record(row)
+                if matches(record.ident or "", task, key_glob):
+                    found += 1
+                    yield record
+                    if limit is not None and found >= limit:
+                        return
+            if len(rows) < size:
+                return
+            deadline, after = rows[-1][-1], rows[-1][1]
 
-    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
-        """Windows ``start .. start+count-1`` of one of keys.TAKEN_SETS, in its order."""
-        self._check()
-        query = _TAKEN_PAGE[set_name]
-        rows = self._read(many(query, (start, count)))
-        return [TakenEntry(row[0], _taken_record(row), None) for row in rows]
+    def taken_windows(
+        self, shard: int, group: TakenGroup, page: int = TAKEN_PAGE
+    ) -> Iterator[TakenEntry]:
+        """The taken windows of one group in its order, ``page`` a statement."""
+        query, size = _TAKEN_PAGE[group], max(1, page)
+        for start in itertools.count(0, size):
+            self._check()
+            rows = self._read(many(query, (start, size)))
+            for row in rows:
+                yield TakenEntry(row[0], _taken_record(row), None)
+            if len(rows) < size:
+                return
 
     def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
         """Task id -> end (ms) of the quiet period each leading run still owns."""
@@ -103,13 +124,11 @@ class PostgresInspect:
         rows = self._read(many(_QUIET, (idents,)))
         return {task_id: int(end) for task_id, end in rows if task_id in runs}
 
-    def find_step(
-        self, shard: int, cursor: str, task_id: str, count: int
-    ) -> tuple[str, str | None]:
-        """``("0", ident of the open window with this id, or None)``: one lookup."""
+    def find(self, shard: int, task_id: str) -> str | None:
+        """The ident of the open window ``task_id`` (its unique index), or None."""
         self._check()
         row = self._read(one(_FIND, (task_id,)))
-        return "0", None if row is None else row[0]
+        return None if row is None else str(row[0])
 
     def waits_for(self, shard: int, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
         """For held idents: (id, state) of the run in progress each waits for, or

@@ -10,11 +10,12 @@ not due, as on Redis. The census reads the open windows in ident order, a bounde
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..reach import Reached
 from ..records import HOT_KEYS_KEPT
-from ..results import CensusRow, ShardCounts, ShardSnapshot
+from ..results import CENSUS_PAGE, CensusRow, ShardCounts, ShardSnapshot, SnapshotCost
 from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,9 +67,6 @@ _SNAPSHOT = (
     "FROM (SELECT ident, held_since FROM debounce_open WHERE held_since IS NOT NULL "
     "ORDER BY held_since, ident LIMIT %s) AS held)"
 )
-#: The census's cursor: "0" before the first page and after the last, else the last
-#: ident read, after this mark.
-_AFTER = "i:"
 
 
 class PostgresStats:
@@ -82,21 +80,20 @@ class PostgresStats:
 
         def _write(self, fn: Any, operation: str) -> Any: ...
 
-    def census_step(
-        self, shard: int, cursor: str, count: int, now_ms: int
-    ) -> tuple[str, list[CensusRow]]:
-        """Up to ``count`` open windows after ``cursor``, in ident order, counted per
-        task; the next cursor (``"0"``: that was the last page)."""
-        self._check()
-        after = cursor[len(_AFTER) :] if cursor.startswith(_AFTER) else ""
-        limit = max(1, count)
-
-        last, read_count, per_task = self._read(one(_CENSUS, (after, limit, now_ms)))
-        rows = [
-            CensusRow(str(task), int(n), int(due), int(oldest), int(waiting))
-            for task, n, due, oldest, waiting in _json(per_task)
-        ]
-        return ("0" if read_count < limit else _AFTER + last), rows
+    def census(self, shard: int, now_ms: int, page: int = CENSUS_PAGE) -> Iterator[list[CensusRow]]:
+        """The open windows in ident order, ``page`` a statement, counted per task: a
+        batch of rows per page, until a page comes back short."""
+        after, limit = "", max(1, page)
+        while True:
+            self._check()
+            last, read_count, per_task = self._read(one(_CENSUS, (after, limit, now_ms)))
+            yield [
+                CensusRow(str(task), int(n), int(due), int(oldest), int(waiting))
+                for task, n, due, oldest, waiting in _json(per_task)
+            ]
+            if read_count < limit:
+                return
+            after = last
 
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
         """Open and due windows and the counters (``<kind>|<task>``)."""
@@ -112,23 +109,15 @@ class PostgresStats:
         rows = self._write(many(_RESET), "stats reset")
         return {name: int(n) for name, n in rows}
 
-    def maxmemory_policy(self) -> str:
-        """PostgreSQL never evicts a row."""
-        return "noeviction"
-
     def reach(self) -> Reached:
         """What reaching the database found, for ``check --connect`` (reach.py)."""
         from .reach_postgres import reach_postgres
 
         return reach_postgres(self)  # type: ignore[arg-type]
 
-    def snapshot_commands(self) -> int:
-        """Statements :meth:`snapshot` sends."""
-        return 1
-
-    def held_listed(self) -> int:
-        """Held windows a :meth:`snapshot` lists (the longest held first)."""
-        return HELD_LISTED
+    def snapshot_cost(self) -> SnapshotCost:
+        """One statement per :meth:`snapshot`; the held windows it lists."""
+        return SnapshotCost(1, HELD_LISTED)
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """The gauges in one statement (``top``, the exporter). ``hot``: the open

@@ -47,11 +47,20 @@ def describe_policy(policy: str) -> str:
     return f"maxmemory-policy: {policy}"
 
 
-def warn_if_evicting(store: Any, who: str, logger: logging.Logger | None = None) -> str:
-    """Log a WARNING if the windows' Redis may evict window keys; return the policy.
-    ``store``: a :class:`~celery_debounce.store.WindowStore`."""
+def store_policy(store: Any) -> str | None:
+    """The eviction policy of the windows' Redis (``maxmemory-policy``), or None for a
+    store that never evicts (it has no such setting: PostgreSQL)."""
+    read = getattr(store, "maxmemory_policy", None)
+    return None if read is None else str(read())
+
+
+def warn_if_evicting(store: Any, who: str, logger: logging.Logger | None = None) -> str | None:
+    """Log a WARNING if the windows' Redis may evict window keys; return the policy (None:
+    a store that never evicts, nothing logged)."""
     log = logger or logging.getLogger("celery_debounce")
-    policy: str = store.maxmemory_policy()
+    policy = store_policy(store)
+    if policy is None:
+        return None
     evicts = evicts_windows(policy)
     if evicts:
         log.warning(

@@ -16,7 +16,13 @@ from ...tags import shard_wake_channel
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..reach import Reached
 from ..records import HOT_KEYS_KEPT, Record, as_text
-from ..results import Cancelled, CensusRow, ListStep, Shard, ShardCounts, ShardSnapshot, TakenEntry
+from ..results import (
+    Cancelled,
+    Shard,
+    ShardCounts,
+    ShardSnapshot,
+    SnapshotCost,
+)
 from .checks import combined_policy
 from .diagnose import DoctorOps
 from .fields import (
@@ -24,7 +30,6 @@ from .fields import (
     F_STATE,
     FLUSH_FIELDS,
     INSPECT_FIELDS,
-    LIST_FIELDS,
     PAYLOAD_FIELDS,
     QUIET_END,
     QUIET_ID,
@@ -49,10 +54,10 @@ from .keys import (
     stats_key,
     stats_reset_key,
     stopped_key,
-    taken_set_key,
     tasks_key,
     win_key,
 )
+from .listing import Listing
 from .liveness import Liveness
 from .server import maxmemory_policy
 from .translate import translate_errors
@@ -64,7 +69,7 @@ SNAPSHOT_COMMANDS = 13
 HELD_LISTED = 8
 
 
-class Operators(DoctorOps, Liveness):
+class Operators(DoctorOps, Liveness, Listing):
     """Operations of :class:`~celery_debounce.store.WindowStore` for ``celery debounce``
     commands, the admin API, ``top`` and tests."""
 
@@ -117,44 +122,6 @@ class Operators(DoctorOps, Liveness):
                 return shard, record
         return None
 
-    def list_step(
-        self, shard: int, start: str, skip: int, budget: int, want: int, prefix: str, pattern: bytes
-    ) -> ListStep:
-        """One ``list.lua`` step: pending windows along the due set, filtered in Redis."""
-        tag = self.tag(shard)
-        reply = self.run("list", [due_key(tag)], [tag, start, skip, budget, want, prefix, pattern])
-        examined, last, at_last, done = reply[:4]
-        windows = []
-        for ident, *row in reply[4:]:
-            record = decode_record(LIST_FIELDS, row, ident=as_text(ident))
-            if record is not None:
-                windows.append(record)
-        return ListStep(int(examined), as_text(last), int(at_last), bool(int(done)), windows)
-
-    def taken_page(self, shard: int, set_name: str, start: int, count: int) -> list[TakenEntry]:
-        """Members ``start .. start+count-1`` of a taken set (keys.TAKEN_SETS), in score
-        order, with their records."""
-        tag = self.tag(shard)
-        client = self.client
-        with translate_errors("inspect"):
-            ids = [
-                as_text(m)
-                for m in client.zrange(taken_set_key(tag, set_name), start, start + count - 1)
-            ]
-        if not ids:
-            return []
-        with translate_errors("inspect"), client.pipeline(transaction=False) as pipe:
-            for tid in ids:
-                pipe.hmget(win_key(tag, tid), *INSPECT_FIELDS)
-            rows = pipe.execute(raise_on_error=False)
-        out = []
-        for tid, row in zip(ids, rows, strict=True):
-            if isinstance(row, Exception):  # not a hash: see take.lua's wrong-type rule
-                out.append(TakenEntry(tid, None, f"{win_key(tag, tid)}: {row}"))
-            else:
-                out.append(TakenEntry(tid, decode_record(INSPECT_FIELDS, row), None))
-        return out
-
     def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
         """Task id -> end (ms) of the quiet period each leading run of ``leading`` still
         owns (``quiet_key`` of its ident holds its id): one pipelined HMGET per run."""
@@ -176,15 +143,6 @@ class Operators(DoctorOps, Liveness):
             ):
                 ends[record.task_id] = int(row[1])
         return ends
-
-    def find_step(
-        self, shard: int, cursor: str, task_id: str, count: int
-    ) -> tuple[str, str | None]:
-        """One ``find.lua`` step: ``(next cursor, ident of the pending window with this id
-        or None)``."""
-        tag = self.tag(shard)
-        next_cursor, ident = self.run("find", [due_key(tag)], [tag, cursor, count, task_id])
-        return as_text(next_cursor), as_text(ident) if ident else None
 
     def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
         tag = self.tag(shard)
@@ -242,18 +200,6 @@ class Operators(DoctorOps, Liveness):
             reply = self.client.lrange(cancel_marker_key(self.tag(lost.shard), lost.token), 0, -1)
         return self._cancel_result(lost.shard, lost.ident, lost.token, reply)
 
-    def census_step(
-        self, shard: int, cursor: str, count: int, now_ms: int
-    ) -> tuple[str, list[CensusRow]]:
-        """One ``census.lua`` step of per-task counts of pending windows."""
-        tag = self.tag(shard)
-        reply = self.run("census", [due_key(tag)], [tag, cursor, count, now_ms])
-        rows = [
-            CensusRow(as_text(task), int(n_open), int(n_due), int(oldest), int(waiting))
-            for task, n_open, n_due, oldest, waiting in reply[1:]
-        ]
-        return as_text(reply[0]), rows
-
     def counts(self, shard: int, now_ms: int) -> ShardCounts:
         """Open and due windows of ``shard`` and its counters."""
         tag = self.tag(shard)
@@ -290,13 +236,9 @@ class Operators(DoctorOps, Liveness):
             client.delete(held)
         return removed
 
-    def snapshot_commands(self) -> int:
-        """Redis commands :meth:`snapshot` sends per shard."""
-        return SNAPSHOT_COMMANDS
-
-    def held_listed(self) -> int:
-        """Held windows a :meth:`snapshot` lists (the longest held first)."""
-        return HELD_LISTED
+    def snapshot_cost(self) -> SnapshotCost:
+        """Redis commands :meth:`snapshot` sends per shard, and the held windows it lists."""
+        return SnapshotCost(SNAPSHOT_COMMANDS, HELD_LISTED)
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""
@@ -381,7 +323,8 @@ class Operators(DoctorOps, Liveness):
         ]
 
     def maxmemory_policy(self) -> str:
-        """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable."""
+        """The server's ``maxmemory-policy`` (see checks.py), "unknown" if unreadable: the
+        Redis store's own (a server setting, not in the contract)."""
         # every master of a cluster: the worst answer wins
         return combined_policy([maxmemory_policy(c) for c in self.transport.masters()])
 
