@@ -105,6 +105,8 @@ class _Child(Process):  # type: ignore[misc]
         dispatcher = Dispatcher(self.app, name=self.dispatcher_name)
         if terms:  # stopped (or, by the prctl, orphaned) while it was being built
             dispatcher.close()
+            if self._orphaned():
+                self._log_gone("not started")
         else:
             thread = dispatcher.start()
             while thread.is_alive() and not terms and not self._orphaned():

@@ -105,8 +105,14 @@ def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
 
 def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
+    store = store_for(make_app(redis_server))
     with worker_process(redis_server, log, extra_env=ENV, pool="solo") as worker:
         (pid,) = _pids(log)
+        name = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
+        assert name is not None
+        # running (its heartbeat written), not still starting: killed while it starts,
+        # the child stops as well, before it has anything to log or record
+        wait_until(lambda: name.group(1).decode() in dict(store.liveness()[1]), 15)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         try:
@@ -120,7 +126,7 @@ def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_pat
     # its stop is recorded: ping and top show a stopped dispatcher, not an alive one
     started = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
     assert started is not None
-    _, alive, stopped = store_for(make_app(redis_server)).liveness()
+    _, alive, stopped = store.liveness()
     assert started.group(1).decode() in dict(stopped), (alive, stopped)
     assert started.group(1).decode() not in dict(alive)
 
