@@ -28,6 +28,15 @@ pytestmark = [
 ]
 
 
+def _ports_apart(taken: set[int]) -> int:
+    """A free port (its bus port too) that neither is nor is the bus of one in ``taken``."""
+    for _ in range(100):
+        port = _free_cluster_port()
+        if not {port, port + 10000, port - 10000} & taken:
+            return port
+    raise RuntimeError("no free port apart from the cluster's")
+
+
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if not server_supports_tls():
@@ -35,8 +44,13 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     certs = make_certs(tmp_path_factory.mktemp("cluster-certs"))
     nodes: list[tuple[LocalRedis, int]] = []
     try:
+        taken: set[int] = set()
         for _ in range(3):
-            tls_port = _free_cluster_port()  # in case the bus takes tls-port + 10000
+            # two free ports, apart from each other and from every node's (and their
+            # buses', +10000): a port free when asked is not reserved until bound
+            tls_port = _ports_apart(taken)
+            port = _ports_apart(taken | {tls_port})
+            taken |= {tls_port, port}
             node = LocalRedis(
                 "--cluster-enabled",
                 "yes",
@@ -56,7 +70,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 str(certs["ca.crt"]),
                 "--tls-auth-clients",
                 "no",
-                port=_free_cluster_port(),
+                port=port,
             )
             node.start()
             nodes.append((node, tls_port))
