@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -12,7 +11,7 @@ from celery import Celery
 from ..producer.steering import WindowInfo, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
-from ..store.idents import TAKEN_SETS, window_ident
+from ..store.idents import TAKEN_SETS, key_matches, window_ident
 
 __all__ = [
     "STATES",
@@ -66,7 +65,7 @@ def _shard_windows(
                 if entry.record is None:
                     continue
                 info = window_info(entry.record, shard, "", quiet.get(entry.task_id))
-                if info.state in wanted and _matches(info, task, key_glob):
+                if info.state in wanted and key_matches(info.task, info.key, task, key_glob):
                     found += 1
                     yield info
             if limit is not None and found >= limit:
@@ -86,12 +85,6 @@ def walk_pending(
     front of the open windows)."""
     for record in store.open_windows(shard, task=task, key_glob=key_glob, limit=limit):
         yield window_info(record, shard, "pending")
-
-
-def _matches(info: WindowInfo, task: str | None, key_glob: str | None) -> bool:
-    if task is not None and info.task != task:
-        return False
-    return key_glob is None or fnmatch.fnmatchcase(info.key, key_glob)
 
 
 def list_windows(

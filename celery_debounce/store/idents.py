@@ -72,13 +72,19 @@ TAKEN_SETS: tuple[tuple[TakenGroup, frozenset[str]], ...] = (
 
 
 def matches(ident: str, task: str | None, key_glob: str | None) -> bool:
-    """Whether the window ``ident`` is of ``task`` (None: any) and its key matches the
-    ``fnmatch`` glob ``key_glob`` (None: any; case-sensitive); False for a malformed
-    ident."""
+    """:func:`key_matches` for the window ``ident``; a malformed ident matches only when
+    nothing is filtered."""
     try:
         name, key = split_ident(ident)
     except ValueError:
         return task is None and key_glob is None
+    return key_matches(name, key, task, key_glob)
+
+
+def key_matches(name: str, key: str, task: str | None, key_glob: str | None) -> bool:
+    """Whether a window of task ``name`` and key ``key`` is of ``task`` (None: any) and its
+    key matches the ``fnmatch`` glob ``key_glob`` (None: any; case-sensitive): the
+    operators' one filter, in every store and in ``inspect``."""
     if task is not None and name != task:
         return False
     return key_glob is None or fnmatch.fnmatchcase(key, key_glob)
