@@ -1063,7 +1063,8 @@ def _small_disk(megabytes: int) -> Iterator[Path]:
         pytest.skip("filling a disk needs root (a tmpfs mount)")
     where = Path(tempfile.mkdtemp(prefix="celery-debounce-full-"))
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(where)],
+        # huge=never: a tmpfs with huge pages charges 2 MB for a file's first write
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,huge=never", "tmpfs", str(where)],
         capture_output=True,
         check=False,
     )
@@ -1082,25 +1083,31 @@ def _small_disk(megabytes: int) -> Iterator[Path]:
 def test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on(
     store: PostgresStore, database: str
 ) -> None:
-    """The open windows' table and indexes on a 2 MB tmpfs (a tablespace): once it is
-    full, a new window's call is :class:`ServerRefused` (SQLSTATE 53100, disk full)
-    within the timeout, nothing written; a call joining an open window still answers
-    (an update in place); with room again (a remount), the refused call goes through."""
-    import subprocess
+    """The open windows' table and indexes on a tmpfs (a tablespace) that a ballast file
+    fills once the first window is open: then a new window's call is :class:`ServerRefused`
+    (SQLSTATE 53100, disk full) within the timeout, nothing written; a call joining an open
+    window still answers (an update in place); with room again (the ballast gone), the
+    refused call goes through."""
+    import os
 
     space = f"full_{uuid.uuid4().hex[:8]}"
     tables = ("debounce_open", "debounce_calls")
     indexes = ("debounce_open_pkey", "debounce_open_due", "debounce_open_task_id")
-    # 2 MB, not 1: in one CI run on PostgreSQL 18 (beside another test file) the first
-    # window's insert already found a 1 MB tmpfs full
-    with _small_disk(2) as where, psycopg.connect(database, autocommit=True) as admin:
+    # the ballast, not the mount's size, decides the room left: what a relation's first
+    # write takes differs by server version and kernel (two CI runs found a 1 MB, then a
+    # 2 MB tmpfs full at the first window's insert)
+    with _small_disk(16) as where, psycopg.connect(database, autocommit=True) as admin:
         admin.execute(f"CREATE TABLESPACE {space} LOCATION '{where}'")  # names made here
+        ballast = where / "ballast"
         try:
             for table in tables:
                 admin.execute(f"ALTER TABLE {table} SET TABLESPACE {space}")
             for index in indexes:
                 admin.execute(f"ALTER INDEX {index} SET TABLESPACE {space}")
             first = store.gate(call("t:first")).task_id
+            room = os.statvfs(where)
+            with ballast.open("wb") as out:
+                out.write(b"\0" * max(0, room.f_bavail * room.f_frsize - 128 * 1024))
             body = b"[[], {}, {}]" + b" " * 1500  # under TOAST's threshold: in the heap
             refused = None
             for n in range(5000):
@@ -1110,7 +1117,7 @@ def test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on(
                 except ServerRefused as exc:
                     refused, took = (n, exc), time.monotonic() - started
                     break
-            assert refused is not None, "the 2 MB table never filled"
+            assert refused is not None, "the tablespace never filled"
             n, exc = refused
             assert "No space left on device" in str(exc) and took < 5, (exc, took)
             (found,) = admin.execute(
@@ -1119,9 +1126,10 @@ def test_a_full_disk_refuses_the_call_typed_and_writes_nothing_then_calls_go_on(
             assert found == 0  # nothing written
             joined = store.gate(call("t:first"))  # a join: no new row needed
             assert joined.task_id == first and joined.calls == 2
-            subprocess.run(["mount", "-o", "remount,size=8m", str(where)], check=True)
+            ballast.unlink()
             assert store.gate(call(f"t:n{n}", payload=body)).calls == 1
         finally:
+            ballast.unlink(missing_ok=True)
             for index in indexes:
                 admin.execute(f"ALTER INDEX {index} SET TABLESPACE pg_default")
             for table in tables:
