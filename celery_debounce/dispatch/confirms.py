@@ -126,7 +126,9 @@ class ConfirmingPublisher:
         if self._channel is None or not getattr(self._channel, "is_open", False):
             return False
         try:
-            sock = self._conn.connection.transport.sock
+            # the channel's own connection: kombu's ``Connection.connection`` would
+            # connect anew behind a channel left on the old socket
+            sock = self._channel.connection.transport.sock
             sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return True  # nothing to read: open and quiet

@@ -150,9 +150,12 @@ class MessageSender:
         self.expiry: dict[str, int] = {}
         self._errors: tuple[type[BaseException], ...] | None = None
 
-    def send(self, producer: Any, window: TakenWindow, mandatory: bool = False) -> None:
+    def send(
+        self, producer: Any, window: TakenWindow, mandatory: bool = False, retry: bool = True
+    ) -> None:
         """Publish ``window``'s message; raises :class:`UnreadableWindow`,
-        :class:`BrokerUnavailable`, :class:`MaybeShared`, or this message's error."""
+        :class:`BrokerUnavailable`, :class:`MaybeShared`, or this message's error.
+        ``retry``: kombu may reconnect and publish again (the app's retry policy)."""
         try:
             arguments = None
             if window.content_type == DEFAULT_CONTENT_TYPE:
@@ -176,6 +179,8 @@ class MessageSender:
             raise UnreadableWindow(f"{type(exc).__name__}: {exc}") from exc
         if mandatory:
             options["mandatory"] = True  # an unroutable message comes back (basic.return)
+        if not retry:
+            options["retry"] = False
         try:
             self._send_message(producer, window.task_name, message, **options)
         except Exception as exc:
@@ -269,6 +274,8 @@ class _Publishing:
 
     #: every message published ``mandatory`` (an unroutable one comes back)
     mandatory = False
+    #: kombu's publish retry (reconnect and send again) is left on
+    retry = True
 
     def __init__(self, app: Celery, sender: MessageSender, note_fault: NoteFault) -> None:
         self.app = app
@@ -327,6 +334,9 @@ class _Publishing:
         """False once nothing more can go out on this producer."""
         return True
 
+    def _lost(self) -> None:
+        """A publish failed on the connection (the group's answers read): drop it."""
+
     # -- one group -------------------------------------------------------------------
     def _publish_group(
         self,
@@ -337,6 +347,7 @@ class _Publishing:
         out: Outcomes,
     ) -> None:
         ok: list[TakenWindow] = []
+        lost = False
         try:
             context, exact = self._open_group(producer, group, batched)
             with context:
@@ -346,7 +357,7 @@ class _Publishing:
                         continue
                     start = exact.position() if exact is not None else -1
                     try:
-                        self.sender.send(producer, window, self.mandatory)
+                        self.sender.send(producer, window, self.mandatory, self.retry)
                         self._sent(window, batched, ok, out, lease_end)
                     except UnreadableWindow as exc:
                         out.add(window, Outcome.BAD, str(exc))
@@ -360,6 +371,7 @@ class _Publishing:
                             exc,
                         )
                         out.add_all(group[i:], Outcome.UNSENT)
+                        lost = True
                         break
                     except MaybeShared as exc:  # this message's, or every one's?
                         out.add(window, Outcome.SUSPECT, str(exc))
@@ -387,6 +399,8 @@ class _Publishing:
                     if replies is not None:
                         self._sort_replies(producer, exact.spans, replies, ok, out)
             self._answered(batched, ok, out, lease_end)
+            if lost:
+                self._lost()
         except Exception as exc:  # the batched publish failed as a whole
             self._batch_failed(producer, exc, ok, out)
             ok = []
@@ -491,6 +505,9 @@ class AmqpPublisher(_Publishing):
     once the broker confirmed its message (:meth:`_confirmed`)."""
 
     mandatory = True
+    #: kombu's retry would reconnect and publish again on a channel of its own, out of
+    #: confirm mode and out of our numbering: a failed publish is ours to retry
+    retry = False
 
     def __init__(self, app: Celery, sender: MessageSender, note_fault: NoteFault) -> None:
         super().__init__(app, sender, note_fault)
@@ -545,6 +562,9 @@ class AmqpPublisher(_Publishing):
 
     def _usable(self) -> bool:
         return self.confirms.usable()
+
+    def _lost(self) -> None:
+        self.confirms.discard()  # whatever its socket shows: the next pass opens a new one
 
     def _confirmed(
         self, lease_end: float, batched: bool, ok: list[TakenWindow], out: Outcomes

@@ -13,7 +13,9 @@ scenarios that hold on any broker are written once, with the ``broker`` fixture
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import time
 import uuid
 from typing import Any
@@ -545,6 +547,51 @@ def test_a_rabbitmq_restart_between_batches_costs_no_lease(
         wait_until(lambda: list_windows(app, states=["pending"])[0].deadline <= time.time(), 5)
         assert dispatcher.dispatch_once()[0] == 1  # the first pass after the restart
         assert {w.task_id: w.state for w in list_windows(app)}[after] == "queued"
+    finally:
+        dispatcher.close()
+
+
+@pytest.mark.parametrize("broker", ["up", "down"])
+def test_a_publish_that_failed_on_the_kept_connection_is_sent_on_a_new_one_next_pass(
+    redis_server: str, rabbit: RabbitNode, broker: str
+) -> None:
+    """The kept confirming connection breaks under a publish (its socket shut, as when
+    the broker died with our bytes unread), the broker up or down at that moment. The
+    publish is not retried behind the dispatcher's back (kombu's retry would move the
+    producer to a channel without confirms, or reconnect the connection under the
+    channel kept on the dead socket: then every later pass failed on it); the window
+    waits, and the next pass once the broker is up sends it on a new connection,
+    confirmed, one message."""
+    app = rabbit_fault_app(redis_server, rabbit, debounce_dispatcher=False, lease=30.0)
+    qname = app.conf.task_default_queue
+    task = app.tasks["faults.record"]
+    dispatcher = Dispatcher(app, name="broken-send")
+    assert isinstance(dispatcher.publisher, AmqpPublisher)
+    confirms = dispatcher.publisher.confirms
+    try:
+        task.delay("before")
+        wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)  # the connection is kept
+        depth = queue_depth(app, qname)
+        after = task.delay("after").id
+        wait_until(lambda: list_windows(app, states=["pending"])[0].deadline <= time.time(), 5)
+
+        def break_it(**_: Any) -> None:
+            before_task_publish.disconnect(break_it)
+            if broker == "down":
+                rabbit.stop(kill=True)
+            with contextlib.suppress(OSError):  # already reset by the kill
+                confirms._channel.connection.transport.sock.shutdown(socket.SHUT_WR)
+
+        before_task_publish.connect(break_it, weak=False)
+        try:
+            assert dispatcher.dispatch_once()[0] == 0
+        finally:
+            before_task_publish.disconnect(break_it)
+        rabbit.start()
+        assert {w.task_id: w.state for w in list_windows(app)}[after] != "queued"
+        wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 10)
+        assert {w.task_id: w.state for w in list_windows(app)}[after] == "queued"
+        assert queue_depth(app, qname) == depth + 1  # one message: sent once, confirmed
     finally:
         dispatcher.close()
 
