@@ -25,12 +25,12 @@ The stores are the contract suite's (tests/store/contract/conftest.py), each run
   (``fakeredis.commands_mixins.server_mixin.time``), and its key expiry clock
   (``fakeredis._socket._base.time``), so a quiet period's ``PEXPIREAT`` follows the
   same clock. The store is unchanged.
-* a real server with the real clock (shorter; Redis single node, Redis Cluster): the
+* a real server with the real clock (shorter; Redis single node, Redis Cluster, PostgreSQL): the
   model then takes "now" from each result that carries the store's clock (gate, take,
   flush), and where a result does not (ack, release, claim, renewal, finish) from the
   time the step wrote, read by the view and checked to lie between the store's clock
-  read before and after the step, so it stays exact. PostgreSQL is skipped by name
-  (``POSTGRES_NOT_YET`` there): the model uses members it does not implement yet.
+  read before and after the step, so it stays exact. PostgreSQL runs here too; its view
+  names where it differs from Redis by design (held windows, flushes, microsecond times).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from celery_debounce.store import WindowStore
 from celery_debounce.store.api import Store
 from celery_debounce.store.domain import Released
 from celery_debounce.store.idents import window_ident
+from celery_debounce.store.postgres import PostgresStore
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
@@ -195,6 +196,24 @@ class StateView(Protocol):
     compare with the model's after every step, and the time a step wrote (the results
     of ack, release, claim, renewal and finish do not carry the store's clock)."""
 
+    #: how many lapsed claims one take releases at most
+    lapse_batch: int
+    #: a window held behind its key's run is moved a lease later (Redis); otherwise it
+    #: keeps its deadline, is left out of the take's batch, and its run's end brings the
+    #: deadline back to now if a call slid it since (PostgreSQL)
+    held_moves_deadline: bool
+    #: a window closed by a flush, its cap or a call of the other mode is due now
+    #: (Redis); otherwise it keeps a deadline already passed and its collect body is
+    #: spliced at once (PostgreSQL)
+    close_sets_now: bool
+    #: a take answers the retaken leases first, then the due windows (Redis); otherwise
+    #: in deadline order (PostgreSQL: compared as a set)
+    ordered_take: bool
+    #: times are kept in microseconds and read in ms (PostgreSQL): a time in the ms of
+    #: a step may be before or after it, and times in one ms are in an order the model
+    #: cannot see; there the store's answer decides
+    microseconds: bool
+
     def check(self, model: GateMachine) -> None:
         """The store holds exactly the model's windows, records, sets and indexes."""
 
@@ -207,6 +226,12 @@ class StateView(Protocol):
 class RedisState:
     """A Redis store's :class:`StateView`: the package's whole keyspace (one shard, its
     tag ``tag``), every record field and nothing else, every sorted-set score."""
+
+    lapse_batch = 20
+    held_moves_deadline = True
+    close_sets_now = True
+    ordered_take = True
+    microseconds = False
 
     #: where :meth:`written_at` reads each time: a record field, or a score of a set
     WRITTEN = {
@@ -364,10 +389,142 @@ class RedisState:
             assert snapshot == win.frozen
 
 
+class PostgresState:
+    """A PostgreSQL store's :class:`StateView`: every row of its window tables
+    (``debounce_open``, ``debounce_taken``, ``debounce_quiet``, ``debounce_calls``,
+    ``debounce_cancelled``), each column the model knows, and no other row."""
+
+    lapse_batch = 100
+    held_moves_deadline = False
+    close_sets_now = False
+    ordered_take = False
+    microseconds = True
+
+    #: where :meth:`written_at` reads each time, and what the step added to it
+    WRITTEN = {
+        "queued": ("until", "record_ttl_ms"),
+        "claimed": ("claim_until", "claim_lease_ms"),
+        "finished": ("until", "history_ttl_ms"),
+        "lease": ("until", None),
+        "claim": ("claim_until", None),
+    }
+
+    def __init__(self, store: PostgresStore) -> None:
+        import psycopg
+
+        self.store = store
+        self.conn = psycopg.connect(store.url, autocommit=True)
+        if store.schema:
+            self.conn.execute("SELECT set_config('search_path', %s, false)", (store.schema,))
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql).fetchall()  # type: ignore[arg-type]  (literal SQL)
+
+    def written_at(self, task_id: str, what: str) -> int:
+        column, added = self.WRITTEN[what]
+        row = self.conn.execute(
+            f"SELECT debounce_ms({column}) FROM debounce_taken WHERE task_id = %s",  # type: ignore[arg-type]
+            (task_id,),
+        ).fetchone()
+        assert row is not None and row[0] is not None, (task_id, what)
+        if added is None:
+            return int(row[0])
+        settings = self.store.settings
+        ttl = {"record_ttl_ms": self.store.record_ttl_ms, "history_ttl_ms": settings.history_ttl_ms}
+        return int(row[0]) - ttl.get(added, settings.claim_lease_ms)
+
+    def check(self, model: GateMachine) -> None:
+        opened = {
+            r[0]: r[1:]
+            for r in self.rows(
+                "SELECT ident, task_id, debounce_ms(first_seen), debounce_ms(deadline),"
+                " max_wait_ms, calls, payload, options_json, max_calls, exclusive,"
+                " debounce_ms(held_since), aliases, is_trailing, collect_bytes, collect_budget"
+                " FROM debounce_open"
+            )
+        }
+        assert opened == {
+            w.ident: (
+                w.id,
+                w.fs,
+                w.dl,
+                w.mw - w.fs,
+                w.n,
+                w.payload,
+                EXCLUSIVE_OPTIONS if w.exclusive else "{}",
+                w.mc,
+                w.exclusive,
+                w.hs,
+                [json.dumps({"id": a}) for a in w.aliases],
+                w.trailing,
+                None if w.elements is None else w.cb,
+                None if w.elements is None else w.cz,
+            )
+            for w in model.open.values()
+        }  # invariant 1: one open per ident
+        taken = {
+            r[0]: r[1:]
+            for r in self.rows(
+                "SELECT task_id, ident, state, tries, debounce_ms(first_seen),"
+                " debounce_ms(deadline), max_wait_ms, calls, payload, capped, is_leading,"
+                " is_trailing, exclusive, aliases, redelivered,"
+                " CASE WHEN state = 'dispatching' THEN debounce_ms(until) END,"
+                " debounce_ms(claim_until) FROM debounce_taken"
+            )
+        }
+        assert taken == {
+            w.id: (
+                w.ident,
+                w.st,
+                w.tries,
+                w.fs,
+                w.dl,
+                w.mw - w.fs,
+                w.n,
+                b"" if w.st == "finished" else w.body() if w.elements is not None else w.payload,
+                w.capped or w.full,
+                w.leading,
+                w.trailing,
+                w.exclusive,
+                [json.dumps({"id": a}) for a in w.aliases],
+                w.rd,
+                model.leased.get(w.id),
+                model.claims.get(w.id),
+            )
+            for w in model.wins.values()
+            if w.st not in ("pending", "cancelled")
+        }
+        assert all(model.wins[tid].st == "dispatching" for tid in model.leased)
+        quiet = {
+            r[0]: r[1:]
+            for r in self.rows(
+                "SELECT ident, task_id, debounce_ms(first_seen), max_wait_ms,"
+                " debounce_ms(quiet_end), calls FROM debounce_quiet"
+            )
+        }
+        assert quiet == {i: (q.id, q.fs, q.mw, q.dl, q.n) for i, q in model.quiet.items()}
+        calls: dict[str, list[bytes]] = {}
+        for tid, element in self.rows("SELECT task_id, element FROM debounce_calls ORDER BY seq"):
+            calls.setdefault(tid, []).append(bytes(element))
+        assert calls == {
+            w.id: w.elements for w in model.open.values() if w.elements is not None
+        }  # every call of an open collect window, in call order
+        cancelled = sorted(r[0] for r in self.rows("SELECT task_id FROM debounce_cancelled"))
+        assert cancelled == sorted(model.cancels)  # each cancel's answer, kept for a retry
+        for w in model.wins.values():  # invariant 5: the call data handed to the broker
+            if w.st in ("queued", "claimed"):
+                snapshot = {"dl": str(w.dl).encode(), "p": taken[w.id][7]}
+                if w.frozen is None:
+                    w.frozen = snapshot
+                assert snapshot == w.frozen
+
+
 def state_view(store: Store) -> StateView:
     """The view of ``store``'s state the model reads (one per implementation)."""
     if isinstance(store, WindowStore):
         return RedisState(store)
+    if isinstance(store, PostgresStore):
+        return PostgresState(store)
     raise NotImplementedError(f"no state view of {type(store).__name__} for the model test")
 
 
@@ -401,6 +558,7 @@ class GateMachine(RuleBasedStateMachine):
         self.ids_index: dict[str, str] = {}  # id -> ident of windows opened under a fixed id
         self.quiet: dict[str, Quiet] = {}  # ident -> its latest quiet period
         self.suppressed = 0
+        self.cancels: list[str] = []  # the id of every window cancelled, in order
         # (id, tries) a live dispatcher holds (taken, not yet published)
         self.inflight: list[tuple[str, int]] = []
         self.broker: list[str] = []  # messages waiting for a worker
@@ -524,7 +682,11 @@ class GateMachine(RuleBasedStateMachine):
         leading = False
         quiet = self.quiet.get(ident)
         if edge[0]:  # an edge call: see gate.lua's header
-            if quiet is not None and quiet.dl > now:
+            running = quiet is not None and (
+                quiet.dl > now
+                or (quiet.dl == now and self.view.microseconds and result.edge != "lead")
+            )
+            if quiet is not None and running:
                 quiet.dl = min(now + window, quiet.fs + quiet.mw)  # slides, up to the ceiling
                 quiet.n += 1
                 if not edge[1]:  # leading only: suppressed, folded into the leading run
@@ -610,7 +772,7 @@ class GateMachine(RuleBasedStateMachine):
             self._unindex(win)
         elif win.mc is not None and win.n >= win.mc:
             # the cap: this call closes the window as a flush does; the next one opens anew
-            self._close(win, now)
+            self._close(win, now, capped=True)
             win.capped = True
         assert (result.deadline_ms, result.calls) == (win.dl, win.n)
         if win.capped or win.leading:
@@ -626,19 +788,24 @@ class GateMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def flush(self, key: str) -> None:
         ident = window_ident(TASK, key)
+        t0 = self.clock()
         flushed = self.store.flush(0, ident)
+        t1 = self.clock()
         win = self.open.pop(ident, None)
         if win is None:
             assert flushed is None
             return
         assert flushed is not None
-        now = self.seen_now(flushed.deadline_ms)
+        if self.view.close_sets_now:
+            now = self.seen_now(flushed.deadline_ms)
+        else:
+            now = self.ran_at(t0, t1, lambda: self.view.written_at(win.id, "lease"))
         assert (flushed.task_id, flushed.calls, flushed.first_seen_ms) == (win.id, win.n, win.fs)
         # closed to new calls and due now: taken by the next pass, ahead of due windows
-        win.st, win.dl, win.tries = "dispatching", now, 0
-        self.leased[win.id] = now
         self.held.pop(ident, None)  # published now, held or not
-        self._unindex(win)
+        self.open[ident] = win
+        self._close(win, now)
+        assert flushed.deadline_ms == win.dl
 
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
@@ -661,13 +828,18 @@ class GateMachine(RuleBasedStateMachine):
         assert [json.loads(a)["id"] for a in cancelled.aliases] == win.aliases
         win.cancelled = True
         win.st = "cancelled"
+        self.cancels.append(win.id)
         self.held.pop(ident, None)
         self._unindex(win)
 
-    def _close(self, win: Win, now: int) -> None:
-        """The gate closed the window (cap, full, other mode): due now, as a flush."""
+    def _close(self, win: Win, now: int, capped: bool = False) -> None:
+        """A flush, or the gate (cap, full, other mode), closed the window: due now (on
+        PostgreSQL a deadline already passed stays, but for a cap)."""
         del self.open[win.ident]
-        win.st, win.dl, win.tries = "dispatching", now, 0
+        win.st, win.tries = "dispatching", 0
+        win.dl = now if self.view.close_sets_now or capped else min(win.dl, now)
+        if not self.view.close_sets_now:
+            self._build(win)
         self.leased[win.id] = now
         self._unindex(win)
 
@@ -690,7 +862,7 @@ class GateMachine(RuleBasedStateMachine):
         lapsed = sorted(
             (kv for kv in self.claims.items() if kv[1] <= now),
             key=lambda kv: (kv[1], kv[0].encode()),
-        )[:20]
+        )[: self.view.lapse_batch]
         for tid, _ in lapsed:  # a claim not renewed for its lease: released
             del self.claims[tid]
             win = self.wins[tid]
@@ -704,9 +876,22 @@ class GateMachine(RuleBasedStateMachine):
                 self.leased[tid] = now
             else:
                 win.st = "stale"
-                self._free_run(win, now)
-        leases = sorted(self.leased.items(), key=lambda kv: (kv[1], kv[0].encode()))
-        for tid, _ in [kv for kv in leases if kv[1] <= now][:limit]:
+                if self.view.held_moves_deadline:
+                    self._free_run(win, now)
+                elif self.run_of.get(win.ident) == win.id:
+                    del self.run_of[win.ident]
+        # PostgreSQL's times are in microseconds: of windows whose times tie to the ms,
+        # the store may take either (its choice, if it is among them, is the model's),
+        # and one due in the ms of the take may be due or not yet
+        took = {w.task_id for w in reply.windows} if self.view.microseconds else set()
+
+        def due_by(at: int, tid: str) -> bool:
+            return at < now or (at == now and (not self.view.microseconds or tid in took))
+
+        leases = sorted(
+            self.leased.items(), key=lambda kv: (kv[1], kv[0] not in took, kv[0].encode())
+        )
+        for tid, _ in [kv for kv in leases if due_by(kv[1], kv[0])][:limit]:
             win = self.wins[tid]
             if win.st == "dispatching":
                 self.leased[tid] = now + self.lease_ms
@@ -719,12 +904,21 @@ class GateMachine(RuleBasedStateMachine):
                 expected.append(tid)
             else:
                 del self.leased[tid]
-        due = sorted(self.open.values(), key=lambda w: (w.dl, w.ident.encode()))
-        fetched = [w for w in due if w.dl <= now][: limit - len(expected)]
+        due = sorted(self.open.values(), key=lambda w: (w.dl, w.id not in took, w.ident.encode()))
+        fetched = [w for w in due if due_by(w.dl, w.id)][: limit - len(expected)]
         held_ms: dict[str, int] = {}
         held_now = 0  # held in this pass: they used a place of the pass's batch
+        if not self.view.held_moves_deadline:  # held ones keep their deadline, no place
+            for win in due:
+                if win.dl <= now and win.exclusive and self.in_progress(win.ident):
+                    win.hs = now if win.hs is None else win.hs
+            fetched = [
+                w
+                for w in due
+                if due_by(w.dl, w.id) and not (w.exclusive and self.in_progress(w.ident))
+            ][: limit - len(expected)]
         for win in fetched:
-            runner = self.run_of.get(win.ident)
+            runner = self.run_of.get(win.ident) if self.view.held_moves_deadline else None
             if runner is not None:
                 if self.wins[runner].st in ("dispatching", "queued", "claimed"):
                     win.dl = now + self.lease_ms  # held: looked at again after a lease
@@ -746,7 +940,10 @@ class GateMachine(RuleBasedStateMachine):
                 self.run_of[win.ident] = win.id
                 if win.hs is not None:
                     held_ms[win.id], win.hs = now - win.hs, None
-        assert [w.task_id for w in reply.windows] == expected
+        if self.view.ordered_take:
+            assert [w.task_id for w in reply.windows] == expected
+        else:
+            assert sorted(w.task_id for w in reply.windows) == sorted(expected)
         for w in reply.windows:
             model = self.wins[w.task_id]
             model.taken += 1
@@ -763,13 +960,35 @@ class GateMachine(RuleBasedStateMachine):
             assert w.leading == model.leading  # a leading run (gate.lua's ld)
             assert w.held_ms == held_ms.get(w.task_id, 0)
         self.inflight.extend((tid, self.wins[tid].tries) for tid in expected)
-        nexts = [max(0, w.dl - now) for w in self.open.values()]
+        if self.view.held_moves_deadline:
+            nexts = [max(0, w.dl - now) for w in self.open.values()]
+        else:  # a held window: once its key's run is over, or a lease later
+            nexts = [
+                max(0, w.dl - now, self.lease_ms if self.in_progress(w.ident) else 0)
+                if w.hs is not None
+                else max(0, w.dl - now)
+                for w in self.open.values()
+            ]
         nexts += [max(0, u - now) for u in self.leased.values()]
         assert reply.next_in_ms == (min(nexts) if nexts else -1)
+        waiting = [
+            w
+            for w in self.open.values()
+            if due_by(w.dl, w.id)
+            and (self.view.held_moves_deadline or not (w.exclusive and self.in_progress(w.ident)))
+        ]
         if len(expected) + held_now < limit:  # latency: nothing due is left behind by a pass
-            assert all(w.dl > now for w in self.open.values())
-        elif any(w.dl <= now for w in self.open.values()):
+            assert not waiting
+        elif waiting:
             assert reply.next_in_ms == 0  # the dispatcher passes again at once
+
+    def in_progress(self, ident: str) -> bool:
+        """A debounce_exclusive window of ``ident`` is closed and not yet over (the
+        PostgreSQL store's reading: closed by a flush or the gate counts, taken or not)."""
+        return any(
+            w.ident == ident and w.exclusive and w.st in ("dispatching", "queued", "claimed")
+            for w in self.wins.values()
+        )
 
     def _free_run(self, win: Win, now: int) -> None:
         """An exclusive window's run ended or its claim lapsed: its key is free, and a
@@ -919,7 +1138,14 @@ class GateMachine(RuleBasedStateMachine):
         self.claims.pop(tid, None)
         win.st, win.rd = "finished", False
         win.fa = now
-        self._free_run(win, now)
+        if self.view.held_moves_deadline:
+            self._free_run(win, now)
+            return
+        if self.run_of.get(win.ident) == win.id:
+            del self.run_of[win.ident]
+        behind = self.open.get(win.ident)
+        if win.exclusive and behind is not None and behind.hs is not None:
+            behind.dl = min(behind.dl, now)
 
     # -- invariants ----------------------------------------------------------
     @invariant()

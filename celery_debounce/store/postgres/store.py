@@ -137,9 +137,12 @@ _DELETE_ALL = (
     "q AS (DELETE FROM debounce_quiet RETURNING 1), "
     "d AS (DELETE FROM debounce_dispatchers RETURNING 1), "
     "l AS (DELETE FROM debounce_layouts RETURNING 1), "
-    "k AS (DELETE FROM debounce_tasks RETURNING 1) "
+    "k AS (DELETE FROM debounce_tasks RETURNING 1), "
+    "x AS (DELETE FROM debounce_cancelled RETURNING 1), "
+    "s AS (DELETE FROM debounce_stats RETURNING 1) "
     "SELECT (SELECT count(*) FROM o) + (SELECT count(*) FROM t) + (SELECT count(*) FROM q)"
     " + (SELECT count(*) FROM d) + (SELECT count(*) FROM l) + (SELECT count(*) FROM k)"
+    " + (SELECT count(*) FROM x) + (SELECT count(*) FROM s)"
 )
 _HELD = (
     "SELECT o.ident, debounce_ms(o.held_since), (SELECT t.task_id FROM debounce_taken t "
@@ -539,8 +542,9 @@ class PostgresStore(
             )
 
     def delete_all(self) -> int:
-        """Delete every window, quiet period, heartbeat and layout (the schema stays);
-        how many rows."""
+        """Delete every row but the schema's version (windows, quiet periods, cancels'
+        kept answers, counters, heartbeats, layouts, task definitions), as the Redis
+        store deletes every key under its prefix; how many rows."""
         self._check()
         (deleted,) = self._write(one(_DELETE_ALL), "clear")
         return int(deleted)

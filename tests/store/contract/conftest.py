@@ -150,15 +150,6 @@ def _cluster(request: pytest.FixtureRequest) -> Harness:
     return Harness("cluster", build)
 
 
-#: The cases the PostgreSQL store cannot pass yet, and why (skipped on it, never
-#: weakened: the same case runs on every other harness).
-POSTGRES_NOT_YET = {
-    # tests/store/test_gate_model.py
-    "test_the_store_matches_the_model_on_a_real_clock": (
-        "postgres: no view of the store's state (StateView) is written for its tables yet"
-    ),
-}
-
 #: The PostgreSQL functions whose reply a harness can lose, by operation.
 _FUNCTION_OF = {
     "gate": b"debounce_gate",
@@ -173,9 +164,6 @@ def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
     lose a reply or refuse connections; each test in a fresh schema (``search_path``),
     dropped afterwards. ``pooled``: through PgBouncer in transaction mode as well (the
     schema named by the store's setting: a pooler takes no ``options``)."""
-    reason = POSTGRES_NOT_YET.get(request.node.originalname)
-    if reason:
-        pytest.skip(reason)
     import psycopg
     from psycopg.conninfo import make_conninfo
 

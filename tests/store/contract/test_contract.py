@@ -910,7 +910,7 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
 ) -> None:
     """The testing helpers' reads: every open window with its first call's payload and
     its call count (only those whose ident starts with the prefix, if given); after
-    ``delete_all``, nothing, and a call opens a new window."""
+    ``delete_all``, nothing (no window, no counter), and a call opens a new window."""
     store = harness.build()
     first = gate(store, "k1", payload=1)
     gate(store, "k1", payload=2)
@@ -923,8 +923,11 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
     assert sorted(listed) == sorted([(first.task_id, 2, ["k1", 1]), (other.task_id, 1, ["k2", 3])])
     mine = [r.ident for r in store.pending_payloads(first.call.shard, first.call.ident)]
     assert mine == [first.call.ident]
+    now = store.time_ms()
+    assert any(store.counts(s, now).counters for s in range(store.settings.shards))
     assert store.delete_all() >= 2
     assert [r for s in range(store.settings.shards) for r in store.pending_payloads(s)] == []
+    assert not any(store.counts(s, now).counters for s in range(store.settings.shards))
     assert gate(store, "k1").result.opened
 
 

@@ -110,7 +110,8 @@ BEGIN
                 v_max_wait, 1, p_content_type,
                 CASE WHEN p_budget IS NULL THEN p_payload
                      ELSE convert_to(p_collect_embed, 'UTF8') END,
-                p_options_json, p_max_calls, coalesce(p_max_calls <= 1, false), p_exclusive,
+                p_options_json, p_max_calls,
+                coalesce(p_max_calls <= 1 AND NOT v_leading, false), p_exclusive,
                 CASE WHEN p_alias IS NOT NULL AND (p_canvas OR v_id <> p_task_id)
                      THEN ARRAY[p_alias] ELSE '{}'::text[] END, nullif(p_embed, ''),
                 v_leading, v_trailing, v_bytes, p_budget)

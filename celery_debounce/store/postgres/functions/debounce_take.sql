@@ -49,7 +49,7 @@ BEGIN
     WITH lapsed AS (
         SELECT t.task_id FROM debounce_taken t
         WHERE t.state = 'claimed' AND t.claim_until <= coalesce(v_lapse, v_now)
-        ORDER BY t.claim_until LIMIT 100 FOR UPDATE SKIP LOCKED
+        ORDER BY t.claim_until, t.task_id COLLATE "C" LIMIT 100 FOR UPDATE SKIP LOCKED
     )
     UPDATE debounce_taken t
     SET state = CASE WHEN t.redelivered THEN 'dispatching'
@@ -66,13 +66,15 @@ BEGIN
     WHERE o.exclusive AND o.held_since IS NULL AND o.deadline <= v_now
       AND debounce_running(o.ident);
 
+    -- ties go by id (ident) in bytes, as a Redis sorted set orders them: one batch
+    -- takes the same windows whichever store holds them
     WITH leased AS (
         SELECT t.task_id, t.until, octet_length(t.payload) AS bytes FROM debounce_taken t
         WHERE t.state = 'dispatching' AND t.until <= v_now
-        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED
+        ORDER BY t.until, t.task_id COLLATE "C" LIMIT p_batch FOR UPDATE SKIP LOCKED
     ), lapsed AS (  -- within the byte budget, the first one whatever its size
         SELECT l.task_id, l.bytes FROM (
-            SELECT l.*, sum(l.bytes) OVER (ORDER BY l.until, l.task_id
+            SELECT l.*, sum(l.bytes) OVER (ORDER BY l.until, l.task_id COLLATE "C"
                                            ROWS UNBOUNDED PRECEDING) - l.bytes AS before
             FROM leased l) l
         WHERE p_max_bytes IS NULL OR l.before < p_max_bytes
@@ -86,12 +88,12 @@ BEGIN
                coalesce(o.collect_bytes, octet_length(o.payload)) AS bytes
         FROM debounce_open o
         WHERE o.deadline <= v_now AND NOT (o.exclusive AND debounce_running(o.ident))
-        ORDER BY o.deadline
+        ORDER BY o.deadline, o.ident COLLATE "C"
         LIMIT greatest(p_batch - (SELECT count(*) FROM lapsed), 0)
         FOR UPDATE SKIP LOCKED
     ), due AS (  -- within what the retaken ones left of the budget
         SELECT c.ident FROM (
-            SELECT c.*, sum(c.bytes) OVER (ORDER BY c.deadline, c.ident
+            SELECT c.*, sum(c.bytes) OVER (ORDER BY c.deadline, c.ident COLLATE "C"
                                            ROWS UNBOUNDED PRECEDING) - c.bytes AS before
             FROM candidates c) c
         WHERE p_max_bytes IS NULL
