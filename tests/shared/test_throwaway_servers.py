@@ -13,9 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
-from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pytest
 from contract.conftest import Harness, harness_named
@@ -66,7 +66,9 @@ from celery_debounce.store import WindowStore
 from celery_debounce.store.api import Store
 from celery_debounce.store.domain import Released
 from celery_debounce.store.idents import window_ident
-from celery_debounce.store.postgres import PostgresStore
+
+if TYPE_CHECKING:  # psycopg is installed only where PostgreSQL is tested
+    from celery_debounce.store.postgres import PostgresStore
 
 TASK = "model.task"
 KEYS = ["a", "b", "c", "k:{x}", "d"]
@@ -409,21 +411,19 @@ class PostgresState:
         "claim": ("claim_until", None),
     }
 
-    def __init__(self, store: PostgresStore) -> None:
+    def __init__(self, store: PostgresStore, direct_url: str) -> None:
         import psycopg
 
         self.store = store
-        self.conn = psycopg.connect(store.url, autocommit=True)
-        if store.schema:
-            self.conn.execute("SELECT set_config('search_path', %s, false)", (store.schema,))
+        self.conn = psycopg.connect(direct_url, autocommit=True)  # the store's schema
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql).fetchall()  # type: ignore[arg-type]  (literal SQL)
+        return self.conn.execute(sql).fetchall()
 
     def written_at(self, task_id: str, what: str) -> int:
         column, added = self.WRITTEN[what]
         row = self.conn.execute(
-            f"SELECT debounce_ms({column}) FROM debounce_taken WHERE task_id = %s",  # type: ignore[arg-type]
+            f"SELECT debounce_ms({column}) FROM debounce_taken WHERE task_id = %s",
             (task_id,),
         ).fetchone()
         assert row is not None and row[0] is not None, (task_id, what)
@@ -519,12 +519,12 @@ class PostgresState:
                 assert snapshot == w.frozen
 
 
-def state_view(store: Store) -> StateView:
+def state_view(store: Store, harness: Harness) -> StateView:
     """The view of ``store``'s state the model reads (one per implementation)."""
     if isinstance(store, WindowStore):
         return RedisState(store)
-    if isinstance(store, PostgresStore):
-        return PostgresState(store)
+    if harness.direct_url is not None:  # the PostgreSQL store's harnesses
+        return PostgresState(store, harness.direct_url)  # type: ignore[arg-type]
     raise NotImplementedError(f"no state view of {type(store).__name__} for the model test")
 
 
@@ -1215,7 +1215,7 @@ def machine_on(harness: Harness, exact_clock: bool, scale: int) -> type[GateMach
     class OnStore(GateMachine):
         pass
 
-    OnStore.store, OnStore.view = store, state_view(store)
+    OnStore.store, OnStore.view = store, state_view(store, harness)
     OnStore.exact_clock, OnStore.scale = exact_clock, scale
     return OnStore
 
@@ -1235,7 +1235,12 @@ def test_the_store_matches_the_model_on_a_controlled_clock(harness: Harness) -> 
 
 @pytest.mark.parametrize(
     "harness",
-    ["redis", pytest.param("cluster", marks=pytest.mark.cluster), "postgres"],
+    [
+        "redis",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        "postgres",
+        pytest.param("pgbouncer", marks=pytest.mark.pgbouncer),
+    ],
     indirect=True,
 )
 def test_the_store_matches_the_model_on_a_real_clock(harness: Harness) -> None:

@@ -45,6 +45,9 @@ class Harness:
     #: what ends a built store's connections (each store's ``close``: its Redis client,
     #: the PostgreSQL store's pool)
     _close: Callable[[Any], None] = lambda store: store.close()
+    #: a direct connection to the server holding the stores' state, with its schema
+    #: (PostgreSQL: a test reading the tables never goes through a pooler)
+    direct_url: str | None = None
     built: list[Store] = field(default_factory=list)
 
     def build(self, **overrides: Any) -> Store:
@@ -214,7 +217,7 @@ def _postgres(request: pytest.FixtureRequest, pooled: bool = False) -> Harness:
             proxy.disarm()
 
     name = "pgbouncer" if pooled else "postgres"
-    return Harness(name, build, lose, outage)
+    return Harness(name, build, lose, outage, direct_url=direct)
 
 
 def harness_named(name: str, request: pytest.FixtureRequest) -> Harness:
