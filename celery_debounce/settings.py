@@ -12,10 +12,10 @@ from celery import Celery
 
 from .durations import parse_duration
 from .errors import DebounceConfigError
+from .redact import redact
 from .sentinel_settings import (
     SentinelConfig,
     is_sentinel_url,
-    redact,
     refuse_without_sentinel,
     sentinel_config,
 )

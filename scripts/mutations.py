@@ -644,7 +644,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redact keeps a password that holds ';' or '/'",
         "no secret in any error or log: a URL's user info is hidden up to its last '@'",
-        PKG + "sentinel_settings.py",
+        PKG + "redact.py",
         '        at = segment.rfind("@")',
         '        at = min((segment.find(c) for c in "@;/" if c in segment), default=-1)',
         "tests/store/test_secrets.py::test_redact_hides_every_password_whole",
@@ -2003,7 +2003,7 @@ MUTATIONS: list[Mutation] = [
     one(
         "redact leaves a password given as a URL's query parameter",
         "no password in any error or log line: a postgresql:// URL's ?password= too",
-        PKG + "sentinel_settings.py",
+        PKG + "redact.py",
         '        segment = _QUERY_SECRET.sub(r"\\1***", text[match.end() : end])',
         "        segment = text[match.end() : end]",
         "tests/store/test_secrets.py::test_no_password_when_a_postgresql_store_url_is_refused",
@@ -2304,8 +2304,8 @@ MUTATIONS: list[Mutation] = [
         "a held row keeps back only its own window: the take returns the other closed "
         "windows at once",
         PKG + "store/postgres/functions/debounce_take.sql",
-        "        ORDER BY t.until LIMIT p_batch FOR UPDATE SKIP LOCKED\n",
-        "        ORDER BY t.until LIMIT p_batch FOR UPDATE\n",
+        '        ORDER BY t.until, t.task_id COLLATE "C" LIMIT p_batch FOR UPDATE SKIP LOCKED\n',
+        '        ORDER BY t.until, t.task_id COLLATE "C" LIMIT p_batch FOR UPDATE\n',
         "tests/store/postgres/test_postgres_store.py::"
         "test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_others_at_once"
         "[flushed]",

@@ -29,7 +29,7 @@ from kombu.exceptions import InconsistencyError
 
 from ..errors import DebounceConfigError
 from ..headers import WindowMessage
-from ..sentinel_settings import redact
+from ..redact import redact
 from ..store import (
     CONNECTION_ERRORS,
     TakenWindow,

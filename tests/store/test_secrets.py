@@ -23,7 +23,7 @@ from helpers import make_app
 
 from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
-from celery_debounce.sentinel_settings import redact
+from celery_debounce.redact import redact
 from celery_debounce.settings import settings_for
 from celery_debounce.store import store_for
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pg_sql
 
-from ...sentinel_settings import redact
+from ...redact import redact
 from ..domain import StoreUnavailable
 from .schema import _safe, _schema_error
 from .step import one

@@ -9,7 +9,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ...sentinel_settings import redact
+from ...redact import redact
 from ...settings import Settings
 from .cluster import ClusterTransport
 from .node import NodeTransport, is_direct_node

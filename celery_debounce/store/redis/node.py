@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelConnectionPool
 
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
-from ...sentinel_settings import redact
+from ...redact import redact
 from ...settings import Settings
 from .server import _PooledCommands
 from .translate import _lost, _refused_by_a_replica, _translated, translate_errors

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import redis
 
 from ...errors import DebounceBackendError, DebounceOutcomeUnknown
-from ...sentinel_settings import redact
+from ...redact import redact
 
 
 @contextmanager

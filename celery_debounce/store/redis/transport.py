@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ...errors import DebounceBackendError
-from ...sentinel_settings import redact
+from ...redact import redact
 from ...settings import Settings
 from .scripts import SCRIPT_NAMES, script_source
 from .sentinel import master_switches
