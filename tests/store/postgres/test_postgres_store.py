@@ -1537,6 +1537,12 @@ def test_a_bulk_chunk_waiting_on_one_calls_lock_gives_the_later_calls_their_whol
     assert 2_700 <= left_ms <= 3_000, left_ms
 
 
+def _backend_alive(database: str, pid: int) -> bool:
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return bool(row.fetchone()[0])  # type: ignore[index]
+
+
 def _open_blocks(database: str) -> int:
     """Blocks of ``debounce_open`` and its indexes read or found in the cache so far
     (flushed statistics only)."""
@@ -1566,6 +1572,7 @@ def test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago(
         held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         held.execute("SELECT count(*) FROM debounce_schema").fetchone()  # the snapshot
         with psycopg.connect(database, autocommit=True) as conn:
+            churner = conn.info.backend_pid
             conn.execute(  # 20,000 windows due a minute ago, then taken (deleted)
                 "INSERT INTO debounce_open (ident, task_id, first_seen, deadline, "
                 "max_wait_ms, content_type, payload, options_json) SELECT 'tasks.t:' || i, "
@@ -1574,6 +1581,9 @@ def test_a_call_under_a_held_snapshot_reads_no_window_churned_long_ago(
                 "FROM generate_series(1, 20000) AS i"
             )
             conn.execute("DELETE FROM debounce_open")
+        # a backend flushes its statistics as it exits (not when its client has gone):
+        # count from after that
+        wait_until(lambda: not _backend_alive(database, churner), 10)
         before = _open_blocks(database)
         store = make_store()
         assert store.gate(call("tasks.t:new")).opened
