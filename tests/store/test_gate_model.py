@@ -402,36 +402,37 @@ class PostgresState:
     ordered_take = False
     microseconds = True
 
-    #: where :meth:`written_at` reads each time, and what the step added to it
+    #: where :meth:`written_at` reads each time
     WRITTEN = {
-        "queued": ("until", "record_ttl_ms"),
-        "claimed": ("claim_until", "claim_lease_ms"),
-        "finished": ("until", "history_ttl_ms"),
-        "lease": ("until", None),
-        "claim": ("claim_until", None),
+        "queued": "until",
+        "claimed": "claim_until",
+        "finished": "until",
+        "lease": "until",
+        "claim": "claim_until",
     }
 
     def __init__(self, store: PostgresStore, direct_url: str) -> None:
         import psycopg
 
-        self.store = store
         self.conn = psycopg.connect(direct_url, autocommit=True)  # the store's schema
+        #: what the step added to the time it wrote (ack: the record TTL; claim: the
+        #: claim lease; finish: the history TTL)
+        self.added = {
+            "queued": store.record_ttl_ms,
+            "claimed": store.settings.claim_lease_ms,
+            "finished": store.settings.history_ttl_ms,
+        }
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
         return self.conn.execute(sql).fetchall()
 
     def written_at(self, task_id: str, what: str) -> int:
-        column, added = self.WRITTEN[what]
         row = self.conn.execute(
-            f"SELECT debounce_ms({column}) FROM debounce_taken WHERE task_id = %s",
+            f"SELECT debounce_ms({self.WRITTEN[what]}) FROM debounce_taken WHERE task_id = %s",
             (task_id,),
         ).fetchone()
         assert row is not None and row[0] is not None, (task_id, what)
-        if added is None:
-            return int(row[0])
-        settings = self.store.settings
-        ttl = {"record_ttl_ms": self.store.record_ttl_ms, "history_ttl_ms": settings.history_ttl_ms}
-        return int(row[0]) - ttl.get(added, settings.claim_lease_ms)
+        return int(row[0]) - self.added.get(what, 0)
 
     def check(self, model: GateMachine) -> None:
         opened = {
@@ -791,7 +792,7 @@ class GateMachine(RuleBasedStateMachine):
         t0 = self.clock()
         flushed = self.store.flush(0, ident)
         t1 = self.clock()
-        win = self.open.pop(ident, None)
+        win = self.open.get(ident)
         if win is None:
             assert flushed is None
             return
@@ -803,7 +804,6 @@ class GateMachine(RuleBasedStateMachine):
         assert (flushed.task_id, flushed.calls, flushed.first_seen_ms) == (win.id, win.n, win.fs)
         # closed to new calls and due now: taken by the next pass, ahead of due windows
         self.held.pop(ident, None)  # published now, held or not
-        self.open[ident] = win
         self._close(win, now)
         assert flushed.deadline_ms == win.dl
 
