@@ -647,7 +647,7 @@ def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
     """Finding 9: ``prod`` and ``staging`` on one database, each with its prefix (its
     schema, named on each transaction: through PgBouncer too): staging's inspect lists
     only its own window, its ``cancel --all`` cancels only its own, its dispatcher takes
-    only its own."""
+    only its own, its ``clear_windows`` clears only its own."""
     database = migrated
     envs = {
         prefix: {**env_for(store_url, "memory://", runs_dir), "PG_PREFIX": prefix}
@@ -689,6 +689,17 @@ def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
         third.stderr
     )
     assert "'staging'" not in third.stderr  # no window open there
+    # staging's clear_windows empties its own schema only, its counters and its cancel's
+    # kept answer with it: prod's windows and counters stay
+    theirs = "SELECT (SELECT count(*) FROM prod.debounce_stats), (SELECT count(*) FROM "
+    theirs += "prod.debounce_open), (SELECT count(*) FROM prod.debounce_taken)"
+    kept = sql(database, theirs)
+    assert min(kept[0]) > 0
+    assert sql(database, "SELECT count(*) FROM staging.debounce_cancelled")[0][0] > 0
+    assert clear_windows(apps["staging"]) > 0
+    for table in ("debounce_open", "debounce_taken", "debounce_stats", "debounce_cancelled"):
+        assert sql(database, f"SELECT count(*) FROM staging.{table}") == [(0,)], table
+    assert sql(database, theirs) == kept
 
 
 ODD_KEYS = [
