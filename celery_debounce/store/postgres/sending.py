@@ -25,6 +25,7 @@ from ..records import LATE_BUCKETS_MS
 from .gate_args import refused
 from .link import LinkState
 from .schema import _safe, _schema_error
+from .simple_query import UNQUOTABLE, simple_query
 from .step import Step, search_path
 from .watchdog import guarded
 
@@ -56,18 +57,25 @@ class PostgresSending:
         """``work`` in one transaction that begins with the store's settings
         (:data:`LOCALS_SQL`, for that transaction only): a :class:`Step` sent with them
         as one simple query (one message, one round trip, one implicit transaction; its
-        values bound by the client, so nothing is prepared on the server); a function
-        ``work(conn)`` (a read of several statements, a migration) in an explicit
-        transaction.
+        values quoted by the client, simple_query.py, so nothing is prepared on the
+        server); a function ``work(conn)`` (a read of several statements, a migration)
+        in an explicit transaction.
 
         Not libpq's pipeline: psycopg ends a pipeline with a Flush that may arrive after
         the transaction's end, and PgBouncer before 1.21 then holds its server
         connection for this client until the client's next call."""
         if isinstance(work, Step):
-            cursor = psycopg.ClientCursor(conn)
-            cursor.execute(f"{self.locals_sql}; {work.sql}", (*self.locals, *(work.params or ())))
-            cursor.nextset()
-            return cursor.fetchone() if work.first else cursor.fetchall()
+            sql = f"{self.locals_sql}; {work.sql}"
+            params = (*self.locals, *(work.params or ()))
+            rows = simple_query(conn, sql, params)
+            if rows is UNQUOTABLE:  # arrays, a NUL byte: the cursor quotes (or refuses) them
+                cursor = psycopg.ClientCursor(conn)
+                cursor.execute(sql, params)
+                cursor.nextset()
+                rows = cursor.fetchall()
+            if not work.first:
+                return rows
+            return rows[0] if rows else None
         with conn.transaction():
             conn.execute(self.locals_sql, self.locals)
             return work(conn)
