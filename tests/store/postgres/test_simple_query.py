@@ -49,7 +49,8 @@ def test_a_value_comes_back_as_the_cursor_sends_and_reads_it(
 
 def test_the_rows_of_the_last_statement_are_the_answer(conn: psycopg.Connection[Any]) -> None:
     rows = simple_query(
-        conn, "SELECT set_config('application_name', %s, true); SELECT g FROM generate_series(1, %s) g",
+        conn,
+        "SELECT set_config('application_name', %s, true); SELECT g FROM generate_series(1, %s) g",
         ("x", 3),
     )
     assert rows == [(1,), (2,), (3,)]
