@@ -90,7 +90,7 @@ def simple_query(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...
         raise TypeError(f"{len(pieces) - 1} placeholders for {len(params)} values: {sql!r}")
     escape = pq.Escaping(pgconn).escape_literal
     parts = [pieces[0]]
-    for value, piece in zip(params, pieces[1:]):
+    for value, piece in zip(params, pieces[1:], strict=True):
         literal = _quoted(escape, value)
         if literal is None:
             return UNQUOTABLE
