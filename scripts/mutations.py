@@ -2260,6 +2260,15 @@ MUTATIONS: list[Mutation] = [
         "test_a_caller_one_call_at_a_time_stays_on_one_backend_of_several_idle",
     ),
     one(
+        "the PostgreSQL store quotes a text value by wrapping it in quotes",
+        "user keys and arguments never become SQL (no injection through a quote)",
+        PKG + "store/postgres/simple_query.py",
+        "        return bytes(escape(value.encode()))\n",
+        '        return b"\'" + value.encode() + b"\'"\n',
+        "tests/store/postgres/test_simple_query.py::"
+        "test_a_value_comes_back_as_the_cursor_sends_and_reads_it",
+    ),
+    one(
         "a refused PostgreSQL connection is waited for until the pool's timeout",
         "a store outage is an error the caller sees in well under a second when nothing listens",
         PKG + "store/postgres/sending.py",
@@ -2350,13 +2359,12 @@ MUTATIONS: list[Mutation] = [
         "behind PgBouncer a call's last message ends its transaction: no Flush after it "
         "holds the server connection while other clients wait",
         PKG + "store/postgres/sending.py",
-        "            cursor = psycopg.ClientCursor(conn)\n"
-        '            cursor.execute(f"{self.locals_sql}; {work.sql}", '
-        "(*self.locals, *(work.params or ())))\n"
-        "            cursor.nextset()\n",
+        "            rows = simple_query(conn, sql, params)\n            if rows is UNQUOTABLE:",
         "            with conn.pipeline():\n"
         "                conn.execute(self.locals_sql, self.locals)\n"
-        "                cursor = conn.execute(work.sql, work.params)\n",
+        "                rows = conn.execute(work.sql, work.params)\n"
+        "            rows = rows.fetchall()\n"
+        "            if False:",
         "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_call_leaves_its_server_connection_free_when_it_ends",
     ),
