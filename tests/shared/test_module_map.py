@@ -506,6 +506,7 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
             "store/postgres/app.py",
             "store/postgres/link.py",
             "store/postgres/sending.py",
+            "store/postgres/simple_query.py",
             "store/postgres/store.py",
             "store/postgres/wake.py",
             "store/postgres/watchdog.py",
