@@ -284,15 +284,14 @@ class OperatorStore(BaseStore, Protocol):
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``."""
 
-    def collected(self, shard: int, collect_list: str) -> list[bytes]:
-        """The elements a collect window gathered so far."""
-
     def pending_payloads(
         self,
         shard: int,
         prefix: str | None = None,
     ) -> Iterator[Record]:
-        """Every open window of ``shard`` with its payload (tests, ``debounce_fakeredis``)."""
+        """Every open window of ``shard`` with its payload, and a collect window with its
+        calls so far (``Record.collected``), in deadline order (tests,
+        ``debounce_fakeredis``)."""
 
     def reach(self) -> Reached:
         """Reach the server as a deploy-time check does: what it reached and each problem

@@ -68,6 +68,9 @@ class Record(NamedTuple):
     trailing: bool = False  # tr: a trailing window
     collected_bytes: int | None = None  # a debounce_collect window (cb)
     collect_list: str | None = None  # its list suffix while pending (cl)
+    #: its calls so far, each ``[ms, args, kwargs(, id)]`` as JSON, in call order (read
+    #: by ``pending_payloads`` only)
+    collected: tuple[bytes, ...] | None = None
 
     @property
     def ceiling_ms(self) -> int:

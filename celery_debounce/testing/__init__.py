@@ -106,10 +106,9 @@ def _pending(
         for record in store.pending_payloads(shard, prefix):
             ident = record.ident or ""
             task_name, key = split_ident(ident)
-            if record.collect_list is not None:  # debounce_collect: what the run gets
-                listed = store.collected(shard, record.collect_list)
+            if record.collected is not None:  # debounce_collect: what the run gets
                 args: tuple[Any, ...] = (
-                    [DebouncedCall.from_element(json.loads(e)) for e in listed],
+                    [DebouncedCall.from_element(json.loads(e)) for e in record.collected],
                 )
                 kwargs: dict[str, Any] = {}
             else:

@@ -143,12 +143,11 @@ class PostgresInspect:
             found.append((task_id, state) if runner else (None, None))
         return found
 
-    def collected(self, shard: int, collect_list: str) -> list[bytes]:
+    def _collected(self, collect_list: str) -> tuple[bytes, ...]:
         """The elements a pending debounce_collect window gathered so far
         (``collect_list``: the window's id, as its records give it)."""
-        self._check()
         rows = self._read(many(_COLLECTED, (collect_list,)))
-        return [bytes(element) for (element,) in rows]
+        return tuple(bytes(element) for (element,) in rows)
 
     def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
         """:meth:`flush` of each ``(ident, task id)``, one call each; how many were."""

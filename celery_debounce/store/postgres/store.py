@@ -526,7 +526,8 @@ class PostgresStore(
 
     def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
         """Every pending window (whose ident starts with ``prefix``) with its payload and
-        options, in deadline order (the testing helpers' read)."""
+        options, a collect window with its calls so far, in deadline order (the testing
+        helpers' read)."""
         self._check()
         found = self._read(many(_PAYLOADS, (len(prefix or ""), prefix or "")))
         for row in found:
@@ -539,6 +540,7 @@ class PostgresStore(
                 options_json=opts,
                 collected_bytes=size,
                 collect_list=None if size is None else row[0],
+                collected=None if size is None else self._collected(row[0]),
             )
 
     def delete_all(self) -> int:

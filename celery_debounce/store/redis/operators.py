@@ -337,7 +337,8 @@ class Operators(DoctorOps, Liveness, Listing):
     # -- tests -------------------------------------------------------------------------------
     def pending_payloads(self, shard: int, prefix: str | None = None) -> Iterator[Record]:
         """Every pending window of ``shard`` (whose ident starts with ``prefix``) with its
-        payload and options, in deadline order."""
+        payload and options, a collect window with its calls so far (record field ``cl``
+        names their list), in deadline order."""
         tag = self.tag(shard)
         with translate_errors("inspect"):
             due: list[Any] = self.client.zrange(due_key(tag), 0, -1, withscores=True)
@@ -348,14 +349,12 @@ class Operators(DoctorOps, Liveness, Listing):
             with translate_errors("inspect"):
                 row = self.client.hmget(open_key(tag, ident), *PAYLOAD_FIELDS)
             record = decode_record(PAYLOAD_FIELDS, row, ident=ident, deadline=deadline)
+            if record is not None and record.collect_list is not None:
+                with translate_errors("inspect"):
+                    listed = self.client.lrange(calls_key(tag, record.collect_list), 0, -1)
+                record = record._replace(collected=tuple(listed))
             if record is not None:
                 yield record
-
-    def collected(self, shard: int, collect_list: str) -> list[bytes]:
-        """The call elements of a pending debounce_collect window (record field ``cl``),
-        in call order."""
-        with translate_errors("inspect"):
-            return list(self.client.lrange(calls_key(self.tag(shard), collect_list), 0, -1))
 
     def delete_all(self) -> int:
         """Delete every key under the app's ``debounce_key_prefix``; how many."""

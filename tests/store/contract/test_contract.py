@@ -1054,8 +1054,8 @@ def test_a_collect_windows_calls_so_far_are_read_in_call_order(store: Store) -> 
     shard = calls[0].call.shard
     (pending,) = store.pending_payloads(shard, ident_prefix("t"))
     assert pending.task_id == calls[0].task_id and pending.collect_list
-    elements = store.collected(shard, pending.collect_list)
-    assert len(elements) == 3
+    elements = pending.collected
+    assert elements is not None and len(elements) == 3
     # each element: [ms, args, kwargs] of one call, in call order
     assert [json.loads(element)[1] for element in elements] == [["k", n] for n in range(3)]
 
