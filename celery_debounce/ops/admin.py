@@ -485,12 +485,8 @@ def read_snapshot(store: OperatorStore) -> Snapshot:
         for name, ms in part.stopped:
             stopped[name] = max(stopped.get(name, 0.0), ms / 1000)
         n_held += part.held
-        if part.held_front:  # only then a second round trip: what each one waits for
-            idents = [ident for ident, _ in part.held_front]
-            for (ident, since), (runner, state) in zip(
-                part.held_front, store.waits_for(shard, idents), strict=True
-            ):
-                held.append(Held(ident, since / 1000, runner, state))
+        for front in part.held_front:
+            held.append(Held(front.ident, front.since_ms / 1000, front.waits_for, front.state))
     held.sort(key=lambda h: h.since)
     return Snapshot(
         now_ms / 1000,

@@ -257,14 +257,6 @@ class OperatorStore(BaseStore, Protocol):
     def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
 
-    def waits_for(
-        self,
-        shard: int,
-        idents: Sequence[str],
-    ) -> list[tuple[str | None, str | None]]:
-        """For held idents: ``(id, state)`` of the run each waits for, ``(None, None)``
-        where none is in progress."""
-
     def census(self, shard: int, now_ms: int, page: int = CENSUS_PAGE) -> Iterator[list[CensusRow]]:
         """The open windows of ``shard`` counted per task, one batch of rows per bounded
         step of about ``page`` windows (a task's rows add up over the batches); ``now_ms``

@@ -183,6 +183,15 @@ class ShardCounts(NamedTuple):
     counters: dict[str, int]
 
 
+class HeldFront(NamedTuple):
+    """One of the longest-held exclusive windows of a snapshot."""
+
+    ident: str
+    since_ms: int  # held since (the store's clock)
+    waits_for: str | None = None  # the id of the run in progress (None: it just ended)
+    state: str | None = None  # that run's state: dispatching, queued, claimed
+
+
 class ShardSnapshot(NamedTuple):
     """What ``top`` reads of one shard; a key of the wrong type reads as empty."""
 
@@ -198,7 +207,7 @@ class ShardSnapshot(NamedTuple):
     alive: list[tuple[str, int]] = []  # name -> last heartbeat ms (alive.lua)
     stopped: list[tuple[str, int]] = []  # name -> clean stop ms
     held: int = 0  # debounce_exclusive windows held behind a run of their key
-    held_front: list[tuple[str, int]] = []  # the longest held: ident -> held since ms
+    held_front: list[HeldFront] = []  # the longest held, with the run each waits for
 
 
 class GateResult(NamedTuple):

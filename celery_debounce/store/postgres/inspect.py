@@ -44,11 +44,6 @@ _FIND = "SELECT ident FROM debounce_open WHERE task_id = %s"
 #: A collect window's calls so far, in call order (its list is its id).
 _COLLECTED = "SELECT element FROM debounce_calls WHERE task_id = %s ORDER BY seq"
 _QUIET = "SELECT task_id, debounce_ms(quiet_end) FROM debounce_quiet WHERE ident = ANY (%s)"
-_WAITS_FOR = (
-    "SELECT (SELECT t.task_id || '|' || t.state FROM debounce_taken t "
-    "WHERE t.ident = i AND t.exclusive AND t.state IN ('dispatching', 'queued', 'claimed') "
-    "LIMIT 1) FROM unnest(%s::text[]) WITH ORDINALITY AS u(i, n) ORDER BY n"
-)
 #: Before the first open window's deadline.
 _FIRST_DEADLINE = "-infinity"
 
@@ -129,19 +124,6 @@ class PostgresInspect:
         self._check()
         row = self._read(one(_FIND, (task_id,)))
         return None if row is None else str(row[0])
-
-    def waits_for(self, shard: int, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
-        """For held idents: (id, state) of the run in progress each waits for, or
-        ``(None, None)`` where it just ended."""
-        if not idents:
-            return []
-        self._check()
-        rows = self._read(many(_WAITS_FOR, (list(idents),)))
-        found: list[tuple[str | None, str | None]] = []
-        for (runner,) in rows:
-            task_id, _, state = (runner or "").rpartition("|")
-            found.append((task_id, state) if runner else (None, None))
-        return found
 
     def _collected(self, collect_list: str) -> tuple[bytes, ...]:
         """The elements a pending debounce_collect window gathered so far

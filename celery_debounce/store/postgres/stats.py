@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..reach import Reached
 from ..records import HOT_KEYS_KEPT
-from ..results import CENSUS_PAGE, CensusRow, ShardCounts, ShardSnapshot, SnapshotCost
+from ..results import (
+    CENSUS_PAGE,
+    CensusRow,
+    HeldFront,
+    ShardCounts,
+    ShardSnapshot,
+    SnapshotCost,
+)
 from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +73,13 @@ _SNAPSHOT = (
     "(SELECT coalesce(json_agg(json_build_array(ident, debounce_ms(held_since))), '[]') "
     "FROM (SELECT ident, held_since FROM debounce_open WHERE held_since IS NOT NULL "
     "ORDER BY held_since, ident LIMIT %s) AS held)"
+)
+
+#: The run each held window waits for (``task_id|state``), in the idents' order.
+_WAITS_FOR = (
+    "SELECT (SELECT t.task_id || '|' || t.state FROM debounce_taken t "
+    "WHERE t.ident = i AND t.exclusive AND t.state IN ('dispatching', 'queued', 'claimed') "
+    "LIMIT 1) FROM unnest(%s::text[]) WITH ORDINALITY AS u(i, n) ORDER BY n"
 )
 
 
@@ -140,8 +154,22 @@ class PostgresStats:
             [(name, ms) for name, ms, alive in beats if alive],
             [(name, ms) for name, ms, alive in beats if not alive],
             int(held),
-            [(str(ident), int(ms)) for ident, ms in _json(front)],
+            self._held_front([(str(ident), int(ms)) for ident, ms in _json(front)]),
         )
+
+    def _held_front(self, front: list[tuple[str, int]]) -> list[HeldFront]:
+        """The longest held with the run each waits for (one more read, only when
+        windows are held): ``(None, None)`` where that run just ended."""
+        if not front:
+            return []
+        rows = self._read(many(_WAITS_FOR, ([ident for ident, _ in front],)))
+        held = []
+        for (ident, since), (runner,) in zip(front, rows, strict=True):
+            task_id, _, state = (runner or "").rpartition("|")
+            held.append(
+                HeldFront(ident, since, task_id, state) if runner else HeldFront(ident, since)
+            )
+        return held
 
 
 def _json(value: Any) -> Any:

@@ -18,6 +18,7 @@ from ..reach import Reached
 from ..records import HOT_KEYS_KEPT, Record, as_text
 from ..results import (
     Cancelled,
+    HeldFront,
     Shard,
     ShardCounts,
     ShardSnapshot,
@@ -293,10 +294,18 @@ class Operators(DoctorOps, Liveness, Listing):
             [(as_text(n), int(ms)) for n, ms in alive or []],
             [(as_text(n), int(ms)) for n, ms in stopped or []],
             int(z_held or 0),
-            [(as_text(i), int(ms)) for i, ms in held_rows or []],
+            self._held_front(shard, [(as_text(i), int(ms)) for i, ms in held_rows or []]),
         )
 
-    def waits_for(self, shard: Shard, idents: Sequence[str]) -> list[tuple[str | None, str | None]]:
+    def _held_front(self, shard: Shard, front: list[tuple[str, int]]) -> list[HeldFront]:
+        """The longest held with the run each waits for: one more round trip, only when
+        windows are held."""
+        waits = self._waits_for(shard, [ident for ident, _ in front])
+        return [HeldFront(i, ms, *wait) for (i, ms), wait in zip(front, waits, strict=True)]
+
+    def _waits_for(
+        self, shard: Shard, idents: Sequence[str]
+    ) -> list[tuple[str | None, str | None]]:
         """For held windows' idents: (id, state) of the window in progress each waits
         for (``<tag>:run:<ident>``), None where it just ended. One pipeline per step."""
         if not idents:
