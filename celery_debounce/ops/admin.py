@@ -355,8 +355,7 @@ class DebounceAdmin:
         if found is None:
             return None
         shard, record = found
-        quiet = self.store.quiet_ends(shard, [record])
-        return window_info(record, shard, "", quiet.get(record.task_id))
+        return window_info(record, shard, "", record.quiet_end_ms)
 
     def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
         for shard in range(self.settings.shards):

@@ -53,7 +53,6 @@ def _shard_windows(
         # does not read a large group whole.
         entries = store.taken_windows(shard, group, _CHUNK)
         while page := list(itertools.islice(entries, _CHUNK)):
-            quiet = store.quiet_ends(shard, [e.record for e in page if e.record is not None])
             for entry in page:
                 if entry.error is not None:  # not a hash: see take.lua's wrong-type rule
                     if "quarantined" in wanted and task is None and key_glob is None:
@@ -64,7 +63,7 @@ def _shard_windows(
                     continue
                 if entry.record is None:
                     continue
-                info = window_info(entry.record, shard, "", quiet.get(entry.task_id))
+                info = window_info(entry.record, shard, "", entry.record.quiet_end_ms)
                 if info.state in wanted and key_matches(info.task, info.key, task, key_glob):
                     found += 1
                     yield info

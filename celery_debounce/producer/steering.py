@@ -89,7 +89,7 @@ def window_info(
 ) -> WindowInfo:
     """A decoded record (records.decode_record) as operators see it; ``state`` is used
     when the record holds none (a pending window); ``quiet_until_ms``: the end of the
-    quiet period a leading run still owns (``OperatorStore.quiet_ends``)."""
+    quiet period a leading run still owns (``Record.quiet_end_ms`` of ``OperatorStore.taken``)."""
     raw = record.ident or ""
     try:
         task, key = split_ident(raw)

@@ -224,7 +224,8 @@ class OperatorStore(BaseStore, Protocol):
         """The open window of ``ident``, or None."""
 
     def taken(self, task_id: str) -> tuple[int, Record] | None:
-        """``(shard, record)`` of a window taken for dispatch, by id, or None."""
+        """``(shard, record)`` of a window taken for dispatch, by id, or None; a leading
+        run's record with its quiet period's end while the run owns it."""
 
     def open_windows(
         self,
@@ -246,9 +247,6 @@ class OperatorStore(BaseStore, Protocol):
         """The taken windows of one group (:data:`~celery_debounce.store.idents.TAKEN_SETS`:
         ``leased``, ``active``, ``quarantine``) in the group's order (a lease's end, the
         hand-over, the quarantine), read lazily ``page`` at a time."""
-
-    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
-        """When each leading run's quiet period ends (ms), by ident."""
 
     def find(self, shard: int, task_id: str) -> str | None:
         """The ident of the open window of ``shard`` whose id is ``task_id``, or None (a

@@ -71,6 +71,9 @@ class Record(NamedTuple):
     #: its calls so far, each ``[ms, args, kwargs(, id)]`` as JSON, in call order (read
     #: by ``pending_payloads`` only)
     collected: tuple[bytes, ...] | None = None
+    #: a leading run's quiet period's end (ms) while the run still owns it (read by
+    #: ``taken`` and ``taken_windows`` only)
+    quiet_end_ms: int | None = None
 
     @property
     def ceiling_ms(self) -> int:

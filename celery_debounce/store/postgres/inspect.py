@@ -63,7 +63,7 @@ class PostgresInspect:
         """``(0, record)`` of the window ``task_id`` once taken (any state), or None."""
         self._check()
         row = self._read(one(_TAKEN, (task_id,)))
-        return None if row is None else (0, _taken_record(row))
+        return None if row is None else (0, self._with_quiet_ends([_taken_record(row)])[0])
 
     def open_windows(
         self,
@@ -104,20 +104,22 @@ class PostgresInspect:
         for start in itertools.count(0, size):
             self._check()
             rows = self._read(many(query, (start, size)))
-            for row in rows:
-                yield TakenEntry(row[0], _taken_record(row), None)
+            records = self._with_quiet_ends([_taken_record(row) for row in rows])
+            for row, record in zip(rows, records, strict=True):
+                yield TakenEntry(row[0], record, None)
             if len(rows) < size:
                 return
 
-    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
-        """Task id -> end (ms) of the quiet period each leading run still owns."""
-        runs = {r.task_id: r.ident for r in leading if r.leading and r.ident is not None}
+    def _with_quiet_ends(self, records: list[Record]) -> list[Record]:
+        """``records``, each leading run's with the end (ms) of the quiet period it still
+        owns (one more read, only when there is a leading run)."""
+        runs = {r.task_id: r.ident for r in records if r.leading and r.ident is not None}
         if not runs:
-            return {}
-        self._check()
+            return records
         idents = sorted({ident for ident in runs.values() if ident is not None})
         rows = self._read(many(_QUIET, (idents,)))
-        return {task_id: int(end) for task_id, end in rows if task_id in runs}
+        ends = {task_id: int(end) for task_id, end in rows if task_id in runs}
+        return [r._replace(quiet_end_ms=ends.get(r.task_id)) if r.leading else r for r in records]
 
     def find(self, shard: int, task_id: str) -> str | None:
         """The ident of the open window ``task_id`` (its unique index), or None."""

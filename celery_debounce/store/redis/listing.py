@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..idents import TakenGroup, ident_prefix, matches
 from ..records import Record, as_text
 from ..results import CENSUS_PAGE, OPEN_PAGE, TAKEN_PAGE, CensusRow, ListStep, Shard, TakenEntry
-from .fields import INSPECT_FIELDS, LIST_FIELDS, decode_record
-from .keys import due_key, taken_set_key, win_key
+from .fields import INSPECT_FIELDS, LIST_FIELDS, QUIET_END, QUIET_ID, decode_record
+from .keys import due_key, quiet_key, taken_set_key, win_key
 from .translate import translate_errors
 
 #: The most members a ``list.lua`` step examines (each blocks Redis about 1 us).
@@ -109,7 +109,30 @@ class Listing:
                 out.append(TakenEntry(tid, None, f"{win_key(tag, tid)}: {row}"))
             else:
                 out.append(TakenEntry(tid, decode_record(INSPECT_FIELDS, row), None))
-        return out
+        read = iter(self._with_quiet_ends(shard, [e.record for e in out if e.record is not None]))
+        return [e if e.record is None else e._replace(record=next(read)) for e in out]
+
+    def _with_quiet_ends(self, shard: int, records: list[Record]) -> list[Record]:
+        """``records``, each leading run's with the end (ms) of the quiet period it still
+        owns (``quiet_key`` of its ident holds its id): one pipelined HMGET per run."""
+        tag = self.tag(shard)
+        runs = [r for r in records if r.leading and r.ident is not None]
+        if not runs:
+            return records
+        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
+            for record in runs:
+                pipe.hmget(quiet_key(tag, record.ident), QUIET_ID, QUIET_END)  # type: ignore[arg-type]
+            rows = pipe.execute(raise_on_error=False)
+        ends = {}
+        for record, row in zip(runs, rows, strict=True):
+            if (
+                isinstance(row, list)
+                and row[0] is not None
+                and row[1] is not None
+                and as_text(row[0]) == record.task_id
+            ):
+                ends[record.task_id] = int(row[1])
+        return [r._replace(quiet_end_ms=ends.get(r.task_id)) if r.leading else r for r in records]
 
     def find(self, shard: int, task_id: str) -> str | None:
         """The ident of the pending window ``task_id``: ``find.lua`` in bounded steps along

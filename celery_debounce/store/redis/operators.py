@@ -32,8 +32,6 @@ from .fields import (
     FLUSH_FIELDS,
     INSPECT_FIELDS,
     PAYLOAD_FIELDS,
-    QUIET_END,
-    QUIET_ID,
     decode_record,
 )
 from .keys import (
@@ -50,7 +48,6 @@ from .keys import (
     leased_key,
     open_key,
     quarantine_key,
-    quiet_key,
     run_key,
     stats_key,
     stats_reset_key,
@@ -120,30 +117,8 @@ class Operators(DoctorOps, Liveness, Listing):
         for shard, row in enumerate(rows):
             record = decode_record(INSPECT_FIELDS, row)
             if record is not None:
-                return shard, record
+                return shard, self._with_quiet_ends(shard, [record])[0]
         return None
-
-    def quiet_ends(self, shard: int, leading: Sequence[Record]) -> dict[str, int]:
-        """Task id -> end (ms) of the quiet period each leading run of ``leading`` still
-        owns (``quiet_key`` of its ident holds its id): one pipelined HMGET per run."""
-        tag = self.tag(shard)
-        runs = [r for r in leading if r.leading and r.ident is not None]
-        if not runs:
-            return {}
-        with translate_errors("inspect"), self.client.pipeline(transaction=False) as pipe:
-            for record in runs:
-                pipe.hmget(quiet_key(tag, record.ident), QUIET_ID, QUIET_END)  # type: ignore[arg-type]
-            rows = pipe.execute(raise_on_error=False)
-        ends = {}
-        for record, row in zip(runs, rows, strict=True):
-            if (
-                isinstance(row, list)
-                and row[0] is not None
-                and row[1] is not None
-                and as_text(row[0]) == record.task_id
-            ):
-                ends[record.task_id] = int(row[1])
-        return ends
 
     def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
         tag = self.tag(shard)

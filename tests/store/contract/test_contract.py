@@ -563,9 +563,14 @@ def test_a_leading_runs_quiet_period_end_is_read_and_flush_many_flushes_each_win
     (taken,) = take_due(store, shard)
     found = store.taken(taken.task_id)
     assert found is not None and found[1].leading
-    ends = store.quiet_ends(shard, [found[1]])
-    assert set(ends) == {lead.task_id}
-    assert now + 3_000_000 < ends[lead.task_id] <= now + 3_700_000  # about an hour on
+    end = found[1].quiet_end_ms
+    assert end is not None and now + 3_000_000 < end <= now + 3_700_000  # about an hour on
+    (entry,) = store.taken_windows(shard, "leased")  # taken, not yet acked
+    assert entry.record is not None and entry.record.quiet_end_ms == end
+    plain = gate(store, "plain", window="1ms", max_wait="1s")
+    (other,) = take_due(store, plain.call.shard)
+    found = store.taken(other.task_id)
+    assert found is not None and found[1].quiet_end_ms is None  # no leading run
     windows = [gate(store, key) for key in _keys_of_one_shard(store, 3)]
     shard = windows[0].call.shard
     pairs = [(w.call.ident, w.task_id) for w in windows]
