@@ -310,7 +310,7 @@ class DebounceAdmin:
         total_open = total_due = 0
         now_ms = self.store.time_ms("stats")
         for shard in range(self.settings.shards):
-            counts = self.store.counts(shard, now_ms)
+            counts = self.store.snapshot(shard, now_ms)
             total_open += counts.open
             total_due += counts.due
             for name, value in counts.counters.items():

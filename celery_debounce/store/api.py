@@ -32,7 +32,6 @@ from .results import (
     Cancelled,
     CensusRow,
     GateResult,
-    ShardCounts,
     ShardSnapshot,
     SnapshotCost,
     TakenEntry,
@@ -260,11 +259,10 @@ class OperatorStore(BaseStore, Protocol):
         step of about ``page`` windows (a task's rows add up over the batches); ``now_ms``
         decides which are due."""
 
-    def counts(self, shard: int, now_ms: int) -> ShardCounts:
-        """Open and due windows of ``shard`` and its counters."""
-
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
-        """A shard's gauges in one bounded read (``top``, the exporter)."""
+        """A shard's gauges in one bounded read (``top``, the exporter, ``stats``): open
+        and due windows, the counters, the taken sets' sizes, the hot keys, the
+        dispatchers, the longest held."""
 
     def snapshot_cost(self) -> SnapshotCost:
         """What one :meth:`snapshot` costs per shard (its requests: ``top``'s and the

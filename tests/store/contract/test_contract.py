@@ -585,7 +585,7 @@ def _counters(store: OperatorStore) -> dict[str, int]:
     now = store.time_ms()
     found: dict[str, int] = {}
     for shard in range(store.settings.shards):
-        for name, n in store.counts(shard, now).counters.items():
+        for name, n in store.snapshot(shard, now).counters.items():
             found[name] = found.get(name, 0) + n
     return found
 
@@ -650,7 +650,7 @@ def test_the_census_counts_open_and_due_windows_per_task_in_bounded_steps(
     assert totals["census_a"][:3] == [5, 0, 6]
     assert totals["census_b"][:3] == [2, 1, 2]
     assert 0 < totals["census_b"][3] <= due.result.now_ms
-    counts = [store.counts(shard, now) for shard in range(store.settings.shards)]
+    counts = [store.snapshot(shard, now) for shard in range(store.settings.shards)]
     assert (sum(c.open for c in counts), sum(c.due for c in counts)) == (7, 1)
 
 
@@ -929,10 +929,10 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
     mine = [r.ident for r in store.pending_payloads(first.call.shard, first.call.ident)]
     assert mine == [first.call.ident]
     now = store.time_ms()
-    assert any(store.counts(s, now).counters for s in range(store.settings.shards))
+    assert any(store.snapshot(s, now).counters for s in range(store.settings.shards))
     assert store.delete_all() >= 2
     assert [r for s in range(store.settings.shards) for r in store.pending_payloads(s)] == []
-    assert not any(store.counts(s, now).counters for s in range(store.settings.shards))
+    assert not any(store.snapshot(s, now).counters for s in range(store.settings.shards))
     assert gate(store, "k1").result.opened
 
 
