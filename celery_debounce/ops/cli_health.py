@@ -21,9 +21,11 @@ def liveness(app: Any) -> dict[str, Any]:
     from ..dispatch.dispatcher import HEARTBEAT_S
     from ..store import store_for
 
-    now_ms, alive, stopped = store_for(app).liveness()
+    store = store_for(app)
+    now_ms = store.time_ms("ping")
+    beats = store.snapshot(0, now_ms)  # heartbeats are kept with the first shard
     rows = []
-    for name, ms in alive:
+    for name, ms in beats.alive:
         age = max(0.0, (now_ms - ms) / 1000)
         rows.append(
             {
@@ -33,7 +35,7 @@ def liveness(app: Any) -> dict[str, Any]:
                 "stopped_at": None,
             }
         )
-    for name, ms in stopped:
+    for name, ms in beats.stopped:
         rows.append(
             {"name": name, "status": "stopped", "heartbeat_age_s": None, "stopped_at": ms / 1000}
         )

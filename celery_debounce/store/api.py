@@ -213,9 +213,6 @@ class OperatorStore(BaseStore, Protocol):
     number of this process's layout."""
 
     # reads
-    def ping(self) -> bool:
-        """True when the store answers."""
-
     def time_ms(self, operation: str = "time") -> int:
         """The store's clock, ms."""
 
@@ -268,9 +265,6 @@ class OperatorStore(BaseStore, Protocol):
         """What one :meth:`snapshot` costs per shard (its requests: ``top``'s and the
         exporter's budget) and how many held windows it lists (the longest held first).
         A store without the gauges raises here."""
-
-    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-        """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``."""
 
     def pending_payloads(
         self,
