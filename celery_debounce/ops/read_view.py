@@ -11,7 +11,7 @@ from celery import Celery
 from ..producer.steering import WindowInfo, pending_info, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
-from ..store.idents import TAKEN_SETS, key_matches, window_ident
+from ..store.idents import TAKEN_SETS, key_matches
 
 __all__ = [
     "STATES",
@@ -36,14 +36,7 @@ def _shard_windows(
     limit: int | None = None,
 ) -> Iterator[WindowInfo]:
     if "pending" in wanted:
-        held = store.held(shard)
-        for info in walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit):
-            hold = held.get(window_ident(info.task, info.key)) if held else None
-            yield (
-                info
-                if hold is None
-                else replace(info, held_since=hold[0] / 1000, waits_for=hold[1])
-            )
+        yield from walk_pending(store, shard, task=task, key_glob=key_glob, limit=limit)
     for group, states in TAKEN_SETS:
         if not states & wanted:
             continue
@@ -83,7 +76,10 @@ def walk_pending(
     (``OperatorStore.open_windows``: bounded steps, a limited listing reads only the
     front of the open windows)."""
     for record in store.open_windows(shard, task=task, key_glob=key_glob, limit=limit):
-        yield window_info(record, shard, "pending")
+        info = window_info(record, shard, "pending")
+        if record.held_since_ms is not None:
+            info = replace(info, held_since=record.held_since_ms / 1000, waits_for=record.waits_for)
+        yield info
 
 
 def list_windows(

@@ -233,7 +233,8 @@ class OperatorStore(BaseStore, Protocol):
         page: int = OPEN_PAGE,
     ) -> Iterator[Record]:
         """The open windows of ``shard`` in deadline order: of ``task`` only, whose key
-        matches the ``fnmatch`` glob ``key_glob`` (case-sensitive), at most ``limit``.
+        matches the ``fnmatch`` glob ``key_glob`` (case-sensitive), at most ``limit``; a
+        held exclusive window with since when and the run it waits for.
         Read lazily in bounded steps of about ``page`` windows: a limited listing reads
         only the front."""
 
@@ -247,9 +248,6 @@ class OperatorStore(BaseStore, Protocol):
     def find(self, shard: int, task_id: str) -> str | None:
         """The ident of the open window of ``shard`` whose id is ``task_id``, or None (a
         bounded scan on a store without an index of ids)."""
-
-    def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
-        """Exclusive windows held: ident -> (held since ms, the run it waits for)."""
 
     def census(self, shard: int, now_ms: int, page: int = CENSUS_PAGE) -> Iterator[list[CensusRow]]:
         """The open windows of ``shard`` counted per task, one batch of rows per bounded

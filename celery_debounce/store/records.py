@@ -47,6 +47,13 @@ def split_counter(name: str) -> tuple[str, str]:
     return kind, task
 
 
+def with_hold(record: Record, held: dict[str, tuple[int, str | None]]) -> Record:
+    """``record`` with since when it is held and the run it waits for, when ``held``
+    (ident -> (since ms, run id)) holds it."""
+    hold = held.get(record.ident or "") if held else None
+    return record if hold is None else record._replace(held_since_ms=hold[0], waits_for=hold[1])
+
+
 class Record(NamedTuple):
     """One window's record, as a store read it (times: the store's clock, ms)."""
 
@@ -74,6 +81,10 @@ class Record(NamedTuple):
     #: a leading run's quiet period's end (ms) while the run still owns it (read by
     #: ``taken`` and ``taken_windows`` only)
     quiet_end_ms: int | None = None
+    #: a ``debounce_exclusive`` window held behind a run of its key: since when (ms),
+    #: and the id of that run (None: it just ended) (read by ``open_windows`` only)
+    held_since_ms: int | None = None
+    waits_for: str | None = None
 
     @property
     def ceiling_ms(self) -> int:

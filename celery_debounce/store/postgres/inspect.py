@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..idents import TakenGroup, ident_prefix, matches
-from ..records import Record
+from ..records import Record, with_hold
 from ..results import OPEN_PAGE, TAKEN_PAGE, TakenEntry
 from ..states import as_state
 from .columns import record_fields, select_record
@@ -59,6 +59,8 @@ class PostgresInspect:
 
         def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None: ...
 
+        def held(self, shard: int) -> dict[str, tuple[int, str | None]]: ...
+
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(0, record)`` of the window ``task_id`` once taken (any state), or None."""
         self._check()
@@ -76,9 +78,11 @@ class PostgresInspect:
     ) -> Iterator[Record]:
         """Open windows in deadline order, of ``task``'s idents (a prefix the index
         serves), ``page`` a statement after the last one read (its deadline, exact to
-        the microsecond, and ident); the key glob is checked here."""
+        the microsecond, and ident); the key glob is checked here; the held windows are
+        read once, first."""
         prefix = ident_prefix(task) if task is not None else ""
         deadline, after, found = _FIRST_DEADLINE, "", 0
+        held = self.held(shard)
         while True:
             self._check()
             size = max(
@@ -89,7 +93,7 @@ class PostgresInspect:
                 record = _open_record(row)
                 if matches(record.ident or "", task, key_glob):
                     found += 1
-                    yield record
+                    yield with_hold(record, held)
                     if limit is not None and found >= limit:
                         return
             if len(rows) < size:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..idents import TakenGroup, ident_prefix, matches
-from ..records import Record, as_text
+from ..records import Record, as_text, with_hold
 from ..results import CENSUS_PAGE, OPEN_PAGE, TAKEN_PAGE, CensusRow, ListStep, Shard, TakenEntry
 from .fields import INSPECT_FIELDS, LIST_FIELDS, QUIET_END, QUIET_ID, decode_record
 from .keys import due_key, quiet_key, taken_set_key, win_key
@@ -33,6 +33,8 @@ class Listing:
 
         def tag(self, shard: Shard) -> str: ...
 
+        def held(self, shard: Shard) -> dict[str, tuple[int, str | None]]: ...
+
     def open_windows(
         self,
         shard: int,
@@ -48,13 +50,14 @@ class Listing:
         prefix = ident_prefix(task) if task is not None else ""
         pattern = glob_to_lua(key_glob) if key_glob is not None else b""
         start, skip, budget, found = "-inf", 0, max(1, page), 0
+        held = self.held(shard)
         while limit is None or found < limit:
             want = budget if limit is None else limit - found
             step = self._list_step(shard, start, skip, budget, want, prefix, pattern)
             for record in step.windows:
                 if matches(record.ident or "", task, key_glob):
                     found += 1
-                    yield record
+                    yield with_hold(record, held)
                     if limit is not None and found >= limit:
                         return
             if step.done or step.examined == 0:

@@ -126,6 +126,16 @@ def run(store: Store, key: str, **options: Any) -> Gated:
     return gated
 
 
+def held_windows(store: Store, shard: int) -> dict[str, tuple[int, str | None]]:
+    """The held windows of ``shard`` as ``open_windows`` reports them: ident -> (held
+    since ms, the run each waits for)."""
+    return {
+        r.ident or "": (r.held_since_ms, r.waits_for)
+        for r in store.open_windows(shard)
+        if r.held_since_ms is not None
+    }
+
+
 # -- the Protocols -----------------------------------------------------------------------
 
 
@@ -342,7 +352,7 @@ def test_a_lapsed_claim_of_an_exclusive_window_frees_its_key_for_the_held_follow
     time.sleep(0.4)  # the claim lapses
     (follow,) = take_due(store, shard, timeout=3)  # the key is free again
     assert follow.task_id == second.task_id and follow.calls == 2
-    assert store.held(shard) == {}
+    assert held_windows(store, shard) == {}
     assert store.claim(shard, first.task_id, "t") == ClaimResult("stale", True)
 
 
@@ -379,14 +389,14 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     second = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=1)
     time.sleep(0.05)
     assert store.take(shard, 10).windows == []  # held, not taken
-    ((ident, (since, waits_for)),) = store.held(shard).items()
+    ((ident, (since, waits_for)),) = held_windows(store, shard).items()
     assert (ident, waits_for) == (first.call.ident, first.task_id) and since > 0
     joined = gate(store, "k", window="1ms", max_wait="1s", exclusive=True, payload=2)
     assert (joined.result.opened, joined.task_id, joined.result.calls) == (False, second.task_id, 2)
     store.finish_run(shard, first.task_id, "SUCCESS")
     (follow,) = take_due(store, shard, timeout=3)
     assert follow.task_id == second.task_id and follow.calls == 2
-    assert store.held(shard) == {}
+    assert held_windows(store, shard) == {}
 
 
 def test_a_run_is_late_past_its_ceiling_or_past_the_end_of_the_run_it_was_held_behind(
@@ -658,7 +668,7 @@ def test_the_snapshot_reads_every_gauge_of_the_windows(store: Store) -> None:
     runner = run(store, "x", exclusive=True, task="gauge")  # claimed: active
     held = gate(store, "x", window="1ms", max_wait="1s", exclusive=True, task="gauge")
     shard = held.call.shard
-    wait_until(lambda: not store.take(shard, 10).windows and store.held(shard), 5)
+    wait_until(lambda: not store.take(shard, 10).windows and held_windows(store, shard), 5)
     leased = gate(store, "l", window="1ms", max_wait="1s", task="gauge")
     take_due(store, leased.call.shard)
     bad = gate(store, "q", window="1ms", max_wait="1s", task="gauge")
@@ -1047,7 +1057,7 @@ def test_the_snapshot_names_the_run_each_held_window_waits_for(store: Store) -> 
     first = run(store, "k", exclusive=True)
     shard = first.call.shard
     held = gate(store, "k", window="1ms", max_wait="1s", exclusive=True)
-    wait_until(lambda: not store.take(shard, 10).windows and store.held(shard), 5)
+    wait_until(lambda: not store.take(shard, 10).windows and held_windows(store, shard), 5)
 
     def front() -> list[HeldFront]:
         return store.snapshot(shard, store.time_ms()).held_front
