@@ -21,11 +21,9 @@ def liveness(app: Any) -> dict[str, Any]:
     from ..dispatch.dispatcher import HEARTBEAT_S
     from ..store import store_for
 
-    store = store_for(app)
-    now_ms = store.time_ms("ping")
-    beats = store.snapshot(0, now_ms)  # heartbeats are kept with the first shard
+    now_ms, alive, stopped = store_for(app).liveness()
     rows = []
-    for name, ms in beats.alive:
+    for name, ms in alive:
         age = max(0.0, (now_ms - ms) / 1000)
         rows.append(
             {
@@ -35,7 +33,7 @@ def liveness(app: Any) -> dict[str, Any]:
                 "stopped_at": None,
             }
         )
-    for name, ms in beats.stopped:
+    for name, ms in stopped:
         rows.append(
             {"name": name, "status": "stopped", "heartbeat_age_s": None, "stopped_at": ms / 1000}
         )

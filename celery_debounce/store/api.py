@@ -264,6 +264,11 @@ class OperatorStore(BaseStore, Protocol):
         exporter's budget) and how many held windows it lists (the longest held first).
         A store without the gauges raises here."""
 
+    def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+        """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``:
+        the dispatchers' heartbeats alone (``ping``, a liveness probe: cheaper than a
+        snapshot, which counts the windows)."""
+
     def pending_payloads(
         self,
         shard: int,

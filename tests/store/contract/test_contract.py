@@ -1012,15 +1012,11 @@ def test_a_late_claim_claims_as_a_claim_does_and_a_second_is_a_duplicate(store: 
     assert store.claim_late(shard, first.task_id, "t") == ClaimResult("finished", False)
 
 
-def test_heartbeats_and_clean_stops_are_read_back_by_the_first_shards_snapshot(
-    store: Store,
-) -> None:
+def test_heartbeats_and_clean_stops_are_read_back_by_liveness(store: Store) -> None:
     beat = store.heartbeat("dispatcher-a")
     store.heartbeat("dispatcher-b")
     stopped = store.heartbeat("dispatcher-b", alive=False)
-    now = store.time_ms()
-    snap = store.snapshot(0, now)
-    alive, gone = snap.alive, snap.stopped
+    now, alive, gone = store.liveness()
     assert now >= stopped >= beat > 0
     assert [name for name, _ in alive] == ["dispatcher-a"]
     assert alive[0][1] >= beat - 1000  # the store's clock, in ms
