@@ -19,7 +19,6 @@ from ..results import (
     CENSUS_PAGE,
     CensusRow,
     HeldFront,
-    ShardCounts,
     ShardSnapshot,
     SnapshotCost,
 )
@@ -31,12 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Held windows a snapshot lists, the longest held first (as on Redis).
 HELD_LISTED = 8
 
-_COUNTS = (
-    "SELECT (SELECT count(*) FROM debounce_open), "
-    "(SELECT count(*) FROM debounce_open "
-    "WHERE deadline <= to_timestamp(%s / 1000.0) AND held_since IS NULL), "
-    "debounce_counters()"
-)
 _RESET = (
     "WITH gone AS (DELETE FROM debounce_stats RETURNING kind || '|' || task AS name, n, "
     "updated_at >= clock_timestamp() - debounce_history_ttl() AS live) "
@@ -108,13 +101,6 @@ class PostgresStats:
             if read_count < limit:
                 return
             after = last
-
-    def counts(self, shard: int, now_ms: int) -> ShardCounts:
-        """Open and due windows and the counters (``<kind>|<task>``)."""
-        self._check()
-        row = self._read(one(_COUNTS, (now_ms,)))
-        open_, due, counters = row
-        return ShardCounts(int(open_), int(due), _counters(counters))
 
     def reset_counters(self, shard: int) -> dict[str, int]:
         """Zero the counters in one statement; those removed (every increment is in

@@ -1265,7 +1265,7 @@ def test_gate_many_sends_a_chunk_in_one_statement_and_counts_every_call(
     assert [r.calls for r in out] == [1, 1, 2, 2]  # type: ignore[union-attr]
     (window,) = [w for w in drain(store) if w.ident == b]
     assert window.payload == b"[[2], {}, {}]"  # the later call replaced the earlier one
-    assert store.counts(0, store.time_ms()).counters["i|t"] == 4
+    assert store.snapshot(0, store.time_ms()).counters["i|t"] == 4
 
 
 def test_concurrent_chunks_of_the_same_keys_in_opposite_orders_never_deadlock(
@@ -1404,7 +1404,7 @@ def test_the_task_name_is_read_out_of_any_ident_and_a_malformed_one_fails_nothin
     good = store.gate(call(window_ident("t", "k"), window_ms=1, max_wait_ms=1))
     wait_until(lambda: store.time_ms() > good.deadline_ms, 5)
     assert sorted(w.task_id for w in store.take(0, 10).windows) == sorted(["bad", good.task_id])
-    assert store.counts(0, store.time_ms()).counters["r|t"] == 1
+    assert store.snapshot(0, store.time_ms()).counters["r|t"] == 1
 
 
 def test_migrate_beside_a_session_idle_in_transaction_holds_calls_up_briefly_and_names_it(
