@@ -25,11 +25,11 @@ from celery import Celery
 
 from ..errors import WindowNotFound, WindowNotPending
 from ..producer import steering
-from ..producer.steering import WindowInfo, flush_window, pending_info, window_info
+from ..producer.steering import WindowInfo, flush_window, window_info
 from ..store import store_for
 from ..store.api import OperatorStore
 from ..store.idents import shard_of, window_ident
-from ..store.records import COUNTER_KINDS, LATE_BUCKETS_MS, split_counter
+from ..store.records import COUNTER_KINDS, HELD_LISTED, LATE_BUCKETS_MS, split_counter
 from .read_view import list_windows, walk_pending
 
 logger = logging.getLogger("celery_debounce.admin")
@@ -269,7 +269,7 @@ class DebounceAdmin:
         flushed = 0
         for shard, listed in self._pending_idents(task):
             for chunk in _chunks(listed, _PIPE_CHUNK):  # only the windows listed, never a newer one
-                flushed += self.store.flush_many(shard, chunk)
+                flushed += len(self.store.flush(shard, chunk))
         logger.info("debounce: flushed %d window(s)%s", flushed, f" of {task}" if task else "")
         return flushed
 
@@ -347,9 +347,6 @@ class DebounceAdmin:
     def _shard(self, ident: str) -> int:
         return shard_of(ident, self.settings.shards)
 
-    def _info_of(self, ident: str, shard: int) -> WindowInfo | None:
-        return pending_info(self.store, ident, shard)
-
     def _taken(self, task_id: str) -> WindowInfo | None:
         found = self.store.taken(task_id)
         if found is None:
@@ -359,11 +356,8 @@ class DebounceAdmin:
 
     def _find_pending(self, task_id: str) -> tuple[str, WindowInfo] | None:
         for shard in range(self.settings.shards):
-            ident = self.store.find(shard, task_id)
-            if ident is not None:
-                info = self._info_of(ident, shard)
-                if info is not None and info.task_id == task_id:
-                    return ident, info
+            for record in self.store.open_windows(shard, task_id=task_id):
+                return record.ident or "", window_info(record, shard, "pending")
         return None
 
     def _pending_by_id(self, task_id: str) -> tuple[str, WindowInfo]:
@@ -412,7 +406,7 @@ def _chunks(items: list[tuple[str, str]], size: int) -> Iterable[list[tuple[str,
 @dataclass(frozen=True)
 class Held:
     """A ``debounce_exclusive`` window held behind a run of its key (the longest held
-    are listed: the store's ``snapshot_cost().held_listed`` per shard)."""
+    are listed: ``HELD_LISTED`` per shard)."""
 
     ident: str
     since: float  # Redis time (s) it was first held
@@ -449,11 +443,11 @@ class Snapshot:
 
 def read_snapshot(store: OperatorStore) -> Snapshot:
     """The store's gauges, at a cost that does not grow with the open windows: ``TIME``,
-    then one pipeline of ``store.snapshot_cost().reads`` commands per shard (the sizes of the
-    due, lease, active, quarantine and held sets, the front of the due set, the
-    ``<tag>:stats`` counters, ``<tag>:hot``, the dispatchers and their heartbeats); only
-    when windows are held, one more round trip reads the run each of the longest held
-    waits for."""
+    then one :meth:`~celery_debounce.store.api.OperatorStore.snapshot` per shard (on Redis
+    one pipeline of 13 commands: the sizes of the due, lease, active, quarantine and held
+    sets, the front of the due set, the ``<tag>:stats`` counters, ``<tag>:hot``, the
+    dispatchers and their heartbeats; on PostgreSQL one statement); only when windows are
+    held, one more round trip reads the run each of the longest held waits for."""
     now_ms = store.time_ms("top")
     tasks: dict[str, TaskStats] = {}
     hot: dict[str, int] = {}
@@ -501,5 +495,5 @@ def read_snapshot(store: OperatorStore) -> Snapshot:
         alive,
         stopped,
         n_held,
-        held[: store.snapshot_cost().held_listed],
+        held[:HELD_LISTED],
     )

@@ -9,11 +9,11 @@ process reads them from Redis at each scrape and nothing else: no broker, no tas
 code, no dispatcher.
 
 Cost per scrape: one :func:`celery_debounce.ops.admin.read_snapshot` (``TIME`` and one
-pipeline of the store's ``snapshot_cost().reads`` O(1)/O(log N) commands per shard, as a
-``top`` refresh), never a scan; scrapes closer together than ``min_interval`` (and
-concurrent scrapes) share one reading, so any number of Prometheus servers cost at
-most one reading per ``min_interval``. A reading that fails (Redis down, within
-``debounce_redis_timeout``) exports ``celery_debounce_store_up 0`` and no made-up value.
+store snapshot per shard, as a ``top`` refresh), never a scan; scrapes closer together
+than ``min_interval`` (and concurrent scrapes) share one reading, so any number of
+Prometheus servers cost at most one reading per ``min_interval``. A reading that fails
+(Redis down, within ``debounce_redis_timeout``) exports ``celery_debounce_store_up 0``
+and no made-up value.
 
 Its own health: Prometheus's ``up`` for its job, plus
 ``celery_debounce_exporter_reads_total``, ``..._read_errors_total`` and
@@ -364,7 +364,7 @@ def _command() -> Any:
         app: Any = ctx.obj.app
         app.log.setup(loglevel=loglevel.upper(), redirect_stdouts=False)
         try:
-            store_for(app).snapshot_cost()  # a store without the gauges refuses here
+            store_for(app)  # a misconfigured store refuses here, before the port opens
             run(app, port, addr, min_interval)
         except DebounceError as exc:
             raise click.ClickException(str(exc)) from exc

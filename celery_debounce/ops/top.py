@@ -204,14 +204,13 @@ def top(
     Redis errors are shown in the view, which keeps retrying; with
     --iterations the exit status is 1 when the last reading failed.
 
-    Each refresh costs one pipeline of 11 cheap commands per shard and one
-    census step per shard (at most ~1,000 windows read), whatever the number
+    Each refresh costs one store snapshot per shard (on Redis a pipeline of 13
+    cheap commands) and one census step per shard (at most ~1,000 windows read), whatever the number
     of open windows.
     """
     screen = not plain and not as_json_lines and sys.stdout.isatty()
     try:
         view = Top(ctx.obj.app, interval, screen)
-        view.store.snapshot_cost()  # a store without the gauges refuses here, once
     except DebounceError as exc:
         raise config_error(exc, ctx.obj.app) from exc
     _stop_on_sigterm()

@@ -124,8 +124,9 @@ def flush_window(
 ) -> WindowInfo | None:
     """Close the pending window of ``ident`` (with ``task_id`` if given) and make it due
     now (:meth:`OperatorStore.flush`). Returns the window as flushed, or None."""
-    record = store.flush(shard, ident, task_id)
-    return None if record is None else window_info(record, shard, "dispatching")
+    for record in store.flush(shard, [(ident, task_id)]):
+        return window_info(record, shard, "dispatching")
+    return None
 
 
 def window(store: OperatorStore, task: str, key: str) -> WindowInfo | None:

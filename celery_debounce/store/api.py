@@ -33,7 +33,6 @@ from .results import (
     CensusRow,
     GateResult,
     ShardSnapshot,
-    SnapshotCost,
     TakenEntry,
     TakeResult,
 )
@@ -229,12 +228,14 @@ class OperatorStore(BaseStore, Protocol):
         *,
         task: str | None = None,
         key_glob: str | None = None,
+        task_id: str | None = None,
         limit: int | None = None,
         page: int = OPEN_PAGE,
     ) -> Iterator[Record]:
         """The open windows of ``shard`` in deadline order: of ``task`` only, whose key
-        matches the ``fnmatch`` glob ``key_glob`` (case-sensitive), at most ``limit``; a
-        held exclusive window with since when and the run it waits for.
+        matches the ``fnmatch`` glob ``key_glob`` (case-sensitive), whose id is
+        ``task_id`` (at most one: a bounded scan on a store without an index of ids), at
+        most ``limit``; a held exclusive window with since when and the run it waits for.
         Read lazily in bounded steps of about ``page`` windows: a limited listing reads
         only the front."""
 
@@ -245,10 +246,6 @@ class OperatorStore(BaseStore, Protocol):
         ``leased``, ``active``, ``quarantine``) in the group's order (a lease's end, the
         hand-over, the quarantine), read lazily ``page`` at a time."""
 
-    def find(self, shard: int, task_id: str) -> str | None:
-        """The ident of the open window of ``shard`` whose id is ``task_id``, or None (a
-        bounded scan on a store without an index of ids)."""
-
     def census(self, shard: int, now_ms: int, page: int = CENSUS_PAGE) -> Iterator[list[CensusRow]]:
         """The open windows of ``shard`` counted per task, one batch of rows per bounded
         step of about ``page`` windows (a task's rows add up over the batches); ``now_ms``
@@ -257,12 +254,8 @@ class OperatorStore(BaseStore, Protocol):
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """A shard's gauges in one bounded read (``top``, the exporter, ``stats``): open
         and due windows, the counters, the taken sets' sizes, the hot keys, the
-        dispatchers, the longest held."""
-
-    def snapshot_cost(self) -> SnapshotCost:
-        """What one :meth:`snapshot` costs per shard (its requests: ``top``'s and the
-        exporter's budget) and how many held windows it lists (the longest held first).
-        A store without the gauges raises here."""
+        dispatchers, the longest held (at most :data:`~.records.HELD_LISTED`, longest
+        first; the others counted)."""
 
     def liveness(self) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
         """``(now ms, [(dispatcher, last heartbeat ms)], [(dispatcher, stopped at ms)])``:
@@ -284,11 +277,9 @@ class OperatorStore(BaseStore, Protocol):
         prefix used by nothing)."""
 
     # actions
-    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
-        """Make the open window of ``ident`` due now; the window, or None."""
-
-    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """:meth:`flush` for each ``(ident, task id)``; how many were flushed."""
+    def flush(self, shard: int, windows: Sequence[tuple[str, str]]) -> list[Record]:
+        """Make the open window of each ``(ident, task id)`` (of that id unless "") due now
+        (several in one request where the store can); the windows flushed."""
 
     def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
         """Drop the open window of ``ident``; what was dropped, or None. A lost reply

@@ -18,6 +18,10 @@ LATE_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 300
 #: How many idents ``<tag>:hot`` keeps (take.lua: calls absorbed per ident, for ``top``).
 HOT_KEYS_KEPT = 100
 
+#: Held windows ``OperatorStore.snapshot`` lists per shard (the longest held first); the
+#: others are counted.
+HELD_LISTED = 8
+
 
 # -- stats counters ----------------------------------------------------------------------
 

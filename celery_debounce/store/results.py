@@ -134,15 +134,6 @@ TAKEN_PAGE = 500
 CENSUS_PAGE = 1000
 
 
-class SnapshotCost(NamedTuple):
-    """What ``OperatorStore.snapshot`` costs per shard, and how much it lists."""
-
-    #: requests to the store (``top``'s and the exporter's budget per shard)
-    reads: int
-    #: held windows listed, the longest held first
-    held_listed: int
-
-
 class ListStep(NamedTuple):
     """One ``list.lua`` step along the due set."""
 

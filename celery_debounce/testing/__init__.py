@@ -141,7 +141,7 @@ def debounce_windows(app: Celery, task: Any = None) -> list[PendingWindow]:
 def _make_due(app: Celery, task: Any = None) -> list[str]:
     ids = []
     for store, shard, ident, window in list(_pending(app, task)):
-        store.flush(shard, ident, window.task_id)
+        store.flush(shard, [(ident, window.task_id)])
         ids.append(window.task_id)
     return ids
 

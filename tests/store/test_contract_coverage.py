@@ -31,6 +31,64 @@ def test_the_contract_suite_uses_every_member_of_the_contract() -> None:
     assert unused == []
 
 
+#: Every member of each role, as docs/design.md's "The store contract" lists them: a member
+#: added or removed is a change of the contract every store implements (and CHANGELOG's).
+ROLES = {
+    "BaseStore": ["settings", "tag", "check_server"],
+    "ProducerStore": ["gate", "gate_many"],
+    "DispatcherStore": [
+        "take",
+        "ack",
+        "release",
+        "quarantine",
+        "expiring",
+        "expire",
+        "expired",
+        "layouts",
+        "heartbeat",
+        "wake_listener",
+        "refresh_topology",
+    ],
+    "WorkerStore": [
+        "claim",
+        "claim_late",
+        "finish_run",
+        "renew_claims",
+        "end_claim",
+        "put_back",
+        "ceiling_lateness_ms",
+    ],
+    "OperatorStore": [  # at most about 15 (issue 40): reads and actions in domain terms
+        "time_ms",
+        "pending",
+        "taken",
+        "open_windows",
+        "taken_windows",
+        "census",
+        "snapshot",
+        "liveness",
+        "pending_payloads",
+        "reach",
+        "flush",
+        "cancel",
+        "cancelled_by",
+        "reset_counters",
+        "delete_all",
+    ],
+    "DefinitionStore": ["publish_definitions", "task_definition"],
+    "Store": ["server_checked"],
+    "WakeListening": ["subscribe", "wait", "close"],  # what wake_listener returns
+}
+
+
+def test_each_role_has_exactly_its_listed_members() -> None:
+    found: dict[str, list[str]] = {}
+    for role, name in _members():
+        found.setdefault(role, []).append(name)
+    assert found == ROLES
+    assert len(ROLES["OperatorStore"]) <= 15
+
+
 def test_the_states_the_redis_scripts_write_are_the_contracts() -> None:
     from celery_debounce.store.states import STATES
 

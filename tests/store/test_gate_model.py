@@ -790,13 +790,13 @@ class GateMachine(RuleBasedStateMachine):
     def flush(self, key: str) -> None:
         ident = window_ident(TASK, key)
         t0 = self.clock()
-        flushed = self.store.flush(0, ident)
+        found = self.store.flush(0, [(ident, "")])
         t1 = self.clock()
         win = self.open.get(ident)
         if win is None:
-            assert flushed is None
+            assert found == []
             return
-        assert flushed is not None
+        (flushed,) = found
         if self.view.close_sets_now:
             now = self.seen_now(flushed.deadline_ms)
         else:

@@ -674,9 +674,9 @@ def test_two_deployments_with_their_own_prefixes_share_a_database_apart(
 
     apps["staging"].tasks["pg.record"].delay("other", 1)
     staging_store = store_for(apps["staging"])
-    staging_store.flush(0, window_ident("pg.record", "k:other"))
+    staging_store.flush(0, [(window_ident("pg.record", "k:other"), "")])
     prod_store = store_for(apps["prod"])
-    prod_store.flush(0, window_ident("pg.record", "k:same"))
+    prod_store.flush(0, [(window_ident("pg.record", "k:same"), "")])
     taken = staging_store.take(0, 100).windows
     assert [w.record.ident for w in taken] == [window_ident("pg.record", "k:other")]
     assert [w.task_id for w in prod_store.take(0, 100).windows] == [prod.id]

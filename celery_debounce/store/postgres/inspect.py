@@ -1,7 +1,7 @@
 """The PostgreSQL store's operator reads (a base of ``PostgresStore``): windows listed
 and found for ``celery debounce inspect``, ``cancel --id``/``--all`` and ``flush --all``,
 and a collect window's calls so far.
-Reads only, each one statement; the flushes of ``flush_many`` are one call each."""
+Reads only, each one statement."""
 
 from __future__ import annotations
 
@@ -57,9 +57,9 @@ class PostgresInspect:
 
         def _read(self, fn: Any) -> Any: ...
 
-        def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None: ...
-
         def held(self, shard: int) -> dict[str, tuple[int, str | None]]: ...
+
+        def pending(self, shard: int, ident: str) -> Record | None: ...
 
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(0, record)`` of the window ``task_id`` once taken (any state), or None."""
@@ -73,13 +73,22 @@ class PostgresInspect:
         *,
         task: str | None = None,
         key_glob: str | None = None,
+        task_id: str | None = None,
         limit: int | None = None,
         page: int = OPEN_PAGE,
     ) -> Iterator[Record]:
         """Open windows in deadline order, of ``task``'s idents (a prefix the index
         serves), ``page`` a statement after the last one read (its deadline, exact to
         the microsecond, and ident); the key glob is checked here; the held windows are
-        read once, first."""
+        read once, first. The one whose id is ``task_id`` by its unique index."""
+        if task_id is not None:
+            self._check()
+            row = self._read(one(_FIND, (task_id,)))
+            record = None if row is None else self.pending(shard, str(row[0]))
+            if record is not None and record.task_id == task_id and limit != 0:
+                if matches(record.ident or "", task, key_glob):
+                    yield with_hold(record, self.held(shard))
+            return
         prefix = ident_prefix(task) if task is not None else ""
         deadline, after, found = _FIRST_DEADLINE, "", 0
         held = self.held(shard)
@@ -125,21 +134,11 @@ class PostgresInspect:
         ends = {task_id: int(end) for task_id, end in rows if task_id in runs}
         return [r._replace(quiet_end_ms=ends.get(r.task_id)) if r.leading else r for r in records]
 
-    def find(self, shard: int, task_id: str) -> str | None:
-        """The ident of the open window ``task_id`` (its unique index), or None."""
-        self._check()
-        row = self._read(one(_FIND, (task_id,)))
-        return None if row is None else str(row[0])
-
     def _collected(self, collect_list: str) -> tuple[bytes, ...]:
         """The elements a pending debounce_collect window gathered so far
         (``collect_list``: the window's id, as its records give it)."""
         rows = self._read(many(_COLLECTED, (collect_list,)))
         return tuple(bytes(element) for (element,) in rows)
-
-    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """:meth:`flush` of each ``(ident, task id)``, one call each; how many were."""
-        return sum(self.flush(shard, ident, task_id) is not None for ident, task_id in windows)
 
 
 def _open_record(row: Sequence[Any]) -> Record:

@@ -14,21 +14,17 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..reach import Reached
-from ..records import HOT_KEYS_KEPT
+from ..records import HELD_LISTED, HOT_KEYS_KEPT
 from ..results import (
     CENSUS_PAGE,
     CensusRow,
     HeldFront,
     ShardSnapshot,
-    SnapshotCost,
 )
 from .step import many, one
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
-
-#: Held windows a snapshot lists, the longest held first (as on Redis).
-HELD_LISTED = 8
 
 _RESET = (
     "WITH gone AS (DELETE FROM debounce_stats RETURNING kind || '|' || task AS name, n, "
@@ -114,10 +110,6 @@ class PostgresStats:
         from .reach_postgres import reach_postgres
 
         return reach_postgres(self)  # type: ignore[arg-type]
-
-    def snapshot_cost(self) -> SnapshotCost:
-        """One statement per :meth:`snapshot`; the held windows it lists."""
-        return SnapshotCost(1, HELD_LISTED)
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """The gauges in one statement (``top``, the exporter). ``hot``: the open

@@ -564,12 +564,16 @@ class PostgresStore(
         rows = self._read(many(_HELD))
         return {ident: (int(since), runner) for ident, since, runner in rows}
 
-    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
-        """Close the open window of ``ident`` (of ``task_id`` if given): the next take
-        takes it. The window, or None."""
-        self._check()
-        row = self._write(one(_FLUSH, (ident, task_id)), "flush")
-        return None if row is None else _record(row)
+    def flush(self, shard: int, windows: Sequence[tuple[str, str]]) -> list[Record]:
+        """Close the open window of each ``(ident, task id)`` (of that id unless ""), one
+        call each: the next take takes them. The windows as flushed."""
+        flushed = []
+        for ident, task_id in windows:
+            self._check()
+            row = self._write(one(_FLUSH, (ident, task_id)), "flush")
+            if row is not None:
+                flushed.append(_record(row))
+        return flushed
 
 
 def _record(row: Sequence[Any]) -> Record:

@@ -34,8 +34,8 @@ class ClusterTransport(Transport):
     CLUSTERDOWN, NOSCRIPT, a write of
     one command reset part-way); a reply lost after the write, or a failed write of
     several commands, is :class:`~celery_debounce.DebounceOutcomeUnknown`, a write of
-    one command that timed out unreachable (it did not run). ``flush_many`` flushes one by
-    one (redis-py refuses scripts in a cluster pipeline).
+    one command that timed out unreachable (it did not run). A flush of several windows
+    flushes one by one (redis-py refuses scripts in a cluster pipeline).
     """
 
     direct = True

@@ -1,7 +1,7 @@
 """The Redis store's operator reads that walk a shard's windows in bounded steps (a base
 of :class:`~celery_debounce.store.redis.operators.Operators`): the open windows along the
-due set (``list.lua``), a taken set a page at a time, a window found by id
-(``find.lua``) and the per-task census (``census.lua``). Each script call examines a
+due set (``list.lua``) or the one of an id (``find.lua``), a taken set a page at a
+time and the per-task census (``census.lua``). Each script call examines a
 bounded number of members, so no read blocks Redis for long, whatever the windows."""
 
 from __future__ import annotations
@@ -35,18 +35,29 @@ class Listing:
 
         def held(self, shard: Shard) -> dict[str, tuple[int, str | None]]: ...
 
+        def pending(self, shard: int, ident: str) -> Record | None: ...
+
     def open_windows(
         self,
         shard: int,
         *,
         task: str | None = None,
         key_glob: str | None = None,
+        task_id: str | None = None,
         limit: int | None = None,
         page: int = OPEN_PAGE,
     ) -> Iterator[Record]:
         """Pending windows of ``shard`` in deadline order, filtered inside Redis: ``list.lua``
         in bounded steps along the due set (``page`` members examined first, then four
-        times more each step up to :data:`WALK_MAX`), stopping once ``limit`` matched."""
+        times more each step up to :data:`WALK_MAX`), stopping once ``limit`` matched;
+        the one whose id is ``task_id`` by ``find.lua``."""
+        if task_id is not None:
+            ident = self._find(shard, task_id)
+            record = None if ident is None else self.pending(shard, ident)
+            if record is not None and record.task_id == task_id and limit != 0:
+                if matches(record.ident or "", task, key_glob):
+                    yield with_hold(record, self.held(shard))
+            return
         prefix = ident_prefix(task) if task is not None else ""
         pattern = glob_to_lua(key_glob) if key_glob is not None else b""
         start, skip, budget, found = "-inf", 0, max(1, page), 0
@@ -137,7 +148,7 @@ class Listing:
                 ends[record.task_id] = int(row[1])
         return [r._replace(quiet_end_ms=ends.get(r.task_id)) if r.leading else r for r in records]
 
-    def find(self, shard: int, task_id: str) -> str | None:
+    def _find(self, shard: int, task_id: str) -> str | None:
         """The ident of the pending window ``task_id``: ``find.lua`` in bounded steps along
         the due set (:data:`FIND_STEP` members each), or None."""
         tag = self.tag(shard)

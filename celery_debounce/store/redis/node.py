@@ -375,10 +375,12 @@ class NodeTransport(Transport):
         # that never answers costs one timeout
         return [(redact(self.settings.redis_url), _PooledCommands(self))]
 
-    def flush_many(self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """Flush ``(ident, task id)`` windows in one pipeline; how many were flushed."""
+    def flush_many(
+        self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]
+    ) -> list[Any]:
+        """``flush.lua``'s reply for each ``(ident, task id)``, in one pipeline."""
         calls = [store._flush_call(shard, ident, task_id) for ident, task_id in windows]
-        return sum(1 for r in self.pipeline_once("flush", calls) if r)
+        return self.pipeline_once("flush", calls)
 
     def run_once(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run a script that must not run twice (every script that writes windows but

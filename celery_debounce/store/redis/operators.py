@@ -15,14 +15,13 @@ from ...settings import Settings
 from ...tags import shard_wake_channel
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..reach import Reached
-from ..records import HOT_KEYS_KEPT, Record, as_text
+from ..records import HELD_LISTED, HOT_KEYS_KEPT, Record, as_text
 from ..results import (
     Cancelled,
     HeldFront,
     Shard,
     ShardCounts,
     ShardSnapshot,
-    SnapshotCost,
 )
 from .checks import combined_policy
 from .diagnose import DoctorOps
@@ -63,8 +62,6 @@ from .transport import Transport
 
 #: Redis commands :meth:`Operators.snapshot` sends per shard.
 SNAPSHOT_COMMANDS = 13
-#: Held windows a snapshot lists (the longest held first); the others are counted.
-HELD_LISTED = 8
 
 
 class Operators(DoctorOps, Liveness, Listing):
@@ -128,16 +125,19 @@ class Operators(DoctorOps, Liveness, Listing):
             [ident, channel, task_id, self.settings.record_ttl_ms],
         )
 
-    def flush(self, shard: int, ident: str, task_id: str = "") -> Record | None:
-        """Run ``flush.lua``: close the pending window of ``ident`` (with ``task_id`` if
-        given) and make it due now. The window as flushed, or None if none was open."""
-        reply = self.run_once("flush", *self._flush_call(shard, ident, task_id))
-        return decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
-
-    def flush_many(self, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """Flush ``(ident, task id)`` windows (in one pipeline on a single node); how many
-        were flushed."""
-        return self.transport.flush_many(self, shard, windows)
+    def flush(self, shard: int, windows: Sequence[tuple[str, str]]) -> list[Record]:
+        """Run ``flush.lua`` for each ``(ident, task id)`` (several in one pipeline on a
+        single node): close the pending window of ``ident`` (with that id unless "") and
+        make it due now. The windows as flushed."""
+        if len(windows) == 1:
+            replies = [self.run_once("flush", *self._flush_call(shard, *windows[0]))]
+        else:
+            replies = self.transport.flush_many(self, shard, windows)
+        flushed = (
+            decode_record(FLUSH_FIELDS, reply, ident=ident) if reply else None
+            for (ident, _), reply in zip(windows, replies, strict=True)
+        )
+        return [record for record in flushed if record is not None]
 
     def cancel(self, shard: int, ident: str, task_id: str = "") -> Cancelled | None:
         """Run ``cancel.lua``: drop the pending window of ``ident`` (with ``task_id`` if
@@ -211,10 +211,6 @@ class Operators(DoctorOps, Liveness, Listing):
             removed = {as_text(k): int(v) for k, v in client.hgetall(held).items()}
             client.delete(held)
         return removed
-
-    def snapshot_cost(self) -> SnapshotCost:
-        """Redis commands :meth:`snapshot` sends per shard, and the held windows it lists."""
-        return SnapshotCost(SNAPSHOT_COMMANDS, HELD_LISTED)
 
     def snapshot(self, shard: int, now_ms: int) -> ShardSnapshot:
         """One pipeline of O(1)/O(log N) reads (``top``, the store gauges)."""

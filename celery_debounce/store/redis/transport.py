@@ -310,9 +310,11 @@ class Transport:
                 pipe.evalsha(sha, 1, key, lease, *ids)
             pipe.execute()
 
-    def flush_many(self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]) -> int:
-        """Flush ``(ident, task id)`` windows, one by one; how many were flushed."""
-        return sum(1 for ident, task_id in windows if store.flush(shard, ident, task_id))
+    def flush_many(
+        self, store: Operators, shard: int, windows: Sequence[tuple[str, str]]
+    ) -> list[Any]:
+        """``flush.lua``'s reply for each ``(ident, task id)``, one call at a time."""
+        return [store.run_once("flush", *store._flush_call(shard, *w)) for w in windows]
 
     def gate_many(
         self,

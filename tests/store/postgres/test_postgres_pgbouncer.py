@@ -92,7 +92,7 @@ def direct(server: LocalPostgres, schema: str, sql: str, *args: object) -> list[
 def claimed(store: PostgresStore, ident: str) -> str:
     """A window of ``ident`` opened, taken, published and claimed: its task id."""
     task_id = store.gate(call(ident)).task_id
-    store.flush(0, ident)
+    store.flush(0, [(ident, "")])
     (window,) = store.take(0, 10).windows
     store.ack(0, [window.task_id])
     assert store.claim(0, task_id).run

@@ -428,7 +428,7 @@ def drain(store: PostgresStore) -> list[TakenWindow]:
     """Every window, closed and taken (the open ones flushed first)."""
     with psycopg.connect(store.url, autocommit=True) as conn:
         for (ident,) in conn.execute("SELECT ident FROM debounce_open").fetchall():
-            store.flush(0, ident)
+            store.flush(0, [(ident, "")])
     taken = store.take(0, 10_000).windows
     store.ack(0, [w.task_id for w in taken])
     return taken
@@ -589,7 +589,7 @@ def test_a_dispatcher_of_the_previous_version_keeps_taking_after_the_upgrade(
     new take does."""
     for n in range(3):
         store.gate(_big(f"t:{n}", 200_000))
-        store.flush(0, f"t:{n}")
+        store.flush(0, [(f"t:{n}", "")])
     store.batch_bytes = store.take_bytes = 1
     with psycopg.connect(database, autocommit=True) as conn:
         rows = conn.execute("SELECT task_id FROM debounce_take(10, 60000, NULL)").fetchall()
@@ -611,10 +611,10 @@ def test_a_take_stops_at_its_byte_budget_the_first_window_whatever_its_size(
     idents = [f"t:{n:02}" for n in range(10)]
     for ident in idents:
         store.gate(_big(ident, 100_000))
-        store.flush(0, ident)
+        store.flush(0, [(ident, "")])
     for ident in ("t:huge", "t:huge2"):
         store.gate(_big(ident, 700_000))
-        store.flush(0, ident)
+        store.flush(0, [(ident, "")])
     sizes: list[list[int]] = []
     taken: list[str] = []
     while batch := store.take(0, 500).windows:
@@ -638,7 +638,7 @@ def test_a_backlog_of_large_windows_drains_over_a_slow_link(
     idents = [f"t:{n:02}" for n in range(24)]
     for ident in idents:
         direct.gate(_big(ident, 1_000_000))
-        direct.flush(0, ident)
+        direct.flush(0, [(ident, "")])
     proxy = PgProxy(postgres_server.port)
     try:
         slow = make_store(
@@ -744,7 +744,7 @@ def test_a_flush_wakes_a_listener_a_later_deadline_does_not(store: PostgresStore
         store.gate(call("t:later", window_ms=900_000))  # not the earliest: no wake-up
         store.gate(call("t:early", window_ms=600_000))  # a join: no wake-up
         assert _wait_timed(listener, 1.0) >= 0.9
-        thread = _later(0.3, lambda: store.flush(0, "t:later"))
+        thread = _later(0.3, lambda: store.flush(0, [("t:later", "")]))
         assert _wait_timed(listener, 30) < 15
         thread.join()
     finally:
@@ -997,7 +997,7 @@ def _every_write_refused(read_only: PostgresStore, opened: str) -> None:
         lambda: read_only.gate(call("t:new")),
         lambda: read_only.take(0, 10),
         lambda: read_only.ack(0, [opened]),
-        lambda: read_only.flush(0, "t:k"),
+        lambda: read_only.flush(0, [("t:k", "")]),
         lambda: read_only.expire(0),
         lambda: read_only.sweep(),
         lambda: read_only.heartbeat("d1"),
@@ -1510,7 +1510,7 @@ def test_a_take_skips_a_due_window_another_transaction_holds_and_returns_the_oth
     for key in ("a", "b", "c"):
         store.gate(call(f"t:{key}", window_ms=50, max_wait_ms=1_000))
         if how == "flushed":
-            store.flush(0, f"t:{key}")
+            store.flush(0, [(f"t:{key}", "")])
     time.sleep(0.1)  # every deadline passed
     holder = _locked(database, "t:b", 3.0, ("debounce_open", "debounce_taken"))
     started = time.monotonic()
