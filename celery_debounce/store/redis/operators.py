@@ -129,6 +129,8 @@ class Operators(DoctorOps, Liveness, Listing):
         """Run ``flush.lua`` for each ``(ident, task id)`` (several in one pipeline on a
         single node): close the pending window of ``ident`` (with that id unless "") and
         make it due now. The windows as flushed."""
+        if not windows:
+            return []
         if len(windows) == 1:
             replies = [self.run_once("flush", *self._flush_call(shard, *windows[0]))]
         else:

@@ -590,6 +590,7 @@ def test_a_leading_runs_quiet_period_end_is_read_and_a_flush_of_several_flushes_
     windows = [gate(store, key) for key in _keys_of_one_shard(store, 3)]
     shard = windows[0].call.shard
     pairs = [(w.call.ident, w.task_id) for w in windows]
+    assert store.flush(shard, []) == []
     flushed = store.flush(shard, [*pairs, (windows[0].call.ident, "not-its-id")])
     assert [(r.ident, r.task_id) for r in flushed] == pairs  # the one not its id is not
     assert sorted(w.task_id for w in take_due(store, shard)) == sorted(w.task_id for w in windows)
