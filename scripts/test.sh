@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite. First the cheap checks (scripts/checks.sh: lint, types, docs; a
 # failure ends the run in a minute), then the main run (.venv, newest Celery and
-# redis-py, real servers that the tests start; two pytest-xdist processes, each file in
-# one of them with its own servers: CELERY_DEBOUNCE_TEST_JOBS, 2 by default, 0 for one
-# process), then two lanes side by side, each line prefixed with its lane's name: the
+# redis-py, real servers that the tests start; three pytest-xdist processes, each file
+# in one of them with its own servers: CELERY_DEBOUNCE_TEST_JOBS, 3 by default, 0 for one
+# process: the suite mostly waits, two kept the two cores 45% busy), then two lanes side by side, each line prefixed with its lane's name: the
 # versions (PostgreSQL 18 on the PostgreSQL selection, the Node producer's tests, then the
 # corners: scripts/test-corners.sh, the contract subset from the built wheel on the lowest,
 # a middle and the newest supported versions; the newest is also the Valkey run) and the
@@ -26,7 +26,7 @@ times+=("set-up $((SECONDS - started)) s")
 [ "$#" -gt 0 ] || timed checks scripts/checks.sh
 CELERY_DEBOUNCE_WHEEL="$(.venv/bin/python scripts/corners.py build)"
 export CELERY_DEBOUNCE_WHEEL
-jobs="${CELERY_DEBOUNCE_TEST_JOBS:-2}"
+jobs="${CELERY_DEBOUNCE_TEST_JOBS:-3}"
 parallel=()
 [ "$jobs" = 0 ] || parallel=(-n "$jobs" --dist loadfile)
 if [ "$#" -gt 0 ]; then
@@ -47,7 +47,7 @@ print(embedded_bindir() or "")')"
   else
     mapfile -t pg_selection < <(.venv/bin/python scripts/corners.py postgres-tests)
     CELERY_DEBOUNCE_PG_BINDIR="$pg18" CELERY_DEBOUNCE_PG_EXPECT_MAJOR=18 \
-      .venv/bin/python -m pytest "${parallel[@]}" -q -p no:cacheprovider \
+      .venv/bin/python -m pytest -n 2 --dist loadfile -q -p no:cacheprovider \
       -k "postgres or pgbouncer" "${pg_selection[@]}" \
       tests/store/postgres/test_postgres_pgbouncer.py || status=1
   fi
