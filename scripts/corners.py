@@ -339,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=2, help="corners run side by side (default 2)"
     )
     run_parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run a corner marked alone in the pool too (scripts/test.sh: the mutation "
+        "check runs beside the corners anyway)",
+    )
+    run_parser.add_argument(
         "--no-build",
         action="store_true",
         help="reuse the wheel in .corners/dist (scripts/test.sh built it)",
@@ -383,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     # side by side, ``--jobs`` at a time; a corner marked ``alone`` (its timing-sensitive
-    # selection: failovers) runs by itself, after the others
-    alone = [name for name in names if corner(name, matrix).get("alone")]
+    # selection: failovers) runs by itself, after the others; with ``--together`` in the
+    # pool too, in the matrix's order (none left running by itself at the end)
+    alone = [] if args.together else [n for n in names if corner(n, matrix).get("alone")]
     together = [name for name in names if name not in alone]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = dict(zip(together, pool.map(one, together), strict=True))

@@ -3,14 +3,15 @@
 # failure ends the run in a minute), then the main run (.venv, newest Celery and
 # redis-py, real servers that the tests start; three pytest-xdist processes, each file
 # in one of them with its own servers: CELERY_DEBOUNCE_TEST_JOBS, 3 by default, 0 for one
-# process: the suite mostly waits, two kept the two cores 45% busy), then two lanes side by side, each line prefixed with its lane's name: the
-# versions (PostgreSQL 18 on the PostgreSQL selection, the Node producer's tests, then the
-# corners: scripts/test-corners.sh, the contract subset from the built wheel on the lowest,
-# a middle and the newest supported versions; the newest is also the Valkey run) and the
-# mutation check (scripts/mutation_check.py: every listed bug must be caught by the tests
-# that guard its guarantee). The wheel and sdist are built once first (python -m build,
-# twine check). Each part's time is printed at the end. Extra arguments go to pytest (and
-# skip the checks, the lanes and the mutation check).
+# process; the suite mostly waits: two kept the two cores 45% busy), then two lanes side
+# by side, each line prefixed with its lane's name: the versions (PostgreSQL 18 on the
+# PostgreSQL selection, then the corners, scripts/test-corners.sh: the contract subset
+# from the built wheel on the lowest, a middle and the newest supported versions; the
+# newest is also the Valkey run) and the mutations (scripts/mutation_check.py: every
+# listed bug must be caught by the tests that guard its guarantee; then the Node
+# producer's tests). The wheel and sdist are built once first (python -m build, twine
+# check). Each part's time is printed at the end. Extra arguments go to pytest (and skip
+# the checks and the lanes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -52,16 +53,18 @@ print(embedded_bindir() or "")')"
       tests/store/postgres/test_postgres_pgbouncer.py || status=1
   fi
   echo "postgresql 18: $((SECONDS - start)) s"
-  start=$SECONDS
-  (cd clients/node && npm test) || status=1  # the Node producer: a real redis-server
-  echo "node: $((SECONDS - start)) s"
-  scripts/test-corners.sh --no-build || status=1
+  scripts/test-corners.sh --no-build --together || status=1
   return "$status"
 }
 # shellcheck disable=SC2329  # run by lane
-mutations() {
+mutations() {  # then the Node producer's tests: the two lanes take about as long
+  local start=$SECONDS status=0
   # four at a time: the killing tests mostly wait (workers, brokers, timers)
-  .venv/bin/python scripts/mutation_check.py --jobs 4
+  .venv/bin/python scripts/mutation_check.py --jobs 4 || status=1
+  start=$SECONDS
+  (cd clients/node && npm test) || status=1  # the Node producer: a real redis-server
+  echo "node: $((SECONDS - start)) s"
+  return "$status"
 }
 lane() {  # lane NAME: run the function NAME, each line of its output prefixed
   local name=$1 start=$SECONDS status

@@ -327,9 +327,10 @@ class PostgresStore(
             except StoreUnavailable as exc:
                 if not isinstance(exc.__cause__, pg_errors.LockNotAvailable):
                     raise
-                if time.monotonic() + delay > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:  # the whole wait spent: never sooner (``--wait``)
                     raise blocked(wait_s, self._read(many(BLOCKERS_SQL))) from exc
-                time.sleep(delay)
+                time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 1.0)
         with self._check_lock:
             self._checked = False
