@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from celery_debounce.testing.reaper import Reaper, reap_with_parent
 from celery_debounce.testing.servers import free_port
 
 #: Where Debian's package puts the real scripts (the /usr/sbin ones are wrappers).
@@ -64,6 +65,7 @@ class RabbitNode:
         self.name = name or f"debounce{os.getpid()}_{self.port}@localhost"
         self.log = self.dir / "node.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._reaper: Reaper | None = None
         home = self.dir / "home"
         home.mkdir()
         cookie = home / ".erlang.cookie"
@@ -136,6 +138,10 @@ class RabbitNode:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # a test process that ends without its cleanup (pytest-timeout's os._exit, a
+        # kill) leaves no node behind: its watcher stops the node's whole process group
+        # (the script and the VM) and removes the directory
+        self._reaper = reap_with_parent(-self.process.pid, self.dir)
         deadline = time.monotonic() + timeout
         while not self.accepts_amqp():
             if self.process.poll() is not None:
@@ -172,6 +178,9 @@ class RabbitNode:
         proc = self.process
         if proc is None:
             return
+        if self._reaper is not None:  # stopped by its owner: the watcher goes
+            self._reaper.dismiss()
+            self._reaper = None
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_until
+from rabbitmq_node import SKIP_ENV, rabbitmq_server_path
 
 from celery_debounce.testing.postgres import LocalPostgres, find_postgres_bindir
 
@@ -84,6 +85,33 @@ def test_a_stopped_redis_server_whose_test_process_vanished_is_stopped_and_remov
     )
     (pid,) = left["pids"]  # type: ignore[misc]
     assert wait_until(lambda: not _alive(int(pid)), 30)
+    assert wait_until(lambda: not Path(str(left["dir"])).exists(), 10)
+
+
+def test_a_rabbitmq_node_whose_test_process_vanished_is_stopped_and_removed() -> None:
+    """The node's script and its Erlang VM (one process group) are stopped, its directory
+    removed (a killed CI run left a VM running for hours)."""
+    if rabbitmq_server_path() is None:
+        if os.environ.get("CI") or not os.environ.get(SKIP_ENV):
+            pytest.fail("rabbitmq-server is not installed (scripts/ensure-rabbitmq.sh)")
+        pytest.skip("rabbitmq-server is not installed")
+    left = _start_freeze_and_vanish(
+        """
+        import json, subprocess, sys
+        sys.path.insert(0, "tests")
+        from rabbitmq_node import RabbitNode
+        node = RabbitNode().start()
+        group = subprocess.run(
+            ["pgrep", "-g", str(node.process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        print(json.dumps({"pids": [int(pid) for pid in group], "dir": str(node.dir)}))
+        """
+    )
+    pids = [int(pid) for pid in left["pids"]]  # type: ignore[attr-defined]
+    assert len(pids) > 1  # the script and the VM, at least
+    assert wait_until(lambda: not any(_alive(pid) for pid in pids), 30), [
+        pid for pid in pids if _alive(pid)
+    ]
     assert wait_until(lambda: not Path(str(left["dir"])).exists(), 10)
 
 
