@@ -1,7 +1,8 @@
 """The corners of the supported range (scripts/corners.toml), run from the built wheel.
 
-    python scripts/corners.py run [--no-build] [--jobs N] [NAME ...]  # build once, run each
-                                               # (default: all, two side by side)
+    python scripts/corners.py run [--no-build] [--jobs N] [--together] [NAME ...]
+                                               # build once, run each (default: all, two
+                                               # side by side; --together: none alone)
     python scripts/corners.py build            # python -m build + twine check only
     python scripts/corners.py table            # the matrix table docs/development.md shows
     python scripts/corners.py tests NAME       # the tests a corner runs (scripts/test-valkey.sh)
