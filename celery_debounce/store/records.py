@@ -5,9 +5,11 @@ counters' names. How a store keeps a record is its own (the Redis store's fields
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ..stored_call import DEFAULT_CONTENT_TYPE, EMPTY_OPTIONS
+from .idents import matches
 from .states import WindowState
 
 #: Upper bounds (ms) of the dispatch lateness buckets counted by take.lua in
@@ -56,6 +58,22 @@ def with_hold(record: Record, held: dict[str, tuple[int, str | None]]) -> Record
     (ident -> (since ms, run id)) holds it."""
     hold = held.get(record.ident or "") if held else None
     return record if hold is None else record._replace(held_since_ms=hold[0], waits_for=hold[1])
+
+
+def open_by_id(
+    record: Record | None,
+    task_id: str,
+    task: str | None,
+    key_glob: str | None,
+    limit: int | None,
+    held: Callable[[], dict[str, tuple[int, str | None]]],
+) -> Iterator[Record]:
+    """``OperatorStore.open_windows(task_id=...)`` once a store read the open window its
+    id index or scan found (None: none): it, if it still has that id and passes the
+    filters, with its hold (``held`` read only then)."""
+    if record is not None and record.task_id == task_id and limit != 0:
+        if matches(record.ident or "", task, key_glob):
+            yield with_hold(record, held())
 
 
 class Record(NamedTuple):

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..idents import TakenGroup, ident_prefix, matches
-from ..records import Record, with_hold
+from ..records import Record, open_by_id, with_hold
 from ..results import OPEN_PAGE, TAKEN_PAGE, TakenEntry
 from ..states import as_state
 from .columns import record_fields, select_record
@@ -85,9 +85,7 @@ class PostgresInspect:
             self._check()
             row = self._read(one(_FIND, (task_id,)))
             record = None if row is None else self.pending(shard, str(row[0]))
-            if record is not None and record.task_id == task_id and limit != 0:
-                if matches(record.ident or "", task, key_glob):
-                    yield with_hold(record, self.held(shard))
+            yield from open_by_id(record, task_id, task, key_glob, limit, lambda: self.held(shard))
             return
         prefix = ident_prefix(task) if task is not None else ""
         deadline, after, found = _FIRST_DEADLINE, "", 0

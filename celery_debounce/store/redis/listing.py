@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..idents import TakenGroup, ident_prefix, matches
-from ..records import Record, as_text, with_hold
+from ..records import Record, as_text, open_by_id, with_hold
 from ..results import CENSUS_PAGE, OPEN_PAGE, TAKEN_PAGE, CensusRow, ListStep, Shard, TakenEntry
 from .fields import INSPECT_FIELDS, LIST_FIELDS, QUIET_END, QUIET_ID, decode_record
 from .keys import due_key, quiet_key, taken_set_key, win_key
@@ -54,9 +54,7 @@ class Listing:
         if task_id is not None:
             ident = self._find(shard, task_id)
             record = None if ident is None else self.pending(shard, ident)
-            if record is not None and record.task_id == task_id and limit != 0:
-                if matches(record.ident or "", task, key_glob):
-                    yield with_hold(record, self.held(shard))
+            yield from open_by_id(record, task_id, task, key_glob, limit, lambda: self.held(shard))
             return
         prefix = ident_prefix(task) if task is not None else ""
         pattern = glob_to_lua(key_glob) if key_glob is not None else b""
