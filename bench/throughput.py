@@ -85,7 +85,7 @@ def producer_rates(app: Celery, url: str, rounds: int, n: int) -> list[Row]:
             r["hot"],
             "bare EVALSHA 3 keys",
             r["evalsha"],
-            0.7,
+            0.9,
         ),
         compare(
             "2", "cold keys .delay() (opens a window)", r["cold"], "plain .delay()", r["plain"], 2
