@@ -3,6 +3,9 @@
     python scripts/corners.py run [--no-build] [--jobs N] [--together] [NAME ...]
                                                # build once, run each (default: all, two
                                                # side by side; --together: none alone)
+    python scripts/corners.py prepare [--no-build] [--jobs N] [NAME ...]
+                                               # set up the homes only (venvs, servers);
+                                               # run --prepared reuses them for that wheel
     python scripts/corners.py build            # python -m build + twine check only
     python scripts/corners.py table            # the matrix table docs/development.md shows
     python scripts/corners.py tests NAME       # the tests a corner runs (scripts/test-valkey.sh)
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -229,7 +234,14 @@ def server_binary(row: dict[str, Any], venv: Path, home: Path) -> str:
     return binary
 
 
-def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict[str, Any]:
+def _digest(wheel: Path) -> str:
+    return hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def prepare_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict[str, Any]:
+    """Set up a corner's home anew: its venv (the wheel, the pins, the test tools) and its
+    server. ``prepared.json`` records which wheel, so that ``run --prepared`` reuses it
+    for that wheel only."""
     name = row["name"]
     home = WORK / name
     shutil.rmtree(home, ignore_errors=True)
@@ -253,9 +265,37 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         ]
     )
     run([vpython, "-m", "pip", "check"])
-    binary = server_binary(row, venv, home)
+    ready = {
+        "wheel": _digest(wheel),
+        "binary": server_binary(row, venv, home),
+        "set_up": time.monotonic() - started,
+    }
+    (home / "prepared.json").write_text(json.dumps(ready))
+    return ready
+
+
+def _prepared(row: dict[str, Any], wheel: Path) -> dict[str, Any] | None:
+    """The home ``prepare`` set up for this very wheel, if there is one."""
+    try:
+        ready: dict[str, Any] = json.loads((WORK / row["name"] / "prepared.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return ready if ready.get("wheel") == _digest(wheel) else None
+
+
+def run_corner(
+    row: dict[str, Any], wheel: Path, matrix: dict[str, Any], reuse: bool = False
+) -> dict[str, Any]:
+    name = row["name"]
+    home = WORK / name
+    ready = _prepared(row, wheel) if reuse else None
+    before = ready is not None  # set up earlier (``prepare``), not in this run's time
+    if ready is None:
+        ready = prepare_corner(row, wheel, matrix)
+    venv, binary, set_up = home / "venv", ready["binary"], ready["set_up"]
     (home / "constraints.txt").write_text("\n".join(constraints(row)) + "\n")
     work = home / "work"
+    shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(
         ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
@@ -263,7 +303,6 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
     shutil.copytree(ROOT / "docs", work / "docs")  # tests that check a documented ACL line
     (work / "scripts").mkdir()
     shutil.copy(CORNERS_TOML, work / "scripts" / "corners.toml")
-    set_up = time.monotonic() - started
 
     env = {
         key: value
@@ -294,6 +333,7 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     with output.open("wb") as out:
         for junit, args in passes:
+            junit.unlink(missing_ok=True)  # a report of an earlier run is not this one's
             cmd = [
                 str(venv / "bin" / "pytest"),
                 "-q",
@@ -326,9 +366,26 @@ def run_corner(row: dict[str, Any], wheel: Path, matrix: dict[str, Any]) -> dict
         "ok": code == 0,
         "code": code,
         "set_up": set_up,
+        "before": before,
         "tests_time": time.monotonic() - tested,
         **counts,
     }
+
+
+def prepare_all(names: list[str], wheel: Path, matrix: dict[str, Any], jobs: int) -> int:
+    """``prepare``: each corner's home set up, ``jobs`` at a time; 1 if any failed."""
+
+    def one(name: str) -> bool:
+        try:
+            ready = prepare_corner(corner(name, matrix), wheel, matrix)
+        except (CornerError, subprocess.CalledProcessError) as exc:
+            print(f"corner {name}: not prepared: {exc}", file=sys.stderr, flush=True)
+            return False
+        print(f"corner {name}: prepared in {ready['set_up']:.0f} s", file=sys.stderr, flush=True)
+        return True
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return 0 if all(list(pool.map(one, names))) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,10 +403,19 @@ def main(argv: list[str] | None = None) -> int:
         "check runs beside the corners anyway)",
     )
     run_parser.add_argument(
-        "--no-build",
+        "--prepared",
         action="store_true",
-        help="reuse the wheel in .corners/dist (scripts/test.sh built it)",
+        help="reuse each corner's home that `prepare` set up for this wheel",
     )
+    prepare_parser = sub.add_parser("prepare", help="set up the corners' homes only")
+    prepare_parser.add_argument("names", nargs="*")
+    prepare_parser.add_argument("--jobs", type=int, default=1)
+    for each in (run_parser, prepare_parser):
+        each.add_argument(
+            "--no-build",
+            action="store_true",
+            help="reuse the wheel in .corners/dist (scripts/test.sh built it)",
+        )
     sub.add_parser("build")
     sub.add_parser("table")
     tests_parser = sub.add_parser("tests", help="the pytest arguments of a corner, one a line")
@@ -367,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         corner(args.name, matrix)
         print("\n".join(pytest_args(args.name, matrix)))
         return 0
-    if args.command == "run" and args.no_build:
+    if args.command in ("run", "prepare") and args.no_build:
         wheels = list(DIST.glob("*.whl"))
         if len(wheels) != 1:
             raise CornerError(f"--no-build: expected one wheel in {DIST}, found {wheels}")
@@ -378,11 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         print(wheel)
         return 0
     names = args.names or [row["name"] for row in matrix["corner"]]
+    if args.command == "prepare":
+        return prepare_all(names, wheel, matrix, args.jobs)
 
     def one(name: str) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            result = run_corner(corner(name, matrix), wheel, matrix)
+            result = run_corner(corner(name, matrix), wheel, matrix, reuse=args.prepared)
         except (CornerError, subprocess.CalledProcessError) as exc:
             print(f"corner {name}: {exc}", file=sys.stderr)
             result = {"name": name, "ok": False, "error": str(exc)}
@@ -407,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
             line = (
                 f"{'ok' if result['ok'] else 'FAILED'}: {passed} passed, "
                 f"{result['failures']} failed, {result['errors']} errors, "
-                f"{result['skipped']} skipped; set-up {result['set_up']:.0f} s, "
+                f"{result['skipped']} skipped; set-up {result['set_up']:.0f} s"
+                f"{' (prepared before)' if result.get('before') else ''}, "
                 f"tests {result['tests_time']:.0f} s"
             )
         print(f"  {result['name']}: {line} ({result['time']:.0f} s in all)", file=sys.stderr)

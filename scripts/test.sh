@@ -7,11 +7,13 @@
 # by side, each line prefixed with its lane's name: the versions (PostgreSQL 18 on the
 # PostgreSQL selection, then the corners, scripts/test-corners.sh: the contract subset
 # from the built wheel on the lowest, a middle and the newest supported versions; the
-# newest is also the Valkey run) and the mutations (scripts/mutation_check.py: every
-# listed bug must be caught by the tests that guard its guarantee; then the Node
-# producer's tests). The wheel and sdist are built once first (python -m build, twine
-# check). Each part's time is printed at the end. Extra arguments go to pytest (and skip
-# the checks and the lanes).
+# newest is also the Valkey run; then the Node producer's tests) and the mutations
+# (scripts/mutation_check.py: every listed bug must be caught by the tests that guard its
+# guarantee). The wheel and sdist are built once first (python -m build, twine check);
+# the corners' venvs and servers are set up during the main run (one at a time, in the
+# background: the main run leaves a quarter of the cores idle), their log printed by the
+# versions lane. Each part's time is printed at the end. Extra arguments go to pytest
+# (and skip the checks and the lanes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -33,7 +35,13 @@ parallel=()
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest "${parallel[@]}" "$@"
 fi
+.venv/bin/python scripts/corners.py prepare --no-build >.corners/prepare.log 2>&1 &
+prepare_pid=$!
+trap 'kill "$prepare_pid" 2>/dev/null || true' EXIT  # a failed main run ends it too
 timed main .venv/bin/python -m pytest "${parallel[@]}"
+prepared=0
+wait "$prepare_pid" || prepared=$?
+trap - EXIT
 
 # shellcheck disable=SC2329  # run by lane
 versions() {  # each part runs whatever the one before did; the lane fails if any failed
@@ -53,17 +61,19 @@ print(embedded_bindir() or "")')"
       tests/store/postgres/test_postgres_pgbouncer.py || status=1
   fi
   echo "postgresql 18: $((SECONDS - start)) s"
-  scripts/test-corners.sh --no-build --together || status=1
-  return "$status"
-}
-# shellcheck disable=SC2329  # run by lane
-mutations() {  # then the Node producer's tests: the two lanes take about as long
-  local start=$SECONDS status=0
-  # four at a time, beside the corners: together they keep both cores 90-99% busy
-  .venv/bin/python scripts/mutation_check.py --jobs 4 || status=1
+  # set up during the main run; a corner prepare could not set up is set up again here
+  echo "the corners' set-up (exit $prepared):" && cat .corners/prepare.log
+  scripts/test-corners.sh --no-build --together --prepared || status=1
   start=$SECONDS
   (cd clients/node && npm test) || status=1  # the Node producer: a real redis-server
   echo "node: $((SECONDS - start)) s"
+  return "$status"
+}
+# shellcheck disable=SC2329  # run by lane
+mutations() {  # about as long as the versions lane
+  local status=0
+  # four at a time, beside the corners: together they keep both cores 90-99% busy
+  .venv/bin/python scripts/mutation_check.py --jobs 4 || status=1
   return "$status"
 }
 lane() {  # lane NAME: run the function NAME, each line of its output prefixed
