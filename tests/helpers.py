@@ -20,9 +20,20 @@ from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner, Result
 from kombu.asynchronous import set_event_loop
 
+from celery_debounce import DebouncedTask
+
 _counter = itertools.count()
 #: tests/, where the test apps (fault_app, pg_app, ...) are imported from
 TESTS = Path(__file__).resolve().parent
+
+
+def debounced(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """The one factory of a debounced test task: ``app.task(base=DebouncedTask,
+    shared=False, **options)`` (``shared=False``: the task is the test app's alone).
+    The task modules a test worker imports by name (``-A``) declare theirs as users do."""
+    options.setdefault("shared", False)
+    decorate: Callable[[Callable[..., Any]], Any] = app.task(base=DebouncedTask, **options)
+    return decorate
 
 
 def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:

@@ -8,18 +8,17 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import package_keys
+from helpers import debounced, package_keys
 from kombu.exceptions import EncodeError
 
-from celery_debounce import DebouncedTask, enqueue_many
+from celery_debounce import enqueue_many
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.settings import settings_for, spell_settings
 
 
-def debounced(app: Celery, **options: Any) -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+def sync_task(app: Celery, **options: Any) -> Any:
+    @debounced(
+        app,
         name="proj.sync",
         debounce="1s",
         debounce_max_wait="1m",
@@ -35,7 +34,7 @@ def debounced(app: Celery, **options: Any) -> Any:
 def test_an_unserializable_argument_names_the_task_and_the_argument(
     app: Celery, redis_client: redis.Redis, collect: bool
 ) -> None:
-    task = debounced(app, debounce_key="k", debounce_collect=collect)
+    task = sync_task(app, debounce_key="k", debounce_collect=collect)
     with pytest.raises(EncodeError) as keyword:
         task.delay("u1", opts=object())
     assert str(keyword.value).startswith(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from helpers import make_app
+from helpers import debounced, make_app
 
 from celery_debounce import DebounceConfigError
 from celery_debounce.dispatch.bootstep import DispatcherStep
@@ -177,11 +177,9 @@ def test_a_real_worker_honours_string_switches(app_factory: Any, value: str, run
 
     from helpers import running_worker
 
-    from celery_debounce import DebouncedTask
-
     app = app_factory(debounce_dispatcher=value)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+    @debounced(app, debounce="1s", debounce_max_wait="2s")
     def noop() -> None:
         pass
 

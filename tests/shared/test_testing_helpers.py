@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from helpers import debounced
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.testing import (
     PLACEHOLDER_URL,
@@ -24,18 +24,14 @@ from celery_debounce.testing import (
 
 
 def _tasks(app: Celery, ran: list[str]) -> tuple[Any, Any]:
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
-    )
+    @debounced(app, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
     def sync(key: str) -> str:
         ran.append(f"sync:{key}")
         if key == "boom":
             raise RuntimeError("boom")
         return key
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
-    )
+    @debounced(app, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
     def other(key: str) -> str:
         ran.append(f"other:{key}")
         return key
@@ -202,9 +198,8 @@ def test_helpers_find_windows_of_a_non_ascii_task_name(app_factory: Any) -> None
     app = app_factory()
     ran: list[str] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="tâches.résumé",
         debounce="1h",
         debounce_max_wait="2h",
@@ -225,13 +220,12 @@ def test_use_fakeredis_takes_an_app_whose_windows_are_in_postgresql() -> None:
     """Finding 10: nothing connects to the configured PostgreSQL server."""
     from celery import Celery
 
-    from celery_debounce import DebouncedTask
     from celery_debounce.testing import debounce_windows, use_fakeredis
 
     app = Celery("pg_fake", broker="memory://", set_as_current=False)
     app.conf.debounce_store_url = "postgresql://u@127.0.0.1:1/db"
 
-    @app.task(base=DebouncedTask, debounce=1, debounce_max_wait=5, shared=False, name="pg.t")
+    @debounced(app, debounce=1, debounce_max_wait=5, shared=False, name="pg.t")
     def t(a: int) -> None: ...
 
     use_fakeredis(app)

@@ -19,9 +19,8 @@ from urllib.parse import quote
 
 import pytest
 from celery import Celery
-from helpers import make_app
+from helpers import debounced, make_app
 
-from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.redact import redact
 from celery_debounce.settings import settings_for
@@ -72,9 +71,7 @@ SECRETS_CONF = {
 def _with_task(app: Celery) -> Celery:
     """``app`` with the task the steps call, ``secrets.t``."""
 
-    @app.task(
-        base=DebouncedTask, shared=False, name="secrets.t", debounce="1s", debounce_max_wait="2s"
-    )
+    @debounced(app, name="secrets.t", debounce="1s", debounce_max_wait="2s")
     def t(x: int) -> int:
         return x
 

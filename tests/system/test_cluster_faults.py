@@ -25,10 +25,10 @@ import pytest
 import redis
 from celery import Celery
 from cluster_app import build
-from helpers import running_worker, stop_process, wait_until
+from helpers import debounced, running_worker, stop_process, wait_until
 from redis.crc import key_slot
 
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import store_for
 from celery_debounce.store.idents import shard_of, split_ident, window_ident
@@ -111,8 +111,8 @@ def cluster_env(
 def _long_task(app: Celery) -> Any:
     """Windows that stay open for the whole test: what was accepted can be counted."""
 
-    @app.task(
-        base=DebouncedTask,
+    @debounced(
+        app,
         name="cluster.hold",
         shared=False,
         debounce="120s",

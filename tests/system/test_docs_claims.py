@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery, chain
-from helpers import running_worker
+from helpers import debounced, running_worker
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.testing import debounce_windows
 
@@ -15,9 +14,8 @@ from celery_debounce.testing import debounce_windows
 def test_signatures_go_through_the_gate(app: Celery) -> None:
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="300ms",
         debounce_key="k:{0}",
         debounce_max_wait="5s",
@@ -39,9 +37,7 @@ def test_signatures_go_through_the_gate(app: Celery) -> None:
 def test_chain_with_a_debounced_head_runs_its_tail_once(app: Celery) -> None:
     tails: list[Any] = []
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="300ms", debounce_key="k", debounce_max_wait="5s"
-    )
+    @debounced(app, debounce="300ms", debounce_key="k", debounce_max_wait="5s")
     def head(n: int) -> int:
         return n * 10
 
@@ -68,9 +64,7 @@ def test_chain_with_a_debounced_head_runs_its_tail_once(app: Celery) -> None:
 def test_later_calls_move_the_deadline_with_their_own_window_under_the_openers_ceiling(
     app: Celery,
 ) -> None:
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="10s", debounce_key="k", debounce_max_wait="20s"
-    )
+    @debounced(app, debounce="10s", debounce_key="k", debounce_max_wait="20s")
     def work() -> None:
         pass
 

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import Broker, make_app, package_keys, running_worker, wait_until
+from helpers import Broker, debounced, make_app, package_keys, running_worker, wait_until
 from kombu.exceptions import EncodeError
 
 from celery_debounce import (
     DebounceBackendError,
     DebounceConfigError,
-    DebouncedTask,
     DebounceKeyError,
     install,
     send_task,
@@ -40,9 +39,8 @@ def test_burst_coalesces_into_one_run_with_the_openers_arguments(
     app = app_factory(**broker.conf)
     runs: list[tuple[str, int]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="300ms",
         debounce_key="report:{user_id}",
         debounce_max_wait="10s",
@@ -69,9 +67,7 @@ def test_burst_coalesces_into_one_run_with_the_openers_arguments(
 
 
 def test_every_coalesced_result_gets_the_one_runs_value(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
-    )
+    @debounced(app, debounce="200ms", debounce_key="k", debounce_max_wait="5s")
     def add(a: int, b: int) -> int:
         return a + b
 
@@ -85,9 +81,7 @@ def test_calls_slide_the_deadline(app: Celery) -> None:
 
     # a 1 s window and calls 200 ms apart: 800 ms of slack before a late call would
     # let the window close while calls still arrive
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="20s"
-    )
+    @debounced(app, debounce="1s", debounce_key="k", debounce_max_wait="20s")
     def work() -> None:
         started.append(time.time())
 
@@ -112,9 +106,8 @@ def test_max_wait_forces_a_run_under_a_never_ending_stream(
 
     # calls every 100 ms against a 1 s window: 900 ms of slack before a late call lets
     # the window close on its own; the 2.5 s ceiling forces the runs instead
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1s",
         debounce_key="k",
         debounce_max_wait="2500ms",
@@ -140,9 +133,8 @@ def test_max_wait_forces_a_run_under_a_never_ending_stream(
 
 
 def test_replace_payload_runs_with_the_newest_arguments(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="300ms",
         debounce_key="doc:{0}",
         debounce_max_wait="10s",
@@ -157,9 +149,8 @@ def test_replace_payload_runs_with_the_newest_arguments(app: Celery) -> None:
 
 
 def test_per_call_options_override_the_task_defaults(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_key="slow:{0}",
         debounce_max_wait="2h",
@@ -186,7 +177,7 @@ def test_per_call_options_override_the_task_defaults(app: Celery) -> None:
 
 
 def test_task_without_debounce_behaves_like_a_plain_task(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False)
+    @debounced(app)
     def plain(x: int) -> int:
         return x * 2
 
@@ -200,7 +191,7 @@ def test_task_without_debounce_behaves_like_a_plain_task(app: Celery) -> None:
 
 
 def test_debounce_false_on_a_call_publishes_plainly(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    @debounced(app, debounce="1h", debounce_max_wait="2h")
     def work(x: int) -> int:
         return x
 
@@ -278,7 +269,7 @@ def test_registration_refuses_bad_options(
 ) -> None:
     with pytest.raises(DebounceConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
 
-        @app.task(base=DebouncedTask, shared=False, lazy=False, **options)
+        @debounced(app, lazy=False, **options)
         def task(a: Any = None) -> None:
             pass
 
@@ -286,7 +277,7 @@ def test_registration_refuses_bad_options(
     # raise it, check and the worker name it), before any producer can enqueue
     lazy_app = make_app("redis://unused")
 
-    @lazy_app.task(base=DebouncedTask, shared=False, **options)
+    @debounced(lazy_app, **options)
     def lazy(a: Any = None) -> None:
         pass
 
@@ -299,9 +290,8 @@ def test_registration_refuses_bad_options(
 def test_fixed_window_when_max_wait_equals_window(app: Celery) -> None:
     started: list[float] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="800ms",
         debounce_key="k",
         debounce_max_wait="800ms",
@@ -340,9 +330,8 @@ def test_unresolvable_keys_raise_and_write_nothing(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1s",
         debounce_key=template,
         debounce_max_wait="1m",
@@ -364,9 +353,8 @@ def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_
     per-call ``debounce_key=`` it is refused when the call resolves it, writing nothing."""
     with pytest.raises(DebounceConfigError, match="debounce_key"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             debounce="1s",
             debounce_key=template,
             debounce_max_wait="1m",
@@ -376,9 +364,8 @@ def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_
 
         assert bad.name  # builds the task class
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1s",
         debounce_key="{user}",
         debounce_max_wait="1m",
@@ -393,9 +380,8 @@ def test_a_placeholder_the_signature_cannot_fill_is_refused_at_registration_and_
 
 
 def test_key_placeholders_bind_to_the_signature(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1m",
         debounce_key="{0}/{kind}/{meta.org}",
         debounce_max_wait="1m",
@@ -410,14 +396,14 @@ def test_key_placeholders_bind_to_the_signature(app: Celery) -> None:
 
 
 def test_no_key_means_a_digest_of_the_arguments(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1m", debounce_max_wait="1m")
+    @debounced(app, debounce="1m", debounce_max_wait="1m")
     def task(a: int, b: int = 2) -> None:
         pass
 
     assert task.delay(1).id == task.delay(1, 2).id == task.delay(a=1, b=2).id
     assert task.delay(1, 3).id != task.delay(1).id
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1m", debounce_max_wait="1m")
+    @debounced(app, debounce="1m", debounce_max_wait="1m")
     def keyword_only(a: int, *, mode: str = "x", **extra: Any) -> None:
         pass
 
@@ -437,9 +423,8 @@ def test_no_key_means_a_digest_of_the_arguments(app: Celery) -> None:
 
 
 def test_same_key_under_two_tasks_is_two_windows(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="a",
         debounce="1m",
         debounce_key="k:{0}",
@@ -448,9 +433,8 @@ def test_same_key_under_two_tasks_is_two_windows(app: Celery) -> None:
     def a(x: str) -> None:
         pass
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="a:k",
         debounce="1m",
         debounce_key="{0}",
@@ -473,9 +457,8 @@ def test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one(
     running, release = threading.Event(), threading.Event()
     seen: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="200ms",
         debounce_key="k",
         debounce_max_wait="5s",
@@ -505,9 +488,8 @@ def test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one(
 def test_openers_routing_priority_headers_and_expires_win(app: Celery) -> None:
     seen: dict[str, Any] = {}
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="300ms",
         debounce_key="k",
@@ -566,9 +548,8 @@ def test_no_keys_left_behind_after_the_history_ttl(
 ) -> None:
     app = app_factory(debounce_history_ttl="2s")
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1s",  # the 50 calls fit in it on a loaded machine: five windows
         debounce_key="k:{0}",
         debounce_max_wait="2s",
@@ -588,9 +569,8 @@ def test_no_keys_left_behind_after_the_history_ttl(
 def test_retries_never_pass_through_the_gate_again(app: Celery) -> None:
     attempts: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="200ms",
         debounce_key="k",
@@ -612,7 +592,7 @@ def test_retries_never_pass_through_the_gate_again(app: Celery) -> None:
 
 
 def test_countdown_or_eta_with_debounce_is_refused(app: Celery, redis_client: redis.Redis) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def task() -> None:
         pass
 
@@ -626,7 +606,7 @@ def test_countdown_or_eta_with_debounce_is_refused(app: Celery, redis_client: re
 def test_bad_call_signature_raises_celerys_type_error(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def task(a: int) -> None:
         pass
 
@@ -640,9 +620,7 @@ def test_bad_call_signature_raises_celerys_type_error(
 def test_unserializable_argument_raises_and_writes_nothing(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="1m"
-    )
+    @debounced(app, debounce="1s", debounce_key="k", debounce_max_wait="1m")
     def task(a: Any) -> None:
         pass
 
@@ -662,9 +640,8 @@ def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dis
     consumer = app_factory(accept_content=["json"])
     for app in (producer, consumer):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="pickled",
             debounce="100ms",
             debounce_key="k",
@@ -673,9 +650,8 @@ def test_payload_the_worker_does_not_accept_is_refused_by_the_worker_not_the_dis
         def pickled(x: Any) -> None:
             raise AssertionError("must never run")
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="fine",
             debounce="100ms",
             debounce_key="k",
@@ -699,7 +675,7 @@ def test_redis_outage_is_an_error_within_seconds(app_factory: Any) -> None:
         debounce_redis_url=f"redis://127.0.0.1:{free_port()}/0", debounce_redis_timeout=1
     )
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def task() -> None:
         pass
 
@@ -712,7 +688,7 @@ def test_redis_outage_is_an_error_within_seconds(app_factory: Any) -> None:
 def test_non_redis_broker_without_debounce_redis_url_is_a_clear_error() -> None:
     app = Celery("memory", broker="memory://", set_as_current=False)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def task() -> None:
         pass
 
@@ -724,7 +700,7 @@ def test_eager_mode_runs_inline_without_redis() -> None:
     app = Celery("eager", broker="memory://", set_as_current=False)
     app.conf.task_always_eager = True
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    @debounced(app, debounce="1h", debounce_max_wait="2h")
     def double(x: int) -> int:
         return x * 2
 
@@ -738,9 +714,7 @@ def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> N
 
     app = app_factory(debounce_dispatcher=False)
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
-    )
+    @debounced(app, debounce="100ms", debounce_key="k", debounce_max_wait="1s")
     def work() -> str:
         return "ran"
 
@@ -760,9 +734,8 @@ def test_dispatcher_can_be_switched_off_and_run_elsewhere(app_factory: Any) -> N
 def test_task_level_queue_is_stored_with_the_window(app: Celery) -> None:
     seen: dict[str, Any] = {}
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         queue="reports",
         priority=3,

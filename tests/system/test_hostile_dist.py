@@ -11,21 +11,20 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from redis.crc import key_slot
 from test_cluster_faults import _key_on, _serves, cluster_env  # noqa: F401 (a fixture)
 from test_tls_acl import ACL_RULES
 
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import store_for
 from celery_debounce.testing.redis_cluster import LocalCluster
 
 
 def _task(app: Celery) -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="300ms",
         debounce_key="k{x}",
         debounce_max_wait="5s",

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from node_producer import NODE, node_calls
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.store.redis.scripts import script_source
 from celery_debounce.testing.redis_cluster import LocalCluster
@@ -46,9 +45,9 @@ OPTIONS = {"debounce": "400ms", "maxWait": "10s", "key": "report:{0}"}
 
 
 def report_task(app: Celery, runs: list[Any]) -> Any:
-    @app.task(
+    @debounced(
+        app,
         name="proj.build_report",
-        base=DebouncedTask,
         shared=False,
         debounce="400ms",
         debounce_key="report:{0}",

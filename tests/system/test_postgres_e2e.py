@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import celery_worker, debounce_command, wait_until
+from helpers import celery_worker, debounce_command, debounced, wait_until
 from pg_app import MAX_WAIT_S, WINDOW_S, build
 from prometheus_client.parser import text_string_to_metric_families
 from rabbitmq_node import RabbitNode, own_queue
@@ -721,13 +721,13 @@ def test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres(
     refuses (with DebounceKeyError), the other refuses, nothing written."""
     from helpers import make_app
 
-    from celery_debounce import DebouncedTask, DebounceKeyError
+    from celery_debounce import DebounceKeyError
 
     answers = []
     for app in (build(migrated, "memory://", str(runs_dir)), make_app(redis_server)):
 
-        @app.task(
-            base=DebouncedTask,
+        @debounced(
+            app,
             name="odd.t",
             shared=False,
             debounce=60,

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, package_keys, running_worker, wait_until
+from helpers import debounced, make_app, package_keys, running_worker, wait_until
 from redis.crc import key_slot
 from redis.exceptions import MovedError
 
-from celery_debounce import DebounceAdmin, DebounceBackendError, DebouncedTask, enqueue_many
+from celery_debounce import DebounceAdmin, DebounceBackendError, enqueue_many
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.ops.admin import read_snapshot
@@ -125,9 +125,8 @@ def cluster_app(redis_cluster: LocalCluster, redis_server: str) -> Iterator[Call
 
 
 def _task(app: Celery, window: str = "30s") -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce=window,
         debounce_key="k{x}",
         debounce_max_wait="60s",
@@ -289,9 +288,8 @@ def test_exclusive_holds_and_claim_renewals_work_on_the_cluster(
     claims of every shard (a pipeline per node); each key's follow-up waits for its run."""
     app = cluster_app(debounce_claim_lease=1.0, debounce_poll_interval=0.1)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="100ms",
         debounce_key="k{x}",
         debounce_max_wait="1s",
@@ -482,9 +480,7 @@ def test_use_fakeredis_works_for_an_app_configured_for_a_cluster() -> None:
     use_fakeredis(app)
     ran: list[int] = []
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1s", debounce_key="k", debounce_max_wait="5s"
-    )
+    @debounced(app, debounce="1s", debounce_key="k", debounce_max_wait="5s")
     def work(x: int) -> None:
         ran.append(x)
 

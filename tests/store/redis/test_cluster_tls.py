@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from test_tls_acl import make_certs
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.testing.redis_cluster import _free_cluster_port, redis_cli
 from celery_debounce.testing.servers import LocalRedis, server_supports_tls
@@ -116,8 +115,8 @@ def test_a_worker_runs_debounced_windows_over_tls_to_a_cluster(
         debounce_shards=3,
     )
 
-    @app.task(
-        base=DebouncedTask,
+    @debounced(
+        app,
         debounce="200ms",
         debounce_key="{0}",
         debounce_max_wait="5s",
@@ -157,9 +156,7 @@ def test_plain_tcp_to_a_tls_port_is_a_backend_error_not_a_hang(
         debounce_redis_timeout=1,
     )
 
-    @app.task(
-        base=DebouncedTask, debounce="1s", debounce_key="{0}", debounce_max_wait="2s", shared=False
-    )
+    @debounced(app, debounce="1s", debounce_key="{0}", debounce_max_wait="2s", shared=False)
     def work(key: str) -> None: ...
 
     began = time.monotonic()

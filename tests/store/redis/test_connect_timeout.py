@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import make_app, silent_listener
+from helpers import debounced, make_app, silent_listener
 
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 
 TIMEOUT = 1.0
 
@@ -34,7 +34,7 @@ def test_a_silent_redis_costs_the_first_call_one_timeout_not_two(
         debounce_redis_timeout=TIMEOUT,
     )
 
-    @app.task(base=DebouncedTask, debounce="5s", debounce_max_wait="1m", shared=False)
+    @debounced(app, debounce="5s", debounce_max_wait="1m", shared=False)
     def silent_call(x: int) -> None: ...
 
     started = time.monotonic()

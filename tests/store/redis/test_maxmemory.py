@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.admin import DebounceAdmin
 from celery_debounce.store import store_for
@@ -34,9 +34,8 @@ TAG = "debounce:{0}"
 
 
 def _tasks(app: Celery) -> tuple[Any, Any, Any]:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="mm.due",
         debounce="1ms",
         debounce_max_wait="1ms",
@@ -45,9 +44,8 @@ def _tasks(app: Celery) -> tuple[Any, Any, Any]:
     def due(k: str) -> str:
         return k
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="mm.slow",
         debounce="1h",
         debounce_max_wait="2h",
@@ -56,9 +54,8 @@ def _tasks(app: Celery) -> tuple[Any, Any, Any]:
     def slow(k: str) -> str:
         return k
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="mm.lead",
         debounce="1h",
         debounce_max_wait="2h",
@@ -207,9 +204,8 @@ def test_a_broker_refusing_every_message_for_several_leases_quarantines_nothing(
         broker = redis.Redis.from_url(f"{server.url}/0")
         runs = redis.Redis.from_url(f"{redis_server}/3")
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="mm.run",
             debounce="1ms",
             debounce_max_wait="1ms",

@@ -17,9 +17,9 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.store import store_for
@@ -132,9 +132,8 @@ def test_an_expired_message_finishes_its_window_as_revoked(
 
 
 def _expiring_task(app: Celery, seconds: float = 0.0) -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="rob.expiring",
         debounce="100ms",
         debounce_key="{0}",
@@ -240,9 +239,8 @@ def test_a_dispatcher_without_the_task_publishes_with_the_payloads_serializer(
     runs: list[Any] = []
 
     def register(app: Celery) -> Any:
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="rob.pickled",
             debounce="100ms",
             debounce_key="k",

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebounceBackendError, DebounceConfigError, DebouncedTask
+from celery_debounce import DebounceBackendError, DebounceConfigError
 from celery_debounce.sentinel_settings import SentinelConfig, parse_sentinel_url
 from celery_debounce.settings import Settings
 from celery_debounce.store import store_for
@@ -211,9 +211,7 @@ def test_a_burst_through_sentinel_runs_once(
     app = _sentinel_app(redis_server, sentinels)
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
-    )
+    @debounced(app, debounce="200ms", debounce_key="k", debounce_max_wait="5s")
     def work(n: int) -> int:
         runs.append(n)
         return n
@@ -266,9 +264,8 @@ def _failover_run(
     runs_key = f"sentinel-runs-{how}"
     redis_client.delete(runs_key)  # a second run in the same test starts again at n=1
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="record",
         debounce="200ms",
         debounce_key="call:{n}",
@@ -281,9 +278,8 @@ def _failover_run(
     # has (in one pool shared with the worker, the worker's new connections would find
     # the new master for it)
     producer_app = _sentinel_app(redis_server, group, **conf)
-    produce = producer_app.task(
-        base=DebouncedTask,
-        shared=False,
+    produce = debounced(
+        producer_app,
         name="record",
         debounce="200ms",
         debounce_key="call:{n}",
@@ -462,9 +458,7 @@ def test_the_dispatchers_wake_subscription_follows_the_new_master(
     app = _sentinel_app(redis_server, sentinels, debounce_poll_interval=30)
     ran = threading.Event()
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
-    )
+    @debounced(app, debounce="100ms", debounce_key="k", debounce_max_wait="1s")
     def work() -> None:
         ran.set()
 
@@ -612,7 +606,7 @@ def test_no_reachable_sentinel_is_a_backend_error_within_seconds(
         debounce_redis_timeout=1.0,
     )
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def work() -> None:
         pass
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import package_keys
+from helpers import debounced, package_keys
 
 import celery_debounce.store.redis.server as server_module
-from celery_debounce import DebounceBackendError, DebouncedTask
+from celery_debounce import DebounceBackendError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store import (
     MIN_REDIS,
@@ -149,7 +149,7 @@ def test_an_old_server_refuses_the_first_call_and_nothing_is_written(
     redis_client: redis.Redis,
     old_server: list[Any],
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="5s")
+    @debounced(app, debounce="1s", debounce_max_wait="5s")
     def work(x: int) -> None: ...
 
     with pytest.raises(DebounceBackendError) as first:
@@ -264,7 +264,7 @@ def test_the_refusal_never_shows_the_password(
     port = redis_server.rsplit(":", 1)[1]
     app = app_factory(debounce_redis_url=f"redis://debouncer:s3cr%3Bet@127.0.0.1:{port}/0")
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="5s")
+    @debounced(app, debounce="1s", debounce_max_wait="5s")
     def work() -> None: ...
 
     with pytest.raises(DebounceBackendError) as info:

@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
-from helpers import make_app, package_keys, running_worker, wait_until
+from helpers import debounced, make_app, package_keys, running_worker, wait_until
 
 from celery_debounce import DebounceBackendError, DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -159,9 +159,8 @@ def test_debounced_tasks_work_over_tls_with_the_minimal_acl_user(
     app = make_app(server.url, debounce_redis_url=tls_url(tls_server), debounce_history_ttl="500ms")
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="200ms",
         debounce_key="k:{0}",
         debounce_max_wait="2s",
@@ -195,9 +194,8 @@ def test_every_operation_runs_as_the_acl_user(tls_server: dict[str, Any]) -> Non
     tls_server["admin"].flushall()
     app = make_app(tls_server["server"].url, debounce_redis_url=tls_url(tls_server))
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="acl.work",
         debounce="1h",
         debounce_max_wait="2h",
@@ -279,9 +277,8 @@ def test_exclusive_holds_and_claim_renewals_run_as_the_acl_user(tls_server: dict
         debounce_poll_interval=0.1,
     )
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="acl.exclusive",
         debounce="100ms",
         debounce_max_wait="1s",
@@ -332,7 +329,7 @@ def test_wrong_password_or_plain_tcp_on_the_tls_port_is_a_backend_error(
     ):
         app = make_app(tls_server["server"].url, debounce_redis_url=url, debounce_redis_timeout=1)
 
-        @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+        @debounced(app, debounce="1s", debounce_max_wait="1m")
         def task() -> None:
             pass
 
@@ -353,9 +350,8 @@ def test_edge_and_collect_calls_run_as_the_acl_user(tls_server: dict[str, Any]) 
     led: list[int] = []
     collected: list[list[int]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="acl.edge",
         debounce="1s",
         debounce_max_wait="5s",
@@ -367,9 +363,8 @@ def test_edge_and_collect_calls_run_as_the_acl_user(tls_server: dict[str, Any]) 
         led.append(x)
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="acl.collect",
         debounce="300ms",
         debounce_max_wait="5s",

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.testing.servers import LocalRedis
 
@@ -26,8 +25,8 @@ def socket_server() -> Iterator[Path]:
 def test_windows_over_a_unix_socket(redis_server: str, socket_server: Path) -> None:
     app = make_app(redis_server, debounce_redis_url=f"unix://{socket_server}?db=0")
 
-    @app.task(
-        base=DebouncedTask,
+    @debounced(
+        app,
         debounce="200ms",
         debounce_key="{0}",
         debounce_max_wait="5s",
