@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -19,19 +18,9 @@ from .sentinel_settings import (
     refuse_without_sentinel,
     sentinel_config,
 )
-from .tags import (
-    CLUSTER_SLOTS,
-    cluster_shard_tag,
-    cluster_shard_tags,
-    layout_name,
-    shard_tag,
-    shard_tags,
-    shard_wake_channel,
-    wake_channel,
-)
 from .unknown_names import refuse_unknown_settings
 
-__all__ = ["CLUSTER_SLOTS", "DEFAULTS", "Settings", "cluster_shard_tag", "settings_for"]
+__all__ = ["DEFAULTS", "Settings", "settings_for"]
 
 #: Every setting with its default. The configuration reference is checked against this.
 DEFAULTS: dict[str, Any] = {
@@ -286,56 +275,6 @@ class Settings:
                 f"expiries), so set debounce_record_ttl to at least {floor / 1000:g}s or "
                 "shorten the lease"
             )
-
-    def tag(self, shard: int) -> str:
-        """The hash-tagged prefix every key of ``shard`` starts with.
-
-        ``{<shard>}`` on a single node; on a cluster the tag of
-        :func:`~celery_debounce.tags.cluster_shard_tag`, so shard ``i`` of ``N``
-        lands in the ``i``-th ``N``-th of the slot range (and so on its own master
-        when ``N`` is a multiple of the masters). On a cluster, ``shards + i`` is the
-        single-node tag of shard ``i`` (see :attr:`legacy_shards`).
-        """
-        if self.redis_cluster:
-            if shard >= self.shards:
-                return shard_tag(self.key_prefix, shard - self.shards)
-            return self.tags[shard]
-        return shard_tag(self.key_prefix, shard)
-
-    @cached_property
-    def tags(self) -> tuple[str, ...]:
-        """:meth:`tag` of every shard, built once."""
-        if self.redis_cluster:
-            return cluster_shard_tags(self.key_prefix, self.shards)
-        return shard_tags(self.key_prefix, self.shards)
-
-    @property
-    def layout(self) -> str:
-        """This layout's name in ``<prefix>:layouts`` (``tags.layout_name``)."""
-        return layout_name(self.shards, self.redis_cluster)
-
-    @cached_property
-    def legacy_shards(self) -> tuple[int, ...]:
-        """On a cluster, the shards of the single-node layout (``{<i>}``) whose tag
-        differs from the cluster tag, numbered ``shards + i``: windows a release
-        before cluster support wrote there are drained by the dispatchers (taken and
-        published as usual; their runs find their records by this number), never
-        written again. Empty on a single node and with one shard (same tag)."""
-        if not self.redis_cluster:
-            return ()
-        return tuple(
-            self.shards + i
-            for i in range(self.shards)
-            if cluster_shard_tag(i, self.shards) != str(i)
-        )
-
-    @property
-    def wake_channel(self) -> str:
-        return wake_channel(self.key_prefix)
-
-    def shard_wake_channel(self, shard: int) -> str:
-        """The sharded pub/sub channel of ``shard`` (cluster): in the shard's slot."""
-        return shard_wake_channel(self.tag(shard))
 
     @property
     def wait_replicas_ms(self) -> int:

@@ -25,7 +25,6 @@ from ..headers import SHARD_HEADER
 from ..signals import window_quarantined
 from ..store import Shard, TakenWindow, TakeResult, store_for
 from ..store.api import DispatcherStore, WakeListening
-from ..tags import layout_tags
 from .outcomes import MAX_TRIES, WindowActions
 from .publishers import BROKER_WIDE_CODES as BROKER_WIDE_CODES
 from .publishers import KEY_DEPENDENT_CODES as KEY_DEPENDENT_CODES
@@ -75,8 +74,10 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake: WakeListening | None = None
-        #: legacy shards (settings.legacy_shards) not yet seen empty by this dispatcher
-        self._draining: list[int] = list(self.settings.legacy_shards)
+        #: the store's shard layout: its name, its legacy shards, the tags of the others
+        self._plan = plan = self.store.layout
+        #: legacy shards (the layout's) not yet seen empty by this dispatcher
+        self._draining: list[int] = list(plan.legacy_shards)
         #: shard -> when (monotonic) this dispatcher last finished its expired windows
         self._expired_at: dict[Shard, float] = {}
         #: shard -> (Redis ms, monotonic before, after) of its last take (_watch_clock)
@@ -87,9 +88,9 @@ class Dispatcher:
         #: shard layouts (a changed debounce_shards): this dispatcher's, and the tags of
         #: the others it drains (tag -> the layouts naming it); see _refresh_layouts
         settings = self.settings
-        self._layout = settings.layout
+        self._layout = plan.name
         self._own_tags = frozenset(
-            self.store.tag(s) for s in (*range(settings.shards), *settings.legacy_shards)
+            self.store.tag(s) for s in (*range(settings.shards), *plan.legacy_shards)
         )
         self._foreign: dict[str, set[str]] = {}
         self._foreign_busy: set[str] = set()  # foreign tags holding windows lately
@@ -281,7 +282,7 @@ class Dispatcher:
         for name in layouts:
             if name == self._layout:
                 continue
-            for tag in layout_tags(self.settings.key_prefix, name):
+            for tag in self._plan.tags_of(name):
                 if tag not in self._own_tags:
                     foreign.setdefault(tag, set()).add(name)
         if set(foreign) - set(self._foreign):

@@ -104,8 +104,29 @@ class WakeListening(Protocol):
         """Stop listening."""
 
 
+class ShardPlan(Protocol):
+    """How a store spreads its windows over shards, as its dispatcher drains them."""
+
+    @property
+    def name(self) -> str:
+        """This layout's name (what :meth:`DispatcherStore.layouts` records)."""
+
+    @property
+    def legacy_shards(self) -> tuple[int, ...]:
+        """Shards an older layout of these settings wrote: drained, never written
+        (numbered after this layout's)."""
+
+    def tags_of(self, name: str) -> tuple[str, ...]:
+        """The shards (as :meth:`BaseStore.tag` writes them) a layout named ``name``
+        reads; none for a name this store keeps no shards of."""
+
+
 class DispatcherStore(BaseStore, Protocol):
     """The dispatcher's: take due windows, settle each publish, sweep, keep time."""
+
+    @property
+    def layout(self) -> ShardPlan:
+        """This process's shard layout (a changed ``debounce_shards`` leaves others)."""
 
     def take(
         self, shard: ShardRef, limit: int, observer: str = "", lapse_upto: int | None = None

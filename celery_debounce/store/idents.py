@@ -1,5 +1,6 @@
-"""Idents and shards: how a call's (task, key) names its window in every store, and
-which shard of a layout it lives in. Nothing here knows how a store keeps its windows.
+"""Idents and shards: how a call's (task, key) names its window in every store, which
+shard of a layout it lives in, and a shard's wire form on a message. Nothing here knows
+how a store keeps its windows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,27 @@ def ident_prefix(task_name: str) -> str:
 def shard_of(ident: str, shards: int) -> int:
     """The shard a window lives in: ``crc32(ident) % shards``."""
     return zlib.crc32(ident.encode("utf-8")) % shards if shards > 1 else 0
+
+
+def shard_tag(prefix: str, shard: int) -> str:
+    """A shard's wire form (a message's ``debounce_tag``) and, on Redis, the hash-tagged
+    prefix of its keys: ``<prefix>:{<shard>}``."""
+    return f"{prefix}:{{{shard}}}"
+
+
+def is_tag_of(prefix: str, tag: object) -> bool:
+    """True when ``tag`` is a shard's wire form under ``prefix`` (``<prefix>:{<digits and
+    dots>}``: a Redis Cluster's tags have dots), as a message's ``debounce_tag`` must be:
+    a header naming any other key is ignored."""
+    if not isinstance(tag, str) or not tag.startswith(prefix + ":{") or not tag.endswith("}"):
+        return False
+    inner = tag[len(prefix) + 2 : -1]
+    return (
+        bool(inner)
+        and len(inner) <= 32
+        and all(c.isdigit() or c == "." for c in inner)
+        and inner.isascii()
+    )
 
 
 def split_ident(ident: str) -> tuple[str, str]:

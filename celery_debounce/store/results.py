@@ -13,7 +13,7 @@ from .records import Record
 from .states import Edge
 
 #: A shard as the store's methods take it: a number of this process's layout
-#: (``settings.tag``), or a shard's tag as it is (a message's ``debounce_tag``, a
+#: (``store.tag``), or a shard's tag as it is (a message's ``debounce_tag``, a
 #: shard of another layout that a dispatcher drains).
 Shard = int | str
 

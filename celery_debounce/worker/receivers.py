@@ -43,7 +43,7 @@ from ..signals import duplicate_skipped, max_wait_exceeded
 from ..store import NotReplicated, store_for
 from ..store.api import WorkerStore
 from ..store.domain import FinishNotReplicated, FinishResult, ShardRef
-from ..tags import is_tag_of
+from ..store.idents import is_tag_of
 from . import retry_queue as marks
 from .ceiling import check_ceiling
 from .deliveries import dropped_delivery, store_failure

@@ -228,8 +228,8 @@ def test_a_healthy_store_under_load_has_no_finding(factory: Callable[..., Celery
                 assert time.monotonic() < end + 20, (held, claimed)
                 findings += diagnose(store, grace_ms=30_000)
                 rounds += 1
-                held += sum(store.client.zcard(held_key(t)) for t in store.settings.tags)
-                claimed += sum(store.client.zcard(claims_key(t)) for t in store.settings.tags)
+                held += sum(store.client.zcard(held_key(t)) for t in store.layout.tags)
+                claimed += sum(store.client.zcard(claims_key(t)) for t in store.layout.tags)
         finally:
             stop.set()
             producer.join(10)

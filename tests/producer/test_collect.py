@@ -63,7 +63,7 @@ def keys(backend: Backend) -> set[str]:
 
 # -- scripts -----------------------------------------------------------------------
 def test_a_collect_window_keeps_every_call_in_order(backend: Backend) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     results = [call(backend, "k", seq=i) for i in range(5)]
     assert len({r.task_id for r in results}) == 1 and [r.calls for r in results] == [1, 2, 3, 4, 5]
     tid = results[0].task_id
@@ -91,7 +91,7 @@ def test_a_collect_window_keeps_every_call_in_order(backend: Backend) -> None:
 def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_one(
     backend: Backend,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = [call(backend, "k", seq=i, max_calls=3) for i in range(3)]
     assert first[2].deadline_ms == first[2].now_ms  # due at once
     nxt = call(backend, "k", seq=3, max_calls=3)
@@ -107,7 +107,7 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
 ) -> None:
     app = app_factory(debounce_max_payload_bytes=400)
     backend = store_for(app)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     results = []
     for i in range(12):
         results.append(call(backend, "k", seq=i, pad="x" * 40))
@@ -156,7 +156,7 @@ def test_a_call_of_the_other_mode_closes_the_window_and_opens_its_own(backend: B
 
 
 def test_cancelling_a_collect_window_deletes_its_call_list(backend: Backend) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     result = call(backend, "k")
     call(backend, "k", seq=1, task_id="fixed-1")
     cancelled = backend.cancel(0, "1:t:k")
@@ -324,7 +324,7 @@ def test_a_collect_call_sends_argv_15_16_after_blanks(backend: Backend) -> None:
 
 
 def test_blank_edge_and_collect_argv_mean_not_given(backend: Backend) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     plain = prepare_call(
         backend.settings, "t", build_spec("1h", "{0}", "2h", False), ("b", 0), {}, {}, None, "json"
     )

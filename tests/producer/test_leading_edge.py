@@ -72,7 +72,7 @@ def admin_of(backend: WindowStore) -> DebounceAdmin:
 def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", LEAD)
     assert first.opened and first.edge == "lead" and first.calls == 1
     assert first.deadline_ms == first.now_ms  # due now, not after the hour
@@ -100,7 +100,7 @@ def test_rule_1_a_leading_call_is_due_at_once_and_starts_a_quiet_period(
 
 # -- rule 2: leading only, calls in the quiet period are suppressed ------------------------
 def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: WindowStore) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", LEAD)
     later = [call(backend, "k", LEAD, payload=i) for i in range(1, 4)]
     assert all(r.edge == "suppressed" and not r.opened for r in later)
@@ -117,7 +117,7 @@ def test_rule_2_leading_only_suppresses_calls_in_the_quiet_period(backend: Windo
 def test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", LEAD, window="1h", max_wait="90m")
     later = call(backend, "k", LEAD, window="1h")
     assert later.deadline_ms == min(later.now_ms + 3_600_000, first.now_ms + 5_400_000)
@@ -129,7 +129,7 @@ def test_rule_3_the_quiet_period_slides_up_to_the_leading_calls_ceiling(
 
 # -- rule 4: after the quiet period the next call is a new leading call -------------------
 def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: WindowStore) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", LEAD, window="1s", max_wait="1s")
     # end the quiet period (as time would): its end is in the past
     backend.client.hset(f"{tag}:quiet:1:t:k", "dl", first.now_ms - 1)
@@ -150,7 +150,7 @@ def test_rule_4_after_the_quiet_period_the_next_call_leads_again(backend: Window
 def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_period(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", BOTH, window="1h", max_wait="90m")
     assert first.edge == "lead"
     second = call(backend, "k", BOTH, payload=1, window="1h")
@@ -175,7 +175,7 @@ def test_rule_5_leading_and_trailing_runs_once_more_at_the_end_of_the_quiet_peri
 def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     call(backend, "k", BOTH, replace=True)
     call(backend, "k", BOTH, payload=1, replace=True)
     call(backend, "k", BOTH, payload=2, replace=True)
@@ -187,7 +187,7 @@ def test_rule_5_the_trailing_run_carries_the_newest_payload_when_configured(
 
 # -- rule 6: a burst of one runs once ------------------------------------------------------
 def test_rule_6_a_burst_of_one_runs_once(backend: WindowStore) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     only = call(backend, "k", BOTH)
     assert only.edge == "lead"
     assert [w.task_id for w in backend.take(0, 10).windows] == [only.task_id]
@@ -201,7 +201,7 @@ def test_rule_6_a_burst_of_one_runs_once(backend: WindowStore) -> None:
 def test_rule_7_a_trailing_only_call_ignores_the_quiet_period_and_leading_calls_join_it(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     plain = call(backend, "k", TRAIL)
     assert plain.opened and plain.edge == ""
     # no quiet period, a window open: a leading call joins it (its effect is pending)
@@ -459,7 +459,7 @@ def test_worker_a_burst_of_one_runs_once(app: Celery) -> None:
 def quiet_running(task: Any, *args: Any) -> bool:
     admin = DebounceAdmin(task.app)
     ident = window_ident(task.name, task._debounce_key_of(args, {}, None))
-    return bool(admin.store.client.exists(quiet_key(admin.settings.tag(0), ident)))
+    return bool(admin.store.client.exists(quiet_key(admin.store.tag(0), ident)))
 
 
 def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:

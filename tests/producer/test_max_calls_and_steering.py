@@ -52,7 +52,7 @@ def keys(backend: WindowStore) -> set[str]:
 def test_the_nth_call_closes_the_window_and_the_next_call_opens_a_new_one(
     backend: WindowStore,
 ) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = [call(backend, "k", 3, payload=i) for i in range(3)]
     assert [r.calls for r in first] == [1, 2, 3]
     assert len({r.task_id for r in first}) == 1
@@ -98,7 +98,7 @@ def test_max_calls_one_makes_each_call_its_own_window_due_at_once(backend: Windo
     taken = backend.take(0, 10).windows
     assert sorted(w.task_id for w in taken) == sorted(r.task_id for r in results)
     assert all(w.capped for w in taken)
-    assert not backend.client.zcard(f"{backend.settings.tag(0)}:due")
+    assert not backend.client.zcard(f"{backend.tag(0)}:due")
 
 
 def test_a_windows_cap_is_its_openers(backend: WindowStore) -> None:
@@ -124,14 +124,14 @@ def test_a_call_without_max_calls_sends_nothing_extra_and_stores_no_cap(
     )
     assert gate_args(backend, capped)[7:] == ["", "", "", "", 5]
     enter(backend, prepared)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     assert backend.client.hget(f"{tag}:open:1:t:k", "mc") is None
     enter(backend, capped)
     assert backend.client.hget(f"{tag}:open:1:t:k", "mc") is None  # the opener had none
 
 
 def test_the_cap_with_caller_chosen_ids(backend: WindowStore) -> None:
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", 2, task_id="mine")
     assert first.task_id == "mine" and backend.client.hget(f"{tag}:ids", "mine") == b"1:t:k"
     second = call(backend, "k", 2, task_id="other")

@@ -21,7 +21,7 @@ from redis.retry import Retry
 from celery_debounce import DebouncedTask
 from celery_debounce.store import store_for
 from celery_debounce.store.idents import shard_of, window_ident
-from celery_debounce.tags import key_slot
+from celery_debounce.store.redis.tags import key_slot
 from celery_debounce.testing.redis_cluster import LocalCluster
 
 

@@ -37,6 +37,7 @@ ROLES = {
     "BaseStore": ["settings", "tag", "check_server"],
     "ProducerStore": ["gate", "gate_many"],
     "DispatcherStore": [
+        "layout",
         "take",
         "ack",
         "release",
@@ -78,6 +79,7 @@ ROLES = {
     "DefinitionStore": ["publish_definitions", "task_definition"],
     "Store": ["server_checked"],
     "WakeListening": ["subscribe", "wait", "close"],  # what wake_listener returns
+    "ShardPlan": ["name", "legacy_shards", "tags_of"],  # what layout returns
 }
 
 

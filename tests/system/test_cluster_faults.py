@@ -126,7 +126,7 @@ def _long_task(app: Celery) -> Any:
 
 
 def _shards_on(cluster: LocalCluster, app: Celery, port: int) -> set[int]:
-    tags = store_for(app).settings.tags
+    tags = store_for(app).layout.tags
     return {s for s, tag in enumerate(tags) if cluster.node_of_slot(key_slot(tag.encode())) == port}
 
 
@@ -152,7 +152,7 @@ def test_master_killed_during_a_stream_calls_resume_and_dispatchers_follow(
     app = factory()
     hold = _long_task(app)
     backend = store_for(app)
-    victim = cluster.node_of_slot(key_slot(backend.settings.tags[0].encode()))
+    victim = cluster.node_of_slot(key_slot(backend.layout.tags[0].encode()))
     shards = _shards_on(cluster, app, victim)
     dispatcher = Dispatcher(factory(), name="survivor")  # its own cluster client
     dispatcher.start()
@@ -205,7 +205,7 @@ def test_a_lagging_replica_promoted_loses_acknowledged_calls_unless_waited_for(
     cluster, factory = cluster_env
     app = factory(debounce_redis_wait_replicas=wait_replicas)
     hold = _long_task(app)
-    victim = cluster.node_of_slot(key_slot(store_for(app).settings.tags[0].encode()))
+    victim = cluster.node_of_slot(key_slot(store_for(app).layout.tags[0].encode()))
     shards = _shards_on(cluster, app, victim)
     replica = cluster.replica_of(victim)
     replica_process = cluster.node(replica).process
@@ -224,7 +224,7 @@ def test_a_lagging_replica_promoted_loses_acknowledged_calls_unless_waited_for(
         cluster.kill(victim)
         replica_process.send_signal(signal.SIGCONT)
         killed_at = time.monotonic()
-        slot = key_slot(store_for(app).settings.tags[0].encode())
+        slot = key_slot(store_for(app).layout.tags[0].encode())
         wait_until(lambda: _serves(cluster, slot) == replica, timeout=20)  # promoted
         # The old master comes back as a replica of the new one: with
         # wait_replicas=1 calls to these shards need it (no replica, no acknowledgement)
@@ -268,7 +268,7 @@ def test_slot_migrated_during_a_stream_loses_nothing_and_dispatchers_follow(
     cluster, factory = cluster_env
     app = factory()
     hold = _long_task(app)
-    tag = store_for(app).settings.tags[0]
+    tag = store_for(app).layout.tags[0]
     slot = key_slot(tag.encode())
     source = cluster.node_of_slot(slot)
     target = next(p for p in cluster.master_ports() if p != source)

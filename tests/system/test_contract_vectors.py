@@ -34,6 +34,7 @@ from celery_debounce.settings import Settings
 from celery_debounce.store.redis import codec as codec_module
 from celery_debounce.store.redis.codec import gate_args, gate_keys
 from celery_debounce.store.redis.keys import due_key, open_key
+from celery_debounce.store.redis.tags import layout_of
 from celery_debounce.store.results import CONTRACT_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def outcome(case: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"kind": "encode"}}
     store = SimpleNamespace(
         settings=settings,
-        gate_prefixes=tuple((open_key(tag, ""), due_key(tag)) for tag in settings.tags),
+        gate_prefixes=tuple((open_key(tag, ""), due_key(tag)) for tag in layout_of(settings).tags),
     )
     argv = [a.decode() if isinstance(a, bytes) else str(a) for a in gate_args(store, call)]
     return {

@@ -142,11 +142,11 @@ def test_after_a_cluster_failover_an_idle_producer_and_the_dispatcher_reach_the_
     interval."""
     cluster, factory = cluster_env
     app = factory(debounce_poll_interval=30)
-    settings = store_for(app).settings
+    layout = store_for(app).layout
     shard = 0
-    slot = key_slot(settings.tags[shard].encode())
+    slot = key_slot(layout.tags[shard].encode())
     victim = cluster.node_of_slot(slot)
-    channel = settings.shard_wake_channel(shard)
+    channel = layout.shard_wake_channel(shard)
     record = app.tasks["cluster.record"]
     key = _key_on({shard}, record.name)
     broker = redis.Redis.from_url(f"{redis_server}/1")
@@ -246,7 +246,7 @@ def test_a_call_for_a_migrating_slot_follows_ask_as_the_acl_user(
         debounce_redis_timeout=2,
     )
     work = _task(app)
-    tag = store_for(app).settings.tags[0]
+    tag = store_for(app).layout.tags[0]
     slot = key_slot(tag.encode())
     source = redis_cluster.node_of_slot(slot)
     target = next(p for p in redis_cluster.master_ports() if p != source)

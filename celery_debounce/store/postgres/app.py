@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ...errors import DebounceConfigError
 from ..domain import ShardRef
 from ..green import eventlet_patched, made_unpatched, select_patched
+from ..idents import shard_tag
 from .store import PostgresStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +36,7 @@ class AppPostgresStore(PostgresStore):
         """The wire form of a shard, as the Redis store writes it (the worker reads a
         message's ``debounce_tag`` as the app's prefix's): the store has one table, so
         the worker's claim and finish find the window whatever it says."""
-        return shard if isinstance(shard, str) else self.settings.tag(shard)
+        return shard if isinstance(shard, str) else shard_tag(self.settings.key_prefix, shard)
 
 
 def cooperate() -> None:

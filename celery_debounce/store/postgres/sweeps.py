@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...aliases import parse_aliases
@@ -28,6 +29,19 @@ SWEEP_BATCH = 1000
 _EXPIRED = "SELECT debounce_expired(%s)"
 
 
+@dataclass(frozen=True)
+class OneTable:
+    """The PostgreSQL store's shard layout: its windows are in one table, so a dispatcher's
+    takes find every one of them and no other layout leaves shards to drain."""
+
+    name: str
+    legacy_shards: tuple[int, ...] = ()
+
+    def tags_of(self, name: str) -> tuple[str, ...]:
+        """None: another layout's windows are in the same table, taken already."""
+        return ()
+
+
 class PostgresSweeps:
     """The expiry sweep, layouts and heartbeats of :class:`~.store.PostgresStore`."""
 
@@ -35,6 +49,8 @@ class PostgresSweeps:
 
         @property
         def settings(self) -> Settings: ...
+
+        _settings: Settings | None
 
         history_ttl_ms: int
 
@@ -90,6 +106,13 @@ class PostgresSweeps:
             return
         self._check()
         self._write(one(_EXPIRED, (list(task_ids),)), "expired")
+
+    @property
+    def layout(self) -> OneTable:
+        """One table whatever ``debounce_shards`` says (:class:`OneTable`); named as
+        the Redis store names a single node's layout of as many shards."""
+        shards = self._settings.shards if self._settings is not None else 1
+        return OneTable(f"node:{shards}")
 
     def layouts(self, write: Sequence[str] = ()) -> tuple[int, dict[str, int]]:
         """Write the layouts ``write`` (now), drop those not written for the history

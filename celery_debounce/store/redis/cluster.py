@@ -12,7 +12,7 @@ import redis
 from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 
 from ...settings import Settings
-from ...tags import key_slot
+from .tags import key_slot
 from .translate import _translated
 from .transport import RenewalLink, Route, Transport
 

@@ -1,8 +1,8 @@
 """The Redis store's key names: every key builder (docs/design.md, "Key layout");
 ``lua/lib/keys.lua`` holds their Lua twins, checked against these by
 tests/store/redis/test_lua_library.py. Idents and shards are the store's
-(:mod:`celery_debounce.store.idents`), the shards' hash tags the package's
-(:mod:`celery_debounce.tags`). Nothing here talks to Redis.
+(:mod:`celery_debounce.store.idents`), the shards' hash tags
+:mod:`celery_debounce.store.redis.tags`'s. Nothing here talks to Redis.
 """
 
 from __future__ import annotations

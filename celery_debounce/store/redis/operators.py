@@ -12,7 +12,6 @@ from redis.commands.core import Script
 
 from ...errors import DebounceBackendError
 from ...settings import Settings
-from ...tags import shard_wake_channel
 from ..domain import CancelOutcomeUnknown, cancel_until_known
 from ..reach import Reached
 from ..records import HELD_LISTED, HOT_KEYS_KEPT, Record, as_text
@@ -57,6 +56,7 @@ from .keys import (
 from .listing import Listing
 from .liveness import Liveness
 from .server import maxmemory_policy
+from .tags import ShardLayout, shard_wake_channel
 from .translate import translate_errors
 from .transport import Transport
 
@@ -69,6 +69,7 @@ class Operators(DoctorOps, Liveness, Listing):
     commands, the admin API, ``top`` and tests."""
 
     settings: Settings
+    layout: ShardLayout
     client: Any
     scripts: dict[str, Script]
     transport: Transport
@@ -108,7 +109,7 @@ class Operators(DoctorOps, Liveness, Listing):
     def taken(self, task_id: str) -> tuple[int, Record] | None:
         """``(shard, record)`` of the taken window ``task_id``: one lookup per shard."""
         with translate_errors("inspect"), self.client.pipeline(False) as pipe:
-            for tag in self.settings.tags:
+            for tag in self.layout.tags:
                 pipe.hmget(win_key(tag, task_id), *INSPECT_FIELDS)
             rows = pipe.execute()
         for shard, row in enumerate(rows):
@@ -119,7 +120,7 @@ class Operators(DoctorOps, Liveness, Listing):
 
     def _flush_call(self, shard: int, ident: str, task_id: str) -> tuple[list[str], list[Any]]:
         tag = self.tag(shard)
-        channel = shard_wake_channel(tag) if self.sharded_wake else self.settings.wake_channel
+        channel = shard_wake_channel(tag) if self.sharded_wake else self.layout.wake_channel
         return (
             [open_key(tag, ident), due_key(tag), leased_key(tag)],
             [ident, channel, task_id, self.settings.record_ttl_ms],

@@ -58,6 +58,7 @@ from .keys import (
 from .operators import Operators
 from .runs import RunOps, claim_result, finish_result
 from .server import ServerCheck
+from .tags import layout_of
 from .translate import translate_errors
 from .wake import WakeListener
 
@@ -102,9 +103,11 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         self.run = transport.run
         self.run_once = transport.run_once
         self.send_on_node = transport.send_on_node
+        #: the shards' tags, the layouts drained, the wake channels (store/redis/tags.py)
+        self.layout = layout_of(settings)
         #: per shard: (open_key(tag, "") , due_key(tag)), for gate.gate_keys on the hot path
         self.gate_prefixes: tuple[tuple[str, str], ...] = tuple(
-            (open_key(tag, ""), due_key(tag)) for tag in settings.tags
+            (open_key(tag, ""), due_key(tag)) for tag in self.layout.tags
         )
 
     def close(self) -> None:
@@ -131,7 +134,7 @@ class WindowStore(ServerCheck, BulkGate, Operators, RunOps):
         (a message's ``debounce_tag``, a layout drained)."""
         if isinstance(shard, str):
             return shard
-        return self.settings.tag(shard)  # shards + i: a legacy shard (settings.legacy_shards)
+        return self.layout.tag(shard)  # shards + i: a legacy shard (layout.legacy_shards)
 
     def refresh_topology(self) -> None:
         """On a cluster, read the slot table again (after a failover or resharding)."""

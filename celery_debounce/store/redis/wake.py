@@ -31,7 +31,7 @@ class WakeListener:
         settings = self.store.settings
         with translate_errors("wake subscription"):
             pubsub = self.store.client.pubsub()
-            pubsub.subscribe(settings.wake_channel)
+            pubsub.subscribe(self.store.layout.wake_channel)
             deadline = time.monotonic() + max(settings.redis_timeout_s, 1.0)
             while time.monotonic() < deadline:
                 message = pubsub.get_message(timeout=0.2)
@@ -49,7 +49,7 @@ class WakeListener:
         ``sunsubscribe``), ends the wait; the dispatcher subscribes again on the new owner.
         """
         settings = self.store.settings
-        channels = [settings.shard_wake_channel(s) for s in range(settings.shards)]
+        channels = [self.store.layout.shard_wake_channel(s) for s in range(settings.shards)]
         with translate_errors("wake subscription"):
             pubsub: Any = self.store.client.pubsub()
             try:

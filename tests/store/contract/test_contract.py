@@ -148,7 +148,7 @@ def test_the_store_satisfies_every_role(store: Store) -> None:
     for role in (BaseStore, ProducerStore, DispatcherStore, WorkerStore, OperatorStore):
         members = {name for name in vars(role) if not name.startswith("_")}
         assert members and all(
-            callable(getattr(store, name)) or name == "settings" for name in members
+            callable(getattr(store, name)) or name in ("settings", "layout") for name in members
         ), role
     assert {id(producer), id(dispatcher), id(worker), id(operator)} == {id(store)}
 
@@ -1035,6 +1035,33 @@ def test_layouts_written_are_read_back_with_when(store: Store) -> None:
     assert later >= now and "layout-1" not in before
     assert set(written) >= {"layout-1"} and written["layout-1"] >= now - 1000
     assert store.layouts()[1]["layout-1"] == written["layout-1"]
+
+
+def test_a_window_of_another_layout_is_drained_through_this_layouts_plan(
+    harness: Harness,
+) -> None:
+    """A window opened under another shard layout (a changed ``debounce_shards``) is taken
+    by a store of this one: from its own shards, or from the shards the other layout's
+    name reads (``layout.tags_of``), which its dispatcher drains."""
+    old = harness.build(shards=4)
+    new = harness.build(shards=1)
+    plan = new.layout
+    assert plan.name and plan.name != old.layout.name
+    assert plan.legacy_shards == () and plan.tags_of("no such layout") == ()
+    own = {new.tag(shard) for shard in range(new.settings.shards)}
+    assert set(plan.tags_of(plan.name)) <= own
+    want = {gate(old, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(8)}
+    shards: list[int | str] = [*range(new.settings.shards)]
+    shards += [tag for tag in plan.tags_of(old.layout.name) if tag not in own]
+    found: set[str] = set()
+
+    def drained() -> bool:
+        for shard in shards:
+            found.update(window.task_id for window in new.take(shard, 10).windows)
+        return found >= want
+
+    wait_until(drained, timeout=10)
+    assert found == want
 
 
 def test_a_queued_window_whose_message_expired_unseen_is_swept_revoked(store: Store) -> None:

@@ -24,9 +24,10 @@ from celery_debounce import DebounceAdmin, DebounceBackendError, enqueue_many
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.ops.admin import read_snapshot
-from celery_debounce.settings import CLUSTER_SLOTS, Settings, cluster_shard_tag, settings_for
+from celery_debounce.settings import Settings, settings_for
 from celery_debounce.store import WindowStore, store_for
 from celery_debounce.store.redis import cluster, transport
+from celery_debounce.store.redis.tags import CLUSTER_SLOTS, cluster_shard_tag, layout_of
 from celery_debounce.testing import clear_windows
 from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
@@ -60,18 +61,23 @@ def test_single_node_keys_are_unchanged_by_the_cluster_support() -> None:
     app = Celery("t", set_as_current=False)
     app.conf.update(debounce_redis_url="redis://x/0", debounce_shards=4)
     settings = Settings.from_app(app)
-    assert settings.tags == ("debounce:{0}", "debounce:{1}", "debounce:{2}", "debounce:{3}")
+    assert layout_of(settings).tags == (
+        "debounce:{0}",
+        "debounce:{1}",
+        "debounce:{2}",
+        "debounce:{3}",
+    )
     app.conf.debounce_redis_cluster = True
     on_cluster = Settings.from_app(app)
-    assert [t.split("{")[1].split(".")[0].rstrip("}") for t in on_cluster.tags] == [
+    assert [t.split("{")[1].split(".")[0].rstrip("}") for t in layout_of(on_cluster).tags] == [
         "0",
         "1",
         "2",
         "3",
     ]
-    assert on_cluster.tags != settings.tags
+    assert layout_of(on_cluster).tags != layout_of(settings).tags
     app.conf.debounce_shards = 1
-    assert Settings.from_app(app).tags == ("debounce:{0}",)
+    assert layout_of(Settings.from_app(app)).tags == ("debounce:{0}",)
 
 
 @pytest.mark.parametrize(
@@ -154,8 +160,8 @@ def test_six_shards_spread_evenly_over_the_three_masters(
     assert sum(per_master.values()) == 600
     # crc32 of 600 idents over 6 shards, 2 shards per master: each master near 200
     assert all(120 <= n <= 280 for n in per_master.values()), per_master
-    settings = store_for(app).settings
-    owners = [redis_cluster.node_of_slot(key_slot(t.encode())) for t in settings.tags]
+    tags = store_for(app).layout.tags
+    owners = [redis_cluster.node_of_slot(key_slot(t.encode())) for t in tags]
     assert sorted(owners.count(p) for p in set(owners)) == [2, 2, 2]
 
 
@@ -219,7 +225,7 @@ def test_wake_ups_use_sharded_pub_sub_on_each_shards_master(
     dispatcher = Dispatcher(app, name="sleepy")
     dispatcher.start()
     try:
-        channels = [backend.settings.shard_wake_channel(s) for s in range(6)]
+        channels = [backend.layout.shard_wake_channel(s) for s in range(6)]
         node_of = {c: redis_cluster.node_of_slot(key_slot(c.encode())) for c in channels}
 
         def subscribed() -> bool:
@@ -406,7 +412,7 @@ def test_windows_written_before_cluster_support_run_after_the_upgrade(
         b"debounce:{3",
     }
     app = cluster_app(debounce_shards=4)
-    assert settings_for(app).legacy_shards == (4, 5, 6, 7)  # none of {0}..{3} fits
+    assert store_for(app).layout.legacy_shards == (4, 5, 6, 7)  # none of {0}..{3} fits
     work = _task(app, window="500ms")
     with running_worker(app):
         new = work.delay(100)
@@ -456,7 +462,7 @@ def test_a_worker_on_another_debounce_shards_finds_the_record_by_the_messages_ta
         assert sorted(work.AsyncResult(i).get(timeout=15) for i in left.values()) == list(
             range(20, 28)
         )
-    tags = settings_for(old_app).tags
+    tags = store_for(old_app).layout.tags
     states = {
         client.hget(f"{tag}:win:{i}", "st") for i in (*ids.values(), *left.values()) for tag in tags
     }

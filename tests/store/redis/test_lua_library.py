@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from celery_debounce import tags
 from celery_debounce.store import idents
-from celery_debounce.store.redis import keys, scripts
+from celery_debounce.store.redis import keys, scripts, tags
 from celery_debounce.store.redis.scripts import (
     SCRIPT_NAMES,
     SHARDED_WAKE_OFF,

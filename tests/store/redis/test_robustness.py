@@ -94,7 +94,7 @@ def test_release_leaves_a_lease_another_dispatcher_took_over(
 ) -> None:
     app = build(redis_server, lease=0.2)
     backend = store_for(app)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     tid = app.tasks["faults.record"].delay("k").id
     (first,) = wait_until(lambda: backend.take(0, 10).windows, 5)  # dispatcher A
     # A's publish hangs past the lease; dispatcher B takes the window again

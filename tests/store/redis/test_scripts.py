@@ -79,7 +79,7 @@ def test_an_unconfirmed_publish_is_taken_again_after_its_lease(backend: WindowSt
     # the dispatcher "died": no ack. After the lease, the same window comes back.
     (again,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     assert again.task_id == first.task_id and again.tries == 2
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     backend.run("ack", [f"{tag}:leased", f"{tag}:active"], [tag, first.task_id])
     assert backend.client.hget(f"{tag}:win:{first.task_id}", "st") == b"queued"
 
@@ -87,7 +87,7 @@ def test_an_unconfirmed_publish_is_taken_again_after_its_lease(backend: WindowSt
 def test_claim_and_finish_leave_only_a_ttld_history(backend: WindowStore) -> None:
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     assert backend.run("finish", keys, [first.task_id, "SUCCESS", 60_000])[0] == 1
@@ -101,7 +101,7 @@ def test_claim_and_finish_leave_only_a_ttld_history(backend: WindowStore) -> Non
 def test_claim_refuses_a_finished_or_claimed_record(backend: WindowStore) -> None:
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[0] == b"dispatching"
     claimed_at = backend.client.hget(keys[0], "ca")
@@ -123,7 +123,7 @@ def test_a_claim_lives_while_renewed_and_a_lapsed_one_is_released(backend: Windo
     """A claim lasts one claim lease; renew.lua extends it (never recreating one that
     left); past its lease take.lua releases it: out of the active set, state stale."""
     backend.settings = replace(backend.settings, claim_lease_ms=1000)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", window="1ms", max_wait="1s")
     wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     keys = backend._record_keys(0, first.task_id)
@@ -161,7 +161,7 @@ def test_a_duplicate_skipped_under_a_claim_that_then_lapses_is_published_again(
     keys = backend._record_keys(0, first.task_id)
     assert backend.run("claim", keys, _claim(backend, first.task_id))[2] == 1
     assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"claimed", 0]
-    assert backend.client.hget(f"{backend.settings.tag(0)}:stats", "d|t") == b"1"
+    assert backend.client.hget(f"{backend.tag(0)}:stats", "d|t") == b"1"
     (again,) = wait_until(lambda: backend.take(0, 10).windows, timeout=4)
     assert again.task_id == first.task_id and again.payload == b'[["k", 5], {}, {}]'
     assert backend.run("claim", keys, _claim(backend, first.task_id))[::2] == [b"dispatching", 1]
@@ -178,7 +178,7 @@ def test_an_exclusive_window_due_while_its_key_runs_is_held_until_the_run_ends(
     or claimed) is held: not taken, still open to calls; the run's end (finish.lua, or
     its claim lapsing) makes it due at once. A non-exclusive window is never held."""
     backend.settings = replace(backend.settings, claim_lease_ms=1000)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
     (taken,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
     assert taken.task_id == first.task_id
@@ -216,7 +216,7 @@ def test_claims_and_held_keys_of_the_wrong_type_never_block_a_take_or_a_finish(
 ) -> None:
     """A foreign write to <tag>:claims or <tag>:held (a string) must not fail every take
     of the shard, nor the finish of a run (bug class: one bad item blocks the others)."""
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     backend.client.set(f"{tag}:claims", "x")
     backend.client.set(f"{tag}:held", "x")
     first = call(backend, "k", window="1ms", max_wait="1s", exclusive=True)
@@ -237,7 +237,7 @@ def _claim(backend: WindowStore, task_id: str) -> list[object]:
 
 
 def _record(backend: WindowStore, task_id: str) -> dict[bytes, bytes]:
-    return backend.client.hgetall(f"{backend.settings.tag(0)}:win:{task_id}")
+    return backend.client.hgetall(f"{backend.tag(0)}:win:{task_id}")
 
 
 @pytest.mark.parametrize("stage", ["dispatching", "claimed", "finished", "lease expired"])
@@ -245,7 +245,7 @@ def test_a_reused_caller_id_never_overwrites_a_record(backend: WindowStore, stag
     """Window 1 has id X; a call with id X while window 1 is at `stage` opens window 2
     under another id; both are taken, neither record is touched by the other."""
     backend.settings = replace(backend.settings, dispatch_lease_ms=50)
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     first = call(backend, "k", window="1ms", max_wait="1s", task_id="reindex-7", payload=1)
     assert first.task_id == "reindex-7"
     (_taken,) = wait_until(lambda: backend.take(0, 10).windows, timeout=5)
@@ -282,7 +282,7 @@ def test_a_caller_id_in_use_by_a_pending_window_of_another_key(backend: WindowSt
     # the same key with the same id joins its own window, no alias
     again = call(backend, "a", task_id="X")
     assert not again.opened and again.task_id == "X"
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     assert backend.client.hget(f"{tag}:open:1:t:a", "na") is None
     # joining a window with another id records the caller's id as an alias
     third = call(backend, "b", task_id="Y")
@@ -299,7 +299,7 @@ def test_a_caller_id_in_use_by_a_pending_window_of_another_key(backend: WindowSt
 def test_a_window_taken_over_an_existing_record_gets_a_new_id(backend: WindowStore) -> None:
     """A window opened under an id in use without the gate's check (a record written
     before, a reused returned id) is never renamed over that record."""
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     backend.client.hset(f"{tag}:win:X", mapping={"id": "X", "st": "claimed"})
     call(backend, "k", window="1ms", max_wait="1s")
     # make the open window carry the id in use
@@ -318,7 +318,7 @@ def test_killed_runs_leave_no_key_behind_after_the_record_ttl(backend: WindowSto
     backend.settings = replace(
         backend.settings, record_ttl_ms=1000, dispatch_lease_ms=500, claim_lease_ms=1000
     )
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     ids = [call(backend, f"k{i}", window="1ms", max_wait="1s").task_id for i in range(5)]
     ids += [call(backend, "chosen", window="1ms", max_wait="1s", task_id="mine").task_id]
     taken: list[str] = []
@@ -358,7 +358,7 @@ def test_a_call_after_flush_opens_a_new_window_and_cannot_move_the_flushed_one(
     assert taken.deadline_ms == round(flushed.deadline * 1000)
     assert taken.payload == b'[["k", 1], {}, {}]'
     assert backend.take(0, 10).windows == []  # the new window waits for its hour
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     assert backend.client.hget(f"{tag}:stats", "r|t") == b"1"  # counted once, when taken
 
 
@@ -369,7 +369,7 @@ def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
     first = call(backend, "k")
     call(backend, "k", task_id="A")
     call(backend, "k", task_id="B")
-    tag = backend.settings.tag(0)
+    tag = backend.tag(0)
     before = backend.client.hgetall(f"{tag}:open:1:t:k")
     due = backend.client.zscore(f"{tag}:due", "1:t:k")
     with pytest.raises(DebounceBackendError, match=ALIASES_FULL):
