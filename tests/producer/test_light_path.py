@@ -14,6 +14,7 @@ import redis
 from celery import Celery, group
 from celery.result import AsyncResult
 from helpers import make_app, running_worker, wait_until
+from reads import open_count, open_records
 
 from celery_debounce import DebouncedTask
 from celery_debounce.producer.confcache import always_eager
@@ -97,10 +98,10 @@ def test_task_always_eager_is_read_again_whenever_the_configuration_changes(
     assert always_eager(app) is False
     app.conf.task_always_eager = True
     assert t.delay(3).get() == 30  # inline: no window
-    assert not list(redis_client.scan_iter(match="debounce:*:open:*"))
+    assert open_count(app) == 0
     app.conf.update(task_always_eager=False)
     assert t.delay(3).state == "PENDING"
-    assert len(list(redis_client.scan_iter(match="debounce:*:open:*"))) == 1
+    assert open_count(app) == 1
     app.conf["task_always_eager"] = True
     assert always_eager(app) is True
     app.conf.pop("task_always_eager")
@@ -158,8 +159,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     conns.clear()
     pool = store.client.connection_pool
     wait_until(lambda: len(pool._in_use_connections) == 1, timeout=5)  # released at exit
-    record = redis_client.hgetall(next(redis_client.scan_iter(match="debounce:*:open:*")))
-    assert record[b"n"] == b"8"
+    assert open_records(app)[0].calls == 8
 
 
 # -- concurrent gate calls share round trips (store._Combiner) ----------------------
