@@ -39,6 +39,7 @@ def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
 
     ex.delay()
     tag, ident = "debounce:{0}", window_ident("sig.ex", "k")
+    # Redis only: a run of the key and the window held behind it, planted by hand
     now_ms = int(redis_client.time()[0]) * 1000
     redis_client.hset(win_key(tag, "the-run"), mapping={"st": "queued", "i": ident})
     redis_client.hset(run_key(tag, ident), "id", "the-run")
