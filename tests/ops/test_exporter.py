@@ -22,6 +22,7 @@ import redis
 from helpers import make_app, stop_process, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from reads import store_time_ms
 
 from celery_debounce import DebouncedTask, enqueue_many
 from celery_debounce.ops.exporter import StoreCollector, exporter_registry
@@ -117,9 +118,9 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
     enqueue_many(touch, [((i,), {}) for i in range(25)])
     # Redis only, planted by hand: one window due 5 s ago, nobody took it; two
     # quarantined; a dispatcher seen 30 s ago
-    redis_client.zadd("debounce:{1}:due", {"overdue": int(redis_client.time()[0] - 5) * 1000})
+    now_ms = store_time_ms(app) // 1000 * 1000
+    redis_client.zadd("debounce:{1}:due", {"overdue": now_ms - 5000})
     redis_client.zadd("debounce:{0}:quarantine", {"q1": 1, "q2": 2})
-    now_ms = int(redis_client.time()[0]) * 1000
     redis_client.zadd("debounce:{0}:dispatchers", {"worker-gone@host": now_ms - 30_000})
     # the store's own counters (take.lua writes them): 4 runs carrying 9 calls
     redis_client.hset("debounce:{1}:stats", mapping={"r|expapp.touch": 4, "c|expapp.touch": 9})
