@@ -72,6 +72,7 @@ def test_reset_stats_returns_what_it_zeroed(app: Celery, redis_client: redis.Red
 
 @pytest.fixture
 def evicting(redis_client: redis.Redis) -> Any:
+    # Redis only: an evicting server
     before = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
     redis_client.config_set("maxmemory-policy", "allkeys-lru")
     yield
@@ -119,6 +120,7 @@ def test_a_standalone_dispatcher_warns_about_an_evicting_redis(
 def test_a_refused_config_get_is_unknown_never_an_error(
     redis_server: str, redis_client: redis.Redis
 ) -> None:
+    # Redis only: a user without CONFIG
     redis_client.execute_command(
         "ACL", "SETUSER", "nocfg", "reset", "on", ">pw", "~*", "&*", "+@all", "-config"
     )

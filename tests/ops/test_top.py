@@ -500,6 +500,7 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
         lambda: Dispatcher(app, name="obs-1").dispatch_once()[0] == 0 and not open_count(app),
         timeout=20,
     )
+    # Redis only: the hot set as written (see above)
     hot = redis_client.zrevrange("debounce:{0}:hot", 0, -1, withscores=True)
     assert len(hot) == HOT_KEYS_KEPT  # trimmed to the hottest
     ident = f"{len(work.name)}:{work.name}:u:149"

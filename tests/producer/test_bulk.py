@@ -80,6 +80,7 @@ def test_one_bad_call_writes_nothing(app: Celery, redis_client: redis.Redis) -> 
 def test_bulk_reloads_flushed_scripts(app: Celery, redis_client: redis.Redis) -> None:
     sync = _task(app, [])
     enqueue_many(sync, [(("a",), {})])
+    # Redis only: a script flush
     redis_client.script_flush()
     results = enqueue_many(sync, [(("a",), {}), (("b",), {})])
     assert len({r.id for r in results}) == 2

@@ -116,6 +116,7 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
     backend = store_for(app)
     assert backend.direct
     first = hot.delay(1)
+    # Redis only: a script flush, then killed connections
     redis_client.script_flush()  # NOSCRIPT on the direct path: loaded again, run once
     assert hot.delay(2).id == first.id
     redis_client.client_kill_filter(_type="normal", skipme=True)  # pooled connections die
@@ -131,6 +132,7 @@ def test_wake_is_published_only_when_a_call_makes_its_window_the_earliest(
     )
     def task(key: str) -> None: ...
 
+    # Redis only: the wake channel
     pubsub = redis_client.pubsub()
     pubsub.subscribe("debounce:wake")
     assert pubsub.get_message(timeout=1)["type"] == "subscribe"  # type: ignore[index]

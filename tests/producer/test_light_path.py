@@ -143,6 +143,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     for _ in range(5):
         assert t.delay(1).id == first.id
     assert store.transport._lease.conn is conn  # kept, not checked out per call
+    # Redis only: killed connections
     redis_client.client_kill_filter(_type="normal", skipme=True)
     assert t.delay(1).id == first.id  # reconnected before sending: not an unknown outcome
     ids: list[str] = []
@@ -261,6 +262,7 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
     combiner._send = counting  # type: ignore[method-assign]
     combiner._send_alone = counting_alone  # type: ignore[method-assign]
     # a script that holds the server 50 ms: calls made meanwhile queue up
+    # Redis only: a script that holds the server
     slow = redis_client.register_script(
         "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
         "until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 50000 return 1"

@@ -71,6 +71,7 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
     redis_client: redis.Redis,
 ) -> None:
     for expires in (None, 0, 3600):
+        # Redis only: set-up
         redis_client.flushall()
         app = make_app(redis_server, result_expires=expires)
 

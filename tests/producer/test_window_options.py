@@ -218,6 +218,7 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
         assert app.AsyncResult("legacy-json").get(timeout=10) == "b"
         wait_until(lambda: "opener_cb" in seen)
     assert seen == {"opener_cb": ["b"]}
+    # Redis only: records as an older release wrote them
     redis_client.hset(
         f"{TAG}:open:{ident}",
         mapping={  # type: ignore[arg-type]
@@ -290,6 +291,7 @@ def test_any_json_arguments_splice_before_the_openers_embed(
     """Hypothesis: any JSON arguments (strings of brackets, quotes, backslashes,
     escapes) of the opener and a replacing joiner, each with 0 to 2 links: the body
     is the joiner's arguments and the opener's embed."""
+    # Redis only: set-up
     redis_client.flushdb()
     app = app_factory()
 
