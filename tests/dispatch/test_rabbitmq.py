@@ -29,6 +29,7 @@ from helpers import make_app, running_worker, wait_until
 from kombu import Exchange, Queue
 from prometheus_client import CollectorRegistry
 from rabbitmq_node import RabbitNode, own_queue
+from reads import state_of, taken_count
 from test_faults import (
     _burst_during_an_exclusive_run,
     doomed_dispatcher,
@@ -153,6 +154,7 @@ def test_a_killed_dispatcher_is_taken_over_on_rabbitmq(
         wait_until(lambda: runs(redis_client, "rk"), 15)
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, "rk") == [call.id]
+    # Redis only: no store read returns a window's tries
     assert redis_client.hget(f"debounce:{{0}}:win:{call.id}", "tries") == b"2"
 
 
@@ -166,7 +168,8 @@ def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_
     at the same time."""
     key = f"rq{uuid.uuid4().hex[:6]}"
     app = rabbit_fault_app(redis_server, rabbit)
-    redis_client.set(f"block:{key}:1", 1)  # the first run blocks until the worker dies
+    # Redis only: the fault app's flag, read by the worker process: the first run blocks
+    redis_client.set(f"block:{key}:1", 1)  # until the worker dies
     call = app.tasks["faults.record"].delay(key)
     env = {"FAULT_CLAIM_LEASE": "6"}
     with worker_process(
@@ -176,7 +179,7 @@ def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_
         worker.kill()
         worker.wait(10)
         killed = time.monotonic()
-    redis_client.delete(f"block:{key}:1")
+    redis_client.delete(f"block:{key}:1")  # Redis only: the fault app's flag
     log = tmp_path / "w2.log"
     with worker_process(redis_server, log, broker_url=rabbit.url, name="w2", extra_env=env):
         wait_until(lambda: "skipped: a duplicate delivery" in log.read_text(), 20)
@@ -185,8 +188,10 @@ def test_a_run_killed_on_rabbitmq_is_redelivered_at_once_skipped_then_published_
         wait_until(lambda: len(runs(redis_client, key)) == 2, 20)  # published again, ran
         wait_until(lambda: not list_windows(app), 10)
     assert runs(redis_client, key) == [call.id, call.id]
+    assert state_of(app, call.id) == "finished"
+    # Redis only: no store read returns a claim's marks
     record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
-    assert record[b"st"] == b"finished" and b"rd" not in record and b"sa" in record
+    assert b"rd" not in record and b"sa" in record
 
 
 def test_rabbitmq_down_windows_wait_and_run_once_it_is_back(
@@ -242,13 +247,14 @@ def test_a_memory_alarm_for_several_leases_quarantines_nothing(
         ids = {f"al{i}": task.delay(f"al{i}").id for i in range(4)}
         dispatcher.start()
         time.sleep(6.5)  # several leases, more than MAX_TRIES attempts
-        assert redis_client.zcard("debounce:{0}:quarantine") == 0
+        assert taken_count(app, "quarantine") == 0
         records = [f"debounce:{{0}}:win:{tid}" for tid in ids.values()]
+        # Redis only: no store read returns a window's publish failures nor its tries
         assert [redis_client.hget(r, "fl") for r in records] == [None] * 4
         assert max(int(redis_client.hget(r, "tries") or 0) for r in records) >= 2
         # nothing the broker did not confirm is acked: each is leased, or not taken yet
-        states = {redis_client.hget(r, "st") for r in records}
-        assert states <= {b"dispatching", None}, states
+        states = {state_of(app, tid) for tid in ids.values()}
+        assert states <= {"dispatching", None}, states
     finally:
         rabbit.ctl("set_vm_memory_high_watermark", "0.4")
     try:
@@ -260,7 +266,7 @@ def test_a_memory_alarm_for_several_leases_quarantines_nothing(
         dispatcher.stop()
     assert {k: runs(redis_client, k) for k in ids} == {k: [tid] for k, tid in ids.items()}
     assert runs(redis_client, "alarm-warm") == [warm.id]
-    assert redis_client.zcard("debounce:{0}:quarantine") == 0
+    assert taken_count(app, "quarantine") == 0
 
 
 def test_a_nacked_publish_is_not_acked_and_the_window_is_retried(
@@ -367,8 +373,7 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     enabled = metrics.enable(registry)
     assert dispatcher.dispatch_once()[0] == 1  # the routable one only
     assert f"unroutable: exchange amq.direct routing key '{nowhere}'" in caplog.text
-    record = redis_client.hgetall(f"debounce:{{0}}:win:{lost.id}")
-    assert record[b"st"] == b"dispatching", record  # not acked: retried
+    assert state_of(app, lost.id) == "dispatching"  # not acked: retried
     dispatcher.start()
     try:
         with pytest.raises(WindowQuarantined, match=f"unroutable: .*'{nowhere}'"):
@@ -379,7 +384,7 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
         dispatcher.stop()
         enabled.disable()
     assert ran == ["ok"]
-    assert redis_client.hget(f"debounce:{{0}}:win:{lost.id}", "st") == b"quarantined"
+    assert state_of(app, lost.id) == "quarantined"
 
     # each returned publish is a failure of its own message; the fifth quarantines it
     def value(name: str, kind: str) -> float | None:
@@ -422,7 +427,8 @@ def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantin
     dispatcher.start()
     try:
         record = f"debounce:{{0}}:win:{second.id}"
-        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 10)
+        wait_until(lambda: state_of(app, second.id) == "queued", 10)
+        # Redis only: no store read returns a window's tries
         assert redis_client.hget(record, "tries") == b"2"  # returned once, then declared
         with running_worker(app, queues=[qname]):
             assert second.get(timeout=15) == "b"
@@ -461,13 +467,14 @@ def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
     dispatcher.start()
     try:
         record = f"debounce:{{0}}:win:{first.id}"
-        wait_until(lambda: redis_client.hget(record, "st") == b"queued", 5)
+        wait_until(lambda: state_of(app, first.id) == "queued", 5)
         wait_until(lambda: queue_depth(app, qname) == 0, 5)  # RabbitMQ dropped it
         for result in (first, app.AsyncResult(alias.id)):
             with pytest.raises(TaskRevokedError):
                 result.get(timeout=10)
     finally:
         dispatcher.stop()
+    # Redis only: no store read returns a finished window's result state
     assert redis_client.hget(record, "rs") == b"REVOKED"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 from celery import Celery
 from helpers import running_worker, wait_until
+from reads import open_payload, state_of, taken_record
 
 from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -36,6 +37,12 @@ def _due(app: Celery) -> None:
     import time
 
     time.sleep(0.01)  # 1 ms windows
+
+
+def _payload(app: Celery, task: Any, key: str) -> bytes | None:
+    """The stored body of the open window of ``key``, read through the store."""
+    record = open_payload(app, task.name, key)
+    return None if record is None else record.payload
 
 
 def _task(app: Celery, name: str = "raw.t", **opts: Any) -> Any:
@@ -67,6 +74,7 @@ def test_a_forged_pickle_record_runs_nothing_in_the_dispatcher(
     result = task.delay("harmless")
     marker = tmp_path / "pwned"
     forged = pickle.dumps(([_Touch(str(marker))], {}, {}))
+    # Redis only: a writer to the windows' Redis forges the body
     redis_client.hset(f"{TAG}:open:{window_ident(task.name, 'harmless')}", "p", forged)
     _due(app)
     published, _ = Dispatcher(app).dispatch_once()
@@ -112,11 +120,10 @@ def test_the_stored_body_is_celerys_protocol_2_body(
     app = app_factory()
     task = _task(app)
     task.delay("a")
-    ident = window_ident(task.name, "a")
-    assert redis_client.hget(f"{TAG}:open:{ident}", "p") == b'[["a"], {}, {}]'
+    assert _payload(app, task, "a") == b'[["a"], {}, {}]'
     link = task.si("after")
     task.apply_async(("b",), link=link, link_error=[link])
-    body = json.loads(redis_client.hget(f"{TAG}:open:{window_ident(task.name, 'b')}", "p"))
+    body = json.loads(_payload(app, task, "b"))
     assert body[0] == ["b"] and body[1] == {}
     as_json = json.loads(json.dumps(dict(link)))
     assert body[2] == {"callbacks": [as_json], "errbacks": [as_json]}
@@ -177,12 +184,15 @@ def test_a_legacy_two_element_record_is_quarantined_not_sent_to_crash_a_worker(
     app = app_factory()
     task = _task(app)
     old = task.delay("old")
+    # Redis only: a body as 0.1 stored it
     redis_client.hset(f"{TAG}:open:{window_ident(task.name, 'old')}", "p", b'[["old"], {}]')
     _due(app)
     with running_worker(app):
-        wait_until(lambda: redis_client.hget(f"{TAG}:win:{old.id}", "st") == b"quarantined")
+        wait_until(lambda: state_of(app, old.id) == "quarantined")
         assert task.delay("new").get(timeout=10) == "new"
-    reason = redis_client.hget(f"{TAG}:win:{old.id}", "qe").decode()
+    record = taken_record(app, old.id)
+    reason = record.error if record is not None else None
+    assert reason is not None
     assert "protocol-2 body" in reason and "0.1" in reason
 
 

@@ -55,6 +55,7 @@ def test_clear_windows_deletes_this_apps_keys_only(
 ) -> None:
     app = _app_with_a_window(redis_server, mine)
     _app_with_a_window(redis_server, theirs)
+    # Redis only: every key of the server, another prefix's too
     others = sorted(k for k in redis_client.keys("*") if not k.startswith(f"{mine}:{{".encode()))
     assert others and len(redis_client.keys("*")) > len(others)
     assert clear_windows(app) > 0

@@ -453,7 +453,7 @@ def test_every_panel_query_returns_what_it_promises_on_a_real_prometheus(
         stack.wait_scraped()
         groups = prometheus.api("rules")["groups"]
         assert [r["health"] for g in groups for r in g["rules"]] == ["ok"] * 11
-        redis_client.zadd(
+        redis_client.zadd(  # Redis only: set aside by hand
             "debounce:{0}:quarantine", {f"set-aside-{i}": 1 for i in range(HAND_QUARANTINED)}
         )
 
@@ -584,7 +584,7 @@ def test_store_gauges_read_the_store(
         pass
 
     enqueue_many(work, [((i,), {}) for i in range(30)])
-    redis_client.zadd("debounce:{1}:quarantine", {"x": 1})
+    redis_client.zadd("debounce:{1}:quarantine", {"x": 1})  # Redis only: set aside by hand
     registry = CollectorRegistry()
     metrics.enable_store_gauges(app, registry=registry)
     assert registry.get_sample_value("celery_debounce_open_windows") == 30

@@ -22,6 +22,7 @@ import redis
 from helpers import make_app, stop_process, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from reads import store_time_ms
 
 from celery_debounce import DebouncedTask, enqueue_many
 from celery_debounce.ops.exporter import StoreCollector, exporter_registry
@@ -115,10 +116,11 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
         pass
 
     enqueue_many(touch, [((i,), {}) for i in range(25)])
-    # one window due 5 s ago, nobody took it; two quarantined; a dispatcher seen 30 s ago
-    redis_client.zadd("debounce:{1}:due", {"overdue": int(redis_client.time()[0] - 5) * 1000})
+    # Redis only, planted by hand: one window due 5 s ago, nobody took it; two
+    # quarantined; a dispatcher seen 30 s ago
+    now_ms = store_time_ms(app) // 1000 * 1000
+    redis_client.zadd("debounce:{1}:due", {"overdue": now_ms - 5000})
     redis_client.zadd("debounce:{0}:quarantine", {"q1": 1, "q2": 2})
-    now_ms = int(redis_client.time()[0]) * 1000
     redis_client.zadd("debounce:{0}:dispatchers", {"worker-gone@host": now_ms - 30_000})
     # the store's own counters (take.lua writes them): 4 runs carrying 9 calls
     redis_client.hset("debounce:{1}:stats", mapping={"r|expapp.touch": 4, "c|expapp.touch": 9})
@@ -146,7 +148,7 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
         # nothing but the store and the exporter: no process_* or python_* series
         assert all(name.startswith("celery_debounce_") for name in got), sorted(got)
         # every scrape reads Redis again (--min-interval 0)
-        redis_client.zrem("debounce:{1}:due", "overdue")
+        redis_client.zrem("debounce:{1}:due", "overdue")  # Redis only: by hand
         redis_client.delete("debounce:{0}:dispatchers")
         after = scrape(port)
         assert after["celery_debounce_oldest_due_age_seconds"] == 0
@@ -229,7 +231,7 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
         assert registry.get_sample_value("celery_debounce_open_windows") == n
         # INFO commandstats itself is one command
         costs.append(_commands(redis_client) - before - 1)
-        redis_client.flushdb()
+        redis_client.flushdb()  # Redis only: set-up
     assert costs == [1 + SNAPSHOT_COMMANDS * 3] * 2, costs
     # scrapes within min_interval (as from several Prometheus servers) share one reading
     shared = exporter_registry(app, min_interval=60)

@@ -163,6 +163,7 @@ def test_a_window_whose_message_cannot_be_built_is_counted_as_quarantined_by_kin
 
     spoilt.delay("bad")
     spoilt.delay("good")
+    # Redis only: a corrupt body
     redis_client.hset(f"debounce:{{0}}:open:{window_ident(spoilt.name, 'bad')}", "p", b"{not json")
     time.sleep(0.01)
     assert Dispatcher(app).dispatch_once()[0] == 1

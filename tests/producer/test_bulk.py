@@ -6,6 +6,7 @@ import pytest
 import redis
 from celery import Celery
 from helpers import package_keys, running_worker, wait_until
+from reads import open_count, open_records, taken_count
 
 from celery_debounce import DebounceConfigError, DebouncedTask, DebounceKeyError, enqueue_many
 from celery_debounce.ops.read_view import list_windows
@@ -48,7 +49,8 @@ def test_bulk_leaves_no_marker_key_once_every_chunk_answered(
 ) -> None:
     sync = _task(app, [])
     enqueue_many(sync, [((f"m{i}",), {}) for i in range(25)], chunk_size=10)
-    assert redis_client.zcard("debounce:{0}:due") == 25
+    assert open_count(app) == 25
+    # Redis only: its bulk marker keys
     assert not list(redis_client.scan_iter("debounce:*:bulk:*"))  # 3 chunks, no marker left
 
 
@@ -78,6 +80,7 @@ def test_one_bad_call_writes_nothing(app: Celery, redis_client: redis.Redis) -> 
 def test_bulk_reloads_flushed_scripts(app: Celery, redis_client: redis.Redis) -> None:
     sync = _task(app, [])
     enqueue_many(sync, [(("a",), {})])
+    # Redis only: a script flush
     redis_client.script_flush()
     results = enqueue_many(sync, [(("a",), {}), (("b",), {})])
     assert len({r.id for r in results}) == 2
@@ -133,8 +136,8 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
         started = time.monotonic()
         assert dispatcher.dispatch_once()[0] == 0
         assert time.monotonic() - started < 10
-        assert redis_client.zcard("debounce:{0}:leased") == 3  # handed back, not acked
-        assert redis_client.zcard("debounce:{0}:due") == 0
+        assert taken_count(app, "leased") == 3  # handed back, not acked
+        assert open_count(app) == 0
 
         broker = LocalRedis(port=port).start()
         published = wait_until(lambda: dispatcher.dispatch_once()[0], timeout=10, interval=0.2)
@@ -144,16 +147,11 @@ def test_batched_publish_to_a_dead_broker_hands_windows_back(
         broker.cleanup()
 
 
-def _windows_by_key(client: redis.Redis) -> dict[str, tuple[str, int]]:
-    """key -> (window id, calls) of every pending window, read straight from Redis."""
+def _windows_by_key(app: Celery) -> dict[str, tuple[str, int]]:
+    """key -> (window id, calls) of every pending window, read through the store."""
     from celery_debounce.store.idents import split_ident
 
-    out = {}
-    for member in client.zrange("debounce:{0}:due", 0, -1):
-        ident = member.decode()
-        tid, n = client.hmget(f"debounce:{{0}}:open:{ident}", "id", "n")
-        out[split_ident(ident)[1]] = (tid.decode(), int(n))
-    return out
+    return {split_ident(r.ident or "")[1]: (r.task_id, r.calls) for r in open_records(app)}
 
 
 def test_bulk_sends_the_same_signals_as_single_calls(app: Celery) -> None:
@@ -202,20 +200,20 @@ def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
     sync = _task(app, [])
     calls = [((f"k{i % 40}",), {"n": i}) for i in range(100)]
     bad = window_ident(sync.name, "acct:k7")
-    redis_client.set(f"debounce:{{0}}:open:{bad}", "foreign")
+    redis_client.set(f"debounce:{{0}}:open:{bad}", "foreign")  # Redis only: a foreign key
     with pytest.raises(DebounceBulkError) as info:
         enqueue_many(sync, calls, chunk_size=16)
     error = info.value
     assert error.unwritten == [i for i in range(100) if i % 40 == 7]
     assert error.written == 100 - len(error.unwritten)
     assert all((r is None) == (i in error.unwritten) for i, r in enumerate(error.results))
-    windows = _windows_by_key(redis_client)
+    windows = _windows_by_key(app)
     for i, result in enumerate(error.results):
         if result is not None:
             assert windows[f"acct:k{i % 40}"][0] == result.id
-    redis_client.delete(f"debounce:{{0}}:open:{bad}")
+    redis_client.delete(f"debounce:{{0}}:open:{bad}")  # Redis only: the foreign key gone
     retried = enqueue_many(sync, [calls[i] for i in error.unwritten])
-    windows = _windows_by_key(redis_client)
+    windows = _windows_by_key(app)
     assert sum(n for _, n in windows.values()) == 100  # every call counted exactly once
     assert windows["acct:k7"] == (retried[0].id, 3)
 
@@ -254,12 +252,12 @@ def test_a_connection_killed_mid_batch_reports_exactly_what_was_written(
     error = info.value
     assert 0 < error.written < total and error.unknown == []
     assert error.written + len(error.unwritten) == total
-    windows = _windows_by_key(redis_client)
+    windows = _windows_by_key(app)
     assert sum(n for _, n in windows.values()) == error.written
     for i, result in enumerate(error.results):
         if result is not None:
             assert windows[f"acct:u{i % 30_000}"][0] == result.id
     enqueue_many(sync, [calls[i] for i in error.unwritten], chunk_size=500)
-    windows = _windows_by_key(redis_client)
+    windows = _windows_by_key(app)
     assert len(windows) == 30_000
     assert {n for _, n in windows.values()} == {2}  # each call counted exactly once

@@ -3,21 +3,23 @@ take.lua looks for, and the combinations that cannot wait are refused by name.""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
 import pytest
 import redis
-from celery import group
+from celery import Celery, group
 from helpers import make_app, wait_until
+from reads import held_count, held_idents, open_payload, state_of, store_time_ms
 
 from celery_debounce import DebounceConfigError, DebouncedTask, enqueue_many, send_task
 from celery_debounce.store.idents import window_ident
 
 
-def _exclusive(client: redis.Redis, task: str, key: str) -> bool:
-    options = client.hget(f"debounce:{{0}}:open:{window_ident(task, key)}", "o") or b""
-    return b'"debounce_exclusive"' in options
+def _exclusive(app: Celery, task: str, key: str) -> bool:
+    record = open_payload(app, task, key)
+    return record is not None and '"debounce_exclusive"' in record.options_json
 
 
 def test_every_way_in_marks_an_exclusive_window(
@@ -89,9 +91,9 @@ def test_every_way_in_marks_an_exclusive_window(
         ("ex.byname", "k:n"),
         ("ex.off", "k:per-call"),
     ]:
-        assert _exclusive(redis_client, task, key), (task, key)
-    assert not _exclusive(redis_client, "ex.off", "k:not")
-    assert not _exclusive(redis_client, "ex.off", "k:joined")
+        assert _exclusive(app, task, key), (task, key)
+    assert not _exclusive(app, "ex.off", "k:not")
+    assert not _exclusive(app, "ex.off", "k:joined")
 
 
 @pytest.mark.parametrize(
@@ -165,9 +167,7 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
     first = lost.apply_async(("a",), expires=expires)
     record = f"debounce:{{0}}:win:{first.id}"
     wait_until(
-        lambda: (
-            dispatcher.dispatch_once() is not None and redis_client.hget(record, "st") == b"queued"
-        ),
+        lambda: dispatcher.dispatch_once() is not None and state_of(app, first.id) == "queued",
         10,
     )
     published = time.monotonic()
@@ -175,11 +175,10 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
     broker.delete("celery")  # the broker lost it: no worker will ever claim it
     follow = lost.delay("a")
     assert follow.id != first.id
-    held = "debounce:{0}:held"
     wait_until(
         lambda: (
             dispatcher.dispatch_once() is not None
-            and redis_client.zscore(held, window_ident("ex.lost", "k:a")) is not None
+            and window_ident("ex.lost", "k:a") in held_idents(app)
         ),
         10,
     )
@@ -190,6 +189,7 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
         )
         # expires + the grace + the once-a-second sweep, never the 30 s dispatch lease
         assert time.monotonic() - published < expires + 2 + 10
+        # Redis only: no store read returns a finished window's result state
         assert redis_client.hget(record, "rs") == b"REVOKED"
     else:
         until = time.monotonic() + 2.5
@@ -197,14 +197,14 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
             dispatcher.dispatch_once()
             time.sleep(0.1)
         assert broker.llen("celery") == 0
-        assert redis_client.hget(record, "st") == b"queued"
+        assert state_of(app, first.id) == "queued"
         DebounceAdmin(app).flush("ex.lost", "k:a")  # celery debounce flush --task --key
         wait_until(
             lambda: dispatcher.dispatch_once() is not None and broker.llen("celery") == 1, 10
         )
-    assert redis_client.hget(f"debounce:{{0}}:win:{follow.id}", "st") == b"queued"
-    assert not redis_client.zrange(held, 0, -1)  # held no more
-    assert (
+    assert state_of(app, follow.id) == "queued"
+    assert held_count(app) == 0  # held no more
+    assert (  # Redis only: no store read names the run that owns a key
         redis_client.hget(f"debounce:{{0}}:run:{window_ident('ex.lost', 'k:a')}", "id")
         == follow.id.encode()
     )
@@ -236,23 +236,17 @@ def test_a_cancelled_held_window_is_held_no_more(
     dispatcher = Dispatcher(app, name="cancel")
     first = cancelled.delay("c")
     wait_until(
-        lambda: (
-            dispatcher.dispatch_once() is not None
-            and redis_client.hget(f"debounce:{{0}}:win:{first.id}", "st") == b"queued"
-        ),
+        lambda: dispatcher.dispatch_once() is not None and state_of(app, first.id) == "queued",
         10,
     )
     cancelled.delay("c")
     ident = window_ident("ex.cancelled", "k:c")
     wait_until(
-        lambda: (
-            dispatcher.dispatch_once() is not None
-            and redis_client.zscore("debounce:{0}:held", ident) is not None
-        ),
+        lambda: dispatcher.dispatch_once() is not None and ident in held_idents(app),
         10,
     )
     DebounceAdmin(app).cancel("ex.cancelled", "k:c")
-    assert redis_client.zscore("debounce:{0}:held", ident) is None
+    assert held_count(app) == 0
 
 
 def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
@@ -270,11 +264,11 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
     app = make_app(
         redis_server, task_acks_late=True, worker_prefetch_multiplier=1, task_ignore_result=True
     )
-    log = "runs:rq"
+    log: list[str] = []  # the threads pool runs in this process
+    attempts = itertools.count(1)
 
     def now_ms() -> int:
-        secs, micros = redis_client.time()
-        return int(secs) * 1000 + int(micros) // 1000
+        return store_time_ms(app)
 
     @app.task(
         base=DebouncedTask,
@@ -287,15 +281,15 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
         debounce_exclusive=True,
     )
     def requeued(self: DebouncedTask, key: str, n: int = 0) -> int:
-        redis_client.rpush(log, f"start {self.request.id} {now_ms()}")
-        if n == 0 and redis_client.incr("rq:attempt") == 1:
-            wait_until(lambda: redis_client.zcard("debounce:{0}:held"), 10)
+        log.append(f"start {self.request.id} {now_ms()}")
+        if n == 0 and next(attempts) == 1:
+            wait_until(lambda: held_count(app), 10)
             for _ in range(2):  # a backlog the requeued message waits behind
                 backlog.delay(0.5)
-            redis_client.rpush(log, f"end {self.request.id} {now_ms()}")
+            log.append(f"end {self.request.id} {now_ms()}")
             raise Reject("not now", requeue=True)
         time.sleep(1.0)
-        redis_client.rpush(log, f"end {self.request.id} {now_ms()}")
+        log.append(f"end {self.request.id} {now_ms()}")
         return n
 
     @app.task(shared=False, name="ex.backlog")
@@ -304,12 +298,12 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
 
     with running_worker(app, pool="threads", concurrency=2):
         first = requeued.delay("a")
-        wait_until(lambda: redis_client.llen(log), 10)
+        wait_until(lambda: log, 10)
         follow = requeued.delay("a", 1)
         assert follow.id != first.id
-        wait_until(lambda: redis_client.llen(log) == 6, 20)
+        wait_until(lambda: len(log) == 6, 20)
         time.sleep(0.5)  # nothing more runs
-    events = [r.decode().split() for r in redis_client.lrange(log, 0, -1)]
+    events = [r.split() for r in list(log)]
     assert [e[:2] for e in events] == [
         ["start", first.id],
         ["end", first.id],  # put back

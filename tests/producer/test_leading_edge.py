@@ -328,6 +328,7 @@ def test_neither_edge_is_refused_per_call_and_writes_nothing(
         job.apply_async((1,), debounce_trailing="no")
     with pytest.raises(DebounceConfigError, match=r"cannot be combined with task_id="):
         job.apply_async((1,), task_id="fixed", debounce_trailing=False)  # see design.md
+    # Redis only: no key of any kind
     assert not list(redis_client.scan_iter(match="debounce:*"))
 
 
@@ -602,6 +603,7 @@ def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
 
     with pytest.raises(DebounceConfigError, match=r"^task_id='fixed': enqueue_many"):
         enqueue_many(job, [(("u1",), {}), (("u1",), {})], task_id="fixed")
+    # Redis only: no key of any kind
     assert not list(redis_client.scan_iter(match="debounce:*"))
 
 
@@ -634,6 +636,7 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
     with pytest.raises(DebounceBackendError):
         job.delay(1)
     assert time.monotonic() - start < 10
+    # Redis only: no key of any kind
     assert not list(redis_client.scan_iter(match="debounce:*"))
 
 

@@ -14,6 +14,7 @@ import redis
 from celery import Celery, group
 from celery.result import AsyncResult
 from helpers import make_app, running_worker, wait_until
+from reads import open_count, open_records
 
 from celery_debounce import DebouncedTask
 from celery_debounce.producer.confcache import always_eager
@@ -97,10 +98,10 @@ def test_task_always_eager_is_read_again_whenever_the_configuration_changes(
     assert always_eager(app) is False
     app.conf.task_always_eager = True
     assert t.delay(3).get() == 30  # inline: no window
-    assert not list(redis_client.scan_iter(match="debounce:*:open:*"))
+    assert open_count(app) == 0
     app.conf.update(task_always_eager=False)
     assert t.delay(3).state == "PENDING"
-    assert len(list(redis_client.scan_iter(match="debounce:*:open:*"))) == 1
+    assert open_count(app) == 1
     app.conf["task_always_eager"] = True
     assert always_eager(app) is True
     app.conf.pop("task_always_eager")
@@ -142,6 +143,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     for _ in range(5):
         assert t.delay(1).id == first.id
     assert store.transport._lease.conn is conn  # kept, not checked out per call
+    # Redis only: killed connections
     redis_client.client_kill_filter(_type="normal", skipme=True)
     assert t.delay(1).id == first.id  # reconnected before sending: not an unknown outcome
     ids: list[str] = []
@@ -158,8 +160,7 @@ def test_each_thread_keeps_one_connection_and_a_killed_one_is_replaced(
     conns.clear()
     pool = store.client.connection_pool
     wait_until(lambda: len(pool._in_use_connections) == 1, timeout=5)  # released at exit
-    record = redis_client.hgetall(next(redis_client.scan_iter(match="debounce:*:open:*")))
-    assert record[b"n"] == b"8"
+    assert open_records(app)[0].calls == 8
 
 
 # -- concurrent gate calls share round trips (store._Combiner) ----------------------
@@ -261,6 +262,7 @@ def test_concurrent_calls_are_batched_and_each_gets_its_window(
     combiner._send = counting  # type: ignore[method-assign]
     combiner._send_alone = counting_alone  # type: ignore[method-assign]
     # a script that holds the server 50 ms: calls made meanwhile queue up
+    # Redis only: a script that holds the server
     slow = redis_client.register_script(
         "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
         "until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 50000 return 1"

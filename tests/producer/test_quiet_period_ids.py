@@ -61,6 +61,7 @@ def test_a_suppressed_call_never_gets_the_id_of_an_expired_result(
         assert 2 <= len(ids) <= 4 and len(runs) == len(ids)
         digest.delay("u1", i)  # in a quiet period now (a loaded machine may have let it end)
         # read before the worker stops: its shutdown may outlast the 2 s quiet period
+        # Redis only: no store read returns a quiet period\'s max wait
         quiet = redis_client.hgetall(f"{TAG}:quiet:{window_ident(digest.name, 'u1')}")
     assert int(quiet[b"mw"]) == 2000  # the ceiling: result_expires, not max wait
 
@@ -70,6 +71,7 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
     redis_client: redis.Redis,
 ) -> None:
     for expires in (None, 0, 3600):
+        # Redis only: set-up
         redis_client.flushall()
         app = make_app(redis_server, result_expires=expires)
 
@@ -100,6 +102,7 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
         t.delay("u")
         both.delay("u")  # both edges: suppressed calls join a trailing window, no cap
         for task, mw in ((t, 60_000), (both, 7_200_000)):
+            # Redis only: no store read returns a quiet period\'s max wait
             quiet: Any = redis_client.hgetall(f"{TAG}:quiet:{window_ident(task.name, 'u')}")
             assert int(quiet[b"mw"]) == mw, (expires, task.name)
 
@@ -122,6 +125,7 @@ def test_every_way_in_gets_the_ceiling(redis_server: str, redis_client: redis.Re
     def plain(user: str) -> None: ...
 
     def mw(name: str, key: str) -> int:
+        # Redis only: no store read returns a quiet period\'s max wait
         quiet: Any = redis_client.hgetall(f"{TAG}:quiet:{window_ident(name, key)}")
         return int(quiet[b"mw"])
 

@@ -21,6 +21,7 @@ from celery import Celery
 from helpers import running_worker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reads import open_payload
 
 from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
@@ -30,7 +31,15 @@ TAG = "debounce:{0}"
 
 
 def _record(client: redis.Redis, task: Any, key: str) -> dict[bytes, bytes]:
+    """Redis only: the whole hash, each field (an embed too) or its absence."""
     return client.hgetall(f"{TAG}:open:{window_ident(task.name, key)}")  # type: ignore[return-value]
+
+
+def _body(app: Celery, task: Any, key: str) -> bytes:
+    """The payload of the open window of (task, key), read through the store."""
+    record = open_payload(app, task.name, key)
+    assert record is not None and record.payload is not None
+    return record.payload
 
 
 def _tasks(app: Celery, seen: dict[str, Any], **opts: Any) -> tuple[Any, Any, Any]:
@@ -70,7 +79,7 @@ def test_a_replacing_joiner_replaces_the_arguments_not_the_openers_link(
     first = t.apply_async(("a",), link=opener_cb.s())
     t.apply_async(("b",), link=joiner_cb.s(), link_error=joiner_cb.si("err"))
     t.apply_async(({'}]"\\': ", {}]"},), link=joiner_cb.s())
-    body = json.loads(_record(redis_client, t, "k")[b"p"])
+    body = json.loads(_body(app, t, "k"))
     assert body[0] == [{'}]"\\': ", {}]"}] and body[1] == {}
     assert body[2] == {"callbacks": [json.loads(json.dumps(dict(opener_cb.s())))]}
     with running_worker(app):
@@ -127,9 +136,9 @@ def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
         }[kind]
 
     v.apply_async(("}]", {"a": '"'}), {"o": "]"}, **links(opener_embed, opener_cb))
-    opener = json.loads(_record(redis_client, v, "k")[b"p"])
+    opener = json.loads(_body(app, v, "k"))
     v.apply_async(args, {"k": "}\\"}, **links(joiner_embed, joiner_cb))
-    body = json.loads(_record(redis_client, v, "k")[b"p"])
+    body = json.loads(_body(app, v, "k"))
     assert body == [list(args), {"k": "}\\"}, opener[2]]
 
 
@@ -144,13 +153,13 @@ def test_a_joiner_of_another_serializer_is_refused_and_writes_nothing(
     seen: dict[str, Any] = {}
     t, _, _ = _tasks(app, seen)
     first = t.delay("a")
-    before = _record(redis_client, t, "k")
+    before = _record(redis_client, t, "k")  # Redis only: every field, the embed too
     with pytest.raises(DebounceConfigError, match=r"application/json.*x-python-serialize"):
         t.apply_async(("b",), serializer="pickle")
     assert _record(redis_client, t, "k") == before
     t.delay("c")  # a joiner of the window's serializer still replaces
-    assert json.loads(_record(redis_client, t, "k")[b"p"])[0] == ["c"]
-    assert b"ct" not in _record(redis_client, t, "k")
+    assert json.loads(_body(app, t, "k"))[0] == ["c"]
+    assert b"ct" not in _record(redis_client, t, "k")  # Redis only: the field left out
     with running_worker(app):
         assert first.get(timeout=10) == "c"
 
@@ -166,8 +175,8 @@ def test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_i
     t, opener_cb, joiner_cb = _tasks(app, seen)
     first = t.apply_async(("a",), link=opener_cb.s())
     t.apply_async(("b",), link=opener_cb.s())  # the same link: replaced
-    assert pickle.loads(_record(redis_client, t, "k")[b"p"])[0] == ("b",)
-    before = _record(redis_client, t, "k")
+    assert pickle.loads(_body(app, t, "k"))[0] == ("b",)
+    before = _record(redis_client, t, "k")  # Redis only: every field, the embed too
     with pytest.raises(DebounceConfigError, match=r"link/link_error/chain/chord"):
         t.apply_async(("c",), link=joiner_cb.s())
     with pytest.raises(DebounceConfigError, match=r"link/link_error/chain/chord"):
@@ -199,15 +208,17 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
         "p": json.dumps([["a"], {}, {"callbacks": [cb]}]),
     }
     ident = window_ident(t.name, "k")
+    # Redis only: records as an older release wrote them
     redis_client.hset(f"{TAG}:open:{ident}", mapping=legacy)  # type: ignore[arg-type]
     redis_client.zadd(f"{TAG}:due", {ident: now + 300})
     t.apply_async(("b",), link=joiner_cb.s())
-    body = json.loads(_record(redis_client, t, "k")[b"p"])
+    body = json.loads(_body(app, t, "k"))
     assert body == [["b"], {}, {"callbacks": [cb]}]
     with running_worker(app):
         assert app.AsyncResult("legacy-json").get(timeout=10) == "b"
         wait_until(lambda: "opener_cb" in seen)
     assert seen == {"opener_cb": ["b"]}
+    # Redis only: records as an older release wrote them
     redis_client.hset(
         f"{TAG}:open:{ident}",
         mapping={  # type: ignore[arg-type]
@@ -221,7 +232,7 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
     )
     redis_client.zadd(f"{TAG}:due", {ident: now + 60_000})
     t.apply_async(("c",), serializer="pickle")
-    assert pickle.loads(_record(redis_client, t, "k")[b"p"])[0] == ("c",)
+    assert pickle.loads(_body(app, t, "k"))[0] == ("c",)
     redis_client.hset(
         f"{TAG}:open:{ident}",
         mapping={  # type: ignore[arg-type]
@@ -234,7 +245,7 @@ def test_windows_written_by_0_2_still_dispatch_and_keep_their_embed(
         },
     )
     t.apply_async(("d",), link=joiner_cb.s())  # the default type spelt out is the same
-    assert json.loads(_record(redis_client, t, "k")[b"p"]) == [["d"], {}, {"callbacks": [cb]}]
+    assert json.loads(_body(app, t, "k")) == [["d"], {}, {"callbacks": [cb]}]
 
 
 def test_the_splice_runs_on_fakeredis_too(app_factory: Any) -> None:
@@ -280,6 +291,7 @@ def test_any_json_arguments_splice_before_the_openers_embed(
     """Hypothesis: any JSON arguments (strings of brackets, quotes, backslashes,
     escapes) of the opener and a replacing joiner, each with 0 to 2 links: the body
     is the joiner's arguments and the opener's embed."""
+    # Redis only: set-up
     redis_client.flushdb()
     app = app_factory()
 
@@ -299,6 +311,6 @@ def test_any_json_arguments_splice_before_the_openers_embed(
         return {"link": [h.si(tag)] * n} if n else {}
 
     h.apply_async((opener,), **links(opener_links, opener))
-    want = json.loads(_record(redis_client, h, "k")[b"p"])[2]
+    want = json.loads(_body(app, h, "k"))[2]
     h.apply_async((joiner,), **links(joiner_links, joiner))
-    assert json.loads(_record(redis_client, h, "k")[b"p"]) == [[joiner], {}, want]
+    assert json.loads(_body(app, h, "k")) == [[joiner], {}, want]

@@ -25,6 +25,7 @@ import redis
 from fault_app import build
 from green_callers import assert_each_call_got_its_window, key_of
 from helpers import stop_process, wait_until
+from reads import state_of
 from test_faults import TESTS, env_for, runs, worker_process
 from test_tls_acl import make_certs
 
@@ -39,22 +40,22 @@ def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
 ) -> None:
     log = tmp_path / "worker.log"
     app = build(redis_server)
-    redis_client.set("block:g", 1)  # the run waits (gevent-patched sleeps) until we delete it
+    # Redis only: the fault app's flag; the run waits (gevent-patched sleeps) until deleted
+    redis_client.set("block:g", 1)
     with worker_process(
         redis_server, log, pool="gevent", extra_env={"FAULT_DISPATCHER_PROCESS": "1"}
     ):
         calls = [app.tasks["faults.record"].delay("g") for _ in range(3)]
         assert len({c.id for c in calls}) == 1
         wait_until(lambda: runs(redis_client, "g") == [calls[0].id], 15)
-        key = f"debounce:{{0}}:win:{calls[0].id}"
         began = time.monotonic()
         while time.monotonic() - began < 3 * 2.0:  # three claim leases (2 s in fault_app)
-            assert redis_client.hget(key, "st") == b"claimed", (
+            assert state_of(app, calls[0].id) == "claimed", (
                 "the claim went stale while its run was alive"
             )
             time.sleep(0.25)
-        redis_client.delete("block:g")
-        wait_until(lambda: redis_client.hget(key, "st") == b"finished", 15)
+        redis_client.delete("block:g")  # Redis only: the fault app's flag
+        wait_until(lambda: state_of(app, calls[0].id) == "finished", 15)
         other = app.tasks["faults.record"].delay("h")
         wait_until(lambda: runs(redis_client, "h") == [other.id], 15)
     assert runs(redis_client, "g") == [calls[0].id]  # once

@@ -1,6 +1,9 @@
 """A claim lease's budget: a claim is lost only when its worker cannot reach Redis for
 the whole lease (docs/configuration.md, "Claim lease").
 
+Redis only, and read raw here: a claim's lease end (its score in the claims set), which
+no store read returns; the claims the renewal tests plant; the exclusive app's run log.
+
 The worker's link to the windows' Redis goes through a proxy that goes silent
 (tests/fault_proxy.py ``silence``: bytes swallowed both ways, nothing refused); the
 dispatcher and the test reach Redis directly.
@@ -19,6 +22,7 @@ import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
 from helpers import make_app, running_worker, wait_until
+from reads import counters, held_count
 
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -117,7 +121,7 @@ def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
         wait_until(lambda: runs(redis_client, "e"), 15)
         score = wait_until(lambda: redis_client.zscore(CLAIMS, first.id), 5)
         follow = task.delay("e", 1)
-        wait_until(lambda: redis_client.zcard("debounce:{0}:held"), 5)  # held behind it
+        wait_until(lambda: held_count(dispatcher), 5)  # held behind it
         # a renewal went through (the score moved): the next is due a period later
         wait_until(lambda: (redis_client.zscore(CLAIMS, first.id) or 0) > score, LEASE)
         renewed = time.monotonic()
@@ -134,7 +138,7 @@ def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
         assert time.monotonic() > silent_until
         assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
         assert [e[:2] for e in runs(redis_client, "e")] == [["start", first.id]]
-        redis_client.set("go:e", 1)
+        redis_client.set("go:e", 1)  # Redis only: the exclusive app's flag: the run ends
         wait_until(lambda: len(runs(redis_client, "e")) == 4, 15)
         time.sleep(0.5)  # nothing more runs
     events = runs(redis_client, "e")
@@ -145,7 +149,7 @@ def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
         ["end", follow.id],
     ]
     assert int(events[2][2]) >= int(events[1][2])  # the follow-up started after the run
-    assert not redis_client.hget("debounce:{0}:stats", "d|lease.exclusive")  # no duplicate
+    assert not counters(dispatcher).get("d|lease.exclusive")  # no duplicate
 
 
 def test_a_failed_renewal_costs_one_timeout_not_two(
@@ -356,6 +360,7 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     except DebounceBackendError as exc:
         lost = exc
     assert fault_proxy.fired == 1
+    # Redis only: no store read returns a window's publish failures
     record = redis_client.hgetall(f"debounce:{{0}}:win:{window.task_id}")
     assert record.get(b"fl") == b"1"  # ran once, counted once
     assert isinstance(lost, DebounceOutcomeUnknown), lost

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 from helpers import make_app, running_worker, wait_until
+from reads import open_window, state_of, taken_record
 
 from celery_debounce import DebouncedTask
 from celery_debounce.testing.servers import LocalRedis
@@ -73,6 +74,12 @@ class _Deferrals(logging.Handler):
         self.logger.setLevel(self.level_before)
 
 
+def _open_id(app: Any, task: str) -> str | None:
+    """The id of the open window of ``task`` under key ``k``, read through the store."""
+    record = open_window(app, task, "k")
+    return None if record is None else record.task_id
+
+
 @pytest.mark.parametrize("acks_late", [False, True])
 def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
     redis_client: redis.Redis,
@@ -106,18 +113,19 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
         record = f"debounce:{{0}}:win:{result.id}"
         _pause(replica)
         # stopped before the window was taken (else its claim was acknowledged)
-        assert redis_client.hget("debounce:{0}:open:10:wc.delayed:k", "id") == result.id.encode()
+        assert _open_id(app, "wc.delayed") == result.id
         try:
             # taken and published (not waited for), delivered, claimed, refused by WAIT,
             # undone and sent through the broker again, each time while it lasts
             wait_until(lambda: deferred.count >= 3, timeout=20)
             assert runs == []
-            assert redis_client.hget(record, "st") in (b"queued", b"dispatching")
+            assert state_of(app, result.id) in ("queued", "dispatching")
+            # Redis only: no store read lists the claims set
             assert redis_client.zscore("debounce:{0}:claims", result.id) is None
         finally:
             _resume(replica)
         assert result.get(timeout=15) == 7
-        wait_until(lambda: redis_client.hget(record, "st") == b"finished", timeout=10)
+        wait_until(lambda: state_of(app, result.id) == "finished", timeout=10)
         # no second run: no delivery is left (the one that ran finished the window)
         stop = threading.Event()
         stop.wait(1.5)
@@ -154,7 +162,7 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
             assert result.get(timeout=15) == 3
             record = f"debounce:{{0}}:win:{result.id}"
             # on the master: the outcome is stored before the finish is sent (a race)
-            wait_until(lambda: redis_client.hget(record, "st") == b"finished", timeout=15)
+            wait_until(lambda: state_of(app, result.id) == "finished", timeout=15)
             wait_until(lambda: marks.pending() == 1, timeout=15)
         finally:
             _resume(replica)
@@ -185,7 +193,7 @@ def test_without_wait_replicas_a_claim_sends_no_wait(
         return n
 
     with running_worker(app):
-        redis_client.config_resetstat()
+        redis_client.config_resetstat()  # Redis only: the commands it was sent
         assert work.delay(1).get(timeout=10) == 1
     assert "cmdstat_wait" not in redis_client.info("commandstats")
     assert "debounce_ident" not in seen and "debounce_tag" in seen
@@ -219,9 +227,9 @@ def test_a_delivery_whose_window_is_still_open_here_is_skipped(
     result = work.delay()  # open, not taken (no dispatcher runs)
     store = store_for(app)
     ident = "7:wc.work:k"
-    assert redis_client.hget(f"debounce:{{0}}:open:{ident}", "id") == result.id.encode()
+    assert _open_id(app, "wc.work") == result.id
     assert store.claim(0, result.id, "wc.work", False, ident) == ("pending", False)
-    assert not redis_client.exists(f"debounce:{{0}}:win:{result.id}")
+    assert taken_record(app, result.id) is None
     assert store.claim(0, "other-id", "wc.work", False, ident) == ("", True)
     assert store.claim(0, result.id, "wc.work", False, "") == ("", True)
 
@@ -255,12 +263,13 @@ def test_unclaim_undoes_only_the_claim_it_names(
     keys = store._record_keys(0, task_id)
     before, at, run = store.run_once("claim", keys, store._claim_args(task_id, "wc.un", False))
     assert (before, int(run)) == (b"dispatching", 1)
-    record = f"debounce:{{0}}:win:{task_id}"
     assert store.run_once("unclaim", keys, [task_id, int(at) - 1, "dispatching"]) == 0
-    assert redis_client.hget(record, "st") == b"claimed"
+    assert state_of(app, task_id) == "claimed"
+    # Redis only: no store read lists the claims set
     assert redis_client.zscore("debounce:{0}:claims", task_id) is not None
     assert store.run_once("unclaim", keys, [task_id, int(at), "dispatching"]) == 1
-    assert redis_client.hget(record, "st") == b"dispatching"
+    assert state_of(app, task_id) == "dispatching"
+    # Redis only: no store read lists the claims set
     assert redis_client.zscore("debounce:{0}:claims", task_id) is None
     # the next delivery claims it and runs
     assert store.claim(0, task_id, "wc.un") == ("dispatching", True)
@@ -291,7 +300,7 @@ def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
             key = f"wp{attempt}"
             call = app.tasks["faults.record"].delay(key)
             _pause(replica)
-            if redis_client.exists(f"debounce:{{0}}:open:13:faults.record:k:{key}"):
+            if open_window(app, "faults.record", f"k:{key}") is not None:
                 break
             _resume(replica)
         else:
@@ -301,8 +310,7 @@ def test_a_refused_claim_in_a_prefork_child_is_delayed_not_lost_or_doubled(
             assert runs(redis_client, key) == []
         finally:
             _resume(replica)
-        record = f"debounce:{{0}}:win:{call.id}"
-        wait_until(lambda: redis_client.hget(record, "st") == b"finished", 20)
+        wait_until(lambda: state_of(app, call.id) == "finished", 20)
         # every copy still in flight is delivered and skipped (or was): none runs
         settled = threading.Event()
         settled.wait(6.0)
@@ -344,10 +352,10 @@ def test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits(
         )
     )
     assert type(store) is WaitedStore
-    record = f"debounce:{{0}}:win:{task_id}"
     with pytest.raises(NotReplicated):
         store.claim(0, task_id, "wc.late")
-    assert redis_client.hget(record, "st") == b"dispatching"  # undone
+    assert state_of(app, task_id) == "dispatching"  # undone
     assert store.claim_late(0, task_id, "wc.late") == ("dispatching", True)
-    assert redis_client.hget(record, "st") == b"claimed"  # kept, not undone
+    assert state_of(app, task_id) == "claimed"  # kept, not undone
+    # Redis only: no store read lists the claims set
     assert redis_client.zscore("debounce:{0}:claims", task_id) is not None
