@@ -15,12 +15,11 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 from reads import counters, open_count, state_of, taken_count, taken_ids, taken_record
 
 from celery_debounce import (
     DebounceBackendError,
-    DebouncedTask,
     WindowQuarantined,
     enqueue_many,
 )
@@ -35,9 +34,8 @@ TAG = "debounce:{0}"
 
 
 def _task(app: Celery, name: str = "iso.t") -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name=name,
         debounce="1ms",
         debounce_max_wait="1ms",

@@ -10,9 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from helpers import running_worker, wait_until
-
-from celery_debounce import DebouncedTask
+from helpers import debounced, running_worker, wait_until
 
 
 def _listen(
@@ -37,9 +35,8 @@ def test_celery_events_show_a_debounced_runs_real_arguments(
     app = app_factory(worker_send_task_events=True, task_send_sent_event=True)
     calls: list[Any] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ev.report",
         bind=True,
         debounce="300ms",

@@ -22,13 +22,12 @@ import pytest
 import redis
 from celery import Celery
 from celery.exceptions import Reject
-from helpers import make_app, running_worker, stop_process, wait_until
+from helpers import debounced, make_app, running_worker, stop_process, wait_until
 from kombu import Connection, Exchange, Queue
 from quorum_app import build
 from rabbitmq_node import RabbitNode
 from reads import state_of
 
-from celery_debounce import DebouncedTask
 from celery_debounce.worker.deliveries import DeliveryLimitReached, delivery_limit, dropped_delivery
 
 pytestmark = pytest.mark.rabbitmq
@@ -135,9 +134,8 @@ def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_k
     app, qname = quorum_app(redis_server, rabbit)
     deliveries: list[Any] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         acks_late=True,
         debounce="100ms",
@@ -158,7 +156,8 @@ def test_a_window_requeued_on_its_last_delivery_resolves_its_ids_and_frees_its_k
             with pytest.raises(DeliveryLimitReached):
                 result.get(timeout=30)
         assert deliveries == [None, 1, 2]  # a first delivery by basic.consume has no count
-        assert state_of(app, first.id) == "finished"
+        # the result is stored before the window's record is finished
+        wait_until(lambda: state_of(app, first.id) == "finished", timeout=10)
         # Redis only: no store read returns a result state, nor the run that owns a key
         record = redis_client.hgetall(f"debounce:{{0}}:win:{first.id}")
         assert record.get(b"rs") == b"FAILURE", record
@@ -239,7 +238,7 @@ def test_a_pool_child_lost_on_the_last_delivery_resolves_its_window(
     # Redis only: the run log the worker processes write
     counts = [r.decode().split()[0] for r in redis_client.lrange(f"runs:{key}", 0, -1)]
     assert counts == ["None", "1", "2"], log.read_text()
-    assert state_of(app, call.id) == "finished"
+    wait_until(lambda: state_of(app, call.id) == "finished", timeout=10)
     # Redis only: no store read returns a result state, nor the run that owns a key
     record = redis_client.hgetall(f"debounce:{{0}}:win:{call.id}")
     assert record[b"rs"] == b"FAILURE"
@@ -280,7 +279,7 @@ def test_the_whole_worker_killed_on_the_last_delivery_resolves_its_window(
     try:
         app.AsyncResult(call.id).get(timeout=60, propagate=False)
         assert app.AsyncResult(call.id).state == "REVOKED"
-        assert state_of(app, call.id) == "finished"
+        wait_until(lambda: state_of(app, call.id) == "finished", timeout=10)
         # Redis only: no store read returns a finished window's result state
         assert redis_client.hget(f"debounce:{{0}}:win:{call.id}", "rs") == b"REVOKED"
     finally:

@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 from celery.signals import before_task_publish
 from fault_app import build
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from kombu import Exchange, Queue
 from prometheus_client import CollectorRegistry
 from rabbitmq_node import RabbitNode, own_queue
@@ -37,7 +37,7 @@ from test_faults import (
     worker_process,
 )
 
-from celery_debounce import DebouncedTask, WindowQuarantined
+from celery_debounce import WindowQuarantined
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.dispatch.publishers import AmqpPublisher, PoolPublisher
 from celery_debounce.ops import metrics
@@ -106,9 +106,8 @@ def test_openers_queue_and_priority_are_honoured_by_a_priority_queue(
     )
     order: list[tuple[str, Any, Any]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="100ms",
         debounce_key="k:{0}",
@@ -352,9 +351,8 @@ def test_an_unroutable_message_is_retried_then_quarantined_with_the_reason(
     )
     ran: list[str] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="100ms",
         debounce_key="{0}",
         debounce_max_wait="1s",
@@ -408,9 +406,8 @@ def test_a_queue_deleted_after_its_first_publish_is_declared_again_not_quarantin
     qname = own_queue()
     app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False, task_default_queue=qname)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="100ms",
         debounce_key="{0}",
         debounce_max_wait="1s",
@@ -451,9 +448,8 @@ def test_a_message_that_expires_in_a_rabbitmq_queue_finishes_its_window_revoked(
     qname = own_queue()
     app = rabbit_app(redis_server, rabbit, debounce_dispatcher=False, task_default_queue=qname)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="100ms",
         debounce_key="{0}",
         debounce_max_wait="1s",

@@ -13,10 +13,9 @@ from typing import Any
 
 import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 from reads import open_payload, state_of, taken_record
 
-from celery_debounce import DebouncedTask
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store.idents import window_ident
 
@@ -48,9 +47,7 @@ def _payload(app: Celery, task: Any, key: str) -> bytes | None:
 def _task(app: Celery, name: str = "raw.t", **opts: Any) -> Any:
     opts.setdefault("debounce_key", "{0}")
 
-    @app.task(
-        base=DebouncedTask, shared=False, name=name, debounce="1ms", debounce_max_wait="1ms", **opts
-    )
+    @debounced(app, name=name, debounce="1ms", debounce_max_wait="1ms", **opts)
     def t(x: Any) -> Any:
         return x
 
@@ -136,9 +133,8 @@ def test_the_worker_gets_the_stored_body_headers_and_callbacks(
     app = app_factory()
     seen: dict[str, Any] = {}
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="raw.see",
         bind=True,
         debounce="300ms",
@@ -209,9 +205,8 @@ def test_ignore_result_is_the_tasks_own_unless_the_call_sets_it(
     app = app_factory()
     done: list[str] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="raw.quiet",
         ignore_result=True,
         debounce="1ms",
@@ -261,9 +256,8 @@ def test_an_opener_in_a_group_or_chord_carries_its_group_and_chord_as_plain_cele
 
     app = app_factory()
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="raw.member",
         debounce="50ms",
         debounce_max_wait="1s",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import debounce_command
+from helpers import debounce_command, debounced
 
 TESTS = Path(__file__).parents[1]
 MISSPELT = (
@@ -106,9 +106,8 @@ def test_a_definition_refused_at_once_names_its_task() -> None:
         return x
 
     with pytest.raises(DebounceConfigError, match=r"^check\.eager: debounce_leading='yes'"):
-        app.task(
-            base=DebouncedTask,
-            shared=False,
+        debounced(
+            app,
             lazy=False,
             name="check.eager",
             debounce="1s",
@@ -118,9 +117,8 @@ def test_a_definition_refused_at_once_names_its_task() -> None:
     with pytest.raises(
         DebounceConfigError, match=r"^check\.eager: debounce_key='\{nope\}'"
     ):  # named already
-        app.task(
-            base=DebouncedTask,
-            shared=False,
+        debounced(
+            app,
             lazy=False,
             name="check.eager",
             debounce="1s",

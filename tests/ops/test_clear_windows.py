@@ -12,18 +12,16 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app
+from helpers import debounced, make_app
 
-from celery_debounce import DebouncedTask
 from celery_debounce.testing import clear_windows
 
 
 def _app_with_a_window(redis_server: str, prefix: str) -> Any:
     app = make_app(redis_server, debounce_key_prefix=prefix)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="clear.t",
         debounce="1m",
         debounce_max_wait="2m",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import redis
-from helpers import debounce_command
+from helpers import debounce_command, debounced
 
 HERE = Path(__file__).parents[1]
 
@@ -96,15 +96,13 @@ def test_listing_never_skips_a_window_when_one_at_the_same_deadline_leaves(
     between two steps of the walk: every window is still listed, none twice."""
     from helpers import make_app
 
-    from celery_debounce import DebouncedTask, enqueue_many
+    from celery_debounce import enqueue_many
     from celery_debounce.ops.read_view import walk_pending
     from celery_debounce.store import store_for
 
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
-    )
+    @debounced(app, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
     def job(key: str) -> None:
         pass
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app, stop_process, wait_until
+from helpers import debounced, make_app, stop_process, wait_until
 
 from celery_debounce.ops import metrics
 from celery_debounce.testing.servers import free_port
@@ -569,13 +569,12 @@ def test_store_gauges_read_the_store(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from celery_debounce import DebouncedTask, enqueue_many
+    from celery_debounce import enqueue_many
 
     app = app_factory(debounce_shards=2)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{0}",

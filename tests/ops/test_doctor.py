@@ -14,9 +14,8 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import CliRunner
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.doctor import Finding, diagnose
 from celery_debounce.store import WindowStore, store_for
 from celery_debounce.store.idents import shard_of, window_ident
@@ -52,9 +51,8 @@ def factory(request: pytest.FixtureRequest, redis_server: str) -> Iterator[Calla
 
 
 def _tasks(app: Celery) -> tuple[Any, Any]:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="doc.work",
         debounce="1h",
         debounce_max_wait="2h",
@@ -63,9 +61,8 @@ def _tasks(app: Celery) -> tuple[Any, Any]:
     def work(x: int) -> int:
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="doc.quick",
         debounce="50ms",
         debounce_max_wait="200ms",

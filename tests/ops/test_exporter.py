@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from helpers import make_app, stop_process, wait_until
+from helpers import debounced, make_app, stop_process, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from reads import store_time_ms
 
-from celery_debounce import DebouncedTask, enqueue_many
+from celery_debounce import enqueue_many
 from celery_debounce.ops.exporter import StoreCollector, exporter_registry
 from celery_debounce.store.redis.operators import SNAPSHOT_COMMANDS
 from celery_debounce.testing.servers import LocalRedis, free_port
@@ -104,9 +104,8 @@ def test_the_exporter_exports_what_redis_holds_and_stops_cleanly_on_sigterm(
 ) -> None:
     app = make_app(redis_server, debounce_shards=2)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="expapp.touch",
         debounce="1h",
         debounce_max_wait="2h",
@@ -211,9 +210,8 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
 ) -> None:
     app = app_factory(debounce_shards=3)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{0}",

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from helpers import make_app, wait_until
+from helpers import debounced, make_app, wait_until
 from prometheus_client import CollectorRegistry
 
-from celery_debounce import DebounceBackendError, DebouncedTask, Dispatcher
+from celery_debounce import DebounceBackendError, Dispatcher
 from celery_debounce.ops import metrics
 from celery_debounce.store.idents import window_ident
 from celery_debounce.testing.servers import LocalRedis
@@ -49,9 +49,8 @@ def test_enable_twice_returns_the_same_metrics_and_counts_each_call_once(
         metrics.enable(other).disable()
         app = make_app(redis_server)
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             debounce="1h",
             debounce_max_wait="2h",
             debounce_key="{0}",
@@ -92,7 +91,7 @@ def test_a_call_redis_does_not_answer_is_counted_by_error_and_timed(
     try:
         app = make_app(server.url, debounce_redis_timeout=1)
 
-        @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+        @debounced(app, debounce="1s", debounce_max_wait="2s")
         def lost() -> None:
             pass
 
@@ -120,9 +119,8 @@ def test_windows_a_dead_broker_kept_back_are_counted_as_broker_failures(
             broker_connection_max_retries=0,
         )
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             debounce="1ms",
             debounce_max_wait="1ms",
             debounce_key="{0}",
@@ -151,9 +149,8 @@ def test_a_window_whose_message_cannot_be_built_is_counted_as_quarantined_by_kin
 ) -> None:
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1ms",
         debounce_max_wait="1ms",
         debounce_key="{0}",
@@ -180,9 +177,7 @@ def test_metrics_add_no_redis_command_to_a_call(
 ) -> None:
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="{0}"
-    )
+    @debounced(app, debounce="1h", debounce_max_wait="2h", debounce_key="{0}")
     def counted(k: int) -> None:
         pass
 

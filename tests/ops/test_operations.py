@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import TaskRevokedError
-from helpers import cli, running_worker, wait_until
+from helpers import cli, debounced, running_worker, wait_until
 
 from celery_debounce import signals
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -339,12 +339,11 @@ def test_beat_scheduler_tick_dispatches_and_wakes_at_the_next_deadline(
 def test_beat_scheduler_interval_follows_the_next_deadline(
     app_factory: Any, tmp_path: Path
 ) -> None:
-    from celery_debounce import DebouncedTask
     from celery_debounce.dispatch.beat import DebounceScheduler
 
     app = app_factory(debounce_poll_interval=600, beat_max_loop_interval=300)
 
-    @app.task(base=DebouncedTask, shared=False, debounce="30s", debounce_max_wait="1m")
+    @debounced(app, debounce="30s", debounce_max_wait="1m")
     def later() -> None:
         pass
 

@@ -18,10 +18,10 @@ import redis
 from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from click.testing import CliRunner
-from helpers import debounce_command, make_app, running_worker, wait_until
+from helpers import debounce_command, debounced, make_app, running_worker, wait_until
 from reads import counters
 
-from celery_debounce import DebounceAdmin, DebouncedTask
+from celery_debounce import DebounceAdmin
 from celery_debounce.store.redis.server import maxmemory_policy
 
 HERE = Path(__file__).parents[1]
@@ -82,7 +82,7 @@ def evicting(redis_client: redis.Redis) -> Any:
 def test_an_evicting_redis_is_reported_by_workers_and_stats(
     app: Celery, redis_server: str, evicting: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="2s")
+    @debounced(app, debounce="1s", debounce_max_wait="2s")
     def noop() -> None:
         pass
 

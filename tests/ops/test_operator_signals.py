@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 from prometheus_client import CollectorRegistry
 from reads import store_time_ms
 
-from celery_debounce import DebounceAdmin, DebouncedTask
+from celery_debounce import DebounceAdmin
 from celery_debounce.ops import metrics
 from celery_debounce.ops.cli import render_table
 from celery_debounce.store.idents import window_ident
@@ -26,9 +26,8 @@ from celery_debounce.worker import ceiling
 def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
     """A window of an exclusive task held behind a (hand-made) queued run of its key."""
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="sig.ex",
         debounce="1h",
         debounce_max_wait="2h",
@@ -84,9 +83,8 @@ def test_an_exclusive_window_held_behind_a_run_is_not_a_max_wait_violation(
     app = app_factory(debounce_poll_interval=0.05)
     started = threading.Event()
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="sig.exclusive",
         debounce="50ms",
         debounce_max_wait="100ms",
@@ -125,9 +123,8 @@ def test_a_run_past_its_ceiling_counts_one_max_wait_violation(
     monkeypatch.setattr(ceiling, "MAX_WAIT_TOLERANCE_S", 0.2)
     app = app_factory(debounce_poll_interval=0.05)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="sig.late",
         debounce="50ms",
         debounce_max_wait="100ms",
@@ -136,9 +133,8 @@ def test_a_run_past_its_ceiling_counts_one_max_wait_violation(
     def late(x: int) -> int:
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="sig.on_time",
         debounce="50ms",
         debounce_max_wait="30s",

@@ -6,10 +6,10 @@ import time
 
 import redis
 from celery import Celery
-from helpers import make_app, wait_until
+from helpers import debounced, make_app, wait_until
 from prometheus_client import CollectorRegistry
 
-from celery_debounce import DebounceAdmin, DebouncedTask, Dispatcher
+from celery_debounce import DebounceAdmin, Dispatcher
 from celery_debounce.ops import metrics
 from celery_debounce.testing.servers import LocalRedis
 
@@ -28,7 +28,7 @@ def test_forced_metric_counts_windows_whose_first_publish_failed(
             broker_connection_max_retries=0,
         )
 
-        @app.task(base=DebouncedTask, shared=False, debounce="1ms", debounce_max_wait="1ms")
+        @debounced(app, debounce="1ms", debounce_max_wait="1ms")
         def forced(n: int) -> None:
             pass
 

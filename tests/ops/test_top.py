@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import stop_process, wait_until
+from helpers import debounced, stop_process, wait_until
 from reads import open_count, snapshots
 
-from celery_debounce import DebouncedTask, Dispatcher, enqueue_many
+from celery_debounce import Dispatcher, enqueue_many
 from celery_debounce.ops.admin import LATE_BUCKETS_MS, TaskStats
 from celery_debounce.ops.formatting import cell_width
 from celery_debounce.ops.top import History, Snapshot, read_snapshot, render
@@ -448,9 +448,8 @@ def test_a_refresh_sends_the_same_few_commands_whatever_the_number_of_windows(
 ) -> None:
     app = app_factory(debounce_shards=shards)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{0}",
@@ -477,9 +476,8 @@ def test_take_records_hot_keys_and_the_dispatcher_only_when_named(
 ) -> None:
     app = app_factory(debounce_history_ttl="30s")
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="10ms",
         debounce_max_wait="1s",
         debounce_key="u:{0}",
@@ -628,9 +626,8 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
 
     app = app_factory(debounce_shards=shards)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{0}",
@@ -638,9 +635,8 @@ def test_the_census_behind_open_per_task_reads_a_bounded_slice_per_refresh(
     def work(user: int) -> None:
         pass
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{0}",

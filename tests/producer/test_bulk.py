@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 from celery import Celery
-from helpers import package_keys, running_worker, wait_until
+from helpers import debounced, package_keys, running_worker, wait_until
 from reads import open_count, open_records, taken_count
 
 from celery_debounce import DebounceConfigError, DebouncedTask, DebounceKeyError, enqueue_many
@@ -13,9 +13,8 @@ from celery_debounce.ops.read_view import list_windows
 
 
 def _task(app: Celery, runs: list[tuple[str, int]]) -> DebouncedTask:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="300ms",
         debounce_key="acct:{account}",
         debounce_max_wait="10s",

@@ -28,11 +28,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
-from helpers import make_app
+from helpers import debounced, make_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_debounce import DebounceConfigError, DebouncedTask
+from celery_debounce import DebounceConfigError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 
 _SIG = {
@@ -130,9 +130,8 @@ def test_a_callback_only_pickle_encodes_is_refused_at_call_time_and_named(
     windows = redis.Redis.from_url(f"{redis_server}/0")
     windows.flushdb()
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="parity.pickled",
         debounce="1s",
         debounce_max_wait="1m",
@@ -162,14 +161,13 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
     def plain(x: Any) -> Any:
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="parity.debounced",
         debounce="1ms",
         debounce_max_wait="1ms",
     )
-    def debounced(x: Any) -> Any:
+    def gated(x: Any) -> Any:
         return x
 
     dispatcher = Dispatcher(app)
@@ -194,7 +192,7 @@ def test_debounced_calls_refuse_exactly_what_plain_apply_async_refuses(redis_ser
         reached = messages()
         broker.flushdb()
         try:
-            debounced.apply_async(("x",), **dict(options))
+            gated.apply_async(("x",), **dict(options))
         except Exception as exc:
             if plain_error is None and _callbacks_only_pickle_encodes(options, exc):
                 assert windows.keys("*") == [], "a refused call wrote to Redis"
@@ -227,9 +225,7 @@ def test_expires_relative_counts_from_the_publish_and_refuses_what_celery_refuse
     windows = redis.Redis.from_url(f"{redis_server}/0")
     windows.flushdb()
 
-    @app.task(
-        base=DebouncedTask, shared=False, name="parity.exp", debounce="1s", debounce_max_wait="1m"
-    )
+    @debounced(app, name="parity.exp", debounce="1s", debounce_max_wait="1m")
     def exp(x: Any) -> Any:
         return x
 
@@ -262,9 +258,8 @@ def test_equal_arguments_coalesce_whatever_the_order_of_nested_mappings(
             redis_server, task_serializer=serializer, accept_content=["json", "pickle"]
         )
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name=f"digest.{serializer}",
             debounce="1m",
             debounce_max_wait="1h",
@@ -307,9 +302,7 @@ def test_mapping_keys_of_mixed_types_do_not_raise_and_compare_as_sent(
     """Python cannot sort {1: .., "b": ..}; JSON sends both keys as strings."""
     app = _digest_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask, shared=False, name="digest.mixed", debounce="1m", debounce_max_wait="1h"
-    )
+    @debounced(app, name="digest.mixed", debounce="1m", debounce_max_wait="1h")
     def t(doc: Any) -> None:
         pass
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import debounce_command, make_app, running_worker, wait_until
+from helpers import debounce_command, debounced, make_app, running_worker, wait_until
 from reads import open_count
 
 from celery_debounce import (
@@ -170,9 +170,8 @@ def test_cancelling_a_collect_window_deletes_its_call_list(backend: Backend) -> 
 def test_unsupported_serializers_and_options_are_refused_at_registration(app: Celery) -> None:
     with pytest.raises(DebounceConfigError, match="debounce_collect=True needs serializer='json'"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="2s",
@@ -184,9 +183,8 @@ def test_unsupported_serializers_and_options_are_refused_at_registration(app: Ce
 
     with pytest.raises(DebounceConfigError, match="debounce_replace_payload=True"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="2s",
@@ -198,9 +196,8 @@ def test_unsupported_serializers_and_options_are_refused_at_registration(app: Ce
 
     with pytest.raises(DebounceConfigError, match="debounce_collect='yes'"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="2s",
@@ -216,9 +213,8 @@ def test_an_app_serializer_other_than_json_is_refused_when_the_task_is_bound(
     app = app_factory(task_serializer="pickle", accept_content=["json", "pickle"])
     with pytest.raises(DebounceConfigError, match="serializer is 'pickle'"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="2s",
@@ -231,9 +227,8 @@ def test_an_app_serializer_other_than_json_is_refused_when_the_task_is_bound(
 def test_a_per_call_serializer_or_mode_change_is_refused(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_collect=True,
@@ -258,9 +253,8 @@ def test_collect_refused_with_leading(
     for trailing in (True, False):
         with pytest.raises(DebounceConfigError, match=both):
 
-            @app.task(
-                base=DebouncedTask,
-                shared=False,
+            @debounced(
+                app,
                 lazy=False,
                 debounce="1s",
                 debounce_max_wait="2s",
@@ -271,9 +265,8 @@ def test_collect_refused_with_leading(
             def leading(calls: list[DebouncedCall]) -> None:
                 pass
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_collect=True,
@@ -294,9 +287,8 @@ def test_collect_refused_with_leading(
             debounce_leading=True,
         )
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_leading=True,
@@ -364,9 +356,8 @@ def test_blank_edge_and_collect_argv_mean_not_given(backend: Backend) -> None:
 def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery) -> None:
     runs: list[list[DebouncedCall]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="{user_id}",
@@ -376,9 +367,8 @@ def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery)
         runs.append(calls)
         return sum(c.kwargs["change"] for c in calls)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="pos:{0}",
@@ -420,9 +410,8 @@ def test_key_templates_resolve_per_call_and_each_run_gets_its_calls(app: Celery)
 def test_bypass_eager_and_direct_calls_still_get_a_list(app_factory: Any) -> None:
     app = app_factory(task_always_eager=True)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_collect=True,
@@ -447,9 +436,8 @@ def test_bypass_eager_and_direct_calls_still_get_a_list(app_factory: Any) -> Non
 
 
 def test_inspect_shows_collected_calls_and_bytes(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="{user_id}",
@@ -469,9 +457,8 @@ def test_inspect_shows_collected_calls_and_bytes(app: Celery) -> None:
 def test_send_task_by_name_declares_collect_per_call(app: Celery, app_factory: Any) -> None:
     worker_app = app
 
-    @worker_app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        worker_app,
         name="by.name",
         debounce="1h",
         debounce_max_wait="2h",
@@ -520,9 +507,8 @@ def test_a_burst_of_1000_calls_from_4_processes_is_one_run_with_every_call(
     app = make_app(redis_server, name="collect-burst")
     received: list[list[DebouncedCall]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="collect.report",
         debounce="60s",
         debounce_max_wait="120s",
@@ -554,9 +540,8 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
     import os
     from pathlib import Path
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="collect.inspected",
         debounce="1h",
         debounce_max_wait="2h",
@@ -590,9 +575,8 @@ def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
 def test_testing_helpers_show_and_run_a_collect_window(app: Celery) -> None:
     from celery_debounce.testing import debounce_windows, run_windows
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="{user_id}",
@@ -615,9 +599,8 @@ def test_enqueue_many_and_a_retried_run_keep_every_call(app: Celery) -> None:
 
     attempts: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="1h",
         debounce_max_wait="2h",
@@ -646,9 +629,8 @@ def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) 
     body runs, the chain's tail runs): none waits forever."""
     from celery import chain, chord
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="canvas.coll",
         debounce="300ms",
         debounce_max_wait="5s",
@@ -686,9 +668,8 @@ def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_
     app = app_factory()
     got: list[list[Any]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="uni.coll·é",
         debounce="300ms",
         debounce_max_wait="5s",
@@ -699,9 +680,8 @@ def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_
         got.append([[list(c.args), c.kwargs] for c in calls])
         return len(calls)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="uni.edge·é",
         debounce="5s",
         debounce_max_wait="10s",
@@ -726,9 +706,8 @@ def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_
     listener.close()
     down = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
 
-    @down.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        down,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_collect=True,

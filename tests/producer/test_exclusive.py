@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, group
-from helpers import make_app, wait_until
+from helpers import debounced, make_app, wait_until
 from reads import held_count, held_idents, open_payload, state_of, store_time_ms
 
 from celery_debounce import DebounceConfigError, DebouncedTask, enqueue_many, send_task
@@ -27,9 +27,8 @@ def test_every_way_in_marks_an_exclusive_window(
 ) -> None:
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.plain",
         debounce="1h",
         debounce_max_wait="2h",
@@ -39,9 +38,8 @@ def test_every_way_in_marks_an_exclusive_window(
     def plain(x: Any) -> Any:
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.collect",
         debounce="1h",
         debounce_max_wait="2h",
@@ -52,9 +50,8 @@ def test_every_way_in_marks_an_exclusive_window(
     def collect(calls: Any) -> Any:
         return calls
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.off",
         debounce="1h",
         debounce_max_wait="2h",
@@ -109,9 +106,8 @@ def test_exclusive_windows_that_cannot_wait_are_refused_by_name(
     app = make_app(redis_server)
     with pytest.raises(DebounceConfigError, match="debounce_exclusive=True with"):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="ex.refused",
             debounce="1h",
             debounce_max_wait="2h",
@@ -122,7 +118,7 @@ def test_exclusive_windows_that_cannot_wait_are_refused_by_name(
         def refused(x: Any) -> Any:
             return x
 
-    @app.task(base=DebouncedTask, shared=False, name="ex.ok", debounce="1h", debounce_max_wait="2h")
+    @debounced(app, name="ex.ok", debounce="1h", debounce_max_wait="2h")
     def ok(x: Any) -> Any:
         return x
 
@@ -150,9 +146,8 @@ def test_a_run_whose_message_the_broker_lost_holds_its_key_until_its_expires(
 
     app = make_app(redis_server, debounce_dispatch_lease=30)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.lost",
         debounce="100ms",
         debounce_max_wait="1s",
@@ -221,9 +216,8 @@ def test_a_cancelled_held_window_is_held_no_more(
 
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.cancelled",
         debounce="100ms",
         debounce_max_wait="1s",
@@ -270,9 +264,8 @@ def test_a_run_put_back_with_reject_requeue_holds_its_key_until_it_ran_again(
     def now_ms() -> int:
         return store_time_ms(app)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="ex.requeued",
         bind=True,
         debounce="100ms",

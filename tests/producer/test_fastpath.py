@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import running_worker
+from helpers import debounced, running_worker
 from reads import open_records
 
-from celery_debounce import DebouncedTask
 from celery_debounce.producer.call import bind_arguments, encode
 
 
@@ -71,15 +70,12 @@ def test_default_content_type_and_empty_options_are_not_stored(
     app.conf.accept_content = ["json", "pickle"]
     runs: list[Any] = []
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="200ms", debounce_key="k", debounce_max_wait="5s"
-    )
+    @debounced(app, debounce="200ms", debounce_key="k", debounce_max_wait="5s")
     def plain(x: Any) -> None:
         runs.append(x)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="200ms",
         debounce_key="k",
         debounce_max_wait="5s",
@@ -108,9 +104,7 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
 ) -> None:
     from celery_debounce.store import store_for
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_key="k", debounce_max_wait="2h"
-    )
+    @debounced(app, debounce="1h", debounce_key="k", debounce_max_wait="2h")
     def hot(x: Any) -> None: ...
 
     backend = store_for(app)
@@ -127,9 +121,7 @@ def test_direct_evalsha_survives_script_flush_and_a_killed_connection(
 def test_wake_is_published_only_when_a_call_makes_its_window_the_earliest(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="10m", debounce_key="{0}", debounce_max_wait="1h"
-    )
+    @debounced(app, debounce="10m", debounce_key="{0}", debounce_max_wait="1h")
     def task(key: str) -> None: ...
 
     # Redis only: the wake channel

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app, package_keys, running_worker, wait_until
+from helpers import debounced, make_app, package_keys, running_worker, wait_until
 from kombu.exceptions import EncodeError
 from reads import state_of, taken_ids
 
 from celery_debounce import (
     DebounceConfigError,
-    DebouncedTask,
     DebounceKeyError,
     DebouncePayloadError,
     send_task,
@@ -41,7 +40,7 @@ def nothing_written(client: redis.Redis) -> bool:
 def task_on(app: Celery, **options: Any) -> Any:
     options = {"debounce": "1s", "debounce_max_wait": "1m", "debounce_key": "u:{user}", **options}
 
-    @app.task(base=DebouncedTask, shared=False, name="hostile.task", **options)
+    @debounced(app, name="hostile.task", **options)
     def task(user: Any = "u1", opts: Any = None) -> None:
         pass
 
@@ -569,7 +568,7 @@ def test_arguments_the_signature_refuses_with_typing_off(
     a key template that needs the signature refuses it clearly."""
     app = app_factory()
 
-    @app.task(base=DebouncedTask, shared=False, typing=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, typing=False, debounce="1s", debounce_max_wait="1m")
     def loose(a: int) -> None:
         pass
 

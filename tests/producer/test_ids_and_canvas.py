@@ -12,9 +12,8 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 from celery.exceptions import TaskRevokedError
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 
-from celery_debounce import DebouncedTask
 from celery_debounce.ops.admin import DebounceAdmin
 
 
@@ -25,9 +24,8 @@ def capp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     app.gate = threading.Event()  # type: ignore[attr-defined]
     app.gate.set()  # type: ignore[attr-defined]
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="canvas.t",
         bind=True,
         debounce="500ms",

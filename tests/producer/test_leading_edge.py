@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 from prometheus_client import CollectorRegistry
 
 from celery_debounce import (
     DebounceAdmin,
     DebounceBackendError,
     DebounceConfigError,
-    DebouncedTask,
     enqueue_many,
 )
 from celery_debounce.aliases import fixed_id
@@ -280,9 +279,8 @@ def test_edge_options_are_strict_bools(app: Celery, name: str, bad: Any) -> None
         DebounceConfigError, match=rf"^[\w.]+: {name}={bad!r}: expected True or False"
     ):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="1m",
@@ -297,9 +295,8 @@ def test_neither_edge_is_refused_at_registration(app: Celery) -> None:
         DebounceConfigError, match=r"^[\w.]+: debounce_leading=False, debounce_trailing=False: "
     ):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="1m",
@@ -312,9 +309,8 @@ def test_neither_edge_is_refused_at_registration(app: Celery) -> None:
 def test_neither_edge_is_refused_per_call_and_writes_nothing(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1s",
         debounce_max_wait="1m",
         debounce_leading=True,
@@ -340,9 +336,8 @@ def _settled(app: Celery) -> bool:
 def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(app: Celery) -> None:
     runs: list[tuple[str, int, float]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="20s",
         debounce_max_wait="1m",
@@ -389,9 +384,8 @@ def test_worker_leading_only_burst_runs_once_at_once_and_suppresses_the_rest(app
 def test_worker_leading_and_trailing_burst_runs_first_then_trailing(app: Celery) -> None:
     runs: list[tuple[str, int, float]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="3s",
         debounce_max_wait="1m",
@@ -436,9 +430,8 @@ def test_worker_leading_and_trailing_burst_runs_first_then_trailing(app: Celery)
 def test_worker_a_burst_of_one_runs_once(app: Celery) -> None:
     runs: list[str] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="2s",
         debounce_max_wait="1m",
@@ -468,9 +461,8 @@ def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:
     leading call's max wait, so the next call leads again (leading only)."""
     runs: list[tuple[int, float]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="3s",
         debounce_max_wait="4s",
         debounce_key="{user}",
@@ -502,9 +494,8 @@ def test_worker_the_ceiling_bounds_the_quiet_period(app: Celery) -> None:
 def test_worker_per_call_override(app: Celery) -> None:
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="30s",
         debounce_max_wait="1m",
         debounce_key="{user}",
@@ -524,9 +515,8 @@ def test_worker_per_call_override(app: Celery) -> None:
 
 
 def test_inspect_shows_the_edge_state(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_leading=True,
@@ -555,9 +545,8 @@ def test_inspect_shows_the_edge_state(app: Celery) -> None:
 
 
 def test_enqueue_many_follows_the_edge_rules(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="{0}",
@@ -589,9 +578,8 @@ def test_enqueue_many_refuses_a_fixed_id_and_writes_nothing(
     or joins a window): a caller waiting on ``AsyncResult(task_id)`` would wait forever,
     and with leading only it would slip past the fixed-id refusal. Refused by name."""
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="{0}",
@@ -621,9 +609,8 @@ def test_a_leading_call_during_a_redis_outage_is_an_error_not_a_lost_run(
     listener.close()  # nothing listens there: connections are refused
     app = app_factory(debounce_redis_url=f"redis://127.0.0.1:{dead}/0")
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_leading=True,
@@ -651,9 +638,8 @@ def test_canvas_with_both_edges_resolves_every_member_and_leading_only_is_refuse
 
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="canvas.edge",
         debounce="500ms",
         debounce_max_wait="5s",

@@ -13,7 +13,7 @@ import pytest
 import redis
 from celery import Celery, group
 from celery.result import AsyncResult
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from reads import open_count, open_records
 
 from celery_debounce import DebouncedTask
@@ -22,9 +22,8 @@ from celery_debounce.store import store_for
 
 
 def _task(app: Celery, **options: Any) -> Any:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="light.t",
         debounce="300ms",
         debounce_max_wait="2s",

@@ -13,9 +13,9 @@ import pytest
 import redis
 from celery import Celery
 from celery.exceptions import TaskRevokedError
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 
-from celery_debounce import DebounceAdmin, DebounceConfigError, DebouncedTask, WindowNotFound
+from celery_debounce import DebounceAdmin, DebounceConfigError, WindowNotFound
 from celery_debounce.aliases import fixed_id
 from celery_debounce.ops.read_view import list_windows
 from celery_debounce.producer.call import prepare_call
@@ -151,9 +151,8 @@ def test_a_bad_max_calls_is_refused_at_registration(app: Celery, bad: Any) -> No
         match=rf"^[\w.]+: debounce_max_calls={bad!r}: expected a positive integer",
     ):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="1m",
@@ -166,7 +165,7 @@ def test_a_bad_max_calls_is_refused_at_registration(app: Celery, bad: Any) -> No
 def test_a_bad_per_call_max_calls_raises_and_writes_nothing(
     app: Celery, redis_client: redis.Redis
 ) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1s", debounce_max_wait="1m")
+    @debounced(app, debounce="1s", debounce_max_wait="1m")
     def job(x: int) -> None:  # pragma: no cover - never run
         pass
 
@@ -181,9 +180,8 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
     period; the last one (5 calls) waits for it."""
     runs: list[tuple[str, float]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         bind=True,
         debounce="6s",
         debounce_max_wait="1m",
@@ -230,9 +228,8 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
 
 
 def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_max_calls=4,
@@ -254,9 +251,8 @@ def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
 def test_pending_flush_and_cancel_by_the_tasks_own_arguments(app: Celery) -> None:
     runs: list[tuple[str, int]] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="report:{user_id}",
@@ -290,13 +286,12 @@ def test_pending_flush_and_cancel_by_the_tasks_own_arguments(app: Celery) -> Non
 
 
 def test_steering_resolves_the_key_exactly_as_a_call(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    @debounced(app, debounce="1h", debounce_max_wait="2h")
     def digest(a: int, b: int = 2, *, c: dict[str, int] | None = None) -> None:
         pass  # pragma: no cover - never run
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="k:{a}",
@@ -320,7 +315,7 @@ def test_steering_resolves_the_key_exactly_as_a_call(app: Celery) -> None:
 
 
 def test_steering_a_task_without_a_window_is_a_clear_error(app: Celery) -> None:
-    @app.task(base=DebouncedTask, shared=False)
+    @debounced(app)
     def plain(x: int) -> None:
         pass  # pragma: no cover - never run
 
@@ -329,9 +324,8 @@ def test_steering_a_task_without_a_window_is_a_clear_error(app: Celery) -> None:
 
 
 def test_assert_pending_and_assert_not_pending(app: Celery) -> None:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="u:{user}",
@@ -357,9 +351,7 @@ def test_assert_pending_and_assert_not_pending(app: Celery) -> None:
 def test_enqueue_many_and_send_task_honour_the_cap(app: Celery) -> None:
     from celery_debounce import enqueue_many, send_task
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h", debounce_key="k"
-    )
+    @debounced(app, debounce="1h", debounce_max_wait="2h", debounce_key="k")
     def job(i: int) -> None:  # pragma: no cover - never run
         pass
 

@@ -20,13 +20,12 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
-from helpers import make_app, running_worker, silent_listener, wait_until
+from helpers import debounced, make_app, running_worker, silent_listener, wait_until
 from reads import open_count
 
 from celery_debounce import (
     DebounceBackendError,
     DebounceConfigError,
-    DebouncedTask,
     DebounceKeyError,
     send_task,
 )
@@ -84,16 +83,13 @@ def _broker_emptied(redis_server: str) -> None:
 
 
 def _tasks(app: Celery, ran: list[Any]) -> tuple[Any, Any]:
-    @app.task(
-        base=DebouncedTask, shared=False, name="o.work", debounce="5s", debounce_max_wait="10s"
-    )
+    @debounced(app, name="o.work", debounce="5s", debounce_max_wait="10s")
     def work(x: int) -> int:
         ran.append(x)
         return x
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="o.collect",
         debounce="5s",
         debounce_max_wait="10s",
@@ -495,9 +491,8 @@ def test_bad_values_are_refused_naming_the_option_and_nothing_is_written(
     def job() -> None: ...
 
     with pytest.raises(DebounceConfigError, match=r"debounce_on_outage=True"):
-        app.task(
-            base=DebouncedTask,
-            shared=False,
+        debounced(
+            app,
             lazy=False,
             debounce="1s",
             debounce_max_wait="2s",

@@ -21,7 +21,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group, shared_task
 from celery.canvas import xmap
-from helpers import make_app, package_keys
+from helpers import debounced, make_app, package_keys
 
 from celery_debounce import (
     DebounceConfigError,
@@ -58,11 +58,11 @@ def _tasks(app: Celery) -> tuple[Any, Any, Any]:
     def plain(x: Any = None) -> Any:  # pragma: no cover - never run
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.lead", **LEAD)
+    @debounced(app, name="parity.lead", **LEAD)
     def lead(x: Any = "k") -> Any:  # pragma: no cover - never run
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.trail", **TRAIL)
+    @debounced(app, name="parity.trail", **TRAIL)
     def trail(x: Any = "k") -> Any:  # pragma: no cover - never run
         return x
 
@@ -127,9 +127,8 @@ def _eager_app(**conf: Any) -> Celery:
 def test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis() -> None:
     app = _eager_app(debounce_max_payload_bytes=200)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="1h",
         debounce_max_wait="2h",
         debounce_key="user:{user}",
@@ -137,11 +136,11 @@ def test_eager_mode_refuses_what_a_real_call_refuses_and_needs_no_redis() -> Non
     def keyed(user: str) -> str:
         return user
 
-    @app.task(base=DebouncedTask, shared=False, **LEAD)
+    @debounced(app, **LEAD)
     def lead(x: str) -> str:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, debounce="1h", debounce_max_wait="2h")
+    @debounced(app, debounce="1h", debounce_max_wait="2h")
     def blob(data: str) -> int:
         return len(data)
 
@@ -179,11 +178,11 @@ def test_eager_canvas_members_are_checked_as_calls() -> None:
         ran.append(x)
         return "k"
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.eager.lead", **LEAD)
+    @debounced(app, name="parity.eager.lead", **LEAD)
     def lead(x: Any = "k") -> Any:
         return x
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.eager.trail", **TRAIL)
+    @debounced(app, name="parity.eager.trail", **TRAIL)
     def trail(x: Any = "k") -> Any:
         return x
 
@@ -255,14 +254,14 @@ def _collect_task(app: Celery, shape: str) -> Any:
     }
     if shape == "function":
 
-        @app.task(base=DebouncedTask, name="parity.collect.fn", **opts)
+        @debounced(app, name="parity.collect.fn", **opts)
         def fn(calls: Any) -> Any:
             return [[type(c).__name__, list(c.args)] for c in calls]
 
         return fn
     if shape == "bind":
 
-        @app.task(base=DebouncedTask, bind=True, name="parity.collect.bound", **opts)
+        @debounced(app, bind=True, name="parity.collect.bound", **opts)
         def bound(self: Any, calls: Any) -> Any:
             return [[type(c).__name__, list(c.args)] for c in calls]
 
@@ -346,7 +345,7 @@ def test_map_starmap_chunks_of_a_debounced_task_are_refused_at_call_time(app: Ce
         xmap(trail.s(), [1, 2], app=app).apply_async()  # built by hand: refused at publish
     _nothing_written(app)
 
-    @app.task(base=DebouncedTask, shared=False, name="parity.no_window")
+    @debounced(app, name="parity.no_window")
     def no_window(x: int) -> int:  # pragma: no cover - never run
         return x
 
@@ -361,9 +360,8 @@ def test_an_unknown_task_option_is_refused_at_registration(app: Celery) -> None:
         r"'debounce_collect'",
     ):
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             lazy=False,
             debounce="1h",
             debounce_max_wait="2h",
@@ -401,7 +399,7 @@ def test_an_unknown_call_option_is_refused_and_nothing_is_written(app: Celery) -
 def test_an_unknown_setting_is_refused_at_settings_load(redis_server: str) -> None:
     app = make_app(redis_server, debounce_redis_ulr="redis://x")
 
-    @app.task(base=DebouncedTask, shared=False, **TRAIL)
+    @debounced(app, **TRAIL)
     def job(x: str) -> None:  # pragma: no cover - never run
         pass
 
@@ -576,7 +574,7 @@ def _shaped_task(app: Celery, shape: str, options: dict[str, Any]) -> Any:
         return fn
     if shape == "bind":
 
-        @app.task(base=DebouncedTask, bind=True, shared=False, name=name, **opts)
+        @debounced(app, bind=True, shared=False, name=name, **opts)
         def bound(self: Any, x: Any = None) -> Any:
             return body(x)
 
@@ -694,13 +692,13 @@ def _deploy_pair(redis_server: str, producer_collect: bool) -> tuple[Any, Celery
     def define(app: Celery, collect: bool) -> Any:
         if collect:
 
-            @app.task(base=DebouncedTask, debounce_collect=True, **opts)
+            @debounced(app, debounce_collect=True, **opts)
             def report(calls: list[DebouncedCall]) -> Any:
                 return ["calls", [[list(c.args), c.kwargs] for c in calls]]
 
             return report
 
-        @app.task(base=DebouncedTask, **opts)
+        @debounced(app, **opts)
         def report(user: str, n: int = 0) -> Any:
             return ["plain", user, n]
 

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import debounce_command, make_app, running_worker, wait_until
+from helpers import debounce_command, debounced, make_app, running_worker, wait_until
 from reads import open_payload
 
-from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.producer.by_name import DEFINITION_FORMAT
 from celery_debounce.producer.published import definition, definitions, publish
@@ -27,9 +26,8 @@ def _app(app_factory: Callable[..., Celery], **conf: Any) -> Celery:
     conf.setdefault("task_routes", {"proj.routed": {"queue": "reports", "priority": 7}})
     app = app_factory(**conf)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="proj.routed",
         debounce="2s",
         debounce_max_wait="1m",
@@ -39,9 +37,8 @@ def _app(app_factory: Callable[..., Celery], **conf: Any) -> Celery:
     def routed(user_id: str, n: int = 0, *rest: Any, flag: bool = True, **extra: Any) -> None:
         pass
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="proj.leading",
         debounce=1.5,
         debounce_max_wait=10,
@@ -55,7 +52,7 @@ def _app(app_factory: Callable[..., Celery], **conf: Any) -> Celery:
     def plain() -> None:
         pass
 
-    @app.task(base=DebouncedTask, shared=False, name="proj.off")
+    @debounced(app, name="proj.off")
     def off() -> None:
         pass
 
@@ -195,7 +192,7 @@ def test_a_task_whose_definition_cannot_be_made_is_left_out_and_the_others_publi
 
     app = _app(app_factory, task_routes=(by_first_argument,))
 
-    @app.task(base=DebouncedTask, shared=False, name="proj.picky", debounce=1, debounce_max_wait=2)
+    @debounced(app, name="proj.picky", debounce=1, debounce_max_wait=2)
     def picky(x: Any) -> None:
         pass
 

@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 import redis
-from helpers import make_app, running_worker
+from helpers import debounced, make_app, running_worker
 
-from celery_debounce import DebouncedTask
 from celery_debounce.store.idents import window_ident
 
 TAG = "debounce:{0}"
@@ -34,9 +33,8 @@ def test_a_suppressed_call_never_gets_the_id_of_an_expired_result(
     app = make_app(redis_server, result_expires=2)
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="quiet.digest",
         debounce="20s",
         debounce_max_wait="1m",
@@ -75,9 +73,8 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
         redis_client.flushall()
         app = make_app(redis_server, result_expires=expires)
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="quiet.t",
             debounce="20s",
             debounce_max_wait="1m",
@@ -87,9 +84,8 @@ def test_result_expires_above_max_wait_or_never_leaves_the_quiet_period_alone(
         )
         def t(user: str) -> None: ...
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="quiet.both",
             debounce="20s",
             debounce_max_wait="2h",
@@ -114,9 +110,8 @@ def test_every_way_in_gets_the_ceiling(redis_server: str, redis_client: redis.Re
 
     app = make_app(redis_server, result_expires=60)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="quiet.plain",
         debounce="20s",
         debounce_max_wait="1h",

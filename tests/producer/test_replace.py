@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, chain, chord, group
-from helpers import make_app, running_worker
-
-from celery_debounce import DebouncedTask
+from helpers import debounced, make_app, running_worker
 
 TAG = "debounce:{0}"
 
@@ -37,9 +35,8 @@ def rapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     def collect(results: list[int]) -> list[int]:
         return sorted(results)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="rep.t",
         bind=True,
         debounce="300ms",
@@ -59,9 +56,8 @@ def rapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
             return self.replace(app.tasks["rep.d"].s(x))
         return self.replace(boom.s(x))
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="rep.d",
         debounce="200ms",
         debounce_max_wait="1s",

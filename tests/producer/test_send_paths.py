@@ -13,12 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from helpers import make_app
+from helpers import debounced, make_app
 from redis.backoff import NoBackoff
 from redis.cluster import PRIMARY, ClusterNode
 from redis.retry import Retry
 
-from celery_debounce import DebouncedTask
 from celery_debounce.store import store_for
 from celery_debounce.store.idents import shard_of, window_ident
 from celery_debounce.store.redis.tags import key_slot
@@ -60,9 +59,8 @@ def test_a_cluster_call_whose_master_times_out_on_connect_finds_the_current_mast
         debounce_redis_timeout=0.5,
     )
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="30s",
         debounce_key="k{x}",
         debounce_max_wait="60s",

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 from celery import Celery, Task, shared_task
-from helpers import make_app, running_worker
+from helpers import debounced, make_app, running_worker
 
 from celery_debounce import DebouncedTask, enqueue_many, send_task
 from celery_debounce.dispatch.dispatcher import Dispatcher
@@ -44,9 +44,8 @@ def test_delay_send_task_and_enqueue_many_publish_where_plain_celery_routes(
     app = app_factory(task_routes=routes)
     producer = app_factory(task_routes=routes)  # a producer that only knows the name
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="shapes.routed",
         debounce="1ms",
         debounce_max_wait="1ms",
@@ -95,9 +94,8 @@ def test_the_tasks_own_queue_and_priority_are_stored_with_the_window(
 ) -> None:
     app = app_factory()
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="shapes.own",
         debounce="1ms",
         debounce_max_wait="1ms",

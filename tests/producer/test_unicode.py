@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 from celery import Celery
-from helpers import make_app
+from helpers import debounced, make_app
 
-from celery_debounce import DebouncedTask, DebounceKeyError
+from celery_debounce import DebounceKeyError
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.ops.admin import DebounceAdmin
 from celery_debounce.ops.read_view import list_windows
@@ -28,9 +28,8 @@ def uapp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
         return k
 
     for name in NAMES:
-        app.task(
-            base=DebouncedTask,
-            shared=False,
+        debounced(
+            app,
             name=name,
             debounce="1h",
             debounce_max_wait="2h",

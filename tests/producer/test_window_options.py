@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from helpers import running_worker, wait_until
+from helpers import debounced, running_worker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reads import open_payload
 
-from celery_debounce import DebouncedTask
 from celery_debounce.errors import DebounceConfigError
 from celery_debounce.store.idents import window_ident
 
@@ -43,9 +42,8 @@ def _body(app: Celery, task: Any, key: str) -> bytes:
 
 
 def _tasks(app: Celery, seen: dict[str, Any], **opts: Any) -> tuple[Any, Any, Any]:
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wo.t",
         debounce="300ms",
         debounce_max_wait="5s",
@@ -114,9 +112,8 @@ def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
     app = app_factory()
     seen: dict[str, Any] = {}
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wo.v",
         debounce="5s",
         debounce_max_wait="10s",
@@ -295,9 +292,8 @@ def test_any_json_arguments_splice_before_the_openers_embed(
     redis_client.flushdb()
     app = app_factory()
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wo.h",
         debounce="1m",
         debounce_max_wait="2m",

@@ -39,14 +39,13 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FAULTS, FaultProxy, command, evalsha_of
-from helpers import make_app, wait_until
+from helpers import debounced, make_app, wait_until
 from reads import open_count, open_records, taken_count
 from redis.crc import key_slot
 
 from celery_debounce import (
     DebounceAdmin,
     DebounceBackendError,
-    DebouncedTask,
     DebounceOutcomeUnknown,
     enqueue_many,
 )
@@ -97,7 +96,7 @@ def _big(app: Celery) -> tuple[str, ...]:
 def _task(app: Celery, **options: Any) -> Any:
     options = {"debounce": "1h", "debounce_key": "k", "debounce_max_wait": "2h", **options}
 
-    @app.task(base=DebouncedTask, shared=False, name="t.work", **options)
+    @debounced(app, name="t.work", **options)
     def work(*args: Any) -> None: ...
 
     return work

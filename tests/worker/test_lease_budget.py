@@ -21,7 +21,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from reads import counters, held_count
 
 from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
@@ -65,8 +65,8 @@ def exclusive_app(redis_server: str, windows_url: str, **conf: Any) -> Celery:
         **conf,
     )
 
-    @app.task(
-        base=DebouncedTask,
+    @debounced(
+        app,
         name="lease.exclusive",
         bind=True,
         shared=False,
@@ -339,9 +339,8 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     either way."""
     app = make_app(redis_server, debounce_redis_url=f"{fault_proxy.url}/0")
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="lease.released",
         debounce="1ms",
         debounce_key="r",

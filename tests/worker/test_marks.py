@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import stop_process, wait_until
+from helpers import debounced, stop_process, wait_until
 from marks_app import build
 
 from celery_debounce import DebounceBackendError
@@ -163,7 +163,7 @@ def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
     from celery import Celery
     from helpers import make_app, running_worker
 
-    from celery_debounce import DebouncedTask, Dispatcher
+    from celery_debounce import Dispatcher
     from celery_debounce.worker import retry_queue as marks
 
     windows = LocalRedis(appendonly=True).start()
@@ -172,9 +172,8 @@ def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
             redis_server, debounce_redis_url=f"{windows.url}/0", debounce_dispatcher=False
         )
 
-        @app.task(
-            base=DebouncedTask,
-            shared=False,
+        @debounced(
+            app,
             name="marks.alias",
             debounce="50ms",
             debounce_max_wait="5s",

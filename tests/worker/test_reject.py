@@ -17,9 +17,7 @@ import pytest
 import redis
 from celery import Celery, group
 from celery.exceptions import Reject
-from helpers import make_app, running_worker
-
-from celery_debounce import DebouncedTask
+from helpers import debounced, make_app, running_worker
 
 TAG = "debounce:{0}"
 
@@ -29,9 +27,8 @@ def japp(redis_server: str, redis_client: redis.Redis) -> Iterator[Celery]:
     app = make_app(redis_server, result_expires=600)
     app.runs = []  # type: ignore[attr-defined]
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="rej.t",
         bind=True,
         acks_late=True,

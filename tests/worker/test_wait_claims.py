@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import make_app, running_worker, wait_until
+from helpers import debounced, make_app, running_worker, wait_until
 from reads import open_window, state_of, taken_record
 
-from celery_debounce import DebouncedTask
 from celery_debounce.testing.servers import LocalRedis
 from celery_debounce.worker import retry_queue as marks
 
@@ -95,9 +94,8 @@ def test_a_claim_too_few_replicas_acknowledged_is_delayed_not_lost_or_doubled(
     )
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wc.delayed",
         debounce="1s",
         debounce_key="k",
@@ -144,9 +142,7 @@ def test_a_finish_too_few_replicas_acknowledged_is_sent_again(
     app = make_app(redis_server, debounce_redis_wait_replicas=1, debounce_redis_timeout=2.0)
     runs: list[int] = []
 
-    @app.task(
-        base=DebouncedTask, shared=False, debounce="100ms", debounce_key="k", debounce_max_wait="1s"
-    )
+    @debounced(app, debounce="100ms", debounce_key="k", debounce_max_wait="1s")
     def work(n: int) -> int:
         runs.append(n)
         _pause(replica)  # claimed and acknowledged; its finish is not
@@ -180,9 +176,8 @@ def test_without_wait_replicas_a_claim_sends_no_wait(
     app = make_app(redis_server)
     seen: dict[str, Any] = {}
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         debounce="100ms",
         debounce_key="k",
         debounce_max_wait="1s",
@@ -213,9 +208,8 @@ def test_a_delivery_whose_window_is_still_open_here_is_skipped(
 
     app = make_app(redis_server, debounce_redis_wait_replicas=1)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wc.work",
         debounce="1h",
         debounce_key="k",
@@ -246,9 +240,8 @@ def test_unclaim_undoes_only_the_claim_it_names(
 
     app = make_app(redis_server)
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wc.un",
         debounce="1h",
         debounce_key="k",
@@ -332,9 +325,8 @@ def test_a_kept_claim_is_sent_without_wait_and_only_the_waited_store_waits(
 
     app = make_app(redis_server)  # the call itself is not waited for
 
-    @app.task(
-        base=DebouncedTask,
-        shared=False,
+    @debounced(
+        app,
         name="wc.late",
         debounce="1h",
         debounce_key="k",
