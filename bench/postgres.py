@@ -161,7 +161,7 @@ def _rates(app: Celery, rounds: int, n: int, bull: NodeProducer | None) -> list[
             r["hot"],
             "BullMQ debounce add, its PostgreSQL backend",
             r["bull_hot"],
-            1,
+            1.2,
             note="same server and rounds; BullMQ: deduplication {extend, replace}, one job",
         ),
         compare(
@@ -170,7 +170,7 @@ def _rates(app: Celery, rounds: int, n: int, bull: NodeProducer | None) -> list[
             r["new"],
             "BullMQ debounce add, its PostgreSQL backend",
             r["bull_new"],
-            1,
+            1.2,
             note="same server and rounds; BullMQ: a new deduplication id per add",
         ),
     ]
