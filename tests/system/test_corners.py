@@ -9,6 +9,7 @@ main run; the others need the whole checkout (scripts/, docs/) and run in the ma
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -236,3 +237,33 @@ def test_the_pypi_description_names_the_corners_ci_runs() -> None:
         else:
             phrase = f"{row['python']}, {row['celery']}, {row['redis-py']}, {server}"
         assert phrase in text, f"docs/pypi.md does not name the {row['name']} corner: {phrase}"
+
+
+@in_checkout
+def test_a_corner_home_is_reused_only_for_the_wheel_it_was_prepared_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run --prepared`` (scripts/test.sh) tests a home ``prepare`` set up during the main
+    run only if it was set up for this very wheel; a missing, unreadable or older home is
+    set up again."""
+    corners = corners_module()
+    monkeypatch.setattr(corners, "WORK", tmp_path)
+    wheel = tmp_path / "celery_debounced.whl"
+    wheel.write_bytes(b"the wheel of this run")
+    row = {"name": "lowest"}
+    assert corners._prepared(row, wheel) is None  # never prepared
+    (tmp_path / "lowest").mkdir()
+    ready = {"wheel": corners._digest(wheel), "binary": "/bin/true", "set_up": 1.0}
+    (tmp_path / "lowest" / "prepared.json").write_text(json.dumps(ready))
+    assert corners._prepared(row, wheel) == ready
+    wheel.write_bytes(b"a wheel built again from other code")
+    assert corners._prepared(row, wheel) is None
+    (tmp_path / "lowest" / "prepared.json").write_text('{"wheel": ')  # cut short
+    assert corners._prepared(row, wheel) is None
+
+    def set_up_again(*args: object) -> dict[str, object]:
+        raise RuntimeError("set up again")
+
+    monkeypatch.setattr(corners, "prepare_corner", set_up_again)
+    with pytest.raises(RuntimeError, match="set up again"):
+        corners.run_corner(row, wheel, {}, reuse=True)
