@@ -2691,4 +2691,13 @@ MUTATIONS: list[Mutation] = [
         "tests/store/contract/test_contract.py::"
         "test_task_definitions_are_written_when_new_or_changed_and_read_back_by_name[postgres]",
     ),
+    one(
+        "gate.lua's calls-in counter leaves a new stats hash without a TTL",
+        "bounded keys: nothing the package writes lives forever",
+        LUA + "gate.lua",
+        "== 1 and redis.call('PTTL', stats) == -1 then",
+        "== 1 and redis.call('PTTL', stats) == -2 then",
+        "tests/store/redis/test_scripts.py::"
+        "test_the_calls_in_counter_never_leaves_the_stats_hash_without_a_ttl[redis-server]",
+    ),
 ]

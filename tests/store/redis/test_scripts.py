@@ -377,3 +377,24 @@ def test_aliases_are_bounded_and_a_call_past_the_bound_writes_nothing(
     assert backend.client.hgetall(f"{tag}:open:1:t:k") == before
     assert backend.client.zscore(f"{tag}:due", "1:t:k") == due
     assert call(backend, "k").task_id == first.task_id  # default calls still join
+
+
+def test_the_calls_in_counter_never_leaves_the_stats_hash_without_a_ttl(
+    backend: WindowStore,
+) -> None:
+    """gate.lua counts each call in ``<tag>:stats`` (``i|<task>``): the call that creates
+    the hash gives it a TTL (an hour without a history TTL), a later call keeps the TTL it
+    has, and a hash found without one (planted) gets one with the next task's first call."""
+    tag = backend.tag(0)
+    stats = f"{tag}:stats"
+    call(backend, "k1", task="a")
+    assert backend.client.hget(stats, "i|a") == b"1"
+    assert 3_500_000 < backend.client.pttl(stats) <= 3_600_000
+    backend.client.pexpire(stats, 50_000)
+    call(backend, "k1", task="a")
+    call(backend, "k2", task="b")
+    assert backend.client.hmget(stats, "i|a", "i|b") == [b"2", b"1"]
+    assert 0 < backend.client.pttl(stats) <= 50_000  # kept, not moved
+    backend.client.persist(stats)  # Redis only: a hash without a TTL
+    call(backend, "k3", task="c")
+    assert 3_500_000 < backend.client.pttl(stats) <= 3_600_000

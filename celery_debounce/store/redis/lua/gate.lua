@@ -56,8 +56,9 @@
 --   <tag>:stats          hash; s|<task> + 1 for a suppressed call, PEXPIRE ARGV[14]
 -- Every call that is not refused (suppressed ones included) counts itself in
 -- <tag>:stats field i|<task> (calls in, read by `top`; best effort: a wrong-typed key
--- skips it). A call that creates the hash gives it a TTL: ARGV[14], or an hour
--- without it (take.lua sets debounce_history_ttl when it counts a window).
+-- skips it). A call that adds the task's field to a hash without a TTL (one it created)
+-- gives it one: ARGV[14], or an hour without it (take.lua sets debounce_history_ttl when
+-- it counts a window).
 -- An edge call:
 --   * quiet period running (now < dl): the call moves dl and counts itself in n.
 --     Mode 'L': suppressed; it writes nothing else but the s|<task> counter and
@@ -185,9 +186,8 @@ local deadline = now + tonumber(window_ms)
 -- Calls in: i|<task> in <tag>:stats (see the header), then the reply unchanged.
 local function counted(reply)
   local stats = stats_key(tag)
-  local fresh = redis.call('EXISTS', stats) == 0
-  redis.pcall('HINCRBY', stats, 'i|' .. task, 1)
-  if fresh then
+  -- a new field may be a new hash: only then is its TTL read (one command less per call)
+  if redis.pcall('HINCRBY', stats, 'i|' .. task, 1) == 1 and redis.call('PTTL', stats) == -1 then
     redis.call('PEXPIRE', stats, (history_ttl and history_ttl ~= '') and history_ttl or 3600000)
   end
   return reply
