@@ -3,11 +3,15 @@ without a cursor.
 
 Each store call is short, and psycopg's client-side cursor spent about 0.2 ms of CPU per
 call quoting and reading it: as much as the gate's own work on the server
-(docs/performance.md, row 12g). Values here are quoted as that cursor quotes them (libpq's
-``PQescapeLiteral`` for text, hex for bytea); a value of any other type, a text with a
-NUL byte (refused by the cursor, by name), a connection whose client encoding is not
-UTF-8 or without ``standard_conforming_strings`` is :data:`UNQUOTABLE`: the caller sends
-it through the cursor instead.
+(docs/performance.md, row 12g). Values here are quoted to what that cursor's quoting
+means (libpq's ``PQescapeLiteral`` for text, hex for bytea): on a UTF-8 connection with
+``standard_conforming_strings`` a text literal is the text between quotes, each quote
+doubled (UTF-8 never hides a quote byte inside a character, and a backslash is an
+ordinary character there). A value of any other type, a text with a NUL byte (refused by
+the cursor, by name), a connection whose client encoding is not UTF-8 or without
+``standard_conforming_strings`` is :data:`UNQUOTABLE`: the caller sends it through the
+cursor instead. Columns of text, boolean and integer types are read here; a row with any
+other type is read by psycopg's loaders.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ def _split(sql: str) -> tuple[bytes, ...] | None:
     return _pieces[sql]
 
 
-def _quoted(escape: Callable[[bytes], Any], value: Any) -> bytes | None:
-    """``value`` as an SQL literal, or None when it is not one of the plain types."""
+def _quoted(value: Any) -> bytes | None:
+    """``value`` as an SQL literal (for a UTF-8 connection with standard conforming
+    strings), or None when it is not one of the plain types."""
     if value is None:
         return b"NULL"
     kind = type(value)
@@ -65,7 +70,8 @@ def _quoted(escape: Callable[[bytes], Any], value: Any) -> bytes | None:
     if kind is str:
         if "\x00" in value:
             return None
-        return bytes(escape(value.encode()))
+        text: str = value
+        return b"'" + text.replace("'", "''").encode() + b"'"
     if kind is bytes:
         return b"'\\x" + bytes(value).hex().encode() + b"'::bytea"
     return None
@@ -88,10 +94,9 @@ def simple_query(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...
         return UNQUOTABLE
     if len(pieces) != len(params) + 1:
         raise TypeError(f"{len(pieces) - 1} placeholders for {len(params)} values: {sql!r}")
-    escape = pq.Escaping(pgconn).escape_literal
     parts = [pieces[0]]
     for value, piece in zip(params, pieces[1:], strict=True):
-        literal = _quoted(escape, value)
+        literal = _quoted(value)
         if literal is None:
             return UNQUOTABLE
         parts += (literal, piece)
@@ -103,7 +108,44 @@ def simple_query(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...
     for result in results:
         if result.status not in _OK:
             raise pg_errors.error_from_result(result, encoding="utf-8")
-    last = results[-1]
-    loader = Transformer(conn)
-    loader.set_pgresult(last)
-    return loader.load_rows(0, last.ntuples, tuple)
+    return _rows(conn, results[-1])
+
+
+def _int(data: bytes) -> int:
+    return int(data)
+
+
+def _bool(data: bytes) -> bool:
+    return data == b"t"
+
+
+def _text(data: bytes) -> str:
+    return data.decode()
+
+
+#: Readers of a text-format value by type oid: text, varchar, name, boolean, the integers.
+_READERS: dict[int, Callable[[bytes], Any]] = {
+    25: _text,
+    1043: _text,
+    19: _text,
+    16: _bool,
+    20: _int,
+    21: _int,
+    23: _int,
+}
+
+
+def _rows(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+    """The rows of ``result`` as tuples, read as the cursor reads them."""
+    width = result.nfields
+    readers = [_READERS.get(result.ftype(i)) for i in range(width)]
+    if None in readers:
+        loader = Transformer(conn)
+        loader.set_pgresult(result)
+        return loader.load_rows(0, result.ntuples, tuple)
+    value = result.get_value
+    columns = list(enumerate(readers))
+    return [
+        tuple([None if (data := value(row, i)) is None else read(data) for i, read in columns])  # type: ignore[misc]
+        for row in range(result.ntuples)
+    ]

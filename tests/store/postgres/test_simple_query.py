@@ -107,3 +107,19 @@ def test_a_connection_it_cannot_quote_for_is_left_to_the_cursor(
     conn.execute(f"SET {setting}")
     assert simple_query(conn, "SELECT %s", ("it's",)) is UNQUOTABLE
     assert psycopg.ClientCursor(conn).execute("SELECT %s", ("it's",)).fetchone() == ("it's",)
+
+
+def test_each_column_type_is_read_as_the_cursor_reads_it(conn: psycopg.Connection[Any]) -> None:
+    """The types read here (text, varchar, name, boolean, the integers, NULLs of each) and
+    a row with another type (left to psycopg's loaders) come back as the cursor's rows."""
+    read_here = (
+        "SELECT 'a''b\\c'::text, 'v'::varchar, 'n'::name, true, false, (-1)::int2, 2::int4, "
+        "(2^62)::int8, NULL::text, NULL::bool, NULL::int8, '' FROM generate_series(1, 2)"
+    )
+    with_others = (
+        "SELECT 1, 'x'::text, '2026-01-01 00:00+00'::timestamptz, '\\x00ff'::bytea, ARRAY[1]"
+    )
+    for sql in (read_here, with_others):
+        expected = psycopg.ClientCursor(conn).execute(sql).fetchall()
+        assert simple_query(conn, sql, ()) == expected
+        assert [type(v) for v in simple_query(conn, sql, ())[0]] == [type(v) for v in expected[0]]
