@@ -30,7 +30,7 @@ from celery_debounce.testing import clear_windows
 pytestmark = pytest.mark.usefixtures("store")
 #: the PostgreSQL store's ReplaceRefused carries no reason (store/postgres/gate_args.py's
 #: ``refused`` leaves ``reason`` unset, which producer/gate.py puts in its message)
-NO_REASON = "PostgreSQL: a refused replacing join's DebounceConfigError says no why"
+NO_REASON = "a refused replacing join's DebounceConfigError says no why"
 
 TAG = "debounce:{0}"
 
