@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from inspect import signature
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -213,15 +214,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize this conftest's ``store`` fixture (not a folder's own ``store``, such
-    as tests/store/contract's): ``redis`` and ``postgres``, or ``redis`` alone for a test
-    marked ``redis_only``."""
+    as tests/store/contract's): ``redis`` and ``postgres``; ``redis`` alone for a test
+    marked ``redis_only``, or whose app is not built by ``app_factory`` or on the
+    ``store`` argument."""
     if "store" not in metafunc.fixturenames:
         return
     defs = metafunc._arg2fixturedefs.get("store")  # the closest definition last
     func = defs[-1].func if defs else None
     if func is None or func.__module__ != __name__ or func.__name__ != "store":
         return
-    only_redis = metafunc.definition.get_closest_marker("redis_only") is not None
+    # a test whose app is not app_factory's (nor made with **store.conf) is Redis's alone
+    builds = (
+        "app_factory" in metafunc.fixturenames or "store" in signature(metafunc.function).parameters
+    )
+    only_redis = not builds or metafunc.definition.get_closest_marker("redis_only") is not None
     metafunc.parametrize("store", STORES[:1] if only_redis else STORES, indirect=True)
 
 
