@@ -7,7 +7,9 @@ import importlib
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
+from inspect import signature
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy
-from helpers import Broker, make_app
+from helpers import Broker, StoreCase, made_apps, make_app
 from rabbitmq_node import SKIP_ENV, RabbitNode, rabbitmq_server_path
 
 from celery_debounce.settings import Settings
@@ -193,6 +195,149 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
         node.start()
 
 
+#: The ``store`` fixture's cases (ids exactly these).
+STORES = ("redis", "postgres")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "redis_only(reason): in a module over every store (usefixtures('store')), a test "
+        "that needs what only Redis has runs on the redis case alone",
+    )
+    config.addinivalue_line(
+        "markers",
+        "postgres_xfail(reason): the test's postgres case of the store fixture is a known "
+        "bug of the PostgreSQL store (xfail, strict)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize this conftest's ``store`` fixture (not a folder's own ``store``, such
+    as tests/store/contract's): ``redis`` and ``postgres``; ``redis`` alone for a test
+    marked ``redis_only``, or whose app is not built by ``app_factory`` or on the
+    ``store`` argument."""
+    if "store" not in metafunc.fixturenames:
+        return
+    defs = metafunc._arg2fixturedefs.get("store")  # the closest definition last
+    func = defs[-1].func if defs else None
+    if func is None or func.__module__ != __name__ or func.__name__ != "store":
+        return
+    # a test whose app is not app_factory's (nor made with **store.conf) is Redis's alone
+    builds = (
+        "app_factory" in metafunc.fixturenames or "store" in signature(metafunc.function).parameters
+    )
+    only_redis = not builds or metafunc.definition.get_closest_marker("redis_only") is not None
+    metafunc.parametrize("store", STORES[:1] if only_redis else STORES, indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The postgres case of a test (or of one of its parametrized rows) marked
+    ``postgres_xfail(reason)`` is expected to fail: a known bug of the PostgreSQL store."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("store") != "postgres":
+            continue
+        marker = item.get_closest_marker("postgres_xfail")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"PostgreSQL store: {reason}"))
+
+
+class PostgresStage:
+    """The stage tests' PostgreSQL database (one per session, migrated once): each test
+    starts from empty windows (every table but the schema's version truncated), as
+    ``redis_client`` flushes Redis. A schema an app names (``debounce_postgres_schema``,
+    or a ``debounce_key_prefix`` other than the default) is migrated on first use."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.schemas: set[str | None] = set()
+
+    def migrate(self, schema: str | None) -> None:
+        import psycopg
+
+        from celery_debounce.store.postgres import PostgresStore
+
+        if schema in self.schemas:
+            return
+        if schema is not None:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')  # a test's own name
+        with PostgresStore(self.url, schema=schema) as store:
+            store.migrate()
+        self.schemas.add(schema)
+
+    def prepare(self, conf: dict[str, Any]) -> None:
+        """Migrate the schema an app built with ``conf`` uses, if new."""
+        schema = conf.get("debounce_postgres_schema")
+        prefix = conf.get("debounce_key_prefix")
+        if schema is None and prefix not in (None, "debounce"):
+            schema = prefix
+        self.migrate(schema)
+
+    def clear(self) -> None:
+        """Empty every table of every schema used (the schema's version kept)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            names = [
+                f'"{schema}"."{table}"'
+                for schema, table in conn.execute(
+                    "SELECT schemaname, tablename FROM pg_tables "
+                    "WHERE tablename LIKE 'debounce\\_%' AND tablename <> 'debounce_schema' "
+                    "AND schemaname NOT IN ('pg_catalog', 'information_schema')"
+                ).fetchall()
+            ]
+            if names:
+                conn.execute(f"TRUNCATE {', '.join(names)} RESTART IDENTITY")
+
+
+@pytest.fixture(scope="session")
+def postgres_stage(postgres_server: LocalPostgres) -> Iterator[PostgresStage]:
+    """A migrated database of its own on the session's PostgreSQL (``store`` fixture)."""
+    import psycopg
+
+    name = f"stage_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # a name made here, not user data
+    stage = PostgresStage(postgres_server.url(name))
+    stage.migrate(None)
+    yield stage
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[StoreCase]:
+    """The store an app's windows are in: ``redis`` (the session's redis-server, DB 0, as
+    make_app puts them) or ``postgres`` (the session's private PostgreSQL, a database of
+    the stage tests' own, emptied before each test). Broker and results stay on Redis.
+    ``app_factory`` and ``app`` build the app on it; ``make_app(..., **store.conf)``
+    too. Opt a module in with ``pytestmark = pytest.mark.usefixtures("store")``; a test
+    that needs Redis itself is marked ``redis_only``; a known PostgreSQL bug,
+    ``postgres_xfail(reason)``. Without the PostgreSQL binaries the postgres case skips,
+    except in CI ($CI set), where it fails (``postgres_server``)."""
+    name = getattr(request, "param", "redis")
+    if name == "redis":
+        yield StoreCase("redis")
+        return
+    stage: PostgresStage = request.getfixturevalue("postgres_stage")
+    stage.clear()
+    made_apps.clear()
+    try:
+        yield StoreCase("postgres", {"debounce_store_url": stage.url, "debounce_redis_url": None})
+    finally:
+        # each app's pool goes with its test (the server takes 100 connections)
+        for made in list(made_apps):
+            cached = getattr(made, "_debounce_store", None)
+            if cached is not None and cached[0] == os.getpid():
+                close = getattr(cached[1], "close", None)
+                if close is not None:
+                    close()
+        made_apps.clear()
+
+
 @pytest.fixture
 def fault_proxy(redis_server: str) -> Iterator[FaultProxy]:
     """A fault-injection proxy (tests/fault_proxy.py) in front of the session's redis-server."""
@@ -212,11 +357,24 @@ def redis_client(redis_server: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def app_factory(redis_client: redis.Redis, redis_server: str) -> Callable[..., Celery]:
-    """Build a fresh Celery app on the test Redis (window DB 0, broker 1, results 2)."""
+def app_factory(
+    redis_client: redis.Redis, redis_server: str, request: pytest.FixtureRequest
+) -> Callable[..., Celery]:
+    """Build a fresh Celery app on the test Redis (window DB 0, broker 1, results 2); in
+    a test that uses the ``store`` fixture, the windows in that case's store."""
+    case: StoreCase | None = None
+    if "store" in request.fixturenames:
+        case = request.getfixturevalue("store")
+    stage: PostgresStage | None = None
+    if case is not None and case.name == "postgres":
+        stage = request.getfixturevalue("postgres_stage")
 
     def factory(**conf: Any) -> Celery:
-        return make_app(redis_server, **conf)
+        if case is None:
+            return make_app(redis_server, **conf)
+        if stage is not None:
+            stage.prepare(conf)
+        return make_app(redis_server, **{**case.conf, **conf})
 
     return factory
 

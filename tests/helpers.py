@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,9 +37,16 @@ def debounced(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any
     return decorate
 
 
+#: Every app make_app built (the ``store`` fixture closes their PostgreSQL stores' pools
+#: when the test ends).
+made_apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
 def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:
-    """A fresh app: windows in DB 0, broker in DB 1, results in DB 2."""
+    """A fresh app: windows in DB 0, broker in DB 1, results in DB 2 (``conf`` of the
+    ``store`` fixture's PostgreSQL case: the windows in PostgreSQL instead)."""
     app = Celery(name or f"t{next(_counter)}", set_as_current=False)
+    made_apps.add(app)
     app.conf.update(
         broker_url=f"{redis_url}/1",
         result_backend=f"{redis_url}/2",
@@ -55,6 +63,17 @@ def make_app(redis_url: str, name: str | None = None, **conf: Any) -> Celery:
 class Broker:
     """One case of the ``broker`` fixture (conftest.py): its name ("redis" or "rabbitmq")
     and the settings that put an app's messages on it: ``app_factory(**broker.conf)``."""
+
+    name: str
+    conf: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreCase:
+    """One case of the ``store`` fixture (conftest.py): its name ("redis" or "postgres")
+    and the settings that put an app's windows in it (``app_factory`` applies them; a
+    test calling ``make_app`` itself passes ``**store.conf``). Broker and results stay on
+    Redis DB 1 and 2."""
 
     name: str
     conf: dict[str, Any] = field(default_factory=dict)

@@ -23,6 +23,7 @@ __all__ = [
     "deadline_of",
     "held_count",
     "held_idents",
+    "nothing_stored",
     "open_count",
     "open_payload",
     "open_records",
@@ -84,6 +85,15 @@ def snapshots(app: Celery) -> Iterator[ShardSnapshot]:
 def open_count(app: Celery) -> int:
     """How many windows are open, over every shard."""
     return sum(s.open for s in snapshots(app))
+
+
+def nothing_stored(app: Celery) -> bool:
+    """No window of the app in its store: none open, none taken (leased, active or
+    quarantined), no counter (what a refused call leaves)."""
+    return all(
+        s.open == s.leased == s.active == s.quarantined == 0 and not s.counters
+        for s in snapshots(app)
+    )
 
 
 def taken_count(app: Celery, group: TakenGroup) -> int:

@@ -9,8 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from celery import Celery
 from helpers import debounced, running_worker, wait_until
+
+pytestmark = pytest.mark.usefixtures("store")
 
 
 def _listen(

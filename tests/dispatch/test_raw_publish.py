@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 from helpers import debounced, running_worker, wait_until
@@ -18,6 +19,8 @@ from reads import open_payload, state_of, taken_record
 
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.store.idents import window_ident
+
+pytestmark = pytest.mark.usefixtures("store")
 
 TAG = "debounce:{0}"
 
@@ -54,6 +57,7 @@ def _task(app: Celery, name: str = "raw.t", **opts: Any) -> Any:
     return t
 
 
+@pytest.mark.redis_only("a forged record planted in Redis")
 def test_a_forged_pickle_record_runs_nothing_in_the_dispatcher(
     app_factory: Any,
     redis_client: redis.Redis,
@@ -169,6 +173,7 @@ def test_the_worker_gets_the_stored_body_headers_and_callbacks(
     assert list(seen["timelimit"]) == [30, None]
 
 
+@pytest.mark.redis_only("a legacy record planted in Redis")
 def test_a_legacy_two_element_record_is_quarantined_not_sent_to_crash_a_worker(
     app_factory: Any,
     redis_client: redis.Redis,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from helpers import debounced, make_app, stop_process, wait_until
 from prometheus_client import CollectorRegistry
@@ -240,6 +241,7 @@ def test_a_reading_costs_the_same_few_commands_whatever_the_windows_and_is_share
     assert shared.get_sample_value("celery_debounce_exporter_reads_total") == 1
 
 
+@pytest.mark.usefixtures("store")
 def test_a_reading_that_fails_unexpectedly_says_store_down_and_the_exporter_keeps_serving(
     app_factory: Callable[..., Any], monkeypatch: Any
 ) -> None:

@@ -22,6 +22,8 @@ from celery_debounce.store.idents import window_ident
 from celery_debounce.store.redis.keys import held_key, open_key, run_key, win_key
 from celery_debounce.worker import ceiling
 
+pytestmark = pytest.mark.usefixtures("store")
+
 
 def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
     """A window of an exclusive task held behind a (hand-made) queued run of its key."""
@@ -48,6 +50,7 @@ def _hold_one(app: Celery, redis_client: redis.Redis) -> tuple[Any, str]:
     return ex, ident
 
 
+@pytest.mark.redis_only("a held window planted in Redis")
 def test_inspect_shows_a_held_window_as_after_its_runner_ends(
     app: Celery, redis_client: redis.Redis
 ) -> None:
@@ -59,6 +62,7 @@ def test_inspect_shows_a_held_window_as_after_its_runner_ends(
     assert " in " not in table.splitlines()[1].split("pending (held)")[1], table
 
 
+@pytest.mark.redis_only("a held window planted in Redis")
 def test_the_exporter_gauges_held_windows_and_the_longest_hold(
     app: Celery, redis_client: redis.Redis
 ) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import redis
 from celery import Celery
-from helpers import debounced, package_keys, running_worker, wait_until
-from reads import open_count, open_records, taken_count
+from helpers import debounced, running_worker, wait_until
+from reads import nothing_stored, open_count, open_records, taken_count
 
 from celery_debounce import DebounceConfigError, DebouncedTask, DebounceKeyError, enqueue_many
 from celery_debounce.ops.read_view import list_windows
+
+pytestmark = pytest.mark.usefixtures("store")
 
 
 def _task(app: Celery, runs: list[tuple[str, int]]) -> DebouncedTask:
@@ -43,6 +45,7 @@ def test_bulk_coalesces_like_single_calls_and_keeps_order(app: Celery) -> None:
     assert sorted(runs) == [("a0", 0), ("a1", 1), ("a2", 2)]
 
 
+@pytest.mark.redis_only("the chunk marker is a Redis key")
 def test_bulk_leaves_no_marker_key_once_every_chunk_answered(
     app: Celery, redis_client: redis.Redis
 ) -> None:
@@ -73,9 +76,10 @@ def test_one_bad_call_writes_nothing(app: Celery, redis_client: redis.Redis) -> 
         enqueue_many(sync, [(("ok",), {})], chunk_size=0)
     with pytest.raises(DebounceConfigError, match="countdown"):
         enqueue_many(sync, [(("ok",), {})], countdown=5)
-    assert package_keys(redis_client) == []
+    assert nothing_stored(app)
 
 
+@pytest.mark.redis_only("SCRIPT FLUSH")
 def test_bulk_reloads_flushed_scripts(app: Celery, redis_client: redis.Redis) -> None:
     sync = _task(app, [])
     enqueue_many(sync, [(("a",), {})])
@@ -188,6 +192,7 @@ def test_bulk_sends_the_same_signals_as_single_calls(app: Celery) -> None:
     ]
 
 
+@pytest.mark.redis_only("a foreign key planted in Redis")
 def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
     app: Celery, redis_client: redis.Redis
 ) -> None:
@@ -217,6 +222,7 @@ def test_a_call_redis_refuses_mid_batch_is_reported_and_only_it_is_retried(
     assert windows["acct:k7"] == (retried[0].id, 3)
 
 
+@pytest.mark.redis_only("a Redis connection killed mid-batch")
 def test_a_connection_killed_mid_batch_reports_exactly_what_was_written(
     app: Celery, redis_client: redis.Redis, redis_server: str
 ) -> None:

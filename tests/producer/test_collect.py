@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery import Celery
 from helpers import debounce_command, debounced, make_app, running_worker, wait_until
-from reads import open_count
+from reads import nothing_stored, open_count
 
 from celery_debounce import (
     DebounceConfigError,
@@ -32,6 +32,8 @@ from celery_debounce.producer.options import build_spec
 from celery_debounce.store import WindowStore as Backend
 from celery_debounce.store import store_for
 from celery_debounce.store.redis.codec import gate_args, gate_keys, parse_reply
+
+pytestmark = pytest.mark.usefixtures("store")
 
 
 def call(
@@ -103,6 +105,7 @@ def test_a_window_full_by_count_is_dispatched_at_once_and_the_next_call_opens_on
     assert backend.client.llen(f"{tag}:calls:{nxt.task_id}") == 1
 
 
+@pytest.mark.redis_only("reads the record's fields and the calls list in Redis")
 def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_next(
     app_factory: Any,
 ) -> None:
@@ -135,6 +138,7 @@ def test_a_window_full_by_bytes_is_dispatched_at_once_and_the_call_opens_the_nex
     assert seqs + tail == list(range(12))  # nothing lost, nothing twice, in order
 
 
+@pytest.mark.redis_only("no Redis key of any kind")
 def test_a_call_too_large_for_an_empty_window_is_refused_with_nothing_written(
     app_factory: Any, redis_client: redis.Redis
 ) -> None:
@@ -240,8 +244,7 @@ def test_a_per_call_serializer_or_mode_change_is_refused(
         report.apply_async(kwargs={"x": 1}, serializer="pickle")
     with pytest.raises(DebounceConfigError, match="debounce_collect=False on a call"):
         report.apply_async(kwargs={"x": 1}, debounce_collect=False)
-    # Redis only: no key of any kind
-    assert not list(redis_client.scan_iter(match="debounce:*"))
+    assert nothing_stored(app)
 
 
 def test_collect_refused_with_leading(
@@ -298,8 +301,7 @@ def test_collect_refused_with_leading(
 
     with pytest.raises(DebounceConfigError, match="debounce_collect=True on a call"):
         lead.apply_async((1,), debounce_collect=True)
-    # Redis only: no key of any kind
-    assert not list(redis_client.scan_iter(match="debounce:*"))
+    assert nothing_stored(app)
     # the trailing edge (the default, or said explicitly) is the ordinary collect window
     assert report.apply_async(kwargs={"x": 1}, debounce_trailing=True).id
     assert open_count(app) == 1
@@ -534,6 +536,7 @@ def test_a_burst_of_1000_calls_from_4_processes_is_one_run_with_every_call(
     assert times == sorted(times)  # type: ignore[type-var]
 
 
+@pytest.mark.redis_only("the CLI subprocess's app keeps its windows in Redis")
 def test_celery_debounce_inspect_json_shows_collected_calls_and_bytes(
     app: Celery, redis_server: str
 ) -> None:
@@ -654,6 +657,7 @@ def test_a_chord_and_a_chain_of_collect_calls_resolve_every_member(app: Celery) 
         assert tail.get(timeout=15) == 1
 
 
+@pytest.mark.redis_only("the windows' Redis down (debounce_redis_url)")
 def test_unicode_keys_and_payloads_through_edge_and_collect_and_an_outage_is_an_error(
     app_factory: Any, redis_client: redis.Redis
 ) -> None:

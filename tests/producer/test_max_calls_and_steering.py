@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 from helpers import debounced, running_worker, wait_until
+from reads import nothing_stored
 
 from celery_debounce import DebounceAdmin, DebounceConfigError, WindowNotFound
 from celery_debounce.aliases import fixed_id
@@ -25,6 +26,8 @@ from celery_debounce.signals import window_closed_by_cap
 from celery_debounce.store import WindowStore
 from celery_debounce.store.redis.codec import gate_args
 from celery_debounce.testing import assert_not_pending, assert_pending
+
+pytestmark = pytest.mark.usefixtures("store")
 
 
 def call(
@@ -171,8 +174,7 @@ def test_a_bad_per_call_max_calls_raises_and_writes_nothing(
 
     with pytest.raises(DebounceConfigError, match=r"^debounce_max_calls=0: expected"):
         job.apply_async((1,), debounce_max_calls=0)
-    # Redis only: no key of any kind
-    assert not list(redis_client.scan_iter(match="debounce:*"))
+    assert nothing_stored(app)
 
 
 def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
@@ -227,6 +229,10 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
     assert all(c["calls"] == 10 for c in closed)
 
 
+@pytest.mark.postgres_xfail(
+    "pending() reads no max_calls, is_leading or is_trailing: debounce_pending shows "
+    "neither the cap nor the edge"
+)
 def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
     @debounced(
         app,
