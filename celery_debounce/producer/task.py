@@ -15,6 +15,7 @@ from ..errors import DebounceBackendError, DebounceConfigError
 from ..headers import COLLECT_HEADER, SHARD_HEADER
 from ..settings import Settings, settings_for
 from ..store import store_for
+from ..store.idents import ident_prefix
 from ..stored_call import new_task_id
 from . import canvas, outage, steering, worker_steps
 from .by_name import Published, published, refuse_unfit
@@ -431,6 +432,7 @@ def send_task(
     """
     if not isinstance(name, str) or not name:
         raise DebounceConfigError(f"send_task name={name!r}: expected a non-empty task name")
+    ident_prefix(name)  # a name no store can hold is refused before any read by it
     local = app.tasks.get(name)
     debounced = local if isinstance(local, DebouncedTask) else None
     if debounced is not None:

@@ -385,14 +385,11 @@ ROWS: list[Any] = [  # (row id, call, error, message), or a pytest.param of them
         DebounceKeyError,
         r"holds a NUL character \(at position 1\)",
     ),
-    pytest.param(
+    (
         "NUL in a by-name task name",
         lambda app, t: send_task(app, "x\x00y", debounce="1s", debounce_max_wait="1m"),
         DebounceConfigError,
         r"^task name 'x.x00y': a NUL character cannot be stored",
-        # the by-name lookup of the task's definition (store/postgres/definitions.py)
-        # runs before the name is checked, and psycopg's DataError escapes untyped
-        marks=pytest.mark.postgres_xfail("a NUL in a by-name task name: psycopg.DataError"),
     ),
     (
         "NUL in a fixed task id",

@@ -518,10 +518,6 @@ def test_worker_per_call_override(app: Celery) -> None:
     assert runs == [0]
 
 
-@pytest.mark.postgres_xfail(
-    "pending() reads no max_calls, is_leading or is_trailing: debounce_pending shows "
-    "neither the cap nor the edge"
-)
 def test_inspect_shows_the_edge_state(app: Celery) -> None:
     @debounced(
         app,

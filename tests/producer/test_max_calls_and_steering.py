@@ -229,10 +229,6 @@ def test_a_burst_of_25_with_max_calls_10_runs_10_10_then_5(app: Celery) -> None:
     assert all(c["calls"] == 10 for c in closed)
 
 
-@pytest.mark.postgres_xfail(
-    "pending() reads no max_calls, is_leading or is_trailing: debounce_pending shows "
-    "neither the cap nor the edge"
-)
 def test_inspect_shows_the_cap_of_an_open_window(app: Celery) -> None:
     @debounced(
         app,

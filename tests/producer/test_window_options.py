@@ -28,9 +28,6 @@ from celery_debounce.store.idents import window_ident
 from celery_debounce.testing import clear_windows
 
 pytestmark = pytest.mark.usefixtures("store")
-#: the PostgreSQL store's ReplaceRefused carries no reason (store/postgres/gate_args.py's
-#: ``refused`` leaves ``reason`` unset, which producer/gate.py puts in its message)
-NO_REASON = "a refused replacing join's DebounceConfigError says no why"
 
 TAG = "debounce:{0}"
 
@@ -145,7 +142,6 @@ def test_the_spliced_body_is_the_joiners_arguments_and_the_openers_embed(
     assert body == [list(args), {"k": "}\\"}, opener[2]]
 
 
-@pytest.mark.postgres_xfail(NO_REASON)
 def test_a_joiner_of_another_serializer_is_refused_and_writes_nothing(
     app_factory: Any,
     redis_client: redis.Redis,
@@ -170,7 +166,6 @@ def test_a_joiner_of_another_serializer_is_refused_and_writes_nothing(
         assert first.get(timeout=10) == "c"
 
 
-@pytest.mark.postgres_xfail(NO_REASON)
 def test_a_pickle_window_keeps_its_embed_or_refuses_a_joiner_that_would_change_it(
     app_factory: Any,
     redis_client: redis.Redis,

@@ -68,8 +68,13 @@ def gate_many_args(calls: list[PreparedCall], max_payload_bytes: int) -> tuple[A
 
 def refused(sqlstate: str | None, message: str) -> DebounceError | None:
     """The typed error of a gate refusal (nothing written), or None for another error."""
-    error = REFUSALS.get(sqlstate or "")
-    return None if error is None else error(f"PostgreSQL store: {message}")
+    kind = REFUSALS.get(sqlstate or "")
+    if kind is None:
+        return None
+    error = kind(f"PostgreSQL store: {message}")
+    if isinstance(error, ReplaceRefused):  # "window <id> <why>", as the Redis gate says it
+        error.reason = message
+    return error
 
 
 def gate_result(row: Sequence[Any]) -> GateResult:

@@ -125,7 +125,9 @@ _ACK = "SELECT debounce_ack(%s, %s)"
 _RELEASE = "SELECT debounce_release(%s, %s, %s, %s)"
 _QUARANTINE = "SELECT aliases FROM debounce_quarantine(%s, %s)"
 _FLUSH = select_record(", 'dispatching', capped FROM debounce_close(%s, %s, clock_timestamp())")
-_PENDING = select_record(", 'pending', capped, collect_bytes FROM debounce_open WHERE ident = %s")
+_PENDING = select_record(
+    ", 'pending', capped, collect_bytes, max_calls, is_trailing FROM debounce_open WHERE ident = %s"
+)
 _PAYLOADS = select_record(
     ", content_type, payload, options_json, collect_bytes FROM debounce_open "
     "WHERE left(ident, %s) = %s ORDER BY deadline, ident"
@@ -556,7 +558,10 @@ class PostgresStore(
         """The open window of ``ident``, or None."""
         self._check()
         row = self._read(one(_PENDING, (ident,)))
-        return None if row is None else _record(row)
+        if row is None:
+            return None
+        max_calls, trailing = row[9:]
+        return _record(row[:9])._replace(max_calls=max_calls, trailing=bool(trailing))
 
     def held(self, shard: int) -> dict[str, tuple[int, str | None]]:
         """Exclusive windows held: ident -> (held since ms, the id of the run in

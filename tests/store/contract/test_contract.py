@@ -952,6 +952,25 @@ def test_pending_payloads_lists_each_open_window_with_its_payload_and_delete_all
     assert gate(store, "k1").result.opened
 
 
+def test_pending_reads_a_windows_cap_and_whether_it_trails(store: Store) -> None:
+    """``pending`` (what ``debounce_pending`` and ``find`` show) gives an open window's cap
+    (its opener's ``debounce_max_calls``) and whether it is a trailing window (opened in a
+    leading run's quiet period), on every store."""
+    capped = gate(store, "capped", max_calls=5)
+    plain = gate(store, "plain")
+    gate(store, "edge", leading=True)  # a leading run: closed at once, its quiet period
+    trailing = gate(store, "edge", leading=True)  # opens the trailing window
+    found = {
+        name: store.pending(g.call.shard, g.call.ident)
+        for name, g in (("capped", capped), ("plain", plain), ("trailing", trailing))
+    }
+    assert {name: (r.max_calls, r.trailing) for name, r in found.items() if r} == {
+        "capped": (5, False),
+        "plain": (None, False),
+        "trailing": (None, True),
+    }
+
+
 # -- the members every store has, each exercised here -----------------------------------
 
 
