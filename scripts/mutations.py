@@ -108,7 +108,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "take.lua",
         "      key, id = close_to_record(tag, open, id, string.format('%d', now))\n",
         "      redis.call('COPY', open, tag .. ':win:' .. id)\n      key = tag .. ':win:' .. id\n",
-        E2E + "test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one[redis]",
+        E2E + "test_claimed_window_is_never_changed_and_the_next_call_opens_a_new_one[redis-redis]",
     ),
     one(
         "gate.lua: a joiner drops the ceiling",
@@ -117,7 +117,7 @@ MUTATIONS: list[Mutation] = [
         "deadline = math.min(deadline, tonumber(found[2]) + tonumber(found[3]))",
         "-- (ceiling dropped)",
         "tests/store/redis/test_scripts.py::test_open_then_join_moves_the_deadline_never_past_the_ceiling",
-        E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream[redis]",
+        E2E + "test_max_wait_forces_a_run_under_a_never_ending_stream[redis-redis]",
     ),
     one(
         "max wait shorter than the window accepted",
@@ -125,7 +125,8 @@ MUTATIONS: list[Mutation] = [
         PKG + "producer/options.py",
         "if ceiling < window:",
         "if ceiling < 0:",
-        HOSTILE + "test_bad_input_raises_and_writes_nothing[max wait shorter than the window]",
+        HOSTILE
+        + "test_bad_input_raises_and_writes_nothing[redis-max wait shorter than the window]",
     ),
     one(
         "take.lua: no lease on take",
@@ -141,7 +142,7 @@ MUTATIONS: list[Mutation] = [
         LUA + "gate.lua",
         "if found[1] and not collect and string.sub(replace_arg, 1, 1) == '1' then",
         "if found[1] and not collect then",
-        E2E + "test_burst_coalesces_into_one_run_with_the_openers_arguments[redis]",
+        E2E + "test_burst_coalesces_into_one_run_with_the_openers_arguments[redis-redis]",
     ),
     one(
         "gate.lua takes a producer of another contract version",
@@ -786,7 +787,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "producer/call.py",
         'for name in ("countdown", "eta"):',
         'for name in ("countdown",):',
-        HOSTILE + "test_bad_input_raises_and_writes_nothing[eta with debounce]",
+        HOSTILE + "test_bad_input_raises_and_writes_nothing[redis-eta with debounce]",
     ),
     one(
         "key length limit off by one",
@@ -2234,7 +2235,7 @@ MUTATIONS: list[Mutation] = [
         '    if "\\x00" in key:  # PostgreSQL\'s text cannot hold it: refused on every '
         "store alike\n",
         '    if "\\x00" in key and False:\n',
-        HOSTILE + "test_bad_input_raises_and_writes_nothing[NUL in a templated key]",
+        HOSTILE + "test_bad_input_raises_and_writes_nothing[redis-NUL in a templated key]",
         "tests/system/test_postgres_e2e.py::"
         "test_a_key_is_accepted_or_refused_alike_on_redis_and_on_postgres[key0]",
     ),
@@ -2263,8 +2264,8 @@ MUTATIONS: list[Mutation] = [
         "the PostgreSQL store quotes a text value by wrapping it in quotes",
         "user keys and arguments never become SQL (no injection through a quote)",
         PKG + "store/postgres/simple_query.py",
-        "        return bytes(escape(value.encode()))\n",
-        '        return b"\'" + value.encode() + b"\'"\n',
+        '        return b"\'" + text.replace("\'", "\'\'").encode() + b"\'"\n',
+        '        return b"\'" + text.encode() + b"\'"\n',
         "tests/store/postgres/test_simple_query.py::"
         "test_a_value_comes_back_as_the_cursor_sends_and_reads_it",
     ),

@@ -187,6 +187,18 @@ def test_every_contract_and_valkey_test_exists() -> None:
         assert test_id in collected, test_id
     # the PostgreSQL selection's `-k postgres` keeps the contract suite's PostgreSQL cases
     assert f"{data['postgres']['contract']}::" in collected and "[postgres]" in collected
+    # the contract subset and the Valkey run are Redis's: most corners have no psycopg, so
+    # a test over both stores is named there by its [redis] case
+    on_redis = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + data["contract"]["tests"]
+        + data["valkey"]["tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.splitlines()
+    assert [line for line in on_redis if "postgres" in line] == []
 
 
 @in_checkout

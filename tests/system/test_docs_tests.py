@@ -154,3 +154,26 @@ def test_the_mutation_list_matches_the_code_and_the_tests() -> None:
         for node in mutation.tests:
             path, _, name = node.partition("::")
             assert name.split("[")[0] in functions.get(path, {}), (mutation.name, node)
+
+
+def test_every_test_a_mutation_selects_is_collected_by_its_exact_id() -> None:
+    """A mutation's test id with parameters (``[redis-...]``) names a case pytest collects:
+    a module newly run over both stores renames its cases, and a stale id fails the
+    mutation check only at its end."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mutations import MUTATIONS
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    ids = sorted({node for mutation in MUTATIONS for node in mutation.tests})
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
