@@ -212,3 +212,15 @@ def silent_listener() -> Iterator[tuple[int, list[socket.socket]]]:
         for conn in held:
             conn.close()
         listener.close()
+
+
+def collect_only(ids: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``pytest --collect-only -q`` of the test ids ``ids``, run from the repository's
+    root in a subprocess (its output: one collected id per line)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

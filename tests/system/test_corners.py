@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +21,7 @@ import celery
 import kombu
 import pytest
 import redis
+from helpers import collect_only
 
 import celery_debounce
 from celery_debounce.store import MIN_REDIS
@@ -174,13 +174,7 @@ def test_every_contract_and_valkey_test_exists() -> None:
     data = matrix()
     pg = [data["postgres"]["contract"], *data["postgres"]["tests"]]
     ids = data["contract"]["tests"] + data["valkey"]["tests"] + pg
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = collect_only(ids)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     collected = out.stdout
     for test_id in data["contract"]["tests"] + data["postgres"]["tests"]:
@@ -189,15 +183,7 @@ def test_every_contract_and_valkey_test_exists() -> None:
     assert f"{data['postgres']['contract']}::" in collected and "[postgres]" in collected
     # the contract subset and the Valkey run are Redis's: most corners have no psycopg, so
     # a test over both stores is named there by its [redis] case
-    on_redis = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-        + data["contract"]["tests"]
-        + data["valkey"]["tests"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout.splitlines()
+    on_redis = collect_only(data["contract"]["tests"] + data["valkey"]["tests"]).stdout.splitlines()
     assert [line for line in on_redis if "postgres" in line] == []
 
 

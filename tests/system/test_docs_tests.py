@@ -160,20 +160,14 @@ def test_every_test_a_mutation_selects_is_collected_by_its_exact_id() -> None:
     """A mutation's test id with parameters (``[redis-...]``) names a case pytest collects:
     a module newly run over both stores renames its cases, and a stale id fails the
     mutation check only at its end."""
-    import subprocess
     import sys
+
+    from helpers import collect_only
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from mutations import MUTATIONS
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    ids = sorted({node for mutation in MUTATIONS for node in mutation.tests})
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = collect_only(sorted({node for mutation in MUTATIONS for node in mutation.tests}))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
