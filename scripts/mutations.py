@@ -699,7 +699,7 @@ MUTATIONS: list[Mutation] = [
         "_rejected_for_good(task, retval):",
         "    if False:",
         "tests/worker/test_reject.py::"
-        "test_reject_without_requeue_finishes_the_window_and_fails_every_alias",
+        "test_reject_without_requeue_finishes_the_window_and_fails_every_alias[redis]",
     ),
     one(
         "a requeued Reject finishes the window",
@@ -707,7 +707,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         '    return not (getattr(retval, "requeue", False) and task.acks_late)',
         "    return True",
-        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows[redis]",
     ),
     # -- Sentinel ----------------------------------------------------------------------
     one(
@@ -1234,7 +1234,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        pass\n",
-        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows[redis]",
     ),
     one(
         "an exclusive window is never held",
@@ -1677,9 +1677,9 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/node.py",
         "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
         "        if _STD_SOCKET is None or _STD_LOCAL is None:",
-        "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
+        "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[redis-gevent-cold]",
         "tests/worker/test_gevent.py::"
-        "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies",
+        "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies[redis]",
     ),
     one(
         "store_for's lock is inherited locked by a forked child",
@@ -1688,7 +1688,7 @@ MUTATIONS: list[Mutation] = [
         "os.register_at_fork(after_in_child=_forked)\n\n\n",
         "",
         "tests/worker/test_concurrency_models.py::"
-        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[store_for]",
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[redis-store_for]",
     ),
     one(
         "store_for builds a cluster store under its lock (patched after import: hangs)",
@@ -1698,7 +1698,7 @@ MUTATIONS: list[Mutation] = [
         "        with _lock:  # nothing under it yields",
         "        with _lock:\n            built = build_store(settings_for(app))",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock",
+        "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock[redis]",
     ),
     one(
         "marks' retry thread is started under its lock (patched after import: hangs)",
@@ -1708,7 +1708,7 @@ MUTATIONS: list[Mutation] = [
         '            _state["thread"] = start\n'
         "            start.start()\n            start = None\n",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock",
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock[redis]",
     ),
     one(
         "marks' retry thread recorded but not yet started counts as none (two start)",
@@ -1717,7 +1717,7 @@ MUTATIONS: list[Mutation] = [
         "if thread is None or not (thread.ident is None or thread.is_alive()):",
         "if thread is None or not thread.is_alive():",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock",
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock[redis]",
     ),
     one(
         "marks' lock is inherited locked by a forked child",
@@ -1726,7 +1726,7 @@ MUTATIONS: list[Mutation] = [
         "os.register_at_fork(after_in_child=_forked)\n\n\n",
         "",
         "tests/worker/test_concurrency_models.py::"
-        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]",
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[redis-marks]",
     ),
     one(
         "a connection made before patching is used as it is (it blocks every greenlet)",
@@ -1735,9 +1735,9 @@ MUTATIONS: list[Mutation] = [
         "conn = checkout(pool)  # one made before patching is made anew",
         "conn = pool.get_connection(*_checkout_args())",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[per-call]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-per-call]",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[kept]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-kept]",
     ),
     one(
         "a script then WAIT uses a connection made before patching (patched, blocks)",
@@ -1746,7 +1746,7 @@ MUTATIONS: list[Mutation] = [
         "conn: Any = checkout(pool)\n",
         "conn: Any = pool.get_connection(*CHECKOUT_ARGS)\n",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[then-wait]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-then-wait]",
     ),
     one(
         "a TLS connection made before patching is taken for a patched one (patched)",
@@ -1754,7 +1754,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/transport.py",
         "and isinstance(conn._sock, STD_SOCKET)",
         "and type(conn._sock) is STD_SOCKET",
-        "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew",
+        "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew[redis]",
     ),
     one(
         "a run past its ceiling is not counted as a max-wait violation",
