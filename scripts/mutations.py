@@ -584,7 +584,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         "then=lambda done: _finished(app, task_id, done, state, retval))",
         "then=None)",
-        "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result",
+        "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result[redis]",
     ),
     one(
         "active ids of expired records are never pruned",
