@@ -433,7 +433,7 @@ MUTATIONS: list[Mutation] = [
         "                    raise _lost(name, exc) from exc",
         "# READONLY: it did not run; the pool finds the master\n"
         "                    return self.client.evalsha(sha, numkeys, *keys_and_args)",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-collect-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-gate-collect-drop]",
         ONCE + "test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again",
     ),
     one(
@@ -442,7 +442,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/store.py",
         'before, _, run = self.run_once("claim",',
         'before, _, run = self.run("claim",',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[claim-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-claim-drop]",
     ),
     one(
         "cancel sent again without its per-call token",
@@ -450,7 +450,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/operators.py",
         "[ident, task_id, self.settings.history_ttl_ms, token]",
         '[ident, task_id, self.settings.history_ttl_ms, ""]',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-cancel-drop]",
     ),
     one(
         "flush_all's pipeline sent through redis-py (resent after a lost reply)",
@@ -462,7 +462,7 @@ MUTATIONS: list[Mutation] = [
         "            for keys, args in calls:\n"
         "                script(keys=keys, args=args, client=pipe)\n"
         "            return pipe.execute()",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[flush-all-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-flush-all-drop]",
     ),
     # -- every timeout where a command may have reached Redis is a lost reply ------
     one(
@@ -480,9 +480,9 @@ MUTATIONS: list[Mutation] = [
         "if not cut_runs_nothing(wire):  # its first commands may have run",
         "if False:",
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault"
-        "[gate-wait-replicas-stall-write]",
+        "[redis-gate-wait-replicas-stall-write]",
         ONCE + "test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wait"
-        "[then-wait]",
+        "[redis-then-wait]",
     ),
     one(
         "a lone gate call whose write timed out is sent again (write timeout)",
@@ -490,7 +490,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/node.py",
         "if attempt == 2 or isinstance(exc, redis.TimeoutError):",
         "if attempt == 2:",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-stall-write]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-gate-stall-write]",
     ),
     one(
         "a flush pipeline whose write failed after a complete flush is taken for not run",
@@ -499,7 +499,7 @@ MUTATIONS: list[Mutation] = [
         "                        and cut_runs_nothing(wire)\n",
         "",
         ONCE + "test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone"
-        "[after-another]",
+        "[redis-after-another]",
     ),
     one(
         "a cluster call whose connect timed out is not sent to the current master "
@@ -531,7 +531,7 @@ MUTATIONS: list[Mutation] = [
         "            )[0]",
         "            return self.run(name, keys, args)",
         ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
-        "[gate-drop]",
+        "[redis-gate-drop]",
     ),
     one(
         "a lone cluster call whose write timed out is sent again (write timeout)",
@@ -540,7 +540,7 @@ MUTATIONS: list[Mutation] = [
         "                    if attempt >= 2 or isinstance(exc, redis.TimeoutError):\n",
         "                    if attempt >= 2:\n",
         ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
-        "[gate-stall-write]",
+        "[redis-gate-stall-write]",
     ),
     # -- issue 19: the documented ACL line is complete -----------------------------
     one(
@@ -1108,7 +1108,7 @@ MUTATIONS: list[Mutation] = [
         '        return int(self.run_once("release", [leased_key(tag)], '
         "[delay_ms, tag, *pairs])[0])",
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[release-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-release-drop]",
         "tests/worker/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once",
     ),
     one(
@@ -1118,7 +1118,7 @@ MUTATIONS: list[Mutation] = [
         '        return bool(int(self.run_once("unclaim", keys, '
         '[task_id, as_text(at), "queued"])))',
         '        return bool(int(self.run("unclaim", keys, [task_id, as_text(at), "queued"])))',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[unclaim-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-unclaim-drop]",
     ),
     one(
         "a requeued run's window is not put back",
