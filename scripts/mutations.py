@@ -433,7 +433,7 @@ MUTATIONS: list[Mutation] = [
         "                    raise _lost(name, exc) from exc",
         "# READONLY: it did not run; the pool finds the master\n"
         "                    return self.client.evalsha(sha, numkeys, *keys_and_args)",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-collect-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-gate-collect-drop]",
         ONCE + "test_a_lost_gate_reply_is_reported_as_unknown_and_not_sent_again",
     ),
     one(
@@ -442,7 +442,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/store.py",
         'before, _, run = self.run_once("claim",',
         'before, _, run = self.run("claim",',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[claim-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-claim-drop]",
     ),
     one(
         "cancel sent again without its per-call token",
@@ -450,7 +450,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/operators.py",
         "[ident, task_id, self.settings.history_ttl_ms, token]",
         '[ident, task_id, self.settings.history_ttl_ms, ""]',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[cancel-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-cancel-drop]",
     ),
     one(
         "flush_all's pipeline sent through redis-py (resent after a lost reply)",
@@ -462,7 +462,7 @@ MUTATIONS: list[Mutation] = [
         "            for keys, args in calls:\n"
         "                script(keys=keys, args=args, client=pipe)\n"
         "            return pipe.execute()",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[flush-all-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-flush-all-drop]",
     ),
     # -- every timeout where a command may have reached Redis is a lost reply ------
     one(
@@ -480,9 +480,9 @@ MUTATIONS: list[Mutation] = [
         "if not cut_runs_nothing(wire):  # its first commands may have run",
         "if False:",
         ONCE + "test_every_script_is_sent_at_most_once_under_every_fault"
-        "[gate-wait-replicas-stall-write]",
+        "[redis-gate-wait-replicas-stall-write]",
         ONCE + "test_a_gate_write_reset_part_way_did_not_run_alone_and_is_unknown_before_wait"
-        "[then-wait]",
+        "[redis-then-wait]",
     ),
     one(
         "a lone gate call whose write timed out is sent again (write timeout)",
@@ -490,7 +490,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/node.py",
         "if attempt == 2 or isinstance(exc, redis.TimeoutError):",
         "if attempt == 2:",
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[gate-stall-write]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-gate-stall-write]",
     ),
     one(
         "a flush pipeline whose write failed after a complete flush is taken for not run",
@@ -499,7 +499,7 @@ MUTATIONS: list[Mutation] = [
         "                        and cut_runs_nothing(wire)\n",
         "",
         ONCE + "test_a_flush_pipeline_whose_write_times_out_is_unknown_unless_one_call_alone"
-        "[after-another]",
+        "[redis-after-another]",
     ),
     one(
         "a cluster call whose connect timed out is not sent to the current master "
@@ -531,7 +531,7 @@ MUTATIONS: list[Mutation] = [
         "            )[0]",
         "            return self.run(name, keys, args)",
         ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
-        "[gate-drop]",
+        "[redis-gate-drop]",
     ),
     one(
         "a lone cluster call whose write timed out is sent again (write timeout)",
@@ -540,7 +540,7 @@ MUTATIONS: list[Mutation] = [
         "                    if attempt >= 2 or isinstance(exc, redis.TimeoutError):\n",
         "                    if attempt >= 2:\n",
         ONCE + "test_a_cluster_node_that_loses_a_reply_or_stops_reading_gets_each_gate_sent_once"
-        "[gate-stall-write]",
+        "[redis-gate-stall-write]",
     ),
     # -- issue 19: the documented ACL line is complete -----------------------------
     one(
@@ -584,7 +584,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         "then=lambda done: _finished(app, task_id, done, state, retval))",
         "then=None)",
-        "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result",
+        "tests/worker/test_marks.py::test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result[redis]",
     ),
     one(
         "active ids of expired records are never pruned",
@@ -699,7 +699,7 @@ MUTATIONS: list[Mutation] = [
         "_rejected_for_good(task, retval):",
         "    if False:",
         "tests/worker/test_reject.py::"
-        "test_reject_without_requeue_finishes_the_window_and_fails_every_alias",
+        "test_reject_without_requeue_finishes_the_window_and_fails_every_alias[redis]",
     ),
     one(
         "a requeued Reject finishes the window",
@@ -707,7 +707,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         '    return not (getattr(retval, "requeue", False) and task.acks_late)',
         "    return True",
-        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows[redis]",
     ),
     # -- Sentinel ----------------------------------------------------------------------
     one(
@@ -1108,7 +1108,7 @@ MUTATIONS: list[Mutation] = [
         '        return int(self.run_once("release", [leased_key(tag)], '
         "[delay_ms, tag, *pairs])[0])",
         '        return int(self.run("release", [leased_key(tag)], [delay_ms, tag, *pairs])[0])',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[release-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-release-drop]",
         "tests/worker/test_lease_budget.py::test_a_release_whose_reply_is_lost_counts_its_failure_once",
     ),
     one(
@@ -1118,7 +1118,7 @@ MUTATIONS: list[Mutation] = [
         '        return bool(int(self.run_once("unclaim", keys, '
         '[task_id, as_text(at), "queued"])))',
         '        return bool(int(self.run("unclaim", keys, [task_id, as_text(at), "queued"])))',
-        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[unclaim-drop]",
+        ONCE + "test_every_script_is_sent_at_most_once_under_every_fault[redis-unclaim-drop]",
     ),
     one(
         "a requeued run's window is not put back",
@@ -1234,7 +1234,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "worker/receivers.py",
         "        _put_back(store, shard, task_id, task.name)\n",
         "        pass\n",
-        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows",
+        "tests/worker/test_reject.py::test_reject_with_requeue_waits_for_the_run_that_follows[redis]",
     ),
     one(
         "an exclusive window is never held",
@@ -1677,9 +1677,9 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/node.py",
         "        if socket.socket is not _STD_SOCKET or threading.local is not _STD_LOCAL:",
         "        if _STD_SOCKET is None or _STD_LOCAL is None:",
-        "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[gevent-cold]",
+        "tests/worker/test_gevent.py::test_greenlets_patched_before_or_after_import_each_get_their_own_reply[redis-gevent-cold]",
         "tests/worker/test_gevent.py::"
-        "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies",
+        "test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies[redis]",
     ),
     one(
         "store_for's lock is inherited locked by a forked child",
@@ -1688,7 +1688,7 @@ MUTATIONS: list[Mutation] = [
         "os.register_at_fork(after_in_child=_forked)\n\n\n",
         "",
         "tests/worker/test_concurrency_models.py::"
-        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[store_for]",
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[redis-store_for]",
     ),
     one(
         "store_for builds a cluster store under its lock (patched after import: hangs)",
@@ -1698,7 +1698,7 @@ MUTATIONS: list[Mutation] = [
         "        with _lock:  # nothing under it yields",
         "        with _lock:\n            built = build_store(settings_for(app))",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock",
+        "test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock[redis]",
     ),
     one(
         "marks' retry thread is started under its lock (patched after import: hangs)",
@@ -1708,7 +1708,7 @@ MUTATIONS: list[Mutation] = [
         '            _state["thread"] = start\n'
         "            start.start()\n            start = None\n",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock",
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock[redis]",
     ),
     one(
         "marks' retry thread recorded but not yet started counts as none (two start)",
@@ -1717,7 +1717,7 @@ MUTATIONS: list[Mutation] = [
         "if thread is None or not (thread.ident is None or thread.is_alive()):",
         "if thread is None or not thread.is_alive():",
         "tests/worker/test_gevent.py::"
-        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock",
+        "test_greenlets_patched_after_import_keep_failed_marks_without_deadlock[redis]",
     ),
     one(
         "marks' lock is inherited locked by a forked child",
@@ -1726,7 +1726,7 @@ MUTATIONS: list[Mutation] = [
         "os.register_at_fork(after_in_child=_forked)\n\n\n",
         "",
         "tests/worker/test_concurrency_models.py::"
-        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[marks]",
+        "test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child[redis-marks]",
     ),
     one(
         "a connection made before patching is used as it is (it blocks every greenlet)",
@@ -1735,9 +1735,9 @@ MUTATIONS: list[Mutation] = [
         "conn = checkout(pool)  # one made before patching is made anew",
         "conn = pool.get_connection(*_checkout_args())",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[per-call]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-per-call]",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[kept]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-kept]",
     ),
     one(
         "a script then WAIT uses a connection made before patching (patched, blocks)",
@@ -1746,7 +1746,7 @@ MUTATIONS: list[Mutation] = [
         "conn: Any = checkout(pool)\n",
         "conn: Any = pool.get_connection(*CHECKOUT_ARGS)\n",
         "tests/worker/test_gevent.py::"
-        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[then-wait]",
+        "test_a_connection_made_before_patching_does_not_block_the_other_greenlets[redis-then-wait]",
     ),
     one(
         "a TLS connection made before patching is taken for a patched one (patched)",
@@ -1754,7 +1754,7 @@ MUTATIONS: list[Mutation] = [
         PKG + "store/redis/transport.py",
         "and isinstance(conn._sock, STD_SOCKET)",
         "and type(conn._sock) is STD_SOCKET",
-        "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew",
+        "tests/worker/test_gevent.py::test_a_tls_connection_made_before_patching_is_made_anew[redis]",
     ),
     one(
         "a run past its ceiling is not counted as a max-wait violation",

@@ -2,10 +2,11 @@
 was imported and had made a call (its connection kept), as gunicorn ``--preload`` does.
 
 ``python green_callers.py <gevent|eventlet|none> <warm|cold|first> <redis url>
-[greenlets] [calls]`` (``warm``: one call before patching, so a connection with a
-stdlib socket is kept; ``cold``: the package imported only; ``first``: patched before
-any import) prints one JSON list, ``[key, window id or null, error or null]`` per
-call. :func:`assert_each_call_got_its_window` checks such a list against Redis
+[greenlets] [calls] [--store=<postgresql url>]`` (``warm``: one call before patching,
+so a connection with a stdlib socket is kept; ``cold``: the package imported only;
+``first``: patched before any import; ``--store``: the windows in PostgreSQL) prints
+one JSON list, ``[key, window id or null, error or null]`` per call.
+:func:`assert_each_call_got_its_window` checks such a list against the store
 (tests/worker/test_gevent.py, tests/worker/test_concurrency_models.py).
 """
 
@@ -34,9 +35,12 @@ from celery_debounce import DebouncedTask
 from celery_debounce.ops.read_view import list_windows
 
 
-def build(url: str) -> Celery:
+def build(url: str, **conf: Any) -> Celery:
+    """The callers' app on the Redis at ``url`` (``conf``: other settings, such as a
+    store's, ``StoreCase.conf``)."""
     app = Celery("green", set_as_current=False)
     app.conf.update(broker_url=f"{url}/1", debounce_redis_url=f"{url}/0", task_ignore_result=True)
+    app.conf.update(conf)
 
     @app.task(
         name="green.debounced",
@@ -53,20 +57,26 @@ def build(url: str) -> Celery:
 
 
 def assert_each_call_got_its_window(
-    redis_server: str, results: list[list[Any]], others: tuple[str, ...] = ()
+    redis_server: str,
+    results: list[list[Any]],
+    others: tuple[str, ...] = (),
+    conf: dict[str, Any] | None = None,
 ) -> None:
     """No call failed; each returned its own key's open window id; each window counts
-    exactly the calls that returned it (``others``: keys called outside ``results``)."""
+    exactly the calls that returned it (``others``: keys called outside ``results``;
+    ``conf``: the app's other settings, as given to :func:`build`)."""
     failed = Counter(error.split(":")[0] for _, _, error in results if error)
     assert not failed, f"{sum(failed.values())} of {len(results)} calls raised: {failed}"
-    windows = {w.key: w for w in list_windows(build(redis_server)) if w.key not in others}
+    windows = {
+        w.key: w for w in list_windows(build(redis_server, **(conf or {}))) if w.key not in others
+    }
     returned = Counter(key for key, _, _ in results)
     wrong = [
         (key, wid) for key, wid, _ in results if key not in windows or windows[key].task_id != wid
     ]
     assert not wrong, f"{len(wrong)} calls got another window's id: {wrong[:5]}"
     stored = {key: w.calls for key, w in windows.items()}
-    assert stored == dict(returned), "Redis holds other calls than those that returned"
+    assert stored == dict(returned), "the store holds other calls than those that returned"
 
 
 def key_of(i: int, j: int) -> str:
@@ -75,11 +85,14 @@ def key_of(i: int, j: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    argv = [a for a in argv if a != "--no-hiredis"]
+    # --store=<postgresql url>: the windows in PostgreSQL (Redis stays the broker)
+    stores = [a.split("=", 1)[1] for a in argv if a.startswith("--store=")]
+    argv = [a for a in argv if a != "--no-hiredis" and not a.startswith("--store=")]
     model, warm, patch, url = argv[0], argv[1] == "warm", argv[1] != "first", argv[2]
     greenlets = int(argv[3]) if len(argv) > 3 else 30
     calls = int(argv[4]) if len(argv) > 4 else 20
-    task = build(url).tasks["green.debounced"]
+    conf = {"debounce_store_url": stores[0], "debounce_redis_url": None} if stores else {}
+    task = build(url, **conf).tasks["green.debounced"]
     results: list[list[Any]] = [["warm", task.delay("warm").id, None]] if warm else []
 
     def caller(i: int) -> None:

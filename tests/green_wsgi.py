@@ -11,7 +11,10 @@ from typing import Any
 
 from green_callers import build
 
-task = build(os.environ["GREEN_REDIS"]).tasks["green.debounced"]
+#: GREEN_STORE (a postgresql:// URL): the windows in PostgreSQL; Redis stays the broker
+_store = os.environ.get("GREEN_STORE") or None
+_conf = {"debounce_store_url": _store, "debounce_redis_url": None} if _store else {}
+task = build(os.environ["GREEN_REDIS"], **_conf).tasks["green.debounced"]
 task.delay("warm")
 
 

@@ -57,6 +57,14 @@ from celery_debounce.store.redis.cluster import ClusterTransport
 from celery_debounce.testing.redis_cluster import LocalCluster
 from celery_debounce.testing.servers import LocalRedis
 
+pytestmark = [
+    pytest.mark.usefixtures("store"),
+    pytest.mark.redis_only(
+        "faults injected between the client and Redis (the fault proxy), their effect read "
+        "raw in Redis (the PostgreSQL store's lost replies: tests/store/postgres)"
+    ),
+]
+
 TAG = "debounce:{0}"
 
 

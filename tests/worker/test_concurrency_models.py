@@ -16,16 +16,20 @@ from typing import Any
 import pytest
 import redis
 from green_callers import assert_each_call_got_its_window, build, key_of
+from helpers import StoreCase, made_apps
 
 from celery_debounce.store import factory as store_module
 from celery_debounce.worker import retry_queue as marks
 
+pytestmark = pytest.mark.usefixtures("store")
+
 
 def test_asyncio_callers_through_sync_to_async_each_get_their_own_reply(
-    redis_server: str, redis_client: redis.Redis
+    redis_server: str, redis_client: redis.Redis, store: StoreCase
 ) -> None:
     sync_to_async = pytest.importorskip("asgiref.sync").sync_to_async
-    task = build(redis_server).tasks["green.debounced"]
+    task = build(redis_server, **store.conf).tasks["green.debounced"]
+    made_apps.add(task.app)  # its store's pool closed with the test
     keys = [key_of(i, j) for i in range(30) for j in range(20)]
 
     async def main() -> list[Any]:
@@ -33,7 +37,8 @@ def test_asyncio_callers_through_sync_to_async_each_get_their_own_reply(
         return list(await asyncio.gather(*(call(key) for key in keys)))
 
     ids = asyncio.run(main())
-    assert_each_call_got_its_window(redis_server, [[k, i, None] for k, i in zip(keys, ids)])
+    results = [[k, i, None] for k, i in zip(keys, ids)]
+    assert_each_call_got_its_window(redis_server, results, conf=store.conf)
 
 
 def _fork_while_held(lock: Any, in_child: Callable[[], object]) -> int | None:
@@ -73,9 +78,10 @@ def _fork_while_held(lock: Any, in_child: Callable[[], object]) -> int | None:
 
 @pytest.mark.parametrize("where", ["store_for", "marks"])
 def test_a_fork_while_another_thread_holds_a_module_lock_does_not_deadlock_the_child(
-    redis_server: str, redis_client: redis.Redis, where: str
+    redis_server: str, redis_client: redis.Redis, store: StoreCase, where: str
 ) -> None:
-    app = build(redis_server)
+    app = build(redis_server, **store.conf)
+    made_apps.add(app)
     if where == "store_for":  # the child builds its own store under the lock
         lock, in_child = store_module._lock, lambda: store_module.store_for(app)
     else:  # the child's marks (kept while Redis was down) are read under the lock

@@ -4,7 +4,11 @@ runs happen, their claims are renewed past the lease while a run waits on I/O, a
 
 Callers under gevent or eventlet patched after the package was imported (gunicorn
 ``--preload``): every call gets its own key's window id, and Redis holds exactly the
-calls that returned (the concurrency model is decided at each call, not at import)."""
+calls that returned (the concurrency model is decided at each call, not at import).
+
+Over both stores where the subject is the worker or the callers (the PostgreSQL store
+refuses eventlet: docs/stores.md); Redis only where it is Redis's connections (a kept
+stdlib socket, TLS, a cluster, redis-py's module state) or its outage."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import pytest
 import redis
 from fault_app import build
 from green_callers import assert_each_call_got_its_window, key_of
-from helpers import stop_process, wait_until
+from helpers import StoreCase, made_apps, stop_process, wait_until
 from reads import state_of
 from test_faults import TESTS, env_for, runs, worker_process
 from test_tls_acl import make_certs
@@ -34,17 +38,25 @@ from celery_debounce.testing.servers import LocalRedis, free_port, server_suppor
 
 pytest.importorskip("gevent", reason="the test extra installs gevent")  # declared: CI has it
 
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def _store_env(store: StoreCase) -> dict[str, str]:
+    """fault_app's environment for the store (FAULT_STORE: the windows in PostgreSQL)."""
+    url = store.conf.get("debounce_store_url")
+    return {"FAULT_STORE": url} if url else {}
+
 
 def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
-    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, store: StoreCase
 ) -> None:
     log = tmp_path / "worker.log"
-    app = build(redis_server)
+    app = build(redis_server, **store.conf)
+    made_apps.add(app)
     # Redis only: the fault app's flag; the run waits (gevent-patched sleeps) until deleted
     redis_client.set("block:g", 1)
-    with worker_process(
-        redis_server, log, pool="gevent", extra_env={"FAULT_DISPATCHER_PROCESS": "1"}
-    ):
+    env = {"FAULT_DISPATCHER_PROCESS": "1", **_store_env(store)}
+    with worker_process(redis_server, log, pool="gevent", extra_env=env):
         calls = [app.tasks["faults.record"].delay("g") for _ in range(3)]
         assert len({c.id for c in calls}) == 1
         wait_until(lambda: runs(redis_client, "g") == [calls[0].id], 15)
@@ -74,10 +86,13 @@ def test_a_gevent_worker_runs_windows_and_renews_a_long_runs_claim(
     ],
 )
 def test_greenlets_patched_before_or_after_import_each_get_their_own_reply(
-    redis_server: str, redis_client: redis.Redis, model: str, warm: str
+    redis_server: str, redis_client: redis.Redis, store: StoreCase, model: str, warm: str
 ) -> None:
     if model == "eventlet":
+        if store.name == "postgres":
+            pytest.skip("the PostgreSQL store refuses eventlet (docs/stores.md)")
         pytest.importorskip("eventlet", reason="the test extra installs eventlet")
+    url = store.conf.get("debounce_store_url")
     # redis-py with hiredis checks a connection with select.poll, which eventlet's
     # patching removes: eventlet patched after redis was imported needs the plain parser
     extra = ["--no-hiredis"] if model == "eventlet" and warm != "first" else []
@@ -91,6 +106,7 @@ def test_greenlets_patched_before_or_after_import_each_get_their_own_reply(
             "30",
             "20",
             *extra,
+            *([f"--store={url}"] if url else []),
         ],
         env=env_for(redis_server),
         capture_output=True,
@@ -101,7 +117,7 @@ def test_greenlets_patched_before_or_after_import_each_get_their_own_reply(
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert len(results) == 30 * 20 + (warm == "warm")
-    assert_each_call_got_its_window(redis_server, results)
+    assert_each_call_got_its_window(redis_server, results, conf=store.conf)
 
 
 class _UnixHTTP(http.client.HTTPConnection):
@@ -123,8 +139,10 @@ def _get(conn: _UnixHTTP, key: str) -> tuple[int, str]:
 
 
 @contextmanager
-def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
-    """``gunicorn --preload -k gevent -w 2`` serving tests/green_wsgi.py on a unix socket."""
+def gunicorn(redis_server: str, tmp_path: Path, store: StoreCase) -> Iterator[str]:
+    """``gunicorn --preload -k gevent -w 2`` serving tests/green_wsgi.py on a unix socket,
+    its windows in ``store``."""
+    url = store.conf.get("debounce_store_url")
     pytest.importorskip("gunicorn", reason="the test extra installs gunicorn")
     sock = str(tmp_path / "g.sock")
     log = (tmp_path / "gunicorn.log").open("w")
@@ -143,7 +161,7 @@ def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
             "green_wsgi:application",
         ],
         cwd=TESTS,
-        env=dict(env_for(redis_server), GREEN_REDIS=redis_server),
+        env=dict(env_for(redis_server), GREEN_REDIS=redis_server, GREEN_STORE=url or ""),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -164,10 +182,10 @@ def gunicorn(redis_server: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies(
-    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, store: StoreCase
 ) -> None:
     clients, requests = 30, 8
-    with gunicorn(redis_server, tmp_path) as sock:
+    with gunicorn(redis_server, tmp_path, store) as sock:
 
         def client(i: int) -> list[list[Any]]:
             conn, got = _UnixHTTP(sock), []
@@ -185,7 +203,9 @@ def test_gunicorn_preload_with_gevent_workers_gives_each_request_its_own_replies
             results = [r for got in pool.map(client, range(clients)) for r in got]
     assert len(results) == clients * requests * 3
     # the master's call at import, the readiness probe's
-    assert_each_call_got_its_window(redis_server, results, others=("warm", "ready"))
+    assert_each_call_got_its_window(
+        redis_server, results, others=("warm", "ready"), conf=store.conf
+    )
 
 
 _BLOCKING_PROBE = """
@@ -222,6 +242,7 @@ print(ticks - before)
 """
 
 
+@pytest.mark.redis_only("redis-py's connections: a kept stdlib socket, CLIENT PAUSE, WAIT")
 @pytest.mark.parametrize("path", ["kept", "per-call", "then-wait"])
 def test_a_connection_made_before_patching_does_not_block_the_other_greenlets(
     redis_server: str, redis_client: redis.Redis, path: str
@@ -248,6 +269,7 @@ def test_a_connection_made_before_patching_does_not_block_the_other_greenlets(
     assert int(done.stdout.split()[-1]) >= 5, "the call blocked every greenlet"
 
 
+@pytest.mark.redis_only("a Redis TLS connection (rediss://)")
 def test_a_tls_connection_made_before_patching_is_made_anew(
     redis_server: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -308,6 +330,7 @@ print(len(set(ids)))
 
 
 @pytest.mark.cluster
+@pytest.mark.redis_only("a Redis Cluster's topology read")
 def test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock(
     redis_cluster: LocalCluster, redis_server: str
 ) -> None:
@@ -328,6 +351,7 @@ def test_greenlets_patched_after_import_build_a_cluster_store_without_deadlock(
     assert done.stdout.split()[-1] == "10"
 
 
+@pytest.mark.redis_only("checks the Redis store's module state (store.redis.node)")
 @pytest.mark.parametrize("pool", ["gevent", "eventlet"])
 def test_a_green_worker_binds_its_module_thread_locals_after_celery_patches(pool: str) -> None:
     """``celery worker -P gevent|eventlet`` patches before it imports the app (celery's
@@ -382,6 +406,7 @@ print(marks.pending(), len(retrying))
 """
 
 
+@pytest.mark.redis_only("the outage is an unreachable Redis")
 def test_greenlets_patched_after_import_keep_failed_marks_without_deadlock() -> None:
     """Greenlets keep marks at once while the windows' Redis is down (a gevent worker's
     runs): the first starts the retry thread, and a patched ``Thread.start`` yields to

@@ -1,8 +1,10 @@
-"""A claim lease's budget: a claim is lost only when its worker cannot reach Redis for
-the whole lease (docs/configuration.md, "Claim lease").
+"""A claim lease's budget: a claim is lost only when its worker cannot reach the store
+for the whole lease (docs/configuration.md, "Claim lease").
 
-Redis only, and read raw here: a claim's lease end (its score in the claims set), which
-no store read returns; the claims the renewal tests plant; the exclusive app's run log.
+Over both stores: a refused link, the claim's life seen through the store (a second
+delivery's claim). Redis only, and read raw: a claim's lease end (its score in the
+claims set), which no store read returns; the claims the renewal tests plant; the
+exclusive app's run log; a silent link and a lost reply (the Redis fault proxy).
 
 The worker's link to the windows' Redis goes through a proxy that goes silent
 (tests/fault_proxy.py ``silence``: bytes swallowed both ways, nothing refused); the
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -21,10 +23,10 @@ import pytest
 import redis
 from celery import Celery
 from fault_proxy import FaultProxy, evalsha_of
-from helpers import debounced, make_app, running_worker, wait_until
-from reads import counters, held_count
+from helpers import StoreCase, debounced, make_app, running_worker, wait_until
+from reads import counters, held_count, state_of
 
-from celery_debounce import DebouncedTask, DebounceOutcomeUnknown
+from celery_debounce import DebounceAdmin, DebouncedTask, DebounceOutcomeUnknown
 from celery_debounce.dispatch.dispatcher import Dispatcher
 from celery_debounce.errors import DebounceBackendError
 from celery_debounce.store import store_for
@@ -32,7 +34,7 @@ from celery_debounce.store.domain import Released
 from celery_debounce.store.redis.keys import claims_key
 from celery_debounce.worker.leases import RETRY_MAX_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("store")]
 
 #: A timeout at which redis-py's own retry (a second timeout, connecting again) made
 #: a renewal that failed end past the first third of the lease, so that the next
@@ -104,6 +106,7 @@ def runs(client: redis.Redis, key: str) -> list[list[str]]:
     return [r.decode().split() for r in client.lrange(f"runs:{key}", 0, -1)]
 
 
+@pytest.mark.redis_only("a silent link (the Redis fault proxy) and the claims set read raw")
 def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
     redis_server: str,
     redis_client: redis.Redis,
@@ -152,6 +155,7 @@ def test_a_claim_survives_a_silent_link_as_long_as_its_budget(
     assert not counters(dispatcher).get("d|lease.exclusive")  # no duplicate
 
 
+@pytest.mark.redis_only("redis-py's retry and connection; a claim planted in the claims set")
 def test_a_failed_renewal_costs_one_timeout_not_two(
     redis_server: str,
     redis_client: redis.Redis,
@@ -256,6 +260,10 @@ def _least_time_left(
     return lowest
 
 
+@pytest.mark.redis_only(
+    "the lease end read in the claims set every 20 ms (over both stores, seen through the "
+    "store: test_a_claim_outlives_a_link_refused_for_half_its_lease)"
+)
 def test_a_refused_renewal_is_tried_again_within_the_lease(
     redis_server: str,
     redis_client: redis.Redis,
@@ -276,6 +284,7 @@ def test_a_refused_renewal_is_tried_again_within_the_lease(
         assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
 
 
+@pytest.mark.redis_only("a silent link (the Redis fault proxy) and the claims set read raw")
 def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
     redis_server: str,
     redis_client: redis.Redis,
@@ -292,6 +301,7 @@ def test_a_failed_renewal_is_tried_again_at_once_not_a_period_later(
         assert lowest > 0, f"the claim expired ({lowest:.0f} ms)"
 
 
+@pytest.mark.redis_only("the Redis transport's renewal link and its lock")
 def test_a_forked_child_renews_on_a_connection_of_its_own(
     redis_server: str,
     redis_client: redis.Redis,
@@ -324,9 +334,81 @@ def test_a_forked_child_renews_on_a_connection_of_its_own(
     assert (redis_client.zscore(claims, "t1") or 0) > now_ms(redis_client)
 
 
+@contextmanager
+def _link_to(
+    store: StoreCase, request: pytest.FixtureRequest
+) -> Iterator[tuple[dict[str, Any], Callable[[], None], Callable[[], None]]]:
+    """The settings that put an app's windows in ``store`` behind a proxy (a 1 s call
+    timeout), and the proxy's ``refuse`` (every connection closed, new ones too) and
+    ``disarm``."""
+    if store.name == "redis":
+        proxy: Any = request.getfixturevalue("fault_proxy")
+        conf = {"debounce_redis_url": f"{proxy.url}/0", "debounce_redis_timeout": 1.0}
+        yield conf, proxy.refuse, proxy.disarm
+        return
+    from pg_proxy import PgProxy
+
+    server = request.getfixturevalue("postgres_server")
+    proxy = PgProxy(server.port)
+    url = store.conf["debounce_store_url"].replace(f":{server.port}/", f":{proxy.port}/")
+    try:
+        conf = {**store.conf, "debounce_store_url": url, "debounce_postgres_timeout": 1.0}
+        yield conf, proxy.refuse, proxy.disarm
+    finally:
+        proxy.close()
+
+
+@pytest.mark.postgres_xfail(
+    "renewals take a connection from the store's pool, whose reconnects back off (psycopg_pool: "
+    "1 s, 2 s, ... up to RECONNECT_S = 10 s): after the refused 1.6 s the pool's next attempt "
+    "is about 1.5 s after the link is back, so the retried renewal finds no connection within "
+    "debounce_postgres_timeout and the claim lapses at the end of its lease (Redis: the "
+    "renewal link connects at each attempt, and the claim lives)"
+)
+def test_a_claim_outlives_a_link_refused_for_half_its_lease(
+    redis_server: str,
+    store: StoreCase,
+    app_factory: Callable[..., Celery],
+    request: pytest.FixtureRequest,
+) -> None:
+    """A run's claim (3 s lease, renewed every second) held by a renewer whose link to
+    the store is refused for 1.6 s from just before its first renewal: the renewal is
+    tried again within the lease and lands once the link is back, so past the end of
+    the lease the claim gave, a second delivery of the run is a duplicate."""
+    from celery_debounce.worker.leases import _Renewer
+
+    direct = app_factory(debounce_claim_lease=3)
+
+    @debounced(direct, name="lease.held", debounce="1h", debounce_key="k", debounce_max_wait="2h")
+    def held() -> None: ...
+
+    task_id = held.delay().id
+    DebounceAdmin(direct).flush("lease.held", "k")
+    with _link_to(store, request) as (conf, refuse, disarm):
+        linked = store_for(make_app(redis_server, debounce_claim_lease=3, **conf))
+        assert linked.claim(0, task_id, "lease.held") == ("dispatching", True)
+        claimed = time.monotonic()
+        renewer = _Renewer()
+        renewer.hold(linked, 0, task_id)
+        try:
+            time.sleep(max(0.0, claimed + 0.9 - time.monotonic()))
+            refuse()
+            time.sleep(max(0.0, claimed + 2.5 - time.monotonic()))
+            disarm()
+            time.sleep(max(0.0, claimed + 3.5 - time.monotonic()))
+            assert state_of(direct, task_id) == "claimed"
+            # past the end of the lease the claim gave: only a renewal kept it live
+            assert store_for(direct).claim(0, task_id, "lease.held") == ("claimed", False)
+        finally:
+            renewer.drop(linked, 0, task_id)
+
+
 # -- a lost reply of release.lua ---------------------------------------------------------
 
 
+@pytest.mark.redis_only(
+    "a lost release.lua reply; the record's publish failures (fl), which no store read returns"
+)
 def test_a_release_whose_reply_is_lost_counts_its_failure_once(
     redis_server: str,
     redis_client: redis.Redis,
@@ -366,6 +448,7 @@ def test_a_release_whose_reply_is_lost_counts_its_failure_once(
 
 
 @pytest.mark.sentinel
+@pytest.mark.redis_only("Sentinel")
 def test_a_renewal_reaches_sentinels_master_on_its_own_connection(
     redis_server: str,
 ) -> None:

@@ -1,5 +1,7 @@
-"""Every record reaches a final state once Redis is back: claims and finishes that failed
-during a windows-Redis outage are kept and sent again (celery_debounce.worker.retry_queue)."""
+"""Every record reaches a final state once the store is back: claims and finishes that
+failed during an outage of the windows' store are kept and sent again
+(celery_debounce.worker.retry_queue). The aliases test runs over both stores (each on a
+private server it stops and starts again); the others are Redis outages."""
 
 from __future__ import annotations
 
@@ -12,16 +14,19 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import debounced, stop_process, wait_until
+from helpers import StoreCase, debounced, stop_process, wait_until
 from marks_app import build
 
 from celery_debounce import DebounceBackendError
 from celery_debounce.testing.servers import LocalRedis
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("store")]
 TESTS = Path(__file__).parents[1]
 
 
+@pytest.mark.redis_only(
+    "a windows-Redis restart read raw (the PostgreSQL restart: test_postgres_e2e.py)"
+)
 def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
     tmp_path: Path,
 ) -> None:
@@ -120,6 +125,7 @@ def test_marks_failed_during_a_windows_redis_restart_are_sent_when_it_is_back(
         broker.cleanup()
 
 
+@pytest.mark.redis_only("an unreachable Redis, and a refusal that is Redis's NOPERM")
 def test_kept_marks_are_bounded_and_refusals_are_not_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -156,7 +162,7 @@ def test_kept_marks_are_bounded_and_refusals_are_not_kept(
 
 
 def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
-    redis_server: str,
+    redis_server: str, store: StoreCase
 ) -> None:
     """A caller-chosen id that joined a window is an alias; when the window's finish is
     kept during an outage and sent later, the alias still gets the run's result."""
@@ -164,13 +170,23 @@ def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
     from helpers import make_app, running_worker
 
     from celery_debounce import Dispatcher
+    from celery_debounce.testing.postgres import LocalPostgres
     from celery_debounce.worker import retry_queue as marks
 
-    windows = LocalRedis(appendonly=True).start()
+    windows: LocalRedis | LocalPostgres
+    if store.name == "postgres":  # a server of its own, stopped and started again
+        from celery_debounce.store.postgres import PostgresStore
+
+        windows = LocalPostgres(settings={"synchronous_commit": "on"}).start()
+        with PostgresStore(windows.url()) as made:
+            made.migrate()
+        conf = {"debounce_store_url": windows.url(), "debounce_redis_url": None}
+    else:
+        windows = LocalRedis(appendonly=True).start()
+        conf = {"debounce_redis_url": f"{windows.url}/0"}
+    marks._pending.clear()  # another test's kept marks (the queue is per process)
     try:
-        app: Celery = make_app(
-            redis_server, debounce_redis_url=f"{windows.url}/0", debounce_dispatcher=False
-        )
+        app: Celery = make_app(redis_server, debounce_dispatcher=False, **conf)
 
         @debounced(
             app,
@@ -187,11 +203,14 @@ def test_aliases_of_a_finish_sent_after_an_outage_get_the_runs_result(
         assert joined.id == first.id  # the call returns the window's id ...
         dispatcher = Dispatcher(app, name="before-the-outage")
         wait_until(lambda: dispatcher.dispatch_once()[0] == 1, 5)
-        windows.stop()  # SIGTERM: the AOF keeps the record and its alias
+        windows.stop()  # Redis: SIGTERM, the AOF keeps the record and its alias
         with running_worker(app):
             assert first.get(timeout=20) == "ran a"  # ran while the windows' Redis is down
             wait_until(lambda: marks.pending() >= 2, 20)  # its claim and finish were kept
-            windows.start()
+            if isinstance(windows, LocalPostgres):
+                windows._launch(30.0)  # on the same data and port (restart's second half)
+            else:
+                windows.start()
             # ... and its own id gets the run's result once the kept finish is sent
             assert app.AsyncResult("callers-own-id").get(timeout=20) == "ran a"
     finally:

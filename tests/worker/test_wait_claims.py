@@ -23,6 +23,14 @@ from reads import open_window, state_of, taken_record
 from celery_debounce.testing.servers import LocalRedis
 from celery_debounce.worker import retry_queue as marks
 
+pytestmark = [
+    pytest.mark.usefixtures("store"),
+    pytest.mark.redis_only(
+        "Redis replicas and WAIT, claim.lua's ident after a failover, unclaim.lua and the "
+        "claims set (the PostgreSQL store has no replicas to wait for: claim_late is claim)"
+    ),
+]
+
 
 @pytest.fixture
 def replica(redis_server: str) -> Iterator[LocalRedis]:
