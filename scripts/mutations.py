@@ -2346,8 +2346,8 @@ MUTATIONS: list[Mutation] = [
         "behind PgBouncer in transaction mode each call runs its own statement: no "
         "server-side prepared statement another client's of the same name could replace",
         PKG + "store/postgres/store.py",
-        '            kwargs={"autocommit": True, "prepare_threshold": None, **links},\n',
-        '            kwargs={"autocommit": True, "prepare_threshold": 5, **links},\n',
+        '            "prepare_threshold": None,\n',
+        '            "prepare_threshold": 5,\n',
         "tests/store/postgres/test_postgres_pgbouncer.py::"
         "test_a_claim_renewal_shares_a_server_connection_and_renews_its_claim",
         "tests/store/postgres/test_postgres_pgbouncer.py::"
@@ -2700,5 +2700,14 @@ MUTATIONS: list[Mutation] = [
         "== 1 and redis.call('PTTL', stats) == -2 then",
         "tests/store/redis/test_scripts.py::"
         "test_the_calls_in_counter_never_leaves_the_stats_hash_without_a_ttl[redis-server]",
+    ),
+    one(
+        "a PostgreSQL claim's renewal waits for the pool (its reconnects back off)",
+        "a claim outlives a link refused for less than its lease, on every store",
+        PKG + "store/postgres/runs.py",
+        "        self._write_now(\n            one(_RENEW",
+        "        self._write(\n            one(_RENEW",
+        "tests/worker/test_lease_budget.py::"
+        "test_a_claim_outlives_a_link_refused_for_half_its_lease[postgres]",
     ),
 ]

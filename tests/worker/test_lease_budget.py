@@ -358,13 +358,6 @@ def _link_to(
         proxy.close()
 
 
-@pytest.mark.postgres_xfail(
-    "renewals take a connection from the store's pool, whose reconnects back off (psycopg_pool: "
-    "1 s, 2 s, ... up to RECONNECT_S = 10 s): after the refused 1.6 s the pool's next attempt "
-    "is about 1.5 s after the link is back, so the retried renewal finds no connection within "
-    "debounce_postgres_timeout and the claim lapses at the end of its lease (Redis: the "
-    "renewal link connects at each attempt, and the claim lives)"
-)
 def test_a_claim_outlives_a_link_refused_for_half_its_lease(
     redis_server: str,
     store: StoreCase,

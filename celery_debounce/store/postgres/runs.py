@@ -48,6 +48,8 @@ class PostgresRuns:
 
         def _write(self, fn: Any, operation: str) -> Any: ...
 
+        def _write_now(self, fn: Any, operation: str) -> Any: ...
+
     def claim(
         self,
         shard: ShardRef,
@@ -91,12 +93,13 @@ class PostgresRuns:
 
     def renew_claims(self, held: Mapping[ShardRef, Sequence[str]]) -> None:
         """Extend the live claims of these runs by one claim lease (one call for every
-        shard: the store has one table); a lapsed or ended claim stays so."""
+        shard: the store has one table); a lapsed or ended claim stays so. Sent at once:
+        on an idle pooled connection, else on one opened for it (``_write_now``)."""
         task_ids = [task_id for ids in held.values() for task_id in ids]
         if not task_ids:
             return
         self._check()
-        self._write(
+        self._write_now(
             one(_RENEW, (task_ids, self.settings.claim_lease_ms)),
             "renew",
         )

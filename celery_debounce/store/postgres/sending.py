@@ -37,6 +37,8 @@ class PostgresSending:
 
     if TYPE_CHECKING:  # pragma: no cover - what PostgresStore provides
         pool: ConnectionPool[psycopg.Connection[Any]]
+        url: str
+        connect_kwargs: dict[str, Any]
         timeout: float
         link: LinkState
         schema: str | None
@@ -140,6 +142,42 @@ class PostgresSending:
         :class:`ReplyLost` (an ``OutcomeUnknown``)."""
         conn = self._connection()
         try:
+            return self._sent(fn, conn, operation)
+        finally:
+            self.pool.putconn(conn)
+
+    def _write_now(self, fn: Any, operation: str) -> Any:
+        """``fn`` as :meth:`_write` sends it, without waiting for the pool: on an idle
+        pooled connection if one is ready, else on a connection opened for this call
+        alone (closed after). For a claim's renewal, whose lease waits neither for the
+        pool's reconnects (they back off up to :data:`RECONNECT_S` after an outage) nor
+        for runs that hold its connections (as the Redis store's renewal link)."""
+        try:
+            conn: psycopg.Connection[Any] | None = self.pool.getconn(timeout=IDLE_S)
+        except PoolTimeout:
+            conn = None
+        if conn is not None and _closed_while_idle(conn):
+            conn.close()
+            self.pool.putconn(conn)  # a closed connection: the pool replaces it
+            conn = None
+        if conn is not None:
+            try:
+                return self._sent(fn, conn, operation)
+            finally:
+                self.pool.putconn(conn)
+        try:  # the pool's own class: the attempt is recorded in self.link, as the pool's
+            conn = self.pool.connection_class.connect(self.url, **self.connect_kwargs)
+        except psycopg.Error as exc:
+            self.link.raise_if_hopeless()  # a misconfiguration, by name
+            raise StoreUnavailable(f"PostgreSQL store unreachable: {_safe(exc)}") from exc
+        try:
+            return self._sent(fn, conn, operation)
+        finally:
+            conn.close()
+
+    def _sent(self, fn: Any, conn: psycopg.Connection[Any], operation: str) -> Any:
+        """``fn(conn)`` sent at most once, the server's answers as typed errors."""
+        try:
             return _answered(self._run, fn, conn, self.timeout + ANSWER_GRACE)
         except psycopg.OperationalError as exc:
             raise ReplyLost(
@@ -157,8 +195,6 @@ class PostgresSending:
             if error is not None:
                 raise error from exc
             raise
-        finally:
-            self.pool.putconn(conn)
 
 
 #: How long a call takes an idle pooled connection in, at most (seconds); and how often

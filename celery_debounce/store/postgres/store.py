@@ -230,6 +230,14 @@ class PostgresStore(
         #: how the pool's last connection attempt went (link.py)
         self.link = LinkState()
         route_pool_logs()
+        #: each connection's settings (the pool's, and a renewal's own: _write_now); no
+        #: server-side prepared statements: behind a pooler in transaction mode another
+        #: client's statement of the same name would run instead
+        self.connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": None,
+            **links,
+        }
         self.pool = ConnectionPool(
             url,
             min_size=min_size,
@@ -240,9 +248,7 @@ class PostgresStore(
             # the pool's retries back off (1 s, 2 s, 4 s, ...) up to this, then start
             # afresh at the next call: a server back after an outage is used again soon
             reconnect_timeout=RECONNECT_S,
-            # no server-side prepared statements: behind a pooler in transaction mode
-            # another client's statement of the same name would run instead
-            kwargs={"autocommit": True, "prepare_threshold": None, **links},
+            kwargs=self.connect_kwargs,
             name=POOL_NAME,
         )
         last_returned_first(self.pool)
