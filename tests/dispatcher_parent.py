@@ -1,7 +1,7 @@
 """A small stand-in for a worker's main process, driving ``DispatcherProcess`` directly
 (tests/dispatch/test_dispatcher_process.py): cheaper than a ``celery worker`` per trial.
 
-    python dispatcher_parent.py REDIS_URL
+    python dispatcher_parent.py REDIS_URL [POSTGRES_URL]   (the windows in PostgreSQL if given)
 
 reads commands on stdin, one a line, and forks a "worker" for each (its own process
 group, so that the test finds its dispatcher child after the worker is gone):
@@ -112,6 +112,7 @@ def race(app: object, name: str) -> None:
 
 def main() -> None:
     url = sys.argv[1]
+    store_url = sys.argv[2] if len(sys.argv) > 2 else None  # a postgresql:// URL
     app = Celery("dispatcher_parent", set_as_current=False)
     app.conf.update(
         broker_url=f"{url}/1",
@@ -120,6 +121,8 @@ def main() -> None:
         debounce_redis_timeout=1,
         broker_connection_retry_on_startup=True,
     )
+    if store_url:  # the windows (and the dispatchers' heartbeats) in PostgreSQL
+        app.conf.update(debounce_store_url=store_url, debounce_redis_url=None)
     forked: list[int] = []
     for line in sys.stdin:
         words = line.split()

@@ -19,11 +19,13 @@ import pytest
 import redis
 from celery import Celery
 from fault_app import build
-from helpers import make_app, stop_process, wait_until
+from helpers import StoreCase, made_apps, make_app, stop_process, wait_until
 from test_faults import runs, worker_process
 
 from celery_debounce.dispatch.process import green_pool
 from celery_debounce.store import store_for
+
+pytestmark = pytest.mark.usefixtures("store")
 
 STARTED = re.compile(rb"embedded dispatcher worker-\S+ started \(process pid (\d+),")
 
@@ -49,13 +51,27 @@ def _pids(log: Path) -> list[int]:
 ENV = {"FAULT_DISPATCHER_PROCESS": "1"}
 
 
+def _env(store: StoreCase) -> dict[str, str]:
+    """fault_app's environment: the dispatcher process, the windows in the store
+    (FAULT_STORE: a postgresql:// URL)."""
+    url = store.conf.get("debounce_store_url")
+    return {**ENV, "FAULT_STORE": url} if url else ENV
+
+
+def _fault_app(redis_server: str, store: StoreCase) -> Celery:
+    """fault_app's app in this process, on the store (its pool closed with the test)."""
+    app = build(redis_server, **store.conf)
+    made_apps.add(app)
+    return app
+
+
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_the_child_dispatches_and_stops_with_its_worker(
-    redis_server: str, redis_client: redis.Redis, tmp_path: Path, pool: str
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, pool: str, store: StoreCase
 ) -> None:
     log = tmp_path / "worker.log"
-    app = build(redis_server)
-    with worker_process(redis_server, log, extra_env=ENV, pool=pool) as worker:
+    app = _fault_app(redis_server, store)
+    with worker_process(redis_server, log, extra_env=_env(store), pool=pool) as worker:
         (pid,) = _pids(log)
         assert _parent(pid) == worker.pid  # a child of the worker's main process
         result = app.tasks["faults.record"].delay("p")
@@ -68,11 +84,11 @@ def test_the_child_dispatches_and_stops_with_its_worker(
 
 
 def test_a_killed_child_is_started_again(
-    redis_server: str, redis_client: redis.Redis, tmp_path: Path
+    redis_server: str, redis_client: redis.Redis, tmp_path: Path, store: StoreCase
 ) -> None:
     log = tmp_path / "worker.log"
-    app = build(redis_server)
-    with worker_process(redis_server, log, extra_env=ENV, pool="prefork") as worker:
+    app = _fault_app(redis_server, store)
+    with worker_process(redis_server, log, extra_env=_env(store), pool="prefork") as worker:
         (first,) = _pids(log)
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: b"exited with code" in log.read_bytes(), 10)
@@ -85,14 +101,14 @@ def test_a_killed_child_is_started_again(
 
 
 def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
-    redis_server: str, tmp_path: Path
+    redis_server: str, tmp_path: Path, store: StoreCase
 ) -> None:
     """A burst of SIGTERMs (a supervisor, systemd and a user at once) stops the child. Its
     handler only sets a flag: an earlier one called ``Event.set`` and a child was found
     deadlocked in nested handlers, never stopping (this burst did not reproduce that
     race; it guards the stop under repeated signals)."""
     log = tmp_path / "worker.log"
-    with worker_process(redis_server, log, extra_env=ENV, pool="solo"):
+    with worker_process(redis_server, log, extra_env=_env(store), pool="solo"):
         (pid,) = _pids(log)
         for _ in range(2000):  # spread over ~1 s: some land while a handler runs
             try:
@@ -103,16 +119,18 @@ def test_the_child_stops_on_sigterm_however_many_arrive_at_once(
         wait_until(lambda: not _alive(pid), 10)
 
 
-def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_path: Path) -> None:
+def test_the_child_stops_when_its_worker_is_sigkilled(
+    redis_server: str, tmp_path: Path, store: StoreCase
+) -> None:
     log = tmp_path / "worker.log"
-    store = store_for(make_app(redis_server))
-    with worker_process(redis_server, log, extra_env=ENV, pool="solo") as worker:
+    windows = store_for(make_app(redis_server, **store.conf))
+    with worker_process(redis_server, log, extra_env=_env(store), pool="solo") as worker:
         (pid,) = _pids(log)
         name = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
         assert name is not None
         # running (its heartbeat written), not still starting: killed while it starts,
         # the child stops as well, before it has anything to log or record
-        wait_until(lambda: name.group(1).decode() in dict(store.liveness()[1]), 15)
+        wait_until(lambda: name.group(1).decode() in dict(windows.liveness()[1]), 15)
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         try:
@@ -126,7 +144,7 @@ def test_the_child_stops_when_its_worker_is_sigkilled(redis_server: str, tmp_pat
     # its stop is recorded: ping and top show a stopped dispatcher, not an alive one
     started = re.search(rb"embedded dispatcher (\S+) started", log.read_bytes())
     assert started is not None
-    _, alive, stopped = store.liveness()
+    _, alive, stopped = windows.liveness()
     assert started.group(1).decode() in dict(stopped), (alive, stopped)
     assert started.group(1).decode() not in dict(alive)
 
@@ -159,12 +177,17 @@ def _group(pgid: int) -> list[int]:
 class Workers:
     """tests/dispatcher_parent.py: forks stand-in workers on request."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, store_url: str | None = None) -> None:
         path = os.pathsep.join(
             filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
         )
         self.proc = subprocess.Popen(
-            [sys.executable, str(TESTS / "dispatcher_parent.py"), redis_url],
+            [
+                sys.executable,
+                str(TESTS / "dispatcher_parent.py"),
+                redis_url,
+                *([store_url] if store_url else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=TESTS,
@@ -218,8 +241,9 @@ class Workers:
 
 
 @pytest.fixture
-def workers(redis_server: str, redis_client: redis.Redis) -> Iterator[Workers]:
-    started = Workers(redis_server)
+def workers(redis_server: str, redis_client: redis.Redis, store: StoreCase) -> Iterator[Workers]:
+    """Stand-in workers whose dispatchers keep their windows in the test's store."""
+    started = Workers(redis_server, store.conf.get("debounce_store_url"))
     try:
         yield started
     finally:
@@ -231,7 +255,7 @@ def _heartbeats(app: Celery) -> dict[str, float]:
 
 
 def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
-    redis_server: str, workers: Workers
+    redis_server: str, workers: Workers, store: StoreCase
 ) -> None:
     """50 stand-in workers, each SIGKILLed at a random point of its child's start (the
     child itself sometimes slow to start, as on a loaded box): every child is gone
@@ -262,14 +286,14 @@ def test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start(
                 assert pending, "no line from dispatcher_parent.py"
         for worker in killed:
             wait_until(lambda gone=worker: not _group(gone), 10)
-    app = make_app(redis_server)
+    app = make_app(redis_server, **store.conf)
     beats = _heartbeats(app)
     time.sleep(1.0)  # five heartbeat periods of the stand-ins (0.2 s)
     assert _heartbeats(app) == beats
 
 
 def test_a_child_whose_worker_died_before_it_started_starts_nothing(
-    redis_server: str, workers: Workers, tmp_path: Path
+    redis_server: str, workers: Workers, tmp_path: Path, store: StoreCase
 ) -> None:
     """The worker SIGKILLed after the fork, before the child even looked at its parent:
     the child sees its parent is not the worker's pid read before the fork and stops
@@ -281,12 +305,12 @@ def test_a_child_whose_worker_died_before_it_started_starts_nothing(
     wait_until(lambda: _parent(int(child)) != int(worker), 10)  # handed to init
     hold.touch()  # the child starts only now
     wait_until(lambda: not _group(int(worker)), 10)
-    _, alive, stopped = store_for(make_app(redis_server)).liveness()
+    _, alive, stopped = store_for(make_app(redis_server, **store.conf)).liveness()
     assert "early" not in dict(alive) and "early" not in dict(stopped)
 
 
 def test_a_child_started_from_a_thread_that_ends_keeps_running(
-    redis_server: str, workers: Workers, tmp_path: Path
+    redis_server: str, workers: Workers, tmp_path: Path, store: StoreCase
 ) -> None:
     """PR_SET_PDEATHSIG fires when the thread that forked ends: the supervisor forks every
     child, so the thread that called start() may end (before, it forked the first child,
@@ -296,7 +320,7 @@ def test_a_child_started_from_a_thread_that_ends_keeps_running(
     hold = tmp_path / "thread-may-end"
     workers.send(f"thread lasting {hold}")
     _, (_, _, worker, child) = workers.line()
-    app = make_app(redis_server)
+    app = make_app(redis_server, **store.conf)
     wait_until(lambda: "lasting" in _heartbeats(app), 10)
     hold.touch()  # the starting thread ends now
     time.sleep(1.0)  # a stopped child is gone within a few ticks (0.1 s)
