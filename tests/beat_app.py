@@ -1,6 +1,7 @@
 """The app the beat tests run under ``celery -A beat_app beat -S debounce``.
 
-URLs come from $DEBOUNCE_BEAT_WINDOWS (the windows' Redis) and $DEBOUNCE_BEAT_BROKER.
+URLs come from $DEBOUNCE_BEAT_WINDOWS (the windows' Redis, or a postgresql:// URL: the
+windows in PostgreSQL) and $DEBOUNCE_BEAT_BROKER.
 A plain task is scheduled every second on its own queue (``heartbeat``), so a test
 counts the messages beat sent there.
 """
@@ -12,13 +13,17 @@ import os
 from celery import Celery
 
 from celery_debounce import DebouncedTask
+from celery_debounce.settings import POSTGRES_SCHEMES
 
 
 def build(windows_url: str, broker_url: str, **conf: object) -> Celery:
     app = Celery("beat_app", set_as_current=False)
+    if windows_url.startswith(POSTGRES_SCHEMES):
+        conf = {"debounce_store_url": windows_url, "debounce_redis_url": None, **conf}
+    else:
+        conf = {"debounce_redis_url": windows_url, **conf}
     app.conf.update(
         broker_url=broker_url,
-        debounce_redis_url=windows_url,
         debounce_poll_interval=1.0,
         debounce_redis_timeout=3.0,
         # small batches (env) make a backlog take seconds to publish, long enough
