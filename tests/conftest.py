@@ -215,8 +215,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize this conftest's ``store`` fixture (not a folder's own ``store``, such
     as tests/store/contract's): ``redis`` and ``postgres``; ``redis`` alone for a test
-    marked ``redis_only``, or whose app is not built by ``app_factory`` or on the
-    ``store`` argument."""
+    marked ``redis_only``, or whose app is not built by ``app_factory``, ``ops`` or on
+    the ``store`` argument."""
     if "store" not in metafunc.fixturenames:
         return
     defs = metafunc._arg2fixturedefs.get("store")  # the closest definition last
@@ -225,7 +225,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     # a test whose app is not app_factory's (nor made with **store.conf) is Redis's alone
     builds = (
-        "app_factory" in metafunc.fixturenames or "store" in signature(metafunc.function).parameters
+        "app_factory" in metafunc.fixturenames
+        or "ops" in metafunc.fixturenames
+        or "store" in signature(metafunc.function).parameters
     )
     only_redis = not builds or metafunc.definition.get_closest_marker("redis_only") is not None
     metafunc.parametrize("store", STORES[:1] if only_redis else STORES, indirect=True)
@@ -403,9 +405,26 @@ def backend(request: pytest.FixtureRequest) -> Iterator[WindowStore]:
 
 
 @pytest.fixture
-def ops(redis_server: str, redis_client: redis.Redis) -> Iterator[ModuleType]:
-    """tests/ops_app.py on the test Redis (imported once; state flushed per test)."""
+def ops(
+    redis_server: str, redis_client: redis.Redis, request: pytest.FixtureRequest
+) -> Iterator[ModuleType]:
+    """tests/ops_app.py on the test Redis (imported once; state flushed per test); in a
+    test that uses the ``store`` fixture, its windows in that case's store
+    ($DEBOUNCE_OPS_STORE, subprocesses too): on PostgreSQL imported again per test (the
+    store fixture closes the app's pool when the test ends)."""
     os.environ["DEBOUNCE_OPS_REDIS"] = redis_server
-    module = importlib.import_module("ops_app")
+    url = None
+    if "store" in request.fixturenames:
+        url = request.getfixturevalue("store").conf.get("debounce_store_url")
+    if url:
+        os.environ["DEBOUNCE_OPS_STORE"] = url
+    else:
+        os.environ.pop("DEBOUNCE_OPS_STORE", None)
+    module = sys.modules.get("ops_app")
+    if module is None:
+        module = importlib.import_module("ops_app")
+    elif url or module._store:
+        module = importlib.reload(module)
     module.runs.clear()
     yield module
+    os.environ.pop("DEBOUNCE_OPS_STORE", None)

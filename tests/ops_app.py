@@ -1,7 +1,8 @@
 """The app the operations tests drive through ``celery -A ops_app ...``.
 
 Its Redis comes from $DEBOUNCE_OPS_REDIS (set by the ``ops_app`` fixture, and
-passed to subprocesses with tests/ on PYTHONPATH).
+passed to subprocesses with tests/ on PYTHONPATH); $DEBOUNCE_OPS_STORE, a postgresql://
+URL, puts its windows in PostgreSQL (the ``store`` fixture's postgres case).
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from helpers import make_app
 
 from celery_debounce import DebouncedTask
 
-app = make_app(os.environ["DEBOUNCE_OPS_REDIS"], name="ops_app")
+_store = os.environ.get("DEBOUNCE_OPS_STORE") or None
+app = make_app(
+    os.environ["DEBOUNCE_OPS_REDIS"],
+    name="ops_app",
+    **({"debounce_store_url": _store, "debounce_redis_url": None} if _store else {}),
+)
 runs: list[tuple[str, object]] = []
 
 
