@@ -1428,8 +1428,8 @@ MUTATIONS: list[Mutation] = [
         ),
         (
             "tests/dispatch/test_dispatcher_process.py::"
-            "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start",
-            "tests/dispatch/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled",
+            "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start[redis]",
+            "tests/dispatch/test_dispatcher_process.py::test_the_child_stops_when_its_worker_is_sigkilled[redis]",
         ),
     ),
     Mutation(
@@ -1450,9 +1450,9 @@ MUTATIONS: list[Mutation] = [
         ),
         (
             "tests/dispatch/test_dispatcher_process.py::"
-            "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start",
+            "test_no_child_outlives_a_worker_sigkilled_at_any_point_of_its_start[redis]",
             "tests/dispatch/test_dispatcher_process.py::"
-            "test_a_child_whose_worker_died_before_it_started_starts_nothing",
+            "test_a_child_whose_worker_died_before_it_started_starts_nothing[redis]",
         ),
     ),
     one(
@@ -1462,7 +1462,7 @@ MUTATIONS: list[Mutation] = [
         "        if self._orphaned():  # the worker died before the prctl",
         "        if False:  # the worker died before the prctl",
         "tests/dispatch/test_dispatcher_process.py::"
-        "test_a_child_whose_worker_died_before_it_started_starts_nothing",
+        "test_a_child_whose_worker_died_before_it_started_starts_nothing[redis]",
     ),
     Mutation(
         "the first dispatcher child is forked by the thread that calls start()",
@@ -1483,7 +1483,7 @@ MUTATIONS: list[Mutation] = [
         ),
         (
             "tests/dispatch/test_dispatcher_process.py::"
-            "test_a_child_started_from_a_thread_that_ends_keeps_running",
+            "test_a_child_started_from_a_thread_that_ends_keeps_running[redis]",
         ),
     ),
     one(
@@ -1501,7 +1501,7 @@ MUTATIONS: list[Mutation] = [
         "                if not self._spawn():\n                    return\n"
         "            except OSError",
         "                return\n            except OSError",
-        "tests/dispatch/test_dispatcher_process.py::test_a_killed_child_is_started_again",
+        "tests/dispatch/test_dispatcher_process.py::test_a_killed_child_is_started_again[redis]",
     ),
     # -- a Redis clock step (issue 19, suspected item) ---------------------------------
     one(
