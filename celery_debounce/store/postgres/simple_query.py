@@ -111,34 +111,25 @@ def simple_query(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...
     return _rows(conn, results[-1])
 
 
-def _int(data: bytes) -> int:
-    return int(data)
-
-
 def _bool(data: bytes) -> bool:
     return data == b"t"
 
 
-def _text(data: bytes) -> str:
-    return data.decode()
-
-
 #: Readers of a text-format value by type oid: text, varchar, name, boolean, the integers.
 _READERS: dict[int, Callable[[bytes], Any]] = {
-    25: _text,
-    1043: _text,
-    19: _text,
+    25: bytes.decode,
+    1043: bytes.decode,
+    19: bytes.decode,
     16: _bool,
-    20: _int,
-    21: _int,
-    23: _int,
+    20: int,
+    21: int,
+    23: int,
 }
 
 
 def _rows(conn: psycopg.Connection[Any], result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
     """The rows of ``result`` as tuples, read as the cursor reads them."""
-    width = result.nfields
-    readers = [_READERS.get(result.ftype(i)) for i in range(width)]
+    readers = [_READERS.get(result.ftype(i)) for i in range(result.nfields)]
     if None in readers:
         loader = Transformer(conn)
         loader.set_pgresult(result)
